@@ -1,0 +1,229 @@
+"""Cost model: estimated device time of each jaxpr equation.
+
+The planner only needs to know which equations are worth a stream of their
+own, so the model is a roofline with a per-kernel floor::
+
+    seconds = kernels * min_kernel_seconds + flops / peak_flops + bytes / bandwidth
+
+Loops multiply their body by the trip count, ``cond`` takes its dearest
+branch, and every other equation with nested jaxprs sums them, through one
+generic recursion over every jaxpr-valued parameter.
+
+Example::
+
+    costs = CostModel(DEVICE_PROFILES["gpu"])
+    cost = costs.eqn_cost(eqn)          # Cost(flops=..., bytes=..., kernels=...)
+    cost.seconds(DEVICE_PROFILES["gpu"])
+
+Sharp edges:
+  * Elementwise equations launch no kernel of their own: XLA fuses them into a
+    neighbour. A region made only of elementwise work is therefore cheap.
+  * ``while_loop`` with a traced bound has an unknown trip count; it is costed
+    as one trip and flagged (``Cost.unknown_trips``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from . import _compat
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceProfile:
+    """Rough throughput figures of one device kind."""
+
+    name: str
+    peak_flops: float  # dense matmul flop/s
+    bandwidth: float  # HBM bytes/s
+    min_kernel_seconds: float  # shortest a launched kernel takes on the device
+
+
+DEVICE_PROFILES: dict[str, DeviceProfile] = {
+    # H100/H200-class: TF32 tensor cores, HBM3(e); a tiny kernel still takes ~2us.
+    "gpu": DeviceProfile("gpu", peak_flops=4.0e14, bandwidth=4.0e12, min_kernel_seconds=2.0e-6),
+    "tpu": DeviceProfile("tpu", peak_flops=4.0e14, bandwidth=1.6e12, min_kernel_seconds=1.0e-6),
+    "cpu": DeviceProfile("cpu", peak_flops=1.0e11, bandwidth=2.0e10, min_kernel_seconds=1.0e-7),
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cost:
+    """Work of one equation (or many, added up)."""
+
+    flops: float = 0.0
+    bytes: float = 0.0
+    kernels: float = 0.0
+    unknown_trips: bool = False
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.flops + other.flops, self.bytes + other.bytes,
+                    self.kernels + other.kernels, self.unknown_trips or other.unknown_trips)
+
+    def scale(self, factor: float) -> Cost:
+        return Cost(self.flops * factor, self.bytes * factor, self.kernels * factor,
+                    self.unknown_trips)
+
+    def seconds(self, profile: DeviceProfile) -> float:
+        return (self.kernels * profile.min_kernel_seconds + self.flops / profile.peak_flops
+                + self.bytes / profile.bandwidth)
+
+
+ZERO = Cost()
+
+CostRule = Callable[["CostModel", Any], Cost]
+cost_rules: dict[str, CostRule] = {}
+
+
+def register_cost_rule(*names: str) -> Callable[[CostRule], CostRule]:
+    def register(rule: CostRule) -> CostRule:
+        for name in names:
+            cost_rules[name] = rule
+        return rule
+    return register
+
+
+def _io_bytes(eqn: Any) -> float:
+    total = 0
+    for v in eqn.invars:
+        if not _compat.is_literal(v):
+            total += _compat.aval_nbytes(v.aval)
+    for v in eqn.outvars:
+        total += _compat.aval_nbytes(v.aval)
+    return float(total)
+
+
+def _out_size(eqn: Any) -> float:
+    return float(sum(_compat.aval_size(v.aval) for v in eqn.outvars))
+
+
+# Shape-only equations: XLA turns them into layout changes or folds them away.
+_FREE = ("reshape", "squeeze", "expand_dims", "broadcast_in_dim", "convert_element_type",
+         "bitcast_convert_type", "iota", "copy", "copy_p", "stop_gradient", "pvary",
+         "optimization_barrier", "sharding_constraint", "mesh_cast", "reshard", "axis_index",
+         "device_put")
+
+
+@register_cost_rule(*_FREE)
+def _free_rule(model: CostModel, eqn: Any) -> Cost:
+    return ZERO
+
+
+def _one_kernel_rule(model: CostModel, eqn: Any) -> Cost:
+    return Cost(flops=_out_size(eqn), bytes=_io_bytes(eqn), kernels=1.0)
+
+
+for _name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
+              "reduce_or", "reduce_xor", "argmax", "argmin", "cumsum", "cumprod", "cummax",
+              "cummin", "cumlogsumexp", "sort", "gather", "scatter", "scatter-add",
+              "scatter_add", "scatter_mul", "scatter_min", "scatter_max", "dynamic_slice",
+              "dynamic_update_slice", "concatenate", "pad", "transpose", "rev", "select_n",
+              "reduce_precision", "top_k", "fft", "rng_bit_generator", "threefry2x32",
+              "random_bits", "random_seed", "random_wrap", "random_unwrap", "custom_call",
+              "ppermute", "psum", "all_gather", "all_to_all", "reduce_scatter", "pmax", "pmin",
+              "psum_scatter", "psum_invariant", "all_gather_invariant", "cholesky", "lu",
+              "qr", "eigh", "svd", "triangular_solve", "householder_product"):
+    cost_rules[_name] = _one_kernel_rule
+
+
+@register_cost_rule("dot_general")
+def _dot_general_rule(model: CostModel, eqn: Any) -> Cost:
+    (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+    lhs_shape = eqn.invars[0].aval.shape
+    contracted = math.prod(lhs_shape[d] for d in lhs_contract)
+    return Cost(flops=2.0 * _out_size(eqn) * contracted, bytes=_io_bytes(eqn), kernels=1.0)
+
+
+@register_cost_rule("conv_general_dilated")
+def _conv_rule(model: CostModel, eqn: Any) -> Cost:
+    rhs_shape = eqn.invars[1].aval.shape
+    dims = eqn.params["dimension_numbers"]
+    out_feature_dim = dims.rhs_spec[0] if dims is not None else 0
+    # Every output element contracts over the kernel volume (in-features x spatial)
+    # of one output feature.
+    per_output = math.prod(rhs_shape) / max(rhs_shape[out_feature_dim], 1)
+    return Cost(flops=2.0 * _out_size(eqn) * per_output, bytes=_io_bytes(eqn), kernels=1.0)
+
+
+@register_cost_rule("scan")
+def _scan_rule(model: CostModel, eqn: Any) -> Cost:
+    body = model.jaxpr_cost(eqn.params["jaxpr"])
+    return body.scale(_compat.scan_length(eqn)) + Cost(kernels=0.0)
+
+
+@register_cost_rule("while")
+def _while_rule(model: CostModel, eqn: Any) -> Cost:
+    body = model.jaxpr_cost(eqn.params["body_jaxpr"]) + model.jaxpr_cost(eqn.params["cond_jaxpr"])
+    trips = known_while_trip_count(eqn)
+    if trips is None:
+        return dataclasses.replace(body, unknown_trips=True)
+    return body.scale(trips)
+
+
+@register_cost_rule("cond")
+def _cond_rule(model: CostModel, eqn: Any) -> Cost:
+    branches = [model.jaxpr_cost(b) for b in eqn.params["branches"]]
+    return max(branches, key=lambda c: c.seconds(model.profile), default=ZERO)
+
+
+def _default_rule(model: CostModel, eqn: Any) -> Cost:
+    nested = [model.jaxpr_cost(j) for _, _, j in _compat.eqn_subjaxprs(eqn)]
+    if nested:
+        # custom_jvp/custom_vjp/remat/jit/shard_map...: the work is the body's.
+        # custom_jvp and custom_vjp keep both a primal and a rule; cost the primal.
+        if eqn.primitive.name.startswith("custom_"):
+            return nested[0]
+        total = ZERO
+        for cost in nested:
+            total = total + cost
+        return total
+    # Elementwise and everything unknown: fused into a neighbouring kernel.
+    return Cost(flops=_out_size(eqn), bytes=_io_bytes(eqn), kernels=0.0)
+
+
+def known_while_trip_count(eqn: Any) -> int | None:
+    """Trip count of a ``fori_loop``-style ``while`` whose bounds are literals.
+
+    Matches the jaxpr ``fori_loop`` produces: carries ``(i, upper, ...)`` with a
+    ``lt i upper`` condition, both bounds constant. Returns None otherwise.
+    """
+    from ._loops import static_fori_bounds  # late: loops builds on the cost model
+
+    bounds = static_fori_bounds(eqn)
+    if bounds is None:
+        return None
+    lower, upper, step = bounds
+    if step <= 0:
+        return None
+    return max(-(-(upper - lower) // step), 0)
+
+
+class CostModel:
+    """Memoised costs of equations and jaxprs under one device profile."""
+
+    def __init__(self, profile: DeviceProfile):
+        self.profile = profile
+        self._jaxpr_costs: dict[int, tuple[Any, Cost]] = {}
+
+    def eqn_cost(self, eqn: Any) -> Cost:
+        rule = cost_rules.get(eqn.primitive.name, _default_rule)
+        return rule(self, eqn)
+
+    def jaxpr_cost(self, jaxpr: Any) -> Cost:
+        key = id(jaxpr)
+        hit = self._jaxpr_costs.get(key)
+        if hit is not None and hit[0] is jaxpr:
+            return hit[1]
+        inner, _ = _compat.open_jaxpr(jaxpr)
+        total = ZERO
+        for eqn in inner.eqns:
+            total = total + self.eqn_cost(eqn)
+        # Keep a reference so the id stays unique while memoised.
+        self._jaxpr_costs[key] = (jaxpr, total)
+        return total
+
+    def seconds(self, cost: Cost) -> float:
+        return cost.seconds(self.profile)

@@ -1,0 +1,184 @@
+"""The report ``jaxpar.inspect`` returns: what went where, and why.
+
+Built from the internal plan tree; holds only numbers and strings, so it is
+cheap to keep, compare and serialise.
+
+Example::
+
+    plan = jaxpar.inspect(f, target="gpu")(x, y)
+    print(plan)                  # a readable table
+    plan.num_streams             # 2
+    json.dumps(plan.to_dict())
+
+Sharp edges:
+  * Costs are model estimates (see ``jaxpar._cost``), good for ranking, not
+    for predicting wall time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+from . import _compat
+from ._plan import LevelPlan
+
+_MAX_SOURCES = 3
+_MAX_PRIMITIVES = 4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Region:
+    """One annotated call: equations that run together on one stream."""
+
+    stream: int
+    num_eqns: int
+    primitives: tuple[tuple[str, int], ...]
+    cost_us: float
+    source_lines: tuple[str, ...]
+    eqn_indices: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stream": self.stream, "num_eqns": self.num_eqns,
+                "primitives": [list(p) for p in self.primitives], "cost_us": self.cost_us,
+                "source_lines": list(self.source_lines), "eqn_indices": list(self.eqn_indices)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Section:
+    """Regions meant to overlap: one scheduling group."""
+
+    location: str
+    scheduling_group: int
+    regions: tuple[Region, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"location": self.location, "scheduling_group": self.scheduling_group,
+                "regions": [r.to_dict() for r in self.regions]}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeftAlone:
+    """Equations jaxpar deliberately did not move, with the reason."""
+
+    location: str
+    reason: str
+    detail: str
+    primitives: tuple[str, ...]
+    cost_us: float
+    source_lines: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"location": self.location, "reason": self.reason, "detail": self.detail,
+                "primitives": list(self.primitives), "cost_us": self.cost_us,
+                "source_lines": list(self.source_lines)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """What ``parallel_branches`` does to one function at one signature."""
+
+    function: str
+    target: str
+    emitted: bool
+    options: tuple[tuple[str, Any], ...]
+    num_eqns: int
+    total_cost_us: float
+    sections: tuple[Section, ...]
+    left_alone: tuple[LeftAlone, ...]
+
+    @property
+    def num_streams(self) -> int:
+        """Distinct stream ids used anywhere in the program."""
+        return len({r.stream for s in self.sections for r in s.regions})
+
+    @property
+    def num_regions(self) -> int:
+        return sum(len(s.regions) for s in self.sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"function": self.function, "target": self.target, "emitted": self.emitted,
+                "options": dict(self.options), "num_eqns": self.num_eqns,
+                "total_cost_us": self.total_cost_us, "num_streams": self.num_streams,
+                "sections": [s.to_dict() for s in self.sections],
+                "left_alone": [n.to_dict() for n in self.left_alone]}
+
+    def __str__(self) -> str:
+        lines = [f"jaxpar plan for `{self.function}` (target={self.target}, "
+                 f"{self.num_eqns} equations, est. {self.total_cost_us:.1f} us)"]
+        if not self.emitted and self.sections:
+            lines.append(f"  note: stream annotations are only emitted for target='gpu'; "
+                         f"this is what would run concurrently on a GPU")
+        if not self.sections:
+            lines.append("  no parallel sections: nothing independent is worth a stream")
+        for section in self.sections:
+            lines.append(f"  section group={section.scheduling_group} at {section.location}: "
+                         f"{len(section.regions)} concurrent regions")
+            for region in section.regions:
+                prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
+                where = "; ".join(region.source_lines) or "<unknown>"
+                lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
+                             f"est. {region.cost_us:.1f} us [{prims}] at {where}")
+        if self.left_alone:
+            lines.append("  left alone:")
+            for note in self.left_alone:
+                prims = ", ".join(note.primitives)
+                where = "; ".join(note.source_lines) or "<unknown>"
+                lines.append(f"    {note.reason} at {note.location} [{prims}, "
+                             f"est. {note.cost_us:.1f} us]: {note.detail} ({where})")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+
+def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
+                 options: dict[str, Any]) -> Plan:
+    """Turns the internal plan tree into the public ``Plan`` report."""
+    sections: list[Section] = []
+    notes: list[LeftAlone] = []
+    num_eqns = 0
+    for level in plan.walk():
+        inner, _ = _compat.open_jaxpr(level.jaxpr)
+        eqns = inner.eqns
+        num_eqns += len(eqns)
+        for section in level.sections:
+            regions = tuple(
+                Region(stream=r.stream, num_eqns=len(r.eqns),
+                       primitives=_top_primitives(eqns, r.eqns, level.seconds),
+                       cost_us=r.seconds * 1e6, source_lines=_sources(eqns, r.eqns, level.seconds),
+                       eqn_indices=r.eqns)
+                for r in section.regions)
+            sections.append(Section(level.path, section.group, regions))
+        for note in level.notes:
+            notes.append(LeftAlone(
+                location=level.path, reason=note.reason, detail=note.detail,
+                primitives=tuple(dict.fromkeys(eqns[i].primitive.name for i in note.eqns)),
+                cost_us=sum(level.seconds[i] for i in note.eqns) * 1e6,
+                source_lines=_sources(eqns, note.eqns, level.seconds)))
+    total = sum(plan.seconds) * 1e6
+    return Plan(function=function, target=target, emitted=emitted,
+                options=tuple(sorted(options.items())), num_eqns=num_eqns,
+                total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes))
+
+
+def _top_primitives(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, ...]
+                    ) -> tuple[tuple[str, int], ...]:
+    weight: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for i in indices:
+        weight[eqns[i].primitive.name] += seconds[i]
+        count[eqns[i].primitive.name] += 1
+    ranked = sorted(count, key=lambda name: (-weight[name], -count[name], name))
+    return tuple((name, count[name]) for name in ranked[:_MAX_PRIMITIVES])
+
+
+def _sources(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, ...]) -> tuple[str, ...]:
+    ranked = sorted(indices, key=lambda i: (-seconds[i], i))
+    found: dict[str, None] = {}
+    for i in ranked:
+        found.setdefault(_compat.source_summary(eqns[i]), None)
+        if len(found) >= _MAX_SOURCES:
+            break
+    return tuple(found)

@@ -1,0 +1,82 @@
+"""Options of ``parallel_branches`` and ``inspect``, validated in one place.
+
+Example::
+
+    options = Options.create(max_streams=2, target="gpu")
+    options.resolved_target()   # "gpu"
+
+Sharp edges:
+  * ``"auto"`` for the loop and collective switches means "the default for the
+    target", decided when the function is traced, not when it is decorated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal, Union
+
+import jax
+
+Target = Literal["auto", "gpu", "cpu", "tpu"]
+Switch = Union[bool, Literal["auto"]]
+Unroll = Union[int, Literal["auto"], None]
+
+TARGETS = ("auto", "gpu", "cpu", "tpu")
+_BACKEND_TARGETS = {"gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "cpu": "cpu", "tpu": "tpu"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Options:
+    """Validated options; hashable, so they can key the rewrite cache."""
+
+    max_streams: int = 4
+    target: str = "auto"
+    min_cost_us: float = 5.0
+    fuse_scans: Switch = "auto"
+    batch_scans: Switch = "auto"
+    unroll: Unroll = "auto"
+    group_collectives: Switch = "auto"
+
+    @classmethod
+    def create(cls, **kwargs: Any) -> Options:
+        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            valid = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise TypeError(f"unknown jaxpar option(s) {', '.join(map(repr, unknown))}; "
+                            f"valid options are: {valid}")
+        options = cls(**kwargs)
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        if isinstance(self.max_streams, bool) or not isinstance(self.max_streams, int):
+            raise TypeError(f"max_streams must be an int >= 1, got {self.max_streams!r}")
+        if self.max_streams < 1:
+            raise ValueError(f"max_streams must be >= 1, got {self.max_streams}; use 1 to keep "
+                             "everything on one stream")
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {', '.join(map(repr, TARGETS))}, "
+                             f"got {self.target!r}")
+        if (isinstance(self.min_cost_us, bool) or not isinstance(self.min_cost_us, (int, float))
+                or not math.isfinite(self.min_cost_us) or self.min_cost_us < 0):
+            raise ValueError(f"min_cost_us must be a finite number >= 0 (microseconds), "
+                             f"got {self.min_cost_us!r}")
+        for name in ("fuse_scans", "batch_scans", "group_collectives"):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or value == "auto"):
+                raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
+        unroll = self.unroll
+        if not (unroll is None or unroll == "auto"
+                or (isinstance(unroll, int) and not isinstance(unroll, bool) and unroll >= 1)):
+            raise ValueError(f"unroll must be 'auto', None (leave scans alone) or an int >= 1, "
+                             f"got {unroll!r}")
+
+    def resolved_target(self) -> str:
+        if self.target != "auto":
+            return self.target
+        backend = jax.default_backend()
+        return _BACKEND_TARGETS.get(backend, "cpu")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

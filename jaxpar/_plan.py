@@ -1,0 +1,523 @@
+"""Planning: which equations run together on which CUDA stream.
+
+For one level of a jaxpr (nested jaxprs get plans of their own):
+
+1. Equations worth a stream are *heavy* (estimated device time at least a fifth
+   of ``min_cost_us``). Effectful, collective and already-annotated equations
+   never move.
+2. The heavy equations form a partial order (reachability). Like Nimble's
+   stream assignment we look for the widest antichains, but through a
+   series-parallel decomposition: the comparability graph's connected
+   components are parallel branches; a cut that every earlier node reaches
+   every later node through is a series split. Non-series-parallel orders
+   peel off their first node and continue (valid, slightly less parallel).
+3. A parallel node whose branches each cost at least ``min_cost_us`` becomes a
+   *section*; the branches are balanced (longest processing time first) onto
+   ``min(max_streams, async limit)`` streams, ids 1..k, one scheduling group
+   per section.
+4. Each stream's heavy set grows into a region: its convex hull (every
+   equation between two of its members), then private producers (equations
+   feeding only that region) and private consumers (light equations reading
+   only that region's results). Regions are convex and mutually independent
+   by construction; ``order_units`` checks both and fails loudly otherwise.
+
+Example::
+
+    level = plan_jaxpr(closed_jaxpr, PlanContext(options, target="gpu"))
+    for section in level.sections: ...
+
+Sharp edges:
+  * Only the top ``MAX_HEAVY`` equations by cost take part in one level's
+    decomposition, bounding the quadratic steps.
+  * The plan depends only on the jaxpr and the options (no dict or set
+    iteration order leaks in), so every host of an SPMD job agrees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from . import _compat
+from ._cost import DEVICE_PROFILES, CostModel
+from ._graph import Graph, build_graph
+from ._options import Options
+
+MAX_HEAVY = 256
+_HEAVY_FRACTION = 0.2
+
+COLLECTIVE_PRIMITIVES = frozenset(
+    {"ppermute", "psum", "pmax", "pmin", "all_gather", "all_to_all", "reduce_scatter",
+     "psum_scatter", "psum_invariant", "all_gather_invariant", "pbroadcast", "ragged_all_to_all"}
+)
+
+# Primitives whose nested jaxprs we re-emit with a plan of their own. Others
+# with nested jaxprs (shard_map, pallas_call, custom_transpose, ...) stay opaque.
+RECURSIVE_PRIMITIVES = frozenset(
+    {"jit", "pjit", "closed_call", "eval_jaxpr", "core_call", "remat2", "checkpoint", "scan",
+     "while", "cond", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
+)
+
+REASON_TOO_CHEAP = "too cheap"
+REASON_DEPENDENT = "dependent"
+REASON_EFFECTFUL = "effectful"
+REASON_ANNOTATED = "already annotated"
+REASON_COLLECTIVE = "collective"
+REASON_OPAQUE = "opaque"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegionPlan:
+    """Equations (indices into the level's jaxpr) that become one stream call."""
+
+    stream: int
+    eqns: tuple[int, ...]
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SectionPlan:
+    """Mutually independent regions meant to overlap; one scheduling group."""
+
+    group: int
+    regions: tuple[RegionPlan, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Note:
+    """An equation (or set) deliberately left where it is, and why."""
+
+    eqns: tuple[int, ...]
+    reason: str
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelPlan:
+    """The plan for one jaxpr level; ``nested`` holds plans of inner jaxprs.
+
+    Holds the live jaxpr so the emitter can evaluate it; everything else is
+    indices and numbers.
+    """
+
+    path: str
+    jaxpr: Any  # the Jaxpr/ClosedJaxpr as found in the program
+    graph: Graph
+    seconds: tuple[float, ...]
+    sections: tuple[SectionPlan, ...]
+    notes: tuple[Note, ...]
+    nested: tuple[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]], ...]
+    # Emission order: ("eqn", index) or ("region", section, region) units.
+    order: tuple[tuple[Any, ...], ...]
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.sections) or any(
+            sub.changes_anything for _, subs in self.nested for _, sub in subs)
+
+    def walk(self) -> Iterator[LevelPlan]:
+        yield self
+        for _, subs in self.nested:
+            for _, sub in subs:
+                yield from sub.walk()
+
+
+def async_compute_limit() -> int:
+    """XLA's cap on annotated async calls in flight (default 2), from XLA_FLAGS."""
+    match = re.search(r"--xla_gpu_experimental_parallel_async_compute_limit=(\d+)",
+                      os.environ.get("XLA_FLAGS", ""))
+    return max(int(match.group(1)), 1) if match else 2
+
+
+class PlanContext:
+    """Options, cost model and the scheduling-group counter for one plan."""
+
+    def __init__(self, options: Options, target: str):
+        self.options = options
+        self.target = target
+        self.costs = CostModel(DEVICE_PROFILES[target])
+        self.streams_per_section = min(options.max_streams, async_compute_limit())
+        self.min_seconds = options.min_cost_us * 1e-6
+        self.heavy_seconds = self.min_seconds * _HEAVY_FRACTION
+        self._next_group = 1
+        self._placement_memo: dict[int, tuple[Any, bool]] = {}
+
+    def new_group(self) -> int:
+        group = self._next_group
+        self._next_group += 1
+        return group
+
+    def eqn_annotated(self, eqn: Any) -> bool:
+        return eqn_has_placement(eqn, self._placement_memo)
+
+
+def eqn_has_placement(eqn: Any, memo: dict[int, tuple[Any, bool]]) -> bool:
+    """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
+    if eqn.primitive.name in _compat.USER_PLACEMENT_PRIMITIVES:
+        return True
+    if _compat.eqn_frontend_attributes(eqn):
+        return True
+    return any(jaxpr_has_placement(sub, memo) for _, _, sub in _compat.eqn_subjaxprs(eqn))
+
+
+def jaxpr_has_placement(jaxpr: Any, memo: dict[int, tuple[Any, bool]]) -> bool:
+    """Whether any equation of ``jaxpr`` (recursively) is user-placed."""
+    hit = memo.get(id(jaxpr))
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    found = any(eqn_has_placement(eqn, memo) for eqn in inner.eqns)
+    memo[id(jaxpr)] = (jaxpr, found)
+    return found
+
+
+def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
+    """Plans one jaxpr level and, recursively, the jaxprs nested in it."""
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    eqns = inner.eqns
+    graph = build_graph(inner)
+    seconds = tuple(ctx.costs.seconds(ctx.costs.eqn_cost(eqn)) for eqn in eqns)
+    blocked: dict[int, str] = {}
+    for index, eqn in enumerate(eqns):
+        if ctx.eqn_annotated(eqn):
+            blocked[index] = REASON_ANNOTATED
+        elif eqn.effects:
+            blocked[index] = REASON_EFFECTFUL
+        elif eqn.primitive.name in COLLECTIVE_PRIMITIVES:
+            blocked[index] = REASON_COLLECTIVE
+    notes: list[Note] = []
+    heavy = [i for i in range(len(eqns))
+             if i in graph.live and seconds[i] >= ctx.heavy_seconds]
+    for i in heavy:
+        if i in blocked:
+            notes.append(Note((i,), blocked[i], _blocked_detail(blocked[i], eqns[i])))
+    heavy = [i for i in heavy if i not in blocked]
+    if len(heavy) > MAX_HEAVY:
+        keep = sorted(heavy, key=lambda i: (-seconds[i], i))[:MAX_HEAVY]
+        heavy = sorted(keep)
+    sections: list[SectionPlan] = []
+    if len(heavy) >= 2:
+        finder = _SectionFinder(graph, heavy, seconds, blocked, ctx)
+        sections, more_notes = finder.run()
+        notes.extend(more_notes)
+    elif len(heavy) == 1:
+        notes.append(Note((heavy[0],), REASON_DEPENDENT,
+                          "the only heavy equation at this level: nothing to overlap with"))
+    in_region = {i for s in sections for r in s.regions for i in r.eqns}
+    nested: list[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]]] = []
+    for index, eqn in enumerate(eqns):
+        if index in in_region or index in blocked and blocked[index] != REASON_EFFECTFUL:
+            continue
+        if eqn.primitive.name not in RECURSIVE_PRIMITIVES:
+            if any(True for _ in _compat.eqn_subjaxprs(eqn)) and seconds[index] >= ctx.min_seconds:
+                notes.append(Note((index,), REASON_OPAQUE,
+                                  f"`{eqn.primitive.name}` bodies are not rewritten"))
+            continue
+        subs = []
+        for name, item, sub in _compat.eqn_subjaxprs(eqn):
+            label = f"{name}[{item}]" if item is not None else name
+            sub_plan = plan_jaxpr(sub, ctx, f"{path}/{eqn.primitive.name}#{index}.{label}")
+            if sub_plan.changes_anything:
+                subs.append(((name, item), sub_plan))
+            else:
+                notes.extend(Note((index,), n.reason, f"in {label}: {n.detail}")
+                             for n in sub_plan.notes if n.reason != REASON_DEPENDENT)
+        if subs:
+            nested.append((index, tuple(subs)))
+    order = order_units(graph, sections)
+    return LevelPlan(path or "/", jaxpr, graph, seconds, tuple(sections), tuple(notes),
+                     tuple(nested), order)
+
+
+def _blocked_detail(reason: str, eqn: Any) -> str:
+    name = eqn.primitive.name
+    if reason == REASON_ANNOTATED:
+        return f"`{name}` carries user placement (stream/compute/metadata); never wrapped or nested"
+    if reason == REASON_EFFECTFUL:
+        return f"`{name}` has side effects, which keep their order on the main stream"
+    return f"`{name}` is a collective; collectives are grouped, not moved to compute streams"
+
+
+class _SectionFinder:
+    """Series-parallel decomposition of the heavy equations of one level."""
+
+    def __init__(self, graph: Graph, heavy: list[int], seconds: tuple[float, ...],
+                 blocked: dict[int, str], ctx: PlanContext):
+        self.graph = graph
+        self.heavy = heavy
+        self.seconds = seconds
+        self.blocked = blocked
+        self.ctx = ctx
+        self.bit = {eqn: k for k, eqn in enumerate(heavy)}
+        n = graph.size
+        anc = [0] * n
+        for i in range(n):
+            mask = 0
+            for p in graph.preds[i]:
+                mask |= anc[p]
+            if i in self.bit:
+                mask |= 1 << self.bit[i]
+            anc[i] = mask
+        desc = [0] * n
+        for i in range(n - 1, -1, -1):
+            mask = 0
+            for s in graph.succs[i]:
+                mask |= desc[s]
+            if i in self.bit:
+                mask |= 1 << self.bit[i]
+            desc[i] = mask
+        self.anc = anc
+        self.desc = desc
+        # Heavy-to-heavy ancestry, indexed by heavy position.
+        self.heavy_anc = [anc[eqn] for eqn in heavy]
+        self.notes: list[Note] = []
+
+    def run(self) -> tuple[list[SectionPlan], list[Note]]:
+        branch_sets: list[list[list[int]]] = []
+        stack: list[tuple[str, Any]] = [("decompose", list(range(len(self.heavy))))]
+        while stack:
+            kind, payload = stack.pop()
+            if kind == "decompose":
+                stack.extend(reversed(self._split(payload)))
+            else:
+                branch_sets.append(payload)
+        sections = []
+        region_of: dict[int, tuple[int, int]] = {}
+        for branches in branch_sets:
+            section = self._build_section(branches, region_of, len(sections))
+            if section is not None:
+                sections.append(section)
+        explained = {i for note in self.notes for i in note.eqns}
+        dependent = tuple(i for i in self.heavy if i not in region_of and i not in explained)
+        if dependent:
+            self.notes.append(Note(dependent, REASON_DEPENDENT,
+                                   "on the critical path: everything heavy beside it depends "
+                                   "on it or feeds it"))
+        return sections, self.notes
+
+    def _cost(self, positions: list[int]) -> float:
+        return sum(self.seconds[self.heavy[k]] for k in positions)
+
+    def _split(self, positions: list[int]) -> list[tuple[str, Any]]:
+        """One decomposition step: returns work items (sub-decompositions or sections)."""
+        if len(positions) < 2:
+            return []
+        components = self._components(positions)
+        if len(components) > 1:
+            worthy = [c for c in components if self._cost(c) >= self.ctx.min_seconds]
+            if len(worthy) >= 2:
+                cheap = [k for c in components if c not in worthy for k in c]
+                if cheap:
+                    self.notes.append(Note(
+                        tuple(self.heavy[k] for k in cheap), REASON_TOO_CHEAP,
+                        "independent of the work beside it, but below min_cost_us"))
+                return [("section", worthy)]
+            self.notes.append(Note(
+                tuple(self.heavy[k] for c in components if c not in worthy for k in c),
+                REASON_TOO_CHEAP, "independent branches below min_cost_us"))
+            return [("decompose", c) for c in components]
+        parts = self._series_parts(positions)
+        return [("decompose", part) for part in parts]
+
+    def _components(self, positions: list[int]) -> list[list[int]]:
+        """Connected components of the comparability graph on ``positions``."""
+        parent = {k: k for k in positions}
+
+        def find(k: int) -> int:
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        mask = 0
+        for k in positions:
+            mask |= 1 << k
+        for k in positions:
+            related = self.heavy_anc[k] & mask & ~(1 << k)
+            while related:
+                low = related & -related
+                j = low.bit_length() - 1
+                related ^= low
+                a, b = find(j), find(k)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+        groups: dict[int, list[int]] = {}
+        for k in positions:
+            groups.setdefault(find(k), []).append(k)
+        return sorted(groups.values(), key=lambda g: g[0])
+
+    def _series_parts(self, positions: list[int]) -> list[list[int]]:
+        """Splits at every cut that all earlier nodes reach all later nodes across."""
+        cuts = []
+        prefix = 0
+        for cut in range(1, len(positions)):
+            prefix |= 1 << positions[cut - 1]
+            if all(self.heavy_anc[k] & prefix == prefix for k in positions[cut:]):
+                cuts.append(cut)
+        if not cuts:
+            # Not series-parallel here: peel the first node off and go on.
+            cuts = [1]
+        parts, start = [], 0
+        for cut in [*cuts, len(positions)]:
+            parts.append(positions[start:cut])
+            start = cut
+        return parts
+
+    def _build_section(self, branches: list[list[int]],
+                       region_of: dict[int, tuple[int, int]],
+                       section_index: int) -> SectionPlan | None:
+        hulls = []
+        for branch in branches:
+            hull = self._hull(branch)
+            bad = [i for i in hull if i in self.blocked]
+            if bad:
+                reason = self.blocked[bad[0]]
+                self.notes.append(Note(tuple(self.heavy[k] for k in branch), reason,
+                                       f"the branch encloses equation {bad[0]} ({reason}), "
+                                       "which must stay in place"))
+                continue
+            hulls.append((branch, hull))
+        if len(hulls) < 2:
+            return None
+        bins = self._balance(hulls)
+        bit_mask = 0
+        for branch, _ in hulls:
+            for k in branch:
+                bit_mask |= 1 << k
+        members: list[set[int]] = [set() for _ in bins]
+        for slot, group in enumerate(bins):
+            for _, hull in group:
+                members[slot].update(hull)
+        for slot, eqns in enumerate(members):
+            for i in eqns:
+                region_of[i] = (section_index, slot)
+        self._absorb_neighbours(members, region_of, section_index, bit_mask)
+        ordered = sorted(range(len(members)), key=lambda s: min(members[s]))
+        regions = tuple(
+            RegionPlan(stream=stream, eqns=tuple(sorted(members[slot])),
+                       seconds=sum(self.seconds[i] for i in members[slot]))
+            for stream, slot in enumerate(ordered, start=1))
+        return SectionPlan(group=self.ctx.new_group(), regions=regions)
+
+    def _hull(self, branch: list[int]) -> list[int]:
+        mask = 0
+        for k in branch:
+            mask |= 1 << k
+        first, last = self.heavy[branch[0]], self.heavy[branch[-1]]
+        return [i for i in range(first, last + 1)
+                if self.anc[i] & mask and self.desc[i] & mask]
+
+    def _balance(self, hulls: list[tuple[list[int], list[int]]]) -> list[list[tuple[list[int], list[int]]]]:
+        slots = min(self.ctx.streams_per_section, len(hulls))
+        order = sorted(hulls, key=lambda h: (-self._cost(h[0]), h[0][0]))
+        bins: list[list[tuple[list[int], list[int]]]] = [[] for _ in range(slots)]
+        loads = [0.0] * slots
+        for item in order:
+            slot = min(range(slots), key=lambda s: (loads[s], s))
+            bins[slot].append(item)
+            loads[slot] += self._cost(item[0])
+        return bins
+
+    def _absorb_neighbours(self, members: list[set[int]],
+                           region_of: dict[int, tuple[int, int]], section_index: int,
+                           section_mask: int) -> None:
+        graph = self.graph
+        n = graph.size
+        # Private producers: light equations whose every consumer is in one region.
+        for i in range(n - 1, -1, -1):
+            if (i in region_of or i in self.blocked or i in self.bit or i not in graph.live
+                    or i in graph.feeds_output or not graph.succs[i]
+                    or self.anc[i] & section_mask):
+                continue
+            owners = {region_of.get(s) for s in graph.succs[i]}
+            if len(owners) == 1:
+                (owner,) = owners
+                if owner is not None and owner[0] == section_index:
+                    members[owner[1]].add(i)
+                    region_of[i] = owner
+        # Private consumers: light equations reading only one region's results.
+        for i in range(n):
+            if (i in region_of or i in self.blocked or i in self.bit or i not in graph.live
+                    or not graph.preds[i] or self.desc[i] & section_mask):
+                continue
+            owners: set[tuple[int, int]] = set()
+            ok = True
+            for p in graph.preds[i]:
+                owner = region_of.get(p)
+                if owner is None:
+                    if self.anc[p] & section_mask:
+                        ok = False
+                        break
+                elif owner[0] == section_index:
+                    owners.add(owner)
+                else:
+                    ok = False
+                    break
+            if ok and len(owners) == 1:
+                (owner,) = owners
+                members[owner[1]].add(i)
+                region_of[i] = owner
+
+
+def order_units(graph: Graph, sections: list[SectionPlan] | tuple[SectionPlan, ...]
+                ) -> tuple[tuple[Any, ...], ...]:
+    """Emission order with each region contracted to one unit.
+
+    Kahn's algorithm, smallest original index first (deterministic). Raises if
+    a region is not convex or two regions of one section depend on each other:
+    both are planner bugs, and emitting would reorder computation.
+    """
+    unit_of: dict[int, tuple[Any, ...]] = {}
+    first_index: dict[tuple[Any, ...], int] = {}
+    for s, section in enumerate(sections):
+        for r, region in enumerate(section.regions):
+            unit = ("region", s, r)
+            for i in region.eqns:
+                unit_of[i] = unit
+            first_index[unit] = region.eqns[0]
+    units: dict[tuple[Any, ...], None] = {}
+    for i in range(graph.size):
+        unit = unit_of.get(i, ("eqn", i))
+        units.setdefault(unit, None)
+        first_index.setdefault(unit, i)
+    in_degree: dict[tuple[Any, ...], int] = {u: 0 for u in units}
+    edges: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {u: set() for u in units}
+    for i in range(graph.size):
+        target = unit_of.get(i, ("eqn", i))
+        for p in graph.preds[i]:
+            source = unit_of.get(p, ("eqn", p))
+            if source != target and target not in edges[source]:
+                edges[source].add(target)
+                in_degree[target] += 1
+    ready = [(first_index[u], u) for u, d in in_degree.items() if d == 0]
+    heapq.heapify(ready)
+    order: list[tuple[Any, ...]] = []
+    reach: dict[tuple[Any, ...], int] = {}
+    region_bits = {("region", s, r): 1 << k for k, (s, r) in enumerate(
+        (s, r) for s, sec in enumerate(sections) for r in range(len(sec.regions)))}
+    while ready:
+        _, unit = heapq.heappop(ready)
+        order.append(unit)
+        mine = reach.get(unit, 0) | region_bits.get(unit, 0)
+        for target in sorted(edges[unit], key=lambda u: first_index[u]):
+            reach[target] = reach.get(target, 0) | mine
+            in_degree[target] -= 1
+            if in_degree[target] == 0:
+                heapq.heappush(ready, (first_index[target], target))
+    if len(order) != len(units):
+        raise RuntimeError("jaxpar planner bug: a region is not convex; please report it "
+                           "with the program that triggered it")
+    for s, section in enumerate(sections):
+        section_bits = 0
+        for r in range(len(section.regions)):
+            section_bits |= region_bits[("region", s, r)]
+        for r in range(len(section.regions)):
+            unit = ("region", s, r)
+            if reach.get(unit, 0) & section_bits & ~region_bits[unit]:
+                raise RuntimeError("jaxpar planner bug: regions of one section depend on "
+                                   "each other; please report it with the program")
+    return tuple(order)

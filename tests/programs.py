@@ -1,0 +1,718 @@
+"""Hypothesis strategies that build random JAX programs for property-based tests.
+
+A program is drawn as a *spec*: nested tuples of strings and ints that say exactly what to
+build. `build_program(spec)` turns a spec into a `Program` deterministically, so a failing
+example is reproduced by pasting the spec that its `description` ends with:
+
+    >>> from programs import build_program
+    >>> program = build_program(("program", 8, 2, 7, ("block", 2, (("sin", 0),), (2,)), "single"))
+    >>> program.fn(*program.args).shape
+    (8, 8)
+
+Grammar of a spec:
+
+    program := ("program", n, n_inputs, seed, block, output_kind)
+    block   := ("block", n_params, nodes, outs)      # params are v0..v{n_params-1}
+    node    := (unary, v) | (binary, v, v) | ("matmul", v, v)
+             | ("reduce", "sum"|"max", axis, "keepdims"|"broadcast", v)
+             | ("scan", length, reverse, carries, xs, consts, body, ys_mode)
+             | ("cond", selector, operands, closure, branches)    # 2 branches: cond, else switch
+             | ("jit", operand_sets, closure, block)               # one jitted fn, called per set
+             | ("checkpoint", policy, prevent_cse, operands, closure, block)
+             | ("parallel", join, ((operands, block), ...))       # independent inline chains
+
+Every value in a program is an `(n, n)` float32 array; a node appends its results to the
+block's list of values, and `v` above is an index into that list. Scan `xs` are built from
+`(n, n)` values, and `ys_mode == "raw"` (top level only) returns the stacked `ys` as an extra
+output leaf of shape `(length, n, n)`.
+
+Values stay tame: the drawing code tracks a bound on every value and inserts a `tanh` node
+after anything that may exceed `_TAME` (every matmul, sums, products), and operands are taken
+only from tame values, so outputs and gradients stay finite.
+
+Sharp edges:
+    Branch predicates depend on data (`sum(v) > 0`, `argmax`), so two programs that differ
+    only by rounding may take different branches; compare programs bit-exactly or not at all
+    where a `cond` is involved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+from jax import lax
+
+__all__ = [
+    "Program",
+    "build_program",
+    "describe_spec",
+    "programs",
+    "program_specs",
+    "scan_programs",
+    "scan_program_specs",
+    "stacked_batch",
+]
+
+Spec = tuple[Any, ...]
+
+_TAME = 4.0  # operands are drawn only from values bounded by this
+_EXP_INPUT_BOUND = 1.0  # exp is applied only to values bounded by this
+_MAX_DEPTH = 2  # nesting of scan / cond / jit / checkpoint / parallel bodies
+
+_UNARY = ("sin", "tanh", "exp", "relu")
+_BINARY = ("add", "sub", "mul", "max")
+_CHECKPOINT_POLICIES: dict[str, Any] = {
+    "none": None,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+    "everything_saveable": jax.checkpoint_policies.everything_saveable,
+}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    """A random JAX program and inputs to run it on.
+
+    Attributes:
+        fn: takes `len(args)` float32 arrays and returns a pytree of float32 arrays.
+        args: the inputs, float32 arrays of shape `(n, n)`.
+        description: readable listing of the program, ending with the spec that rebuilds it.
+    """
+
+    fn: Callable[..., Any]
+    args: tuple[jax.Array, ...]
+    description: str
+
+    def __repr__(self) -> str:  # hypothesis prints this for a falsifying example
+        return f"Program(\n{self.description}\n)"
+
+
+# --------------------------------------------------------------------------------------------
+# Building a program from a spec.
+# --------------------------------------------------------------------------------------------
+
+
+def build_program(spec: Spec) -> Program:
+    """Builds the program a spec describes; deterministic, so failures reproduce from the spec."""
+    _, n, n_inputs, seed, block, output_kind = spec
+    rng = np.random.default_rng(seed)
+    args = tuple(
+        jnp.asarray(rng.uniform(-1.0, 1.0, size=(n, n)).astype(np.float32)) for _ in range(n_inputs)
+    )
+
+    def fn(*inputs: jax.Array) -> Any:
+        raw_ys: list[jax.Array] = []
+        outs = _eval_block(block, inputs, raw_ys)
+        return _arrange_outputs(output_kind, [*outs, *raw_ys])
+
+    fn.__name__ = f"program_{seed}"
+    return Program(fn=fn, args=args, description=describe_spec(spec))
+
+
+def stacked_batch(args: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+    """A batch of two argument sets, `args` and a tame transform of it, for `vmap` tests."""
+    return tuple(jnp.stack([a, -0.5 * a[::-1]]) for a in args)
+
+
+def _arrange_outputs(kind: str, leaves: list[jax.Array]) -> Any:
+    if kind == "single" and len(leaves) == 1:
+        return leaves[0]
+    if kind == "dict":
+        return {f"out{i}": leaf for i, leaf in enumerate(leaves)}
+    if kind == "nested":
+        half = (len(leaves) + 1) // 2
+        return {"first": tuple(leaves[:half]), "rest": [*leaves[half:]]}
+    return tuple(leaves)
+
+
+def _eval_block(
+    block: Spec, params: Sequence[jax.Array], raw_ys: list[jax.Array] | None
+) -> tuple[jax.Array, ...]:
+    _, n_params, nodes, outs = block
+    assert len(params) == n_params, (len(params), n_params)
+    env = list(params)
+    for node in nodes:
+        env.extend(_node_rules[node[0]](node, env, raw_ys))
+    return tuple(env[i] for i in outs)
+
+
+def _eval_unary(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    name, v = node
+    x = env[v]
+    if name == "sin":
+        return [jnp.sin(x)]
+    if name == "tanh":
+        return [jnp.tanh(x)]
+    if name == "exp":
+        return [jnp.exp(x)]
+    return [jax.nn.relu(x)]  # a custom_jvp
+
+
+def _eval_binary(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    name, a, b = node
+    x, y = env[a], env[b]
+    if name == "add":
+        return [x + y]
+    if name == "sub":
+        return [x - y]
+    if name == "mul":
+        return [x * y]
+    return [jnp.maximum(x, y)]
+
+
+def _eval_matmul(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, a, b = node
+    return [env[a] @ env[b]]
+
+
+def _eval_reduce(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, kind, axis, mode, v = node
+    x = env[v]
+    reduce = jnp.sum if kind == "sum" else jnp.max
+    if mode == "keepdims":
+        r = reduce(x, axis=axis, keepdims=True)
+    else:
+        r = reduce(x, axis=axis)
+        if axis is not None:
+            r = jnp.expand_dims(r, axis)
+        r = jnp.broadcast_to(r, x.shape)
+    return [x - r]
+
+
+def _make_xs(x: jax.Array, length: int) -> jax.Array:
+    scales = np.linspace(0.5, 1.5, length, dtype=np.float32)[:, None, None]
+    return jnp.tanh(x[None] * scales)
+
+
+def _eval_scan(node: Spec, env: list[jax.Array], raw_ys: list[jax.Array] | None) -> list[jax.Array]:
+    _, length, reverse, carries, xs, consts, body, ys_mode = node
+    n_carry = len(carries)
+    const_values = [env[i] for i in consts]
+
+    def step(carry: tuple[jax.Array, ...], x: tuple[jax.Array, ...]) -> Any:
+        outs = _eval_block(body, (*carry, *x, *const_values), None)
+        return tuple(outs[:n_carry]), tuple(outs[n_carry:])
+
+    init = tuple(env[i] for i in carries)
+    xs_values = tuple(_make_xs(env[i], length) for i in xs)
+    final, ys = lax.scan(step, init, xs_values, length=length, reverse=reverse)
+    if ys_mode == "raw":
+        assert raw_ys is not None, "raw ys are only allowed at the top level"
+        raw_ys.extend(ys)
+        return list(final)
+    if ys_mode == "mean":
+        return [*final, *(jnp.mean(y, axis=0) for y in ys)]
+    return [*final, *(y[-1] for y in ys)]
+
+
+def _eval_cond(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, selector, operands, closure, branches = node
+    closure_values = tuple(env[i] for i in closure)
+    functions = [_block_function(b, closure_values) for b in branches]
+    operand_values = [env[i] for i in operands]
+    s = env[selector]
+    if len(branches) == 2:
+        return list(lax.cond(jnp.sum(s) > 0, functions[0], functions[1], *operand_values))
+    index = jnp.argmax(s[0, : len(branches)])
+    return list(lax.switch(index, functions, *operand_values))
+
+
+def _eval_jit(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, operand_sets, closure, block = node
+    fn = jax.jit(_block_function(block, tuple(env[i] for i in closure)))
+    return [out for operands in operand_sets for out in fn(*(env[i] for i in operands))]
+
+
+def _eval_checkpoint(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, policy, prevent_cse, operands, closure, block = node
+    fn = jax.checkpoint(
+        _block_function(block, tuple(env[i] for i in closure)),
+        prevent_cse=bool(prevent_cse),
+        policy=_CHECKPOINT_POLICIES[policy],
+    )
+    return list(fn(*(env[i] for i in operands)))
+
+
+def _eval_parallel(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, join, chains = node
+    ends = [_eval_block(block, [env[i] for i in operands], None) for operands, block in chains]
+    if join == "add":
+        total = ends[0][0]
+        for end in ends[1:]:
+            total = total + end[0]
+        return [total]
+    return [out for end in ends for out in end]
+
+
+def _block_function(
+    block: Spec, closure_values: tuple[jax.Array, ...]
+) -> Callable[..., tuple[jax.Array, ...]]:
+    def fn(*operands: jax.Array) -> tuple[jax.Array, ...]:
+        return _eval_block(block, (*operands, *closure_values), None)
+
+    return fn
+
+
+_node_rules: dict[str, Callable[[Spec, list[jax.Array], Any], list[jax.Array]]] = {
+    **{name: _eval_unary for name in _UNARY},
+    **{name: _eval_binary for name in _BINARY},
+    "matmul": _eval_matmul,
+    "reduce": _eval_reduce,
+    "scan": _eval_scan,
+    "cond": _eval_cond,
+    "jit": _eval_jit,
+    "checkpoint": _eval_checkpoint,
+    "parallel": _eval_parallel,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Describing a spec.
+# --------------------------------------------------------------------------------------------
+
+
+def describe_spec(spec: Spec) -> str:
+    """Readable listing of a program spec, ending with the spec itself for `build_program`."""
+    _, n, n_inputs, seed, block, output_kind = spec
+    lines = [f"program: {n_inputs} inputs of f32[{n},{n}] (seed {seed}), outputs as {output_kind}"]
+    _describe_block(block, [f"in{i}" for i in range(n_inputs)], "  ", lines)
+    lines.append(f"  spec = {spec!r}")
+    return "\n".join(lines)
+
+
+def _describe_block(
+    block: Spec, param_names: list[str], indent: str, lines: list[str], prefix: str = "v"
+) -> None:
+    _, _, nodes, outs = block
+    names = list(param_names)
+    inner = {"v": "w", "w": "u"}.get(prefix, "t")
+
+    def new(count: int) -> list[str]:
+        # Computed values are named by their index in the block, as the spec refers to them.
+        return [f"{prefix}{len(names) + k}" for k in range(count)]
+
+    def refs(indices: Sequence[int]) -> str:
+        return "[" + ", ".join(names[i] for i in indices) + "]"
+
+    def sub(block_: Spec, params: list[str], header: str, where: str = "") -> None:
+        lines.append(f"{indent}  {header}({', '.join(params)}){where}:")
+        _describe_block(block_, params, indent + "    ", lines, inner)
+
+    for node in nodes:
+        kind = node[0]
+        if kind in _UNARY:
+            results = new(1)
+            lines.append(f"{indent}{results[0]} = {kind} {names[node[1]]}")
+        elif kind in _BINARY or kind == "matmul":
+            results = new(1)
+            lines.append(f"{indent}{results[0]} = {kind} {names[node[1]]} {names[node[2]]}")
+        elif kind == "reduce":
+            _, how, axis, mode, v = node
+            results = new(1)
+            lines.append(
+                f"{indent}{results[0]} = {names[v]} - {how}({names[v]}, axis={axis}, {mode})"
+            )
+        elif kind == "scan":
+            _, length, reverse, carries, xs, consts, body, ys_mode = node
+            n_ys = len(body[3]) - len(carries)
+            results = new(len(carries) + (0 if ys_mode == "raw" else n_ys))
+            lines.append(
+                f"{indent}{', '.join(results) or '()'} = scan(length={length}, "
+                f"reverse={reverse}, carry={refs(carries)}, xs_from={refs(xs)}, "
+                f"consts={refs(consts)}, ys={n_ys} as {ys_mode})"
+            )
+            params = (
+                [f"c{i}" for i in range(len(carries))]
+                + [f"x{i}" for i in range(len(xs))]
+                + [f"k{i}" for i in range(len(consts))]
+            )
+            sub(body, params, "body")
+        elif kind == "cond":
+            _, selector, operands, closure, branches = node
+            results = new(len(branches[0][3]))
+            which = "cond(sum(s) > 0" if len(branches) == 2 else "switch(argmax(s[0])"
+            lines.append(
+                f"{indent}{', '.join(results)} = {which}, s={names[selector]}, "
+                f"operands={refs(operands)}, closure={refs(closure)})"
+            )
+            params = [f"a{i}" for i in range(len(operands))]
+            params += [f"k{i}" for i in range(len(closure))]
+            for i, branch in enumerate(branches):
+                sub(branch, params, f"branch {i}")
+        elif kind in ("jit", "checkpoint"):
+            if kind == "jit":
+                _, operand_sets, closure, body = node
+                header = "jit, called on " + " and ".join(refs(s) for s in operand_sets)
+            else:
+                _, policy, prevent_cse, operands, closure, body = node
+                operand_sets = (operands,)
+                header = (
+                    f"checkpoint(policy={policy}, prevent_cse={bool(prevent_cse)}) "
+                    f"on {refs(operands)}"
+                )
+            results = new(len(body[3]) * len(operand_sets))
+            lines.append(f"{indent}{', '.join(results)} = {header}, closure={refs(closure)}")
+            params = [f"a{i}" for i in range(len(operand_sets[0]))]
+            params += [f"k{i}" for i in range(len(closure))]
+            sub(body, params, "fn")
+        elif kind == "parallel":
+            _, join, chains = node
+            results = new(1 if join == "add" else sum(len(b[3]) for _, b in chains))
+            lines.append(
+                f"{indent}{', '.join(results)} = "
+                f"parallel({len(chains)} independent chains, join={join})"
+            )
+            for i, (operands, chain) in enumerate(chains):
+                params = [f"a{j}" for j in range(len(operands))]
+                sub(chain, params, f"chain {i}", f" on {refs(operands)}")
+        else:
+            raise ValueError(f"unknown node kind {kind!r} in spec")
+        names.extend(results)
+    lines.append(f"{indent}return {', '.join(names[i] for i in outs)}")
+
+
+# --------------------------------------------------------------------------------------------
+# Drawing specs.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Flavor:
+    """How blocks are drawn: which node kinds, how many nodes, which lengths for scans."""
+
+    kinds: tuple[str, ...]  # kinds at the top level; repeated entries weigh a kind
+    nested_kinds: tuple[str, ...]  # kinds inside bodies
+    max_nodes: int
+    max_body_nodes: int
+    chain: bool = False  # every top-level node consumes the latest value
+    scan_lengths: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+    independent_scans: bool = False  # scans often read only their block's params
+    body: str = "same"  # "same": bodies drawn with this flavor (unchained); "heavy"
+
+
+_SIMPLE = ("unary", "binary", "matmul", "reduce")
+_DAG = _Flavor(
+    kinds=(*_SIMPLE, "unary", "binary", "matmul", "scan", "scan", "cond", "jit", "checkpoint",
+           "parallel"),
+    nested_kinds=(*_SIMPLE, "unary", "binary", "matmul", "scan", "cond", "jit", "checkpoint"),
+    max_nodes=8,
+    max_body_nodes=4,
+)
+_CHAIN = dataclasses.replace(_DAG, chain=True)
+# Chains of `parallel` nodes: heavy work (matmuls, scans of matmuls) a planner can overlap.
+_HEAVY = _Flavor(
+    kinds=("matmul", "matmul", "unary", "scan"),
+    nested_kinds=("matmul", "matmul", "unary", "binary"),
+    max_nodes=4,
+    max_body_nodes=3,
+    body="heavy",
+)
+_SCANS = _Flavor(
+    kinds=("scan", "scan", "scan", "scan", "unary", "binary", "matmul"),
+    nested_kinds=("unary", "binary", "matmul", "scan", "scan", "cond", "reduce"),
+    max_nodes=6,
+    max_body_nodes=4,
+    independent_scans=True,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scope:
+    """Where a node is drawn: the bounds of the values before it and how it may be drawn."""
+
+    bounds: list[float]
+    n_params: int
+    depth: int
+    flavor: _Flavor
+    top_level: bool
+
+    def tame(self) -> list[int]:
+        return [v for v, bound in enumerate(self.bounds) if bound <= _TAME]
+
+
+class _Drawer:
+    """Draws blocks while tracking a bound on the magnitude of every value."""
+
+    def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any], n: int):
+        self.draw = draw
+        self.n = n
+
+    def block(
+        self,
+        param_bounds: Sequence[float],
+        depth: int,
+        flavor: _Flavor,
+        *,
+        n_tame_outs: int = 0,
+        n_any_outs: int | None = None,
+        top_level: bool = False,
+        root: bool = False,
+    ) -> tuple[Spec, list[float]]:
+        """Draws a block; returns its spec and the bounds of its outputs.
+
+        The first `n_tame_outs` outputs are tame (scan carries), then come `n_any_outs`
+        outputs of any bound, or a drawn number of them when None. A `root` block (the
+        program, or a chain of a `parallel` node) draws from `flavor.kinds`, others from
+        `flavor.nested_kinds`.
+        """
+        draw = self.draw
+        bounds = list(param_bounds)
+        nodes: list[Spec] = []
+        root = root or top_level
+        kinds = flavor.kinds if root else flavor.nested_kinds
+        if depth >= _MAX_DEPTH:
+            kinds = tuple(k for k in kinds if k in _SIMPLE) or ("unary",)
+        max_nodes = flavor.max_nodes if root else flavor.max_body_nodes
+        for i in range(draw(st.integers(1, max_nodes))):
+            kind = draw(st.sampled_from(kinds))
+            if top_level and i == 0 and flavor is _DAG and draw(st.integers(0, 3)) == 0:
+                kind = "parallel"  # often enough that planners find parallel sections
+            scope = _Scope(bounds, len(param_bounds), depth, flavor, top_level)
+            node, out_bounds = getattr(self, f"_{kind}")(scope)
+            nodes.append(node)
+            first_new = len(bounds)
+            bounds.extend(out_bounds)
+            for v in range(first_new, len(bounds)):
+                if bounds[v] > _TAME:
+                    nodes.append(("tanh", v))
+                    bounds.append(1.0)
+        outs = self._outs(bounds, len(param_bounds), nodes, n_tame_outs, n_any_outs, top_level)
+        return ("block", len(param_bounds), tuple(nodes), outs), [bounds[i] for i in outs]
+
+    def _outs(
+        self,
+        bounds: list[float],
+        n_params: int,
+        nodes: list[Spec],
+        n_tame: int,
+        n_any: int | None,
+        top_level: bool,
+    ) -> tuple[int, ...]:
+        draw = self.draw
+        used = {v for node in nodes for v in _node_operands(node)}
+        computed = list(range(n_params, len(bounds)))
+        sinks = [v for v in computed if v not in used] or [len(bounds) - 1]
+        if top_level:
+            # All sinks, so little is dead; sometimes only some, sometimes extra outputs
+            # (possibly an input returned as is, or one value twice).
+            outs = list(sinks)
+            if len(outs) > 1 and draw(st.integers(0, 4)) == 0:
+                outs = outs[: draw(st.integers(1, len(outs) - 1))]
+            outs += draw(st.lists(st.integers(0, len(bounds) - 1), max_size=2))
+            return tuple(outs)
+        tame = [v for v, bound in enumerate(bounds) if bound <= _TAME]
+        tame_computed = [v for v in tame if v >= n_params] or tame
+        outs = [draw(st.sampled_from(tame_computed + tame)) for _ in range(n_tame)]
+        if n_any is None:
+            n_any = draw(st.integers(1 if n_tame == 0 else 0, 2))
+        preferred = sinks + computed + list(range(len(bounds)))
+        outs += [draw(st.sampled_from(preferred)) for _ in range(n_any)]
+        return tuple(outs)
+
+    # ---- operands -----------------------------------------------------------------------------
+
+    def _operand(self, scope: _Scope, *, first: bool = False, params_only: bool = False) -> int:
+        tame = scope.tame()
+        if params_only:
+            tame = [v for v in tame if v < scope.n_params] or tame
+        if scope.flavor.chain and scope.top_level and first:
+            return tame[-1]
+        # Recent values weigh a little more, so programs are deep as well as wide.
+        return self.draw(st.sampled_from(tame[::-1] + tame[-3:][::-1]))
+
+    def _operands(self, scope: _Scope, low: int, high: int, *, chained: bool = True) -> tuple[int, ...]:
+        count = self.draw(st.integers(low, high))
+        return tuple(self._operand(scope, first=chained and i == 0) for i in range(count))
+
+    def _body_flavor(self, scope: _Scope) -> _Flavor:
+        return _HEAVY if scope.flavor.body == "heavy" else scope.flavor
+
+    # ---- node kinds ---------------------------------------------------------------------------
+
+    def _unary(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        bounds = scope.bounds
+        name = self.draw(st.sampled_from(_UNARY))
+        if name in ("sin", "tanh"):
+            # These tame anything, so they may read an untamed value too.
+            if scope.flavor.chain and scope.top_level:
+                v = len(bounds) - 1
+            else:
+                v = self.draw(st.sampled_from(list(range(len(bounds)))[::-1]))
+            return (name, v), [1.0]
+        v = self._operand(scope, first=True)
+        if name == "exp":
+            if bounds[v] > _EXP_INPUT_BOUND:
+                return ("tanh", v), [1.0]
+            return ("exp", v), [math.exp(bounds[v])]
+        return ("relu", v), [bounds[v]]
+
+    def _binary(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        name = self.draw(st.sampled_from(_BINARY))
+        a = self._operand(scope, first=True)
+        b = self._operand(scope)
+        ba, bb = scope.bounds[a], scope.bounds[b]
+        bound = {"add": ba + bb, "sub": ba + bb, "mul": ba * bb, "max": max(ba, bb)}[name]
+        return (name, a, b), [bound]
+
+    def _matmul(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        a = self._operand(scope, first=True)
+        b = self._operand(scope)
+        return ("matmul", a, b), [self.n * scope.bounds[a] * scope.bounds[b]]
+
+    def _reduce(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        how = self.draw(st.sampled_from(("sum", "max")))
+        axis = self.draw(st.sampled_from((0, 1, None)))
+        mode = self.draw(st.sampled_from(("keepdims", "broadcast")))
+        v = self._operand(scope, first=True)
+        count = 1 if how == "max" else (self.n if axis is not None else self.n * self.n)
+        return ("reduce", how, axis, mode, v), [scope.bounds[v] * (1 + count)]
+
+    def _scan(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        draw = self.draw
+        length = draw(st.sampled_from(scope.flavor.scan_lengths))
+        reverse = draw(st.booleans())
+        n_carry = draw(st.integers(0, 2))
+        n_xs = draw(st.integers(0, 2))
+        n_consts = draw(st.integers(0, 2))
+        if n_carry + n_xs == 0:
+            n_carry = 1
+        # Independent scans read only their block's params, dependent ones anything.
+        params_only = scope.flavor.independent_scans and draw(st.booleans())
+        carries = tuple(
+            self._operand(scope, first=i == 0, params_only=params_only) for i in range(n_carry)
+        )
+        xs = tuple(
+            self._operand(scope, first=not carries and i == 0, params_only=params_only)
+            for i in range(n_xs)
+        )
+        consts = tuple(self._operand(scope, params_only=params_only) for _ in range(n_consts))
+        body_bounds = [_TAME] * n_carry + [1.0] * n_xs + [scope.bounds[i] for i in consts]
+        body, out_bounds = self.block(
+            body_bounds,
+            scope.depth + 1,
+            self._body_flavor(scope),
+            n_tame_outs=n_carry,
+            n_any_outs=None if n_carry else draw(st.integers(1, 2)),
+        )
+        ys_mode = draw(st.sampled_from(("mean", "last", "raw") if scope.top_level else ("mean", "last")))
+        node = ("scan", length, reverse, carries, xs, consts, body, ys_mode)
+        ys_bounds = [] if ys_mode == "raw" else out_bounds[n_carry:]
+        return node, [_TAME] * n_carry + ys_bounds
+
+    def _cond(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        draw = self.draw
+        n_branches = draw(st.sampled_from((2, 2, 3, 4)))
+        selector = self._operand(scope)
+        operands = self._operands(scope, 1, 3)
+        closure = self._operands(scope, 0, 1, chained=False)
+        n_outs = draw(st.integers(1, 2))
+        param_bounds = [scope.bounds[i] for i in operands + closure]
+        branches, out_bounds = [], [0.0] * n_outs
+        for _ in range(n_branches):
+            branch, branch_bounds = self.block(
+                param_bounds, scope.depth + 1, self._body_flavor(scope), n_any_outs=n_outs
+            )
+            branches.append(branch)
+            out_bounds = [max(a, b) for a, b in zip(out_bounds, branch_bounds)]
+        return ("cond", selector, operands, closure, tuple(branches)), out_bounds
+
+    def _jit(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        operands = self._operands(scope, 1, 3)
+        operand_sets = [operands]
+        if self.draw(st.integers(0, 3)) == 0:  # the same jitted function, called twice
+            operand_sets.append(tuple(self._operand(scope) for _ in operands))
+        closure = self._operands(scope, 0, 1, chained=False)
+        param_bounds = [max(scope.bounds[s[k]] for s in operand_sets) for k in range(len(operands))]
+        param_bounds += [scope.bounds[i] for i in closure]
+        block, out_bounds = self.block(param_bounds, scope.depth + 1, self._body_flavor(scope))
+        return ("jit", tuple(operand_sets), closure, block), out_bounds * len(operand_sets)
+
+    def _checkpoint(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        policy = self.draw(st.sampled_from(tuple(_CHECKPOINT_POLICIES)))
+        prevent_cse = int(self.draw(st.booleans()))
+        operands = self._operands(scope, 1, 3)
+        closure = self._operands(scope, 0, 1, chained=False)
+        param_bounds = [scope.bounds[i] for i in operands + closure]
+        block, out_bounds = self.block(param_bounds, scope.depth + 1, self._body_flavor(scope))
+        return ("checkpoint", policy, prevent_cse, operands, closure, block), out_bounds
+
+    def _parallel(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        n_chains = self.draw(st.integers(2, 4))
+        join = self.draw(st.sampled_from(("add", "separate")))
+        chains, ends = [], []
+        for _ in range(n_chains):
+            operands = self._operands(scope, 1, 2, chained=False)
+            chain, out_bounds = self.block(
+                [scope.bounds[i] for i in operands], scope.depth + 1, _HEAVY, n_any_outs=1, root=True
+            )
+            chains.append((operands, chain))
+            ends.append(out_bounds[0])
+        node = ("parallel", join, tuple(chains))
+        return node, [sum(ends)] if join == "add" else ends
+
+
+def _node_operands(node: Spec) -> list[int]:
+    """Indices of the values in the enclosing block that a node reads."""
+    kind = node[0]
+    if kind in _UNARY:
+        return [node[1]]
+    if kind in _BINARY or kind == "matmul":
+        return [node[1], node[2]]
+    if kind == "reduce":
+        return [node[4]]
+    if kind == "scan":
+        return [*node[3], *node[4], *node[5]]
+    if kind == "cond":
+        return [node[1], *node[2], *node[3]]
+    if kind == "jit":
+        return [v for s in node[1] for v in s] + list(node[2])
+    if kind == "checkpoint":
+        return [*node[3], *node[4]]
+    if kind == "parallel":
+        return [v for operands, _ in node[2] for v in operands]
+    raise ValueError(f"unknown node kind {kind!r} in spec")
+
+
+def _program_spec(draw: Callable[[st.SearchStrategy[Any]], Any], flavor: _Flavor) -> Spec:
+    n = draw(st.sampled_from((8, 16)))
+    n_inputs = draw(st.integers(2, 5))
+    seed = draw(st.integers(0, 2**16))
+    block, _ = _Drawer(draw, n).block([1.0] * n_inputs, 0, flavor, top_level=True)
+    output_kind = draw(st.sampled_from(("tuple", "single", "dict", "nested")))
+    return ("program", n, n_inputs, seed, block, output_kind)
+
+
+@st.composite
+def program_specs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Spec:
+    """Specs of random programs: DAGs, pure chains, or independent heavy chains joined."""
+    flavor = draw(st.sampled_from((_DAG, _DAG, _DAG, _CHAIN)))
+    return _program_spec(draw, flavor)
+
+
+def programs() -> st.SearchStrategy[Program]:
+    """Random programs: DAGs of elementwise ops, matmuls, reductions, scans, conds, switches,
+    nested jits, checkpoints and independent heavy chains, with inputs."""
+    return program_specs().map(build_program)
+
+
+@st.composite
+def scan_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Spec:
+    """Specs of programs made mostly of scans: independent and dependent ones, mixed
+    directions and lengths (often equal, as loop fusion needs), consts, nested scans and
+    conds in bodies."""
+    common = draw(st.integers(1, 6))
+    other = draw(st.integers(1, 6))
+    flavor = dataclasses.replace(_SCANS, scan_lengths=(common, common, common, other))
+    return _program_spec(draw, flavor)
+
+
+def scan_programs() -> st.SearchStrategy[Program]:
+    """Random programs made mostly of scans (see `scan_program_specs`), with inputs."""
+    return scan_program_specs().map(build_program)
