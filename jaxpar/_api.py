@@ -217,7 +217,7 @@ def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
         target = resolved.resolved_target()
         traced = trace(inner, sig)
         plan = plan_jaxpr(traced.jaxpr, PlanContext(resolved, target))
-        name = getattr(inner, "__qualname__", None) or getattr(inner, "__name__", repr(inner))
+        name = str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", inner))
         return build_report(plan, name, target, emitted=(target == "gpu"),
                             options=resolved.to_dict())
 

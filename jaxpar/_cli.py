@@ -3,7 +3,8 @@
 Example::
 
     python -m jaxpar demo
-    python -m jaxpar inspect examples.two_scans:two_scans --args "f32[100,100] f32[100,100] f32[50,100,100]"
+    python -m jaxpar inspect examples.two_scans:two_scans \
+        --args "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]"
 
 Sharp edges:
   * ``demo`` times on the machine at hand; on a CPU the stream annotations are
@@ -64,7 +65,8 @@ def load_function(path: str) -> Callable[..., Any]:
     return obj
 
 
-def _time_pair(plain: Callable[[], Any], rewritten: Callable[[], Any], reps: int) -> tuple[float, float]:
+def _time_pair(plain: Callable[[], Any], rewritten: Callable[[], Any],
+               reps: int) -> tuple[float, float]:
     jax.block_until_ready(plain())
     jax.block_until_ready(rewritten())
     a, b = [], []

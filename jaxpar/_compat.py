@@ -30,7 +30,9 @@ import jax.extend.core as jex_core
 import numpy as np
 
 try:  # jax >= 0.11
-    from jax.experimental.xla_metadata import xla_metadata_call as _xla_metadata_call
+    from jax.experimental.xla_metadata import (  # type: ignore[attr-defined]
+        xla_metadata_call as _xla_metadata_call,
+    )
 except ImportError:  # jax 0.8 - 0.10
     from jax.experimental.scheduling_groups import (  # type: ignore[no-redef]
         xla_metadata_call as _xla_metadata_call,
@@ -162,7 +164,8 @@ def eqn_subjaxprs(eqn: Any) -> Iterator[tuple[str, int | None, Any]]:
                     yield name, index, item
 
 
-def eqn_replace_subjaxprs(eqn: Any, replacements: dict[tuple[str, int | None], Any]) -> dict[str, Any]:
+def eqn_replace_subjaxprs(eqn: Any, replacements: dict[tuple[str, int | None], Any]
+                          ) -> dict[str, Any]:
     """Returns ``eqn.params`` with the given jaxpr parameters replaced."""
     params = dict(eqn.params)
     for (name, index), new in replacements.items():
@@ -206,7 +209,7 @@ def source_summary(eqn: Any) -> str:
     """``file:line (function)`` of the user code that created ``eqn``."""
     try:
         return str(_source_info_util.summarize(eqn.source_info))
-    except Exception:  # noqa: BLE001 - source info is best effort
+    except Exception:
         return "<unknown>"
 
 

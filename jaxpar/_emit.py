@@ -73,7 +73,8 @@ class Emitter:
             if unit[0] == "eqn":
                 index = unit[1]
                 eqn = eqns[index]
-                params = self._nested_params(level, index, nested[index]) if index in nested else None
+                params = (self._nested_params(level, index, nested[index])
+                          if index in nested else None)
                 write(eqn.outvars, _compat.bind_eqn(eqn, [read(v) for v in eqn.invars], params))
                 continue
             _, s, r = unit

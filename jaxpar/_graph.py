@@ -55,12 +55,12 @@ def build_graph(jaxpr: Any) -> Graph:
             if not _compat.is_drop_var(v):
                 producer[v] = index
     succ_lists: list[list[int]] = [[] for _ in preds]
-    for index, sources in enumerate(preds):
-        for source in sources:
+    for index, inputs in enumerate(preds):
+        for source in inputs:
             succ_lists[source].append(index)
     feeds_output = frozenset(producer[v] for v in jaxpr.outvars
                              if not _compat.is_literal(v) and v in producer)
-    live = set(feeds_output)
+    live: set[int] = set(feeds_output)
     live.update(i for i, eqn in enumerate(jaxpr.eqns) if eqn.effects)
     for index in range(len(preds) - 1, -1, -1):
         if index in live:

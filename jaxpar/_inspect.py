@@ -108,8 +108,8 @@ class Plan:
         lines = [f"jaxpar plan for `{self.function}` (target={self.target}, "
                  f"{self.num_eqns} equations, est. {self.total_cost_us:.1f} us)"]
         if not self.emitted and self.sections:
-            lines.append(f"  note: stream annotations are only emitted for target='gpu'; "
-                         f"this is what would run concurrently on a GPU")
+            lines.append("  note: stream annotations are only emitted for target='gpu'; "
+                         "this is what would run concurrently on a GPU")
         if not self.sections:
             lines.append("  no parallel sections: nothing independent is worth a stream")
         for section in self.sections:
@@ -165,10 +165,11 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
 
 def _top_primitives(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, ...]
                     ) -> tuple[tuple[str, int], ...]:
-    weight: Counter[str] = Counter()
+    weight: dict[str, float] = {}
     count: Counter[str] = Counter()
     for i in indices:
-        weight[eqns[i].primitive.name] += seconds[i]
+        name = eqns[i].primitive.name
+        weight[name] = weight.get(name, 0.0) + seconds[i]
         count[eqns[i].primitive.name] += 1
     ranked = sorted(count, key=lambda name: (-weight[name], -count[name], name))
     return tuple((name, count[name]) for name in ranked[:_MAX_PRIMITIVES])

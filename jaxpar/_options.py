@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import jax
 
 Target = Literal["auto", "gpu", "cpu", "tpu"]
-Switch = Union[bool, Literal["auto"]]
-Unroll = Union[int, Literal["auto"], None]
+Switch = bool | Literal["auto"]
+Unroll = int | Literal["auto"] | None
 
 TARGETS = ("auto", "gpu", "cpu", "tpu")
 _BACKEND_TARGETS = {"gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "cpu": "cpu", "tpu": "tpu"}

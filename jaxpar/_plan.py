@@ -210,7 +210,7 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
     in_region = {i for s in sections for r in s.regions for i in r.eqns}
     nested: list[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]]] = []
     for index, eqn in enumerate(eqns):
-        if index in in_region or index in blocked and blocked[index] != REASON_EFFECTFUL:
+        if index in in_region or (index in blocked and blocked[index] != REASON_EFFECTFUL):
             continue
         if eqn.primitive.name not in RECURSIVE_PRIMITIVES:
             if any(True for _ in _compat.eqn_subjaxprs(eqn)) and seconds[index] >= ctx.min_seconds:
@@ -240,6 +240,9 @@ def _blocked_detail(reason: str, eqn: Any) -> str:
     if reason == REASON_EFFECTFUL:
         return f"`{name}` has side effects, which keep their order on the main stream"
     return f"`{name}` is a collective; collectives are grouped, not moved to compute streams"
+
+
+_Hull = tuple[list[int], list[int]]  # (heavy positions of a branch, its hull equations)
 
 
 class _SectionFinder:
@@ -285,7 +288,7 @@ class _SectionFinder:
                 stack.extend(reversed(self._split(payload)))
             else:
                 branch_sets.append(payload)
-        sections = []
+        sections: list[SectionPlan] = []
         region_of: dict[int, tuple[int, int]] = {}
         for branches in branch_sets:
             section = self._build_section(branches, region_of, len(sections))
@@ -411,10 +414,10 @@ class _SectionFinder:
         return [i for i in range(first, last + 1)
                 if self.anc[i] & mask and self.desc[i] & mask]
 
-    def _balance(self, hulls: list[tuple[list[int], list[int]]]) -> list[list[tuple[list[int], list[int]]]]:
+    def _balance(self, hulls: list[_Hull]) -> list[list[_Hull]]:
         slots = min(self.ctx.streams_per_section, len(hulls))
         order = sorted(hulls, key=lambda h: (-self._cost(h[0]), h[0][0]))
-        bins: list[list[tuple[list[int], list[int]]]] = [[] for _ in range(slots)]
+        bins: list[list[_Hull]] = [[] for _ in range(slots)]
         loads = [0.0] * slots
         for item in order:
             slot = min(range(slots), key=lambda s: (loads[s], s))
@@ -433,12 +436,12 @@ class _SectionFinder:
                     or i in graph.feeds_output or not graph.succs[i]
                     or self.anc[i] & section_mask):
                 continue
-            owners = {region_of.get(s) for s in graph.succs[i]}
-            if len(owners) == 1:
-                (owner,) = owners
-                if owner is not None and owner[0] == section_index:
-                    members[owner[1]].add(i)
-                    region_of[i] = owner
+            consumers = {region_of.get(s) for s in graph.succs[i]}
+            if len(consumers) == 1:
+                (consumer,) = consumers
+                if consumer is not None and consumer[0] == section_index:
+                    members[consumer[1]].add(i)
+                    region_of[i] = consumer
         # Private consumers: light equations reading only one region's results.
         for i in range(n):
             if (i in region_of or i in self.blocked or i in self.bit or i not in graph.live
