@@ -125,7 +125,10 @@ for _name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_a
               "random_bits", "random_seed", "random_wrap", "random_unwrap", "custom_call",
               "ppermute", "psum", "all_gather", "all_to_all", "reduce_scatter", "pmax", "pmin",
               "psum_scatter", "psum_invariant", "all_gather_invariant", "cholesky", "lu",
-              "qr", "eigh", "svd", "triangular_solve", "householder_product"):
+              "qr", "eigh", "svd", "triangular_solve", "householder_product", "reduce_window",
+              "reduce_window_sum", "reduce_window_max", "reduce_window_min",
+              "select_and_scatter_add", "select_and_gather_add", "argsort", "approx_top_k",
+              "segment_sum", "clamp_p"):
     cost_rules[_name] = _one_kernel_rule
 
 

@@ -1,0 +1,46 @@
+"""A multi-branch (inception-style) block: four independent convolution branches.
+
+Run: python examples/inception_block.py
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jaxpar
+
+
+def conv(x, w):
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def inception(x, params):
+    b1 = jax.nn.relu(conv(x, params["1x1"]))
+    b3 = jax.nn.relu(conv(jax.nn.relu(conv(x, params["3x3_reduce"])), params["3x3"]))
+    b5 = jax.nn.relu(conv(jax.nn.relu(conv(x, params["5x5_reduce"])), params["5x5"]))
+    pool = lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 1, 1, 1), "SAME")
+    bp = jax.nn.relu(conv(pool, params["pool_proj"]))
+    return jnp.concatenate([b1, b3, b5, bp], axis=-1)
+
+
+def make_params(cin=64, seed=0):
+    shapes = {"1x1": (1, 1, cin, 64), "3x3_reduce": (1, 1, cin, 96), "3x3": (3, 3, 96, 128),
+              "5x5_reduce": (1, 1, cin, 16), "5x5": (5, 5, 16, 32), "pool_proj": (1, 1, cin, 32)}
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(shapes))
+    return {name: jax.random.normal(k, shape) * 0.05
+            for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)}
+
+
+def main():
+    x = jax.random.normal(jax.random.PRNGKey(1), (8, 28, 28, 64))
+    params = make_params()
+    fast = jaxpar.parallel_branches(inception, target="gpu")
+    plan = jaxpar.inspect(fast)(x, params)
+    print(plan)
+    np.testing.assert_array_equal(fast(x, params), jax.jit(inception)(x, params))
+    print(f"same values as jax.jit(inception); {plan.num_streams} streams")
+
+
+if __name__ == "__main__":
+    main()

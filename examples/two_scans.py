@@ -1,0 +1,45 @@
+"""Seed 002: two `lax.scan`s with different step functions, run concurrently.
+
+Run: python examples/two_scans.py
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jaxpar
+
+
+def step1(carry, x):
+    return jnp.tanh(carry @ x @ x) * 0.5, None
+
+
+def step2(carry, x):
+    return jnp.sin(x @ carry) + 0.5 * carry, None
+
+
+def two_scans(a, b, xs1, xs2):
+    out1, _ = lax.scan(step1, a, xs1)
+    out2, _ = lax.scan(step2, b, xs2)
+    return out1, out2
+
+
+def make_args(n=100, steps=1000, seed=0):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    return (jax.random.normal(keys[0], (n, n)) * 0.1, jax.random.normal(keys[1], (n, n)) * 0.1,
+            jax.random.normal(keys[2], (steps, n, n)) * 0.1,
+            jax.random.normal(keys[3], (steps, n, n)) * 0.1)
+
+
+def main():
+    args = make_args()
+    fast = jaxpar.parallel_branches(two_scans, target="gpu")
+    print(jaxpar.inspect(fast)(*args))
+    for got, want in zip(fast(*args), jax.jit(two_scans)(*args), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    print("same values as jax.jit(two_scans)")
+
+
+if __name__ == "__main__":
+    main()

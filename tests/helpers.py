@@ -1,0 +1,232 @@
+"""Shared helpers for jaxpar's unit tests: parsing lowered StableHLO, tree comparisons, and
+the standard programs the tests share.
+
+Example::
+
+    from helpers import four_branches, four_branches_args, lower_for_gpu, stream_calls
+
+    g = jaxpar.parallel_branches(four_branches, **FOUR_BRANCHES_OPTIONS)
+    calls = stream_calls(lower_for_gpu(g, *four_branches_args()))
+    [attrs["_xla_stream_annotation"] for _, attrs in calls]   # ["1", "2"]
+
+Sharp edges:
+    `lower_for_gpu` only *lowers* for CUDA (no plugin needed) so the frontend attributes are
+    visible; it never compiles. The programs here are sized to run in milliseconds on a CPU.
+    With the default `min_cost_us=5` the GPU cost model judges each 256x256 chain of
+    `four_branches` (~4.8 us) too cheap for a stream of its own, so tests that want streams
+    from it pass `FOUR_BRANCHES_OPTIONS`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+__all__ = [
+    "FOUR_BRANCHES_OPTIONS",
+    "STREAM_ATTRIBUTE",
+    "assert_same_values",
+    "assert_tree_close",
+    "assert_tree_equal",
+    "chain",
+    "four_branches",
+    "four_branches_args",
+    "function_bodies",
+    "lower_for_gpu",
+    "nested_stream_calls",
+    "pure_chain",
+    "pure_chain_args",
+    "stream_calls",
+    "two_scans",
+    "two_scans_args",
+]
+
+STREAM_ATTRIBUTE = "_xla_stream_annotation"
+GROUP_ATTRIBUTE = "_scheduling_group_id"
+
+# Options under which four_branches is worth streams on the GPU cost model (see Sharp edges).
+FOUR_BRANCHES_OPTIONS: dict[str, Any] = {"target": "gpu", "min_cost_us": 2.0}
+
+_CALL = re.compile(r"\bcall @([^\s(]+)\(")
+_ATTRIBUTES = re.compile(r"mhlo\.frontend_attributes = \{([^}]*)\}")
+_PAIR = re.compile(r'([\w.$-]+) = "([^"]*)"')
+_FUNC = re.compile(r"^\s*func\.func\s+(?:public\s+|private\s+)?@([^\s(]+)\(")
+
+
+# --- lowered text --------------------------------------------------------------------------
+
+
+def _frontend_attributes(line: str) -> dict[str, str]:
+    match = _ATTRIBUTES.search(line)
+    return dict(_PAIR.findall(match.group(1))) if match else {}
+
+
+def stream_calls(lowered_text: str) -> list[tuple[str, dict[str, str]]]:
+    """Every `call` in StableHLO text that carries `_xla_stream_annotation`, in text order.
+
+    Returns a list of `(callee, frontend attributes)`.
+    """
+    calls = []
+    for line in lowered_text.splitlines():
+        if STREAM_ATTRIBUTE not in line:
+            continue
+        match = _CALL.search(line)
+        if match is None:
+            continue
+        calls.append((match.group(1), _frontend_attributes(line)))
+    return calls
+
+
+def function_bodies(lowered_text: str) -> dict[str, list[str]]:
+    """Maps each `func.func` name of a StableHLO module to the lines of its body."""
+    bodies: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    indent = 0
+    for line in lowered_text.splitlines():
+        match = _FUNC.match(line)
+        if match is not None:
+            current = bodies.setdefault(match.group(1), [])
+            indent = len(line) - len(line.lstrip())
+            continue
+        if current is not None:
+            if line.strip() == "}" and len(line) - len(line.lstrip()) == indent:
+                current = None
+            else:
+                current.append(line)
+    return bodies
+
+
+def nested_stream_calls(lowered_text: str) -> list[tuple[str, str]]:
+    """`(outer, inner)` callee pairs where a stream call is reachable inside another's body.
+
+    XLA cannot compile nested stream calls, so jaxpar must never produce any.
+    """
+    bodies = function_bodies(lowered_text)
+    found = []
+    for outer, _ in stream_calls(lowered_text):
+        seen: set[str] = set()
+        stack = [outer]
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            body = "\n".join(bodies.get(name, []))
+            for inner, _ in stream_calls(body):
+                found.append((outer, inner))
+            stack.extend(_CALL.findall(body))
+    return found
+
+
+def lower_for_gpu(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+    """StableHLO text of `jax.jit(fn)` lowered for CUDA (no GPU or plugin needed)."""
+    return jax.jit(fn).trace(*args, **kwargs).lower(lowering_platforms=("cuda",)).as_text()
+
+
+# --- trees ---------------------------------------------------------------------------------
+
+
+def _check_structure(a: Any, b: Any) -> tuple[list[Any], list[Any]]:
+    leaves_a, tree_a = jax.tree_util.tree_flatten(a)
+    leaves_b, tree_b = jax.tree_util.tree_flatten(b)
+    assert tree_a == tree_b, f"tree structures differ: {tree_a} vs {tree_b}"
+    return leaves_a, leaves_b
+
+
+def assert_tree_equal(a: Any, b: Any) -> None:
+    """Same structure, shapes, dtypes and bit-identical values."""
+    leaves_a, leaves_b = _check_structure(a, b)
+    for i, (x, y) in enumerate(zip(leaves_a, leaves_b, strict=True)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.shape == y.shape, f"leaf {i}: shape {x.shape} vs {y.shape}"
+        assert x.dtype == y.dtype, f"leaf {i}: dtype {x.dtype} vs {y.dtype}"
+        np.testing.assert_array_equal(x, y, err_msg=f"leaf {i}")
+
+
+def assert_tree_close(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Same structure, shapes and dtypes; values within `rtol`/`atol`."""
+    leaves_a, leaves_b = _check_structure(a, b)
+    for i, (x, y) in enumerate(zip(leaves_a, leaves_b, strict=True)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.shape == y.shape, f"leaf {i}: shape {x.shape} vs {y.shape}"
+        assert x.dtype == y.dtype, f"leaf {i}: dtype {x.dtype} vs {y.dtype}"
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=f"leaf {i}")
+
+
+# On this CPU, target="gpu" output runs its regions as non-inlined calls, which changes XLA's
+# fusion boundaries and so float32 rounding in the last bits (the StableHLO is the same ops).
+STREAMED_ON_CPU_TOLERANCE: dict[str, float] = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def assert_same_values(got: Any, want: Any, target: str) -> None:
+    """Bit-exact where nothing is annotated; last-bits close where regions became calls."""
+    if target == "gpu":
+        assert_tree_close(got, want, **STREAMED_ON_CPU_TOLERANCE)
+    else:
+        assert_tree_equal(got, want)
+
+
+# --- standard programs ---------------------------------------------------------------------
+
+_SCAN_LENGTH = 20
+_SCAN_SIZE = 100
+_CHAIN_SIZE = 256
+
+
+def _scan_xs() -> jax.Array:
+    return 0.01 * jnp.cos(jnp.arange(_SCAN_LENGTH * _SCAN_SIZE * _SCAN_SIZE, dtype=jnp.float32)
+                          ).reshape(_SCAN_LENGTH, _SCAN_SIZE, _SCAN_SIZE)
+
+
+def two_scans(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Seed 002: two independent `lax.scan`s with *different* bodies over 100x100 matrices."""
+    xs = _scan_xs()
+
+    def step_tanh(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        new = jnp.tanh(carry @ x + carry)
+        return new, new[0]
+
+    def step_sin(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+        return jnp.sin(x @ carry) + 0.5 * carry, None
+
+    first, _ = lax.scan(step_tanh, a, xs)
+    second, _ = lax.scan(step_sin, b, xs)
+    return first, second
+
+
+def two_scans_args(seed: int = 2) -> tuple[jax.Array, jax.Array]:
+    key_a, key_b = jax.random.split(jax.random.key(seed))
+    shape = (_SCAN_SIZE, _SCAN_SIZE)
+    return jax.random.normal(key_a, shape), jax.random.normal(key_b, shape)
+
+
+def chain(x: jax.Array) -> jax.Array:
+    """Two dependent matmuls with `tanh`: one branch of `four_branches`."""
+    return jnp.tanh(jnp.tanh(x @ x) @ x)
+
+
+def four_branches(a: jax.Array, b: jax.Array, c: jax.Array, d: jax.Array) -> jax.Array:
+    """Four independent chains of two 256x256 matmuls + tanh, summed."""
+    return chain(a) + chain(b) + chain(c) + chain(d)
+
+
+def four_branches_args(seed: int = 4) -> tuple[jax.Array, ...]:
+    keys = jax.random.split(jax.random.key(seed), 4)
+    return tuple(0.05 * jax.random.normal(k, (_CHAIN_SIZE, _CHAIN_SIZE)) for k in keys)
+
+
+def pure_chain(x: jax.Array) -> jax.Array:
+    """Nothing independent: every matmul needs the one before."""
+    for _ in range(4):
+        x = jnp.tanh(x @ x)
+    return x
+
+
+def pure_chain_args(seed: int = 7) -> tuple[jax.Array]:
+    return (0.05 * jax.random.normal(jax.random.key(seed), (_CHAIN_SIZE, _CHAIN_SIZE)),)

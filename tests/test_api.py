@@ -1,0 +1,405 @@
+"""The public surface of `parallel_branches`: decorator forms, pytrees, methods, metadata,
+the rewrite cache, targets, and what the standard programs lower to."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect as pyinspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpar
+from helpers import (
+    FOUR_BRANCHES_OPTIONS,
+    GROUP_ATTRIBUTE,
+    STREAM_ATTRIBUTE,
+    assert_same_values,
+    assert_tree_equal,
+    four_branches,
+    four_branches_args,
+    lower_for_gpu,
+    pure_chain,
+    pure_chain_args,
+    stream_calls,
+    two_scans,
+    two_scans_args,
+)
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def small(a, b):
+    """Two independent small branches."""
+    return jnp.sin(a @ a), jnp.cos(b @ b)
+
+
+def small_args():
+    return jnp.linspace(0.0, 1.0, 64).reshape(8, 8), jnp.linspace(1.0, 2.0, 64).reshape(8, 8)
+
+
+# --- decorator forms -----------------------------------------------------------------------
+
+
+def test_bare_decorator():
+    @jaxpar.parallel_branches
+    def f(a, b):
+        return small(a, b)
+
+    assert isinstance(f, jaxpar.ParallelBranches)
+    assert_tree_equal(f(*small_args()), jax.jit(small)(*small_args()))
+
+
+def test_decorator_with_options():
+    @jaxpar.parallel_branches(target="gpu", max_streams=2, min_cost_us=0.0)
+    def f(a, b):
+        return small(a, b)
+
+    assert isinstance(f, jaxpar.ParallelBranches)
+    assert f.options.max_streams == 2
+    assert f.options.target == "gpu"
+    assert_tree_equal(f(*small_args()), jax.jit(small)(*small_args()))
+
+
+def test_decorator_with_no_options_called():
+    @jaxpar.parallel_branches()
+    def f(a, b):
+        return small(a, b)
+
+    assert isinstance(f, jaxpar.ParallelBranches)
+    assert_tree_equal(f(*small_args()), jax.jit(small)(*small_args()))
+
+
+def test_function_call_form():
+    g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
+    assert isinstance(g, jaxpar.ParallelBranches)
+    assert g.__wrapped__ is small
+    assert_tree_equal(g(*small_args()), jax.jit(small)(*small_args()))
+
+
+# --- pytrees and keyword arguments ---------------------------------------------------------
+
+
+def nested_io(params, inputs, *, scale, extra=None):
+    w1, w2 = params["layers"]
+    x = inputs["x"]
+    h1 = jnp.tanh(x @ w1) * scale
+    h2 = jnp.sin(x @ w2) + params["bias"]
+    out = {"pair": (h1, h2), "nothing": None, "nested": {"list": [h1 + h2, x]}}
+    if extra is not None:
+        out["extra"] = extra["value"] * 2.0
+    return out
+
+
+def nested_args():
+    key = jax.random.key(0)
+    k1, k2, k3 = jax.random.split(key, 3)
+    params = {"layers": (jax.random.normal(k1, (16, 16)), jax.random.normal(k2, (16, 16))),
+              "bias": jnp.float32(0.25)}
+    inputs = {"x": jax.random.normal(k3, (4, 16)), "unused": None}
+    return params, inputs
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+def test_pytrees_and_kwargs_in_and_out(target):
+    g = jaxpar.parallel_branches(nested_io, target=target, min_cost_us=0.0)
+    params, inputs = nested_args()
+    want = jax.jit(nested_io)(params, inputs, scale=jnp.float32(3.0))
+    got = g(params, inputs, scale=jnp.float32(3.0))
+    assert_same_values(got, want, target)
+    assert got["nothing"] is None
+    assert isinstance(got["pair"], tuple)
+    assert isinstance(got["nested"]["list"], list)
+
+    extra = {"value": jnp.arange(3.0)}
+    want = jax.jit(nested_io)(params, inputs, scale=2.0, extra=extra)
+    got = g(params, inputs, scale=2.0, extra=extra)
+    assert_same_values(got, want, target)
+
+
+def test_kwargs_can_be_passed_positionally_or_by_name():
+    g = jaxpar.parallel_branches(nested_io, target="gpu", min_cost_us=0.0)
+    params, inputs = nested_args()
+    by_name = g(params=params, inputs=inputs, scale=1.5)
+    positional = g(params, inputs, scale=1.5)
+    assert_tree_equal(by_name, positional)
+
+
+def test_python_and_numpy_scalars_are_leaves():
+    def f(x, s, t):
+        return x * s + t
+
+    g = jaxpar.parallel_branches(f)
+    x = jnp.arange(4.0)
+    assert_tree_equal(g(x, 2.0, np.float32(1.0)), jax.jit(f)(x, 2.0, np.float32(1.0)))
+    assert_tree_equal(g(x, 3, True), jax.jit(f)(x, 3, True))
+
+
+def test_no_outputs_and_empty_containers():
+    def f(x, empty):
+        return {"x": x + 1.0, "empty": empty, "none": None}
+
+    g = jaxpar.parallel_branches(f)
+    out = g(jnp.ones(3), ())
+    assert out["empty"] == () and out["none"] is None
+    assert_tree_equal(out, jax.jit(f)(jnp.ones(3), ()))
+
+
+# --- methods -------------------------------------------------------------------------------
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TwoLayers:
+    w1: jax.Array
+    w2: jax.Array
+
+    @jaxpar.parallel_branches(target="gpu", min_cost_us=0.0)
+    def apply(self, x):
+        """Applies both layers side by side."""
+        return jnp.tanh(x @ self.w1) + jnp.sin(x @ self.w2)
+
+    def apply_plain(self, x):
+        return jnp.tanh(x @ self.w1) + jnp.sin(x @ self.w2)
+
+
+def test_decorated_method_on_pytree_class():
+    model = TwoLayers(jnp.eye(8) * 0.5, jnp.ones((8, 8)) * 0.1)
+    x = jnp.linspace(-1.0, 1.0, 32).reshape(4, 8)
+    assert_tree_equal(model.apply(x), jax.jit(TwoLayers.apply_plain)(model, x))
+    assert isinstance(TwoLayers.apply, jaxpar.ParallelBranches)
+    assert TwoLayers.apply.__doc__ == "Applies both layers side by side."
+    calls = stream_calls(lower_for_gpu(lambda m, x: m.apply(x), model, x))
+    assert len(calls) == 2
+
+
+class NotAPytree:
+    def __init__(self):
+        self.w = jnp.eye(4)
+
+    @jaxpar.parallel_branches
+    def apply(self, x):
+        return x @ self.w
+
+
+def test_decorated_method_on_plain_class_names_self():
+    with pytest.raises(TypeError, match=r"`self`.*NotAPytree.*functools\.partial"):
+        NotAPytree().apply(jnp.ones((2, 4)))
+
+
+# --- metadata ------------------------------------------------------------------------------
+
+
+def documented(alpha, beta=None):
+    """Adds things up."""
+    return alpha if beta is None else alpha + beta
+
+
+def test_functools_wraps_metadata():
+    g = jaxpar.parallel_branches(documented, target="cpu")
+    assert g.__name__ == "documented"
+    assert g.__qualname__ == "documented"
+    assert g.__doc__ == "Adds things up."
+    assert g.__module__ == documented.__module__
+    assert g.__wrapped__ is documented
+    assert pyinspect.signature(g) == pyinspect.signature(documented)
+    assert "documented" in repr(g)
+
+
+# --- caching -------------------------------------------------------------------------------
+
+
+def test_cache_same_signature_does_not_reanalyse():
+    g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
+    a, b = small_args()
+    assert g.analyses == 0
+    g(a, b)
+    assert g.analyses == 1
+    g(a + 1.0, b * 2.0)  # new values, same signature
+    g(np.asarray(a), np.asarray(b))  # numpy arrays of the same shape and dtype
+    assert g.analyses == 1
+
+
+def test_cache_new_shape_dtype_structure_replans():
+    def f(x, y):
+        return jax.tree_util.tree_map(lambda v: jnp.sin(v) * 2.0, (x, y))
+
+    g = jaxpar.parallel_branches(f)
+    g(jnp.ones(3), jnp.ones(3))
+    assert g.analyses == 1
+    g(jnp.ones(4), jnp.ones(3))  # shape
+    assert g.analyses == 2
+    g(jnp.ones(4, jnp.bfloat16), jnp.ones(3))  # dtype
+    assert g.analyses == 3
+    g((jnp.ones(3), jnp.ones(3)), jnp.ones(3))  # structure
+    assert g.analyses == 4
+    g({"a": jnp.ones(3)}, jnp.ones(3))  # structure again
+    assert g.analyses == 5
+    g(jnp.ones(3), y=jnp.ones(3))  # same leaves passed by keyword: another structure
+    assert g.analyses == 6
+    for call in [lambda: g(jnp.ones(3), jnp.ones(3)), lambda: g(jnp.ones(4), jnp.ones(3)),
+                 lambda: g((jnp.ones(3), jnp.ones(3)), jnp.ones(3))]:
+        call()
+    assert g.analyses == 6
+
+
+def test_cache_weak_type_is_part_of_the_signature():
+    g = jaxpar.parallel_branches(lambda x: x * 2)
+    g(jnp.float32(1.0))
+    g(1.0)  # weakly typed Python float
+    assert g.analyses == 2
+
+
+def test_cache_option_change_replans(monkeypatch):
+    a, b = two_scans_args()
+    g = jaxpar.parallel_branches(two_scans, target="gpu")
+    h = jaxpar.parallel_branches(two_scans, target="gpu", max_streams=1)
+    g(a, b)
+    g(a, b)
+    assert g.analyses == 1
+    h(a, b)
+    assert h.analyses == 1 and g.analyses == 1
+    # XLA's async compute limit is an option from the environment: changing it re-plans.
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "")
+                       + " --xla_gpu_experimental_parallel_async_compute_limit=1")
+    g(a, b)
+    assert g.analyses == 2
+    monkeypatch.undo()
+    g(a, b)
+    assert g.analyses == 2
+
+
+def test_cache_does_not_replan_under_jit_for_same_signature():
+    g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
+    a, b = small_args()
+    g(a, b)
+    jax.jit(g)(a, b)
+    jax.jit(lambda a, b: g(a, b)[0] * 2)(a, b)
+    assert g.analyses == 1
+
+
+# --- targets -------------------------------------------------------------------------------
+
+
+def test_target_gpu_runs_here_and_lowers_with_annotations():
+    args = two_scans_args()
+    g = jaxpar.parallel_branches(two_scans, target="gpu")
+    assert_tree_equal(g(*args), jax.jit(two_scans)(*args))
+    calls = stream_calls(lower_for_gpu(g, *args))
+    assert len(calls) == 2
+    for _, attrs in calls:
+        assert attrs["inlineable"] == "false"
+
+
+def test_target_cpu_emits_no_annotations():
+    args = two_scans_args()
+    g = jaxpar.parallel_branches(two_scans, target="cpu")
+    assert_tree_equal(g(*args), jax.jit(two_scans)(*args))
+    text = lower_for_gpu(g, *args)
+    assert stream_calls(text) == []
+    assert STREAM_ATTRIBUTE not in text
+
+
+def test_target_auto_resolves_to_cpu_here():
+    args = two_scans_args()
+    assert jax.default_backend() == "cpu"
+    plan = jaxpar.inspect(two_scans)(*args)
+    assert plan.target == "cpu"
+    assert not plan.emitted
+    g = jaxpar.parallel_branches(two_scans)
+    assert_tree_equal(g(*args), jax.jit(two_scans)(*args))
+    assert stream_calls(lower_for_gpu(g, *args)) == []
+
+
+# --- what the standard programs lower to ---------------------------------------------------
+
+
+def test_two_scans_two_streams_one_group():
+    args = two_scans_args()
+    g = jaxpar.parallel_branches(two_scans, target="gpu")
+    calls = stream_calls(lower_for_gpu(g, *args))
+    assert sorted(attrs[STREAM_ATTRIBUTE] for _, attrs in calls) == ["1", "2"]
+    groups = {attrs.get(GROUP_ATTRIBUTE) for _, attrs in calls}
+    assert len(groups) == 1 and None not in groups
+    assert len({callee for callee, _ in calls}) == 2
+
+
+def test_four_branches_uses_at_least_two_streams():
+    args = four_branches_args()
+    g = jaxpar.parallel_branches(four_branches, **FOUR_BRANCHES_OPTIONS)
+    calls = stream_calls(lower_for_gpu(g, *args))
+    assert len({attrs[STREAM_ATTRIBUTE] for _, attrs in calls}) >= 2
+    np.testing.assert_array_equal(g(*args), jax.jit(four_branches)(*args))
+
+
+def test_pure_chain_has_no_streams():
+    args = pure_chain_args()
+    g = jaxpar.parallel_branches(pure_chain, target="gpu", min_cost_us=0.0)
+    assert stream_calls(lower_for_gpu(g, *args)) == []
+    np.testing.assert_array_equal(g(*args), jax.jit(pure_chain)(*args))
+
+
+@pytest.mark.parametrize("max_streams", [1, 2, 3, 4, 8])
+def test_stream_ids_are_at_least_one(max_streams):
+    args = four_branches_args()
+    options = {**FOUR_BRANCHES_OPTIONS, "max_streams": max_streams}
+    g = jaxpar.parallel_branches(four_branches, **options)
+    calls = stream_calls(lower_for_gpu(g, *args))
+    for _, attrs in calls:
+        assert int(attrs[STREAM_ATTRIBUTE]) >= 1
+        assert int(attrs[GROUP_ATTRIBUTE]) >= 1
+    plan = jaxpar.inspect(four_branches, **options)(*args)
+    streams = [r.stream for s in plan.sections for r in s.regions]
+    assert all(stream >= 1 for stream in streams)
+    assert len(set(streams)) <= max_streams
+    if max_streams == 1:
+        assert calls == [] and plan.sections == ()
+
+
+def test_stream_ids_at_least_one_for_scans():
+    g = jaxpar.parallel_branches(two_scans, target="gpu", max_streams=8)
+    for _, attrs in stream_calls(lower_for_gpu(g, *two_scans_args())):
+        assert int(attrs[STREAM_ATTRIBUTE]) >= 1
+
+
+# --- determinism ---------------------------------------------------------------------------
+
+_PLAN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests_dir!r})
+    import jaxpar
+    from helpers import (FOUR_BRANCHES_OPTIONS, four_branches, four_branches_args,
+                         two_scans, two_scans_args)
+    plans = [
+        jaxpar.inspect(two_scans, target="gpu")(*two_scans_args()).to_dict(),
+        jaxpar.inspect(four_branches, **FOUR_BRANCHES_OPTIONS)(*four_branches_args()).to_dict(),
+        jaxpar.inspect(four_branches, target="cpu")(*four_branches_args()).to_dict(),
+    ]
+    print("PLANS=" + json.dumps(plans, sort_keys=True))
+""")
+
+
+def _plans_in_subprocess(hash_seed: str) -> str:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": hash_seed}
+    result = subprocess.run([sys.executable, "-c", _PLAN_SCRIPT.format(tests_dir=TESTS_DIR)],
+                            env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("PLANS=")]
+    return line[len("PLANS="):]
+
+
+def test_plan_is_deterministic_across_processes():
+    first = _plans_in_subprocess("1")
+    second = _plans_in_subprocess("12345")
+    assert first == second
+    plans = json.loads(first)
+    assert plans[0]["num_streams"] == 2
+    assert plans[1]["num_streams"] >= 2

@@ -1,0 +1,477 @@
+"""jaxpar on real models from the JAX ecosystem, used the way a new user would.
+
+Each test builds a small model with a library people actually use (Flax, Equinox, Optax,
+`jax.example_libraries.stax`, `jax.scipy`, `jax.random`, `lax.scan`, `custom_jvp` and
+`jax.checkpoint`), decorates the plain function with `parallel_branches`, and checks through
+one helper, `check_against_jit`, that:
+
+- the values equal the undecorated `jax.jit(f)` bit for bit, for `target="gpu"` and `"cpu"`
+  (the rewrite only moves equations into calls, so no arithmetic may change);
+- gradients of a scalar loss match `jax.grad` of the original (rtol 1e-5, atol 1e-6);
+- `jaxpar.inspect(f, target="gpu")` renders with `str` and serialises with `json.dumps`;
+- the decorated function lowers for CUDA (`lowering_platforms=("cuda",)`) on this machine;
+- where the model has heavy independent branches, the plan uses at least two streams.
+
+Example::
+
+    JAX_PLATFORMS=cpu pytest tests/test_ecosystem.py -q
+
+Sharp edges:
+    The extra libraries are test-only; `tests/requirements-ecosystem.txt` pins versions known
+    to work with each supported jax. A test whose library is missing is skipped, not failed.
+    Equinox modules hold non-array leaves (activation functions), which jaxpar rejects as
+    arguments, so the Equinox test splits the model with `eqx.partition` first, as its
+    documentation does for `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpar
+
+TARGETS = ("gpu", "cpu")
+GRAD_RTOL = 1e-5
+GRAD_ATOL = 1e-6
+
+
+def _is_float(leaf: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(leaf), jnp.floating)
+
+
+def _scalar_loss(out: Any) -> jax.Array:
+    """A loss that touches every floating output leaf, so every branch gets a cotangent."""
+    leaves = [leaf for leaf in jax.tree_util.tree_leaves(out) if _is_float(leaf)]
+    return sum(jnp.mean(jnp.square(leaf.astype(jnp.float32))) for leaf in leaves)
+
+
+def _assert_trees_equal(got: Any, want: Any) -> None:
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for path, got_leaf, want_leaf in zip(
+        [p for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]],
+        jax.tree_util.tree_leaves(got),
+        jax.tree_util.tree_leaves(want),
+        strict=True,
+    ):
+        got_leaf, want_leaf = _comparable(got_leaf), _comparable(want_leaf)
+        assert got_leaf.dtype == want_leaf.dtype, jax.tree_util.keystr(path)
+        np.testing.assert_array_equal(got_leaf, want_leaf, err_msg=jax.tree_util.keystr(path))
+
+
+def _assert_trees_close(got: Any, want: Any) -> None:
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for path, got_leaf, want_leaf in zip(
+        [p for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]],
+        jax.tree_util.tree_leaves(got),
+        jax.tree_util.tree_leaves(want),
+        strict=True,
+    ):
+        np.testing.assert_allclose(
+            _comparable(got_leaf), _comparable(want_leaf), rtol=GRAD_RTOL, atol=GRAD_ATOL,
+            err_msg=jax.tree_util.keystr(path))
+
+
+def _comparable(leaf: Any) -> np.ndarray:
+    # Typed PRNG keys have no NumPy dtype; their raw key data is what must match.
+    if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+    return np.asarray(leaf)
+
+
+def check_against_jit(
+    f: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    grad_argnums: int | tuple[int, ...] = 0,
+    min_streams: int = 0,
+) -> jaxpar.Plan:
+    """Checks `parallel_branches(f)` against `jax.jit(f)`; returns the gpu plan.
+
+    Args:
+      f: the user's function, undecorated.
+      args: positional arguments (pytrees of arrays).
+      grad_argnums: which arguments the loss is differentiated with respect to; None skips
+        the gradient check.
+      min_streams: the least `plan.num_streams` the gpu plan must reach.
+    """
+    want = jax.jit(f)(*args)
+    loss = lambda fun: lambda *a: _scalar_loss(fun(*a))
+    want_grad = None
+    if grad_argnums is not None:
+        want_grad = jax.jit(jax.grad(loss(f), argnums=grad_argnums))(*args)
+    for target in TARGETS:
+        decorated = jaxpar.parallel_branches(f, target=target)
+        _assert_trees_equal(decorated(*args), want)
+        _assert_trees_equal(jax.jit(decorated)(*args), want)
+        if grad_argnums is not None:
+            got_grad = jax.jit(jax.grad(loss(decorated), argnums=grad_argnums))(*args)
+            _assert_trees_close(got_grad, want_grad)
+
+    plan = jaxpar.inspect(f, target="gpu")(*args)
+    assert isinstance(plan, jaxpar.Plan)
+    rendered = str(plan)
+    assert rendered.startswith("jaxpar plan for")
+    json.loads(json.dumps(plan.to_dict()))
+    assert plan.num_streams >= min_streams, rendered
+
+    decorated = jaxpar.parallel_branches(f, target="gpu")
+    hlo = jax.jit(decorated).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    if plan.num_streams >= 2:
+        assert "_xla_stream_annotation" in hlo, rendered
+    return plan
+
+
+def _normal(seed: int, shape: tuple[int, ...], scale: float = 1.0) -> jax.Array:
+    return scale * jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flax
+
+
+def test_flax_nnx_multibranch_mlp():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Branch(nnx.Module):
+        def __init__(self, width: int, depth: int, rngs: nnx.Rngs):
+            self.layers = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
+
+        def __call__(self, x):
+            for layer in self.layers:
+                x = nnx.gelu(layer(x))
+            return x
+
+    class ThreeTowers(nnx.Module):
+        def __init__(self, width: int, rngs: nnx.Rngs):
+            self.towers = nnx.List([Branch(width, 3, rngs) for _ in range(3)])
+            self.norm = nnx.LayerNorm(width, rngs=rngs)
+            self.head = nnx.Linear(3 * width, 8, rngs=rngs)
+
+        def __call__(self, x):
+            x = self.norm(x)
+            return self.head(jnp.concatenate([tower(x) for tower in self.towers], axis=-1))
+
+    width = 256
+    model = ThreeTowers(width, nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+
+    def forward(state, x):
+        return nnx.merge(graphdef, state)(x)
+
+    x = _normal(1, (32, width))
+    check_against_jit(forward, (state, x), grad_argnums=(0, 1), min_streams=2)
+
+
+def test_flax_linen_inception_cnn():
+    nn = pytest.importorskip("flax.linen")
+
+    class Inception(nn.Module):
+        features: int = 64
+
+        @nn.compact
+        def __call__(self, x):
+            conv = functools.partial(nn.Conv, self.features)
+            a = nn.relu(conv((1, 1))(x))
+            b = nn.relu(conv((3, 3))(nn.relu(conv((1, 1))(x))))
+            c = nn.relu(conv((3, 3))(nn.relu(conv((3, 3))(nn.relu(conv((1, 1))(x))))))
+            d = conv((1, 1))(nn.max_pool(x, (3, 3), strides=(1, 1), padding="SAME"))
+            return jnp.concatenate([a, b, c, d], axis=-1)
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Conv(64, (3, 3))(x))
+            x = Inception()(x)
+            return nn.Dense(10)(jnp.mean(x, axis=(1, 2)))
+
+    x = _normal(2, (4, 16, 16, 3))
+    params = Net().init(jax.random.key(0), x)
+
+    def loss(params, x, labels):
+        logits = Net().apply(params, x)
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+
+    labels = jnp.arange(4) % 10
+    check_against_jit(Net().apply, (params, x), grad_argnums=(0, 1), min_streams=2)
+    # The training-step shape users write: value and gradient of a loss wrt params.
+    step = jax.value_and_grad(loss)
+    _assert_trees_close(
+        jax.jit(jaxpar.parallel_branches(step, target="gpu"))(params, x, labels),
+        jax.jit(step)(params, x, labels))
+    check_against_jit(step, (params, x, labels), grad_argnums=None, min_streams=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Equinox
+
+
+def test_equinox_two_branch_model():
+    eqx = pytest.importorskip("equinox")
+
+    class TwoBranch(eqx.Module):
+        left: eqx.nn.MLP
+        right: eqx.nn.MLP
+        head: eqx.nn.Linear
+
+        def __init__(self, width: int, key: jax.Array):
+            k1, k2, k3 = jax.random.split(key, 3)
+            self.left = eqx.nn.MLP(width, width, width, depth=3, key=k1)
+            self.right = eqx.nn.MLP(width, width, width, depth=3,
+                                    activation=jax.nn.gelu, key=k2)
+            self.head = eqx.nn.Linear(2 * width, 4, key=k3)
+
+        def __call__(self, x):
+            return self.head(jnp.concatenate([self.left(x), self.right(x)]))
+
+    width = 256
+    model = TwoBranch(width, jax.random.key(0))
+    xs = _normal(1, (16, width))
+
+    # The whole module is not a pytree of arrays (activations are functions): jaxpar says
+    # which leaf is wrong and what to do.
+    with pytest.raises(TypeError, match="not an array"):
+        jaxpar.parallel_branches(lambda m, x: jax.vmap(m)(x), target="gpu")(model, xs)
+
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def forward(params, xs):
+        return jax.vmap(eqx.combine(params, static))(xs)
+
+    check_against_jit(forward, (params, xs), grad_argnums=(0, 1), min_streams=2)
+
+    # Equinox's own filtered transformations around the decorated function.
+    decorated = jaxpar.parallel_branches(forward, target="gpu")
+
+    @eqx.filter_jit
+    @eqx.filter_grad
+    def grad_decorated(model, xs):
+        return _scalar_loss(decorated(eqx.filter(model, eqx.is_array), xs))
+
+    @eqx.filter_jit
+    @eqx.filter_grad
+    def grad_plain(model, xs):
+        return _scalar_loss(jax.vmap(model)(xs))
+
+    _assert_trees_close(
+        eqx.filter(grad_decorated(model, xs), eqx.is_array),
+        eqx.filter(grad_plain(model, xs), eqx.is_array))
+
+    # An ensemble: a stacked MLP vmapped over its members, plus an unrelated second ensemble.
+    keys = jax.random.split(jax.random.key(3), 4)
+    ensemble = eqx.filter_vmap(lambda k: eqx.nn.MLP(64, 8, 128, depth=2, key=k))(keys)
+    ens_params, ens_static = eqx.partition(ensemble, eqx.is_array)
+
+    def ensemble_forward(ens_params, xs):
+        members = eqx.combine(ens_params, ens_static)
+        per_member = eqx.filter_vmap(lambda m: jax.vmap(m)(xs))(members)
+        return jnp.mean(per_member, axis=0)
+
+    check_against_jit(ensemble_forward, (ens_params, _normal(4, (16, 64))),
+                      grad_argnums=(0, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Optax
+
+
+def test_optax_adam_update_step():
+    optax = pytest.importorskip("optax")
+    shapes = {f"layer{i}": {"w": (32, 16 + i), "b": (16 + i,)} for i in range(8)}
+    params = {name: {k: _normal(10 * i + j, shape) for j, (k, shape) in enumerate(leaf.items())}
+              for i, (name, leaf) in enumerate(shapes.items())}
+    grads = jax.tree_util.tree_map(lambda p: 0.1 * jnp.cos(3.0 * p), params)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0),
+                            optax.adamw(learning_rate=1e-3, weight_decay=1e-4))
+    opt_state = optimizer.init(params)
+    # One step first, so the moments are not zero and the count is not zero.
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+
+    def update_step(grads, opt_state, params):
+        updates, new_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_state
+
+    check_against_jit(update_step, (grads, opt_state, params), grad_argnums=(0, 2))
+
+    # Also a whole training step: loss, grads and the update, over many leaves.
+    def train_step(params, opt_state, x):
+        def loss(params):
+            h = x
+            for i in range(8):
+                layer = params[f"layer{i}"]
+                h = jnp.tanh(h[:, :32] @ layer["w"] + layer["b"])
+            return jnp.mean(h**2)
+
+        grads = jax.grad(loss)(params)
+        return update_step(grads, opt_state, params)
+
+    check_against_jit(train_step, (params, opt_state, _normal(99, (8, 32))), grad_argnums=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# jax.example_libraries.stax
+
+
+def test_stax_inception_block():
+    from jax.example_libraries import stax
+
+    def conv(features, window):
+        return stax.Conv(features, window, padding="SAME")
+
+    inception = stax.serial(
+        stax.FanOut(4),
+        stax.parallel(
+            stax.serial(conv(64, (1, 1)), stax.Relu),
+            stax.serial(conv(64, (1, 1)), stax.Relu, conv(64, (3, 3)), stax.Relu),
+            stax.serial(conv(64, (1, 1)), stax.Relu, conv(64, (3, 3)), stax.Relu,
+                        conv(64, (3, 3)), stax.Relu),
+            stax.serial(stax.MaxPool((3, 3), strides=(1, 1), padding="SAME"),
+                        conv(64, (1, 1))),
+        ),
+        stax.FanInConcat(axis=-1),
+    )
+    init_fun, apply_fun = stax.serial(conv(64, (3, 3)), stax.Relu, inception,
+                                      stax.GeneralConv(("NHWC", "HWIO", "NHWC"), 16, (1, 1)))
+    x = _normal(5, (4, 16, 16, 3))
+    _, params = init_fun(jax.random.PRNGKey(0), x.shape)
+    check_against_jit(apply_fun, (params, x), grad_argnums=(0, 1), min_streams=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# jax.scipy
+
+
+def test_jax_scipy_linalg_on_independent_matrices():
+    import jax.scipy.linalg as jsl
+
+    n = 48
+    a = _normal(1, (n, n), 1 / n**0.5) + 2.0 * jnp.eye(n)  # well conditioned
+    spd = _normal(2, (n, n), 1 / n**0.5)
+    spd = spd @ spd.T + n * jnp.eye(n, dtype=jnp.float32) / 4
+    generator = _normal(3, (n, n), 0.3 / n**0.5)
+    rhs = _normal(4, (n, 3))
+
+    def f(a, spd, generator, rhs):
+        return {
+            "solve": jsl.solve(a, rhs),
+            "cho_solve": jsl.cho_solve(jsl.cho_factor(spd), rhs),
+            "expm": jsl.expm(generator),
+            "lu_solve": jsl.lu_solve(jsl.lu_factor(a.T), rhs),
+            "triangular": jsl.solve_triangular(jnp.tril(spd), rhs, lower=True),
+            "logdet": jnp.linalg.slogdet(spd)[1],
+        }
+
+    check_against_jit(f, (a, spd, generator, rhs), grad_argnums=(0, 1, 2, 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# jax.random
+
+
+def _random_mixture(key, x):
+    k_normal, k_uniform, k_mask, k_perm = jax.random.split(key, 4)
+    w1 = jax.random.normal(k_normal, (x.shape[-1], 64), x.dtype)
+    w2 = jax.random.uniform(k_uniform, (x.shape[-1], 64), x.dtype, -1.0, 1.0)
+    mask = jax.random.bernoulli(k_mask, 0.7, (x.shape[0], 64))
+    perm = jax.random.permutation(k_perm, x.shape[0])
+    h = jnp.where(mask, jnp.tanh(x @ w1), 0.0) + jnp.sin(x @ w2)
+    return {"h": h[perm], "next_key": jax.random.fold_in(key, 1)}
+
+
+@pytest.mark.parametrize("key_kind", ["raw_uint32", "typed"])
+def test_jax_random_split_keys(key_kind):
+    key = jax.random.PRNGKey(0) if key_kind == "raw_uint32" else jax.random.key(0)
+    x = _normal(7, (16, 32))
+    check_against_jit(_random_mixture, (key, x), grad_argnums=1)
+    # A batch of keys, as in per-example dropout.
+    keys = jax.random.split(key, 3)
+    check_against_jit(jax.vmap(_random_mixture, in_axes=(0, None)), (keys, x), grad_argnums=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bidirectional RNN
+
+
+def _rnn_params(seed: int, features: int, hidden: int) -> dict[str, jax.Array]:
+    return {"w_in": _normal(seed, (features, hidden), features**-0.5),
+            "w_rec": _normal(seed + 1, (hidden, hidden), hidden**-0.5),
+            "b": jnp.zeros((hidden,), jnp.float32)}
+
+
+def _rnn(params, xs, reverse):
+    def step(h, x):
+        h = jnp.tanh(x @ params["w_in"] + h @ params["w_rec"] + params["b"])
+        return h, h
+
+    h0 = jnp.zeros((xs.shape[1], params["w_rec"].shape[0]), xs.dtype)
+    return lax.scan(step, h0, xs, reverse=reverse)
+
+
+def bidirectional_rnn(forward_params, backward_params, xs):
+    h_fwd, ys_fwd = _rnn(forward_params, xs, reverse=False)
+    h_bwd, ys_bwd = _rnn(backward_params, xs, reverse=True)
+    return jnp.concatenate([ys_fwd, ys_bwd], axis=-1), (h_fwd, h_bwd)
+
+
+def test_bidirectional_rnn_two_scans():
+    xs = _normal(8, (12, 8, 32))  # time, batch, features
+    args = (_rnn_params(10, 32, 128), _rnn_params(20, 32, 128), xs)
+    plan = check_against_jit(bidirectional_rnn, args, grad_argnums=(0, 1, 2))
+    # Two long, independent scans: either they run on two streams or jaxpar fused them into
+    # one loop (which runs both directions in the same kernels); either way not left serial.
+    rendered = str(plan)
+    assert plan.num_streams >= 2 or "scan" not in rendered.split("left alone:")[-1], rendered
+
+
+# ---------------------------------------------------------------------------------------------
+# custom_jvp and jax.checkpoint
+
+
+@jax.custom_jvp
+def _soft_clip(x):
+    return 3.0 * jnp.tanh(x / 3.0)
+
+
+@_soft_clip.defjvp
+def _soft_clip_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = _soft_clip(x)
+    return y, t * (1.0 - jnp.square(y / 3.0))
+
+
+def custom_rules_and_remat(x, w_relu, w_gelu, w_soft, w_clip):
+    @jax.checkpoint
+    def relu_tower(h):
+        for _ in range(3):
+            h = jax.nn.relu(h @ w_relu)
+        return h
+
+    @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.dots_saveable)
+    def gelu_tower(h):
+        for _ in range(3):
+            h = jax.nn.gelu(h @ w_gelu)
+        return h
+
+    def softmax_tower(h):
+        for _ in range(3):
+            h = jax.nn.softmax(h @ w_soft, axis=-1) * h.shape[-1]
+        return jax.nn.logsumexp(h, axis=-1)
+
+    clipped = _soft_clip(jax.nn.silu(x @ w_clip) @ w_clip) @ w_clip
+    return relu_tower(x) + gelu_tower(x) + clipped, softmax_tower(x)
+
+
+def test_custom_jvp_and_checkpoint():
+    width = 256
+    weights = [_normal(30 + i, (width, width), width**-0.5) for i in range(4)]
+    check_against_jit(custom_rules_and_remat, (_normal(6, (32, width)), *weights),
+                      grad_argnums=(0, 1, 2, 3, 4), min_streams=2)
