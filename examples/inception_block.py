@@ -12,7 +12,8 @@ import jaxpar
 
 
 def conv(x, w):
-    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
 def inception(x, params):
