@@ -77,6 +77,11 @@ DropVar = jex_core.DropVar
 # From jax 0.11 ``ClosedJaxpr`` is ``Jaxpr``: "closed" then means "has consts".
 _UNIFIED_JAXPR = ClosedJaxpr is Jaxpr
 
+# XLA:GPU up to the XLA in jax 0.10 does not overlap a stream-annotated call that
+# returns a tuple with anything else (seen deviceless on an H200 with jaxlib 0.10.2;
+# fixed by 0.12). The emitter then packs same-dtype results into one array.
+PACK_MULTI_RESULT_CALLS = JAX_VERSION < (0, 11)
+
 # Names of primitives that mean "the user already placed this code"; matched by
 # name because their Python homes move between releases.
 USER_PLACEMENT_PRIMITIVES = frozenset(
@@ -255,3 +260,262 @@ def jaxpr_eval(jaxpr: Any, *args: Any) -> list[Any]:
     """Evaluates a closed or open jaxpr (open ones take no consts)."""
     inner, consts = open_jaxpr(jaxpr)
     return list(jax.core.eval_jaxpr(inner, consts, *args))
+
+
+# ---------------------------------------------------------------------------------------
+# Loop parameters (added for jaxpar.passes; issue 3). Scan parameters changed layout in
+# jax 0.11: ``num_consts``/``num_carry``/``linear``/``_split_transpose`` (<= 0.10) became
+# ``ft_in``/``ft_out`` FlatTrees (>= 0.11), whose ``unpack()`` gives the (consts, carry, xs)
+# trees with ``len()`` = leaf count. Only the helpers below read those layouts.
+# ---------------------------------------------------------------------------------------
+
+
+import dataclasses as _dataclasses  # noqa: E402
+
+
+@_dataclasses.dataclass(frozen=True, slots=True)
+class ScanInfo:
+    """What jaxpar needs to know about one ``scan`` equation, on every jax version.
+
+    The body jaxpr takes ``consts + carry + xs`` (``num_consts``, ``num_carry``, rest)
+    and returns ``carry + ys``; the equation's invars and outvars line up with it.
+    """
+
+    length: int
+    reverse: bool
+    unroll: int
+    num_consts: int
+    num_carry: int
+    jaxpr: Any
+
+    @property
+    def num_xs(self) -> int:
+        return len(in_avals(self.jaxpr)) - self.num_consts - self.num_carry
+
+
+def scan_info(eqn: Any) -> ScanInfo:
+    """Reads a ``scan`` equation's parameters, whichever layout this jax uses."""
+    params = eqn.params
+    length = int(params["length"])
+    if "ft_in" in params:  # jax >= 0.11
+        consts_tree, carry_tree, _ = params["ft_in"].unpack()
+        num_consts, num_carry = len(consts_tree), len(carry_tree)
+    else:  # jax <= 0.10
+        num_consts, num_carry = int(params["num_consts"]), int(params["num_carry"])
+    unroll = params.get("unroll", 1)
+    if isinstance(unroll, bool):
+        unroll = max(length, 1) if unroll else 1
+    body = params["jaxpr"]
+    if len(in_avals(body)) != len(eqn.invars):
+        raise NotImplementedError(
+            f"jaxpar: scan at {source_summary(eqn)} has {len(eqn.invars)} operands but its "
+            f"body takes {len(in_avals(body))}; this jax version's scan layout is not "
+            "supported by jaxpar's loop passes")
+    return ScanInfo(length=length, reverse=bool(params["reverse"]), unroll=int(unroll),
+                    num_consts=num_consts, num_carry=num_carry, jaxpr=body)
+
+
+def scan_params_with_unroll(eqn: Any, unroll: int) -> dict[str, Any]:
+    """``eqn.params`` of a ``scan`` with only the unroll factor changed."""
+    params = dict(eqn.params)
+    params["unroll"] = int(unroll)
+    return params
+
+
+@_dataclasses.dataclass(frozen=True, slots=True)
+class WhileInfo:
+    """The parts of a ``while`` equation: operands are ``cond consts + body consts + carry``."""
+
+    cond_nconsts: int
+    body_nconsts: int
+    cond_jaxpr: Any
+    body_jaxpr: Any
+
+
+def while_info(eqn: Any) -> WhileInfo:
+    """Reads a ``while`` equation's parameters."""
+    params = eqn.params
+    return WhileInfo(int(params["cond_nconsts"]), int(params["body_nconsts"]),
+                     params["cond_jaxpr"], params["body_jaxpr"])
+
+
+# --------------------------------------------------------------------------- shard_map
+# Reading a ``shard_map`` equation and re-emitting it with a new body (issue 4:
+# grouping collectives inside shard_map bodies). Layouts (XLA_FACTS section 5):
+#   * jax <= 0.6.0: ``jax.experimental.shard_map.shard_map``; params ``mesh,
+#     in_names, out_names, check_rep, auto, rewrite, jaxpr`` where a "names" entry
+#     is a ``{dim: (axis, ...)}`` dict.
+#   * jax >= 0.6.1: ``jax.shard_map``; params ``mesh, in_specs, out_specs,
+#     check_vma, jaxpr`` plus ``manual_axes`` / ``newly_manual_axes`` (0.10+) or
+#     ``auto`` (earlier) saying which mesh axes the body is manual over.
+
+import dataclasses as _dataclasses
+
+
+@_dataclasses.dataclass(frozen=True)
+class ShardMapInfo:
+    """What re-emitting a ``shard_map`` equation needs, in public-API terms.
+
+    ``in_specs``/``out_specs`` are ``PartitionSpec`` tuples (converted from
+    ``in_names``/``out_names`` on old jax); ``check`` is ``check_vma`` (or the
+    old ``check_rep``); ``manual_axes`` are the mesh axes the body is manual
+    over; ``axis_sizes`` maps every mesh axis name to its size.
+    """
+
+    mesh: Any
+    in_specs: tuple[Any, ...]
+    out_specs: tuple[Any, ...]
+    check: bool
+    manual_axes: frozenset[Any]
+    axis_sizes: tuple[tuple[Any, int], ...]
+    body: Any  # the body jaxpr, as found in the equation
+
+    def axis_size(self, name: Any) -> int:
+        """Size of mesh axis ``name`` (a tuple of names multiplies)."""
+        sizes = dict(self.axis_sizes)
+        names = name if isinstance(name, (tuple, list)) else (name,)
+        size = 1
+        for n in names:
+            size *= sizes[n]
+        return size
+
+
+def is_shard_map(eqn: Any) -> bool:
+    """Whether ``eqn`` is a ``shard_map`` equation (matched by name)."""
+    return eqn.primitive.name == "shard_map"
+
+
+def _names_to_spec(names: Any, ndim: int) -> Any:
+    from jax.sharding import PartitionSpec
+
+    if not isinstance(names, dict):  # already a PartitionSpec
+        return names
+    entries: list[Any] = [None] * ndim
+    for dim, axes in names.items():
+        axes = tuple(axes)
+        entries[dim] = axes[0] if len(axes) == 1 else axes
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)
+
+
+def _mesh_axis_sizes(mesh: Any) -> tuple[tuple[Any, int], ...]:
+    shape = mesh.shape  # an OrderedDict name -> size on Mesh and AbstractMesh
+    return tuple((name, int(size)) for name, size in shape.items())
+
+
+def shard_map_info(eqn: Any) -> ShardMapInfo:
+    """Reads a ``shard_map`` equation's mesh, specs, check flag and manual axes.
+
+    Raises:
+      ValueError: ``eqn`` is not a ``shard_map`` equation.
+    """
+    if not is_shard_map(eqn):
+        raise ValueError(f"shard_map_info expects a `shard_map` equation, got "
+                         f"`{eqn.primitive.name}` at {source_summary(eqn)}")
+    params = eqn.params
+    mesh = params["mesh"]
+    body = params["jaxpr"]
+    if "in_specs" in params:
+        in_specs = tuple(params["in_specs"])
+        out_specs = tuple(params["out_specs"])
+    else:  # jax <= 0.6.0
+        in_specs = tuple(_names_to_spec(names, v.aval.ndim)
+                         for names, v in zip(params["in_names"], eqn.invars, strict=True))
+        out_specs = tuple(_names_to_spec(names, v.aval.ndim)
+                          for names, v in zip(params["out_names"], eqn.outvars, strict=True))
+    check = bool(params.get("check_vma", params.get("check_rep", True)))
+    sizes = _mesh_axis_sizes(mesh)
+    all_axes = frozenset(name for name, _ in sizes)
+    if "manual_axes" in params:
+        manual = frozenset(params["manual_axes"])
+    elif "newly_manual_axes" in params:
+        manual = frozenset(params["newly_manual_axes"])
+    elif "auto" in params:
+        manual = all_axes - frozenset(params["auto"])
+    else:
+        manual = all_axes
+    return ShardMapInfo(mesh, in_specs, out_specs, check, manual, sizes, body)
+
+
+def _public_shard_map() -> Callable[..., Any]:
+    if hasattr(jax, "shard_map"):  # jax >= 0.6.1
+        return jax.shard_map  # type: ignore[attr-defined, no-any-return]
+    from jax.experimental.shard_map import shard_map  # type: ignore[import-not-found]
+    return shard_map  # type: ignore[no-any-return]
+
+
+def rebind_shard_map(eqn: Any, body_fn: Callable[..., Sequence[Any]],
+                     invals: Sequence[Any]) -> list[Any]:
+    """Re-emits a ``shard_map`` equation through the public API with a new body.
+
+    Mesh, in/out specs, the replication/varying-manual-axes check and the
+    manual axes are preserved, and the user's source context is kept.
+
+    Args:
+      eqn: a ``shard_map`` equation.
+      body_fn: takes the values of the body jaxpr's invars (per-shard) and
+        returns the values of its outvars (a sequence).
+      invals: the equation's (global) input values.
+
+    Returns:
+      The equation's output values, a list.
+
+    Example::
+
+        outs = rebind_shard_map(eqn, lambda *a: jaxpr_eval(eqn.params["jaxpr"], *a), ins)
+    """
+    info = shard_map_info(eqn)
+    shard_map = _public_shard_map()
+
+    def body(*args: Any) -> tuple[Any, ...]:
+        return tuple(body_fn(*args))
+
+    all_axes = frozenset(name for name, _ in info.axis_sizes)
+    kwargs: dict[str, Any] = {"mesh": info.mesh, "in_specs": info.in_specs,
+                              "out_specs": info.out_specs}
+    if hasattr(jax, "shard_map"):
+        kwargs["check_vma"] = info.check
+        if info.manual_axes != all_axes:
+            kwargs["axis_names"] = set(info.manual_axes)
+    else:  # jax <= 0.6.0
+        kwargs["check_rep"] = info.check
+        if info.manual_axes != all_axes:
+            kwargs["auto"] = all_axes - info.manual_axes
+    mapped = shard_map(body, **kwargs)
+    name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
+    with (_source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+          eqn.ctx.manager):
+        out = mapped(*invals)
+    return list(out)
+
+
+def eqn_context(eqn: Any) -> Any:
+    """A context manager under which new equations get ``eqn``'s source info and context.
+
+    Used when a pass emits a replacement for ``eqn`` (e.g. a fused scan) through public
+    APIs such as ``lax.scan``, so errors and profiles still point at the user's line.
+    """
+    import contextlib
+
+    name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
+    stack = contextlib.ExitStack()
+    stack.enter_context(_source_info_util.user_context(eqn.source_info.traceback,
+                                                       name_stack=name_stack))
+    stack.enter_context(eqn.ctx.manager)
+    return stack
+
+
+def backends_initialized() -> bool:
+    """Whether JAX has started a backend (so new XLA_FLAGS would be ignored).
+
+    There is no public API for this; ``jax._src.xla_bridge`` keeps the started
+    backends in ``_backends`` (every version tried, 0.4.35 - 0.12). Answers
+    True when the internals moved, so callers err on the side of warning.
+    """
+    try:
+        from jax._src import xla_bridge
+    except ImportError:
+        return True
+    backends = getattr(xla_bridge, "_backends", None)
+    return True if backends is None else bool(backends)

@@ -24,6 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
+import numpy as np
+
 from . import _compat
 from ._plan import LevelPlan
 
@@ -82,8 +85,14 @@ class Emitter:
             region = section.regions[r]
             in_vars, out_vars = self._io(level, s, r)
             body = _region_body([eqns[i] for i in region.eqns], in_vars, out_vars)
-            body = _compat.stream_call(body, stream_attributes(region.stream, section.group))
-            write(out_vars, body(*[env[v] for v in in_vars]))
+            packed = _compat.PACK_MULTI_RESULT_CALLS and _packable([v.aval for v in out_vars])
+            if packed:
+                body = _packed(body)
+            call = _compat.stream_call(body, stream_attributes(region.stream, section.group))
+            results = call(*[env[v] for v in in_vars])
+            if packed:
+                results = _unpack(results, [v.aval for v in out_vars])
+            write(out_vars, results)
         return [read(v) for v in inner.outvars]
 
     def _io(self, level: LevelPlan, s: int, r: int) -> tuple[list[Any], list[Any]]:
@@ -150,3 +159,29 @@ def _region_body(eqns: list[Any], in_vars: list[Any], out_vars: list[Any]) -> Ca
                     env[var] = value
         return tuple(env[v] for v in out_vars)
     return body
+
+
+def _packable(avals: Sequence[Any]) -> bool:
+    """Whether several results can travel as one flat array (same plain dtype, not weak)."""
+    if len(avals) < 2:
+        return False
+    dtypes = {a.dtype for a in avals}
+    if len(dtypes) != 1 or any(getattr(a, "weak_type", False) for a in avals):
+        return False
+    (dtype,) = dtypes
+    return bool(np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_))
+
+
+def _packed(body: Callable[..., tuple[Any, ...]]) -> Callable[..., Any]:
+    def packed_body(*values: Any) -> Any:
+        return jnp.concatenate([jnp.ravel(r) for r in body(*values)])
+    return packed_body
+
+
+def _unpack(flat: Any, avals: Sequence[Any]) -> list[Any]:
+    results, offset = [], 0
+    for aval in avals:
+        size = _compat.aval_size(aval)
+        results.append(jnp.reshape(flat[offset:offset + size], aval.shape))
+        offset += size
+    return results

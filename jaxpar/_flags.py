@@ -1,0 +1,141 @@
+"""XLA flags that make jaxpar's rewrites effective on a GPU.
+
+jaxpar only *annotates* programs; some XLA passes and limits decide whether the
+annotations pay off. ``xla_flags`` lists the flags to put in ``XLA_FLAGS``
+before JAX starts its backend; ``check_flags_applied`` warns (or raises) when
+that moment has passed.
+
+Example::
+
+    import os
+    from jaxpar._flags import xla_flags, check_flags_applied
+    flags = xla_flags(async_compute_limit=4)
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags])
+    import jax; jax.devices()
+    check_flags_applied(flags)   # silent: set before the backend started
+
+Sharp edges:
+  * XLA reads ``XLA_FLAGS`` once, when the first backend starts. Setting it
+    later changes nothing; per-compile ``compiler_options`` (``flags_as_options``)
+    work at any time.
+  * Seen on jaxlib 0.10.2 (deviceless H200 compile): the collective
+    multi-streaming flags *together with* a ``_collectives_group`` call abort
+    the compile with ``NOT_FOUND: No ExecutionStreamId found for
+    %collective-permute-start``. jaxpar's collective grouping therefore leaves
+    them off by default (``multi_stream_collectives=False``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+
+from . import _compat
+
+__all__ = ["FlagsNotAppliedWarning", "check_flags_applied", "flags_as_options", "xla_flags"]
+
+
+class FlagsNotAppliedWarning(UserWarning):
+    """XLA flags were requested after the JAX backend started."""
+
+
+def xla_flags(*, collectives: bool = True, multi_stream_collectives: bool = False,
+              collective_overlap_limit: int = 2, async_compute_limit: int = 2,
+              command_buffers: bool = False) -> list[str]:
+    """The ``XLA_FLAGS`` entries that make jaxpar's output effective.
+
+    Args:
+      collectives: add ``--xla_gpu_dot_merger_threshold_mb=0``. XLA's
+        ``DotMerger`` merges the per-step matmuls of a hand-written collective
+        matmul (they share the weight block) into one GEMM that must wait for
+        every transfer, erasing all communication/compute overlap (seen in a
+        deviceless H200 compile of ``examples/collective_matmul.py``).
+      multi_stream_collectives: add
+        ``--xla_gpu_experimental_enable_collective_multi_streaming=true`` and
+        ``--xla_gpu_experimental_parallel_collective_overlap_limit=N``
+        (defaults false / 1): lets XLA keep up to N asynchronous collectives in
+        flight on separate streams (jax >= 0.10). Off by default: it conflicts
+        with ``_collectives_group`` calls (see the module's sharp edges), and
+        on its own did not put two permutes in flight in our compiles.
+      collective_overlap_limit: the N above.
+      async_compute_limit: ``--xla_gpu_experimental_parallel_async_compute_limit``
+        (XLA default 2): how many stream-annotated calls may be in flight; set
+        it to jaxpar's ``max_streams`` to use more than two streams.
+      command_buffers: add ``--xla_gpu_enable_command_buffer=+WHILE`` so loops
+        become CUDA-graph conditional nodes (no per-iteration host launches;
+        needs CUDA >= 12.3).
+
+    Returns:
+      Flags as ``--name=value`` strings, in a fixed order.
+
+    Raises:
+      ValueError: a limit below 1.
+    """
+    if collective_overlap_limit < 1 or async_compute_limit < 1:
+        raise ValueError("collective_overlap_limit and async_compute_limit must be >= 1, got "
+                         f"{collective_overlap_limit} and {async_compute_limit}")
+    flags = [f"--xla_gpu_experimental_parallel_async_compute_limit={async_compute_limit}"]
+    if collectives:
+        flags.append("--xla_gpu_dot_merger_threshold_mb=0")
+    if multi_stream_collectives:
+        flags += ["--xla_gpu_experimental_enable_collective_multi_streaming=true",
+                  f"--xla_gpu_experimental_parallel_collective_overlap_limit="
+                  f"{collective_overlap_limit}"]
+    if command_buffers:
+        flags.append("--xla_gpu_enable_command_buffer=+WHILE")
+    return flags
+
+
+def flags_as_options(flags: Sequence[str]) -> dict[str, bool | int | str]:
+    """``--name=value`` flags as ``compiler_options`` for ``Lowered.compile``."""
+    options: dict[str, bool | int | str] = {}
+    for flag in flags:
+        name, _, value = flag.removeprefix("--").partition("=")
+        options[name] = (True if value == "true" else False if value == "false"
+                         else int(value) if value.lstrip("-").isdigit() else value)
+    return options
+
+
+def _flag_names(text: str) -> dict[str, str]:
+    names = {}
+    for item in text.split():
+        name, _, value = item.removeprefix("--").partition("=")
+        names[name] = value
+    return names
+
+
+def check_flags_applied(flags: Sequence[str], *, error: bool = False) -> bool:
+    """Whether ``flags`` are in ``XLA_FLAGS`` and were there when JAX started.
+
+    Warns with ``FlagsNotAppliedWarning`` (or raises ``RuntimeError`` when
+    ``error``) when a flag is missing from ``XLA_FLAGS`` or the backend has
+    already started, since XLA reads ``XLA_FLAGS`` only at start-up. (If the
+    backend started and the flags are present we assume they were set in time:
+    nothing public tells otherwise.)
+
+    Args:
+      flags: flags from ``xla_flags``.
+      error: raise instead of warning.
+
+    Returns:
+      True when every flag is set in ``XLA_FLAGS``.
+
+    Raises:
+      RuntimeError: ``error`` is set and a flag is not applied.
+    """
+    present = _flag_names(os.environ.get("XLA_FLAGS", ""))
+    wanted = _flag_names(" ".join(flags))
+    missing = [f"--{n}={v}" for n, v in wanted.items() if present.get(n) != v]
+    if not missing:
+        return True
+    started = _compat.backends_initialized()
+    message = (f"XLA flags {' '.join(missing)} are not in XLA_FLAGS"
+               + (" and the JAX backend has already started, so setting them now has no "
+                  "effect; set XLA_FLAGS before the first JAX computation, or pass "
+                  "compiler_options=flags_as_options(flags) to .compile()" if started else
+                  "; add them before the first JAX computation"))
+    if error:
+        raise RuntimeError(message)
+    warnings.warn(message, FlagsNotAppliedWarning, stacklevel=2)
+    return False

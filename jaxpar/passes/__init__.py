@@ -1,0 +1,130 @@
+"""Loop passes: jaxpr-to-jaxpr rewrites of ``scan`` and ``while`` loops.
+
+Each pass is a pure function of a closed jaxpr that returns a new one (or the
+same object when it changes nothing) and the ``LoopDecision``s it made:
+
+* ``make_loops_static``: ``fori_loop`` ``while``s with literal bounds become
+  static scans; other ``while``s are reported as host-sync loops.
+* ``batch_scans``: independent scans running the same body become one ``vmap``ped scan.
+* ``fuse_scans``: independent scans become one scan running their bodies side by side.
+* ``unroll_scans``: an unroll factor per static scan.
+
+``apply_loop_passes`` runs them in that order at every nesting level.
+
+Example::
+
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
+    g = jax.core.jaxpr_as_fun(new)      # same values and gradients as f
+
+Sharp edges:
+  * Fusing and batching reorder nothing inside a body, but XLA may compile the
+    merged loop differently; results agree to float rounding, usually exactly.
+  * The decision indices refer to each level as the pass saw it (see ``LoopDecision``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._walk import (
+    KIND_BATCHED,
+    KIND_FUSED,
+    KIND_HOST_SYNC,
+    KIND_LEFT_ALONE,
+    KIND_MADE_STATIC,
+    KIND_UNROLLED,
+    LevelPass,
+    LoopDecision,
+    Rewrite,
+    walk_levels,
+)
+from .batch_scans import batch_scans, batch_scans_level
+from .fuse_scans import fuse_scans, fuse_scans_level
+from .static_loops import make_loops_static, make_loops_static_level
+from .unroll import Unroll, _costs, unroll_scans, unroll_scans_level
+
+__all__ = [
+    "KIND_BATCHED",
+    "KIND_FUSED",
+    "KIND_HOST_SYNC",
+    "KIND_LEFT_ALONE",
+    "KIND_MADE_STATIC",
+    "KIND_UNROLLED",
+    "LoopDecision",
+    "apply_loop_passes",
+    "batch_scans",
+    "fuse_scans",
+    "loop_defaults",
+    "make_loops_static",
+    "unroll_scans",
+]
+
+# What does no harm where, measured with benchmarks/loops_cpu.py (see the numbers there).
+# On a GPU every loop trip costs launches and a trip-count check, so fewer, fuller trips win.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpu": {"fuse": True, "batch": True, "unroll": "auto"},
+    "cpu": {"fuse": False, "batch": False, "unroll": None},
+    "tpu": {"fuse": False, "batch": False, "unroll": None},
+}
+
+
+def loop_defaults(target: str) -> dict[str, Any]:
+    """The loop pass settings jaxpar uses by default on ``target``.
+
+    Args:
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"``.
+
+    Returns:
+        ``{"fuse": bool, "batch": bool, "unroll": "auto" | int | None}``, ready to pass
+        to ``apply_loop_passes(closed, **loop_defaults(target), target=target)``.
+
+    Raises:
+        ValueError: unknown ``target``.
+    """
+    if target not in _DEFAULTS:
+        raise ValueError(f"jaxpar: target={target!r} is not one of {sorted(_DEFAULTS)}")
+    return dict(_DEFAULTS[target])
+
+
+def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unroll,
+                      target: str) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Runs static_loops -> batch -> fuse -> unroll at every nesting level.
+
+    Args:
+        closed_jaxpr: the program, as from ``jax.make_jaxpr``; never mutated.
+        fuse: fuse independent scans into one.
+        batch: batch independent scans with identical bodies into one vmapped scan.
+        unroll: ``"auto"``, a positive int, or None (leave unroll factors alone).
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"`` (the cost model ``unroll="auto"`` uses).
+
+    Returns:
+        ``(new_closed_jaxpr, decisions)``. ``new_closed_jaxpr is closed_jaxpr`` when
+        nothing changed, so applying the passes again changes nothing.
+
+    Raises:
+        ValueError: ``unroll`` or ``target`` is not supported.
+
+    Example::
+
+        new, decisions = apply_loop_passes(jax.make_jaxpr(f)(x), fuse=True, batch=True,
+                                           unroll="auto", target="gpu")
+    """
+    costs = _costs(target)
+    if unroll is not None and not (unroll == "auto" or (
+            isinstance(unroll, int) and not isinstance(unroll, bool) and unroll >= 1)):
+        raise ValueError(f"jaxpar: unroll={unroll!r} is not supported; pass 'auto', a "
+                         "positive int, or None")
+    passes: list[LevelPass] = [make_loops_static_level]
+    if batch:
+        passes.append(batch_scans_level)
+    if fuse:
+        def fuse_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+            return fuse_scans_level(j, path, leave_identical=batch)
+        passes.append(fuse_level)
+    if unroll is not None:
+        def unroll_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+            return unroll_scans_level(j, path, unroll=unroll, costs=costs)
+        passes.append(unroll_level)
+    new, decisions = walk_levels(closed_jaxpr, passes)
+    return new, tuple(decisions)

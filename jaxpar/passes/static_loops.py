@@ -1,0 +1,110 @@
+"""Turn ``fori_loop``-shaped ``while`` loops with literal bounds into static scans.
+
+XLA knows the trip count of a ``scan`` but not of a ``fori_loop`` whose bounds
+are traced values, so on a GPU every iteration of such a loop copies its
+predicate to the host and blocks (``WhileThunk``). When the bounds are in fact
+literals in the jaxpr (``lax.fori_loop(jnp.int32(0), jnp.int32(7), ...)``), the
+``while`` becomes a ``scan`` with the same trip count that runs the same body on
+the same carries, so the values are identical. Other ``while`` loops are
+reported as host-sync loops with a hint.
+
+Example::
+
+    new_jaxpr, decisions = make_loops_static(closed_jaxpr)
+    [d.kind for d in decisions]        # ["made static"] or ["host-sync loop"]
+
+Sharp edges:
+  * Only the exact ``fori_loop`` layout is recognised (``_loops.static_fori_bounds``).
+  * A loop with a non-positive step and ``lower < upper`` never ends; it is left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from .. import _compat
+from .._loops import static_fori_bounds
+from ._walk import (
+    KIND_HOST_SYNC,
+    KIND_MADE_STATIC,
+    LoopDecision,
+    Rewrite,
+    decision,
+    evaluate,
+    level_eqns,
+    walk_levels,
+)
+
+HOST_SYNC_HINT = ("XLA cannot see this loop's trip count, so on a GPU every iteration waits "
+                  "for the host; if the trip count is known when tracing, pass Python int "
+                  "bounds to fori_loop or use lax.scan")
+
+
+def static_trip_count(eqn: Any) -> int | None:
+    """Trip count of a ``fori_loop``-shaped ``while`` with literal bounds, else None."""
+    bounds = static_fori_bounds(eqn)
+    if bounds is None:
+        return None
+    lower, upper, step = bounds
+    if upper <= lower:
+        return 0
+    if step <= 0:
+        return None
+    return -(-(upper - lower) // step)
+
+
+def make_loops_static_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+    """The level pass: rewrites for every static ``while`` of one level."""
+    eqns = level_eqns(jaxpr)
+    rewrites: list[Rewrite] = []
+    decisions: list[LoopDecision] = []
+    for index, eqn in enumerate(eqns):
+        if eqn.primitive.name != "while":
+            continue
+        trips = static_trip_count(eqn) if not eqn.effects else None
+        if trips is None:
+            reason = ("the loop has side effects" if eqn.effects
+                      else "no static trip count") + f"; {HOST_SYNC_HINT}"
+            decisions.append(decision(path, KIND_HOST_SYNC, eqns, [index], trips_before=None,
+                                      trips_after=None, unroll=None, reason=reason))
+            continue
+        rewrites.append(Rewrite((index,), _static_scan_emitter(eqn, trips)))
+        decisions.append(decision(
+            path, KIND_MADE_STATIC, eqns, [index], trips_before=trips, trips_after=trips,
+            unroll=1, reason="fori_loop with literal bounds: now a scan whose trip count XLA "
+                             "knows, so it runs without host syncs"))
+    return rewrites, decisions
+
+
+def _static_scan_emitter(eqn: Any, trips: int) -> Any:
+    info = _compat.while_info(eqn)
+
+    def emit(invals: list[list[Any]]) -> list[list[Any]]:
+        (operands,) = invals
+        start = info.cond_nconsts
+        body_consts = operands[start:start + info.body_nconsts]
+        init = operands[start + info.body_nconsts:]
+
+        def step(carry: list[Any], _: Any) -> tuple[list[Any], None]:
+            return evaluate(info.body_jaxpr, *body_consts, *carry), None
+
+        with _compat.eqn_context(eqn):
+            final, _ = jax.lax.scan(step, list(init), None, length=trips)
+        return [list(final)]
+
+    return emit
+
+
+def make_loops_static(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Replaces static ``fori_loop`` ``while``s by scans at every level of ``jaxpr``.
+
+    Args:
+        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``); never mutated.
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+    """
+    new, decisions = walk_levels(jaxpr, [make_loops_static_level])
+    return new, tuple(decisions)

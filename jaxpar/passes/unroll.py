@@ -1,0 +1,145 @@
+"""Choose an unroll factor for every static scan.
+
+A GPU pays a fixed cost per loop trip (the trip-count check, and one launch per
+kernel of the body), so a long scan of a tiny body is launch-bound; unrolling
+by ``k`` lets XLA fuse ``k`` bodies' elementwise work and cuts the trips by
+``k``. The scan's ``unroll`` parameter is changed and nothing else: the trip
+count stays known to XLA (no ``while`` without a trip count is ever made).
+
+``unroll="auto"`` per scan of length ``L`` whose body has ``E`` equations and
+``K`` kernels per trip (``_cost.CostModel``):
+
+* ``L <= FULL_UNROLL_LENGTH`` and ``L * E <= MAX_UNROLLED_EQNS``: unroll fully;
+* otherwise ``k = ceil(KERNELS_PER_TRIP / max(K, 1))``, capped so that
+  ``k * E <= MAX_UNROLLED_EQNS`` and ``k <= L``;
+* a scan whose unroll factor is already not 1 was chosen by someone (the user,
+  or an earlier run of this pass) and is left alone.
+
+``unroll=k`` sets every scan's factor to ``min(k, L)``; ``unroll=None`` leaves
+every scan alone.
+
+Example::
+
+    new_jaxpr, decisions = unroll_scans(closed_jaxpr, unroll="auto", target="gpu")
+
+Sharp edges:
+  * ``E`` counts the body's own equations; nested loops inside count once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _compat
+from .._cost import DEVICE_PROFILES, CostModel
+from ._walk import (
+    KIND_LEFT_ALONE,
+    KIND_UNROLLED,
+    LoopDecision,
+    Rewrite,
+    decision,
+    level_eqns,
+    loop_candidate,
+    walk_levels,
+)
+
+KERNELS_PER_TRIP = 8
+MAX_UNROLLED_EQNS = 512
+FULL_UNROLL_LENGTH = 8
+
+Unroll = int | str | None
+
+
+def auto_unroll_factor(info: _compat.ScanInfo, costs: CostModel) -> int:
+    """The unroll factor ``unroll="auto"`` picks for one scan (see the module docstring)."""
+    length = info.length
+    if length <= 1:
+        return 1
+    inner, _ = _compat.open_jaxpr(info.jaxpr)
+    body_eqns = max(len(inner.eqns), 1)
+    if length <= FULL_UNROLL_LENGTH and length * body_eqns <= MAX_UNROLLED_EQNS:
+        return length
+    kernels = costs.jaxpr_cost(info.jaxpr).kernels
+    factor = -(-KERNELS_PER_TRIP // max(int(round(kernels)), 1))
+    factor = min(factor, MAX_UNROLLED_EQNS // body_eqns, length)
+    return max(factor, 1)
+
+
+def unroll_scans_level(jaxpr: Any, path: str, *, unroll: Unroll, costs: CostModel
+                       ) -> tuple[list[Rewrite], list[LoopDecision]]:
+    """The level pass: new ``unroll`` parameters for the scans of one level."""
+    if unroll is None:
+        return [], []
+    if not (unroll == "auto" or (isinstance(unroll, int) and not isinstance(unroll, bool)
+                                 and unroll >= 1)):
+        raise ValueError(f"jaxpar: unroll={unroll!r} is not supported; pass 'auto', a "
+                         "positive int, or None")
+    eqns = level_eqns(jaxpr)
+    rewrites, decisions = [], []
+    for index, eqn in enumerate(eqns):
+        if not loop_candidate(eqn):
+            continue
+        info = _compat.scan_info(eqn)
+        if unroll == "auto":
+            if info.unroll != 1:
+                decisions.append(decision(
+                    path, KIND_LEFT_ALONE, eqns, [index], trips_before=info.length,
+                    trips_after=info.length, unroll=info.unroll,
+                    reason=f"unroll={info.unroll} was already chosen"))
+                continue
+            factor = auto_unroll_factor(info, costs)
+            why = "auto: body cost and length"
+        else:
+            factor = max(1, min(int(unroll), info.length))
+            why = f"unroll={unroll} requested"
+        trips = -(-info.length // factor) if info.length else 0
+        if factor == info.unroll:
+            decisions.append(decision(
+                path, KIND_LEFT_ALONE, eqns, [index], trips_before=info.length,
+                trips_after=info.length, unroll=factor, reason=f"{why}: factor stays {factor}"))
+            continue
+        rewrites.append(Rewrite((index,), _unroll_emitter(eqn, factor)))
+        decisions.append(decision(
+            path, KIND_UNROLLED, eqns, [index], trips_before=-(-info.length // info.unroll),
+            trips_after=trips, unroll=factor, reason=f"{why}: unroll by {factor}"))
+    return rewrites, decisions
+
+
+def _unroll_emitter(eqn: Any, factor: int) -> Any:
+    params = _compat.scan_params_with_unroll(eqn, factor)
+
+    def emit(invals: list[list[Any]]) -> list[list[Any]]:
+        (operands,) = invals
+        return [_compat.bind_eqn(eqn, operands, params)]
+
+    return emit
+
+
+def unroll_scans(jaxpr: Any, *, unroll: Unroll = "auto", target: str = "gpu"
+                 ) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Sets the unroll factor of the scans at every level of ``jaxpr``.
+
+    Args:
+        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``); never mutated.
+        unroll: ``"auto"``, a positive int, or None (leave every scan alone).
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"``: the cost model used by ``"auto"``.
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+
+    Raises:
+        ValueError: ``unroll`` or ``target`` is not one of the above.
+    """
+    costs = _costs(target)
+
+    def level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+        return unroll_scans_level(j, path, unroll=unroll, costs=costs)
+
+    new, decisions = walk_levels(jaxpr, [level])
+    return new, tuple(decisions)
+
+
+def _costs(target: str) -> CostModel:
+    if target not in DEVICE_PROFILES:
+        raise ValueError(f"jaxpar: target={target!r} is not one of {sorted(DEVICE_PROFILES)}")
+    return CostModel(DEVICE_PROFILES[target])
