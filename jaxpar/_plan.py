@@ -386,6 +386,12 @@ class _SectionFinder:
             hulls.append((branch, hull))
         if len(hulls) < 2:
             return None
+        if self.ctx.streams_per_section < 2:
+            self.notes.append(Note(
+                tuple(self.heavy[k] for branch, _ in hulls for k in branch), REASON_DEPENDENT,
+                "independent branches, but only one stream is allowed (max_streams or "
+                "--xla_gpu_experimental_parallel_async_compute_limit is 1)"))
+            return None
         bins = self._balance(hulls)
         bit_mask = 0
         for branch, _ in hulls:
