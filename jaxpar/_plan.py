@@ -413,12 +413,20 @@ class _SectionFinder:
         return SectionPlan(group=self.ctx.new_group(), regions=regions)
 
     def _hull(self, branch: list[int]) -> list[int]:
+        """Every equation between two members of ``branch`` (forward search, pruned)."""
         mask = 0
         for k in branch:
             mask |= 1 << k
-        first, last = self.heavy[branch[0]], self.heavy[branch[-1]]
-        return [i for i in range(first, last + 1)
-                if self.anc[i] & mask and self.desc[i] & mask]
+        last = self.heavy[branch[-1]]
+        found = {self.heavy[k] for k in branch}
+        stack = list(found)
+        while stack:
+            i = stack.pop()
+            for s in self.graph.succs[i]:
+                if s <= last and s not in found and self.desc[s] & mask:
+                    found.add(s)
+                    stack.append(s)
+        return sorted(found)
 
     def _balance(self, hulls: list[_Hull]) -> list[list[_Hull]]:
         slots = min(self.ctx.streams_per_section, len(hulls))
@@ -434,42 +442,65 @@ class _SectionFinder:
     def _absorb_neighbours(self, members: list[set[int]],
                            region_of: dict[int, tuple[int, int]], section_index: int,
                            section_mask: int) -> None:
+        """Grows regions by private producers, then private consumers (worklists)."""
         graph = self.graph
-        n = graph.size
+
+        def movable(i: int) -> bool:
+            return (i not in region_of and i not in self.blocked and i not in self.bit
+                    and i in graph.live)
+
         # Private producers: light equations whose every consumer is in one region.
-        for i in range(n - 1, -1, -1):
-            if (i in region_of or i in self.blocked or i in self.bit or i not in graph.live
-                    or i in graph.feeds_output or not graph.succs[i]
+        # Visited from the highest index down, so a candidate's consumers are settled.
+        pending = [-p for slot in members for i in slot for p in graph.preds[i]]
+        heapq.heapify(pending)
+        seen: set[int] = set()
+        while pending:
+            i = -heapq.heappop(pending)
+            if i in seen:
+                continue
+            seen.add(i)
+            if (not movable(i) or i in graph.feeds_output or not graph.succs[i]
                     or self.anc[i] & section_mask):
                 continue
             consumers = {region_of.get(s) for s in graph.succs[i]}
-            if len(consumers) == 1:
-                (consumer,) = consumers
-                if consumer is not None and consumer[0] == section_index:
-                    members[consumer[1]].add(i)
-                    region_of[i] = consumer
-        # Private consumers: light equations reading only one region's results.
-        for i in range(n):
-            if (i in region_of or i in self.blocked or i in self.bit or i not in graph.live
-                    or not graph.preds[i] or self.desc[i] & section_mask):
+            if len(consumers) != 1:
+                continue
+            (consumer,) = consumers
+            if consumer is None or consumer[0] != section_index:
+                continue
+            members[consumer[1]].add(i)
+            region_of[i] = consumer
+            for p in graph.preds[i]:
+                heapq.heappush(pending, -p)
+        # Private consumers: light equations reading only one region's results,
+        # visited from the lowest index up so their producers are settled.
+        pending = [s for slot in members for i in slot for s in graph.succs[i]]
+        heapq.heapify(pending)
+        seen.clear()
+        while pending:
+            i = heapq.heappop(pending)
+            if i in seen:
+                continue
+            seen.add(i)
+            if not movable(i) or self.desc[i] & section_mask:
                 continue
             owners: set[tuple[int, int]] = set()
-            ok = True
             for p in graph.preds[i]:
                 owner = region_of.get(p)
                 if owner is None:
                     if self.anc[p] & section_mask:
-                        ok = False
                         break
                 elif owner[0] == section_index:
                     owners.add(owner)
                 else:
-                    ok = False
                     break
-            if ok and len(owners) == 1:
-                (owner,) = owners
-                members[owner[1]].add(i)
-                region_of[i] = owner
+            else:
+                if len(owners) == 1:
+                    (owner,) = owners
+                    members[owner[1]].add(i)
+                    region_of[i] = owner
+                    for s in graph.succs[i]:
+                        heapq.heappush(pending, s)
 
 
 def order_units(graph: Graph, sections: list[SectionPlan] | tuple[SectionPlan, ...]
