@@ -46,7 +46,7 @@ def build_graph(jaxpr: Any) -> Graph:
     for index, eqn in enumerate(jaxpr.eqns):
         sources = {producer[v] for v in eqn.invars
                    if not _compat.is_literal(v) and v in producer}
-        if eqn.effects:
+        if _compat.ordering_effects(eqn):
             if last_effect is not None:
                 sources.add(last_effect)
             last_effect = index
@@ -61,7 +61,7 @@ def build_graph(jaxpr: Any) -> Graph:
     feeds_output = frozenset(producer[v] for v in jaxpr.outvars
                              if not _compat.is_literal(v) and v in producer)
     live: set[int] = set(feeds_output)
-    live.update(i for i, eqn in enumerate(jaxpr.eqns) if eqn.effects)
+    live.update(i for i, eqn in enumerate(jaxpr.eqns) if _compat.ordering_effects(eqn))
     for index in range(len(preds) - 1, -1, -1):
         if index in live:
             live.update(preds[index])

@@ -185,7 +185,7 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
     for index, eqn in enumerate(eqns):
         if ctx.eqn_annotated(eqn):
             blocked[index] = REASON_ANNOTATED
-        elif eqn.effects:
+        elif _compat.ordering_effects(eqn):
             blocked[index] = REASON_EFFECTFUL
         elif eqn.primitive.name in COLLECTIVE_PRIMITIVES:
             blocked[index] = REASON_COLLECTIVE

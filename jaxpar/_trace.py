@@ -102,8 +102,9 @@ def _abstract(leaf: Any) -> Any:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
                                     weak_type=getattr(leaf, "weak_type", False))
-    aval = jax.typeof(leaf)
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    # The full abstract value: inside shard_map it records the varying mesh axes,
+    # which the trace needs to insert the same casts JAX would.
+    return jax.typeof(leaf)
 
 
 def _name(fun: Callable[..., Any]) -> str:

@@ -4,7 +4,6 @@ the rewrite cache, targets, and what the standard programs lower to."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect as pyinspect
 import json
 import os
@@ -16,8 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jaxpar
 from helpers import (
     FOUR_BRANCHES_OPTIONS,
     GROUP_ATTRIBUTE,
@@ -33,6 +30,8 @@ from helpers import (
     two_scans,
     two_scans_args,
 )
+
+import jaxpar
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,0 +1,198 @@
+"""Bad input gets an error that names the argument and says what to do instead."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxpar
+
+
+def f(x, y):
+    return x + y
+
+
+X = jnp.ones(3)
+
+
+# --- not a function ------------------------------------------------------------------------
+
+
+def test_parallel_branches_non_callable():
+    with pytest.raises(TypeError, match=r"parallel_branches expects a callable.*got int"):
+        jaxpar.parallel_branches(3)
+
+
+def test_decorator_form_non_callable():
+    with pytest.raises(TypeError, match=r"callable.*got str"):
+        jaxpar.parallel_branches(target="gpu")("not a function")
+
+
+def test_inspect_non_callable():
+    with pytest.raises(TypeError, match=r"inspect expects a callable.*got str"):
+        jaxpar.inspect("f")
+
+
+# --- options -------------------------------------------------------------------------------
+
+
+def test_unknown_option_in_parallel_branches():
+    with pytest.raises(TypeError, match="max_stream"):
+        jaxpar.parallel_branches(f, max_stream=2)
+
+
+def test_unknown_option_in_inspect_lists_the_valid_ones():
+    with pytest.raises(TypeError, match=r"unknown jaxpar option.*'max_stream'.*max_streams"):
+        jaxpar.inspect(f, max_stream=2)
+
+
+@pytest.mark.parametrize("target", ["cuda", "GPU", "", None, 1])
+def test_bad_target(target):
+    with pytest.raises(ValueError, match=r"target must be one of 'auto', 'gpu', 'cpu', 'tpu'"):
+        jaxpar.parallel_branches(f, target=target)
+    with pytest.raises(ValueError, match="target"):
+        jaxpar.inspect(f, target=target)
+
+
+@pytest.mark.parametrize(("value", "error"), [(0, ValueError), (-2, ValueError),
+                                               (1.5, TypeError), (True, TypeError),
+                                               ("2", TypeError), (None, TypeError)])
+def test_bad_max_streams(value, error):
+    with pytest.raises(error, match=r"max_streams must be an int >= 1|max_streams must be >= 1"):
+        jaxpar.parallel_branches(f, max_streams=value)
+
+
+def test_max_streams_zero_says_what_to_do():
+    with pytest.raises(ValueError, match="use 1"):
+        jaxpar.parallel_branches(f, max_streams=0)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, False, "yes", "2"])
+def test_bad_unroll(value):
+    with pytest.raises(ValueError, match=r"unroll must be 'auto', None.*or an int >= 1"):
+        jaxpar.parallel_branches(f, unroll=value)
+
+
+@pytest.mark.parametrize("value", [1, 2, 8, None, "auto"])
+def test_good_unroll(value):
+    jaxpar.parallel_branches(f, unroll=value)
+
+
+@pytest.mark.parametrize("name", ["fuse_scans", "batch_scans", "group_collectives"])
+@pytest.mark.parametrize("value", ["yes", "on", 1, 0, None, "AUTO"])
+def test_bad_switches(name, value):
+    with pytest.raises(ValueError, match=rf"{name} must be True, False or 'auto'"):
+        jaxpar.parallel_branches(f, **{name: value})
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), "5", True])
+def test_bad_min_cost_us(value):
+    with pytest.raises(ValueError, match="min_cost_us must be a finite number >= 0"):
+        jaxpar.parallel_branches(f, min_cost_us=value)
+
+
+def test_bad_options_in_inspect_of_decorated():
+    g = jaxpar.parallel_branches(f, target="gpu")
+    with pytest.raises(ValueError, match="max_streams"):
+        jaxpar.inspect(g, max_streams=0)
+
+
+# --- arguments that are not arrays ---------------------------------------------------------
+
+
+def test_string_argument_is_named():
+    g = jaxpar.parallel_branches(f)
+    with pytest.raises(TypeError, match=r"argument `y` of `f` is a str, not an array") as info:
+        g(X, "abc")
+    assert "functools.partial" in str(info.value)
+
+
+def test_object_inside_dict_names_the_path():
+    def uses_config(x, config):
+        return x * config["scale"]
+
+    g = jaxpar.parallel_branches(uses_config)
+    with pytest.raises(TypeError, match=r"argument `config\['name'\]` of `.*uses_config` is a "
+                                        r"object, not an array"):
+        g(X, {"scale": 2.0, "name": object()})
+
+
+def test_nested_path_in_tuple_and_keyword():
+    def h(x, *, options):
+        return x
+
+    g = jaxpar.parallel_branches(h)
+    with pytest.raises(TypeError, match=r"argument `options\['layers'\]\[1\]` .* is a str"):
+        g(X, options={"layers": (X, "relu")})
+
+
+def test_non_array_via_varargs():
+    def h(*xs):
+        return xs[0]
+
+    g = jaxpar.parallel_branches(h)
+    with pytest.raises(TypeError, match=r"argument `args\[1\]` .* is a str"):
+        g(X, "oops")
+
+
+def test_non_array_in_inspect_mentions_bad_leaf():
+    with pytest.raises(TypeError, match=r"argument `y` of `f` is a str"):
+        jaxpar.inspect(f)(X, "abc")
+
+
+def test_shape_dtype_struct_only_in_inspect():
+    g = jaxpar.parallel_branches(f)
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+    with pytest.raises(TypeError, match=r"inspect\(\) also accepts jax.ShapeDtypeStruct"):
+        g(spec, X)
+
+
+# --- functions that cannot be traced -------------------------------------------------------
+
+
+def branchy(x):
+    if x.sum() > 0:
+        return x
+    return -x
+
+
+def test_python_control_flow_on_traced_value():
+    g = jaxpar.parallel_branches(branchy)
+    with pytest.raises(jaxpar.TraceError) as info:
+        g(X)
+    message = str(info.value)
+    assert "branchy" in message
+    original = info.value.__cause__
+    assert original is not None
+    assert type(original).__name__ in message
+    assert type(original).__name__ in ("TracerBoolConversionError", "ConcretizationTypeError")
+    assert "float32[3]" in message
+    assert "jnp/lax" in message
+
+
+def test_trace_error_from_inspect():
+    with pytest.raises(jaxpar.TraceError, match="branchy"):
+        jaxpar.inspect(branchy)(X)
+
+
+def test_trace_error_is_runtime_error_subclass():
+    assert issubclass(jaxpar.TraceError, RuntimeError)
+
+
+def test_user_exception_is_wrapped_with_its_type():
+    def broken(x):
+        raise KeyError("missing weight")
+
+    g = jaxpar.parallel_branches(broken)
+    with pytest.raises(jaxpar.TraceError, match=r"`.*broken`.*KeyError.*missing weight"):
+        g(X)
+
+
+def test_shape_error_names_the_shapes():
+    def mismatched(x, y):
+        return x @ y
+
+    g = jaxpar.parallel_branches(mismatched)
+    with pytest.raises(jaxpar.TraceError, match=r"mismatched.*float32\[2, 3\], float32\[4, 5\]"):
+        g(jnp.ones((2, 3)), jnp.ones((4, 5)))

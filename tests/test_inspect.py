@@ -1,0 +1,225 @@
+"""`jaxpar.inspect`: the Plan report's fields, reasons, rendering and serialisation."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import (
+    FOUR_BRANCHES_OPTIONS,
+    four_branches,
+    four_branches_args,
+    pure_chain,
+    pure_chain_args,
+)
+from jax import lax
+
+import jaxpar
+
+THIS_FILE = os.path.basename(__file__)
+
+
+def local_two_scans(a, b):
+    xs = jnp.ones((20, 100, 100)) * 0.01
+
+    def step_tanh(carry, x):
+        return jnp.tanh(carry @ x), None
+
+    def step_sin(carry, x):
+        return jnp.sin(x @ carry), None
+
+    first, _ = lax.scan(step_tanh, a, xs)
+    second, _ = lax.scan(step_sin, b, xs)
+    return first, second
+
+
+def scan_args():
+    return jnp.ones((100, 100)), jnp.full((100, 100), 0.5)
+
+
+def small_branches(a, b):
+    return jnp.tanh(a @ a) + jnp.sin(b @ b)
+
+
+def small_args():
+    return jnp.ones((8, 8)), jnp.ones((8, 8)) * 0.5
+
+
+def test_plan_fields():
+    plan = jaxpar.inspect(local_two_scans, target="gpu")(*scan_args())
+    assert isinstance(plan, jaxpar.Plan)
+    assert plan.function == "local_two_scans"
+    assert plan.target == "gpu"
+    assert plan.emitted is True
+    assert plan.num_eqns >= 3
+    assert plan.total_cost_us > 0
+    assert plan.num_streams == 2
+    assert plan.num_regions == 2
+    (section,) = plan.sections
+    assert isinstance(section, jaxpar.Section)
+    assert section.location == "/"
+    assert section.scheduling_group >= 1
+    assert [r.stream for r in section.regions] == [1, 2]
+    for region in section.regions:
+        assert isinstance(region, jaxpar.Region)
+        assert region.num_eqns >= 1
+        assert region.num_eqns == len(region.eqn_indices)
+        assert region.cost_us > 0
+        assert dict(region.primitives).get("scan") == 1
+        assert region.source_lines
+        assert all(THIS_FILE in line for line in region.source_lines), region.source_lines
+        assert any("local_two_scans" in line for line in region.source_lines)
+    lines = {r.source_lines[0] for r in section.regions}
+    assert len(lines) == 2  # each region points at its own scan
+    assert sum(r.cost_us for r in section.regions) <= plan.total_cost_us + 1e-9
+    regions_eqns = [set(r.eqn_indices) for r in section.regions]
+    assert not regions_eqns[0] & regions_eqns[1]
+
+
+def test_options_recorded_in_plan():
+    plan = jaxpar.inspect(local_two_scans, target="gpu", max_streams=3, min_cost_us=1.5)(
+        *scan_args())
+    options = dict(plan.options)
+    assert options["max_streams"] == 3
+    assert options["min_cost_us"] == 1.5
+    assert options["target"] == "gpu"
+
+
+def test_too_cheap_for_small_independent_branches():
+    plan = jaxpar.inspect(small_branches, target="gpu")(*small_args())
+    assert plan.sections == ()
+    reasons = {note.reason for note in plan.left_alone}
+    assert "too cheap" in reasons, str(plan)
+    note = next(n for n in plan.left_alone if n.reason == "too cheap")
+    assert isinstance(note, jaxpar.LeftAlone)
+    assert "dot_general" in note.primitives
+    assert any(THIS_FILE in line for line in note.source_lines)
+    assert "min_cost_us" in note.detail
+
+
+def test_dependent_for_a_chain():
+    plan = jaxpar.inspect(pure_chain, target="gpu")(*pure_chain_args())
+    assert plan.sections == ()
+    assert "dependent" in {note.reason for note in plan.left_alone}, str(plan)
+
+
+def test_dependent_for_a_single_heavy_equation():
+    plan = jaxpar.inspect(lambda x: jnp.tanh(x @ x), target="gpu", min_cost_us=0.0)(
+        jnp.ones((64, 64)))
+    assert "dependent" in {note.reason for note in plan.left_alone}, str(plan)
+
+
+def test_str_is_readable():
+    plan = jaxpar.inspect(local_two_scans, target="gpu")(*scan_args())
+    text = str(plan)
+    assert text.startswith("jaxpar plan for `local_two_scans` (target=gpu")
+    assert "stream 1:" in text and "stream 2:" in text
+    assert "2 concurrent regions" in text
+    assert "scan x1" in text
+    assert THIS_FILE in text
+    assert "object at 0x" not in text
+
+
+def test_str_mentions_reasons_and_cpu_note():
+    text = str(jaxpar.inspect(small_branches, target="gpu")(*small_args()))
+    assert "too cheap" in text
+    assert "no parallel sections" in text
+    cpu_text = str(jaxpar.inspect(local_two_scans, target="cpu")(*scan_args()))
+    assert "only emitted for target='gpu'" in cpu_text
+
+
+def test_inspect_does_not_print(capsys):
+    jaxpar.inspect(local_two_scans, target="gpu")(*scan_args())
+    captured = capsys.readouterr()
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    ("program", "args", "options"),
+    [(local_two_scans, scan_args(), {"target": "gpu"}),
+     (four_branches, four_branches_args(), FOUR_BRANCHES_OPTIONS),
+     (small_branches, small_args(), {"target": "gpu"}),
+     (pure_chain, pure_chain_args(), {}),
+     (local_two_scans, scan_args(), {"target": "cpu", "unroll": None, "fuse_scans": False})],
+    ids=["two_scans", "four_branches", "too_cheap", "chain", "cpu"])
+def test_to_dict_is_json_and_round_trips(program, args, options):
+    plan = jaxpar.inspect(program, **options)(*args)
+    data = plan.to_dict()
+    text = json.dumps(data)
+    assert json.loads(text) == data
+    assert data["num_streams"] == plan.num_streams
+    assert data["function"] == plan.function
+    assert len(data["sections"]) == len(plan.sections)
+    assert len(data["left_alone"]) == len(plan.left_alone)
+    for section, section_data in zip(plan.sections, data["sections"], strict=True):
+        assert section_data == json.loads(json.dumps(section.to_dict()))
+        assert [r["stream"] for r in section_data["regions"]] == [r.stream for r in
+                                                                   section.regions]
+    # The same call gives an equal plan.
+    assert jaxpar.inspect(program, **options)(*args).to_dict() == data
+    assert jaxpar.inspect(program, **options)(*args) == plan
+
+
+def test_accepts_shape_dtype_struct():
+    concrete = jaxpar.inspect(local_two_scans, target="gpu")(*scan_args())
+    specs = [jax.ShapeDtypeStruct((100, 100), jnp.float32)] * 2
+    abstract = jaxpar.inspect(local_two_scans, target="gpu")(*specs)
+    assert abstract.to_dict() == concrete.to_dict()
+
+
+def test_accepts_mixed_abstract_and_concrete_pytrees():
+    def f(params, x):
+        return jnp.tanh(x @ params["w"]) + jnp.sin(x @ params["v"])
+
+    params = {"w": jax.ShapeDtypeStruct((64, 64), jnp.float32), "v": jnp.ones((64, 64))}
+    plan = jaxpar.inspect(f, target="gpu", min_cost_us=0.0)(params, x=jnp.ones((8, 64)))
+    assert plan.num_streams == 2
+
+
+def test_inspect_of_decorated_uses_its_options():
+    g = jaxpar.parallel_branches(four_branches, max_streams=1, **FOUR_BRANCHES_OPTIONS)
+    plan = jaxpar.inspect(g)(*four_branches_args())
+    assert plan.target == "gpu"
+    assert dict(plan.options)["max_streams"] == 1
+    assert dict(plan.options)["min_cost_us"] == 2.0
+    assert plan.function == "four_branches"
+
+
+def test_inspect_of_decorated_options_are_overridable():
+    g = jaxpar.parallel_branches(four_branches, max_streams=1, **FOUR_BRANCHES_OPTIONS)
+    plan = jaxpar.inspect(g, max_streams=2, target="cpu")(*four_branches_args())
+    assert plan.target == "cpu"
+    assert plan.emitted is False
+    options = dict(plan.options)
+    assert options["max_streams"] == 2
+    assert options["min_cost_us"] == 2.0  # not overridden: kept from the decorator
+    gpu_plan = jaxpar.inspect(g, max_streams=2)(*four_branches_args())
+    assert gpu_plan.num_streams == 2
+
+
+def test_inspect_does_not_plan_into_the_decorated_cache():
+    g = jaxpar.parallel_branches(four_branches, **FOUR_BRANCHES_OPTIONS)
+    jaxpar.inspect(g)(*four_branches_args())
+    assert g.analyses == 0
+
+
+def test_nested_location_is_reported():
+    def in_scan(x, y):
+        def body(carry, _):
+            a, b = carry
+            return (jnp.tanh(jnp.tanh(a @ a) @ a), jnp.tanh(jnp.tanh(b @ b) @ b)), None
+
+        return lax.scan(body, (x, y), None, length=2)[0]
+
+    plan = jaxpar.inspect(in_scan, **FOUR_BRANCHES_OPTIONS)(*four_branches_args()[:2])
+    (section,) = plan.sections
+    assert "scan" in section.location and section.location != "/"
+    assert plan.num_eqns > len(jax.make_jaxpr(in_scan)(*four_branches_args()[:2]).eqns)
+
+
+def test_inspect_keeps_function_metadata():
+    planner = jaxpar.inspect(local_two_scans)
+    assert planner.__name__ == "local_two_scans"

@@ -1,0 +1,123 @@
+"""`parallel_branches` composed with `jax.jit`: inside another jit, jit of the decorated
+function, and the annotations surviving into the lowered program."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import (
+    FOUR_BRANCHES_OPTIONS,
+    STREAM_ATTRIBUTE,
+    assert_same_values,
+    assert_tree_equal,
+    four_branches,
+    four_branches_args,
+    lower_for_gpu,
+    nested_stream_calls,
+    pure_chain,
+    pure_chain_args,
+    stream_calls,
+    two_scans,
+    two_scans_args,
+)
+
+import jaxpar
+
+TARGETS = ["gpu", "cpu"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_jit_of_decorated_matches_jit_of_original(target):
+    args = two_scans_args()
+    g = jaxpar.parallel_branches(two_scans, target=target)
+    want = jax.jit(two_scans)(*args)
+    assert_same_values(jax.jit(g)(*args), want, target)
+    assert_same_values(g(*args), want, target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_decorated_called_inside_another_jit(target):
+    args = four_branches_args()
+    g = jaxpar.parallel_branches(four_branches, **{**FOUR_BRANCHES_OPTIONS, "target": target})
+
+    def outer(a, b, c, d):
+        return jnp.sum(g(a, b, c, d) * 2.0) + jnp.sum(a)
+
+    def reference(a, b, c, d):
+        return jnp.sum(four_branches(a, b, c, d) * 2.0) + jnp.sum(a)
+
+    assert_same_values(jax.jit(outer)(*args), jax.jit(reference)(*args), target)
+
+
+def test_jit_of_decorated_lowers_with_annotations():
+    args = two_scans_args()
+    g = jaxpar.parallel_branches(two_scans, target="gpu")
+    outer = jax.jit(lambda a, b: [x * 2 for x in g(a, b)])
+    calls = stream_calls(lower_for_gpu(outer, *args))
+    assert sorted(attrs[STREAM_ATTRIBUTE] for _, attrs in calls) == ["1", "2"]
+    # jit of jit of the decorated function: still two calls, none nested.
+    text = lower_for_gpu(jax.jit(jax.jit(g)), *args)
+    assert len(stream_calls(text)) == 2
+    assert nested_stream_calls(text) == []
+
+
+def test_two_decorated_calls_in_one_jit_get_their_own_sections():
+    args = two_scans_args()
+    g = jaxpar.parallel_branches(two_scans, target="gpu")
+
+    def twice(a, b):
+        x, y = g(a, b)
+        return g(x, y)
+
+    text = lower_for_gpu(twice, *args)
+    calls = stream_calls(text)
+    assert len(calls) == 4
+    assert nested_stream_calls(text) == []
+    assert_same_values(jax.jit(twice)(*args),
+                       jax.jit(lambda a, b: two_scans(*two_scans(a, b)))(*args), "gpu")
+
+
+def test_jit_with_closure_constants():
+    w = jnp.linspace(-1.0, 1.0, 64 * 64).reshape(64, 64)
+
+    def f(x, y):
+        return jnp.tanh(x @ w), jnp.sin(y @ w.T)
+
+    g = jaxpar.parallel_branches(f, target="gpu", min_cost_us=0.0)
+    x = jnp.ones((64, 64))
+    assert_same_values(jax.jit(g)(x, x + 1.0), jax.jit(f)(x, x + 1.0), "gpu")
+    assert len(stream_calls(lower_for_gpu(g, x, x))) == 2
+
+
+def test_jit_with_traced_closure_is_not_cached():
+    def outer(x, scale):
+        g = jaxpar.parallel_branches(lambda y: (jnp.sin(y @ y) * scale, jnp.cos(y @ y.T)),
+                                     target="gpu", min_cost_us=0.0)
+        return g(x)
+
+    x = jnp.eye(8) * 0.3
+    want = jax.jit(lambda x, s: (jnp.sin(x @ x) * s, jnp.cos(x @ x.T)))(x, 2.0)
+    assert_same_values(jax.jit(outer)(x, 2.0), want, "gpu")
+    assert_same_values(jax.jit(outer)(x, 3.0), jax.jit(
+        lambda x, s: (jnp.sin(x @ x) * s, jnp.cos(x @ x.T)))(x, 3.0), "gpu")
+
+
+def test_jit_retraces_for_new_shapes():
+    g = jaxpar.parallel_branches(pure_chain, target="gpu")
+    jitted = jax.jit(g)
+    (x,) = pure_chain_args()
+    assert_tree_equal(jitted(x), jax.jit(pure_chain)(x))
+    assert_tree_equal(jitted(x[:128, :128]), jax.jit(pure_chain)(x[:128, :128]))
+    assert g.analyses == 2
+
+
+def test_jit_static_argnums_around_decorated():
+    g = jaxpar.parallel_branches(four_branches, **FOUR_BRANCHES_OPTIONS)
+
+    def outer(args, power):
+        return g(*args) ** power
+
+    args = four_branches_args()
+    jitted = jax.jit(outer, static_argnums=1)
+    assert_same_values(jitted(args, 2), jax.jit(lambda a: four_branches(*a) ** 2)(args), "gpu")

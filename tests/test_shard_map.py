@@ -1,0 +1,136 @@
+"""`parallel_branches` composed with `shard_map` over 4 fake CPU devices: a decorated
+function inside a shard_map body, and a shard_map'ed function decorated.
+
+The module asks for 4 CPU devices before JAX's backend starts. When an earlier test module
+already started it with fewer devices, each test re-runs itself in a fresh Python process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+
+try:
+    jax.config.update("jax_num_cpu_devices", 4)
+except RuntimeError:  # the backend is already up; tests re-run themselves in a subprocess
+    pass
+
+import jax.numpy as jnp
+import numpy as np
+from helpers import assert_same_values, lower_for_gpu, nested_stream_calls, stream_calls
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import jaxpar
+
+NUM_DEVICES = 4
+_IN_SUBPROCESS = "JAXPAR_SHARD_MAP_SUBPROCESS"
+
+
+def _enough_devices() -> bool:
+    return len(jax.devices("cpu")) >= NUM_DEVICES
+
+
+def _rerun_in_subprocess(test_name: str) -> None:
+    assert not os.environ.get(_IN_SUBPROCESS), "subprocess did not get 4 devices either"
+    env = {**os.environ, _IN_SUBPROCESS: "1", "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
+           + f" --xla_force_host_platform_device_count={NUM_DEVICES}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"{os.path.abspath(__file__)}::{test_name}"],
+        env=env, capture_output=True, text=True, timeout=300,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+
+
+def _needs_devices(test):
+    def wrapper():
+        if not _enough_devices():
+            _rerun_in_subprocess(test.__name__)
+            return
+        test()
+
+    wrapper.__name__ = test.__name__
+    wrapper.__doc__ = test.__doc__
+    return wrapper
+
+
+def _mesh() -> Mesh:
+    return Mesh(np.array(jax.devices("cpu")[:NUM_DEVICES]), ("x",))
+
+
+def branches(x, w):
+    return jnp.tanh(x @ w) + jnp.sin(x @ w.T)
+
+
+def _args():
+    x = jnp.linspace(-1.0, 1.0, 32 * 16).reshape(32, 16)
+    w = jnp.linspace(0.5, -0.5, 16 * 16).reshape(16, 16)
+    return x, w
+
+
+def _shard_map(body, mesh):
+    return jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))
+
+
+@_needs_devices
+def test_decorated_function_inside_shard_map_body():
+    mesh = _mesh()
+    g = jaxpar.parallel_branches(branches, target="gpu", min_cost_us=0.0)
+    x, w = _args()
+    got = jax.jit(_shard_map(g, mesh))(x, w)
+    want = jax.jit(_shard_map(branches, mesh))(x, w)
+    assert_same_values(got, want, "gpu")
+    text = lower_for_gpu(_shard_map(g, mesh), x, w)
+    calls = stream_calls(text)
+    assert sorted(attrs["_xla_stream_annotation"] for _, attrs in calls) == ["1", "2"]
+    assert nested_stream_calls(text) == []
+
+
+@_needs_devices
+def test_shard_mapped_function_decorated():
+    mesh = _mesh()
+    sharded = _shard_map(branches, mesh)
+    for target in ("gpu", "cpu"):
+        g = jaxpar.parallel_branches(sharded, target=target, min_cost_us=0.0)
+        x, w = _args()
+        assert_same_values(g(*_args()), jax.jit(sharded)(x, w), target)
+        assert_same_values(jax.jit(g)(x, w), jax.jit(sharded)(x, w), target)
+
+
+@_needs_devices
+def test_shard_map_with_collective_and_decorated_body():
+    mesh = _mesh()
+
+    def body(x, w):
+        y = jnp.tanh(x @ w) + jnp.sin(x @ w.T)
+        return jax.lax.psum(y, "x")
+
+    def decorated_body(x, w):
+        inner = jaxpar.parallel_branches(branches, target="gpu", min_cost_us=0.0)
+        return jax.lax.psum(inner(x, w), "x")
+
+    specs = {"in_specs": (P("x"), P()), "out_specs": P()}
+    x, w = _args()
+    got = jax.jit(jax.shard_map(decorated_body, mesh=mesh, **specs))(x, w)
+    want = jax.jit(jax.shard_map(body, mesh=mesh, **specs))(x, w)
+    assert_same_values(got, want, "gpu")
+
+
+@_needs_devices
+def test_grad_through_shard_map_with_decorated_body():
+    mesh = _mesh()
+    g = jaxpar.parallel_branches(branches, target="gpu", min_cost_us=0.0)
+    x, w = _args()
+
+    def loss(fn):
+        return lambda x, w: jnp.sum(_shard_map(fn, mesh)(x, w) ** 2)
+
+    got = jax.jit(jax.grad(loss(g), argnums=(0, 1)))(x, w)
+    want = jax.jit(jax.grad(loss(branches), argnums=(0, 1)))(x, w)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
