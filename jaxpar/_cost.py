@@ -104,7 +104,7 @@ def _out_size(eqn: Any) -> float:
 _FREE = ("reshape", "squeeze", "expand_dims", "broadcast_in_dim", "convert_element_type",
          "bitcast_convert_type", "iota", "copy", "copy_p", "stop_gradient", "pvary",
          "optimization_barrier", "sharding_constraint", "mesh_cast", "reshard", "axis_index",
-         "device_put")
+         "device_put", "random_wrap", "random_unwrap")
 
 
 @register_cost_rule(*_FREE)
@@ -122,7 +122,7 @@ for _name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_a
               "scatter_add", "scatter_mul", "scatter_min", "scatter_max", "dynamic_slice",
               "dynamic_update_slice", "concatenate", "pad", "transpose", "rev", "select_n",
               "reduce_precision", "top_k", "fft", "rng_bit_generator", "threefry2x32",
-              "random_bits", "random_seed", "random_wrap", "random_unwrap", "custom_call",
+              "random_bits", "random_seed", "custom_call",
               "ppermute", "psum", "all_gather", "all_to_all", "reduce_scatter", "pmax", "pmin",
               "psum_scatter", "psum_invariant", "all_gather_invariant", "cholesky", "lu",
               "qr", "eigh", "svd", "triangular_solve", "householder_product", "reduce_window",

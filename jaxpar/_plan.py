@@ -40,7 +40,7 @@ import heapq
 import os
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _compat
 from ._cost import DEVICE_PROFILES, CostModel
@@ -180,7 +180,9 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
     inner, _ = _compat.open_jaxpr(jaxpr)
     eqns = inner.eqns
     graph = build_graph(inner)
-    seconds = tuple(ctx.costs.seconds(ctx.costs.eqn_cost(eqn)) for eqn in eqns)
+    costs = [ctx.costs.eqn_cost(eqn) for eqn in eqns]
+    seconds = tuple(ctx.costs.seconds(cost) for cost in costs)
+    kernels = [cost.kernels for cost in costs]
     blocked: dict[int, str] = {}
     for index, eqn in enumerate(eqns):
         if ctx.eqn_annotated(eqn):
@@ -190,8 +192,10 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
         elif eqn.primitive.name in COLLECTIVE_PRIMITIVES:
             blocked[index] = REASON_COLLECTIVE
     notes: list[Note] = []
+    # Heavy: launches a kernel of its own (fused elementwise work never does) and
+    # costs enough to matter.
     heavy = [i for i in range(len(eqns))
-             if i in graph.live and seconds[i] >= ctx.heavy_seconds]
+             if i in graph.live and seconds[i] >= ctx.heavy_seconds and kernels[i] > 0]
     for i in heavy:
         if i in blocked:
             notes.append(Note((i,), blocked[i], _blocked_detail(blocked[i], eqns[i])))
@@ -242,7 +246,19 @@ def _blocked_detail(reason: str, eqn: Any) -> str:
     return f"`{name}` is a collective; collectives are grouped, not moved to compute streams"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Node:
+    """A node of the series-parallel tree over heavy positions."""
+
+    kind: str  # "leaf", "series" or "parallel"
+    positions: list[int]
+    children: tuple[_Node, ...]
+    benefit: float  # seconds of work this subtree can hide by overlapping
+    as_section: bool
+
+
 _Hull = tuple[list[int], list[int]]  # (heavy positions of a branch, its hull equations)
+_T = TypeVar("_T")
 
 
 class _SectionFinder:
@@ -277,17 +293,86 @@ class _SectionFinder:
         self.desc = desc
         # Heavy-to-heavy ancestry, indexed by heavy position.
         self.heavy_anc = [anc[eqn] for eqn in heavy]
+        self.heavy_desc = [desc[eqn] for eqn in heavy]
         self.notes: list[Note] = []
+        self._attach_loose_ends()
+
+    def _attach_loose_ends(self) -> None:
+        """Groups cheap heavy sources and sinks with their only neighbour.
+
+        A cheap source feeding one heavy equation (a weight ``rev`` or transpose in a
+        backward pass) or a cheap sink hanging off one (a weight gradient) is
+        unordered with most of the program, which breaks every series cut although
+        it cannot be worth a stream by itself. It becomes part of its neighbour's
+        unit; decomposition then runs over units (``self.members``/``self.unit_anc``).
+        """
+        count = len(self.heavy)
+        rep = list(range(count))
+
+        def find(k: int) -> int:
+            while rep[k] != k:
+                k = rep[k]
+            return k
+
+        def only(mask: int, related: list[int]) -> int | None:
+            """The single element of ``mask`` minimal (or maximal) w.r.t. ``related``."""
+            found = None
+            rest = mask
+            while rest:
+                low = rest & -rest
+                k = low.bit_length() - 1
+                rest ^= low
+                if related[k] & mask == low:
+                    if found is not None:
+                        return None
+                    found = k
+            return found
+
+        for k in range(count):
+            cheap = self.seconds[self.heavy[k]] < self.ctx.min_seconds
+            own = 1 << k
+            if not cheap:
+                continue
+            if self.heavy_anc[k] == own:  # a source: attach to its only first successor
+                target = only(self.heavy_desc[k] & ~own, self.heavy_anc)
+            elif self.heavy_desc[k] == own:  # a sink: attach to its only last predecessor
+                target = only(self.heavy_anc[k] & ~own, self.heavy_desc)
+            else:
+                continue
+            if target is not None and find(target) != k:
+                rep[k] = find(target)
+        roots = [find(k) for k in range(count)]
+        self.members: dict[int, list[int]] = {}
+        for k, root in enumerate(roots):
+            self.members.setdefault(root, []).append(k)
+        self.units = sorted(self.members)
+
+        def to_units(mask: int) -> int:
+            out = 0
+            while mask:
+                low = mask & -mask
+                out |= 1 << roots[low.bit_length() - 1]
+                mask ^= low
+            return out
+
+        self.unit_anc = {u: to_units(self._or(self.heavy_anc, self.members[u]))
+                         for u in self.units}
+
+    @staticmethod
+    def _or(masks: list[int], positions: list[int]) -> int:
+        out = 0
+        for k in positions:
+            out |= masks[k]
+        return out
+
+    def _expand(self, units: list[int]) -> list[int]:
+        """Heavy positions of the given units, sorted."""
+        return sorted(k for u in units for k in self.members[u])
 
     def run(self) -> tuple[list[SectionPlan], list[Note]]:
+        tree = self._decompose(list(self.units))
         branch_sets: list[list[list[int]]] = []
-        stack: list[tuple[str, Any]] = [("decompose", list(range(len(self.heavy))))]
-        while stack:
-            kind, payload = stack.pop()
-            if kind == "decompose":
-                stack.extend(reversed(self._split(payload)))
-            else:
-                branch_sets.append(payload)
+        self._choose(tree, branch_sets)
         sections: list[SectionPlan] = []
         region_of: dict[int, tuple[int, int]] = {}
         for branches in branch_sets:
@@ -302,29 +387,52 @@ class _SectionFinder:
                                    "on it or feeds it"))
         return sections, self.notes
 
-    def _cost(self, positions: list[int]) -> float:
-        return sum(self.seconds[self.heavy[k]] for k in positions)
-
-    def _split(self, positions: list[int]) -> list[tuple[str, Any]]:
-        """One decomposition step: returns work items (sub-decompositions or sections)."""
+    def _decompose(self, positions: list[int]) -> _Node:
+        """The series-parallel tree of ``positions``, with the time each node can hide."""
         if len(positions) < 2:
-            return []
+            return _Node("leaf", positions, (), 0.0, False)
         components = self._components(positions)
-        if len(components) > 1:
-            worthy = [c for c in components if self._cost(c) >= self.ctx.min_seconds]
-            if len(worthy) >= 2:
-                cheap = [k for c in components if c not in worthy for k in c]
-                if cheap:
-                    self.notes.append(Note(
-                        tuple(self.heavy[k] for k in cheap), REASON_TOO_CHEAP,
-                        "independent of the work beside it, but below min_cost_us"))
-                return [("section", worthy)]
-            self.notes.append(Note(
-                tuple(self.heavy[k] for c in components if c not in worthy for k in c),
-                REASON_TOO_CHEAP, "independent branches below min_cost_us"))
-            return [("decompose", c) for c in components]
-        parts = self._series_parts(positions)
-        return [("decompose", part) for part in parts]
+        if len(components) == 1:
+            children = tuple(self._decompose(p) for p in self._series_parts(positions))
+            return _Node("series", positions, children, sum(c.benefit for c in children), False)
+        children = tuple(self._decompose(c) for c in components)
+        inner = sum(c.benefit for c in children)
+        here = 0.0
+        if self.ctx.streams_per_section >= 2:
+            here = self._overlapped_seconds(components)
+            if here < self.ctx.min_seconds:
+                here = 0.0
+        # Dynamic programming: a section here, or the best sections inside the branches.
+        as_section = here > 0.0 and here >= inner
+        return _Node("parallel", positions, children, max(here, inner), as_section)
+
+    def _choose(self, node: _Node, branch_sets: list[list[list[int]]]) -> None:
+        if node.as_section:
+            branch_sets.append([c.positions for c in node.children])
+            return
+        if node.kind == "parallel" and node.benefit == 0.0:
+            if self.ctx.streams_per_section < 2:
+                self.notes.append(Note(
+                    tuple(self.heavy[k] for k in self._expand(node.positions)), REASON_DEPENDENT,
+                    "independent branches, but only one stream is allowed (max_streams or "
+                    "--xla_gpu_experimental_parallel_async_compute_limit is 1)"))
+                return
+            for child in node.children:
+                self.notes.append(Note(
+                    tuple(self.heavy[k] for k in self._expand(child.positions)), REASON_TOO_CHEAP,
+                    f"independent branch of est. {self._cost(child.positions) * 1e6:.1f} us; "
+                    "the work that could overlap is below min_cost_us"))
+            return
+        for child in node.children:
+            self._choose(child, branch_sets)
+
+    def _cost(self, positions: list[int]) -> float:
+        return sum(self.seconds[self.heavy[k]] for k in self._expand(positions))
+
+    def _overlapped_seconds(self, branches: list[list[int]]) -> float:
+        """Work balanced onto the lightest stream: what running in parallel can hide."""
+        loads = [sum(self._cost(b) for b in group) for group in self._balance(branches)]
+        return min(loads) if len(loads) >= 2 else 0.0
 
     def _components(self, positions: list[int]) -> list[list[int]]:
         """Connected components of the comparability graph on ``positions``."""
@@ -340,7 +448,7 @@ class _SectionFinder:
         for k in positions:
             mask |= 1 << k
         for k in positions:
-            related = self.heavy_anc[k] & mask & ~(1 << k)
+            related = self.unit_anc[k] & mask & ~(1 << k)
             while related:
                 low = related & -related
                 j = low.bit_length() - 1
@@ -354,16 +462,24 @@ class _SectionFinder:
         return sorted(groups.values(), key=lambda g: g[0])
 
     def _series_parts(self, positions: list[int]) -> list[list[int]]:
-        """Splits at every cut that all earlier nodes reach all later nodes across."""
+        """Splits at every cut that all earlier nodes reach all later nodes across.
+
+        Where there is no such cut (the order is not series-parallel here), splits at
+        the cut with the fewest unordered pairs across it: still valid, since only
+        parallel nodes become sections, and it keeps most of the parallelism.
+        """
         cuts = []
+        best: tuple[int, int] | None = None
         prefix = 0
         for cut in range(1, len(positions)):
             prefix |= 1 << positions[cut - 1]
-            if all(self.heavy_anc[k] & prefix == prefix for k in positions[cut:]):
+            unordered = sum((prefix & ~self.unit_anc[k]).bit_count() for k in positions[cut:])
+            if unordered == 0:
                 cuts.append(cut)
-        if not cuts:
-            # Not series-parallel here: peel the first node off and go on.
-            cuts = [1]
+            elif best is None or unordered < best[0]:
+                best = (unordered, cut)
+        if not cuts and best is not None:
+            cuts = [best[1]]
         parts, start = [], 0
         for cut in [*cuts, len(positions)]:
             parts.append(positions[start:cut])
@@ -374,7 +490,8 @@ class _SectionFinder:
                        region_of: dict[int, tuple[int, int]],
                        section_index: int) -> SectionPlan | None:
         hulls = []
-        for branch in branches:
+        for units in branches:
+            branch = self._expand(units)
             hull = self._hull(branch)
             bad = [i for i in hull if i in self.blocked]
             if bad:
@@ -383,19 +500,13 @@ class _SectionFinder:
                                        f"the branch encloses equation {bad[0]} ({reason}), "
                                        "which must stay in place"))
                 continue
-            hulls.append((branch, hull))
-        if len(hulls) < 2:
-            return None
-        if self.ctx.streams_per_section < 2:
-            self.notes.append(Note(
-                tuple(self.heavy[k] for branch, _ in hulls for k in branch), REASON_DEPENDENT,
-                "independent branches, but only one stream is allowed (max_streams or "
-                "--xla_gpu_experimental_parallel_async_compute_limit is 1)"))
+            hulls.append((units, hull))
+        if len(hulls) < 2 or self._overlapped_seconds([b for b, _ in hulls]) < self.ctx.min_seconds:
             return None
         bins = self._balance(hulls)
         bit_mask = 0
-        for branch, _ in hulls:
-            for k in branch:
+        for units, _ in hulls:
+            for k in self._expand(units):
                 bit_mask |= 1 << k
         members: list[set[int]] = [set() for _ in bins]
         for slot, group in enumerate(bins):
@@ -428,15 +539,22 @@ class _SectionFinder:
                     stack.append(s)
         return sorted(found)
 
-    def _balance(self, hulls: list[_Hull]) -> list[list[_Hull]]:
-        slots = min(self.ctx.streams_per_section, len(hulls))
-        order = sorted(hulls, key=lambda h: (-self._cost(h[0]), h[0][0]))
-        bins: list[list[_Hull]] = [[] for _ in range(slots)]
+    def _balance(self, items: list[_T]) -> list[list[_T]]:
+        """Longest-processing-time-first onto ``min(streams, len(items))`` bins.
+
+        ``items`` are branches (lists of heavy positions) or ``(branch, hull)`` pairs.
+        """
+        def branch(item: Any) -> list[int]:
+            return item[0] if isinstance(item, tuple) else item
+
+        slots = min(self.ctx.streams_per_section, len(items))
+        order = sorted(items, key=lambda it: (-self._cost(branch(it)), branch(it)[0]))
+        bins: list[list[_T]] = [[] for _ in range(slots)]
         loads = [0.0] * slots
         for item in order:
             slot = min(range(slots), key=lambda s: (loads[s], s))
             bins[slot].append(item)
-            loads[slot] += self._cost(item[0])
+            loads[slot] += self._cost(branch(item))
         return bins
 
     def _absorb_neighbours(self, members: list[set[int]],
