@@ -2,8 +2,8 @@
 
 For one level of a jaxpr (nested jaxprs get plans of their own):
 
-1. Equations worth a stream are *heavy* (estimated device time at least a fifth
-   of ``min_cost_us``). Effectful, collective and already-annotated equations
+1. Equations that launch a kernel of their own are *heavy* (fused elementwise
+   work never does). Effectful, collective and already-annotated equations
    never move.
 2. The heavy equations form a partial order (reachability). Like Nimble's
    stream assignment we look for the widest antichains, but through a
@@ -48,7 +48,6 @@ from ._graph import Graph, build_graph
 from ._options import Options
 
 MAX_HEAVY = 256
-_HEAVY_FRACTION = 0.2
 
 COLLECTIVE_PRIMITIVES = frozenset(
     {"ppermute", "psum", "pmax", "pmin", "all_gather", "all_to_all", "reduce_scatter",
@@ -142,7 +141,6 @@ class PlanContext:
         self.costs = CostModel(DEVICE_PROFILES[target])
         self.streams_per_section = min(options.max_streams, async_compute_limit())
         self.min_seconds = options.min_cost_us * 1e-6
-        self.heavy_seconds = self.min_seconds * _HEAVY_FRACTION
         self._next_group = 1
         self._placement_memo: dict[int, tuple[Any, bool]] = {}
 
@@ -192,10 +190,8 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
         elif eqn.primitive.name in COLLECTIVE_PRIMITIVES:
             blocked[index] = REASON_COLLECTIVE
     notes: list[Note] = []
-    # Heavy: launches a kernel of its own (fused elementwise work never does) and
-    # costs enough to matter.
-    heavy = [i for i in range(len(eqns))
-             if i in graph.live and seconds[i] >= ctx.heavy_seconds and kernels[i] > 0]
+    # Heavy: launches a kernel of its own (fused elementwise work never does).
+    heavy = [i for i in range(len(eqns)) if i in graph.live and kernels[i] > 0]
     for i in heavy:
         if i in blocked:
             notes.append(Note((i,), blocked[i], _blocked_detail(blocked[i], eqns[i])))
