@@ -38,6 +38,7 @@ except ImportError:  # jax 0.8 - 0.10
         xla_metadata_call as _xla_metadata_call,
     )
 
+from jax._src import core as _core
 from jax._src import source_info_util as _source_info_util
 
 __all__ = [
@@ -89,6 +90,15 @@ USER_PLACEMENT_PRIMITIVES = frozenset(
 )
 
 
+def ordering_effects(eqn: Any) -> frozenset[Any]:
+    """``eqn``'s effects that order it against other effectful equations.
+
+    ``NamedAxisEffect`` (collectives over a mesh axis inside ``shard_map``) only
+    records which axes are used; it imposes no order.
+    """
+    return frozenset(e for e in eqn.effects if not isinstance(e, _core.NamedAxisEffect))
+
+
 def is_tracer(value: Any) -> bool:
     """Whether ``value`` is a JAX tracer (we are inside jit, grad, vmap, ...)."""
     return isinstance(value, jax.core.Tracer)
@@ -124,14 +134,13 @@ def in_avals(jaxpr: Any) -> list[Any]:
     return [v.aval for v in inner.invars]
 
 
-def _spec(aval: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
-
-
 def make_closed_jaxpr(fn: Callable[..., Any], avals: Sequence[Any]) -> Any:
-    """Traces ``fn`` at the given abstract values to a closed jaxpr."""
-    return jax.make_jaxpr(fn)(*[_spec(a) if not isinstance(a, jax.ShapeDtypeStruct) else a
-                                for a in avals])
+    """Traces ``fn`` at abstract values (avals or ``ShapeDtypeStruct``s) to a closed jaxpr.
+
+    Avals are passed through as they are, keeping weak types and, inside
+    ``shard_map``, the varying manual axes.
+    """
+    return jax.make_jaxpr(fn)(*avals)
 
 
 def retrace_like(fn: Callable[..., Any], original: Any) -> Any | None:
@@ -349,7 +358,7 @@ def while_info(eqn: Any) -> WhileInfo:
 #     check_vma, jaxpr`` plus ``manual_axes`` / ``newly_manual_axes`` (0.10+) or
 #     ``auto`` (earlier) saying which mesh axes the body is manual over.
 
-import dataclasses as _dataclasses
+import dataclasses as _dataclasses  # noqa: E402  (kept with the section it serves)
 
 
 @_dataclasses.dataclass(frozen=True)
