@@ -15,7 +15,7 @@ Example::
 
     closed = jax.make_jaxpr(f)(*args)
     new, decisions = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
-    g = jax.core.jaxpr_as_fun(new)      # same values and gradients as f
+    g = jax.extend.core.jaxpr_as_fun(new)      # same values and gradients as f
 
 Sharp edges:
   * Fusing and batching reorder nothing inside a body, but XLA may compile the

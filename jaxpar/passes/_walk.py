@@ -36,6 +36,11 @@ KIND_UNROLLED = "unrolled"
 KIND_MADE_STATIC = "made static"
 KIND_LEFT_ALONE = "left alone"
 KIND_HOST_SYNC = "host-sync loop"
+_UNCHANGED_KINDS = (KIND_LEFT_ALONE, KIND_HOST_SYNC)
+
+# Bound on the rounds of level passes at one level (each productive round removes a loop,
+# loop trips, or a unit unroll factor, so real programs settle in a few).
+MAX_ROUNDS = 64
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -178,8 +183,27 @@ def walk_levels(jaxpr: Any, level_passes: Sequence[LevelPass], path: str = ""
                 ) -> tuple[Any, list[LoopDecision]]:
     """Runs ``level_passes`` in order at every nesting level of ``jaxpr``, innermost first.
 
+    A level whose own loops were rewritten is walked again, since the loops the passes
+    made (a fused body holding two inner scans) may offer new rewrites; so applying the
+    passes a second time changes nothing.
+
     Returns ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
     """
+    decisions: list[LoopDecision] = []
+    current = jaxpr
+    for attempt in range(MAX_ROUNDS):
+        new, walk_decisions, level_changed = _walk_once(current, level_passes, path)
+        decisions.extend(d for d in walk_decisions
+                         if attempt == 0 or d.kind not in _UNCHANGED_KINDS)
+        current = new
+        if not level_changed:
+            return current, decisions
+    raise RuntimeError(f"jaxpar loop passes did not settle after {MAX_ROUNDS} walks at "
+                       f"{path or '/'}; please report it with the program")
+
+
+def _walk_once(jaxpr: Any, level_passes: Sequence[LevelPass], path: str
+               ) -> tuple[Any, list[LoopDecision], bool]:
     inner, _ = _compat.open_jaxpr(jaxpr)
     decisions: list[LoopDecision] = []
     params: dict[int, dict[str, Any]] = {}
@@ -199,20 +223,41 @@ def walk_levels(jaxpr: Any, level_passes: Sequence[LevelPass], path: str = ""
         rebuilt = rebuild_level(jaxpr, [], params)
         if rebuilt is None:
             return jaxpr, _as_left_alone(decisions, "the enclosing jaxpr cannot take new "
-                                                    "constants, so its rewrite was dropped")
+                                                    "constants, so its rewrite was dropped"), False
         current = rebuilt
-    for level_pass in level_passes:
-        rewrites, level_decisions = level_pass(current, path)
-        if rewrites:
-            rebuilt = rebuild_level(current, rewrites)
-            if rebuilt is None:
-                decisions.extend(_as_left_alone(
-                    level_decisions, "this jaxpr cannot take new constants, so the rewrite "
-                                     "was dropped"))
-                continue
-            current = rebuilt
-        decisions.extend(level_decisions)
-    return current, decisions
+    # Rounds until nothing changes: fusing scans of unequal lengths leaves remainder scans
+    # that may fuse or batch with others, and a second application must change nothing.
+    # "Left alone" and "host-sync" notes describe the level as it came in (the first round);
+    # later rounds only see loops the passes made.
+    changes: list[LoopDecision] = []
+    kept: list[LoopDecision] = []
+    level_changed = False
+    for round_index in range(MAX_ROUNDS):
+        changed = False
+        for level_pass in level_passes:
+            rewrites, level_decisions = level_pass(current, path)
+            if round_index > 0:
+                level_decisions = [d for d in level_decisions
+                                   if d.kind not in _UNCHANGED_KINDS]
+            if rewrites:
+                rebuilt = rebuild_level(current, rewrites)
+                if rebuilt is None:
+                    kept.extend(_as_left_alone(
+                        level_decisions, "this jaxpr cannot take new constants, so the "
+                                         "rewrite was dropped"))
+                    continue
+                current = rebuilt
+                changed = level_changed = True
+            changes.extend(d for d in level_decisions if d.kind not in _UNCHANGED_KINDS)
+            kept.extend(d for d in level_decisions if d.kind in _UNCHANGED_KINDS)
+        if not changed:
+            break
+    else:
+        raise RuntimeError(f"jaxpar loop passes did not settle after {MAX_ROUNDS} rounds at "
+                           f"{path or '/'}; please report it with the program")
+    decisions.extend(changes)
+    decisions.extend(kept)
+    return current, decisions, level_changed
 
 
 def _as_left_alone(decisions: Sequence[LoopDecision], why: str) -> list[LoopDecision]:

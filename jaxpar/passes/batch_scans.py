@@ -144,7 +144,8 @@ def _batched_emitter(members: list[Any]) -> Any:
 
     def emit(invals: list[list[Any]]) -> list[list[Any]]:
         count = len(invals)
-        operands, in_axes = [], []
+        operands: list[Any] = []
+        in_axes: list[int | None] = []
         for position in range(len(invals[0])):
             column = [vals[position] for vals in invals]
             if _same_atom(column):
@@ -157,7 +158,6 @@ def _batched_emitter(members: list[Any]) -> Any:
             with _compat.eqn_context(members[0]):
                 shared = _run_scan(info, operands)
             return [list(shared) for _ in range(count)]
-        split = info.num_consts
 
         def one(*flat: Any) -> list[Any]:
             return _run_scan(info, flat)

@@ -159,13 +159,13 @@ def _fused_emitter(infos: list[_compat.ScanInfo], unroll: int, first: Any) -> An
                 if infos[k].reverse != reverse:
                     piece = [lax.rev(y, (0,)) for y in piece]
                 ys_pieces[k].append(piece)
-        results = []
+        results: list[list[Any]] = []
         for k, info in enumerate(infos):
             pieces = ys_pieces[k][::-1] if info.reverse else ys_pieces[k]
             num_ys = len(pieces[0])
-            ys = [pieces[0][j] if len(pieces) == 1
+            joined: list[Any] = [pieces[0][j] if len(pieces) == 1
                   else lax.concatenate([p[j] for p in pieces], 0) for j in range(num_ys)]
-            results.append([*carries[k], *ys])
+            results.append([*carries[k], *joined])
         return results
 
     return emit

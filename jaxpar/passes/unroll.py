@@ -60,7 +60,7 @@ def auto_unroll_factor(info: _compat.ScanInfo, costs: CostModel) -> int:
     if length <= FULL_UNROLL_LENGTH and length * body_eqns <= MAX_UNROLLED_EQNS:
         return length
     kernels = costs.jaxpr_cost(info.jaxpr).kernels
-    factor = -(-KERNELS_PER_TRIP // max(int(round(kernels)), 1))
+    factor = -(-KERNELS_PER_TRIP // max(round(kernels), 1))
     factor = min(factor, MAX_UNROLLED_EQNS // body_eqns, length)
     return max(factor, 1)
 

@@ -1,0 +1,469 @@
+"""Tests of the loop passes (jaxpar.passes): fusion, batching, unrolling, static loops.
+
+Each rewrite is checked three ways (``assert_rewrite``): the new jaxpr is well formed, it has
+the intended structure, and it computes the same values and gradients as the program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.extend.core as jex_core
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jaxpar import _compat
+from jaxpar.passes import (
+    LoopDecision,
+    apply_loop_passes,
+    batch_scans,
+    fuse_scans,
+    loop_defaults,
+    make_loops_static,
+    unroll_scans,
+)
+
+TOLERANCE = {"rtol": 1e-6, "atol": 1e-6}
+ALL_ON = {"fuse": True, "batch": True, "unroll": None, "target": "gpu"}
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def eqns_of(jaxpr: Any) -> list[Any]:
+    return list(_compat.open_jaxpr(jaxpr)[0].eqns)
+
+
+def primitives(jaxpr: Any, recursive: bool = False) -> list[str]:
+    names = []
+    for eqn in eqns_of(jaxpr):
+        names.append(eqn.primitive.name)
+        if recursive:
+            for _, _, sub in _compat.eqn_subjaxprs(eqn):
+                names.extend(primitives(sub, recursive=True))
+    return names
+
+
+def scans(jaxpr: Any) -> list[Any]:
+    return [e for e in eqns_of(jaxpr) if e.primitive.name == "scan"]
+
+
+def as_function(jaxpr: Any) -> Callable[..., Any]:
+    def fn(*args: Any) -> list[Any]:
+        return _compat.jaxpr_eval(jaxpr, *args)
+    return fn
+
+
+def scalar_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def loss(*args: Any) -> Any:
+        return sum(jnp.sum(jnp.sin(leaf)) for leaf in jax.tree.leaves(fn(*args)))
+    return loss
+
+
+def assert_close(got: Any, want: Any, **tolerance: float) -> None:
+    got_leaves, want_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for g, w in zip(got_leaves, want_leaves, strict=True):
+        assert np.shape(g) == np.shape(w)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), **(tolerance or TOLERANCE))
+
+
+def assert_rewrite(original: Any, new: Any, args: tuple[Any, ...], grads: bool = True,
+                   grad_tolerance: dict[str, float] | None = None) -> None:
+    """Well formed, same values, same gradients (w.r.t. float arguments)."""
+    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
+    assert_close(as_function(new)(*args), as_function(original)(*args))
+    if grads:
+        argnums = tuple(i for i, a in enumerate(args)
+                        if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating))
+        want = jax.grad(scalar_loss(as_function(original)), argnums)(*args)
+        got = jax.grad(scalar_loss(as_function(new)), argnums)(*args)
+        assert_close(got, want, **(grad_tolerance or {"rtol": 1e-5, "atol": 1e-6}))
+
+
+# Unrolling changes how XLA fuses the body, so float32 rounding differs over 1000 trips; the
+# float32 gradients themselves are off by up to ~1e-3 relative from float64 (checked with x64;
+# in float64 the two agree to 1e-13).
+LONG_SCAN_GRAD_TOLERANCE = {"rtol": 1e-3, "atol": 1e-4}
+
+
+def kinds(decisions: tuple[LoopDecision, ...]) -> list[str]:
+    return [d.kind for d in decisions]
+
+
+# --- programs --------------------------------------------------------------------------------
+
+
+def body_matmuls(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return carry + 1e-2 * (x @ x @ x), jnp.sum(carry)
+
+
+def body_tanh(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+    return 0.5 * carry + 0.5 * jnp.tanh(x @ carry), None
+
+
+def seed_args(n: int = 100, steps: int = 200, steps2: int | None = None) -> tuple[jax.Array, ...]:
+    k = jax.random.split(jax.random.PRNGKey(2), 4)
+    return (jax.random.normal(k[0], (n, n)) / n, jax.random.normal(k[1], (n, n)) / n,
+            jax.random.normal(k[2], (steps, n, n)) / n,
+            jax.random.normal(k[3], (steps2 or steps, n, n)) / n)
+
+
+def seed_different(c1: jax.Array, c2: jax.Array, xs1: jax.Array, xs2: jax.Array) -> Any:
+    return lax.scan(body_matmuls, c1, xs1), lax.scan(body_tanh, c2, xs2)[0]
+
+
+def seed_identical(c1: jax.Array, c2: jax.Array, xs1: jax.Array, xs2: jax.Array) -> Any:
+    return lax.scan(body_matmuls, c1, xs1), lax.scan(body_matmuls, c2, xs2)
+
+
+def bidirectional(h: jax.Array, _: jax.Array, xs: jax.Array, __: jax.Array) -> Any:
+    forward = lax.scan(body_tanh, h, xs)[0]
+    backward = lax.scan(body_matmuls, h, xs, reverse=True)
+    return forward, backward
+
+
+# --- fusion ----------------------------------------------------------------------------------
+
+
+def test_seed_002_different_bodies_fuse_into_one_scan() -> None:
+    args = seed_args()
+    closed = jax.make_jaxpr(seed_different)(*args)
+    new, decisions = fuse_scans(closed)
+    assert len(scans(closed)) == 2 and len(scans(new)) == 1
+    assert kinds(decisions) == ["fused"]
+    assert decisions[0].trips_before == 400 and decisions[0].trips_after == 200
+    assert all("test_loops.py" in s for s in decisions[0].sources)
+    assert_rewrite(closed, new, args)
+
+
+def test_fused_values_are_exact() -> None:
+    args = seed_args(n=16, steps=50)
+    closed = jax.make_jaxpr(seed_different)(*args)
+    new, _ = fuse_scans(closed)
+    for got, want in zip(jax.jit(as_function(new))(*args),
+                         jax.jit(as_function(closed))(*args), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_bidirectional_rnn_fuses_forward_and_reverse() -> None:
+    args = seed_args(n=16, steps=30)
+    closed = jax.make_jaxpr(bidirectional)(*args)
+    new, decisions = fuse_scans(closed)
+    assert len(scans(new)) == 1 and "rev" in primitives(new)
+    assert "mixed directions" in decisions[0].reason
+    assert_rewrite(closed, new, args)
+
+
+@pytest.mark.parametrize("lengths", [(7, 10), (10, 7), (70, 100)])
+@pytest.mark.parametrize("directions", [(False, False), (True, False), (False, True),
+                                        (True, True)])
+def test_unequal_lengths_fuse_the_common_prefix(lengths: tuple[int, int],
+                                                directions: tuple[bool, bool]) -> None:
+    n = 8
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    args = (jax.random.normal(k[0], (n, n)) / n, jax.random.normal(k[1], (n, n)) / n,
+            jax.random.normal(k[2], (lengths[0], n, n)),
+            jax.random.normal(k[3], (lengths[1], n, n)))
+
+    def f(c1: jax.Array, c2: jax.Array, xs1: jax.Array, xs2: jax.Array) -> Any:
+        return (lax.scan(body_matmuls, c1, xs1, reverse=directions[0]),
+                lax.scan(body_matmuls, c2, xs2, reverse=directions[1])
+                if lengths[0] == lengths[1] else
+                lax.scan(lambda c, x: (c * 0.9 + jnp.sin(x), c[0]), c2, xs2,
+                         reverse=directions[1]))
+
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = fuse_scans(closed)
+    assert kinds(decisions) == ["fused"]
+    lengths_after = sorted(_compat.scan_info(e).length for e in scans(new))
+    short, long = sorted(lengths)
+    assert lengths_after == [long - short, short]
+    assert "concatenate" in primitives(new)
+    assert_rewrite(closed, new, args)
+
+
+def test_three_scans_fuse_into_one() -> None:
+    args = seed_args(n=8, steps=12)
+
+    def f(a: jax.Array, b: jax.Array, xs: jax.Array, ys: jax.Array) -> Any:
+        return (lax.scan(body_matmuls, a, xs), lax.scan(body_tanh, b, ys)[0],
+                lax.scan(lambda c, x: (c * jnp.cos(x), None), a + b, xs, reverse=True)[0])
+
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = fuse_scans(closed)
+    assert len(scans(new)) == 1 and decisions[0].eqns.__len__() == 3
+    assert_rewrite(closed, new, args)
+
+
+def test_three_scans_of_three_lengths() -> None:
+    k = jax.random.split(jax.random.PRNGKey(3), 3)
+    xs = [jax.random.normal(k[i], (length, 4)) for i, length in enumerate((3, 9, 6))]
+
+    def f(a: jax.Array, x1: jax.Array, x2: jax.Array, x3: jax.Array) -> Any:
+        step = lambda c, x: (jnp.tanh(c + x), c * 2)
+        return (lax.scan(step, a, x1), lax.scan(lambda c, x: (c * jnp.sin(x), c), a, x2,
+                                                reverse=True),
+                lax.scan(lambda c, x: (c - x, c + 1), a, x3))
+
+    args = (jnp.ones((4,)), *xs)
+    closed = jax.make_jaxpr(f)(*args)
+    new, _ = fuse_scans(closed)
+    assert sorted(_compat.scan_info(e).length for e in scans(new)) == [3, 3, 3]
+    assert_rewrite(closed, new, args)
+
+
+def test_dependent_scans_are_not_fused() -> None:
+    args = seed_args(n=8, steps=10)
+
+    def f(a: jax.Array, b: jax.Array, xs: jax.Array, ys: jax.Array) -> Any:
+        first, _ = lax.scan(body_tanh, a, xs)
+        return lax.scan(body_tanh, first + b, ys)[0]
+
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = apply_loop_passes(closed, **ALL_ON)
+    assert new is closed
+    assert set(kinds(decisions)) == {"left alone"}
+
+
+def test_fusion_keeps_a_cycle_free_order() -> None:
+    # s1 -> s3 and s2 -> s4: fusing {s1, s2} and {s3, s4} is fine; {s1, s4} with {s2, s3} not.
+    def f(a: jax.Array, xs: jax.Array) -> Any:
+        s1 = lax.scan(body_tanh, a, xs)[0]
+        s2 = lax.scan(lambda c, x: (c * jnp.sin(x), None), a, xs)[0]
+        s3 = lax.scan(body_tanh, s1, xs)[0]
+        s4 = lax.scan(lambda c, x: (c + jnp.cos(x), None), s2, xs)[0]
+        return s3, s4
+
+    args = (jnp.ones((4, 4)), jax.random.normal(jax.random.PRNGKey(1), (5, 4, 4)))
+    closed = jax.make_jaxpr(f)(*args)
+    new, _decisions = fuse_scans(closed)
+    assert len(scans(new)) == 2
+    assert_rewrite(closed, new, args)
+
+
+def test_identical_bodies_are_left_for_batching() -> None:
+    args = seed_args(n=8, steps=10)
+    closed = jax.make_jaxpr(seed_identical)(*args)
+    _, decisions = fuse_scans(closed, leave_identical=True)
+    assert set(kinds(decisions)) == {"left alone"}
+
+
+# --- batching --------------------------------------------------------------------------------
+
+
+def _has_batched_dot(jaxpr: Any) -> bool:
+    for eqn in eqns_of(jaxpr):
+        if eqn.primitive.name == "dot_general":
+            (_, (lhs_batch, _)) = eqn.params["dimension_numbers"]
+            if lhs_batch:
+                return True
+        if any(_has_batched_dot(sub) for _, _, sub in _compat.eqn_subjaxprs(eqn)):
+            return True
+    return False
+
+
+def test_seed_002_identical_bodies_become_one_vmapped_scan() -> None:
+    args = seed_args()
+    closed = jax.make_jaxpr(seed_identical)(*args)
+    new, decisions = apply_loop_passes(closed, **ALL_ON)
+    assert len(scans(new)) == 1
+    assert _has_batched_dot(_compat.scan_info(scans(new)[0]).jaxpr)
+    assert kinds(decisions) == ["batched"]
+    assert_rewrite(closed, new, args)
+
+
+def test_batching_shares_common_operands() -> None:
+    xs = jax.random.normal(jax.random.PRNGKey(5), (6, 4, 4))
+
+    def f(a: jax.Array, b: jax.Array, xs: jax.Array) -> Any:
+        return lax.scan(body_matmuls, a, xs), lax.scan(body_matmuls, b, xs)
+
+    args = (jnp.ones((4, 4)), jnp.eye(4), xs)
+    closed = jax.make_jaxpr(f)(*args)
+    new, _ = batch_scans(closed)
+    assert len(scans(new)) == 1
+    # xs is shared: it is not stacked, so the scan reads it unbatched.
+    assert any(v.aval.shape == (6, 4, 4) for v in scans(new)[0].invars)
+    assert_rewrite(closed, new, args)
+
+
+def test_batching_inside_jit_and_scan_bodies() -> None:
+    args = seed_args(n=8, steps=6)
+
+    @jax.jit
+    def inner(c1: jax.Array, c2: jax.Array, xs1: jax.Array, xs2: jax.Array) -> Any:
+        return seed_identical(c1, c2, xs1, xs2)
+
+    def f(c1: jax.Array, c2: jax.Array, xs1: jax.Array, xs2: jax.Array) -> Any:
+        def outer(c: jax.Array, _: Any) -> tuple[jax.Array, jax.Array]:
+            (a, _), (b, _) = inner(c, c2, xs1, xs2)
+            return a + b, jnp.sum(a)
+        return lax.scan(outer, c1, None, length=3)
+
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = apply_loop_passes(closed, **ALL_ON)
+    assert [d.location for d in decisions if d.kind == "batched"] == [
+        "/scan#0.jaxpr/" + primitives(_compat.scan_info(scans(closed)[0]).jaxpr)[0] + "#0.jaxpr"]
+    assert primitives(new, recursive=True).count("scan") == 2
+    assert_rewrite(closed, new, args)
+
+
+# --- unrolling -------------------------------------------------------------------------------
+
+
+def tiny(c: jax.Array, xs: jax.Array) -> Any:
+    return lax.scan(lambda carry, x: (0.99 * carry + jnp.sin(x), carry[0]), c, xs)
+
+
+@pytest.mark.parametrize(("unroll", "length", "expected"), [
+    ("auto", 1000, 8),      # elementwise body: ~1 kernel per trip -> 8 per trip
+    ("auto", 6, 6),         # short scan of a small body: fully unrolled
+    (4, 1000, 4),
+    (50, 6, 6),             # never more than the length
+])
+def test_unroll_factor(unroll: Any, length: int, expected: int) -> None:
+    args = (jnp.ones((4,)), jnp.ones((length, 4)))
+    closed = jax.make_jaxpr(tiny)(*args)
+    new, decisions = unroll_scans(closed, unroll=unroll)
+    (scan,) = scans(new)
+    assert _compat.scan_info(scan).unroll == expected
+    assert decisions[0].kind == "unrolled" and decisions[0].unroll == expected
+    assert decisions[0].trips_after == -(-length // expected)
+    assert_rewrite(closed, new, args, grad_tolerance=LONG_SCAN_GRAD_TOLERANCE)
+
+
+def test_unroll_auto_respects_heavy_bodies_and_user_choice() -> None:
+    args = seed_args(n=16, steps=100)
+    closed = jax.make_jaxpr(lambda c, xs: lax.scan(body_matmuls, c, xs))(args[0], args[2])
+    new, decisions = unroll_scans(closed, unroll="auto")
+    # 2 matmul kernels + a reduction per trip -> unroll by ceil(8 / 3) = 3
+    assert _compat.scan_info(scans(new)[0]).unroll == 3
+    user = jax.make_jaxpr(lambda c, xs: lax.scan(body_matmuls, c, xs, unroll=2))(args[0], args[2])
+    same, decisions = unroll_scans(user, unroll="auto")
+    assert same is user and kinds(decisions) == ["left alone"]
+
+
+def test_unroll_none_leaves_scans_alone() -> None:
+    closed = jax.make_jaxpr(tiny)(jnp.ones((4,)), jnp.ones((100, 4)))
+    new, decisions = unroll_scans(closed, unroll=None)
+    assert new is closed and decisions == ()
+
+
+def test_unroll_rejects_bad_values() -> None:
+    closed = jax.make_jaxpr(tiny)(jnp.ones((4,)), jnp.ones((10, 4)))
+    with pytest.raises(ValueError, match="unroll"):
+        apply_loop_passes(closed, fuse=False, batch=False, unroll=0, target="gpu")
+    with pytest.raises(ValueError, match="target"):
+        apply_loop_passes(closed, fuse=False, batch=False, unroll=None, target="abacus")
+
+
+# --- static loops ----------------------------------------------------------------------------
+
+
+def test_static_fori_loop_becomes_a_scan() -> None:
+    def f(x: jax.Array) -> jax.Array:
+        return lax.fori_loop(jnp.int32(0), jnp.int32(7), lambda i, c: jnp.sin(c) + i, x)
+
+    args = (jnp.linspace(0.0, 1.0, 5),)
+    closed = jax.make_jaxpr(f)(*args)
+    assert "while" in primitives(closed)
+    new, decisions = make_loops_static(closed)
+    assert "while" not in primitives(new) and len(scans(new)) == 1
+    assert _compat.scan_info(scans(new)[0]).length == 7
+    assert kinds(decisions) == ["made static"] and decisions[0].trips_after == 7
+    np.testing.assert_array_equal(np.asarray(as_function(new)(*args)[0]), np.asarray(f(*args)))
+    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
+    # The while could not be reverse-differentiated; the scan can.
+    jax.grad(lambda x: jnp.sum(as_function(new)(x)[0]))(*args)
+
+
+def test_empty_static_fori_loop() -> None:
+    def f(x: jax.Array) -> jax.Array:
+        return lax.fori_loop(jnp.int32(5), jnp.int32(2), lambda i, c: c * 2.0, x)
+
+    closed = jax.make_jaxpr(f)(jnp.ones(3))
+    new, _ = make_loops_static(closed)
+    np.testing.assert_array_equal(np.asarray(as_function(new)(jnp.ones(3))[0]), np.ones(3))
+
+
+def test_traced_bound_while_is_reported() -> None:
+    def f(n: jax.Array, x: jax.Array) -> jax.Array:
+        return lax.fori_loop(0, n, lambda i, c: c * 2.0, x)
+
+    closed = jax.make_jaxpr(f)(3, jnp.ones(2))
+    new, decisions = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
+    assert new is closed
+    (report,) = decisions
+    assert report.kind == "host-sync loop" and report.trips_before is None
+    assert "Python int bounds" in report.reason and "test_loops.py" in report.sources[0]
+
+
+# --- the whole pipeline ----------------------------------------------------------------------
+
+
+def test_loop_defaults() -> None:
+    assert loop_defaults("gpu") == {"fuse": True, "batch": True, "unroll": "auto"}
+    for target in ("cpu", "tpu"):
+        assert set(loop_defaults(target)) == {"fuse", "batch", "unroll"}
+    with pytest.raises(ValueError):
+        loop_defaults("abacus")
+
+
+@pytest.mark.parametrize("program", [seed_different, seed_identical, bidirectional])
+@pytest.mark.parametrize("unroll", [None, "auto", 3])
+def test_idempotent(program: Callable[..., Any], unroll: Any) -> None:
+    args = seed_args(n=8, steps=9, steps2=9)
+    closed = jax.make_jaxpr(program)(*args)
+    once, _ = apply_loop_passes(closed, fuse=True, batch=True, unroll=unroll, target="gpu")
+    twice, _ = apply_loop_passes(once, fuse=True, batch=True, unroll=unroll, target="gpu")
+    assert twice is once
+    assert str(twice) == str(once)
+
+
+def test_input_is_not_mutated() -> None:
+    args = seed_args(n=8, steps=9)
+    closed = jax.make_jaxpr(seed_different)(*args)
+    before = str(closed)
+    apply_loop_passes(closed, fuse=True, batch=True, unroll="auto", target="gpu")
+    assert str(closed) == before
+
+
+def test_nested_levels_cond_remat_custom_jvp() -> None:
+    args = seed_args(n=8, steps=5)
+
+    @jax.custom_jvp
+    def smooth(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x)
+
+    smooth.defjvp(lambda primals, tangents: (smooth(primals[0]),
+                                             tangents[0] * (1 - jnp.tanh(primals[0]) ** 2)))
+
+    def f(c1: jax.Array, c2: jax.Array, xs1: jax.Array, xs2: jax.Array) -> Any:
+        def two(c1: jax.Array, c2: jax.Array) -> jax.Array:
+            (a, _), b = seed_different(c1, c2, xs1, xs2)
+            return smooth(a + b)
+        branch = lax.cond(jnp.sum(c1) > 0, two, lambda a, b: a - b, c1, c2)
+        return jax.checkpoint(two)(branch, c2)
+
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
+    fused = [d for d in decisions if d.kind == "fused"]
+    assert len(fused) == 2 and all(d.location != "/" for d in fused)
+    assert_rewrite(closed, new, args)
+
+
+def test_rewritten_program_composes_with_jit_vmap_grad() -> None:
+    args = seed_args(n=8, steps=7, steps2=5)
+    closed = jax.make_jaxpr(seed_different)(*args)
+    new, _ = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
+    fn, ref = jex_core.jaxpr_as_fun(new), jex_core.jaxpr_as_fun(closed)
+    assert_close(jax.jit(fn)(*args), ref(*args))
+    batched = tuple(jnp.stack([a, 0.5 * a]) for a in args)
+    assert_close(jax.vmap(fn)(*batched), jax.vmap(ref)(*batched), rtol=1e-5, atol=1e-6)
+    assert_close(jax.jit(jax.grad(scalar_loss(fn), (0, 1)))(*args),
+                 jax.grad(scalar_loss(ref), (0, 1))(*args), rtol=1e-5, atol=1e-6)
