@@ -14,11 +14,13 @@ from ._inspect import Plan as Plan
 from ._inspect import Region as Region
 from ._inspect import Section as Section
 from ._trace import TraceError as TraceError
+from .passes import LoopDecision as LoopDecision
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LeftAlone",
+    "LoopDecision",
     "ParallelBranches",
     "Plan",
     "Region",

@@ -33,6 +33,7 @@ from ._inspect import Plan, build_report
 from ._options import Options, Switch, Target, Unroll
 from ._plan import LevelPlan, PlanContext, async_compute_limit, jaxpr_has_placement, plan_jaxpr
 from ._trace import Signature, Traced, signature, trace
+from .passes import LoopDecision, apply_loop_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,6 +46,7 @@ class _Rewrite:
 
     traced: Traced
     plan: LevelPlan
+    loops: tuple[LoopDecision, ...]
     target: str
     emitter: Emitter
     jitted: Callable[..., Any]
@@ -103,16 +105,25 @@ class ParallelBranches:
         return f"parallel_branches({getattr(self.__wrapped__, '__name__', self.__wrapped__)!r})"
 
 
-def _build(fun: Callable[..., Any], sig: Signature, options: Options, target: str) -> _Rewrite:
+def _analyse(fun: Callable[..., Any], sig: Signature, options: Options, target: str
+             ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...]]:
+    """Trace, loop passes, stream plan: everything up to emission."""
     traced = trace(fun, sig)
-    plan = plan_jaxpr(traced.jaxpr, PlanContext(options, target))
+    jaxpr, loops = apply_loop_passes(traced.jaxpr, **options.loop_settings(target), target=target)
+    if jaxpr is not traced.jaxpr:
+        traced = dataclasses.replace(traced, jaxpr=jaxpr)
+    return traced, plan_jaxpr(jaxpr, PlanContext(options, target)), loops
+
+
+def _build(fun: Callable[..., Any], sig: Signature, options: Options, target: str) -> _Rewrite:
+    traced, plan, loops = _analyse(fun, sig, options, target)
     emitter = Emitter(plan, emit_streams=(target == "gpu"))
     rewrite_box: list[_Rewrite] = []
 
     def run_flat(*leaves: Any) -> list[Any]:
         return _run(rewrite_box[0], leaves)
 
-    rewrite = _Rewrite(traced, plan, target, emitter, jax.jit(run_flat))
+    rewrite = _Rewrite(traced, plan, loops, target, emitter, jax.jit(run_flat))
     rewrite_box.append(rewrite)
     return rewrite
 
@@ -215,11 +226,10 @@ def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
     def make_plan(*args: Any, **kwargs: Any) -> Plan:
         sig, _ = signature(inner, args, kwargs, allow_abstract=True)
         target = resolved.resolved_target()
-        traced = trace(inner, sig)
-        plan = plan_jaxpr(traced.jaxpr, PlanContext(resolved, target))
+        _, plan, loops = _analyse(inner, sig, resolved, target)
         name = str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", inner))
         return build_report(plan, name, target, emitted=(target == "gpu"),
-                            options=resolved.to_dict())
+                            options=resolved.to_dict(), loops=loops)
 
     return make_plan
 

@@ -70,7 +70,8 @@ class Emitter:
 
         write(inner.constvars, consts)
         write(inner.invars, args)
-        nested = dict(level.nested)
+        nested = {index: subs for index, subs in level.nested
+                  if any(sub.changes_anything for _, sub in subs)}
         eqns = inner.eqns
         for unit in level.order:
             if unit[0] == "eqn":
@@ -112,6 +113,8 @@ class Emitter:
             eqn = inner.eqns[index]
             replacements = {}
             for slot, sub in subs:
+                if not sub.changes_anything:
+                    continue
                 _, sub_consts = _compat.open_jaxpr(sub.jaxpr)
                 new = _compat.retrace_like(self._sub_runner(sub, sub_consts), sub.jaxpr)
                 if new is not None:

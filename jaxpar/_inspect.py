@@ -23,6 +23,7 @@ from typing import Any
 
 from . import _compat
 from ._plan import LevelPlan
+from .passes import LoopDecision
 
 _MAX_SOURCES = 3
 _MAX_PRIMITIVES = 4
@@ -87,6 +88,7 @@ class Plan:
     total_cost_us: float
     sections: tuple[Section, ...]
     left_alone: tuple[LeftAlone, ...]
+    loops: tuple[LoopDecision, ...] = ()
 
     @property
     def num_streams(self) -> int:
@@ -102,7 +104,8 @@ class Plan:
                 "options": dict(self.options), "num_eqns": self.num_eqns,
                 "total_cost_us": self.total_cost_us, "num_streams": self.num_streams,
                 "sections": [s.to_dict() for s in self.sections],
-                "left_alone": [n.to_dict() for n in self.left_alone]}
+                "left_alone": [n.to_dict() for n in self.left_alone],
+                "loops": [_loop_dict(d) for d in self.loops]}
 
     def __str__(self) -> str:
         lines = [f"jaxpar plan for `{self.function}` (target={self.target}, "
@@ -120,6 +123,16 @@ class Plan:
                 where = "; ".join(region.source_lines) or "<unknown>"
                 lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
                              f"est. {region.cost_us:.1f} us [{prims}] at {where}")
+        if self.loops:
+            lines.append("  loops:")
+            for loop in self.loops:
+                trips = ""
+                if loop.trips_before is not None or loop.trips_after is not None:
+                    trips = f", trips {loop.trips_before} -> {loop.trips_after}"
+                unroll = f", unroll {loop.unroll}" if loop.unroll is not None else ""
+                where = "; ".join(loop.sources) or "<unknown>"
+                lines.append(f"    {loop.kind} at {loop.location} [{', '.join(loop.primitives)}"
+                             f"{trips}{unroll}]: {loop.reason} ({where})")
         if self.left_alone:
             lines.append("  left alone:")
             for note in self.left_alone:
@@ -133,8 +146,15 @@ class Plan:
         printer.text(str(self))
 
 
+def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
+    return {"location": loop.location, "kind": loop.kind, "eqns": list(loop.eqns),
+            "primitives": list(loop.primitives), "sources": list(loop.sources),
+            "trips_before": loop.trips_before, "trips_after": loop.trips_after,
+            "unroll": loop.unroll, "reason": loop.reason}
+
+
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
-                 options: dict[str, Any]) -> Plan:
+                 options: dict[str, Any], loops: tuple[LoopDecision, ...] = ()) -> Plan:
     """Turns the internal plan tree into the public ``Plan`` report."""
     sections: list[Section] = []
     notes: list[LeftAlone] = []
@@ -160,7 +180,8 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
     total = sum(plan.seconds) * 1e6
     return Plan(function=function, target=target, emitted=emitted,
                 options=tuple(sorted(options.items())), num_eqns=num_eqns,
-                total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes))
+                total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
+                loops=loops)
 
 
 def _top_primitives(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, ...]

@@ -78,5 +78,14 @@ class Options:
         backend = jax.default_backend()
         return _BACKEND_TARGETS.get(backend, "cpu")
 
+    def loop_settings(self, target: str) -> dict[str, Any]:
+        """``fuse``/``batch``/``unroll`` for the loop passes, "auto" resolved for ``target``."""
+        from .passes import loop_defaults  # late: the passes import the cost model
+
+        defaults = loop_defaults(target)
+        return {"fuse": defaults["fuse"] if self.fuse_scans == "auto" else self.fuse_scans,
+                "batch": defaults["batch"] if self.batch_scans == "auto" else self.batch_scans,
+                "unroll": defaults["unroll"] if self.unroll == "auto" else self.unroll}
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -221,11 +221,10 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
         for name, item, sub in _compat.eqn_subjaxprs(eqn):
             label = f"{name}[{item}]" if item is not None else name
             sub_plan = plan_jaxpr(sub, ctx, f"{path}/{eqn.primitive.name}#{index}.{label}")
-            if sub_plan.changes_anything:
+            # Kept for the report even when it changes nothing; the emitter skips those.
+            if sub_plan.changes_anything or any(
+                    n.reason != REASON_DEPENDENT for level in sub_plan.walk() for n in level.notes):
                 subs.append(((name, item), sub_plan))
-            else:
-                notes.extend(Note((index,), n.reason, f"in {label}: {n.detail}")
-                             for n in sub_plan.notes if n.reason != REASON_DEPENDENT)
         if subs:
             nested.append((index, tuple(subs)))
     order = order_units(graph, sections)

@@ -30,6 +30,7 @@ from jax import lax
 
 __all__ = [
     "FOUR_BRANCHES_OPTIONS",
+    "LOOPS_OFF",
     "STREAM_ATTRIBUTE",
     "assert_same_values",
     "assert_tree_close",
@@ -49,6 +50,9 @@ __all__ = [
 
 STREAM_ATTRIBUTE = "_xla_stream_annotation"
 GROUP_ATTRIBUTE = "_scheduling_group_id"
+
+# Loop rewrites off: the two scans stay two loops, so streams are what is tested.
+LOOPS_OFF: dict[str, Any] = {"fuse_scans": False, "batch_scans": False, "unroll": None}
 
 # Options under which four_branches is worth streams on the GPU cost model (see Sharp edges).
 FOUR_BRANCHES_OPTIONS: dict[str, Any] = {"target": "gpu", "min_cost_us": 2.0}

@@ -18,6 +18,7 @@ import pytest
 from helpers import (
     FOUR_BRANCHES_OPTIONS,
     GROUP_ATTRIBUTE,
+    LOOPS_OFF,
     STREAM_ATTRIBUTE,
     assert_same_values,
     assert_tree_equal,
@@ -259,8 +260,8 @@ def test_cache_weak_type_is_part_of_the_signature():
 
 def test_cache_option_change_replans(monkeypatch):
     a, b = two_scans_args()
-    g = jaxpar.parallel_branches(two_scans, target="gpu")
-    h = jaxpar.parallel_branches(two_scans, target="gpu", max_streams=1)
+    g = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF)
+    h = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF, max_streams=1)
     g(a, b)
     g(a, b)
     assert g.analyses == 1
@@ -290,7 +291,7 @@ def test_cache_does_not_replan_under_jit_for_same_signature():
 
 def test_target_gpu_runs_here_and_lowers_with_annotations():
     args = two_scans_args()
-    g = jaxpar.parallel_branches(two_scans, target="gpu")
+    g = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF)
     assert_same_values(g(*args), jax.jit(two_scans)(*args), "gpu")
     calls = stream_calls(lower_for_gpu(g, *args))
     assert len(calls) == 2
@@ -310,10 +311,10 @@ def test_target_cpu_emits_no_annotations():
 def test_target_auto_resolves_to_cpu_here():
     args = two_scans_args()
     assert jax.default_backend() == "cpu"
-    plan = jaxpar.inspect(two_scans)(*args)
+    plan = jaxpar.inspect(two_scans, **LOOPS_OFF)(*args)
     assert plan.target == "cpu"
     assert not plan.emitted
-    g = jaxpar.parallel_branches(two_scans)
+    g = jaxpar.parallel_branches(two_scans, **LOOPS_OFF)
     assert_tree_equal(g(*args), jax.jit(two_scans)(*args))
     assert stream_calls(lower_for_gpu(g, *args)) == []
 
@@ -323,7 +324,7 @@ def test_target_auto_resolves_to_cpu_here():
 
 def test_two_scans_two_streams_one_group():
     args = two_scans_args()
-    g = jaxpar.parallel_branches(two_scans, target="gpu")
+    g = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF)
     calls = stream_calls(lower_for_gpu(g, *args))
     assert sorted(attrs[STREAM_ATTRIBUTE] for _, attrs in calls) == ["1", "2"]
     groups = {attrs.get(GROUP_ATTRIBUTE) for _, attrs in calls}
@@ -364,7 +365,7 @@ def test_stream_ids_are_at_least_one(max_streams):
 
 
 def test_stream_ids_at_least_one_for_scans():
-    g = jaxpar.parallel_branches(two_scans, target="gpu", max_streams=8)
+    g = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF, max_streams=8)
     for _, attrs in stream_calls(lower_for_gpu(g, *two_scans_args())):
         assert int(attrs[STREAM_ATTRIBUTE]) >= 1
 
@@ -375,9 +376,10 @@ _PLAN_SCRIPT = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests_dir!r})
     import jaxpar
-    from helpers import (FOUR_BRANCHES_OPTIONS, four_branches, four_branches_args,
+    from helpers import (FOUR_BRANCHES_OPTIONS, LOOPS_OFF, four_branches, four_branches_args,
                          two_scans, two_scans_args)
     plans = [
+        jaxpar.inspect(two_scans, target="gpu", **LOOPS_OFF)(*two_scans_args()).to_dict(),
         jaxpar.inspect(two_scans, target="gpu")(*two_scans_args()).to_dict(),
         jaxpar.inspect(four_branches, **FOUR_BRANCHES_OPTIONS)(*four_branches_args()).to_dict(),
         jaxpar.inspect(four_branches, target="cpu")(*four_branches_args()).to_dict(),
@@ -401,4 +403,5 @@ def test_plan_is_deterministic_across_processes():
     assert first == second
     plans = json.loads(first)
     assert plans[0]["num_streams"] == 2
-    assert plans[1]["num_streams"] >= 2
+    assert [loop["kind"] for loop in plans[1]["loops"]][:1] == ["fused"]
+    assert plans[2]["num_streams"] >= 2

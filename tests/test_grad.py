@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers import (
     FOUR_BRANCHES_OPTIONS,
+    LOOPS_OFF,
     STREAM_ATTRIBUTE,
     assert_tree_close,
     four_branches,
@@ -71,7 +72,7 @@ def test_value_and_grad_with_pytree_args():
 
 
 def test_grad_lowers_with_annotations_in_forward_and_backward():
-    g = jaxpar.parallel_branches(scans_loss, target="gpu")
+    g = jaxpar.parallel_branches(scans_loss, target="gpu", **LOOPS_OFF)
     text = lower_for_gpu(jax.grad(g, argnums=(0, 1)), *two_scans_args())
     calls = stream_calls(text)
     # Forward regions and their transposes: at least the two forward calls, ids in {1, 2}.

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import pytest
 from helpers import (
     FOUR_BRANCHES_OPTIONS,
+    LOOPS_OFF,
     four_branches,
     four_branches_args,
     pure_chain,
@@ -49,7 +50,7 @@ def small_args():
 
 
 def test_plan_fields():
-    plan = jaxpar.inspect(local_two_scans, target="gpu")(*scan_args())
+    plan = jaxpar.inspect(local_two_scans, target="gpu", **LOOPS_OFF)(*scan_args())
     assert isinstance(plan, jaxpar.Plan)
     assert plan.function == "local_two_scans"
     assert plan.target == "gpu"
@@ -80,8 +81,8 @@ def test_plan_fields():
 
 
 def test_options_recorded_in_plan():
-    plan = jaxpar.inspect(local_two_scans, target="gpu", max_streams=3, min_cost_us=1.5)(
-        *scan_args())
+    plan = jaxpar.inspect(local_two_scans, target="gpu", max_streams=3, min_cost_us=1.5,
+                          **LOOPS_OFF)(*scan_args())
     options = dict(plan.options)
     assert options["max_streams"] == 3
     assert options["min_cost_us"] == 1.5
@@ -113,7 +114,7 @@ def test_dependent_for_a_single_heavy_equation():
 
 
 def test_str_is_readable():
-    plan = jaxpar.inspect(local_two_scans, target="gpu")(*scan_args())
+    plan = jaxpar.inspect(local_two_scans, target="gpu", **LOOPS_OFF)(*scan_args())
     text = str(plan)
     assert text.startswith("jaxpar plan for `local_two_scans` (target=gpu")
     assert "stream 1:" in text and "stream 2:" in text
@@ -132,7 +133,7 @@ def test_str_mentions_reasons_and_cpu_note():
 
 
 def test_inspect_does_not_print(capsys):
-    jaxpar.inspect(local_two_scans, target="gpu")(*scan_args())
+    jaxpar.inspect(local_two_scans, target="gpu", **LOOPS_OFF)(*scan_args())
     captured = capsys.readouterr()
     assert captured.out == ""
 
@@ -164,9 +165,9 @@ def test_to_dict_is_json_and_round_trips(program, args, options):
 
 
 def test_accepts_shape_dtype_struct():
-    concrete = jaxpar.inspect(local_two_scans, target="gpu")(*scan_args())
+    concrete = jaxpar.inspect(local_two_scans, target="gpu", **LOOPS_OFF)(*scan_args())
     specs = [jax.ShapeDtypeStruct((100, 100), jnp.float32)] * 2
-    abstract = jaxpar.inspect(local_two_scans, target="gpu")(*specs)
+    abstract = jaxpar.inspect(local_two_scans, target="gpu", **LOOPS_OFF)(*specs)
     assert abstract.to_dict() == concrete.to_dict()
 
 

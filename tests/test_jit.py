@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 from helpers import (
     FOUR_BRANCHES_OPTIONS,
+    LOOPS_OFF,
     STREAM_ATTRIBUTE,
     assert_same_values,
     assert_tree_equal,
@@ -52,7 +53,7 @@ def test_decorated_called_inside_another_jit(target):
 
 def test_jit_of_decorated_lowers_with_annotations():
     args = two_scans_args()
-    g = jaxpar.parallel_branches(two_scans, target="gpu")
+    g = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF)
     outer = jax.jit(lambda a, b: [x * 2 for x in g(a, b)])
     calls = stream_calls(lower_for_gpu(outer, *args))
     assert sorted(attrs[STREAM_ATTRIBUTE] for _, attrs in calls) == ["1", "2"]
@@ -64,7 +65,7 @@ def test_jit_of_decorated_lowers_with_annotations():
 
 def test_two_decorated_calls_in_one_jit_get_their_own_sections():
     args = two_scans_args()
-    g = jaxpar.parallel_branches(two_scans, target="gpu")
+    g = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF)
 
     def twice(a, b):
         x, y = g(a, b)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 from helpers import (
     GROUP_ATTRIBUTE,
+    LOOPS_OFF,
     STREAM_ATTRIBUTE,
     assert_tree_close,
     assert_tree_equal,
@@ -135,7 +136,7 @@ def test_on_stream_inside_on_stream_raises():
 
 
 def test_on_stream_around_streamed_parallel_branches_raises():
-    g = jaxpar.parallel_branches(two_scans, target="gpu")
+    g = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF)
     outer = jaxpar.on_stream(1)(g)
     with pytest.raises(ValueError, match="nested stream calls"):
         outer(*two_scans_args())

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from helpers import (
+    LOOPS_OFF,
     STREAM_ATTRIBUTE,
     assert_same_values,
     assert_tree_close,
@@ -80,7 +81,7 @@ def test_nested_vmap():
 
 
 def test_vmap_of_two_scans_keeps_annotations():
-    g = jaxpar.parallel_branches(two_scans, target="gpu")
+    g = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF)
     a, b = two_scans_args()
     a_batch, b_batch = jnp.stack([a, a * 0.5]), jnp.stack([b, -b])
     batched = jax.vmap(g)

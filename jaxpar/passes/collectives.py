@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import types
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,7 @@ __all__ = [
     "CollectiveInfo",
     "CollectivePlan",
     "emit_collective_group",
+    "collective_graph",
     "evaluate_with_groups",
     "group_collectives",
     "group_io",
@@ -165,6 +167,21 @@ def _axis_size(axes: tuple[Any, ...], axis_sizes: Mapping[Any, int] | None) -> i
     return size
 
 
+def _ordered_effects(eqn: Any) -> frozenset[Any]:
+    # ``NamedAxisEffect`` only says "uses a mesh axis" (psum carries it, ppermute
+    # does not); it orders nothing at run time, so it must not chain collectives.
+    return frozenset(e for e in eqn.effects if type(e).__name__ != "NamedAxisEffect")
+
+
+def collective_graph(jaxpr: Any) -> Graph:
+    """``build_graph`` with named-axis effects ignored (they impose no order)."""
+    view = types.SimpleNamespace(
+        outvars=jaxpr.outvars,
+        eqns=[types.SimpleNamespace(invars=e.invars, outvars=e.outvars,
+                                    effects=_ordered_effects(e)) for e in jaxpr.eqns])
+    return build_graph(view)
+
+
 def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
                       axis_sizes: Mapping[Any, int] | None = None,
                       groupable: Collection[str] = DEFAULT_GROUPABLE,
@@ -174,7 +191,9 @@ def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
 
     Args:
       jaxpr: an open jaxpr (e.g. a ``shard_map`` body or a scan body).
-      graph: its dependency graph (``_graph.build_graph``); built if omitted.
+      graph: its dependency graph; default ``collective_graph(jaxpr)``, which
+        unlike ``_graph.build_graph`` does not chain ``psum``s through their
+        ``NamedAxisEffect``.
       axis_sizes: mesh axis name -> size, to compute shifts (e.g.
         ``dict(_compat.shard_map_info(eqn).axis_sizes)``); without it a
         permutation's size is its largest index plus one.
@@ -194,12 +213,12 @@ def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
     if max_group_size is not None and max_group_size < 2:
         raise ValueError(f"max_group_size must be None or >= 2, got {max_group_size}")
     if graph is None:
-        graph = build_graph(jaxpr)
+        graph = collective_graph(jaxpr)
     eqns = jaxpr.eqns
     excluded = frozenset(exclude)
     candidates = [i for i, eqn in enumerate(eqns)
                   if eqn.primitive.name in groupable and i in graph.live and i not in excluded
-                  and not eqn.effects and not _compat.eqn_frontend_attributes(eqn)]
+                  and not _ordered_effects(eqn) and not _compat.eqn_frontend_attributes(eqn)]
     is_candidate = set(candidates)
     # layer[i]: deepest chain of candidates ending at (and including) equation i.
     depth = [0] * graph.size
