@@ -29,6 +29,7 @@ import numpy as np
 
 from . import _compat
 from ._plan import LevelPlan
+from .passes.collectives import emit_collective_group
 
 STREAM_ATTRIBUTE = "_xla_stream_annotation"
 GROUP_ATTRIBUTE = "_scheduling_group_id"
@@ -77,9 +78,26 @@ class Emitter:
             if unit[0] == "eqn":
                 index = unit[1]
                 eqn = eqns[index]
-                params = (self._nested_params(level, index, nested[index])
-                          if index in nested else None)
-                write(eqn.outvars, _compat.bind_eqn(eqn, [read(v) for v in eqn.invars], params))
+                invals = [read(v) for v in eqn.invars]
+                if index in nested and _compat.is_shard_map(eqn):
+                    # Collectives in the body need the mesh axes bound: re-emit
+                    # through shard_map itself rather than re-tracing the body alone.
+                    ((_, body_plan),) = nested[index]
+                    _, body_consts = _compat.open_jaxpr(body_plan.jaxpr)
+                    outs = _compat.rebind_shard_map(
+                        eqn, self._sub_runner(body_plan, body_consts), invals)
+                else:
+                    params = (self._nested_params(level, index, nested[index])
+                              if index in nested else None)
+                    outs = _compat.bind_eqn(eqn, invals, params)
+                write(eqn.outvars, outs)
+                continue
+            if unit[0] == "collectives":
+                members = [eqns[i] for i in level.collective_groups[unit[1]].eqns]
+                results = emit_collective_group(
+                    members, [[read(v) for v in eqn.invars] for eqn in members])
+                for eqn, outs in zip(members, results, strict=True):
+                    write(eqn.outvars, outs)
                 continue
             _, s, r = unit
             section = level.sections[s]

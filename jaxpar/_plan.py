@@ -39,13 +39,16 @@ import dataclasses
 import heapq
 import os
 import re
-from collections.abc import Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _compat
 from ._cost import DEVICE_PROFILES, CostModel
 from ._graph import Graph, build_graph
 from ._options import Options
+
+if TYPE_CHECKING:
+    from .passes.collectives import CollectiveGroup, CollectiveInfo
 
 MAX_HEAVY = 256
 
@@ -58,7 +61,8 @@ COLLECTIVE_PRIMITIVES = frozenset(
 # with nested jaxprs (shard_map, pallas_call, custom_transpose, ...) stay opaque.
 RECURSIVE_PRIMITIVES = frozenset(
     {"jit", "pjit", "closed_call", "eval_jaxpr", "core_call", "remat2", "checkpoint", "scan",
-     "while", "cond", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
+     "while", "cond", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr",
+     "shard_map"}
 )
 
 REASON_TOO_CHEAP = "too cheap"
@@ -110,12 +114,16 @@ class LevelPlan:
     sections: tuple[SectionPlan, ...]
     notes: tuple[Note, ...]
     nested: tuple[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]], ...]
-    # Emission order: ("eqn", index) or ("region", section, region) units.
+    # Emission order: ("eqn", index), ("region", section, region) or
+    # ("collectives", group) units.
     order: tuple[tuple[Any, ...], ...]
+    # Independent collectives launched together, and every collective of the level.
+    collective_groups: tuple[CollectiveGroup, ...] = ()
+    collectives: tuple[CollectiveInfo, ...] = ()
 
     @property
     def changes_anything(self) -> bool:
-        return bool(self.sections) or any(
+        return bool(self.sections) or bool(self.collective_groups) or any(
             sub.changes_anything for _, subs in self.nested for _, sub in subs)
 
     def walk(self) -> Iterator[LevelPlan]:
@@ -143,6 +151,10 @@ class PlanContext:
         self.min_seconds = options.min_cost_us * 1e-6
         self._next_group = 1
         self._placement_memo: dict[int, tuple[Any, bool]] = {}
+        self.group_collectives = (options.group_collectives if options.group_collectives != "auto"
+                                  else target == "gpu")
+        # Mesh axis sizes of the enclosing shard_map, while planning its body.
+        self.axis_sizes: dict[Any, int] = {}
 
     def new_group(self) -> int:
         group = self._next_group
@@ -200,7 +212,15 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
         keep = sorted(heavy, key=lambda i: (-seconds[i], i))[:MAX_HEAVY]
         heavy = sorted(keep)
     sections: list[SectionPlan] = []
-    if len(heavy) >= 2:
+    collective_eqns = [i for i, r in blocked.items() if r == REASON_COLLECTIVE]
+    if collective_eqns and len(heavy) >= 2:
+        # Stream regions would coarsen the compute into a few calls the scheduler can
+        # only place around the collectives; on the main stream XLA's latency-hiding
+        # scheduler overlaps each matmul with the transfers (seen deviceless, 8 H200s).
+        notes.append(Note(tuple(heavy), REASON_COLLECTIVE,
+                          "this level communicates: its compute stays on the main stream so "
+                          "XLA can overlap it with the collectives"))
+    elif len(heavy) >= 2:
         finder = _SectionFinder(graph, heavy, seconds, blocked, ctx)
         sections, more_notes = finder.run()
         notes.extend(more_notes)
@@ -208,6 +228,16 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
         notes.append(Note((heavy[0],), REASON_DEPENDENT,
                           "the only heavy equation at this level: nothing to overlap with"))
     in_region = {i for s in sections for r in s.regions for i in r.eqns}
+    # Late import: the passes package builds on this module.
+    from .passes.collectives import group_collectives
+
+    collective_plan = group_collectives(
+        inner, graph, axis_sizes=ctx.axis_sizes,
+        exclude=in_region | {i for i, r in blocked.items() if r != REASON_COLLECTIVE})
+    groups = collective_plan.groups if ctx.group_collectives else ()
+    if groups:
+        grouped = {i for g in groups for i in g.eqns}
+        notes = [n for n in notes if not (n.reason == REASON_COLLECTIVE and n.eqns[0] in grouped)]
     nested: list[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]]] = []
     for index, eqn in enumerate(eqns):
         if index in in_region or (index in blocked and blocked[index] != REASON_EFFECTFUL):
@@ -218,6 +248,9 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
                                   f"`{eqn.primitive.name}` bodies are not rewritten"))
             continue
         subs = []
+        outer_axes = ctx.axis_sizes
+        if _compat.is_shard_map(eqn):
+            ctx.axis_sizes = {**outer_axes, **dict(_compat.shard_map_info(eqn).axis_sizes)}
         for name, item, sub in _compat.eqn_subjaxprs(eqn):
             label = f"{name}[{item}]" if item is not None else name
             sub_plan = plan_jaxpr(sub, ctx, f"{path}/{eqn.primitive.name}#{index}.{label}")
@@ -225,11 +258,19 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
             if sub_plan.changes_anything or any(
                     n.reason != REASON_DEPENDENT for level in sub_plan.walk() for n in level.notes):
                 subs.append(((name, item), sub_plan))
+        ctx.axis_sizes = outer_axes
         if subs:
             nested.append((index, tuple(subs)))
-    order = order_units(graph, sections)
+    try:
+        order = order_units(graph, sections, groups)
+    except _GroupCycle:
+        notes.append(Note(tuple(i for g in groups for i in g.eqns), REASON_COLLECTIVE,
+                          "not grouped: launching these together would reorder them around "
+                          "a stream region"))
+        groups = ()
+        order = order_units(graph, sections)
     return LevelPlan(path or "/", jaxpr, graph, seconds, tuple(sections), tuple(notes),
-                     tuple(nested), order)
+                     tuple(nested), order, tuple(groups), collective_plan.collectives)
 
 
 def _blocked_detail(reason: str, eqn: Any) -> str:
@@ -616,13 +657,18 @@ class _SectionFinder:
                         heapq.heappush(pending, s)
 
 
-def order_units(graph: Graph, sections: list[SectionPlan] | tuple[SectionPlan, ...]
-                ) -> tuple[tuple[Any, ...], ...]:
-    """Emission order with each region contracted to one unit.
+class _GroupCycle(Exception):
+    """Contracting the collective groups together with the regions makes a cycle."""
 
-    Kahn's algorithm, smallest original index first (deterministic). Raises if
-    a region is not convex or two regions of one section depend on each other:
-    both are planner bugs, and emitting would reorder computation.
+
+def order_units(graph: Graph, sections: list[SectionPlan] | tuple[SectionPlan, ...],
+                groups: Sequence[CollectiveGroup] = ()) -> tuple[tuple[Any, ...], ...]:
+    """Emission order with each region and each collective group contracted to one unit.
+
+    Kahn's algorithm, smallest original index first (deterministic). Raises if a
+    region is not convex or two regions of one section depend on each other: both
+    are planner bugs, and emitting would reorder computation. Raises ``_GroupCycle``
+    when only the collective groups are to blame (the caller drops them).
     """
     unit_of: dict[int, tuple[Any, ...]] = {}
     first_index: dict[tuple[Any, ...], int] = {}
@@ -632,6 +678,10 @@ def order_units(graph: Graph, sections: list[SectionPlan] | tuple[SectionPlan, .
             for i in region.eqns:
                 unit_of[i] = unit
             first_index[unit] = region.eqns[0]
+    for g, group in enumerate(groups):
+        for i in group.eqns:
+            unit_of[i] = ("collectives", g)
+        first_index[("collectives", g)] = group.eqns[0]
     units: dict[tuple[Any, ...], None] = {}
     for i in range(graph.size):
         unit = unit_of.get(i, ("eqn", i))
@@ -662,6 +712,8 @@ def order_units(graph: Graph, sections: list[SectionPlan] | tuple[SectionPlan, .
             if in_degree[target] == 0:
                 heapq.heappush(ready, (first_index[target], target))
     if len(order) != len(units):
+        if groups:
+            raise _GroupCycle
         raise RuntimeError("jaxpar planner bug: a region is not convex; please report it "
                            "with the program that triggered it")
     for s, section in enumerate(sections):
