@@ -9,6 +9,11 @@ from ._api import ParallelBranches as ParallelBranches
 from ._api import inspect as inspect
 from ._api import on_stream as on_stream
 from ._api import parallel_branches as parallel_branches
+from ._flags import FlagsNotAppliedWarning as FlagsNotAppliedWarning
+from ._flags import check_flags_applied as check_flags_applied
+from ._flags import flags_as_options as flags_as_options
+from ._flags import xla_flags as xla_flags
+from ._inspect import Collective as Collective
 from ._inspect import LeftAlone as LeftAlone
 from ._inspect import Plan as Plan
 from ._inspect import Region as Region
@@ -19,6 +24,8 @@ from .passes import LoopDecision as LoopDecision
 __version__ = "0.1.0"
 
 __all__ = [
+    "Collective",
+    "FlagsNotAppliedWarning",
     "LeftAlone",
     "LoopDecision",
     "ParallelBranches",
@@ -27,7 +34,10 @@ __all__ = [
     "Section",
     "TraceError",
     "__version__",
+    "check_flags_applied",
+    "flags_as_options",
     "inspect",
     "on_stream",
     "parallel_branches",
+    "xla_flags",
 ]

@@ -8,7 +8,7 @@ that moment has passed.
 Example::
 
     import os
-    from jaxpar._flags import xla_flags, check_flags_applied
+    from jaxpar import xla_flags, check_flags_applied
     flags = xla_flags(async_compute_limit=4)
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags])
     import jax; jax.devices()
@@ -138,4 +138,5 @@ def check_flags_applied(flags: Sequence[str], *, error: bool = False) -> bool:
     if error:
         raise RuntimeError(message)
     warnings.warn(message, FlagsNotAppliedWarning, stacklevel=2)
+    return False
     return False

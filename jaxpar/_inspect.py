@@ -48,15 +48,48 @@ class Region:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Section:
-    """Regions meant to overlap: one scheduling group."""
+    """Regions meant to overlap: one scheduling group.
+
+    ``overlaps`` names the collectives group the regions run beside (their
+    ``scheduling_group`` is then None), or is empty.
+    """
 
     location: str
-    scheduling_group: int
+    scheduling_group: int | None
     regions: tuple[Region, ...]
+    overlaps: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"location": self.location, "scheduling_group": self.scheduling_group,
-                "regions": [r.to_dict() for r in self.regions]}
+                "regions": [r.to_dict() for r in self.regions], "overlaps": self.overlaps}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective, or a group of them launched together (``grouped``)."""
+
+    location: str
+    primitives: tuple[str, ...]
+    axis: str
+    shifts: tuple[int | None, ...]  # ring shift of each ppermute: +1, -1, k; None: general
+    grouped: bool
+    overlapped_by: tuple[tuple[str, int], ...]  # compute running beside it (name, count)
+    source_lines: tuple[str, ...]
+
+    @property
+    def directions(self) -> str:
+        def name(shift: int | None) -> str:
+            if shift is None:
+                return "general"
+            return {1: "forward", -1: "backward"}.get(shift, f"shift {shift:+d}")
+
+        return ", ".join(name(s) for s in self.shifts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"location": self.location, "primitives": list(self.primitives),
+                "axis": self.axis, "shifts": list(self.shifts), "directions": self.directions,
+                "grouped": self.grouped, "overlapped_by": [list(o) for o in self.overlapped_by],
+                "source_lines": list(self.source_lines)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,6 +122,7 @@ class Plan:
     sections: tuple[Section, ...]
     left_alone: tuple[LeftAlone, ...]
     loops: tuple[LoopDecision, ...] = ()
+    collectives: tuple[Collective, ...] = ()
 
     @property
     def num_streams(self) -> int:
@@ -105,7 +139,8 @@ class Plan:
                 "total_cost_us": self.total_cost_us, "num_streams": self.num_streams,
                 "sections": [s.to_dict() for s in self.sections],
                 "left_alone": [n.to_dict() for n in self.left_alone],
-                "loops": [_loop_dict(d) for d in self.loops]}
+                "loops": [_loop_dict(d) for d in self.loops],
+                "collectives": [c.to_dict() for c in self.collectives]}
 
     def __str__(self) -> str:
         lines = [f"jaxpar plan for `{self.function}` (target={self.target}, "
@@ -116,13 +151,23 @@ class Plan:
         if not self.sections:
             lines.append("  no parallel sections: nothing independent is worth a stream")
         for section in self.sections:
-            lines.append(f"  section group={section.scheduling_group} at {section.location}: "
-                         f"{len(section.regions)} concurrent regions")
+            if section.overlaps:
+                lines.append(f"  section at {section.location}: beside {section.overlaps}")
+            else:
+                lines.append(f"  section group={section.scheduling_group} at "
+                             f"{section.location}: {len(section.regions)} concurrent regions")
             for region in section.regions:
                 prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
                 where = "; ".join(region.source_lines) or "<unknown>"
                 lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
                              f"est. {region.cost_us:.1f} us [{prims}] at {where}")
+        if self.collectives:
+            lines.append("  collectives:")
+            for c in self.collectives:
+                beside = ", ".join(f"{name} x{count}" for name, count in c.overlapped_by)
+                lines.append(f"    {'grouped' if c.grouped else 'alone'} at {c.location}: "
+                             f"{' + '.join(c.primitives)} over {c.axis!r} ({c.directions})"
+                             + (f", overlapped by [{beside}]" if beside else ""))
         if self.loops:
             lines.append("  loops:")
             for loop in self.loops:
@@ -158,11 +203,13 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
     """Turns the internal plan tree into the public ``Plan`` report."""
     sections: list[Section] = []
     notes: list[LeftAlone] = []
+    collectives: list[Collective] = []
     num_eqns = 0
     for level in plan.walk():
         inner, _ = _compat.open_jaxpr(level.jaxpr)
         eqns = inner.eqns
         num_eqns += len(eqns)
+        overlapped: dict[int, tuple[tuple[str, int], ...]] = {}
         for section in level.sections:
             regions = tuple(
                 Region(stream=r.stream, num_eqns=len(r.eqns),
@@ -170,7 +217,14 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                        cost_us=r.seconds * 1e6, source_lines=_sources(eqns, r.eqns, level.seconds),
                        eqn_indices=r.eqns)
                 for r in section.regions)
-            sections.append(Section(level.path, section.group, regions))
+            overlaps = ""
+            if section.collectives is not None:
+                group = level.collective_groups[section.collectives]
+                overlaps = (f"collectives group of {len(group.eqns)} "
+                            f"({', '.join(eqns[i].primitive.name for i in group.eqns)})")
+                overlapped[section.collectives] = regions[0].primitives
+            sections.append(Section(level.path, section.group, regions, overlaps))
+        collectives.extend(_collectives(level, eqns, overlapped))
         for note in level.notes:
             notes.append(LeftAlone(
                 location=level.path, reason=note.reason, detail=note.detail,
@@ -181,7 +235,32 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
     return Plan(function=function, target=target, emitted=emitted,
                 options=tuple(sorted(options.items())), num_eqns=num_eqns,
                 total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
-                loops=loops)
+                loops=loops, collectives=tuple(collectives))
+
+
+def _collectives(level: LevelPlan, eqns: Any,
+                 overlapped: dict[int, tuple[tuple[str, int], ...]]) -> list[Collective]:
+    """Report entries for one level: each group, then each collective left alone."""
+    info = {c.eqn: c for c in level.collectives}
+    grouped = {i: g for g, group in enumerate(level.collective_groups) for i in group.eqns}
+    out = []
+    for g, group in enumerate(level.collective_groups):
+        members = [info[i] for i in group.eqns if i in info]
+        out.append(Collective(
+            level.path, tuple(eqns[i].primitive.name for i in group.eqns),
+            _axis_text(members[0].axis_name if members else ()),
+            tuple(group.shifts), True, overlapped.get(g, ()),
+            tuple(dict.fromkeys(_compat.source_summary(eqns[i]) for i in group.eqns))))
+    for c in level.collectives:
+        if c.eqn not in grouped:
+            out.append(Collective(level.path, (c.primitive,), _axis_text(c.axis_name),
+                                  (c.shift,), False, (),
+                                  (_compat.source_summary(eqns[c.eqn]),)))
+    return out
+
+
+def _axis_text(axes: Any) -> str:
+    return ",".join(map(str, axes)) if isinstance(axes, tuple) else str(axes)
 
 
 def _top_primitives(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, ...]

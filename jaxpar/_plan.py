@@ -84,10 +84,17 @@ class RegionPlan:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SectionPlan:
-    """Mutually independent regions meant to overlap; one scheduling group."""
+    """Mutually independent regions meant to overlap; one scheduling group.
 
-    group: int
+    A section built around a collectives group (``collectives`` is its index in
+    ``LevelPlan.collective_groups``) holds the compute that overlaps the group's
+    transfers, and carries no scheduling group: XLA crashed compiling a
+    ``_scheduling_group_id`` on collectives-group calls (jaxlib 0.10.2, deviceless).
+    """
+
+    group: int | None
     regions: tuple[RegionPlan, ...]
+    collectives: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -212,11 +219,20 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
         keep = sorted(heavy, key=lambda i: (-seconds[i], i))[:MAX_HEAVY]
         heavy = sorted(keep)
     sections: list[SectionPlan] = []
-    collective_eqns = [i for i, r in blocked.items() if r == REASON_COLLECTIVE]
-    if collective_eqns and len(heavy) >= 2:
-        # Stream regions would coarsen the compute into a few calls the scheduler can
-        # only place around the collectives; on the main stream XLA's latency-hiding
-        # scheduler overlaps each matmul with the transfers (seen deviceless, 8 H200s).
+    # Late import: the passes package builds on this module.
+    from .passes.collectives import group_collectives
+
+    collective_plan = group_collectives(
+        inner, graph, axis_sizes=ctx.axis_sizes,
+        exclude={i for i, r in blocked.items() if r != REASON_COLLECTIVE})
+    groups = collective_plan.groups if ctx.group_collectives else ()
+    if groups:
+        grouped = {i for g in groups for i in g.eqns}
+        notes = [n for n in notes if not (n.reason == REASON_COLLECTIVE and n.eqns[0] in grouped)]
+        sections = _overlap_collectives(graph, groups, heavy, blocked, seconds, ctx)
+    elif collective_plan.collectives and len(heavy) >= 2:
+        # Stream regions spanning several steps would only fit around the collectives;
+        # on the main stream XLA's scheduler overlaps each matmul with a transfer.
         notes.append(Note(tuple(heavy), REASON_COLLECTIVE,
                           "this level communicates: its compute stays on the main stream so "
                           "XLA can overlap it with the collectives"))
@@ -228,16 +244,6 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
         notes.append(Note((heavy[0],), REASON_DEPENDENT,
                           "the only heavy equation at this level: nothing to overlap with"))
     in_region = {i for s in sections for r in s.regions for i in r.eqns}
-    # Late import: the passes package builds on this module.
-    from .passes.collectives import group_collectives
-
-    collective_plan = group_collectives(
-        inner, graph, axis_sizes=ctx.axis_sizes,
-        exclude=in_region | {i for i, r in blocked.items() if r != REASON_COLLECTIVE})
-    groups = collective_plan.groups if ctx.group_collectives else ()
-    if groups:
-        grouped = {i for g in groups for i in g.eqns}
-        notes = [n for n in notes if not (n.reason == REASON_COLLECTIVE and n.eqns[0] in grouped)]
     nested: list[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]]] = []
     for index, eqn in enumerate(eqns):
         if index in in_region or (index in blocked and blocked[index] != REASON_EFFECTFUL):
@@ -268,9 +274,59 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
                           "not grouped: launching these together would reorder them around "
                           "a stream region"))
         groups = ()
+        sections = [s for s in sections if s.collectives is None]
         order = order_units(graph, sections)
     return LevelPlan(path or "/", jaxpr, graph, seconds, tuple(sections), tuple(notes),
                      tuple(nested), order, tuple(groups), collective_plan.collectives)
+
+
+def _closure(graph: Graph, start: Sequence[int], forward: bool) -> set[int]:
+    """Equations reachable from ``start`` (excluded), following edges one way."""
+    edges = graph.succs if forward else graph.preds
+    seen: set[int] = set()
+    stack = list(start)
+    while stack:
+        for j in edges[stack.pop()]:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return seen
+
+
+def _overlap_collectives(graph: Graph, groups: Sequence[CollectiveGroup], heavy: list[int],
+                         blocked: dict[int, str], seconds: tuple[float, ...],
+                         ctx: PlanContext) -> list[SectionPlan]:
+    """For each collectives group, the compute that can run while it transfers.
+
+    The heavy equations independent of the group (neither feeding nor fed by it) and
+    not taken by an earlier group, closed to their convex hull plus private
+    producers, become one stream region. In a collective matmul that is the step's
+    matmuls on the blocks the previous step received. Seen deviceless (8 H200s):
+    each group's start, the region's start, then both dones.
+    """
+    taken: set[int] = set()
+    sections = []
+    for index, group in enumerate(groups):
+        members = set(group.eqns)
+        related = members | _closure(graph, group.eqns, True) | _closure(graph, group.eqns, False)
+        picked = [i for i in heavy if i not in related and i not in taken]
+        if not picked:
+            continue
+        hull = (_closure(graph, picked, True) & _closure(graph, picked, False)) | set(picked)
+        if any(i in blocked or i in taken for i in hull):
+            continue
+        region = set(hull)
+        for i in range(max(region), -1, -1):  # private producers, consumers first
+            if (i not in region and i not in blocked and i not in taken and i in graph.live
+                    and i not in graph.feeds_output and graph.succs[i]
+                    and all(s in region for s in graph.succs[i])):
+                region.add(i)
+        taken |= region
+        eqns = tuple(sorted(region))
+        sections.append(SectionPlan(
+            group=None, regions=(RegionPlan(1, eqns, sum(seconds[i] for i in eqns)),),
+            collectives=index))
+    return sections
 
 
 def _blocked_detail(reason: str, eqn: Any) -> str:

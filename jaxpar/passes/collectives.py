@@ -8,9 +8,9 @@ XLA (``ExplicitCollectivesGroupAsyncWrapper``, jax >= 0.6) launch them as one
 asynchronous NCCL group, so both directions are in flight together.
 
 This module is the analysis (``group_collectives``: which equations of one open
-jaxpr level form groups), a deterministic emission order that contracts each
-group to one unit (``order_with_groups``), and the emission of one group
-(``emit_collective_group``).
+jaxpr level form groups) and the emission of one group
+(``emit_collective_group``). The planner (``jaxpar._plan``) contracts each group
+to one unit of its emission order and pairs it with the compute that overlaps it.
 
 Example::
 
@@ -36,13 +36,12 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import types
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from .. import _compat
 from .._graph import Graph, build_graph
+from .._plan import COLLECTIVE_PRIMITIVES
 
 __all__ = [
     "COLLECTIVES_GROUP_ATTRIBUTES",
@@ -50,11 +49,8 @@ __all__ = [
     "CollectiveInfo",
     "CollectivePlan",
     "emit_collective_group",
-    "collective_graph",
-    "evaluate_with_groups",
     "group_collectives",
     "group_io",
-    "order_with_groups",
     "permutation_shift",
 ]
 
@@ -62,11 +58,6 @@ __all__ = [
 COLLECTIVES_GROUP_ATTRIBUTES: Mapping[str, str] = {"_collectives_group": "",
                                                    "inlineable": "false"}
 
-#: Collectives reported at a level (names as in ``_plan.COLLECTIVE_PRIMITIVES``).
-COLLECTIVE_PRIMITIVES = frozenset(
-    {"ppermute", "psum", "pmax", "pmin", "all_gather", "all_to_all", "reduce_scatter",
-     "psum_scatter", "psum_invariant", "all_gather_invariant", "pbroadcast", "ragged_all_to_all"}
-)
 
 DEFAULT_GROUPABLE = frozenset({"ppermute"})
 
@@ -167,21 +158,6 @@ def _axis_size(axes: tuple[Any, ...], axis_sizes: Mapping[Any, int] | None) -> i
     return size
 
 
-def _ordered_effects(eqn: Any) -> frozenset[Any]:
-    # ``NamedAxisEffect`` only says "uses a mesh axis" (psum carries it, ppermute
-    # does not); it orders nothing at run time, so it must not chain collectives.
-    return frozenset(e for e in eqn.effects if type(e).__name__ != "NamedAxisEffect")
-
-
-def collective_graph(jaxpr: Any) -> Graph:
-    """``build_graph`` with named-axis effects ignored (they impose no order)."""
-    view = types.SimpleNamespace(
-        outvars=jaxpr.outvars,
-        eqns=[types.SimpleNamespace(invars=e.invars, outvars=e.outvars,
-                                    effects=_ordered_effects(e)) for e in jaxpr.eqns])
-    return build_graph(view)
-
-
 def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
                       axis_sizes: Mapping[Any, int] | None = None,
                       groupable: Collection[str] = DEFAULT_GROUPABLE,
@@ -191,9 +167,7 @@ def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
 
     Args:
       jaxpr: an open jaxpr (e.g. a ``shard_map`` body or a scan body).
-      graph: its dependency graph; default ``collective_graph(jaxpr)``, which
-        unlike ``_graph.build_graph`` does not chain ``psum``s through their
-        ``NamedAxisEffect``.
+      graph: its dependency graph; default ``_graph.build_graph(jaxpr)``.
       axis_sizes: mesh axis name -> size, to compute shifts (e.g.
         ``dict(_compat.shard_map_info(eqn).axis_sizes)``); without it a
         permutation's size is its largest index plus one.
@@ -213,12 +187,13 @@ def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
     if max_group_size is not None and max_group_size < 2:
         raise ValueError(f"max_group_size must be None or >= 2, got {max_group_size}")
     if graph is None:
-        graph = collective_graph(jaxpr)
+        graph = build_graph(jaxpr)
     eqns = jaxpr.eqns
     excluded = frozenset(exclude)
     candidates = [i for i, eqn in enumerate(eqns)
                   if eqn.primitive.name in groupable and i in graph.live and i not in excluded
-                  and not _ordered_effects(eqn) and not _compat.eqn_frontend_attributes(eqn)]
+                  and not _compat.ordering_effects(eqn)
+                  and not _compat.eqn_frontend_attributes(eqn)]
     is_candidate = set(candidates)
     # layer[i]: deepest chain of candidates ending at (and including) equation i.
     depth = [0] * graph.size
@@ -251,75 +226,6 @@ def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
     groups = tuple(CollectiveGroup(tuple(m), tuple(shifts.get(i) for i in m),
                                    _eqn_axes(eqns[m[0]])) for m in members)
     return CollectivePlan(groups, tuple(report))
-
-
-def order_with_groups(graph: Graph, groups: Sequence[CollectiveGroup],
-                      regions: Sequence[Sequence[int]] = ()
-                      ) -> tuple[tuple[tuple[Any, ...], ...], tuple[int, ...]]:
-    """A deterministic emission order with each group (and region) as one unit.
-
-    Units are ``("eqn", i)``, ``("collectives", g)`` (index into ``groups``) and
-    ``("region", r)`` (index into ``regions``, e.g. the planner's stream
-    regions flattened). Kahn's algorithm, smallest first equation first. If
-    contracting the groups together with the regions would create a cycle
-    (a region both feeds and reads a group), the last group involved is
-    dropped and the order recomputed (at most ``len(groups)`` times).
-
-    Returns:
-      ``(order, kept)``: the units, and the indices of the groups that were kept.
-
-    Raises:
-      RuntimeError: the regions alone cannot be contracted (a planner bug).
-    """
-    kept = list(range(len(groups)))
-    for _ in range(len(groups) + 1):
-        order = _contract(graph, [groups[g].eqns for g in kept], regions)
-        if isinstance(order, tuple):
-            relabel = {("collectives", k): ("collectives", g) for k, g in enumerate(kept)}
-            return tuple(relabel.get(u, u) for u in order), tuple(kept)
-        if not kept:
-            break
-        stuck_groups = [k for k in order if k < len(kept)]
-        kept.pop(stuck_groups[-1] if stuck_groups else -1)
-    raise RuntimeError("jaxpar: the stream regions of this level cannot be ordered; "
-                       "please report it with the program that triggered it")
-
-
-def _contract(graph: Graph, group_eqns: Sequence[Sequence[int]],
-              regions: Sequence[Sequence[int]]) -> tuple[tuple[Any, ...], ...] | list[int]:
-    """Kahn's order of the contracted graph, or the indices of stuck groups."""
-    unit_of: dict[int, tuple[Any, ...]] = {}
-    for g, eqns in enumerate(group_eqns):
-        for i in eqns:
-            unit_of[i] = ("collectives", g)
-    for r, eqns in enumerate(regions):
-        for i in eqns:
-            unit_of[i] = ("region", r)
-    first: dict[tuple[Any, ...], int] = {}
-    for i in range(graph.size):
-        first.setdefault(unit_of.get(i, ("eqn", i)), i)
-    edges: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {u: set() for u in first}
-    in_degree = dict.fromkeys(first, 0)
-    for i in range(graph.size):
-        target = unit_of.get(i, ("eqn", i))
-        for p in graph.preds[i]:
-            source = unit_of.get(p, ("eqn", p))
-            if source != target and target not in edges[source]:
-                edges[source].add(target)
-                in_degree[target] += 1
-    ready = [(first[u], u) for u, d in in_degree.items() if d == 0]
-    heapq.heapify(ready)
-    order: list[tuple[Any, ...]] = []
-    while ready:
-        _, unit = heapq.heappop(ready)
-        order.append(unit)
-        for target in sorted(edges[unit], key=lambda u: first[u]):
-            in_degree[target] -= 1
-            if in_degree[target] == 0:
-                heapq.heappush(ready, (first[target], target))
-    if len(order) == len(first):
-        return tuple(order)
-    return sorted(u[1] for u, d in in_degree.items() if d > 0 and u[0] == "collectives")
 
 
 def group_io(jaxpr: Any, group: CollectiveGroup) -> tuple[list[list[Any]], list[list[Any]]]:
@@ -371,54 +277,3 @@ def emit_collective_group(eqns: Sequence[Any], invals: Sequence[Sequence[Any]],
         result.append(flat_out[start:start + count])
         start += count
     return result
-
-
-def evaluate_with_groups(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
-                         groups: Sequence[CollectiveGroup],
-                         order: Sequence[tuple[Any, ...]] | None = None) -> list[Any]:
-    """Evaluates one open jaxpr level, emitting each group as one group call.
-
-    The standalone form of what the emitter does for ``("collectives", g)``
-    units; equations outside groups are re-bound as they were.
-
-    Args:
-      jaxpr: an open jaxpr.
-      consts: values of its constvars.
-      args: values of its invars.
-      groups: groups found by ``group_collectives`` on ``jaxpr``.
-      order: units from ``order_with_groups``; computed (and groups that cannot
-        be contracted dropped) if omitted.
-
-    Returns:
-      The values of the jaxpr's outvars.
-    """
-    if order is None:
-        order, kept = order_with_groups(build_graph(jaxpr), groups)
-        if len(kept) != len(groups):
-            remap = {("collectives", g): ("collectives", k) for k, g in enumerate(kept)}
-            order = tuple(remap.get(u, u) for u in order)
-            groups = [groups[g] for g in kept]
-    env: dict[Any, Any] = {}
-
-    def read(atom: Any) -> Any:
-        return _compat.literal_value(atom) if _compat.is_literal(atom) else env[atom]
-
-    def write(variables: Sequence[Any], values: Sequence[Any]) -> None:
-        for var, value in zip(variables, values, strict=True):
-            if not _compat.is_drop_var(var):
-                env[var] = value
-
-    write(jaxpr.constvars, consts)
-    write(jaxpr.invars, args)
-    for unit in order:
-        if unit[0] == "eqn":
-            eqn = jaxpr.eqns[unit[1]]
-            write(eqn.outvars, _compat.bind_eqn(eqn, [read(v) for v in eqn.invars]))
-        elif unit[0] == "collectives":
-            members = [jaxpr.eqns[i] for i in groups[unit[1]].eqns]
-            outs = emit_collective_group(members, [[read(v) for v in e.invars] for e in members])
-            for eqn, values in zip(members, outs, strict=True):
-                write(eqn.outvars, values)
-        else:
-            raise ValueError(f"evaluate_with_groups: unexpected unit {unit!r}")
-    return [read(v) for v in jaxpr.outvars]
