@@ -18,6 +18,8 @@ from ._inspect import LeftAlone as LeftAlone
 from ._inspect import Plan as Plan
 from ._inspect import Region as Region
 from ._inspect import Section as Section
+from ._preview import GpuPreview as GpuPreview
+from ._preview import gpu_preview as gpu_preview
 from ._trace import TraceError as TraceError
 from .passes import LoopDecision as LoopDecision
 
@@ -26,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Collective",
     "FlagsNotAppliedWarning",
+    "GpuPreview",
     "LeftAlone",
     "LoopDecision",
     "ParallelBranches",
@@ -36,6 +39,7 @@ __all__ = [
     "__version__",
     "check_flags_applied",
     "flags_as_options",
+    "gpu_preview",
     "inspect",
     "on_stream",
     "parallel_branches",

@@ -1,0 +1,194 @@
+"""``gpu_preview``: what XLA:GPU will do with a program, seen from a machine without a GPU.
+
+Compiles the function twice deviceless for an H100 or H200 (plain ``jax.jit``
+and with ``parallel_branches``) through the CUDA PJRT plugin, and reports what
+the compiled schedules say: stream-annotated regions in flight together, the
+stream ids, loops and their trip counts (a loop without one syncs with the host
+every trip), kernels per loop trip, and collectives in flight together.
+
+Example::
+
+    preview = jaxpar.gpu_preview(f, a, b, xs, gpu="h200")
+    print(preview)                  # plain vs jaxpar, side by side
+    preview.jaxpar.async_in_flight  # 2
+    preview.jaxpar.hlo              # the compiled HLO text
+
+Sharp edges:
+  * Needs ``jax-cuda12-plugin`` and ``jax-cuda12-pjrt`` at exactly jaxlib's
+    version; the error names the ``pip install`` line.
+  * The schedule is XLA's static plan (the latency-hiding scheduler with its
+    analytical cost model), not a measurement.
+  * jaxlib 0.12.0.1 crashed the whole process (SIGSEGV in the PTX compiler)
+    compiling a stream-annotated call holding a loop, deviceless, on our CPU
+    machines; ``gpu_preview`` refuses that combination instead of crashing
+    (``allow_known_crashes=True`` tries anyway).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from . import _deviceless
+from ._api import ParallelBranches, parallel_branches
+from ._inspect import Plan
+
+# jaxlib versions whose XLA crashed compiling stream-annotated loops deviceless.
+_CRASHES_ON_ANNOTATED_LOOPS = frozenset({"0.12.0.1"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoopFigures:
+    """One ``while`` loop of a compiled program."""
+
+    name: str
+    known_trip_count: int | None  # None: the host syncs every trip
+    kernels_per_trip: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleFigures:
+    """What one compiled program's schedule shows."""
+
+    async_in_flight: int
+    stream_ids: tuple[int, ...]
+    loops: tuple[LoopFigures, ...]
+    collectives_in_flight: int
+    matmuls_during_collectives: int
+    hlo: str = dataclasses.field(repr=False)
+
+    @property
+    def total_trips(self) -> int | None:
+        """Trips over all loops (nested loops counted once); None if any is unknown."""
+        if any(loop.known_trip_count is None for loop in self.loops):
+            return None
+        return sum(loop.known_trip_count or 0 for loop in self.loops)
+
+    @property
+    def host_sync_loops(self) -> int:
+        return sum(loop.known_trip_count is None for loop in self.loops)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"async_in_flight": self.async_in_flight, "stream_ids": list(self.stream_ids),
+                "loops": [dataclasses.asdict(loop) for loop in self.loops],
+                "total_trips": self.total_trips, "host_sync_loops": self.host_sync_loops,
+                "collectives_in_flight": self.collectives_in_flight,
+                "matmuls_during_collectives": self.matmuls_during_collectives}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuPreview:
+    """Plain ``jax.jit`` against ``parallel_branches``, compiled for one GPU kind."""
+
+    gpu: str
+    devices: int
+    plain: ScheduleFigures
+    jaxpar: ScheduleFigures
+    plan: Plan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "devices": self.devices, "plain": self.plain.to_dict(),
+                "jaxpar": self.jaxpar.to_dict(), "plan": self.plan.to_dict()}
+
+    def __str__(self) -> str:
+        rows = [
+            ("stream regions in flight", "async_in_flight"),
+            ("stream ids", "stream_ids"),
+            ("loops", "loops"),
+            ("loop trips (total)", "total_trips"),
+            ("kernels per trip", "kernels"),
+            ("host-sync loops", "host_sync_loops"),
+            ("collectives in flight", "collectives_in_flight"),
+            ("matmuls during collectives", "matmuls_during_collectives"),
+        ]
+
+        def cell(figures: ScheduleFigures, key: str) -> str:
+            if key == "loops":
+                return str(len(figures.loops))
+            if key == "kernels":
+                return ", ".join(str(loop.kernels_per_trip) for loop in figures.loops) or "-"
+            if key == "stream_ids":
+                return ", ".join(map(str, figures.stream_ids)) or "-"
+            value = getattr(figures, key)
+            return "unknown" if value is None else str(value)
+
+        width = max(len(label) for label, _ in rows)
+        lines = [f"GPU preview for `{self.plan.function}` on {self.devices} x {self.gpu.upper()} "
+                 "(deviceless compile)",
+                 f"  {'':{width}}  {'plain jit':>12}  {'jaxpar':>12}"]
+        for label, key in rows:
+            lines.append(f"  {label:{width}}  {cell(self.plain, key):>12}  "
+                         f"{cell(self.jaxpar, key):>12}")
+        return "\n".join(lines)
+
+
+def _figures(hlo: str) -> ScheduleFigures:
+    schedule = _deviceless.parse_schedule(hlo)
+    loops = tuple(LoopFigures(loop.name, loop.known_trip_count, loop.body_kernels)
+                  for loop in schedule.while_loops)
+    return ScheduleFigures(schedule.max_async_calls_in_flight, tuple(sorted(schedule.stream_ids)),
+                           loops, schedule.max_collectives_in_flight,
+                           schedule.dot_kernels_during_collectives, hlo)
+
+
+def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: int = 1,
+                mesh: Any = None, allow_known_crashes: bool = False,
+                **options: Any) -> GpuPreview:
+    """Compiles ``fn`` with and without jaxpar for a GPU, deviceless, and compares.
+
+    Args:
+      fn: the function (undecorated, or decorated with ``parallel_branches``, whose
+        options are then the starting point).
+      *args: arrays or ``jax.ShapeDtypeStruct`` s (with shardings on ``mesh`` for
+        several devices); pytrees allowed.
+      gpu: ``"h200"`` or ``"h100"`` (target descriptions shipped with jaxpar).
+      devices: GPUs on a 1-D mesh ``("x",)`` when ``mesh`` is not given.
+      mesh: a mesh from ``jaxpar._deviceless.make_gpu_mesh`` for sharded arguments.
+      allow_known_crashes: compile even where this jaxlib is known to crash.
+      **options: ``parallel_branches`` options; ``target`` is always ``"gpu"``.
+
+    Returns:
+      A ``GpuPreview``: ``plain`` and ``jaxpar`` schedule figures (with the HLO
+      text), and the jaxpar ``plan``.
+
+    Raises:
+      RuntimeError: the CUDA PJRT plugin is missing or does not match jaxlib (the
+        message has the exact ``pip install`` line), or this jaxlib is known to
+        crash on the program.
+      ValueError: unknown ``gpu`` or ``devices < 1``; bad options.
+    """
+    from ._api import inspect as inspect_plan
+
+    ok, message = _deviceless.plugin_status()
+    if not ok:
+        raise RuntimeError(f"gpu_preview needs the CUDA PJRT plugin: {message}")
+    if isinstance(fn, ParallelBranches):
+        options = {**fn.options.to_dict(), **options}
+        fn = fn.__wrapped__
+    options["target"] = "gpu"
+    rewritten = parallel_branches(fn, **options)
+    plan = inspect_plan(fn, **options)(*args)
+    if (not allow_known_crashes and jax.lib.__version__ in _CRASHES_ON_ANNOTATED_LOOPS
+            and _regions_hold_loops(plan)):
+        raise RuntimeError(
+            f"gpu_preview: XLA in jaxlib {jax.lib.__version__} crashed the process (SIGSEGV "
+            "in its PTX compiler) compiling a stream-annotated region holding a loop, "
+            "deviceless; this plan has such regions. Preview with jaxlib 0.10.2, or pass "
+            "allow_known_crashes=True to try anyway.")
+    compile_options = {"gpu": gpu, "mesh": mesh} if mesh is not None else {
+        "gpu": gpu, "devices": devices}
+    plain = _figures(_deviceless.compile_for_gpu(fn, *args, **compile_options))
+    fast = _figures(_deviceless.compile_for_gpu(rewritten, *args, **compile_options))
+    count = mesh.devices.size if mesh is not None else devices
+    return GpuPreview(gpu, count, plain, fast, plan)
+
+
+def _regions_hold_loops(plan: Plan) -> bool:
+    """Whether a stream region may hold a loop (directly, or inside a nested call)."""
+    may_hold = {"scan", "while", "jit", "pjit", "closed_call", "eval_jaxpr", "remat2", "cond",
+                "custom_jvp_call", "custom_vjp_call"}
+    return any(name in may_hold for section in plan.sections for region in section.regions
+               for name, _ in region.primitives)

@@ -1,0 +1,78 @@
+"""``jaxpar.gpu_preview`` on the seed-002 and multi-branch programs (deviceless H200)."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+from test_seed_loops import seed_002, specs
+from test_seed_stories import LOOPS_OFF, four_matmul_branches, four_matmul_branches_args
+
+import jaxpar
+from jaxpar import _deviceless, _preview
+
+PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
+needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
+
+
+def branch_specs():
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in four_matmul_branches_args()]
+
+
+@needs_plugin
+def test_seed_002_preview_shows_fewer_loop_trips():
+    preview = jaxpar.gpu_preview(seed_002, *specs(), gpu="h200")
+    assert preview.plain.total_trips == 20_000 and len(preview.plain.loops) == 2
+    assert len(preview.jaxpar.loops) == 1 and preview.jaxpar.total_trips <= 10_000
+    assert preview.jaxpar.host_sync_loops == 0
+    assert "ENTRY" in preview.jaxpar.hlo
+    text = str(preview)
+    assert "loop trips (total)" in text and "20000" in text
+    json.dumps(preview.to_dict())
+
+
+@needs_plugin
+def test_seed_002_with_loops_off_previews_two_streams():
+    if jax.lib.__version__ in _preview._CRASHES_ON_ANNOTATED_LOOPS:
+        with pytest.raises(RuntimeError, match="crashed the process"):
+            jaxpar.gpu_preview(seed_002, *specs(steps=100), **LOOPS_OFF)
+        return
+    preview = jaxpar.gpu_preview(seed_002, *specs(steps=100), **LOOPS_OFF)
+    assert preview.jaxpar.async_in_flight == 2
+    assert preview.jaxpar.stream_ids == (1, 2)
+    assert preview.plain.async_in_flight == 0
+
+
+@needs_plugin
+def test_multi_branch_preview_and_decorated_input():
+    fast = jaxpar.parallel_branches(four_matmul_branches, max_streams=2)
+    preview = jaxpar.gpu_preview(fast, *branch_specs(), gpu="h100")
+    assert preview.gpu == "h100" and preview.plan.target == "gpu"
+    assert preview.jaxpar.async_in_flight == 2 and preview.jaxpar.stream_ids == (1, 2)
+    assert preview.plain.async_in_flight == 0 and preview.plain.stream_ids == ()
+
+
+def test_missing_plugin_names_the_pip_line(monkeypatch):
+    monkeypatch.setattr(_deviceless, "plugin_status", lambda: (
+        False, "pip install --no-deps jax-cuda12-plugin==9.9 jax-cuda12-pjrt==9.9"))
+    with pytest.raises(RuntimeError, match=r"pip install --no-deps jax-cuda12-plugin==9\.9"):
+        jaxpar.gpu_preview(four_matmul_branches, *branch_specs())
+
+
+@needs_plugin
+def test_known_crashing_jaxlib_is_refused_not_crashed(monkeypatch):
+    monkeypatch.setattr(_preview, "_CRASHES_ON_ANNOTATED_LOOPS", frozenset({jax.lib.__version__}))
+    with pytest.raises(RuntimeError, match="allow_known_crashes"):
+        jaxpar.gpu_preview(seed_002, *specs(steps=10), **LOOPS_OFF)
+    # Regions without loops are fine on such a jaxlib.
+    preview = jaxpar.gpu_preview(four_matmul_branches, *branch_specs())
+    assert preview.jaxpar.async_in_flight == 2
+
+
+def test_bad_gpu_name_is_an_error():
+    if not PLUGIN_OK:
+        pytest.skip(PLUGIN_MESSAGE)
+    with pytest.raises(ValueError, match="gpu"):
+        jaxpar.gpu_preview(lambda x: x @ x, jnp.ones((4, 4)), gpu="a100")
