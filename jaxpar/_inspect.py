@@ -18,6 +18,8 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+import html
+import os
 from collections import Counter
 from typing import Any
 
@@ -78,12 +80,7 @@ class Collective:
 
     @property
     def directions(self) -> str:
-        def name(shift: int | None) -> str:
-            if shift is None:
-                return "general"
-            return {1: "forward", -1: "backward"}.get(shift, f"shift {shift:+d}")
-
-        return ", ".join(name(s) for s in self.shifts)
+        return _directions(self.shifts)
 
     def to_dict(self) -> dict[str, Any]:
         return {"location": self.location, "primitives": list(self.primitives),
@@ -190,6 +187,38 @@ class Plan:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
+    def _repr_html_(self) -> str:
+        """Notebooks: an inline SVG timeline of the streams, then the text report."""
+        from ._render import plan_to_svg
+
+        return f"<div>{plan_to_svg(self)}<pre>{html.escape(str(self))}</pre></div>"
+
+    def to_svg(self) -> str:
+        """The timeline as a standalone ``<svg>`` element."""
+        from ._render import plan_to_svg
+
+        return plan_to_svg(self)
+
+    def to_dot(self) -> str:
+        """The plan as a Graphviz digraph (sections as clusters, regions as nodes)."""
+        from ._render import plan_to_dot
+
+        return plan_to_dot(self)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes a standalone HTML page (timeline and report) to ``path``.
+
+        Raises:
+          ValueError: ``path`` does not end in ``.html`` or ``.htm``.
+        """
+        from ._render import plan_to_html
+
+        if not str(path).lower().endswith((".html", ".htm")):
+            raise ValueError(f"path must end in .html (a standalone page), got {str(path)!r}; "
+                             "use to_svg() or to_dot() for other formats")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(plan_to_html(self))
+
 
 def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
     return {"location": loop.location, "kind": loop.kind, "eqns": list(loop.eqns),
@@ -220,8 +249,9 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
             overlaps = ""
             if section.collectives is not None:
                 group = level.collective_groups[section.collectives]
-                overlaps = (f"collectives group of {len(group.eqns)} "
-                            f"({', '.join(eqns[i].primitive.name for i in group.eqns)})")
+                names = " + ".join(eqns[i].primitive.name for i in group.eqns)
+                overlaps = (f"collectives group: {names} over {_axis_text(group.axis_name)!r} "
+                            f"({_directions(group.shifts)})")
                 overlapped[section.collectives] = regions[0].primitives
             sections.append(Section(level.path, section.group, regions, overlaps))
         collectives.extend(_collectives(level, eqns, overlapped))
@@ -257,6 +287,16 @@ def _collectives(level: LevelPlan, eqns: Any,
                                   (c.shift,), False, (),
                                   (_compat.source_summary(eqns[c.eqn]),)))
     return out
+
+
+def _directions(shifts: Any) -> str:
+    """``(1, -1)`` -> ``"forward, backward"``; other shifts by value, None as general."""
+    def name(shift: int | None) -> str:
+        if shift is None:
+            return "general"
+        return {1: "forward", -1: "backward"}.get(shift, f"shift {shift:+d}")
+
+    return ", ".join(name(s) for s in shifts)
 
 
 def _axis_text(axes: Any) -> str:

@@ -42,6 +42,12 @@ run_job() {  # $1 = python version, $2 = jax pin ("" = newest allowed), $3 = "pl
   "$venv/bin/python" -m pytest -q -p no:cacheprovider "${@:4}"
 }
 
+# Headless Chromium for the browser test of the plan pictures (Debian's package).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium
+fi
+
 .ci-venv/lint/bin/ruff --version >/dev/null 2>&1 || { python3 -m venv .ci-venv/lint && .ci-venv/lint/bin/pip install -q ruff mypy "jax==0.10.2" "jaxlib==0.10.2" typing-extensions; }
 .ci-venv/lint/bin/ruff check jaxpar tests examples benchmarks
 .ci-venv/lint/bin/mypy jaxpar
