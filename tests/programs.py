@@ -394,13 +394,22 @@ class _Flavor:
     chain: bool = False  # every top-level node consumes the latest value
     scan_lengths: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     independent_scans: bool = False  # scans often read only their block's params
-    body: str = "same"  # "same": bodies drawn with this flavor (unchained); "heavy"
 
 
 _SIMPLE = ("unary", "binary", "matmul", "reduce")
 _DAG = _Flavor(
-    kinds=(*_SIMPLE, "unary", "binary", "matmul", "scan", "scan", "cond", "jit", "checkpoint",
-           "parallel"),
+    kinds=(
+        *_SIMPLE,
+        "unary",
+        "binary",
+        "matmul",
+        "scan",
+        "scan",
+        "cond",
+        "jit",
+        "checkpoint",
+        "parallel",
+    ),
     nested_kinds=(*_SIMPLE, "unary", "binary", "matmul", "scan", "cond", "jit", "checkpoint"),
     max_nodes=8,
     max_body_nodes=4,
@@ -412,7 +421,6 @@ _HEAVY = _Flavor(
     nested_kinds=("matmul", "matmul", "unary", "binary"),
     max_nodes=4,
     max_body_nodes=3,
-    body="heavy",
 )
 _SCANS = _Flavor(
     kinds=("scan", "scan", "scan", "scan", "unary", "binary", "matmul"),
@@ -527,12 +535,11 @@ class _Drawer:
         # Recent values weigh a little more, so programs are deep as well as wide.
         return self.draw(st.sampled_from(tame[::-1] + tame[-3:][::-1]))
 
-    def _operands(self, scope: _Scope, low: int, high: int, *, chained: bool = True) -> tuple[int, ...]:
+    def _operands(
+        self, scope: _Scope, low: int, high: int, *, chained: bool = True
+    ) -> tuple[int, ...]:
         count = self.draw(st.integers(low, high))
         return tuple(self._operand(scope, first=chained and i == 0) for i in range(count))
-
-    def _body_flavor(self, scope: _Scope) -> _Flavor:
-        return _HEAVY if scope.flavor.body == "heavy" else scope.flavor
 
     # ---- node kinds ---------------------------------------------------------------------------
 
@@ -597,11 +604,12 @@ class _Drawer:
         body, out_bounds = self.block(
             body_bounds,
             scope.depth + 1,
-            self._body_flavor(scope),
+            scope.flavor,
             n_tame_outs=n_carry,
             n_any_outs=None if n_carry else draw(st.integers(1, 2)),
         )
-        ys_mode = draw(st.sampled_from(("mean", "last", "raw") if scope.top_level else ("mean", "last")))
+        ys_modes = ("mean", "last", "raw") if scope.top_level else ("mean", "last")
+        ys_mode = draw(st.sampled_from(ys_modes))
         node = ("scan", length, reverse, carries, xs, consts, body, ys_mode)
         ys_bounds = [] if ys_mode == "raw" else out_bounds[n_carry:]
         return node, [_TAME] * n_carry + ys_bounds
@@ -617,10 +625,10 @@ class _Drawer:
         branches, out_bounds = [], [0.0] * n_outs
         for _ in range(n_branches):
             branch, branch_bounds = self.block(
-                param_bounds, scope.depth + 1, self._body_flavor(scope), n_any_outs=n_outs
+                param_bounds, scope.depth + 1, scope.flavor, n_any_outs=n_outs
             )
             branches.append(branch)
-            out_bounds = [max(a, b) for a, b in zip(out_bounds, branch_bounds)]
+            out_bounds = [max(a, b) for a, b in zip(out_bounds, branch_bounds, strict=True)]
         return ("cond", selector, operands, closure, tuple(branches)), out_bounds
 
     def _jit(self, scope: _Scope) -> tuple[Spec, list[float]]:
@@ -631,7 +639,7 @@ class _Drawer:
         closure = self._operands(scope, 0, 1, chained=False)
         param_bounds = [max(scope.bounds[s[k]] for s in operand_sets) for k in range(len(operands))]
         param_bounds += [scope.bounds[i] for i in closure]
-        block, out_bounds = self.block(param_bounds, scope.depth + 1, self._body_flavor(scope))
+        block, out_bounds = self.block(param_bounds, scope.depth + 1, scope.flavor)
         return ("jit", tuple(operand_sets), closure, block), out_bounds * len(operand_sets)
 
     def _checkpoint(self, scope: _Scope) -> tuple[Spec, list[float]]:
@@ -640,7 +648,7 @@ class _Drawer:
         operands = self._operands(scope, 1, 3)
         closure = self._operands(scope, 0, 1, chained=False)
         param_bounds = [scope.bounds[i] for i in operands + closure]
-        block, out_bounds = self.block(param_bounds, scope.depth + 1, self._body_flavor(scope))
+        block, out_bounds = self.block(param_bounds, scope.depth + 1, scope.flavor)
         return ("checkpoint", policy, prevent_cse, operands, closure, block), out_bounds
 
     def _parallel(self, scope: _Scope) -> tuple[Spec, list[float]]:
@@ -649,8 +657,9 @@ class _Drawer:
         chains, ends = [], []
         for _ in range(n_chains):
             operands = self._operands(scope, 1, 2, chained=False)
+            param_bounds = [scope.bounds[i] for i in operands]
             chain, out_bounds = self.block(
-                [scope.bounds[i] for i in operands], scope.depth + 1, _HEAVY, n_any_outs=1, root=True
+                param_bounds, scope.depth + 1, _HEAVY, n_any_outs=1, root=True
             )
             chains.append((operands, chain))
             ends.append(out_bounds[0])
