@@ -1,0 +1,70 @@
+"""Property tests of the loop passes on random scan-heavy programs (tests/programs.py).
+
+For every drawn program, ``apply_loop_passes`` with the GPU defaults (fuse, batch,
+unroll="auto") must give a well-formed jaxpr that computes the same values, gradients and
+``vmap``ped values as the program, and applying the passes again must change nothing.
+The hypothesis profile comes from tests/conftest.py (``JAXPAR_HYPOTHESIS_PROFILE``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.extend.core as jex_core
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given
+from programs import Program, scan_programs, stacked_batch
+
+from jaxpar import _compat
+from jaxpar.passes import apply_loop_passes, loop_defaults
+
+# Fusion and unrolling change how XLA compiles the loop bodies, hence float32 rounding.
+VALUE_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+GRAD_TOLERANCE = {"rtol": 1e-3, "atol": 1e-4}
+
+
+def _rewrite(program: Program) -> tuple[Any, Any]:
+    closed = jax.make_jaxpr(program.fn)(*program.args)
+    new, _ = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
+    return closed, new
+
+
+def _fn(jaxpr: Any) -> Any:
+    return jex_core.jaxpr_as_fun(jaxpr)
+
+
+def _assert_close(got: Any, want: Any, tolerance: dict[str, float]) -> None:
+    got_leaves, want_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for g, w in zip(got_leaves, want_leaves, strict=True):
+        assert np.shape(g) == np.shape(w)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), **tolerance)
+
+
+def _loss(fn: Any) -> Any:
+    def loss(*args: Any) -> Any:
+        return sum(jnp.sum(jnp.tanh(leaf)) for leaf in jax.tree.leaves(fn(*args)))
+    return loss
+
+
+@given(scan_programs())
+def test_same_values_and_idempotent(program: Program) -> None:
+    closed, new = _rewrite(program)
+    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
+    _assert_close(jax.jit(_fn(new))(*program.args), jax.jit(_fn(closed))(*program.args),
+                  VALUE_TOLERANCE)
+    again, _ = apply_loop_passes(new, **loop_defaults("gpu"), target="gpu")
+    assert again is new
+
+
+@given(scan_programs())
+def test_same_gradients_and_vmap(program: Program) -> None:
+    closed, new = _rewrite(program)
+    argnums = tuple(range(len(program.args)))
+    _assert_close(jax.jit(jax.grad(_loss(_fn(new)), argnums))(*program.args),
+                  jax.jit(jax.grad(_loss(_fn(closed)), argnums))(*program.args), GRAD_TOLERANCE)
+    batch = stacked_batch(program.args)
+    _assert_close(jax.jit(jax.vmap(_fn(new)))(*batch), jax.jit(jax.vmap(_fn(closed)))(*batch),
+                  VALUE_TOLERANCE)
