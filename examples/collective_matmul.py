@@ -90,6 +90,20 @@ def make_collective_matmul(mesh: Mesh):
     return collective_matmul
 
 
+def story(devices: int = 8):
+    """For ``python -m jaxpar demo``: (title, function, arguments), or None without devices."""
+    if len(jax.devices()) < devices:
+        return None
+    mesh = Mesh(np.array(jax.devices()[:devices]), (AXIS,))
+    keys = jax.random.split(jax.random.key(0), 2)
+    x = jax.device_put(jax.random.normal(keys[0], (devices * 16, 64)),
+                       NamedSharding(mesh, P(AXIS, None)))
+    w = jax.device_put(jax.random.normal(keys[1], (64, devices * 8)),
+                       NamedSharding(mesh, P(None, AXIS)))
+    return ("seed 000: bidirectional collective matmul on 8 devices",
+            make_collective_matmul(mesh), (x, w))
+
+
 def main(devices: int = 8) -> None:
     """Runs the collective matmul on ``devices`` fake CPU devices and checks it."""
     if not jax.config.jax_platforms:

@@ -33,6 +33,12 @@ def make_params(cin=64, seed=0):
             for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)}
 
 
+def story():
+    """For ``python -m jaxpar demo``: (title, function, arguments)."""
+    x = jax.random.normal(jax.random.PRNGKey(1), (8, 28, 28, 64))
+    return "multi-branch (inception) block", inception, (x, make_params())
+
+
 def main():
     x = jax.random.normal(jax.random.PRNGKey(1), (8, 28, 28, 64))
     params = make_params()

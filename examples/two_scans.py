@@ -32,6 +32,11 @@ def make_args(n=100, steps=1000, seed=0):
             jax.random.normal(keys[3], (steps, n, n)) * 0.1)
 
 
+def story(steps=1000):
+    """For ``python -m jaxpar demo``: (title, function, arguments)."""
+    return "seed 002: two scans with different bodies", two_scans, make_args(steps=steps)
+
+
 def main():
     args = make_args()
     fast = jaxpar.parallel_branches(two_scans, target="gpu")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import statistics
 import sys
@@ -23,7 +24,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 _DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
@@ -80,60 +80,82 @@ def _time_pair(plain: Callable[[], Any], rewritten: Callable[[], Any],
     return statistics.median(a), statistics.median(b)
 
 
+def _same(expected: Any, got: Any) -> bool:
+    return all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+               for a, b in zip(jax.tree_util.tree_leaves(expected),
+                               jax.tree_util.tree_leaves(got), strict=True))
+
+
 def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: Any) -> bool:
-    from . import inspect, parallel_branches
+    from . import gpu_preview, inspect, parallel_branches
+    from ._deviceless import plugin_status
 
     print(f"\n== {title} ==", file=out)
     print(inspect(fn, target="gpu")(*args), file=out)
     plain = jax.jit(fn)
-    rewritten = jax.jit(parallel_branches(fn))
+    here = jax.jit(parallel_branches(fn))  # target "auto": this machine's backend
+    for_gpu = jax.jit(parallel_branches(fn, target="gpu"))
     expected = plain(*args)
-    got = rewritten(*args)
-    same = all(np.array_equal(np.asarray(a), np.asarray(b))
-               for a, b in zip(jax.tree_util.tree_leaves(expected),
-                               jax.tree_util.tree_leaves(got), strict=True))
+    same = _same(expected, here(*args)) and _same(expected, for_gpu(*args))
     print(f"same values as jax.jit: {'yes' if same else 'NO'}", file=out)
-    t_plain, t_new = _time_pair(lambda: plain(*args), lambda: rewritten(*args), reps=5)
+    t_plain, t_new = _time_pair(lambda: plain(*args), lambda: here(*args), reps=5)
     print(f"time on {jax.default_backend()}: plain {t_plain * 1e3:.2f} ms, jaxpar "
           f"{t_new * 1e3:.2f} ms (ratio {t_new / t_plain:.3f})", file=out)
+    ok, why = plugin_status()
+    if not ok:
+        print(f"(GPU preview skipped: {why})", file=out)
+        return same
+    specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    if any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree_util.tree_leaves(args)
+           if hasattr(leaf, "sharding")):
+        print("(GPU preview of multi-device programs: see benchmarks/run.py)", file=out)
+        return same
+    try:
+        print(gpu_preview(fn, *specs, gpu="h200"), file=out)
+    except RuntimeError as error:
+        print(f"(GPU preview skipped: {error})", file=out)
     return same
 
 
-def _seed_two_scans(n: int = 100, steps: int = 1000) -> tuple[Callable[..., Any], list[Any]]:
-    def step1(c: Any, x: Any) -> Any:
-        return jnp.tanh(c @ x @ x) * 0.5, None
+def _load_examples() -> list[Any]:
+    """The example scripts of a source checkout, which hold the user stories."""
+    import importlib.util
+    from pathlib import Path
 
-    def step2(c: Any, x: Any) -> Any:
-        return jnp.sin(x @ c) + 0.5 * c, None
-
-    def two_scans(a: Any, b: Any, xs1: Any, xs2: Any) -> Any:
-        return jax.lax.scan(step1, a, xs1)[0], jax.lax.scan(step2, b, xs2)[0]
-
-    keys = jax.random.split(jax.random.PRNGKey(0), 4)
-    args = [jax.random.normal(keys[0], (n, n)) * 0.1, jax.random.normal(keys[1], (n, n)) * 0.1,
-            jax.random.normal(keys[2], (steps, n, n)) * 0.1,
-            jax.random.normal(keys[3], (steps, n, n)) * 0.1]
-    return two_scans, args
-
-
-def _inception_block(n: int = 512) -> tuple[Callable[..., Any], list[Any]]:
-    def block(x: Any, w1: Any, w2: Any, w3: Any, w4: Any) -> Any:
-        branches = [jnp.tanh(jnp.tanh(x @ w) @ w) for w in (w1, w2, w3, w4)]
-        return jnp.concatenate(branches, axis=-1)
-
-    keys = jax.random.split(jax.random.PRNGKey(1), 5)
-    args = [jax.random.normal(k, (n, n)) * 0.05 for k in keys]
-    return block, args
+    folder = Path(__file__).resolve().parents[1] / "examples"
+    modules = []
+    for name in ("two_scans", "inception_block", "collective_matmul"):
+        path = folder / f"{name}.py"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} not found: `python -m jaxpar demo` runs the examples of a source "
+                "checkout; install with `pip install -e .` from the repository")
+        spec = importlib.util.spec_from_file_location(f"jaxpar_demo_{name}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        modules.append(module)
+    return modules
 
 
 def demo(out: Any = sys.stdout) -> int:
     """Runs the user stories end to end and reports."""
-    print(f"jaxpar demo on jax {jax.__version__}, backend {jax.default_backend()}", file=out)
+    try:  # eight fake CPU devices for the collective story, before the backend starts
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        if not platforms or "cpu" in platforms:
+            jax.config.update("jax_num_cpu_devices", 8)
+    except RuntimeError:
+        pass
+    print(f"jaxpar demo on jax {jax.__version__}, backend {jax.default_backend()}, "
+          f"{len(jax.devices())} devices", file=out)
     ok = True
-    fn, args = _seed_two_scans()
-    ok &= _demo_story("seed 002: two scans with different bodies", fn, args, out)
-    fn, args = _inception_block()
-    ok &= _demo_story("multi-branch block (four independent matmul chains)", fn, args, out)
+    for module in _load_examples():
+        story = module.story()
+        if story is None:
+            print(f"\n(skipped {module.__name__}: needs 8 devices)", file=out)
+            continue
+        title, fn, args = story
+        ok &= _demo_story(title, fn, args, out)
     print("\nall results equal the plain versions" if ok else "\nMISMATCH", file=out)
     return 0 if ok else 1
 
@@ -147,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     insp.add_argument("--args", required=True, help='argument shapes, e.g. "f32[100,100] i32[]"')
     insp.add_argument("--target", default="gpu", choices=["auto", "gpu", "cpu", "tpu"])
     insp.add_argument("--json", action="store_true", help="print the plan as JSON")
+    insp.add_argument("--html", metavar="PATH", help="also save the plan picture to PATH")
     ns = parser.parse_args(argv)
     if ns.command == "demo":
         return demo()
@@ -158,11 +181,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = parse_arg_specs(ns.args)
     except ValueError as error:
         parser.error(str(error))
-    plan = inspect(fn, target=ns.target)(*specs)
+    from ._trace import TraceError
+
+    try:
+        plan = inspect(fn, target=ns.target)(*specs)
+    except (TraceError, TypeError) as error:
+        parser.error(f"{ns.function} does not take --args {ns.args!r}: {error}")
     if ns.json:
         import json
 
         print(json.dumps(plan.to_dict(), indent=2))
     else:
         print(plan)
+    if ns.html:
+        plan.save(ns.html)
+        print(f"saved {ns.html}", file=sys.stderr)
     return 0
