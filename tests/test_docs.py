@@ -28,7 +28,7 @@ def test_public_functions_have_docstrings():
             assert obj.__doc__ and obj.__doc__.strip(), f"jaxpar.{name} has no docstring"
 
 
-@pytest.mark.parametrize("example", ["two_scans", "inception_block"])
+@pytest.mark.parametrize("example", ["two_scans", "inception_block", "ensemble"])
 def test_example_main_runs(example):
     spec = importlib.util.spec_from_file_location(example, ROOT / "examples" / f"{example}.py")
     module = importlib.util.module_from_spec(spec)
