@@ -3,6 +3,8 @@
 Run: python examples/ensemble.py
 """
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,7 +30,7 @@ def make_members(widths=(512, 768, 1024, 384), features=256, outputs=10, seed=0)
     for width in widths:
         sizes = [features, width, width, outputs]
         members.append([(jax.random.normal(next(keys), (m, n)) / np.sqrt(m), jnp.zeros(n))
-                        for m, n in zip(sizes[:-1], sizes[1:], strict=True)])
+                        for m, n in itertools.pairwise(sizes)])
     return members
 
 
