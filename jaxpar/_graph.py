@@ -16,7 +16,9 @@ Sharp edges:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import threading
 from typing import Any
 
 from . import _compat
@@ -38,8 +40,31 @@ class Graph:
         return len(self.preds)
 
 
+_CACHE_SIZE = 64
+_cache: collections.OrderedDict[int, tuple[Any, Graph]] = collections.OrderedDict()
+_lock = threading.Lock()
+
+
 def build_graph(jaxpr: Any) -> Graph:
-    """Builds the dependency graph of an open jaxpr's equations."""
+    """The dependency graph of an open jaxpr's equations (memoised per jaxpr object).
+
+    Jaxprs are immutable, and the loop passes and the planner ask for the same
+    level's graph several times; the cache holds the jaxpr so its id stays unique.
+    """
+    with _lock:
+        hit = _cache.get(id(jaxpr))
+        if hit is not None and hit[0] is jaxpr:
+            _cache.move_to_end(id(jaxpr))
+            return hit[1]
+    graph = _build_graph(jaxpr)
+    with _lock:
+        _cache[id(jaxpr)] = (jaxpr, graph)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return graph
+
+
+def _build_graph(jaxpr: Any) -> Graph:
     producer: dict[Any, int] = {}
     preds: list[tuple[int, ...]] = []
     last_effect: int | None = None

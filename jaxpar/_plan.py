@@ -27,8 +27,8 @@ Example::
     for section in level.sections: ...
 
 Sharp edges:
-  * Only the top ``MAX_HEAVY`` equations by cost take part in one level's
-    decomposition, bounding the quadratic steps.
+  * Heavy equations are decomposed in windows of ``MAX_HEAVY`` (program order),
+    bounding the quadratic steps; parallelism across a window boundary is lost.
   * The plan depends only on the jaxpr and the options (no dict or set
     iteration order leaks in), so every host of an SPMD job agrees.
 """
@@ -215,9 +215,6 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
         if i in blocked:
             notes.append(Note((i,), blocked[i], _blocked_detail(blocked[i], eqns[i])))
     heavy = [i for i in heavy if i not in blocked]
-    if len(heavy) > MAX_HEAVY:
-        keep = sorted(heavy, key=lambda i: (-seconds[i], i))[:MAX_HEAVY]
-        heavy = sorted(keep)
     sections: list[SectionPlan] = []
     # Late import: the passes package builds on this module.
     from .passes.collectives import group_collectives
@@ -237,9 +234,19 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
                           "this level communicates: its compute stays on the main stream so "
                           "XLA can overlap it with the collectives"))
     elif len(heavy) >= 2:
-        finder = _SectionFinder(graph, heavy, seconds, blocked, ctx)
-        sections, more_notes = finder.run()
-        notes.extend(more_notes)
+        # Windows of MAX_HEAVY heavy equations in program order bound the quadratic
+        # steps; parallelism across a window boundary is given up.
+        region_of: dict[int, tuple[int, int]] = {}
+        for start in range(0, len(heavy), MAX_HEAVY):
+            window = heavy[start:start + MAX_HEAVY]
+            if len(window) < 2:
+                continue
+            end = heavy[start + MAX_HEAVY] if start + MAX_HEAVY < len(heavy) else graph.size
+            finder = _SectionFinder(graph, window, seconds, blocked, ctx, region_of,
+                                    len(sections), end)
+            more, more_notes = finder.run()
+            sections.extend(more)
+            notes.extend(more_notes)
     elif len(heavy) == 1:
         notes.append(Note((heavy[0],), REASON_DEPENDENT,
                           "the only heavy equation at this level: nothing to overlap with"))
@@ -349,6 +356,20 @@ class _Node:
     as_section: bool
 
 
+class _RangeMasks:
+    """Per-equation bit masks stored for ``[lo, lo + len(values))``, zero outside."""
+
+    __slots__ = ("lo", "values")
+
+    def __init__(self, lo: int, values: list[int]):
+        self.lo = lo
+        self.values = values
+
+    def __getitem__(self, i: int) -> int:
+        k = i - self.lo
+        return self.values[k] if 0 <= k < len(self.values) else 0
+
+
 _Hull = tuple[list[int], list[int]]  # (heavy positions of a branch, its hull equations)
 _T = TypeVar("_T")
 
@@ -357,35 +378,45 @@ class _SectionFinder:
     """Series-parallel decomposition of the heavy equations of one level."""
 
     def __init__(self, graph: Graph, heavy: list[int], seconds: tuple[float, ...],
-                 blocked: dict[int, str], ctx: PlanContext):
+                 blocked: dict[int, str], ctx: PlanContext,
+                 region_of: dict[int, tuple[int, int]], first_section: int, end: int):
         self.graph = graph
         self.heavy = heavy
         self.seconds = seconds
         self.blocked = blocked
         self.ctx = ctx
+        self.region_of = region_of  # shared by the windows of one level
+        self.first_section = first_section
         self.bit = {eqn: k for k, eqn in enumerate(heavy)}
-        n = graph.size
-        anc = [0] * n
-        for i in range(n):
+        # Masks over heavy positions, computed only from the first heavy equation (none
+        # before it has heavy ancestors) to ``end`` (where the next window starts;
+        # equations from there on are never absorbed), and for descendants only up to
+        # the last heavy equation (none after it has heavy descendants).
+        self.lo, self.hi, self.end = heavy[0], heavy[-1], end
+        lo, hi = self.lo, self.hi
+        anc = [0] * (end - lo)
+        for i in range(lo, end):
             mask = 0
             for p in graph.preds[i]:
-                mask |= anc[p]
+                if p >= lo:
+                    mask |= anc[p - lo]
             if i in self.bit:
                 mask |= 1 << self.bit[i]
-            anc[i] = mask
-        desc = [0] * n
-        for i in range(n - 1, -1, -1):
+            anc[i - lo] = mask
+        desc = [0] * (hi - lo + 1)
+        for i in range(hi, lo - 1, -1):
             mask = 0
             for s in graph.succs[i]:
-                mask |= desc[s]
+                if s <= hi:
+                    mask |= desc[s - lo]
             if i in self.bit:
                 mask |= 1 << self.bit[i]
-            desc[i] = mask
-        self.anc = anc
-        self.desc = desc
+            desc[i - lo] = mask
+        self.anc = _RangeMasks(lo, anc)
+        self.desc = _RangeMasks(lo, desc)
         # Heavy-to-heavy ancestry, indexed by heavy position.
-        self.heavy_anc = [anc[eqn] for eqn in heavy]
-        self.heavy_desc = [desc[eqn] for eqn in heavy]
+        self.heavy_anc = [self.anc[eqn] for eqn in heavy]
+        self.heavy_desc = [self.desc[eqn] for eqn in heavy]
         self.notes: list[Note] = []
         self._attach_loose_ends()
 
@@ -466,9 +497,10 @@ class _SectionFinder:
         branch_sets: list[list[list[int]]] = []
         self._choose(tree, branch_sets)
         sections: list[SectionPlan] = []
-        region_of: dict[int, tuple[int, int]] = {}
+        region_of = self.region_of
         for branches in branch_sets:
-            section = self._build_section(branches, region_of, len(sections))
+            section = self._build_section(branches, region_of,
+                                          self.first_section + len(sections))
             if section is not None:
                 sections.append(section)
         explained = {i for note in self.notes for i in note.eqns}
@@ -692,7 +724,7 @@ class _SectionFinder:
             if i in seen:
                 continue
             seen.add(i)
-            if not movable(i) or self.desc[i] & section_mask:
+            if i >= self.end or not movable(i) or self.desc[i] & section_mask:
                 continue
             owners: set[tuple[int, int]] = set()
             for p in graph.preds[i]:

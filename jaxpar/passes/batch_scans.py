@@ -66,22 +66,29 @@ def body_key(eqn: Any) -> Hashable:
             tuple((str(v.aval), getattr(v.aval, "weak_type", False)) for v in eqn.invars))
 
 
-def independent(ancestors: list[int], i: int, j: int) -> bool:
-    """Whether neither equation reaches the other (``ancestors`` as from ``ancestor_masks``)."""
-    return not (ancestors[i] >> j) & 1 and not (ancestors[j] >> i) & 1
+def independent(ancestors: dict[int, tuple[int, int]], i: int, j: int) -> bool:
+    """Whether neither candidate reaches the other (``ancestors`` from ``ancestor_masks``)."""
+    bit_i, mask_i = ancestors[i]
+    bit_j, mask_j = ancestors[j]
+    return not mask_i & bit_j and not mask_j & bit_i
 
 
-def ancestor_masks(jaxpr: Any) -> tuple[Any, list[int]]:
-    """The level's graph and, per equation, the bit mask of its (strict) ancestors."""
+def ancestor_masks(jaxpr: Any, tracked: list[int]) -> tuple[Any, dict[int, tuple[int, int]]]:
+    """The level's graph and, per tracked equation, ``(its bit, its tracked ancestors)``.
+
+    Only tracked equations get bits (by their rank among ``tracked``), so the masks
+    stay as wide as the candidates (a few loops), not the level.
+    """
     inner, _ = _compat.open_jaxpr(jaxpr)
     graph = build_graph(inner)
+    bit = {eqn: 1 << rank for rank, eqn in enumerate(tracked)}
     masks = [0] * graph.size
     for i in range(graph.size):
         mask = 0
         for p in graph.preds[i]:
-            mask |= masks[p] | (1 << p)
+            mask |= masks[p] | bit.get(p, 0)
         masks[i] = mask
-    return graph, masks
+    return graph, {i: (bit[i], masks[i]) for i in tracked}
 
 
 def group_independent(jaxpr: Any, candidates: list[int],
@@ -94,7 +101,7 @@ def group_independent(jaxpr: Any, candidates: list[int],
     ``prefer(group, index)`` ranks the groups to try first. Every group can be
     contracted to one unit, together with all the others, without making a cycle.
     """
-    graph, ancestors = ancestor_masks(jaxpr)
+    graph, ancestors = ancestor_masks(jaxpr, candidates)
     groups: list[list[int]] = []
     for index in candidates:
         options = [g for g in groups if compatible(g, index)
