@@ -1,0 +1,282 @@
+"""How much jaxpar's trace + analysis + rewrite costs next to ``jax.jit(f).lower``.
+
+Synthetic programs of about 1k, 10k and 100k equations: ``CHAINS`` independent chains of
+small ``tanh(x @ w)`` steps that are summed every ``SEGMENT`` steps and fork again from the
+sum (so the planner sees many parallel sections separated by dependent joins), plus a few
+``lax.scan`` s (so the loop passes have work). For each size it times, on a fresh function every
+repetition (no trace cache can help):
+
+* ``lower``: ``jax.jit(f).lower(*args)`` -- JAX's own trace + lowering, the reference;
+* ``make_jaxpr``: ``jax.make_jaxpr(f)(*args)`` -- tracing alone;
+* ``inspect``: ``jaxpar.inspect(f)(*args)`` -- trace + loop passes + plan (target auto);
+* ``rewrite``: ``jax.make_jaxpr(parallel_branches(f, target="gpu"))(*args)`` -- trace +
+  analysis + emission of the rewritten program;
+
+and reports each against ``lower``, and the growth exponent of each (the slope of
+log(time) against log(equations) from the smallest to the largest size; 1.0 is linear).
+``--profile`` runs cProfile over ``inspect`` + ``rewrite`` at the given sizes and prints
+the functions with the most cumulative time (jaxpar's own first).
+
+Run::
+
+    JAX_PLATFORMS=cpu python benchmarks/overhead.py [--sizes 1000,10000,100000]
+        [--repeats 3] [--profile 10000,100000] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import itertools
+import json
+import math
+import os
+import pstats
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import jaxpar
+
+CHAINS = 8
+SEGMENT = 6  # chain steps between joins
+DIM = 128  # big enough that a chain segment is worth a stream in the cost model
+SCANS = 4  # scans in the whole program, whatever its size
+SCAN_STEPS = 16
+EQNS_PER_STEP = 2  # dot_general + tanh
+EQNS_PER_JOIN = CHAINS  # CHAINS - 1 adds and a mul
+
+
+def build_program(target_eqns: int) -> Callable[..., Any]:
+    """A fresh function of about ``target_eqns`` top-level equations (see module doc)."""
+    per_segment = CHAINS * SEGMENT * EQNS_PER_STEP + EQNS_PER_JOIN
+    segments = max(1, round(target_eqns / per_segment))
+    scan_every = max(1, segments // SCANS)
+
+    def program(xs: list[jax.Array], ws: list[jax.Array]) -> list[jax.Array]:
+        xs = list(xs)
+        scans = 0
+        for seg in range(segments):
+            for i in range(CHAINS):
+                for _ in range(SEGMENT):
+                    xs[i] = jnp.tanh(xs[i] @ ws[i])
+            if seg % scan_every == 0 and scans < SCANS:
+                i = scans % CHAINS
+                w = ws[i]
+                xs[i] = lax.scan(lambda c, _, w=w: (jnp.tanh(c @ w), None), xs[i], None,
+                                 length=SCAN_STEPS)[0]
+                scans += 1
+            joined = xs[0]
+            for x in xs[1:]:
+                joined = joined + x
+            xs = [joined * (1.0 / CHAINS)] * CHAINS  # join, then fork again
+        return xs
+
+    return program
+
+
+def program_args() -> tuple[list[jax.ShapeDtypeStruct], list[jax.ShapeDtypeStruct]]:
+    spec = jax.ShapeDtypeStruct((DIM, DIM), jnp.float32)
+    return [spec] * CHAINS, [spec] * CHAINS
+
+
+def count_eqns(jaxpr: Any) -> int:
+    """Equations, counting those inside sub-jaxprs (scan bodies) too."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += 1
+        for sub in _sub_jaxprs(eqn.params):
+            total += count_eqns(sub)
+    return total
+
+
+def _sub_jaxprs(params: Any) -> list[Any]:
+    subs = []
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            inner = getattr(item, "jaxpr", item)
+            if hasattr(inner, "eqns"):
+                subs.append(inner)
+    return subs
+
+
+def stages(target_eqns: int) -> dict[str, Callable[[], Any]]:
+    """Each measured stage as a thunk that builds a fresh program first."""
+    args = program_args()
+
+    def lower() -> Any:
+        return jax.jit(build_program(target_eqns)).lower(*args)
+
+    def make_jaxpr() -> Any:
+        return jax.make_jaxpr(build_program(target_eqns))(*args)
+
+    def inspect() -> Any:
+        return jaxpar.inspect(build_program(target_eqns))(*args)
+
+    def rewrite() -> Any:
+        rewritten = jaxpar.parallel_branches(build_program(target_eqns), target="gpu")
+        return jax.make_jaxpr(rewritten)(*args)
+
+    return {"lower": lower, "make_jaxpr": make_jaxpr, "inspect": inspect, "rewrite": rewrite}
+
+
+def measure(target_eqns: int, repeats: int) -> dict[str, Any]:
+    args = program_args()
+    closed = jax.make_jaxpr(build_program(target_eqns))(*args)
+    plan = jaxpar.inspect(build_program(target_eqns), target="gpu")(*args)
+    entry: dict[str, Any] = {
+        "target_eqns": target_eqns, "top_level_eqns": len(closed.jaxpr.eqns),
+        "total_eqns": count_eqns(closed.jaxpr),
+        "plan_gpu": {"sections": len(plan.sections), "regions": plan.num_regions,
+                     "streams": plan.num_streams, "loops": len(plan.loops),
+                     "left_alone": len(plan.left_alone)},
+        "load_1min": os.getloadavg()[0], "seconds": {}, "samples": {},
+    }
+    samples: dict[str, list[float]] = {name: [] for name in stages(target_eqns)}
+    for _ in range(repeats):  # interleaved, like benchmarks/run.py
+        for name, thunk in stages(target_eqns).items():
+            start = time.perf_counter()
+            thunk()
+            samples[name].append(time.perf_counter() - start)
+    entry["samples"] = samples
+    entry["seconds"] = {name: statistics.median(s) for name, s in samples.items()}
+    entry["ratio_vs_lower"] = {name: statistics.median(
+        [t / lo for t, lo in zip(s, samples["lower"], strict=True)])
+        for name, s in samples.items()}
+    return entry
+
+
+def growth_exponents(entries: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Slope of log(seconds) vs log(equations) between the smallest and the largest size."""
+    if len(entries) < 2:
+        return {}
+    return _slope(entries[0], entries[-1])
+
+
+def _slope(lo: dict[str, Any], hi: dict[str, Any]) -> dict[str, float]:
+    span = math.log(hi["total_eqns"] / lo["total_eqns"])
+    return {name: math.log(hi["seconds"][name] / lo["seconds"][name]) / span
+            for name in lo["seconds"]}
+
+
+def profile(target_eqns: int, top: int) -> dict[str, Any]:
+    """cProfile of inspect + rewrite at one size; top functions by cumulative time."""
+    run = stages(target_eqns)
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    run["inspect"]()
+    run["rewrite"]()
+    profiler.disable()
+    wall = time.perf_counter() - start
+    stats = pstats.Stats(profiler, stream=io.StringIO())
+    rows = []
+    for (path, line, func), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": func, "file": path, "line": line, "calls": ncalls,
+                     "tottime_s": tottime, "cumtime_s": cumtime})
+    total = max((r["cumtime_s"] for r in rows), default=wall) or wall
+
+    def is_ours(row: dict[str, Any]) -> bool:
+        return f"{os.sep}jaxpar{os.sep}" in row["file"]
+
+    def short(row: dict[str, Any]) -> str:
+        path = row["file"]
+        cut = path.rfind(f"{os.sep}jaxpar{os.sep}")
+        where = path[cut + 1:] if cut >= 0 else os.path.basename(path)
+        return f"{where}:{row['line']}({row['function']})"
+
+    ours = sorted((r for r in rows if is_ours(r)), key=lambda r: -r["cumtime_s"])[:top]
+    ours_self = sorted((r for r in rows if is_ours(r)), key=lambda r: -r["tottime_s"])[:top]
+    overall = sorted(rows, key=lambda r: -r["tottime_s"])[:top]
+    fmt = [{"where": short(r), "calls": r["calls"], "cumtime_s": r["cumtime_s"],
+            "tottime_s": r["tottime_s"], "share_cum": r["cumtime_s"] / total} for r in ours]
+    return {"target_eqns": target_eqns, "wall_s": wall, "total_s": total,
+            "jaxpar_by_cumulative": fmt,
+            "jaxpar_by_self": [{"where": short(r), "calls": r["calls"],
+                                "tottime_s": r["tottime_s"], "share_self": r["tottime_s"] / total}
+                               for r in ours_self],
+            "all_by_self": [{"where": short(r), "calls": r["calls"], "tottime_s": r["tottime_s"],
+                             "share_self": r["tottime_s"] / total} for r in overall]}
+
+
+def print_profile(prof: dict[str, Any]) -> None:
+    print(f"\nprofile at ~{prof['target_eqns']} equations (inspect + rewrite, "
+          f"{prof['total_s']:.2f} s under cProfile):")
+    print("  jaxpar functions by cumulative time:")
+    for row in prof["jaxpar_by_cumulative"]:
+        print(f"    {row['share_cum'] * 100:5.1f}%  {row['cumtime_s']:8.3f} s  "
+              f"{row['calls']:>8}  {row['where']}")
+    print("  jaxpar functions by self time:")
+    for row in prof["jaxpar_by_self"]:
+        print(f"    {row['share_self'] * 100:5.1f}%  {row['tottime_s']:8.3f} s  "
+              f"{row['calls']:>8}  {row['where']}")
+    print("  everything by self time:")
+    for row in prof["all_by_self"]:
+        print(f"    {row['share_self'] * 100:5.1f}%  {row['tottime_s']:8.3f} s  "
+              f"{row['calls']:>8}  {row['where']}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--sizes", default="1000,10000,100000",
+                        help="approximate equation counts, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="repetitions per size (sizes >= 50k run once unless given)")
+    parser.add_argument("--profile", default="",
+                        help="sizes to profile with cProfile, comma-separated (e.g. 10000,100000)")
+    parser.add_argument("--top", type=int, default=15, help="rows per profile table")
+    parser.add_argument("--json", help="write the results here")
+    ns = parser.parse_args(argv)
+    sizes = [int(s) for s in ns.sizes.split(",") if s]
+    explicit_repeats = argv is not None and "--repeats" in argv
+    results: dict[str, Any] = {"jax": jax.__version__, "cpu_count": os.cpu_count(),
+                               "load_1min_start": os.getloadavg()[0], "sizes": [],
+                               "profiles": []}
+    print(f"jaxpar overhead vs jax.jit(f).lower, jax {jax.__version__}, "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"  {'eqns':>7s} {'sections':>8s} {'lower s':>8s} {'jaxpr s':>8s} {'inspect s':>9s} "
+          f"{'x lower':>8s} {'rewrite s':>9s} {'x lower':>8s}")
+    for thunk in stages(min(sizes, default=1000)).values():
+        thunk()  # warm up JAX's and jaxpar's per-primitive caches; not timed
+    for size in sizes:
+        repeats = ns.repeats if (size < 50_000 or explicit_repeats) else 1
+        entry = measure(size, repeats)
+        results["sizes"].append(entry)
+        s, r = entry["seconds"], entry["ratio_vs_lower"]
+        print(f"  {entry['total_eqns']:7d} {entry['plan_gpu']['sections']:8d} "
+              f"{s['lower']:8.3f} {s['make_jaxpr']:8.3f} {s['inspect']:9.3f} "
+              f"{r['inspect']:8.2f} {s['rewrite']:9.3f} {r['rewrite']:8.2f}", flush=True)
+    results["growth_exponent"] = growth_exponents(results["sizes"])
+    if results["growth_exponent"]:
+        print("  growth exponent (log-log slope, smallest to largest size): " + ", ".join(
+            f"{name} {value:.2f}" for name, value in results["growth_exponent"].items()))
+    entries = results["sizes"]
+    results["growth_exponent_steps"] = []
+    for lo, hi in itertools.pairwise(entries):
+        step = _slope(lo, hi)
+        results["growth_exponent_steps"].append(
+            {"from": lo["total_eqns"], "to": hi["total_eqns"], **step})
+        if len(entries) > 2:
+            print(f"    {lo['total_eqns']} -> {hi['total_eqns']}: " + ", ".join(
+                f"{name} {value:.2f}" for name, value in step.items()))
+    for size in [int(s) for s in ns.profile.split(",") if s]:
+        prof = profile(size, ns.top)
+        results["profiles"].append(prof)
+        print_profile(prof)
+    results["load_1min_end"] = os.getloadavg()[0]
+    if ns.json:
+        with open(ns.json, "w") as handle:
+            json.dump(results, handle, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    main()

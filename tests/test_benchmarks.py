@@ -1,0 +1,85 @@
+"""Smoke test of benchmarks/run.py: every workload at its smallest size, run once.
+
+No timing is asserted: only that plain ``jax.jit`` and both jaxpar variants compute the same
+values, and that the JSON the script writes has the keys readers of it rely on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_run_module() -> Any:
+    spec = importlib.util.spec_from_file_location("jaxpar_benchmarks_run",
+                                                  ROOT / "benchmarks" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_run_module()
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    path = tmp_path_factory.mktemp("bench") / "run.json"
+    returned = bench.main(["--size", "smoke", "--repeats", "1", "--gpu-preview", "off",
+                           "--json", str(path)])
+    written = json.loads(path.read_text())
+    assert written["workloads"].keys() == returned["workloads"].keys()
+    return written
+
+
+def test_json_has_expected_keys(smoke_results: dict[str, Any]) -> None:
+    meta = smoke_results["meta"]
+    for key in ("jax", "jaxpar", "backend", "size", "repeats", "cpu_count",
+                "load_1min_start", "load_1min_end", "wall_s"):
+        assert key in meta, key
+    assert meta["size"] == "smoke" and meta["repeats"] == 1
+    assert list(smoke_results["workloads"]) == list(bench.WORKLOADS)
+    for name, entry in smoke_results["workloads"].items():
+        for key in ("description", "size", "variants", "max_abs_diff", "max_abs_value",
+                    "plan", "gpu_preview", "load_1min"):
+            assert key in entry, (name, key)
+        assert set(entry["variants"]) == set(bench.VARIANTS), name
+        for figures in entry["variants"].values():
+            assert set(figures) >= {"median_ms", "ratio_vs_plain", "samples_ms",
+                                    "first_call_s"}, name
+            assert len(figures["samples_ms"]) == 1
+        assert set(entry["max_abs_diff"]) == {"jaxpar_auto", "jaxpar_gpu"}, name
+        assert set(entry["plan"]) == {"auto", "gpu"}, name
+        for plan in entry["plan"].values():
+            assert set(plan) >= {"target", "sections", "regions", "streams", "loops"}, name
+        assert entry["gpu_preview"] == {"skipped": "--gpu-preview off"}
+
+
+@pytest.mark.parametrize("name", list(bench.WORKLOADS))
+def test_jaxpar_matches_plain(smoke_results: dict[str, Any], name: str) -> None:
+    entry = smoke_results["workloads"][name]
+    scale = max(1.0, entry["max_abs_value"])
+    for variant, diff in entry["max_abs_diff"].items():
+        assert diff <= 1e-5 * scale, (name, variant, diff)
+
+
+def test_gpu_preview_keys() -> None:
+    ok, message = bench.plugin_status()
+    if not ok:
+        pytest.skip(message)
+    # Stream-annotated calls without loops inside: compiles on every jaxlib we support.
+    preview = bench.preview_in_process(bench.WORKLOADS["mlp_ensemble"], "smoke",
+                                       on_this_gpu=False)
+    assert preview["source"] == "deviceless h200"
+    for variant in ("plain", "jaxpar_gpu"):
+        assert set(preview[variant]) >= {"loops", "trips", "kernels_per_trip", "entry_kernels",
+                                         "async_calls_in_flight", "stream_ids", "compile_s"}
+        json.dumps(preview[variant])  # JSON-serialisable
