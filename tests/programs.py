@@ -23,17 +23,26 @@ Grammar of a spec:
 
 Every value in a program is an `(n, n)` float32 array; a node appends its results to the
 block's list of values, and `v` above is an index into that list. Scan `xs` are built from
-`(n, n)` values, and `ys_mode == "raw"` (top level only) returns the stacked `ys` as an extra
-output leaf of shape `(length, n, n)`.
+`(n, n)` values; `ys_mode` is "mean" or "last" (the `ys` reduced to `(n, n)` values), or
+"raw" (top level only: the stacked `ys` become extra output leaves of shape
+`(length, n, n)`). `output_kind` ("single", "tuple", "dict", "nested") shapes the output tree.
+
+`programs()` draws general DAGs (a quarter of them pure chains; many with a `parallel` node
+of 2-4 independent matmul or scan chains); `scan_programs()` draws programs made mostly of
+independent and dependent scans, of mixed directions and often equal lengths, with consts,
+nested scans and conds in their bodies.
 
 Values stay tame: the drawing code tracks a bound on every value and inserts a `tanh` node
 after anything that may exceed `_TAME` (every matmul, sums, products), and operands are taken
 only from tame values, so outputs and gradients stay finite.
 
 Sharp edges:
-    Branch predicates depend on data (`sum(v) > 0`, `argmax`), so two programs that differ
-    only by rounding may take different branches; compare programs bit-exactly or not at all
-    where a `cond` is involved.
+    Branch predicates depend on data (`sum(v) > 0`, `argmax`): where two computations of a
+    program round differently, a predicate sitting within rounding of its threshold can pick
+    another branch (rare, but then no tolerance helps).
+    Some gradients cancel badly, e.g. that of `x - max(x)` at the maximum: eager and jitted
+    gradients of the same program can differ by 1e-4 there (jax 0.12), so compare
+    gradients computed the same way.
 """
 
 from __future__ import annotations
