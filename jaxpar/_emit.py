@@ -51,6 +51,7 @@ class Emitter:
         self.emit_streams = emit_streams
         self._region_io: dict[tuple[int, int, int], tuple[list[Any], list[Any]]] = {}
         self._params: dict[tuple[int, int], dict[str, Any] | None] = {}
+        self._readers: dict[int, dict[Any, list[int]]] = {}
 
     def run(self, consts: Sequence[Any], *args: Any, emit_streams: bool = True) -> list[Any]:
         if not (self.emit_streams and emit_streams):
@@ -118,7 +119,10 @@ class Emitter:
         key = (id(level), s, r)
         hit = self._region_io.get(key)
         if hit is None:
-            hit = region_io(level, level.sections[s].regions[r].eqns)
+            readers = self._readers.get(id(level))
+            if readers is None:
+                readers = self._readers[id(level)] = _readers(level)
+            hit = region_io(level, level.sections[s].regions[r].eqns, readers)
             self._region_io[key] = hit
         return hit
 
@@ -147,7 +151,25 @@ class Emitter:
         return run
 
 
-def region_io(level: LevelPlan, region_eqns: Sequence[int]) -> tuple[list[Any], list[Any]]:
+_OUTPUT = -1  # stands for "read by the jaxpr's outputs" in ``_readers``
+
+
+def _readers(level: LevelPlan) -> dict[Any, list[int]]:
+    """For each variable of the level, the equations reading it (``_OUTPUT``: the outputs)."""
+    inner, _ = _compat.open_jaxpr(level.jaxpr)
+    readers: dict[Any, list[int]] = {}
+    for i, eqn in enumerate(inner.eqns):
+        for v in eqn.invars:
+            if not _compat.is_literal(v):
+                readers.setdefault(v, []).append(i)
+    for v in inner.outvars:
+        if not _compat.is_literal(v):
+            readers.setdefault(v, []).append(_OUTPUT)
+    return readers
+
+
+def region_io(level: LevelPlan, region_eqns: Sequence[int],
+              readers: dict[Any, list[int]]) -> tuple[list[Any], list[Any]]:
     """Variables a region reads from outside, and those it must return."""
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns = inner.eqns
@@ -159,12 +181,9 @@ def region_io(level: LevelPlan, region_eqns: Sequence[int]) -> tuple[list[Any], 
             if not _compat.is_literal(v) and v not in defined:
                 inputs.setdefault(v, None)
         defined.update(v for v in eqns[i].outvars if not _compat.is_drop_var(v))
-    used_outside: set[Any] = {v for v in inner.outvars if not _compat.is_literal(v)}
-    for i, eqn in enumerate(eqns):
-        if i not in members:
-            used_outside.update(v for v in eqn.invars if not _compat.is_literal(v))
     outputs = [v for i in region_eqns for v in eqns[i].outvars
-               if not _compat.is_drop_var(v) and v in used_outside]
+               if not _compat.is_drop_var(v)
+               and any(r not in members for r in readers.get(v, ()))]
     return list(inputs), outputs
 
 
