@@ -480,6 +480,8 @@ class _SectionFinder:
 
         self.unit_anc = {u: to_units(self._or(self.heavy_anc, self.members[u]))
                          for u in self.units}
+        self.unit_desc = {u: to_units(self._or(self.heavy_desc, self.members[u]))
+                          for u in self.units}
 
     @staticmethod
     def _or(masks: list[int], positions: list[int]) -> int:
@@ -559,45 +561,55 @@ class _SectionFinder:
         return min(loads) if len(loads) >= 2 else 0.0
 
     def _components(self, positions: list[int]) -> list[list[int]]:
-        """Connected components of the comparability graph on ``positions``."""
-        parent = {k: k for k in positions}
+        """Connected components of the comparability graph on ``positions``.
 
-        def find(k: int) -> int:
-            while parent[k] != k:
-                parent[k] = parent[parent[k]]
-                k = parent[k]
-            return k
-
-        mask = 0
+        A breadth-first search over bit masks: each unit is expanded once, by the
+        units it reaches or is reached from.
+        """
+        remaining = 0
         for k in positions:
-            mask |= 1 << k
-        for k in positions:
-            related = self.unit_anc[k] & mask & ~(1 << k)
-            while related:
-                low = related & -related
-                j = low.bit_length() - 1
-                related ^= low
-                a, b = find(j), find(k)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-        groups: dict[int, list[int]] = {}
-        for k in positions:
-            groups.setdefault(find(k), []).append(k)
-        return sorted(groups.values(), key=lambda g: g[0])
+            remaining |= 1 << k
+        components = []
+        while remaining:
+            seed = remaining & -remaining
+            component = frontier = seed
+            while frontier:
+                grown = 0
+                while frontier:
+                    low = frontier & -frontier
+                    k = low.bit_length() - 1
+                    frontier ^= low
+                    grown |= self.unit_anc[k] | self.unit_desc[k]
+                frontier = grown & remaining & ~component
+                component |= frontier
+            remaining &= ~component
+            members = []
+            while component:
+                low = component & -component
+                members.append(low.bit_length() - 1)
+                component ^= low
+            components.append(members)
+        return components  # ordered by smallest member: seeds are taken lowest first
 
     def _series_parts(self, positions: list[int]) -> list[list[int]]:
         """Splits at every cut that all earlier nodes reach all later nodes across.
 
         Where there is no such cut (the order is not series-parallel here), splits at
-        the cut with the fewest unordered pairs across it: still valid, since only
-        parallel nodes become sections, and it keeps most of the parallelism.
+        the cut leaving the fewest earlier nodes unordered with some later node: still
+        valid, since only parallel nodes become sections, and it keeps most of the
+        parallelism. Linear in ``positions`` (suffix intersections of the masks).
         """
+        count = len(positions)
+        reached_by_all = [0] * (count + 1)  # AND of the ancestor masks of positions[c:]
+        reached_by_all[count] = -1
+        for c in range(count - 1, -1, -1):
+            reached_by_all[c] = reached_by_all[c + 1] & self.unit_anc[positions[c]]
         cuts = []
         best: tuple[int, int] | None = None
         prefix = 0
-        for cut in range(1, len(positions)):
+        for cut in range(1, count):
             prefix |= 1 << positions[cut - 1]
-            unordered = sum((prefix & ~self.unit_anc[k]).bit_count() for k in positions[cut:])
+            unordered = (prefix & ~reached_by_all[cut]).bit_count()
             if unordered == 0:
                 cuts.append(cut)
             elif best is None or unordered < best[0]:
@@ -605,7 +617,7 @@ class _SectionFinder:
         if not cuts and best is not None:
             cuts = [best[1]]
         parts, start = [], 0
-        for cut in [*cuts, len(positions)]:
+        for cut in [*cuts, count]:
             parts.append(positions[start:cut])
             start = cut
         return parts
