@@ -39,7 +39,7 @@ run_job() {  # $1 = python version, $2 = jax pin ("" = newest allowed), $3 = "pl
     jaxver=$("$venv/bin/python" -c "import jaxlib; print(jaxlib.__version__)")
     "$venv/bin/pip" install -q --no-deps "jax-cuda12-plugin==$jaxver" "jax-cuda12-pjrt==$jaxver"
   fi
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider "${@:4}"
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "${@:4}"
 }
 
 # Headless Chromium for the browser test of the plan pictures (Debian's package).
