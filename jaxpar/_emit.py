@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _compat
+from ._interp import Env
 from ._plan import LevelPlan
 from .passes.collectives import emit_collective_group
 
@@ -60,16 +61,8 @@ class Emitter:
 
     def _evaluate(self, level: LevelPlan, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         inner, _ = _compat.open_jaxpr(level.jaxpr)
-        env: dict[Any, Any] = {}
-
-        def read(atom: Any) -> Any:
-            return _compat.literal_value(atom) if _compat.is_literal(atom) else env[atom]
-
-        def write(variables: Sequence[Any], values: Sequence[Any]) -> None:
-            for var, value in zip(variables, values, strict=True):
-                if not _compat.is_drop_var(var):
-                    env[var] = value
-
+        env = Env()
+        read, write = env.read, env.write
         write(inner.constvars, consts)
         write(inner.invars, args)
         nested = {index: subs for index, subs in level.nested
@@ -109,7 +102,7 @@ class Emitter:
             if packed:
                 body = _packed(body)
             call = _compat.stream_call(body, stream_attributes(region.stream, section.group))
-            results = call(*[env[v] for v in in_vars])
+            results = call(*env.read_all(in_vars))
             if packed:
                 results = _unpack(results, [v.aval for v in out_vars])
             write(out_vars, results)
@@ -189,15 +182,11 @@ def region_io(level: LevelPlan, region_eqns: Sequence[int],
 
 def _region_body(eqns: list[Any], in_vars: list[Any], out_vars: list[Any]) -> Callable[..., Any]:
     def body(*values: Any) -> tuple[Any, ...]:
-        env = dict(zip(in_vars, values, strict=True))
+        env = Env()
+        env.write(in_vars, values)
         for eqn in eqns:
-            outs = _compat.bind_eqn(
-                eqn, [_compat.literal_value(v) if _compat.is_literal(v) else env[v]
-                      for v in eqn.invars])
-            for var, value in zip(eqn.outvars, outs, strict=True):
-                if not _compat.is_drop_var(var):
-                    env[var] = value
-        return tuple(env[v] for v in out_vars)
+            env.write(eqn.outvars, _compat.bind_eqn(eqn, env.read_all(eqn.invars)))
+        return tuple(env.read_all(out_vars))
     return body
 
 

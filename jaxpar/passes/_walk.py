@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import _compat
 from .._graph import Graph, build_graph
+from .._interp import Env
 from .._plan import RegionPlan, SectionPlan, order_units
 
 KIND_FUSED = "fused"
@@ -108,16 +109,8 @@ def _evaluate_open(inner: Any, consts: Sequence[Any], args: Sequence[Any],
                    params: dict[int, dict[str, Any]],
                    plan: tuple[tuple[tuple[Any, ...], ...], list[Rewrite]] | None
                    ) -> list[Any]:
-    env: dict[Any, Any] = {}
-
-    def read(atom: Any) -> Any:
-        return _compat.literal_value(atom) if _compat.is_literal(atom) else env[atom]
-
-    def write(variables: Sequence[Any], values: Sequence[Any]) -> None:
-        for var, value in zip(variables, values, strict=True):
-            if not _compat.is_drop_var(var):
-                env[var] = value
-
+    env = Env()
+    read, write = env.read, env.write
     write(inner.constvars, consts)
     write(inner.invars, args)
     eqns = inner.eqns
