@@ -30,8 +30,12 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from . import _compat
+
+if TYPE_CHECKING:
+    from ._inspect import Plan
 
 __all__ = ["FlagsNotAppliedWarning", "check_flags_applied", "flags_as_options", "xla_flags"]
 
@@ -40,13 +44,21 @@ class FlagsNotAppliedWarning(UserWarning):
     """XLA flags were requested after the JAX backend started."""
 
 
-def xla_flags(*, collectives: bool = True, multi_stream_collectives: bool = False,
-              collective_overlap_limit: int = 2, async_compute_limit: int = 2,
+def xla_flags(plan: Plan | None = None, *, collectives: bool | None = None,
+              multi_stream_collectives: bool = False, collective_overlap_limit: int = 2,
+              async_compute_limit: int | None = None,
               command_buffers: bool = False) -> list[str]:
     """The ``XLA_FLAGS`` entries that make jaxpar's output effective.
 
+    Pass the ``Plan`` of your program (``jaxpar.inspect(f)(*args)``) to get the
+    flags for what it uses: the DotMerger threshold only when it has
+    collectives, and an async compute limit covering its widest section.
+    Explicit arguments override what the plan implies.
+
     Args:
-      collectives: add ``--xla_gpu_dot_merger_threshold_mb=0``. XLA's
+      plan: the program's plan; None gives the defaults below.
+      collectives: add ``--xla_gpu_dot_merger_threshold_mb=0`` (default: when
+        ``plan`` has collectives, or always without a plan). XLA's
         ``DotMerger`` merges the per-step matmuls of a hand-written collective
         matmul (they share the weight block) into one GEMM that must wait for
         every transfer, erasing all communication/compute overlap (seen in a
@@ -61,7 +73,8 @@ def xla_flags(*, collectives: bool = True, multi_stream_collectives: bool = Fals
       collective_overlap_limit: the N above.
       async_compute_limit: ``--xla_gpu_experimental_parallel_async_compute_limit``
         (XLA default 2): how many stream-annotated calls may be in flight; set
-        it to jaxpar's ``max_streams`` to use more than two streams.
+        it to jaxpar's ``max_streams`` to use more than two streams (default:
+        the plan's widest section, at least 2).
       command_buffers: add ``--xla_gpu_enable_command_buffer=+WHILE`` so loops
         become CUDA-graph conditional nodes (no per-iteration host launches;
         needs CUDA >= 12.3).
@@ -72,6 +85,11 @@ def xla_flags(*, collectives: bool = True, multi_stream_collectives: bool = Fals
     Raises:
       ValueError: a limit below 1.
     """
+    if collectives is None:
+        collectives = plan is None or bool(plan.collectives)
+    if async_compute_limit is None:
+        widest = max((len(section.regions) for section in plan.sections), default=0) if plan else 0
+        async_compute_limit = max(2, widest)
     if collective_overlap_limit < 1 or async_compute_limit < 1:
         raise ValueError("collective_overlap_limit and async_compute_limit must be >= 1, got "
                          f"{collective_overlap_limit} and {async_compute_limit}")

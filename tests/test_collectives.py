@@ -206,6 +206,25 @@ def test_xla_flags():
         _flags.xla_flags(async_compute_limit=0)
 
 
+def test_xla_flags_follow_the_plan(monkeypatch):
+    import jaxpar
+
+    def four(x, w1, w2, w3, w4):
+        return sum(jnp.tanh(jnp.tanh(x @ w) @ w) for w in (w1, w2, w3, w4))
+
+    args = [jnp.ones((512, 512)) * 0.01] * 5
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_experimental_parallel_async_compute_limit=4")
+    plan = jaxpar.inspect(four, target="gpu")(*args)
+    assert max(len(s.regions) for s in plan.sections) == 4
+    flags = jaxpar.xla_flags(plan)
+    # No collectives: no DotMerger flag; four streams: a limit of four.
+    assert "--xla_gpu_dot_merger_threshold_mb=0" not in flags
+    assert "--xla_gpu_experimental_parallel_async_compute_limit=4" in flags
+    assert jaxpar.check_flags_applied(flags)
+    assert "--xla_gpu_experimental_parallel_async_compute_limit=3" in jaxpar.xla_flags(
+        plan, async_compute_limit=3)
+
+
 def test_check_flags_applied(monkeypatch):
     flags = _flags.xla_flags()
     monkeypatch.setenv("XLA_FLAGS", " ".join(flags))
