@@ -43,13 +43,20 @@ except ImportError:  # tests/ imported as a package
 # Each example draws one; the first is where shrinking goes.
 CONFIGURATIONS: tuple[dict[str, Any], ...] = (
     {"target": "gpu"},
+    # Stream tags only, loop rewrites off.
+    {"target": "gpu", "min_cost_us": 0.0, "fuse_scans": False, "batch_scans": False,
+     "unroll": None},
     # Plans every independent branch, however cheap: most random programs get rewritten
     # (about 60%, against 15% with the default threshold).
     {"target": "gpu", "min_cost_us": 0.0},
     {"target": "cpu"},
 )
 GPU_CONFIGURATIONS = tuple(c for c in CONFIGURATIONS if c["target"] == "gpu")
-FLOAT32_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
+# target="cpu" re-emits the program unchanged: bit-exact. target="gpu" wraps regions in
+# non-inlined calls, around which XLA:CPU fuses (and so rounds) differently by an ulp or
+# two, and its loop rewrites (unroll, fusion) reassociate float32 arithmetic.
+VALUE_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
+GRAD_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
 # Half the examples are general DAGs, half scan-heavy programs.
 any_program = st.one_of(programs(), scan_programs())
@@ -77,11 +84,12 @@ def scalar_loss(fn: Callable[..., Any]) -> Callable[..., jax.Array]:
 
 
 @given(program=any_program, options=configurations)
-def test_values_are_bit_exact(program: Program, options: dict[str, Any]) -> None:
+def test_values_match(program: Program, options: dict[str, Any]) -> None:
     g = jaxpar.parallel_branches(program.fn, **options)
     expected = jax.jit(program.fn)(*program.args)
-    assert_trees_equal(jax.jit(g)(*program.args), expected)
-    assert_trees_equal(g(*program.args), expected)
+    tolerance = {} if options["target"] == "cpu" else VALUE_TOLERANCE
+    assert_trees_equal(jax.jit(g)(*program.args), expected, **tolerance)
+    assert_trees_equal(g(*program.args), expected, **tolerance)
 
 
 @given(program=any_program, options=configurations)
@@ -92,7 +100,7 @@ def test_grad_matches(program: Program, options: dict[str, Any]) -> None:
     for leaf in jax.tree.leaves(expected):
         assert np.all(np.isfinite(leaf)), "the program's own gradient is not finite"
     actual = jax.jit(jax.grad(scalar_loss(g), argnums))(*program.args)
-    assert_trees_equal(actual, expected, **FLOAT32_TOLERANCE)
+    assert_trees_equal(actual, expected, **GRAD_TOLERANCE)
 
 
 @given(program=any_program, options=configurations)
@@ -100,7 +108,7 @@ def test_vmap_matches(program: Program, options: dict[str, Any]) -> None:
     g = jaxpar.parallel_branches(program.fn, **options)
     batch = stacked_batch(program.args)
     expected = jax.vmap(program.fn)(*batch)
-    assert_trees_equal(jax.vmap(g)(*batch), expected, **FLOAT32_TOLERANCE)
+    assert_trees_equal(jax.vmap(g)(*batch), expected, **VALUE_TOLERANCE)
 
 
 @given(program=any_program)
