@@ -345,19 +345,24 @@ def _deviceless_ready() -> str | None:
     return None if ok else message
 
 
-def test_deviceless_h200_both_directions_in_flight():
-    reason = _deviceless_ready()
-    if reason:
-        pytest.skip(reason)
-    out = run_8_devices(_GROUPED + """
-import re
+# The collective matmul on 8 deviceless H200s, bf16 blocks big enough to be worth overlapping.
+_H200_COLLECTIVE_MATMUL = """
 from jax.sharding import NamedSharding, PartitionSpec as P
-from jaxpar._deviceless import compile_for_gpu, make_gpu_mesh
+from jaxpar._deviceless import compile_for_gpu, make_gpu_mesh, parse_schedule
 import collective_matmul as cm
 mesh = make_gpu_mesh("h200", 8)
 f = cm.make_collective_matmul(mesh)
 x = jax.ShapeDtypeStruct((8 * 512, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("x", None)))
 w = jax.ShapeDtypeStruct((1024, 8 * 512), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, "x")))
+"""
+
+
+def test_deviceless_h200_both_directions_in_flight():
+    reason = _deviceless_ready()
+    if reason:
+        pytest.skip(reason)
+    out = run_8_devices(_GROUPED + _H200_COLLECTIVE_MATMUL + """
+import re
 lowered = jax.jit(grouped(f)).trace(x, w).lower().as_text()
 assert lowered.count('_collectives_group = ""') == 3, lowered
 text = compile_for_gpu(grouped(f), x, w, mesh=mesh,
@@ -395,14 +400,7 @@ def test_deviceless_h200_every_group_overlaps_a_compute_region():
     reason = _deviceless_ready()
     if reason:
         pytest.skip(reason)
-    out = run_8_devices(_GROUPED + """
-from jax.sharding import NamedSharding, PartitionSpec as P
-from jaxpar._deviceless import compile_for_gpu, make_gpu_mesh, parse_schedule
-import collective_matmul as cm
-mesh = make_gpu_mesh("h200", 8)
-f = cm.make_collective_matmul(mesh)
-x = jax.ShapeDtypeStruct((8 * 512, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("x", None)))
-w = jax.ShapeDtypeStruct((1024, 8 * 512), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, "x")))
+    out = run_8_devices(_GROUPED + _H200_COLLECTIVE_MATMUL + """
 plan = jaxpar.inspect(grouped(f))(x, w)
 groups = [c for c in plan.collectives if c.grouped]
 assert len(groups) == 3 and all(c.directions == "forward, backward" for c in groups), plan
