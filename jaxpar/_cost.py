@@ -154,7 +154,7 @@ def _conv_rule(model: CostModel, eqn: Any) -> Cost:
 @register_cost_rule("scan")
 def _scan_rule(model: CostModel, eqn: Any) -> Cost:
     body = model.jaxpr_cost(eqn.params["jaxpr"])
-    return body.scale(_compat.scan_length(eqn)) + Cost(kernels=0.0)
+    return body.scale(_compat.scan_length(eqn))
 
 
 @register_cost_rule("while")
