@@ -54,7 +54,8 @@ def _scalar_loss(out: Any) -> jax.Array:
     return sum(jnp.mean(jnp.square(leaf.astype(jnp.float32))) for leaf in leaves)
 
 
-def _assert_trees_equal(got: Any, want: Any) -> None:
+def _assert_trees(got: Any, want: Any, *, exact: bool) -> None:
+    """Same structure; leaves bit-exact (same dtype) or within the gradient tolerance."""
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
     for path, got_leaf, want_leaf in zip(
         [p for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]],
@@ -63,21 +64,21 @@ def _assert_trees_equal(got: Any, want: Any) -> None:
         strict=True,
     ):
         got_leaf, want_leaf = _comparable(got_leaf), _comparable(want_leaf)
-        assert got_leaf.dtype == want_leaf.dtype, jax.tree_util.keystr(path)
-        np.testing.assert_array_equal(got_leaf, want_leaf, err_msg=jax.tree_util.keystr(path))
+        where = jax.tree_util.keystr(path)
+        if exact:
+            assert got_leaf.dtype == want_leaf.dtype, where
+            np.testing.assert_array_equal(got_leaf, want_leaf, err_msg=where)
+        else:
+            np.testing.assert_allclose(got_leaf, want_leaf, rtol=GRAD_RTOL, atol=GRAD_ATOL,
+                                       err_msg=where)
+
+
+def _assert_trees_equal(got: Any, want: Any) -> None:
+    _assert_trees(got, want, exact=True)
 
 
 def _assert_trees_close(got: Any, want: Any) -> None:
-    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for path, got_leaf, want_leaf in zip(
-        [p for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]],
-        jax.tree_util.tree_leaves(got),
-        jax.tree_util.tree_leaves(want),
-        strict=True,
-    ):
-        np.testing.assert_allclose(
-            _comparable(got_leaf), _comparable(want_leaf), rtol=GRAD_RTOL, atol=GRAD_ATOL,
-            err_msg=jax.tree_util.keystr(path))
+    _assert_trees(got, want, exact=False)
 
 
 def _comparable(leaf: Any) -> np.ndarray:
