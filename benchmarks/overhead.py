@@ -11,6 +11,8 @@ repetition (no trace cache can help):
 * ``inspect``: ``jaxpar.inspect(f)(*args)`` -- trace + loop passes + plan (target auto);
 * ``rewrite``: ``jax.make_jaxpr(parallel_branches(f, target="gpu"))(*args)`` -- trace +
   analysis + emission of the rewritten program;
+* ``analysis``: ``inspect`` minus ``make_jaxpr`` of the same repetition -- what jaxpar's
+  loop passes and planner cost beyond the trace JAX does anyway;
 
 and reports each against ``lower``, and the growth exponent of each (the slope of
 log(time) against log(equations) from the smallest to the largest size; 1.0 is linear).
@@ -146,6 +148,9 @@ def measure(target_eqns: int, repeats: int) -> dict[str, Any]:
             start = time.perf_counter()
             thunk()
             samples[name].append(time.perf_counter() - start)
+    # The analysis proper: what inspect costs beyond JAX's own trace, per repetition.
+    samples["analysis"] = [i - t for i, t in zip(samples["inspect"], samples["make_jaxpr"],
+                                                 strict=True)]
     entry["samples"] = samples
     entry["seconds"] = {name: statistics.median(s) for name, s in samples.items()}
     entry["ratio_vs_lower"] = {name: statistics.median(
@@ -164,6 +169,7 @@ def growth_exponents(entries: Sequence[dict[str, Any]]) -> dict[str, float]:
 def _slope(lo: dict[str, Any], hi: dict[str, Any]) -> dict[str, float]:
     span = math.log(hi["total_eqns"] / lo["total_eqns"])
     return {name: math.log(hi["seconds"][name] / lo["seconds"][name]) / span
+            if min(hi["seconds"][name], lo["seconds"][name]) > 0 else math.nan  # noise
             for name in lo["seconds"]}
 
 
@@ -243,7 +249,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"jaxpar overhead vs jax.jit(f).lower, jax {jax.__version__}, "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"  {'eqns':>7s} {'sections':>8s} {'lower s':>8s} {'jaxpr s':>8s} {'inspect s':>9s} "
-          f"{'x lower':>8s} {'rewrite s':>9s} {'x lower':>8s}")
+          f"{'x lower':>8s} {'analysis s':>10s} {'x lower':>8s} {'rewrite s':>9s} "
+          f"{'x lower':>8s}")
     for thunk in stages(min(sizes, default=1000)).values():
         thunk()  # warm up JAX's and jaxpar's per-primitive caches; not timed
     for size in sizes:
@@ -253,7 +260,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         s, r = entry["seconds"], entry["ratio_vs_lower"]
         print(f"  {entry['total_eqns']:7d} {entry['plan_gpu']['sections']:8d} "
               f"{s['lower']:8.3f} {s['make_jaxpr']:8.3f} {s['inspect']:9.3f} "
-              f"{r['inspect']:8.2f} {s['rewrite']:9.3f} {r['rewrite']:8.2f}", flush=True)
+              f"{r['inspect']:8.2f} {s['analysis']:10.3f} {r['analysis']:8.2f} "
+              f"{s['rewrite']:9.3f} {r['rewrite']:8.2f}", flush=True)
     results["growth_exponent"] = growth_exponents(results["sizes"])
     if results["growth_exponent"]:
         print("  growth exponent (log-log slope, smallest to largest size): " + ", ".join(

@@ -21,6 +21,7 @@ Sharp edges:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -56,8 +57,10 @@ __all__ = [
     "is_tracer",
     "make_closed_jaxpr",
     "open_jaxpr",
+    "replace_eqn",
     "retrace_like",
     "source_summary",
+    "splice_jaxpr",
     "stream_call",
 ]
 
@@ -163,6 +166,37 @@ def retrace_like(fn: Callable[..., Any], original: Any) -> Any | None:
     return new_inner
 
 
+def replace_eqn(eqn: Any, *, invars: Sequence[Any] | None = None,
+                params: dict[str, Any] | None = None) -> Any:
+    """``eqn`` with new input atoms and/or parameters (same outputs, source info, context)."""
+    if invars is None and params is None:
+        return eqn
+    return eqn.replace(invars=None if invars is None else list(invars), params=params)
+
+
+def splice_jaxpr(original: Any, eqns: Sequence[Any], outvars: Sequence[Any],
+                 new_constvars: Sequence[Any] = (), new_consts: Sequence[Any] = ()
+                 ) -> Any | None:
+    """``original`` with new equations and outputs, and constants appended.
+
+    Same kind (open or closed), invars, effects and debug info as ``original``: the
+    caller guarantees that ``eqns`` compute ``outvars`` from the same inputs with the
+    same effects. Returns None when ``original`` is an open jaxpr (``remat`` and
+    ``shard_map`` bodies up to jax 0.10) and there are constants to add.
+    """
+    inner, consts = open_jaxpr(original)
+    constvars = [*inner.constvars, *new_constvars]
+    all_consts = [*consts, *new_consts]
+    if _UNIFIED_JAXPR:
+        return original.replace(constvars=constvars, consts=all_consts, eqns=list(eqns),
+                                outvars=list(outvars), debug_info=original.debug_info)
+    if new_constvars and not isinstance(original, ClosedJaxpr):
+        return None
+    new_inner = inner.replace(constvars=constvars, eqns=list(eqns), outvars=list(outvars),
+                              debug_info=inner.debug_info)
+    return ClosedJaxpr(new_inner, all_consts) if isinstance(original, ClosedJaxpr) else new_inner
+
+
 def eqn_subjaxprs(eqn: Any) -> Iterator[tuple[str, int | None, Any]]:
     """Yields ``(param_name, index_or_None, jaxpr)`` for every jaxpr parameter.
 
@@ -253,12 +287,12 @@ def aval_nbytes(aval: Any) -> int:
         itemsize = np.dtype(dtype).itemsize
     except TypeError:  # extended dtypes such as PRNG keys
         itemsize = 8
-    return int(np.prod(shape, dtype=np.int64)) * itemsize
+    return math.prod(shape) * itemsize
 
 
 def aval_size(aval: Any) -> int:
     shape = getattr(aval, "shape", None)
-    return int(np.prod(shape, dtype=np.int64)) if shape is not None else 0
+    return math.prod(shape) if shape is not None else 0
 
 
 def scan_length(eqn: Any) -> int:

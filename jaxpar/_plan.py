@@ -470,12 +470,19 @@ class _SectionFinder:
             self.members.setdefault(root, []).append(k)
         self.units = sorted(self.members)
 
+        # Most positions are their own unit: only the attached ones need remapping.
+        moved_mask = 0
+        for k, root in enumerate(roots):
+            if root != k:
+                moved_mask |= 1 << k
+
         def to_units(mask: int) -> int:
-            out = 0
-            while mask:
-                low = mask & -mask
+            out = mask & ~moved_mask
+            moved = mask & moved_mask
+            while moved:
+                low = moved & -moved
                 out |= 1 << roots[low.bit_length() - 1]
-                mask ^= low
+                moved ^= low
             return out
 
         self.unit_anc = {u: to_units(self._or(self.heavy_anc, self.members[u]))

@@ -2,8 +2,8 @@
 
 A *level pass* looks at the equations of one jaxpr level and returns the
 rewrites it wants (``Rewrite``: some equation indices and a function that emits
-their replacement) plus ``LoopDecision``s. ``rebuild_level`` re-traces the level
-with those rewrites applied, emitting every rewrite at a point where all its
+their replacement) plus ``LoopDecision``s. ``rebuild_level`` traces each rewrite
+on its own and splices its equations into the level at a point where all its
 inputs exist (the order comes from ``_plan.order_units``, which contracts each
 rewrite's equations to one unit). ``walk_levels`` runs level passes at every
 nesting level, innermost first, through every jaxpr-valued parameter.
@@ -102,34 +102,12 @@ LevelPass = Callable[[Any, str], tuple[list[Rewrite], list[LoopDecision]]]
 def evaluate(jaxpr: Any, *args: Any) -> list[Any]:
     """Evaluates a closed or open jaxpr under the current trace, keeping source info."""
     inner, consts = _compat.open_jaxpr(jaxpr)
-    return _evaluate_open(inner, consts, args, {}, None)
-
-
-def _evaluate_open(inner: Any, consts: Sequence[Any], args: Sequence[Any],
-                   params: dict[int, dict[str, Any]],
-                   plan: tuple[tuple[tuple[Any, ...], ...], list[Rewrite]] | None
-                   ) -> list[Any]:
     env = Env()
-    read, write = env.read, env.write
-    write(inner.constvars, consts)
-    write(inner.invars, args)
-    eqns = inner.eqns
-    if plan is None:
-        units: Sequence[tuple[Any, ...]] = [("eqn", i) for i in range(len(eqns))]
-        rewrites: list[Rewrite] = []
-    else:
-        units, rewrites = plan
-    for unit in units:
-        if unit[0] == "eqn":
-            eqn = eqns[unit[1]]
-            write(eqn.outvars, _compat.bind_eqn(eqn, [read(v) for v in eqn.invars],
-                                                params.get(unit[1])))
-            continue
-        rewrite = rewrites[unit[1]]
-        outs = rewrite.emit([[read(v) for v in eqns[i].invars] for i in rewrite.eqns])
-        for i, values in zip(rewrite.eqns, outs, strict=True):
-            write(eqns[i].outvars, values)
-    return [read(v) for v in inner.outvars]
+    env.write(inner.constvars, consts)
+    env.write(inner.invars, args)
+    for eqn in inner.eqns:
+        env.write(eqn.outvars, _compat.bind_eqn(eqn, env.read_all(eqn.invars)))
+    return env.read_all(inner.outvars)
 
 
 def emission_order(graph: Graph, groups: Sequence[Sequence[int]]
@@ -149,27 +127,109 @@ def emission_order(graph: Graph, groups: Sequence[Sequence[int]]
 
 def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
                   params: dict[int, dict[str, Any]] | None = None) -> Any | None:
-    """Re-traces ``jaxpr`` with ``rewrites`` and replaced equation ``params``.
+    """``jaxpr`` with ``rewrites`` applied and some equations' ``params`` replaced.
+
+    Only the rewrites are traced (each into a small jaxpr of its own); their equations
+    are spliced into the level in an order where every rewrite's inputs exist, and the
+    untouched equations are kept as they are. So a rewrite costs in proportion to what
+    it emits, not to the size of the level.
 
     Returns a jaxpr of the same kind and signature, or None when that is
     impossible (see the module's sharp edges).
 
     Raises:
-        RuntimeError: the rewrites' groups cannot be ordered (a pass bug).
+        RuntimeError: the rewrites' groups cannot be ordered, or a rewrite's results do
+            not match the equations it replaces (a pass bug).
     """
-    inner, consts = _compat.open_jaxpr(jaxpr)
-    graph = build_graph(inner)
-    order = emission_order(graph, [r.eqns for r in rewrites])
-    if order is None:
-        raise RuntimeError("jaxpar loop pass bug: merged loops depend on each other; "
-                           "please report it with the program that triggered it")
-    plan = (order, list(rewrites))
-    replaced = dict(params or {})
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    eqns = inner.eqns
+    if rewrites:
+        order = emission_order(build_graph(inner), [r.eqns for r in rewrites])
+        if order is None:
+            raise RuntimeError("jaxpar loop pass bug: merged loops depend on each other; "
+                               "please report it with the program that triggered it")
+    else:
+        order = tuple(("eqn", i) for i in range(len(eqns)))
+    params = params or {}
+    renamed: dict[Any, Any] = {}  # replaced equations' outvars -> the atoms now holding them
+
+    def atom(v: Any) -> Any:
+        return v if _compat.is_literal(v) else renamed.get(v, v)
+
+    new_eqns: list[Any] = []
+    new_constvars: list[Any] = []
+    new_consts: list[Any] = []
+    for kind, index in order:
+        if kind == "eqn":
+            eqn = eqns[index]
+            invars = [atom(v) for v in eqn.invars]
+            same = all(a is b for a, b in zip(invars, eqn.invars, strict=True))
+            new_eqns.append(_compat.replace_eqn(eqn, invars=None if same else invars,
+                                                params=params.get(index)))
+            continue
+        rewrite = rewrites[index]
+        members = [eqns[i] for i in rewrite.eqns]
+        constvars, consts, body, outs = _trace_rewrite(
+            rewrite, [[atom(v) for v in m.invars] for m in members],
+            [len(m.outvars) for m in members])
+        new_constvars += constvars
+        new_consts += consts
+        new_eqns += body
+        for member, values in zip(members, outs, strict=True):
+            if [_aval(v) for v in values] != [v.aval for v in member.outvars]:
+                raise RuntimeError(
+                    f"jaxpar loop pass bug: the rewrite of {member.primitive.name} returns "
+                    f"{[_aval(v) for v in values]}, not {[v.aval for v in member.outvars]}; "
+                    "please report it with the program that triggered it")
+            for var, value in zip(member.outvars, values, strict=True):
+                if not _compat.is_drop_var(var):
+                    renamed[var] = value
+    return _compat.splice_jaxpr(jaxpr, new_eqns, [atom(v) for v in inner.outvars],
+                                new_constvars, new_consts)
+
+
+def _aval(atom: Any) -> Any:
+    return atom.aval
+
+
+def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]], out_counts: list[int]
+                   ) -> tuple[list[Any], list[Any], list[Any], list[list[Any]]]:
+    """Traces ``rewrite.emit`` on ``operands`` (atoms of the level, per member equation).
+
+    ``out_counts`` is the number of results of each member equation.
+
+    Returns ``(constvars, consts, eqns, outs)``: equations that read the operands'
+    atoms directly (literals are passed to ``emit`` as values), the constants they
+    capture, and per member equation the atoms holding its results.
+    """
+    # One argument per distinct atom: passes recognise shared operands by identity.
+    traced = list(dict.fromkeys(a for row in operands for a in row
+                                if not _compat.is_literal(a)))
 
     def run(*args: Any) -> list[Any]:
-        return _evaluate_open(inner, consts, args, replaced, plan)
+        value = dict(zip(traced, args, strict=True))
+        rows = [[_compat.literal_value(a) if _compat.is_literal(a) else value[a]
+                 for a in row] for row in operands]
+        return [v for row in rewrite.emit(rows) for v in row]
 
-    return _compat.retrace_like(run, jaxpr)
+    small, consts = _compat.open_jaxpr(
+        _compat.make_closed_jaxpr(run, [a.aval for a in traced]))
+    bound = dict(zip(small.invars, traced, strict=True))
+
+    def atom(v: Any) -> Any:
+        return v if _compat.is_literal(v) else bound.get(v, v)
+
+    body = []
+    for eqn in small.eqns:
+        invars = [atom(v) for v in eqn.invars]
+        same = all(a is b for a, b in zip(invars, eqn.invars, strict=True))
+        body.append(_compat.replace_eqn(eqn, invars=None if same else invars))
+    flat_outs = [atom(v) for v in small.outvars]
+    outs, start = [], 0
+    for count in out_counts:
+        outs.append(flat_outs[start:start + count])
+        start += count
+    return list(small.constvars), list(consts), body, outs
 
 
 def walk_levels(jaxpr: Any, level_passes: Sequence[LevelPass], path: str = ""
