@@ -519,6 +519,9 @@ class Schedule:
         max_collectives_in_flight: maximum over computations.
         stream_ids: integer stream annotations on async starts.
         dot_kernels_during_collectives: sum over computations.
+        kernels: kernels one run of ENTRY launches, loop and branch bodies counted once
+            (``fusion`` / ``custom-call`` instructions, through calls, loops and branches).
+        dot_kernels: the matmul- or convolution-bearing ones among ``kernels``.
     """
 
     module_name: str
@@ -529,6 +532,8 @@ class Schedule:
     max_collectives_in_flight: int
     stream_ids: frozenset[int]
     dot_kernels_during_collectives: int
+    kernels: int = 0
+    dot_kernels: int = 0
 
     def computation(self, name: str) -> ComputationSchedule:
         """Returns the computation called ``name`` (with or without ``%``)."""
@@ -972,4 +977,6 @@ def parse_schedule(hlo_text: str) -> Schedule:
         max_collectives_in_flight=max((c.max_collectives_in_flight for c in scheduled), default=0),
         stream_ids=stream_ids,
         dot_kernels_during_collectives=sum(c.dot_kernels_during_collectives for c in scheduled),
+        kernels=module.count_kernels(entries[0]),
+        dot_kernels=module.count_kernels(entries[0], dots_only=True),
     )

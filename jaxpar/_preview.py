@@ -59,6 +59,8 @@ class ScheduleFigures:
     collectives_in_flight: int
     matmuls_during_collectives: int
     hlo: str = dataclasses.field(repr=False)
+    kernels: int = 0  # launched by one run, loop bodies counted once
+    matmul_kernels: int = 0  # the matmul- or convolution-bearing ones among them
 
     @property
     def total_trips(self) -> int | None:
@@ -76,7 +78,8 @@ class ScheduleFigures:
                 "loops": [dataclasses.asdict(loop) for loop in self.loops],
                 "total_trips": self.total_trips, "host_sync_loops": self.host_sync_loops,
                 "collectives_in_flight": self.collectives_in_flight,
-                "matmuls_during_collectives": self.matmuls_during_collectives}
+                "matmuls_during_collectives": self.matmuls_during_collectives,
+                "kernels": self.kernels, "matmul_kernels": self.matmul_kernels}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,7 +102,9 @@ class GpuPreview:
             ("stream ids", "stream_ids"),
             ("loops", "loops"),
             ("loop trips (total)", "total_trips"),
-            ("kernels per trip", "kernels"),
+            ("kernels per trip", "kernels_per_trip"),
+            ("kernels (loop bodies once)", "kernels"),
+            ("matmul kernels", "matmul_kernels"),
             ("host-sync loops", "host_sync_loops"),
             ("collectives in flight", "collectives_in_flight"),
             ("matmuls during collectives", "matmuls_during_collectives"),
@@ -108,7 +113,7 @@ class GpuPreview:
         def cell(figures: ScheduleFigures, key: str) -> str:
             if key == "loops":
                 return str(len(figures.loops))
-            if key == "kernels":
+            if key == "kernels_per_trip":
                 return ", ".join(str(loop.kernels_per_trip) for loop in figures.loops) or "-"
             if key == "stream_ids":
                 return ", ".join(map(str, figures.stream_ids)) or "-"
@@ -131,7 +136,8 @@ def _figures(hlo: str) -> ScheduleFigures:
                   for loop in schedule.while_loops)
     return ScheduleFigures(schedule.max_async_calls_in_flight, tuple(sorted(schedule.stream_ids)),
                            loops, schedule.max_collectives_in_flight,
-                           schedule.dot_kernels_during_collectives, hlo)
+                           schedule.dot_kernels_during_collectives, hlo, schedule.kernels,
+                           schedule.dot_kernels)
 
 
 def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: int = 1,
