@@ -126,7 +126,7 @@ def birnn_args(steps: int, batch: int, features: int, hidden: int) -> tuple[Any,
 
 def mlp_ensemble(members: Sequence[Sequence[tuple[jax.Array, jax.Array]]], x: jax.Array
                  ) -> jax.Array:
-    """Mean logits of MLPs of different widths on the same input."""
+    """Mean logits of MLPs (of different widths, or the same) on the same input."""
     outs = []
     for layers in members:
         h = x
@@ -283,6 +283,14 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
         "quick": {"batch": 128, "features": 256, "widths": (128, 256, 512, 1024), "depth": 3,
                   "classes": 10},
         "smoke": {"batch": 2, "features": 4, "widths": (4, 8, 16), "depth": 2, "classes": 3}}),
+    # The same members, all one width: what the subgraph batching pass (batch_branches)
+    # turns into one vmapped member on the GPU target.
+    Workload("mlp_ensemble_same", mlp_ensemble, mlp_args, {
+        "full": {"batch": 256, "features": 256, "widths": (256,) * 4, "depth": 3,
+                 "classes": 10},
+        "quick": {"batch": 128, "features": 256, "widths": (256,) * 4, "depth": 3,
+                  "classes": 10},
+        "smoke": {"batch": 2, "features": 4, "widths": (8,) * 3, "depth": 2, "classes": 3}}),
     Workload("inception", inception, inception_args, {
         "full": {"batch": 16, "hw": 28, "channels": 128},
         "quick": {"batch": 8, "hw": 28, "channels": 64},
@@ -350,7 +358,8 @@ def plan_summary(fn: Callable[..., Any], args: tuple[Any, ...], target: str) -> 
     plan = jaxpar.inspect(fn, target=target)(*args)
     return {"target": plan.target, "sections": len(plan.sections), "regions": plan.num_regions,
             "streams": plan.num_streams,
-            "loops": [f"{loop.kind}: {loop.reason}" for loop in plan.loops]}
+            "loops": [f"{loop.kind}: {loop.reason}" for loop in plan.loops],
+            "subgraphs": [f"{batch.kind}: {batch.reason}" for batch in plan.subgraphs]}
 
 
 def schedule_figures(text: str) -> dict[str, Any]:
@@ -359,6 +368,8 @@ def schedule_figures(text: str) -> dict[str, Any]:
             "trips": [loop.known_trip_count for loop in schedule.while_loops],
             "kernels_per_trip": [loop.body_kernels for loop in schedule.while_loops],
             "entry_kernels": schedule.entry_schedule.kernels,
+            "kernels": schedule.kernels,
+            "matmul_kernels": schedule.dot_kernels,
             "async_calls_in_flight": schedule.max_async_calls_in_flight,
             "collectives_in_flight": schedule.max_collectives_in_flight,
             "stream_ids": sorted(schedule.stream_ids)}
@@ -468,6 +479,8 @@ def print_workload(name: str, entry: Mapping[str, Any]) -> None:
         loops = "; ".join(plan["loops"]) or "none"
         print(f"  plan ({target}->{plan['target']}): {plan['sections']} sections, "
               f"{plan['regions']} regions, {plan['streams']} streams; loops: {loops}")
+        if plan["subgraphs"]:
+            print(f"    subgraphs: {'; '.join(plan['subgraphs'])}")
 
 
 def print_preview(entry: Mapping[str, Any]) -> None:
@@ -481,7 +494,8 @@ def print_preview(entry: Mapping[str, Any]) -> None:
     for variant in ("plain", "jaxpar_gpu"):
         f = preview[variant]
         print(f"    {variant:11s} loops {f['loops']} trips {f['trips']} kernels/trip "
-              f"{f['kernels_per_trip']} entry kernels {f['entry_kernels']} async calls in "
+              f"{f['kernels_per_trip']} kernels {f['kernels']} (matmul "
+              f"{f['matmul_kernels']}) async calls in "
               f"flight {f['async_calls_in_flight']} streams {f['stream_ids']}")
 
 

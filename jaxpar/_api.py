@@ -137,17 +137,18 @@ def _run(rewrite: _Rewrite, leaves: Any) -> list[Any]:
 @overload
 def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
-                      batch_scans: Switch = ..., unroll: Unroll = ...,
-                      group_collectives: Switch = ...) -> F: ...
+                      batch_scans: Switch = ..., batch_branches: Switch = ...,
+                      unroll: Unroll = ..., group_collectives: Switch = ...) -> F: ...
 @overload
 def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
-                      batch_scans: Switch = ..., unroll: Unroll = ...,
-                      group_collectives: Switch = ...) -> Callable[[F], F]: ...
+                      batch_scans: Switch = ..., batch_branches: Switch = ...,
+                      unroll: Unroll = ..., group_collectives: Switch = ...
+                      ) -> Callable[[F], F]: ...
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
                       min_cost_us: float = 5.0, fuse_scans: Switch = "auto",
-                      batch_scans: Switch = "auto", unroll: Unroll = "auto",
-                      group_collectives: Switch = "auto") -> Any:
+                      batch_scans: Switch = "auto", batch_branches: Switch = "auto",
+                      unroll: Unroll = "auto", group_collectives: Switch = "auto") -> Any:
     """Rewrites ``fun`` so independent work runs on separate CUDA streams.
 
     The function is traced to a jaxpr (per argument signature, cached), the
@@ -171,6 +172,9 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         be worth a stream of its own.
       fuse_scans: fuse independent equal-length scans (``"auto"``: per target).
       batch_scans: batch independent identical scans with ``vmap``.
+      batch_branches: batch identical independent straight-line subgraphs (the
+        members of an ensemble) into one ``vmap``ped subgraph, where the target's
+        cost model says the stacking copies cost less than the launches saved.
       unroll: ``"auto"``, an unroll factor >= 1, or None to leave scans alone.
       group_collectives: launch independent collectives together.
 
@@ -189,7 +193,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       ...   return jnp.tanh(a @ a) + jnp.tanh(b @ b)
     """
     options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
-                             fuse_scans=fuse_scans, batch_scans=batch_scans, unroll=unroll,
+                             fuse_scans=fuse_scans, batch_scans=batch_scans,
+                             batch_branches=batch_branches, unroll=unroll,
                              group_collectives=group_collectives)
     if fun is None:
         return lambda f: ParallelBranches(f, options)

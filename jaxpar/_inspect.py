@@ -25,7 +25,7 @@ from typing import Any
 
 from . import _compat
 from ._plan import LevelPlan
-from .passes import LoopDecision
+from .passes import SUBGRAPH_KINDS, LoopDecision
 
 _MAX_SOURCES = 3
 _MAX_PRIMITIVES = 4
@@ -120,6 +120,7 @@ class Plan:
     left_alone: tuple[LeftAlone, ...]
     loops: tuple[LoopDecision, ...] = ()
     collectives: tuple[Collective, ...] = ()
+    subgraphs: tuple[LoopDecision, ...] = ()
 
     @property
     def num_streams(self) -> int:
@@ -137,6 +138,7 @@ class Plan:
                 "sections": [s.to_dict() for s in self.sections],
                 "left_alone": [n.to_dict() for n in self.left_alone],
                 "loops": [_loop_dict(d) for d in self.loops],
+                "subgraphs": [_loop_dict(d) for d in self.subgraphs],
                 "collectives": [c.to_dict() for c in self.collectives]}
 
     def __str__(self) -> str:
@@ -175,6 +177,12 @@ class Plan:
                 where = "; ".join(loop.sources) or "<unknown>"
                 lines.append(f"    {loop.kind} at {loop.location} [{', '.join(loop.primitives)}"
                              f"{trips}{unroll}]: {loop.reason} ({where})")
+        if self.subgraphs:
+            lines.append("  subgraphs:")
+            for batch in self.subgraphs:
+                where = "; ".join(batch.sources) or "<unknown>"
+                lines.append(f"    {batch.kind} at {batch.location} "
+                             f"[{', '.join(batch.primitives)}]: {batch.reason} ({where})")
         if self.left_alone:
             lines.append("  left alone:")
             for note in self.left_alone:
@@ -229,7 +237,11 @@ def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
 
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                  options: dict[str, Any], loops: tuple[LoopDecision, ...] = ()) -> Plan:
-    """Turns the internal plan tree into the public ``Plan`` report."""
+    """Turns the internal plan tree into the public ``Plan`` report.
+
+    ``loops`` holds every decision of the passes run before planning; those of the
+    subgraph batching pass are reported apart, as ``Plan.subgraphs``.
+    """
     sections: list[Section] = []
     notes: list[LeftAlone] = []
     collectives: list[Collective] = []
@@ -265,7 +277,9 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
     return Plan(function=function, target=target, emitted=emitted,
                 options=tuple(sorted(options.items())), num_eqns=num_eqns,
                 total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
-                loops=loops, collectives=tuple(collectives))
+                loops=tuple(d for d in loops if d.kind not in SUBGRAPH_KINDS),
+                collectives=tuple(collectives),
+                subgraphs=tuple(d for d in loops if d.kind in SUBGRAPH_KINDS))
 
 
 def _collectives(level: LevelPlan, eqns: Any,

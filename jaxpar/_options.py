@@ -35,6 +35,7 @@ class Options:
     min_cost_us: float = 5.0
     fuse_scans: Switch = "auto"
     batch_scans: Switch = "auto"
+    batch_branches: Switch = "auto"
     unroll: Unroll = "auto"
     group_collectives: Switch = "auto"
 
@@ -62,7 +63,7 @@ class Options:
                 or not math.isfinite(self.min_cost_us) or self.min_cost_us < 0):
             raise ValueError(f"min_cost_us must be a finite number >= 0 (microseconds), "
                              f"got {self.min_cost_us!r}")
-        for name in ("fuse_scans", "batch_scans", "group_collectives"):
+        for name in ("fuse_scans", "batch_scans", "batch_branches", "group_collectives"):
             value = getattr(self, name)
             if not (isinstance(value, bool) or value == "auto"):
                 raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
@@ -79,12 +80,14 @@ class Options:
         return _BACKEND_TARGETS.get(backend, "cpu")
 
     def loop_settings(self, target: str) -> dict[str, Any]:
-        """``fuse``/``batch``/``unroll`` for the loop passes, "auto" resolved for ``target``."""
+        """The ``apply_loop_passes`` switches, "auto" resolved for ``target``."""
         from .passes import loop_defaults  # late: the passes import the cost model
 
         defaults = loop_defaults(target)
         return {"fuse": defaults["fuse"] if self.fuse_scans == "auto" else self.fuse_scans,
                 "batch": defaults["batch"] if self.batch_scans == "auto" else self.batch_scans,
+                "batch_branches": (defaults["batch_branches"] if self.batch_branches == "auto"
+                                   else self.batch_branches),
                 "unroll": defaults["unroll"] if self.unroll == "auto" else self.unroll}
 
     def to_dict(self) -> dict[str, Any]:

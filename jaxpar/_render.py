@@ -123,7 +123,7 @@ def plan_to_svg(plan: Plan) -> str:
         + (f", trips {d.trips_before} → {d.trips_after}"
            if d.trips_before is not None or d.trips_after is not None else "")
         + (f", unroll {d.unroll}" if d.unroll is not None else "")
-        for d in plan.loops]
+        for d in (*plan.loops, *plan.subgraphs)]
     for i, line in enumerate(loop_lines):
         parts.append(f'<text class="loop" x="{_LABEL_WIDTH}" y="{y_after + 14 * i + 10}" '
                      f'font-size="11" fill="#333">⟳ {_escape(line)}</text>')

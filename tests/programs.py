@@ -28,7 +28,8 @@ block's list of values, and `v` above is an index into that list. Scan `xs` are 
 `(length, n, n)`). `output_kind` ("single", "tuple", "dict", "nested") shapes the output tree.
 
 `programs()` draws general DAGs (a quarter of them pure chains; many with a `parallel` node
-of 2-4 independent matmul or scan chains); `scan_programs()` draws programs made mostly of
+of 2-4 independent matmul or scan chains, a third of which run one block on different
+operands, like the members of an ensemble); `scan_programs()` draws programs made mostly of
 independent and dependent scans, of mixed directions and often equal lengths, with consts,
 nested scans and conds in their bodies.
 
@@ -663,6 +664,8 @@ class _Drawer:
     def _parallel(self, scope: _Scope) -> tuple[Spec, list[float]]:
         n_chains = self.draw(st.integers(2, 4))
         join = self.draw(st.sampled_from(("add", "separate")))
+        if self.draw(st.integers(0, 2)) == 0:
+            return self._replicated(scope, n_chains, join)
         chains, ends = [], []
         for _ in range(n_chains):
             operands = self._operands(scope, 1, 2, chained=False)
@@ -674,6 +677,19 @@ class _Drawer:
             ends.append(out_bounds[0])
         node = ("parallel", join, tuple(chains))
         return node, [sum(ends)] if join == "add" else ends
+
+
+    def _replicated(self, scope: _Scope, n_chains: int, join: str) -> tuple[Spec, list[float]]:
+        """A `parallel` node whose chains are one block on different operands: an ensemble."""
+        n_operands = self.draw(st.integers(1, 2))
+        operand_sets = [
+            tuple(self._operand(scope) for _ in range(n_operands)) for _ in range(n_chains)
+        ]
+        param_bounds = [max(scope.bounds[s[k]] for s in operand_sets) for k in range(n_operands)]
+        chain, out_bounds = self.block(param_bounds, scope.depth + 1, _HEAVY, n_any_outs=1,
+                                       root=True)
+        node = ("parallel", join, tuple((operands, chain) for operands in operand_sets))
+        return node, [out_bounds[0] * n_chains] if join == "add" else out_bounds * n_chains
 
 
 def _node_operands(node: Spec) -> list[int]:

@@ -94,6 +94,7 @@ def check_against_jit(
     *,
     grad_argnums: int | tuple[int, ...] = 0,
     min_streams: int = 0,
+    **options: Any,
 ) -> jaxpar.Plan:
     """Checks `parallel_branches(f)` against `jax.jit(f)`; returns the gpu plan.
 
@@ -103,6 +104,7 @@ def check_against_jit(
       grad_argnums: which arguments the loss is differentiated with respect to; None skips
         the gradient check.
       min_streams: the least `plan.num_streams` the gpu plan must reach.
+      **options: more `parallel_branches` options, for every target.
     """
     want = jax.jit(f)(*args)
     loss = lambda fun: lambda *a: _scalar_loss(fun(*a))
@@ -110,7 +112,7 @@ def check_against_jit(
     if grad_argnums is not None:
         want_grad = jax.jit(jax.grad(loss(f), argnums=grad_argnums))(*args)
     for target in TARGETS:
-        decorated = jaxpar.parallel_branches(f, target=target)
+        decorated = jaxpar.parallel_branches(f, target=target, **options)
         # "cpu" re-emits the program unchanged: bit-exact. "gpu" adds non-inlined calls,
         # around which XLA:CPU fuses (and so rounds) differently: within a few ulps.
         same = _assert_trees_equal if target == "cpu" else _assert_trees_close
@@ -120,14 +122,14 @@ def check_against_jit(
             got_grad = jax.jit(jax.grad(loss(decorated), argnums=grad_argnums))(*args)
             _assert_trees_close(got_grad, want_grad)
 
-    plan = jaxpar.inspect(f, target="gpu")(*args)
+    plan = jaxpar.inspect(f, target="gpu", **options)(*args)
     assert isinstance(plan, jaxpar.Plan)
     rendered = str(plan)
     assert rendered.startswith("jaxpar plan for")
     json.loads(json.dumps(plan.to_dict()))
     assert plan.num_streams >= min_streams, rendered
 
-    decorated = jaxpar.parallel_branches(f, target="gpu")
+    decorated = jaxpar.parallel_branches(f, target="gpu", **options)
     hlo = jax.jit(decorated).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     if plan.num_streams >= 2:
         assert "_xla_stream_annotation" in hlo, rendered
@@ -172,7 +174,12 @@ def test_flax_nnx_multibranch_mlp():
         return nnx.merge(graphdef, state)(x)
 
     x = _normal(1, (32, width))
-    check_against_jit(forward, (state, x), grad_argnums=(0, 1), min_streams=2)
+    # The towers are identical: by default the GPU target batches them (one vmapped tower
+    # over stacked weights, where the cost model says it pays); without that, streams.
+    plan = check_against_jit(forward, (state, x), grad_argnums=(0, 1))
+    assert [d.kind for d in plan.subgraphs if d.kind == "batched subgraphs"], str(plan)
+    check_against_jit(forward, (state, x), grad_argnums=(0, 1), min_streams=2,
+                      batch_branches=False)
 
 
 def test_flax_linen_inception_cnn():

@@ -407,9 +407,11 @@ def test_traced_bound_while_is_reported() -> None:
 
 
 def test_loop_defaults() -> None:
-    assert loop_defaults("gpu") == {"fuse": True, "batch": True, "unroll": "auto"}
+    assert loop_defaults("gpu") == {"fuse": True, "batch": True, "batch_branches": True,
+                                    "unroll": "auto"}
     for target in ("cpu", "tpu"):
-        assert set(loop_defaults(target)) == {"fuse", "batch", "unroll"}
+        assert loop_defaults(target) == {"fuse": False, "batch": False,
+                                         "batch_branches": False, "unroll": None}
     with pytest.raises(ValueError):
         loop_defaults("abacus")
 

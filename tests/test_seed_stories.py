@@ -28,7 +28,10 @@ from jaxpar._deviceless import compile_for_gpu, parse_schedule, plugin_status
 PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
-LOOPS_OFF = {"fuse_scans": False, "batch_scans": False, "unroll": None}
+LOOPS_OFF = {"fuse_scans": False, "batch_scans": False, "batch_branches": False, "unroll": None}
+# The four branches are identical, so by default the GPU target batches them into one vmapped
+# chain (tests/test_batch_branches.py); here streams are what is tested.
+STREAMS = {"target": "gpu", "batch_branches": False}
 
 
 def step1(carry, x):
@@ -117,7 +120,7 @@ def test_unannotated_seed_002_runs_loops_back_to_back_on_h200():
 
 def test_four_branches_get_at_least_two_streams():
     args = four_matmul_branches_args()
-    fast = jaxpar.parallel_branches(four_matmul_branches, target="gpu")
+    fast = jaxpar.parallel_branches(four_matmul_branches, **STREAMS)
     plan = jaxpar.inspect(fast)(*args)
     assert plan.num_streams >= 2
     assert len(plan.sections) == 1
@@ -130,7 +133,7 @@ def test_four_branches_get_at_least_two_streams():
 
 @needs_plugin
 def test_four_branches_overlap_on_h200():
-    fast = jaxpar.parallel_branches(four_matmul_branches, target="gpu")
+    fast = jaxpar.parallel_branches(four_matmul_branches, **STREAMS)
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in four_matmul_branches_args()]
     schedule = parse_schedule(compile_for_gpu(fast, *specs, gpu="h200"))
     assert schedule.max_async_calls_in_flight == 2
@@ -147,7 +150,7 @@ def test_pure_chain_gets_no_streams():
 
 
 def test_lowered_stream_ids_are_positive_integers():
-    text = lower_for_gpu(jaxpar.parallel_branches(four_matmul_branches, target="gpu"),
+    text = lower_for_gpu(jaxpar.parallel_branches(four_matmul_branches, **STREAMS),
                          *four_matmul_branches_args())
     ids = re.findall(r'_xla_stream_annotation = "([^"]*)"', text)
     assert ids and all(i.isdigit() and int(i) >= 1 for i in ids)

@@ -7,6 +7,8 @@ same object when it changes nothing) and the ``LoopDecision``s it made:
   static scans; other ``while``s are reported as host-sync loops.
 * ``batch_scans``: independent scans running the same body become one ``vmap``ped scan.
 * ``fuse_scans``: independent scans become one scan running their bodies side by side.
+* ``batch_branches``: identical independent straight-line subgraphs (ensemble members)
+  become one ``vmap``ped subgraph, where the target's cost model says it pays.
 * ``unroll_scans``: an unroll factor per static scan.
 
 ``apply_loop_passes`` runs them in that order at every nesting level.
@@ -29,16 +31,20 @@ from typing import Any
 
 from ._walk import (
     KIND_BATCHED,
+    KIND_BATCHED_SUBGRAPHS,
     KIND_FUSED,
     KIND_HOST_SYNC,
     KIND_LEFT_ALONE,
     KIND_MADE_STATIC,
+    KIND_SUBGRAPHS_LEFT_ALONE,
     KIND_UNROLLED,
+    SUBGRAPH_KINDS,
     LevelPass,
     LoopDecision,
     Rewrite,
     walk_levels,
 )
+from .batch_branches import batch_branches, batch_branches_level
 from .batch_scans import batch_scans, batch_scans_level
 from .fuse_scans import fuse_scans, fuse_scans_level
 from .static_loops import make_loops_static, make_loops_static_level
@@ -46,13 +52,17 @@ from .unroll import Unroll, _costs, unroll_scans, unroll_scans_level
 
 __all__ = [
     "KIND_BATCHED",
+    "KIND_BATCHED_SUBGRAPHS",
     "KIND_FUSED",
     "KIND_HOST_SYNC",
     "KIND_LEFT_ALONE",
     "KIND_MADE_STATIC",
+    "KIND_SUBGRAPHS_LEFT_ALONE",
     "KIND_UNROLLED",
+    "SUBGRAPH_KINDS",
     "LoopDecision",
     "apply_loop_passes",
+    "batch_branches",
     "batch_scans",
     "fuse_scans",
     "loop_defaults",
@@ -63,9 +73,9 @@ __all__ = [
 # What does no harm where, measured with benchmarks/loops_cpu.py (see the numbers there).
 # On a GPU every loop trip costs launches and a trip-count check, so fewer, fuller trips win.
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "gpu": {"fuse": True, "batch": True, "unroll": "auto"},
-    "cpu": {"fuse": False, "batch": False, "unroll": None},
-    "tpu": {"fuse": False, "batch": False, "unroll": None},
+    "gpu": {"fuse": True, "batch": True, "batch_branches": True, "unroll": "auto"},
+    "cpu": {"fuse": False, "batch": False, "batch_branches": False, "unroll": None},
+    "tpu": {"fuse": False, "batch": False, "batch_branches": False, "unroll": None},
 }
 
 
@@ -76,7 +86,8 @@ def loop_defaults(target: str) -> dict[str, Any]:
         target: ``"gpu"``, ``"cpu"`` or ``"tpu"``.
 
     Returns:
-        ``{"fuse": bool, "batch": bool, "unroll": "auto" | int | None}``, ready to pass
+        ``{"fuse": bool, "batch": bool, "batch_branches": bool, "unroll": "auto" | int |
+        None}``, ready to pass
         to ``apply_loop_passes(closed, **loop_defaults(target), target=target)``.
 
     Raises:
@@ -88,15 +99,19 @@ def loop_defaults(target: str) -> dict[str, Any]:
 
 
 def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unroll,
-                      target: str) -> tuple[Any, tuple[LoopDecision, ...]]:
-    """Runs static_loops -> batch -> fuse -> unroll at every nesting level.
+                      target: str, batch_branches: bool = False
+                      ) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Runs static_loops -> batch -> fuse -> batch_branches -> unroll at every nesting level.
 
     Args:
         closed_jaxpr: the program, as from ``jax.make_jaxpr``; never mutated.
         fuse: fuse independent scans into one.
         batch: batch independent scans with identical bodies into one vmapped scan.
         unroll: ``"auto"``, a positive int, or None (leave unroll factors alone).
-        target: ``"gpu"``, ``"cpu"`` or ``"tpu"`` (the cost model ``unroll="auto"`` uses).
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"`` (the cost model ``unroll="auto"`` and
+            ``batch_branches`` use).
+        batch_branches: batch identical independent straight-line subgraphs into one
+            vmapped subgraph where the cost model says it pays.
 
     Returns:
         ``(new_closed_jaxpr, decisions)``. ``new_closed_jaxpr is closed_jaxpr`` when
@@ -122,6 +137,10 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unr
         def fuse_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
             return fuse_scans_level(j, path, leave_identical=batch)
         passes.append(fuse_level)
+    if batch_branches:
+        def branches_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+            return batch_branches_level(j, path, costs)
+        passes.append(branches_level)
     if unroll is not None:
         def unroll_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
             return unroll_scans_level(j, path, unroll=unroll, costs=costs)

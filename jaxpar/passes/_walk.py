@@ -37,7 +37,11 @@ KIND_UNROLLED = "unrolled"
 KIND_MADE_STATIC = "made static"
 KIND_LEFT_ALONE = "left alone"
 KIND_HOST_SYNC = "host-sync loop"
-_UNCHANGED_KINDS = (KIND_LEFT_ALONE, KIND_HOST_SYNC)
+KIND_BATCHED_SUBGRAPHS = "batched subgraphs"
+KIND_SUBGRAPHS_LEFT_ALONE = "subgraphs left alone"
+_UNCHANGED_KINDS = (KIND_LEFT_ALONE, KIND_HOST_SYNC, KIND_SUBGRAPHS_LEFT_ALONE)
+# Decisions of the subgraph batching pass (``batch_branches``); the rest are about loops.
+SUBGRAPH_KINDS = (KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALONE)
 
 # Bound on the rounds of level passes at one level (each productive round removes a loop,
 # loop trips, or a unit unroll factor, so real programs settle in a few).
@@ -84,7 +88,8 @@ def decision(path: str, kind: str, eqns: Sequence[Any], indices: Sequence[int], 
         trips_before=trips_before, trips_after=trips_after, unroll=unroll, reason=reason)
 
 
-# emit(invals of each member equation) -> outvals of each member equation
+# emit(invals of each member equation) -> outvals of each member equation; an outval may
+# be None when nothing outside the rewrite reads it.
 EmitFn = Callable[[list[list[Any]]], list[list[Any]]]
 
 
@@ -152,9 +157,15 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
         order = tuple(("eqn", i) for i in range(len(eqns)))
     params = params or {}
     renamed: dict[Any, Any] = {}  # replaced equations' outvars -> the atoms now holding them
+    dropped: set[Any] = set()  # replaced equations' outvars their rewrite did not compute
 
     def atom(v: Any) -> Any:
-        return v if _compat.is_literal(v) else renamed.get(v, v)
+        if _compat.is_literal(v):
+            return v
+        if v in dropped:
+            raise RuntimeError(f"jaxpar pass bug: a rewrite dropped {v}, which is read "
+                               "outside it; please report it with the program")
+        return renamed.get(v, v)
 
     new_eqns: list[Any] = []
     new_constvars: list[Any] = []
@@ -176,20 +187,19 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
         new_consts += consts
         new_eqns += body
         for member, values in zip(members, outs, strict=True):
-            if [_aval(v) for v in values] != [v.aval for v in member.outvars]:
-                raise RuntimeError(
-                    f"jaxpar loop pass bug: the rewrite of {member.primitive.name} returns "
-                    f"{[_aval(v) for v in values]}, not {[v.aval for v in member.outvars]}; "
-                    "please report it with the program that triggered it")
             for var, value in zip(member.outvars, values, strict=True):
+                if value is None:
+                    dropped.add(var)
+                    continue
+                if value.aval != var.aval:
+                    raise RuntimeError(
+                        f"jaxpar pass bug: the rewrite of {member.primitive.name} returns "
+                        f"{value.aval} where it replaces {var.aval}; please report it with "
+                        "the program that triggered it")
                 if not _compat.is_drop_var(var):
                     renamed[var] = value
     return _compat.splice_jaxpr(jaxpr, new_eqns, [atom(v) for v in inner.outvars],
                                 new_constvars, new_consts)
-
-
-def _aval(atom: Any) -> Any:
-    return atom.aval
 
 
 def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]], out_counts: list[int]
@@ -200,17 +210,22 @@ def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]], out_counts: list
 
     Returns ``(constvars, consts, eqns, outs)``: equations that read the operands'
     atoms directly (literals are passed to ``emit`` as values), the constants they
-    capture, and per member equation the atoms holding its results.
+    capture, and per member equation the atoms holding its results (None where
+    ``emit`` returned None: nothing outside the rewrite reads that result).
     """
     # One argument per distinct atom: passes recognise shared operands by identity.
     traced = list(dict.fromkeys(a for row in operands for a in row
                                 if not _compat.is_literal(a)))
 
+    computed: list[bool] = []  # per flat result: did emit compute it (not None)?
+
     def run(*args: Any) -> list[Any]:
         value = dict(zip(traced, args, strict=True))
         rows = [[_compat.literal_value(a) if _compat.is_literal(a) else value[a]
                  for a in row] for row in operands]
-        return [v for row in rewrite.emit(rows) for v in row]
+        flat = [v for row in rewrite.emit(rows) for v in row]
+        computed.extend(v is not None for v in flat)
+        return [v for v in flat if v is not None]
 
     small, consts = _compat.open_jaxpr(
         _compat.make_closed_jaxpr(run, [a.aval for a in traced]))
@@ -224,7 +239,8 @@ def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]], out_counts: list
         invars = [atom(v) for v in eqn.invars]
         same = all(a is b for a, b in zip(invars, eqn.invars, strict=True))
         body.append(_compat.replace_eqn(eqn, invars=None if same else invars))
-    flat_outs = [atom(v) for v in small.outvars]
+    results = iter(small.outvars)
+    flat_outs = [atom(next(results)) if done else None for done in computed]
     outs, start = [], 0
     for count in out_counts:
         outs.append(flat_outs[start:start + count])

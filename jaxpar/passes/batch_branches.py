@@ -1,0 +1,476 @@
+"""Batch identical independent subgraphs (ensemble members) into one ``vmap``ped subgraph.
+
+``batch_scans`` merges loops that run the same body; this pass does the same for
+straight-line code. Two or more subgraphs of one level that compute the same
+thing on same-typed inputs, with no path between them -- the members of an
+ensemble, the heads of a multi-head block written out one by one -- become one
+computation under ``jax.vmap``: every input in which the members differ is
+stacked along a new leading axis, an input they share is passed once, and each
+member's results are sliced back out. Each member's ``k`` kernels become ``k``
+batched kernels.
+
+How the subgraphs are found:
+
+1. *Value numbering*: each equation gets a structural key -- its primitive, its
+   parameters, its result types and the keys of its inputs, where a level input
+   counts by its type only. Two equations with equal keys compute the same
+   function of same-typed level inputs, and neither can depend on the other.
+2. *Alignment*: starting from a class of equal-keyed equations (latest first, so
+   the largest subgraphs are tried first), the pass walks the members' inputs in
+   lockstep. Where all members read the very same variable, it is a shared
+   input; where they read different equations' results, those equations join the
+   subgraphs (one more aligned row); anything else is a stacked input.
+3. *Checks*: the union of the subgraphs must be contractible to one unit (no path
+   leaves it and comes back), and no stacked input may be produced inside it. The
+   members must sit at the same stage of the program: aligned equations have the
+   same number of kernel-launching equations before them and after them. (Batching
+   the weight flips of three layers of a backward pass would hold the later
+   layers' work back and tie stages together that the stream planner overlaps.)
+   And the cost model of the target must say the batched form is cheaper: stacking
+   copies every differing input once per call, which for large weights can cost
+   more than the kernel launches it saves. Subgraphs of two or more kernels left
+   alone for either reason are reported (the largest only, not each of their parts).
+
+Example::
+
+    def ensemble(params, x):          # params: four members of the same shapes
+        return [mlp(p, x) for p in params]
+
+    new_jaxpr, decisions = batch_branches(jax.make_jaxpr(ensemble)(params, x), target="gpu")
+    # three dot_generals with a batch dimension instead of twelve
+
+Sharp edges:
+  * Equations with effects, user placement (``on_stream``, XLA metadata) or
+    collectives are never batched.
+  * Parameters are compared by value; nested jaxprs by their printed form and
+    constants. Two members that differ only in the order of their equations are
+    not recognised.
+  * Results agree with the unbatched program to float rounding: XLA may pick a
+    different algorithm for a batched matmul.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import _compat
+from .._cost import ZERO, Cost, CostModel
+from .._graph import Graph, build_graph
+from .._plan import COLLECTIVE_PRIMITIVES
+from ._walk import (
+    KIND_BATCHED_SUBGRAPHS,
+    KIND_SUBGRAPHS_LEFT_ALONE,
+    LoopDecision,
+    Rewrite,
+    decision,
+    emission_order,
+    walk_levels,
+)
+from .batch_scans import _const_fingerprint
+
+# Where an aligned row reads from: a literal, a stacked-or-shared input slot, or another row.
+_Source = tuple[str, Any] | tuple[str, int, int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Group:
+    """Aligned subgraphs: ``rows[t][m]`` is member ``m``'s equation at template row ``t``."""
+
+    rows: tuple[tuple[int, ...], ...]  # in topological order of member 0
+    wiring: tuple[tuple[_Source, ...], ...]  # per row, per input
+    slots: tuple[tuple[int, int], ...]  # per input slot: (row, input position) it is read at
+    outputs: tuple[tuple[int, int], ...]  # (row, result position) needed outside the group
+
+    @property
+    def members(self) -> int:
+        return len(self.rows[0])
+
+    @property
+    def eqns(self) -> tuple[int, ...]:
+        return tuple(sorted(i for row in self.rows for i in row))
+
+
+def batch_branches_level(jaxpr: Any, path: str, costs: CostModel
+                         ) -> tuple[list[Rewrite], list[LoopDecision]]:
+    """The level pass: one vmapped subgraph per group of identical independent subgraphs."""
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    eqns = inner.eqns
+    if len(eqns) < 2:
+        return [], []
+    graph = build_graph(inner)
+    producer = _producers(eqns)
+    keys = _value_numbers(inner, producer, graph)
+    classes: dict[int, list[int]] = {}
+    for index, key in enumerate(keys):
+        if key is not None:
+            classes.setdefault(key, []).append(index)
+    candidates = sorted((m for m in classes.values() if len(m) > 1), key=lambda m: -m[-1])
+    if not candidates:
+        return [], []
+    eqn_costs = [costs.eqn_cost(eqn) for eqn in eqns]
+    depth, height = _stages(graph, [cost.kernels > 0 for cost in eqn_costs])
+    claimed: set[int] = set()
+    reported: set[int] = set()  # equations of subgraphs already reported as left alone
+    readers = _readers(inner)
+    groups: list[_Group] = []
+    decisions: list[LoopDecision] = []
+    for members in candidates:
+        roots = [m for m in members if m not in claimed]
+        if len(roots) < 2:
+            continue
+        group = _align(eqns, roots, producer, claimed, readers, inner.outvars)
+        if group is None or not _contractible(graph, set(group.eqns)):
+            continue
+        member_cost = sum((eqn_costs[row[0]] for row in group.rows), ZERO)
+        if member_cost.kernels < 1:
+            continue  # nothing launched: XLA fuses it anyway
+        why = None
+        if any(len({depth[i] for i in row}) > 1 or len({height[i] for i in row}) > 1
+               for row in group.rows):
+            why = ("they sit at different stages of the program (different numbers of "
+                   "kernels before or after them), so batching would hold the earlier ones "
+                   "back or join stages the planner can overlap")
+        else:
+            before, after = _costs(eqns, group, member_cost, eqn_costs)
+            if after.seconds(costs.profile) >= before.seconds(costs.profile):
+                why = (f"stacking their differing inputs costs more than the "
+                       f"{int(member_cost.kernels) * (group.members - 1)} kernel launches "
+                       "batching would save")
+        if why is not None:
+            # Reported when worth a line: members launching a kernel or two are not.
+            if member_cost.kernels >= 2 and not set(group.eqns) <= reported:
+                reported.update(group.eqns)
+                decisions.append(decision(
+                    path, KIND_SUBGRAPHS_LEFT_ALONE, eqns, list(group.rows[-1]),
+                    trips_before=None, trips_after=None, unroll=None,
+                    reason=f"{group.members} identical independent subgraphs of "
+                           f"{len(group.rows)} equations, but {why}"))
+            continue
+        claimed.update(group.eqns)
+        groups.append(group)
+    groups = _orderable(graph, groups)
+    rewrites, taken = [], []
+    for group in groups:
+        rewrites.append(Rewrite(group.eqns, _emitter(eqns, group)))
+        kernels = int(sum(costs.eqn_cost(eqns[row[0]]).kernels for row in group.rows))
+        stacked = sum(1 for slot in group.slots if not _shared_column(eqns, group, slot))
+        taken.append(decision(
+            path, KIND_BATCHED_SUBGRAPHS, eqns, list(group.rows[-1]), trips_before=None,
+            trips_after=None, unroll=None,
+            reason=f"{group.members} independent subgraphs compute the same "
+                   f"{len(group.rows)} equations: one vmapped subgraph over {stacked} stacked "
+                   f"and {len(group.slots) - stacked} shared inputs, {kernels} kernel "
+                   f"launches instead of {kernels * group.members}"))
+    return rewrites, taken + decisions
+
+
+def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
+    producer = {}
+    for index, eqn in enumerate(eqns):
+        for position, v in enumerate(eqn.outvars):
+            if not _compat.is_drop_var(v):
+                producer[v] = (index, position)
+    return producer
+
+
+def _readers(inner: Any) -> dict[Any, list[int]]:
+    readers: dict[Any, list[int]] = {}
+    for index, eqn in enumerate(inner.eqns):
+        for v in eqn.invars:
+            if not _compat.is_literal(v):
+                readers.setdefault(v, []).append(index)
+    return readers
+
+
+def _batchable(eqn: Any) -> bool:
+    return (not eqn.effects and eqn.primitive.name not in COLLECTIVE_PRIMITIVES
+            and not _compat.eqn_frontend_attributes(eqn))
+
+
+def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph
+                   ) -> list[int | None]:
+    """A structural key per equation (interned to an int); None: never batched."""
+    intern: dict[Hashable, int] = {}
+    jaxpr_keys: dict[int, tuple[Any, Hashable]] = {}
+    keys: list[int | None] = []
+    for index, eqn in enumerate(inner.eqns):
+        if index not in graph.live or not _batchable(eqn):
+            keys.append(None)
+            continue
+        inputs: list[Hashable] = []
+        for v in eqn.invars:
+            if _compat.is_literal(v):
+                inputs.append(("lit", _aval_key(v.aval), _const_fingerprint(
+                    _compat.literal_value(v))))
+            elif v in producer:
+                source, position = producer[v]
+                if keys[source] is None:
+                    break
+                inputs.append((keys[source], position))
+            else:
+                inputs.append(("in", _aval_key(v.aval)))
+        else:
+            params = _params_key(eqn.params, jaxpr_keys)
+            if params is not None:
+                key = (eqn.primitive.name, params, tuple(inputs),
+                       tuple(_aval_key(v.aval) for v in eqn.outvars))
+                keys.append(intern.setdefault(key, len(intern)))
+                continue
+        keys.append(None)
+    return keys
+
+
+def _aval_key(aval: Any) -> Hashable:
+    return (str(aval), bool(getattr(aval, "weak_type", False)))
+
+
+class _Incomparable(Exception):
+    """A parameter that cannot be compared by value."""
+
+
+def _params_key(params: dict[str, Any], jaxpr_keys: dict[int, tuple[Any, Hashable]]
+                ) -> Hashable | None:
+    """Hashable by value, or None (parameters that cannot be compared)."""
+    try:
+        return tuple((name, _value_key(value, jaxpr_keys))
+                     for name, value in sorted(params.items()))
+    except _Incomparable:
+        return None
+
+
+def _value_key(value: Any, jaxpr_keys: dict[int, tuple[Any, Hashable]]) -> Hashable:
+    if _compat.is_jaxpr_like(value):
+        hit = jaxpr_keys.get(id(value))
+        if hit is None or hit[0] is not value:
+            _, consts = _compat.open_jaxpr(value)
+            hit = (value, ("jaxpr", str(value),
+                           tuple(_const_fingerprint(c) for c in consts)))
+            jaxpr_keys[id(value)] = hit
+        return hit[1]
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_value_key(item, jaxpr_keys) for item in value))
+    try:
+        hash(value)
+    except TypeError:
+        raise _Incomparable from None
+    return value
+
+
+def _align(eqns: Sequence[Any], roots: list[int], producer: dict[Any, tuple[int, int]],
+           claimed: set[int], readers: dict[Any, list[int]], outvars: Sequence[Any]
+           ) -> _Group | None:
+    """Walks the members' inputs in lockstep from ``roots``; None if they do not align."""
+    count = len(roots)
+    row_of: dict[int, int] = {}  # equation -> its row
+    rows: list[tuple[int, ...]] = []
+
+    def add_row(row: tuple[int, ...]) -> None:
+        for i in row:
+            row_of[i] = len(rows)
+        rows.append(row)
+
+    add_row(tuple(roots))
+    pending = [0]
+    while pending:
+        row = rows[pending.pop()]
+        for position in range(len(eqns[row[0]].invars)):
+            atoms = [eqns[i].invars[position] for i in row]
+            if _compat.is_literal(atoms[0]) or all(a is atoms[0] for a in atoms):
+                continue
+            sources = [producer.get(a) for a in atoms]
+            if any(s is None for s in sources):
+                continue  # a level input: a stacked slot
+            found = tuple(s[0] for s in sources)  # type: ignore[index]
+            if len(set(found)) < count or any(i in claimed for i in found):
+                continue  # produced outside the group, or shared by some members
+            known = [row_of.get(i) for i in found]
+            if all(k is None for k in known):
+                add_row(found)
+                pending.append(len(rows) - 1)
+            elif not (known[0] is not None and rows[known[0]] == found):
+                return None  # the members pair these equations differently
+    return _template(eqns, rows, row_of, producer, readers, outvars)
+
+
+def _template(eqns: Sequence[Any], rows: list[tuple[int, ...]], row_of: dict[int, int],
+              producer: dict[Any, tuple[int, int]], readers: dict[Any, list[int]],
+              outvars: Sequence[Any]) -> _Group | None:
+    """Orders the rows, wires them, and finds the slots and the outputs."""
+    order = sorted(range(len(rows)), key=lambda t: rows[t][0])
+    renumber = {old: new for new, old in enumerate(order)}
+    rows = [rows[t] for t in order]
+    members = set(row_of)
+    wiring: list[tuple[_Source, ...]] = []
+    slots: list[tuple[int, int]] = []
+    slot_of: dict[tuple[Any, ...], int] = {}
+    for t, row in enumerate(rows):
+        sources: list[_Source] = []
+        for position, atom in enumerate(eqns[row[0]].invars):
+            if _compat.is_literal(atom):
+                sources.append(("lit", _compat.literal_value(atom)))
+                continue
+            column = tuple(eqns[i].invars[position] for i in row)
+            inside = [producer[a] for a in column if a in producer and producer[a][0] in members]
+            if inside:
+                source, out = inside[0]
+                wired = ("row", renumber[row_of[source]], out)
+                if len(inside) != len(column) or any(
+                        producer[a] != (rows[wired[1]][m], out) for m, a in enumerate(column)):
+                    return None  # a stacked input produced inside the group: a cycle
+                sources.append(wired)
+                continue
+            if column not in slot_of:
+                slot_of[column] = len(slots)
+                slots.append((t, position))
+            sources.append(("slot", slot_of[column]))
+        wiring.append(tuple(sources))
+    level_outputs = {v for v in outvars if not _compat.is_literal(v)}
+    outputs = []
+    for t, row in enumerate(rows):
+        for out in range(len(eqns[row[0]].outvars)):
+            results = [eqns[i].outvars[out] for i in row]
+            if any(v in level_outputs or any(r not in members for r in readers.get(v, ()))
+                   for v in results if not _compat.is_drop_var(v)):
+                outputs.append((t, out))
+    return _Group(tuple(rows), tuple(wiring), tuple(slots), tuple(outputs))
+
+
+def _stages(graph: Graph, heavy: list[bool]) -> tuple[list[int], list[int]]:
+    """Per equation: most kernel-launching equations on a path from the inputs to it
+    (``depth``) and from it to the outputs (``height``), itself included."""
+    size = graph.size
+    depth = [0] * size
+    for i in range(size):
+        depth[i] = heavy[i] + max((depth[p] for p in graph.preds[i]), default=0)
+    height = [0] * size
+    for i in range(size - 1, -1, -1):
+        height[i] = heavy[i] + max((height[s] for s in graph.succs[i]), default=0)
+    return depth, height
+
+
+def _contractible(graph: Graph, members: set[int]) -> bool:
+    """Whether no path leaves ``members`` and comes back (searching up to the last member)."""
+    last = max(members)
+    frontier = [s for i in members for s in graph.succs[i] if s not in members and s < last]
+    seen: set[int] = set()
+    while frontier:
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for succ in graph.succs[node]:
+            if succ in members:
+                return False
+            if succ < last and succ not in seen:
+                frontier.append(succ)
+    return True
+
+
+def _orderable(graph: Graph, groups: list[_Group]) -> list[_Group]:
+    """The groups, less any that would make a cycle with the earlier ones when contracted."""
+    if not groups or emission_order(graph, [g.eqns for g in groups]) is not None:
+        return groups
+    kept: list[_Group] = []
+    for group in groups:
+        if emission_order(graph, [g.eqns for g in [*kept, group]]) is not None:
+            kept.append(group)
+    return kept
+
+
+def _shared_column(eqns: Sequence[Any], group: _Group, slot: tuple[int, int]) -> bool:
+    row, position = slot
+    column = [eqns[i].invars[position] for i in group.rows[row]]
+    return all(a is column[0] for a in column)
+
+
+def _costs(eqns: Sequence[Any], group: _Group, member: Cost, eqn_costs: Sequence[Cost]
+           ) -> tuple[Cost, Cost]:
+    """Modelled cost of the members as they are, and batched (with stacking and slicing).
+
+    A stacked input is one more kernel when a kernel-launching equation (a matmul) reads
+    it; stacking an input only elementwise work reads fuses into that work.
+    """
+    count = group.members
+    before = member.scale(count)
+    after = Cost(flops=before.flops, bytes=before.bytes, kernels=member.kernels)
+    launched = {source[1] for row, sources in zip(group.rows, group.wiring, strict=True)
+                if eqn_costs[row[0]].kernels > 0 for source in sources if source[0] == "slot"}
+    for index, slot in enumerate(group.slots):
+        if not _shared_column(eqns, group, slot):
+            row, position = slot
+            nbytes = _compat.aval_nbytes(eqns[group.rows[row][0]].invars[position].aval)
+            after = after + Cost(bytes=2.0 * count * nbytes,
+                                 kernels=1.0 if index in launched else 0.0)
+    for row, out in group.outputs:
+        nbytes = _compat.aval_nbytes(eqns[group.rows[row][0]].outvars[out].aval)
+        after = after + Cost(bytes=2.0 * count * nbytes)
+    return before, after
+
+
+def _emitter(eqns: Sequence[Any], group: _Group) -> Any:
+    template = [eqns[row[0]] for row in group.rows]
+    position_of = {eqn: k for k, eqn in enumerate(group.eqns)}
+    row_of = {i: t for t, row in enumerate(group.rows) for i in row}
+    wanted = set(group.outputs)
+
+    def one(*slot_values: Any) -> list[Any]:
+        results: list[list[Any]] = []
+        for eqn, sources in zip(template, group.wiring, strict=True):
+            invals = [source[1] if source[0] == "lit" else slot_values[source[1]]
+                      if source[0] == "slot" else results[source[1]][source[2]]  # type: ignore[misc]
+                      for source in sources]
+            results.append(_compat.bind_eqn(eqn, invals))
+        return [results[row][out] for row, out in group.outputs]
+
+    def emit(invals: list[list[Any]]) -> list[list[Any] | None]:
+        operands: list[Any] = []
+        in_axes: list[int | None] = []
+        for row, position in group.slots:
+            column = [invals[position_of[i]][position] for i in group.rows[row]]
+            if all(v is column[0] for v in column[1:]):
+                operands.append(column[0])
+                in_axes.append(None)
+            else:
+                operands.append(jnp.stack([jnp.asarray(v) for v in column]))
+                in_axes.append(0)
+        with _compat.eqn_context(template[-1]):
+            if any(axis == 0 for axis in in_axes):
+                batched = jax.vmap(one, in_axes=tuple(in_axes))(*operands)
+                per_member = [[lax.index_in_dim(out, m, keepdims=False) for out in batched]
+                              for m in range(group.members)]
+            else:  # every input shared: the members are one computation, repeated
+                shared = one(*operands)
+                per_member = [shared] * group.members
+        value = {}
+        for k, (row, out) in enumerate(group.outputs):
+            for m, i in enumerate(group.rows[row]):
+                value[(i, out)] = per_member[m][k]
+        # Results nobody outside the group reads are not computed separately: None.
+        return [[value[(i, out)] if (row_of[i], out) in wanted else None
+                 for out in range(len(eqns[i].outvars))] for i in group.eqns]
+
+    return emit
+
+
+def batch_branches(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Batches identical independent subgraphs at every level of ``jaxpr``.
+
+    Args:
+        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``); never mutated.
+        target: the cost model that decides whether batching pays: ``"gpu"``,
+            ``"cpu"`` or ``"tpu"``.
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+    """
+    from .unroll import _costs as cost_model
+
+    costs = cost_model(target)
+    new, decisions = walk_levels(jaxpr, [lambda j, p: batch_branches_level(j, p, costs)])
+    return new, tuple(decisions)

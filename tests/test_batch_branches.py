@@ -1,0 +1,284 @@
+"""Tests of the subgraph batching pass (``jaxpar.passes.batch_branches``).
+
+Identical independent straight-line subgraphs (ensemble members) become one ``vmap``ped
+subgraph. Each rewrite is checked for structure (batched ``dot_general``s, stacked and shared
+inputs), well-formedness, values and gradients; the decisions are checked where the pass must
+leave subgraphs alone; and the deviceless H200 compile shows fewer matmul kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from typing import Any
+
+import jax
+import jax.extend.core as jex_core
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from test_loops import as_function, assert_close, eqns_of, scalar_loss
+
+import jaxpar
+from jaxpar import _compat, _deviceless
+from jaxpar.passes import KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALONE, batch_branches
+
+batch_branches_module = importlib.import_module("jaxpar.passes.batch_branches")
+
+PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
+needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
+
+# vmap turns the members' matmuls into one batched dot_general: XLA may sum in another order.
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
+GRAD_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def mlp(params: list[tuple[jax.Array, jax.Array]], x: jax.Array) -> jax.Array:
+    for w, b in params[:-1]:
+        x = jax.nn.gelu(x @ w + b)
+    w, b = params[-1]
+    return x @ w + b
+
+
+def ensemble(members: list[Any], x: jax.Array) -> jax.Array:
+    return jnp.mean(jnp.stack([mlp(p, x) for p in members]), axis=0)
+
+
+def make_members(widths: tuple[int, ...], features: int = 64, outputs: int = 10
+                 ) -> list[Any]:
+    keys = iter(jax.random.split(jax.random.PRNGKey(0), 3 * len(widths)))
+    members = []
+    for width in widths:
+        sizes = [features, width, width, outputs]
+        members.append([(jax.random.normal(next(keys), (m, n)) / np.sqrt(m), jnp.full(n, 0.1))
+                        for m, n in itertools.pairwise(sizes)])
+    return members
+
+
+def ensemble_args(widths: tuple[int, ...] = (128, 128, 128, 128)) -> tuple[Any, jax.Array]:
+    return make_members(widths), jax.random.normal(jax.random.PRNGKey(1), (32, 64))
+
+
+def dots(jaxpr: Any) -> list[Any]:
+    return [e for e in eqns_of(jaxpr) if e.primitive.name == "dot_general"]
+
+
+def batched(dot: Any) -> bool:
+    (_, _), (lhs_batch, _) = dot.params["dimension_numbers"]
+    return bool(lhs_batch)
+
+
+def assert_rewrite(closed: Any, new: Any, args: tuple[Any, ...]) -> None:
+    """Well formed, same values and gradients as ``closed``."""
+    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
+    leaves = jax.tree.leaves(args)
+    assert_close(as_function(new)(*leaves), as_function(closed)(*leaves), **TOLERANCE)
+    argnums = tuple(range(len(leaves)))
+    want = jax.grad(scalar_loss(as_function(closed)), argnums)(*leaves)
+    got = jax.grad(scalar_loss(as_function(new)), argnums)(*leaves)
+    assert_close(got, want, **GRAD_TOLERANCE)
+
+
+# --- the pass ---------------------------------------------------------------------------------
+
+
+def test_ensemble_members_become_one_vmapped_member() -> None:
+    args = ensemble_args()
+    closed = jax.make_jaxpr(ensemble)(*args)
+    assert len(dots(closed)) == 12
+    new, decisions = batch_branches(closed, target="gpu")
+    # Three batched matmuls instead of twelve; x is shared, so the first one reads it as is.
+    assert len(dots(new)) == 3 and all(batched(d) for d in dots(new)[1:])
+    assert [d.kind for d in decisions] == [KIND_BATCHED_SUBGRAPHS]
+    (made,) = decisions
+    assert len(made.eqns) == 4 and made.primitives == ("add",) * 4
+    assert "4 independent subgraphs" in made.reason and "6 stacked and 1 shared" in made.reason
+    assert "3 kernel launches instead of 12" in made.reason
+    assert any("test_batch_branches.py" in s for s in made.sources)
+    assert_rewrite(closed, new, args)
+
+
+def test_members_of_different_widths_are_not_batched() -> None:
+    args = ensemble_args((96, 128, 160))
+    closed = jax.make_jaxpr(ensemble)(*args)
+    new, decisions = batch_branches(closed, target="gpu")
+    assert new is closed and decisions == ()
+
+
+def test_only_the_identical_members_are_batched() -> None:
+    args = ensemble_args((128, 128, 96, 128))
+    closed = jax.make_jaxpr(ensemble)(*args)
+    new, decisions = batch_branches(closed, target="gpu")
+    assert [d.kind for d in decisions] == [KIND_BATCHED_SUBGRAPHS]
+    assert "3 independent subgraphs" in decisions[0].reason
+    assert len(dots(new)) == 3 + 3  # the three batched, the odd member's own three
+    assert_rewrite(closed, new, args)
+
+
+def test_applying_twice_changes_nothing() -> None:
+    args = ensemble_args()
+    once, _ = batch_branches(jax.make_jaxpr(ensemble)(*args), target="gpu")
+    twice, decisions = batch_branches(once, target="gpu")
+    assert twice is once and decisions == ()
+
+
+def test_shared_intermediate_stays_outside_and_is_read_unstacked() -> None:
+    def f(x: jax.Array, ws: list[jax.Array]) -> jax.Array:
+        h = jnp.tanh(x @ x)  # read by every member: computed once, passed to all
+        return sum(jnp.tanh(jnp.tanh(h @ w) @ w) for w in ws)
+
+    args = (jnp.eye(64) * 0.5, [jax.random.normal(jax.random.PRNGKey(i), (64, 64)) * 0.1
+                                for i in range(4)])
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = batch_branches(closed, target="gpu")
+    assert [d.kind for d in decisions] == [KIND_BATCHED_SUBGRAPHS]
+    assert "4 stacked" not in decisions[0].reason  # the one weight per member: 1 stacked slot
+    assert "1 stacked and 1 shared" in decisions[0].reason
+    assert len(dots(new)) == 1 + 2 and not batched(dots(new)[0])
+    assert_rewrite(closed, new, args)
+
+
+def test_intermediate_read_outside_the_members_is_returned_too() -> None:
+    def f(x: jax.Array, ws: list[jax.Array]) -> tuple[jax.Array, jax.Array]:
+        hidden = [jnp.tanh(x @ w) for w in ws]
+        outs = [jnp.tanh(jnp.tanh(h @ w) @ w) for h, w in zip(hidden, ws, strict=True)]
+        return sum(outs), hidden[1] * 2.0  # a member's intermediate, read outside
+
+    args = (jnp.eye(32) * 0.5, [jax.random.normal(jax.random.PRNGKey(i), (32, 32)) * 0.2
+                                for i in range(3)])
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = batch_branches(closed, target="gpu")
+    assert [d.kind for d in decisions] == [KIND_BATCHED_SUBGRAPHS]
+    # x is shared, so the first matmul reads it unbatched (vmap moves the batch to the
+    # weight's side); the other two are batched.
+    assert len(dots(new)) == 3 and all(batched(d) for d in dots(new)[1:])
+    assert_rewrite(closed, new, args)
+
+
+def test_cost_model_leaves_big_weights_unstacked() -> None:
+    # One big matmul per member and a big weight each: stacking the weights copies more
+    # bytes than one saved launch is worth.
+    def f(x: jax.Array, ws: list[jax.Array]) -> jax.Array:
+        return sum(jnp.tanh(jnp.tanh(x @ w) @ w) for w in ws)
+
+    args = (jax.ShapeDtypeStruct((8, 4096), jnp.float32),
+            [jax.ShapeDtypeStruct((4096, 4096), jnp.float32)] * 2)
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = batch_branches(closed, target="gpu")
+    assert new is closed
+    assert [d.kind for d in decisions] == [KIND_SUBGRAPHS_LEFT_ALONE]
+    assert "stacking their differing inputs costs more" in decisions[0].reason
+
+
+def test_members_at_different_stages_are_left_alone() -> None:
+    # Two identical two-matmul chains on level inputs, but one feeds two more matmuls before
+    # the output and the other does not: batching would hold the deep one's successors back.
+    def f(a: jax.Array, b: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        first = jnp.tanh(jnp.tanh(a @ w) @ w)
+        second = jnp.tanh(jnp.tanh(b @ w) @ w)
+        return jnp.tanh(jnp.tanh(first @ w) @ w), second
+
+    args = tuple(jnp.eye(32) * 0.3 for _ in range(3))
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = batch_branches(closed, target="gpu")
+    assert new is closed
+    assert [d.kind for d in decisions] == [KIND_SUBGRAPHS_LEFT_ALONE]
+    assert "different stages" in decisions[0].reason
+
+
+def test_members_inside_a_scan_body_are_batched() -> None:
+    def f(h: jax.Array, ws: list[jax.Array]) -> jax.Array:
+        def step(c: jax.Array, _: Any) -> tuple[jax.Array, None]:
+            return sum(jnp.tanh(jnp.tanh(c @ w) @ w) for w in ws) * 0.25, None
+        return lax.scan(step, h, None, length=3)[0]
+
+    args = (jnp.eye(32) * 0.5, [jax.random.normal(jax.random.PRNGKey(i), (32, 32)) * 0.2
+                                for i in range(4)])
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = batch_branches(closed, target="gpu")
+    assert [(d.kind, d.location) for d in decisions] == [(KIND_BATCHED_SUBGRAPHS,
+                                                          "/scan#0.jaxpr")]
+    (scan,) = [e for e in eqns_of(new) if e.primitive.name == "scan"]
+    body = _compat.scan_info(scan).jaxpr
+    assert len(dots(body)) == 2 and batched(dots(body)[1])
+    assert_rewrite(closed, new, args)
+
+
+def test_effects_and_user_placement_are_never_batched() -> None:
+    def f(x: jax.Array, ws: list[jax.Array]) -> jax.Array:
+        outs = []
+        for w in ws:
+            y = jnp.tanh(jnp.tanh(x @ w) @ w)
+            jax.debug.print("{}", y[0, 0])  # an effect on every member
+            outs.append(y)
+        return sum(outs)
+
+    args = (jnp.eye(16), [jnp.eye(16) * 0.5] * 3)
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = batch_branches(closed, target="gpu")
+    # The members' matmuls (and the slices the prints read) are batched; the prints are not,
+    # and stay three, in their order.
+    assert [d.kind for d in decisions] == [KIND_BATCHED_SUBGRAPHS]
+    names = [e.primitive.name for e in eqns_of(new)]
+    assert sum("debug" in n for n in names) == 3 and len(dots(new)) == 2
+    assert [e.params for e in eqns_of(new) if "debug" in e.primitive.name] == [
+        e.params for e in eqns_of(closed) if "debug" in e.primitive.name]
+
+    def placed(x: jax.Array, ws: list[jax.Array]) -> jax.Array:
+        return sum(jaxpar.on_stream(k + 1)(lambda v, w=w: jnp.tanh(jnp.tanh(v @ w) @ w))(x)
+                   for k, w in enumerate(ws))
+
+    _, decisions = batch_branches(jax.make_jaxpr(placed)(*args), target="gpu")
+    assert decisions == ()
+
+
+def test_contractible_rejects_a_path_that_leaves_and_comes_back() -> None:
+    # 0 -> 1 -> 2 and 0 -> 2: {0, 2} cannot be one unit (1 sits between), {0, 1} can.
+    graph = batch_branches_module.Graph(preds=((), (0,), (0, 1)), succs=((1, 2), (2,), ()),
+                                        feeds_output=frozenset({2}),
+                                        live=frozenset({0, 1, 2}))
+    assert not batch_branches_module._contractible(graph, {0, 2})
+    assert batch_branches_module._contractible(graph, {0, 1})
+
+
+# --- through parallel_branches -----------------------------------------------------------------
+
+
+def test_parallel_branches_batches_identical_members_on_gpu_only() -> None:
+    args = ensemble_args()
+    want = jax.jit(ensemble)(*args)
+    fast = jaxpar.parallel_branches(ensemble, target="gpu")
+    plan = jaxpar.inspect(fast)(*args)
+    assert [d.kind for d in plan.subgraphs] == [KIND_BATCHED_SUBGRAPHS]
+    assert "subgraphs:" in str(plan) and plan.to_dict()["subgraphs"][0]["kind"] == \
+        KIND_BATCHED_SUBGRAPHS
+    assert plan.loops == ()
+    np.testing.assert_allclose(fast(*args), want, **TOLERANCE)
+    got = jax.grad(lambda m: jnp.sum(fast(m, args[1]) ** 2))(args[0])
+    expected = jax.grad(lambda m: jnp.sum(ensemble(m, args[1]) ** 2))(args[0])
+    assert_close(got, expected, **GRAD_TOLERANCE)
+    # vmap over a batch of inputs, and jit around it.
+    xs = jnp.stack([args[1], -args[1]])
+    assert_close(jax.jit(jax.vmap(fast, in_axes=(None, 0)))(args[0], xs),
+                 jax.vmap(ensemble, in_axes=(None, 0))(args[0], xs), **TOLERANCE)
+    # Off on the CPU by default, and off when asked.
+    assert jaxpar.inspect(ensemble, target="cpu")(*args).subgraphs == ()
+    assert jaxpar.inspect(ensemble, target="gpu", batch_branches=False)(*args).subgraphs == ()
+
+
+def test_bad_batch_branches_option_names_it() -> None:
+    with pytest.raises(ValueError, match="batch_branches must be True, False or 'auto'"):
+        jaxpar.parallel_branches(ensemble, batch_branches="yes")
+
+
+@needs_plugin
+def test_h200_compile_launches_fewer_matmul_kernels() -> None:
+    members, x = ensemble_args()
+    specs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (members, x))
+    preview = jaxpar.gpu_preview(ensemble, *specs)
+    # Plain: XLA's dot merger joins the four first-layer matmuls (they share x), 9 remain.
+    assert preview.plain.matmul_kernels == 9
+    assert preview.jaxpar.matmul_kernels == 3
+    assert preview.jaxpar.kernels < preview.plain.kernels
+    assert "matmul kernels" in str(preview)
