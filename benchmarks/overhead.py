@@ -8,7 +8,8 @@ repetition (no trace cache can help):
 
 * ``lower``: ``jax.jit(f).lower(*args)`` -- JAX's own trace + lowering, the reference;
 * ``make_jaxpr``: ``jax.make_jaxpr(f)(*args)`` -- tracing alone;
-* ``inspect``: ``jaxpar.inspect(f)(*args)`` -- trace + loop passes + plan (target auto);
+* ``inspect``: ``jaxpar.inspect(f, target="gpu")(*args)`` -- trace + loop and batching
+  passes + plan, for the target where all of them are on;
 * ``rewrite``: ``jax.make_jaxpr(parallel_branches(f, target="gpu"))(*args)`` -- trace +
   analysis + emission of the rewritten program;
 * ``analysis``: ``inspect`` minus ``make_jaxpr`` of the same repetition -- what jaxpar's
@@ -121,7 +122,7 @@ def stages(target_eqns: int) -> dict[str, Callable[[], Any]]:
         return jax.make_jaxpr(build_program(target_eqns))(*args)
 
     def inspect() -> Any:
-        return jaxpar.inspect(build_program(target_eqns))(*args)
+        return jaxpar.inspect(build_program(target_eqns), target="gpu")(*args)
 
     def rewrite() -> Any:
         rewritten = jaxpar.parallel_branches(build_program(target_eqns), target="gpu")
@@ -139,6 +140,8 @@ def measure(target_eqns: int, repeats: int) -> dict[str, Any]:
         "total_eqns": count_eqns(closed.jaxpr),
         "plan_gpu": {"sections": len(plan.sections), "regions": plan.num_regions,
                      "streams": plan.num_streams, "loops": len(plan.loops),
+                     "batched_subgraphs": sum(d.kind == "batched subgraphs"
+                                              for d in plan.subgraphs),
                      "left_alone": len(plan.left_alone)},
         "load_1min": os.getloadavg()[0], "seconds": {}, "samples": {},
     }
@@ -248,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "profiles": []}
     print(f"jaxpar overhead vs jax.jit(f).lower, jax {jax.__version__}, "
           f"load {os.getloadavg()[0]:.2f}")
-    print(f"  {'eqns':>7s} {'sections':>8s} {'lower s':>8s} {'jaxpr s':>8s} {'inspect s':>9s} "
+    print(f"  {'eqns':>7s} {'sections':>8s} {'batched':>7s} {'lower s':>8s} {'jaxpr s':>8s} {'inspect s':>9s} "
           f"{'x lower':>8s} {'analysis s':>10s} {'x lower':>8s} {'rewrite s':>9s} "
           f"{'x lower':>8s}")
     for thunk in stages(min(sizes, default=1000)).values():
@@ -259,6 +262,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["sizes"].append(entry)
         s, r = entry["seconds"], entry["ratio_vs_lower"]
         print(f"  {entry['total_eqns']:7d} {entry['plan_gpu']['sections']:8d} "
+              f"{entry['plan_gpu']['batched_subgraphs']:7d} "
               f"{s['lower']:8.3f} {s['make_jaxpr']:8.3f} {s['inspect']:9.3f} "
               f"{r['inspect']:8.2f} {s['analysis']:10.3f} {r['analysis']:8.2f} "
               f"{s['rewrite']:9.3f} {r['rewrite']:8.2f}", flush=True)

@@ -1,4 +1,5 @@
-"""An ensemble of MLPs with different widths: independent members on their own streams.
+"""An ensemble of MLPs: members of different widths run on their own streams; members of
+one width are batched into one vmapped member (``batch_branches``, on for target="gpu").
 
 Run: python examples/ensemble.py
 """
@@ -48,6 +49,13 @@ def main():
                              strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
     print(f"same values and gradients as jax.jit(ensemble); {plan.num_streams} streams")
+
+    # Members of one width: one vmapped member over stacked weights instead of streams.
+    same = make_members(widths=(512,) * 4)
+    plan = jaxpar.inspect(fast)(same, x)
+    print(plan)
+    np.testing.assert_allclose(fast(same, x), jax.jit(ensemble)(same, x), rtol=1e-5, atol=1e-5)
+    print(f"same values as jax.jit(ensemble); {len(plan.subgraphs)} batched subgraph(s)")
 
 
 if __name__ == "__main__":

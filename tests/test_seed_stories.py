@@ -23,10 +23,16 @@ from helpers import (
 from jax import lax
 
 import jaxpar
+from jaxpar import _preview
 from jaxpar._deviceless import compile_for_gpu, parse_schedule, plugin_status
 
 PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
+# XLA in these jaxlibs kills the process (SIGSEGV) compiling a stream-annotated loop
+# deviceless; tests/test_deviceless.py checks that schedule from XLA's dump in a child.
+crashes_on_annotated_loops = pytest.mark.skipif(
+    jax.lib.__version__ in _preview._CRASHES_ON_ANNOTATED_LOOPS,
+    reason=f"XLA in jaxlib {jax.lib.__version__} segfaults compiling annotated loops")
 
 LOOPS_OFF = {"fuse_scans": False, "batch_scans": False, "batch_branches": False, "unroll": None}
 # The four branches are identical, so by default the GPU target batches them into one vmapped
@@ -97,6 +103,7 @@ def test_seed_002_gradients_match():
 
 
 @needs_plugin
+@crashes_on_annotated_loops
 def test_seed_002_both_loops_in_flight_on_h200():
     fast = jaxpar.parallel_branches(seed_002, target="gpu", **LOOPS_OFF)
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in seed_002_args()]
