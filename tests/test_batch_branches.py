@@ -187,6 +187,36 @@ def test_members_at_different_stages_are_left_alone() -> None:
     assert "different stages" in decisions[0].reason
 
 
+def test_long_chains_at_different_stages_are_reported_once_within_the_budget() -> None:
+    # Every part of these chains is misaligned, so the pass retries ever smaller parts; the
+    # alignment budget stops it after a few times the level's size, with one report.
+    def f(a: jax.Array, b: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        for _ in range(150):
+            a, b = jnp.tanh(a @ w), jnp.tanh(b @ w)
+        return a, jnp.tanh(jnp.tanh(b @ w) @ w)
+
+    args = tuple(jax.ShapeDtypeStruct((8, 8), jnp.float32) for _ in range(3))
+    closed = jax.make_jaxpr(f)(*args)
+    visited = []
+    original = batch_branches_module._align
+
+    def counting_align(*a: Any) -> Any:
+        budget = a[-1]
+        before = budget[0]
+        try:
+            return original(*a)
+        finally:
+            visited.append(before - budget[0])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batch_branches_module, "_align", counting_align)
+        new, decisions = batch_branches(closed, target="gpu")
+    assert new is closed
+    assert [d.kind for d in decisions] == [KIND_SUBGRAPHS_LEFT_ALONE]
+    level = len(eqns_of(closed))
+    assert sum(visited) <= batch_branches_module._ALIGN_BUDGET_PER_EQN * level + 2 * level
+
+
 def test_members_inside_a_scan_body_are_batched() -> None:
     def f(h: jax.Array, ws: list[jax.Array]) -> jax.Array:
         def step(c: jax.Array, _: Any) -> tuple[jax.Array, None]:

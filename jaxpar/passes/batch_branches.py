@@ -74,6 +74,9 @@ from ._walk import (
 )
 from .batch_scans import _const_fingerprint
 
+# Equations the lockstep walks may visit per equation of the level, over all their tries.
+_ALIGN_BUDGET_PER_EQN = 8
+
 # Where an aligned row reads from: a literal, a stacked-or-shared input slot, or another row.
 _Source = tuple[str, Any] | tuple[str, int, int]
 
@@ -120,11 +123,16 @@ def batch_branches_level(jaxpr: Any, path: str, costs: CostModel
     readers = _readers(inner)
     groups: list[_Group] = []
     decisions: list[LoopDecision] = []
+    # Rejected subgraphs are tried again from their inner equations (a part may pay where
+    # the whole does not); the budget keeps that near-linear in the level's size.
+    budget = [_ALIGN_BUDGET_PER_EQN * len(eqns)]
     for members in candidates:
         roots = [m for m in members if m not in claimed]
         if len(roots) < 2:
             continue
-        group = _align(eqns, roots, producer, claimed, readers, inner.outvars)
+        if budget[0] <= 0:
+            break
+        group = _align(eqns, roots, producer, claimed, readers, inner.outvars, budget)
         if group is None or not _contractible(graph, set(group.eqns)):
             continue
         member_cost = sum((eqn_costs[row[0]] for row in group.rows), ZERO)
@@ -263,9 +271,12 @@ def _value_key(value: Any, jaxpr_keys: dict[int, tuple[Any, Hashable]]) -> Hasha
 
 
 def _align(eqns: Sequence[Any], roots: list[int], producer: dict[Any, tuple[int, int]],
-           claimed: set[int], readers: dict[Any, list[int]], outvars: Sequence[Any]
-           ) -> _Group | None:
-    """Walks the members' inputs in lockstep from ``roots``; None if they do not align."""
+           claimed: set[int], readers: dict[Any, list[int]], outvars: Sequence[Any],
+           budget: list[int]) -> _Group | None:
+    """Walks the members' inputs in lockstep from ``roots``; None if they do not align.
+
+    Every equation visited is taken off ``budget[0]``; None when it runs out.
+    """
     count = len(roots)
     row_of: dict[int, int] = {}  # equation -> its row
     rows: list[tuple[int, ...]] = []
@@ -274,10 +285,13 @@ def _align(eqns: Sequence[Any], roots: list[int], producer: dict[Any, tuple[int,
         for i in row:
             row_of[i] = len(rows)
         rows.append(row)
+        budget[0] -= len(row)
 
     add_row(tuple(roots))
     pending = [0]
     while pending:
+        if budget[0] < 0:
+            return None
         row = rows[pending.pop()]
         for position in range(len(eqns[row[0]].invars)):
             atoms = [eqns[i].invars[position] for i in row]
