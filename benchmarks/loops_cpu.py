@@ -1,9 +1,11 @@
-"""Times the loop passes on this machine's CPU: jit(original) vs jit(rewritten).
+"""Times the loop and batching passes on this machine's CPU: jit(original) vs jit(rewritten).
 
-Programs (the seed-002 shapes):
+Programs (the seed-002 shapes, and an ensemble):
   * different: two independent scans over 100x100 matrices, different bodies (fusion);
   * identical: two independent scans with the same body (batching);
-  * tiny: one long scan of a tiny elementwise body (unrolling).
+  * tiny: one long scan of a tiny elementwise body (unrolling);
+  * ensemble: four identical 3-layer MLPs on one input (``batch_branches``, decided with the
+    GPU cost model so that the rewrite happens and its CPU cost is what is measured).
 
 Run::
 
@@ -65,12 +67,33 @@ def timed(fn: Callable[..., Any], args: tuple[Any, ...], repeats: int) -> float:
     return statistics.median(times)
 
 
+def mlp_ensemble(members: Any, x: jax.Array) -> jax.Array:
+    outs = []
+    for layers in members:
+        h = x
+        for w, b in layers:
+            h = jnp.tanh(h @ w + b)
+        outs.append(h)
+    return sum(outs)
+
+
+def ensemble_args(width: int, batch: int, members: int = 4) -> tuple[Any, jax.Array]:
+    keys = iter(jax.random.split(jax.random.PRNGKey(1), 3 * members + 1))
+    params = [[(jax.random.normal(next(keys), (width, width)) / width ** 0.5,
+                jnp.zeros((width,))) for _ in range(3)] for _ in range(members)]
+    return params, jax.random.normal(next(keys), (batch, width))
+
+
+OFF = {"fuse": False, "batch": False, "unroll": None, "batch_branches": False,
+       "target": "cpu"}
 VARIANTS: dict[str, dict[str, Any]] = {
-    "fuse": {"fuse": True, "batch": False, "unroll": None},
-    "batch": {"fuse": False, "batch": True, "unroll": None},
-    "unroll=auto": {"fuse": False, "batch": False, "unroll": "auto"},
-    "unroll=4": {"fuse": False, "batch": False, "unroll": 4},
-    "gpu defaults": {"fuse": True, "batch": True, "unroll": "auto"},
+    "fuse": {**OFF, "fuse": True},
+    "batch": {**OFF, "batch": True},
+    "unroll=auto": {**OFF, "unroll": "auto"},
+    "unroll=4": {**OFF, "unroll": 4},
+    "batch_branches": {**OFF, "batch_branches": True, "target": "gpu"},
+    "gpu defaults": {"fuse": True, "batch": True, "unroll": "auto", "batch_branches": True,
+                     "target": "gpu"},
 }
 
 
@@ -79,6 +102,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--tiny-steps", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--width", type=int, default=256, help="ensemble members' width")
+    parser.add_argument("--batch", type=int, default=128, help="ensemble batch")
     options = parser.parse_args()
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     n, m = 100, options.steps
@@ -89,18 +114,21 @@ def main() -> None:
         f"identical bodies 2x(100x100, {m} steps)": (identical, mats),
         f"tiny body (16,), {options.tiny_steps} steps": (
             tiny, (jnp.ones((16,)), jax.random.normal(keys[0], (options.tiny_steps, 16)))),
+        f"ensemble 4x(3 layers {options.width}), batch {options.batch}": (
+            mlp_ensemble, ensemble_args(options.width, options.batch)),
     }
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} CPUs")
     for name, (fn, args) in programs.items():
         closed = jax.make_jaxpr(fn)(*args)
+        leaves = jax.tree.leaves(args)
         base = timed(jax.jit(fn), args, options.repeats)
         print(f"\n{name}\n  original            {base * 1e3:9.2f} ms")
         for label, settings in VARIANTS.items():
-            new, decisions = apply_loop_passes(closed, **settings, target="cpu")
+            new, decisions = apply_loop_passes(closed, **settings)
             if new is closed:
                 print(f"  {label:<18}  (unchanged)")
                 continue
-            t = timed(jax.jit(jex_core.jaxpr_as_fun(new)), args, options.repeats)
+            t = timed(jax.jit(jex_core.jaxpr_as_fun(new)), leaves, options.repeats)
             kinds = ",".join(sorted({d.kind for d in decisions if d.kind != "left alone"}))
             print(f"  {label:<18}  {t * 1e3:9.2f} ms  x{t / base:5.2f}  [{kinds}]")
 

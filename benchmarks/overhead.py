@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "profiles": []}
     print(f"jaxpar overhead vs jax.jit(f).lower, jax {jax.__version__}, "
           f"load {os.getloadavg()[0]:.2f}")
-    print(f"  {'eqns':>7s} {'sections':>8s} {'batched':>7s} {'lower s':>8s} {'jaxpr s':>8s} {'inspect s':>9s} "
+    print(f"  {'eqns':>7s} {'sections':>8s} {'batched':>7s} {'lower s':>8s} {'jaxpr s':>8s} "
+          f"{'inspect s':>9s} "
           f"{'x lower':>8s} {'analysis s':>10s} {'x lower':>8s} {'rewrite s':>9s} "
           f"{'x lower':>8s}")
     for thunk in stages(min(sizes, default=1000)).values():

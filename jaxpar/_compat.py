@@ -167,11 +167,22 @@ def retrace_like(fn: Callable[..., Any], original: Any) -> Any | None:
 
 
 def replace_eqn(eqn: Any, *, invars: Sequence[Any] | None = None,
-                params: dict[str, Any] | None = None) -> Any:
-    """``eqn`` with new input atoms and/or parameters (same outputs, source info, context)."""
-    if invars is None and params is None:
+                params: dict[str, Any] | None = None,
+                outvars: Sequence[Any] | None = None, source_info: Any = None) -> Any:
+    """``eqn`` with new input atoms, parameters, output variables and/or source info
+    (the same context)."""
+    if invars is None and params is None and outvars is None and source_info is None:
         return eqn
-    return eqn.replace(invars=None if invars is None else list(invars), params=params)
+    return eqn.replace(invars=None if invars is None else list(invars), params=params,
+                       outvars=None if outvars is None else list(outvars),
+                       source_info=source_info)
+
+
+def fresh_var(var: Any) -> Any:
+    """A new variable of ``var``'s type (a new drop variable for a drop variable)."""
+    if isinstance(var, DropVar):
+        return DropVar(var.aval)
+    return Var(var.aval)
 
 
 def splice_jaxpr(original: Any, eqns: Sequence[Any], outvars: Sequence[Any],

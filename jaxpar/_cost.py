@@ -210,10 +210,17 @@ class CostModel:
     def __init__(self, profile: DeviceProfile):
         self.profile = profile
         self._jaxpr_costs: dict[int, tuple[Any, Cost]] = {}
+        # Equations are immutable, and the passes see the same ones round after round.
+        self._eqn_costs: dict[int, tuple[Any, Cost]] = {}
 
     def eqn_cost(self, eqn: Any) -> Cost:
+        hit = self._eqn_costs.get(id(eqn))
+        if hit is not None and hit[0] is eqn:
+            return hit[1]
         rule = cost_rules.get(eqn.primitive.name, _default_rule)
-        return rule(self, eqn)
+        cost = rule(self, eqn)
+        self._eqn_costs[id(eqn)] = (eqn, cost)
+        return cost
 
     def jaxpr_cost(self, jaxpr: Any) -> Cost:
         key = id(jaxpr)

@@ -405,3 +405,33 @@ def test_plan_is_deterministic_across_processes():
     assert plans[0]["num_streams"] == 2
     assert [loop["kind"] for loop in plans[1]["loops"]][:1] == ["fused"]
     assert plans[2]["num_streams"] >= 2
+
+
+def test_analysis_leaves_the_garbage_collector_as_it_found_it():
+    import gc
+
+    def f(a, b):
+        return jnp.tanh(a @ a) + jnp.tanh(b @ b)
+
+    x = jnp.ones((8, 8))
+    assert gc.isenabled()
+    jaxpar.inspect(f, target="gpu")(x, x)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        jaxpar.inspect(f, target="gpu")(x, x)
+        assert not gc.isenabled()  # a user's choice is kept
+    finally:
+        gc.enable()
+    with pytest.raises(jaxpar.TraceError):
+        jaxpar.inspect(lambda a: a @ jnp.ones((3, 5)), target="gpu")(x)
+    assert gc.isenabled()
+
+    def bad_plan(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jaxpar._api, "plan_jaxpr", bad_plan)
+        with pytest.raises(RuntimeError, match="boom"):
+            jaxpar.inspect(f, target="gpu")(x, x)
+    assert gc.isenabled()

@@ -138,8 +138,10 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unr
             return fuse_scans_level(j, path, leave_identical=batch)
         passes.append(fuse_level)
     if batch_branches:
+        memo: dict[int, Any] = {}
+
         def branches_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
-            return batch_branches_level(j, path, costs)
+            return batch_branches_level(j, path, costs, memo)
         passes.append(branches_level)
     if unroll is not None:
         def unroll_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:

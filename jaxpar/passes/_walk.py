@@ -23,7 +23,7 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from .. import _compat
@@ -95,10 +95,18 @@ EmitFn = Callable[[list[list[Any]]], list[list[Any]]]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rewrite:
-    """Equations (sorted indices) replaced together by what ``emit`` binds."""
+    """Equations (sorted indices) replaced together by what ``emit`` binds.
+
+    ``key``, when given, promises that two rewrites of one pass with equal keys emit the
+    same equations (up to variable names) when their operands have the same types and
+    the same pattern of repeated variables and literals: the level is then traced once
+    per key and the other rewrites get copies with fresh variables, whose equations
+    carry the source info of the last equation each copy replaces.
+    """
 
     eqns: tuple[int, ...]
     emit: EmitFn
+    key: Hashable | None = None
 
 
 LevelPass = Callable[[Any, str], tuple[list[Rewrite], list[LoopDecision]]]
@@ -170,6 +178,7 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     new_eqns: list[Any] = []
     new_constvars: list[Any] = []
     new_consts: list[Any] = []
+    traced: dict[Hashable, _Traced] = {}
     for kind, index in order:
         if kind == "eqn":
             eqn = eqns[index]
@@ -180,12 +189,25 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
             continue
         rewrite = rewrites[index]
         members = [eqns[i] for i in rewrite.eqns]
-        constvars, consts, body, outs = _trace_rewrite(
-            rewrite, [[atom(v) for v in m.invars] for m in members],
-            [len(m.outvars) for m in members])
+        operands = [[atom(v) for v in m.invars] for m in members]
+        out_counts = [len(m.outvars) for m in members]
+        cache_key = None if rewrite.key is None else (rewrite.key, _pattern(operands))
+        hit = traced.get(cache_key) if cache_key is not None else None
+        if hit is None:
+            hit = _trace_rewrite(rewrite, operands)
+            if cache_key is not None:
+                traced[cache_key] = hit
+            constvars, body, flat_outs = hit.splice(operands, fresh=False)
+        else:
+            constvars, body, flat_outs = hit.splice(operands, fresh=True,
+                                                    source=members[-1].source_info)
         new_constvars += constvars
-        new_consts += consts
+        new_consts += hit.consts
         new_eqns += body
+        outs, start = [], 0
+        for count in out_counts:
+            outs.append(flat_outs[start:start + count])
+            start += count
         for member, values in zip(members, outs, strict=True):
             for var, value in zip(member.outvars, values, strict=True):
                 if value is None:
@@ -202,21 +224,79 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
                                 new_constvars, new_consts)
 
 
-def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]], out_counts: list[int]
-                   ) -> tuple[list[Any], list[Any], list[Any], list[list[Any]]]:
+def _distinct_atoms(operands: list[list[Any]]) -> list[Any]:
+    """One entry per distinct variable, in first-use order: passes recognise shared
+    operands by identity, so each becomes one argument of the traced rewrite."""
+    return list(dict.fromkeys(a for row in operands for a in row if not _compat.is_literal(a)))
+
+
+def _pattern(operands: list[list[Any]]) -> Hashable:
+    """The operands' types, which of them repeat, and the literal values."""
+    first: dict[Any, int] = {}
+    out = []
+    for row in operands:
+        cells = []
+        for a in row:
+            if _compat.is_literal(a):
+                value = _compat.literal_value(a)
+                try:
+                    hash(value)
+                except TypeError:
+                    value = ("id", id(a))  # an unhashable literal: never shared
+                cells.append(("lit", a.aval, value))
+            else:
+                cells.append(("var", a.aval, first.setdefault(a, len(first))))
+        out.append(tuple(cells))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Traced:
+    """A rewrite traced once: its small jaxpr and which results it computed."""
+
+    jaxpr: Any  # open
+    consts: list[Any]
+    computed: list[bool]  # per flat result of the member equations: not None
+
+    def splice(self, operands: list[list[Any]], fresh: bool, source: Any = None
+               ) -> tuple[list[Any], list[Any], list[Any]]:
+        """``(constvars, eqns, flat results)`` reading ``operands``' atoms.
+
+        With ``fresh``, every variable the small jaxpr defines is renamed, so one trace
+        can be spliced into a level several times; ``source`` then replaces the source
+        info of its equations.
+        """
+        small = self.jaxpr
+        bound: dict[Any, Any] = dict(zip(small.invars, _distinct_atoms(operands), strict=True))
+        constvars = list(small.constvars)
+        if fresh:
+            constvars = [_compat.fresh_var(v) for v in constvars]
+            bound.update(zip(small.constvars, constvars, strict=True))
+
+        def atom(v: Any) -> Any:
+            return v if _compat.is_literal(v) else bound.get(v, v)
+
+        body = []
+        for eqn in small.eqns:
+            invars = [atom(v) for v in eqn.invars]
+            outvars = None
+            if fresh:
+                outvars = [_compat.fresh_var(v) for v in eqn.outvars]
+                bound.update(zip(eqn.outvars, outvars, strict=True))
+            same = all(a is b for a, b in zip(invars, eqn.invars, strict=True))
+            body.append(_compat.replace_eqn(eqn, invars=None if same else invars,
+                                            outvars=outvars, source_info=source))
+        results = iter(small.outvars)
+        flat_outs = [atom(next(results)) if done else None for done in self.computed]
+        return constvars, body, flat_outs
+
+
+def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]]) -> _Traced:
     """Traces ``rewrite.emit`` on ``operands`` (atoms of the level, per member equation).
 
-    ``out_counts`` is the number of results of each member equation.
-
-    Returns ``(constvars, consts, eqns, outs)``: equations that read the operands'
-    atoms directly (literals are passed to ``emit`` as values), the constants they
-    capture, and per member equation the atoms holding its results (None where
-    ``emit`` returned None: nothing outside the rewrite reads that result).
+    Literals are passed to ``emit`` as values, each distinct variable as one argument.
     """
-    # One argument per distinct atom: passes recognise shared operands by identity.
-    traced = list(dict.fromkeys(a for row in operands for a in row
-                                if not _compat.is_literal(a)))
-
+    traced = _distinct_atoms(operands)
     computed: list[bool] = []  # per flat result: did emit compute it (not None)?
 
     def run(*args: Any) -> list[Any]:
@@ -229,23 +309,7 @@ def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]], out_counts: list
 
     small, consts = _compat.open_jaxpr(
         _compat.make_closed_jaxpr(run, [a.aval for a in traced]))
-    bound = dict(zip(small.invars, traced, strict=True))
-
-    def atom(v: Any) -> Any:
-        return v if _compat.is_literal(v) else bound.get(v, v)
-
-    body = []
-    for eqn in small.eqns:
-        invars = [atom(v) for v in eqn.invars]
-        same = all(a is b for a, b in zip(invars, eqn.invars, strict=True))
-        body.append(_compat.replace_eqn(eqn, invars=None if same else invars))
-    results = iter(small.outvars)
-    flat_outs = [atom(next(results)) if done else None for done in computed]
-    outs, start = [], 0
-    for count in out_counts:
-        outs.append(flat_outs[start:start + count])
-        start += count
-    return list(small.constvars), list(consts), body, outs
+    return _Traced(small, list(consts), computed)
 
 
 def walk_levels(jaxpr: Any, level_passes: Sequence[LevelPass], path: str = ""

@@ -57,6 +57,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .. import _compat
@@ -99,16 +100,35 @@ class _Group:
         return tuple(sorted(i for row in self.rows for i in row))
 
 
-def batch_branches_level(jaxpr: Any, path: str, costs: CostModel
+def batch_branches_level(jaxpr: Any, path: str, costs: CostModel,
+                         memo: dict[int, tuple[Any, Hashable | None]] | None = None
                          ) -> tuple[list[Rewrite], list[LoopDecision]]:
-    """The level pass: one vmapped subgraph per group of identical independent subgraphs."""
+    """The level pass: one vmapped subgraph per group of identical independent subgraphs.
+
+    ``memo`` keeps equations' parameter keys, and the levels found to offer nothing,
+    between calls (jaxprs and equations are immutable, and the passes see the same ones
+    round after round); pass the same dict to every call of one ``walk_levels``.
+    """
+    memo = {} if memo is None else memo
+    seen = memo.get(id(jaxpr))
+    if seen is not None and seen[0] is jaxpr:
+        return [], []  # this very level was searched and offered nothing
+    rewrites, decisions = _batch_level(jaxpr, path, costs, memo)
+    if not rewrites:
+        memo[id(jaxpr)] = (jaxpr, None)
+    return rewrites, decisions
+
+
+def _batch_level(jaxpr: Any, path: str, costs: CostModel,
+                 memo: dict[int, tuple[Any, Hashable | None]]
+                 ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(jaxpr)
     eqns = inner.eqns
     if len(eqns) < 2:
         return [], []
     graph = build_graph(inner)
     producer = _producers(eqns)
-    keys = _value_numbers(inner, producer, graph)
+    keys, local_keys = _value_numbers(inner, producer, graph, memo)
     classes: dict[int, list[int]] = {}
     for index, key in enumerate(keys):
         if key is not None:
@@ -120,7 +140,7 @@ def batch_branches_level(jaxpr: Any, path: str, costs: CostModel
     depth, height = _stages(graph, [cost.kernels > 0 for cost in eqn_costs])
     claimed: set[int] = set()
     reported: set[int] = set()  # equations of subgraphs already reported as left alone
-    readers = _readers(inner)
+    level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
     groups: list[_Group] = []
     decisions: list[LoopDecision] = []
     # Rejected subgraphs are tried again from their inner equations (a part may pay where
@@ -132,7 +152,7 @@ def batch_branches_level(jaxpr: Any, path: str, costs: CostModel
             continue
         if budget[0] <= 0:
             break
-        group = _align(eqns, roots, producer, claimed, readers, inner.outvars, budget)
+        group = _align(eqns, roots, producer, claimed, graph, level_outputs, budget)
         if group is None or not _contractible(graph, set(group.eqns)):
             continue
         member_cost = sum((eqn_costs[row[0]] for row in group.rows), ZERO)
@@ -165,7 +185,8 @@ def batch_branches_level(jaxpr: Any, path: str, costs: CostModel
     groups = _orderable(graph, groups)
     rewrites, taken = [], []
     for group in groups:
-        rewrites.append(Rewrite(group.eqns, _emitter(eqns, group)))
+        rewrites.append(Rewrite(group.eqns, _emitter(eqns, group),
+                                _rewrite_key(eqns, local_keys, group)))
         kernels = int(sum(costs.eqn_cost(eqns[row[0]]).kernels for row in group.rows))
         stacked = sum(1 for slot in group.slots if not _shared_column(eqns, group, slot))
         taken.append(decision(
@@ -178,6 +199,20 @@ def batch_branches_level(jaxpr: Any, path: str, costs: CostModel
     return rewrites, taken + decisions
 
 
+def _rewrite_key(eqns: Sequence[Any], local_keys: list[int | None], group: _Group
+                 ) -> Hashable | None:
+    """Equal for two groups whose emitters trace to the same equations (``Rewrite.key``):
+    same rows, wiring, slots and outputs, and the same layout of their equations in the
+    level's order."""
+    try:
+        hash(group.wiring)
+    except TypeError:  # an unhashable literal
+        return None
+    place = {i: (t, m) for t, row in enumerate(group.rows) for m, i in enumerate(row)}
+    return ("batch_branches", tuple(local_keys[row[0]] for row in group.rows), group.wiring,
+            group.slots, group.outputs, tuple(place[i] for i in group.eqns))
+
+
 def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
     producer = {}
     for index, eqn in enumerate(eqns):
@@ -187,55 +222,69 @@ def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
     return producer
 
 
-def _readers(inner: Any) -> dict[Any, list[int]]:
-    readers: dict[Any, list[int]] = {}
-    for index, eqn in enumerate(inner.eqns):
-        for v in eqn.invars:
-            if not _compat.is_literal(v):
-                readers.setdefault(v, []).append(index)
-    return readers
-
-
 def _batchable(eqn: Any) -> bool:
     return (not eqn.effects and eqn.primitive.name not in COLLECTIVE_PRIMITIVES
             and not _compat.eqn_frontend_attributes(eqn))
 
 
-def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph
-                   ) -> list[int | None]:
-    """A structural key per equation (interned to an int); None: never batched."""
+def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph,
+                   memo: dict[int, tuple[Any, Hashable | None]]
+                   ) -> tuple[list[int | None], list[int | None]]:
+    """Structural keys per equation (interned to ints); None: never batched.
+
+    Returns ``(keys, local_keys)``: ``keys`` cover the equation and everything it reads
+    from (equal keys: the same computation of same-typed level inputs); ``local_keys``
+    only the equation itself (primitive, parameters, operand and result types).
+    """
     intern: dict[Hashable, int] = {}
     jaxpr_keys: dict[int, tuple[Any, Hashable]] = {}
     keys: list[int | None] = []
+    local_keys: list[int | None] = []
     for index, eqn in enumerate(inner.eqns):
+        local_keys.append(None)
         if index not in graph.live or not _batchable(eqn):
             keys.append(None)
             continue
         inputs: list[Hashable] = []
         for v in eqn.invars:
             if _compat.is_literal(v):
-                inputs.append(("lit", _aval_key(v.aval), _const_fingerprint(
-                    _compat.literal_value(v))))
+                inputs.append(("lit", v.aval, _literal_key(_compat.literal_value(v))))
             elif v in producer:
                 source, position = producer[v]
                 if keys[source] is None:
                     break
                 inputs.append((keys[source], position))
             else:
-                inputs.append(("in", _aval_key(v.aval)))
+                inputs.append(("in", v.aval))
         else:
-            params = _params_key(eqn.params, jaxpr_keys)
+            hit = memo.get(id(eqn))
+            if hit is None or hit[0] is not eqn:
+                hit = (eqn, _params_key(eqn.params, jaxpr_keys))
+                memo[id(eqn)] = hit
+            params = hit[1]
             if params is not None:
-                key = (eqn.primitive.name, params, tuple(inputs),
-                       tuple(_aval_key(v.aval) for v in eqn.outvars))
+                outs = tuple(v.aval for v in eqn.outvars)
+                key = (eqn.primitive.name, params, tuple(inputs), outs)
                 keys.append(intern.setdefault(key, len(intern)))
+                local = ("local", eqn.primitive.name, params,
+                         tuple(v.aval for v in eqn.invars), outs)
+                local_keys[-1] = intern.setdefault(local, len(intern))
                 continue
         keys.append(None)
-    return keys
+    return keys, local_keys
 
 
-def _aval_key(aval: Any) -> Hashable:
-    return (str(aval), bool(getattr(aval, "weak_type", False)))
+def _literal_key(value: Any) -> Hashable:
+    if type(value) in _ATOMIC_TYPES:
+        return value
+    if isinstance(value, np.generic):  # numpy scalars compare by value
+        return value
+    return _const_fingerprint(value)
+
+
+# Parameter values compared as they are (avals, too, are hashable and compare by value:
+# shape, dtype, weak type, sharding).
+_ATOMIC_TYPES = frozenset({int, float, bool, str, complex, type(None), np.dtype})
 
 
 class _Incomparable(Exception):
@@ -253,6 +302,8 @@ def _params_key(params: dict[str, Any], jaxpr_keys: dict[int, tuple[Any, Hashabl
 
 
 def _value_key(value: Any, jaxpr_keys: dict[int, tuple[Any, Hashable]]) -> Hashable:
+    if type(value) in _ATOMIC_TYPES:
+        return value
     if _compat.is_jaxpr_like(value):
         hit = jaxpr_keys.get(id(value))
         if hit is None or hit[0] is not value:
@@ -262,6 +313,8 @@ def _value_key(value: Any, jaxpr_keys: dict[int, tuple[Any, Hashable]]) -> Hasha
             jaxpr_keys[id(value)] = hit
         return hit[1]
     if isinstance(value, (tuple, list)):
+        if all(type(item) in _ATOMIC_TYPES for item in value):
+            return (type(value).__name__, tuple(value))
         return (type(value).__name__, tuple(_value_key(item, jaxpr_keys) for item in value))
     try:
         hash(value)
@@ -271,7 +324,7 @@ def _value_key(value: Any, jaxpr_keys: dict[int, tuple[Any, Hashable]]) -> Hasha
 
 
 def _align(eqns: Sequence[Any], roots: list[int], producer: dict[Any, tuple[int, int]],
-           claimed: set[int], readers: dict[Any, list[int]], outvars: Sequence[Any],
+           claimed: set[int], graph: Graph, level_outputs: set[Any],
            budget: list[int]) -> _Group | None:
     """Walks the members' inputs in lockstep from ``roots``; None if they do not align.
 
@@ -309,12 +362,12 @@ def _align(eqns: Sequence[Any], roots: list[int], producer: dict[Any, tuple[int,
                 pending.append(len(rows) - 1)
             elif not (known[0] is not None and rows[known[0]] == found):
                 return None  # the members pair these equations differently
-    return _template(eqns, rows, row_of, producer, readers, outvars)
+    return _template(eqns, rows, row_of, producer, graph, level_outputs)
 
 
 def _template(eqns: Sequence[Any], rows: list[tuple[int, ...]], row_of: dict[int, int],
-              producer: dict[Any, tuple[int, int]], readers: dict[Any, list[int]],
-              outvars: Sequence[Any]) -> _Group | None:
+              producer: dict[Any, tuple[int, int]], graph: Graph, level_outputs: set[Any]
+              ) -> _Group | None:
     """Orders the rows, wires them, and finds the slots and the outputs."""
     order = sorted(range(len(rows)), key=lambda t: rows[t][0])
     renumber = {old: new for new, old in enumerate(order)}
@@ -344,13 +397,15 @@ def _template(eqns: Sequence[Any], rows: list[tuple[int, ...]], row_of: dict[int
                 slots.append((t, position))
             sources.append(("slot", slot_of[column]))
         wiring.append(tuple(sources))
-    level_outputs = {v for v in outvars if not _compat.is_literal(v)}
     outputs = []
     for t, row in enumerate(rows):
+        # Needed outside: a level output, or read by an equation outside the group (judged
+        # per equation: for a multi-result equation that may keep a result nobody reads).
+        read_outside = any(s not in members for i in row for s in graph.succs[i])
         for out in range(len(eqns[row[0]].outvars)):
             results = [eqns[i].outvars[out] for i in row]
-            if any(v in level_outputs or any(r not in members for r in readers.get(v, ()))
-                   for v in results if not _compat.is_drop_var(v)):
+            if any(not _compat.is_drop_var(v) and (read_outside or v in level_outputs)
+                   for v in results):
                 outputs.append((t, out))
     return _Group(tuple(rows), tuple(wiring), tuple(slots), tuple(outputs))
 
@@ -486,5 +541,6 @@ def batch_branches(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDeci
     from .unroll import _costs as cost_model
 
     costs = cost_model(target)
-    new, decisions = walk_levels(jaxpr, [lambda j, p: batch_branches_level(j, p, costs)])
+    memo: dict[int, tuple[Any, Hashable | None]] = {}
+    new, decisions = walk_levels(jaxpr, [lambda j, p: batch_branches_level(j, p, costs, memo)])
     return new, tuple(decisions)
