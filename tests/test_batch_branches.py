@@ -80,6 +80,15 @@ def assert_rewrite(closed: Any, new: Any, args: tuple[Any, ...]) -> None:
     assert_close(got, want, **GRAD_TOLERANCE)
 
 
+def assert_left_alone_once(f: Any, args: tuple[Any, ...], why: str) -> None:
+    """The pass changes nothing in ``f`` and says so once, with ``why`` in the reason."""
+    closed = jax.make_jaxpr(f)(*args)
+    new, decisions = batch_branches(closed, target="gpu")
+    assert new is closed
+    assert [d.kind for d in decisions] == [KIND_SUBGRAPHS_LEFT_ALONE]
+    assert why in decisions[0].reason
+
+
 # --- the pass ---------------------------------------------------------------------------------
 
 
@@ -164,11 +173,7 @@ def test_cost_model_leaves_big_weights_unstacked() -> None:
 
     args = (jax.ShapeDtypeStruct((8, 4096), jnp.float32),
             [jax.ShapeDtypeStruct((4096, 4096), jnp.float32)] * 2)
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    assert new is closed
-    assert [d.kind for d in decisions] == [KIND_SUBGRAPHS_LEFT_ALONE]
-    assert "stacking their differing inputs costs more" in decisions[0].reason
+    assert_left_alone_once(f, args, "stacking their differing inputs costs more")
 
 
 def test_members_at_different_stages_are_left_alone() -> None:
@@ -179,12 +184,7 @@ def test_members_at_different_stages_are_left_alone() -> None:
         second = jnp.tanh(jnp.tanh(b @ w) @ w)
         return jnp.tanh(jnp.tanh(first @ w) @ w), second
 
-    args = tuple(jnp.eye(32) * 0.3 for _ in range(3))
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    assert new is closed
-    assert [d.kind for d in decisions] == [KIND_SUBGRAPHS_LEFT_ALONE]
-    assert "different stages" in decisions[0].reason
+    assert_left_alone_once(f, tuple(jnp.eye(32) * 0.3 for _ in range(3)), "different stages")
 
 
 def test_long_chains_at_different_stages_are_reported_once_within_the_budget() -> None:
