@@ -108,7 +108,11 @@ class LeftAlone:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
-    """What ``parallel_branches`` does to one function at one signature."""
+    """What ``parallel_branches`` does to one function at one signature.
+
+    ``loops`` holds the loop passes' decisions, ``subgraphs`` those of the subgraph
+    batching pass (``batched subgraphs`` / ``subgraphs left alone``).
+    """
 
     function: str
     target: str
