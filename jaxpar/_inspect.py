@@ -178,13 +178,13 @@ class Plan:
                 if loop.trips_before is not None or loop.trips_after is not None:
                     trips = f", trips {loop.trips_before} -> {loop.trips_after}"
                 unroll = f", unroll {loop.unroll}" if loop.unroll is not None else ""
-                where = "; ".join(loop.sources) or "<unknown>"
+                where = "; ".join(dict.fromkeys(loop.sources)) or "<unknown>"
                 lines.append(f"    {loop.kind} at {loop.location} [{', '.join(loop.primitives)}"
                              f"{trips}{unroll}]: {loop.reason} ({where})")
         if self.subgraphs:
             lines.append("  subgraphs:")
             for batch in self.subgraphs:
-                where = "; ".join(batch.sources) or "<unknown>"
+                where = "; ".join(dict.fromkeys(batch.sources)) or "<unknown>"
                 lines.append(f"    {batch.kind} at {batch.location} "
                              f"[{', '.join(batch.primitives)}]: {batch.reason} ({where})")
         if self.left_alone:
