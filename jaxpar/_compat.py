@@ -170,7 +170,10 @@ def replace_eqn(eqn: Any, *, invars: Sequence[Any] | None = None,
                 params: dict[str, Any] | None = None,
                 outvars: Sequence[Any] | None = None, source_info: Any = None) -> Any:
     """``eqn`` with new input atoms, parameters, output variables and/or source info
-    (the same context)."""
+    (the same context). Input atoms identical to the equation's own count as unchanged:
+    then, with nothing else given, ``eqn`` itself is returned."""
+    if invars is not None and all(a is b for a, b in zip(invars, eqn.invars, strict=True)):
+        invars = None
     if invars is None and params is None and outvars is None and source_info is None:
         return eqn
     return eqn.replace(invars=None if invars is None else list(invars), params=params,

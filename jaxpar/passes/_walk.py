@@ -182,9 +182,7 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     for kind, index in order:
         if kind == "eqn":
             eqn = eqns[index]
-            invars = [atom(v) for v in eqn.invars]
-            same = all(a is b for a, b in zip(invars, eqn.invars, strict=True))
-            new_eqns.append(_compat.replace_eqn(eqn, invars=None if same else invars,
+            new_eqns.append(_compat.replace_eqn(eqn, invars=[atom(v) for v in eqn.invars],
                                                 params=params.get(index)))
             continue
         rewrite = rewrites[index]
@@ -283,9 +281,8 @@ class _Traced:
             if fresh:
                 outvars = [_compat.fresh_var(v) for v in eqn.outvars]
                 bound.update(zip(eqn.outvars, outvars, strict=True))
-            same = all(a is b for a, b in zip(invars, eqn.invars, strict=True))
-            body.append(_compat.replace_eqn(eqn, invars=None if same else invars,
-                                            outvars=outvars, source_info=source))
+            body.append(_compat.replace_eqn(eqn, invars=invars, outvars=outvars,
+                                            source_info=source))
         results = iter(small.outvars)
         flat_outs = [atom(next(results)) if done else None for done in self.computed]
         return constvars, body, flat_outs
