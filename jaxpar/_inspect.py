@@ -171,22 +171,10 @@ class Plan:
                 lines.append(f"    {'grouped' if c.grouped else 'alone'} at {c.location}: "
                              f"{' + '.join(c.primitives)} over {c.axis!r} ({c.directions})"
                              + (f", overlapped by [{beside}]" if beside else ""))
-        if self.loops:
-            lines.append("  loops:")
-            for loop in self.loops:
-                trips = ""
-                if loop.trips_before is not None or loop.trips_after is not None:
-                    trips = f", trips {loop.trips_before} -> {loop.trips_after}"
-                unroll = f", unroll {loop.unroll}" if loop.unroll is not None else ""
-                where = "; ".join(dict.fromkeys(loop.sources)) or "<unknown>"
-                lines.append(f"    {loop.kind} at {loop.location} [{', '.join(loop.primitives)}"
-                             f"{trips}{unroll}]: {loop.reason} ({where})")
-        if self.subgraphs:
-            lines.append("  subgraphs:")
-            for batch in self.subgraphs:
-                where = "; ".join(dict.fromkeys(batch.sources)) or "<unknown>"
-                lines.append(f"    {batch.kind} at {batch.location} "
-                             f"[{', '.join(batch.primitives)}]: {batch.reason} ({where})")
+        for title, decisions in (("loops", self.loops), ("subgraphs", self.subgraphs)):
+            if decisions:
+                lines.append(f"  {title}:")
+                lines.extend(f"    {_decision_text(d)}" for d in decisions)
         if self.left_alone:
             lines.append("  left alone:")
             for note in self.left_alone:
@@ -230,6 +218,17 @@ class Plan:
                              "use to_svg() or to_dot() for other formats")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(plan_to_html(self))
+
+
+def _decision_text(d: LoopDecision) -> str:
+    """One report line: kind, place, primitives, trips and unroll when known, reason, sources."""
+    trips = ""
+    if d.trips_before is not None or d.trips_after is not None:
+        trips = f", trips {d.trips_before} -> {d.trips_after}"
+    unroll = f", unroll {d.unroll}" if d.unroll is not None else ""
+    where = "; ".join(dict.fromkeys(d.sources)) or "<unknown>"
+    return (f"{d.kind} at {d.location} [{', '.join(d.primitives)}{trips}{unroll}]: "
+            f"{d.reason} ({where})")
 
 
 def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
