@@ -55,10 +55,7 @@ import dataclasses
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from .. import _compat
 from .._cost import ZERO, Cost, CostModel
@@ -73,7 +70,7 @@ from ._walk import (
     emission_order,
     walk_levels,
 )
-from .batch_scans import _const_fingerprint
+from .batch_scans import const_fingerprint, vmap_members
 
 # Equations the lockstep walks may visit per equation of the level, over all their tries.
 _ALIGN_BUDGET_PER_EQN = 8
@@ -142,6 +139,7 @@ def _batch_level(jaxpr: Any, path: str, costs: CostModel,
     reported: set[int] = set()  # equations of subgraphs already reported as left alone
     level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
     groups: list[_Group] = []
+    member_kernels: dict[tuple[int, ...], int] = {}  # per accepted group (by its equations)
     decisions: list[LoopDecision] = []
     # Rejected subgraphs are tried again from their inner equations (a part may pay where
     # the whole does not); the budget keeps that near-linear in the level's size.
@@ -182,12 +180,13 @@ def _batch_level(jaxpr: Any, path: str, costs: CostModel,
             continue
         claimed.update(group.eqns)
         groups.append(group)
+        member_kernels[group.eqns] = int(member_cost.kernels)
     groups = _orderable(graph, groups)
     rewrites, taken = [], []
     for group in groups:
         rewrites.append(Rewrite(group.eqns, _emitter(eqns, group),
                                 _rewrite_key(eqns, local_keys, group)))
-        kernels = int(sum(costs.eqn_cost(eqns[row[0]]).kernels for row in group.rows))
+        kernels = member_kernels[group.eqns]
         stacked = sum(1 for slot in group.slots if not _shared_column(eqns, group, slot))
         taken.append(decision(
             path, KIND_BATCHED_SUBGRAPHS, eqns, list(group.rows[-1]), trips_before=None,
@@ -279,7 +278,7 @@ def _literal_key(value: Any) -> Hashable:
         return value
     if isinstance(value, np.generic):  # numpy scalars compare by value
         return value
-    return _const_fingerprint(value)
+    return const_fingerprint(value)
 
 
 # Parameter values compared as they are (avals, too, are hashable and compare by value:
@@ -309,7 +308,7 @@ def _value_key(value: Any, jaxpr_keys: dict[int, tuple[Any, Hashable]]) -> Hasha
         if hit is None or hit[0] is not value:
             _, consts = _compat.open_jaxpr(value)
             hit = (value, ("jaxpr", str(value),
-                           tuple(_const_fingerprint(c) for c in consts)))
+                           tuple(const_fingerprint(c) for c in consts)))
             jaxpr_keys[id(value)] = hit
         return hit[1]
     if isinstance(value, (tuple, list)):
@@ -498,24 +497,9 @@ def _emitter(eqns: Sequence[Any], group: _Group) -> Any:
         return [results[row][out] for row, out in group.outputs]
 
     def emit(invals: list[list[Any]]) -> list[list[Any] | None]:
-        operands: list[Any] = []
-        in_axes: list[int | None] = []
-        for row, position in group.slots:
-            column = [invals[position_of[i]][position] for i in group.rows[row]]
-            if all(v is column[0] for v in column[1:]):
-                operands.append(column[0])
-                in_axes.append(None)
-            else:
-                operands.append(jnp.stack([jnp.asarray(v) for v in column]))
-                in_axes.append(0)
-        with _compat.eqn_context(template[-1]):
-            if any(axis == 0 for axis in in_axes):
-                batched = jax.vmap(one, in_axes=tuple(in_axes))(*operands)
-                per_member = [[lax.index_in_dim(out, m, keepdims=False) for out in batched]
-                              for m in range(group.members)]
-            else:  # every input shared: the members are one computation, repeated
-                shared = one(*operands)
-                per_member = [shared] * group.members
+        columns = [[invals[position_of[i]][position] for i in group.rows[row]]
+                   for row, position in group.slots]
+        per_member = vmap_members(one, columns, group.members, template[-1])
         value = {}
         for k, (row, out) in enumerate(group.outputs):
             for m, i in enumerate(group.rows[row]):

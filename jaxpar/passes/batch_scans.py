@@ -27,12 +27,13 @@ Sharp edges:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .. import _compat
 from .._graph import build_graph
@@ -49,7 +50,7 @@ from ._walk import (
 )
 
 
-def _const_fingerprint(value: Any) -> Hashable:
+def const_fingerprint(value: Any) -> Hashable:
     try:
         array = np.asarray(value)
     except Exception:  # tracers or extended dtypes: compare by identity
@@ -61,7 +62,7 @@ def body_key(eqn: Any) -> Hashable:
     """Equal for two scans exactly when they run the same computation on same-typed operands."""
     info = _compat.scan_info(eqn)
     _, consts = _compat.open_jaxpr(info.jaxpr)
-    return (str(info.jaxpr), tuple(_const_fingerprint(c) for c in consts), info.length,
+    return (str(info.jaxpr), tuple(const_fingerprint(c) for c in consts), info.length,
             info.reverse, info.unroll, info.num_consts, info.num_carry,
             tuple((str(v.aval), getattr(v.aval, "weak_type", False)) for v in eqn.invars))
 
@@ -141,37 +142,40 @@ def batch_scans_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopDe
     return rewrites, decisions
 
 
-def _same_atom(values: list[Any]) -> bool:
-    first = values[0]
-    return all(v is first for v in values[1:])
+def vmap_members(fn: Callable[..., Sequence[Any]], columns: list[list[Any]], count: int,
+                 context: Any) -> list[list[Any]]:
+    """Runs ``fn`` once for ``count`` members, batched: what batching passes emit.
+
+    ``columns`` holds, per operand of ``fn``, the members' values. A column whose values
+    are all the same object is passed once, unbatched (a shared operand); the others are
+    stacked along a new leading axis and ``fn`` runs under ``jax.vmap``. New equations
+    get ``context``'s (an equation's) source info. Returns, per member, ``fn``'s results.
+    """
+    operands: list[Any] = []
+    in_axes: list[int | None] = []
+    for column in columns:
+        if all(v is column[0] for v in column[1:]):
+            operands.append(column[0])
+            in_axes.append(None)
+        else:
+            operands.append(jnp.stack([jnp.asarray(v) for v in column]))
+            in_axes.append(0)
+    with _compat.eqn_context(context):
+        if any(axis == 0 for axis in in_axes):
+            outs = jax.vmap(fn, in_axes=tuple(in_axes))(*operands)
+            return [[lax.index_in_dim(out, m, keepdims=False) for out in outs]
+                    for m in range(count)]
+        shared = list(fn(*operands))  # the very same computation, repeated
+    return [shared] * count
 
 
 def _batched_emitter(members: list[Any]) -> Any:
     info = _compat.scan_info(members[0])
 
     def emit(invals: list[list[Any]]) -> list[list[Any]]:
-        count = len(invals)
-        operands: list[Any] = []
-        in_axes: list[int | None] = []
-        for position in range(len(invals[0])):
-            column = [vals[position] for vals in invals]
-            if _same_atom(column):
-                operands.append(column[0])
-                in_axes.append(None)
-            else:
-                operands.append(jnp.stack([jnp.asarray(v) for v in column]))
-                in_axes.append(0)
-        if all(axis is None for axis in in_axes):  # the very same computation, repeated
-            with _compat.eqn_context(members[0]):
-                shared = _run_scan(info, operands)
-            return [list(shared) for _ in range(count)]
-
-        def one(*flat: Any) -> list[Any]:
-            return _run_scan(info, flat)
-
-        with _compat.eqn_context(members[0]):
-            outs = jax.vmap(one, in_axes=tuple(in_axes))(*operands)
-        return [[out[k] for out in outs] for k in range(count)]
+        columns = [[vals[position] for vals in invals] for position in range(len(invals[0]))]
+        return vmap_members(lambda *flat: _run_scan(info, flat), columns, len(invals),
+                            members[0])
 
     return emit
 
