@@ -22,6 +22,7 @@ Sharp edges:
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -267,12 +268,35 @@ def bind_eqn(eqn: Any, invals: Sequence[Any], params: dict[str, Any] | None = No
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
+_JAXPAR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def source_summary(eqn: Any) -> str:
-    """``file:line (function)`` of the user code that created ``eqn``."""
+    """``file:line:column (function)`` of the user code that created ``eqn``.
+
+    Never one of jaxpar's own frames: an equation jaxpar made itself (such as the
+    stacking of batched operands) is ``<added by jaxpar>``. The path is relative to the
+    working directory when the file lies under it.
+    """
     try:
-        return str(_source_info_util.summarize(eqn.source_info))
+        frame = next(iter(_source_info_util.user_frames(eqn.source_info.traceback)), None)
     except Exception:
         return "<unknown>"
+    if frame is None:
+        return "<unknown>"
+    if frame.file_name.startswith(_JAXPAR_DIR):
+        return "<added by jaxpar>"
+    column = f":{frame.start_column}" if frame.start_column else ""
+    return f"{_display_path(frame.file_name)}:{frame.start_line}{column} ({frame.function_name})"
+
+
+def _display_path(path: str) -> str:
+    """``path`` relative to the working directory when under it, else as it is."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return path
+    return path if relative.startswith(os.pardir) else relative
 
 
 def literal_value(atom: Any) -> Any:

@@ -24,11 +24,16 @@ from collections import Counter
 from typing import Any
 
 from . import _compat
-from ._plan import LevelPlan
-from .passes import SUBGRAPH_KINDS, LoopDecision
+from ._plan import REASON_TOO_CHEAP, LevelPlan
+from .passes import KIND_BATCHED, KIND_FUSED, KIND_UNROLLED, SUBGRAPH_KINDS, LoopDecision
 
 _MAX_SOURCES = 3
 _MAX_PRIMITIVES = 4
+_LOOP_PRIMITIVES = frozenset({"scan", "while"})
+# Loop rewrites drawn on the loop they produced; fused and batched loops are new
+# loops, so never "left alone".
+_DRAWN_LOOP_KINDS = (KIND_FUSED, KIND_BATCHED, KIND_UNROLLED)
+_NEW_LOOP_KINDS = frozenset({KIND_FUSED, KIND_BATCHED})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,11 +112,45 @@ class LeftAlone:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+    """One unit of a level's program in emission order: the timeline's building block.
+
+    ``lane`` is ``"main"``, ``"stream K"`` or ``"collectives"``; ``kind`` is ``"main"``
+    (a run of equations on the main stream), ``"loop"`` (one scan or while loop on the
+    main stream; ``loop_rewrites`` holds the indices in ``Plan.loops`` of what the loop
+    passes did to it), ``"region"``
+    (a stream region of ``Plan.sections[section]``) or ``"collectives"`` (a group
+    launched together). ``after`` holds the indices in ``Plan.steps`` of the steps
+    whose results it reads.
+    """
+
+    location: str
+    lane: str
+    kind: str
+    section: int | None
+    num_eqns: int
+    primitives: tuple[tuple[str, int], ...]
+    cost_us: float
+    source_lines: tuple[str, ...]
+    after: tuple[int, ...]
+    loop_rewrites: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"location": self.location, "lane": self.lane, "kind": self.kind,
+                "section": self.section, "num_eqns": self.num_eqns,
+                "primitives": [list(p) for p in self.primitives], "cost_us": self.cost_us,
+                "source_lines": list(self.source_lines), "after": list(self.after),
+                "loop_rewrites": list(self.loop_rewrites)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
     """What ``parallel_branches`` does to one function at one signature.
 
     ``loops`` holds the loop passes' decisions, ``subgraphs`` those of the subgraph
-    batching pass (``batched subgraphs`` / ``subgraphs left alone``).
+    batching pass (``batched subgraphs`` / ``subgraphs left alone``). ``steps`` is the
+    program in emission order (the top level, and every level with sections), from
+    which ``save("plan.html")`` and ``save("plan.json")`` draw the estimated timeline.
     """
 
     function: str
@@ -125,6 +164,7 @@ class Plan:
     loops: tuple[LoopDecision, ...] = ()
     collectives: tuple[Collective, ...] = ()
     subgraphs: tuple[LoopDecision, ...] = ()
+    steps: tuple[Step, ...] = ()
 
     @property
     def num_streams(self) -> int:
@@ -143,14 +183,25 @@ class Plan:
                 "left_alone": [n.to_dict() for n in self.left_alone],
                 "loops": [_loop_dict(d) for d in self.loops],
                 "subgraphs": [_loop_dict(d) for d in self.subgraphs],
-                "collectives": [c.to_dict() for c in self.collectives]}
+                "collectives": [c.to_dict() for c in self.collectives],
+                "steps": [step.to_dict() for step in self.steps]}
 
     def __str__(self) -> str:
         lines = [f"jaxpar plan for `{self.function}` (target={self.target}, "
                  f"{self.num_eqns} equations, est. {self.total_cost_us:.1f} us)"]
-        if not self.emitted and self.sections:
-            lines.append("  note: stream annotations are only emitted for target='gpu'; "
-                         "this is what would run concurrently on a GPU")
+        if self.target != "gpu":
+            how = ("target='auto' on this machine's backend"
+                   if dict(self.options).get("target") == "auto" else f"target={self.target!r}")
+            lines.append(
+                f"  planned for {self.target} ({how}): streams exist only on GPUs, so nothing "
+                f"is emitted, and the {self.target} cost model chose what is shown. For the "
+                "GPU plan: jaxpar.inspect(f, target='gpu')(...)")
+        if self.steps:
+            from ._timeline import estimate
+
+            top = estimate(self).levels[0]
+            lines.append(f"  estimated time at the top level: serial {top.serial_us:.1f} us, "
+                         f"critical path {top.makespan_us:.1f} us")
         if not self.sections:
             lines.append("  no parallel sections: nothing independent is worth a stream")
         for section in self.sections:
@@ -206,18 +257,31 @@ class Plan:
         return plan_to_dot(self)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes a standalone HTML page (timeline and report) to ``path``.
+        """Writes the plan to ``path``: an HTML page, or a Chrome trace.
+
+        ``*.html``: a standalone page with the estimated timeline and the report.
+        ``*.json``: the estimated timeline in the Chrome trace-event format, which
+        Perfetto (ui.perfetto.dev) and TensorBoard open, to hold beside a real
+        ``jax.profiler`` trace.
 
         Raises:
-          ValueError: ``path`` does not end in ``.html`` or ``.htm``.
+          ValueError: ``path`` ends in neither ``.html``/``.htm`` nor ``.json``.
         """
-        from ._render import plan_to_html
+        from ._render import plan_to_chrome_trace, plan_to_html
 
-        if not str(path).lower().endswith((".html", ".htm")):
-            raise ValueError(f"path must end in .html (a standalone page), got {str(path)!r}; "
-                             "use to_svg() or to_dot() for other formats")
+        name = str(path).lower()
+        if name.endswith((".html", ".htm")):
+            text = plan_to_html(self)
+        elif name.endswith(".json"):
+            import json
+
+            text = json.dumps(plan_to_chrome_trace(self))
+        else:
+            raise ValueError(f"path must end in .html (a standalone page) or .json (a Chrome "
+                             f"trace for Perfetto), got {str(path)!r}; use to_svg() or "
+                             "to_dot() for other formats")
         with open(path, "w", encoding="utf-8") as handle:
-            handle.write(plan_to_html(self))
+            handle.write(text)
 
 
 def _decision_text(d: LoopDecision) -> str:
@@ -248,11 +312,14 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
     sections: list[Section] = []
     notes: list[LeftAlone] = []
     collectives: list[Collective] = []
+    steps: list[Step] = []
+    loop_decisions = tuple(d for d in loops if d.kind not in SUBGRAPH_KINDS)
     num_eqns = 0
     for level in plan.walk():
         inner, _ = _compat.open_jaxpr(level.jaxpr)
         eqns = inner.eqns
         num_eqns += len(eqns)
+        first_section = len(sections)
         overlapped: dict[int, tuple[tuple[str, int], ...]] = {}
         for section in level.sections:
             regions = tuple(
@@ -270,19 +337,103 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 overlapped[section.collectives] = regions[0].primitives
             sections.append(Section(level.path, section.group, regions, overlaps))
         collectives.extend(_collectives(level, eqns, overlapped))
+        rewritten = _rewritten_loops(level.path, eqns, loop_decisions)
+        if level.path == "/" or level.sections or level.collective_groups:
+            steps.extend(_steps(level, eqns, first_section, len(steps), rewritten))
+        made_here = {i for i, marks in rewritten.items()
+                     if any(loop_decisions[k].kind in _NEW_LOOP_KINDS for k in marks)}
         for note in level.notes:
+            kept = tuple(i for i in note.eqns if i not in made_here)
+            if not kept:  # a loop jaxpar made: reported under "loops", not left alone
+                continue
+            detail = note.detail
+            if note.reason == REASON_TOO_CHEAP:
+                detail += (f" (min_cost_us={options.get('min_cost_us')} us; pass a smaller "
+                           "min_cost_us to parallel_branches or inspect to give branches "
+                           "this cheap a stream)")
             notes.append(LeftAlone(
-                location=level.path, reason=note.reason, detail=note.detail,
-                primitives=tuple(dict.fromkeys(eqns[i].primitive.name for i in note.eqns)),
-                cost_us=sum(level.seconds[i] for i in note.eqns) * 1e6,
-                source_lines=_sources(eqns, note.eqns, level.seconds)))
+                location=level.path, reason=note.reason, detail=detail,
+                primitives=tuple(dict.fromkeys(eqns[i].primitive.name for i in kept)),
+                cost_us=sum(level.seconds[i] for i in kept) * 1e6,
+                source_lines=_sources(eqns, kept, level.seconds)))
     total = sum(plan.seconds) * 1e6
     return Plan(function=function, target=target, emitted=emitted,
                 options=tuple(sorted(options.items())), num_eqns=num_eqns,
                 total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
-                loops=tuple(d for d in loops if d.kind not in SUBGRAPH_KINDS),
-                collectives=tuple(collectives),
-                subgraphs=tuple(d for d in loops if d.kind in SUBGRAPH_KINDS))
+                loops=loop_decisions, collectives=tuple(collectives),
+                subgraphs=tuple(d for d in loops if d.kind in SUBGRAPH_KINDS),
+                steps=tuple(steps))
+
+
+def _rewritten_loops(path: str, eqns: Any, loops: tuple[LoopDecision, ...]
+                     ) -> dict[int, tuple[int, ...]]:
+    """Loop equations of one level that a loop pass produced or changed: the indices
+    of those decisions in ``loops``.
+
+    A decision names the equations as the pass saw them; the loop it leaves carries
+    the source line of one of them. Each decision marks one loop equation of its
+    level with a matching primitive and source line, and no equation gets the same
+    kind twice (scans written in a Python loop share their line).
+    """
+    marked: dict[int, list[int]] = {}
+    loop_eqns = [i for i, eqn in enumerate(eqns) if eqn.primitive.name in _LOOP_PRIMITIVES]
+    if not loop_eqns:
+        return {}
+    sources = {i: _compat.source_summary(eqns[i]) for i in loop_eqns}
+    for k, decision in enumerate(loops):
+        if decision.location != path or decision.kind not in _DRAWN_LOOP_KINDS:
+            continue
+        for i in loop_eqns:
+            if (eqns[i].primitive.name in decision.primitives
+                    and sources[i] in decision.sources
+                    and all(loops[j].kind != decision.kind for j in marked.get(i, ()))):
+                marked.setdefault(i, []).append(k)
+                break
+    return {i: tuple(ks) for i, ks in marked.items()}
+
+
+def _steps(level: LevelPlan, eqns: Any, first_section: int, offset: int,
+           rewritten: dict[int, tuple[int, ...]]) -> list[Step]:
+    """The level's emission order as steps; runs of main-stream equations merged.
+
+    ``offset`` is the index of the first step in ``Plan.steps``, ``first_section``
+    that of the level's first section in ``Plan.sections``.
+    """
+    # (lane or "loop", section, equations, loop decisions)
+    units: list[tuple[str, int | None, list[int], tuple[int, ...]]] = []
+    for unit in level.order:
+        if unit[0] == "region":
+            section = level.sections[unit[1]]
+            region = section.regions[unit[2]]
+            units.append((f"stream {region.stream}", first_section + unit[1],
+                          list(region.eqns), ()))
+        elif unit[0] == "collectives":
+            beside = next((first_section + k for k, sec in enumerate(level.sections)
+                           if sec.collectives == unit[1]), None)
+            units.append(("collectives", beside, list(level.collective_groups[unit[1]].eqns),
+                          ()))
+        else:
+            i = unit[1]
+            if eqns[i].primitive.name in _LOOP_PRIMITIVES:
+                units.append(("loop", None, [i], rewritten.get(i, ())))
+            elif units and units[-1][0] == "main":
+                units[-1][2].append(i)
+            else:
+                units.append(("main", None, [i], ()))
+    step_of = {i: k for k, unit in enumerate(units) for i in unit[2]}
+    out = []
+    for k, (lane, section, members, rewrites) in enumerate(units):
+        after = sorted({offset + step_of[p] for i in members for p in level.graph.preds[i]
+                        if step_of[p] != k})
+        kind = {"loop": "loop", "main": "main", "collectives": "collectives"}.get(lane, "region")
+        out.append(Step(
+            location=level.path, lane="main" if lane == "loop" else lane, kind=kind,
+            section=section, num_eqns=len(members),
+            primitives=_top_primitives(eqns, tuple(members), level.seconds),
+            cost_us=sum(level.seconds[i] for i in members) * 1e6,
+            source_lines=_sources(eqns, tuple(members), level.seconds),
+            after=tuple(after), loop_rewrites=rewrites))
+    return out
 
 
 def _collectives(level: LevelPlan, eqns: Any,

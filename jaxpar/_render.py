@@ -1,149 +1,259 @@
-"""Pictures of a plan: an inline SVG timeline, an HTML page and Graphviz dot.
+"""Pictures of a plan: an SVG timeline, an HTML page, a Chrome trace and Graphviz dot.
 
-The timeline has one lane per stream (the main stream on top, then stream 1..k,
-then a lane for collectives). Each parallel section is a column; its regions
-are boxes in their stream's lane, as wide as their estimated cost (square-root
-scaled, so small regions stay visible); collectives groups are boxes in the
-collectives lane with arrows for their directions. Arrows between columns are
-the order the sections run in. Hovering a box shows its primitives, cost and
-source lines. Loop decisions are listed under the lanes.
+The timeline is the plan's estimated schedule (``jaxpar._timeline``), one per level
+(the top level, then each loop body with sections of its own): a lane per stream
+(the main stream on top, then stream 1..k, then the collectives), a linear time axis
+in estimated microseconds, and every step as a box as wide as its estimated time:
+main-stream work too, regions in their stream's lane, collectives groups in theirs.
+Loops the loop passes rewrote are drawn as such: a band per member of a fused or
+batched loop, ticks for the trips of an unrolled one. A legend explains the colours;
+each level's title gives the estimated serial time against the critical path.
+Hovering a box shows its primitives, cost and source lines.
+
+``plan_to_chrome_trace`` writes the same timeline as Chrome trace events (``ph: "X"``),
+which Perfetto and TensorBoard open beside a real ``jax.profiler`` trace.
 
 Example::
 
     plan = jaxpar.inspect(f, target="gpu")(x, y)
     plan.save("plan.html")     # open in a browser
+    plan.save("plan.json")     # open in ui.perfetto.dev
     print(plan.to_dot())       # dot -Tsvg
 
 Sharp edges:
-  * Only what the plan records is drawn: equations left on the main stream are
-    summarised, not drawn one by one.
+  * Times are the cost model's estimates, not measurements. Boxes narrower than
+    one pixel are drawn one pixel wide so they stay visible.
 """
 
 from __future__ import annotations
 
 import html
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from ._timeline import LevelTimeline, estimate
 
 if TYPE_CHECKING:
-    from ._inspect import Plan, Region, Section
+    from ._inspect import Plan, Step
 
-_LANE_HEIGHT = 44
+_LANE_HEIGHT = 34
 _LABEL_WIDTH = 110
-_COLUMN_GAP = 36
-_MIN_BOX = 46
-_MAX_BOX = 260
+_CHART_WIDTH = 860
+_MIN_BOX = 1.0
 _COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b",
            "#9d755d")
+_MAIN_COLOR = "#9aa5b1"
+_COLLECTIVES_COLOR = "#555555"
+# How a rewritten loop is drawn, for the legend.
+_LOOP_REWRITES = {
+    "fused": "fused loops: one loop runs the bodies side by side (a band each)",
+    "batched": "batched loops: one vmapped loop over stacked operands (a dashed band each)",
+    "unrolled": "unrolled loop: ticks mark its trips, fewer and longer",
+}
+_LOOP_COLOR = "#6b5b95"
 
 
 def _escape(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _width(cost_us: float, largest: float) -> float:
-    if largest <= 0:
-        return float(_MIN_BOX)
-    return _MIN_BOX + (_MAX_BOX - _MIN_BOX) * math.sqrt(max(cost_us, 0.0) / largest)
+def _lane_color(lane: str) -> str:
+    if lane == "main":
+        return _MAIN_COLOR
+    if lane == "collectives":
+        return _COLLECTIVES_COLOR
+    return _COLORS[(int(lane.split()[1]) - 1) % len(_COLORS)]
 
 
-def _region_title(section: Section, region: Region) -> str:
-    prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
-    lines = [f"stream {region.stream}: {region.num_eqns} equations, est. {region.cost_us:.1f} us",
-             f"at {section.location}" + (f", beside {section.overlaps}" if section.overlaps
-                                         else f", scheduling group {section.scheduling_group}"),
-             prims, *region.source_lines]
+def _step_label(plan: Plan, step: Step) -> str:
+    """Short text for a box: its heaviest primitives, or what the loop passes did."""
+    if step.loop_rewrites:
+        return "⟳ " + ", ".join(dict.fromkeys(plan.loops[k].kind for k in step.loop_rewrites))
+    names = ", ".join(name for name, _ in step.primitives[:2])
+    return ("⟳ " + names) if step.kind == "loop" else names
+
+
+def _step_title(plan: Plan, step: Step, start: float, duration: float) -> str:
+    prims = ", ".join(f"{name} x{count}" for name, count in step.primitives)
+    where = {"main": "main stream", "collectives": "collectives launched together"}.get(
+        step.lane, step.lane)
+    lines = [f"{where}: {step.num_eqns} equations, est. {duration:.1f} us "
+             f"(from {start:.1f} to {start + duration:.1f} us)", prims]
+    if step.section is not None:
+        section = plan.sections[step.section]
+        lines.append(f"section at {section.location}: " + (
+            f"beside {section.overlaps}" if section.overlaps
+            else f"scheduling group {section.scheduling_group}"))
+    from ._inspect import _decision_text
+
+    lines += [_decision_text(plan.loops[k]) for k in step.loop_rewrites]
+    lines += list(step.source_lines)
     return "\n".join(lines)
 
 
-def plan_to_svg(plan: Plan) -> str:
-    """The plan as a standalone ``<svg>`` element."""
-    streams = sorted({r.stream for s in plan.sections for r in s.regions})
-    lanes = ["main", *[f"stream {k}" for k in streams]]
-    has_collectives = any(c.grouped for c in plan.collectives)
-    if has_collectives:
-        lanes.append("collectives")
-    lane_y = {name: 30 + i * _LANE_HEIGHT for i, name in enumerate(lanes)}
-    largest = max((r.cost_us for s in plan.sections for r in s.regions), default=1.0)
+def _ticks(makespan: float) -> list[float]:
+    """Round tick values from 0 to ``makespan``, about six of them."""
+    if makespan <= 0:
+        return [0.0]
+    raw = makespan / 6
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    return [round(k * step, 12) for k in range(int(makespan / step + 1e-9) + 1)]
+
+
+def _loop_glyphs(plan: Plan, step: Step, x: float, y: float, width: float, height: float,
+                 used: set[str]) -> str:
+    """What the loop passes did, drawn on the loop's box: bands for fused or batched
+    members, ticks for the trips of an unrolled loop."""
+    out = []
+    for k in step.loop_rewrites:
+        decision = plan.loops[k]
+        used.add(decision.kind)
+        marks = []
+        if decision.kind in ("fused", "batched"):
+            members = len(decision.primitives)
+            dash = ' stroke-dasharray="4,3"' if decision.kind == "batched" else ""
+            for m in range(1, members):
+                band_y = y + height * m / members
+                marks.append(f'<line x1="{x:.2f}" y1="{band_y:.1f}" x2="{x + width:.2f}" '
+                             f'y2="{band_y:.1f}" stroke="#fff" stroke-width="1.5"{dash}/>')
+        elif decision.kind == "unrolled" and decision.trips_after:
+            trips = decision.trips_after
+            if width / trips >= 2:
+                for t in range(1, trips):
+                    tick_x = x + width * t / trips
+                    marks.append(f'<line x1="{tick_x:.2f}" y1="{y + height - 5:.1f}" '
+                                 f'x2="{tick_x:.2f}" y2="{y + height:.1f}" stroke="#fff"/>')
+        out.append(f'<g class="loop-rewrite" data-rewrite="{decision.kind}" '
+                   f'pointer-events="none">{"".join(marks)}</g>')
+    return "".join(out)
+
+
+def _level_svg(plan: Plan, level: LevelTimeline, y0: float, patterns_used: set[str]
+               ) -> tuple[list[str], float]:
+    """The parts of one level's timeline drawn from height ``y0``; returns the new height."""
     parts: list[str] = []
-    x = float(_LABEL_WIDTH)
-    columns: list[tuple[float, float]] = []
-    for index, section in enumerate(plan.sections):
-        width = max(_width(r.cost_us, largest) for r in section.regions)
-        columns.append((x, x + width))
-        parts.append(f'<g class="section" data-section="{index}">')
-        tag = "beside collectives" if section.overlaps else f"group {section.scheduling_group}"
-        parts.append(f'<text x="{x:.1f}" y="{lane_y["main"] + 10}" font-size="9" fill="#666">'
-                     f"{_escape(tag)} at {_escape(section.location)[:int(width / 5)]}</text>")
-        for region in section.regions:
-            y = lane_y[f"stream {region.stream}"]
-            w = _width(region.cost_us, largest)
-            color = _COLORS[(region.stream - 1) % len(_COLORS)]
-            prims = ", ".join(name for name, _ in region.primitives[:2])
-            parts.append(
-                f'<g class="region" data-stream="{region.stream}" data-section="{index}">'
-                f"<title>{_escape(_region_title(section, region))}</title>"
-                f'<rect x="{x:.1f}" y="{y + 6}" width="{w:.1f}" height="{_LANE_HEIGHT - 12}" '
-                f'rx="5" fill="{color}" fill-opacity="0.85"/>'
-                f'<text x="{x + 5:.1f}" y="{y + 22}" font-size="11" fill="#fff">'
-                f"{_escape(prims)[:int(w / 6.5)]}</text>"
-                f'<text x="{x + 5:.1f}" y="{y + 34}" font-size="9" fill="#fff">'
-                f"{region.cost_us:.1f} us</text></g>")
-        if section.overlaps and has_collectives:
-            y = lane_y["collectives"]
-            arrows = " ".join(arrow for word, arrow in (("forward", "→"), ("backward", "←"),
-                                                        ("general", "↔"))
-                              if word in section.overlaps)
-            parts.append(
-                f'<g class="collective" data-section="{index}">'
-                f"<title>{_escape(section.overlaps)}</title>"
-                f'<rect x="{x:.1f}" y="{y + 6}" width="{width:.1f}" height="{_LANE_HEIGHT - 12}" '
-                f'rx="5" fill="#888" fill-opacity="0.7"/>'
-                f'<text x="{x + 5:.1f}" y="{y + 26}" font-size="12" fill="#fff">'
-                f"{_escape(arrows)} transfer</text></g>")
-        parts.append("</g>")
-        x += width + _COLUMN_GAP
+    title = ("top level" if level.location == "/"
+             else f"inside {level.location} (one run of this body)")
+    ratio = (f", {level.serial_us / level.makespan_us:.2f}x shorter"
+             if level.makespan_us > 0 and level.serial_us > level.makespan_us * 1.0005 else "")
+    parts.append(
+        f'<text class="level-title" x="8" y="{y0 + 14:.0f}" font-size="12" '
+        f'font-weight="bold">{_escape(title)}: estimated serial {level.serial_us:.1f} us, '
+        f"critical path {level.makespan_us:.1f} us{ratio}</text>")
+    scale = _CHART_WIDTH / level.makespan_us if level.makespan_us > 0 else 0.0
+    lanes_top = y0 + 22
+    lane_y = {lane: lanes_top + i * _LANE_HEIGHT for i, lane in enumerate(level.lanes)}
+    total_width = _LABEL_WIDTH + _CHART_WIDTH + 20
+    for i, (lane, y) in enumerate(lane_y.items()):
+        parts.append(
+            f'<g class="lane" data-lane="{_escape(lane)}" data-level="{_escape(level.location)}">'
+            f'<rect x="0" y="{y:.0f}" width="{total_width}" height="{_LANE_HEIGHT}" '
+            f'fill="{"#f7f7f7" if i % 2 else "#fff"}"/>'
+            f'<text x="8" y="{y + 21:.0f}" font-size="12" fill="#222">{_escape(lane)}</text></g>')
+    for span in level.spans:
+        step = plan.steps[span.step]
+        x = _LABEL_WIDTH + span.start_us * scale
+        width = max(span.duration_us * scale, _MIN_BOX)
+        y = lane_y[span.lane] + 4
+        height = _LANE_HEIGHT - 8
+        color = _LOOP_COLOR if step.kind == "loop" else _lane_color(span.lane)
+        label = _step_label(plan, step)
+        banded = any(plan.loops[k].kind in ("fused", "batched") for k in step.loop_rewrites)
+        text = (f'<text x="{x + 3:.1f}" y="{y + (10 if banded else 17):.1f}" font-size="10" '
+                'fill="#fff" '
+                f'pointer-events="none">{_escape(label[:int(width / 6)])}</text>'
+                if width > 24 else "")
+        overlays = _loop_glyphs(plan, step, x, y, width, height, patterns_used)
+        parts.append(
+            f'<g class="span" data-lane="{_escape(span.lane)}" data-kind="{step.kind}" '
+            f'data-step="{span.step}" data-start-us="{span.start_us:.6g}" '
+            f'data-duration-us="{span.duration_us:.6g}"'
+            + (f' data-stream="{span.lane.split()[1]}"' if span.lane.startswith("stream ")
+               else "")
+            + f"><title>{_escape(_step_title(plan, step, span.start_us, span.duration_us))}"
+            f'</title><rect class="box" x="{x:.2f}" y="{y:.1f}" width="{width:.2f}" '
+            f'height="{height}" fill="{color}" stroke="#fff" stroke-width="0.5"/>'
+            f"{overlays}{text}</g>")
+    axis_y = lanes_top + len(level.lanes) * _LANE_HEIGHT
+    parts.append(f'<g class="axis" data-level="{_escape(level.location)}">'
+                 f'<line x1="{_LABEL_WIDTH}" y1="{axis_y:.0f}" x2="{_LABEL_WIDTH + _CHART_WIDTH}" '
+                 f'y2="{axis_y:.0f}" stroke="#333"/>')
+    for tick in _ticks(level.makespan_us):
+        x = _LABEL_WIDTH + tick * scale
+        parts.append(f'<line x1="{x:.1f}" y1="{axis_y:.0f}" x2="{x:.1f}" y2="{axis_y + 4:.0f}" '
+                     f'stroke="#333"/><text class="tick" x="{x:.1f}" y="{axis_y + 15:.0f}" '
+                     f'font-size="9" text-anchor="middle" fill="#333">{tick:g}</text>')
+    parts.append(f'<text x="{_LABEL_WIDTH + _CHART_WIDTH}" y="{axis_y + 27:.0f}" font-size="9" '
+                 'text-anchor="end" fill="#333">estimated us</text></g>')
+    return parts, axis_y + 36
+
+
+def _legend(plan: Plan, levels: tuple[LevelTimeline, ...], patterns_used: set[str], y0: float
+            ) -> tuple[list[str], float]:
+    entries: list[tuple[str, str, str]] = [("main", _MAIN_COLOR, "main-stream work")]
+    streams = sorted({lane for level in levels for lane in level.lanes
+                      if lane.startswith("stream ")}, key=lambda lane: int(lane.split()[1]))
+    entries += [(lane, _lane_color(lane), f"region on {lane}") for lane in streams]
+    if any("collectives" in level.lanes for level in levels):
+        entries.append(("collectives", _COLLECTIVES_COLOR, "collectives launched together"))
+    if any(step.kind == "loop" for step in plan.steps):
+        entries.append(("loop", _LOOP_COLOR, "⟳ a loop (scan, while) on the main stream"))
+    entries += [(f"rewrite:{kind}", _LOOP_COLOR, text)
+                for kind, text in _LOOP_REWRITES.items() if kind in patterns_used]
+    parts = ['<g class="legend">']
+    for i, (key, fill, text) in enumerate(entries):
+        x = 8 + (i % 2) * 490
+        y = y0 + (i // 2) * 18
+        glyph = ""
+        if key == "rewrite:fused":
+            glyph = f'<line x1="{x}" y1="{y + 6}" x2="{x + 22}" y2="{y + 6}" stroke="#fff"/>'
+        elif key == "rewrite:batched":
+            glyph = (f'<line x1="{x}" y1="{y + 6}" x2="{x + 22}" y2="{y + 6}" stroke="#fff" '
+                     'stroke-dasharray="4,3"/>')
+        elif key == "rewrite:unrolled":
+            glyph = "".join(f'<line x1="{x + t}" y1="{y + 8}" x2="{x + t}" y2="{y + 12}" '
+                            'stroke="#fff"/>' for t in (5, 11, 17))
+        parts.append(f'<g class="legend-entry" data-key="{_escape(key)}">'
+                     f'<rect x="{x}" y="{y}" width="22" height="12" fill="{fill}"/>{glyph}'
+                     f'<text x="{x + 28}" y="{y + 10}" font-size="11" fill="#222">'
+                     f"{_escape(text)}</text></g>")
+    parts.append("</g>")
+    return parts, y0 + ((len(entries) + 1) // 2) * 18 + 6
+
+
+def plan_to_svg(plan: Plan) -> str:
+    """The plan's estimated timeline as a standalone ``<svg>`` element."""
+    timeline = estimate(plan)
+    title = (f"{plan.function}: planned for {plan.target}, {plan.num_eqns} equations, "
+             f"{plan.num_streams} streams")
+    parts: list[str] = []
+    y = 30.0
+    patterns_used: set[str] = set()
     if not plan.sections:
-        parts.append(f'<text x="{_LABEL_WIDTH}" y="{lane_y["main"] + 26}" font-size="12" '
-                     'fill="#555">no parallel sections: everything stays on the main stream'
-                     "</text>")
-    main_y = lane_y["main"]
-    for index, (start, end) in enumerate(columns):
-        parts.append(f'<rect class="sync" x="{start:.1f}" y="{main_y + 14}" '
-                     f'width="{end - start:.1f}" height="16" fill="#ddd"/>')
-        if index + 1 < len(columns):
-            nxt = columns[index + 1][0]
-            parts.append(f'<line class="dependency" x1="{end + 2:.1f}" y1="{main_y + 22}" '
-                         f'x2="{nxt - 4:.1f}" y2="{main_y + 22}" stroke="#555" '
-                         'marker-end="url(#arrow)"/>')
-    total_width = max(x, _LABEL_WIDTH + 300) + 20
-    y_after = 30 + len(lanes) * _LANE_HEIGHT + 10
-    loop_lines = [
+        parts.append(f'<text x="8" y="{y + 4:.0f}" font-size="12" fill="#555">no parallel '
+                     "sections: everything stays on the main stream</text>")
+        y += 14
+    for level in timeline.levels:
+        level_parts, y = _level_svg(plan, level, y, patterns_used)
+        parts += level_parts
+    legend, y = _legend(plan, timeline.levels, patterns_used, y)
+    parts += legend
+    decisions = [
         f"{d.kind}: {', '.join(d.primitives)}"
         + (f", trips {d.trips_before} → {d.trips_after}"
            if d.trips_before is not None or d.trips_after is not None else "")
         + (f", unroll {d.unroll}" if d.unroll is not None else "")
         for d in (*plan.loops, *plan.subgraphs)]
-    for i, line in enumerate(loop_lines):
-        parts.append(f'<text class="loop" x="{_LABEL_WIDTH}" y="{y_after + 14 * i + 10}" '
+    for i, line in enumerate(decisions):
+        parts.append(f'<text class="loop" x="8" y="{y + 14 * i + 10:.0f}" '
                      f'font-size="11" fill="#333">⟳ {_escape(line)}</text>')
-    height = y_after + 14 * len(loop_lines) + 20
-    lane_parts = []
-    for name, y in lane_y.items():
-        lane_parts.append(
-            f'<g class="lane" data-lane="{_escape(name)}">'
-            f'<rect x="0" y="{y}" width="{total_width:.0f}" height="{_LANE_HEIGHT}" '
-            f'fill="{"#f7f7f7" if list(lane_y).index(name) % 2 else "#fff"}"/>'
-            f'<text x="8" y="{y + 26}" font-size="12" fill="#222">{_escape(name)}</text></g>')
-    title = (f"{plan.function} — target {plan.target}, {plan.num_eqns} equations, "
-             f"{plan.num_streams} streams")
+    height = y + 14 * len(decisions) + 16
+    width = _LABEL_WIDTH + _CHART_WIDTH + 20
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="jaxpar-plan" '
-            f'width="{total_width:.0f}" height="{height:.0f}" font-family="sans-serif">'
-            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" '
-            'markerHeight="6" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#555"/>'
-            "</marker></defs>"
+            f'width="{width}" height="{height:.0f}" font-family="sans-serif">'
             f'<text x="8" y="18" font-size="13" font-weight="bold">{_escape(title)}</text>'
-            + "".join(lane_parts) + "".join(parts) + "</svg>")
+            + "".join(parts) + "</svg>")
 
 
 def plan_to_html(plan: Plan) -> str:
@@ -151,6 +261,51 @@ def plan_to_html(plan: Plan) -> str:
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
             f"<title>jaxpar plan: {_escape(plan.function)}</title></head><body>"
             f"{plan_to_svg(plan)}<pre>{_escape(str(plan))}</pre></body></html>")
+
+
+_COLLECTIVES_TID = 1000
+
+
+def plan_to_chrome_trace(plan: Plan) -> dict[str, Any]:
+    """The estimated timeline as a Chrome trace (``{"traceEvents": [...]}``).
+
+    One process per level (1 = the top level), one thread per lane (0 = the main
+    stream, k = stream k, 1000 = collectives); every step is a complete event
+    (``ph: "X"``) with ``ts`` and ``dur`` in estimated microseconds.
+    """
+    from ._inspect import _decision_text
+
+    events: list[dict[str, Any]] = []
+    for pid, level in enumerate(estimate(plan).levels, start=1):
+        name = "top level" if level.location == "/" else f"inside {level.location}"
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                       "args": {"name": f"jaxpar estimate: {plan.function}, {name}"}})
+        for lane in level.lanes:
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": _tid(lane),
+                           "args": {"name": lane}})
+        for span in level.spans:
+            step = plan.steps[span.step]
+            events.append({
+                "name": _step_label(plan, step) or step.kind, "cat": step.kind, "ph": "X",
+                "ts": span.start_us, "dur": span.duration_us, "pid": pid,
+                "tid": _tid(span.lane),
+                "args": {"location": step.location, "equations": step.num_eqns,
+                         "primitives": {n: c for n, c in step.primitives},
+                         "source_lines": list(step.source_lines),
+                         "loop_rewrites": [_decision_text(plan.loops[k])
+                                           for k in step.loop_rewrites]}})
+    return {"traceEvents": events, "displayTimeUnit": "ns",
+            "otherData": {"source": "jaxpar.Plan.save: cost-model estimates, not a "
+                                    "measurement", "function": plan.function,
+                          "target": plan.target}}
+
+
+def _tid(lane: str) -> int:
+    if lane == "main":
+        return 0
+    if lane == "collectives":
+        return _COLLECTIVES_TID
+    return int(lane.split()[1])
 
 
 def plan_to_dot(plan: Plan) -> str:

@@ -129,7 +129,80 @@ def test_str_mentions_reasons_and_cpu_note():
     assert "too cheap" in text
     assert "no parallel sections" in text
     cpu_text = str(jaxpar.inspect(local_two_scans, target="cpu")(*scan_args()))
-    assert "only emitted for target='gpu'" in cpu_text
+    assert "planned for cpu (target='cpu')" in cpu_text
+    assert "jaxpar.inspect(f, target='gpu')" in cpu_text
+
+
+def test_default_target_says_which_backend_it_planned_for():
+    # On this CPU-only machine target "auto" plans for the CPU; the report must not
+    # pass that off as a GPU plan, and must say how to get the GPU plan.
+    plan = jaxpar.inspect(local_two_scans)(*scan_args())
+    assert plan.target == jax.default_backend() == "cpu"
+    text = str(plan)
+    assert "planned for cpu (target='auto' on this machine's backend)" in text
+    assert "target='gpu'" in text and "would run concurrently on a GPU" not in text
+    assert "planned for" not in str(jaxpar.inspect(local_two_scans, target="gpu")(*scan_args()))
+
+
+def test_too_cheap_note_gives_the_threshold_and_how_to_lower_it():
+    plan = jaxpar.inspect(small_branches, target="gpu", min_cost_us=7.5)(*small_args())
+    note = next(n for n in plan.left_alone if n.reason == "too cheap")
+    assert "min_cost_us=7.5 us" in note.detail
+    assert "smaller min_cost_us" in note.detail
+    assert "min_cost_us=7.5 us" in str(plan)
+
+
+def same_body_scans(a, b, xs):
+    def step(carry, x):
+        return jnp.tanh(carry @ x), None
+
+    return lax.scan(step, a, xs)[0], lax.scan(step, b, xs)[0]
+
+
+def same_body_args():
+    return jnp.ones((64, 64)), jnp.ones((64, 64)) * 0.5, jnp.ones((40, 64, 64)) * 0.01
+
+
+@pytest.mark.parametrize("program, args, kind", [
+    (local_two_scans, scan_args(), "fused"),
+    (same_body_scans, same_body_args(), "batched"),
+])
+def test_a_loop_jaxpar_made_is_not_left_alone(program, args, kind):
+    plan = jaxpar.inspect(program, target="gpu")(*args)
+    assert kind in {d.kind for d in plan.loops}, str(plan)
+    top_notes = [n for n in plan.left_alone if n.location == "/"]
+    assert not any("scan" in n.primitives for n in top_notes), str(plan)
+    (loop,) = [s for s in plan.steps if s.kind == "loop" and s.location == "/"]
+    assert kind in {plan.loops[k].kind for k in loop.loop_rewrites}
+    # A scan jaxpar did not make is still reported when nothing overlaps it.
+    def one_scan(a, xs):
+        return lax.scan(lambda c, x: (jnp.tanh(c @ x), None), a, xs)[0]
+
+    single = jaxpar.inspect(one_scan, target="gpu")(*same_body_args()[1:])
+    assert any(n.reason == "dependent" and "scan" in n.primitives
+               for n in single.left_alone), str(single)
+
+
+def _every_source_line(plan):
+    yield from (line for s in plan.sections for r in s.regions for line in r.source_lines)
+    yield from (line for n in plan.left_alone for line in n.source_lines)
+    yield from (line for s in plan.steps for line in s.source_lines)
+    yield from (line for d in (*plan.loops, *plan.subgraphs) for line in d.sources)
+
+
+def test_source_lines_hide_jaxpar_frames_and_are_relative(monkeypatch, tmp_path):
+    # Batching stacks the scans' operands with equations jaxpar makes itself.
+    monkeypatch.chdir(os.path.dirname(os.path.abspath(__file__)))
+    plan = jaxpar.inspect(same_body_scans, target="gpu")(*same_body_args())
+    lines = list(_every_source_line(plan))
+    jaxpar_dir = os.path.dirname(os.path.abspath(jaxpar.__file__))
+    assert lines and not any(jaxpar_dir in line or "jaxpar/" in line for line in lines), lines
+    assert "<added by jaxpar>" in lines  # the stacking, said plainly
+    ours = [line for line in lines if THIS_FILE in line]
+    assert ours and all(line.startswith(f"{THIS_FILE}:") for line in ours), ours
+    monkeypatch.chdir(tmp_path)  # elsewhere: the full path
+    plan = jaxpar.inspect(same_body_scans, target="gpu")(*same_body_args())
+    assert any(line.startswith(os.path.abspath(__file__)) for line in _every_source_line(plan))
 
 
 def test_inspect_does_not_print(capsys):
