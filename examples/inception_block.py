@@ -33,6 +33,11 @@ def make_params(cin=64, seed=0):
             for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)}
 
 
+def make_args():
+    """For ``python -m jaxpar inspect --args-from``: the shapes of ``(x, params)``, no data."""
+    return jax.eval_shape(lambda: (jnp.zeros((8, 28, 28, 64)), make_params()))
+
+
 def story():
     """For ``python -m jaxpar demo``: (title, function, arguments)."""
     x = jax.random.normal(jax.random.PRNGKey(1), (8, 28, 28, 64))

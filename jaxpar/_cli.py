@@ -5,6 +5,12 @@ Example::
     python -m jaxpar demo
     python -m jaxpar inspect examples.two_scans:two_scans \
         --args "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]"
+    python -m jaxpar inspect examples.inception_block:inception \
+        --args-from examples.inception_block:make_args --min-cost-us 1 --html plan.html
+    python -m jaxpar --version
+
+Every option of ``parallel_branches`` is a flag (``--max-streams 2``, ``--unroll none``,
+``--fuse-scans false``); ``--target`` defaults to ``gpu`` here.
 
 Sharp edges:
   * ``demo`` times on the machine at hand; on a CPU the stream annotations are
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect as _pyinspect
 import os
 import re
 import statistics
@@ -45,12 +52,13 @@ def parse_arg_specs(text: str) -> list[jax.ShapeDtypeStruct]:
     return specs
 
 
-def load_function(path: str) -> Callable[..., Any]:
+def load_function(path: str, what: str = "FUNCTION",
+                  example: str = "examples.two_scans:two_scans") -> Callable[..., Any]:
     """Imports ``package.module:function`` (attributes may be dotted)."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"bad function path {path!r}: write MODULE:FUNCTION, "
-                         "e.g. examples.two_scans:two_scans")
+        raise ValueError(f"bad {what.lower()} path {path!r}: write MODULE:{what}, "
+                         f"e.g. {example}")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as error:
@@ -160,40 +168,124 @@ def demo(out: Any = sys.stdout) -> int:
     return 0 if ok else 1
 
 
+def load_args(path: str) -> tuple[Any, ...]:
+    """Calls the factory ``MODULE:FACTORY``: its result is the positional arguments.
+
+    A tuple is the arguments; anything else (an array, a dict, a pytree) is the only
+    argument. Leaves may be arrays or ``jax.ShapeDtypeStruct``s.
+    """
+    factory = load_function(path, "FACTORY", "examples.inception_block:make_args")
+    try:
+        made = factory()
+    except Exception as error:
+        raise ValueError(f"--args-from {path}: calling {path}() raised "
+                         f"{type(error).__name__}: {error}") from error
+    return made if isinstance(made, tuple) else (made,)
+
+
+def option_value(text: str) -> Any:
+    """A command-line option value: true/false, none, an int, a float, a comma list, or text."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    if "," in text:
+        return tuple(option_value(part) for part in text.split(",") if part.strip())
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _option_flags() -> dict[str, _pyinspect.Parameter]:
+    """Every keyword-only option of ``parallel_branches``, by name."""
+    from . import parallel_branches
+
+    return {name: p for name, p in _pyinspect.signature(parallel_branches).parameters.items()
+            if p.kind is _pyinspect.Parameter.KEYWORD_ONLY}
+
+
+def _version() -> str:
+    from . import __version__
+
+    return f"jaxpar {__version__} (jax {jax.__version__})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command; output cut short by a closed pipe (``| head``) ends quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away: stop writing. Point stdout at devnull so the
+        # interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxpar", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the user stories: plans, equality checks, timings")
     insp = sub.add_parser("inspect", help="print the plan of MODULE:FUNCTION")
     insp.add_argument("function", help="MODULE:FUNCTION, e.g. examples.two_scans:two_scans")
-    insp.add_argument("--args", required=True, help='argument shapes, e.g. "f32[100,100] i32[]"')
-    insp.add_argument("--target", default="gpu", choices=["auto", "gpu", "cpu", "tpu"])
+    given = insp.add_mutually_exclusive_group(required=True)
+    given.add_argument("--args", help='argument shapes, e.g. "f32[100,100] i32[]"')
+    given.add_argument("--args-from", metavar="MODULE:FACTORY",
+                       help="a function of no arguments returning the arguments: a tuple of "
+                            "pytrees of arrays or jax.ShapeDtypeStructs (one non-tuple value "
+                            "is the only argument)")
     insp.add_argument("--json", action="store_true", help="print the plan as JSON")
     insp.add_argument("--html", metavar="PATH", help="also save the plan picture to PATH")
+    insp.add_argument("--trace", metavar="PATH",
+                      help="also save the estimated timeline as a Chrome trace (Perfetto)")
+    options = insp.add_argument_group(
+        "options of parallel_branches", "values: numbers, true/false, auto, none, or a "
+        "comma list; see docs/guide.md")
+    for name, param in _option_flags().items():
+        default = "gpu" if name == "target" else param.default
+        options.add_argument(f"--{name.replace('_', '-')}", dest=f"option_{name}",
+                             type=option_value, metavar="VALUE",
+                             default="gpu" if name == "target" else argparse.SUPPRESS,
+                             help=f"default: {default!r}")
     ns = parser.parse_args(argv)
     if ns.command == "demo":
         return demo()
     from . import inspect
 
     sys.path.insert(0, "")
+    chosen = {name[len("option_"):]: value for name, value in vars(ns).items()
+              if name.startswith("option_")}
     try:
         fn = load_function(ns.function)
-        specs = parse_arg_specs(ns.args)
-    except ValueError as error:
+        args = load_args(ns.args_from) if ns.args_from else tuple(parse_arg_specs(ns.args))
+        planner = inspect(fn, **chosen)
+    except (ValueError, TypeError) as error:
         parser.error(str(error))
     from ._trace import TraceError
 
+    given_text = f"--args-from {ns.args_from}" if ns.args_from else f"--args {ns.args!r}"
     try:
-        plan = inspect(fn, target=ns.target)(*specs)
+        plan = planner(*args)
     except (TraceError, TypeError) as error:
-        parser.error(f"{ns.function} does not take --args {ns.args!r}: {error}")
+        parser.error(f"{ns.function} does not take {given_text}: {error}")
     if ns.json:
         import json
 
         print(json.dumps(plan.to_dict(), indent=2))
     else:
         print(plan)
-    if ns.html:
-        plan.save(ns.html)
-        print(f"saved {ns.html}", file=sys.stderr)
+    for path in (ns.html, ns.trace):
+        if path:
+            try:
+                plan.save(path)
+            except ValueError as error:
+                parser.error(str(error))
+            print(f"saved {path}", file=sys.stderr)
     return 0
