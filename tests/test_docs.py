@@ -1,8 +1,24 @@
-"""Every public name is documented, and every example runs."""
+"""Every public name is documented, and every example and every code block of the docs runs.
+
+The python blocks of README.md and docs/*.md run in order, one process per file, sharing
+one namespace per file (as a reader pasting them into one session would). A block may be
+skipped only with a visible reason, written as a comment line just above it:
+
+    <!-- doc-test: skip (needs a GPU) -->
+
+and a block may ask for the CUDA PJRT plugin (gpu_preview's deviceless compiles):
+
+    <!-- doc-test: needs the CUDA plugin -->
+
+which runs where the plugin is installed and is skipped, saying so, elsewhere.
+Shell blocks are not run.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
@@ -42,3 +58,71 @@ def test_collective_matmul_example_runs():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "parallel_branches: matches x @ w" in result.stdout
+
+
+DOC_FILES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+_FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
+_MARK = re.compile(r"<!-- doc-test: (skip \((?P<reason>[^)]+)\)|needs the CUDA plugin) -->\s*$")
+
+# Runs the blocks of one file in one namespace; reports the first failure by block.
+_RUNNER = """
+import json, sys, traceback
+blocks = json.load(sys.stdin)
+namespace = {"__name__": "__main__"}
+for block in blocks:
+    try:
+        exec(compile(block["code"], block["file"], "exec"), namespace)
+    except BaseException:
+        print(f"block at {block['file']}:{block['line']} failed:", file=sys.stderr)
+        traceback.print_exc()
+        sys.exit(1)
+"""
+
+
+def doc_blocks(name: str) -> list[dict]:
+    """The python blocks of one file: code, first line, and the doc-test mark above it."""
+    text = (ROOT / name).read_text()
+    blocks = []
+    for match in _FENCE.finditer(text):
+        if match.group(1) != "python":
+            continue
+        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        mark = _MARK.search(before)
+        line = text.count("\n", 0, match.start()) + 2  # the block's first code line
+        # Offset so tracebacks point at the line in the Markdown file.
+        code = "\n" * (line - 1) + match.group(2)
+        blocks.append({"file": name, "line": line, "code": code,
+                       "skip": mark.group("reason") if mark and mark.group("reason") else None,
+                       "needs_plugin": bool(mark and not mark.group("reason"))})
+    return blocks
+
+
+def test_doc_files_are_found_and_marks_are_well_formed():
+    assert "docs/guide.md" in DOC_FILES and "docs/quickstart.md" in DOC_FILES
+    for name in DOC_FILES:
+        for line in (ROOT / name).read_text().splitlines():
+            if "doc-test:" in line:
+                assert _MARK.search(line), f"{name}: malformed doc-test mark {line!r}"
+
+
+@pytest.mark.parametrize("name", [n for n in DOC_FILES if doc_blocks(n)])
+def test_doc_code_blocks_run(name, tmp_path):
+    from jaxpar._deviceless import plugin_status
+
+    plugin, why = plugin_status()
+    blocks, skipped = [], []
+    for block in doc_blocks(name):
+        if block["skip"]:
+            skipped.append(f"{name}:{block['line']}: {block['skip']}")
+        elif block["needs_plugin"] and not plugin:
+            skipped.append(f"{name}:{block['line']}: needs the CUDA plugin ({why})")
+        else:
+            blocks.append(block)
+    # Four CPU devices, so the guide's shard_map ring has neighbours.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
+           "JAX_NUM_CPU_DEVICES": "4"}
+    result = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(blocks),
+                            capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    if skipped:
+        print("skipped doc blocks (with their reasons):", *skipped, sep="\n  ")
