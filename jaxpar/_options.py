@@ -38,6 +38,7 @@ class Options:
     batch_branches: Switch = "auto"
     unroll: Unroll = "auto"
     group_collectives: Switch = "auto"
+    force_streams: bool = False
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -67,6 +68,8 @@ class Options:
             value = getattr(self, name)
             if not (isinstance(value, bool) or value == "auto"):
                 raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
+        if not isinstance(self.force_streams, bool):
+            raise TypeError(f"force_streams must be True or False, got {self.force_streams!r}")
         unroll = self.unroll
         if not (unroll is None or unroll == "auto"
                 or (isinstance(unroll, int) and not isinstance(unroll, bool) and unroll >= 1)):
