@@ -91,7 +91,8 @@ class Options:
                 "batch": defaults["batch"] if self.batch_scans == "auto" else self.batch_scans,
                 "batch_branches": (defaults["batch_branches"] if self.batch_branches == "auto"
                                    else self.batch_branches),
-                "unroll": defaults["unroll"] if self.unroll == "auto" else self.unroll}
+                "unroll": defaults["unroll"] if self.unroll == "auto" else self.unroll,
+                "share_common": defaults["share_common"]}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

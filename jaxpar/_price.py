@@ -47,8 +47,10 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from . import _compat
 from ._cost import CostModel
@@ -149,6 +151,72 @@ class _Fills:
             value = busy / total if total > 0 else 1.0
         self._memo[id(eqn)] = (eqn, value)
         return value
+
+
+def param_key(value: Any) -> Hashable:
+    """A hashable stand-in for an equation parameter, equal exactly when the values are.
+
+    Compared by value where hashable, arrays by bytes, jaxprs and callables by identity
+    (two different callables, or two jaxprs that are not the same object, never match).
+    """
+    if _compat.is_jaxpr_like(value):
+        return ("jaxpr", id(value))
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, str(value.dtype), value.tobytes())
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, *(param_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", *sorted((str(k), param_key(v)) for k, v in value.items()))
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    if callable(value):
+        return ("id", id(value))
+    return (type(value).__name__, value)
+
+
+# Calls whose body's inputs are the equation's inputs, one for one.
+_TRANSPARENT_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
+                                "remat2", "checkpoint"})
+
+
+_IDENTITIES = frozenset({"stop_gradient", "copy", "copy_p"})
+
+
+def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any]
+                ) -> Iterator[tuple[Any, ...]]:
+    """Keys of the kernels ``eqn`` launches on values of the level (through plain calls).
+
+    ``outer`` maps a nested body's input variables to the level's variables. Two keys are
+    equal when XLA's CSE, which sees through calls, would compute the kernel once.
+    """
+    name = eqn.primitive.name
+    subs = list(_compat.eqn_subjaxprs(eqn))
+    if subs:
+        if name not in _TRANSPARENT_CALLS:
+            return
+        inner, _ = _compat.open_jaxpr(subs[0][2])
+        if len(inner.invars) != len(eqn.invars):
+            return
+        mapping = {v: outer.get(a, a) for v, a in zip(inner.invars, eqn.invars, strict=True)
+                   if not _compat.is_literal(a)}
+        for inner_eqn in inner.eqns:
+            (source,) = inner_eqn.invars if len(inner_eqn.invars) == 1 else (None,)
+            if inner_eqn.primitive.name in _IDENTITIES and source in mapping:
+                mapping[inner_eqn.outvars[0]] = mapping[source]  # XLA drops these
+                continue
+            yield from _heavy_work(inner_eqn, costs, mapping)
+        return
+    if costs.eqn_cost(eqn).kernels <= 0 or eqn.effects:
+        return
+    operands = []
+    for a in eqn.invars:
+        if _compat.is_literal(a) or a not in outer:
+            return  # computed inside the call: not comparable across calls here
+        operands.append(id(outer[a]))
+    yield (name, tuple(sorted((k, param_key(v)) for k, v in eqn.params.items())),
+           tuple(operands))
 
 
 def _walk_eqns(eqn: Any) -> Any:
@@ -277,12 +345,26 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
                                f"equations {seen[0]} and {i} are matmuls sharing an operand, "
                                "which XLA merges into one GEMM (DotMerger); a stream cut "
                                "between them would split it")
+    twins: dict[tuple[Any, ...], tuple[int, int]] = {}
+    for r, members in enumerate(regions):
+        for i in members:
+            level_vars = {a: a for a in eqns[i].invars if not _compat.is_literal(a)}
+            for key in _heavy_work(eqns[i], costs, level_vars):
+                seen = twins.setdefault(key, (i, r))
+                if seen[1] != r:
+                    return Verdict(False, 0.0, 0.0, 0,
+                                   f"equations {seen[0]} and {i} both compute `{key[0]}` of "
+                                   "the same operands, which XLA computes once (CSE); in two "
+                                   "stream regions each would run its own")
     for members in regions:
         for i in members:
             for inner in _walk_eqns(eqns[i]):
                 name = inner.primitive.name
                 unknown_trips = name == "while" and costs.eqn_cost(inner).unknown_trips
-                if name in _HOST_BLOCKING or unknown_trips:
+                # A cond on the platform (jnp's per-backend lowerings) is resolved when
+                # compiling; only a cond on a traced value runs as a conditional.
+                on_platform = name == "cond" and inner.params.get("branches_platforms")
+                if (name in _HOST_BLOCKING and not on_platform) or unknown_trips:
                     return Verdict(False, 0.0, 0.0, 0,
                                    f"equation {i} holds a `{name}` that blocks the host "
                                    "thread, so the other region would be launched only "
