@@ -33,6 +33,7 @@ from ._emit import Emitter, stream_attributes
 from ._inspect import Plan, build_report
 from ._options import Options, Switch, Target, Unroll
 from ._plan import LevelPlan, PlanContext, async_compute_limit, jaxpr_has_placement, plan_jaxpr
+from ._price import command_buffer_mode
 from ._trace import Signature, Traced, signature, trace
 from .passes import LoopDecision, apply_loop_passes
 
@@ -87,7 +88,7 @@ class ParallelBranches:
 
     def _rewrite(self, sig: Signature) -> _Rewrite:
         target = self.options.resolved_target()
-        key = (sig, target, async_compute_limit())
+        key = (sig, target, async_compute_limit(), command_buffer_mode())
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -161,17 +162,19 @@ def _run(rewrite: _Rewrite, leaves: Any) -> list[Any]:
 def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
-                      unroll: Unroll = ..., group_collectives: Switch = ...) -> F: ...
+                      unroll: Unroll = ..., group_collectives: Switch = ...,
+                      force_streams: bool = ...) -> F: ...
 @overload
 def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
-                      unroll: Unroll = ..., group_collectives: Switch = ...
-                      ) -> Callable[[F], F]: ...
+                      unroll: Unroll = ..., group_collectives: Switch = ...,
+                      force_streams: bool = ...) -> Callable[[F], F]: ...
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
                       min_cost_us: float = 5.0, fuse_scans: Switch = "auto",
                       batch_scans: Switch = "auto", batch_branches: Switch = "auto",
-                      unroll: Unroll = "auto", group_collectives: Switch = "auto") -> Any:
+                      unroll: Unroll = "auto", group_collectives: Switch = "auto",
+                      force_streams: bool = False) -> Any:
     """Rewrites ``fun`` so independent work runs on separate CUDA streams.
 
     The function is traced to a jaxpr (per argument signature, cached), the
@@ -200,6 +203,10 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         cost model says the stacking copies cost less than the launches saved.
       unroll: ``"auto"``, an unroll factor >= 1, or None to leave scans alone.
       group_collectives: launch independent collectives together.
+      force_streams: emit every independent section found, even where the GPU
+        estimate says it does not pay (a stream cut forfeits fusions, XLA's dot
+        merging and CUDA-graph overlap); for experiments and for measuring on a
+        real GPU. By default such sections are left alone and ``inspect`` says why.
 
     Returns:
       The rewritten function (or a decorator, when ``fun`` is omitted).
@@ -218,7 +225,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
                              fuse_scans=fuse_scans, batch_scans=batch_scans,
                              batch_branches=batch_branches, unroll=unroll,
-                             group_collectives=group_collectives)
+                             group_collectives=group_collectives, force_streams=force_streams)
     if fun is None:
         return lambda f: ParallelBranches(f, options)
     return ParallelBranches(fun, options)

@@ -38,6 +38,7 @@ class Options:
     batch_branches: Switch = "auto"
     unroll: Unroll = "auto"
     group_collectives: Switch = "auto"
+    force_streams: bool = False
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -67,6 +68,8 @@ class Options:
             value = getattr(self, name)
             if not (isinstance(value, bool) or value == "auto"):
                 raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
+        if not isinstance(self.force_streams, bool):
+            raise TypeError(f"force_streams must be True or False, got {self.force_streams!r}")
         unroll = self.unroll
         if not (unroll is None or unroll == "auto"
                 or (isinstance(unroll, int) and not isinstance(unroll, bool) and unroll >= 1)):
@@ -88,7 +91,8 @@ class Options:
                 "batch": defaults["batch"] if self.batch_scans == "auto" else self.batch_scans,
                 "batch_branches": (defaults["batch_branches"] if self.batch_branches == "auto"
                                    else self.batch_branches),
-                "unroll": defaults["unroll"] if self.unroll == "auto" else self.unroll}
+                "unroll": defaults["unroll"] if self.unroll == "auto" else self.unroll,
+                "share_common": defaults["share_common"]}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

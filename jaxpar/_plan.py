@@ -46,6 +46,7 @@ from . import _compat
 from ._cost import DEVICE_PROFILES, CostModel
 from ._graph import Graph, build_graph
 from ._options import Options
+from ._price import command_buffer_mode, price_section
 
 if TYPE_CHECKING:
     from .passes.collectives import CollectiveGroup, CollectiveInfo
@@ -71,6 +72,7 @@ REASON_EFFECTFUL = "effectful"
 REASON_ANNOTATED = "already annotated"
 REASON_COLLECTIVE = "collective"
 REASON_OPAQUE = "opaque"
+REASON_NO_GAIN = "does not pay"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,6 +157,11 @@ class PlanContext:
         self.target = target
         self.costs = CostModel(DEVICE_PROFILES[target])
         self.streams_per_section = min(options.max_streams, async_compute_limit())
+        # Sections are priced against the compiled GPU program (``_price``) unless the
+        # user forces them; other targets emit no streams, so their plans only show
+        # the independence.
+        self.command_buffers = (command_buffer_mode()
+                                if target == "gpu" and not options.force_streams else None)
         self.min_seconds = options.min_cost_us * 1e-6
         self._next_group = 1
         self._placement_memo: dict[int, tuple[Any, bool]] = {}
@@ -242,7 +249,7 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
             if len(window) < 2:
                 continue
             end = heavy[start + MAX_HEAVY] if start + MAX_HEAVY < len(heavy) else graph.size
-            finder = _SectionFinder(graph, window, seconds, blocked, ctx, region_of,
+            finder = _SectionFinder(inner, graph, window, seconds, blocked, ctx, region_of,
                                     len(sections), end)
             more, more_notes = finder.run()
             sections.extend(more)
@@ -377,9 +384,10 @@ _T = TypeVar("_T")
 class _SectionFinder:
     """Series-parallel decomposition of the heavy equations of one level."""
 
-    def __init__(self, graph: Graph, heavy: list[int], seconds: tuple[float, ...],
+    def __init__(self, jaxpr: Any, graph: Graph, heavy: list[int], seconds: tuple[float, ...],
                  blocked: dict[int, str], ctx: PlanContext,
                  region_of: dict[int, tuple[int, int]], first_section: int, end: int):
+        self.jaxpr = jaxpr
         self.graph = graph
         self.heavy = heavy
         self.seconds = seconds
@@ -659,6 +667,23 @@ class _SectionFinder:
             for i in eqns:
                 region_of[i] = (section_index, slot)
         self._absorb_neighbours(members, region_of, section_index, bit_mask)
+        if self.ctx.command_buffers is not None:
+            independent_dots = [
+                self.heavy[k] for k in range(len(self.heavy))
+                if not (1 << k) & bit_mask and not self.heavy_anc[k] & bit_mask
+                and not self.heavy_desc[k] & bit_mask]
+            verdict = price_section(
+                self.jaxpr, self.graph, [sorted(m) for m in members], self.ctx.costs,
+                mode=self.ctx.command_buffers, min_gain_seconds=self.ctx.min_seconds,
+                independent_dots=independent_dots)
+            if not verdict.pays:
+                for eqns in members:
+                    for i in eqns:
+                        del region_of[i]
+                heavy_members = [self.heavy[k] for units, _ in hulls for k in self._expand(units)]
+                self.notes.append(Note(tuple(sorted(heavy_members)), REASON_NO_GAIN,
+                                       verdict.reason))
+                return None
         ordered = sorted(range(len(members)), key=lambda s: min(members[s]))
         regions = tuple(
             RegionPlan(stream=stream, eqns=tuple(sorted(members[slot])),

@@ -58,8 +58,10 @@ LOOPS_OFF: dict[str, Any] = {"fuse_scans": False, "batch_scans": False,
 # Options under which four_branches is worth streams on the GPU cost model (see Sharp edges).
 # Its four chains are identical, so by default the GPU target batches them into one vmapped
 # chain instead (tests/test_batch_branches.py); tests of streams turn that off.
+# The GPU pricing (jaxpar/_price.py) refuses these sections under XLA's default CUDA-graph
+# mode; tests of stream emission force them.
 FOUR_BRANCHES_OPTIONS: dict[str, Any] = {"target": "gpu", "min_cost_us": 2.0,
-                                         "batch_branches": False}
+                                         "batch_branches": False, "force_streams": True}
 
 _CALL = re.compile(r"\bcall @([^\s(]+)\(")
 _ATTRIBUTES = re.compile(r"mhlo\.frontend_attributes = \{([^}]*)\}")

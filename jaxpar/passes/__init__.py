@@ -47,6 +47,7 @@ from ._walk import (
 from .batch_branches import batch_branches, batch_branches_level
 from .batch_scans import batch_scans, batch_scans_level
 from .fuse_scans import fuse_scans, fuse_scans_level
+from .share_common import share_common_level, share_common_subexpressions
 from .static_loops import make_loops_static, make_loops_static_level
 from .unroll import Unroll, _costs, unroll_scans, unroll_scans_level
 
@@ -67,15 +68,21 @@ __all__ = [
     "fuse_scans",
     "loop_defaults",
     "make_loops_static",
+    "share_common_subexpressions",
     "unroll_scans",
 ]
 
 # What does no harm where, measured with benchmarks/loops_cpu.py (see the numbers there).
 # On a GPU every loop trip costs launches and a trip-count check, so fewer, fuller trips win.
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "gpu": {"fuse": True, "batch": True, "batch_branches": True, "unroll": "auto"},
-    "cpu": {"fuse": False, "batch": False, "batch_branches": False, "unroll": None},
-    "tpu": {"fuse": False, "batch": False, "batch_branches": False, "unroll": None},
+    # share_common: XLA's CSE cannot see into stream regions, so on the GPU equal
+    # equations are merged before planning; elsewhere XLA's own CSE does it.
+    "gpu": {"fuse": True, "batch": True, "batch_branches": True, "unroll": "auto",
+            "share_common": True},
+    "cpu": {"fuse": False, "batch": False, "batch_branches": False, "unroll": None,
+            "share_common": False},
+    "tpu": {"fuse": False, "batch": False, "batch_branches": False, "unroll": None,
+            "share_common": False},
 }
 
 
@@ -99,9 +106,10 @@ def loop_defaults(target: str) -> dict[str, Any]:
 
 
 def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unroll,
-                      target: str, batch_branches: bool = False
+                      target: str, batch_branches: bool = False, share_common: bool = False
                       ) -> tuple[Any, tuple[LoopDecision, ...]]:
-    """Runs static_loops -> batch -> fuse -> batch_branches -> unroll at every nesting level.
+    """Runs share_common -> static_loops -> batch -> fuse -> batch_branches -> unroll at
+    every nesting level.
 
     Args:
         closed_jaxpr: the program, as from ``jax.make_jaxpr``; never mutated.
@@ -112,6 +120,8 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unr
             ``batch_branches`` use).
         batch_branches: batch identical independent straight-line subgraphs into one
             vmapped subgraph where the cost model says it pays.
+        share_common: merge equations that compute the same thing (XLA's CSE cannot
+            see into the stream regions the planner may make).
 
     Returns:
         ``(new_closed_jaxpr, decisions)``. ``new_closed_jaxpr is closed_jaxpr`` when
@@ -130,7 +140,8 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unr
             isinstance(unroll, int) and not isinstance(unroll, bool) and unroll >= 1)):
         raise ValueError(f"jaxpar: unroll={unroll!r} is not supported; pass 'auto', a "
                          "positive int, or None")
-    passes: list[LevelPass] = [make_loops_static_level]
+    passes: list[LevelPass] = [share_common_level] if share_common else []
+    passes.append(make_loops_static_level)
     if batch:
         passes.append(batch_scans_level)
     if fuse:

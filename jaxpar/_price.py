@@ -1,0 +1,420 @@
+"""Pricing a stream section for XLA:GPU: does cutting the program here pay?
+
+The planner proposes sections (regions meant to overlap); this module says what
+one is expected to win or cost on the compiled GPU program, from what XLA:GPU is
+known to do with stream-annotated calls (``shared/XLA_FACTS.md`` section 6,
+``XLA_CONCURRENCY.md``):
+
+* **Overlap won.** Two regions run side by side only where the device has room:
+  a kernel that fills every SM leaves none for the other stream. Each heavy
+  equation gets a *fill* (output tiles over SMs for a GEMM, elements over resident
+  threads otherwise); the pair then takes ``max(longest region, total busy time)``
+  instead of the sum.
+* **What the cut costs.** A call is a fusion barrier: an elementwise producer
+  outside feeding a region (or an elementwise consumer outside reading a region's
+  elementwise result) becomes a kernel of its own. Before jax 0.11 a multi-result
+  region is packed (a concatenate plus one slice per result).
+* **What XLA would have done.** ``DotMerger`` merges mutually independent dots
+  that share an operand into one GEMM; a cut between them forfeits that, so such
+  a section is refused.
+* **Host syncs.** A ``cond`` or a ``while`` without a known trip count blocks the
+  host thread, so the other region is launched only after it: refused.
+* **CUDA graphs** (command buffers, on by default). In XLA's default ``LHS``
+  scheduling mode a captured region is chained serially with everything else, so
+  its stream overlap is lost; in ``CONCURRENT`` mode the graph already overlaps
+  independent kernels by itself. Either way a capturable section wins nothing
+  and costs its fusion barriers. A region holding a ``while`` (or a convolution)
+  is not captured: it keeps its overlap, but its loop body then launches kernel by
+  kernel on every trip. The mode is read from ``XLA_FLAGS`` when planning
+  (``command_buffer_mode``).
+
+Example::
+
+    verdict = price_section(jaxpr, graph, [region_a, region_b], costs,
+                            mode=command_buffer_mode())
+    verdict.pays, verdict.reason
+
+Sharp edges:
+  * The graph-capture rules are read from XLA's source, not yet confirmed on a
+    GPU (``XLA_CONCURRENCY.md`` section 7); ``benchmarks/gpu.sh`` measures them.
+  * Fill is a tile count, not an occupancy model: register and shared-memory
+    limits are ignored, so small kernels look more concurrent than they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _compat
+from ._cost import CostModel
+from ._graph import Graph
+
+# H100/H200 SXM: 132 SMs; cuBLAS tiles of 128x128 outputs are the unit of GEMM
+# parallelism; an SM keeps 2048 threads resident.
+SMS = 132
+GEMM_TILE = 128 * 128
+THREADS_PER_SM = 2048
+# Host cost of launching one kernel outside a CUDA graph, against replaying it as a
+# graph node (third-party figures in XLA_CONCURRENCY.md section 4: ~6.4 us per
+# launch, ~0.6 us per graph node).
+LAUNCH_SECONDS = 5.0e-6
+GRAPH_NODE_SECONDS = 0.6e-6
+# DotMerger merges candidates up to this size (operands plus output), since jax 0.9.2.
+DOT_MERGER_BYTES = 64 * 2**20
+# Ops XLA folds into a neighbour or into a layout: they never stop a fusion.
+_LAYOUT_ONLY = frozenset({"reshape", "squeeze", "expand_dims", "convert_element_type",
+                          "bitcast_convert_type", "transpose", "broadcast_in_dim", "copy",
+                          "copy_p"})
+_HOST_BLOCKING = frozenset({"cond"})
+_NOT_CAPTURED = frozenset({"while", "scan", "conv_general_dilated"})
+
+MODE_LHS = "lhs"
+MODE_CONCURRENT = "concurrent"
+MODE_SERIALIZE = "serialize"
+MODE_OFF = "off"
+
+
+def command_buffer_mode(flags: str | None = None) -> str:
+    """How XLA:GPU will run captured command buffers, from ``XLA_FLAGS``.
+
+    ``"off"`` (``--xla_gpu_enable_command_buffer=`` empty), ``"concurrent"``,
+    ``"serialize"`` or ``"lhs"`` (XLA's default, also for ``CONCURRENT_REGIONS``,
+    which never runs dots concurrently).
+    """
+    text = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+    enabled = re.findall(r"--xla_gpu_enable_command_buffer=(\S*)", text)
+    if enabled and enabled[-1].strip("'\"") == "":
+        return MODE_OFF
+    mode = re.findall(r"--xla_gpu_command_buffer_scheduling_mode=(\w+)", text)
+    if mode:
+        return {"CONCURRENT": MODE_CONCURRENT, "SERIALIZE": MODE_SERIALIZE}.get(
+            mode[-1].upper(), MODE_LHS)
+    legacy = re.findall(r"--xla_gpu_graph_enable_concurrent_region=(\w+)", text)
+    if legacy:
+        return MODE_CONCURRENT if legacy[-1].lower() in ("true", "1") else MODE_SERIALIZE
+    return MODE_LHS
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a section is expected to do to the compiled GPU program."""
+
+    pays: bool
+    gain_seconds: float  # device time won by overlapping the regions
+    cost_seconds: float  # time added by the cut (kernels, lost graph capture)
+    added_kernels: int
+    reason: str
+
+
+def fill(eqn: Any) -> float:
+    """Fraction of the device one launch of ``eqn``'s kernel occupies (0..1]."""
+    name = eqn.primitive.name
+    size = max((_compat.aval_size(v.aval) for v in eqn.outvars), default=1)
+    if name in ("dot_general", "conv_general_dilated"):
+        return min(1.0, math.ceil(max(size, 1) / GEMM_TILE) / SMS)
+    return min(1.0, max(size, 1) / (SMS * THREADS_PER_SM))
+
+
+class _Fills:
+    """Busy fractions of equations, loops and nested calls averaged over their bodies."""
+
+    def __init__(self, costs: CostModel):
+        self.costs = costs
+        self._memo: dict[int, tuple[Any, float]] = {}
+
+    def busy_seconds(self, eqn: Any) -> float:
+        seconds = self.costs.seconds(self.costs.eqn_cost(eqn))
+        return seconds * self.fraction(eqn)
+
+    def fraction(self, eqn: Any) -> float:
+        hit = self._memo.get(id(eqn))
+        if hit is not None and hit[0] is eqn:
+            return hit[1]
+        subs = [sub for _, _, sub in _compat.eqn_subjaxprs(eqn)]
+        if not subs:
+            value = fill(eqn)
+        else:
+            total = busy = 0.0
+            for sub in subs:
+                inner, _ = _compat.open_jaxpr(sub)
+                for inner_eqn in inner.eqns:
+                    seconds = self.costs.seconds(self.costs.eqn_cost(inner_eqn))
+                    total += seconds
+                    busy += seconds * self.fraction(inner_eqn)
+            value = busy / total if total > 0 else 1.0
+        self._memo[id(eqn)] = (eqn, value)
+        return value
+
+
+def param_key(value: Any) -> Hashable:
+    """A hashable stand-in for an equation parameter, equal exactly when the values are.
+
+    Compared by value where hashable, arrays by bytes, jaxprs and callables by identity
+    (two different callables, or two jaxprs that are not the same object, never match).
+    """
+    if _compat.is_jaxpr_like(value):
+        return ("jaxpr", id(value))
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, str(value.dtype), value.tobytes())
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, *(param_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", *sorted((str(k), param_key(v)) for k, v in value.items()))
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    if callable(value):
+        return ("id", id(value))
+    return (type(value).__name__, value)
+
+
+# Calls whose body's inputs are the equation's inputs, one for one.
+_TRANSPARENT_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
+                                "remat2", "checkpoint"})
+
+
+_IDENTITIES = frozenset({"stop_gradient", "copy", "copy_p"})
+
+
+def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any]
+                ) -> Iterator[tuple[Any, ...]]:
+    """Keys of the kernels ``eqn`` launches on values of the level (through plain calls).
+
+    ``outer`` maps a nested body's input variables to the level's variables. Two keys are
+    equal when XLA's CSE, which sees through calls, would compute the kernel once.
+    """
+    name = eqn.primitive.name
+    subs = list(_compat.eqn_subjaxprs(eqn))
+    if subs:
+        if name not in _TRANSPARENT_CALLS:
+            return
+        inner, _ = _compat.open_jaxpr(subs[0][2])
+        if len(inner.invars) != len(eqn.invars):
+            return
+        mapping = {v: outer.get(a, a) for v, a in zip(inner.invars, eqn.invars, strict=True)
+                   if not _compat.is_literal(a)}
+        for inner_eqn in inner.eqns:
+            (source,) = inner_eqn.invars if len(inner_eqn.invars) == 1 else (None,)
+            if inner_eqn.primitive.name in _IDENTITIES and source in mapping:
+                mapping[inner_eqn.outvars[0]] = mapping[source]  # XLA drops these
+                continue
+            yield from _heavy_work(inner_eqn, costs, mapping)
+        return
+    if costs.eqn_cost(eqn).kernels <= 0 or eqn.effects:
+        return
+    operands = []
+    for a in eqn.invars:
+        if _compat.is_literal(a) or a not in outer:
+            return  # computed inside the call: not comparable across calls here
+        operands.append(id(outer[a]))
+    yield (name, tuple(sorted((k, param_key(v)) for k, v in eqn.params.items())),
+           tuple(operands))
+
+
+def _walk_eqns(eqn: Any) -> Any:
+    yield eqn
+    for _, _, sub in _compat.eqn_subjaxprs(eqn):
+        inner, _ = _compat.open_jaxpr(sub)
+        for inner_eqn in inner.eqns:
+            yield from _walk_eqns(inner_eqn)
+
+
+def _launch_penalty(eqn: Any, costs: CostModel) -> float:
+    """Device time lost when ``eqn``'s kernels launch one by one instead of from a graph.
+
+    A launch costs the host ``LAUNCH_SECONDS`` (a graph node ``GRAPH_NODE_SECONDS``); the
+    device waits only for the part a kernel does not cover by running. Kernels XLA
+    never captures (convolutions) lose nothing; loop bodies count once per trip.
+    """
+    name = eqn.primitive.name
+    subs = [sub for _, _, sub in _compat.eqn_subjaxprs(eqn)]
+    if subs:
+        inner = [sum(_launch_penalty(e, costs) for e in _compat.open_jaxpr(sub)[0].eqns)
+                 for sub in subs]
+        if name == "cond":
+            return max(inner)
+        if name == "scan":
+            return _compat.scan_length(eqn) * sum(inner)
+        if name == "while":
+            cost = costs.eqn_cost(eqn)
+            body = costs.jaxpr_cost(eqn.params["body_jaxpr"]) + costs.jaxpr_cost(
+                eqn.params["cond_jaxpr"])
+            trips = cost.kernels / body.kernels if body.kernels else 1.0
+            return trips * sum(inner)
+        return sum(inner)
+    cost = costs.eqn_cost(eqn)
+    if cost.kernels <= 0 or name == "conv_general_dilated":
+        return 0.0
+    each = costs.seconds(cost) / cost.kernels
+    return cost.kernels * (max(LAUNCH_SECONDS - each, 0.0) - max(GRAPH_NODE_SECONDS - each, 0.0))
+
+
+def _is_light(eqn: Any, costs: CostModel) -> bool:
+    """Fusible work (elementwise or layout): launches no kernel of its own."""
+    return not any(_compat.eqn_subjaxprs(eqn)) and costs.eqn_cost(eqn).kernels == 0
+
+
+def _split_clusters(eqns: Sequence[Any], graph: Graph, owner: dict[int, int],
+                    costs: CostModel) -> int:
+    """Kernels added by cutting fusion clusters: per cluster, its sides minus one."""
+    light = {i for i in graph.live if _is_light(eqns[i], costs)}
+    parent = {i: i for i in light}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in light:
+        for p in graph.preds[i]:
+            if p in light:
+                parent[find(p)] = find(i)
+    sides: dict[int, set[int]] = {}
+    for i in light:
+        sides.setdefault(find(i), set()).add(owner.get(i, -1))
+    return sum(len(owners) - 1 for owners in sides.values() if len(owners) > 1)
+
+
+def _dot_source(eqns: Sequence[Any], producer: dict[Any, int], var: Any) -> Any:
+    """The variable a dot operand comes from through layout-only equations."""
+    seen = 0
+    while not _compat.is_literal(var) and var in producer and seen < 16:
+        eqn = eqns[producer[var]]
+        if eqn.primitive.name not in _LAYOUT_ONLY or len(eqn.invars) != 1:
+            break
+        var = eqn.invars[0]
+        seen += 1
+    return var
+
+
+def _dot_bytes(eqn: Any) -> int:
+    return sum(_compat.aval_nbytes(v.aval) for v in [*eqn.invars, *eqn.outvars]
+               if not _compat.is_literal(v))
+
+
+def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
+                  costs: CostModel, *, mode: str, min_gain_seconds: float = 0.0,
+                  independent_dots: Sequence[int] = ()) -> Verdict:
+    """The expected effect of emitting ``regions`` of one level as one stream section.
+
+    Args:
+        jaxpr: the level (open jaxpr) the indices refer to.
+        graph: its dependency graph.
+        regions: each region's equation indices.
+        costs: the target's cost model.
+        mode: ``command_buffer_mode()``.
+        min_gain_seconds: the least net gain that counts as paying.
+        independent_dots: ``dot_general`` equations outside the regions that are
+            independent of them (``DotMerger`` could merge them with a region's dot).
+
+    Returns:
+        A ``Verdict``.
+    """
+    eqns = jaxpr.eqns
+    owner = {i: r for r, members in enumerate(regions) for i in members}
+    fills = _Fills(costs)
+
+    def seconds(i: int) -> float:
+        return costs.seconds(costs.eqn_cost(eqns[i]))
+
+    # What XLA would have done that the cut forbids, and host syncs: refuse outright.
+    producer = {v: i for i, eqn in enumerate(eqns) for v in eqn.outvars
+                if not _compat.is_drop_var(v)}
+    sources: dict[Any, tuple[int, int]] = {}  # operand source -> (dot, region or -1)
+    placed = [(i, r) for r, members in enumerate(regions) for i in members]
+    for i, r in [*placed, *((i, -1) for i in independent_dots)]:
+        eqn = eqns[i]
+        if eqn.primitive.name != "dot_general" or _dot_bytes(eqn) > DOT_MERGER_BYTES:
+            continue
+        for operand in eqn.invars:
+            source = _dot_source(eqns, producer, operand)
+            if _compat.is_literal(source):
+                continue
+            seen = sources.setdefault(source, (i, r))
+            if seen[0] != i and seen[1] != r:
+                return Verdict(False, 0.0, 0.0, 0,
+                               f"equations {seen[0]} and {i} are matmuls sharing an operand, "
+                               "which XLA merges into one GEMM (DotMerger); a stream cut "
+                               "between them would split it")
+    twins: dict[tuple[Any, ...], tuple[int, int]] = {}
+    for r, members in enumerate(regions):
+        for i in members:
+            level_vars = {a: a for a in eqns[i].invars if not _compat.is_literal(a)}
+            for key in _heavy_work(eqns[i], costs, level_vars):
+                seen = twins.setdefault(key, (i, r))
+                if seen[1] != r:
+                    return Verdict(False, 0.0, 0.0, 0,
+                                   f"equations {seen[0]} and {i} both compute `{key[0]}` of "
+                                   "the same operands, which XLA computes once (CSE); in two "
+                                   "stream regions each would run its own")
+    for members in regions:
+        for i in members:
+            for inner in _walk_eqns(eqns[i]):
+                name = inner.primitive.name
+                unknown_trips = name == "while" and costs.eqn_cost(inner).unknown_trips
+                # A cond on the platform (jnp's per-backend lowerings) is resolved when
+                # compiling; only a cond on a traced value runs as a conditional.
+                on_platform = name == "cond" and inner.params.get("branches_platforms")
+                if (name in _HOST_BLOCKING and not on_platform) or unknown_trips:
+                    return Verdict(False, 0.0, 0.0, 0,
+                                   f"equation {i} holds a `{name}` that blocks the host "
+                                   "thread, so the other region would be launched only "
+                                   "after it finishes")
+
+    times = [sum(seconds(i) for i in members) for members in regions]
+    busy = [sum(fills.busy_seconds(eqns[i]) for i in members) for members in regions]
+    captured = [not any(inner.primitive.name in _NOT_CAPTURED
+                        for i in members for inner in _walk_eqns(eqns[i]))
+                for members in regions]
+    overlapped = max(max(times), sum(busy))
+    gain = max(sum(times) - overlapped, 0.0)
+    graphs_on = mode != MODE_OFF
+    if graphs_on and all(captured):
+        why = ("CUDA graphs in XLA's default LHS mode chain a captured region serially with "
+               "everything else" if mode in (MODE_LHS, MODE_SERIALIZE) else
+               "CUDA graphs in CONCURRENT mode already overlap independent kernels")
+        gain = 0.0
+    else:
+        why = ""
+
+    # What the cut adds: XLA fuses each connected cluster of light (elementwise and
+    # layout) equations into one kernel; a cluster the cut divides becomes one kernel
+    # per side.
+    added = _split_clusters(eqns, graph, owner, costs)
+    if _compat.PACK_MULTI_RESULT_CALLS:
+        for members in regions:
+            inside = set(members)
+            results = sum(1 for i in members for s in graph.succs[i] if s not in inside)
+            results += sum(1 for i in members if i in graph.feeds_output)
+            if results > 1:
+                added += 1 + results
+    cost = added * costs.profile.min_kernel_seconds
+    if graphs_on:
+        for members, is_captured in zip(regions, captured, strict=True):
+            if not is_captured:  # launched kernel by kernel, loop bodies on every trip
+                cost += sum(_launch_penalty(eqns[i], costs) for i in members)
+    net = gain - cost
+    if net > max(min_gain_seconds, 0.0):
+        return Verdict(True, gain, cost, added,
+                       f"overlap wins est. {gain * 1e6:.1f} us against {cost * 1e6:.1f} us "
+                       f"for {added} kernels the cut adds")
+    if why:
+        reason = (f"{why}, so it would win nothing and cost est. {cost * 1e6:.1f} us "
+                  f"({added} kernels the cut adds); with command buffers off "
+                  "(XLA_FLAGS=--xla_gpu_enable_command_buffer=) the overlap could pay")
+    elif gain <= 0.0:
+        reason = ("the regions' kernels already fill the GPU, so running them side by side "
+                  "wins nothing")
+    else:
+        reason = (f"overlap would win est. {gain * 1e6:.1f} us but the cut costs "
+                  f"{cost * 1e6:.1f} us ({added} kernels it adds, launches outside graphs)")
+    return Verdict(False, gain, cost, added, reason)

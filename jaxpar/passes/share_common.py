@@ -1,0 +1,84 @@
+"""Share common subexpressions before planning, as XLA would have.
+
+XLA's CSE computes ``lu(s)`` once when ``slogdet(s)`` and ``inv(s)`` both need it.
+Once the planner put the two in different stream regions, each region would run
+its own: a stream call is opaque to XLA's CSE. So equations that compute the same
+thing (same primitive, parameters equal by value, same operands) are merged here,
+before planning: the first one stays, the others read its results.
+
+Equal work in different nested calls (``slogdet``'s ``lu`` inside its ``custom_jvp``
+and ``lu_factor``'s) cannot be merged without changing the calls; the planner's
+pricing (``_price``) refuses a cut between such twins instead.
+
+Example::
+
+    new_jaxpr, _ = share_common_subexpressions(jax.make_jaxpr(f)(s))
+
+Sharp edges:
+  * Equations with effects, callbacks, and equations holding nested jaxprs that are
+    not the very same object are never merged (their identity may matter).
+  * Parameters are compared by value where they are hashable and by identity
+    otherwise (arrays by their bytes), so two different callables never compare equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from .. import _compat
+from .._price import param_key
+from ._walk import LoopDecision, Rewrite, walk_levels
+
+# Primitives that must run once per occurrence even with equal operands.
+_NEVER_SHARED = frozenset({
+    "pure_callback", "io_callback", "debug_callback", "callback", "rng_uniform",
+    "random_seed", "custom_call", "xla_metadata_call", "compute_on", "compute_on2",
+})
+
+
+def _eqn_key(eqn: Any) -> Hashable | None:
+    """Equal for two equations that compute the same results; None: never share."""
+    if eqn.effects or eqn.primitive.name in _NEVER_SHARED:
+        return None
+    if _compat.eqn_frontend_attributes(eqn):
+        return None
+    operands = tuple(("lit", str(a.aval), repr(_compat.literal_value(a)))
+                     if _compat.is_literal(a) else ("var", id(a)) for a in eqn.invars)
+    params = tuple(sorted((name, param_key(value)) for name, value in eqn.params.items()))
+    return (eqn.primitive.name, params, operands,
+            tuple(str(v.aval) for v in eqn.outvars))
+
+
+def share_common_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+    """The level pass: one rewrite per class of equal equations (more than one member)."""
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    classes: dict[Hashable, list[int]] = {}
+    for index, eqn in enumerate(inner.eqns):
+        key = _eqn_key(eqn)
+        if key is not None:
+            classes.setdefault(key, []).append(index)
+    rewrites = []
+    for members in classes.values():
+        if len(members) < 2:
+            continue
+        first = inner.eqns[members[0]]
+        count = len(members)
+
+        def emit(invals: list[list[Any]], eqn: Any = first, count: int = count
+                 ) -> list[list[Any]]:
+            outs = _compat.bind_eqn(eqn, invals[0])
+            return [list(outs) for _ in range(count)]
+
+        rewrites.append(Rewrite(tuple(members), emit))
+    return rewrites, []
+
+
+def share_common_subexpressions(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Merges equal equations at every level of ``jaxpr`` (never mutated).
+
+    Returns:
+        ``(new_jaxpr, ())``; ``new_jaxpr is jaxpr`` when nothing was shared.
+    """
+    new, decisions = walk_levels(jaxpr, [share_common_level])
+    return new, tuple(decisions)

@@ -1,0 +1,180 @@
+"""The GPU pricing of stream sections: cuts that cannot pay on the compiled program are refused.
+
+Each refusal rule (``jaxpar/_price.py``) gets a program that triggers it and one that does
+not, checked on the plan, on the lowered text (no stream call is emitted) and on values.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import assert_tree_close, assert_tree_equal, lower_for_gpu, stream_calls
+from jax import lax
+
+import jaxpar
+from jaxpar._price import (
+    MODE_CONCURRENT,
+    MODE_LHS,
+    MODE_OFF,
+    MODE_SERIALIZE,
+    command_buffer_mode,
+)
+
+GRAPHS_OFF = "--xla_gpu_enable_command_buffer="
+S = jax.ShapeDtypeStruct
+
+
+@pytest.fixture
+def graphs_off(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", GRAPHS_OFF)
+
+
+@pytest.mark.parametrize(("flags", "mode"), [
+    ("", MODE_LHS),
+    ("--xla_force_host_platform_device_count=8", MODE_LHS),
+    (GRAPHS_OFF, MODE_OFF),
+    ("--xla_gpu_enable_command_buffer=''", MODE_OFF),
+    ("--xla_gpu_enable_command_buffer=+WHILE", MODE_LHS),
+    ("--xla_gpu_command_buffer_scheduling_mode=CONCURRENT", MODE_CONCURRENT),
+    ("--xla_gpu_command_buffer_scheduling_mode=SERIALIZE", MODE_SERIALIZE),
+    ("--xla_gpu_command_buffer_scheduling_mode=CONCURRENT_REGIONS", MODE_LHS),
+    ("--xla_gpu_graph_enable_concurrent_region=false", MODE_SERIALIZE),
+    ("--xla_gpu_graph_enable_concurrent_region=true", MODE_CONCURRENT),
+    # The last occurrence wins, as in XLA's flag parser.
+    (f"{GRAPHS_OFF} --xla_gpu_enable_command_buffer=+WHILE", MODE_LHS),
+])
+def test_command_buffer_mode_from_flags(flags, mode):
+    assert command_buffer_mode(flags) == mode
+
+
+def gptj_block(h, wq, wk, wv, wo, w1, w2):
+    """GPT-J's parallel block: attention and MLP both read ``h``."""
+    q, k, v = h @ wq, h @ wk, h @ wv
+    attention = jax.nn.softmax(q @ k.T / 8.0) @ v
+    mlp = jax.nn.gelu(h @ w1) @ w2
+    return h + attention @ wo + mlp
+
+
+def gptj_args():
+    keys = jax.random.split(jax.random.key(0), 7)
+    shapes = [(256, 512), *[(512, 512)] * 4, (512, 2048), (2048, 512)]
+    return [0.02 * jax.random.normal(k, s) for k, s in zip(keys, shapes, strict=True)]
+
+
+def two_chains(a, wa, b, wb):
+    """Two independent matmul chains sharing no operand."""
+    return jnp.tanh(jnp.tanh(a @ wa) @ wa), jnp.sin(jnp.sin(b @ wb) @ wb)
+
+
+def two_chains_args(n=512):
+    keys = jax.random.split(jax.random.key(1), 4)
+    return [0.02 * jax.random.normal(k, (n, n)) for k in keys]
+
+
+def reasons(plan):
+    return [note.detail for note in plan.left_alone if note.reason == "does not pay"]
+
+
+def test_dots_sharing_an_operand_stay_merged(graphs_off):
+    # XLA merges h@wq, h@wk, h@wv and h@w1 into one GEMM (DotMerger); a cut between the
+    # attention and the MLP would split it.
+    plan = jaxpar.inspect(gptj_block, target="gpu")(*gptj_args())
+    assert not plan.sections
+    assert any("DotMerger" in r for r in reasons(plan))
+    assert not stream_calls(lower_for_gpu(jaxpar.parallel_branches(gptj_block, target="gpu"),
+                                          *gptj_args()))
+    forced = jaxpar.inspect(gptj_block, target="gpu", force_streams=True)(*gptj_args())
+    assert forced.sections
+
+
+def test_graph_captured_sections_win_nothing_by_default(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")
+    plan = jaxpar.inspect(two_chains, target="gpu")(*two_chains_args())
+    assert not plan.sections
+    (reason,) = reasons(plan)
+    assert "LHS mode" in reason and "--xla_gpu_enable_command_buffer=" in reason
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT")
+    plan = jaxpar.inspect(two_chains, target="gpu")(*two_chains_args())
+    assert not plan.sections and "CONCURRENT mode" in reasons(plan)[0]
+
+
+def test_sections_that_overlap_pay_with_graphs_off(graphs_off):
+    args = two_chains_args()
+    plan = jaxpar.inspect(two_chains, target="gpu")(*args)
+    assert len(plan.sections) == 1 and len(plan.sections[0].regions) == 2
+    g = jaxpar.parallel_branches(two_chains, target="gpu")
+    assert len(stream_calls(lower_for_gpu(g, *args))) == 2
+    assert_tree_equal(jax.jit(g)(*args), jax.jit(two_chains)(*args))
+
+
+def test_the_plan_cache_follows_the_command_buffer_mode(monkeypatch):
+    g = jaxpar.parallel_branches(two_chains, target="gpu")
+    args = [S((512, 512), jnp.float32)] * 4
+
+    def lowered():  # a fresh function each time, so jax.jit's own trace cache misses
+        return jax.jit(lambda *a: g(*a)).lower(*args).as_text()
+
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert not stream_calls(lowered())
+    monkeypatch.setenv("XLA_FLAGS", GRAPHS_OFF)
+    assert len(stream_calls(lowered())) == 2
+    assert g.analyses == 2
+
+
+def test_kernels_that_fill_the_gpu_gain_nothing(graphs_off):
+    args = [S((4096, 4096), jnp.float32)] * 4
+    plan = jaxpar.inspect(two_chains, target="gpu")(*args)
+    assert not plan.sections
+    assert "already fill the GPU" in reasons(plan)[0]
+
+
+def with_conds(a, wa, b, wb):
+    """Each branch holds a cond: a host sync that serialises the other stream's launch."""
+    def branch(x, w):
+        y = jnp.tanh(x @ w)
+        return lax.cond(jnp.sum(y) > 0, lambda t: t @ w, lambda t: (t * 2.0) @ w, y)
+    return branch(a, wa), branch(b, wb)
+
+
+def test_host_syncs_inside_a_region_are_refused(graphs_off):
+    args = two_chains_args()
+    plan = jaxpar.inspect(with_conds, target="gpu")(*args)
+    assert not plan.sections
+    assert any("blocks the host" in r for r in reasons(plan))
+    g = jaxpar.parallel_branches(with_conds, target="gpu")
+    assert_tree_equal(jax.jit(g)(*args), jax.jit(with_conds)(*args))
+
+
+def small_scans(a, b, xs):
+    r1, _ = lax.scan(lambda c, x: (jnp.tanh(c @ x) @ x, None), a, xs)
+    r2, _ = lax.scan(lambda c, x: (jnp.sin(x @ c) @ c, None), b, xs)
+    return r1, r2
+
+
+def test_small_kernel_loops_stay_in_the_graph():
+    # A region holding a loop is never graph-captured: its small kernels would launch one
+    # by one on every trip, which costs more than the overlap wins.
+    args = [S((64, 64), jnp.float32)] * 2 + [S((1000, 64, 64), jnp.float32)]
+    loops_off = {"fuse_scans": False, "batch_scans": False, "unroll": None}
+    plan = jaxpar.inspect(small_scans, target="gpu", **loops_off)(*args)
+    assert not plan.sections
+    assert "launch" in reasons(plan)[0]
+
+
+def test_big_kernel_loops_overlap():
+    # Convolution-sized work per trip: launch costs are hidden, the overlap pays.
+    def towers(a, b, w1, w2):
+        def conv(x, w):
+            return lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jax.nn.relu(conv(conv(a, w1), w1)), jax.nn.relu(conv(conv(b, w2), w2))
+    args = [S((4, 32, 32, 64), jnp.float32)] * 2 + [S((3, 3, 64, 64), jnp.float32)] * 2
+    plan = jaxpar.inspect(towers, target="gpu")(*args)
+    assert len(plan.sections) == 1
+
+
+def test_values_are_unchanged_whatever_is_refused(graphs_off):
+    args = gptj_args()
+    got = jax.jit(jaxpar.parallel_branches(gptj_block, target="gpu"))(*args)
+    assert_tree_close(got, jax.jit(gptj_block)(*args), rtol=1e-6, atol=1e-7)

@@ -1,0 +1,109 @@
+"""Common subexpressions are shared before planning (``jaxpar/passes/share_common.py``)."""
+
+from __future__ import annotations
+
+import jax
+import jax.extend.core as jex_core
+import jax.numpy as jnp
+import numpy as np
+from helpers import assert_tree_close, assert_tree_equal
+
+import jaxpar
+from jaxpar import _compat
+from jaxpar.passes import share_common_subexpressions
+
+
+def count(jaxpr, name):
+    """Equations of primitive ``name`` at every level of ``jaxpr``."""
+    total = 0
+    for eqn in _compat.open_jaxpr(jaxpr)[0].eqns:
+        total += eqn.primitive.name == name
+        total += sum(count(sub, name) for _, _, sub in _compat.eqn_subjaxprs(eqn))
+    return total
+
+
+def slogdet_and_inv(s):
+    """Two users of one LU factorisation: XLA computes it once (its CSE sees through calls)."""
+    sign, logdet = jnp.linalg.slogdet(s)
+    return sign * logdet, jnp.linalg.inv(s) @ s
+
+
+def spd(n=256):
+    a = jax.random.normal(jax.random.key(0), (n, n))
+    return a @ a.T / n + jnp.eye(n)
+
+
+def two_factorisations(s):
+    lu1, _, _ = jax.lax.linalg.lu(s)
+    lu2, _, _ = jax.lax.linalg.lu(s)
+    return jnp.tanh(lu1) @ s, jnp.sin(lu2) @ s
+
+
+def test_equal_equations_of_one_level_are_merged():
+    closed = jax.make_jaxpr(two_factorisations)(spd())
+    assert count(closed, "lu") == 2
+    new, _ = share_common_subexpressions(closed)
+    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
+    assert count(new, "lu") == 1
+    assert_tree_equal(jex_core.jaxpr_as_fun(new)(spd()), jex_core.jaxpr_as_fun(closed)(spd()))
+    again, _ = share_common_subexpressions(new)
+    assert again is new
+
+
+def test_pipeline_shares_before_planning(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+    # Without sharing, each lu would head a branch of its own and make a section.
+    forced = jaxpar.inspect(two_factorisations, target="gpu", force_streams=True)(spd())
+    regions = [r for sec in forced.sections for r in sec.regions]
+    assert all(dict(r.primitives).get("lu", 0) == 0 for r in regions)
+    g = jaxpar.parallel_branches(two_factorisations, target="gpu")
+    assert_tree_close(jax.jit(g)(spd()), jax.jit(two_factorisations)(spd()), rtol=1e-6,
+                      atol=1e-6)
+
+
+def test_twins_behind_calls_keep_the_cut_away(monkeypatch):
+    # slogdet's lu sits inside its custom_jvp and inv's inside a jit: merging them would
+    # change the calls, so the planner refuses to put them in two regions instead.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+    plan = jaxpar.inspect(slogdet_and_inv, target="gpu")(spd())
+    assert not plan.sections
+    assert any("CSE" in note.detail for note in plan.left_alone)
+    forced = jaxpar.inspect(slogdet_and_inv, target="gpu", force_streams=True)(spd())
+    assert forced.sections
+
+
+def test_what_must_not_be_shared_is_kept():
+    def f(x):
+        a = jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        b = jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        c = jax.pure_callback(np.cos, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        d = jnp.tanh(x) + jnp.tanh(x * 1.0)     # different operands: two tanh
+        return a + b + c + d
+    closed = jax.make_jaxpr(f)(jnp.ones(4))
+    new, _ = share_common_subexpressions(closed)
+    assert count(new, "pure_callback") == 3
+    assert count(new, "tanh") == 2
+
+
+def test_equal_parameters_by_value_different_ones_kept():
+    def f(x):
+        return (jnp.sum(x, axis=0), jnp.sum(x, axis=0), jnp.sum(x, axis=1),
+                jax.lax.cumsum(x, 0), jax.lax.cumsum(x, 0, reverse=True))
+    closed = jax.make_jaxpr(f)(jnp.ones((3, 3)))
+    new, _ = share_common_subexpressions(closed)
+    assert count(new, "reduce_sum") == 2
+    assert count(new, "cumsum") == 2
+    assert_tree_equal(jex_core.jaxpr_as_fun(new)(jnp.arange(9.0).reshape(3, 3)),
+                      jex_core.jaxpr_as_fun(closed)(jnp.arange(9.0).reshape(3, 3)))
+
+
+def test_pipeline_values_and_grads():
+    g = jaxpar.parallel_branches(lambda s: sum(jnp.sum(o) for o in slogdet_and_inv(s)),
+                                 target="gpu")
+    s = spd()
+    assert_tree_close(jax.jit(g)(s), jax.jit(lambda s: sum(jnp.sum(o) for o in
+                                                             slogdet_and_inv(s)))(s),
+                      rtol=1e-5, atol=1e-5)
+    assert_tree_close(jax.grad(g)(s), jax.grad(lambda s: sum(jnp.sum(o) for o in
+                                                              slogdet_and_inv(s)))(s),
+                      rtol=1e-4, atol=1e-5)
