@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # jaxpar on a real GPU: benchmarks/run.py (all workloads) and benchmarks/seed_002.py, in
-# about five minutes, results as JSON under a results directory.
+# about five minutes, then benchmarks/gpu_suite.py under three CUDA-graph settings (up to
+# half an hour each, usually much less), results as JSON under a results directory.
 #
 # Usage (from anywhere; uses the Python of $PYTHON, else .venv/bin/python, else python3):
 #     bash benchmarks/gpu.sh [RESULTS_DIR]          # default: benchmarks/results/gpu-<time>
 #     JAXPAR_NSYS=1 bash benchmarks/gpu.sh          # also an nsys trace of seed 002 (quick)
+#     JAXPAR_SUITE=0 bash benchmarks/gpu.sh         # skip the GPU suite (the long part)
 #
 # It installs nothing. It needs, already installed in that Python: jax with CUDA
 # (`pip install -e ".[cuda12]"` from the repo root) and jaxpar itself; it stops with that
@@ -25,6 +27,15 @@
 #   * seed_002.json: the seed user's two scans; "ratio_vs_plain" per variant, including the
 #     hand-vmapped version the user wrote (the bar for "identical bodies").
 #   * first_call_s: trace + plan + compile; jaxpar's extra compile time is a cost users pay.
+#   * suite-{lhs,concurrent,off}.json/.txt (benchmarks/gpu_suite.py --measure, unless
+#     JAXPAR_SUITE=0): every suite program timed plain vs jaxpar in one process, once per
+#     CUDA-graph setting -- XLA's default (LHS scheduling mode), CONCURRENT mode, and graphs
+#     off -- each row with "estimated_ratio", jaxpar._estimate's figure for the same
+#     compiled programs under that mode: where measured and estimated ratios disagree, the
+#     estimate's constants or its CUDA-graph assumptions are wrong (XLA_FACTS.md section 6).
+#     xla-dump-<mode>/ holds XLA's dumps (--xla_dump_to), among them
+#     *thunk_sequence_after_thunk_passes.txt: which thunks became CommandBufferThunks, i.e.
+#     whether stream regions were captured into graphs.
 #   * nsys (JAXPAR_NSYS=1, when `nsys` is on PATH): open seed_002.nsys-rep in Nsight
 #     Systems, or read seed_002_kernsum.txt / seed_002_cuda_gpu_trace.csv: with target="gpu"
 #     kernels of the two regions should sit on different CUDA streams and overlap in time;
@@ -82,6 +93,28 @@ if [[ "${JAXPAR_NSYS:-0}" == 1 ]]; then
   else
     echo "JAXPAR_NSYS=1 but nsys is not on PATH; no trace" | tee "$results/nsys.txt"
   fi
+fi
+
+if [[ "${JAXPAR_SUITE:-1}" == 1 ]]; then
+  for mode in lhs concurrent off; do
+    case "$mode" in
+      lhs) mode_flags="" ;;  # XLA's defaults: graphs on, LHS scheduling mode
+      concurrent) mode_flags="--xla_gpu_command_buffer_scheduling_mode=CONCURRENT" ;;
+      off) mode_flags="--xla_gpu_enable_command_buffer=" ;;  # empty list: no graphs
+    esac
+    dump="$results/xla-dump-$mode"
+    mkdir -p "$dump"
+    dump_flag="--xla_dump_to=$dump"
+    if [[ "$dump" =~ [[:space:]] ]]; then  # XLA splits XLA_FLAGS on whitespace
+      echo "no XLA dump: the results path holds whitespace ($dump)" >&2
+      dump_flag=""
+    fi
+    echo "GPU suite, command buffers: $mode (XLA_FLAGS += $mode_flags $dump_flag)"
+    XLA_FLAGS="${XLA_FLAGS:-} $mode_flags $dump_flag" \
+      timeout 1800 "$py" benchmarks/gpu_suite.py --measure --command-buffers "$mode" \
+      --timeout 300 --json "$results/suite-$mode.json" 2>&1 \
+      | tee "$results/suite-$mode.txt" || status=1
+  done
 fi
 
 echo "done in $((SECONDS - started)) s; results in $results (exit $status)"

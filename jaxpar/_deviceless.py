@@ -562,6 +562,8 @@ class _Instruction:
     opcode: str
     operands: tuple[str, ...]
     attributes: str  # the text after the operand list
+    shape: str = ""  # the result shape, e.g. ``f32[8,128]{1,0}`` or a parenthesised tuple
+    arguments: str = ""  # the text inside the operand list, e.g. ``0`` for ``parameter(0)``
 
 
 @dataclass(frozen=True, slots=True)
@@ -623,12 +625,14 @@ def _parse_instruction(line: str) -> _Instruction | None:
     if head is None:
         return None
     position = head.end()
+    shape_start = position
     # The shape: a tuple shape is parenthesised and may hold spaces.
     if line.startswith("(", position):
         position = _skip_balanced(line, position)
     else:
         while position < len(line) and not line[position].isspace():
             position = _skip_balanced(line, position) if line[position] in "{[" else position + 1
+    shape = line[shape_start:position].strip()
     position += 1
     paren = line.find("(", position)
     if paren < 0:
@@ -636,7 +640,9 @@ def _parse_instruction(line: str) -> _Instruction | None:
     opcode = line[position:paren].strip()
     end = _skip_balanced(line, paren)
     operands = tuple(_OPERAND_NAME.findall(line[paren + 1 : end - 1]))
-    return _Instruction(head.group(1), opcode, operands, line[end:])
+    return _Instruction(
+        head.group(1), opcode, operands, line[end:], shape, line[paren + 1 : end - 1]
+    )
 
 
 def _attribute_group(attributes: str, key: str) -> str | None:

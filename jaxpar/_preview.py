@@ -4,7 +4,10 @@ Compiles the function twice deviceless for an H100 or H200 (plain ``jax.jit``
 and with ``parallel_branches``) through the CUDA PJRT plugin, and reports what
 the compiled schedules say: stream-annotated regions in flight together, the
 stream ids, loops and their trip counts (a loop without one syncs with the host
-every trip), kernels per loop trip, and collectives in flight together.
+every trip), kernels per loop trip, and collectives in flight together. Then it
+estimates one run of each on the GPU (``jaxpar._estimate``): kernel launches per
+run (loop bodies times trips), regions that really overlap other work, host
+syncs, an estimated time, and a one-line verdict.
 
 Example::
 
@@ -12,12 +15,16 @@ Example::
     print(preview)                  # plain vs jaxpar, side by side
     preview.jaxpar.async_in_flight  # 2
     preview.jaxpar.hlo              # the compiled HLO text
+    preview.verdict                 # "slower by 16% (est. 28.8 us -> 33.3 us, ...): ..."
+    preview.time_ratio              # 1.156: jaxpar / plain estimated time
 
 Sharp edges:
   * Needs ``jax-cuda12-plugin`` and ``jax-cuda12-pjrt`` at exactly jaxlib's
     version; the error names the ``pip install`` line.
   * The schedule is XLA's static plan (the latency-hiding scheduler with its
-    analytical cost model), not a measurement.
+    analytical cost model), not a measurement; the time is a model of it, with
+    CUDA-graph behaviour read from XLA's source (``command_buffers`` picks the
+    mode; see ``jaxpar._estimate``).
   * jaxlib 0.12.0.1 crashed the whole process (SIGSEGV in the PTX compiler)
     compiling a stream-annotated call holding a loop, deviceless, on our CPU
     machines; ``gpu_preview`` refuses that combination instead of crashing
@@ -34,6 +41,7 @@ import jax
 
 from . import _deviceless
 from ._api import ParallelBranches, parallel_branches
+from ._estimate import CommandBuffers, Estimate, RegionFigures, estimate_hlo, verdict
 from ._inspect import Plan
 
 # jaxlib versions whose XLA crashed compiling stream-annotated loops deviceless.
@@ -61,6 +69,31 @@ class ScheduleFigures:
     hlo: str = dataclasses.field(repr=False)
     kernels: int = 0  # launched by one run, loop bodies counted once
     matmul_kernels: int = 0  # the matmul- or convolution-bearing ones among them
+    estimate: Estimate | None = dataclasses.field(default=None, repr=False)
+    # Estimated microseconds per run under each CUDA-graph mode, ("lhs", 12.3), ...
+    estimated_us_by_mode: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def launches(self) -> int:
+        """Kernels launched per run: loop bodies times their trip counts."""
+        return self.estimate.launches if self.estimate else self.kernels
+
+    @property
+    def regions(self) -> tuple[RegionFigures, ...]:
+        return self.estimate.regions if self.estimate else ()
+
+    @property
+    def overlapping_regions(self) -> int:
+        """Regions in flight beside other work with no host-blocking op inside."""
+        return self.estimate.overlapping_regions if self.estimate else 0
+
+    @property
+    def host_syncs(self) -> int:
+        return self.estimate.host_syncs if self.estimate else 0
+
+    @property
+    def estimated_us(self) -> float:
+        return self.estimate.microseconds if self.estimate else 0.0
 
     @property
     def total_trips(self) -> int | None:
@@ -79,7 +112,11 @@ class ScheduleFigures:
                 "total_trips": self.total_trips, "host_sync_loops": self.host_sync_loops,
                 "collectives_in_flight": self.collectives_in_flight,
                 "matmuls_during_collectives": self.matmuls_during_collectives,
-                "kernels": self.kernels, "matmul_kernels": self.matmul_kernels}
+                "kernels": self.kernels, "matmul_kernels": self.matmul_kernels,
+                "launches": self.launches, "overlapping_regions": self.overlapping_regions,
+                "host_syncs": self.host_syncs, "estimated_us": self.estimated_us,
+                "estimated_us_by_mode": dict(self.estimated_us_by_mode),
+                "estimate": self.estimate.to_dict() if self.estimate else None}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,9 +129,23 @@ class GpuPreview:
     jaxpar: ScheduleFigures
     plan: Plan
 
+    @property
+    def time_ratio(self) -> float:
+        """Estimated jaxpar time over plain time (< 1: jaxpar expected faster)."""
+        plain, fast = self.plain.estimated_us, self.jaxpar.estimated_us
+        return fast / plain if plain > 0 else 1.0
+
+    @property
+    def verdict(self) -> str:
+        """One line: faster, slower or the same, by how much, and why."""
+        if self.plain.estimate is None or self.jaxpar.estimate is None:
+            return "no estimate"
+        return verdict(self.plain.estimate, self.jaxpar.estimate)
+
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "devices": self.devices, "plain": self.plain.to_dict(),
-                "jaxpar": self.jaxpar.to_dict(), "plan": self.plan.to_dict()}
+                "jaxpar": self.jaxpar.to_dict(), "plan": self.plan.to_dict(),
+                "time_ratio": self.time_ratio, "verdict": self.verdict}
 
     def __str__(self) -> str:
         rows = [
@@ -104,8 +155,12 @@ class GpuPreview:
             ("loop trips (total)", "total_trips"),
             ("kernels per trip", "kernels_per_trip"),
             ("kernels (loop bodies once)", "kernels"),
+            ("launches per run", "launches"),
             ("matmul kernels", "matmul_kernels"),
             ("host-sync loops", "host_sync_loops"),
+            ("host syncs per run", "host_syncs"),
+            ("regions overlapping work", "overlapping_regions"),
+            ("est. time (us)", "estimated_us"),
             ("collectives in flight", "collectives_in_flight"),
             ("matmuls during collectives", "matmuls_during_collectives"),
         ]
@@ -118,6 +173,8 @@ class GpuPreview:
             if key == "stream_ids":
                 return ", ".join(map(str, figures.stream_ids)) or "-"
             value = getattr(figures, key)
+            if key == "estimated_us":
+                return f"{value:,.1f}"
             return "unknown" if value is None else str(value)
 
         width = max(len(label) for label, _ in rows)
@@ -127,22 +184,26 @@ class GpuPreview:
         for label, key in rows:
             lines.append(f"  {label:{width}}  {cell(self.plain, key):>12}  "
                          f"{cell(self.jaxpar, key):>12}")
+        lines.append(f"  verdict: {self.verdict}")
         return "\n".join(lines)
 
 
-def _figures(hlo: str) -> ScheduleFigures:
+def _figures(hlo: str, gpu: str = "h200", command_buffers: str = "lhs") -> ScheduleFigures:
     schedule = _deviceless.parse_schedule(hlo)
     loops = tuple(LoopFigures(loop.name, loop.known_trip_count, loop.body_kernels)
                   for loop in schedule.while_loops)
+    by_mode = {mode.value: estimate_hlo(hlo, gpu=gpu, command_buffers=mode)
+               for mode in CommandBuffers}
     return ScheduleFigures(schedule.max_async_calls_in_flight, tuple(sorted(schedule.stream_ids)),
                            loops, schedule.max_collectives_in_flight,
                            schedule.dot_kernels_during_collectives, hlo, schedule.kernels,
-                           schedule.dot_kernels)
+                           schedule.dot_kernels, by_mode[command_buffers],
+                           tuple((mode, e.microseconds) for mode, e in by_mode.items()))
 
 
 def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: int = 1,
                 mesh: Any = None, allow_known_crashes: bool = False,
-                **options: Any) -> GpuPreview:
+                command_buffers: str = "lhs", **options: Any) -> GpuPreview:
     """Compiles ``fn`` with and without jaxpar for a GPU, deviceless, and compares.
 
     Args:
@@ -154,11 +215,14 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
       devices: GPUs on a 1-D mesh ``("x",)`` when ``mesh`` is not given.
       mesh: a mesh from ``jaxpar._deviceless.make_gpu_mesh`` for sharded arguments.
       allow_known_crashes: compile even where this jaxlib is known to crash.
+      command_buffers: CUDA-graph mode the estimate and verdict assume: ``"lhs"``
+        (XLA's default), ``"concurrent"`` or ``"off"``; every mode's time is in
+        ``estimated_us_by_mode``.
       **options: ``parallel_branches`` options; ``target`` is always ``"gpu"``.
 
     Returns:
       A ``GpuPreview``: ``plain`` and ``jaxpar`` schedule figures (with the HLO
-      text), and the jaxpar ``plan``.
+      text and the estimate), the jaxpar ``plan``, ``time_ratio`` and ``verdict``.
 
     Raises:
       RuntimeError: the CUDA PJRT plugin is missing or does not match jaxlib (the
@@ -168,6 +232,11 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
     """
     from ._api import inspect as inspect_plan
 
+    mode = CommandBuffers(command_buffers).value if command_buffers in {
+        m.value for m in CommandBuffers} else None
+    if mode is None:
+        raise ValueError(f"command_buffers={command_buffers!r} is not a mode; use one of "
+                         f"{[m.value for m in CommandBuffers]}.")
     ok, message = _deviceless.plugin_status()
     if not ok:
         raise RuntimeError(f"gpu_preview needs the CUDA PJRT plugin: {message}")
@@ -186,8 +255,8 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
             "allow_known_crashes=True to try anyway.")
     compile_options = {"gpu": gpu, "mesh": mesh} if mesh is not None else {
         "gpu": gpu, "devices": devices}
-    plain = _figures(_deviceless.compile_for_gpu(fn, *args, **compile_options))
-    fast = _figures(_deviceless.compile_for_gpu(rewritten, *args, **compile_options))
+    plain = _figures(_deviceless.compile_for_gpu(fn, *args, **compile_options), gpu, mode)
+    fast = _figures(_deviceless.compile_for_gpu(rewritten, *args, **compile_options), gpu, mode)
     count = mesh.devices.size if mesh is not None else devices
     return GpuPreview(gpu, count, plain, fast, plan)
 

@@ -31,6 +31,16 @@ def test_seed_002_preview_shows_fewer_loop_trips():
     text = str(preview)
     assert "loop trips (total)" in text and "20000" in text
     json.dumps(preview.to_dict())
+    # Launches per run: loop bodies times their trips (issue 11), not bodies once.
+    for figures in (preview.plain, preview.jaxpar):
+        per_run = sum(loop.kernels_per_trip * loop.known_trip_count for loop in figures.loops)
+        assert figures.launches >= per_run > figures.kernels
+    assert preview.plain.launches > 100_000
+    assert preview.plain.host_syncs == preview.jaxpar.host_syncs == 0
+    assert preview.plain.estimated_us > 0 and preview.jaxpar.estimated_us > 0
+    assert set(dict(preview.plain.estimated_us_by_mode)) == {"lhs", "concurrent", "off"}
+    assert preview.time_ratio == preview.jaxpar.estimated_us / preview.plain.estimated_us
+    assert preview.verdict in text and "launches per run" in text
 
 
 @needs_plugin
@@ -69,6 +79,11 @@ def test_known_crashing_jaxlib_is_refused_not_crashed(monkeypatch):
     # Regions without loops are fine on such a jaxlib.
     preview = jaxpar.gpu_preview(four_matmul_branches, *branch_specs(), batch_branches=False)
     assert preview.jaxpar.async_in_flight == 2
+
+
+def test_bad_command_buffers_mode_is_an_error():
+    with pytest.raises(ValueError, match="command_buffers"):
+        jaxpar.gpu_preview(lambda x: x @ x, jnp.ones((4, 4)), command_buffers="fast")
 
 
 def test_bad_gpu_name_is_an_error():

@@ -1,0 +1,792 @@
+"""The GPU suite: realistic programs, plain ``jax.jit`` against ``parallel_branches(target="gpu")``.
+
+For every program it reports what decides whether jaxpar helps on a GPU (issue 11):
+
+* **launches** per run, plain -> jaxpar (loop bodies times their trip counts);
+* **overlap**: stream regions in flight beside other work with no host-blocking op
+  inside, out of all regions;
+* the **estimated time ratio** jaxpar / plain from the compiled schedules
+  (``jaxpar._estimate``), in XLA's default CUDA-graph mode (``lhs``) and with graphs
+  ``off`` and ``concurrent``;
+* **compile** status of the deviceless H200 compile (``ok``, an error, or a crash:
+  every program runs in a child process, because XLA bugs kill the process);
+* **values**: plain and jaxpar run on this machine's CPU give the same values.
+
+Run::
+
+    JAX_PLATFORMS=cpu python benchmarks/gpu_suite.py [--size full|small]
+        [--programs a,b] [--json PATH] [--timeout S]
+    python benchmarks/gpu_suite.py --list
+
+On a machine with a GPU, ``--measure`` times both variants there instead of (as well
+as) estimating: ``benchmarks/gpu.sh`` does that with three CUDA-graph settings.
+
+``tests/test_gpu_guard.py`` runs a few of these programs in-process (``evaluate``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jaxpar
+
+SIZES = ("full", "small")
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One suite entry: ``build(size)`` returns ``(fn, args)`` with concrete arrays."""
+
+    name: str
+    description: str
+    build: Callable[[str], tuple[Callable[..., Any], tuple[Any, ...]]]
+    rtol: float = 2e-4
+    atol: float = 2e-5
+
+
+PROGRAMS: dict[str, Program] = {}
+
+
+def program(name: str, description: str, rtol: float = 2e-4, atol: float = 2e-5
+            ) -> Callable[[Callable[[str], Any]], Callable[[str], Any]]:
+    def register(build: Callable[[str], Any]) -> Callable[[str], Any]:
+        PROGRAMS[name] = Program(name, description, build, rtol, atol)
+        return build
+    return register
+
+
+def _normal(seed: int, shape: Sequence[int], scale: float | None = None) -> jax.Array:
+    scale = 1.0 / math.sqrt(shape[-2]) if scale is None and len(shape) > 1 else (scale or 1.0)
+    return jax.random.normal(jax.random.PRNGKey(seed), tuple(shape), jnp.float32) * scale
+
+
+def _pick(size: str, full: Any, small: Any) -> Any:
+    return full if size == "full" else small
+
+
+# --------------------------------------------------------------------------- transformers
+
+
+def _layer_norm(x: jax.Array) -> jax.Array:
+    mean = x.mean(-1, keepdims=True)
+    return (x - mean) * lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+
+def _attention(p: Mapping[str, jax.Array], h: jax.Array, heads: int) -> jax.Array:
+    b, s, d = h.shape
+    q, k, v = (jnp.einsum("bsd,de->bse", h, p[n]).reshape(b, s, heads, d // heads)
+               for n in ("wq", "wk", "wv"))
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // heads)
+    mask = jnp.tril(jnp.ones((s, s), bool))
+    weights = jax.nn.softmax(jnp.where(mask, logits, -1e9), axis=-1)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, s, d)
+    return out @ p["wo"]
+
+
+def _mlp(p: Mapping[str, jax.Array], h: jax.Array) -> jax.Array:
+    return jax.nn.gelu(h @ p["w1"]) @ p["w2"]
+
+
+def _block_params(seed: int, d: int, hidden: int) -> dict[str, jax.Array]:
+    shapes = {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, hidden),
+              "w2": (hidden, d)}
+    return {n: _normal(seed + k, s) for k, (n, s) in enumerate(shapes.items())}
+
+
+def _transformer_sizes(size: str) -> tuple[int, int, int, int, int]:
+    return _pick(size, (4, 256, 512, 8, 2048), (2, 64, 128, 4, 256))  # b, s, d, heads, hidden
+
+
+@program("transformer_block_grad", "pre-LN transformer block (attention + MLP), grad of "
+         "a loss w.r.t. all weights")
+def _transformer_block_grad(size: str) -> Any:
+    b, s, d, heads, hidden = _transformer_sizes(size)
+
+    def loss(p: Mapping[str, jax.Array], x: jax.Array) -> jax.Array:
+        h = x + _attention(p, _layer_norm(x), heads)
+        h = h + _mlp(p, _layer_norm(h))
+        return (h ** 2).mean()
+
+    return jax.grad(loss), (_block_params(0, d, hidden), _normal(9, (b, s, d), 1.0))
+
+
+def _gptj_block(p: Mapping[str, jax.Array], x: jax.Array, heads: int) -> jax.Array:
+    h = _layer_norm(x)
+    return x + _attention(p, h, heads) + _mlp(p, h)
+
+
+@program("gptj_parallel_block", "GPT-J parallel block: attention and MLP from one LN")
+def _gptj(size: str) -> Any:
+    b, s, d, heads, hidden = _transformer_sizes(size)
+    return (lambda p, x: _gptj_block(p, x, heads)), (_block_params(1, d, hidden),
+                                                    _normal(8, (b, s, d), 1.0))
+
+
+@program("gptj_parallel_block_grad", "GPT-J parallel block, grad w.r.t. weights")
+def _gptj_grad(size: str) -> Any:
+    b, s, d, heads, hidden = _transformer_sizes(size)
+    fn = jax.grad(lambda p, x: (_gptj_block(p, x, heads) ** 2).mean())
+    return fn, (_block_params(2, d, hidden), _normal(7, (b, s, d), 1.0))
+
+
+@program("attention", "multi-head causal self-attention, forward")
+def _attention_program(size: str) -> Any:
+    b, s, d, heads, _ = _pick(size, (4, 512, 512, 8, 0), (2, 64, 128, 4, 0))
+    params = {n: _normal(3 + k, (d, d)) for k, n in enumerate(("wq", "wk", "wv", "wo"))}
+    return (lambda p, x: _attention(p, x, heads)), (params, _normal(6, (b, s, d), 1.0))
+
+
+# --------------------------------------------------------------------------- optax
+
+
+def _mlp_params(seed: int, widths: Sequence[int]) -> list[dict[str, jax.Array]]:
+    return [{"w": _normal(seed + k, (i, o)), "b": jnp.zeros((o,), jnp.float32)}
+            for k, (i, o) in enumerate(itertools.pairwise(widths))]
+
+
+def _mlp_apply(params: Sequence[Mapping[str, jax.Array]], x: jax.Array) -> jax.Array:
+    for layer in params[:-1]:
+        x = jax.nn.relu(x @ layer["w"] + layer["b"])
+    return x @ params[-1]["w"] + params[-1]["b"]
+
+
+def _adamw_step_fn(optimizer: Any) -> Callable[..., Any]:
+    import optax
+
+    def step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
+        loss, grads = jax.value_and_grad(
+            lambda p: ((_mlp_apply(p, x) - y) ** 2).mean())(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+    return step
+
+
+@program("optax_adamw_step", "MLP training step with optax.adamw (6 leaves)")
+def _optax_adamw(size: str) -> Any:
+    import optax
+
+    widths = _pick(size, (512, 1024, 1024, 256), (64, 128, 128, 32))
+    batch = _pick(size, 256, 32)
+    optimizer = optax.adamw(1e-3, weight_decay=1e-2)
+    params = _mlp_params(10, widths)
+    args = (params, optimizer.init(params), _normal(11, (batch, widths[0]), 1.0),
+            _normal(12, (batch, widths[-1]), 1.0))
+    return _adamw_step_fn(optimizer), args
+
+
+@program("optax_two_branch_step", "two independent models trained in one step "
+         "(optax.adam each)")
+def _optax_two_branch(size: str) -> Any:
+    import optax
+
+    widths = _pick(size, (512, 1024, 256), (64, 128, 32))
+    batch = _pick(size, 256, 32)
+    optimizer = optax.adam(1e-3)
+    step = _adamw_step_fn(optimizer)
+
+    def both(pa: Any, sa: Any, pb: Any, sb: Any, x: jax.Array, y: jax.Array) -> Any:
+        return step(pa, sa, x, y), step(pb, sb, x, y)
+
+    pa, pb = _mlp_params(20, widths), _mlp_params(30, widths)
+    return both, (pa, optimizer.init(pa), pb, optimizer.init(pb),
+                  _normal(21, (batch, widths[0]), 1.0), _normal(22, (batch, widths[-1]), 1.0))
+
+
+# --------------------------------------------------------------------------- flax / equinox
+
+
+@program("flax_linen_cnn_grad", "Flax Linen CNN (2 convs, dense head), grad of the loss")
+def _flax_linen(size: str) -> Any:
+    import flax.linen as nn
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            x = nn.relu(nn.Conv(32, (3, 3))(x))
+            x = nn.avg_pool(x, (2, 2), (2, 2))
+            x = nn.relu(nn.Conv(64, (3, 3))(x))
+            x = x.mean((1, 2))
+            return nn.Dense(10)(nn.relu(nn.Dense(128)(x)))
+
+    batch, hw = _pick(size, (64, 32), (8, 16))
+    model = CNN()
+    x = _normal(40, (batch, hw, hw, 3), 1.0)
+    params = model.init(jax.random.PRNGKey(0), x)
+
+    def loss(p: Any, x: jax.Array) -> jax.Array:
+        return (model.apply(p, x) ** 2).mean()
+
+    return jax.grad(loss), (params, x)
+
+
+@program("flax_nnx_two_heads", "Flax NNX model with a shared trunk and two heads, "
+         "functional grad (nnx.split/merge)")
+def _flax_nnx(size: str) -> Any:
+    from flax import nnx
+
+    d, hidden, batch = _pick(size, (512, 1024, 256), (64, 128, 16))
+
+    class TwoHeads(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.trunk = nnx.Linear(d, hidden, rngs=rngs)
+            self.head_a = nnx.Linear(hidden, d, rngs=rngs)
+            self.head_b = nnx.Linear(hidden, d, rngs=rngs)
+            self.head_b2 = nnx.Linear(d, d, rngs=rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            h = jax.nn.gelu(self.trunk(x))
+            return jnp.tanh(self.head_a(h)) + self.head_b2(jax.nn.relu(self.head_b(h)))
+
+    graphdef, state = nnx.split(TwoHeads(nnx.Rngs(0)))
+
+    def loss(state: Any, x: jax.Array) -> jax.Array:
+        return (nnx.merge(graphdef, state)(x) ** 2).mean()
+
+    return jax.grad(loss), (state, _normal(41, (batch, d), 1.0))
+
+
+@program("equinox_mlp_gru", "Equinox MLP encoder and a GRU over a sequence, side by side")
+def _equinox(size: str) -> Any:
+    import equinox as eqx
+
+    d, hidden, steps = _pick(size, (256, 256, 64), (32, 32, 16))
+    keys = jax.random.split(jax.random.PRNGKey(3), 2)
+    mlp = eqx.nn.MLP(d, d, hidden, depth=3, key=keys[0])
+    gru = eqx.nn.GRUCell(d, hidden, key=keys[1])
+    params, static = eqx.partition((mlp, gru), eqx.is_array)
+
+    def fn(params: Any, x: jax.Array, xs: jax.Array) -> Any:
+        mlp, gru = eqx.combine(params, static)
+        encoded = jax.vmap(mlp)(xs)
+
+        def step(h: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+            return gru(x, h), None
+
+        final, _ = lax.scan(step, jnp.zeros((hidden,), jnp.float32), xs)
+        return encoded.sum(0) + mlp(x), final
+
+    return fn, (params, _normal(42, (d,), 1.0), _normal(43, (steps, d), 1.0))
+
+
+# --------------------------------------------------------------------------- MoE, towers
+
+
+def _moe(p: Mapping[str, Any], x: jax.Array) -> jax.Array:
+    gates = jax.nn.softmax(x @ p["router"], axis=-1)
+    out = jnp.zeros_like(x)
+    for e, expert in enumerate(p["experts"]):
+        out = out + gates[:, e:e + 1] * (jax.nn.gelu(x @ expert["w1"]) @ expert["w2"])
+    return out
+
+
+def _moe_params(size: str) -> tuple[dict[str, Any], jax.Array]:
+    tokens, d, hidden = _pick(size, (1024, 512, 2048), (64, 64, 128))
+    experts = [{"w1": _normal(50 + 2 * e, (d, hidden)), "w2": _normal(51 + 2 * e, (hidden, d))}
+               for e in range(4)]
+    return {"router": _normal(49, (d, 4)), "experts": experts}, _normal(48, (tokens, d), 1.0)
+
+
+@program("moe_4_experts", "mixture of 4 experts, dense soft routing, forward")
+def _moe_forward(size: str) -> Any:
+    return _moe, _moe_params(size)
+
+
+@program("moe_4_experts_grad", "mixture of 4 experts, grad w.r.t. weights")
+def _moe_grad(size: str) -> Any:
+    return jax.grad(lambda p, x: (_moe(p, x) ** 2).mean()), _moe_params(size)
+
+
+@program("siamese_grad", "siamese network (shared tower on two inputs), contrastive "
+         "loss, grad")
+def _siamese(size: str) -> Any:
+    widths, batch = _pick(size, ((512, 1024, 1024, 256), 256), ((64, 128, 32), 16))
+    params = _mlp_params(60, widths)
+
+    def loss(p: Any, a: jax.Array, b: jax.Array) -> jax.Array:
+        za, zb = _mlp_apply(p, a), _mlp_apply(p, b)
+        return ((za - zb) ** 2).sum(-1).mean()
+
+    return jax.grad(loss), (params, _normal(61, (batch, widths[0]), 1.0),
+                            _normal(62, (batch, widths[0]), 1.0))
+
+
+@program("three_towers", "three towers with their own weights and inputs, joined by a "
+         "head")
+def _towers(size: str) -> Any:
+    widths, batch = _pick(size, ((512, 1024, 512), 256), ((64, 128, 64), 16))
+    towers = [_mlp_params(70 + 10 * t, widths) for t in range(3)]
+    head = _normal(99, (3 * widths[-1], 10))
+
+    def fn(towers: Any, head: jax.Array, xs: Sequence[jax.Array]) -> jax.Array:
+        z = jnp.concatenate([_mlp_apply(t, x) for t, x in zip(towers, xs, strict=True)], -1)
+        return z @ head
+
+    xs = [_normal(80 + t, (batch, widths[0]), 1.0) for t in range(3)]
+    return fn, (towers, head, xs)
+
+
+@program("ensemble_same_width", "ensemble of 4 MLPs of one width")
+def _ensemble_same(size: str) -> Any:
+    widths, batch = _pick(size, ((256, 512, 512, 10), 256), ((32, 64, 10), 16))
+    members = [_mlp_params(100 + 10 * m, widths) for m in range(4)]
+    fn = (lambda members, x: jnp.stack([_mlp_apply(m, x) for m in members]).mean(0))
+    return fn, (members, _normal(101, (batch, widths[0]), 1.0))
+
+
+@program("ensemble_widths", "ensemble of 4 MLPs of different widths")
+def _ensemble_widths(size: str) -> Any:
+    base, batch = _pick(size, (128, 256), (16, 16))
+    members = [_mlp_params(140 + 10 * m, (256 if size == "full" else 32, base * 2 ** m,
+                                          base * 2 ** m, 10)) for m in range(4)]
+    fn = (lambda members, x: jnp.stack([_mlp_apply(m, x) for m in members]).mean(0))
+    return fn, (members, _normal(141, (batch, 256 if size == "full" else 32), 1.0))
+
+
+def _conv(x: jax.Array, w: jax.Array) -> jax.Array:
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+@program("inception_block", "inception block: 1x1, 3x3, 5x5 and pool branches, "
+         "concatenated", rtol=1e-3, atol=1e-4)
+def _inception(size: str) -> Any:
+    batch, hw, c = _pick(size, (16, 28, 128), (2, 8, 16))
+    p = {"b1": _normal(200, (1, 1, c, c // 2), 0.1), "b3a": _normal(201, (1, 1, c, c // 2), 0.1),
+         "b3b": _normal(202, (3, 3, c // 2, c), 0.05),
+         "b5a": _normal(203, (1, 1, c, c // 4), 0.1),
+         "b5b": _normal(204, (5, 5, c // 4, c // 2), 0.05),
+         "bp": _normal(205, (1, 1, c, c // 2), 0.1)}
+
+    def fn(p: Mapping[str, jax.Array], x: jax.Array) -> jax.Array:
+        relu = jax.nn.relu
+        pooled = lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 1, 1, 1), "SAME")
+        return jnp.concatenate([
+            relu(_conv(x, p["b1"])),
+            relu(_conv(relu(_conv(x, p["b3a"])), p["b3b"])),
+            relu(_conv(relu(_conv(x, p["b5a"])), p["b5b"])),
+            relu(_conv(pooled, p["bp"]))], -1)
+
+    return fn, (p, _normal(206, (batch, hw, hw, c), 1.0))
+
+
+# --------------------------------------------------------------------------- RNNs
+
+
+def _lstm_cell(p: Mapping[str, jax.Array], carry: Any, x: jax.Array) -> Any:
+    h, c = carry
+    gates = x @ p["wx"] + h @ p["wh"] + p["b"]
+    i, f, g, o = jnp.split(gates, 4, -1)
+    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    h = jax.nn.sigmoid(o) * jnp.tanh(c)
+    return (h, c), h
+
+
+def _gru_cell(p: Mapping[str, jax.Array], h: jax.Array, x: jax.Array) -> Any:
+    z, r = jnp.split(jax.nn.sigmoid(x @ p["wx"][:, :2 * h.shape[-1]]
+                                    + h @ p["wh"][:, :2 * h.shape[-1]]), 2, -1)
+    n = jnp.tanh(x @ p["wx"][:, 2 * h.shape[-1]:] + (r * h) @ p["wh"][:, 2 * h.shape[-1]:])
+    h = (1 - z) * n + z * h
+    return h, h
+
+
+def _rnn_sizes(size: str) -> tuple[int, int, int, int]:
+    return _pick(size, (128, 32, 256, 256), (16, 4, 32, 32))  # steps, batch, features, hidden
+
+
+@program("lstm_grad", "LSTM over a sequence (lax.scan), grad w.r.t. weights")
+def _lstm(size: str) -> Any:
+    steps, batch, features, hidden = _rnn_sizes(size)
+    p = {"wx": _normal(300, (features, 4 * hidden)), "wh": _normal(301, (hidden, 4 * hidden)),
+         "b": jnp.zeros((4 * hidden,), jnp.float32)}
+
+    def loss(p: Any, xs: jax.Array) -> jax.Array:
+        zeros = jnp.zeros((batch, hidden), jnp.float32)
+        _, hs = lax.scan(lambda c, x: _lstm_cell(p, c, x), (zeros, zeros), xs)
+        return (hs ** 2).mean()
+
+    return jax.grad(loss), (p, _normal(302, (steps, batch, features), 1.0))
+
+
+@program("bigru", "bidirectional GRU (two scans over the sequence), forward")
+def _bigru(size: str) -> Any:
+    steps, batch, features, hidden = _rnn_sizes(size)
+    params = [{"wx": _normal(310 + 2 * k, (features, 3 * hidden)),
+               "wh": _normal(311 + 2 * k, (hidden, 3 * hidden))} for k in range(2)]
+
+    def fn(params: Any, xs: jax.Array) -> jax.Array:
+        zeros = jnp.zeros((batch, hidden), jnp.float32)
+        _, fwd = lax.scan(lambda h, x: _gru_cell(params[0], h, x), zeros, xs)
+        _, bwd = lax.scan(lambda h, x: _gru_cell(params[1], h, x), zeros, xs, reverse=True)
+        return jnp.concatenate([fwd, bwd], -1)
+
+    return fn, (params, _normal(314, (steps, batch, features), 1.0))
+
+
+@program("bilstm_grad", "bidirectional LSTM, grad w.r.t. weights")
+def _bilstm(size: str) -> Any:
+    steps, batch, features, hidden = _rnn_sizes(size)
+    params = [{"wx": _normal(320 + 2 * k, (features, 4 * hidden)),
+               "wh": _normal(321 + 2 * k, (hidden, 4 * hidden)),
+               "b": jnp.zeros((4 * hidden,), jnp.float32)} for k in range(2)]
+
+    def loss(params: Any, xs: jax.Array) -> jax.Array:
+        zeros = jnp.zeros((batch, hidden), jnp.float32)
+        _, fwd = lax.scan(lambda c, x: _lstm_cell(params[0], c, x), (zeros, zeros), xs)
+        _, bwd = lax.scan(lambda c, x: _lstm_cell(params[1], c, x), (zeros, zeros), xs,
+                          reverse=True)
+        return (fwd * bwd).mean()
+
+    return jax.grad(loss), (params, _normal(324, (steps, batch, features), 1.0))
+
+
+# --------------------------------------------------------------------------- linalg
+
+
+@program("slogdet_inv", "log-determinant and inverse of one SPD matrix, plus a solve",
+         rtol=1e-3, atol=1e-4)
+def _slogdet_inv(size: str) -> Any:
+    n = _pick(size, 512, 32)
+    a = _normal(400, (n, n))
+    spd = a @ a.T + n * jnp.eye(n, dtype=jnp.float32) * 0.1
+
+    def fn(s: jax.Array, b: jax.Array) -> Any:
+        sign, logdet = jnp.linalg.slogdet(s)
+        return sign * logdet, jnp.linalg.inv(s) @ b
+
+    return fn, (spd, _normal(401, (n, 16), 1.0))
+
+
+@program("expm_pair", "matrix exponentials of two matrices (jax.scipy.linalg.expm)",
+         rtol=1e-3, atol=1e-4)
+def _expm(size: str) -> Any:
+    n = _pick(size, 256, 16)
+    import jax.scipy.linalg as jsl
+    fn = (lambda a, b: (jsl.expm(a), jsl.expm(b)))
+    return fn, (_normal(410, (n, n), 0.5 / math.sqrt(n)), _normal(411, (n, n), 0.5 / math.sqrt(n)))
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def _seed_step1(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+    return carry + x @ x @ x @ x @ x, None
+
+
+def _seed_step2(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+    return carry + jnp.tanh(x @ x) @ x * 0.5, None
+
+
+def _seed_args(size: str) -> tuple[jax.Array, ...]:
+    n, steps = _pick(size, (100, 2000), (16, 40))
+    return (_normal(500, (n, n), 0.1), _normal(501, (n, n), 0.1),
+            _normal(502, (steps, n, n), 0.3), _normal(503, (steps, n, n), 0.3))
+
+
+@program("seed_002_two_scans", "seed 002: two independent scans with different bodies",
+         rtol=1e-3, atol=1e-3)
+def _seed_two(size: str) -> Any:
+    return (lambda a, b, xs1, xs2: (lax.scan(_seed_step1, a, xs1)[0],
+                                    lax.scan(_seed_step2, b, xs2)[0])), _seed_args(size)
+
+
+@program("seed_002_identical_scans", "seed 002: two independent scans, identical bodies",
+         rtol=1e-3, atol=1e-3)
+def _seed_identical(size: str) -> Any:
+    return (lambda a, b, xs1, xs2: (lax.scan(_seed_step1, a, xs1)[0],
+                                    lax.scan(_seed_step1, b, xs2)[0])), _seed_args(size)
+
+
+@program("seed_000_bidirectional_matmul", "seed 000: a collective-matmul step, forward "
+         "and backward ring shifts of two blocks, each with a matmul (one device: the "
+         "ppermutes are local rolls)")
+def _seed_000(size: str) -> Any:
+    n = _pick(size, 1024, 64)
+
+    def fn(x: jax.Array, w: jax.Array) -> jax.Array:
+        left, right = jnp.split(x, 2, 0)
+        forward = jnp.roll(left, 1, 0) @ w
+        backward = jnp.roll(right, -1, 0) @ w
+        return jnp.concatenate([forward, backward], 0) + x @ w
+
+    return fn, (_normal(600, (n, n), 1.0), _normal(601, (n, n)))
+
+
+@program("tiny_scan", "long scan with a tiny body (launch bound)", rtol=1e-3, atol=1e-4)
+def _tiny_scan(size: str) -> Any:
+    steps = _pick(size, 10_000, 100)
+
+    def fn(c: jax.Array, xs: jax.Array) -> Any:
+        return lax.scan(lambda c, x: (jnp.sin(c) * 0.9 + x, c.sum()), c, xs)
+
+    return fn, (_normal(700, (64,), 1.0), _normal(701, (steps, 64), 0.1))
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _max_abs_diff(a: Any, b: Any) -> tuple[float, bool]:
+    worst, same = 0.0, True
+    leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    if len(leaves_a) != len(leaves_b):
+        return math.inf, False
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        if x.shape != y.shape:
+            return math.inf, False
+        worst = max(worst, float(np.max(np.abs(x - y), initial=0.0)))
+        same = same and bool(np.allclose(x, y, rtol=_RTOL[0], atol=_ATOL[0], equal_nan=True))
+    return worst, same
+
+
+_RTOL, _ATOL = [2e-4], [2e-5]
+
+
+def evaluate(name: str, size: str = "full", values: bool = True,
+             gpu: str = "h200") -> dict[str, Any]:
+    """One program: deviceless preview, estimates, and (``values``) the CPU comparison."""
+    entry = PROGRAMS[name]
+    fn, args = entry.build(size)
+    specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
+    result: dict[str, Any] = {"name": name, "description": entry.description, "size": size}
+    started = time.perf_counter()
+    try:
+        preview = jaxpar.gpu_preview(fn, *specs, gpu=gpu)
+    except Exception as error:  # a compile error is a result here, not a crash
+        result["compile"] = f"error: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    else:
+        result["compile"] = "ok"
+        plain, fast = preview.plain, preview.jaxpar
+        result.update({
+            "launches": [plain.launches, fast.launches],
+            "host_syncs": [plain.host_syncs, fast.host_syncs],
+            "regions": len(fast.regions),
+            "overlapping_regions": fast.overlapping_regions,
+            "capturable_overlapping_regions": sum(r.overlaps and r.capturable
+                                                  for r in fast.regions),
+            "regions_detail": [r.to_dict() for r in fast.regions],
+            "estimated_us": {mode: [dict(plain.estimated_us_by_mode)[mode], us]
+                             for mode, us in fast.estimated_us_by_mode},
+            "time_ratio": {mode: us / dict(plain.estimated_us_by_mode)[mode]
+                           for mode, us in fast.estimated_us_by_mode},
+            "verdict": preview.verdict,
+            "plan": {"sections": len(preview.plan.sections), "regions": preview.plan.num_regions,
+                     "loops": len(preview.plan.loops), "subgraphs": len(preview.plan.subgraphs)},
+        })
+    result["compile_s"] = time.perf_counter() - started
+    if values:
+        _RTOL[0], _ATOL[0] = entry.rtol, entry.atol
+        try:
+            expected = jax.jit(fn)(*args)
+            got = jax.jit(jaxpar.parallel_branches(fn, target="gpu"))(*args)
+            diff, same = _max_abs_diff(expected, got)
+            result["values"] = "equal" if same else f"DIFFER (max abs diff {diff:.3g})"
+            result["max_abs_diff"] = diff
+        except Exception as error:
+            result["values"] = f"error: {type(error).__name__}: {str(error)[:200]}"
+    return result
+
+
+def guard_failures(result: Mapping[str, Any], slowdown: float = 0.01) -> list[str]:
+    """Why ``result`` breaks issue 11's bar (empty when it does not)."""
+    problems = []
+    if result.get("compile") != "ok":
+        return [f"compile: {result.get('compile')}"]
+    if "values" in result and result["values"] != "equal":
+        problems.append(f"values: {result['values']}")
+    plain, fast = result["launches"]
+    if fast > plain and not result["overlapping_regions"]:
+        problems.append(f"more launches ({plain} -> {fast}) without real overlap")
+    ratio = result["time_ratio"]["lhs"]
+    if ratio > 1 + slowdown:
+        problems.append(f"estimated slowdown x{ratio:.3f} ({result['verdict']})")
+    return problems
+
+
+def measure(name: str, size: str = "full", repeats: int = 20,
+            command_buffers: str = "lhs") -> dict[str, Any]:
+    """On a real GPU: median time of plain and jaxpar, interleaved, and their ratio.
+
+    ``command_buffers`` names the CUDA-graph mode the process runs with (set through
+    ``XLA_FLAGS`` by ``benchmarks/gpu.sh``); the estimate of the same compiled programs
+    under that mode comes back beside the measurement, so the two can be compared.
+    """
+    from jaxpar._estimate import estimate_hlo
+
+    fn, args = PROGRAMS[name].build(size)
+    args = jax.device_put(args)
+    variants = {"plain": jax.jit(fn), "jaxpar": jax.jit(jaxpar.parallel_branches(fn))}
+    kind = jax.devices()[0].device_kind.lower()
+    profile = "h100" if "h100" in kind else "h200"
+    estimated = {}
+    for key, compiled in variants.items():
+        text = compiled.lower(*args).compile().as_text()
+        estimated[key] = estimate_hlo(text, gpu=profile,
+                                      command_buffers=command_buffers).microseconds
+    first = {}
+    for key, compiled in variants.items():
+        started = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        first[key] = time.perf_counter() - started
+    samples: dict[str, list[float]] = {key: [] for key in variants}
+    for _ in range(repeats):
+        for key, compiled in variants.items():
+            started = time.perf_counter()
+            jax.block_until_ready(compiled(*args))
+            samples[key].append(time.perf_counter() - started)
+    ratios = [j / p for p, j in zip(samples["plain"], samples["jaxpar"], strict=True)]
+    return {"median_us": {k: statistics.median(v) * 1e6 for k, v in samples.items()},
+            "ratio": statistics.median(ratios), "first_call_s": first,
+            "command_buffers": command_buffers, "profile": profile,
+            "device_kind": jax.devices()[0].device_kind, "estimated_us": estimated,
+            "estimated_ratio": estimated["jaxpar"] / estimated["plain"]}
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _child(name: str, size: str, out: str, values: bool, do_measure: bool,
+           command_buffers: str) -> None:
+    result = evaluate(name, size, values) if not do_measure else {"name": name}
+    if do_measure:
+        result["measured"] = measure(name, size, command_buffers=command_buffers)
+    with open(out, "w") as handle:
+        json.dump(result, handle)
+
+
+def run_isolated(name: str, size: str, timeout: float, values: bool = True,
+                 do_measure: bool = False, command_buffers: str = "lhs") -> dict[str, Any]:
+    """``evaluate`` in a child process, so that an XLA crash is a row, not the end."""
+    with tempfile.TemporaryDirectory() as directory:
+        out = os.path.join(directory, "result.json")
+        command = [sys.executable, os.path.abspath(__file__), "--child", name, "--size", size,
+                   "--out", out] + ([] if values else ["--no-values"]) \
+            + (["--measure", "--command-buffers", command_buffers] if do_measure else [])
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"name": name, "compile": f"timeout after {timeout:.0f} s"}
+        if os.path.exists(out):
+            with open(out) as handle:
+                return dict(json.load(handle))
+        tail = (done.stderr or "").strip().splitlines()[-1:] or [""]
+        return {"name": name, "compile": f"crash (exit {done.returncode}): {tail[0][:200]}"}
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def table(results: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["| program | launches plain -> jaxpar | overlap | est. ratio lhs | off | "
+             "concurrent | compile | values |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r.get("compile") == "ok":
+            plain, fast = r["launches"]
+            ratios = r["time_ratio"]
+            overlap = f"{r['overlapping_regions']}/{r['regions']}" if r["regions"] else "-"
+            lines.append(f"| {r['name']} | {plain:,} -> {fast:,} | {overlap} | "
+                         f"x{ratios['lhs']:.3f} | x{ratios['off']:.3f} | "
+                         f"x{ratios['concurrent']:.3f} | ok | {r.get('values', '-')} |")
+        else:
+            lines.append(f"| {r['name']} | - | - | - | - | - | {r.get('compile')} | "
+                         f"{r.get('values', '-')} |")
+    return "\n".join(lines)
+
+
+def summary(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in results if r.get("compile") == "ok"]
+    return {
+        "programs": len(results), "compiled": len(ok),
+        "geomean_ratio": {mode: geomean([r["time_ratio"][mode] for r in ok])
+                          for mode in ("lhs", "off", "concurrent")},
+        "with_real_overlap": sum(r["overlapping_regions"] > 0 for r in ok),
+        "fewer_launches": sum(r["launches"][1] < r["launches"][0] for r in ok),
+        "more_launches": sum(r["launches"][1] > r["launches"][0] for r in ok),
+        "slower_than_1pct": sum(r["time_ratio"]["lhs"] > 1.01 for r in ok),
+        "values_differ": sum(r.get("values") not in (None, "equal") for r in results),
+        "guard_failures": sum(bool(guard_failures(r)) for r in results),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=SIZES, default="full")
+    parser.add_argument("--programs", default="", help="comma-separated names (default all)")
+    parser.add_argument("--json", default="", help="write the results here")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per program")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--no-values", action="store_true", help="skip the CPU comparison")
+    parser.add_argument("--measure", action="store_true",
+                        help="time plain and jaxpar on this machine's GPU")
+    parser.add_argument("--command-buffers", choices=("lhs", "concurrent", "off"),
+                        default="lhs", help="with --measure: the CUDA-graph mode XLA_FLAGS "
+                        "set, for the estimate shown beside the measurement")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.child:
+        _child(options.child, options.size, options.out, not options.no_values,
+               options.measure, options.command_buffers)
+        return {}
+    if options.list:
+        for entry in PROGRAMS.values():
+            print(f"{entry.name:32} {entry.description}")
+        return {}
+    names = [n for n in options.programs.split(",") if n] or list(PROGRAMS)
+    unknown = sorted(set(names) - set(PROGRAMS))
+    if unknown:
+        parser.error(f"unknown programs {unknown}; --list shows them")
+    started = time.perf_counter()
+    results = []
+    for name in names:
+        result = run_isolated(name, options.size, options.timeout, not options.no_values,
+                              options.measure, options.command_buffers)
+        results.append(result)
+        if options.measure:
+            m = result.get("measured", {})
+            print(f"{name:32} measured x{m.get('ratio', float('nan')):.3f} "
+                  f"estimated x{m.get('estimated_ratio', float('nan')):.3f} "
+                  f"({options.command_buffers}) {m.get('median_us', result.get('compile'))}",
+                  flush=True)
+        else:
+            print(f"{name:32} {result.get('compile')}: {result.get('verdict', '')} "
+                  f"[values {result.get('values', '-')}]", flush=True)
+    report: dict[str, Any] = {
+        "meta": {"jax": jax.__version__, "jaxpar": jaxpar.__version__, "size": options.size,
+                 "backend": jax.default_backend(), "wall_s": time.perf_counter() - started},
+        "results": results}
+    if not options.measure:
+        report["summary"] = summary(results)
+        print()
+        print(table(results))
+        print()
+        print(json.dumps(report["summary"], indent=1))
+    if options.json:
+        with open(options.json, "w") as handle:
+            json.dump(report, handle, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()
