@@ -348,8 +348,12 @@ def _eval_while(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array
         return tuple(0.5 * x + tick for x in outs)
 
     if form == "fori_loop":
-        lo, hi = (start, stop) if bound == "literal" else (
-            jnp.asarray(start, dt) + zero, jnp.asarray(stop, dt) + zero)
+        if bound == "literal":  # concrete bounds: lax.fori_loop makes a scan
+            lo, hi = start, stop
+        elif bound == "carried":  # one traced bound: a while whose upper bound is a constant
+            lo, hi = jnp.asarray(start, dt) + zero, jnp.asarray(stop, dt)
+        else:
+            lo, hi = jnp.asarray(start, dt) + zero, jnp.asarray(stop, dt) + zero
         return list(lax.fori_loop(lo, hi, lambda i, xs: mix(jnp.asarray(i), xs), xs0))
     i0 = jnp.asarray(start, dt)
     if bound == "literal":
@@ -369,7 +373,10 @@ def _eval_while(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array
     def step_traced(c: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
         return (_step_counter(c[0], step), c[1], *mix(c[0], c[2:]))
 
-    init = (i0, jnp.asarray(stop, dt) + zero, *xs0)
+    # "carried": the bound rides in the carry with a constant initial value (as in the
+    # loops `lax.fori_loop` makes); "traced": its initial value depends on the inputs.
+    stop0 = jnp.asarray(stop, dt) if bound == "carried" else jnp.asarray(stop, dt) + zero
+    init = (i0, stop0, *xs0)
     return list(lax.while_loop(cond_traced, step_traced, init)[2:])
 
 
@@ -739,8 +746,9 @@ _SCANS = _Flavor(
 # The members of ensembles in feature programs: heavy work beside per-member nodes.
 _MEMBERS = _Flavor(
     kinds=("matmul", "matmul", "unary", "custom", "callback", "random", "member_cond", "while",
-           "counted_scan"),
-    nested_kinds=("matmul", "unary", "binary"),
+           "counted_scan", "scan", "scan"),
+    # Scans of members with per-member nodes in their bodies: batch_scans merges those.
+    nested_kinds=("matmul", "unary", "binary", "custom", "callback", "random", "member_cond"),
     max_nodes=4,
     max_body_nodes=2,
 )
@@ -1091,7 +1099,7 @@ class _Drawer:
         if np.dtype(dtype).kind != "f":
             forms += ("fori_loop", "fori_loop")
         form = draw(st.sampled_from(forms))
-        bound = draw(st.sampled_from(("literal", "traced")))
+        bound = draw(st.sampled_from(("literal", "carried", "carried", "traced")))
         start, stop, step = self._counter_range(dtype, form)
         if form == "fori_loop":
             step = 1
@@ -1214,8 +1222,9 @@ _OUTPUT_KINDS = ("tuple", "single", "dict", "nested")
 
 def _program_spec(draw: Callable[[st.SearchStrategy[Any]], Any], flavor: _Flavor,
                   *, counter_dtypes: tuple[str, ...] = (),
-                  output_kinds: tuple[str, ...] = _OUTPUT_KINDS) -> Spec:
-    n = draw(st.sampled_from((8, 16)))
+                  output_kinds: tuple[str, ...] = _OUTPUT_KINDS,
+                  sizes: tuple[int, ...] = (8, 16)) -> Spec:
+    n = draw(st.sampled_from(sizes))
     n_inputs = draw(st.integers(2, 5))
     seed = draw(st.integers(0, 2**16))
     drawer = _Drawer(draw, n, counter_dtypes)
@@ -1268,8 +1277,9 @@ def feature_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any],
     `x64=True` adds int64 and uint64 loop counters: build and run those under
     `jax.enable_x64(True)`."""
     dtypes = _COUNTER_DTYPES_X64 if x64 else _COUNTER_DTYPES
+    # Size 64 too: below that, the cost model rarely finds batching members worth it.
     return _program_spec(draw, _FEATURES, counter_dtypes=dtypes,
-                         output_kinds=(*_OUTPUT_KINDS, "extras"))
+                         output_kinds=(*_OUTPUT_KINDS, "extras"), sizes=(8, 16, 64, 64))
 
 
 def feature_programs(x64: bool = False) -> st.SearchStrategy[Program]:

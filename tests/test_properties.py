@@ -40,6 +40,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jaxpar
+from jaxpar import _deviceless
 
 try:
     from programs import (
@@ -278,12 +279,16 @@ def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
 
 
 def assert_same_outcome(actual: Callable[[], Any], expected: Callable[[], Any],
-                        **tolerance: float) -> None:
-    """Both raise, or both return equal trees (bit-exact unless a tolerance is given)."""
+                        may_succeed: bool = False, **tolerance: float) -> None:
+    """Both raise, or both return equal trees (bit-exact unless a tolerance is given).
+
+    `may_succeed`: the rewrite may return where `jax.jit` raises. For gradients: a `while`
+    with a constant trip count becomes a scan, which reverse-mode differentiates."""
     want_kind, want = _outcome(expected)
     got_kind, got = _outcome(actual)
     if want_kind == "raised":
-        assert got_kind == "raised", f"jax.jit raises {want!r}, the rewrite returns a value"
+        assert may_succeed or got_kind == "raised", (
+            f"jax.jit raises {want!r}, the rewrite returns a value")
         return
     if got_kind == "raised":
         raise AssertionError("the rewrite raises where jax.jit does not") from got
@@ -315,7 +320,7 @@ def test_feature_grad_matches(program: Program, options: dict[str, Any]) -> None
     assert_same_outcome(
         lambda: jax.jit(jax.grad(scalar_loss(g), argnums))(*program.args),
         lambda: jax.jit(jax.grad(scalar_loss(program.fn), argnums))(*program.args),
-        **GRAD_TOLERANCE)
+        may_succeed=True, **GRAD_TOLERANCE)
 
 
 @pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10}s 1, 2, 3")
@@ -394,7 +399,8 @@ def test_eager_grad_and_jvp_match(program: Program, options: dict[str, Any]) -> 
     argnums = tuple(range(len(program.args)))
     tolerance = {} if options["target"] == "cpu" else GRAD_TOLERANCE
     assert_same_outcome(lambda: jax.grad(scalar_loss(g), argnums)(*program.args),
-                        lambda: jax.grad(scalar_loss(f), argnums)(*program.args), **tolerance)
+                        lambda: jax.grad(scalar_loss(f), argnums)(*program.args),
+                        may_succeed=True, **tolerance)
     tangents = tuple(jnp.ones_like(a) for a in program.args)
     assert_same_outcome(lambda: jax.jvp(g, program.args, tangents),
                         lambda: jax.jvp(f, program.args, tangents), **tolerance)
@@ -456,3 +462,21 @@ def _programs_inside_shard_map(program: Program, options: dict[str, Any]) -> Non
     assert_same_outcome(lambda: jax.jit(_sharded(g, mesh, n))(*stacked), want, **tolerance)
     outer = jaxpar.parallel_branches(_sharded(program.fn, mesh, n), **options)
     assert_same_outcome(lambda: outer(*stacked), want, **tolerance)
+
+
+# ---- Every emitted program compiles for the GPU (deviceless) --------------------------------
+
+_PLUGIN_OK, _PLUGIN_MESSAGE = _deviceless.plugin_status()
+
+
+@pytest.mark.skipif(not _PLUGIN_OK, reason=_PLUGIN_MESSAGE)
+@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 8 (unroll group gaps)")
+@_examples(0.15)
+@given(program=st.one_of(scan_programs(), loop_programs(), feature_programs()),
+       options=st.sampled_from(GPU_CONFIGURATIONS))
+def test_gpu_compile_succeeds(program: Program, options: dict[str, Any]) -> None:
+    """XLA:GPU compiles whatever the GPU target emits (for an H200, without a GPU): every
+    combination of fused, batched and unrolled loops with regions in their bodies."""
+    g = jaxpar.parallel_branches(program.fn, **options)
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in program.args]
+    _deviceless.compile_for_gpu(g, *specs, gpu="h200")
