@@ -8,6 +8,7 @@ The hypothesis profile comes from tests/conftest.py (``JAXPAR_HYPOTHESIS_PROFILE
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -15,7 +16,7 @@ import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from programs import Program, loop_programs, scan_programs, stacked_batch
 
@@ -78,7 +79,12 @@ def test_same_gradients_and_vmap(program: Program) -> None:
 # profile's examples each, as these compile more.
 
 def _examples(fraction: float) -> Any:
-    return settings(max_examples=max(4, int(settings().max_examples * fraction)))
+    """A fraction of the profile's examples; in the `ci` profile without shrinking, so that
+    a property marked xfail for a known bug does not spend minutes shrinking each run."""
+    no_shrink = os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci") == "ci"
+    phases = tuple(p for p in Phase if p is not Phase.shrink) if no_shrink else tuple(Phase)
+    return settings(max_examples=max(4, int(settings().max_examples * fraction)),
+                    phases=phases)
 
 
 def _rewrite_for(program: Program, target: str) -> tuple[Any, Any]:
@@ -88,7 +94,7 @@ def _rewrite_for(program: Program, target: str) -> tuple[Any, Any]:
 
 
 @pytest.mark.xfail(strict=False, reason="issue 10 point 1 (float/overflowing loop counters)")
-@_examples(0.25)
+@_examples(0.1)
 @given(loop_programs(), st.sampled_from(("gpu", "cpu")))
 def test_loop_programs_same_values_and_idempotent(program: Program, target: str) -> None:
     closed, new = _rewrite_for(program, target)
@@ -100,7 +106,7 @@ def test_loop_programs_same_values_and_idempotent(program: Program, target: str)
 
 
 @pytest.mark.xfail(strict=False, reason="issue 10 point 1 (float/overflowing loop counters)")
-@_examples(0.25)
+@_examples(0.1)
 @given(loop_programs(), st.sampled_from(("gpu", "cpu")))
 def test_loop_programs_same_gradients_and_vmap(program: Program, target: str) -> None:
     closed, new = _rewrite_for(program, target)
@@ -113,7 +119,7 @@ def test_loop_programs_same_gradients_and_vmap(program: Program, target: str) ->
 
 
 @pytest.mark.xfail(strict=False, reason="issue 10 point 1 (float/overflowing loop counters)")
-@_examples(0.25)
+@_examples(0.1)
 @given(loop_programs(x64=True), st.sampled_from(("gpu", "cpu")))
 def test_loop_programs_under_x64(program: Program, target: str) -> None:
     """int64/uint64 counters exist only under x64: the whole decorated call runs there."""
