@@ -111,8 +111,13 @@ def test_loop_programs_same_values_and_idempotent(program: Program, target: str)
 def test_loop_programs_same_gradients_and_vmap(program: Program, target: str) -> None:
     closed, new = _rewrite_for(program, target)
     argnums = tuple(range(len(program.args)))
-    _assert_close(jax.jit(jax.grad(_loss(_fn(new)), argnums))(*program.args),
-                  jax.jit(jax.grad(_loss(_fn(closed)), argnums))(*program.args), GRAD_TOLERANCE)
+    try:
+        want = jax.jit(jax.grad(_loss(_fn(closed)), argnums))(*program.args)
+    except ValueError as error:  # a while with a traced trip count: no reverse mode
+        assert "Reverse-mode differentiation does not work" in str(error)
+    else:
+        _assert_close(jax.jit(jax.grad(_loss(_fn(new)), argnums))(*program.args), want,
+                      GRAD_TOLERANCE)
     batch = stacked_batch(program.args)
     _assert_close(jax.jit(jax.vmap(_fn(new)))(*batch), jax.jit(jax.vmap(_fn(closed)))(*batch),
                   VALUE_TOLERANCE)
