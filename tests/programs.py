@@ -41,6 +41,9 @@ Sharp edges:
     Branch predicates depend on data (`sum(v) > 0`, `argmax`): where two computations of a
     program round differently, a predicate sitting within rounding of its threshold can pick
     another branch (rare, but then no tolerance helps).
+    XLA:CPU (jax 0.10.2) runs a `while` whose integer counter starts past its constant bound
+    by less than one step (`i = 5; while i < 4: i += 5`) once instead of zero times, so
+    `jax.jit` is wrong there; the drawer does not make such loops (`_xla_miscounts`).
     Some gradients cancel badly, e.g. that of `x - max(x)` at the maximum: eager and jitted
     gradients of the same program can differ by 1e-4 there (jax 0.12), so compare
     gradients computed the same way.
@@ -49,6 +52,7 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,6 +67,10 @@ __all__ = [
     "Program",
     "build_program",
     "describe_spec",
+    "feature_program_specs",
+    "feature_programs",
+    "loop_program_specs",
+    "loop_programs",
     "programs",
     "program_specs",
     "scan_programs",
@@ -120,6 +128,8 @@ def build_program(spec: Spec) -> Program:
     def fn(*inputs: jax.Array) -> Any:
         raw_ys: list[jax.Array] = []
         outs = _eval_block(block, inputs, raw_ys)
+        if output_kind == "extras":  # a None leaf, a literal, an input returned unchanged
+            return {"outs": (*outs, *raw_ys), "none": None, "literal": 2.0, "input": inputs[0]}
         return _arrange_outputs(output_kind, [*outs, *raw_ys])
 
     fn.__name__ = f"program_{seed}"
@@ -252,7 +262,13 @@ def _eval_checkpoint(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.
 
 def _eval_parallel(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
     _, join, chains = node
-    ends = [_eval_block(block, [env[i] for i in operands], None) for operands, block in chains]
+    ends = []
+    for member, (operands, block) in enumerate(chains):
+        _MEMBER.append(member)  # per-member nodes in the chain pick their member's values
+        try:
+            ends.append(_eval_block(block, [env[i] for i in operands], None))
+        finally:
+            _MEMBER.pop()
     if join == "add":
         total = ends[0][0]
         for end in ends[1:]:
@@ -281,6 +297,281 @@ _node_rules: dict[str, Callable[[Spec, list[jax.Array], Any], list[jax.Array]]] 
     "checkpoint": _eval_checkpoint,
     "parallel": _eval_parallel,
 }
+# The member (chain index) of the innermost `parallel` chain being evaluated; per-member
+# nodes (custom rules, callbacks, keys, cond thresholds) read their value for it.
+_MEMBER: list[int] = []
+
+
+# --------------------------------------------------------------------------------------------
+# Feature nodes: loops with counters, custom rules, callbacks, random keys, per-member conds,
+# other dtypes and trace-context-sensitive ops (what issue 10's programs were made of).
+# --------------------------------------------------------------------------------------------
+
+
+def _member_value(values: Sequence[Any]) -> Any:
+    """The value of a per-member node for the member being evaluated (0 outside chains)."""
+    member = _MEMBER[-1] if _MEMBER else 0
+    return values[member % len(values)]
+
+
+def _traced_zero(x: jax.Array, dtype: Any) -> jax.Array:
+    """A zero of `dtype` that depends on `x`, so a bound built from it is traced, not literal."""
+    return (jnp.sum(x) * 0).astype(dtype)
+
+
+def _constant(value: Any, dtype: Any) -> jax.Array:
+    # Through numpy: jnp.asarray reads a Python int as int64 first (uint64 bounds overflow).
+    return jnp.asarray(np.asarray(value, dtype=dtype))
+
+
+def _step_counter(i: jax.Array, step: int | float) -> jax.Array:
+    # Unsigned counters cannot hold a negative step: subtract its magnitude instead.
+    if step >= 0:
+        return i + _constant(step, i.dtype)
+    return i - _constant(-step, i.dtype)
+
+
+def _while_condition(form: str, i: Any, stop: Any) -> Any:
+    if form in ("lt", "fori_loop"):
+        return i < stop
+    if form == "swapped":
+        return stop > i
+    if form == "le":
+        return i <= stop
+    if form == "gt":
+        return i > stop
+    return i != stop  # "ne"
+
+
+def _eval_while(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, dtype, start, stop, step, form, bound, carries, body = node
+    dt = jnp.dtype(dtype)
+    xs0 = tuple(env[i] for i in carries)
+    zero = _traced_zero(xs0[0], dt)
+
+    def mix(i: jax.Array, xs: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+        # Every trip leaves a trace of the counter, so a wrong trip count changes the result.
+        outs = _eval_block(body, xs, None)
+        tick = 0.5 * jnp.sin(0.1 * i.astype(jnp.float32))
+        return tuple(0.5 * x + tick for x in outs)
+
+    if form == "fori_loop":
+        if bound == "literal":  # concrete bounds: lax.fori_loop makes a scan
+            lo, hi = np.asarray(start, dtype=dt), np.asarray(stop, dtype=dt)
+        elif bound == "carried":  # one traced bound: a while whose upper bound is a constant
+            lo, hi = _constant(start, dt) + zero, _constant(stop, dt)
+        else:
+            lo, hi = _constant(start, dt) + zero, _constant(stop, dt) + zero
+        return list(lax.fori_loop(lo, hi, lambda i, xs: mix(jnp.asarray(i), xs), xs0))
+    i0 = _constant(start, dt)
+    if bound == "literal":
+        # A numpy scalar of the counter's dtype: a Python int beyond int32 (uint32 bounds)
+        # would not convert.
+        literal = np.asarray(stop, dtype=dt)
+
+        def cond(c: tuple[jax.Array, ...]) -> jax.Array:
+            return _while_condition(form, c[0], literal)
+
+        def step_fn(c: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            return (_step_counter(c[0], step), *mix(c[0], c[1:]))
+
+        return list(lax.while_loop(cond, step_fn, (i0, *xs0))[1:])
+
+    def cond_traced(c: tuple[jax.Array, ...]) -> jax.Array:
+        return _while_condition(form, c[0], c[1])
+
+    def step_traced(c: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        return (_step_counter(c[0], step), c[1], *mix(c[0], c[2:]))
+
+    # "carried": the bound rides in the carry with a constant initial value (as in the
+    # loops `lax.fori_loop` makes); "traced": its initial value depends on the inputs.
+    stop0 = _constant(stop, dt) if bound == "carried" else _constant(stop, dt) + zero
+    init = (i0, stop0, *xs0)
+    return list(lax.while_loop(cond_traced, step_traced, init)[2:])
+
+
+def _eval_counted_scan(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    """A scan with an integer and a bool carry beside a float one, unrolled by `unroll`."""
+    _, length, reverse, unroll, int_dtype, xs_mode, v, body = node
+    x0 = env[v]
+
+    def step(carry: Any, x_t: Any) -> Any:
+        i, flag, x = carry
+        (y,) = _eval_block(body, (x,), None)
+        if x_t is not None:
+            y = 0.5 * y + 0.5 * x_t
+        # Arithmetic, not `jnp.where`: feature programs hold no select_n of their own (see
+        # test_rewrite_adds_no_select).
+        half_unless_flag = 0.5 + 0.5 * flag.astype(y.dtype)
+        y = y * half_unless_flag * 0.9 + 0.1 * jnp.tanh(i.astype(jnp.float32))
+        return (i + jnp.asarray(1, i.dtype), jnp.logical_not(flag), y), y
+
+    xs = _make_xs(x0, length) if xs_mode == "xs" else None
+    init = (jnp.asarray(1, int_dtype), jnp.asarray(True), x0)
+    unroll_arg = True if unroll == "full" else unroll
+    (i, flag, x), ys = lax.scan(step, init, xs, length=length, reverse=reverse,
+                                unroll=unroll_arg)
+    count = 0.1 * i.astype(jnp.float32) + flag.astype(jnp.float32)
+    return [x + jnp.tanh(count), jnp.sum(ys, axis=0) / max(length, 1)]
+
+
+# custom_jvp / custom_vjp whose primal ignores the nondiff argument and the rule: two members
+# differing only there have identical primal jaxprs but different derivatives.
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _sin_jvp_scaled(c: float, x: jax.Array) -> jax.Array:
+    return jnp.sin(x)
+
+
+@_sin_jvp_scaled.defjvp
+def _sin_jvp_scaled_rule(c: float, primals: Any, tangents: Any) -> Any:
+    (x,), (t,) = primals, tangents
+    return jnp.sin(x), c * jnp.cos(x) * t
+
+
+@jax.custom_jvp
+def _sin_jvp_a(x: jax.Array) -> jax.Array:
+    return jnp.sin(x)
+
+
+_sin_jvp_a.defjvp(
+    lambda primals, tangents: (jnp.sin(primals[0]), jnp.cos(primals[0]) * tangents[0]))
+
+
+@jax.custom_jvp
+def _sin_jvp_b(x: jax.Array) -> jax.Array:
+    return jnp.sin(x)
+
+
+_sin_jvp_b.defjvp(lambda primals, tangents: (jnp.sin(primals[0]), 0.5 * tangents[0]))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _sin_vjp_scaled(c: float, x: jax.Array) -> jax.Array:
+    return jnp.sin(x)
+
+
+_sin_vjp_scaled.defvjp(lambda c, x: (jnp.sin(x), jnp.cos(x)), lambda c, res, g: (c * res * g,))
+
+
+def _vjp_pair(bwd_scale: float) -> Any:
+    @jax.custom_vjp
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda res, g: (bwd_scale * res * g,))
+    return f
+
+
+_SIN_VJPS = (_vjp_pair(1.0), _vjp_pair(-0.5))
+_SIN_JVPS = (_sin_jvp_a, _sin_jvp_b)
+
+
+def _eval_custom(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, variant, values, v = node
+    x, value = env[v], _member_value(values)
+    if variant == "jvp_nondiff":
+        return [_sin_jvp_scaled(value, x)]
+    if variant == "vjp_nondiff":
+        return [_sin_vjp_scaled(value, x)]
+    if variant == "jvp_rule":
+        return [_SIN_JVPS[value](x)]
+    return [_SIN_VJPS[value](x)]  # "vjp_rule"
+
+
+def _host_half(x: np.ndarray) -> np.ndarray:
+    return (np.asarray(x) * 0.5).astype(np.float32)
+
+
+_HOST_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "half": _host_half,
+}
+
+
+def _eval_callback(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, kind, vmap_method, functions, v = node
+    x = env[v]
+    host = _HOST_FUNCTIONS[_member_value(functions)]
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    # The input is cut from autodiff, so gradients flow around the callback (which has none).
+    operand = lax.stop_gradient(x)
+    if kind == "io":
+        from jax.experimental import io_callback
+
+        y = io_callback(host, shape, operand, ordered=False)
+    else:
+        y = jax.pure_callback(host, shape, operand, vmap_method=vmap_method)
+    return [x + y]
+
+
+def _eval_random(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, impl, draw_kind, seeds, v = node
+    x = env[v]
+    key = jax.random.key(_member_value(seeds), impl=impl)
+    if draw_kind == "split":
+        key = jax.random.split(key, 3)[1]
+    elif draw_kind == "fold_in":
+        key = jax.random.fold_in(key, 7)
+    if draw_kind == "bits":
+        noise = jax.random.bits(key, x.shape, jnp.uint32).astype(jnp.float32) / 2.0**32
+    else:
+        noise = jax.random.uniform(key, x.shape, jnp.float32, -1.0, 1.0)
+    return [x + noise]
+
+
+def _eval_member_cond(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    """A cond whose predicate may differ per member; its false branch is a costly loop."""
+    _, thresholds, trips, v = node
+    x = env[v]
+    threshold = _member_value(thresholds)
+
+    def cheap(y: jax.Array) -> jax.Array:
+        return jnp.tanh(y @ y)
+
+    def costly(y: jax.Array) -> jax.Array:
+        # A while loop (traced bound) that jax.jit runs only when the predicate says so.
+        hi = trips + _traced_zero(y, jnp.int32)
+        return lax.fori_loop(0, hi, lambda i, z: 0.5 * z + 0.5 * jnp.sin(z), y)
+
+    return [lax.cond(jnp.mean(x) > threshold, cheap, costly, x)]
+
+
+def _eval_cast(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, dtype, v = node
+    x = env[v]
+    if dtype in ("bfloat16", "float16"):
+        low = x.astype(dtype)
+        return [jnp.tanh(low * jnp.asarray(1.5, dtype) + jnp.asarray(1, dtype)).astype(x.dtype)]
+    if dtype == "complex64":
+        z = x + 1j * jnp.sin(x)
+        return [jnp.real(z * z) + jnp.imag(z)]
+    return [(x * 4).astype(dtype).astype(x.dtype) * 0.25]  # int32: a staircase, zero gradient
+
+
+def _eval_context(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    """Ops whose meaning depends on JAX's trace context (x64, rank promotion)."""
+    _, kind, v = node
+    x = env[v]
+    if kind == "arange":  # float64 under enable_x64: the result is promoted with it
+        n = x.shape[0]
+        return [x + (jnp.arange(n) / n)[:, None]]
+    return [x + jnp.mean(x, axis=0)]  # "rank": implicit rank promotion (n,) -> (n, n)
+
+
+# Single-operand feature nodes: the index in the node of their operand (the last field).
+_FEATURE_OPERAND = {
+    "custom": 3, "callback": 4, "random": 4, "member_cond": 3, "cast": 2, "context": 2,
+}
+
+_node_rules.update({
+    "while": _eval_while,
+    "counted_scan": _eval_counted_scan,
+    "custom": _eval_custom,
+    "callback": _eval_callback,
+    "random": _eval_random,
+    "member_cond": _eval_member_cond,
+    "cast": _eval_cast,
+    "context": _eval_context,
+})
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,6 +673,27 @@ def _describe_block(
             for i, (operands, chain) in enumerate(chains):
                 params = [f"a{j}" for j in range(len(operands))]
                 sub(chain, params, f"chain {i}", f" on {refs(operands)}")
+        elif kind == "while":
+            _, dtype, start, stop, step, form, bound, carries, body = node
+            results = new(len(carries))
+            lines.append(
+                f"{indent}{', '.join(results)} = while {dtype} counter from {start!r} step "
+                f"{step!r} while {form} {stop!r} ({bound} bound), carry={refs(carries)}"
+            )
+            sub(body, [f"c{i}" for i in range(len(carries))], "body")
+        elif kind == "counted_scan":
+            _, length, reverse, unroll, int_dtype, xs_mode, v, body = node
+            results = new(2)
+            lines.append(
+                f"{indent}{', '.join(results)} = scan with {int_dtype} and bool carries "
+                f"(length={length}, reverse={reverse}, unroll={unroll}, xs={xs_mode}) "
+                f"on {names[v]}"
+            )
+            sub(body, ["c0"], "body")
+        elif kind in _FEATURE_OPERAND:
+            results = new(1)
+            params_ = ", ".join(repr(p) for p in node[1:_FEATURE_OPERAND[kind]])
+            lines.append(f"{indent}{results[0]} = {kind}({params_}) {names[node[-1]]}")
         else:
             raise ValueError(f"unknown node kind {kind!r} in spec")
         names.extend(results)
@@ -404,6 +716,8 @@ class _Flavor:
     chain: bool = False  # every top-level node consumes the latest value
     scan_lengths: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     independent_scans: bool = False  # scans often read only their block's params
+    chain_flavor: _Flavor | None = None  # flavor of `parallel` chains (None: _HEAVY)
+    replicated_in_3: int = 1  # of 3 `parallel` nodes, how many are replicated ensembles
 
 
 _SIMPLE = ("unary", "binary", "matmul", "reduce")
@@ -439,6 +753,59 @@ _SCANS = _Flavor(
     max_body_nodes=4,
     independent_scans=True,
 )
+# The members of ensembles in feature programs: heavy work beside per-member nodes.
+_MEMBERS = _Flavor(
+    kinds=("matmul", "matmul", "unary", "custom", "callback", "random", "member_cond", "while",
+           "counted_scan", "scan", "scan"),
+    # Scans of members with per-member nodes in their bodies: batch_scans merges those.
+    nested_kinds=("matmul", "unary", "binary", "custom", "callback", "random", "member_cond"),
+    max_nodes=4,
+    max_body_nodes=2,
+)
+_FEATURES = _Flavor(
+    kinds=(*_SIMPLE, "while", "while", "counted_scan", "custom", "callback", "random",
+           "member_cond", "cast", "context", "checkpoint_loops", "scan", "parallel", "parallel"),
+    nested_kinds=(*_SIMPLE, "while", "counted_scan", "custom", "callback", "random",
+                  "member_cond", "cast", "checkpoint", "cond", "scan"),
+    max_nodes=6,
+    max_body_nodes=3,
+    chain_flavor=_MEMBERS,
+    replicated_in_3=2,
+)
+_LOOPS = _Flavor(
+    kinds=("while", "while", "while", "counted_scan", "scan", "checkpoint_loops", "unary",
+           "matmul"),
+    nested_kinds=("unary", "binary", "matmul", "while", "counted_scan", "checkpoint", "cond"),
+    max_nodes=5,
+    max_body_nodes=3,
+    independent_scans=True,
+)
+# Loop counter dtypes; int64 and uint64 only exist under `jax.enable_x64`.
+_COUNTER_DTYPES = ("int8", "int16", "int32", "uint8", "uint32", "float32")
+_COUNTER_DTYPES_X64 = (*_COUNTER_DTYPES, "int64", "uint64")
+_MAX_TRIPS = 40
+
+
+def _xla_miscounts(dtype: str, start: Any, stop: Any, step: Any) -> bool:
+    """Whether XLA:CPU (jax 0.10.2) runs this zero-trip counter loop once: an integer counter
+    starting past its bound by less than one step (see the module's Sharp edges)."""
+    if np.dtype(dtype).kind == "f" or abs(step) <= 1:
+        return False
+    past = start - stop if step > 0 else stop - start
+    return 0 < past < abs(step)
+
+
+def _count_trips(dtype: str, start: Any, stop: Any, step: Any, form: str) -> int | None:
+    """Trips of a counter loop in the counter's own arithmetic (wrapping, rounding), or None
+    when it runs more than `_MAX_TRIPS` (or forever)."""
+    t = np.dtype(dtype).type
+    i, s, d = t(start), t(stop), t(abs(step))
+    with np.errstate(all="ignore"):
+        for trips in range(_MAX_TRIPS + 1):
+            if not bool(_while_condition(form, i, s)):
+                return trips
+            i = t(i + d) if step >= 0 else t(i - d)
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,9 +825,12 @@ class _Scope:
 class _Drawer:
     """Draws blocks while tracking a bound on the magnitude of every value."""
 
-    def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any], n: int):
+    def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any], n: int,
+                 counter_dtypes: tuple[str, ...] = ()):
         self.draw = draw
         self.n = n
+        self.counter_dtypes = counter_dtypes or _COUNTER_DTYPES
+        self.members = 1  # chains of the replicated `parallel` node being drawn
 
     def block(
         self,
@@ -664,14 +1034,15 @@ class _Drawer:
     def _parallel(self, scope: _Scope) -> tuple[Spec, list[float]]:
         n_chains = self.draw(st.integers(2, 4))
         join = self.draw(st.sampled_from(("add", "separate")))
-        if self.draw(st.integers(0, 2)) == 0:
-            return self._replicated(scope, n_chains, join)
+        chain_flavor = scope.flavor.chain_flavor or _HEAVY
+        if self.draw(st.integers(0, 2)) < scope.flavor.replicated_in_3:
+            return self._replicated(scope, n_chains, join, chain_flavor)
         chains, ends = [], []
         for _ in range(n_chains):
             operands = self._operands(scope, 1, 2, chained=False)
             param_bounds = [scope.bounds[i] for i in operands]
             chain, out_bounds = self.block(
-                param_bounds, scope.depth + 1, _HEAVY, n_any_outs=1, root=True
+                param_bounds, scope.depth + 1, chain_flavor, n_any_outs=1, root=True
             )
             chains.append((operands, chain))
             ends.append(out_bounds[0])
@@ -679,17 +1050,166 @@ class _Drawer:
         return node, [sum(ends)] if join == "add" else ends
 
 
-    def _replicated(self, scope: _Scope, n_chains: int, join: str) -> tuple[Spec, list[float]]:
-        """A `parallel` node whose chains are one block on different operands: an ensemble."""
+    def _replicated(self, scope: _Scope, n_chains: int, join: str,
+                    chain_flavor: _Flavor) -> tuple[Spec, list[float]]:
+        """A `parallel` node whose chains are one block on different operands: an ensemble.
+
+        Per-member nodes in the block (custom rules, callbacks, keys, cond thresholds) hold
+        a value per chain, so members may differ in exactly those.
+        """
         n_operands = self.draw(st.integers(1, 2))
         operand_sets = [
             tuple(self._operand(scope) for _ in range(n_operands)) for _ in range(n_chains)
         ]
         param_bounds = [max(scope.bounds[s[k]] for s in operand_sets) for k in range(n_operands)]
-        chain, out_bounds = self.block(param_bounds, scope.depth + 1, _HEAVY, n_any_outs=1,
-                                       root=True)
+        outer_members, self.members = self.members, n_chains
+        try:
+            chain, out_bounds = self.block(param_bounds, scope.depth + 1, chain_flavor,
+                                           n_any_outs=1, root=True)
+        finally:
+            self.members = outer_members
         node = ("parallel", join, tuple((operands, chain) for operands in operand_sets))
         return node, [out_bounds[0] * n_chains] if join == "add" else out_bounds * n_chains
+
+    # ---- feature node kinds -------------------------------------------------------------------
+
+    def _per_member(self, options: Sequence[Any]) -> tuple[Any, ...]:
+        """A value per member of the enclosing ensemble: often one for all, else drawn each."""
+        if self.members == 1 or self.draw(st.booleans()):
+            return (self.draw(st.sampled_from(options)),) * self.members
+        return tuple(self.draw(st.sampled_from(options)) for _ in range(self.members))
+
+    def _counter_range(self, dtype: str, form: str) -> tuple[Any, Any, Any]:
+        """Start, stop and step of a loop counter: small, overflowing near a bound, or down."""
+        draw = self.draw
+        down = form == "gt" or (form == "ne" and draw(st.booleans()))
+        if np.dtype(dtype).kind == "f":
+            start = draw(st.sampled_from((0.0, 0.5, -1.0, 16777214.0)))
+            step = draw(st.sampled_from((0.5, 1.0, 1.5, 0.1, 3.0)))
+            stop = start + step * draw(st.integers(0, 8)) + draw(st.sampled_from((0.0, 0.1, 0.7)))
+            if down:
+                step, stop = -step, start - (stop - start)
+            return float(np.float32(start)), float(np.float32(stop)), step
+        info = np.iinfo(dtype)
+        lo, hi = int(info.min), int(info.max)
+        how = draw(st.sampled_from(("small", "small", "overflow", "near_bound")))
+        if how == "small":
+            start = draw(st.integers(max(lo, -5), 5))
+            step = draw(st.sampled_from((1, 1, 2, 3, 5)))
+            stop = start + step * draw(st.integers(0, 8)) + draw(st.integers(-1, 1))
+        elif how == "overflow":  # steps that wrap around before (or instead of) reaching stop
+            step = draw(st.sampled_from((hi // 3, hi // 2, (hi * 4) // 5, hi)))
+            stop = hi - draw(st.integers(0, 10))
+            start = draw(st.integers(max(lo, -3), 3))
+        else:  # start a few steps from the dtype's bound
+            step = draw(st.sampled_from((1, 2, 3)))
+            start = hi - draw(st.integers(1, 6))
+            stop = hi
+        if down:
+            step, start, stop = -step, stop, start
+            if lo == 0 and how != "small":
+                start, stop = draw(st.integers(0, 6)), draw(st.integers(0, 3))
+        return min(max(start, lo), hi), min(max(stop, lo), hi), step
+
+    def _while(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        draw = self.draw
+        dtype = draw(st.sampled_from(self.counter_dtypes))
+        forms = ("lt", "lt", "swapped", "le", "gt", "ne")
+        if np.dtype(dtype).kind != "f":
+            forms += ("fori_loop", "fori_loop")
+        form = draw(st.sampled_from(forms))
+        bound = draw(st.sampled_from(("literal", "carried", "carried", "traced")))
+        start, stop, step = self._counter_range(dtype, form)
+        if form == "fori_loop":
+            step = 1
+            if dtype == "uint64":  # JAX's fori_loop->scan reads concrete bounds as int64
+                bound = "carried" if bound == "literal" else bound
+        if _count_trips(dtype, start, stop, step, form) is None:
+            start, stop, step, form = 0, 3, 1, "lt"  # would run too long: a tame loop instead
+        if _xla_miscounts(dtype, start, stop, step):
+            start = stop  # zero trips, which XLA gets right (see Sharp edges)
+        n_carry = draw(st.integers(1, 2))
+        carries = tuple(self._operand(scope, first=i == 0) for i in range(n_carry))
+        body, _ = self.block([_TAME] * n_carry, scope.depth + 1, scope.flavor,
+                             n_tame_outs=n_carry, n_any_outs=0)
+        node = ("while", dtype, start, stop, step, form, bound, carries, body)
+        return node, [_TAME] * n_carry
+
+    def _counted_scan(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        draw = self.draw
+        length = draw(st.sampled_from((0, 1, 2, 3, 5, 7)))
+        reverse = draw(st.booleans())
+        unroll = draw(st.sampled_from((1, 2, 3, "full")))
+        int_dtype = draw(st.sampled_from(("int32", "int8", "uint8", "int16")))
+        xs_mode = draw(st.sampled_from(("none", "xs")))
+        v = self._operand(scope, first=True)
+        body, _ = self.block([_TAME], scope.depth + 1, scope.flavor, n_tame_outs=1, n_any_outs=0)
+        node = ("counted_scan", length, reverse, unroll, int_dtype, xs_mode, v, body)
+        return node, [_TAME + 2.0, _TAME]
+
+    def _custom(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        variant = self.draw(st.sampled_from(("jvp_nondiff", "vjp_nondiff", "jvp_rule", "vjp_rule")))
+        options = (0.5, 1.0, 2.0, -1.0) if variant.endswith("nondiff") else (0, 1)
+        return ("custom", variant, self._per_member(options), self._operand(scope)), [1.0]
+
+    def _callback(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        kind = self.draw(st.sampled_from(("pure", "pure", "io")))
+        vmap_method = None
+        if kind == "pure":
+            vmap_method = self.draw(
+                st.sampled_from((None, "sequential", "expand_dims", "broadcast_all")))
+        functions = self._per_member(tuple(_HOST_FUNCTIONS))
+        v = self._operand(scope)
+        return ("callback", kind, vmap_method, functions, v), [scope.bounds[v] + 1.0]
+
+    def _random(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        impl = self.draw(st.sampled_from(("threefry2x32", "rbg", "unsafe_rbg")))
+        draw_kind = self.draw(st.sampled_from(("uniform", "split", "fold_in", "bits")))
+        seeds = self._per_member((0, 1, 2, 3))
+        v = self._operand(scope)
+        return ("random", impl, draw_kind, seeds, v), [scope.bounds[v] + 1.0]
+
+    def _member_cond(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        thresholds = self._per_member((-10.0, -0.1, 0.0, 0.1, 10.0))
+        trips = self.draw(st.sampled_from((3, 200)))
+        v = self._operand(scope)
+        return ("member_cond", thresholds, trips, v), [max(1.0, scope.bounds[v])]
+
+    def _cast(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        dtype = self.draw(st.sampled_from(("bfloat16", "float16", "complex64", "int32")))
+        v = self._operand(scope)
+        bound = scope.bounds[v]
+        out = {"complex64": bound * bound + 2.0, "int32": bound}.get(dtype, 1.0)
+        return ("cast", dtype, v), [out]
+
+    def _context(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        kind = self.draw(st.sampled_from(("arange", "rank")))
+        v = self._operand(scope)
+        bound = scope.bounds[v]
+        return ("context", kind, v), [bound + 1.0 if kind == "arange" else 2.0 * bound]
+
+    def _checkpoint_loops(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        """`jax.checkpoint` around 2-3 independent loops, which a planner makes regions of."""
+        draw = self.draw
+        policy = draw(st.sampled_from(tuple(_CHECKPOINT_POLICIES)))
+        prevent_cse = int(draw(st.booleans()))
+        operands = self._operands(scope, 2, 3, chained=False)
+        param_bounds = [scope.bounds[i] for i in operands]
+        bounds, nodes = list(param_bounds), []
+        for _ in range(draw(st.integers(2, 3))):
+            # Each loop reads only the block's params: the loops are independent.
+            inner = _Scope(list(param_bounds), len(param_bounds), scope.depth + 1, _HEAVY, False)
+            node, out_bounds = (self._while if draw(st.booleans()) else self._scan)(inner)
+            nodes.append(node)
+            for bound in out_bounds:
+                bounds.append(bound)
+                if bound > _TAME:
+                    nodes.append(("tanh", len(bounds) - 1))
+                    bounds.append(1.0)
+        outs = tuple(range(len(param_bounds), len(bounds)))
+        block = ("block", len(param_bounds), tuple(nodes), outs)
+        node = ("checkpoint", policy, prevent_cse, operands, (), block)
+        return node, [bounds[i] for i in outs]
 
 
 def _node_operands(node: Spec) -> list[int]:
@@ -711,15 +1231,28 @@ def _node_operands(node: Spec) -> list[int]:
         return [*node[3], *node[4]]
     if kind == "parallel":
         return [v for operands, _ in node[2] for v in operands]
+    if kind == "while":
+        return list(node[7])
+    if kind == "counted_scan":
+        return [node[6]]
+    if kind in _FEATURE_OPERAND:
+        return [node[_FEATURE_OPERAND[kind]]]
     raise ValueError(f"unknown node kind {kind!r} in spec")
 
 
-def _program_spec(draw: Callable[[st.SearchStrategy[Any]], Any], flavor: _Flavor) -> Spec:
-    n = draw(st.sampled_from((8, 16)))
+_OUTPUT_KINDS = ("tuple", "single", "dict", "nested")
+
+
+def _program_spec(draw: Callable[[st.SearchStrategy[Any]], Any], flavor: _Flavor,
+                  *, counter_dtypes: tuple[str, ...] = (),
+                  output_kinds: tuple[str, ...] = _OUTPUT_KINDS,
+                  sizes: tuple[int, ...] = (8, 16)) -> Spec:
+    n = draw(st.sampled_from(sizes))
     n_inputs = draw(st.integers(2, 5))
     seed = draw(st.integers(0, 2**16))
-    block, _ = _Drawer(draw, n).block([1.0] * n_inputs, 0, flavor, top_level=True)
-    output_kind = draw(st.sampled_from(("tuple", "single", "dict", "nested")))
+    drawer = _Drawer(draw, n, counter_dtypes)
+    block, _ = drawer.block([1.0] * n_inputs, 0, flavor, top_level=True)
+    output_kind = draw(st.sampled_from(output_kinds))
     return ("program", n, n_inputs, seed, block, output_kind)
 
 
@@ -750,3 +1283,42 @@ def scan_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Spec:
 def scan_programs() -> st.SearchStrategy[Program]:
     """Random programs made mostly of scans (see `scan_program_specs`), with inputs."""
     return scan_program_specs().map(build_program)
+
+
+@st.composite
+def feature_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any],
+                          x64: bool = False) -> Spec:
+    """Specs of programs made of what broke jaxpar before (issue 10): `while` loops with
+    counters of every dtype and step (literal and traced bounds, fori-shaped and not), scans
+    with int and bool carries (zero-length, reversed, unrolled), custom_jvp/custom_vjp with
+    nondiff args, pure/io callbacks, rbg/unsafe_rbg/threefry keys, per-member conds with a
+    costly branch, bfloat16/float16/complex64/int32 casts, ops that depend on the trace
+    context (x64, rank promotion), checkpoints around independent loops, and ensembles of
+    members that differ only in a custom rule, callback, key or cond threshold. Outputs may
+    also hold a None leaf, a literal and an input returned unchanged ("extras").
+
+    `x64=True` adds int64 and uint64 loop counters: build and run those under
+    `jax.enable_x64(True)`."""
+    dtypes = _COUNTER_DTYPES_X64 if x64 else _COUNTER_DTYPES
+    # Size 64 too: below that, the cost model rarely finds batching members worth it.
+    return _program_spec(draw, _FEATURES, counter_dtypes=dtypes,
+                         output_kinds=(*_OUTPUT_KINDS, "extras"), sizes=(8, 16, 64, 64))
+
+
+def feature_programs(x64: bool = False) -> st.SearchStrategy[Program]:
+    """Random feature programs (see `feature_program_specs`), with inputs."""
+    return feature_program_specs(x64).map(build_program)
+
+
+@st.composite
+def loop_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any], x64: bool = False) -> Spec:
+    """Specs of programs made mostly of loops: counter `while`s of every dtype and step,
+    `fori_loop`s, scans with int and bool carries, and checkpoints around independent loops.
+    `x64=True` adds int64 and uint64 counters (run those under `jax.enable_x64(True)`)."""
+    dtypes = _COUNTER_DTYPES_X64 if x64 else _COUNTER_DTYPES
+    return _program_spec(draw, _LOOPS, counter_dtypes=dtypes)
+
+
+def loop_programs(x64: bool = False) -> st.SearchStrategy[Program]:
+    """Random loop programs (see `loop_program_specs`), with inputs."""
+    return loop_program_specs(x64).map(build_program)

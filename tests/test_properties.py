@@ -23,22 +23,43 @@ the options, the program's listing and the spec that rebuilds it with
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import event, given
+import pytest
+from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 import jaxpar
+from jaxpar import _deviceless
 
 try:
-    from programs import Program, programs, scan_programs, stacked_batch
+    from programs import (
+        Program,
+        feature_programs,
+        loop_programs,
+        programs,
+        scan_programs,
+        stacked_batch,
+    )
 except ImportError:  # tests/ imported as a package
-    from tests.programs import Program, programs, scan_programs, stacked_batch
+    from tests.programs import (
+        Program,
+        feature_programs,
+        loop_programs,
+        programs,
+        scan_programs,
+        stacked_batch,
+    )
 
 # Each example draws one; the first is where shrinking goes.
 CONFIGURATIONS: tuple[dict[str, Any], ...] = (
@@ -113,6 +134,10 @@ def test_vmap_matches(program: Program, options: dict[str, Any]) -> None:
 
 @given(program=any_program)
 def test_idempotent(program: Program) -> None:
+    check_idempotent(program)
+
+
+def check_idempotent(program: Program) -> None:
     for options in CONFIGURATIONS:  # tracing only, so every configuration
         once = jaxpar.parallel_branches(program.fn, **options)
         twice = jaxpar.parallel_branches(once, **options)
@@ -226,3 +251,237 @@ def check_stream_annotations(text: str, options: dict[str, Any]) -> None:
                 f"stream-annotated calls {nested}; XLA rejects nested annotated calls "
                 f"(options {options})"
             )
+
+
+# ---- Feature programs: the families that broke jaxpar before (issue 10) ---------------------
+#
+# Loops with counters of every dtype and step, custom rules with nondiff args, callbacks,
+# random keys, per-member conds, checkpoints around loops, other dtypes, outputs with None
+# leaves and literals (see `programs.feature_program_specs`), checked with the properties
+# above and under `shard_map`, a trace-context flip, and eager `grad`/`jvp`. These programs
+# compile more than the others, so each property runs a quarter of the profile's examples.
+
+
+def _examples(fraction: float) -> Any:
+    """A fraction of the profile's examples; in the `ci` profile without shrinking, so that
+    a property marked xfail for a known bug does not spend minutes shrinking each run."""
+    no_shrink = os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci") == "ci"
+    phases = tuple(p for p in Phase if p is not Phase.shrink) if no_shrink else tuple(Phase)
+    return settings(max_examples=max(4, int(settings().max_examples * fraction)),
+                    phases=phases)
+
+
+any_feature_program = st.one_of(feature_programs(), loop_programs())
+_ISSUE_10 = "issue 10 point"
+
+
+def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
+    """("ok", value) or ("raised", exception): a rewrite must fail where `jax.jit` does."""
+    try:
+        return "ok", jax.block_until_ready(fn())
+    except Exception as error:
+        return "raised", error
+
+
+def assert_same_outcome(actual: Callable[[], Any], expected: Callable[[], Any],
+                        may_succeed: bool = False, **tolerance: float) -> None:
+    """Both raise, or both return equal trees (bit-exact unless a tolerance is given).
+
+    `may_succeed`: the rewrite may return where `jax.jit` raises. For gradients: a `while`
+    with a constant trip count becomes a scan, which reverse-mode differentiates."""
+    want_kind, want = _outcome(expected)
+    got_kind, got = _outcome(actual)
+    if want_kind == "raised":
+        assert may_succeed or got_kind == "raised", (
+            f"jax.jit raises {want!r}, the rewrite returns a value")
+        return
+    if got_kind == "raised":
+        raise AssertionError("the rewrite raises where jax.jit does not") from got
+    assert_trees_equal(got, want, **tolerance)
+
+
+def _value_tolerance(options: dict[str, Any]) -> dict[str, float]:
+    return {} if options["target"] == "cpu" else VALUE_TOLERANCE
+
+
+@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10}s 1 (counters), 2 (body identity), "
+                                        "3 (vmap-unsafe primitives)")
+@_examples(0.15)
+@given(program=any_feature_program, options=configurations)
+def test_feature_values_match(program: Program, options: dict[str, Any]) -> None:
+    g = jaxpar.parallel_branches(program.fn, **options)
+    expected = lambda: jax.jit(program.fn)(*program.args)
+    tolerance = _value_tolerance(options)
+    assert_same_outcome(lambda: jax.jit(g)(*program.args), expected, **tolerance)
+    assert_same_outcome(lambda: g(*program.args), expected, **tolerance)
+
+
+@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10}s 1, 2, 3 and 4 (checkpoint + regions)")
+@_examples(0.15)
+@given(program=any_feature_program, options=configurations)
+def test_feature_grad_matches(program: Program, options: dict[str, Any]) -> None:
+    g = jaxpar.parallel_branches(program.fn, **options)
+    argnums = tuple(range(len(program.args)))
+    assert_same_outcome(
+        lambda: jax.jit(jax.grad(scalar_loss(g), argnums))(*program.args),
+        lambda: jax.jit(jax.grad(scalar_loss(program.fn), argnums))(*program.args),
+        may_succeed=True, **GRAD_TOLERANCE)
+
+
+@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10}s 1, 2, 3")
+@_examples(0.1)
+@given(program=any_feature_program, options=configurations)
+def test_feature_vmap_matches(program: Program, options: dict[str, Any]) -> None:
+    g = jaxpar.parallel_branches(program.fn, **options)
+    batch = stacked_batch(program.args)
+    assert_same_outcome(lambda: jax.vmap(g)(*batch), lambda: jax.vmap(program.fn)(*batch),
+                        **VALUE_TOLERANCE)
+
+
+@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 3 (pure_callback without vmap_method)")
+@_examples(0.1)
+@given(program=any_feature_program)
+def test_feature_idempotent(program: Program) -> None:
+    check_idempotent(program)
+
+
+def _count_primitive(closed: Any, name: str) -> int:
+    """Equations of primitive `name` in a jaxpr and every jaxpr nested in its parameters."""
+    count, stack = 0, [closed.jaxpr]
+    while stack:
+        jaxpr = stack.pop()
+        for eqn in jaxpr.eqns:
+            count += eqn.primitive.name == name
+            for param in eqn.params.values():
+                for value in param if isinstance(param, (tuple, list)) else (param,):
+                    if hasattr(value, "eqns"):
+                        stack.append(value)
+                    elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
+                        stack.append(value.jaxpr)
+    return count
+
+
+@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 3 (per-member conds batched to select)")
+@_examples(0.15)
+@given(program=feature_programs(), options=st.sampled_from(GPU_CONFIGURATIONS))
+def test_rewrite_adds_no_select(program: Program, options: dict[str, Any]) -> None:
+    """A `cond` or `while` whose predicate differs per member must not become a `select_n`:
+    that runs every branch (or trip) for every member, work `jax.jit` never does. Feature
+    programs hold no `select_n` of their own (unrolling may copy one that a program has), so
+    any `select_n` in the rewrite comes from batching a cond or while."""
+    g = jaxpar.parallel_branches(program.fn, **options)
+    assert _count_primitive(jax.make_jaxpr(program.fn)(*program.args), "select_n") == 0
+    after = _count_primitive(jax.make_jaxpr(g)(*program.args), "select_n")
+    assert after == 0, f"the rewrite adds {after} select_n (options {options})"
+
+
+@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 6 (trace-context cache)")
+@_examples(0.1)
+@given(program=feature_programs(), options=configurations)
+def test_trace_context_flip_between_calls(program: Program, options: dict[str, Any]) -> None:
+    """The same decorated function, called again under another trace context, computes what
+    `jax.jit` computes under that context (or fails where it fails)."""
+    g = jaxpar.parallel_branches(program.fn, **options)
+    tolerance = _value_tolerance(options)
+    assert_same_outcome(lambda: g(*program.args), lambda: jax.jit(program.fn)(*program.args),
+                        **tolerance)
+    for context in (lambda: jax.enable_x64(True), lambda: jax.numpy_rank_promotion("raise")):
+        with context():
+            assert_same_outcome(lambda: g(*program.args),
+                                lambda: jax.jit(program.fn)(*program.args), **tolerance)
+    assert_same_outcome(lambda: g(*program.args), lambda: jax.jit(program.fn)(*program.args),
+                        **tolerance)
+
+
+@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 7 (eager grad runs op by op)")
+@_examples(0.1)
+@given(program=any_program, options=configurations)
+def test_eager_grad_and_jvp_match(program: Program, options: dict[str, Any]) -> None:
+    """`jax.grad` and `jax.jvp` of the decorated function, without an outer `jit`, give what
+    they give for `jax.jit` of the original: bit for bit on target "cpu"."""
+    g = jaxpar.parallel_branches(program.fn, **options)
+    f = jax.jit(program.fn)
+    argnums = tuple(range(len(program.args)))
+    tolerance = {} if options["target"] == "cpu" else GRAD_TOLERANCE
+    assert_same_outcome(lambda: jax.grad(scalar_loss(g), argnums)(*program.args),
+                        lambda: jax.grad(scalar_loss(f), argnums)(*program.args),
+                        may_succeed=True, **tolerance)
+    tangents = tuple(jnp.ones_like(a) for a in program.args)
+    assert_same_outcome(lambda: jax.jvp(g, program.args, tangents),
+                        lambda: jax.jvp(f, program.args, tangents), **tolerance)
+
+
+# ---- Programs inside shard_map ---------------------------------------------------------------
+
+SHARD_MAP_DEVICES = 8
+_IN_SUBPROCESS = "JAXPAR_PROPERTIES_SUBPROCESS"
+
+
+def _run_with_devices(test_name: str) -> bool:
+    """False when this process has enough CPU devices; else runs the test in a subprocess
+    that has (JAX's backend starts once per process) and returns True."""
+    if len(jax.devices("cpu")) >= SHARD_MAP_DEVICES:
+        return False
+    assert not os.environ.get(_IN_SUBPROCESS), "the subprocess did not get 8 devices either"
+    flags = f" --xla_force_host_platform_device_count={SHARD_MAP_DEVICES}"
+    env = {**os.environ, _IN_SUBPROCESS: "1", "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + flags}
+    here = os.path.abspath(__file__)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--runxfail",
+         f"{here}::{test_name}"],
+        env=env, capture_output=True, text=True, timeout=900,
+        cwd=os.path.dirname(os.path.dirname(here)))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-8000:]
+    return True
+
+
+def _sharded(fn: Callable[..., Any], mesh: Any, n_args: int) -> Callable[..., Any]:
+    """`fn` per device on its slice of stacked arguments: each device runs one member."""
+    def body(*stacked: jax.Array) -> Any:
+        out = fn(*(a[0] for a in stacked))
+        return jax.tree.map(lambda leaf: jnp.asarray(leaf)[None], out)
+
+    spec = P("x")
+    return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * n_args, out_specs=spec)
+
+
+@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 5 (batching inside shard_map)")
+def test_programs_inside_shard_map() -> None:
+    if _run_with_devices("test_programs_inside_shard_map"):
+        return
+    _programs_inside_shard_map()
+
+
+@_examples(0.1)
+@given(program=st.one_of(feature_programs(), programs()), options=configurations)
+def _programs_inside_shard_map(program: Program, options: dict[str, Any]) -> None:
+    mesh = Mesh(np.array(jax.devices("cpu")[:SHARD_MAP_DEVICES]), ("x",))
+    n = len(program.args)
+    scales = jnp.linspace(-1.0, 1.0, SHARD_MAP_DEVICES)[:, None, None]
+    stacked = tuple(jnp.tanh(a[None] * scales + 0.1 * k) for k, a in enumerate(program.args))
+    want = lambda: jax.jit(_sharded(program.fn, mesh, n))(*stacked)
+    tolerance = _value_tolerance(options)
+    g = jaxpar.parallel_branches(program.fn, **options)
+    # The decorated function inside the shard_map body, and the shard_map'ed one decorated.
+    assert_same_outcome(lambda: jax.jit(_sharded(g, mesh, n))(*stacked), want, **tolerance)
+    outer = jaxpar.parallel_branches(_sharded(program.fn, mesh, n), **options)
+    assert_same_outcome(lambda: outer(*stacked), want, **tolerance)
+
+
+# ---- Every emitted program compiles for the GPU (deviceless) --------------------------------
+
+_PLUGIN_OK, _PLUGIN_MESSAGE = _deviceless.plugin_status()
+
+
+@pytest.mark.skipif(not _PLUGIN_OK, reason=_PLUGIN_MESSAGE)
+@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 8 (unroll group gaps)")
+@_examples(0.1)
+@given(program=st.one_of(scan_programs(), loop_programs(), feature_programs()),
+       options=st.sampled_from(GPU_CONFIGURATIONS))
+def test_gpu_compile_succeeds(program: Program, options: dict[str, Any]) -> None:
+    """XLA:GPU compiles whatever the GPU target emits (for an H200, without a GPU): every
+    combination of fused, batched and unrolled loops with regions in their bodies."""
+    g = jaxpar.parallel_branches(program.fn, **options)
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in program.args]
+    _deviceless.compile_for_gpu(g, *specs, gpu="h200")
