@@ -10,7 +10,9 @@ Example::
 
 Sharp edges:
   * The rewrite is cached per argument structure, shapes, dtypes and options
-    (and the XLA_FLAGS async limit); a change to any of them re-plans.
+    (and the XLA_FLAGS async limit, and JAX's trace context as ``jax.jit`` keys
+    it: ``enable_x64``, promotion rules, matmul precision, default device...);
+    a change to any of them re-plans.
   * Called eagerly the rewritten function runs under ``jax.jit``; called under
     another transformation it is traced inline into the caller.
 """
@@ -87,7 +89,9 @@ class ParallelBranches:
 
     def _rewrite(self, sig: Signature) -> _Rewrite:
         target = self.options.resolved_target()
-        key = (sig, target, async_compute_limit())
+        # JAX's trace context (x64, promotion rules, matmul precision, default device,
+        # mesh...) changes what tracing produces, so it keys the plan as it keys jax.jit.
+        key = (sig, target, async_compute_limit(), _compat.trace_context())
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:

@@ -62,6 +62,7 @@ __all__ = [
     "source_summary",
     "splice_jaxpr",
     "stream_call",
+    "trace_context",
 ]
 
 
@@ -105,6 +106,19 @@ def ordering_effects(eqn: Any) -> frozenset[Any]:
 def is_tracer(value: Any) -> bool:
     """Whether ``value`` is a JAX tracer (we are inside jit, grad, vmap, ...)."""
     return isinstance(value, jax.core.Tracer)
+
+
+def trace_context() -> Any:
+    """The configuration ``jax.jit`` keys its caches on, as one hashable value.
+
+    Everything that changes what tracing produces: ``jax_enable_x64``, rank and dtype
+    promotion, ``default_matmul_precision``, the default device, the mesh and axis
+    environment, ``disable_jit`` and more. ``jax._src.config.trace_context`` on every
+    version tried (0.10.2, 0.12); there is no public name for it.
+    """
+    from jax._src import config as _config
+
+    return _config.trace_context()
 
 
 def is_jaxpr_like(value: Any) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import (
     FOUR_BRANCHES_OPTIONS,
@@ -122,3 +123,75 @@ def test_jit_static_argnums_around_decorated():
     args = four_branches_args()
     jitted = jax.jit(outer, static_argnums=1)
     assert_same_values(jitted(args, 2), jax.jit(lambda a: four_branches(*a) ** 2)(args), "gpu")
+
+
+# --- JAX's trace context flipped between calls (issue 10, point 6) ---------------------------
+# jax.jit keys its caches on the trace context; the plan cache must too, or a plan traced under
+# one configuration is reused under another.
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_enable_x64_after_a_first_call(target):
+    def f(x):
+        return x * jnp.arange(3.0) + 1.5
+
+    g = jaxpar.parallel_branches(f, target=target)
+    x = np.float32(2.0)
+    assert_tree_equal(g(x), jax.jit(f)(x))
+    with jax.enable_x64(True):
+        want = jax.jit(f)(x)
+        got = g(x)
+    assert want.dtype == jnp.float64
+    assert got.dtype == want.dtype
+    assert_tree_equal(got, want)
+    assert_tree_equal(g(x), jax.jit(f)(x))  # and back
+    assert g(x).dtype == jnp.float32
+
+
+def test_rank_promotion_raise_after_a_first_call():
+    def f(x, y):
+        return x + y
+
+    g = jaxpar.parallel_branches(f, target="cpu")
+    x, y = jnp.ones(3), jnp.ones((2, 1))
+    assert_tree_equal(g(x, y), jax.jit(f)(x, y))
+    with jax.numpy_rank_promotion("raise"):
+        with pytest.raises(ValueError, match="rank_promotion") as want:
+            jax.jit(f)(x, y)
+        with pytest.raises((ValueError, jaxpar.TraceError), match="rank_promotion") as got:
+            g(x, y)
+    cause = got.value.__cause__ if isinstance(got.value, jaxpar.TraceError) else got.value
+    assert type(cause) is type(want.value)
+    assert_tree_equal(g(x, y), jax.jit(f)(x, y))
+
+
+def test_numpy_dtype_promotion_strict_after_a_first_call():
+    def f(x, y):
+        return x + y
+
+    g = jaxpar.parallel_branches(f, target="cpu")
+    x, y = jnp.ones(3, jnp.float32), jnp.ones(3, jnp.bfloat16)
+    assert_tree_equal(g(x, y), jax.jit(f)(x, y))
+    with jax.numpy_dtype_promotion("strict"):
+        with pytest.raises(Exception, match="promot") as want:
+            jax.jit(f)(x, y)
+        with pytest.raises((type(want.value), jaxpar.TraceError), match="promot") as got:
+            g(x, y)
+    cause = got.value.__cause__ if isinstance(got.value, jaxpar.TraceError) else got.value
+    assert type(cause) is type(want.value)
+
+
+def test_default_matmul_precision_after_a_first_call():
+    def f(x, w):
+        return jnp.tanh(x @ w) @ w
+
+    g = jaxpar.parallel_branches(f, target="cpu")
+    x = w = jnp.ones((8, 8))
+    jax.jit(g).lower(x, w)
+    plain = jax.jit(g).trace(x, w).jaxpr
+    with jax.default_matmul_precision("highest"):
+        want = jax.jit(f).trace(x, w).jaxpr
+        got = jax.jit(g).trace(x, w).jaxpr
+    precisions = {str(e.params["precision"]) for e in want.eqns if "precision" in e.params}
+    assert precisions and "HIGHEST" in str(precisions)
+    assert "HIGHEST" in str(got) and "HIGHEST" not in str(plain)
