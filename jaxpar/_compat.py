@@ -55,6 +55,8 @@ __all__ = [
     "eqn_replace_subjaxprs",
     "eqn_subjaxprs",
     "is_tracer",
+    "jit_disabled",
+    "register_for_clear_caches",
     "make_closed_jaxpr",
     "open_jaxpr",
     "replace_eqn",
@@ -119,6 +121,31 @@ def trace_context() -> Any:
     from jax._src import config as _config
 
     return _config.trace_context()
+
+
+def jit_disabled() -> bool:
+    """Whether ``jax.disable_jit()`` is in force (then functions run op by op, eagerly)."""
+    return bool(getattr(jax.config, "jax_disable_jit"))
+
+
+def register_for_clear_caches(cache: Any, label: str) -> bool:
+    """Has ``jax.clear_caches()`` call ``cache.cache_clear()`` from now on.
+
+    JAX keeps a weak registry of its own caches (``jax._src.util.register_cache``, the
+    hook ``util.cache`` and ``weakref_lru_cache`` use; 0.10.2 to 0.12), which
+    ``jax.clear_caches()`` walks. ``cache`` must be weakly referenceable and have
+    ``cache_clear()``, ``cache_info()`` and ``cache_keys()``; the registry drops it when
+    it dies. Returns False (and registers nothing) where the hook is missing.
+    """
+    try:
+        from jax._src import util as _util
+    except ImportError:
+        return False
+    register = getattr(_util, "register_cache", None)
+    if register is None:
+        return False
+    register(cache, label)
+    return True
 
 
 def is_jaxpr_like(value: Any) -> bool:

@@ -165,9 +165,12 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         message has the exact ``pip install`` line), or this jaxlib is known to
         crash on the program.
       ValueError: unknown ``gpu`` or ``devices < 1``; bad options.
+      TypeError: an unknown option (with the closest valid name).
     """
     from ._api import inspect as inspect_plan
+    from ._options import Options, check_known
 
+    check_known(options, (*Options.names(), "gpu", "devices", "mesh", "allow_known_crashes"))
     ok, message = _deviceless.plugin_status()
     if not ok:
         raise RuntimeError(f"gpu_preview needs the CUDA PJRT plugin: {message}")

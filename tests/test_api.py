@@ -190,9 +190,17 @@ class NotAPytree:
         return x @ self.w
 
 
-def test_decorated_method_on_plain_class_names_self():
-    with pytest.raises(TypeError, match=r"`self`.*NotAPytree.*functools\.partial"):
-        NotAPytree().apply(jnp.ones((2, 4)))
+def test_decorated_method_on_plain_class_self_is_static():
+    # A plain object is a hashable non-array leaf: static, keyed by identity, as
+    # eqx.filter_jit and jax.jit's static_argnums treat it.
+    obj = NotAPytree()
+    x = jnp.ones((2, 4))
+    assert_tree_equal(obj.apply(x), jax.jit(lambda x: x @ obj.w)(x))
+    assert NotAPytree.apply.analyses == 1
+    obj.apply(x + 1.0)
+    assert NotAPytree.apply.analyses == 1
+    NotAPytree().apply(x)  # another object: another static value
+    assert NotAPytree.apply.analyses == 2
 
 
 # --- metadata ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from helpers import (
     assert_tree_equal,
     four_branches,
     four_branches_args,
+    function_bodies,
     lower_for_gpu,
     nested_stream_calls,
     pure_chain,
@@ -73,8 +74,13 @@ def test_two_decorated_calls_in_one_jit_get_their_own_sections():
         return g(x, y)
 
     text = lower_for_gpu(twice, *args)
-    calls = stream_calls(text)
-    assert len(calls) == 4
+    # Each call is one jitted call, as two calls of a jax.jit function are: one function
+    # holding the two stream calls, called twice.
+    bodies = function_bodies(text)
+    holders = [name for name, body in bodies.items() if len(stream_calls("\n".join(body))) == 2]
+    assert holders == ["two_scans"]
+    assert sum("call @two_scans(" in line for line in bodies["main"]) == 2
+    assert len(stream_calls(text)) == 2
     assert nested_stream_calls(text) == []
     assert_same_values(jax.jit(twice)(*args),
                        jax.jit(lambda a, b: two_scans(*two_scans(a, b)))(*args), "gpu")
@@ -195,3 +201,24 @@ def test_default_matmul_precision_after_a_first_call():
     precisions = {str(e.params["precision"]) for e in want.eqns if "precision" in e.params}
     assert precisions and "HIGHEST" in str(precisions)
     assert "HIGHEST" in str(got) and "HIGHEST" not in str(plain)
+
+
+_box: dict[str, object] = {}
+
+
+@jaxpar.parallel_branches(target="cpu")
+def _reads_box(x):
+    return x * _box["scale"]
+
+
+def test_same_decorated_function_closing_over_new_tracers_each_trace():
+    # Every call is one jitted call; a trace that closed over another trace's tracers must
+    # not be reused by the next outer trace (jax.jit itself would leak the old tracer).
+    def outer(scale, x):
+        _box["scale"] = scale
+        return _reads_box(x)
+
+    x = jnp.arange(3.0)
+    assert_tree_equal(jax.jit(outer)(2.0, x), x * 2.0)
+    assert_tree_equal(jax.jit(lambda s, x: outer(s, x) + 1.0)(5.0, x), x * 5.0 + 1.0)
+    assert_tree_equal(jax.grad(lambda s: jnp.sum(outer(s, x)))(3.0), jnp.sum(x))
