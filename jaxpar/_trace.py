@@ -57,15 +57,18 @@ _KEYWORD = (_pyinspect.Parameter.POSITIONAL_OR_KEYWORD, _pyinspect.Parameter.KEY
 
 
 def _index_tuple(value: Any, name: str) -> tuple[int, ...]:
-    items = (value,) if isinstance(value, int) else value
     try:
+        items = (value,) if isinstance(value, int) else tuple(value)
         return tuple(operator.index(i) for i in items)
     except TypeError:
         raise TypeError(f"{name} must be an int or a sequence of ints, got {value!r}") from None
 
 
 def _str_tuple(value: Any, name: str) -> tuple[str, ...]:
-    items = (value,) if isinstance(value, str) else tuple(value)
+    try:
+        items = (value,) if isinstance(value, str) else tuple(value)
+    except TypeError:
+        items = (value,)
     if not all(isinstance(i, str) for i in items):
         raise TypeError(f"{name} must be a str or a sequence of str, got {value!r}")
     return items

@@ -248,10 +248,11 @@ def test_equinox_two_branch_model():
     model = TwoBranch(width, jax.random.key(0))
     xs = _normal(1, (16, width))
 
-    # The whole module is not a pytree of arrays (activations are functions): jaxpar says
-    # which leaf is wrong and what to do.
-    with pytest.raises(TypeError, match="not an array"):
-        jaxpar.parallel_branches(lambda m, x: jax.vmap(m)(x), target="gpu")(model, xs)
+    # The whole module works too: its function leaves (activations) are static values, as
+    # in eqx.filter_jit.
+    _assert_trees_close(
+        jaxpar.parallel_branches(lambda m, x: jax.vmap(m)(x), target="gpu")(model, xs),
+        eqx.filter_jit(lambda m, x: jax.vmap(m)(x))(model, xs))
 
     params, static = eqx.partition(model, eqx.is_array)
 
