@@ -232,10 +232,20 @@ _PYTHON_SCALARS = (bool, int, float, complex)
 
 
 def _nnx_graph_node_check() -> Callable[[Any], bool] | None:
-    """``flax.nnx``'s graph-node test, if the user imported flax.nnx (never imported here)."""
-    graph = sys.modules.get("flax.nnx.graph")
-    check = getattr(graph, "is_graph_node", None)
-    return check if callable(check) else None
+    """Whether a value is a Flax NNX module or other stateful object (a graph node that is
+    not a ``Variable``: the ``State`` of ``nnx.split`` holds Variables and is fine).
+    None unless the user imported flax.nnx (never imported here)."""
+    is_graph_node = getattr(sys.modules.get("flax.nnx.graph"), "is_graph_node", None)
+    variable = getattr(sys.modules.get("flax.nnx"), "Variable", None)
+    if not callable(is_graph_node):
+        return None
+    if not isinstance(variable, type):
+        return is_graph_node  # type: ignore[no-any-return]
+
+    def is_stateful_object(value: Any) -> bool:
+        return not isinstance(value, variable) and bool(is_graph_node(value))
+
+    return is_stateful_object
 
 
 def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
