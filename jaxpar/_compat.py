@@ -125,7 +125,7 @@ def trace_context() -> Any:
 
 def jit_disabled() -> bool:
     """Whether ``jax.disable_jit()`` is in force (then functions run op by op, eagerly)."""
-    return bool(getattr(jax.config, "jax_disable_jit"))
+    return bool(jax.config.jax_disable_jit)  # type: ignore[attr-defined]
 
 
 def register_for_clear_caches(cache: Any, label: str) -> bool:
