@@ -9,10 +9,14 @@ Example::
     print(jaxpar.inspect(two_scans)(a, b))
 
 Sharp edges:
+  * Every call runs under one ``jax.jit`` (eager calls, and calls under grad,
+    vmap or jvp, stay compiled; under another jit it is inlined). Its
+    ``trace``/``lower``/``eval_shape`` are ``jax.jit``'s on the decorated
+    function, so there every non-static leaf must be an array.
   * The rewrite is cached per argument structure, shapes, dtypes and options
-    (and the XLA_FLAGS async limit); a change to any of them re-plans.
-  * Called eagerly the rewritten function runs under ``jax.jit``; called under
-    another transformation it is traced inline into the caller.
+    (and the XLA_FLAGS async limit, and JAX's trace context as ``jax.jit`` keys
+    it: ``enable_x64``, promotion rules, matmul precision, default device...);
+    a change to any of them re-plans.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
 import jax
@@ -31,27 +36,93 @@ import jax
 from . import _compat
 from ._emit import Emitter, stream_attributes
 from ._inspect import Plan, build_report
-from ._options import Options, Switch, Target, Unroll
+from ._options import Options, Switch, Target, Unroll, check_known
 from ._plan import LevelPlan, PlanContext, async_compute_limit, jaxpr_has_placement, plan_jaxpr
 from ._price import command_buffer_mode
-from ._trace import Signature, Traced, signature, trace
+from ._trace import (
+    Layout,
+    Signature,
+    StaticArgs,
+    Traced,
+    abstract,
+    split_arguments,
+    trace,
+)
 from .passes import LoopDecision, apply_loop_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _CACHE_SIZE = 64
 
+DISABLE_VARIABLE = "JAXPAR_DISABLE"
+
+
+def disabled_by_environment() -> bool:
+    """Whether ``JAXPAR_DISABLE`` is set (``1``, ``true``, ``yes`` or ``on``): decorated
+    functions then run as plain ``jax.jit`` of the original function."""
+    return os.environ.get(DISABLE_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+
 
 @dataclasses.dataclass(frozen=True)
 class _Rewrite:
-    """Everything derived from one signature: plan, emitter, compiled runner."""
+    """Everything derived from one signature: plan and emitter."""
 
     traced: Traced
     plan: LevelPlan
     loops: tuple[LoopDecision, ...]
     target: str
     emitter: Emitter
-    jitted: Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallKey:
+    """The static argument of the one ``jax.jit`` a decorated function runs under."""
+
+    layout: Layout
+    emit_streams: bool  # False inside a user's on_stream call (stream calls cannot nest)
+    rewrite: bool  # False when JAXPAR_DISABLE is set: run the original function
+    async_limit: int  # from XLA_FLAGS, which jax.jit's own cache does not see
+    command_buffers: str  # likewise (``_price.command_buffer_mode``)
+
+
+class _PlanCache:
+    """The rewrites of one decorated function, most recently used last.
+
+    Registered with ``jax.clear_caches()``, which empties it, as it empties JAX's own
+    caches; it holds jaxprs, so it dies with the decorated function.
+    """
+
+    def __init__(self, size: int):
+        self._size = size
+        self._entries: collections.OrderedDict[Any, _Rewrite] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> _Rewrite | None:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+            return hit
+
+    def put(self, key: Any, rewrite: _Rewrite) -> None:
+        with self._lock:
+            self._entries[key] = rewrite
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def cache_info(self) -> tuple[int, int]:
+        return len(self._entries), self._size
+
+    def cache_keys(self) -> list[Any]:
+        with self._lock:
+            return list(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def _check_callable(fun: Any, api: str) -> None:
@@ -61,16 +132,41 @@ def _check_callable(fun: Any, api: str) -> None:
 
 
 class ParallelBranches:
-    """A function rewritten by ``parallel_branches``; call it like the original."""
+    """A function rewritten by ``parallel_branches``; call it like the original.
 
-    def __init__(self, fun: Callable[..., Any], options: Options):
+    Like a ``jax.jit`` function it has ``trace``, ``lower`` and ``eval_shape``, and
+    ``clear_cache()``; ``__wrapped__`` is the original function.
+    """
+
+    def __init__(self, fun: Callable[..., Any], options: Options,
+                 static_args: StaticArgs | None = None):
         _check_callable(fun, "parallel_branches")
+        functools.update_wrapper(self, fun)
         self.__wrapped__ = fun
         self.options = options
-        self._cache: collections.OrderedDict[Any, _Rewrite] = collections.OrderedDict()
-        self._lock = threading.Lock()
+        self._static_args = static_args or StaticArgs()
+        self._cache = _PlanCache(_CACHE_SIZE)
+        _compat.register_for_clear_caches(self._cache, f"jaxpar rewrites of {self!r}")
         self.analyses = 0  # how many times a signature was planned (for tests and tooling)
-        functools.update_wrapper(self, fun)
+        # One jit for every call, eager or under a transformation: grad, vmap and
+        # jvp of a jitted call stay compiled, and jit inside jit is inlined.
+        def call(key: _CallKey, *leaves: Any) -> Any:
+            return self._call_traced(key, *leaves)
+
+        # Named after the user's function in lowered programs and profiles, as jax.jit does.
+        call.__name__ = str(getattr(fun, "__name__", "parallel_branches"))
+        call.__qualname__ = str(getattr(fun, "__qualname__", call.__name__))
+        self._jitted: Any = jax.jit(call, static_argnums=0)
+        self._stages: Any = None
+        self._saw_traced_consts = threading.local()
+
+    @property
+    def static_argnums(self) -> tuple[int, ...]:
+        return self._static_args.nums
+
+    @property
+    def static_argnames(self) -> tuple[str, ...]:
+        return self._static_args.names
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -78,30 +174,67 @@ class ParallelBranches:
         return functools.partial(self, instance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        sig, leaves = signature(self.__wrapped__, args, kwargs)
-        rewrite = self._rewrite(sig)
-        if any(_compat.is_tracer(leaf) for leaf in leaves):
-            flat_out = _run(rewrite, leaves)
-        else:
-            flat_out = rewrite.jitted(*leaves)
+        if _compat.jit_disabled():  # jax.disable_jit(): run the original, eagerly
+            return self.__wrapped__(*args, **kwargs)
+        layout, leaves = split_arguments(self.__wrapped__, args, kwargs, self._static_args)
+        key = _CallKey(layout, not inside_stream_call(), not disabled_by_environment(),
+                       async_compute_limit(), command_buffer_mode())
+        self._saw_traced_consts.value = False
+        out = self._jitted(key, *leaves)
+        if self._saw_traced_consts.value:
+            # The trace closed over another trace's tracers: jit must not reuse it.
+            self._jitted.clear_cache()
+        return out
+
+    def _call_traced(self, key: _CallKey, *leaves: Any) -> Any:
+        if not key.rewrite:
+            args, kwargs = key.layout.rebuild(leaves)
+            return self.__wrapped__(*args, **kwargs)
+        rewrite = self._rewrite(Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)))
+        if rewrite.traced.consts_are_tracers:
+            self._saw_traced_consts.value = True
+        flat_out = _run(rewrite, leaves, key.emit_streams)
         return jax.tree_util.tree_unflatten(rewrite.traced.out_tree, flat_out)
 
     def _rewrite(self, sig: Signature) -> _Rewrite:
         target = self.options.resolved_target()
-        key = (sig, target, async_compute_limit(), command_buffer_mode())
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
+        # JAX's trace context (x64, promotion rules, matmul precision, default device,
+        # mesh...) changes what tracing produces, so it keys the plan as it keys jax.jit.
+        key = (sig, target, async_compute_limit(), command_buffer_mode(),
+               _compat.trace_context())
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
         rewrite = _build(self.__wrapped__, sig, self.options, target)
         self.analyses += 1
         if not rewrite.traced.consts_are_tracers:
-            with self._lock:
-                self._cache[key] = rewrite
-                while len(self._cache) > _CACHE_SIZE:
-                    self._cache.popitem(last=False)
+            self._cache.put(key, rewrite)
         return rewrite
+
+    def _staged(self) -> Any:
+        if self._stages is None:
+            self._stages = jax.jit(self, static_argnums=self.static_argnums,
+                                   static_argnames=self.static_argnames)
+        return self._stages
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """``jax.jit(f).trace(...)`` of the rewritten function: a ``jax.stages.Traced``."""
+        return self._staged().trace(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """``jax.jit(f).lower(...)``: a ``jax.stages.Lowered`` (``.as_text()``, ``.compile()``)."""
+        return self._staged().lower(*args, **kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The output shapes and dtypes, as ``jax.ShapeDtypeStruct`` s, without running."""
+        return self._staged().eval_shape(*args, **kwargs)
+
+    def clear_cache(self) -> None:
+        """Forgets every rewrite and compiled program of this function."""
+        self._cache.cache_clear()
+        self._jitted.clear_cache()
+        if self._stages is not None:
+            self._stages.clear_cache()
 
     def __repr__(self) -> str:
         return f"parallel_branches({getattr(self.__wrapped__, '__name__', self.__wrapped__)!r})"
@@ -141,21 +274,16 @@ def _collector_paused() -> Iterator[None]:
 
 def _build(fun: Callable[..., Any], sig: Signature, options: Options, target: str) -> _Rewrite:
     traced, plan, loops = _analyse(fun, sig, options, target)
-    emitter = Emitter(plan, emit_streams=(target == "gpu"))
-    rewrite_box: list[_Rewrite] = []
-
-    def run_flat(*leaves: Any) -> list[Any]:
-        return _run(rewrite_box[0], leaves)
-
-    rewrite = _Rewrite(traced, plan, loops, target, emitter, jax.jit(run_flat))
-    rewrite_box.append(rewrite)
-    return rewrite
+    return _Rewrite(traced, plan, loops, target, Emitter(plan, emit_streams=(target == "gpu")))
 
 
-def _run(rewrite: _Rewrite, leaves: Any) -> list[Any]:
+def _run(rewrite: _Rewrite, leaves: Any, emit_streams: bool) -> list[Any]:
     _, consts = _compat.open_jaxpr(rewrite.traced.jaxpr)
-    # Inside a user's on_stream call, emitting stream calls would nest them.
-    return rewrite.emitter.run(consts, *leaves, emit_streams=not inside_stream_call())
+    return rewrite.emitter.run(consts, *leaves, emit_streams=emit_streams)
+
+
+_Argnums = int | Sequence[int] | None
+_Argnames = str | Iterable[str] | None
 
 
 @overload
@@ -163,18 +291,24 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
-                      force_streams: bool = ...) -> F: ...
+                      force_streams: bool = ...,
+                      static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
+                      ) -> F: ...
 @overload
 def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
-                      force_streams: bool = ...) -> Callable[[F], F]: ...
+                      force_streams: bool = ...,
+                      static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
+                      ) -> Callable[[F], F]: ...
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
                       min_cost_us: float = 5.0, fuse_scans: Switch = "auto",
                       batch_scans: Switch = "auto", batch_branches: Switch = "auto",
                       unroll: Unroll = "auto", group_collectives: Switch = "auto",
-                      force_streams: bool = False) -> Any:
+                      force_streams: bool = False,
+                      static_argnums: _Argnums = None, static_argnames: _Argnames = None,
+                      **unknown: Any) -> Any:
     """Rewrites ``fun`` so independent work runs on separate CUDA streams.
 
     The function is traced to a jaxpr (per argument signature, cached), the
@@ -185,9 +319,10 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     with ``jax.jit``, ``jax.grad``, ``jax.vmap`` and ``shard_map``.
 
     Args:
-      fun: the function to rewrite. Its arguments are pytrees of arrays; bind
-        anything else with ``functools.partial`` first. When omitted,
-        ``parallel_branches(**options)`` returns a decorator.
+      fun: the function to rewrite. Its arguments are pytrees: array leaves are
+        traced (and Python scalars, as ``jax.jit`` traces them), other hashable
+        leaves (functions, strings...) are static, as in ``eqx.filter_jit``. When
+        omitted, ``parallel_branches(**options)`` returns a decorator.
       max_streams: most regions (and so streams) per parallel section, >= 1.
         The effective cap is also bounded by XLA's
         ``--xla_gpu_experimental_parallel_async_compute_limit`` (default 2).
@@ -207,14 +342,25 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         estimate says it does not pay (a stream cut forfeits fusions, XLA's dot
         merging and CUDA-graph overlap); for experiments and for measuring on a
         real GPU. By default such sections are left alone and ``inspect`` says why.
+      static_argnums: positional arguments that are static (hashable Python
+        values that key the cache and may steer tracing), as in ``jax.jit``;
+        negative numbers count from the end.
+      static_argnames: the same by name; numbers and names complete each other
+        as in ``jax.jit``.
 
     Returns:
-      The rewritten function (or a decorator, when ``fun`` is omitted).
+      The rewritten function, a ``jaxpar.ParallelBranches`` with ``trace``,
+      ``lower``, ``eval_shape`` and ``clear_cache`` as on ``jax.jit`` (or a
+      decorator, when ``fun`` is omitted). Under ``jax.disable_jit()`` it calls
+      ``fun`` eagerly; with ``JAXPAR_DISABLE=1`` in the environment it runs as
+      plain ``jax.jit`` of ``fun``.
 
     Raises:
-      TypeError: ``fun`` is not callable, an option has the wrong type, or an
-        argument leaf is not an array (raised at call time, naming it).
-      ValueError: an option value is out of range.
+      TypeError: ``fun`` is not callable, an option is unknown (with the closest
+        valid name) or has the wrong type; at call time, an argument leaf that is
+        neither an array nor hashable, or a Flax NNX module (naming it).
+      ValueError: an option value is out of range, or a static argument number or
+        name ``fun`` does not take.
       jaxpar.TraceError: ``fun`` cannot be traced (at call time).
 
     Example:
@@ -222,13 +368,22 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       ... def f(a, b):
       ...   return jnp.tanh(a @ a) + jnp.tanh(b @ b)
     """
+    check_known(unknown, (*Options.names(), *_CALL_OPTIONS))
     options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
                              fuse_scans=fuse_scans, batch_scans=batch_scans,
                              batch_branches=batch_branches, unroll=unroll,
                              group_collectives=group_collectives, force_streams=force_streams)
-    if fun is None:
-        return lambda f: ParallelBranches(f, options)
-    return ParallelBranches(fun, options)
+
+    def decorate(f: Any) -> ParallelBranches:
+        _check_callable(f, "parallel_branches")
+        return ParallelBranches(f, options, StaticArgs.resolve(f, static_argnums,
+                                                               static_argnames))
+
+    return decorate if fun is None else decorate(fun)
+
+
+# Options of a call rather than of the plan: accepted by parallel_branches and inspect.
+_CALL_OPTIONS = ("static_argnums", "static_argnames")
 
 
 def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
@@ -236,8 +391,10 @@ def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
 
     Args:
       fun: a function, or one already decorated with ``parallel_branches``
-        (its options are the starting point; ``options`` override them).
-      **options: any option of ``parallel_branches``.
+        (its options and static arguments are the starting point; ``options``
+        override them).
+      **options: any option of ``parallel_branches``, including
+        ``static_argnums`` and ``static_argnames``.
 
     Returns:
       A function taking ``fun``'s arguments (arrays or ``jax.ShapeDtypeStruct``)
@@ -252,14 +409,22 @@ def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
       >>> plan = jaxpar.inspect(f, target="gpu")(a, b)
       >>> print(plan)
     """
-    base = fun.options.to_dict() if isinstance(fun, ParallelBranches) else {}
-    inner = fun.__wrapped__ if isinstance(fun, ParallelBranches) else fun
+    check_known(options, (*Options.names(), *_CALL_OPTIONS))
+    if isinstance(fun, ParallelBranches):
+        base, inner = fun.options.to_dict(), fun.__wrapped__
+        given_nums, given_names = fun.static_argnums or None, fun.static_argnames or None
+    else:
+        base, inner, given_nums, given_names = {}, fun, None, None
     _check_callable(inner, "inspect")
+    statics = StaticArgs.resolve(inner, options.pop("static_argnums", given_nums),
+                                 options.pop("static_argnames", given_names))
     resolved = Options.create(**{**base, **options})
 
     @functools.wraps(inner)
     def make_plan(*args: Any, **kwargs: Any) -> Plan:
-        sig, _ = signature(inner, args, kwargs, allow_abstract=True)
+        layout, leaves = split_arguments(inner, args, kwargs, statics, allow_abstract=True,
+                                         api="inspect")
+        sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
         target = resolved.resolved_target()
         _, plan, loops = _analyse(inner, sig, resolved, target)
         name = str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", inner))
@@ -335,7 +500,8 @@ def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[
                     f"on_stream({stream}) for {label!r} is called inside another stream call; "
                     "XLA cannot compile nested stream calls. Call the two functions side by "
                     "side instead.")
-            sig, leaves = signature(fun, args, kwargs)
+            layout, leaves = split_arguments(fun, args, kwargs, api="on_stream")
+            sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
             if sig not in checked:
                 if jaxpr_has_placement(trace(fun, sig).jaxpr, {}):
                     raise ValueError(
@@ -346,7 +512,7 @@ def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[
                 checked.add(sig)
 
             def flat_body(*flat: Any) -> Any:
-                inner_args, inner_kwargs = jax.tree_util.tree_unflatten(sig.in_tree, flat)
+                inner_args, inner_kwargs = layout.rebuild(flat)
                 with _inside_stream_call():
                     return fun(*inner_args, **inner_kwargs)
 

@@ -56,6 +56,8 @@ __all__ = [
     "eqn_replace_subjaxprs",
     "eqn_subjaxprs",
     "is_tracer",
+    "jit_disabled",
+    "register_for_clear_caches",
     "make_closed_jaxpr",
     "open_jaxpr",
     "replace_eqn",
@@ -63,6 +65,7 @@ __all__ = [
     "source_summary",
     "splice_jaxpr",
     "stream_call",
+    "trace_context",
 ]
 
 
@@ -106,6 +109,44 @@ def ordering_effects(eqn: Any) -> frozenset[Any]:
 def is_tracer(value: Any) -> bool:
     """Whether ``value`` is a JAX tracer (we are inside jit, grad, vmap, ...)."""
     return isinstance(value, jax.core.Tracer)
+
+
+def trace_context() -> Any:
+    """The configuration ``jax.jit`` keys its caches on, as one hashable value.
+
+    Everything that changes what tracing produces: ``jax_enable_x64``, rank and dtype
+    promotion, ``default_matmul_precision``, the default device, the mesh and axis
+    environment, ``disable_jit`` and more. ``jax._src.config.trace_context`` on every
+    version tried (0.10.2, 0.12); there is no public name for it.
+    """
+    from jax._src import config as _config
+
+    return _config.trace_context()
+
+
+def jit_disabled() -> bool:
+    """Whether ``jax.disable_jit()`` is in force (then functions run op by op, eagerly)."""
+    return bool(jax.config.jax_disable_jit)  # type: ignore[attr-defined]
+
+
+def register_for_clear_caches(cache: Any, label: str) -> bool:
+    """Has ``jax.clear_caches()`` call ``cache.cache_clear()`` from now on.
+
+    JAX keeps a weak registry of its own caches (``jax._src.util.register_cache``, the
+    hook ``util.cache`` and ``weakref_lru_cache`` use; 0.10.2 to 0.12), which
+    ``jax.clear_caches()`` walks. ``cache`` must be weakly referenceable and have
+    ``cache_clear()``, ``cache_info()`` and ``cache_keys()``; the registry drops it when
+    it dies. Returns False (and registers nothing) where the hook is missing.
+    """
+    try:
+        from jax._src import util as _util
+    except ImportError:
+        return False
+    register = getattr(_util, "register_cache", None)
+    if register is None:
+        return False
+    register(cache, label)
+    return True
 
 
 def is_jaxpr_like(value: Any) -> bool:

@@ -13,7 +13,9 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import jax
@@ -41,12 +43,12 @@ class Options:
     force_streams: bool = False
 
     @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
     def create(cls, **kwargs: Any) -> Options:
-        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            valid = ", ".join(f.name for f in dataclasses.fields(cls))
-            raise TypeError(f"unknown jaxpar option(s) {', '.join(map(repr, unknown))}; "
-                            f"valid options are: {valid}")
+        check_known(kwargs, cls.names())
         options = cls(**kwargs)
         options.validate()
         return options
@@ -96,3 +98,25 @@ class Options:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """`` (did you mean 'max_streams'?)`` for a misspelled name, or ``""``."""
+    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_known(given: Iterable[str], valid: Iterable[str], api: str = "jaxpar") -> None:
+    """Raises ``TypeError`` for names in ``given`` that are not in ``valid``, suggesting the
+    closest valid name; every entry point that takes options uses it.
+
+    Raises:
+      TypeError: an unknown name, e.g. ``unknown jaxpar option 'max_stream' (did you
+        mean 'max_streams'?); valid options are: ...``.
+    """
+    valid = list(valid)
+    unknown = sorted(set(given) - set(valid))
+    if unknown:
+        named = ", ".join(repr(name) + did_you_mean(name, valid) for name in unknown)
+        raise TypeError(f"unknown {api} option(s) {named}; valid options are: "
+                        f"{', '.join(valid)}")

@@ -229,9 +229,12 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         message has the exact ``pip install`` line), or this jaxlib is known to
         crash on the program.
       ValueError: unknown ``gpu`` or ``devices < 1``; bad options.
+      TypeError: an unknown option (with the closest valid name).
     """
     from ._api import inspect as inspect_plan
+    from ._options import Options, check_known
 
+    check_known(options, (*Options.names(), "gpu", "devices", "mesh", "allow_known_crashes"))
     mode = CommandBuffers(command_buffers).value if command_buffers in {
         m.value for m in CommandBuffers} else None
     if mode is None:

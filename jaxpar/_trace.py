@@ -1,25 +1,36 @@
 """Tracing: a user function and its arguments to a closed jaxpr.
 
-Arguments are pytrees (positional and keyword); every leaf must be an array
-(or a Python/NumPy scalar, or a ``jax.ShapeDtypeStruct`` where abstract
-arguments are allowed). The jaxpr is traced from abstract values only, so one
-trace serves every call with the same signature.
+Arguments are pytrees (positional and keyword). Their leaves split, as
+``eqx.filter_jit`` splits them, into traced leaves (arrays, and Python scalars
+as ``jax.jit`` traces them) and static leaves (other hashable values such as
+functions or strings, and the arguments named by ``static_argnums`` /
+``static_argnames``), which key the cache by value. The jaxpr is traced from
+abstract values only, so one trace serves every call with the same signature.
 
 Example::
 
-    traced = trace(f, (x,), {"scale": 2.0})
-    traced.jaxpr, traced.in_tree, traced.out_tree
+    layout, leaves = split_arguments(f, (x, 3), {}, StaticArgs.resolve(f, 1, None))
+    sig = Signature(layout, tuple(jax.typeof(leaf) for leaf in leaves))
+    traced = trace(f, sig)        # traced.jaxpr takes the leaves; 3 is a constant
 
 Sharp edges:
-  * Non-array leaves (strings, objects) are rejected with the argument's
-    path: bind them with ``functools.partial`` before decorating.
+  * A Python scalar is traced when the decorated function is called directly (as
+    ``jax.jit`` traces it), but stays a Python value when the function is called
+    under another transformation (some leaf is a tracer): there it is already a
+    constant of the enclosing trace, exactly as if the function were inlined.
+  * Static leaves must be hashable; unhashable non-array leaves are refused with
+    the argument's path. Flax NNX modules (graph nodes) are refused: their
+    state updates would be lost (see ``NNX_RECIPE``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect as _pyinspect
-from collections.abc import Callable
+import operator
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -32,12 +43,144 @@ class TraceError(RuntimeError):
     """The decorated function could not be traced to a jaxpr."""
 
 
+class StaticArg:
+    """Marks a ``static_argnums``/``static_argnames`` value: one static leaf, never flattened."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+_POSITIONAL = (_pyinspect.Parameter.POSITIONAL_ONLY, _pyinspect.Parameter.POSITIONAL_OR_KEYWORD)
+_KEYWORD = (_pyinspect.Parameter.POSITIONAL_OR_KEYWORD, _pyinspect.Parameter.KEYWORD_ONLY)
+
+
+def _index_tuple(value: Any, name: str) -> tuple[int, ...]:
+    try:
+        items = (value,) if isinstance(value, int) else tuple(value)
+        return tuple(operator.index(i) for i in items)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {value!r}") from None
+
+
+def _str_tuple(value: Any, name: str) -> tuple[str, ...]:
+    try:
+        items = (value,) if isinstance(value, str) else tuple(value)
+    except TypeError:
+        items = (value,)
+    if not all(isinstance(i, str) for i in items):
+        raise TypeError(f"{name} must be a str or a sequence of str, got {value!r}")
+    return items
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
-class Signature:
-    """What the rewrite cache is keyed by: structure, shapes and dtypes."""
+class StaticArgs:
+    """Which arguments are static, as ``jax.jit``'s ``static_argnums``/``static_argnames``."""
+
+    nums: tuple[int, ...] = ()
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def resolve(cls, fun: Callable[..., Any], static_argnums: int | Iterable[int] | None,
+                static_argnames: str | Iterable[str] | None) -> StaticArgs:
+        """Validates and completes them as ``jax.jit`` does: given only numbers, the names
+        of those positional-or-keyword parameters are static too, and the other way round.
+
+        Raises:
+          TypeError: not ints / not strings.
+          ValueError: a number or name ``fun`` does not accept.
+        """
+        if static_argnums is None and static_argnames is None:
+            return cls()
+        nums = () if static_argnums is None else _index_tuple(static_argnums, "static_argnums")
+        names = () if static_argnames is None else _str_tuple(static_argnames,
+                                                              "static_argnames")
+        try:
+            params = list(_pyinspect.signature(fun).parameters.values())
+        except (TypeError, ValueError):  # builtins without a signature: no validation
+            return cls(nums, names)
+        label = _name(fun)
+        if not any(p.kind is p.VAR_POSITIONAL for p in params):
+            positional = sum(p.kind in _POSITIONAL for p in params)
+            bad = [i for i in nums if not -positional <= i < positional]
+            if bad:
+                raise ValueError(f"static_argnums={nums} for {label}, which takes "
+                                 f"{positional} positional argument(s): {bad} out of range. "
+                                 "Count from 0 (negative numbers count from the end).")
+        positional_only = {p.name for p in params if p.kind is p.POSITIONAL_ONLY}
+        if bad_names := sorted(positional_only & set(names)):
+            raise ValueError(f"static_argnames={names} for {label}: {bad_names} are "
+                             "positional-only; use static_argnums for them.")
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            valid = [p.name for p in params if p.kind in _KEYWORD]
+            if bad_names := sorted(set(names) - set(valid)):
+                from ._options import did_you_mean
+                hints = "".join(did_you_mean(n, valid) for n in bad_names)
+                raise ValueError(f"static_argnames={names} for {label}: it takes no argument "
+                                 f"named {', '.join(map(repr, bad_names))}{hints}; its "
+                                 f"arguments are {', '.join(valid) or 'none'}.")
+        if static_argnums is None:
+            nums = tuple(i for i, p in enumerate(params)
+                         if p.kind is p.POSITIONAL_OR_KEYWORD and p.name in names)
+        elif static_argnames is None:
+            names = tuple(p.name for i, p in enumerate(params)
+                          if p.kind is p.POSITIONAL_OR_KEYWORD and i in nums)
+        return cls(nums, names)
+
+    def mark(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(args, kwargs)`` with the static ones wrapped in ``StaticArg``."""
+        if not (self.nums or self.names):
+            return args, kwargs
+        nums = {i if i >= 0 else i + len(args) for i in self.nums}
+        marked = tuple(StaticArg(a) if i in nums else a for i, a in enumerate(args))
+        marked_kwargs = {k: StaticArg(v) if k in self.names else v for k, v in kwargs.items()}
+        return marked, marked_kwargs
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Layout:
+    """How one call's arguments split into traced leaves and static values (hashable).
+
+    ``in_tree`` is the structure of ``(args, kwargs)`` (a ``static_argnums`` value is
+    one leaf); ``statics`` holds ``(leaf index, type, value)`` of every static leaf.
+    The type is part of the key because ``1 == 1.0 == True``.
+    """
 
     in_tree: Any
+    statics: tuple[tuple[int, type, Any], ...]
+
+    def rebuild(self, traced: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's ``(args, kwargs)`` from the traced leaves and the static values."""
+        static = {index: value for index, _, value in self.statics}
+        values = iter(traced)
+        leaves = [static[i] if i in static else next(values)
+                  for i in range(self.in_tree.num_leaves)]
+        args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, leaves)
+        return (tuple(a.value if isinstance(a, StaticArg) else a for a in args),
+                {k: v.value if isinstance(v, StaticArg) else v for k, v in kwargs.items()})
+
+    def traced_arguments(self, traced: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``(args, kwargs)`` holding only the traced leaves (None where static values are),
+        so ``jax.make_jaxpr`` names each leaf after the user's parameter."""
+        static = {index for index, _, _ in self.statics}
+        values = iter(traced)
+        leaves = [None if i in static else next(values) for i in range(self.in_tree.num_leaves)]
+        args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, leaves)
+        return tuple(args), dict(kwargs)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Signature:
+    """What the rewrite cache is keyed by: structure, static values, shapes and dtypes."""
+
+    layout: Layout
     avals: tuple[Any, ...]
+
+    @property
+    def in_tree(self) -> Any:
+        return self.layout.in_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +188,19 @@ class Traced:
     jaxpr: Any  # ClosedJaxpr (jax <= 0.10) or Jaxpr with consts (0.11+)
     out_tree: Any
     consts_are_tracers: bool
+
+
+NNX_RECIPE = """\
+    graphdef, state = nnx.split(model)
+
+    @jaxpar.parallel_branches
+    def step(state, x):
+        model = nnx.merge(graphdef, state)
+        y = model(x)
+        return y, nnx.state(model)      # the updated state, returned
+
+    y, state = step(state, x)
+    nnx.update(model, state)            # write it back to the module"""
 
 
 def _describe_path(fun: Callable[..., Any], path: tuple[Any, ...]) -> str:
@@ -71,34 +227,118 @@ def _describe_path(fun: Callable[..., Any], path: tuple[Any, ...]) -> str:
     return (name or "argument") + jax.tree_util.keystr(tuple(rest))
 
 
-def _is_array_like(leaf: Any, allow_abstract: bool) -> bool:
-    if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)):
-        return True
-    if _compat.is_tracer(leaf):
-        return True
-    return allow_abstract and isinstance(leaf, jax.ShapeDtypeStruct)
+_ARRAYS = (jax.Array, np.ndarray, np.generic)
+_PYTHON_SCALARS = (bool, int, float, complex)
 
 
-def signature(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-              allow_abstract: bool = False) -> tuple[Signature, list[Any]]:
-    """Flattens ``(args, kwargs)`` and checks every leaf is an array."""
-    leaves_with_paths, in_tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
-    leaves = []
-    for path, leaf in leaves_with_paths:
-        if not _is_array_like(leaf, allow_abstract):
-            where = _describe_path(fun, path)
-            hint = ("; inspect() also accepts jax.ShapeDtypeStruct" if not allow_abstract else "")
+def _nnx_graph_node_check() -> Callable[[Any], bool] | None:
+    """Whether a value is a Flax NNX module or other stateful object (a graph node that is
+    not a ``Variable``: the ``State`` of ``nnx.split`` holds Variables and is fine).
+    None unless the user imported flax.nnx (never imported here)."""
+    is_graph_node = getattr(sys.modules.get("flax.nnx.graph"), "is_graph_node", None)
+    variable = getattr(sys.modules.get("flax.nnx"), "Variable", None)
+    if not callable(is_graph_node):
+        return None
+    if not isinstance(variable, type):
+        return is_graph_node  # type: ignore[no-any-return]
+
+    def is_stateful_object(value: Any) -> bool:
+        return not isinstance(value, variable) and bool(is_graph_node(value))
+
+    return is_stateful_object
+
+
+def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                    statics: StaticArgs = StaticArgs(), *, allow_abstract: bool = False,
+                    api: str = "parallel_branches") -> tuple[Layout, list[Any]]:
+    """Splits a call's arguments into a hashable ``Layout`` and the leaves to trace.
+
+    Raises:
+      TypeError: an NNX module, an unhashable non-array leaf or static argument, an
+        abstract value where arrays are needed, or an array JAX cannot trace (each
+        naming the argument).
+      OverflowError: a Python int too large for JAX's integer type (naming it).
+    """
+    marked = statics.mark(args, kwargs)
+    is_graph_node = _nnx_graph_node_check()
+    leaves, in_tree = jax.tree_util.tree_flatten(marked, is_leaf=is_graph_node)
+    under_trace = any(_compat.is_tracer(leaf) for leaf in leaves)
+    traced: list[Any] = []
+    static: list[tuple[int, type, Any]] = []
+    for index, leaf in enumerate(leaves):
+        if isinstance(leaf, _ARRAYS) or _compat.is_tracer(leaf):
+            if not isinstance(leaf, jax.Array) and not _compat.is_tracer(leaf):
+                _check_traceable(fun, marked, index, leaf, is_graph_node, api)
+            traced.append(leaf)
+        elif isinstance(leaf, _PYTHON_SCALARS) and not under_trace:
+            _check_traceable(fun, marked, index, leaf, is_graph_node, api)
+            traced.append(leaf)
+        elif isinstance(leaf, jax.ShapeDtypeStruct) and allow_abstract:
+            traced.append(leaf)
+        elif isinstance(leaf, jax.ShapeDtypeStruct):
             raise TypeError(
-                f"argument `{where}` of {_name(fun)} is a {type(leaf).__name__}, not an array: "
-                "jaxpar traces every leaf of the arguments as an array. Pass an array (or "
-                "Python/NumPy scalar), or bind non-array values with functools.partial or a "
-                f"closure before decorating{hint}.")
-        leaves.append(leaf)
-    avals = tuple(_abstract(leaf) for leaf in leaves)
-    return Signature(in_tree, avals), leaves
+                f"argument `{_where(fun, marked, index, is_graph_node)}` of {_name(fun)} is a "
+                "jax.ShapeDtypeStruct: call the function with arrays; inspect() also accepts "
+                "jax.ShapeDtypeStruct.")
+        elif is_graph_node is not None and is_graph_node(leaf):
+            raise TypeError(
+                f"argument `{_where(fun, marked, index, is_graph_node)}` of {_name(fun)} is a "
+                f"Flax NNX {type(leaf).__name__}: {api} traces a copy of its state, so state "
+                "the call updates (BatchNorm statistics, RNG counters, caches) would be lost "
+                "silently. Pass its state and return the updated state instead:\n"
+                f"{NNX_RECIPE}")
+        else:
+            value = leaf.value if isinstance(leaf, StaticArg) else leaf
+            try:
+                hash(value)
+            except TypeError:
+                where = _where(fun, marked, index, is_graph_node)
+                if isinstance(leaf, StaticArg):
+                    raise TypeError(
+                        f"static argument `{where}` of {_name(fun)} is an unhashable "
+                        f"{type(value).__name__}: static values key the compilation cache, "
+                        "as in jax.jit. Pass a hashable value (a tuple rather than a list, a "
+                        "frozen dataclass), or bind it with functools.partial or a closure "
+                        "before decorating.") from None
+                raise TypeError(
+                    f"argument `{where}` of {_name(fun)} is a {type(value).__name__}, neither "
+                    f"an array nor hashable: {api} traces array leaves and treats other leaves "
+                    "as static values, which key the compilation cache and must be hashable. "
+                    "Pass an array, make the value hashable (a tuple, a frozen dataclass), or "
+                    "bind it with functools.partial or a closure before decorating.") from None
+            static.append((index, type(value), value))
+    return Layout(in_tree, tuple(static)), traced
 
 
-def _abstract(leaf: Any) -> Any:
+def _where(fun: Callable[..., Any], marked: Any, index: int,
+           is_graph_node: Callable[[Any], bool] | None) -> str:
+    paths, _ = jax.tree_util.tree_flatten_with_path(marked, is_leaf=is_graph_node)
+    return _describe_path(fun, paths[index][0])
+
+
+def _check_traceable(fun: Callable[..., Any], marked: Any, index: int, leaf: Any,
+                     is_graph_node: Callable[[Any], bool] | None, api: str) -> None:
+    """Raises, naming the argument, when JAX cannot trace ``leaf`` as an array."""
+    try:
+        jax.typeof(leaf)
+    except OverflowError as error:
+        raise OverflowError(
+            f"argument `{_where(fun, marked, index, is_graph_node)}` of {_name(fun)}: {error}. "
+            "Pass an array of a wide enough dtype (with jax_enable_x64 for 64-bit), or make "
+            f"the argument static with {api}(..., static_argnums=/static_argnames=)."
+        ) from error
+    except TypeError as error:
+        dtype = getattr(leaf, "dtype", None)
+        what = f"an array of dtype {dtype}" if dtype is not None else f"a {type(leaf).__name__}"
+        raise TypeError(
+            f"argument `{_where(fun, marked, index, is_graph_node)}` of {_name(fun)} is {what}, "
+            f"which JAX cannot trace ({error}). Encode it as numbers (e.g. "
+            "np.unique(labels, return_inverse=True)), or bind it with functools.partial or a "
+            "closure before decorating.") from error
+
+
+def abstract(leaf: Any) -> Any:
+    """The abstract value of a traced leaf (a tracer, array, scalar or ShapeDtypeStruct)."""
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
                                     weak_type=getattr(leaf, "weak_type", False))
@@ -111,26 +351,44 @@ def _name(fun: Callable[..., Any]) -> str:
     return f"`{getattr(fun, '__qualname__', None) or getattr(fun, '__name__', repr(fun))}`"
 
 
-def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
-    """Traces ``fun`` at ``sig`` to a closed jaxpr over the flat leaves."""
-    out_tree_box: list[Any] = []
+# Errors that come from turning a traced array into a Python value: only these get the
+# advice about static arguments.
+_CONVERSION_ERRORS: tuple[type[BaseException], ...] = tuple(
+    cls for cls in (getattr(jax.errors, name, None) for name in (
+        "ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
+        "TracerArrayConversionError", "NonConcreteBooleanIndexError"))
+    if isinstance(cls, type))
 
-    def flat_fun(*flat_args: Any) -> list[Any]:
-        args, kwargs = jax.tree_util.tree_unflatten(sig.in_tree, flat_args)
-        out = fun(*args, **kwargs)
+
+def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
+    """Traces ``fun`` at ``sig`` to a closed jaxpr over the traced leaves."""
+    out_tree_box: list[Any] = []
+    layout = sig.layout
+
+    # jax names traced arguments after the wrapped function's parameters (``n``,
+    # ``params['w']``), so its errors name the user's argument, not ``flat_args[2]``.
+    @functools.wraps(fun)
+    def call(*args: Any, **kwargs: Any) -> list[Any]:
+        full_args, full_kwargs = layout.rebuild(jax.tree_util.tree_leaves((args, kwargs)))
+        out = fun(*full_args, **full_kwargs)
         flat_out, out_tree = jax.tree_util.tree_flatten(out)
         out_tree_box.append(out_tree)
         return flat_out
 
+    args, kwargs = layout.traced_arguments(sig.avals)
     try:
-        jaxpr = jax.make_jaxpr(flat_fun)(*sig.avals)
+        jaxpr = jax.make_jaxpr(call)(*args, **kwargs)
     except Exception as error:
         shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in sig.avals)
+        hint = ""
+        if isinstance(error, _CONVERSION_ERRORS):
+            hint = ("\nparallel_branches traces the function with abstract values, like "
+                    "jax.jit: it must not convert traced arrays to Python values. Use jnp/lax "
+                    "operations, mark the argument static (parallel_branches(f, "
+                    "static_argnums=..., static_argnames=...)), or bind it with "
+                    "functools.partial before decorating.")
         raise TraceError(
             f"jaxpar could not trace {_name(fun)} with arguments ({shapes}): "
-            f"{type(error).__name__}: {error}\n"
-            "parallel_branches traces the function with abstract values, like jax.jit: "
-            "it must not convert traced arrays to Python values (use jnp/lax operations, "
-            "or bind such arguments with functools.partial before decorating).") from error
+            f"{type(error).__name__}: {error}{hint}") from error
     _, consts = _compat.open_jaxpr(jaxpr)
     return Traced(jaxpr, out_tree_box[-1], any(_compat.is_tracer(c) for c in consts))

@@ -190,9 +190,17 @@ class NotAPytree:
         return x @ self.w
 
 
-def test_decorated_method_on_plain_class_names_self():
-    with pytest.raises(TypeError, match=r"`self`.*NotAPytree.*functools\.partial"):
-        NotAPytree().apply(jnp.ones((2, 4)))
+def test_decorated_method_on_plain_class_self_is_static():
+    # A plain object is a hashable non-array leaf: static, keyed by identity, as
+    # eqx.filter_jit and jax.jit's static_argnums treat it.
+    obj = NotAPytree()
+    x = jnp.ones((2, 4))
+    assert_tree_equal(obj.apply(x), jax.jit(lambda x: x @ obj.w)(x))
+    assert NotAPytree.apply.analyses == 1
+    obj.apply(x + 1.0)
+    assert NotAPytree.apply.analyses == 1
+    NotAPytree().apply(x)  # another object: another static value
+    assert NotAPytree.apply.analyses == 2
 
 
 # --- metadata ------------------------------------------------------------------------------
@@ -435,3 +443,92 @@ def test_analysis_leaves_the_garbage_collector_as_it_found_it():
         with pytest.raises(RuntimeError, match="boom"):
             jaxpar.inspect(f, target="gpu")(x, x)
     assert gc.isenabled()
+
+
+# --- jit's stages and caches (issue 13, point 3) ------------------------------------------
+
+
+def test_trace_lower_compile_and_eval_shape_like_jax_jit():
+    args = two_scans_args()
+    g = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF)
+    want = jax.jit(two_scans)
+    traced = g.trace(*args)
+    assert traced.out_info == want.trace(*args).out_info
+    lowered = g.lower(*args)
+    assert len(stream_calls(lowered.as_text())) == 2
+    assert_same_values(lowered.compile()(*args), want(*args), "gpu")
+    assert g.eval_shape(*args) == jax.eval_shape(two_scans, *args)
+
+
+def test_stages_with_static_arguments_take_the_same_calls_as_jax_jit():
+    def layers(x, w, n):
+        for _ in range(n):
+            x = jnp.tanh(x @ w)
+        return x
+
+    x, w = small_args()
+    g = jaxpar.parallel_branches(layers, target="cpu", static_argnums=2)
+    want = jax.jit(layers, static_argnums=2)
+    compiled = g.lower(x, w, 3).compile()
+    assert_tree_equal(compiled(x, w), want.lower(x, w, 3).compile()(x, w))
+    assert g.eval_shape(x, w, 3) == want.eval_shape(x, w, 3)
+
+
+def test_clear_cache_and_jax_clear_caches_forget_the_rewrites():
+    g = jaxpar.parallel_branches(small, target="cpu")
+    a, b = small_args()
+    g(a, b)
+    g(a, b)
+    assert g.analyses == 1
+    g.clear_cache()
+    g(a, b)
+    assert g.analyses == 2
+    jax.clear_caches()
+    g(a, b)
+    assert g.analyses == 3
+    g(a, b)
+    assert g.analyses == 3
+
+
+def test_donation_through_an_outer_jit():
+    g = jaxpar.parallel_branches(small, target="cpu")
+    a, b = small_args()
+    want = jax.jit(small)(a, b)
+    donated = jnp.array(a)
+    got = jax.jit(g, donate_argnums=0)(donated, b)
+    assert_tree_equal(got, want)
+    assert donated.is_deleted()
+
+
+# --- off switches (issue 13, point 4) --------------------------------------------------------
+
+
+def test_disable_jit_calls_the_original_function_eagerly():
+    seen = []
+
+    def f(x):
+        seen.append(isinstance(x, jax.core.Tracer))
+        return jnp.sin(x) * 2.0
+
+    g = jaxpar.parallel_branches(f, target="cpu")
+    x = jnp.linspace(0.0, 1.0, 8)
+    with jax.disable_jit():
+        got = g(x)
+    assert seen == [False]
+    assert g.analyses == 0
+    assert_tree_equal(got, f(x))
+
+
+def test_environment_variable_turns_jaxpar_off(monkeypatch):
+    args = two_scans_args()
+    g = jaxpar.parallel_branches(two_scans, target="gpu", **LOOPS_OFF)
+    monkeypatch.setenv("JAXPAR_DISABLE", "1")
+    assert stream_calls(lower_for_gpu(g, *args)) == []
+    assert_tree_equal(g(*args), jax.jit(two_scans)(*args))
+    assert g.analyses == 0
+    # Read when a function is traced: programs an outer jit already traced keep their
+    # version until jax.clear_caches().
+    monkeypatch.setenv("JAXPAR_DISABLE", "0")
+    jax.clear_caches()
+    assert len(stream_calls(lower_for_gpu(g, *args))) == 2
+    assert g.analyses == 1

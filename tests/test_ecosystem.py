@@ -182,6 +182,47 @@ def test_flax_nnx_multibranch_mlp():
                       batch_branches=False)
 
 
+def test_flax_nnx_module_is_refused_and_the_recipe_keeps_batchnorm_state():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.linear = nnx.Linear(8, 8, rngs=rngs)
+            self.norm = nnx.BatchNorm(8, rngs=rngs)
+
+        def __call__(self, x):
+            return self.norm(jnp.tanh(self.linear(x)))
+
+    x = _normal(5, (16, 8))
+    model = Net(nnx.Rngs(0))
+    # Passing the module would trace a copy: the BatchNorm statistics would never update.
+    decorated = jaxpar.parallel_branches(lambda net, x: net(x), target="cpu")
+    with pytest.raises(TypeError, match=r"argument `net` .*Flax NNX Net.*lost silently"
+                                        r"(.|\n)*nnx\.split(.|\n)*nnx\.update") as info:
+        decorated(model, x)
+    assert "nnx.merge" in str(info.value)
+    with pytest.raises(TypeError, match="Flax NNX Net"):  # also inside nnx.jit
+        nnx.jit(lambda net, x: decorated(net, x))(model, x)
+
+    # The recipe from the error: state in, updated state out, written back.
+    reference = Net(nnx.Rngs(0))
+    want = nnx.jit(lambda net, x: net(x))(reference, x)
+    graphdef, state = nnx.split(model)
+
+    @jaxpar.parallel_branches(target="cpu")
+    def step(state, x):
+        net = nnx.merge(graphdef, state)
+        y = net(x)
+        return y, nnx.state(net)
+
+    y, state = step(state, x)
+    nnx.update(model, state)
+    _assert_trees_close(y, want)
+    assert float(jnp.abs(reference.norm.mean[...]).sum()) > 0
+    _assert_trees_close(model.norm.mean[...], reference.norm.mean[...])
+    _assert_trees_close(model.norm.var[...], reference.norm.var[...])
+
+
 def test_flax_linen_inception_cnn():
     nn = pytest.importorskip("flax.linen")
 
@@ -248,10 +289,11 @@ def test_equinox_two_branch_model():
     model = TwoBranch(width, jax.random.key(0))
     xs = _normal(1, (16, width))
 
-    # The whole module is not a pytree of arrays (activations are functions): jaxpar says
-    # which leaf is wrong and what to do.
-    with pytest.raises(TypeError, match="not an array"):
-        jaxpar.parallel_branches(lambda m, x: jax.vmap(m)(x), target="gpu")(model, xs)
+    # The whole module works too: its function leaves (activations) are static values, as
+    # in eqx.filter_jit.
+    _assert_trees_close(
+        jaxpar.parallel_branches(lambda m, x: jax.vmap(m)(x), target="gpu")(model, xs),
+        eqx.filter_jit(lambda m, x: jax.vmap(m)(x))(model, xs))
 
     params, static = eqx.partition(model, eqx.is_array)
 

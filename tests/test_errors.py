@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxpar
@@ -101,21 +102,37 @@ def test_bad_options_in_inspect_of_decorated():
 # --- arguments that are not arrays ---------------------------------------------------------
 
 
-def test_string_argument_is_named():
+class Unhashable:
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_unhashable_argument_is_named():
     g = jaxpar.parallel_branches(f)
-    with pytest.raises(TypeError, match=r"argument `y` of `f` is a str, not an array") as info:
-        g(X, "abc")
+    with pytest.raises(TypeError, match=r"argument `y` of `f` is a set, neither an array nor "
+                                        r"hashable") as info:
+        g(X, {1, 2})
     assert "functools.partial" in str(info.value)
 
 
-def test_object_inside_dict_names_the_path():
+def test_string_argument_is_static():
+    # Hashable non-array leaves are static values (as in eqx.filter_jit), so a string
+    # steering the function works.
+    def act(x, kind):
+        return jnp.tanh(x) if kind == "tanh" else jnp.sin(x)
+
+    g = jaxpar.parallel_branches(act)
+    assert jnp.array_equal(g(X, "tanh"), jax.jit(act, static_argnums=1)(X, "tanh"))
+    assert jnp.array_equal(g(X, "sin"), jax.jit(act, static_argnums=1)(X, "sin"))
+
+
+def test_unhashable_object_inside_dict_names_the_path():
     def uses_config(x, config):
         return x * config["scale"]
 
     g = jaxpar.parallel_branches(uses_config)
     with pytest.raises(TypeError, match=r"argument `config\['name'\]` of `.*uses_config` is a "
-                                        r"object, not an array"):
-        g(X, {"scale": 2.0, "name": object()})
+                                        r"Unhashable, neither an array nor hashable"):
+        g(X, {"scale": 2.0, "name": Unhashable()})
 
 
 def test_nested_path_in_tuple_and_keyword():
@@ -123,8 +140,8 @@ def test_nested_path_in_tuple_and_keyword():
         return x
 
     g = jaxpar.parallel_branches(h)
-    with pytest.raises(TypeError, match=r"argument `options\['layers'\]\[1\]` .* is a str"):
-        g(X, options={"layers": (X, "relu")})
+    with pytest.raises(TypeError, match=r"argument `options\['layers'\]\[1\]` .* is a set"):
+        g(X, options={"layers": (X, {"relu"})})
 
 
 def test_non_array_via_varargs():
@@ -132,13 +149,13 @@ def test_non_array_via_varargs():
         return xs[0]
 
     g = jaxpar.parallel_branches(h)
-    with pytest.raises(TypeError, match=r"argument `args\[1\]` .* is a str"):
-        g(X, "oops")
+    with pytest.raises(TypeError, match=r"argument `args\[1\]` .* is a set"):
+        g(X, {"oops"})
 
 
 def test_non_array_in_inspect_mentions_bad_leaf():
-    with pytest.raises(TypeError, match=r"argument `y` of `f` is a str"):
-        jaxpar.inspect(f)(X, "abc")
+    with pytest.raises(TypeError, match=r"argument `y` of `f` is a set"):
+        jaxpar.inspect(f)(X, {"abc"})
 
 
 def test_shape_dtype_struct_only_in_inspect():
@@ -196,3 +213,96 @@ def test_shape_error_names_the_shapes():
     g = jaxpar.parallel_branches(mismatched)
     with pytest.raises(jaxpar.TraceError, match=r"mismatched.*float32\[2, 3\], float32\[4, 5\]"):
         g(jnp.ones((2, 3)), jnp.ones((4, 5)))
+
+
+# --- arrays JAX cannot trace, and errors from inside the trace, name the argument ----------
+
+
+def classify(x, labels):
+    return x * labels
+
+
+def test_numpy_string_array_names_the_argument():
+    g = jaxpar.parallel_branches(classify)
+    with pytest.raises(TypeError, match=r"argument `labels` of `classify` is an array of dtype "
+                                        r"<U1, which JAX cannot trace"):
+        g(X, np.array(["a", "b"]))
+
+
+def test_overflowing_python_int_names_the_argument():
+    g = jaxpar.parallel_branches(classify)
+    with pytest.raises(OverflowError, match=r"argument `labels` of `classify`: .*too large"):
+        g(X, 2**40)
+
+
+def steer(x, w, n, flag):
+    for _ in range(n):
+        x = jnp.tanh(x @ w)
+    return -x if flag else x
+
+
+W = jnp.eye(3)
+
+
+def test_python_int_steering_the_trace_names_it_and_suggests_static_argnums():
+    g = jaxpar.parallel_branches(steer)
+    with pytest.raises(jaxpar.TraceError) as info:
+        g(X, W, 3, True)
+    message = str(info.value)
+    assert "argument n" in message and "flat_args" not in message
+    assert "static_argnums" in message and "convert traced arrays" in message
+
+
+def test_python_bool_steering_the_trace_names_it():
+    g = jaxpar.parallel_branches(steer, static_argnums=2)
+    with pytest.raises(jaxpar.TraceError) as info:
+        g(X, W, 3, True)
+    assert "argument flag" in str(info.value) and "flat_args" not in str(info.value)
+
+
+def test_keyword_leaf_named_in_trace_errors():
+    def h(x, *, config):
+        return x if config["sign"] > 0 else -x
+
+    g = jaxpar.parallel_branches(h)
+    with pytest.raises(jaxpar.TraceError, match=r"config\['sign'\]"):
+        g(X, config={"sign": jnp.float32(1.0)})
+
+
+def test_conversion_hint_only_for_conversion_errors():
+    def mismatched(x, y):
+        return x @ y
+
+    g = jaxpar.parallel_branches(mismatched)
+    with pytest.raises(jaxpar.TraceError) as info:
+        g(jnp.ones((2, 3)), jnp.ones((4, 5)))
+    assert "convert traced arrays" not in str(info.value)
+    assert "static_argnums" not in str(info.value)
+
+
+# --- did you mean ----------------------------------------------------------------------------
+
+
+def test_misspelled_option_suggests_the_name_in_parallel_branches():
+    with pytest.raises(TypeError, match=r"'max_stream' \(did you mean 'max_streams'\?\)"):
+        jaxpar.parallel_branches(f, max_stream=2)
+    with pytest.raises(TypeError, match=r"'static_argnum' \(did you mean 'static_argnums'\?\)"):
+        jaxpar.parallel_branches(static_argnum=1)
+
+
+def test_misspelled_option_suggests_the_name_in_inspect():
+    with pytest.raises(TypeError, match=r"'unrol' \(did you mean 'unroll'\?\)"):
+        jaxpar.inspect(f, unrol=2)
+
+
+def test_misspelled_option_suggests_the_name_in_gpu_preview():
+    # Checked before anything else, so it needs no CUDA plugin.
+    with pytest.raises(TypeError, match=r"'devics' \(did you mean 'devices'\?\)"):
+        jaxpar.gpu_preview(f, X, X, devics=2)
+    with pytest.raises(TypeError, match=r"'fuse_scan' \(did you mean 'fuse_scans'\?\)"):
+        jaxpar.gpu_preview(f, X, X, fuse_scan=False)
+
+
+def test_misspelled_static_argname_suggests_the_name():
+    with pytest.raises(ValueError, match=r"'nn' \(did you mean 'n'\?\)"):
+        jaxpar.parallel_branches(steer, static_argnames="nn")

@@ -3,6 +3,8 @@ jit, for higher order, and the backward pass keeps stream annotations."""
 
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -118,3 +120,93 @@ def test_jvp_and_vjp():
     _, pullback_want = jax.vjp(small_loss, x, y)
     assert_tree_close(pullback_got(jnp.float32(1.5)), pullback_want(jnp.float32(1.5)),
                       RTOL, ATOL)
+
+
+# --- eager transformations stay compiled (issue 10, point 7) ---------------------------------
+# Without an outer jit, grad of the decorated function must be one jitted call, as grad of a
+# jax.jit function is, not one compile and dispatch per primitive. Counted with
+# jax.log_compiles after jax.clear_caches(), never timed.
+
+
+class _CompileCounter(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def emit(self, record):
+        if "Compiling" in record.getMessage():
+            self.count += 1
+
+
+def _compiles(fn, *args):
+    jax.clear_caches()
+    counter = _CompileCounter()
+    logger = logging.getLogger("jax")
+    logger.addHandler(counter)
+    try:
+        with jax.log_compiles():
+            out = jax.block_until_ready(fn(*args))
+    finally:
+        logger.removeHandler(counter)
+    return counter.count, out
+
+
+def two_towers(x, w):
+    a = b = x
+    for _ in range(3):
+        a = jnp.tanh(a @ w)
+        b = jnp.sin(b @ w.T)
+    return jnp.sum(a * b)
+
+
+def _tower_args():
+    return (jnp.linspace(-1.0, 1.0, 64).reshape(8, 8),
+            jnp.linspace(0.5, -0.5, 64).reshape(8, 8))
+
+
+def _transformations():
+    tangents = tuple(jnp.ones((8, 8)) * s for s in (0.5, -0.25))
+    return {
+        "grad": lambda f: jax.grad(f, argnums=(0, 1)),
+        "value_and_grad": lambda f: jax.value_and_grad(f),
+        "jvp": lambda f: lambda *a: jax.jvp(f, a, tangents),
+        "vjp": lambda f: lambda *a: jax.vjp(f, *a)[1](jnp.float32(1.5)),
+        "jacrev": lambda f: jax.jacrev(f, argnums=1),
+        "hessian": lambda f: jax.hessian(f),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_transformations()))
+def test_eager_transformation_runs_compiled_and_bit_exact_on_cpu(name):
+    transform = _transformations()[name]
+    args = _tower_args()
+    reference_compiles, want = _compiles(transform(jax.jit(two_towers)), *args)
+    g = jaxpar.parallel_branches(two_towers, target="cpu")
+    compiles, got = _compiles(transform(g), *args)
+    assert compiles <= reference_compiles, (name, compiles, reference_compiles)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, got, want)
+
+
+def test_eager_grad_on_gpu_target_runs_compiled():
+    args = _tower_args()
+    reference_compiles, want = _compiles(jax.grad(jax.jit(two_towers)), *args)
+    eager_compiles, _ = _compiles(jax.grad(two_towers), *args)
+    assert reference_compiles < eager_compiles  # the count tells op by op from compiled
+    g = jaxpar.parallel_branches(two_towers, target="gpu", min_cost_us=0.0)
+    compiles, got = _compiles(jax.grad(g), *args)
+    assert compiles <= reference_compiles
+    assert_tree_close(got, want, rtol=RTOL, atol=ATOL)
+    # A second call reuses the compiled programs.
+    assert _compiles_without_clearing(jax.grad(g), *args) == 0
+
+
+def _compiles_without_clearing(fn, *args):
+    counter = _CompileCounter()
+    logger = logging.getLogger("jax")
+    logger.addHandler(counter)
+    try:
+        with jax.log_compiles():
+            jax.block_until_ready(fn(*args))
+    finally:
+        logger.removeHandler(counter)
+    return counter.count

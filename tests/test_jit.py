@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import (
     FOUR_BRANCHES_OPTIONS,
@@ -14,6 +15,7 @@ from helpers import (
     assert_tree_equal,
     four_branches,
     four_branches_args,
+    function_bodies,
     lower_for_gpu,
     nested_stream_calls,
     pure_chain,
@@ -72,8 +74,13 @@ def test_two_decorated_calls_in_one_jit_get_their_own_sections():
         return g(x, y)
 
     text = lower_for_gpu(twice, *args)
-    calls = stream_calls(text)
-    assert len(calls) == 4
+    # Each call is one jitted call, as two calls of a jax.jit function are: one function
+    # holding the two stream calls, called twice.
+    bodies = function_bodies(text)
+    holders = [name for name, body in bodies.items() if len(stream_calls("\n".join(body))) == 2]
+    assert holders == ["two_scans"]
+    assert sum("call @two_scans(" in line for line in bodies["main"]) == 2
+    assert len(stream_calls(text)) == 2
     assert nested_stream_calls(text) == []
     assert_same_values(jax.jit(twice)(*args),
                        jax.jit(lambda a, b: two_scans(*two_scans(a, b)))(*args), "gpu")
@@ -122,3 +129,96 @@ def test_jit_static_argnums_around_decorated():
     args = four_branches_args()
     jitted = jax.jit(outer, static_argnums=1)
     assert_same_values(jitted(args, 2), jax.jit(lambda a: four_branches(*a) ** 2)(args), "gpu")
+
+
+# --- JAX's trace context flipped between calls (issue 10, point 6) ---------------------------
+# jax.jit keys its caches on the trace context; the plan cache must too, or a plan traced under
+# one configuration is reused under another.
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_enable_x64_after_a_first_call(target):
+    def f(x):
+        return x * jnp.arange(3.0) + 1.5
+
+    g = jaxpar.parallel_branches(f, target=target)
+    x = np.float32(2.0)
+    assert_tree_equal(g(x), jax.jit(f)(x))
+    with jax.enable_x64(True):
+        want = jax.jit(f)(x)
+        got = g(x)
+    assert want.dtype == jnp.float64
+    assert got.dtype == want.dtype
+    assert_tree_equal(got, want)
+    assert_tree_equal(g(x), jax.jit(f)(x))  # and back
+    assert g(x).dtype == jnp.float32
+
+
+def test_rank_promotion_raise_after_a_first_call():
+    def f(x, y):
+        return x + y
+
+    g = jaxpar.parallel_branches(f, target="cpu")
+    x, y = jnp.ones(3), jnp.ones((2, 1))
+    assert_tree_equal(g(x, y), jax.jit(f)(x, y))
+    with jax.numpy_rank_promotion("raise"):
+        with pytest.raises(ValueError, match="rank_promotion") as want:
+            jax.jit(f)(x, y)
+        with pytest.raises((ValueError, jaxpar.TraceError), match="rank_promotion") as got:
+            g(x, y)
+    cause = got.value.__cause__ if isinstance(got.value, jaxpar.TraceError) else got.value
+    assert type(cause) is type(want.value)
+    assert_tree_equal(g(x, y), jax.jit(f)(x, y))
+
+
+def test_numpy_dtype_promotion_strict_after_a_first_call():
+    def f(x, y):
+        return x + y
+
+    g = jaxpar.parallel_branches(f, target="cpu")
+    x, y = jnp.ones(3, jnp.float32), jnp.ones(3, jnp.bfloat16)
+    assert_tree_equal(g(x, y), jax.jit(f)(x, y))
+    with jax.numpy_dtype_promotion("strict"):
+        with pytest.raises(Exception, match="promot") as want:
+            jax.jit(f)(x, y)
+        with pytest.raises((type(want.value), jaxpar.TraceError), match="promot") as got:
+            g(x, y)
+    cause = got.value.__cause__ if isinstance(got.value, jaxpar.TraceError) else got.value
+    assert type(cause) is type(want.value)
+
+
+def test_default_matmul_precision_after_a_first_call():
+    def f(x, w):
+        return jnp.tanh(x @ w) @ w
+
+    g = jaxpar.parallel_branches(f, target="cpu")
+    x = w = jnp.ones((8, 8))
+    jax.jit(g).lower(x, w)
+    plain = jax.jit(g).trace(x, w).jaxpr
+    with jax.default_matmul_precision("highest"):
+        want = jax.jit(f).trace(x, w).jaxpr
+        got = jax.jit(g).trace(x, w).jaxpr
+    precisions = {str(e.params["precision"]) for e in want.eqns if "precision" in e.params}
+    assert precisions and "HIGHEST" in str(precisions)
+    assert "HIGHEST" in str(got) and "HIGHEST" not in str(plain)
+
+
+_box: dict[str, object] = {}
+
+
+@jaxpar.parallel_branches(target="cpu")
+def _reads_box(x):
+    return x * _box["scale"]
+
+
+def test_same_decorated_function_closing_over_new_tracers_each_trace():
+    # Every call is one jitted call; a trace that closed over another trace's tracers must
+    # not be reused by the next outer trace (jax.jit itself would leak the old tracer).
+    def outer(scale, x):
+        _box["scale"] = scale
+        return _reads_box(x)
+
+    x = jnp.arange(3.0)
+    assert_tree_equal(jax.jit(outer)(2.0, x), x * 2.0)
+    assert_tree_equal(jax.jit(lambda s, x: outer(s, x) + 1.0)(5.0, x), x * 5.0 + 1.0)
+    assert_tree_equal(jax.grad(lambda s: jnp.sum(outer(s, x)))(3.0), jnp.sum(x))
