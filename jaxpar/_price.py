@@ -5,11 +5,11 @@ one is expected to win or cost on the compiled GPU program, from what XLA:GPU is
 known to do with stream-annotated calls (``shared/XLA_FACTS.md`` section 6,
 ``XLA_CONCURRENCY.md``):
 
-* **Overlap won.** Two regions run side by side only where the device has room:
-  a kernel that fills every SM leaves none for the other stream. Each heavy
-  equation gets a *fill* (output tiles over SMs for a GEMM, elements over resident
-  threads otherwise); the pair then takes ``max(longest region, total busy time)``
-  instead of the sum.
+* **Overlap won.** Streams share one device: running two regions side by side
+  hides the fixed latency of their kernels (the cost model's per-kernel floor),
+  never their work (flops at peak, bytes at full bandwidth). The pair takes
+  ``max(longest region, total work)`` instead of the sum, the same model as the
+  compiled-schedule estimate (``jaxpar._estimate``) that judges it.
 * **What the cut costs.** A call is a fusion barrier: an elementwise producer
   outside feeding a region (or an elementwise consumer outside reading a region's
   elementwise result) becomes a kernel of its own. Before jax 0.11 a multi-result
@@ -23,9 +23,9 @@ known to do with stream-annotated calls (``shared/XLA_FACTS.md`` section 6,
   scheduling mode a captured region is chained serially with everything else, so
   its stream overlap is lost; in ``CONCURRENT`` mode the graph already overlaps
   independent kernels by itself. Either way a capturable section wins nothing
-  and costs its fusion barriers. A region holding a ``while`` (or a convolution)
-  is not captured: it keeps its overlap, but its loop body then launches kernel by
-  kernel on every trip. The mode is read from ``XLA_FLAGS`` when planning
+  and costs its fusion barriers. A region holding a ``while`` is not captured: it
+  keeps its overlap, but its loop body then launches kernel by kernel on every
+  trip. The mode is read from ``XLA_FLAGS`` when planning
   (``command_buffer_mode``).
 
 Example::
@@ -37,14 +37,13 @@ Example::
 Sharp edges:
   * The graph-capture rules are read from XLA's source, not yet confirmed on a
     GPU (``XLA_CONCURRENCY.md`` section 7); ``benchmarks/gpu.sh`` measures them.
-  * Fill is a tile count, not an occupancy model: register and shared-memory
-    limits are ignored, so small kernels look more concurrent than they are.
+  * Convolutions count as capturable (cuDNN calls are a default command type), as
+    the compiled-schedule estimate assumes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 from collections.abc import Hashable, Iterator, Sequence
@@ -56,11 +55,6 @@ from . import _compat
 from ._cost import CostModel
 from ._graph import Graph
 
-# H100/H200 SXM: 132 SMs; cuBLAS tiles of 128x128 outputs are the unit of GEMM
-# parallelism; an SM keeps 2048 threads resident.
-SMS = 132
-GEMM_TILE = 128 * 128
-THREADS_PER_SM = 2048
 # Host cost of launching one kernel outside a CUDA graph, against replaying it as a
 # graph node (third-party figures in XLA_CONCURRENCY.md section 4: ~6.4 us per
 # launch, ~0.6 us per graph node).
@@ -73,7 +67,7 @@ _LAYOUT_ONLY = frozenset({"reshape", "squeeze", "expand_dims", "convert_element_
                           "bitcast_convert_type", "transpose", "broadcast_in_dim", "copy",
                           "copy_p"})
 _HOST_BLOCKING = frozenset({"cond"})
-_NOT_CAPTURED = frozenset({"while", "scan", "conv_general_dilated"})
+_NOT_CAPTURED = frozenset({"while", "scan"})
 
 MODE_LHS = "lhs"
 MODE_CONCURRENT = "concurrent"
@@ -111,46 +105,6 @@ class Verdict:
     cost_seconds: float  # time added by the cut (kernels, lost graph capture)
     added_kernels: int
     reason: str
-
-
-def fill(eqn: Any) -> float:
-    """Fraction of the device one launch of ``eqn``'s kernel occupies (0..1]."""
-    name = eqn.primitive.name
-    size = max((_compat.aval_size(v.aval) for v in eqn.outvars), default=1)
-    if name in ("dot_general", "conv_general_dilated"):
-        return min(1.0, math.ceil(max(size, 1) / GEMM_TILE) / SMS)
-    return min(1.0, max(size, 1) / (SMS * THREADS_PER_SM))
-
-
-class _Fills:
-    """Busy fractions of equations, loops and nested calls averaged over their bodies."""
-
-    def __init__(self, costs: CostModel):
-        self.costs = costs
-        self._memo: dict[int, tuple[Any, float]] = {}
-
-    def busy_seconds(self, eqn: Any) -> float:
-        seconds = self.costs.seconds(self.costs.eqn_cost(eqn))
-        return seconds * self.fraction(eqn)
-
-    def fraction(self, eqn: Any) -> float:
-        hit = self._memo.get(id(eqn))
-        if hit is not None and hit[0] is eqn:
-            return hit[1]
-        subs = [sub for _, _, sub in _compat.eqn_subjaxprs(eqn)]
-        if not subs:
-            value = fill(eqn)
-        else:
-            total = busy = 0.0
-            for sub in subs:
-                inner, _ = _compat.open_jaxpr(sub)
-                for inner_eqn in inner.eqns:
-                    seconds = self.costs.seconds(self.costs.eqn_cost(inner_eqn))
-                    total += seconds
-                    busy += seconds * self.fraction(inner_eqn)
-            value = busy / total if total > 0 else 1.0
-        self._memo[id(eqn)] = (eqn, value)
-        return value
 
 
 def param_key(value: Any) -> Hashable:
@@ -227,12 +181,18 @@ def _walk_eqns(eqn: Any) -> Any:
             yield from _walk_eqns(inner_eqn)
 
 
+def _work_seconds(eqn: Any, costs: CostModel) -> float:
+    """The part of ``eqn``'s time that is work (flops and bytes), not kernel latency."""
+    cost = costs.eqn_cost(eqn)
+    return cost.flops / costs.profile.peak_flops + cost.bytes / costs.profile.bandwidth
+
+
 def _launch_penalty(eqn: Any, costs: CostModel) -> float:
     """Device time lost when ``eqn``'s kernels launch one by one instead of from a graph.
 
     A launch costs the host ``LAUNCH_SECONDS`` (a graph node ``GRAPH_NODE_SECONDS``); the
-    device waits only for the part a kernel does not cover by running. Kernels XLA
-    never captures (convolutions) lose nothing; loop bodies count once per trip.
+    device waits only for the part a kernel does not cover by running. Loop bodies
+    count once per trip.
     """
     name = eqn.primitive.name
     subs = [sub for _, _, sub in _compat.eqn_subjaxprs(eqn)]
@@ -251,7 +211,7 @@ def _launch_penalty(eqn: Any, costs: CostModel) -> float:
             return trips * sum(inner)
         return sum(inner)
     cost = costs.eqn_cost(eqn)
-    if cost.kernels <= 0 or name == "conv_general_dilated":
+    if cost.kernels <= 0:
         return 0.0
     each = costs.seconds(cost) / cost.kernels
     return cost.kernels * (max(LAUNCH_SECONDS - each, 0.0) - max(GRAPH_NODE_SECONDS - each, 0.0))
@@ -321,7 +281,6 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
     """
     eqns = jaxpr.eqns
     owner = {i: r for r, members in enumerate(regions) for i in members}
-    fills = _Fills(costs)
 
     def seconds(i: int) -> float:
         return costs.seconds(costs.eqn_cost(eqns[i]))
@@ -371,7 +330,7 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
                                    "after it finishes")
 
     times = [sum(seconds(i) for i in members) for members in regions]
-    busy = [sum(fills.busy_seconds(eqns[i]) for i in members) for members in regions]
+    busy = [sum(_work_seconds(eqns[i], costs) for i in members) for members in regions]
     captured = [not any(inner.primitive.name in _NOT_CAPTURED
                         for i in members for inner in _walk_eqns(eqns[i]))
                 for members in regions]
@@ -412,8 +371,8 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
                   f"({added} kernels the cut adds); with command buffers off "
                   "(XLA_FLAGS=--xla_gpu_enable_command_buffer=) the overlap could pay")
     elif gain <= 0.0:
-        reason = ("the regions' kernels already fill the GPU, so running them side by side "
-                  "wins nothing")
+        reason = ("the regions' work already fills the GPU (their kernels' fixed latency is "
+                  "all overlap could hide), so running them side by side wins nothing")
     else:
         reason = (f"overlap would win est. {gain * 1e6:.1f} us but the cut costs "
                   f"{cost * 1e6:.1f} us ({added} kernels it adds, launches outside graphs)")

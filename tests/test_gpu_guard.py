@@ -4,9 +4,7 @@ A few programs of ``benchmarks/gpu_suite.py`` at their small size, compiled devi
 H200 plain and with ``parallel_branches(target="gpu")``. Each fails on what the issue forbids:
 more kernel launches per run without a stream region that really overlaps other work, an
 estimated slowdown above 1% (``jaxpar._estimate``, XLA's default CUDA-graph mode), a compile
-error, or different values on the CPU. The cases today's planner gets wrong are marked
-``xfail(strict=True)``: they turn into failures ("XPASS") the day the planner is fixed, so
-the mark has to go then.
+error, or different values on the CPU.
 
 The last tests pin the XLA behaviour the planner has to work with (docs/design.md, "When
 XLA overlaps stream regions"): if a jaxlib changes it, they say so.
@@ -46,20 +44,18 @@ def _load_suite() -> Any:
 
 suite = _load_suite()
 
-_PLANNER = "issue 11 planner: "
+# Programs of every kind the planner once made worse (before sections were priced:
+# jaxpar/_price.py), and kinds it makes better.
 GUARDED = [
     "inception_block",
     "moe_4_experts",
+    "moe_4_experts_grad",
     "seed_002_identical_scans",
-    pytest.param("optax_adamw_step", marks=pytest.mark.xfail(strict=True, reason=(
-        _PLANNER + "the moment updates are split into two regions whose packed outputs are "
-        "sliced apart right after each call-done, so XLA schedules each call-start right "
-        "before its call-done (no overlap); the cut adds the packing and the hoisted decays "
-        "(21 -> 46 launches)"))),
-    pytest.param("gptj_parallel_block_grad", marks=pytest.mark.xfail(strict=True, reason=(
-        _PLANNER + "splitting attention from the MLP separates GEMMs XLA's DotMerger merges "
-        "(shared operand h) and the regions' outputs go through their own kernels, so they "
-        "are serialised (34 -> 44 launches, no overlap)"))),
+    "seed_002_two_scans",
+    "optax_adamw_step",
+    "gptj_parallel_block_grad",
+    "attention",
+    "slogdet_inv",
 ]
 
 
