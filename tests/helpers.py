@@ -52,8 +52,10 @@ STREAM_ATTRIBUTE = "_xla_stream_annotation"
 GROUP_ATTRIBUTE = "_scheduling_group_id"
 
 # Loop and batching rewrites off: the two scans stay two loops, so streams are what is tested.
+# The sections are forced: the GPU pricing (jaxpar/_price.py) would leave small loops out of
+# stream regions under XLA's default CUDA-graph mode.
 LOOPS_OFF: dict[str, Any] = {"fuse_scans": False, "batch_scans": False,
-                             "batch_branches": False, "unroll": None}
+                             "batch_branches": False, "unroll": None, "force_streams": True}
 
 # Options under which four_branches is worth streams on the GPU cost model (see Sharp edges).
 # Its four chains are identical, so by default the GPU target batches them into one vmapped

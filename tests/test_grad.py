@@ -65,7 +65,8 @@ def test_value_and_grad_with_pytree_args():
     def loss(params, x):
         return jnp.sum(jnp.tanh(x @ params["w1"])) + jnp.sum(jnp.sin(x @ params["w2"]) ** 2)
 
-    g = jaxpar.parallel_branches(loss, target="gpu", min_cost_us=0.0)
+    g = jaxpar.parallel_branches(loss, target="gpu", min_cost_us=0.0,
+                                 force_streams=True)
     params = {"w1": jnp.eye(16) * 0.7, "w2": jnp.ones((16, 16)) * 0.05}
     x = jnp.linspace(-1.0, 1.0, 128).reshape(8, 16)
     got = jax.value_and_grad(g)(params, x)
@@ -88,7 +89,8 @@ def small_loss(x, y):
 
 
 def test_grad_of_grad_small_case():
-    g = jaxpar.parallel_branches(small_loss, target="gpu", min_cost_us=0.0)
+    g = jaxpar.parallel_branches(small_loss, target="gpu", min_cost_us=0.0,
+                                 force_streams=True)
     x = jnp.linspace(-1.0, 1.0, 16).reshape(4, 4)
     y = jnp.linspace(0.5, -0.5, 16).reshape(4, 4)
     assert len(stream_calls(lower_for_gpu(g, x, y))) == 2
@@ -103,14 +105,16 @@ def test_grad_of_grad_small_case():
 
 
 def test_check_grads_numerically():
-    g = jaxpar.parallel_branches(small_loss, target="gpu", min_cost_us=0.0)
+    g = jaxpar.parallel_branches(small_loss, target="gpu", min_cost_us=0.0,
+                                 force_streams=True)
     x = np.linspace(-1.0, 1.0, 16, dtype=np.float32).reshape(4, 4)
     y = np.linspace(0.5, -0.5, 16, dtype=np.float32).reshape(4, 4)
     check_grads(g, (x, y), order=2, modes=("fwd", "rev"), atol=5e-2, rtol=5e-2)
 
 
 def test_jvp_and_vjp():
-    g = jaxpar.parallel_branches(small_loss, target="gpu", min_cost_us=0.0)
+    g = jaxpar.parallel_branches(small_loss, target="gpu", min_cost_us=0.0,
+                                 force_streams=True)
     x = jnp.linspace(-1.0, 1.0, 16).reshape(4, 4)
     y = jnp.linspace(0.5, -0.5, 16).reshape(4, 4)
     tangents = (jnp.ones_like(x), jnp.full_like(y, 0.5))
@@ -192,7 +196,8 @@ def test_eager_grad_on_gpu_target_runs_compiled():
     reference_compiles, want = _compiles(jax.grad(jax.jit(two_towers)), *args)
     eager_compiles, _ = _compiles(jax.grad(two_towers), *args)
     assert reference_compiles < eager_compiles  # the count tells op by op from compiled
-    g = jaxpar.parallel_branches(two_towers, target="gpu", min_cost_us=0.0)
+    g = jaxpar.parallel_branches(two_towers, target="gpu", min_cost_us=0.0,
+                                 force_streams=True)
     compiles, got = _compiles(jax.grad(g), *args)
     assert compiles <= reference_compiles
     assert_tree_close(got, want, rtol=RTOL, atol=ATOL)

@@ -92,7 +92,8 @@ def test_jit_with_closure_constants():
     def f(x, y):
         return jnp.tanh(x @ w), jnp.sin(y @ w.T)
 
-    g = jaxpar.parallel_branches(f, target="gpu", min_cost_us=0.0)
+    g = jaxpar.parallel_branches(f, target="gpu", min_cost_us=0.0,
+                                 force_streams=True)
     x = jnp.ones((64, 64))
     assert_same_values(jax.jit(g)(x, x + 1.0), jax.jit(f)(x, x + 1.0), "gpu")
     assert len(stream_calls(lower_for_gpu(g, x, x))) == 2
@@ -101,7 +102,8 @@ def test_jit_with_closure_constants():
 def test_jit_with_traced_closure_is_not_cached():
     def outer(x, scale):
         g = jaxpar.parallel_branches(lambda y: (jnp.sin(y @ y) * scale, jnp.cos(y @ y.T)),
-                                     target="gpu", min_cost_us=0.0)
+                                     target="gpu", min_cost_us=0.0,
+                                 force_streams=True)
         return g(x)
 
     x = jnp.eye(8) * 0.3

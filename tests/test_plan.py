@@ -10,6 +10,10 @@ from jax import lax
 
 import jaxpar
 
+# These tests are about the decomposition: sections are forced past the GPU pricing
+# (jaxpar/_price.py, tested in tests/test_price.py).
+GPU = {"target": "gpu", "force_streams": True}
+
 
 def conv(x, w):
     return lax.conv_general_dilated(x, w, (1, 1), "SAME",
@@ -38,7 +42,7 @@ def cnn_args():
 
 
 def test_forward_towers_share_one_section():
-    plan = jaxpar.inspect(two_tower_cnn, target="gpu")(*cnn_args())
+    plan = jaxpar.inspect(two_tower_cnn, **GPU)(*cnn_args())
     assert len(plan.sections) == 1
     convs = sorted(dict(r.primitives)["conv_general_dilated"] for r in plan.sections[0].regions)
     assert convs == [2, 3]
@@ -50,10 +54,10 @@ def test_backward_pass_gets_forward_and_backward_sections(transform):
     # hang off the chain); cheap loose ends are attached so both tower pairs are found.
     args = cnn_args()
     fn = transform(cnn_loss)
-    plan = jaxpar.inspect(fn, target="gpu")(*args)
+    plan = jaxpar.inspect(fn, **GPU)(*args)
     assert len(plan.sections) == 2
     assert all(len(s.regions) == 2 for s in plan.sections)
-    fast = jaxpar.parallel_branches(fn, target="gpu")
+    fast = jaxpar.parallel_branches(fn, **GPU)
     assert_tree_close(fast(*args), jax.jit(fn)(*args), rtol=1e-5, atol=1e-6)
 
 
@@ -67,11 +71,11 @@ def test_cheap_branches_are_balanced_onto_streams():
         return sum(heavy(heavy(x, w), w) for w in (w1, w2, w3, w4))
 
     args = [jnp.ones((256, 256)) * 0.01] * 5
-    plan = jaxpar.inspect(f, target="gpu", min_cost_us=5.0, batch_branches=False)(*args)
+    plan = jaxpar.inspect(f, **GPU, min_cost_us=5.0, batch_branches=False)(*args)
     assert len(plan.sections) == 1 and len(plan.sections[0].regions) == 2
     assert all(r.cost_us >= 5.0 for r in plan.sections[0].regions)
     # Raise the bar above what the overlap can hide: every branch is reported.
-    plan = jaxpar.inspect(f, target="gpu", min_cost_us=50.0, batch_branches=False)(*args)
+    plan = jaxpar.inspect(f, **GPU, min_cost_us=50.0, batch_branches=False)(*args)
     assert plan.sections == ()
     assert sum(note.reason == "too cheap" for note in plan.left_alone) == 4
 
@@ -85,9 +89,9 @@ def test_n_shaped_dependencies_keep_valid_parallelism():
         return c, d
 
     args = [jnp.ones((512, 512)) * 0.01] * 3
-    plan = jaxpar.inspect(f, target="gpu")(*args)
+    plan = jaxpar.inspect(f, **GPU)(*args)
     assert plan.num_streams == 2
-    fast = jaxpar.parallel_branches(f, target="gpu")
+    fast = jaxpar.parallel_branches(f, **GPU)
     assert_tree_close(fast(*args), jax.jit(f)(*args))
 
 
@@ -96,7 +100,7 @@ def test_async_limit_from_xla_flags_caps_streams(monkeypatch):
         return sum(heavy(heavy(x, w), w) for w in (w1, w2, w3, w4))
 
     args = [jnp.ones((512, 512)) * 0.01] * 5
-    streams = {"target": "gpu", "batch_branches": False}  # identical branches: no batching
+    streams = {**GPU, "batch_branches": False}  # identical branches: no batching
     assert jaxpar.inspect(f, **streams)(*args).num_streams == 2
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_experimental_parallel_async_compute_limit=4")
     plan = jaxpar.inspect(f, **streams)(*args)

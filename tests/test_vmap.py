@@ -63,7 +63,8 @@ def test_vmap_of_pytree_and_kwargs():
     def f(params, x, *, bias):
         return {"a": jnp.tanh(x @ params["w1"]) + bias, "b": jnp.cos(x @ params["w2"])}
 
-    g = jaxpar.parallel_branches(f, target="gpu", min_cost_us=0.0)
+    g = jaxpar.parallel_branches(f, target="gpu", min_cost_us=0.0,
+                                 force_streams=True)
     xs, ws = batch()
     params = {"w1": ws, "w2": ws * 0.5}
     got = jax.vmap(lambda p, x: g(p, x, bias=jnp.float32(0.5)))(params, xs)
@@ -72,7 +73,8 @@ def test_vmap_of_pytree_and_kwargs():
 
 
 def test_nested_vmap():
-    g = jaxpar.parallel_branches(pair, target="gpu", min_cost_us=0.0)
+    g = jaxpar.parallel_branches(pair, target="gpu", min_cost_us=0.0,
+                                 force_streams=True)
     xs, ws = batch()
     xss = jnp.stack([xs, xs * 2.0])
     got = jax.vmap(jax.vmap(g, in_axes=(0, None)), in_axes=(0, None))(xss, ws[0])
@@ -92,7 +94,8 @@ def test_vmap_of_two_scans_keeps_annotations():
 
 
 def test_grad_of_vmap():
-    g = jaxpar.parallel_branches(pair, target="gpu", min_cost_us=0.0)
+    g = jaxpar.parallel_branches(pair, target="gpu", min_cost_us=0.0,
+                                 force_streams=True)
     xs, ws = batch()
 
     def loss(fn):
