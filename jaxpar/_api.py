@@ -161,16 +161,19 @@ def _run(rewrite: _Rewrite, leaves: Any) -> list[Any]:
 def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
+                      batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...) -> F: ...
 @overload
 def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
+                      batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...
                       ) -> Callable[[F], F]: ...
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
                       min_cost_us: float = 5.0, fuse_scans: Switch = "auto",
                       batch_scans: Switch = "auto", batch_branches: Switch = "auto",
+                      batch_matmuls: Switch = "auto",
                       unroll: Unroll = "auto", group_collectives: Switch = "auto") -> Any:
     """Rewrites ``fun`` so independent work runs on separate CUDA streams.
 
@@ -198,6 +201,9 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       batch_branches: batch identical independent straight-line subgraphs (the
         members of an ensemble) into one ``vmap``ped subgraph, where the target's
         cost model says the stacking copies cost less than the launches saved.
+      batch_matmuls: run same-shaped matmuls and convolutions of one stage in
+        different independent members (the halves of a fused scan body, experts,
+        towers) as one batched op, where the target's cost model says it pays.
       unroll: ``"auto"``, an unroll factor >= 1, or None to leave scans alone.
       group_collectives: launch independent collectives together.
 
@@ -217,7 +223,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     """
     options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
                              fuse_scans=fuse_scans, batch_scans=batch_scans,
-                             batch_branches=batch_branches, unroll=unroll,
+                             batch_branches=batch_branches, batch_matmuls=batch_matmuls,
+                             unroll=unroll,
                              group_collectives=group_collectives)
     if fun is None:
         return lambda f: ParallelBranches(f, options)
