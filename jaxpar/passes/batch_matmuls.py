@@ -58,7 +58,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _compat
-from .._cost import Cost, CostModel
+from .._cost import CostModel
 from .._graph import Graph, build_graph
 from .._plan import COLLECTIVE_PRIMITIVES
 from ._walk import (
@@ -138,7 +138,9 @@ def _batch_level(jaxpr: Any, path: str, costs: CostModel
         return [], []
     graph = build_graph(inner)
     candidates = [i for i in candidates if i in graph.live]
-    stage = _stages(graph, [costs.eqn_cost(e).kernels > 0 for e in eqns])
+    # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
+    stage = _stages(graph, [costs.eqn_cost(e).kernels > 0 and e.primitive.name != "transpose"
+                            for e in eqns])
     groups = _group(eqns, candidates, stage)
     if not groups:
         return [], []
@@ -287,51 +289,65 @@ def _shared(column: _Column) -> bool:
     return all(a is column[0] for a in column[1:])
 
 
-def _stack_cost(column: _Column) -> Cost:
-    nbytes = sum(_compat.aval_nbytes(a.aval) for a in column)
-    return Cost(bytes=2.0 * nbytes, kernels=1.0)
+def _stack_bytes(column: _Column) -> float:
+    return 2.0 * sum(_compat.aval_nbytes(a.aval) for a in column)
 
 
 def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, int],
             costs: CostModel) -> tuple[list[_Group], list[_Group]]:
-    """The groups worth batching (each pays for the stacks only it needs) and the rest.
+    """The groups worth batching and the rest, by the launches they save.
 
-    A group saves ``launches - 1`` kernel launches; each operand column that is neither
-    shared by all members nor the stacked result of another accepted group costs one
-    stacking copy, paid once however many accepted groups read it.
+    A group saves ``launches - 1`` kernel launches. Its operand columns that are neither
+    shared by all members nor already stacked (by an earlier group of the rewrite, or as
+    the result of another batched op) are stacked, in one fused kernel per group (XLA
+    fuses sibling concatenations and their elementwise producers). That kernel is new
+    only when no stacked value comes from elementwise work: such work launched a kernel
+    of its own before (a matmul does not fuse it), and the stacking kernel takes its
+    place. Groups are dropped, least worth first, until each one pays for itself.
     """
     profile = costs.profile
+    launch = profile.min_kernel_seconds
+    producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
+    cost_of = costs.eqn_cost
+
+    def elementwise(atom: Any) -> bool:
+        source = producer.get(atom)
+        if source is None:
+            return False
+        cost = cost_of(eqns[source])
+        return cost.kernels == 0 and cost.flops > 0
+
     columns = {g: g.columns(eqns) for g in groups}
     outputs = {g: g.outputs(eqns) for g in groups}
     transposes = {g: sum(2.0 * _compat.aval_nbytes(eqns[i].outvars[0].aval)
                          for i, s in zip(g.members, g.swapped, strict=True) if s)
                   for g in groups}
-    accepted = list(groups)
+    accepted = list(groups)  # in stage order
     for _ in range(len(groups) + 1):
-        produced = {outputs[g]: g for g in accepted if not any(g.swapped)}
-        users: dict[_Column, list[_Group]] = {}
-        chained_users: dict[_Group, int] = {}
+        produced = {outputs[g] for g in accepted if not any(g.swapped)}
+        first_user: dict[_Column, _Group] = {}
+        users: dict[_Column, int] = {}
+        chained: dict[_Column, int] = {}
         for g in accepted:
-            for column in columns[g]:
+            for column in dict.fromkeys(columns[g]):
                 if _shared(column):
                     continue
-                source = produced.get(column)
-                if source is not None:
-                    chained_users[source] = chained_users.get(source, 0) + 1
+                if column in produced:
+                    chained[column] = chained.get(column, 0) + 1
                     continue
-                users.setdefault(column, []).append(g)
+                first_user.setdefault(column, g)
+                users[column] = users.get(column, 0) + 1
         worth: dict[_Group, float] = {}
         for g in accepted:
-            value = (launches[g] - 1) * profile.min_kernel_seconds
-            value -= transposes[g] / profile.bandwidth
-            for column in dict.fromkeys(c for c in columns[g] if c in users):
-                if all(u is g for u in users[column]):
-                    value -= _stack_cost(column).seconds(profile)
-            if chained_users.get(g):
-                value += _stack_cost(outputs[g]).seconds(profile)  # else the readers stack it
+            new = [c for c in dict.fromkeys(columns[g]) if first_user.get(c) is g]
+            value = (launches[g] - 1) * launch - transposes[g] / profile.bandwidth
+            if new and not any(elementwise(a) for c in new for a in c):
+                value -= launch
+            value -= sum(_stack_bytes(c) for c in new if users[c] == 1) / profile.bandwidth
+            if chained.get(outputs[g]):
+                value += launch  # its readers would otherwise stack its results
             worth[g] = value
-        losers = [g for g in accepted if worth[g] <= 0]
-        if not losers:
+        if all(value > 0 for value in worth.values()):
             break
         accepted = [g for g in accepted if worth[g] > 0]
     else:  # pragma: no cover - each round removes a group or stops
