@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 
@@ -214,12 +214,12 @@ def test_matmuls_sharing_an_operand_are_left_to_xla() -> None:
 
 
 def test_different_stages_are_not_batched_together() -> None:
-    def f(a: Any, b: Any, c: Any) -> Any:
+    def f(a: Any, b: Any, c: Any, d: Any) -> Any:
         first = jnp.sin(a) @ b  # stage 1
-        second = jnp.cos(jnp.sin(c) @ b) @ b  # stages 1 and 2
+        second = jnp.cos(jnp.sin(c) @ d) @ b  # stages 1 and 2
         return first, second
 
-    new, decisions = batch_matmuls(jax.make_jaxpr(f)(*_square(4, 3)))
+    new, decisions = batch_matmuls(jax.make_jaxpr(f)(*_square(4, 4)))
     # Only the two stage-1 matmuls batch; the stage-2 one stays alone.
     (batched,) = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
     assert "at stage 1" in batched.reason
@@ -250,16 +250,19 @@ def test_backward_pass_matmuls_batched() -> None:
         r1, r2 = bench.seed_002(a, b, xs1, xs2)
         return jnp.sum(jnp.sin(r1)) + jnp.sum(jnp.cos(r2))
 
+    every = (0, 1, 2, 3)  # the matmuls read xs: their gradients need the backward matmuls
     grad_of_rewritten = jax.make_jaxpr(jax.grad(jaxpar.parallel_branches(loss, target="gpu"),
-                                                (0, 1)))(*SEED_SMALL)
-    plain = jax.make_jaxpr(jax.grad(loss, (0, 1)))(*SEED_SMALL)
+                                                every))(*SEED_SMALL)
+    plain = jax.make_jaxpr(jax.grad(loss, every))(*SEED_SMALL)
     assert _batched_dots(plain) == 0
-    assert _batched_dots(grad_of_rewritten) >= 8  # forward and transposed backward
-    rewritten_grad = jaxpar.parallel_branches(jax.grad(loss, (0, 1)), target="gpu")
-    closed = jax.make_jaxpr(jax.grad(loss, (0, 1)))(*SEED_SMALL)
+    dots = _count(grad_of_rewritten, "dot_general")
+    assert dots > 4 and _batched_dots(grad_of_rewritten) == dots  # backward batched too
+    rewritten_grad = jaxpar.parallel_branches(jax.grad(loss, every), target="gpu")
+    closed = jax.make_jaxpr(jax.grad(loss, every))(*SEED_SMALL)
     new, _ = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
+    assert _batched_dots(new) > 4
     assert _count(new, "dot_general") < _count(closed, "dot_general")
-    _close(jax.jit(rewritten_grad)(*SEED_SMALL), jax.jit(jax.grad(loss, (0, 1)))(*SEED_SMALL),
+    _close(jax.jit(rewritten_grad)(*SEED_SMALL), jax.jit(jax.grad(loss, every))(*SEED_SMALL),
            rtol=1e-4)
 
 
@@ -320,6 +323,7 @@ def _pair(spec_a: Any, spec_b: Any, scans: bool) -> Callable[..., Any]:
     return scanned if scans else straight
 
 
+@settings(max_examples=10)  # each example compiles four programs
 @given(body_specs(), body_specs(), st.booleans())
 def test_random_pairs_of_bodies_keep_values_and_grads(spec_a: Any, spec_b: Any,
                                                       scans: bool) -> None:
