@@ -408,10 +408,11 @@ def test_traced_bound_while_is_reported() -> None:
 
 def test_loop_defaults() -> None:
     assert loop_defaults("gpu") == {"fuse": True, "batch": True, "batch_branches": True,
-                                    "unroll": "auto"}
+                                    "batch_matmuls": True, "unroll": "auto"}
     for target in ("cpu", "tpu"):
         assert loop_defaults(target) == {"fuse": False, "batch": False,
-                                         "batch_branches": False, "unroll": None}
+                                         "batch_branches": False, "batch_matmuls": False,
+                                         "unroll": None}
     with pytest.raises(ValueError):
         loop_defaults("abacus")
 
