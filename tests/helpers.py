@@ -53,13 +53,13 @@ GROUP_ATTRIBUTE = "_scheduling_group_id"
 
 # Loop and batching rewrites off: the two scans stay two loops, so streams are what is tested.
 LOOPS_OFF: dict[str, Any] = {"fuse_scans": False, "batch_scans": False,
-                             "batch_branches": False, "unroll": None}
+                             "batch_branches": False, "batch_matmuls": False, "unroll": None}
 
 # Options under which four_branches is worth streams on the GPU cost model (see Sharp edges).
 # Its four chains are identical, so by default the GPU target batches them into one vmapped
 # chain instead (tests/test_batch_branches.py); tests of streams turn that off.
 FOUR_BRANCHES_OPTIONS: dict[str, Any] = {"target": "gpu", "min_cost_us": 2.0,
-                                         "batch_branches": False}
+                                         "batch_branches": False, "batch_matmuls": False}
 
 _CALL = re.compile(r"\bcall @([^\s(]+)\(")
 _ATTRIBUTES = re.compile(r"mhlo\.frontend_attributes = \{([^}]*)\}")

@@ -34,10 +34,11 @@ crashes_on_annotated_loops = pytest.mark.skipif(
     jax.lib.__version__ in _preview._CRASHES_ON_ANNOTATED_LOOPS,
     reason=f"XLA in jaxlib {jax.lib.__version__} segfaults compiling annotated loops")
 
-LOOPS_OFF = {"fuse_scans": False, "batch_scans": False, "batch_branches": False, "unroll": None}
+LOOPS_OFF = {"fuse_scans": False, "batch_scans": False, "batch_branches": False,
+             "batch_matmuls": False, "unroll": None}
 # The four branches are identical, so by default the GPU target batches them into one vmapped
 # chain (tests/test_batch_branches.py); here streams are what is tested.
-STREAMS = {"target": "gpu", "batch_branches": False}
+STREAMS = {"target": "gpu", "batch_branches": False, "batch_matmuls": False}
 
 
 def step1(carry, x):
