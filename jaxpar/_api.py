@@ -290,6 +290,7 @@ _Argnames = str | Iterable[str] | None
 def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
+                      batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
                       force_streams: bool = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
@@ -298,6 +299,7 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
 def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
+                      batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
                       force_streams: bool = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
@@ -305,6 +307,7 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
                       min_cost_us: float = 5.0, fuse_scans: Switch = "auto",
                       batch_scans: Switch = "auto", batch_branches: Switch = "auto",
+                      batch_matmuls: Switch = "auto",
                       unroll: Unroll = "auto", group_collectives: Switch = "auto",
                       force_streams: bool = False,
                       static_argnums: _Argnums = None, static_argnames: _Argnames = None,
@@ -336,6 +339,9 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       batch_branches: batch identical independent straight-line subgraphs (the
         members of an ensemble) into one ``vmap``ped subgraph, where the target's
         cost model says the stacking copies cost less than the launches saved.
+      batch_matmuls: run same-shaped matmuls and convolutions of one stage in
+        different independent members (the halves of a fused scan body, experts,
+        towers) as one batched op, where the target's cost model says it pays.
       unroll: ``"auto"``, an unroll factor >= 1, or None to leave scans alone.
       group_collectives: launch independent collectives together.
       force_streams: emit every independent section found, even where the GPU
@@ -371,7 +377,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     check_known(unknown, (*Options.names(), *_CALL_OPTIONS))
     options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
                              fuse_scans=fuse_scans, batch_scans=batch_scans,
-                             batch_branches=batch_branches, unroll=unroll,
+                             batch_branches=batch_branches, batch_matmuls=batch_matmuls,
+                             unroll=unroll,
                              group_collectives=group_collectives, force_streams=force_streams)
 
     def decorate(f: Any) -> ParallelBranches:

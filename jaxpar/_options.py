@@ -38,6 +38,7 @@ class Options:
     fuse_scans: Switch = "auto"
     batch_scans: Switch = "auto"
     batch_branches: Switch = "auto"
+    batch_matmuls: Switch = "auto"
     unroll: Unroll = "auto"
     group_collectives: Switch = "auto"
     force_streams: bool = False
@@ -66,7 +67,8 @@ class Options:
                 or not math.isfinite(self.min_cost_us) or self.min_cost_us < 0):
             raise ValueError(f"min_cost_us must be a finite number >= 0 (microseconds), "
                              f"got {self.min_cost_us!r}")
-        for name in ("fuse_scans", "batch_scans", "batch_branches", "group_collectives"):
+        for name in ("fuse_scans", "batch_scans", "batch_branches", "batch_matmuls",
+                     "group_collectives"):
             value = getattr(self, name)
             if not (isinstance(value, bool) or value == "auto"):
                 raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
@@ -93,6 +95,8 @@ class Options:
                 "batch": defaults["batch"] if self.batch_scans == "auto" else self.batch_scans,
                 "batch_branches": (defaults["batch_branches"] if self.batch_branches == "auto"
                                    else self.batch_branches),
+                "batch_matmuls": (defaults["batch_matmuls"] if self.batch_matmuls == "auto"
+                                  else self.batch_matmuls),
                 "unroll": defaults["unroll"] if self.unroll == "auto" else self.unroll,
                 "share_common": defaults["share_common"]}
 

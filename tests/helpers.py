@@ -55,7 +55,8 @@ GROUP_ATTRIBUTE = "_scheduling_group_id"
 # The sections are forced: the GPU pricing (jaxpar/_price.py) would leave small loops out of
 # stream regions under XLA's default CUDA-graph mode.
 LOOPS_OFF: dict[str, Any] = {"fuse_scans": False, "batch_scans": False,
-                             "batch_branches": False, "unroll": None, "force_streams": True}
+                             "batch_branches": False, "batch_matmuls": False, "unroll": None,
+                             "force_streams": True}
 
 # Options under which four_branches is worth streams on the GPU cost model (see Sharp edges).
 # Its four chains are identical, so by default the GPU target batches them into one vmapped
@@ -63,7 +64,8 @@ LOOPS_OFF: dict[str, Any] = {"fuse_scans": False, "batch_scans": False,
 # The GPU pricing (jaxpar/_price.py) refuses these sections under XLA's default CUDA-graph
 # mode; tests of stream emission force them.
 FOUR_BRANCHES_OPTIONS: dict[str, Any] = {"target": "gpu", "min_cost_us": 2.0,
-                                         "batch_branches": False, "force_streams": True}
+                                         "batch_branches": False, "batch_matmuls": False,
+                                         "force_streams": True}
 
 _CALL = re.compile(r"\bcall @([^\s(]+)\(")
 _ATTRIBUTES = re.compile(r"mhlo\.frontend_attributes = \{([^}]*)\}")

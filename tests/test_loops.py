@@ -408,11 +408,12 @@ def test_traced_bound_while_is_reported() -> None:
 
 def test_loop_defaults() -> None:
     assert loop_defaults("gpu") == {"fuse": True, "batch": True, "batch_branches": True,
-                                    "unroll": "auto", "share_common": True}
+                                    "batch_matmuls": True, "unroll": "auto",
+                                    "share_common": True}
     for target in ("cpu", "tpu"):
         assert loop_defaults(target) == {"fuse": False, "batch": False,
-                                         "batch_branches": False, "unroll": None,
-                                         "share_common": False}
+                                         "batch_branches": False, "batch_matmuls": False,
+                                         "unroll": None, "share_common": False}
     with pytest.raises(ValueError):
         loop_defaults("abacus")
 

@@ -71,11 +71,13 @@ def test_cheap_branches_are_balanced_onto_streams():
         return sum(heavy(heavy(x, w), w) for w in (w1, w2, w3, w4))
 
     args = [jnp.ones((256, 256)) * 0.01] * 5
-    plan = jaxpar.inspect(f, **GPU, min_cost_us=5.0, batch_branches=False)(*args)
+    plan = jaxpar.inspect(f, **GPU, min_cost_us=5.0, batch_branches=False,
+                          batch_matmuls=False)(*args)
     assert len(plan.sections) == 1 and len(plan.sections[0].regions) == 2
     assert all(r.cost_us >= 5.0 for r in plan.sections[0].regions)
     # Raise the bar above what the overlap can hide: every branch is reported.
-    plan = jaxpar.inspect(f, **GPU, min_cost_us=50.0, batch_branches=False)(*args)
+    plan = jaxpar.inspect(f, **GPU, min_cost_us=50.0, batch_branches=False,
+                          batch_matmuls=False)(*args)
     assert plan.sections == ()
     assert sum(note.reason == "too cheap" for note in plan.left_alone) == 4
 
@@ -100,7 +102,8 @@ def test_async_limit_from_xla_flags_caps_streams(monkeypatch):
         return sum(heavy(heavy(x, w), w) for w in (w1, w2, w3, w4))
 
     args = [jnp.ones((512, 512)) * 0.01] * 5
-    streams = {**GPU, "batch_branches": False}  # identical branches: no batching
+    # Identical branches: no batching.
+    streams = {**GPU, "batch_branches": False, "batch_matmuls": False}
     assert jaxpar.inspect(f, **streams)(*args).num_streams == 2
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_experimental_parallel_async_compute_limit=4")
     plan = jaxpar.inspect(f, **streams)(*args)

@@ -66,7 +66,7 @@ CONFIGURATIONS: tuple[dict[str, Any], ...] = (
     {"target": "gpu"},
     # Stream tags only, loop rewrites off.
     {"target": "gpu", "min_cost_us": 0.0, "fuse_scans": False, "batch_scans": False,
-     "batch_branches": False, "unroll": None},
+     "batch_branches": False, "batch_matmuls": False, "unroll": None},
     # Plans every independent branch, however cheap: most random programs get rewritten
     # (about 60%, against 15% with the default threshold).
     {"target": "gpu", "min_cost_us": 0.0},

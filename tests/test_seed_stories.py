@@ -36,11 +36,12 @@ crashes_on_annotated_loops = pytest.mark.skipif(
 
 # Stream tests force their sections past the GPU pricing (jaxpar/_price.py), which refuses
 # them under XLA's default CUDA-graph mode; tests/test_price.py covers that choice.
-LOOPS_OFF = {"fuse_scans": False, "batch_scans": False, "batch_branches": False, "unroll": None,
-             "force_streams": True}
+LOOPS_OFF = {"fuse_scans": False, "batch_scans": False, "batch_branches": False,
+             "batch_matmuls": False, "unroll": None, "force_streams": True}
 # The four branches are identical, so by default the GPU target batches them into one vmapped
 # chain (tests/test_batch_branches.py); here streams are what is tested.
-STREAMS = {"target": "gpu", "batch_branches": False, "force_streams": True}
+STREAMS = {"target": "gpu", "batch_branches": False, "batch_matmuls": False,
+           "force_streams": True}
 
 
 def step1(carry, x):

@@ -9,6 +9,8 @@ same object when it changes nothing) and the ``LoopDecision``s it made:
 * ``fuse_scans``: independent scans become one scan running their bodies side by side.
 * ``batch_branches``: identical independent straight-line subgraphs (ensemble members)
   become one ``vmap``ped subgraph, where the target's cost model says it pays.
+* ``batch_matmuls``: same-shaped matmuls and convolutions of one stage in *different*
+  members (the halves of a fused scan body, experts, towers) run as one batched op.
 * ``unroll_scans``: an unroll factor per static scan.
 
 ``apply_loop_passes`` runs them in that order at every nesting level.
@@ -31,11 +33,13 @@ from typing import Any
 
 from ._walk import (
     KIND_BATCHED,
+    KIND_BATCHED_MATMULS,
     KIND_BATCHED_SUBGRAPHS,
     KIND_FUSED,
     KIND_HOST_SYNC,
     KIND_LEFT_ALONE,
     KIND_MADE_STATIC,
+    KIND_MATMULS_LEFT_ALONE,
     KIND_SUBGRAPHS_LEFT_ALONE,
     KIND_UNROLLED,
     SUBGRAPH_KINDS,
@@ -45,6 +49,7 @@ from ._walk import (
     walk_levels,
 )
 from .batch_branches import batch_branches, batch_branches_level
+from .batch_matmuls import batch_matmuls, batch_matmuls_level
 from .batch_scans import batch_scans, batch_scans_level
 from .fuse_scans import fuse_scans, fuse_scans_level
 from .share_common import share_common_level, share_common_subexpressions
@@ -53,17 +58,20 @@ from .unroll import Unroll, _costs, unroll_scans, unroll_scans_level
 
 __all__ = [
     "KIND_BATCHED",
+    "KIND_BATCHED_MATMULS",
     "KIND_BATCHED_SUBGRAPHS",
     "KIND_FUSED",
     "KIND_HOST_SYNC",
     "KIND_LEFT_ALONE",
     "KIND_MADE_STATIC",
+    "KIND_MATMULS_LEFT_ALONE",
     "KIND_SUBGRAPHS_LEFT_ALONE",
     "KIND_UNROLLED",
     "SUBGRAPH_KINDS",
     "LoopDecision",
     "apply_loop_passes",
     "batch_branches",
+    "batch_matmuls",
     "batch_scans",
     "fuse_scans",
     "loop_defaults",
@@ -77,12 +85,12 @@ __all__ = [
 _DEFAULTS: dict[str, dict[str, Any]] = {
     # share_common: XLA's CSE cannot see into stream regions, so on the GPU equal
     # equations are merged before planning; elsewhere XLA's own CSE does it.
-    "gpu": {"fuse": True, "batch": True, "batch_branches": True, "unroll": "auto",
-            "share_common": True},
-    "cpu": {"fuse": False, "batch": False, "batch_branches": False, "unroll": None,
-            "share_common": False},
-    "tpu": {"fuse": False, "batch": False, "batch_branches": False, "unroll": None,
-            "share_common": False},
+    "gpu": {"fuse": True, "batch": True, "batch_branches": True, "batch_matmuls": True,
+            "unroll": "auto", "share_common": True},
+    "cpu": {"fuse": False, "batch": False, "batch_branches": False, "batch_matmuls": False,
+            "unroll": None, "share_common": False},
+    "tpu": {"fuse": False, "batch": False, "batch_branches": False, "batch_matmuls": False,
+            "unroll": None, "share_common": False},
 }
 
 
@@ -93,8 +101,8 @@ def loop_defaults(target: str) -> dict[str, Any]:
         target: ``"gpu"``, ``"cpu"`` or ``"tpu"``.
 
     Returns:
-        ``{"fuse": bool, "batch": bool, "batch_branches": bool, "unroll": "auto" | int |
-        None}``, ready to pass
+        ``{"fuse": bool, "batch": bool, "batch_branches": bool, "batch_matmuls": bool,
+        "unroll": "auto" | int | None}``, ready to pass
         to ``apply_loop_passes(closed, **loop_defaults(target), target=target)``.
 
     Raises:
@@ -106,9 +114,10 @@ def loop_defaults(target: str) -> dict[str, Any]:
 
 
 def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unroll,
-                      target: str, batch_branches: bool = False, share_common: bool = False
-                      ) -> tuple[Any, tuple[LoopDecision, ...]]:
-    """Runs share_common -> static_loops -> batch -> fuse -> batch_branches -> unroll at
+                      target: str, batch_branches: bool = False, batch_matmuls: bool = False,
+                      share_common: bool = False) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Runs share_common -> static_loops -> batch -> fuse -> batch_branches -> batch_matmuls
+    -> unroll at
     every nesting level.
 
     Args:
@@ -120,6 +129,8 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unr
             ``batch_branches`` use).
         batch_branches: batch identical independent straight-line subgraphs into one
             vmapped subgraph where the cost model says it pays.
+        batch_matmuls: run same-shaped matmuls and convolutions of one stage in different
+            independent members as one batched op where the cost model says it pays.
         share_common: merge equations that compute the same thing (XLA's CSE cannot
             see into the stream regions the planner may make).
 
@@ -154,6 +165,12 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unr
         def branches_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
             return batch_branches_level(j, path, costs, memo)
         passes.append(branches_level)
+    if batch_matmuls:
+        matmul_memo: dict[int, Any] = {}
+
+        def matmuls_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+            return batch_matmuls_level(j, path, costs, matmul_memo)
+        passes.append(matmuls_level)
     if unroll is not None:
         def unroll_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
             return unroll_scans_level(j, path, unroll=unroll, costs=costs)

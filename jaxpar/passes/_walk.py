@@ -39,9 +39,14 @@ KIND_LEFT_ALONE = "left alone"
 KIND_HOST_SYNC = "host-sync loop"
 KIND_BATCHED_SUBGRAPHS = "batched subgraphs"
 KIND_SUBGRAPHS_LEFT_ALONE = "subgraphs left alone"
-_UNCHANGED_KINDS = (KIND_LEFT_ALONE, KIND_HOST_SYNC, KIND_SUBGRAPHS_LEFT_ALONE)
-# Decisions of the subgraph batching pass (``batch_branches``); the rest are about loops.
-SUBGRAPH_KINDS = (KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALONE)
+KIND_BATCHED_MATMULS = "batched matmuls"
+KIND_MATMULS_LEFT_ALONE = "matmuls left alone"
+_UNCHANGED_KINDS = (KIND_LEFT_ALONE, KIND_HOST_SYNC, KIND_SUBGRAPHS_LEFT_ALONE,
+                    KIND_MATMULS_LEFT_ALONE)
+# Decisions of the subgraph and matmul batching passes (``batch_branches``,
+# ``batch_matmuls``); the rest are about loops.
+SUBGRAPH_KINDS = (KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALONE, KIND_BATCHED_MATMULS,
+                  KIND_MATMULS_LEFT_ALONE)
 
 # Bound on the rounds of level passes at one level (each productive round removes a loop,
 # loop trips, or a unit unroll factor, so real programs settle in a few).

@@ -1,0 +1,379 @@
+"""batch_matmuls: same-shaped matmuls of different, independent members run as one.
+
+Structure is checked on the rewritten jaxprs (how many ``dot_general``s, ``concatenate``s
+and batch dimensions), values and gradients against plain ``jax.jit`` of the original,
+and, where the CUDA PJRT plugin is installed, kernel launches per run on the deviceless
+H200 compile (seed 002 with different bodies at most the hand-written ``vmap``'s launches;
+no program here launching more than without the pass).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+import jaxpar
+from jaxpar._deviceless import plugin_status
+from jaxpar.passes import (
+    KIND_BATCHED_MATMULS,
+    KIND_MATMULS_LEFT_ALONE,
+    apply_loop_passes,
+    batch_matmuls,
+    loop_defaults,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
+needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
+
+
+def _load_benchmark() -> Any:
+    spec = importlib.util.spec_from_file_location("jaxpar_benchmarks_hetero_batch",
+                                                  ROOT / "benchmarks" / "hetero_batch.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_benchmark()
+
+
+def _passes(fn: Callable[..., Any], *args: Any, matmuls: bool = True) -> tuple[Any, Any]:
+    closed = jax.make_jaxpr(fn)(*args)
+    return apply_loop_passes(closed, fuse=True, batch=True, unroll=None, target="gpu",
+                             batch_branches=True, batch_matmuls=matmuls)
+
+
+def _eqns(jaxpr: Any) -> list[Any]:
+    """Every equation, nested jaxprs included."""
+    out = []
+    for eqn in jaxpr.eqns:
+        out.append(eqn)
+        for value in eqn.params.values():
+            items = value if isinstance(value, (tuple, list)) else (value,)
+            for item in items:
+                inner = getattr(item, "jaxpr", item)
+                if hasattr(inner, "eqns"):
+                    out += _eqns(inner)
+    return out
+
+
+def _count(jaxpr: Any, name: str) -> int:
+    return sum(e.primitive.name == name for e in _eqns(getattr(jaxpr, "jaxpr", jaxpr)))
+
+
+def _batched_dots(jaxpr: Any) -> int:
+    """dot_generals whose result has more dimensions than the matrices of these tests."""
+    return sum(e.primitive.name == "dot_general" and e.outvars[0].aval.ndim > 2
+               for e in _eqns(getattr(jaxpr, "jaxpr", jaxpr)))
+
+
+def _close(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def _check_values_and_grads(fn: Callable[..., Any], *args: Any) -> None:
+    rewritten = jaxpar.parallel_branches(fn, target="gpu")
+    _close(jax.jit(rewritten)(*args), jax.jit(fn)(*args))
+
+    def loss(f: Callable[..., Any]) -> Callable[..., Any]:
+        return lambda *a: sum(jnp.sum(jnp.sin(x)) for x in jax.tree_util.tree_leaves(f(*a)))
+
+    argnums = tuple(range(len(args)))
+    _close(jax.jit(jax.grad(loss(rewritten), argnums))(*args),
+           jax.jit(jax.grad(loss(fn), argnums))(*args), rtol=1e-4, atol=1e-5)
+
+
+SEED_SMALL = bench.seed_args(8, 5)
+
+
+# --------------------------------------------------------------------------- seed 002
+
+
+def test_seed_002_different_bodies_run_batched_matmuls_in_one_loop() -> None:
+    before, _ = _passes(bench.seed_002, *SEED_SMALL, matmuls=False)
+    after, decisions = _passes(bench.seed_002, *SEED_SMALL)
+    assert _count(before, "scan") == _count(after, "scan") == 1
+    assert _count(before, "dot_general") == 8
+    assert _count(after, "dot_general") == 4
+    assert _batched_dots(after) == 4
+    batched = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    assert len(batched) == 4
+    assert all(d.location.startswith("/scan#0") for d in batched)
+    # Which members: the sources name both step functions.
+    assert all({"seed_body", "seed_other_body"} <= {s.split("(")[-1].rstrip(")")
+                                                    for s in d.sources} for d in batched)
+    _check_values_and_grads(bench.seed_002, *SEED_SMALL)
+
+
+def test_chain_stays_stacked_between_batched_matmuls() -> None:
+    after, decisions = _passes(bench.seed_002, *SEED_SMALL)
+    # Two distinct operand columns are stacked ([X1, tanh X2] and [X1, X2]); each later
+    # matmul reads the previous one's stacked result: no unstack and restack.
+    assert _count(after, "concatenate") + _count(after, "stack") == 2
+    reasons = [d.reason for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    assert sum("1 already-stacked" in r for r in reasons) == 3
+
+
+def test_inspect_reports_each_batched_group() -> None:
+    plan = jaxpar.inspect(bench.seed_002, target="gpu")(*SEED_SMALL)
+    text = str(plan)
+    assert text.count("batched matmuls at /scan#0.jaxpr") == 4
+    assert "2 kernel launches -> 1" in text
+    assert all(d.kind == KIND_BATCHED_MATMULS for d in plan.subgraphs)
+    assert [d["kind"] for d in plan.to_dict()["subgraphs"]] == [KIND_BATCHED_MATMULS] * 4
+    assert "batched matmuls: dot_general, dot_general" in plan.to_svg()
+
+
+@pytest.mark.parametrize("name", ["rnn_pair", "transposed_pair"])
+def test_own_pairs_values_and_grads(name: str) -> None:
+    args = bench.program_args(name, "smoke")
+    after, decisions = _passes(bench.PROGRAMS[name][0], *args)
+    assert any(d.kind == KIND_BATCHED_MATMULS for d in decisions)
+    assert _batched_dots(after) >= 1
+    _check_values_and_grads(bench.PROGRAMS[name][0], *args)
+
+
+@pytest.mark.parametrize("name", ["hetero_ensemble", "experts", "multi_head"])
+def test_straight_line_members_values_and_grads(name: str) -> None:
+    args = bench.program_args(name, "smoke")
+    _check_values_and_grads(bench.PROGRAMS[name][0], *args)
+
+
+def test_hetero_ensemble_matmuls_batched() -> None:
+    args = bench.program_args("hetero_ensemble", "smoke")
+    before, _ = _passes(bench.hetero_ensemble, *args, matmuls=False)
+    after, decisions = _passes(bench.hetero_ensemble, *args)
+    # Layers 2 and 3 of the four members: one batched matmul each (the first layer shares
+    # x, which XLA's DotMerger merges, or batch_branches batches as identical subgraphs).
+    batched = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    assert len(batched) == 2
+    assert all(len(d.eqns) == 4 for d in batched)
+    assert _count(after, "dot_general") == _count(before, "dot_general") - 2 * 3
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def _square(seed: int, count: int, n: int = 6) -> list[jax.Array]:
+    keys = jax.random.split(jax.random.PRNGKey(seed), count)
+    return [jax.random.normal(k, (n, n)) / n for k in keys]
+
+
+def test_swapped_operand_order_is_matched() -> None:
+    def f(p: Any, q: Any, x: Any, y: Any) -> Any:
+        h = jnp.sin(p)[:3]  # [3, n]
+        g = jnp.cos(q)[:3]
+        a = jnp.tanh(h @ x) @ x  # h @ x
+        b = jnp.einsum("ij,bi->jb", y, g)  # (g @ y).T: the same form, operands swapped
+        c = jax.nn.relu(b).T @ y
+        return a, c
+
+    args = _square(1, 4)
+    after, decisions = _passes(f, *args)
+    swapped = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS
+               and "operands swapped" in d.reason]
+    assert len(swapped) == 1
+    assert _batched_dots(after) == 2
+    _check_values_and_grads(f, *args)
+
+
+def test_level_inputs_only_left_alone_by_cost() -> None:
+    """Stacking operands nothing else computes is a kernel of its own: no launch saved."""
+    def f(a: Any, b: Any, c: Any, d: Any) -> Any:
+        return jnp.tanh(a @ b), jnp.sin(c @ d)
+
+    new, decisions = batch_matmuls(jax.make_jaxpr(f)(*_square(2, 4)))
+    assert _count(new, "dot_general") == 2 and _batched_dots(new) == 0
+    (left,) = [d for d in decisions if d.kind == KIND_MATMULS_LEFT_ALONE]
+    assert "costs more than the 1 kernel launches" in left.reason
+
+
+def test_matmuls_sharing_an_operand_are_left_to_xla() -> None:
+    def f(x: Any, w1: Any, w2: Any) -> Any:
+        h = jnp.sin(x)
+        return jnp.tanh(h @ w1), jax.nn.relu(h @ w2)
+
+    closed = jax.make_jaxpr(f)(*_square(3, 3))
+    new, decisions = batch_matmuls(closed)
+    assert new is closed and decisions == ()
+
+
+def test_different_stages_are_not_batched_together() -> None:
+    def f(a: Any, b: Any, c: Any, d: Any) -> Any:
+        first = jnp.sin(a) @ b  # stage 1
+        second = jnp.cos(jnp.sin(c) @ d) @ b  # stages 1 and 2
+        return first, second
+
+    new, decisions = batch_matmuls(jax.make_jaxpr(f)(*_square(4, 4)))
+    # Only the two stage-1 matmuls batch; the stage-2 one stays alone.
+    (batched,) = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    assert "at stage 1" in batched.reason
+    assert _count(new, "dot_general") == 2 and _batched_dots(new) == 1
+
+
+def test_convolutions_of_different_members_batch() -> None:
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def f(x: Any, w1: Any, w2: Any) -> Any:
+        return jax.nn.relu(conv(jnp.sin(x), w1)), jnp.tanh(conv(jnp.cos(x), w2))
+
+    keys = jax.random.split(jax.random.PRNGKey(5), 3)
+    args = (jax.random.normal(keys[0], (2, 5, 5, 3)), jax.random.normal(keys[1], (3, 3, 3, 4)),
+            jax.random.normal(keys[2], (3, 3, 3, 4)))
+    new, decisions = batch_matmuls(jax.make_jaxpr(f)(*args))
+    assert _count(new, "conv_general_dilated") == 1
+    assert [d.primitives for d in decisions] == [("conv_general_dilated",) * 2]
+    _check_values_and_grads(f, *args)
+
+
+def test_backward_pass_matmuls_batched() -> None:
+    """grad of the rewritten function batches the backward matmuls (vmap's transpose);
+    rewriting the gradient function batches its forward and backward matmuls."""
+    def loss(a: Any, b: Any, xs1: Any, xs2: Any) -> Any:
+        r1, r2 = bench.seed_002(a, b, xs1, xs2)
+        return jnp.sum(jnp.sin(r1)) + jnp.sum(jnp.cos(r2))
+
+    every = (0, 1, 2, 3)  # the matmuls read xs: their gradients need the backward matmuls
+    grad_of_rewritten = jax.make_jaxpr(jax.grad(jaxpar.parallel_branches(loss, target="gpu"),
+                                                every))(*SEED_SMALL)
+    plain = jax.make_jaxpr(jax.grad(loss, every))(*SEED_SMALL)
+    assert _batched_dots(plain) == 0
+    dots = _count(grad_of_rewritten, "dot_general")
+    assert dots > 4 and _batched_dots(grad_of_rewritten) == dots  # backward batched too
+    rewritten_grad = jaxpar.parallel_branches(jax.grad(loss, every), target="gpu")
+    closed = jax.make_jaxpr(jax.grad(loss, every))(*SEED_SMALL)
+    new, _ = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
+    assert _batched_dots(new) > 4
+    assert _count(new, "dot_general") < _count(closed, "dot_general")
+    _close(jax.jit(rewritten_grad)(*SEED_SMALL), jax.jit(jax.grad(loss, every))(*SEED_SMALL),
+           rtol=1e-4)
+
+
+def test_applying_twice_changes_nothing() -> None:
+    once, _ = _passes(bench.seed_002, *SEED_SMALL)
+    twice, decisions = apply_loop_passes(once, fuse=True, batch=True, unroll=None,
+                                         target="gpu", batch_branches=True, batch_matmuls=True)
+    assert twice is once
+    assert not [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+
+
+def test_defaults_and_option() -> None:
+    assert loop_defaults("gpu")["batch_matmuls"] is True
+    assert loop_defaults("cpu")["batch_matmuls"] is False
+    assert loop_defaults("tpu")["batch_matmuls"] is False
+    with pytest.raises(ValueError, match="batch_matmuls"):
+        jaxpar.parallel_branches(bench.seed_002, batch_matmuls="yes")  # type: ignore[arg-type]
+    off = jaxpar.inspect(bench.seed_002, target="gpu", batch_matmuls=False)(*SEED_SMALL)
+    assert not [d for d in off.subgraphs if d.kind == KIND_BATCHED_MATMULS]
+    cpu = jaxpar.inspect(bench.seed_002, target="cpu")(*SEED_SMALL)
+    assert not cpu.subgraphs
+
+
+# --------------------------------------------------------------------------- properties
+
+_ACTS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "tanh": jnp.tanh, "sin": jnp.sin, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid,
+    "scale": lambda v: 0.5 * v, "none": lambda v: v}
+
+
+@st.composite
+def body_specs(draw: st.DrawFn) -> tuple[tuple[str, str], ...]:
+    """A step body: matmuls of the carry with the step's x, each ``cx`` (carry @ x) or
+    ``xc`` (x @ carry), each followed by an activation."""
+    return tuple(draw(st.lists(st.tuples(st.sampled_from(["cx", "xc"]),
+                                         st.sampled_from(sorted(_ACTS))),
+                               min_size=1, max_size=4)))
+
+
+def _body(spec: tuple[tuple[str, str], ...]) -> Callable[..., Any]:
+    def step(c: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+        h = c
+        for order, act in spec:
+            h = _ACTS[act](h @ x if order == "cx" else x @ h)
+        return 0.5 * c + jnp.tanh(h), None
+    return step
+
+
+def _pair(spec_a: Any, spec_b: Any, scans: bool) -> Callable[..., Any]:
+    step_a, step_b = _body(spec_a), _body(spec_b)
+
+    def scanned(a: Any, b: Any, xs1: Any, xs2: Any) -> Any:
+        return lax.scan(step_a, a, xs1)[0], lax.scan(step_b, b, xs2)[0]
+
+    def straight(a: Any, b: Any, xs1: Any, xs2: Any) -> Any:
+        return step_a(a, xs1[0])[0], step_b(jnp.sin(b), xs2[1])[0]
+
+    return scanned if scans else straight
+
+
+@settings(max_examples=10)  # each example compiles four programs
+@given(body_specs(), body_specs(), st.booleans())
+def test_random_pairs_of_bodies_keep_values_and_grads(spec_a: Any, spec_b: Any,
+                                                      scans: bool) -> None:
+    fn = _pair(spec_a, spec_b, scans)
+    args = bench.seed_args(4, 3)
+    before, _ = _passes(fn, *args, matmuls=False)
+    after, decisions = _passes(fn, *args)
+    batched = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    assert _count(after, "dot_general") == _count(before, "dot_general") - len(batched)
+    for d in batched:
+        assert d.primitives == ("dot_general", "dot_general")
+    _check_values_and_grads(fn, *args)
+
+
+# --------------------------------------------------------------------------- deviceless
+
+
+@needs_plugin
+def test_seed_002_launches_at_most_the_hand_vmap() -> None:
+    args = jax.eval_shape(lambda: bench.program_args("seed_002", "full"))
+    counted = bench.count(jaxpar.parallel_branches(bench.seed_002, target="gpu"), args)
+    assert counted["loops"] == 1
+    assert counted["launches"] <= 100_003
+    hand = bench.count(bench.seed_002_hand_vmap, args)
+    assert counted["launches"] <= hand["launches"]
+
+
+_GUARD_PAIRS = [
+    ((("cx", "tanh"), ("cx", "none")), (("xc", "relu"),)),
+    ((("xc", "sin"), ("cx", "sigmoid")), (("cx", "scale"), ("xc", "tanh"), ("cx", "none"))),
+    ((("cx", "none"),), (("cx", "none"),)),
+]
+
+
+@needs_plugin
+@pytest.mark.parametrize("name", [n for n in bench.PROGRAMS if n != "seed_002_hand_vmap"])
+def test_no_program_launches_more_with_the_pass(name: str) -> None:
+    args = jax.eval_shape(lambda: bench.program_args(name, "quick"))
+    fn = bench.PROGRAMS[name][0]
+    before = bench.count(jaxpar.parallel_branches(fn, target="gpu", batch_matmuls=False), args)
+    after = bench.count(jaxpar.parallel_branches(fn, target="gpu"), args)
+    assert after["launches"] <= before["launches"]
+
+
+@needs_plugin
+@pytest.mark.parametrize("pair", range(len(_GUARD_PAIRS)))
+@pytest.mark.parametrize("scans", [True, False])
+def test_random_style_pairs_launch_no_more(pair: int, scans: bool) -> None:
+    fn = _pair(*_GUARD_PAIRS[pair], scans)
+    args = jax.eval_shape(lambda: bench.seed_args(100, 1000))
+    before = bench.count(jaxpar.parallel_branches(fn, target="gpu", batch_matmuls=False), args)
+    after = bench.count(jaxpar.parallel_branches(fn, target="gpu"), args)
+    assert after["launches"] <= before["launches"]
