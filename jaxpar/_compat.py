@@ -107,6 +107,17 @@ def is_tracer(value: Any) -> bool:
     return isinstance(value, jax.core.Tracer)
 
 
+def prng_impl_name(aval: Any) -> str | None:
+    """The PRNG implementation (``"threefry2x32"``, ``"rbg"``, ``"unsafe_rbg"``) of a key
+    array's type; None for other types. Key dtypes keep it as ``dtype._impl`` (0.4.16 -
+    0.12); ``jax.random.key_impl`` only answers for arrays, not types."""
+    dtype = getattr(aval, "dtype", None)
+    if dtype is None or not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return None
+    impl = getattr(dtype, "_impl", None)
+    return str(getattr(impl, "name", impl))
+
+
 def is_jaxpr_like(value: Any) -> bool:
     return isinstance(value, (Jaxpr, ClosedJaxpr))
 
