@@ -28,6 +28,7 @@ import pytest
 from jax import lax
 from test_loops import as_function, assert_close, eqns_of, primitives
 
+import jaxpar
 from jaxpar import _compat
 from jaxpar.passes import (
     KIND_BATCHED,
@@ -264,6 +265,10 @@ def test_pure_callback_without_vmap_method_is_not_batched() -> None:
         assert len(callbacks) == (4 if method is None else 0), method
         assert KIND_BATCHED_SUBGRAPHS in kinds(decisions)
         check(closed, new, fn, args)
+        plan = jaxpar.inspect(fn, target="gpu")(*args)  # raised NotImplementedError
+        assert any(d.kind == KIND_BATCHED_SUBGRAPHS for d in plan.subgraphs)
+        assert_close(jaxpar.parallel_branches(fn, target="gpu")(*args), jax.jit(fn)(*args),
+                     **TOLERANCE)
     # Scans calling it are not batched either (and batch_scans does not raise).
     f2 = two_scans(callback_step(np.sin, None), callback_step(np.sin, None))
     closed = jax.make_jaxpr(f2)(*scan_args())
