@@ -12,6 +12,10 @@ Example::
 
     new_jaxpr, decisions = walk_levels(closed_jaxpr, [static_loops_level])
 
+Rewrites of a nested level are traced where JAX traced that level
+(``_compat.nested_trace_context``): inside a ``shard_map`` body with its mesh axes
+bound, since the body's values name them.
+
 Sharp edges:
   * Equation indices in a decision refer to the level as the pass saw it: a
     later pass sees the level as the earlier passes rewrote it.
