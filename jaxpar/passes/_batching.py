@@ -62,6 +62,8 @@ _FAITHFUL_EXPORTED = (
     "regularized_incomplete_beta", "rem", "round", "rsqrt", "select_n", "shift_left",
     "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt",
     "square", "stop_gradient", "sub", "tan", "tanh", "xor", "zeta",
+    # identities under vmap: placement and checkpoint names
+    "device_put", "name",
     # structure: shapes, slicing, indexing
     "broadcast_in_dim", "concatenate", "dynamic_slice", "dynamic_update_slice", "gather",
     "iota", "pad", "reshape", "rev", "scatter", "scatter_add", "scatter_max",
