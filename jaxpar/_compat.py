@@ -149,6 +149,17 @@ def register_for_clear_caches(cache: Any, label: str) -> bool:
     return True
 
 
+def prng_impl_name(aval: Any) -> str | None:
+    """The PRNG implementation (``"threefry2x32"``, ``"rbg"``, ``"unsafe_rbg"``) of a key
+    array's type; None for other types. Key dtypes keep it as ``dtype._impl`` (0.4.16 -
+    0.12); ``jax.random.key_impl`` only answers for arrays, not types."""
+    dtype = getattr(aval, "dtype", None)
+    if dtype is None or not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return None
+    impl = getattr(dtype, "_impl", None)
+    return str(getattr(impl, "name", impl))
+
+
 def is_jaxpr_like(value: Any) -> bool:
     return isinstance(value, (Jaxpr, ClosedJaxpr))
 
@@ -610,6 +621,33 @@ def rebind_shard_map(eqn: Any, body_fn: Callable[..., Sequence[Any]],
           eqn.ctx.manager):
         out = mapped(*invals)
     return list(out)
+
+
+def nested_trace_context(eqn: Any) -> Any:
+    """A context manager under which code for ``eqn``'s nested jaxprs must be traced.
+
+    A ``shard_map`` body is traced by JAX with the mesh's manual axes bound, the mesh
+    marked manual over them and the body's ``check_vma`` mode; its values' types name
+    those axes (varying manual axes), so tracing a rewrite of the body (``vmap`` of a
+    dot, a new ``scan``) outside that environment fails with "unbound axis name".
+    Other equations need nothing (a null context).
+    """
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    if not is_shard_map(eqn):
+        return stack
+    from jax._src import config as _config
+    from jax._src import mesh as _mesh
+    from jax._src import shard_map as _shard_map
+
+    info = shard_map_info(eqn)
+    mesh = eqn.params["mesh"]
+    newly_manual = frozenset(eqn.params.get("newly_manual_axes", info.manual_axes))
+    stack.enter_context(_shard_map._extend_axis_env(mesh, newly_manual))
+    stack.enter_context(_mesh.use_abstract_mesh(_shard_map._as_manual_mesh(mesh, newly_manual)))
+    stack.enter_context(_config._check_vma(info.check))
+    return stack
 
 
 def eqn_context(eqn: Any) -> Any:

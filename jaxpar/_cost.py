@@ -188,20 +188,11 @@ def _default_rule(model: CostModel, eqn: Any) -> Cost:
 
 
 def known_while_trip_count(eqn: Any) -> int | None:
-    """Trip count of a ``fori_loop``-style ``while`` whose bounds are literals.
+    """Trip count of a counting ``while`` with constant bounds (``_loops.static_trip_count``),
+    exactly as the loop runs it; None otherwise."""
+    from ._loops import static_trip_count  # late: loops builds on the cost model
 
-    Matches the jaxpr ``fori_loop`` produces: carries ``(i, upper, ...)`` with a
-    ``lt i upper`` condition, both bounds constant. Returns None otherwise.
-    """
-    from ._loops import static_fori_bounds  # late: loops builds on the cost model
-
-    bounds = static_fori_bounds(eqn)
-    if bounds is None:
-        return None
-    lower, upper, step = bounds
-    if step <= 0:
-        return None
-    return max(-(-(upper - lower) // step), 0)
+    return static_trip_count(eqn).trips
 
 
 class CostModel:

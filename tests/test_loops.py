@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+import jaxpar
 from jaxpar import _compat
 from jaxpar.passes import (
     LoopDecision,
@@ -401,6 +402,121 @@ def test_traced_bound_while_is_reported() -> None:
     (report,) = decisions
     assert report.kind == "host-sync loop" and report.trips_before is None
     assert "Python int bounds" in report.reason and "test_loops.py" in report.sources[0]
+
+
+def _counting_while(dtype: Any, lower: int, upper: int, step: int) -> Callable[..., Any]:
+    """``while c[0] < c[1]: c[0] += step`` in ``dtype``, adding 1 to ``x`` per trip."""
+    def f(x: jax.Array) -> jax.Array:
+        return lax.while_loop(
+            lambda c: c[0] < c[1],
+            lambda c: (c[0] + jnp.asarray(step, dtype), c[1], c[2] + 1.0),
+            (jnp.asarray(lower, dtype), jnp.asarray(upper, dtype), x))[2]
+    return f
+
+
+def _fori(dtype: Any, lower: int, upper: int) -> Callable[..., Any]:
+    def f(x: jax.Array) -> jax.Array:
+        return lax.fori_loop(jnp.asarray(lower, dtype), jnp.asarray(upper, dtype),
+                             lambda i, c: c + 1.0, x)
+    return f
+
+
+def _float_counter(x: jax.Array) -> jax.Array:  # 0, 1.5, ..., 9: 7 trips
+    return lax.while_loop(lambda c: c[0] < c[1], lambda c: (c[0] + 1.5, c[1], c[2] + 1.0),
+                          (0.0, 10.0, x))[2]
+
+
+def _counter_second_upper_literal(x: jax.Array) -> jax.Array:  # a weakly typed counter
+    return lax.while_loop(lambda c: c[1] < 9, lambda c: (c[0] + 1.0, c[1] + 2), (x, 0))[0]
+
+
+_CLOSED_UPPER = jnp.int32(10)
+_CLOSED_STEP = jnp.int32(3)
+
+
+def _closed_over_bounds(x: jax.Array) -> jax.Array:
+    return lax.while_loop(lambda c: c[0] < _CLOSED_UPPER,
+                          lambda c: (c[0] + _CLOSED_STEP, c[1] + 1.0), (jnp.int32(-2), x))[1]
+
+
+def _upper_moves(x: jax.Array) -> jax.Array:  # the body lowers the bound: 5 trips, not 10
+    return lax.while_loop(lambda c: c[0] < c[1], lambda c: (c[0] + 1, c[1] - 1, c[2] + 1.0),
+                          (jnp.int32(0), jnp.int32(10), x))[2]
+
+
+# (program, made static?): every program ends under jax.jit, and its result is x + trips.
+_COUNTING_LOOPS = [
+    (_fori(jnp.int32, 0, 7), True),
+    (_fori(jnp.uint8, 3, 200), True),
+    (_fori(jnp.int16, -300, -5), True),
+    (_fori(jnp.int8, -128, 127), True),
+    (_counting_while(jnp.int32, -10, -3, 2), True),
+    (_counting_while(jnp.int8, 0, 127, 127), True),      # the last step lands on 127
+    (_counting_while(jnp.uint8, 0, 250, 10), True),      # ... and on 250
+    (_counting_while(jnp.int8, 0, 120, 100), False),     # 100 + 100 wraps to -56: 15 trips
+    (_counting_while(jnp.uint8, 0, 251, 10), False),     # 250 + 10 wraps to 4: 51 trips
+    (_counting_while(jnp.int32, 5, 2, 1), True),         # empty
+    (_float_counter, False),
+    (_counter_second_upper_literal, True),
+    (_closed_over_bounds, True),
+    (_upper_moves, False),
+]
+
+
+@pytest.mark.parametrize(("program", "static"), _COUNTING_LOOPS,
+                         ids=[f"case{k}" for k in range(len(_COUNTING_LOOPS))])
+def test_counting_while_is_made_static_only_when_its_trip_count_is_proven(
+        program: Callable[..., Any], static: bool) -> None:
+    x = jnp.zeros(2)
+    want = jax.jit(program)(x)
+    closed = jax.make_jaxpr(program)(x)
+    new, decisions = make_loops_static(closed)
+    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
+    (report,) = decisions
+    np.testing.assert_array_equal(np.asarray(as_function(new)(x)[0]), np.asarray(want))
+    if static:
+        assert report.kind == "made static" and "while" not in primitives(new)
+        assert report.trips_after == int(want[0])  # the while's own trip count
+    else:
+        assert report.kind == "host-sync loop" and new is closed
+        assert "no static trip count" in report.reason
+
+
+def test_overflowing_and_endless_counters_are_left_alone() -> None:
+    """Loops whose trip count wrap-around decides (too long to run here)."""
+    largest = int(np.iinfo(np.int64).max)
+    with jax.enable_x64(True):
+        cases = {
+            _counting_while(jnp.int8, -128, 127, 2): "past 127",      # 126 + 2 wraps
+            _counting_while(jnp.int32, 5, 10, -1): "steps by -1",
+            _counting_while(jnp.int64, largest - 9, largest, 4): "past",
+        }
+        for program, why in cases.items():
+            closed = jax.make_jaxpr(program)(jnp.zeros(2))
+            new, (report,) = make_loops_static(closed)
+            assert new is closed and report.kind == "host-sync loop", why
+            assert why in report.reason
+        # int64 up to one below the largest value: made static, 2 trips.
+        program = _counting_while(jnp.int64, largest - 9, largest - 1, 4)
+        closed = jax.make_jaxpr(program)(jnp.zeros(2))
+        new, (report,) = make_loops_static(closed)
+        assert report.kind == "made static" and report.trips_after == 2
+        np.testing.assert_array_equal(np.asarray(as_function(new)(jnp.zeros(2))[0]),
+                                      np.asarray(jax.jit(program)(jnp.zeros(2))))
+        # fori_loop over jnp.int64 bounds.
+        program = _fori(jnp.int64, 0, 7)
+        closed = jax.make_jaxpr(program)(jnp.zeros(2))
+        assert "i64" in str(closed)
+        new, (report,) = make_loops_static(closed)
+        assert report.kind == "made static" and report.trips_after == 7
+
+
+@pytest.mark.parametrize("program", [_float_counter, _counting_while(jnp.int8, 0, 120, 100)])
+def test_untrusted_counting_loops_end_to_end(program: Callable[..., Any]) -> None:
+    x = jnp.ones(2)
+    for target in ("cpu", "gpu"):
+        got = jaxpar.parallel_branches(program, target=target)(x)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(program)(x)))
 
 
 # --- the whole pipeline ----------------------------------------------------------------------

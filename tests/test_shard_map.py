@@ -134,3 +134,60 @@ def test_grad_through_shard_map_with_decorated_body():
     want = jax.jit(jax.grad(loss(branches), argnums=(0, 1)))(x, w)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+# --- loop and subgraph passes inside a shard_map body ---------------------------------------
+# Their rewrites are traced on the body's values, whose types name the mesh axes: JAX only
+# traces such values with those axes bound (issue 10, point 5).
+
+
+def _ensemble_body(x, w1, w2, w3, w4):
+    return [jnp.tanh(jnp.tanh(x @ w) @ w) for w in (w1, w2, w3, w4)]
+
+
+def _scans_body(x, w1, w2, w3, w4):
+    def step(w):
+        return lambda c, _: (jnp.tanh(c @ w), None)
+    return [jax.lax.scan(step(w), x, None, length=5)[0] for w in (w1, w2, w3, w4)]
+
+
+def _mixed_scans_body(x, w1, w2, w3, w4):
+    first = jax.lax.scan(lambda c, _: (jnp.tanh(c @ w1), None), x, None, length=5)[0]
+    second = jax.lax.scan(lambda c, _: (jnp.sin(c @ w2) + w3[0], None), x, None, length=5)[0]
+    return [first, second, x @ w4]
+
+
+def _shard_map_program(body, outputs):
+    return jax.shard_map(body, mesh=_mesh(), in_specs=(P("x"),) + (P(),) * 4,
+                         out_specs=[P("x")] * outputs)
+
+
+def _weights():
+    return [jnp.linspace(-0.3, 0.3, 16 * 16).reshape(16, 16) * (k + 1) for k in range(4)]
+
+
+def _decisions_inside_body(fn, args, kind, **options):
+    plan = jaxpar.inspect(fn, target="gpu", **options)(*args)
+    return [d for d in (*plan.loops, *plan.subgraphs)
+            if d.kind == kind and d.location.startswith("/shard_map#")]
+
+
+@_needs_devices
+def test_loop_and_subgraph_passes_inside_shard_map_body():
+    x = jnp.linspace(-1.0, 1.0, 32 * 16).reshape(32, 16)
+    args = (x, *_weights())
+    cases = [
+        (_ensemble_body, 4, "batched subgraphs",
+         {"batch_branches": True, "batch_scans": False, "fuse_scans": False}),
+        (_scans_body, 4, "batched",
+         {"batch_branches": False, "batch_scans": True, "fuse_scans": False}),
+        (_mixed_scans_body, 3, "fused",
+         {"batch_branches": False, "batch_scans": False, "fuse_scans": True}),
+    ]
+    for body, outputs, kind, options in cases:
+        fn = _shard_map_program(body, outputs)
+        assert _decisions_inside_body(fn, args, kind, **options), (body.__name__, kind)
+        want = jax.jit(fn)(*args)
+        g = jaxpar.parallel_branches(fn, target="gpu", **options)
+        assert_same_values(g(*args), want, "gpu")
+        assert_same_values(jax.jit(g)(*args), want, "gpu")

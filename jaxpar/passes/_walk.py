@@ -12,6 +12,10 @@ Example::
 
     new_jaxpr, decisions = walk_levels(closed_jaxpr, [static_loops_level])
 
+Rewrites of a nested level are traced where JAX traced that level
+(``_compat.nested_trace_context``): inside a ``shard_map`` body with its mesh axes
+bound, since the body's values name them.
+
 Sharp edges:
   * Equation indices in a decision refer to the level as the pass saw it: a
     later pass sees the level as the earlier passes rewrote it.
@@ -347,7 +351,10 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LevelPass], path: str
         for name, item, sub in _compat.eqn_subjaxprs(eqn):
             label = f"{name}[{item}]" if item is not None else name
             sub_path = f"{path}/{eqn.primitive.name}#{index}.{label}"
-            new_sub, sub_decisions = walk_levels(sub, level_passes, sub_path)
+            # Rewrites of a nested level are traced where JAX traced that level (a
+            # shard_map body with its mesh axes bound).
+            with _compat.nested_trace_context(eqn):
+                new_sub, sub_decisions = walk_levels(sub, level_passes, sub_path)
             decisions.extend(sub_decisions)
             if new_sub is not sub:
                 replacements[(name, item)] = new_sub

@@ -12,8 +12,9 @@ batched kernels.
 How the subgraphs are found:
 
 1. *Value numbering*: each equation gets a structural key -- its primitive, its
-   parameters, its result types and the keys of its inputs, where a level input
-   counts by its type only. Two equations with equal keys compute the same
+   parameters (``_structure``), its result types and the keys of its inputs, where a
+   level input counts by its type only. Equations ``vmap`` never batches faithfully
+   (``_batching.static_refusal``) get none. Two equations with equal keys compute the same
    function of same-typed level inputs, and neither can depend on the other.
 2. *Alignment*: starting from a class of equal-keyed equations (latest first, so
    the largest subgraphs are tried first), the pass walks the members' inputs in
@@ -21,7 +22,9 @@ How the subgraphs are found:
    input; where they read different equations' results, those equations join the
    subgraphs (one more aligned row); anything else is a stacked input.
 3. *Checks*: the union of the subgraphs must be contractible to one unit (no path
-   leaves it and comes back), and no stacked input may be produced inside it. The
+   leaves it and comes back), and no stacked input may be produced inside it.
+   ``vmap`` must batch the members faithfully and cheaply given which inputs are
+   stacked (no ``cond`` index or ``while`` predicate read from a stacked input). The
    members must sit at the same stage of the program: aligned equations have the
    same number of kernel-launching equations before them and after them. (Batching
    the weight flips of three layers of a backward pass would hold the later
@@ -42,9 +45,12 @@ Example::
 Sharp edges:
   * Equations with effects, user placement (``on_stream``, XLA metadata) or
     collectives are never batched.
-  * Parameters are compared by value; nested jaxprs by their printed form and
-    constants. Two members that differ only in the order of their equations are
-    not recognised.
+  * Equations are compared structurally (``_structure``): parameters and constants
+    by value, nested jaxprs equation by equation, functions by identity. Two
+    members that differ only in the order of their equations are not recognised.
+  * Only what ``vmap`` batches faithfully and cheaply is batched (``_batching``):
+    members drawing ``rbg`` random bits, calling a callback without a
+    ``vmap_method``, or branching on a per-member predicate are left alone.
   * Results agree with the unbatched program to float rounding: XLA may pick a
     different algorithm for a batched matmul.
 """
@@ -55,12 +61,12 @@ import dataclasses
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-import numpy as np
-
 from .. import _compat
 from .._cost import ZERO, Cost, CostModel
 from .._graph import Graph, build_graph
 from .._plan import COLLECTIVE_PRIMITIVES
+from ._batching import equations_refusal, shared_column, static_refusal, vmap_members
+from ._structure import StructuralKeys, literal_key
 from ._walk import (
     KIND_BATCHED_SUBGRAPHS,
     KIND_SUBGRAPHS_LEFT_ALONE,
@@ -70,7 +76,6 @@ from ._walk import (
     emission_order,
     walk_levels,
 )
-from .batch_scans import const_fingerprint, vmap_members
 
 # Equations the lockstep walks may visit per equation of the level, over all their tries.
 _ALIGN_BUDGET_PER_EQN = 8
@@ -156,9 +161,11 @@ def _batch_level(jaxpr: Any, path: str, costs: CostModel,
         member_cost = sum((eqn_costs[row[0]] for row in group.rows), ZERO)
         if member_cost.kernels < 1:
             continue  # nothing launched: XLA fuses it anyway
-        why = None
-        if any(len({depth[i] for i in row}) > 1 or len({height[i] for i in row}) > 1
-               for row in group.rows):
+        why = _vmap_refusal(eqns, group)
+        if why is not None:
+            why = f"vmap would not batch them faithfully and cheaply: {why}"
+        elif any(len({depth[i] for i in row}) > 1 or len({height[i] for i in row}) > 1
+                 for row in group.rows):
             why = ("they sit at different stages of the program (different numbers of "
                    "kernels before or after them), so batching would hold the earlier ones "
                    "back or join stages the planner can overlap")
@@ -236,7 +243,7 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
     only the equation itself (primitive, parameters, operand and result types).
     """
     intern: dict[Hashable, int] = {}
-    jaxpr_keys: dict[int, tuple[Any, Hashable]] = {}
+    structure = StructuralKeys()
     keys: list[int | None] = []
     local_keys: list[int | None] = []
     for index, eqn in enumerate(inner.eqns):
@@ -247,7 +254,7 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
         inputs: list[Hashable] = []
         for v in eqn.invars:
             if _compat.is_literal(v):
-                inputs.append(("lit", v.aval, _literal_key(_compat.literal_value(v))))
+                inputs.append(("lit", v.aval, literal_key(_compat.literal_value(v))))
             elif v in producer:
                 source, position = producer[v]
                 if keys[source] is None:
@@ -258,68 +265,32 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
         else:
             hit = memo.get(id(eqn))
             if hit is None or hit[0] is not eqn:
-                hit = (eqn, _params_key(eqn.params, jaxpr_keys))
+                # None: a primitive vmap does not batch faithfully and cheaply, here or
+                # in a nested jaxpr.
+                hit = (eqn, None if static_refusal(eqn) is not None
+                       else structure.equation(eqn))
                 memo[id(eqn)] = hit
             params = hit[1]
             if params is not None:
                 outs = tuple(v.aval for v in eqn.outvars)
-                key = (eqn.primitive.name, params, tuple(inputs), outs)
+                key = (params, tuple(inputs), outs)
                 keys.append(intern.setdefault(key, len(intern)))
-                local = ("local", eqn.primitive.name, params,
-                         tuple(v.aval for v in eqn.invars), outs)
+                local = ("local", params, tuple(v.aval for v in eqn.invars), outs)
                 local_keys[-1] = intern.setdefault(local, len(intern))
                 continue
         keys.append(None)
     return keys, local_keys
 
 
-def _literal_key(value: Any) -> Hashable:
-    if type(value) in _ATOMIC_TYPES:
-        return value
-    if isinstance(value, np.generic):  # numpy scalars compare by value
-        return value
-    return const_fingerprint(value)
-
-
-# Parameter values compared as they are (avals, too, are hashable and compare by value:
-# shape, dtype, weak type, sharding).
-_ATOMIC_TYPES = frozenset({int, float, bool, str, complex, type(None), np.dtype})
-
-
-class _Incomparable(Exception):
-    """A parameter that cannot be compared by value."""
-
-
-def _params_key(params: dict[str, Any], jaxpr_keys: dict[int, tuple[Any, Hashable]]
-                ) -> Hashable | None:
-    """Hashable by value, or None (parameters that cannot be compared)."""
-    try:
-        return tuple((name, _value_key(value, jaxpr_keys))
-                     for name, value in sorted(params.items()))
-    except _Incomparable:
-        return None
-
-
-def _value_key(value: Any, jaxpr_keys: dict[int, tuple[Any, Hashable]]) -> Hashable:
-    if type(value) in _ATOMIC_TYPES:
-        return value
-    if _compat.is_jaxpr_like(value):
-        hit = jaxpr_keys.get(id(value))
-        if hit is None or hit[0] is not value:
-            _, consts = _compat.open_jaxpr(value)
-            hit = (value, ("jaxpr", str(value),
-                           tuple(const_fingerprint(c) for c in consts)))
-            jaxpr_keys[id(value)] = hit
-        return hit[1]
-    if isinstance(value, (tuple, list)):
-        if all(type(item) in _ATOMIC_TYPES for item in value):
-            return (type(value).__name__, tuple(value))
-        return (type(value).__name__, tuple(_value_key(item, jaxpr_keys) for item in value))
-    try:
-        hash(value)
-    except TypeError:
-        raise _Incomparable from None
-    return value
+def _vmap_refusal(eqns: Sequence[Any], group: _Group) -> str | None:
+    """Why ``vmap`` of member 0's equations over the stacked slots would not compute
+    each member faithfully and cheaply (a ``cond`` on a per-member predicate), or None."""
+    stacked: dict[Any, bool] = {}
+    for slot in group.slots:
+        row, position = slot
+        atom = eqns[group.rows[row][0]].invars[position]
+        stacked[atom] = stacked.get(atom, False) or not _shared_column(eqns, group, slot)
+    return equations_refusal([eqns[row[0]] for row in group.rows], stacked)
 
 
 def _align(eqns: Sequence[Any], roots: list[int], producer: dict[Any, tuple[int, int]],
@@ -453,8 +424,7 @@ def _orderable(graph: Graph, groups: list[_Group]) -> list[_Group]:
 
 def _shared_column(eqns: Sequence[Any], group: _Group, slot: tuple[int, int]) -> bool:
     row, position = slot
-    column = [eqns[i].invars[position] for i in group.rows[row]]
-    return all(a is column[0] for a in column)
+    return shared_column([eqns[i].invars[position] for i in group.rows[row]])
 
 
 def _costs(eqns: Sequence[Any], group: _Group, member: Cost, eqn_costs: Sequence[Cost]

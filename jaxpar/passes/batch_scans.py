@@ -1,9 +1,11 @@
 """Batch independent scans that run the same computation into one ``vmap``ped scan.
 
 Two scans of one level with no path between them in the dependency graph,
-whose bodies are the same jaxpr up to variable names (same ``str``, same
-constants), with the same length, direction, unroll factor and operand types,
-become one ``lax.scan`` under ``jax.vmap``: carries, xs and consts are stacked
+whose bodies compute the same thing (compared structurally, parameters and
+constants by value: ``_structure``), with the same length, direction, unroll
+factor and operand types, and whose body ``vmap`` batches faithfully and cheaply
+given the operands they share (``_batching``), become one ``lax.scan`` under
+``jax.vmap``: carries, xs and consts are stacked
 along a new leading axis (an operand that is the same variable in every member
 is shared, not stacked). Each body's ``k`` kernels per trip become ``k`` bigger
 kernels, and the two loops one loop: what the seed story's ``test3`` does by hand.
@@ -18,25 +20,25 @@ Example::
     # one scan whose body holds a dot_general with batch dimensions
 
 Sharp edges:
-  * Bodies are compared by their printed jaxpr and their constants' values, so two
-    bodies that differ only in the order of equations are not recognised.
+  * Two bodies that differ only in the order of equations are not recognised.
+  * Bodies holding primitives off ``_batching``'s allow-list (``rbg`` random bits,
+    callbacks without a ``vmap_method``, a ``cond`` or ``while`` whose predicate
+    reads a stacked operand) are not batched; ``fuse_scans`` may fuse them.
   * Stacking copies the operands once per call; for large xs and few trips that
     copy can cost more than the loop overhead it saves.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from jax import lax
 
 from .. import _compat
 from .._graph import build_graph
+from ._batching import equation_refusal, shared_column, static_refusal, vmap_members
+from ._structure import StructuralKeys
 from ._walk import (
     KIND_BATCHED,
     LoopDecision,
@@ -50,21 +52,27 @@ from ._walk import (
 )
 
 
-def const_fingerprint(value: Any) -> Hashable:
-    try:
-        array = np.asarray(value)
-    except Exception:  # tracers or extended dtypes: compare by identity
-        return ("id", id(value))
-    return (array.shape, str(array.dtype), hashlib.sha1(array.tobytes()).hexdigest())
+def body_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
+    """Equal for two scans exactly when they run the same computation on same-typed
+    operands (compared structurally: ``_structure``); None for a scan that can never be
+    batched (``_batching.static_refusal``)."""
+    if static_refusal(eqn) is not None:
+        return None
+    return (keys.equation(eqn),
+            tuple((v.aval, getattr(v.aval, "weak_type", False)) for v in eqn.invars))
 
 
-def body_key(eqn: Any) -> Hashable:
-    """Equal for two scans exactly when they run the same computation on same-typed operands."""
-    info = _compat.scan_info(eqn)
-    _, consts = _compat.open_jaxpr(info.jaxpr)
-    return (str(info.jaxpr), tuple(const_fingerprint(c) for c in consts), info.length,
-            info.reverse, info.unroll, info.num_consts, info.num_carry,
-            tuple((str(v.aval), getattr(v.aval, "weak_type", False)) for v in eqn.invars))
+def batch_refusal(eqns: Sequence[Any], group: Sequence[int]) -> str | None:
+    """Why the scans ``group`` (same ``body_key``) cannot run as one vmapped scan, or None:
+    what ``vmap`` would make of them, given which operands they share."""
+    columns = [[_operand(eqns[m].invars[position]) for m in group]
+               for position in range(len(eqns[group[0]].invars))]
+    return equation_refusal(eqns[group[0]], [not shared_column(c) for c in columns])
+
+
+def _operand(atom: Any) -> Any:
+    """What the emitter receives for ``atom`` (see ``_walk._trace_rewrite``)."""
+    return _compat.literal_value(atom) if _compat.is_literal(atom) else atom
 
 
 def independent(ancestors: dict[int, tuple[int, int]], i: int, j: int) -> bool:
@@ -127,9 +135,14 @@ def batch_scans_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopDe
     candidates = [i for i, e in enumerate(eqns) if loop_candidate(e)]
     if len(candidates) < 2:
         return [], []
-    keys = {i: body_key(eqns[i]) for i in candidates}
-    groups = [g for g in group_independent(jaxpr, candidates,
-                                           lambda g, i: keys[g[0]] == keys[i]) if len(g) > 1]
+    structure = StructuralKeys()
+    keys = {i: body_key(eqns[i], structure) for i in candidates}
+    candidates = [i for i in candidates if keys[i] is not None]
+
+    def compatible(group: list[int], index: int) -> bool:
+        return keys[group[0]] == keys[index] and batch_refusal(eqns, [*group, index]) is None
+
+    groups = [g for g in group_independent(jaxpr, candidates, compatible) if len(g) > 1]
     rewrites, decisions = [], []
     for group in groups:
         length = _compat.scan_info(eqns[group[0]]).length
@@ -140,33 +153,6 @@ def batch_scans_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopDe
             reason=f"{len(group)} independent scans run the same body: one vmapped scan with "
                    "stacked operands, so each trip launches the same kernels, batched"))
     return rewrites, decisions
-
-
-def vmap_members(fn: Callable[..., Sequence[Any]], columns: list[list[Any]], count: int,
-                 context: Any) -> list[list[Any]]:
-    """Runs ``fn`` once for ``count`` members, batched: what batching passes emit.
-
-    ``columns`` holds, per operand of ``fn``, the members' values. A column whose values
-    are all the same object is passed once, unbatched (a shared operand); the others are
-    stacked along a new leading axis and ``fn`` runs under ``jax.vmap``. New equations
-    get ``context``'s (an equation's) source info. Returns, per member, ``fn``'s results.
-    """
-    operands: list[Any] = []
-    in_axes: list[int | None] = []
-    for column in columns:
-        if all(v is column[0] for v in column[1:]):
-            operands.append(column[0])
-            in_axes.append(None)
-        else:
-            operands.append(jnp.stack([jnp.asarray(v) for v in column]))
-            in_axes.append(0)
-    with _compat.eqn_context(context):
-        if any(axis == 0 for axis in in_axes):
-            outs = jax.vmap(fn, in_axes=tuple(in_axes))(*operands)
-            return [[lax.index_in_dim(out, m, keepdims=False) for out in outs]
-                    for m in range(count)]
-        shared = list(fn(*operands))  # the very same computation, repeated
-    return [shared] * count
 
 
 def _batched_emitter(members: list[Any]) -> Any:

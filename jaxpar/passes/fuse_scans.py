@@ -41,6 +41,7 @@ from typing import Any
 from jax import lax
 
 from .. import _compat
+from ._structure import StructuralKeys
 from ._walk import (
     KIND_FUSED,
     KIND_LEFT_ALONE,
@@ -52,7 +53,7 @@ from ._walk import (
     loop_candidate,
     walk_levels,
 )
-from .batch_scans import body_key, group_independent
+from .batch_scans import batch_refusal, body_key, group_independent
 
 
 def fuse_scans_level(jaxpr: Any, path: str, *, leave_identical: bool = False
@@ -64,10 +65,15 @@ def fuse_scans_level(jaxpr: Any, path: str, *, leave_identical: bool = False
     if len(candidates) < 2:
         return [], []
     infos = {i: _compat.scan_info(eqns[i]) for i in candidates}
-    keys = {i: body_key(eqns[i]) for i in candidates} if leave_identical else {}
+    structure = StructuralKeys()
+    keys = {i: body_key(eqns[i], structure) for i in candidates} if leave_identical else {}
+
+    def batchable(m: int, index: int) -> bool:
+        return (keys[m] is not None and keys[m] == keys[index]
+                and batch_refusal(eqns, [m, index]) is None)
 
     def compatible(group: list[int], index: int) -> bool:
-        return not leave_identical or all(keys[m] != keys[index] for m in group)
+        return not leave_identical or not any(batchable(m, index) for m in group)
 
     def prefer(group: list[int], index: int) -> tuple[int, int]:
         length = infos[index].length

@@ -1,12 +1,15 @@
-"""Turn ``fori_loop``-shaped ``while`` loops with literal bounds into static scans.
+"""Turn counting ``while`` loops with constant bounds into static scans.
 
 XLA knows the trip count of a ``scan`` but not of a ``fori_loop`` whose bounds
 are traced values, so on a GPU every iteration of such a loop copies its
 predicate to the host and blocks (``WhileThunk``). When the bounds are in fact
-literals in the jaxpr (``lax.fori_loop(jnp.int32(0), jnp.int32(7), ...)``), the
+constants in the jaxpr (``lax.fori_loop(jnp.int32(0), jnp.int32(7), ...)``), the
 ``while`` becomes a ``scan`` with the same trip count that runs the same body on
-the same carries, so the values are identical. Other ``while`` loops are
-reported as host-sync loops with a hint.
+the same carries, so the values are identical. The trip count is the one the
+``while`` runs, computed in the counter's integer dtype (``_loops.static_trip_count``);
+a loop where that is not provable (a float counter, a counter that would wrap
+around) stays a ``while``. Other ``while`` loops are reported as host-sync loops
+with the reason and a hint.
 
 Example::
 
@@ -14,8 +17,10 @@ Example::
     [d.kind for d in decisions]        # ["made static"] or ["host-sync loop"]
 
 Sharp edges:
-  * Only the exact ``fori_loop`` layout is recognised (``_loops.static_fori_bounds``).
-  * A loop with a non-positive step and ``lower < upper`` never ends; it is left alone.
+  * Only counting loops are recognised: one ``counter < upper`` condition and a constant
+    step (every ``fori_loop`` layout; see ``_loops``).
+  * A loop with a non-positive step, or whose counter would step past its dtype's
+    largest value, runs as wrap-around decides; it is left alone.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 import jax
 
 from .. import _compat
-from .._loops import static_fori_bounds
+from .._loops import static_trip_count
 from ._walk import (
     KIND_HOST_SYNC,
     KIND_MADE_STATIC,
@@ -42,39 +47,29 @@ HOST_SYNC_HINT = ("XLA cannot see this loop's trip count, so on a GPU every iter
                   "bounds to fori_loop or use lax.scan")
 
 
-def static_trip_count(eqn: Any) -> int | None:
-    """Trip count of a ``fori_loop``-shaped ``while`` with literal bounds, else None."""
-    bounds = static_fori_bounds(eqn)
-    if bounds is None:
-        return None
-    lower, upper, step = bounds
-    if upper <= lower:
-        return 0
-    if step <= 0:
-        return None
-    return -(-(upper - lower) // step)
-
-
 def make_loops_static_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
     """The level pass: rewrites for every static ``while`` of one level."""
     eqns = level_eqns(jaxpr)
     rewrites: list[Rewrite] = []
     decisions: list[LoopDecision] = []
+    inner, consts = _compat.open_jaxpr(jaxpr)
+    constants = dict(zip(inner.constvars, consts, strict=True))
     for index, eqn in enumerate(eqns):
         if eqn.primitive.name != "while":
             continue
-        trips = static_trip_count(eqn) if not eqn.effects else None
+        count = static_trip_count(eqn, constants)
+        trips = count.trips if not eqn.effects else None
         if trips is None:
             reason = ("the loop has side effects" if eqn.effects
-                      else "no static trip count") + f"; {HOST_SYNC_HINT}"
+                      else f"no static trip count: {count.reason}") + f"; {HOST_SYNC_HINT}"
             decisions.append(decision(path, KIND_HOST_SYNC, eqns, [index], trips_before=None,
                                       trips_after=None, unroll=None, reason=reason))
             continue
         rewrites.append(Rewrite((index,), _static_scan_emitter(eqn, trips)))
         decisions.append(decision(
             path, KIND_MADE_STATIC, eqns, [index], trips_before=trips, trips_after=trips,
-            unroll=1, reason="fori_loop with literal bounds: now a scan whose trip count XLA "
-                             "knows, so it runs without host syncs"))
+            unroll=1, reason=f"counting loop with constant bounds ({count.reason}): now a scan "
+                             "whose trip count XLA knows, so it runs without host syncs"))
     return rewrites, decisions
 
 

@@ -1,0 +1,329 @@
+"""What the batching passes may put under ``vmap``, and how they emit it.
+
+``batch_scans`` and ``batch_branches`` run several members as one ``vmap``ped
+computation. That is only right where ``vmap`` maps each primitive *faithfully*
+(member ``m`` of the batched result is what the member computed alone) and
+*cheaply* (the batched form does the members' work, not more). This module says
+where that holds and emits the batched computation (``vmap_members``).
+
+Why an allow-list, not a deny-list: a primitive's batching rule is whatever its
+author wrote, and the ones that are not faithful or cheap are not marked. Some
+known ones: ``random_bits`` on ``rbg``/``unsafe_rbg`` keys draws different numbers
+for a batch of keys than for each key alone; ``rng_bit_generator`` likewise;
+``pure_callback`` without a ``vmap_method`` raises; a ``cond`` whose predicate
+differs per member becomes a ``select`` that runs every branch for every member,
+and a ``while`` whose predicate differs runs every member to the longest trip
+count. A deny-list would have to know every such rule, including those of
+primitives added by JAX releases and libraries after it was written; an
+allow-list of the families whose rules are plain batch dimensions (elementwise
+and structural ops, reductions, ``dot_general``/``conv``, sorting, FFT,
+threefry random bits) errs on the side of leaving code unbatched, which costs
+speed, never correctness. Primitives holding jaxprs (``jit``, ``remat``,
+``custom_jvp_call``, ``custom_vjp_call``, ``scan``, ``cond``, ``while``) are
+allowed when everything inside them is, checked recursively with the batched
+operands followed through: a ``cond``'s index and a ``while``'s predicate must
+not depend on a stacked operand (members sharing them, the same variable in
+every member, are fine: ``vmap`` then keeps one predicate).
+
+Example::
+
+    equation_refusal(scan_eqn, batched=[True, False, True])  # None: faithful and cheap
+
+Sharp edges:
+  * ``sharding_constraint``, collectives, linear-algebra decompositions and
+    custom primitives are not on the list: members using them are left alone.
+  * An equation none of whose inputs is batched runs once, unbatched, so the list
+    does not apply to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.extend.core.primitives as _primitives
+import jax.numpy as jnp
+from jax import lax
+
+from .. import _compat
+
+# Families whose batching rule adds a batch dimension and nothing else. Built from the
+# primitive objects JAX exports; names for the few it does not export.
+_FAITHFUL_EXPORTED = (
+    # elementwise arithmetic, comparisons, bit ops, casts
+    "abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2",
+    "atanh", "bessel_i0e", "bessel_i1e", "bitcast_convert_type", "cbrt", "ceil", "clamp",
+    "clz", "complex", "conj", "convert_element_type", "copy", "cos", "cosh", "digamma",
+    "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge", "gt",
+    "igamma", "igamma_grad_a", "igammac", "imag", "integer_pow", "is_finite", "le", "lgamma",
+    "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "not",
+    "or", "polygamma", "population_count", "pow", "real", "reduce_precision",
+    "regularized_incomplete_beta", "rem", "round", "rsqrt", "select_n", "shift_left",
+    "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt",
+    "square", "stop_gradient", "sub", "tan", "tanh", "xor", "zeta",
+    # identities under vmap: placement and checkpoint names
+    "device_put", "name",
+    # structure: shapes, slicing, indexing
+    "broadcast_in_dim", "concatenate", "dynamic_slice", "dynamic_update_slice", "gather",
+    "iota", "pad", "reshape", "rev", "scatter", "scatter_add", "scatter_max",
+    "scatter_min", "scatter_mul", "select_and_gather_add", "select_and_scatter_add",
+    "slice", "squeeze", "transpose",
+    # reductions, scans over an axis, sorting
+    "argmax", "argmin", "cumlogsumexp", "cummax", "cummin", "cumprod", "cumsum", "reduce",
+    "reduce_and", "reduce_max", "reduce_min", "reduce_or", "reduce_prod", "reduce_sum",
+    "reduce_window", "reduce_window_max", "reduce_window_min", "reduce_window_sum",
+    "reduce_xor", "sort", "top_k", "approx_top_k",
+    # contractions and transforms
+    "dot_general", "conv_general_dilated", "fft",
+    # threefry random bits (the key type is checked: see _random_rule)
+    "threefry2x32", "random_bits", "random_fold_in", "random_seed", "random_split",
+    # nested jaxprs (checked recursively)
+    "jit", "closed_call", "remat", "custom_jvp_call", "custom_vjp_call", "scan", "cond",
+    "while",
+)
+# Not exported by every version (or renamed): elementwise and structural ops, key
+# wrapping, shard_map's no-op type cast, older names of call primitives.
+_FAITHFUL_BY_NAME = ("log2", "one_minus_square", "polynomial", "mulhi", "stack", "unstack",
+                     "split", "tile", "scatter-sub", "select_and_scatter",
+                     "optimization_barrier", "random_wrap", "random_unwrap", "pvary",
+                     "custom_vjp_call_jaxpr", "checkpoint", "pjit", "pure_callback")
+
+
+def _exported_names() -> frozenset[str]:
+    names = set()
+    for attribute in _FAITHFUL_EXPORTED:
+        primitive = getattr(_primitives, f"{attribute}_p", None)
+        if primitive is not None:  # jax versions export different sets
+            names.add(primitive.name)
+    return frozenset(names)
+
+
+FAITHFUL_PRIMITIVES: frozenset[str] = _exported_names() | frozenset(_FAITHFUL_BY_NAME)
+
+# A rule looks at one equation and which of its inputs are batched; it returns why
+# batching it is not faithful or cheap (None: it is) and which results are batched.
+Verdict = tuple[str | None, list[bool]]
+BatchingRule = Callable[["_Checker", Any, list[bool]], Verdict]
+batching_rules: dict[str, BatchingRule] = {}
+
+
+def _register(*names: str) -> Callable[[BatchingRule], BatchingRule]:
+    def decorate(rule: BatchingRule) -> BatchingRule:
+        for name in names:
+            batching_rules[name] = rule
+        return rule
+    return decorate
+
+
+def equation_refusal(eqn: Any, batched: Sequence[bool]) -> str | None:
+    """Why ``vmap`` of ``eqn`` over its batched operands would not be faithful and cheap.
+
+    Args:
+        eqn: an equation.
+        batched: per operand, whether it is stacked (differs per member).
+
+    Returns:
+        None when batching is faithful and cheap; else the reason, naming the
+        primitive and its source line.
+    """
+    return _Checker().eqn(eqn, list(batched))[0]
+
+
+def equations_refusal(eqns: Sequence[Any], batched: Mapping[Any, bool]) -> str | None:
+    """``equation_refusal`` for equations of one level run in order under one ``vmap``;
+    ``batched`` says which variables they read from outside are stacked (others: not)."""
+    return _Checker().walk(eqns, dict(batched))[0]
+
+
+def static_refusal(eqn: Any) -> str | None:
+    """Why ``eqn`` could never be batched, whatever its operands, or None: a primitive
+    off the list anywhere inside it (``cond`` indexes and ``while`` predicates are
+    judged later, with the members' operands)."""
+    return _Checker(static=True).eqn(eqn, [True] * len(eqn.invars))[0]
+
+
+class _Checker:
+    """Walks equations following which values are batched; memoises nested jaxprs.
+
+    ``static``: judge only the primitives (every value may be batched, but conds and
+    whiles are not refused for their predicates).
+    """
+
+    def __init__(self, static: bool = False) -> None:
+        self.static = static
+        self._memo: dict[tuple[int, tuple[bool, ...]], tuple[Any, Verdict]] = {}
+
+    def jaxpr(self, inner: Any, batched: list[bool]) -> Verdict:
+        key = (id(inner), tuple(batched))
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is inner:
+            return hit[1]
+        flags = dict(zip(inner.invars, batched, strict=True))
+        flags.update((v, False) for v in inner.constvars)
+        why, flags = self.walk(inner.eqns, flags)
+        verdict = (why, [False if _compat.is_literal(v) else flags.get(v, False)
+                         for v in inner.outvars])
+        self._memo[key] = (inner, verdict)
+        return verdict
+
+    def walk(self, eqns: Sequence[Any], flags: dict[Any, bool]
+             ) -> tuple[str | None, dict[Any, bool]]:
+        for eqn in eqns:
+            ins = [False if _compat.is_literal(a) else flags.get(a, False) for a in eqn.invars]
+            why, outs = self.eqn(eqn, ins)
+            if why is not None:
+                return why, flags
+            flags.update(zip(eqn.outvars, outs, strict=True))
+        return None, flags
+
+    def eqn(self, eqn: Any, batched: list[bool]) -> Verdict:
+        if not any(batched):
+            return None, [False] * len(eqn.outvars)  # runs once, outside the vmap
+        name = eqn.primitive.name
+        if name not in FAITHFUL_PRIMITIVES:
+            return (f"`{name}`{_where(eqn)} is not known to batch "
+                    "faithfully and cheaply under vmap"), []
+        if self.static and name in _DYNAMIC:
+            return _static_rule(self, eqn, batched)
+        return batching_rules.get(name, _elementwise_rule)(self, eqn, batched)
+
+
+_DYNAMIC = frozenset({"cond", "while", "scan"})
+
+
+def _elementwise_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+    """A plain batch dimension: every result is batched; nested jaxprs checked."""
+    for _, _, sub in _compat.eqn_subjaxprs(eqn):
+        inner, _ = _compat.open_jaxpr(sub)
+        sub_batched = (batched if len(inner.invars) == len(batched)
+                       else [True] * len(inner.invars))
+        why, _ = checker.jaxpr(inner, list(sub_batched))
+        if why is not None:
+            return why, []
+    return None, [True] * len(eqn.outvars)
+
+
+def _static_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+    """Conds, whiles and scans before their operands are known: only their bodies'
+    primitives are checked (every input batched, predicates not)."""
+    for _, _, sub in _compat.eqn_subjaxprs(eqn):
+        inner, _ = _compat.open_jaxpr(sub)
+        why, _ = checker.jaxpr(inner, [True] * len(inner.invars))
+        if why is not None:
+            return why, []
+    return None, [True] * len(eqn.outvars)
+
+
+@_register("pure_callback")
+def _callback_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+    if eqn.params.get("vmap_method") is None and not eqn.params.get("vectorized", False):
+        return (f"`pure_callback`{_where(eqn)} has no vmap_method, so "
+                "vmap cannot batch it"), []
+    return None, [True] * len(eqn.outvars)
+
+
+@_register("random_bits", "random_fold_in", "random_seed", "random_split", "random_wrap",
+           "random_unwrap")
+def _random_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+    for atom in [*eqn.invars, *eqn.outvars]:
+        impl = _compat.prng_impl_name(atom.aval)
+        if impl is not None and impl != "threefry2x32":
+            return (f"`{eqn.primitive.name}`{_where(eqn)} uses {impl} "
+                    "keys, whose random bits differ under vmap"), []
+    return None, [True] * len(eqn.outvars)
+
+
+@_register("cond")
+def _cond_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+    if batched[0]:
+        return (f"the `cond`{_where(eqn)} takes a different branch per "
+                "member: batched, every member would run every branch"), []
+    outs = [False] * len(eqn.outvars)
+    for branch in eqn.params["branches"]:
+        inner, _ = _compat.open_jaxpr(branch)
+        why, branch_outs = checker.jaxpr(inner, batched[1:])
+        if why is not None:
+            return why, []
+        outs = [a or b for a, b in zip(outs, branch_outs, strict=True)]
+    return None, outs
+
+
+@_register("while")
+def _while_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+    info = _compat.while_info(eqn)
+    cond_consts = batched[:info.cond_nconsts]
+    body_consts = batched[info.cond_nconsts:info.cond_nconsts + info.body_nconsts]
+    carry = batched[info.cond_nconsts + info.body_nconsts:]
+    body, _ = _compat.open_jaxpr(info.body_jaxpr)
+    cond, _ = _compat.open_jaxpr(info.cond_jaxpr)
+    for _ in range(len(carry) + 1):  # each round batches one more carry, or stops
+        why, outs = checker.jaxpr(body, body_consts + carry)
+        if why is not None:
+            return why, []
+        grown = [a or b for a, b in zip(carry, outs, strict=True)]
+        if grown == carry:
+            break
+        carry = grown
+    why, (predicate,) = checker.jaxpr(cond, cond_consts + carry)
+    if why is not None:
+        return why, []
+    if predicate:
+        return (f"the `while`{_where(eqn)} ends at a different trip per "
+                "member: batched, every member would run to the longest"), []
+    return None, carry
+
+
+@_register("scan")
+def _scan_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+    info = _compat.scan_info(eqn)
+    body, _ = _compat.open_jaxpr(info.jaxpr)
+    consts = batched[:info.num_consts]
+    carry = batched[info.num_consts:info.num_consts + info.num_carry]
+    xs = batched[info.num_consts + info.num_carry:]
+    for _ in range(len(carry) + 1):
+        why, outs = checker.jaxpr(body, consts + carry + xs)
+        if why is not None:
+            return why, []
+        grown = [a or b for a, b in zip(carry, outs[:info.num_carry], strict=True)]
+        if grown == carry:
+            return None, [*carry, *outs[info.num_carry:]]
+        carry = grown
+    raise RuntimeError("jaxpar: batched carries of a scan did not settle; please report it")
+
+
+def _where(eqn: Any) -> str:
+    source = _compat.source_summary(eqn)
+    return f" at {source}" if source and source != "<unknown>" else ""
+
+
+def vmap_members(fn: Callable[..., Sequence[Any]], columns: list[list[Any]], count: int,
+                 context: Any) -> list[list[Any]]:
+    """Runs ``fn`` once for ``count`` members, batched: what batching passes emit.
+
+    ``columns`` holds, per operand of ``fn``, the members' values. A column whose values
+    are all the same object is passed once, unbatched (a shared operand); the others are
+    stacked along a new leading axis and ``fn`` runs under ``jax.vmap``. New equations
+    get ``context``'s (an equation's) source info. Returns, per member, ``fn``'s results.
+    """
+    operands: list[Any] = []
+    in_axes: list[int | None] = []
+    for column in columns:
+        if shared_column(column):
+            operands.append(column[0])
+            in_axes.append(None)
+        else:
+            operands.append(jnp.stack([jnp.asarray(v) for v in column]))
+            in_axes.append(0)
+    with _compat.eqn_context(context):
+        if any(axis == 0 for axis in in_axes):
+            outs = jax.vmap(fn, in_axes=tuple(in_axes))(*operands)
+            return [[lax.index_in_dim(out, m, keepdims=False) for out in outs]
+                    for m in range(count)]
+        shared = list(fn(*operands))  # the very same computation, repeated
+    return [shared] * count
+
+
+def shared_column(column: Sequence[Any]) -> bool:
+    """Whether every member passes the very same object (then it is not stacked)."""
+    return all(v is column[0] for v in column[1:])
