@@ -46,14 +46,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
-
-import numpy as np
 
 from . import _compat
 from ._cost import CostModel
 from ._graph import Graph
+from ._structure import StructuralKeys
 
 # Host cost of launching one kernel outside a CUDA graph, against replaying it as a
 # graph node (third-party figures in XLA_CONCURRENCY.md section 4: ~6.4 us per
@@ -107,29 +106,6 @@ class Verdict:
     reason: str
 
 
-def param_key(value: Any) -> Hashable:
-    """A hashable stand-in for an equation parameter, equal exactly when the values are.
-
-    Compared by value where hashable, arrays by bytes, jaxprs and callables by identity
-    (two different callables, or two jaxprs that are not the same object, never match).
-    """
-    if _compat.is_jaxpr_like(value):
-        return ("jaxpr", id(value))
-    if isinstance(value, np.ndarray):
-        return ("array", value.shape, str(value.dtype), value.tobytes())
-    if isinstance(value, (tuple, list)):
-        return (type(value).__name__, *(param_key(v) for v in value))
-    if isinstance(value, dict):
-        return ("dict", *sorted((str(k), param_key(v)) for k, v in value.items()))
-    try:
-        hash(value)
-    except TypeError:
-        return ("id", id(value))
-    if callable(value):
-        return ("id", id(value))
-    return (type(value).__name__, value)
-
-
 # Calls whose body's inputs are the equation's inputs, one for one.
 _TRANSPARENT_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
                                 "remat2", "checkpoint"})
@@ -138,7 +114,7 @@ _TRANSPARENT_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "cust
 _IDENTITIES = frozenset({"stop_gradient", "copy", "copy_p"})
 
 
-def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any]
+def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any], keys: StructuralKeys
                 ) -> Iterator[tuple[Any, ...]]:
     """Keys of the kernels ``eqn`` launches on values of the level (through plain calls).
 
@@ -160,7 +136,7 @@ def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any]
             if inner_eqn.primitive.name in _IDENTITIES and source in mapping:
                 mapping[inner_eqn.outvars[0]] = mapping[source]  # XLA drops these
                 continue
-            yield from _heavy_work(inner_eqn, costs, mapping)
+            yield from _heavy_work(inner_eqn, costs, mapping, keys)
         return
     if costs.eqn_cost(eqn).kernels <= 0 or eqn.effects:
         return
@@ -169,8 +145,7 @@ def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any]
         if _compat.is_literal(a) or a not in outer:
             return  # computed inside the call: not comparable across calls here
         operands.append(id(outer[a]))
-    yield (name, tuple(sorted((k, param_key(v)) for k, v in eqn.params.items())),
-           tuple(operands))
+    yield (name, keys.equation(eqn), tuple(operands))
 
 
 def _walk_eqns(eqn: Any) -> Any:
@@ -305,10 +280,11 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
                                "which XLA merges into one GEMM (DotMerger); a stream cut "
                                "between them would split it")
     twins: dict[tuple[Any, ...], tuple[int, int]] = {}
+    keys = StructuralKeys()
     for r, members in enumerate(regions):
         for i in members:
             level_vars = {a: a for a in eqns[i].invars if not _compat.is_literal(a)}
-            for key in _heavy_work(eqns[i], costs, level_vars):
+            for key in _heavy_work(eqns[i], costs, level_vars, keys):
                 seen = twins.setdefault(key, (i, r))
                 if seen[1] != r:
                     return Verdict(False, 0.0, 0.0, 0,

@@ -65,8 +65,8 @@ from .. import _compat
 from .._cost import ZERO, Cost, CostModel
 from .._graph import Graph, build_graph
 from .._plan import COLLECTIVE_PRIMITIVES
+from .._structure import StructuralKeys, literal_key
 from ._batching import equations_refusal, shared_column, static_refusal, vmap_members
-from ._structure import StructuralKeys, literal_key
 from ._walk import (
     KIND_BATCHED_SUBGRAPHS,
     KIND_SUBGRAPHS_LEFT_ALONE,

@@ -37,8 +37,8 @@ import jax
 
 from .. import _compat
 from .._graph import build_graph
+from .._structure import StructuralKeys
 from ._batching import equation_refusal, shared_column, static_refusal, vmap_members
-from ._structure import StructuralKeys
 from ._walk import (
     KIND_BATCHED,
     LoopDecision,

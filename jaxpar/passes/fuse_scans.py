@@ -41,7 +41,7 @@ from typing import Any
 from jax import lax
 
 from .. import _compat
-from ._structure import StructuralKeys
+from .._structure import StructuralKeys
 from ._walk import (
     KIND_FUSED,
     KIND_LEFT_ALONE,

@@ -17,8 +17,8 @@ Example::
 Sharp edges:
   * Equations with effects, callbacks, and equations holding nested jaxprs that are
     not the very same object are never merged (their identity may matter).
-  * Parameters are compared by value where they are hashable and by identity
-    otherwise (arrays by their bytes), so two different callables never compare equal.
+  * Parameters are compared structurally (``jaxpar._structure``): by value, arrays by
+    their bytes, callables by identity, so two different callables never compare equal.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from .. import _compat
-from .._price import param_key
+from .._structure import StructuralKeys
 from ._walk import LoopDecision, Rewrite, walk_levels
 
 # Primitives that must run once per occurrence even with equal operands.
@@ -37,7 +37,7 @@ _NEVER_SHARED = frozenset({
 })
 
 
-def _eqn_key(eqn: Any) -> Hashable | None:
+def _eqn_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
     """Equal for two equations that compute the same results; None: never share."""
     if eqn.effects or eqn.primitive.name in _NEVER_SHARED:
         return None
@@ -45,17 +45,16 @@ def _eqn_key(eqn: Any) -> Hashable | None:
         return None
     operands = tuple(("lit", str(a.aval), repr(_compat.literal_value(a)))
                      if _compat.is_literal(a) else ("var", id(a)) for a in eqn.invars)
-    params = tuple(sorted((name, param_key(value)) for name, value in eqn.params.items()))
-    return (eqn.primitive.name, params, operands,
-            tuple(str(v.aval) for v in eqn.outvars))
+    return (keys.equation(eqn), operands, tuple(str(v.aval) for v in eqn.outvars))
 
 
 def share_common_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
     """The level pass: one rewrite per class of equal equations (more than one member)."""
     inner, _ = _compat.open_jaxpr(jaxpr)
     classes: dict[Hashable, list[int]] = {}
+    keys = StructuralKeys()
     for index, eqn in enumerate(inner.eqns):
-        key = _eqn_key(eqn)
+        key = _eqn_key(eqn, keys)
         if key is not None:
             classes.setdefault(key, []).append(index)
     rewrites = []

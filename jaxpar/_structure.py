@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _compat
+from . import _compat
 
 # Compared by type and value.
 _ATOMIC_TYPES = frozenset({int, bool, str, type(None), np.dtype})
