@@ -6,8 +6,8 @@ CUDA streams that run them in order, and the GPU's roofline throughput shared by
 streams. It counts kernel launches per run (loop bodies times their trip counts),
 host syncs (``conditional``, ``while`` without a known trip count) and the
 stream-annotated regions that really run beside other work. ``verdict`` compares
-two estimates in one line; ``estimate_plan`` gives a plan-level figure (serial vs
-critical path) from jaxpar's own plan, before anything is compiled.
+two estimates in one line. (A plan's own figure, serial time against critical path
+before anything is compiled, is ``jaxpar._timeline``'s, shown by ``inspect``.)
 
 Example::
 
@@ -115,10 +115,8 @@ __all__ = [
     "CommandBuffers",
     "Estimate",
     "GpuProfile",
-    "PlanEstimate",
     "RegionFigures",
     "estimate_hlo",
-    "estimate_plan",
     "verdict",
 ]
 
@@ -985,97 +983,3 @@ def verdict(plain: Estimate, jaxpar: Estimate, tolerance: float = 0.01) -> str:
     why = "; ".join(reasons) or "same launches, no stream regions"
     return (f"{head} (est. {plain.microseconds:,.1f} us -> {jaxpar.microseconds:,.1f} us, "
             f"x{ratio:.3f}, {jaxpar.command_buffers} graphs): {why}")
-
-
-# --------------------------------------------------------------------------- plans
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PlanEstimate:
-    """What a plan is expected to win, from jaxpar's cost model (before compiling).
-
-    Attributes:
-        serial_us: the program's modelled time run as written (``Plan.total_cost_us``).
-        critical_path_us: with each section's regions overlapped (at most ``in_flight``
-            at a time, longest first), nested sections multiplied by their trip counts,
-            and ``region_overhead_us`` paid per region.
-        sections: sections that were counted.
-    """
-
-    serial_us: float
-    critical_path_us: float
-    sections: int
-
-    @property
-    def expected_gain(self) -> float:
-        """``serial / critical path``: above 1 means the plan is expected to win."""
-        return self.serial_us / self.critical_path_us if self.critical_path_us > 0 else 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"serial_us": self.serial_us, "critical_path_us": self.critical_path_us,
-                "sections": self.sections, "expected_gain": self.expected_gain}
-
-
-def _makespan(seconds: Sequence[float], lanes: int) -> float:
-    loads = [0.0] * max(1, min(lanes, len(seconds)))
-    for value in sorted(seconds, reverse=True):
-        loads[loads.index(min(loads))] += value
-    return max(loads, default=0.0)
-
-
-def estimate_plan(level_plan: Any, in_flight: int = 2,
-                  region_overhead_s: float | None = None) -> PlanEstimate:
-    """Serial time against critical path of a plan tree (``jaxpar._plan.LevelPlan``).
-
-    Args:
-        level_plan: the root ``LevelPlan`` (what ``build_report`` receives); its
-            ``seconds`` are the cost model's per-equation times.
-        in_flight: stream regions XLA keeps in flight at once
-            (``xla_gpu_experimental_parallel_async_compute_limit``, default 2).
-        region_overhead_s: cost charged per region (the launch and fusion a call
-            boundary costs); default one ``min_kernel_seconds`` of the GPU cost profile.
-
-    Returns:
-        A ``PlanEstimate``.
-
-    Example:
-        >>> estimate = estimate_plan(level_plan)
-        >>> estimate.expected_gain   # 1.4: the sections overlap 40% of the serial time
-    """
-    from . import _compat
-    from ._cost import DEVICE_PROFILES, known_while_trip_count
-
-    overhead = DEVICE_PROFILES["gpu"].min_kernel_seconds if region_overhead_s is None \
-        else region_overhead_s
-
-    def saving(level: Any) -> tuple[float, int]:
-        total, count = 0.0, 0
-        for section in level.sections:
-            seconds = [region.seconds for region in section.regions]
-            total += sum(seconds) - _makespan(seconds, in_flight) - overhead * len(seconds)
-            count += 1
-        inner, _ = _compat.open_jaxpr(level.jaxpr)
-        for index, subs in level.nested:
-            eqn = inner.eqns[index]
-            name = eqn.primitive.name
-            if name == "scan":
-                trips = _compat.scan_length(eqn)
-            elif name == "while":
-                trips = known_while_trip_count(eqn) or 1
-            else:
-                trips = 1
-            found = [saving(sub) for _, sub in subs]
-            if not found:
-                continue
-            if name == "cond" or name.startswith("custom_"):
-                best = found[0] if name.startswith("custom_") else min(found)
-                total += best[0] * trips
-                count += best[1]
-            else:
-                total += sum(s for s, _ in found) * trips
-                count += sum(c for _, c in found)
-        return total, count
-
-    serial = sum(level_plan.seconds)
-    saved, sections = saving(level_plan)
-    return PlanEstimate(serial * 1e6, (serial - saved) * 1e6, sections)

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
 import pytest
 
 from jaxpar import _estimate
-from jaxpar._estimate import CommandBuffers, estimate_hlo, estimate_plan, verdict
+from jaxpar._estimate import CommandBuffers, estimate_hlo, verdict
 
 PROFILE = _estimate.GPU_PROFILES["h200"]
 BIG = "f32[4096,4096]{1,0}"  # 64 MiB: bandwidth-bound kernels far above the floor
@@ -311,24 +309,3 @@ def test_verdict_says_faster_slower_or_same():
     assert verdict(slow, slow).startswith("about the same")
 
 
-def _two_matmul_branches(a, b, c, d):
-    return jnp.tanh(a @ b) @ b + jnp.sin(c @ d) @ d
-
-
-def test_plan_estimate_serial_against_critical_path():
-    from jaxpar import _api, _trace
-    from jaxpar._options import Options
-
-    x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
-    options = Options.create(target="gpu", batch_branches=False)
-    sig, _ = _trace.signature(_two_matmul_branches, (x, x, x, x), {}, allow_abstract=True)
-    _, plan, _ = _api._analyse(_two_matmul_branches, sig, options, "gpu")
-    assert plan.sections, "expected the two branches to become a section"
-    estimate = estimate_plan(plan)
-    assert estimate.serial_us == pytest.approx(sum(plan.seconds) * 1e6)
-    regions = [r.seconds for s in plan.sections for r in s.regions]
-    saved = sum(regions) - max(regions) - len(regions) * 2e-6
-    assert estimate.critical_path_us == pytest.approx(estimate.serial_us - saved * 1e6)
-    assert estimate.expected_gain > 1 and estimate.sections == len(plan.sections)
-    # One region in flight at a time gains nothing and pays the boundaries.
-    assert estimate_plan(plan, in_flight=1).expected_gain < 1

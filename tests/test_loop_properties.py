@@ -15,7 +15,6 @@ import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from programs import Program, loop_programs, scan_programs, stacked_batch
@@ -80,7 +79,7 @@ def test_same_gradients_and_vmap(program: Program) -> None:
 
 def _examples(fraction: float) -> Any:
     """A fraction of the profile's examples; in the `ci` profile without shrinking, so that
-    a property marked xfail for a known bug does not spend minutes shrinking each run."""
+    a failure is reported at once (run the `thorough` profile to shrink it)."""
     no_shrink = os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci") == "ci"
     phases = tuple(p for p in Phase if p is not Phase.shrink) if no_shrink else tuple(Phase)
     return settings(max_examples=max(4, int(settings().max_examples * fraction)),
@@ -93,7 +92,6 @@ def _rewrite_for(program: Program, target: str) -> tuple[Any, Any]:
     return closed, new
 
 
-@pytest.mark.xfail(strict=False, reason="issue 10 point 1 (float/overflowing loop counters)")
 @_examples(0.1)
 @given(loop_programs(), st.sampled_from(("gpu", "cpu")))
 def test_loop_programs_same_values_and_idempotent(program: Program, target: str) -> None:
@@ -105,7 +103,6 @@ def test_loop_programs_same_values_and_idempotent(program: Program, target: str)
     assert again is new
 
 
-@pytest.mark.xfail(strict=False, reason="issue 10 point 1 (float/overflowing loop counters)")
 @_examples(0.1)
 @given(loop_programs(), st.sampled_from(("gpu", "cpu")))
 def test_loop_programs_same_gradients_and_vmap(program: Program, target: str) -> None:
@@ -123,7 +120,6 @@ def test_loop_programs_same_gradients_and_vmap(program: Program, target: str) ->
                   VALUE_TOLERANCE)
 
 
-@pytest.mark.xfail(strict=False, reason="issue 10 point 1 (float/overflowing loop counters)")
 @_examples(0.1)
 @given(loop_programs(x64=True), st.sampled_from(("gpu", "cpu")))
 def test_loop_programs_under_x64(program: Program, target: str) -> None:

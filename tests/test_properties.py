@@ -264,7 +264,7 @@ def check_stream_annotations(text: str, options: dict[str, Any]) -> None:
 
 def _examples(fraction: float) -> Any:
     """A fraction of the profile's examples; in the `ci` profile without shrinking, so that
-    a property marked xfail for a known bug does not spend minutes shrinking each run."""
+    a failure is reported at once (run the `thorough` profile to shrink it)."""
     no_shrink = os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci") == "ci"
     phases = tuple(p for p in Phase if p is not Phase.shrink) if no_shrink else tuple(Phase)
     return settings(max_examples=max(4, int(settings().max_examples * fraction)),
@@ -272,7 +272,6 @@ def _examples(fraction: float) -> Any:
 
 
 any_feature_program = st.one_of(feature_programs(), loop_programs())
-_ISSUE_10 = "issue 10 point"
 
 
 def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
@@ -304,8 +303,6 @@ def _value_tolerance(options: dict[str, Any]) -> dict[str, float]:
     return {} if options["target"] == "cpu" else VALUE_TOLERANCE
 
 
-@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10}s 1 (counters), 2 (body identity), "
-                                        "3 (vmap-unsafe primitives)")
 @_examples(0.15)
 @given(program=any_feature_program, options=configurations)
 def test_feature_values_match(program: Program, options: dict[str, Any]) -> None:
@@ -316,7 +313,6 @@ def test_feature_values_match(program: Program, options: dict[str, Any]) -> None
     assert_same_outcome(lambda: g(*program.args), expected, **tolerance)
 
 
-@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10}s 1, 2, 3 and 4 (checkpoint + regions)")
 @_examples(0.15)
 @given(program=any_feature_program, options=configurations)
 def test_feature_grad_matches(program: Program, options: dict[str, Any]) -> None:
@@ -328,7 +324,6 @@ def test_feature_grad_matches(program: Program, options: dict[str, Any]) -> None
         may_succeed=True, **GRAD_TOLERANCE)
 
 
-@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10}s 1, 2, 3")
 @_examples(0.1)
 @given(program=any_feature_program, options=configurations)
 def test_feature_vmap_matches(program: Program, options: dict[str, Any]) -> None:
@@ -338,7 +333,6 @@ def test_feature_vmap_matches(program: Program, options: dict[str, Any]) -> None
                         **VALUE_TOLERANCE)
 
 
-@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 3 (pure_callback without vmap_method)")
 @_examples(0.1)
 @given(program=any_feature_program)
 def test_feature_idempotent(program: Program) -> None:
@@ -361,7 +355,6 @@ def _count_primitive(closed: Any, name: str) -> int:
     return count
 
 
-@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 3 (per-member conds batched to select)")
 @_examples(0.15)
 @given(program=feature_programs(), options=st.sampled_from(GPU_CONFIGURATIONS))
 def test_rewrite_adds_no_select(program: Program, options: dict[str, Any]) -> None:
@@ -375,7 +368,6 @@ def test_rewrite_adds_no_select(program: Program, options: dict[str, Any]) -> No
     assert after == 0, f"the rewrite adds {after} select_n (options {options})"
 
 
-@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 6 (trace-context cache)")
 @_examples(0.1)
 @given(program=feature_programs(), options=configurations)
 def test_trace_context_flip_between_calls(program: Program, options: dict[str, Any]) -> None:
@@ -393,7 +385,6 @@ def test_trace_context_flip_between_calls(program: Program, options: dict[str, A
                         **tolerance)
 
 
-@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 7 (eager grad runs op by op)")
 @_examples(0.1)
 @given(program=any_program, options=configurations)
 def test_eager_grad_and_jvp_match(program: Program, options: dict[str, Any]) -> None:
@@ -428,7 +419,7 @@ def _run_with_devices(test_name: str) -> bool:
            "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + flags}
     here = os.path.abspath(__file__)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--runxfail",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          f"{here}::{test_name}"],
         env=env, capture_output=True, text=True, timeout=900,
         cwd=os.path.dirname(os.path.dirname(here)))
@@ -446,7 +437,6 @@ def _sharded(fn: Callable[..., Any], mesh: Any, n_args: int) -> Callable[..., An
     return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * n_args, out_specs=spec)
 
 
-@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 5 (batching inside shard_map)")
 def test_programs_inside_shard_map() -> None:
     if _run_with_devices("test_programs_inside_shard_map"):
         return
@@ -475,7 +465,6 @@ _PLUGIN_OK, _PLUGIN_MESSAGE = _deviceless.plugin_status()
 
 
 @pytest.mark.skipif(not _PLUGIN_OK, reason=_PLUGIN_MESSAGE)
-@pytest.mark.xfail(strict=False, reason=f"{_ISSUE_10} 8 (unroll group gaps)")
 @_examples(0.1)
 @given(program=st.one_of(scan_programs(), loop_programs(), feature_programs()),
        options=st.sampled_from(GPU_CONFIGURATIONS))
