@@ -25,7 +25,14 @@ from typing import Any
 
 from . import _compat
 from ._plan import REASON_TOO_CHEAP, LevelPlan
-from .passes import KIND_BATCHED, KIND_FUSED, KIND_UNROLLED, SUBGRAPH_KINDS, LoopDecision
+from .passes import (
+    KIND_BATCHED,
+    KIND_BATCHED_MATMULS,
+    KIND_FUSED,
+    KIND_UNROLLED,
+    SUBGRAPH_KINDS,
+    LoopDecision,
+)
 
 _MAX_SOURCES = 3
 _MAX_PRIMITIVES = 4
@@ -121,7 +128,9 @@ class Step:
     passes did to it), ``"region"``
     (a stream region of ``Plan.sections[section]``) or ``"collectives"`` (a group
     launched together). ``after`` holds the indices in ``Plan.steps`` of the steps
-    whose results it reads.
+    whose results it reads. ``batched_groups`` holds the indices in ``Plan.subgraphs``
+    of the batched matmul groups the step runs: in its own equations, or in the body of
+    its loop (at any depth) when that body is not drawn as a level of its own.
     """
 
     location: str
@@ -134,13 +143,15 @@ class Step:
     source_lines: tuple[str, ...]
     after: tuple[int, ...]
     loop_rewrites: tuple[int, ...] = ()
+    batched_groups: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"location": self.location, "lane": self.lane, "kind": self.kind,
                 "section": self.section, "num_eqns": self.num_eqns,
                 "primitives": [list(p) for p in self.primitives], "cost_us": self.cost_us,
                 "source_lines": list(self.source_lines), "after": list(self.after),
-                "loop_rewrites": list(self.loop_rewrites)}
+                "loop_rewrites": list(self.loop_rewrites),
+                "batched_groups": list(self.batched_groups)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -285,21 +296,38 @@ class Plan:
 
 
 def _decision_text(d: LoopDecision) -> str:
-    """One report line: kind, place, primitives, trips and unroll when known, reason, sources."""
+    """One report line: kind, place, primitives, trips and unroll when known, reason, sources
+    (member by member, with equation indices, where the decision joins members)."""
     trips = ""
     if d.trips_before is not None or d.trips_after is not None:
         trips = f", trips {d.trips_before} -> {d.trips_after}"
     unroll = f", unroll {d.unroll}" if d.unroll is not None else ""
-    where = "; ".join(dict.fromkeys(d.sources)) or "<unknown>"
-    return (f"{d.kind} at {d.location} [{', '.join(d.primitives)}{trips}{unroll}]: "
+    stage = f", stage {d.stage}" if d.stage is not None else ""
+    if d.members:
+        where = "members: " + "; ".join(
+            f"{m}) " + ", ".join(_member_op(d, i) for i in member)
+            for m, member in enumerate(d.members, start=1))
+    else:
+        where = "; ".join(dict.fromkeys(d.sources)) or "<unknown>"
+    return (f"{d.kind} at {d.location} [{', '.join(d.primitives)}{trips}{unroll}{stage}]: "
             f"{d.reason} ({where})")
+
+
+def _member_op(d: LoopDecision, eqn: int) -> str:
+    """``dot_general #7 at file:line (function)`` for equation ``eqn`` of decision ``d``."""
+    if eqn not in d.eqns:
+        return f"#{eqn}"
+    k = d.eqns.index(eqn)
+    return f"{d.primitives[k]} #{eqn} at {d.sources[k] or '<unknown>'}"
 
 
 def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
     return {"location": loop.location, "kind": loop.kind, "eqns": list(loop.eqns),
             "primitives": list(loop.primitives), "sources": list(loop.sources),
             "trips_before": loop.trips_before, "trips_after": loop.trips_after,
-            "unroll": loop.unroll, "reason": loop.reason}
+            "unroll": loop.unroll, "reason": loop.reason,
+            "members": [list(m) for m in loop.members], "stage": loop.stage,
+            "saving_us": loop.saving_us}
 
 
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
@@ -314,6 +342,9 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
     collectives: list[Collective] = []
     steps: list[Step] = []
     loop_decisions = tuple(d for d in loops if d.kind not in SUBGRAPH_KINDS)
+    subgraph_decisions = tuple(d for d in loops if d.kind in SUBGRAPH_KINDS)
+    drawn = {level.path for level in plan.walk()
+             if level.path == "/" or level.sections or level.collective_groups}
     num_eqns = 0
     for level in plan.walk():
         inner, _ = _compat.open_jaxpr(level.jaxpr)
@@ -338,8 +369,9 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
             sections.append(Section(level.path, section.group, regions, overlaps))
         collectives.extend(_collectives(level, eqns, overlapped))
         rewritten = _rewritten_loops(level.path, eqns, loop_decisions)
-        if level.path == "/" or level.sections or level.collective_groups:
-            steps.extend(_steps(level, eqns, first_section, len(steps), rewritten))
+        if level.path in drawn:
+            batched = _batched_groups(level.path, eqns, subgraph_decisions, drawn)
+            steps.extend(_steps(level, eqns, first_section, len(steps), rewritten, batched))
         made_here = {i for i, marks in rewritten.items()
                      if any(loop_decisions[k].kind in _NEW_LOOP_KINDS for k in marks)}
         for note in level.notes:
@@ -361,7 +393,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 options=tuple(sorted(options.items())), num_eqns=num_eqns,
                 total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
                 loops=loop_decisions, collectives=tuple(collectives),
-                subgraphs=tuple(d for d in loops if d.kind in SUBGRAPH_KINDS),
+                subgraphs=subgraph_decisions,
                 steps=tuple(steps))
 
 
@@ -392,8 +424,43 @@ def _rewritten_loops(path: str, eqns: Any, loops: tuple[LoopDecision, ...]
     return {i: tuple(ks) for i, ks in marked.items()}
 
 
+def _batched_groups(path: str, eqns: Any, decisions: tuple[LoopDecision, ...],
+                    drawn: set[str]) -> dict[int, tuple[int, ...]]:
+    """Equations of the drawn level ``path`` that run batched matmul groups: the indices
+    of those decisions in ``decisions``.
+
+    A group made at this level marks the batched op it left (a matching primitive and
+    source line; no equation gets two groups). A group made in a nested level that is
+    not drawn marks the equation of this level that holds it (the loop whose body it is),
+    when that equation still has the primitive the group's location names.
+    """
+    marked: dict[int, list[int]] = {}
+    for k, d in enumerate(decisions):
+        if d.kind != KIND_BATCHED_MATMULS:
+            continue
+        parts = [p for p in d.location.split("/") if p]
+        homes = ["/" + "/".join(parts[:n]) for n in range(len(parts) + 1)]
+        home = next((n for n in range(len(parts), -1, -1) if homes[n] in drawn), None)
+        if home is None or homes[home] != path:
+            continue
+        if home == len(parts):  # made here
+            for i, eqn in enumerate(eqns):
+                if (eqn.primitive.name in d.primitives and i not in marked
+                        and _compat.source_summary(eqn) in d.sources):
+                    marked[i] = [k]
+                    break
+            continue
+        primitive, _, rest = parts[home].partition("#")
+        index = rest.split(".", 1)[0]
+        if index.isdigit() and int(index) < len(eqns) \
+                and eqns[int(index)].primitive.name == primitive:
+            marked.setdefault(int(index), []).append(k)
+    return {i: tuple(ks) for i, ks in marked.items()}
+
+
 def _steps(level: LevelPlan, eqns: Any, first_section: int, offset: int,
-           rewritten: dict[int, tuple[int, ...]]) -> list[Step]:
+           rewritten: dict[int, tuple[int, ...]], batched: dict[int, tuple[int, ...]]
+           ) -> list[Step]:
     """The level's emission order as steps; runs of main-stream equations merged.
 
     ``offset`` is the index of the first step in ``Plan.steps``, ``first_section``
@@ -432,7 +499,8 @@ def _steps(level: LevelPlan, eqns: Any, first_section: int, offset: int,
             primitives=_top_primitives(eqns, tuple(members), level.seconds),
             cost_us=sum(level.seconds[i] for i in members) * 1e6,
             source_lines=_sources(eqns, tuple(members), level.seconds),
-            after=tuple(after), loop_rewrites=rewrites))
+            after=tuple(after), loop_rewrites=rewrites,
+            batched_groups=tuple(sorted(k for i in members for k in batched.get(i, ())))))
     return out
 
 

@@ -73,6 +73,13 @@ class LoopDecision:
         trips_after: loop trips after the pass; None if unknown.
         unroll: the unroll factor of the resulting loop(s), when one applies.
         reason: why, in words.
+        members: for the batching passes that join equations of different members (the
+            matmul batching pass): per member, its equations in ``eqns``; empty otherwise.
+        stage: for the matmul batching pass, the group's stage (kernel-launching ops on
+            the longest path from the level's inputs, the op itself included).
+        saving_us: for the matmul batching pass, the cost model's estimated saving per
+            run of the level, in microseconds (launches saved less stacking and
+            transposing); at most zero for a group left alone.
     """
 
     location: str
@@ -84,17 +91,22 @@ class LoopDecision:
     trips_after: int | None
     unroll: int | None
     reason: str
+    members: tuple[tuple[int, ...], ...] = ()
+    stage: int | None = None
+    saving_us: float | None = None
 
 
 def decision(path: str, kind: str, eqns: Sequence[Any], indices: Sequence[int], *,
              trips_before: int | None, trips_after: int | None, unroll: int | None,
-             reason: str) -> LoopDecision:
+             reason: str, members: Sequence[Sequence[int]] = (), stage: int | None = None,
+             saving_us: float | None = None) -> LoopDecision:
     """Builds a ``LoopDecision`` for equations ``eqns`` at ``indices`` of level ``path``."""
     return LoopDecision(
         location=path or "/", kind=kind, eqns=tuple(indices),
         primitives=tuple(eqns[i].primitive.name for i in indices),
         sources=tuple(_compat.source_summary(eqns[i]) for i in indices),
-        trips_before=trips_before, trips_after=trips_after, unroll=unroll, reason=reason)
+        trips_before=trips_before, trips_after=trips_after, unroll=unroll, reason=reason,
+        members=tuple(tuple(m) for m in members), stage=stage, saving_us=saving_us)
 
 
 # emit(invals of each member equation) -> outvals of each member equation; an outval may

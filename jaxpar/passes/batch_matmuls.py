@@ -149,8 +149,8 @@ def _batch_level(jaxpr: Any, path: str, costs: CostModel
     groups = [g for g in groups if launches[g] > 1]  # else XLA's DotMerger does it already
     if not groups:
         return [], []
-    accepted, rejected = _choose(eqns, groups, launches, costs)
-    decisions = [_left_alone(path, eqns, g, launches[g]) for g in rejected]
+    accepted, rejected, priced = _choose(eqns, groups, launches, costs)
+    decisions = [_left_alone(path, eqns, g, launches[g], priced[g]) for g in rejected]
     if not accepted:
         return [], decisions
     units = _units(eqns, graph, accepted)
@@ -158,7 +158,8 @@ def _batch_level(jaxpr: Any, path: str, costs: CostModel
     rewrites = [Rewrite(tuple(sorted(i for g in unit for i in g.members)),
                         _emitter(eqns, unit, graph, level_outputs)) for unit in units]
     chained = _chained_columns(eqns, accepted)
-    taken = [_batched(path, eqns, g, launches[g], chained) for unit in units for g in unit]
+    taken = [_batched(path, eqns, g, launches[g], chained, priced[g])
+             for unit in units for g in unit]
     return rewrites, taken + decisions
 
 
@@ -293,9 +294,22 @@ def _stack_bytes(column: _Column) -> float:
     return 2.0 * sum(_compat.aval_nbytes(a.aval) for a in column)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Price:
+    """The cost model's view of one group, in seconds per run of the level."""
+
+    saved: float  # launches saved (and the stacking its chained readers are spared)
+    cost: float  # stacking kernel, stacking and transposing bytes
+
+    @property
+    def worth(self) -> float:
+        return self.saved - self.cost
+
+
 def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, int],
-            costs: CostModel) -> tuple[list[_Group], list[_Group]]:
-    """The groups worth batching and the rest, by the launches they save.
+            costs: CostModel) -> tuple[list[_Group], list[_Group], dict[_Group, _Price]]:
+    """The groups worth batching, the rest, and each one's price (a dropped group's as
+    it was when dropped), by the launches they save.
 
     A group saves ``launches - 1`` kernel launches. Its operand columns that are neither
     shared by all members nor already stacked (by an earlier group of the rewrite, or as
@@ -323,6 +337,7 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
                          for i, s in zip(g.members, g.swapped, strict=True) if s)
                   for g in groups}
     accepted = list(groups)  # in stage order
+    priced: dict[_Group, _Price] = {}
     for _ in range(len(groups) + 1):
         produced = {outputs[g] for g in accepted if not any(g.swapped)}
         first_user: dict[_Column, _Group] = {}
@@ -337,24 +352,24 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
                     continue
                 first_user.setdefault(column, g)
                 users[column] = users.get(column, 0) + 1
-        worth: dict[_Group, float] = {}
         for g in accepted:
             new = [c for c in dict.fromkeys(columns[g]) if first_user.get(c) is g]
-            value = (launches[g] - 1) * launch - transposes[g] / profile.bandwidth
+            saved = (launches[g] - 1) * launch
+            cost = transposes[g] / profile.bandwidth
             if new and not any(elementwise(a) for c in new for a in c):
-                value -= launch
-            value -= sum(_stack_bytes(c) for c in new if users[c] == 1) / profile.bandwidth
+                cost += launch
+            cost += sum(_stack_bytes(c) for c in new if users[c] == 1) / profile.bandwidth
             if chained.get(outputs[g]):
-                value += launch  # its readers would otherwise stack its results
-            worth[g] = value
-        if all(value > 0 for value in worth.values()):
+                saved += launch  # its readers would otherwise stack its results
+            priced[g] = _Price(saved, cost)
+        if all(priced[g].worth > 0 for g in accepted):
             break
-        accepted = [g for g in accepted if worth[g] > 0]
+        accepted = [g for g in accepted if priced[g].worth > 0]
     else:  # pragma: no cover - each round removes a group or stops
         raise RuntimeError("jaxpar batch_matmuls: choosing groups did not settle; please "
                            "report it with the program")
     kept = set(accepted)
-    return accepted, [g for g in groups if g not in kept]
+    return accepted, [g for g in groups if g not in kept], priced
 
 
 def _chained_columns(eqns: Sequence[Any], accepted: list[_Group]) -> set[_Column]:
@@ -476,8 +491,14 @@ def _describe(eqns: Sequence[Any], group: _Group) -> str:
            "between them)"
 
 
+def _price_text(price: _Price) -> str:
+    return (f"cost model: saves {price.saved * 1e6:.3g} us of launches, stacking and "
+            f"transposing cost {price.cost * 1e6:.3g} us, worth {price.worth * 1e6:+.3g} us "
+            "per run of this level")
+
+
 def _batched(path: str, eqns: Sequence[Any], group: _Group, launches: int,
-             chained: set[_Column]) -> LoopDecision:
+             chained: set[_Column], price: _Price) -> LoopDecision:
     columns = group.columns(eqns)
     shared = sum(1 for c in columns if _shared(c) and not _compat.is_literal(c[0]))
     reused = sum(1 for c in columns if not _shared(c) and c in chained)
@@ -486,17 +507,21 @@ def _batched(path: str, eqns: Sequence[Any], group: _Group, launches: int,
     reason = (f"{_describe(eqns, group)}: one batched op over {stacked} stacked, {shared} "
               f"shared and {reused} already-stacked operands; {launches} kernel launches -> 1"
               + (f"; {swapped} with operands swapped, results transposed back"
-                 if swapped else ""))
+                 if swapped else "") + f"; {_price_text(price)}")
     return decision(path, KIND_BATCHED_MATMULS, eqns, list(group.members), trips_before=None,
-                    trips_after=None, unroll=None, reason=reason)
+                    trips_after=None, unroll=None, reason=reason,
+                    members=[(i,) for i in group.members], stage=group.stage,
+                    saving_us=price.worth * 1e6)
 
 
-def _left_alone(path: str, eqns: Sequence[Any], group: _Group, launches: int
+def _left_alone(path: str, eqns: Sequence[Any], group: _Group, launches: int, price: _Price
                 ) -> LoopDecision:
     reason = (f"{_describe(eqns, group)}, but stacking their operands costs more than the "
-              f"{launches - 1} kernel launches batching would save")
+              f"{launches - 1} kernel launches batching would save; {_price_text(price)}")
     return decision(path, KIND_MATMULS_LEFT_ALONE, eqns, list(group.members),
-                    trips_before=None, trips_after=None, unroll=None, reason=reason)
+                    trips_before=None, trips_after=None, unroll=None, reason=reason,
+                    members=[(i,) for i in group.members], stage=group.stage,
+                    saving_us=price.worth * 1e6)
 
 
 def batch_matmuls(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDecision, ...]]:
