@@ -6,7 +6,9 @@ The timeline is the plan's estimated schedule (``jaxpar._timeline``), one per le
 in estimated microseconds, and every step as a box as wide as its estimated time:
 main-stream work too, regions in their stream's lane, collectives groups in theirs.
 Loops the loop passes rewrote are drawn as such: a band per member of a fused or
-batched loop, ticks for the trips of an unrolled one. A legend explains the colours;
+batched loop, ticks for the trips of an unrolled one, an outlined box per group of
+matmuls that ``batch_matmuls`` runs as one batched op (in the step, or in the body of
+its loop), spanning the box's height with a dot per member. A legend explains the colours;
 each level's title gives the estimated serial time against the critical path.
 Hovering a box shows its primitives, cost and source lines.
 
@@ -49,7 +51,10 @@ _LOOP_REWRITES = {
     "fused": "fused loops: one loop runs the bodies side by side (a band each)",
     "batched": "batched loops: one vmapped loop over stacked operands (a dashed band each)",
     "unrolled": "unrolled loop: ticks mark its trips, fewer and longer",
+    "batched matmuls": "batched matmuls: same-shaped matmuls of N members run as one "
+                       "(a box per group, a dot per member)",
 }
+_GROUP_COLOR = "#ffd166"
 _LOOP_COLOR = "#6b5b95"
 
 
@@ -87,6 +92,7 @@ def _step_title(plan: Plan, step: Step, start: float, duration: float) -> str:
     from ._inspect import _decision_text
 
     lines += [_decision_text(plan.loops[k]) for k in step.loop_rewrites]
+    lines += [_decision_text(plan.subgraphs[k]) for k in step.batched_groups]
     lines += list(step.source_lines)
     return "\n".join(lines)
 
@@ -101,10 +107,17 @@ def _ticks(makespan: float) -> list[float]:
     return [round(k * step, 12) for k in range(int(makespan / step + 1e-9) + 1)]
 
 
+def _group_label(plan: Plan, k: int) -> str:
+    return f"batched matmuls: {len(plan.subgraphs[k].members)} members"
+
+
 def _loop_glyphs(plan: Plan, step: Step, x: float, y: float, width: float, height: float,
-                 used: set[str]) -> str:
+                 used: set[str], left: float = 0.0) -> str:
     """What the loop passes did, drawn on the loop's box: bands for fused or batched
-    members, ticks for the trips of an unrolled loop."""
+    members, ticks for the trips of an unrolled loop; and a box per batched matmul
+    group, side by side in stage order right of ``left`` pixels (the box's label)."""
+    from ._inspect import _decision_text
+
     out = []
     for k in step.loop_rewrites:
         decision = plan.loops[k]
@@ -126,6 +139,32 @@ def _loop_glyphs(plan: Plan, step: Step, x: float, y: float, width: float, heigh
                                  f'x2="{tick_x:.2f}" y2="{y + height:.1f}" stroke="#fff"/>')
         out.append(f'<g class="loop-rewrite" data-rewrite="{decision.kind}" '
                    f'pointer-events="none">{"".join(marks)}</g>')
+    groups = sorted(step.batched_groups,
+                    key=lambda k: (plan.subgraphs[k].stage or 0, plan.subgraphs[k].eqns))
+    left = min(left, width / 2)
+    slot = (width - left) / len(groups) if groups else 0.0
+    for j, k in enumerate(groups):
+        decision = plan.subgraphs[k]
+        used.add(decision.kind)
+        members = max(len(decision.members), 1)
+        gap = min(2.0, slot / 8)
+        gx, gw = x + left + j * slot + gap, max(slot - 2 * gap, _MIN_BOX)
+        dot_x = gx + gw - 6 if gw > 40 else gx + gw / 2  # clear of the label
+        dots = "".join(
+            f'<circle cx="{dot_x:.2f}" cy="{y + height * (m + 0.5) / members:.1f}" '
+            f'r="{min(2.5, height / (2 * members)):.1f}" fill="{_GROUP_COLOR}"/>'
+            for m in range(members))
+        label = _group_label(plan, k)
+        text = (f'<text x="{gx + 3:.1f}" y="{y + height - 3:.1f}" font-size="9" fill="#fff" '
+                f'pointer-events="none">{_escape(label[:int((gw - 6) / 5)])}</text>'
+                if gw > 40 else "")
+        out.append(
+            f'<g class="loop-rewrite batched-group" data-rewrite="{decision.kind}" '
+            f'data-members="{len(decision.members)}" data-stage="{decision.stage}">'
+            f"<title>{_escape(label)}\n{_escape(_decision_text(decision))}</title>"
+            f'<rect class="group-box" x="{gx:.2f}" y="{y + 1:.1f}" width="{gw:.2f}" '
+            f'height="{height - 2:.1f}" fill="none" stroke="{_GROUP_COLOR}" '
+            f'stroke-width="1.5" rx="2"/>{dots}{text}</g>')
     return "".join(out)
 
 
@@ -164,7 +203,9 @@ def _level_svg(plan: Plan, level: LevelTimeline, y0: float, patterns_used: set[s
                 'fill="#fff" '
                 f'pointer-events="none">{_escape(label[:int(width / 6)])}</text>'
                 if width > 24 else "")
-        overlays = _loop_glyphs(plan, step, x, y, width, height, patterns_used)
+        shown = label[:int(width / 6)] if width > 24 else ""
+        overlays = _loop_glyphs(plan, step, x, y, width, height, patterns_used,
+                                left=6 * len(shown) + 6 if shown else 0.0)
         parts.append(
             f'<g class="span" data-lane="{_escape(span.lane)}" data-kind="{step.kind}" '
             f'data-step="{span.step}" data-start-us="{span.start_us:.6g}" '
@@ -211,6 +252,11 @@ def _legend(plan: Plan, levels: tuple[LevelTimeline, ...], patterns_used: set[st
         elif key == "rewrite:batched":
             glyph = (f'<line x1="{x}" y1="{y + 6}" x2="{x + 22}" y2="{y + 6}" stroke="#fff" '
                      'stroke-dasharray="4,3"/>')
+        elif key == "rewrite:batched matmuls":
+            glyph = (f'<rect x="{x + 5}" y="{y + 1}" width="12" height="10" fill="none" '
+                     f'stroke="{_GROUP_COLOR}" stroke-width="1.5"/><circle cx="{x + 11}" '
+                     f'cy="{y + 4}" r="1.5" fill="{_GROUP_COLOR}"/><circle cx="{x + 11}" '
+                     f'cy="{y + 8}" r="1.5" fill="{_GROUP_COLOR}"/>')
         elif key == "rewrite:unrolled":
             glyph = "".join(f'<line x1="{x + t}" y1="{y + 8}" x2="{x + t}" y2="{y + 12}" '
                             'stroke="#fff"/>' for t in (5, 11, 17))
@@ -241,6 +287,8 @@ def plan_to_svg(plan: Plan) -> str:
     parts += legend
     decisions = [
         f"{d.kind}: {', '.join(d.primitives)}"
+        + (f", {len(d.members)} members" if d.members else "")
+        + (f", stage {d.stage}" if d.stage is not None else "")
         + (f", trips {d.trips_before} → {d.trips_after}"
            if d.trips_before is not None or d.trips_after is not None else "")
         + (f", unroll {d.unroll}" if d.unroll is not None else "")
@@ -293,7 +341,9 @@ def plan_to_chrome_trace(plan: Plan) -> dict[str, Any]:
                          "primitives": {n: c for n, c in step.primitives},
                          "source_lines": list(step.source_lines),
                          "loop_rewrites": [_decision_text(plan.loops[k])
-                                           for k in step.loop_rewrites]}})
+                                           for k in step.loop_rewrites],
+                         "batched_groups": [_decision_text(plan.subgraphs[k])
+                                            for k in step.batched_groups]}})
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"source": "jaxpar.Plan.save: cost-model estimates, not a "
                                     "measurement", "function": plan.function,
