@@ -201,6 +201,10 @@ def test_level_inputs_only_left_alone_by_cost() -> None:
     assert _count(new, "dot_general") == 2 and _batched_dots(new) == 0
     (left,) = [d for d in decisions if d.kind == KIND_MATMULS_LEFT_ALONE]
     assert "costs more than the 1 kernel launches" in left.reason
+    # The cost model's numbers, also as fields: the group does not pay.
+    assert left.saving_us is not None and left.saving_us <= 0
+    assert "cost model: saves" in left.reason and left.stage == 1
+    assert left.members == tuple((i,) for i in left.eqns)
 
 
 def test_matmuls_sharing_an_operand_are_left_to_xla() -> None:

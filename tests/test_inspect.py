@@ -298,3 +298,31 @@ def test_nested_location_is_reported():
 def test_inspect_keeps_function_metadata():
     planner = jaxpar.inspect(local_two_scans)
     assert planner.__name__ == "local_two_scans"
+
+
+def test_batched_matmul_groups_name_their_members_stage_and_price():
+    """Seed 002 with different bodies: each batched group names its ops, the member each
+    comes from (source line and step function), its stage and the cost model's numbers."""
+    from test_batch_matmuls import SEED_SMALL, bench
+
+    plan = jaxpar.inspect(bench.seed_002, target="gpu")(*SEED_SMALL)
+    groups = [d for d in plan.subgraphs if d.kind == "batched matmuls"]
+    assert sorted(d.stage for d in groups) == [1, 2, 3, 4], str(plan)
+    lines = [line for line in str(plan).splitlines() if "batched matmuls at" in line]
+    assert len(lines) == len(groups)
+    for d, line in zip(groups, lines, strict=True):
+        assert len(d.members) == 2
+        assert sorted(i for member in d.members for i in member) == sorted(d.eqns)
+        assert f"stage {d.stage}]" in line
+        first, second = (f"#{member[0]}" for member in d.members)
+        # Member by member: its op, its equation and its step function, in order.
+        assert line.index(f"1) dot_general {first} at ") < line.index("(seed_body)") \
+            < line.index(f"2) dot_general {second} at ") < line.index("(seed_other_body)")
+        assert d.saving_us is not None and d.saving_us > 0
+        assert f"worth {d.saving_us:+.3g} us" in line
+    loaded = json.loads(json.dumps(plan.to_dict()))
+    assert [g["stage"] for g in loaded["subgraphs"]] == [d.stage for d in groups]
+    assert [g["members"] for g in loaded["subgraphs"]] == [
+        [list(m) for m in d.members] for d in groups]
+    (loop,) = loaded["steps"]
+    assert loop["batched_groups"] == list(range(len(groups)))

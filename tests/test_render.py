@@ -23,6 +23,7 @@ from jax import lax
 from test_plan import cnn_args, cnn_loss
 
 import jaxpar
+from jaxpar._render import plan_to_chrome_trace
 from jaxpar._timeline import estimate
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -48,6 +49,15 @@ window.addEventListener("load", () => {
     ticks: [...document.querySelectorAll("text.tick")].map((t) => t.textContent),
     legend: [...document.querySelectorAll("g.legend-entry")].map((g) => g.dataset.key),
     rewrites: [...document.querySelectorAll("g.loop-rewrite")].map((g) => g.dataset.rewrite),
+    groups: [...document.querySelectorAll("g.batched-group")].map((g) => {
+      const r = g.querySelector("rect.group-box").getBoundingClientRect();
+      return {members: Number(g.dataset.members), dots: g.querySelectorAll("circle").length,
+              x: r.left, y: r.top, width: r.width, height: r.height};
+    }),
+    picture: (() => {
+      const r = document.querySelector("svg.jaxpar-plan").getBoundingClientRect();
+      return {x: r.left, y: r.top, width: r.width, height: r.height};
+    })(),
   });
   document.body.appendChild(out);
 });
@@ -118,6 +128,31 @@ def test_fused_and_unrolled_loops_are_drawn():
     svg = plan.to_svg()
     assert 'data-rewrite="fused"' in svg and 'data-rewrite="unrolled"' in svg
     assert 'data-key="rewrite:fused"' in svg and 'data-key="rewrite:unrolled"' in svg
+
+
+def seed_002_plan():
+    from test_batch_matmuls import SEED_SMALL, bench
+
+    return jaxpar.inspect(bench.seed_002, target="gpu")(*SEED_SMALL)
+
+
+def test_batched_matmul_groups_are_drawn_on_their_loop():
+    """Seed 002 with different bodies: the fused loop's box holds a box per batched
+    matmul group, labelled with its member count, and the legend explains it."""
+    plan = seed_002_plan()
+    groups = [k for k, d in enumerate(plan.subgraphs) if d.kind == "batched matmuls"]
+    assert len(groups) == 4, str(plan)
+    (loop,) = [s for s in plan.steps if s.kind == "loop"]
+    assert loop.batched_groups == tuple(groups)
+    svg = plan.to_svg()
+    drawn = re.findall(r'<g class="loop-rewrite batched-group" data-rewrite="batched matmuls" '
+                       r'data-members="(\d+)" data-stage="(\d+)">', svg)
+    assert sorted(drawn) == sorted(("2", str(plan.subgraphs[k].stage)) for k in groups)
+    assert svg.count("batched matmuls: 2 members</text>") == len(groups)
+    assert 'data-key="rewrite:batched matmuls"' in svg
+    trace = plan_to_chrome_trace(plan)
+    (event,) = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(event["args"]["batched_groups"]) == len(groups)
 
 
 def test_chrome_trace_has_complete_events_for_every_step(tmp_path):
@@ -213,3 +248,27 @@ def test_browser_draws_loop_rewrites(tmp_path):
     assert {"rewrite:fused", "rewrite:unrolled", "loop"} <= set(drawn["legend"])
     (loop,) = [s for s in drawn["spans"] if s["kind"] == "loop"]
     assert loop["width"] > 800  # the only step: the whole time axis
+
+
+def test_browser_draws_batched_matmul_groups_inside_the_picture(tmp_path):
+    plan = seed_002_plan()
+    drawn = _browser_measure(plan, tmp_path)
+    groups, picture = drawn["groups"], drawn["picture"]
+    assert len(groups) == 4 and "rewrite:batched matmuls" in drawn["legend"]
+    (loop,) = [s for s in drawn["spans"] if s["kind"] == "loop"]
+    for group in groups:
+        assert group["members"] == group["dots"] == 2
+        assert group["width"] > 40 and group["height"] > 15
+        # Inside the loop's box, which is inside the picture.
+        assert loop["x"] - 0.5 <= group["x"] and \
+            group["x"] + group["width"] <= loop["x"] + loop["width"] + 0.5
+        assert loop["y"] - 0.5 <= group["y"] and \
+            group["y"] + group["height"] <= loop["y"] + loop["height"] + 0.5
+        assert picture["x"] <= group["x"] and \
+            group["x"] + group["width"] <= picture["x"] + picture["width"]
+        assert picture["y"] <= group["y"] and \
+            group["y"] + group["height"] <= picture["y"] + picture["height"]
+    # Side by side in stage order, not overlapping.
+    lefts = [g["x"] for g in groups]
+    assert lefts == sorted(lefts)
+    assert all(a["x"] + a["width"] <= b["x"] + 0.5 for a, b in zip(groups, groups[1:]))
