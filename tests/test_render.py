@@ -9,6 +9,7 @@ under CI, where it fails: there the browser is part of the set-up.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -271,4 +272,4 @@ def test_browser_draws_batched_matmul_groups_inside_the_picture(tmp_path):
     # Side by side in stage order, not overlapping.
     lefts = [g["x"] for g in groups]
     assert lefts == sorted(lefts)
-    assert all(a["x"] + a["width"] <= b["x"] + 0.5 for a, b in zip(groups, groups[1:]))
+    assert all(a["x"] + a["width"] <= b["x"] + 0.5 for a, b in itertools.pairwise(groups))
