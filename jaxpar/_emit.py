@@ -72,12 +72,16 @@ class GroupIds:
     would connect the two through main-stream work).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, derive: bool = True) -> None:
         with _GROUP_LOCK:
             self.id = next(_GROUP_IDS)
+        self._derive = derive
         self._derived: dict[str, GroupIds] = {}
 
-    def derived(self, role: str) -> GroupIds:
+    def derived(self, role: str) -> GroupIds | None:
+        """The group of the regions derived in ``role``; None: they get no group."""
+        if not self._derive:
+            return None
         with _GROUP_LOCK:
             hit = self._derived.get(role)
         if hit is None:
@@ -121,30 +125,76 @@ def region_call(body: Callable[..., Sequence[Any]], stream: int,
         avals = [jax.typeof(p) for p in primals]
         diff = [_inexact(a) for a in avals]
         if not any(diff):
-            outs = region(*primals)
-            return outs, tuple(_zero_tangent(o) for o in outs)
+            plain = region(*primals)
+            return plain, tuple(_zero_tangent(o) for o in plain)
         lin = _compat.linearize_split(body, avals, diff)
-        derived = (lambda role: group.derived(role)) if group is not None else (lambda _: None)
-        forward = region_call(lambda *p: _compat.jaxpr_eval(lin.forward, *p), stream,
-                              derived("forward"))(*primals)
+        def derived(role: str) -> GroupIds | None:
+            return group.derived(role) if group is not None else None
+
+        forward_jaxpr, forward_consts = _compat.open_jaxpr(lin.forward)
+        forward = _lean_region(
+            forward_jaxpr.invars, forward_jaxpr.outvars,
+            dict(zip(forward_jaxpr.constvars, forward_consts, strict=True)),
+            lambda *p: _compat.jaxpr_eval(lin.forward, *p), primals, stream,
+            derived("forward"))
         outs, residuals = forward[:lin.num_outputs], forward[lin.num_outputs:]
         out_diff = [_inexact(jax.typeof(o)) for o in outs]
-        diff_tangents = [t for t, d in zip(tangents, diff, strict=True) if d]
         if not any(out_diff):
             return tuple(outs), tuple(_zero_tangent(o) for o in outs)
+        diff_tangents = [t for t, d in zip(tangents, diff, strict=True) if d]
+        linear = lin.linear
+        kept = [v for v, d in zip(linear.outvars, out_diff, strict=True) if d]
 
-        def linear(*args: Any) -> list[Any]:
-            res, tans = args[:lin.num_residuals], args[lin.num_residuals:]
+        def evaluate_linear(*values: Any) -> list[Any]:
+            res, tans = values[:lin.num_residuals], values[lin.num_residuals:]
             return [t for t, d in zip(_compat.eval_linear(lin, res, tans), out_diff, strict=True)
                     if d]
 
-        linear_outs = iter(region_call(linear, stream, derived("linear"))(
-            *residuals, *diff_tangents))
+        linear_outs = iter(_lean_region(
+            [*linear.constvars, *linear.invars], kept, {}, evaluate_linear,
+            [*residuals, *diff_tangents], stream, derived("linear")))
         out_tangents = tuple(next(linear_outs) if d else _zero_tangent(o)
                              for o, d in zip(outs, out_diff, strict=True))
         return tuple(outs), out_tangents
 
     return region
+
+
+def _lean_region(invars: Sequence[Any], outvars: Sequence[Any], consts: dict[Any, Any],
+                 evaluate: Callable[..., Sequence[Any]], args: Sequence[Any], stream: int,
+                 group: GroupIds | None) -> list[Any]:
+    """``evaluate(*args)`` (a jaxpr's evaluation) as a ``region_call`` returning only new values.
+
+    ``invars``/``outvars`` are the jaxpr's, ``consts`` maps its constvars to values.
+    Outputs that are inputs, constants or literals are taken outside the region, and
+    each computed value is returned once. The forward half of a linearization
+    forwards primal inputs as residuals; returned from the call, they made XLA:GPU
+    find a cycle in a loop body (deviceless H200, jaxlib 0.10.2).
+    """
+    position = {v: i for i, v in enumerate(invars)}
+    first: dict[Any, int] = {}  # computed outvar -> its slot among the region's results
+    picks: list[int] = []  # output index of each slot
+    sources: list[tuple[bool, Any]] = []  # (computed?, slot or value) per output
+    for index, v in enumerate(outvars):
+        if _compat.is_literal(v):
+            sources.append((False, _compat.literal_value(v)))
+        elif v in position:
+            sources.append((False, args[position[v]]))
+        elif v in consts:
+            sources.append((False, consts[v]))
+        else:
+            if v not in first:
+                first[v] = len(picks)
+                picks.append(index)
+            sources.append((True, first[v]))
+    computed: list[Any] = []
+    if picks:
+        def body(*values: Any) -> list[Any]:
+            outs = evaluate(*values)
+            return [outs[i] for i in picks]
+
+        computed = list(region_call(body, stream, group)(*args))
+    return [computed[ref] if is_computed else ref for is_computed, ref in sources]
 
 
 def _zero_tangent(value: Any) -> Any:
@@ -161,6 +211,8 @@ class Emitter:
         self.plan = plan
         self.emit_streams = emit_streams
         self._region_io: dict[tuple[int, int, int], tuple[list[Any], list[Any]]] = {}
+        # Inside the copies of a scan unrolled by ``unrolled_scan`` (see ``_copy_runner``).
+        self._unrolling = 0
         self._readers: dict[int, dict[Any, list[int]]] = {}
 
     def run(self, consts: Sequence[Any], *args: Any, emit_streams: bool = True) -> list[Any]:
@@ -193,7 +245,7 @@ class Emitter:
                 elif index in nested and (unrolled := _unrolled_body(eqn, nested[index])):
                     _, body_consts = _compat.open_jaxpr(unrolled.jaxpr)
                     outs = unrolled_scan(_compat.scan_info(eqn),
-                                         self._sub_runner(unrolled, body_consts), invals)
+                                         self._copy_runner(unrolled, body_consts), invals)
                 else:
                     params = (self._nested_params(level, index, nested[index])
                               if index in nested else None)
@@ -216,7 +268,8 @@ class Emitter:
             if packed:
                 body = _packed(body)
             if s not in groups:
-                groups[s] = GroupIds() if section.group is not None else None
+                groups[s] = (GroupIds(derive=not self._unrolling)
+                             if section.group is not None else None)
             call = region_call(body, region.stream, groups[s])
             results = list(call(*env.read_all(in_vars)))
             if packed:
@@ -254,6 +307,25 @@ class Emitter:
             if new is not None:
                 replacements[slot] = new
         return _compat.eqn_replace_subjaxprs(eqn, replacements) if replacements else None
+
+    def _copy_runner(self, sub: LevelPlan, consts: list[Any]) -> Callable[..., list[Any]]:
+        """Evaluates one unrolled copy of a scan body.
+
+        The regions derived from a copy's regions by differentiation get no
+        scheduling group: in the backward pass of unrolled copies XLA fuses the
+        cotangent sums of neighbouring copies into multi-output fusions, which
+        connect one copy's backward regions to each other through main-stream work
+        (the gap error, seen deviceless for a fully unrolled two-chain body on
+        jaxlib 0.10.2). Ungrouped, they keep their streams and the latency-hiding
+        scheduler may still overlap them with other work.
+        """
+        def run(*args: Any) -> list[Any]:
+            self._unrolling += 1
+            try:
+                return self._evaluate(sub, consts, args)
+            finally:
+                self._unrolling -= 1
+        return run
 
     def _sub_runner(self, sub: LevelPlan, consts: list[Any]) -> Callable[..., list[Any]]:
         def run(*args: Any) -> list[Any]:
