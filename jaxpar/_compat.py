@@ -325,10 +325,10 @@ def linearize_split(fn: Callable[..., Sequence[Any]], avals: Sequence[Any],
 
         diff_primals = [p for p, d in zip(primals, diff, strict=True) if d]
         outs, f_lin = jax.linearize(of_diff, *diff_primals)
-        tangent_avals = [jax.ShapeDtypeStruct(jax.typeof(p).shape, jax.typeof(p).dtype,
-                                              weak_type=jax.typeof(p).weak_type)
-                         for p in diff_primals]
-        inner, residuals = open_jaxpr(jax.make_jaxpr(f_lin)(*tangent_avals))
+        # The aval's own tangent type keeps weak types and, inside shard_map, the
+        # varying manual axes (a ShapeDtypeStruct would drop them).
+        tangent_avals = [jax.typeof(p).to_tangent_aval() for p in diff_primals]
+        inner, residuals = open_jaxpr(make_closed_jaxpr(f_lin, tangent_avals))
         cell["linear"], cell["counts"] = inner, (len(outs), len(residuals))
         return (*outs, *residuals)
 

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from . import _compat
 from ._interp import Env
@@ -119,11 +120,10 @@ def region_call(body: Callable[..., Sequence[Any]], stream: int,
     def region(*args: Any) -> tuple[Any, ...]:
         return call(*args)
 
-    @region.defjvp
     def region_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]
                    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         avals = [jax.typeof(p) for p in primals]
-        diff = [_inexact(a) for a in avals]
+        diff = [_inexact(a) and not _is_zero(t) for a, t in zip(avals, tangents, strict=True)]
         if not any(diff):
             plain = region(*primals)
             return plain, tuple(_zero_tangent(o) for o in plain)
@@ -157,6 +157,9 @@ def region_call(body: Callable[..., Sequence[Any]], stream: int,
                              for o, d in zip(outs, out_diff, strict=True))
         return tuple(outs), out_tangents
 
+    # Symbolic zeros: inputs without a tangent are not differentiated, and zero
+    # tangents keep their exact type (inside shard_map, the varying mesh axes).
+    region.defjvp(region_jvp, symbolic_zeros=True)
     return region
 
 
@@ -197,11 +200,12 @@ def _lean_region(invars: Sequence[Any], outvars: Sequence[Any], consts: dict[Any
     return [computed[ref] if is_computed else ref for is_computed, ref in sources]
 
 
+def _is_zero(tangent: Any) -> bool:
+    return isinstance(tangent, SymbolicZero)
+
+
 def _zero_tangent(value: Any) -> Any:
-    aval = jax.typeof(value)
-    if _inexact(aval):
-        return jnp.zeros(aval.shape, aval.dtype)
-    return np.zeros(aval.shape, dtype=jax.dtypes.float0)
+    return SymbolicZero(jax.typeof(value).to_tangent_aval())
 
 
 class Emitter:
