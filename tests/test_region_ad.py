@@ -15,7 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import GROUP_ATTRIBUTE, STREAM_ATTRIBUTE, assert_tree_close, lower_for_gpu, stream_calls
+from helpers import (
+    GROUP_ATTRIBUTE,
+    STREAM_ATTRIBUTE,
+    assert_tree_close,
+    lower_for_gpu,
+    stream_calls,
+)
 from jax import lax
 
 import jaxpar
