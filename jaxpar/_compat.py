@@ -21,6 +21,7 @@ Sharp edges:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -366,6 +367,55 @@ def is_drop_var(var: Any) -> bool:
 def stream_call(fn: Callable[..., Any], attributes: dict[str, str]) -> Callable[..., Any]:
     """Wraps ``fn`` so it lowers to one non-inlined call with ``attributes``."""
     return _xla_metadata_call(fn, **attributes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Linearized:
+    """``fn`` at some avals split into a forward and a linear jaxpr (``linearize_split``).
+
+    ``forward`` (closed) takes the primals and returns ``num_outputs`` outputs, then
+    ``num_residuals`` residuals. ``linear`` (open; its constvars are the residuals)
+    takes the tangents of the inexact primals and returns the tangents of all outputs.
+    """
+
+    forward: Any
+    linear: Any
+    num_outputs: int
+    num_residuals: int
+
+
+def linearize_split(fn: Callable[..., Sequence[Any]], avals: Sequence[Any],
+                    diff: Sequence[bool]) -> Linearized:
+    """Traces the linearization of ``fn`` (a tuple of outputs) at ``avals``.
+
+    Only the primals with ``diff`` set are differentiated; the others are closed over.
+    Public API only (``jax.linearize`` and ``jax.make_jaxpr``), so the split is the
+    one JAX itself computes for ``jax.linearize`` on every version.
+    """
+    cell: dict[str, Any] = {}
+
+    def forward(*primals: Any) -> tuple[Any, ...]:
+        def of_diff(*diff_primals: Any) -> tuple[Any, ...]:
+            it = iter(diff_primals)
+            return tuple(fn(*[next(it) if d else p for p, d in zip(primals, diff, strict=True)]))
+
+        diff_primals = [p for p, d in zip(primals, diff, strict=True) if d]
+        outs, f_lin = jax.linearize(of_diff, *diff_primals)
+        # The aval's own tangent type keeps weak types and, inside shard_map, the
+        # varying manual axes (a ShapeDtypeStruct would drop them).
+        tangent_avals = [jax.typeof(p).to_tangent_aval() for p in diff_primals]
+        inner, residuals = open_jaxpr(make_closed_jaxpr(f_lin, tangent_avals))
+        cell["linear"], cell["counts"] = inner, (len(outs), len(residuals))
+        return (*outs, *residuals)
+
+    closed = jax.make_jaxpr(forward)(*avals)
+    num_outputs, num_residuals = cell["counts"]
+    return Linearized(closed, cell["linear"], num_outputs, num_residuals)
+
+
+def eval_linear(lin: Linearized, residuals: Sequence[Any], tangents: Sequence[Any]) -> list[Any]:
+    """Applies ``lin.linear`` to ``tangents`` with the given residuals."""
+    return list(jax.core.eval_jaxpr(lin.linear, list(residuals), *tangents))
 
 
 def aval_nbytes(aval: Any) -> int:

@@ -17,15 +17,28 @@ Example::
 Sharp edges:
   * Regions are never nested: nested jaxprs inside a region are bound as they
     were, and the planner never plans inside a region.
+  * Scheduling-group ids are drawn per emitted section, process-wide, never
+    taken from the plan: XLA rejects a group whose members are connected
+    through work outside it ("annotation groups with gaps"), which two
+    emissions of one plan in one program would otherwise be.
+  * Each region is a ``custom_jvp`` whose rule emits a forward region and a
+    linear region with scheduling groups of their own (see ``region_call``).
+  * A scan with ``unroll > 1`` whose body has regions is unrolled here, one
+    evaluation (and so one set of groups) per copy (see ``unrolled_scan``).
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from . import _compat
 from ._interp import Env
@@ -44,6 +57,157 @@ def stream_attributes(stream: int, group: int | None) -> dict[str, str]:
     return attrs
 
 
+_GROUP_IDS = itertools.count(1)
+_GROUP_LOCK = threading.Lock()
+
+
+class GroupIds:
+    """The scheduling group of one emitted section, and the groups derived from it.
+
+    Every emission draws a fresh id, so two emissions of one plan in one program
+    (a function called twice, each copy of an unrolled body) never share a group.
+    Differentiating a section's regions derives one new group per role
+    (``"forward"``, ``"linear"``) shared by all the section's regions, so the
+    derived regions still overlap each other but never share a group with the
+    regions they were derived from (the backward pass runs after the loss, which
+    would connect the two through main-stream work).
+    """
+
+    def __init__(self, derive: bool = True) -> None:
+        with _GROUP_LOCK:
+            self.id = next(_GROUP_IDS)
+        self._derive = derive
+        self._derived: dict[str, GroupIds] = {}
+
+    def derived(self, role: str) -> GroupIds | None:
+        """The group of the regions derived in ``role``; None: they get no group."""
+        if not self._derive:
+            return None
+        with _GROUP_LOCK:
+            hit = self._derived.get(role)
+        if hit is None:
+            fresh = GroupIds()
+            with _GROUP_LOCK:
+                hit = self._derived.setdefault(role, fresh)
+        return hit
+
+
+def _inexact(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def region_call(body: Callable[..., Sequence[Any]], stream: int,
+                group: GroupIds | None) -> Callable[..., tuple[Any, ...]]:
+    """``body`` as one stream call, differentiable through regions of its own.
+
+    JAX differentiates an ``xla_metadata_call`` by differentiating its body
+    whole: the JVP of a region holding a loop is one loop carrying primal and
+    tangent values together. Transposing that inside ``jax.checkpoint`` (which
+    partially evaluates the JVP without splitting the call) fails with an
+    ``AssertionError`` in JAX's transpose rule, and outside it the transposed
+    regions inherit the forward regions' scheduling group, which XLA:GPU rejects
+    ("annotation groups with gaps"). So the region is a ``custom_jvp`` whose
+    rule is what ``jax.linearize`` computes, as two regions: a forward region
+    returning the outputs and the residuals, and a linear region mapping input
+    tangents to output tangents. Each is again a ``region_call`` (higher
+    derivatives work the same way), on the same stream, in a derived group.
+    """
+    attributes = stream_attributes(stream, group.id if group is not None else None)
+    call = _compat.stream_call(lambda *args: tuple(body(*args)), attributes)
+
+    @jax.custom_jvp
+    def region(*args: Any) -> tuple[Any, ...]:
+        return call(*args)
+
+    def region_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]
+                   ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        avals = [jax.typeof(p) for p in primals]
+        diff = [_inexact(a) and not _is_zero(t) for a, t in zip(avals, tangents, strict=True)]
+        if not any(diff):
+            plain = region(*primals)
+            return plain, tuple(_zero_tangent(o) for o in plain)
+        lin = _compat.linearize_split(body, avals, diff)
+        def derived(role: str) -> GroupIds | None:
+            return group.derived(role) if group is not None else None
+
+        forward_jaxpr, forward_consts = _compat.open_jaxpr(lin.forward)
+        forward = _lean_region(
+            forward_jaxpr.invars, forward_jaxpr.outvars,
+            dict(zip(forward_jaxpr.constvars, forward_consts, strict=True)),
+            lambda *p: _compat.jaxpr_eval(lin.forward, *p), primals, stream,
+            derived("forward"))
+        outs, residuals = forward[:lin.num_outputs], forward[lin.num_outputs:]
+        out_diff = [_inexact(jax.typeof(o)) for o in outs]
+        if not any(out_diff):
+            return tuple(outs), tuple(_zero_tangent(o) for o in outs)
+        diff_tangents = [t for t, d in zip(tangents, diff, strict=True) if d]
+        linear = lin.linear
+        kept = [v for v, d in zip(linear.outvars, out_diff, strict=True) if d]
+
+        def evaluate_linear(*values: Any) -> list[Any]:
+            res, tans = values[:lin.num_residuals], values[lin.num_residuals:]
+            return [t for t, d in zip(_compat.eval_linear(lin, res, tans), out_diff, strict=True)
+                    if d]
+
+        linear_outs = iter(_lean_region(
+            [*linear.constvars, *linear.invars], kept, {}, evaluate_linear,
+            [*residuals, *diff_tangents], stream, derived("linear")))
+        out_tangents = tuple(next(linear_outs) if d else _zero_tangent(o)
+                             for o, d in zip(outs, out_diff, strict=True))
+        return tuple(outs), out_tangents
+
+    # Symbolic zeros: inputs without a tangent are not differentiated, and zero
+    # tangents keep their exact type (inside shard_map, the varying mesh axes).
+    region.defjvp(region_jvp, symbolic_zeros=True)
+    return region
+
+
+def _lean_region(invars: Sequence[Any], outvars: Sequence[Any], consts: dict[Any, Any],
+                 evaluate: Callable[..., Sequence[Any]], args: Sequence[Any], stream: int,
+                 group: GroupIds | None) -> list[Any]:
+    """``evaluate(*args)`` (a jaxpr's evaluation) as a ``region_call`` returning only new values.
+
+    ``invars``/``outvars`` are the jaxpr's, ``consts`` maps its constvars to values.
+    Outputs that are inputs, constants or literals are taken outside the region, and
+    each computed value is returned once. The forward half of a linearization
+    forwards primal inputs as residuals; returned from the call, they made XLA:GPU
+    find a cycle in a loop body (deviceless H200, jaxlib 0.10.2).
+    """
+    position = {v: i for i, v in enumerate(invars)}
+    first: dict[Any, int] = {}  # computed outvar -> its slot among the region's results
+    picks: list[int] = []  # output index of each slot
+    sources: list[tuple[bool, Any]] = []  # (computed?, slot or value) per output
+    for index, v in enumerate(outvars):
+        if _compat.is_literal(v):
+            sources.append((False, _compat.literal_value(v)))
+        elif v in position:
+            sources.append((False, args[position[v]]))
+        elif v in consts:
+            sources.append((False, consts[v]))
+        else:
+            if v not in first:
+                first[v] = len(picks)
+                picks.append(index)
+            sources.append((True, first[v]))
+    computed: list[Any] = []
+    if picks:
+        def body(*values: Any) -> list[Any]:
+            outs = evaluate(*values)
+            return [outs[i] for i in picks]
+
+        computed = list(region_call(body, stream, group)(*args))
+    return [computed[ref] if is_computed else ref for is_computed, ref in sources]
+
+
+def _is_zero(tangent: Any) -> bool:
+    return isinstance(tangent, SymbolicZero)
+
+
+def _zero_tangent(value: Any) -> Any:
+    return SymbolicZero(jax.typeof(value).to_tangent_aval())
+
+
 class Emitter:
     """Evaluates a ``LevelPlan`` tree; caches per-level derived data."""
 
@@ -51,7 +215,8 @@ class Emitter:
         self.plan = plan
         self.emit_streams = emit_streams
         self._region_io: dict[tuple[int, int, int], tuple[list[Any], list[Any]]] = {}
-        self._params: dict[tuple[int, int], dict[str, Any] | None] = {}
+        # Inside the copies of a scan unrolled by ``unrolled_scan`` (see ``_copy_runner``).
+        self._unrolling = 0
         self._readers: dict[int, dict[Any, list[int]]] = {}
 
     def run(self, consts: Sequence[Any], *args: Any, emit_streams: bool = True) -> list[Any]:
@@ -68,6 +233,7 @@ class Emitter:
         nested = {index: subs for index, subs in level.nested
                   if any(sub.changes_anything for _, sub in subs)}
         eqns = inner.eqns
+        groups: dict[int, GroupIds | None] = {}  # fresh per evaluation (see GroupIds)
         for unit in level.order:
             if unit[0] == "eqn":
                 index = unit[1]
@@ -80,6 +246,10 @@ class Emitter:
                     _, body_consts = _compat.open_jaxpr(body_plan.jaxpr)
                     outs = _compat.rebind_shard_map(
                         eqn, self._sub_runner(body_plan, body_consts), invals)
+                elif index in nested and (unrolled := _unrolled_body(eqn, nested[index])):
+                    _, body_consts = _compat.open_jaxpr(unrolled.jaxpr)
+                    outs = unrolled_scan(_compat.scan_info(eqn),
+                                         self._copy_runner(unrolled, body_consts), invals)
                 else:
                     params = (self._nested_params(level, index, nested[index])
                               if index in nested else None)
@@ -101,8 +271,13 @@ class Emitter:
             packed = _compat.PACK_MULTI_RESULT_CALLS and _packable([v.aval for v in out_vars])
             if packed:
                 body = _packed(body)
-            call = _compat.stream_call(body, stream_attributes(region.stream, section.group))
-            results = call(*env.read_all(in_vars))
+            if s not in groups:
+                groups[s] = (GroupIds(derive=not self._unrolling)
+                             if section.group is not None else None)
+            call = region_call(body, region.stream, groups[s])
+            results = list(call(*env.read_all(in_vars)))
+            if packed:
+                (results,) = results
             if packed:
                 results = _unpack(results, [v.aval for v in out_vars])
             write(out_vars, results)
@@ -122,26 +297,106 @@ class Emitter:
     def _nested_params(self, level: LevelPlan, index: int,
                        subs: tuple[tuple[tuple[str, int | None], LevelPlan], ...]
                        ) -> dict[str, Any] | None:
-        key = (id(level), index)
-        if key not in self._params:
-            inner, _ = _compat.open_jaxpr(level.jaxpr)
-            eqn = inner.eqns[index]
-            replacements = {}
-            for slot, sub in subs:
-                if not sub.changes_anything:
-                    continue
-                _, sub_consts = _compat.open_jaxpr(sub.jaxpr)
-                new = _compat.retrace_like(self._sub_runner(sub, sub_consts), sub.jaxpr)
-                if new is not None:
-                    replacements[slot] = new
-            self._params[key] = (_compat.eqn_replace_subjaxprs(eqn, replacements)
-                                 if replacements else None)
-        return self._params[key]
+        # Re-traced on every evaluation, never cached: each trace draws fresh
+        # scheduling groups (a nested jaxpr XLA inlines, such as a ``jit``, would
+        # otherwise repeat its groups in every copy of the program that calls it).
+        inner, _ = _compat.open_jaxpr(level.jaxpr)
+        eqn = inner.eqns[index]
+        replacements = {}
+        for slot, sub in subs:
+            if not sub.changes_anything:
+                continue
+            _, sub_consts = _compat.open_jaxpr(sub.jaxpr)
+            new = _compat.retrace_like(self._sub_runner(sub, sub_consts), sub.jaxpr)
+            if new is not None:
+                replacements[slot] = new
+        return _compat.eqn_replace_subjaxprs(eqn, replacements) if replacements else None
+
+    def _copy_runner(self, sub: LevelPlan, consts: list[Any]) -> Callable[..., list[Any]]:
+        """Evaluates one unrolled copy of a scan body.
+
+        The regions derived from a copy's regions by differentiation get no
+        scheduling group: in the backward pass of unrolled copies XLA fuses the
+        cotangent sums of neighbouring copies into multi-output fusions, which
+        connect one copy's backward regions to each other through main-stream work
+        (the gap error, seen deviceless for a fully unrolled two-chain body on
+        jaxlib 0.10.2). Ungrouped, they keep their streams and the latency-hiding
+        scheduler may still overlap them with other work.
+        """
+        def run(*args: Any) -> list[Any]:
+            self._unrolling += 1
+            try:
+                return self._evaluate(sub, consts, args)
+            finally:
+                self._unrolling -= 1
+        return run
 
     def _sub_runner(self, sub: LevelPlan, consts: list[Any]) -> Callable[..., list[Any]]:
         def run(*args: Any) -> list[Any]:
             return self._evaluate(sub, consts, args)
         return run
+
+
+def _unrolled_body(eqn: Any, subs: tuple[tuple[tuple[str, int | None], LevelPlan], ...]
+                   ) -> LevelPlan | None:
+    """The body plan of a scan that XLA would see unrolled with regions inside, else None.
+
+    ``lax.scan(unroll=k)`` lowers its body ``k`` times from one jaxpr, so every copy
+    would carry the same scheduling groups, and the carry between copies connects
+    them through main-stream work: XLA:GPU rejects that ("annotation groups with
+    gaps"). Such a scan is unrolled by ``unrolled_scan`` instead.
+    """
+    if eqn.primitive.name != "scan" or len(subs) != 1:
+        return None
+    (_, body), = subs
+    info = _compat.scan_info(eqn)
+    if min(info.unroll, info.length) < 2 or not any(lv.sections for lv in body.walk()):
+        return None
+    return body
+
+
+def unrolled_scan(info: _compat.ScanInfo, body: Callable[..., Sequence[Any]],
+                  operands: Sequence[Any]) -> list[Any]:
+    """``scan`` with ``info``'s parameters, unrolled by calling ``body`` once per copy.
+
+    Computes what the scan computes (same trips, same order, ``reverse`` included);
+    the loop left over runs ``length // unroll`` trips of ``unroll`` copies, and the
+    ``length % unroll`` remaining steps run after it (before it, reversed) without a
+    loop, as ``lax.scan`` itself does. ``body`` takes consts, carry and one step's
+    xs, and returns carry then one step's ys.
+    """
+    nc, nk = info.num_consts, info.num_carry
+    consts, carry, xs = list(operands[:nc]), list(operands[nc:nc + nk]), list(operands[nc + nk:])
+    length, k = info.length, min(info.unroll, info.length)
+    trips, rem = divmod(length, k)
+
+    def block(carry: list[Any], xs_block: Sequence[Any], count: int
+              ) -> tuple[list[Any], list[Any]]:
+        steps: list[Sequence[Any]] = [()] * count
+        for j in (range(count - 1, -1, -1) if info.reverse else range(count)):
+            outs = list(body(*consts, *carry, *[x[j] for x in xs_block]))
+            carry, steps[j] = outs[:nk], outs[nk:]
+        return carry, [jnp.stack(column) for column in zip(*steps, strict=True)]
+
+    main = (rem, length) if info.reverse else (0, trips * k)
+    tail = (0, rem) if info.reverse else (trips * k, length)
+    main_xs = [x[main[0]:main[1]] for x in xs]
+    if trips >= 2:
+        def step(c: list[Any], xb: list[Any]) -> tuple[list[Any], list[Any]]:
+            return block(c, xb, k)
+
+        carry, ys_main = lax.scan(step, carry, [x.reshape(trips, k, *x.shape[1:])
+                                                for x in main_xs],
+                                  length=trips, reverse=info.reverse)
+        ys_main = [y.reshape(trips * k, *y.shape[2:]) for y in ys_main]
+    else:
+        carry, ys_main = block(carry, main_xs, trips * k)
+    if not rem:
+        return [*carry, *ys_main]
+    carry, ys_tail = block(carry, [x[tail[0]:tail[1]] for x in xs], rem)
+    pieces = zip(ys_tail, ys_main, strict=True) if info.reverse else zip(
+        ys_main, ys_tail, strict=True)
+    return [*carry, *(jnp.concatenate(pair) for pair in pieces)]
 
 
 _OUTPUT = -1  # stands for "read by the jaxpr's outputs" in ``_readers``
@@ -201,9 +456,9 @@ def _packable(avals: Sequence[Any]) -> bool:
     return bool(np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_))
 
 
-def _packed(body: Callable[..., tuple[Any, ...]]) -> Callable[..., Any]:
-    def packed_body(*values: Any) -> Any:
-        return jnp.concatenate([jnp.ravel(r) for r in body(*values)])
+def _packed(body: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any]]:
+    def packed_body(*values: Any) -> tuple[Any]:
+        return (jnp.concatenate([jnp.ravel(r) for r in body(*values)]),)
     return packed_body
 
 
