@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -83,6 +84,13 @@ class _CallKey:
     rewrite: bool  # False when JAXPAR_DISABLE is set: run the original function
     async_limit: int  # from XLA_FLAGS, which jax.jit's own cache does not see
     command_buffers: str  # likewise (``_price.command_buffer_mode``)
+    # Inside a program being staged out, each call site gets its own trace: the emitted
+    # scheduling group ids must differ between two calls XLA inlines into one
+    # computation (equal ids linked through other work abort the GPU compile).
+    call_site: int
+
+
+_call_sites = itertools.count(1)
 
 
 class _PlanCache:
@@ -178,7 +186,8 @@ class ParallelBranches:
             return self.__wrapped__(*args, **kwargs)
         layout, leaves = split_arguments(self.__wrapped__, args, kwargs, self._static_args)
         key = _CallKey(layout, not inside_stream_call(), not disabled_by_environment(),
-                       async_compute_limit(), command_buffer_mode())
+                       async_compute_limit(), command_buffer_mode(),
+                       next(_call_sites) if _compat.staging() else 0)
         self._saw_traced_consts.value = False
         out = self._jitted(key, *leaves)
         if self._saw_traced_consts.value:

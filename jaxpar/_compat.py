@@ -729,3 +729,18 @@ def backends_initialized() -> bool:
         return True
     backends = getattr(xla_bridge, "_backends", None)
     return True if backends is None else bool(backends)
+
+
+def staging() -> bool:
+    """Whether the current trace stages out a program (an outer ``jit``, ``make_jaxpr``,
+    ``shard_map``...), under any ``grad``/``vmap`` layers, rather than running eagerly."""
+    from jax._src.interpreters import partial_eval as _pe
+
+    trace = _core.trace_ctx.trace
+    for _ in range(64):  # trace stacks are a few levels deep
+        if trace is None:
+            return False
+        if isinstance(trace, _pe.DynamicJaxprTrace):
+            return True
+        trace = getattr(trace, "parent_trace", None)
+    return False

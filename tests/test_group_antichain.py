@@ -18,7 +18,7 @@ from jaxpar import _compat
 from jaxpar._api import _analyse
 from jaxpar._options import Options
 from jaxpar._plan import RegionPlan, SectionPlan, order_units
-from jaxpar._trace import signature
+from jaxpar._trace import Signature, StaticArgs, abstract, split_arguments
 
 
 def _reach(graph, start):
@@ -62,8 +62,11 @@ def chained_body(w1, w2, w3, a, b, xs):
 
 
 def plan_of(fn, *args, **options):
-    sig, _ = signature(fn, args, {}, allow_abstract=True)
-    options = Options.create(target="gpu", min_cost_us=0.0, **options)
+    layout, leaves = split_arguments(fn, args, {}, StaticArgs.resolve(fn, None, None),
+                                     allow_abstract=True, api="inspect")
+    sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
+    # The planner's sections are what is checked: forced past the GPU pricing.
+    options = Options.create(target="gpu", min_cost_us=0.0, force_streams=True, **options)
     _, plan, _ = _analyse(fn, sig, options, "gpu")
     return plan
 
@@ -80,7 +83,8 @@ def test_scan_body_sections_are_antichains(unroll, fuse_scans):
 def test_order_units_refuses_regions_linked_through_main_stream_work():
     m = jax.ShapeDtypeStruct((32, 32), jnp.float32)
     xs = jax.ShapeDtypeStruct((6, 32, 32), jnp.float32)
-    plan = plan_of(chained_body, m, m, m, m, m, xs, unroll=None, fuse_scans=False)
+    plan = plan_of(chained_body, m, m, m, m, m, xs, unroll=None, fuse_scans=False,
+                   batch_matmuls=False)
     body = next(level for level in plan.walk() if level.sections)
     inner, _ = _compat.open_jaxpr(body.jaxpr)
     names = [eqn.primitive.name for eqn in inner.eqns]

@@ -26,8 +26,10 @@ from jax import lax
 
 import jaxpar
 
+# Regions holding loops are what is differentiated here: forced past the GPU pricing, which
+# keeps small loops out of regions under XLA's default CUDA-graph mode (tests/test_price.py).
 OPTIONS = {"target": "gpu", "fuse_scans": False, "batch_scans": False,
-           "batch_branches": False, "unroll": None, "min_cost_us": 0.0}
+           "batch_branches": False, "unroll": None, "min_cost_us": 0.0, "force_streams": True}
 RTOL, ATOL = 2e-5, 2e-5
 
 
@@ -92,7 +94,7 @@ def test_checkpoint_around_the_rewritten_function():
 def test_issue_repro_lowers_with_streams():
     """The exact program of the issue (512x512, lowered with ShapeDtypeStructs)."""
     g = jaxpar.parallel_branches(jax.checkpoint(two_scans), target="gpu", fuse_scans=False,
-                                 batch_scans=False)
+                                 batch_scans=False, force_streams=True)
     a = jax.ShapeDtypeStruct((512, 512), jnp.float32)
     xs = jax.ShapeDtypeStruct((8, 512, 512), jnp.float32)
     text = lower_for_gpu(jax.grad(lambda *z: sum(jnp.sum(o) for o in g(*z))), a, a, xs)
