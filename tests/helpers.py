@@ -35,6 +35,7 @@ __all__ = [
     "assert_same_values",
     "assert_tree_close",
     "assert_tree_equal",
+    "canonical_jaxpr_text",
     "chain",
     "four_branches",
     "four_branches_args",
@@ -244,3 +245,25 @@ def pure_chain(x: jax.Array) -> jax.Array:
 
 def pure_chain_args(seed: int = 7) -> tuple[jax.Array]:
     return (0.05 * jax.random.normal(jax.random.key(seed), (_CHAIN_SIZE, _CHAIN_SIZE)),)
+
+
+def canonical_jaxpr_text(closed: Any) -> str:
+    """``closed``'s text inside its outermost calls, scheduling group ids renumbered.
+
+    A decorated function is one ``jax.jit`` call (``jit`` of ``jit`` nests, too), and group
+    ids are drawn afresh per emission: two rewrites of the same program are compared by
+    what they compute and how their regions are grouped, not by the ids' values.
+    """
+    from jaxpar import _compat
+
+    inner, _ = _compat.open_jaxpr(closed)
+    while (len(inner.eqns) == 1 and inner.eqns[0].primitive.name in ("jit", "pjit")
+           and list(inner.eqns[0].outvars) == list(inner.outvars)):
+        closed = inner.eqns[0].params["jaxpr"]
+        inner, _ = _compat.open_jaxpr(closed)
+    numbers: dict[str, str] = {}
+
+    def renumber(match: re.Match[str]) -> str:
+        return match.group(1) + numbers.setdefault(match.group(2), str(len(numbers) + 1))
+
+    return re.sub(r"(_scheduling_group_id\W{1,4})(\d+)", renumber, str(closed))
