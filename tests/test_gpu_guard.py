@@ -56,6 +56,7 @@ GUARDED = [
     "gptj_parallel_block_grad",
     "attention",
     "slogdet_inv",
+    "siamese_grad",
 ]
 
 

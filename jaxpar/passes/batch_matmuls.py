@@ -317,10 +317,15 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
     fuses sibling concatenations and their elementwise producers). That kernel is new
     only when no stacked value comes from elementwise work: such work launched a kernel
     of its own before (a matmul does not fuse it), and the stacking kernel takes its
-    place. Groups are dropped, least worth first, until each one pays for itself.
+    place. Groups are dropped, least worth first, until each one wins at least half a
+    launch more than it costs.
     """
     profile = costs.profile
     launch = profile.min_kernel_seconds
+    # Where the model cannot tell, leave the program alone: a group must win at least half
+    # a launch more than it costs (a siamese network's backward pass, priced +0.69 us,
+    # launched one kernel more once compiled).
+    margin = launch / 2
     producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
     cost_of = costs.eqn_cost
 
@@ -362,9 +367,9 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
             if chained.get(outputs[g]):
                 saved += launch  # its readers would otherwise stack its results
             priced[g] = _Price(saved, cost)
-        if all(priced[g].worth > 0 for g in accepted):
+        if all(priced[g].worth > margin for g in accepted):
             break
-        accepted = [g for g in accepted if priced[g].worth > 0]
+        accepted = [g for g in accepted if priced[g].worth > margin]
     else:  # pragma: no cover - each round removes a group or stops
         raise RuntimeError("jaxpar batch_matmuls: choosing groups did not settle; please "
                            "report it with the program")
@@ -516,8 +521,11 @@ def _batched(path: str, eqns: Sequence[Any], group: _Group, launches: int,
 
 def _left_alone(path: str, eqns: Sequence[Any], group: _Group, launches: int, price: _Price
                 ) -> LoopDecision:
-    reason = (f"{_describe(eqns, group)}, but stacking their operands costs more than the "
-              f"{launches - 1} kernel launches batching would save; {_price_text(price)}")
+    why = ("stacking their operands costs more than the" if price.worth <= 0 else
+           "the cost model cannot tell it pays: batching wins less than half a launch more "
+           "than stacking their operands costs, against the")
+    reason = (f"{_describe(eqns, group)}, but {why} {launches - 1} kernel launches batching "
+              f"would save; {_price_text(price)}")
     return decision(path, KIND_MATMULS_LEFT_ALONE, eqns, list(group.members),
                     trips_before=None, trips_after=None, unroll=None, reason=reason,
                     members=[(i,) for i in group.members], stage=group.stage,
