@@ -5,7 +5,7 @@ Choose a hypothesis profile with the environment variable `JAXPAR_HYPOTHESIS_PRO
     JAXPAR_HYPOTHESIS_PROFILE=dev pytest tests/test_properties.py
 
 - `ci` (default): derandomized, so every run tests the same programs and a failure
-  reproduces; 40 examples per property (about 320 in all).
+  reproduces; 20 examples per property (the feature families a fraction of that).
 - `dev`: 20 random examples per property, for quick runs while editing.
 - `thorough`: 1000 random examples per property, to hunt for bugs.
 
@@ -26,7 +26,7 @@ _SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile(
     "ci",
     derandomize=True,
-    max_examples=40,
+    max_examples=20,
     deadline=None,
     database=None,
     print_blob=True,

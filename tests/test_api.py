@@ -162,7 +162,7 @@ class TwoLayers:
     w1: jax.Array
     w2: jax.Array
 
-    @jaxpar.parallel_branches(target="gpu", min_cost_us=0.0)
+    @jaxpar.parallel_branches(target="gpu", min_cost_us=0.0, force_streams=True)
     def apply(self, x):
         """Applies both layers side by side."""
         return jnp.tanh(x @ self.w1) + jnp.sin(x @ self.w2)

@@ -70,7 +70,8 @@ def test_shape_specs():
 def test_args_from_a_factory_of_pytrees():
     # inception takes (x, params): a dict of weights, which --args cannot describe.
     result = run("inspect", "examples.inception_block:inception",
-                 "--args-from", "examples.inception_block:make_args", "--json")
+                 "--args-from", "examples.inception_block:make_args", "--json",
+                 "--force-streams", "true")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["function"] == "inception" and plan["num_streams"] == 2

@@ -215,7 +215,7 @@ def test_xla_flags_follow_the_plan(monkeypatch):
     args = [jnp.ones((512, 512)) * 0.01] * 5
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_experimental_parallel_async_compute_limit=4")
     plan = jaxpar.inspect(four, target="gpu", batch_branches=False,
-                          batch_matmuls=False)(*args)
+                          batch_matmuls=False, force_streams=True)(*args)
     assert max(len(s.regions) for s in plan.sections) == 4
     flags = jaxpar.xla_flags(plan)
     # No collectives: no DotMerger flag; four streams: a limit of four.

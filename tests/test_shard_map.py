@@ -80,7 +80,7 @@ def _shard_map(body, mesh):
 @_needs_devices
 def test_decorated_function_inside_shard_map_body():
     mesh = _mesh()
-    g = jaxpar.parallel_branches(branches, target="gpu", min_cost_us=0.0)
+    g = jaxpar.parallel_branches(branches, target="gpu", min_cost_us=0.0, force_streams=True)
     x, w = _args()
     got = jax.jit(_shard_map(g, mesh))(x, w)
     want = jax.jit(_shard_map(branches, mesh))(x, w)
