@@ -36,6 +36,7 @@ __all__ = [
     "assert_tree_close",
     "assert_tree_equal",
     "canonical_jaxpr_text",
+    "fraction_of_examples",
     "chain",
     "four_branches",
     "four_branches_args",
@@ -267,3 +268,17 @@ def canonical_jaxpr_text(closed: Any) -> str:
         return match.group(1) + numbers.setdefault(match.group(2), str(len(numbers) + 1))
 
     return re.sub(r"(_scheduling_group_id\W{1,4})(\d+)", renumber, str(closed))
+
+
+def fraction_of_examples(fraction: float) -> Any:
+    """Hypothesis settings for a fraction of the profile's examples; in the `ci` profile
+    without shrinking, so that a failure is reported at once (run the `thorough` profile
+    to shrink it). For properties whose programs compile more than the others."""
+    import os
+
+    from hypothesis import Phase, settings
+
+    no_shrink = os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci") == "ci"
+    phases = tuple(p for p in Phase if p is not Phase.shrink) if no_shrink else tuple(Phase)
+    return settings(max_examples=max(4, int(settings().max_examples * fraction)),
+                    phases=phases)

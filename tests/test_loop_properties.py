@@ -8,14 +8,14 @@ The hypothesis profile comes from tests/conftest.py (``JAXPAR_HYPOTHESIS_PROFILE
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import Phase, given, settings
+from helpers import fraction_of_examples
+from hypothesis import given
 from hypothesis import strategies as st
 from programs import Program, loop_programs, scan_programs, stacked_batch
 
@@ -77,13 +77,7 @@ def test_same_gradients_and_vmap(program: Program) -> None:
 # (programs.loop_program_specs). Under both targets' loop settings; a quarter of the
 # profile's examples each, as these compile more.
 
-def _examples(fraction: float) -> Any:
-    """A fraction of the profile's examples; in the `ci` profile without shrinking, so that
-    a failure is reported at once (run the `thorough` profile to shrink it)."""
-    no_shrink = os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci") == "ci"
-    phases = tuple(p for p in Phase if p is not Phase.shrink) if no_shrink else tuple(Phase)
-    return settings(max_examples=max(4, int(settings().max_examples * fraction)),
-                    phases=phases)
+_examples = fraction_of_examples
 
 
 def _rewrite_for(program: Program, target: str) -> tuple[Any, Any]:

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import Phase, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -43,7 +43,7 @@ import jaxpar
 from jaxpar import _deviceless
 
 try:
-    from helpers import canonical_jaxpr_text
+    from helpers import canonical_jaxpr_text, fraction_of_examples
     from programs import (
         Program,
         feature_programs,
@@ -53,7 +53,7 @@ try:
         stacked_batch,
     )
 except ImportError:  # tests/ imported as a package
-    from tests.helpers import canonical_jaxpr_text
+    from tests.helpers import canonical_jaxpr_text, fraction_of_examples
     from tests.programs import (
         Program,
         feature_programs,
@@ -269,13 +269,7 @@ def check_stream_annotations(text: str, options: dict[str, Any]) -> None:
 # compile more than the others, so each property runs a quarter of the profile's examples.
 
 
-def _examples(fraction: float) -> Any:
-    """A fraction of the profile's examples; in the `ci` profile without shrinking, so that
-    a failure is reported at once (run the `thorough` profile to shrink it)."""
-    no_shrink = os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci") == "ci"
-    phases = tuple(p for p in Phase if p is not Phase.shrink) if no_shrink else tuple(Phase)
-    return settings(max_examples=max(4, int(settings().max_examples * fraction)),
-                    phases=phases)
+_examples = fraction_of_examples
 
 
 any_feature_program = st.one_of(feature_programs(), loop_programs())
