@@ -19,6 +19,9 @@ known to do with stream-annotated calls (``shared/XLA_FACTS.md`` section 6,
   a section is refused.
 * **Host syncs.** A ``cond`` or a ``while`` without a known trip count blocks the
   host thread, so the other region is launched only after it: refused.
+* **Serialised by the scheduler.** XLA overlaps regions only when one instruction
+  reads results of all of them; read apart, each start lands right before its done:
+  refused.
 * **CUDA graphs** (command buffers, on by default). In XLA's default ``LHS``
   scheduling mode a captured region is chained serially with everything else, so
   its stream overlap is lost; in ``CONCURRENT`` mode the graph already overlaps
@@ -304,6 +307,23 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
                                    f"equation {i} holds a `{name}` that blocks the host "
                                    "thread, so the other region would be launched only "
                                    "after it finishes")
+
+    # XLA's scheduler overlaps two regions only when one instruction consumes results of
+    # both (a concatenate, a fused add, the program's outputs); read apart, each region's
+    # start lands right before its done (docs/design.md, "When XLA overlaps stream
+    # regions", seen in deviceless H200 schedules).
+    readers = []
+    for members in regions:
+        inside = set(members)
+        found = {s for i in members for s in graph.succs[i] if s not in inside}
+        if any(i in graph.feeds_output for i in members):
+            found.add(-1)
+        readers.append(found)
+    if not set.intersection(*readers):
+        return Verdict(False, 0.0, 0.0, 0,
+                       "no one instruction reads the results of all its regions, so XLA "
+                       "schedules each region's start right before its done: they would "
+                       "not overlap")
 
     times = [sum(seconds(i) for i in members) for members in regions]
     busy = [sum(_work_seconds(eqns[i], costs) for i in members) for members in regions]

@@ -145,6 +145,27 @@ def test_overlap_hides_kernel_latency_not_work():
     assert not lhs.pays and lhs.gain_seconds == 0.0
 
 
+def test_regions_read_apart_are_refused():
+    # XLA overlaps two regions only when one instruction reads results of both; here each
+    # chain's result is read by a matmul of its own.
+    def read_apart(a, b, c1, c2):
+        x = jnp.tanh(a @ a)
+        y = jnp.sin(b @ b)
+        return x @ c1, y @ c2
+
+    closed = jax.make_jaxpr(read_apart)(*[S((512, 512), jnp.float32)] * 4)
+    inner, _ = _compat.open_jaxpr(closed)
+    assert [e.primitive.name for e in inner.eqns] == [
+        "dot_general", "tanh", "dot_general", "sin", "dot_general", "dot_general"]
+    costs = CostModel(DEVICE_PROFILES["gpu"])
+    graph = build_graph(inner)
+    apart = price_section(inner, graph, [[0, 1], [2, 3]], costs, mode=MODE_OFF)
+    assert not apart.pays and "no one instruction reads" in apart.reason
+    # With their readers inside, the regions' results meet at the program's outputs.
+    together = price_section(inner, graph, [[0, 1, 4], [2, 3, 5]], costs, mode=MODE_OFF)
+    assert "no one instruction reads" not in together.reason
+
+
 def with_conds(a, wa, b, wb):
     """Each branch holds a cond: a host sync that serialises the other stream's launch."""
     def branch(x, w):
