@@ -37,6 +37,7 @@ __all__ = [
     "assert_tree_equal",
     "canonical_jaxpr_text",
     "fraction_of_examples",
+    "load_benchmark",
     "chain",
     "four_branches",
     "four_branches_args",
@@ -282,3 +283,19 @@ def fraction_of_examples(fraction: float) -> Any:
     phases = tuple(p for p in Phase if p is not Phase.shrink) if no_shrink else tuple(Phase)
     return settings(max_examples=max(4, int(settings().max_examples * fraction)),
                     phases=phases)
+
+
+def load_benchmark(name: str) -> Any:
+    """The script ``benchmarks/<name>.py`` as a module (the scripts are standalone, not a
+    package); registered in ``sys.modules``, where dataclasses look their module up."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"jaxpar_benchmarks_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

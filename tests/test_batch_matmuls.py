@@ -9,16 +9,14 @@ no program here launching more than without the pass).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import load_benchmark
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -33,22 +31,11 @@ from jaxpar.passes import (
     loop_defaults,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 
-def _load_benchmark() -> Any:
-    spec = importlib.util.spec_from_file_location("jaxpar_benchmarks_hetero_batch",
-                                                  ROOT / "benchmarks" / "hetero_batch.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_benchmark()
+bench = load_benchmark("hetero_batch")
 
 
 def _passes(fn: Callable[..., Any], *args: Any, matmuls: bool = True) -> tuple[Any, Any]:

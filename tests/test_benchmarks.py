@@ -6,28 +6,13 @@ values, and that the JSON the script writes has the keys readers of it rely on.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import load_benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_run_module() -> Any:
-    spec = importlib.util.spec_from_file_location("jaxpar_benchmarks_run",
-                                                  ROOT / "benchmarks" / "run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_run_module()
+bench = load_benchmark("run")
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,12 @@ XLA overlaps stream regions"): if a jaxlib changes it, they say so.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import load_benchmark
 from jax import lax
 
 from jaxpar import _deviceless
@@ -29,20 +27,9 @@ from jaxpar._estimate import estimate_hlo
 PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
 pytestmark = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load_suite() -> Any:
-    spec = importlib.util.spec_from_file_location("jaxpar_gpu_suite",
-                                                  ROOT / "benchmarks" / "gpu_suite.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-suite = _load_suite()
+suite = load_benchmark("gpu_suite")
 
 # Programs of every kind the planner once made worse (before sections were priced:
 # jaxpar/_price.py), and kinds it makes better.
