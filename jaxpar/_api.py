@@ -35,11 +35,11 @@ from typing import Any, TypeVar, overload
 import jax
 
 from . import _compat
+from ._analysis import Analysis, jaxpr_has_placement
 from ._emit import Emitter, stream_attributes
 from ._inspect import Plan, build_report
-from ._options import Options, Switch, Target, Unroll, check_known
-from ._plan import LevelPlan, PlanContext, async_compute_limit, jaxpr_has_placement, plan_jaxpr
-from ._price import command_buffer_mode
+from ._options import Options, Settings, Switch, Target, Unroll, check_known
+from ._plan import LevelPlan, plan_jaxpr
 from ._trace import (
     Layout,
     Signature,
@@ -49,7 +49,7 @@ from ._trace import (
     split_arguments,
     trace,
 )
-from .passes import LoopDecision, apply_loop_passes
+from .passes import LoopDecision, run_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,8 +82,9 @@ class _CallKey:
     layout: Layout
     emit_streams: bool  # False inside a user's on_stream call (stream calls cannot nest)
     rewrite: bool  # False when JAXPAR_DISABLE is set: run the original function
-    async_limit: int  # from XLA_FLAGS, which jax.jit's own cache does not see
-    command_buffers: str  # likewise (``_price.command_buffer_mode``)
+    # The options resolved for the target and XLA_FLAGS (the async compute limit and
+    # the CUDA-graph mode), which jax.jit's own cache does not see.
+    settings: Settings
     # Inside a program being staged out, each call site gets its own trace: the emitted
     # scheduling group ids must differ between two calls XLA inlines into one
     # computation (equal ids linked through other work abort the GPU compile).
@@ -186,8 +187,7 @@ class ParallelBranches:
             return self.__wrapped__(*args, **kwargs)
         layout, leaves = split_arguments(self.__wrapped__, args, kwargs, self._static_args)
         key = _CallKey(layout, not inside_stream_call(), not disabled_by_environment(),
-                       async_compute_limit(), command_buffer_mode(),
-                       next(_call_sites) if _compat.staging() else 0)
+                       self.options.resolve(), next(_call_sites) if _compat.staging() else 0)
         self._saw_traced_consts.value = False
         out = self._jitted(key, *leaves)
         if self._saw_traced_consts.value:
@@ -199,22 +199,21 @@ class ParallelBranches:
         if not key.rewrite:
             args, kwargs = key.layout.rebuild(leaves)
             return self.__wrapped__(*args, **kwargs)
-        rewrite = self._rewrite(Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)))
+        rewrite = self._rewrite(Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
+                                key.settings)
         if rewrite.traced.consts_are_tracers:
             self._saw_traced_consts.value = True
         flat_out = _run(rewrite, leaves, key.emit_streams)
         return jax.tree_util.tree_unflatten(rewrite.traced.out_tree, flat_out)
 
-    def _rewrite(self, sig: Signature) -> _Rewrite:
-        target = self.options.resolved_target()
+    def _rewrite(self, sig: Signature, settings: Settings) -> _Rewrite:
         # JAX's trace context (x64, promotion rules, matmul precision, default device,
         # mesh...) changes what tracing produces, so it keys the plan as it keys jax.jit.
-        key = (sig, target, async_compute_limit(), command_buffer_mode(),
-               _compat.trace_context())
+        key = (sig, settings, _compat.trace_context())
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        rewrite = _build(self.__wrapped__, sig, self.options, target)
+        rewrite = _build(self.__wrapped__, sig, settings)
         self.analyses += 1
         if not rewrite.traced.consts_are_tracers:
             self._cache.put(key, rewrite)
@@ -249,14 +248,15 @@ class ParallelBranches:
         return f"parallel_branches({getattr(self.__wrapped__, '__name__', self.__wrapped__)!r})"
 
 
-def _analyse(fun: Callable[..., Any], sig: Signature, options: Options, target: str
+def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
              ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...]]:
-    """Trace, loop passes, stream plan: everything up to emission."""
+    """Trace, loop passes, stream plan: everything up to emission, with one ``Analysis``
+    (settings, cost model, memos) that dies when this returns."""
     traced = trace(fun, sig)
     with _collector_paused():
-        jaxpr, loops = apply_loop_passes(traced.jaxpr, **options.loop_settings(target),
-                                         target=target)
-        plan = plan_jaxpr(jaxpr, PlanContext(options, target))
+        analysis = Analysis(settings)
+        jaxpr, loops = run_passes(traced.jaxpr, analysis=analysis)
+        plan = plan_jaxpr(jaxpr, analysis)
     if jaxpr is not traced.jaxpr:
         traced = dataclasses.replace(traced, jaxpr=jaxpr)
     return traced, plan, loops
@@ -281,8 +281,9 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _build(fun: Callable[..., Any], sig: Signature, options: Options, target: str) -> _Rewrite:
-    traced, plan, loops = _analyse(fun, sig, options, target)
+def _build(fun: Callable[..., Any], sig: Signature, settings: Settings) -> _Rewrite:
+    traced, plan, loops = _analyse(fun, sig, settings)
+    target = settings.target
     return _Rewrite(traced, plan, loops, target, Emitter(plan, emit_streams=(target == "gpu")))
 
 
@@ -441,8 +442,9 @@ def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
         layout, leaves = split_arguments(inner, args, kwargs, statics, allow_abstract=True,
                                          api="inspect")
         sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
-        target = resolved.resolved_target()
-        _, plan, loops = _analyse(inner, sig, resolved, target)
+        settings = resolved.resolve()
+        target = settings.target
+        _, plan, loops = _analyse(inner, sig, settings)
         name = str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", inner))
         return build_report(plan, name, target, emitted=(target == "gpu"),
                             options=resolved.to_dict(), loops=loops)

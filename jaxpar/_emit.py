@@ -41,6 +41,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from . import _compat
+from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._interp import Env
 from ._plan import LevelPlan
 from .passes.collectives import emit_collective_group
@@ -235,8 +236,8 @@ class Emitter:
         eqns = inner.eqns
         groups: dict[int, GroupIds | None] = {}  # fresh per evaluation (see GroupIds)
         for unit in level.order:
-            if unit[0] == "eqn":
-                index = unit[1]
+            if isinstance(unit, EqnUnit):
+                index = unit.index
                 eqn = eqns[index]
                 invals = [read(v) for v in eqn.invars]
                 if index in nested and _compat.is_shard_map(eqn):
@@ -256,14 +257,15 @@ class Emitter:
                     outs = _compat.bind_eqn(eqn, invals, params)
                 write(eqn.outvars, outs)
                 continue
-            if unit[0] == "collectives":
-                members = [eqns[i] for i in level.collective_groups[unit[1]].eqns]
+            if isinstance(unit, CollectivesUnit):
+                members = [eqns[i] for i in level.collective_groups[unit.group].eqns]
                 results = emit_collective_group(
                     members, [[read(v) for v in eqn.invars] for eqn in members])
                 for eqn, outs in zip(members, results, strict=True):
                     write(eqn.outvars, outs)
                 continue
-            _, s, r = unit
+            assert isinstance(unit, RegionUnit)
+            s, r = unit.section, unit.region
             section = level.sections[s]
             region = section.regions[r]
             in_vars, out_vars = self._io(level, s, r)

@@ -9,6 +9,12 @@ Example::
     graph = build_graph(jaxpr)
     graph.preds[5]      # indices of the equations equation 5 reads from
 
+Emission *units* are typed: an equation (``EqnUnit``), a stream region
+(``RegionUnit``), a group of collectives launched together (``CollectivesUnit``) or a
+loop pass's rewrite (``RewriteUnit``). ``contract`` orders a level's units with some
+blocks of equations contracted to one unit each; the planner and the loop passes both
+emit in that order.
+
 Sharp edges:
   * The graph is per level: an equation holding nested jaxprs is one node.
     Callers recurse into nested jaxprs themselves.
@@ -16,9 +22,9 @@ Sharp edges:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import threading
+import heapq
+from collections.abc import Sequence
 from typing import Any
 
 from . import _compat
@@ -40,28 +46,13 @@ class Graph:
         return len(self.preds)
 
 
-_CACHE_SIZE = 64
-_cache: collections.OrderedDict[int, tuple[Any, Graph]] = collections.OrderedDict()
-_lock = threading.Lock()
-
-
 def build_graph(jaxpr: Any) -> Graph:
-    """The dependency graph of an open jaxpr's equations (memoised per jaxpr object).
+    """The dependency graph of an open jaxpr's equations.
 
-    Jaxprs are immutable, and the loop passes and the planner ask for the same
-    level's graph several times; the cache holds the jaxpr so its id stays unique.
+    Not memoised here: one analysis memoises it per level (``Analysis.graph``), and
+    nothing outlives the call.
     """
-    with _lock:
-        hit = _cache.get(id(jaxpr))
-        if hit is not None and hit[0] is jaxpr:
-            _cache.move_to_end(id(jaxpr))
-            return hit[1]
-    graph = _build_graph(jaxpr)
-    with _lock:
-        _cache[id(jaxpr)] = (jaxpr, graph)
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return graph
+    return _build_graph(jaxpr)
 
 
 def _build_graph(jaxpr: Any) -> Graph:
@@ -92,3 +83,113 @@ def _build_graph(jaxpr: Any) -> Graph:
             live.update(preds[index])
     return Graph(tuple(preds), tuple(tuple(s) for s in succ_lists), feeds_output,
                  frozenset(live))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EqnUnit:
+    """One equation of the level, emitted as it is."""
+
+    index: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegionUnit:
+    """Region ``region`` of section ``section`` of a level plan: one stream call."""
+
+    section: int
+    region: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectivesUnit:
+    """Collective group ``group`` of a level plan, launched together."""
+
+    group: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RewriteUnit:
+    """Rewrite ``rewrite`` of a loop pass: its equations replaced together."""
+
+    rewrite: int
+
+
+Unit = EqnUnit | RegionUnit | CollectivesUnit | RewriteUnit
+
+
+class ContractionCycle(RuntimeError):
+    """Contracting the blocks to one unit each makes the level's order cyclic."""
+
+
+class DependentUnits(RuntimeError):
+    """Two units that must be mutually independent depend on each other."""
+
+
+def contract(graph: Graph, blocks: Sequence[tuple[Unit, Sequence[int]]],
+             antichains: Sequence[Sequence[Unit]] = ()) -> tuple[Unit, ...]:
+    """Emission order of the level with each block contracted to one unit.
+
+    Kahn's algorithm, the unit holding the smallest original index first
+    (deterministic); equations outside every block are ``EqnUnit``s.
+
+    Args:
+      graph: the level's dependency graph.
+      blocks: ``(unit, equation indices)`` pairs; blocks are disjoint.
+      antichains: groups of block units that must not depend on each other, directly
+        or through other units (the regions of one section).
+
+    Raises:
+      ContractionCycle: a block is not convex, or blocks depend on each other both ways.
+      DependentUnits: two units of one antichain depend on each other.
+    """
+    if not blocks:
+        return tuple(EqnUnit(i) for i in range(graph.size))  # already topological
+    unit_of: list[int] = list(range(graph.size))  # equation -> unit id
+    units: list[Unit] = [EqnUnit(i) for i in range(graph.size)]
+    first: list[int] = list(range(graph.size))
+    for unit, eqns in blocks:
+        uid = len(units)
+        units.append(unit)
+        first.append(min(eqns))
+        for i in eqns:
+            unit_of[i] = uid
+    live = sorted(set(unit_of), key=lambda u: first[u])
+    in_degree = dict.fromkeys(live, 0)
+    edges: dict[int, set[int]] = {u: set() for u in live}
+    for i in range(graph.size):
+        target = unit_of[i]
+        for p in graph.preds[i]:
+            source = unit_of[p]
+            if source != target and target not in edges[source]:
+                edges[source].add(target)
+                in_degree[target] += 1
+    index_of = {unit: uid for uid, unit in enumerate(units)}
+    bits: dict[int, int] = {}
+    for chain in antichains:
+        for unit in chain:
+            bits.setdefault(index_of[unit], 1 << len(bits))
+    ready = [(first[u], u) for u in live if in_degree[u] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    reach: dict[int, int] = {}
+    while ready:
+        _, uid = heapq.heappop(ready)
+        order.append(uid)
+        mine = reach.get(uid, 0) | bits.get(uid, 0)
+        for target in edges[uid]:
+            if mine:
+                reach[target] = reach.get(target, 0) | mine
+            in_degree[target] -= 1
+            if in_degree[target] == 0:
+                heapq.heappush(ready, (first[target], target))
+    if len(order) != len(live):
+        raise ContractionCycle("contracting the blocks makes a cycle")
+    for chain in antichains:
+        chain_bits = 0
+        for unit in chain:
+            chain_bits |= bits[index_of[unit]]
+        for unit in chain:
+            uid = index_of[unit]
+            if reach.get(uid, 0) & chain_bits & ~bits[uid]:
+                raise DependentUnits(f"{unit} depends on another unit it must not")
+    return tuple(units[u] for u in order)

@@ -24,6 +24,7 @@ from collections import Counter
 from typing import Any
 
 from . import _compat
+from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._plan import REASON_TOO_CHEAP, LevelPlan
 from .passes import (
     KIND_BATCHED,
@@ -469,18 +470,18 @@ def _steps(level: LevelPlan, eqns: Any, first_section: int, offset: int,
     # (lane or "loop", section, equations, loop decisions)
     units: list[tuple[str, int | None, list[int], tuple[int, ...]]] = []
     for unit in level.order:
-        if unit[0] == "region":
-            section = level.sections[unit[1]]
-            region = section.regions[unit[2]]
-            units.append((f"stream {region.stream}", first_section + unit[1],
+        if isinstance(unit, RegionUnit):
+            region = level.sections[unit.section].regions[unit.region]
+            units.append((f"stream {region.stream}", first_section + unit.section,
                           list(region.eqns), ()))
-        elif unit[0] == "collectives":
+        elif isinstance(unit, CollectivesUnit):
             beside = next((first_section + k for k, sec in enumerate(level.sections)
-                           if sec.collectives == unit[1]), None)
-            units.append(("collectives", beside, list(level.collective_groups[unit[1]].eqns),
-                          ()))
+                           if sec.collectives == unit.group), None)
+            units.append(("collectives", beside,
+                          list(level.collective_groups[unit.group].eqns), ()))
         else:
-            i = unit[1]
+            assert isinstance(unit, EqnUnit)
+            i = unit.index
             if eqns[i].primitive.name in _LOOP_PRIMITIVES:
                 units.append(("loop", None, [i], rewritten.get(i, ())))
             elif units and units[-1][0] == "main":

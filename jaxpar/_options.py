@@ -5,9 +5,12 @@ Example::
     options = Options.create(max_streams=2, target="gpu")
     options.resolved_target()   # "gpu"
 
+    settings = options.resolve("gpu")   # Settings: nothing "auto" left
+
 Sharp edges:
   * ``"auto"`` for the loop and collective switches means "the default for the
     target", decided when the function is traced, not when it is decorated.
+    ``Options.resolve`` is the only place that reads it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
+import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -26,6 +31,23 @@ Unroll = int | Literal["auto"] | None
 
 TARGETS = ("auto", "gpu", "cpu", "tpu")
 _BACKEND_TARGETS = {"gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "cpu": "cpu", "tpu": "tpu"}
+
+# What each target runs when an option is "auto"; measured with benchmarks/loops_cpu.py
+# and benchmarks/gpu_suite.py (numbers in docs/benchmarks.md). On a GPU every loop trip
+# costs launches and a trip-count check, so fewer, fuller trips win. share_common: XLA's
+# CSE cannot see into stream regions, so on the GPU equal equations are merged before
+# planning; elsewhere XLA's own CSE does it.
+TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpu": {"fuse_scans": True, "batch_scans": True, "batch_branches": True,
+            "batch_matmuls": True, "unroll": "cost", "share_common": True,
+            "group_collectives": True},
+    "cpu": {"fuse_scans": False, "batch_scans": False, "batch_branches": False,
+            "batch_matmuls": False, "unroll": None, "share_common": False,
+            "group_collectives": False},
+    "tpu": {"fuse_scans": False, "batch_scans": False, "batch_branches": False,
+            "batch_matmuls": False, "unroll": None, "share_common": False,
+            "group_collectives": False},
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,27 +103,181 @@ class Options:
                              f"got {unroll!r}")
 
     def resolved_target(self) -> str:
-        if self.target != "auto":
-            return self.target
-        backend = jax.default_backend()
-        return _BACKEND_TARGETS.get(backend, "cpu")
+        """``target``, with ``"auto"`` read as this machine's default backend."""
+        return self.resolve_target()
+
+    def resolve_target(self, target: str | None = None) -> str:
+        target = self.target if target is None else target
+        if target not in TARGETS:
+            raise ValueError(f"target must be one of {', '.join(map(repr, TARGETS))}, "
+                             f"got {target!r}")
+        if target != "auto":
+            return target
+        return _BACKEND_TARGETS.get(jax.default_backend(), "cpu")
+
+    def resolve(self, target: str | None = None, async_limit: int | None = None,
+                command_buffers: str | None = None) -> Settings:
+        """The settings of one analysis: every ``"auto"`` read here, and only here.
+
+        Args:
+          target: the target to plan for; default ``self.target`` (``"auto"`` is this
+            machine's default backend).
+          async_limit: XLA's cap on async calls in flight; default from ``XLA_FLAGS``
+            (``async_compute_limit()``).
+          command_buffers: XLA's CUDA-graph mode (``command_buffer_mode()``); default
+            from ``XLA_FLAGS``.
+        """
+        target = self.resolve_target(target)
+        defaults = TARGET_DEFAULTS[target]
+        limit = async_compute_limit() if async_limit is None else async_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"async_limit must be an int >= 1, got {limit!r}")
+        mode = command_buffer_mode() if command_buffers is None else command_buffers
+        if mode not in COMMAND_BUFFER_MODES:
+            raise ValueError(f"command_buffers must be one of {COMMAND_BUFFER_MODES}, "
+                             f"got {mode!r}")
+
+        def switch(name: str) -> bool:
+            value = getattr(self, name)
+            return bool(defaults[name]) if value == "auto" else bool(value)
+
+        unroll = defaults["unroll"] if self.unroll == "auto" else self.unroll
+        return Settings(
+            target=target, max_streams=self.max_streams,
+            streams_per_section=min(self.max_streams, limit),
+            min_seconds=self.min_cost_us * 1e-6,
+            fuse_scans=switch("fuse_scans"), batch_scans=switch("batch_scans"),
+            batch_branches=switch("batch_branches"), batch_matmuls=switch("batch_matmuls"),
+            unroll=unroll, share_common=bool(defaults["share_common"]),
+            group_collectives=switch("group_collectives"),
+            force_streams=self.force_streams,
+            # Sections are priced against the compiled GPU program unless the user forces
+            # them; other targets emit no streams, so their plans only show independence.
+            command_buffers=mode if target == "gpu" and not self.force_streams else None)
 
     def loop_settings(self, target: str) -> dict[str, Any]:
         """The ``apply_loop_passes`` switches, "auto" resolved for ``target``."""
-        from .passes import loop_defaults  # late: the passes import the cost model
-
-        defaults = loop_defaults(target)
-        return {"fuse": defaults["fuse"] if self.fuse_scans == "auto" else self.fuse_scans,
-                "batch": defaults["batch"] if self.batch_scans == "auto" else self.batch_scans,
-                "batch_branches": (defaults["batch_branches"] if self.batch_branches == "auto"
-                                   else self.batch_branches),
-                "batch_matmuls": (defaults["batch_matmuls"] if self.batch_matmuls == "auto"
-                                  else self.batch_matmuls),
-                "unroll": defaults["unroll"] if self.unroll == "auto" else self.unroll,
-                "share_common": defaults["share_common"]}
+        return self.resolve(target).loop_switches()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+UnrollSetting = int | Literal["cost"] | None
+UNROLL_BY_COST: Literal["cost"] = "cost"  # Settings.unroll: a factor per scan from the cost model
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    """What one analysis runs with: ``Options`` resolved for a target and XLA's flags.
+
+    Hashable (it keys the rewrite cache); nothing in it is ``"auto"``.
+
+    Attributes:
+      target: ``"gpu"``, ``"cpu"`` or ``"tpu"``.
+      max_streams: the user's cap on streams per section.
+      streams_per_section: ``min(max_streams, XLA's async compute limit)``.
+      min_seconds: ``min_cost_us`` in seconds.
+      fuse_scans, batch_scans, batch_branches, batch_matmuls, share_common: loop and
+        batching passes to run.
+      unroll: a fixed unroll factor, ``"cost"`` (a factor per scan from the cost
+        model) or None (leave unroll factors alone).
+      group_collectives: launch independent collectives together.
+      force_streams: skip the GPU pricing of stream sections.
+      command_buffers: XLA's CUDA-graph mode the sections are priced for; None when no
+        pricing applies (other targets, or ``force_streams``).
+    """
+
+    target: str
+    max_streams: int = 4
+    streams_per_section: int = 2
+    min_seconds: float = 5e-6
+    fuse_scans: bool = False
+    batch_scans: bool = False
+    batch_branches: bool = False
+    batch_matmuls: bool = False
+    unroll: UnrollSetting = None
+    share_common: bool = False
+    group_collectives: bool = False
+    force_streams: bool = False
+    command_buffers: str | None = None
+
+    def loop_switches(self) -> dict[str, Any]:
+        """The keyword arguments of ``passes.apply_loop_passes`` (its public names)."""
+        return {"fuse": self.fuse_scans, "batch": self.batch_scans,
+                "batch_branches": self.batch_branches, "batch_matmuls": self.batch_matmuls,
+                "unroll": "auto" if self.unroll == UNROLL_BY_COST else self.unroll,
+                "share_common": self.share_common}
+
+
+def unroll_setting(unroll: Any, api: str = "unroll") -> UnrollSetting:
+    """The ``Settings.unroll`` of a pass-level ``unroll`` argument (``"auto"``: by cost).
+
+    Raises:
+      ValueError: not ``"auto"``, None or an int >= 1.
+    """
+    if unroll is None or (isinstance(unroll, int) and not isinstance(unroll, bool)
+                          and unroll >= 1):
+        return unroll
+    if unroll == "auto":
+        return UNROLL_BY_COST
+    raise ValueError(f"jaxpar: {api}={unroll!r} is not supported; pass 'auto', a "
+                     "positive int, or None")
+
+
+def loop_defaults(target: str) -> dict[str, Any]:
+    """The loop pass settings jaxpar uses by default on ``target``.
+
+    Args:
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"``.
+
+    Returns:
+        ``{"fuse": bool, "batch": bool, "batch_branches": bool, "batch_matmuls": bool,
+        "unroll": "auto" | int | None, "share_common": bool}``, ready to pass to
+        ``apply_loop_passes(closed, **loop_defaults(target), target=target)``.
+
+    Raises:
+        ValueError: unknown ``target``.
+    """
+    if target not in TARGET_DEFAULTS:
+        raise ValueError(f"jaxpar: target={target!r} is not one of "
+                         f"{sorted(TARGET_DEFAULTS)}")
+    return Options().resolve(target, async_limit=2, command_buffers=MODE_LHS).loop_switches()
+
+
+def async_compute_limit(flags: str | None = None) -> int:
+    """XLA's cap on annotated async calls in flight (default 2), from ``XLA_FLAGS``."""
+    text = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+    match = re.search(r"--xla_gpu_experimental_parallel_async_compute_limit=(\d+)", text)
+    return max(int(match.group(1)), 1) if match else 2
+
+
+MODE_LHS = "lhs"
+MODE_CONCURRENT = "concurrent"
+MODE_SERIALIZE = "serialize"
+MODE_OFF = "off"
+COMMAND_BUFFER_MODES = (MODE_LHS, MODE_CONCURRENT, MODE_SERIALIZE, MODE_OFF)
+
+
+def command_buffer_mode(flags: str | None = None) -> str:
+    """How XLA:GPU will run captured command buffers, from ``XLA_FLAGS``.
+
+    ``"off"`` (``--xla_gpu_enable_command_buffer=`` empty), ``"concurrent"``,
+    ``"serialize"`` or ``"lhs"`` (XLA's default, also for ``CONCURRENT_REGIONS``,
+    which never runs dots concurrently).
+    """
+    text = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+    enabled = re.findall(r"--xla_gpu_enable_command_buffer=(\S*)", text)
+    if enabled and enabled[-1].strip("'\"") == "":
+        return MODE_OFF
+    mode = re.findall(r"--xla_gpu_command_buffer_scheduling_mode=(\w+)", text)
+    if mode:
+        return {"CONCURRENT": MODE_CONCURRENT, "SERIALIZE": MODE_SERIALIZE}.get(
+            mode[-1].upper(), MODE_LHS)
+    legacy = re.findall(r"--xla_gpu_graph_enable_concurrent_region=(\w+)", text)
+    if legacy:
+        return MODE_CONCURRENT if legacy[-1].lower() in ("true", "1") else MODE_SERIALIZE
+    return MODE_LHS
 
 
 def did_you_mean(name: str, valid: Iterable[str]) -> str:

@@ -37,16 +37,22 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import os
-import re
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _compat
-from ._cost import DEVICE_PROFILES, CostModel
-from ._graph import Graph, build_graph
+from ._analysis import Analysis
+from ._graph import (
+    CollectivesUnit,
+    ContractionCycle,
+    DependentUnits,
+    Graph,
+    RegionUnit,
+    Unit,
+    contract,
+)
 from ._options import Options
-from ._price import command_buffer_mode, price_section
+from ._price import price_section
 
 if TYPE_CHECKING:
     from .passes.collectives import CollectiveGroup, CollectiveInfo
@@ -123,9 +129,8 @@ class LevelPlan:
     sections: tuple[SectionPlan, ...]
     notes: tuple[Note, ...]
     nested: tuple[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]], ...]
-    # Emission order: ("eqn", index), ("region", section, region) or
-    # ("collectives", group) units.
-    order: tuple[tuple[Any, ...], ...]
+    # Emission order: EqnUnit, RegionUnit or CollectivesUnit.
+    order: tuple[Unit, ...]
     # Independent collectives launched together, and every collective of the level.
     collective_groups: tuple[CollectiveGroup, ...] = ()
     collectives: tuple[CollectiveInfo, ...] = ()
@@ -142,31 +147,29 @@ class LevelPlan:
                 yield from sub.walk()
 
 
-def async_compute_limit() -> int:
-    """XLA's cap on annotated async calls in flight (default 2), from XLA_FLAGS."""
-    match = re.search(r"--xla_gpu_experimental_parallel_async_compute_limit=(\d+)",
-                      os.environ.get("XLA_FLAGS", ""))
-    return max(int(match.group(1)), 1) if match else 2
-
-
 class PlanContext:
-    """Options, cost model and the scheduling-group counter for one plan."""
+    """The call's ``Analysis`` plus what planning one program changes as it goes: the
+    scheduling-group counter and the mesh axes of the enclosing ``shard_map``.
 
-    def __init__(self, options: Options, target: str):
-        self.options = options
-        self.target = target
-        self.costs = CostModel(DEVICE_PROFILES[target])
-        self.streams_per_section = min(options.max_streams, async_compute_limit())
-        # Sections are priced against the compiled GPU program (``_price``) unless the
-        # user forces them; other targets emit no streams, so their plans only show
-        # the independence.
-        self.command_buffers = (command_buffer_mode()
-                                if target == "gpu" and not options.force_streams else None)
-        self.min_seconds = options.min_cost_us * 1e-6
+    ``PlanContext(options, target)`` makes its own analysis (for tests and tools).
+    """
+
+    def __init__(self, analysis: Analysis | Options, target: str | None = None):
+        if isinstance(analysis, Options):
+            analysis = Analysis(analysis.resolve(target))
+        elif target is not None and target != analysis.target:
+            raise ValueError(f"PlanContext: target={target!r} but the analysis is for "
+                             f"{analysis.target!r}")
+        self.analysis = analysis
+        settings = analysis.settings
+        self.settings = settings
+        self.target = settings.target
+        self.costs = analysis.costs
+        self.streams_per_section = settings.streams_per_section
+        self.command_buffers = settings.command_buffers
+        self.min_seconds = settings.min_seconds
+        self.group_collectives = settings.group_collectives
         self._next_group = 1
-        self._placement_memo: dict[int, tuple[Any, bool]] = {}
-        self.group_collectives = (options.group_collectives if options.group_collectives != "auto"
-                                  else target == "gpu")
         # Mesh axis sizes of the enclosing shard_map, while planning its body.
         self.axis_sizes: dict[Any, int] = {}
 
@@ -176,34 +179,16 @@ class PlanContext:
         return group
 
     def eqn_annotated(self, eqn: Any) -> bool:
-        return eqn_has_placement(eqn, self._placement_memo)
+        return self.analysis.annotated(eqn)
 
 
-def eqn_has_placement(eqn: Any, memo: dict[int, tuple[Any, bool]]) -> bool:
-    """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
-    if eqn.primitive.name in _compat.USER_PLACEMENT_PRIMITIVES:
-        return True
-    if _compat.eqn_frontend_attributes(eqn):
-        return True
-    return any(jaxpr_has_placement(sub, memo) for _, _, sub in _compat.eqn_subjaxprs(eqn))
-
-
-def jaxpr_has_placement(jaxpr: Any, memo: dict[int, tuple[Any, bool]]) -> bool:
-    """Whether any equation of ``jaxpr`` (recursively) is user-placed."""
-    hit = memo.get(id(jaxpr))
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
-    inner, _ = _compat.open_jaxpr(jaxpr)
-    found = any(eqn_has_placement(eqn, memo) for eqn in inner.eqns)
-    memo[id(jaxpr)] = (jaxpr, found)
-    return found
-
-
-def plan_jaxpr(jaxpr: Any, ctx: PlanContext, path: str = "") -> LevelPlan:
+def plan_jaxpr(jaxpr: Any, ctx: PlanContext | Analysis, path: str = "") -> LevelPlan:
     """Plans one jaxpr level and, recursively, the jaxprs nested in it."""
+    if isinstance(ctx, Analysis):
+        ctx = PlanContext(ctx)
     inner, _ = _compat.open_jaxpr(jaxpr)
     eqns = inner.eqns
-    graph = build_graph(inner)
+    graph = ctx.analysis.graph(inner)
     costs = [ctx.costs.eqn_cost(eqn) for eqn in eqns]
     seconds = tuple(ctx.costs.seconds(cost) for cost in costs)
     kernels = [cost.kernels for cost in costs]
@@ -794,67 +779,33 @@ class _GroupCycle(Exception):
 
 
 def order_units(graph: Graph, sections: list[SectionPlan] | tuple[SectionPlan, ...],
-                groups: Sequence[CollectiveGroup] = ()) -> tuple[tuple[Any, ...], ...]:
-    """Emission order with each region and each collective group contracted to one unit.
+                groups: Sequence[CollectiveGroup] = ()) -> tuple[Unit, ...]:
+    """Emission order with each region and each collective group contracted to one unit
+    (``_graph.contract``; the regions of a section must stay mutually independent).
 
-    Kahn's algorithm, smallest original index first (deterministic). Raises if a
-    region is not convex or two regions of one section depend on each other: both
-    are planner bugs, and emitting would reorder computation. Raises ``_GroupCycle``
-    when only the collective groups are to blame (the caller drops them).
+    Raises ``RuntimeError`` if a region is not convex or two regions of one section
+    depend on each other: both are planner bugs, and emitting would reorder
+    computation. Raises ``_GroupCycle`` when only the collective groups are to blame
+    (the caller drops them).
     """
-    unit_of: dict[int, tuple[Any, ...]] = {}
-    first_index: dict[tuple[Any, ...], int] = {}
+    blocks: list[tuple[Unit, Sequence[int]]] = []
+    antichains: list[list[Unit]] = []
     for s, section in enumerate(sections):
+        chain: list[Unit] = []
         for r, region in enumerate(section.regions):
-            unit = ("region", s, r)
-            for i in region.eqns:
-                unit_of[i] = unit
-            first_index[unit] = region.eqns[0]
+            unit = RegionUnit(s, r)
+            blocks.append((unit, region.eqns))
+            chain.append(unit)
+        antichains.append(chain)
     for g, group in enumerate(groups):
-        for i in group.eqns:
-            unit_of[i] = ("collectives", g)
-        first_index[("collectives", g)] = group.eqns[0]
-    units: dict[tuple[Any, ...], None] = {}
-    for i in range(graph.size):
-        unit = unit_of.get(i, ("eqn", i))
-        units.setdefault(unit, None)
-        first_index.setdefault(unit, i)
-    in_degree: dict[tuple[Any, ...], int] = {u: 0 for u in units}
-    edges: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {u: set() for u in units}
-    for i in range(graph.size):
-        target = unit_of.get(i, ("eqn", i))
-        for p in graph.preds[i]:
-            source = unit_of.get(p, ("eqn", p))
-            if source != target and target not in edges[source]:
-                edges[source].add(target)
-                in_degree[target] += 1
-    ready = [(first_index[u], u) for u, d in in_degree.items() if d == 0]
-    heapq.heapify(ready)
-    order: list[tuple[Any, ...]] = []
-    reach: dict[tuple[Any, ...], int] = {}
-    region_bits = {("region", s, r): 1 << k for k, (s, r) in enumerate(
-        (s, r) for s, sec in enumerate(sections) for r in range(len(sec.regions)))}
-    while ready:
-        _, unit = heapq.heappop(ready)
-        order.append(unit)
-        mine = reach.get(unit, 0) | region_bits.get(unit, 0)
-        for target in sorted(edges[unit], key=lambda u: first_index[u]):
-            reach[target] = reach.get(target, 0) | mine
-            in_degree[target] -= 1
-            if in_degree[target] == 0:
-                heapq.heappush(ready, (first_index[target], target))
-    if len(order) != len(units):
+        blocks.append((CollectivesUnit(g), group.eqns))
+    try:
+        return contract(graph, blocks, antichains)
+    except ContractionCycle:
         if groups:
-            raise _GroupCycle
+            raise _GroupCycle from None
         raise RuntimeError("jaxpar planner bug: a region is not convex; please report it "
-                           "with the program that triggered it")
-    for s, section in enumerate(sections):
-        section_bits = 0
-        for r in range(len(section.regions)):
-            section_bits |= region_bits[("region", s, r)]
-        for r in range(len(section.regions)):
-            unit = ("region", s, r)
-            if reach.get(unit, 0) & section_bits & ~region_bits[unit]:
-                raise RuntimeError("jaxpar planner bug: regions of one section depend on "
-                                   "each other; please report it with the program")
-    return tuple(order)
+                           "with the program that triggered it") from None
+    except DependentUnits:
+        raise RuntimeError("jaxpar planner bug: regions of one section depend on "
+                           "each other; please report it with the program") from None

@@ -47,14 +47,19 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import _compat
 from ._cost import CostModel
 from ._graph import Graph
+from ._options import (  # noqa: F401  (re-exported)
+    MODE_CONCURRENT,
+    MODE_LHS,
+    MODE_OFF,
+    MODE_SERIALIZE,
+    command_buffer_mode,
+)
 from ._structure import StructuralKeys
 
 # Host cost of launching one kernel outside a CUDA graph, against replaying it as a
@@ -70,33 +75,6 @@ _LAYOUT_ONLY = frozenset({"reshape", "squeeze", "expand_dims", "convert_element_
                           "copy_p"})
 _HOST_BLOCKING = frozenset({"cond"})
 _NOT_CAPTURED = frozenset({"while", "scan"})
-
-MODE_LHS = "lhs"
-MODE_CONCURRENT = "concurrent"
-MODE_SERIALIZE = "serialize"
-MODE_OFF = "off"
-
-
-def command_buffer_mode(flags: str | None = None) -> str:
-    """How XLA:GPU will run captured command buffers, from ``XLA_FLAGS``.
-
-    ``"off"`` (``--xla_gpu_enable_command_buffer=`` empty), ``"concurrent"``,
-    ``"serialize"`` or ``"lhs"`` (XLA's default, also for ``CONCURRENT_REGIONS``,
-    which never runs dots concurrently).
-    """
-    text = os.environ.get("XLA_FLAGS", "") if flags is None else flags
-    enabled = re.findall(r"--xla_gpu_enable_command_buffer=(\S*)", text)
-    if enabled and enabled[-1].strip("'\"") == "":
-        return MODE_OFF
-    mode = re.findall(r"--xla_gpu_command_buffer_scheduling_mode=(\w+)", text)
-    if mode:
-        return {"CONCURRENT": MODE_CONCURRENT, "SERIALIZE": MODE_SERIALIZE}.get(
-            mode[-1].upper(), MODE_LHS)
-    legacy = re.findall(r"--xla_gpu_graph_enable_concurrent_region=(\w+)", text)
-    if legacy:
-        return MODE_CONCURRENT if legacy[-1].lower() in ("true", "1") else MODE_SERIALIZE
-    return MODE_LHS
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Verdict:

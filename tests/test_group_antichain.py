@@ -67,7 +67,7 @@ def plan_of(fn, *args, **options):
     sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
     # The planner's sections are what is checked: forced past the GPU pricing.
     options = Options.create(target="gpu", min_cost_us=0.0, force_streams=True, **options)
-    _, plan, _ = _analyse(fn, sig, options, "gpu")
+    _, plan, _ = _analyse(fn, sig, options.resolve("gpu"))
     return plan
 
 

@@ -1,7 +1,10 @@
 """Loop passes: jaxpr-to-jaxpr rewrites of ``scan`` and ``while`` loops.
 
-Each pass is a pure function of a closed jaxpr that returns a new one (or the
-same object when it changes nothing) and the ``LoopDecision``s it made:
+Each pass is one row of ``PASSES`` (a ``LoopPass``): a name, one ``run(level,
+analysis)`` function with the same signature for every pass, and the setting that
+turns it on. ``run_passes`` runs any of them, in table order, at every nesting level
+of a closed jaxpr, and returns a new one (or the same object when nothing changed)
+and the ``LoopDecision``s made (each with the pass's name and a ``DecisionKind``):
 
 * ``make_loops_static``: ``fori_loop`` ``while``s with literal bounds become
   static scans; other ``while``s are reported as host-sync loops.
@@ -13,12 +16,16 @@ same object when it changes nothing) and the ``LoopDecision``s it made:
   members (the halves of a fused scan body, experts, towers) run as one batched op.
 * ``unroll_scans``: an unroll factor per static scan.
 
-``apply_loop_passes`` runs them in that order at every nesting level.
+* ``share_common``: equal equations computed once (on by default on GPUs only).
+
+``apply_loop_passes`` (keyword switches) and the one-pass functions named above are
+the same entry with fixed settings.
 
 Example::
 
     closed = jax.make_jaxpr(f)(*args)
-    new, decisions = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
+    new, decisions = run_passes(closed, target="gpu")        # the target's defaults
+    new, decisions = run_passes(closed, ["fuse_scans"], target="gpu")
     g = jax.extend.core.jaxpr_as_fun(new)      # same values and gradients as f
 
 Sharp edges:
@@ -29,8 +36,18 @@ Sharp edges:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from .._analysis import Analysis
+from .._options import TARGET_DEFAULTS, Options, Settings, loop_defaults, unroll_setting
+from . import batch_branches as _batch_branches
+from . import batch_matmuls as _batch_matmuls
+from . import batch_scans as _batch_scans
+from . import fuse_scans as _fuse_scans
+from . import share_common as _share_common
+from . import static_loops as _static_loops
+from . import unroll as _unroll
 from ._walk import (
     KIND_BATCHED,
     KIND_BATCHED_MATMULS,
@@ -43,18 +60,12 @@ from ._walk import (
     KIND_SUBGRAPHS_LEFT_ALONE,
     KIND_UNROLLED,
     SUBGRAPH_KINDS,
-    LevelPass,
+    DecisionKind,
+    Level,
     LoopDecision,
-    Rewrite,
+    LoopPass,
     walk_levels,
 )
-from .batch_branches import batch_branches, batch_branches_level
-from .batch_matmuls import batch_matmuls, batch_matmuls_level
-from .batch_scans import batch_scans, batch_scans_level
-from .fuse_scans import fuse_scans, fuse_scans_level
-from .share_common import share_common_level, share_common_subexpressions
-from .static_loops import make_loops_static, make_loops_static_level
-from .unroll import Unroll, _costs, unroll_scans, unroll_scans_level
 
 __all__ = [
     "KIND_BATCHED",
@@ -67,8 +78,12 @@ __all__ = [
     "KIND_MATMULS_LEFT_ALONE",
     "KIND_SUBGRAPHS_LEFT_ALONE",
     "KIND_UNROLLED",
+    "PASSES",
     "SUBGRAPH_KINDS",
+    "DecisionKind",
+    "Level",
     "LoopDecision",
+    "LoopPass",
     "apply_loop_passes",
     "batch_branches",
     "batch_matmuls",
@@ -76,57 +91,109 @@ __all__ = [
     "fuse_scans",
     "loop_defaults",
     "make_loops_static",
+    "run_pass",
+    "run_passes",
     "share_common_subexpressions",
     "unroll_scans",
 ]
 
-# What does no harm where, measured with benchmarks/loops_cpu.py (see the numbers there).
-# On a GPU every loop trip costs launches and a trip-count check, so fewer, fuller trips win.
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    # share_common: XLA's CSE cannot see into stream regions, so on the GPU equal
-    # equations are merged before planning; elsewhere XLA's own CSE does it.
-    "gpu": {"fuse": True, "batch": True, "batch_branches": True, "batch_matmuls": True,
-            "unroll": "auto", "share_common": True},
-    "cpu": {"fuse": False, "batch": False, "batch_branches": False, "batch_matmuls": False,
-            "unroll": None, "share_common": False},
-    "tpu": {"fuse": False, "batch": False, "batch_branches": False, "batch_matmuls": False,
-            "unroll": None, "share_common": False},
-}
+# The passes, in the order they run at each level.
+PASSES: tuple[LoopPass, ...] = (
+    LoopPass("share_common", _share_common.run, lambda s: s.share_common,
+             "equal equations computed once"),
+    LoopPass("make_loops_static", _static_loops.run, lambda s: True,
+             "counting whiles with static bounds become scans"),
+    LoopPass("batch_scans", _batch_scans.run, lambda s: s.batch_scans,
+             "independent identical scans become one vmapped scan"),
+    LoopPass("fuse_scans", _fuse_scans.run, lambda s: s.fuse_scans,
+             "independent scans run side by side in one scan"),
+    LoopPass("batch_branches", _batch_branches.run, lambda s: s.batch_branches,
+             "identical independent subgraphs become one vmapped subgraph"),
+    LoopPass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
+             "same-shaped matmuls of one stage in different members become one op"),
+    LoopPass("unroll_scans", _unroll.run, lambda s: s.unroll is not None,
+             "an unroll factor per static scan"),
+)
+_BY_NAME = {p.name: p for p in PASSES}
 
 
-def loop_defaults(target: str) -> dict[str, Any]:
-    """The loop pass settings jaxpar uses by default on ``target``.
+def run_passes(closed_jaxpr: Any, names: Sequence[str] | None = None, *,
+               analysis: Analysis | None = None, target: str = "gpu",
+               **options: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Runs loop passes at every nesting level of ``closed_jaxpr`` (never mutated).
 
     Args:
-        target: ``"gpu"``, ``"cpu"`` or ``"tpu"``.
+        closed_jaxpr: the program, as from ``jax.make_jaxpr``.
+        names: the passes to run (``LoopPass.name``s), in table order whatever the order
+            given; None runs every pass the settings turn on.
+        analysis: the call's ``Analysis`` (settings, cost model, memos); default one made
+            from ``target`` and ``options``.
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"``, when no ``analysis`` is given.
+        **options: ``parallel_branches`` options (``fuse_scans=``, ``unroll=`` ...), when
+            no ``analysis`` is given.
 
     Returns:
-        ``{"fuse": bool, "batch": bool, "batch_branches": bool, "batch_matmuls": bool,
-        "unroll": "auto" | int | None}``, ready to pass
-        to ``apply_loop_passes(closed, **loop_defaults(target), target=target)``.
+        ``(new_closed_jaxpr, decisions)``; ``new_closed_jaxpr is closed_jaxpr`` when
+        nothing changed, so running the passes again changes nothing.
 
     Raises:
-        ValueError: unknown ``target``.
+        ValueError: an unknown pass name or target, or a bad option value.
+        TypeError: an unknown option name.
     """
-    if target not in _DEFAULTS:
-        raise ValueError(f"jaxpar: target={target!r} is not one of {sorted(_DEFAULTS)}")
-    return dict(_DEFAULTS[target])
+    if analysis is None:
+        analysis = Analysis(Options.create(**options).resolve(_checked_target(target)))
+    elif options:
+        raise TypeError(f"run_passes takes either analysis= or options, not both "
+                        f"(got {sorted(options)})")
+    if names is None:
+        chosen = [p for p in PASSES if p.enabled(analysis.settings)]
+    else:
+        names = [names] if isinstance(names, str) else list(names)
+        unknown = [n for n in names if n not in _BY_NAME]
+        if unknown:
+            raise ValueError(f"jaxpar: unknown pass(es) {unknown}; passes are "
+                             f"{[p.name for p in PASSES]}")
+        chosen = [p for p in PASSES if p.name in names]
+    new, decisions = walk_levels(closed_jaxpr, chosen, analysis)
+    return new, tuple(decisions)
 
 
-def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unroll,
+def run_pass(name: str, closed_jaxpr: Any, *, target: str = "gpu",
+             settings: Settings | None = None) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Runs the one pass ``name`` at every nesting level (see ``run_passes``).
+
+    ``settings`` (default: ``Options().resolve(target)``) give the pass its switches,
+    e.g. ``unroll`` for ``unroll_scans``.
+    """
+    if settings is None:
+        settings = Options().resolve(_checked_target(target))
+    return run_passes(closed_jaxpr, [name], analysis=Analysis(settings))
+
+
+def _checked_target(target: str) -> str:
+    if target not in TARGET_DEFAULTS:
+        raise ValueError(f"jaxpar: target={target!r} is not one of {sorted(TARGET_DEFAULTS)}")
+    return target
+
+
+def _settings(target: str, **switches: Any) -> Settings:
+    return Settings(target=_checked_target(target), **switches)
+
+
+def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Any,
                       target: str, batch_branches: bool = False, batch_matmuls: bool = False,
                       share_common: bool = False) -> tuple[Any, tuple[LoopDecision, ...]]:
     """Runs share_common -> static_loops -> batch -> fuse -> batch_branches -> batch_matmuls
-    -> unroll at
-    every nesting level.
+    -> unroll at every nesting level, with keyword switches.
 
     Args:
         closed_jaxpr: the program, as from ``jax.make_jaxpr``; never mutated.
         fuse: fuse independent scans into one.
         batch: batch independent scans with identical bodies into one vmapped scan.
-        unroll: ``"auto"``, a positive int, or None (leave unroll factors alone).
+        unroll: ``"auto"`` (a factor per scan from the cost model), a positive int, or
+            None (leave unroll factors alone).
         target: ``"gpu"``, ``"cpu"`` or ``"tpu"`` (the cost model ``unroll="auto"`` and
-            ``batch_branches`` use).
+            the batching passes use).
         batch_branches: batch identical independent straight-line subgraphs into one
             vmapped subgraph where the cost model says it pays.
         batch_matmuls: run same-shaped matmuls and convolutions of one stage in different
@@ -135,8 +202,7 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unr
             see into the stream regions the planner may make).
 
     Returns:
-        ``(new_closed_jaxpr, decisions)``. ``new_closed_jaxpr is closed_jaxpr`` when
-        nothing changed, so applying the passes again changes nothing.
+        ``(new_closed_jaxpr, decisions)`` as ``run_passes``.
 
     Raises:
         ValueError: ``unroll`` or ``target`` is not supported.
@@ -146,34 +212,109 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unr
         new, decisions = apply_loop_passes(jax.make_jaxpr(f)(x), fuse=True, batch=True,
                                            unroll="auto", target="gpu")
     """
-    costs = _costs(target)
-    if unroll is not None and not (unroll == "auto" or (
-            isinstance(unroll, int) and not isinstance(unroll, bool) and unroll >= 1)):
-        raise ValueError(f"jaxpar: unroll={unroll!r} is not supported; pass 'auto', a "
-                         "positive int, or None")
-    passes: list[LevelPass] = [share_common_level] if share_common else []
-    passes.append(make_loops_static_level)
-    if batch:
-        passes.append(batch_scans_level)
-    if fuse:
-        def fuse_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
-            return fuse_scans_level(j, path, leave_identical=batch)
-        passes.append(fuse_level)
-    if batch_branches:
-        memo: dict[int, Any] = {}
+    settings = _settings(target, fuse_scans=fuse, batch_scans=batch,
+                         batch_branches=batch_branches, batch_matmuls=batch_matmuls,
+                         unroll=unroll_setting(unroll), share_common=share_common)
+    return run_passes(closed_jaxpr, analysis=Analysis(settings))
 
-        def branches_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
-            return batch_branches_level(j, path, costs, memo)
-        passes.append(branches_level)
-    if batch_matmuls:
-        matmul_memo: dict[int, Any] = {}
 
-        def matmuls_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
-            return batch_matmuls_level(j, path, costs, matmul_memo)
-        passes.append(matmuls_level)
-    if unroll is not None:
-        def unroll_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
-            return unroll_scans_level(j, path, unroll=unroll, costs=costs)
-        passes.append(unroll_level)
-    new, decisions = walk_levels(closed_jaxpr, passes)
-    return new, tuple(decisions)
+def make_loops_static(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Replaces static ``fori_loop`` ``while``s by scans at every level of ``jaxpr``
+    (never mutated); other ``while``s are reported as host-sync loops.
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+    """
+    return run_pass("make_loops_static", jaxpr, settings=_settings("gpu"))
+
+
+def batch_scans(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Batches independent identical scans at every level of ``jaxpr`` (never mutated).
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+    """
+    return run_pass("batch_scans", jaxpr, settings=_settings("gpu", batch_scans=True))
+
+
+def fuse_scans(jaxpr: Any, *, leave_identical: bool = False
+               ) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Fuses independent scans at every level of ``jaxpr`` (never mutated).
+
+    Args:
+        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``).
+        leave_identical: do not fuse scans that ``batch_scans`` could batch instead.
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+    """
+    return run_pass("fuse_scans", jaxpr, settings=_settings(
+        "gpu", fuse_scans=True, batch_scans=bool(leave_identical)))
+
+
+def batch_branches(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Batches identical independent subgraphs at every level of ``jaxpr`` (never mutated).
+
+    Args:
+        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``).
+        target: the cost model that decides whether batching pays: ``"gpu"``,
+            ``"cpu"`` or ``"tpu"``.
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+
+    Raises:
+        ValueError: unknown ``target``.
+    """
+    return run_pass("batch_branches", jaxpr, settings=_settings(target, batch_branches=True))
+
+
+def batch_matmuls(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Batches same-shaped matmuls and convolutions of one stage at every level of
+    ``jaxpr`` (never mutated).
+
+    Args:
+        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``).
+        target: the cost model that decides whether batching pays: ``"gpu"``,
+            ``"cpu"`` or ``"tpu"``.
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+
+    Raises:
+        ValueError: unknown ``target``.
+
+    Example::
+
+        new, decisions = batch_matmuls(jax.make_jaxpr(f)(a, b, x), target="gpu")
+    """
+    return run_pass("batch_matmuls", jaxpr, settings=_settings(target, batch_matmuls=True))
+
+
+def unroll_scans(jaxpr: Any, *, unroll: Any = "auto", target: str = "gpu"
+                 ) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Sets the unroll factor of the scans at every level of ``jaxpr`` (never mutated).
+
+    Args:
+        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``).
+        unroll: ``"auto"`` (a factor per scan from the cost model), a positive int, or
+            None (leave every scan alone).
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"``: the cost model used by ``"auto"``.
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+
+    Raises:
+        ValueError: ``unroll`` or ``target`` is not one of the above.
+    """
+    return run_pass("unroll_scans", jaxpr,
+                    settings=_settings(target, unroll=unroll_setting(unroll)))
+
+
+def share_common_subexpressions(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
+    """Merges equal equations at every level of ``jaxpr`` (never mutated).
+
+    Returns:
+        ``(new_jaxpr, ())``; ``new_jaxpr is jaxpr`` when nothing was shared.
+    """
+    return run_pass("share_common", jaxpr, settings=_settings("gpu", share_common=True))

@@ -2,15 +2,19 @@
 
 A *level pass* looks at the equations of one jaxpr level and returns the
 rewrites it wants (``Rewrite``: some equation indices and a function that emits
-their replacement) plus ``LoopDecision``s. ``rebuild_level`` traces each rewrite
-on its own and splices its equations into the level at a point where all its
-inputs exist (the order comes from ``_plan.order_units``, which contracts each
-rewrite's equations to one unit). ``walk_levels`` runs level passes at every
-nesting level, innermost first, through every jaxpr-valued parameter.
+their replacement) plus ``LoopDecision``s. Every pass has one signature,
+``run(level: Level, analysis: Analysis) -> (rewrites, decisions)``, and is one row
+(``LoopPass``) of the table in ``passes/__init__.py``. ``rebuild_level`` traces each
+rewrite on its own and splices its equations into the level at a point where all its
+inputs exist (the order comes from ``_graph.contract``, which contracts each
+rewrite's equations to one unit). ``walk_levels`` runs the passes at every nesting
+level, innermost first, through every jaxpr-valued parameter, and stamps each
+decision with the name of the pass that made it.
 
 Example::
 
-    new_jaxpr, decisions = walk_levels(closed_jaxpr, [static_loops_level])
+    analysis = Analysis(Options().resolve("gpu"))
+    new_jaxpr, decisions = walk_levels(closed_jaxpr, [STATIC_LOOPS], analysis)
 
 Rewrites of a nested level are traced where JAX traced that level
 (``_compat.nested_trace_context``): inside a ``shard_map`` body with its mesh axes
@@ -27,24 +31,42 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from .. import _compat
-from .._graph import Graph, build_graph
+from .._analysis import Analysis
+from .._graph import ContractionCycle, EqnUnit, Graph, RewriteUnit, Unit, build_graph, contract
 from .._interp import Env
-from .._plan import RegionPlan, SectionPlan, order_units
+from .._options import Settings
 
-KIND_FUSED = "fused"
-KIND_BATCHED = "batched"
-KIND_UNROLLED = "unrolled"
-KIND_MADE_STATIC = "made static"
-KIND_LEFT_ALONE = "left alone"
-KIND_HOST_SYNC = "host-sync loop"
-KIND_BATCHED_SUBGRAPHS = "batched subgraphs"
-KIND_SUBGRAPHS_LEFT_ALONE = "subgraphs left alone"
-KIND_BATCHED_MATMULS = "batched matmuls"
-KIND_MATMULS_LEFT_ALONE = "matmuls left alone"
+
+class DecisionKind(enum.StrEnum):
+    """What a pass did with some equations (a ``str``: compares equal to its value)."""
+
+    FUSED = "fused"
+    BATCHED = "batched"
+    UNROLLED = "unrolled"
+    MADE_STATIC = "made static"
+    LEFT_ALONE = "left alone"
+    HOST_SYNC = "host-sync loop"
+    BATCHED_SUBGRAPHS = "batched subgraphs"
+    SUBGRAPHS_LEFT_ALONE = "subgraphs left alone"
+    BATCHED_MATMULS = "batched matmuls"
+    MATMULS_LEFT_ALONE = "matmuls left alone"
+
+
+KIND_FUSED = DecisionKind.FUSED
+KIND_BATCHED = DecisionKind.BATCHED
+KIND_UNROLLED = DecisionKind.UNROLLED
+KIND_MADE_STATIC = DecisionKind.MADE_STATIC
+KIND_LEFT_ALONE = DecisionKind.LEFT_ALONE
+KIND_HOST_SYNC = DecisionKind.HOST_SYNC
+KIND_BATCHED_SUBGRAPHS = DecisionKind.BATCHED_SUBGRAPHS
+KIND_SUBGRAPHS_LEFT_ALONE = DecisionKind.SUBGRAPHS_LEFT_ALONE
+KIND_BATCHED_MATMULS = DecisionKind.BATCHED_MATMULS
+KIND_MATMULS_LEFT_ALONE = DecisionKind.MATMULS_LEFT_ALONE
 _UNCHANGED_KINDS = (KIND_LEFT_ALONE, KIND_HOST_SYNC, KIND_SUBGRAPHS_LEFT_ALONE,
                     KIND_MATMULS_LEFT_ALONE)
 # Decisions of the subgraph and matmul batching passes (``batch_branches``,
@@ -64,8 +86,8 @@ class LoopDecision:
     Attributes:
         location: the level, as a path like the planner's (``"/"`` is the top level,
             ``"/scan#3.jaxpr"`` the body of equation 3's scan).
-        kind: ``"fused"``, ``"batched"``, ``"unrolled"``, ``"made static"``,
-            ``"left alone"`` or ``"host-sync loop"``.
+        kind: a ``DecisionKind`` (``"fused"``, ``"batched"``, ``"unrolled"``,
+            ``"made static"``, ``"left alone"``, ``"host-sync loop"``, ...).
         eqns: indices of the equations involved, in the level as the pass saw it.
         primitives: their primitive names.
         sources: their user source lines (``file:line (function)``).
@@ -80,10 +102,11 @@ class LoopDecision:
         saving_us: for the matmul batching pass, the cost model's estimated saving per
             run of the level, in microseconds (launches saved less stacking and
             transposing); at most zero for a group left alone.
+        pass_name: the pass that made it (a ``LoopPass.name``, e.g. ``"fuse_scans"``).
     """
 
     location: str
-    kind: str
+    kind: DecisionKind
     eqns: tuple[int, ...]
     primitives: tuple[str, ...]
     sources: tuple[str, ...]
@@ -94,9 +117,10 @@ class LoopDecision:
     members: tuple[tuple[int, ...], ...] = ()
     stage: int | None = None
     saving_us: float | None = None
+    pass_name: str = ""
 
 
-def decision(path: str, kind: str, eqns: Sequence[Any], indices: Sequence[int], *,
+def decision(path: str, kind: DecisionKind, eqns: Sequence[Any], indices: Sequence[int], *,
              trips_before: int | None, trips_after: int | None, unroll: int | None,
              reason: str, members: Sequence[Sequence[int]] = (), stage: int | None = None,
              saving_us: float | None = None) -> LoopDecision:
@@ -130,7 +154,44 @@ class Rewrite:
     key: Hashable | None = None
 
 
-LevelPass = Callable[[Any, str], tuple[list[Rewrite], list[LoopDecision]]]
+@dataclasses.dataclass(frozen=True, slots=True)
+class Level:
+    """One jaxpr level as a pass sees it.
+
+    Attributes:
+        jaxpr: the level as found (a closed or open jaxpr); never mutated.
+        path: where it is (``""`` the top level, ``"/scan#3.jaxpr"`` a body).
+        graph: its dependency graph.
+    """
+
+    jaxpr: Any
+    path: str
+    graph: Graph
+
+    @property
+    def eqns(self) -> list[Any]:
+        inner, _ = _compat.open_jaxpr(self.jaxpr)
+        return list(inner.eqns)
+
+
+LevelResult = tuple[list[Rewrite], list[LoopDecision]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoopPass:
+    """One row of the pass table.
+
+    Attributes:
+        name: the pass's name, stamped on its decisions.
+        run: ``run(level, analysis) -> (rewrites, decisions)``.
+        enabled: whether ``settings`` ask for the pass.
+        summary: one line for the docs and ``inspect``.
+    """
+
+    name: str
+    run: Callable[[Level, Analysis], LevelResult]
+    enabled: Callable[[Settings], bool]
+    summary: str
 
 
 def evaluate(jaxpr: Any, *args: Any) -> list[Any]:
@@ -144,23 +205,18 @@ def evaluate(jaxpr: Any, *args: Any) -> list[Any]:
     return env.read_all(inner.outvars)
 
 
-def emission_order(graph: Graph, groups: Sequence[Sequence[int]]
-                   ) -> tuple[tuple[Any, ...], ...] | None:
-    """Emission units with each group contracted, or None if contracting makes a cycle.
-
-    Units are ``("eqn", index)`` or ``("group", group_index)``.
-    """
-    sections = [SectionPlan(group=k, regions=(RegionPlan(1, tuple(sorted(g)), 0.0),))
-                for k, g in enumerate(groups)]
+def emission_order(graph: Graph, groups: Sequence[Sequence[int]]) -> tuple[Unit, ...] | None:
+    """Emission units with each group contracted (``RewriteUnit(k)`` for ``groups[k]``),
+    or None if contracting makes a cycle."""
     try:
-        order = order_units(graph, sections)
-    except RuntimeError:
+        return contract(graph, [(RewriteUnit(k), g) for k, g in enumerate(groups)])
+    except ContractionCycle:
         return None
-    return tuple(("group", u[1]) if u[0] == "region" else u for u in order)
 
 
 def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
-                  params: dict[int, dict[str, Any]] | None = None) -> Any | None:
+                  params: dict[int, dict[str, Any]] | None = None,
+                  graph: Graph | None = None) -> Any | None:
     """``jaxpr`` with ``rewrites`` applied and some equations' ``params`` replaced.
 
     Only the rewrites are traced (each into a small jaxpr of its own); their equations
@@ -178,12 +234,13 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     inner, _ = _compat.open_jaxpr(jaxpr)
     eqns = inner.eqns
     if rewrites:
-        order = emission_order(build_graph(inner), [r.eqns for r in rewrites])
+        graph = graph if graph is not None else build_graph(inner)
+        order = emission_order(graph, [r.eqns for r in rewrites])
         if order is None:
             raise RuntimeError("jaxpar loop pass bug: merged loops depend on each other; "
                                "please report it with the program that triggered it")
     else:
-        order = tuple(("eqn", i) for i in range(len(eqns)))
+        order = tuple(EqnUnit(i) for i in range(len(eqns)))
     params = params or {}
     renamed: dict[Any, Any] = {}  # replaced equations' outvars -> the atoms now holding them
     dropped: set[Any] = set()  # replaced equations' outvars their rewrite did not compute
@@ -200,13 +257,14 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     new_constvars: list[Any] = []
     new_consts: list[Any] = []
     traced: dict[Hashable, _Traced] = {}
-    for kind, index in order:
-        if kind == "eqn":
-            eqn = eqns[index]
+    for unit in order:
+        if isinstance(unit, EqnUnit):
+            eqn = eqns[unit.index]
             new_eqns.append(_compat.replace_eqn(eqn, invars=[atom(v) for v in eqn.invars],
-                                                params=params.get(index)))
+                                                params=params.get(unit.index)))
             continue
-        rewrite = rewrites[index]
+        assert isinstance(unit, RewriteUnit)
+        rewrite = rewrites[unit.rewrite]
         members = [eqns[i] for i in rewrite.eqns]
         operands = [[atom(v) for v in m.invars] for m in members]
         out_counts = [len(m.outvars) for m in members]
@@ -330,8 +388,8 @@ def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]]) -> _Traced:
     return _Traced(small, list(consts), computed)
 
 
-def walk_levels(jaxpr: Any, level_passes: Sequence[LevelPass], path: str = ""
-                ) -> tuple[Any, list[LoopDecision]]:
+def walk_levels(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
+                path: str = "") -> tuple[Any, list[LoopDecision]]:
     """Runs ``level_passes`` in order at every nesting level of ``jaxpr``, innermost first.
 
     A level whose own loops were rewritten is walked again, since the loops the passes
@@ -343,7 +401,7 @@ def walk_levels(jaxpr: Any, level_passes: Sequence[LevelPass], path: str = ""
     decisions: list[LoopDecision] = []
     current = jaxpr
     for attempt in range(MAX_ROUNDS):
-        new, walk_decisions, level_changed = _walk_once(current, level_passes, path)
+        new, walk_decisions, level_changed = _walk_once(current, level_passes, analysis, path)
         decisions.extend(d for d in walk_decisions
                          if attempt == 0 or d.kind not in _UNCHANGED_KINDS)
         current = new
@@ -353,7 +411,7 @@ def walk_levels(jaxpr: Any, level_passes: Sequence[LevelPass], path: str = ""
                        f"{path or '/'}; please report it with the program")
 
 
-def _walk_once(jaxpr: Any, level_passes: Sequence[LevelPass], path: str
+def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis, path: str
                ) -> tuple[Any, list[LoopDecision], bool]:
     inner, _ = _compat.open_jaxpr(jaxpr)
     decisions: list[LoopDecision] = []
@@ -366,7 +424,7 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LevelPass], path: str
             # Rewrites of a nested level are traced where JAX traced that level (a
             # shard_map body with its mesh axes bound).
             with _compat.nested_trace_context(eqn):
-                new_sub, sub_decisions = walk_levels(sub, level_passes, sub_path)
+                new_sub, sub_decisions = walk_levels(sub, level_passes, analysis, sub_path)
             decisions.extend(sub_decisions)
             if new_sub is not sub:
                 replacements[(name, item)] = new_sub
@@ -389,12 +447,15 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LevelPass], path: str
     for round_index in range(MAX_ROUNDS):
         changed = False
         for level_pass in level_passes:
-            rewrites, level_decisions = level_pass(current, path)
+            graph = analysis.graph(current)
+            rewrites, level_decisions = level_pass.run(Level(current, path, graph), analysis)
+            level_decisions = [dataclasses.replace(d, pass_name=level_pass.name)
+                               for d in level_decisions]
             if round_index > 0:
                 level_decisions = [d for d in level_decisions
                                    if d.kind not in _UNCHANGED_KINDS]
             if rewrites:
-                rebuilt = rebuild_level(current, rewrites)
+                rebuilt = rebuild_level(current, rewrites, graph=graph)
                 if rebuilt is None:
                     kept.extend(_as_left_alone(
                         level_decisions, "this jaxpr cannot take new constants, so the "

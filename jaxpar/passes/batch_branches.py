@@ -62,19 +62,21 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from .. import _compat
+from .._analysis import Analysis
 from .._cost import ZERO, Cost, CostModel
-from .._graph import Graph, build_graph
+from .._graph import Graph
 from .._plan import COLLECTIVE_PRIMITIVES
 from .._structure import StructuralKeys, literal_key
-from ._batching import equations_refusal, shared_column, static_refusal, vmap_members
+from ._shared import equations_refusal, shared_column, static_refusal, vmap_members
 from ._walk import (
     KIND_BATCHED_SUBGRAPHS,
     KIND_SUBGRAPHS_LEFT_ALONE,
+    Level,
+    LevelResult,
     LoopDecision,
     Rewrite,
     decision,
     emission_order,
-    walk_levels,
 )
 
 # Equations the lockstep walks may visit per equation of the level, over all their tries.
@@ -102,33 +104,32 @@ class _Group:
         return tuple(sorted(i for row in self.rows for i in row))
 
 
-def batch_branches_level(jaxpr: Any, path: str, costs: CostModel,
-                         memo: dict[int, tuple[Any, Hashable | None]] | None = None
-                         ) -> tuple[list[Rewrite], list[LoopDecision]]:
+def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one vmapped subgraph per group of identical independent subgraphs.
 
-    ``memo`` keeps equations' parameter keys, and the levels found to offer nothing,
-    between calls (jaxprs and equations are immutable, and the passes see the same ones
-    round after round); pass the same dict to every call of one ``walk_levels``.
+    The analysis's ``"batch_branches"`` memo keeps equations' parameter keys, and the
+    levels found to offer nothing, between rounds (jaxprs and equations are immutable,
+    and the passes see the same ones round after round).
     """
-    memo = {} if memo is None else memo
+    memo = analysis.memo("batch_branches")
+    jaxpr = level.jaxpr
     seen = memo.get(id(jaxpr))
     if seen is not None and seen[0] is jaxpr:
         return [], []  # this very level was searched and offered nothing
-    rewrites, decisions = _batch_level(jaxpr, path, costs, memo)
+    rewrites, decisions = _batch_level(level, analysis.costs, memo)
     if not rewrites:
         memo[id(jaxpr)] = (jaxpr, None)
     return rewrites, decisions
 
 
-def _batch_level(jaxpr: Any, path: str, costs: CostModel,
+def _batch_level(level: Level, costs: CostModel,
                  memo: dict[int, tuple[Any, Hashable | None]]
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
-    inner, _ = _compat.open_jaxpr(jaxpr)
-    eqns = inner.eqns
+    inner, _ = _compat.open_jaxpr(level.jaxpr)
+    eqns, path = inner.eqns, level.path
     if len(eqns) < 2:
         return [], []
-    graph = build_graph(inner)
+    graph = level.graph
     producer = _producers(eqns)
     keys, local_keys = _value_numbers(inner, producer, graph, memo)
     classes: dict[int, list[int]] = {}
@@ -479,22 +480,3 @@ def _emitter(eqns: Sequence[Any], group: _Group) -> Any:
                  for out in range(len(eqns[i].outvars))] for i in group.eqns]
 
     return emit
-
-
-def batch_branches(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDecision, ...]]:
-    """Batches identical independent subgraphs at every level of ``jaxpr``.
-
-    Args:
-        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``); never mutated.
-        target: the cost model that decides whether batching pays: ``"gpu"``,
-            ``"cpu"`` or ``"tpu"``.
-
-    Returns:
-        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
-    """
-    from .unroll import _costs as cost_model
-
-    costs = cost_model(target)
-    memo: dict[int, tuple[Any, Hashable | None]] = {}
-    new, decisions = walk_levels(jaxpr, [lambda j, p: batch_branches_level(j, p, costs, memo)])
-    return new, tuple(decisions)

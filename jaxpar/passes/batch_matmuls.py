@@ -58,17 +58,19 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _compat
+from .._analysis import Analysis
 from .._cost import CostModel
-from .._graph import Graph, build_graph
+from .._graph import Graph
 from .._plan import COLLECTIVE_PRIMITIVES
 from ._walk import (
     KIND_BATCHED_MATMULS,
     KIND_MATMULS_LEFT_ALONE,
+    Level,
+    LevelResult,
     LoopDecision,
     Rewrite,
     decision,
     emission_order,
-    walk_levels,
 )
 
 # The heavy ops this pass batches: one kernel each, whose batched form is one kernel.
@@ -104,20 +106,18 @@ def _operands(eqn: Any, swapped: bool) -> list[Any]:
     return list(eqn.invars[::-1] if swapped else eqn.invars)
 
 
-def batch_matmuls_level(jaxpr: Any, path: str, costs: CostModel,
-                        memo: dict[int, Any] | None = None
-                        ) -> tuple[list[Rewrite], list[LoopDecision]]:
+def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: batched ops for same-shaped heavy ops of one stage.
 
-    ``memo`` remembers levels found to offer nothing (jaxprs are immutable and the
-    passes see the same ones round after round); pass the same dict to every call of
-    one ``walk_levels``.
+    The analysis's ``"batch_matmuls"`` memo remembers levels found to offer nothing
+    (jaxprs are immutable and the passes see the same ones round after round).
     """
-    memo = {} if memo is None else memo
+    memo = analysis.memo("batch_matmuls")
+    jaxpr = level.jaxpr
     seen = memo.get(id(jaxpr))
     if seen is not None and seen is jaxpr:
         return [], []
-    rewrites, decisions = _batch_level(jaxpr, path, costs)
+    rewrites, decisions = _batch_level(level, analysis.costs)
     if not rewrites:
         memo[id(jaxpr)] = jaxpr
     return rewrites, decisions
@@ -129,14 +129,13 @@ def _batchable(eqn: Any) -> bool:
             and not _compat.eqn_frontend_attributes(eqn))
 
 
-def _batch_level(jaxpr: Any, path: str, costs: CostModel
-                 ) -> tuple[list[Rewrite], list[LoopDecision]]:
-    inner, _ = _compat.open_jaxpr(jaxpr)
-    eqns = inner.eqns
+def _batch_level(level: Level, costs: CostModel) -> tuple[list[Rewrite], list[LoopDecision]]:
+    inner, _ = _compat.open_jaxpr(level.jaxpr)
+    eqns, path = inner.eqns, level.path
     candidates = [i for i, e in enumerate(eqns) if _batchable(e)]
     if len(candidates) < 2:
         return [], []
-    graph = build_graph(inner)
+    graph = level.graph
     candidates = [i for i in candidates if i in graph.live]
     # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
     stage = _stages(graph, [costs.eqn_cost(e).kernels > 0 and e.primitive.name != "transpose"
@@ -530,29 +529,3 @@ def _left_alone(path: str, eqns: Sequence[Any], group: _Group, launches: int, pr
                     trips_before=None, trips_after=None, unroll=None, reason=reason,
                     members=[(i,) for i in group.members], stage=group.stage,
                     saving_us=price.worth * 1e6)
-
-
-def batch_matmuls(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDecision, ...]]:
-    """Batches same-shaped matmuls and convolutions of one stage at every level of ``jaxpr``.
-
-    Args:
-        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``); never mutated.
-        target: the cost model that decides whether batching pays: ``"gpu"``,
-            ``"cpu"`` or ``"tpu"``.
-
-    Returns:
-        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
-
-    Raises:
-        ValueError: unknown ``target``.
-
-    Example::
-
-        new, decisions = batch_matmuls(jax.make_jaxpr(f)(a, b, x), target="gpu")
-    """
-    from .unroll import _costs as cost_model
-
-    costs = cost_model(target)
-    memo: dict[int, Any] = {}
-    new, decisions = walk_levels(jaxpr, [lambda j, p: batch_matmuls_level(j, p, costs, memo)])
-    return new, tuple(decisions)

@@ -30,119 +30,31 @@ Sharp edges:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
 
 from .. import _compat
-from .._graph import build_graph
-from .._structure import StructuralKeys
-from ._batching import equation_refusal, shared_column, static_refusal, vmap_members
-from ._walk import (
-    KIND_BATCHED,
-    LoopDecision,
-    Rewrite,
-    decision,
-    emission_order,
-    evaluate,
-    level_eqns,
-    loop_candidate,
-    walk_levels,
-)
+from .._analysis import Analysis
+from ._shared import batch_refusal, body_key, group_independent, vmap_members
+from ._walk import KIND_BATCHED, Level, LevelResult, Rewrite, decision, evaluate, loop_candidate
 
 
-def body_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
-    """Equal for two scans exactly when they run the same computation on same-typed
-    operands (compared structurally: ``_structure``); None for a scan that can never be
-    batched (``_batching.static_refusal``)."""
-    if static_refusal(eqn) is not None:
-        return None
-    return (keys.equation(eqn),
-            tuple((v.aval, getattr(v.aval, "weak_type", False)) for v in eqn.invars))
-
-
-def batch_refusal(eqns: Sequence[Any], group: Sequence[int]) -> str | None:
-    """Why the scans ``group`` (same ``body_key``) cannot run as one vmapped scan, or None:
-    what ``vmap`` would make of them, given which operands they share."""
-    columns = [[_operand(eqns[m].invars[position]) for m in group]
-               for position in range(len(eqns[group[0]].invars))]
-    return equation_refusal(eqns[group[0]], [not shared_column(c) for c in columns])
-
-
-def _operand(atom: Any) -> Any:
-    """What the emitter receives for ``atom`` (see ``_walk._trace_rewrite``)."""
-    return _compat.literal_value(atom) if _compat.is_literal(atom) else atom
-
-
-def independent(ancestors: dict[int, tuple[int, int]], i: int, j: int) -> bool:
-    """Whether neither candidate reaches the other (``ancestors`` from ``ancestor_masks``)."""
-    bit_i, mask_i = ancestors[i]
-    bit_j, mask_j = ancestors[j]
-    return not mask_i & bit_j and not mask_j & bit_i
-
-
-def ancestor_masks(jaxpr: Any, tracked: list[int]) -> tuple[Any, dict[int, tuple[int, int]]]:
-    """The level's graph and, per tracked equation, ``(its bit, its tracked ancestors)``.
-
-    Only tracked equations get bits (by their rank among ``tracked``), so the masks
-    stay as wide as the candidates (a few loops), not the level.
-    """
-    inner, _ = _compat.open_jaxpr(jaxpr)
-    graph = build_graph(inner)
-    bit = {eqn: 1 << rank for rank, eqn in enumerate(tracked)}
-    masks = [0] * graph.size
-    for i in range(graph.size):
-        mask = 0
-        for p in graph.preds[i]:
-            mask |= masks[p] | bit.get(p, 0)
-        masks[i] = mask
-    return graph, {i: (bit[i], masks[i]) for i in tracked}
-
-
-def group_independent(jaxpr: Any, candidates: list[int],
-                      compatible: Callable[[list[int], int], bool],
-                      prefer: Callable[[list[int], int], Any] | None = None
-                      ) -> list[list[int]]:
-    """Greedy groups of mutually independent candidates.
-
-    ``compatible(group, index)`` says whether ``index`` may join ``group``;
-    ``prefer(group, index)`` ranks the groups to try first. Every group can be
-    contracted to one unit, together with all the others, without making a cycle.
-    """
-    graph, ancestors = ancestor_masks(jaxpr, candidates)
-    groups: list[list[int]] = []
-    for index in candidates:
-        options = [g for g in groups if compatible(g, index)
-                   and all(independent(ancestors, m, index) for m in g)]
-        if prefer is not None:
-            options.sort(key=lambda g: prefer(g, index))
-        placed = False
-        for group in options:
-            group.append(index)
-            if emission_order(graph, [g for g in groups if len(g) > 1]) is not None:
-                placed = True
-                break
-            group.pop()
-        if not placed:
-            groups.append([index])
-    return [sorted(g) for g in groups]
-
-
-def batch_scans_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one batched scan per group of independent identical scans."""
-    eqns = level_eqns(jaxpr)
+    eqns, path = level.eqns, level.path
     candidates = [i for i, e in enumerate(eqns) if loop_candidate(e)]
     if len(candidates) < 2:
         return [], []
-    structure = StructuralKeys()
+    structure = analysis.structural_keys
     keys = {i: body_key(eqns[i], structure) for i in candidates}
     candidates = [i for i in candidates if keys[i] is not None]
 
     def compatible(group: list[int], index: int) -> bool:
         return keys[group[0]] == keys[index] and batch_refusal(eqns, [*group, index]) is None
 
-    groups = [g for g in group_independent(jaxpr, candidates, compatible) if len(g) > 1]
+    groups = [g for g in group_independent(level.graph, candidates, compatible)
+              if len(g) > 1]
     rewrites, decisions = [], []
     for group in groups:
         length = _compat.scan_info(eqns[group[0]]).length
@@ -180,14 +92,3 @@ def _run_scan(info: Any, operands: Any) -> list[Any]:
     return [*final, *ys]
 
 
-def batch_scans(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
-    """Batches independent identical scans at every level of ``jaxpr``.
-
-    Args:
-        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``); never mutated.
-
-    Returns:
-        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
-    """
-    new, decisions = walk_levels(jaxpr, [batch_scans_level])
-    return new, tuple(decisions)

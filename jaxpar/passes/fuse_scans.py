@@ -41,31 +41,33 @@ from typing import Any
 from jax import lax
 
 from .. import _compat
-from .._structure import StructuralKeys
+from .._analysis import Analysis
+from ._shared import batch_refusal, body_key, group_independent
 from ._walk import (
     KIND_FUSED,
     KIND_LEFT_ALONE,
-    LoopDecision,
+    Level,
+    LevelResult,
     Rewrite,
     decision,
     evaluate,
-    level_eqns,
     loop_candidate,
-    walk_levels,
 )
-from .batch_scans import batch_refusal, body_key, group_independent
 
 
-def fuse_scans_level(jaxpr: Any, path: str, *, leave_identical: bool = False
-                     ) -> tuple[list[Rewrite], list[LoopDecision]]:
-    """The level pass: one fused scan per group of independent scans of one level."""
-    eqns = level_eqns(jaxpr)
+def run(level: Level, analysis: Analysis) -> LevelResult:
+    """The level pass: one fused scan per group of independent scans of one level.
+
+    With ``batch_scans`` on, scans it could batch instead are not fused together.
+    """
+    eqns, path = level.eqns, level.path
+    leave_identical = analysis.settings.batch_scans
     candidates = [i for i, e in enumerate(eqns)
                   if loop_candidate(e) and _compat.scan_info(e).length > 0]
     if len(candidates) < 2:
         return [], []
     infos = {i: _compat.scan_info(eqns[i]) for i in candidates}
-    structure = StructuralKeys()
+    structure = analysis.structural_keys
     keys = {i: body_key(eqns[i], structure) for i in candidates} if leave_identical else {}
 
     def batchable(m: int, index: int) -> bool:
@@ -79,7 +81,7 @@ def fuse_scans_level(jaxpr: Any, path: str, *, leave_identical: bool = False
         length = infos[index].length
         return (min(abs(infos[m].length - length) for m in group), group[0])
 
-    groups = group_independent(jaxpr, candidates, compatible, prefer)
+    groups = group_independent(level.graph, candidates, compatible, prefer)
     rewrites, decisions = [], []
     for group in groups:
         if len(group) == 1:
@@ -175,22 +177,3 @@ def _fused_emitter(infos: list[_compat.ScanInfo], unroll: int, first: Any) -> An
         return results
 
     return emit
-
-
-def fuse_scans(jaxpr: Any, *, leave_identical: bool = False
-               ) -> tuple[Any, tuple[LoopDecision, ...]]:
-    """Fuses independent scans at every level of ``jaxpr``.
-
-    Args:
-        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``); never mutated.
-        leave_identical: do not fuse scans that ``batch_scans`` could batch instead.
-
-    Returns:
-        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
-    """
-    def level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
-        return fuse_scans_level(j, path, leave_identical=leave_identical)
-
-    new, decisions = walk_levels(jaxpr, [level])
-    return new, tuple(decisions)
-

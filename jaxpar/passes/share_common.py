@@ -27,8 +27,9 @@ from collections.abc import Hashable
 from typing import Any
 
 from .. import _compat
+from .._analysis import Analysis
 from .._structure import StructuralKeys
-from ._walk import LoopDecision, Rewrite, walk_levels
+from ._walk import Level, LevelResult, Rewrite
 
 # Primitives that must run once per occurrence even with equal operands.
 _NEVER_SHARED = frozenset({
@@ -48,11 +49,11 @@ def _eqn_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
     return (keys.equation(eqn), operands, tuple(str(v.aval) for v in eqn.outvars))
 
 
-def share_common_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one rewrite per class of equal equations (more than one member)."""
-    inner, _ = _compat.open_jaxpr(jaxpr)
+    inner, _ = _compat.open_jaxpr(level.jaxpr)
     classes: dict[Hashable, list[int]] = {}
-    keys = StructuralKeys()
+    keys = analysis.structural_keys
     for index, eqn in enumerate(inner.eqns):
         key = _eqn_key(eqn, keys)
         if key is not None:
@@ -71,13 +72,3 @@ def share_common_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopD
 
         rewrites.append(Rewrite(tuple(members), emit))
     return rewrites, []
-
-
-def share_common_subexpressions(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
-    """Merges equal equations at every level of ``jaxpr`` (never mutated).
-
-    Returns:
-        ``(new_jaxpr, ())``; ``new_jaxpr is jaxpr`` when nothing was shared.
-    """
-    new, decisions = walk_levels(jaxpr, [share_common_level])
-    return new, tuple(decisions)

@@ -30,16 +30,17 @@ from typing import Any
 import jax
 
 from .. import _compat
+from .._analysis import Analysis
 from .._loops import static_trip_count
 from ._walk import (
     KIND_HOST_SYNC,
     KIND_MADE_STATIC,
+    Level,
+    LevelResult,
     LoopDecision,
     Rewrite,
     decision,
     evaluate,
-    level_eqns,
-    walk_levels,
 )
 
 HOST_SYNC_HINT = ("XLA cannot see this loop's trip count, so on a GPU every iteration waits "
@@ -47,12 +48,12 @@ HOST_SYNC_HINT = ("XLA cannot see this loop's trip count, so on a GPU every iter
                   "bounds to fori_loop or use lax.scan")
 
 
-def make_loops_static_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: rewrites for every static ``while`` of one level."""
-    eqns = level_eqns(jaxpr)
+    eqns, path = level.eqns, level.path
     rewrites: list[Rewrite] = []
     decisions: list[LoopDecision] = []
-    inner, consts = _compat.open_jaxpr(jaxpr)
+    inner, consts = _compat.open_jaxpr(level.jaxpr)
     constants = dict(zip(inner.constvars, consts, strict=True))
     for index, eqn in enumerate(eqns):
         if eqn.primitive.name != "while":
@@ -90,16 +91,3 @@ def _static_scan_emitter(eqn: Any, trips: int) -> Any:
         return [list(final)]
 
     return emit
-
-
-def make_loops_static(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
-    """Replaces static ``fori_loop`` ``while``s by scans at every level of ``jaxpr``.
-
-    Args:
-        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``); never mutated.
-
-    Returns:
-        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
-    """
-    new, decisions = walk_levels(jaxpr, [make_loops_static_level])
-    return new, tuple(decisions)

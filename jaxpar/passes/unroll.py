@@ -31,23 +31,22 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _compat
-from .._cost import DEVICE_PROFILES, CostModel
+from .._analysis import Analysis
+from .._cost import CostModel
+from .._options import UNROLL_BY_COST
 from ._walk import (
     KIND_LEFT_ALONE,
     KIND_UNROLLED,
-    LoopDecision,
+    Level,
+    LevelResult,
     Rewrite,
     decision,
-    level_eqns,
     loop_candidate,
-    walk_levels,
 )
 
 KERNELS_PER_TRIP = 8
 MAX_UNROLLED_EQNS = 512
 FULL_UNROLL_LENGTH = 8
-
-Unroll = int | str | None
 
 
 def auto_unroll_factor(info: _compat.ScanInfo, costs: CostModel) -> int:
@@ -65,22 +64,19 @@ def auto_unroll_factor(info: _compat.ScanInfo, costs: CostModel) -> int:
     return max(factor, 1)
 
 
-def unroll_scans_level(jaxpr: Any, path: str, *, unroll: Unroll, costs: CostModel
-                       ) -> tuple[list[Rewrite], list[LoopDecision]]:
-    """The level pass: new ``unroll`` parameters for the scans of one level."""
+def run(level: Level, analysis: Analysis) -> LevelResult:
+    """The level pass: new ``unroll`` parameters for the scans of one level
+    (``settings.unroll``: a factor, or ``"cost"`` for one per scan from the cost model)."""
+    unroll = analysis.settings.unroll
     if unroll is None:
         return [], []
-    if not (unroll == "auto" or (isinstance(unroll, int) and not isinstance(unroll, bool)
-                                 and unroll >= 1)):
-        raise ValueError(f"jaxpar: unroll={unroll!r} is not supported; pass 'auto', a "
-                         "positive int, or None")
-    eqns = level_eqns(jaxpr)
+    eqns, path, costs = level.eqns, level.path, analysis.costs
     rewrites, decisions = [], []
     for index, eqn in enumerate(eqns):
         if not loop_candidate(eqn):
             continue
         info = _compat.scan_info(eqn)
-        if unroll == "auto":
+        if unroll == UNROLL_BY_COST:
             if info.unroll != 1:
                 decisions.append(decision(
                     path, KIND_LEFT_ALONE, eqns, [index], trips_before=info.length,
@@ -113,33 +109,3 @@ def _unroll_emitter(eqn: Any, factor: int) -> Any:
         return [_compat.bind_eqn(eqn, operands, params)]
 
     return emit
-
-
-def unroll_scans(jaxpr: Any, *, unroll: Unroll = "auto", target: str = "gpu"
-                 ) -> tuple[Any, tuple[LoopDecision, ...]]:
-    """Sets the unroll factor of the scans at every level of ``jaxpr``.
-
-    Args:
-        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``); never mutated.
-        unroll: ``"auto"``, a positive int, or None (leave every scan alone).
-        target: ``"gpu"``, ``"cpu"`` or ``"tpu"``: the cost model used by ``"auto"``.
-
-    Returns:
-        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
-
-    Raises:
-        ValueError: ``unroll`` or ``target`` is not one of the above.
-    """
-    costs = _costs(target)
-
-    def level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
-        return unroll_scans_level(j, path, unroll=unroll, costs=costs)
-
-    new, decisions = walk_levels(jaxpr, [level])
-    return new, tuple(decisions)
-
-
-def _costs(target: str) -> CostModel:
-    if target not in DEVICE_PROFILES:
-        raise ValueError(f"jaxpar: target={target!r} is not one of {sorted(DEVICE_PROFILES)}")
-    return CostModel(DEVICE_PROFILES[target])

@@ -1,4 +1,5 @@
-"""What the batching passes may put under ``vmap``, and how they emit it.
+"""What the loop and batching passes share: what they may put under ``vmap`` and how
+they emit it, scan body keys, and greedy grouping of independent candidates.
 
 ``batch_scans`` and ``batch_branches`` run several members as one ``vmap``ped
 computation. That is only right where ``vmap`` maps each primitive *faithfully*
@@ -38,7 +39,7 @@ Sharp edges:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -47,6 +48,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _compat
+from .._graph import Graph
+from .._structure import StructuralKeys
+from ._walk import emission_order
 
 # Families whose batching rule adds a batch dimension and nothing else. Built from the
 # primitive objects JAX exports; names for the few it does not export.
@@ -327,3 +331,78 @@ def vmap_members(fn: Callable[..., Sequence[Any]], columns: list[list[Any]], cou
 def shared_column(column: Sequence[Any]) -> bool:
     """Whether every member passes the very same object (then it is not stacked)."""
     return all(v is column[0] for v in column[1:])
+
+
+def body_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
+    """Equal for two scans exactly when they run the same computation on same-typed
+    operands (compared structurally: ``_structure``); None for a scan that can never be
+    batched (``_batching.static_refusal``)."""
+    if static_refusal(eqn) is not None:
+        return None
+    return (keys.equation(eqn),
+            tuple((v.aval, getattr(v.aval, "weak_type", False)) for v in eqn.invars))
+
+
+def batch_refusal(eqns: Sequence[Any], group: Sequence[int]) -> str | None:
+    """Why the scans ``group`` (same ``body_key``) cannot run as one vmapped scan, or None:
+    what ``vmap`` would make of them, given which operands they share."""
+    columns = [[_operand(eqns[m].invars[position]) for m in group]
+               for position in range(len(eqns[group[0]].invars))]
+    return equation_refusal(eqns[group[0]], [not shared_column(c) for c in columns])
+
+
+def _operand(atom: Any) -> Any:
+    """What the emitter receives for ``atom`` (see ``_walk._trace_rewrite``)."""
+    return _compat.literal_value(atom) if _compat.is_literal(atom) else atom
+
+
+def independent(ancestors: dict[int, tuple[int, int]], i: int, j: int) -> bool:
+    """Whether neither candidate reaches the other (``ancestors`` from ``ancestor_masks``)."""
+    bit_i, mask_i = ancestors[i]
+    bit_j, mask_j = ancestors[j]
+    return not mask_i & bit_j and not mask_j & bit_i
+
+
+def ancestor_masks(graph: Graph, tracked: list[int]) -> dict[int, tuple[int, int]]:
+    """Per tracked equation, ``(its bit, its tracked ancestors)``.
+
+    Only tracked equations get bits (by their rank among ``tracked``), so the masks
+    stay as wide as the candidates (a few loops), not the level.
+    """
+    bit = {eqn: 1 << rank for rank, eqn in enumerate(tracked)}
+    masks = [0] * graph.size
+    for i in range(graph.size):
+        mask = 0
+        for p in graph.preds[i]:
+            mask |= masks[p] | bit.get(p, 0)
+        masks[i] = mask
+    return {i: (bit[i], masks[i]) for i in tracked}
+
+
+def group_independent(graph: Graph, candidates: list[int],
+                      compatible: Callable[[list[int], int], bool],
+                      prefer: Callable[[list[int], int], Any] | None = None
+                      ) -> list[list[int]]:
+    """Greedy groups of mutually independent candidates.
+
+    ``compatible(group, index)`` says whether ``index`` may join ``group``;
+    ``prefer(group, index)`` ranks the groups to try first. Every group can be
+    contracted to one unit, together with all the others, without making a cycle.
+    """
+    ancestors = ancestor_masks(graph, candidates)
+    groups: list[list[int]] = []
+    for index in candidates:
+        options = [g for g in groups if compatible(g, index)
+                   and all(independent(ancestors, m, index) for m in g)]
+        if prefer is not None:
+            options.sort(key=lambda g: prefer(g, index))
+        placed = False
+        for group in options:
+            group.append(index)
+            if emission_order(graph, [g for g in groups if len(g) > 1]) is not None:
+                placed = True
+                break
+            group.pop()
+        if not placed:
+            groups.append([index])
+    return [sorted(g) for g in groups]

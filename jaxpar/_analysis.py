@@ -1,0 +1,93 @@
+"""One analysis of one program: its settings, one cost model and the per-call memos.
+
+The loop passes and the planner of one call share an ``Analysis``: every equation is
+costed once, every level's dependency graph built once, and the memos die with the
+call (nothing module-global keeps a jaxpr alive).
+
+Example::
+
+    analysis = Analysis(Options().resolve("gpu"))
+    analysis.costs.eqn_cost(eqn)        # one CostModel per call
+    analysis.graph(jaxpr)               # memoised per level object
+
+Sharp edges:
+  * Memos key on object identity and hold the object, so ids stay unique; an
+    ``Analysis`` must not outlive the call that made it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _compat
+from ._cost import DEVICE_PROFILES, CostModel
+from ._graph import Graph, build_graph
+from ._options import Options, Settings
+from ._structure import StructuralKeys
+
+
+class Analysis:
+    """Settings, one cost model and identity memos for one call."""
+
+    def __init__(self, settings: Settings):
+        if not isinstance(settings, Settings):
+            raise TypeError(f"Analysis takes Settings (from Options.resolve), got "
+                            f"{type(settings).__name__}")
+        self.settings = settings
+        self.costs = CostModel(DEVICE_PROFILES[settings.target])
+        # Structural keys of jaxprs, equations and parameters, shared by every pass.
+        self.structural_keys = StructuralKeys()
+        self._graphs: dict[int, tuple[Any, Graph]] = {}
+        self._placement: dict[int, tuple[Any, bool]] = {}
+        self._memos: dict[str, dict[Any, Any]] = {}
+
+    @classmethod
+    def create(cls, target: str = "gpu", **options: Any) -> Analysis:
+        """An analysis of ``Options.create(**options)`` for ``target``."""
+        return cls(Options.create(**options).resolve(target))
+
+    @property
+    def target(self) -> str:
+        return self.settings.target
+
+    def graph(self, jaxpr: Any) -> Graph:
+        """The dependency graph of an open jaxpr (or a closed one's inner jaxpr)."""
+        inner, _ = _compat.open_jaxpr(jaxpr)
+        hit = self._graphs.get(id(inner))
+        if hit is not None and hit[0] is inner:
+            return hit[1]
+        graph = build_graph(inner)
+        self._graphs[id(inner)] = (inner, graph)
+        return graph
+
+    def memo(self, name: str) -> dict[Any, Any]:
+        """A per-call memo for one pass or stage (the owner keeps identity keys' objects)."""
+        return self._memos.setdefault(name, {})
+
+    def annotated(self, eqn: Any) -> bool:
+        """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
+        return eqn_has_placement(eqn, self._placement)
+
+    def jaxpr_annotated(self, jaxpr: Any) -> bool:
+        """Whether any equation of ``jaxpr`` (recursively) is user-placed."""
+        return jaxpr_has_placement(jaxpr, self._placement)
+
+
+def eqn_has_placement(eqn: Any, memo: dict[int, tuple[Any, bool]]) -> bool:
+    """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
+    if eqn.primitive.name in _compat.USER_PLACEMENT_PRIMITIVES:
+        return True
+    if _compat.eqn_frontend_attributes(eqn):
+        return True
+    return any(jaxpr_has_placement(sub, memo) for _, _, sub in _compat.eqn_subjaxprs(eqn))
+
+
+def jaxpr_has_placement(jaxpr: Any, memo: dict[int, tuple[Any, bool]]) -> bool:
+    """Whether any equation of ``jaxpr`` (recursively) is user-placed."""
+    hit = memo.get(id(jaxpr))
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    found = any(eqn_has_placement(eqn, memo) for eqn in inner.eqns)
+    memo[id(jaxpr)] = (jaxpr, found)
+    return found
