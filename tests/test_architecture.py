@@ -1,0 +1,153 @@
+"""The package's shape: imports follow the pipeline, no circles, no giant definitions.
+
+The pipeline is ``_compat -> _graph -> _cost -> passes/ -> _plan -> _emit -> _inspect
+-> _api``: a module may import modules earlier in it, never later ones. Function-level
+imports count (a late import only hides a circle); ``if TYPE_CHECKING:`` imports do
+not, since they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "jaxpar"
+
+PIPELINE = ("jaxpar._compat", "jaxpar._graph", "jaxpar._cost", "jaxpar.passes", "jaxpar._plan",
+            "jaxpar._emit", "jaxpar._inspect", "jaxpar._api")
+MAX_DEFINITION_LINES = 200
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                hidden.update(id(n) for n in ast.walk(child))
+    return hidden
+
+
+def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the jaxpar modules it imports anywhere (function bodies included)."""
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        hidden = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) in hidden:
+                continue
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                subs = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in modules]
+                targets = subs if len(subs) == len(node.names) else [module, *subs]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            edges[name].update(t for t in targets if t in modules and t != name)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _stage(module: str) -> int | None:
+    for rank, prefix in enumerate(PIPELINE):
+        if module == prefix or module.startswith(prefix + "."):
+            return rank
+    return None
+
+
+def test_no_import_circle() -> None:
+    assert _cycles(_imports(_modules())) == []
+
+
+def test_imports_follow_the_pipeline() -> None:
+    backwards = []
+    for module, targets in _imports(_modules()).items():
+        here = _stage(module)
+        if here is None:
+            continue
+        for target in sorted(targets):
+            there = _stage(target)
+            if there is not None and there > here:
+                backwards.append(f"{module} imports {target}")
+    assert backwards == []
+
+
+def test_no_definition_longer_than_200_lines() -> None:
+    long = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if lines > MAX_DEFINITION_LINES:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert long == []
+
+
+def test_only_compat_touches_jax_internals() -> None:
+    offenders = [name for name, path in _modules().items()
+                 if name != "jaxpar._compat" and "jax._src" in path.read_text()]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import jaxpar._graph\n", {"jaxpar._graph"}),
+    ("def f():\n    from . import _graph\n", {"jaxpar._graph"}),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import _graph\n", set()),
+])
+def test_the_import_reader_counts_late_imports_not_type_checking_ones(
+        tmp_path: Path, source: str, expected: set[str]) -> None:
+    (tmp_path / "_graph.py").write_text("")
+    (tmp_path / "_user.py").write_text(source)
+    modules = {"jaxpar._graph": tmp_path / "_graph.py", "jaxpar._user": tmp_path / "_user.py"}
+    assert _imports(modules)["jaxpar._user"] == expected
+    assert _cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b"]]

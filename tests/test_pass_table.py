@@ -1,0 +1,220 @@
+"""Options read once (``Options.resolve``), one ``Analysis`` per call, passes as a table."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpar
+from jaxpar import _analysis, _api, _cost
+from jaxpar._options import TARGET_DEFAULTS, Options, Settings, command_buffer_mode
+from jaxpar.passes import (
+    PASSES,
+    DecisionKind,
+    LoopDecision,
+    apply_loop_passes,
+    batch_scans,
+    fuse_scans,
+    loop_defaults,
+    run_pass,
+    run_passes,
+    unroll_scans,
+)
+
+
+def _two_scans(a, b):
+    fa, _ = lax.scan(lambda c, x: (jnp.tanh(c + x), None), a, jnp.ones((5, 3)))
+    fb, _ = lax.scan(lambda c, x: (jnp.sin(c * x), None), b, jnp.ones((5, 3)))
+    return fa + fb
+
+
+def _args():
+    return jnp.ones(3), jnp.full(3, 0.5)
+
+
+# ---------------------------------------------------------------- Options.resolve
+
+
+def test_resolve_reads_auto_per_target():
+    for target in ("gpu", "cpu", "tpu"):
+        settings = Options().resolve(target, async_limit=2, command_buffers="lhs")
+        defaults = TARGET_DEFAULTS[target]
+        assert settings.target == target
+        assert settings.fuse_scans is defaults["fuse_scans"]
+        assert settings.batch_matmuls is defaults["batch_matmuls"]
+        assert settings.group_collectives is defaults["group_collectives"]
+        assert settings.unroll == defaults["unroll"]
+        assert "auto" not in {str(v) for v in vars_of(settings).values()}
+
+
+def vars_of(settings: Settings) -> dict:
+    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
+
+
+def test_resolve_keeps_explicit_switches_and_limits_streams():
+    settings = Options.create(fuse_scans=False, unroll=3, max_streams=4).resolve(
+        "gpu", async_limit=3, command_buffers="off")
+    assert settings.fuse_scans is False and settings.unroll == 3
+    assert settings.streams_per_section == 3
+    assert settings.command_buffers == "off"
+    forced = Options.create(force_streams=True).resolve("gpu", command_buffers="lhs")
+    assert forced.command_buffers is None  # no pricing when forced
+    assert Options().resolve("cpu", command_buffers="lhs").command_buffers is None
+
+
+def test_resolve_reads_xla_flags(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_experimental_parallel_async_compute_limit=4 "
+                                    "--xla_gpu_enable_command_buffer=")
+    settings = Options.create(max_streams=8).resolve("gpu")
+    assert settings.streams_per_section == 4
+    assert settings.command_buffers == "off" == command_buffer_mode()
+
+
+def test_resolve_rejects_bad_values():
+    with pytest.raises(ValueError, match="target must be one of"):
+        Options().resolve("abacus")
+    with pytest.raises(ValueError, match="async_limit"):
+        Options().resolve("gpu", async_limit=0)
+    with pytest.raises(ValueError, match="command_buffers"):
+        Options().resolve("gpu", command_buffers="sometimes")
+
+
+def test_settings_are_hashable_and_frozen():
+    settings = Options().resolve("gpu", async_limit=2, command_buffers="lhs")
+    assert hash(settings) == hash(Options().resolve("gpu", async_limit=2,
+                                                   command_buffers="lhs"))
+    with pytest.raises(AttributeError):
+        settings.target = "cpu"  # type: ignore[misc]
+
+
+def test_loop_defaults_come_from_the_options():
+    assert loop_defaults("gpu")["fuse"] is TARGET_DEFAULTS["gpu"]["fuse_scans"]
+    assert loop_defaults("cpu")["unroll"] is None
+    assert loop_defaults("gpu")["unroll"] == "auto"  # the public spelling of "by cost"
+
+
+# ---------------------------------------------------------------- the pass table
+
+
+def test_table_rows_are_unique_and_run_in_order():
+    names = [p.name for p in PASSES]
+    assert len(set(names)) == len(names)
+    assert names == ["share_common", "make_loops_static", "batch_scans", "fuse_scans",
+                     "batch_branches", "batch_matmuls", "unroll_scans"]
+
+
+def test_decisions_carry_the_pass_name_and_an_enum_kind():
+    closed = jax.make_jaxpr(_two_scans)(*_args())
+    _, decisions = run_passes(closed, target="gpu")
+    assert decisions
+    for d in decisions:
+        assert isinstance(d, LoopDecision)
+        assert isinstance(d.kind, DecisionKind)
+        assert d.pass_name in {p.name for p in PASSES}
+    fused = [d for d in decisions if d.kind == DecisionKind.FUSED]
+    assert fused and all(d.pass_name == "fuse_scans" for d in fused)
+    assert DecisionKind.FUSED == "fused"  # still compares equal to the old strings
+
+
+def test_run_pass_is_the_public_functions():
+    closed = jax.make_jaxpr(_two_scans)(*_args())
+    via_table, table_decisions = run_pass("fuse_scans", closed, settings=Settings(
+        target="gpu", fuse_scans=True))
+    via_function, function_decisions = fuse_scans(closed)
+    assert str(via_table) == str(via_function)
+    assert [d.kind for d in table_decisions] == [d.kind for d in function_decisions]
+    unrolled, _ = unroll_scans(closed, unroll=5)
+    assert all(e.params["unroll"] == 5 for e in unrolled.jaxpr.eqns
+               if e.primitive.name == "scan")
+    same, decisions = batch_scans(closed)  # different bodies: nothing to batch
+    assert same is closed and decisions == ()
+
+
+def test_run_passes_names_and_errors():
+    closed = jax.make_jaxpr(_two_scans)(*_args())
+    only_static, decisions = run_passes(closed, ["make_loops_static"], target="gpu")
+    assert only_static is closed and decisions == ()
+    with pytest.raises(ValueError, match="unknown pass"):
+        run_passes(closed, ["fuse_scan"], target="gpu")
+    with pytest.raises(ValueError, match="target"):
+        run_passes(closed, target="abacus")
+    with pytest.raises(TypeError, match="did you mean 'fuse_scans'"):
+        run_passes(closed, target="gpu", fuse_scan=True)
+    with pytest.raises(ValueError, match="unroll"):
+        apply_loop_passes(closed, fuse=False, batch=False, unroll=0, target="gpu")
+
+
+def test_run_passes_keeps_values():
+    closed = jax.make_jaxpr(_two_scans)(*_args())
+    new, _ = run_passes(closed, target="gpu")
+    expected = jax.jit(_two_scans)(*_args())
+    got = jax.jit(jax.extend.core.jaxpr_as_fun(new))(*_args())[0]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-6)
+
+
+# ---------------------------------------------------------------- one Analysis per call
+
+
+def test_one_cost_model_per_inspect(monkeypatch):
+    made = []
+    original = _cost.CostModel.__init__
+
+    def counting(self, profile):
+        made.append(profile)
+        original(self, profile)
+
+    monkeypatch.setattr(_cost.CostModel, "__init__", counting)
+    jaxpar.inspect(_two_scans, target="gpu")(*_args())
+    assert len(made) == 1
+
+
+def test_each_equation_is_costed_once_per_inspect(monkeypatch):
+    computed = []
+    original = _cost.CostModel.eqn_cost
+
+    def counting(self, eqn):
+        hit = self._eqn_costs.get(id(eqn))
+        if hit is None or hit[0] is not eqn:
+            computed.append(id(eqn))
+        return original(self, eqn)
+
+    monkeypatch.setattr(_cost.CostModel, "eqn_cost", counting)
+    jaxpar.inspect(_two_scans, target="gpu")(*_args())
+    assert computed and len(computed) == len(set(computed))
+
+
+def test_the_analysis_dies_with_the_call(monkeypatch):
+    seen = []
+    original = _analysis.Analysis.__init__
+
+    def record(self, settings):
+        original(self, settings)
+        seen.append(weakref.ref(self))
+
+    monkeypatch.setattr(_analysis.Analysis, "__init__", record)
+    traced = []
+    original_trace = _api.trace
+
+    def trace(fun, sig):
+        out = original_trace(fun, sig)
+        traced.append(weakref.ref(out.jaxpr))
+        return out
+
+    monkeypatch.setattr(_api, "trace", trace)
+    plan = jaxpar.inspect(_two_scans, target="gpu")(*_args())
+    assert plan.sections is not None
+    gc.collect()
+    assert seen and all(ref() is None for ref in seen)
+    assert traced and all(ref() is None for ref in traced)  # nothing module-global holds it
+
+
+def test_analysis_takes_settings():
+    with pytest.raises(TypeError, match="Settings"):
+        _analysis.Analysis(Options())  # type: ignore[arg-type]
