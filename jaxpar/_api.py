@@ -65,7 +65,7 @@ def disabled_by_environment() -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Rewrite:
+class _Prepared:
     """Everything derived from one signature: plan and emitter."""
 
     traced: Traced
@@ -103,17 +103,17 @@ class _PlanCache:
 
     def __init__(self, size: int):
         self._size = size
-        self._entries: collections.OrderedDict[Any, _Rewrite] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[Any, _Prepared] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Any) -> _Rewrite | None:
+    def get(self, key: Any) -> _Prepared | None:
         with self._lock:
             hit = self._entries.get(key)
             if hit is not None:
                 self._entries.move_to_end(key)
             return hit
 
-    def put(self, key: Any, rewrite: _Rewrite) -> None:
+    def put(self, key: Any, rewrite: _Prepared) -> None:
         with self._lock:
             self._entries[key] = rewrite
             while len(self._entries) > self._size:
@@ -199,14 +199,14 @@ class ParallelBranches:
         if not key.rewrite:
             args, kwargs = key.layout.rebuild(leaves)
             return self.__wrapped__(*args, **kwargs)
-        rewrite = self._rewrite(Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
+        rewrite = self._prepare(Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
                                 key.settings)
         if rewrite.traced.consts_are_tracers:
             self._saw_traced_consts.value = True
         flat_out = _run(rewrite, leaves, key.emit_streams)
         return jax.tree_util.tree_unflatten(rewrite.traced.out_tree, flat_out)
 
-    def _rewrite(self, sig: Signature, settings: Settings) -> _Rewrite:
+    def _prepare(self, sig: Signature, settings: Settings) -> _Prepared:
         # JAX's trace context (x64, promotion rules, matmul precision, default device,
         # mesh...) changes what tracing produces, so it keys the plan as it keys jax.jit.
         key = (sig, settings, _compat.trace_context())
@@ -281,13 +281,13 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _build(fun: Callable[..., Any], sig: Signature, settings: Settings) -> _Rewrite:
+def _build(fun: Callable[..., Any], sig: Signature, settings: Settings) -> _Prepared:
     traced, plan, loops = _analyse(fun, sig, settings)
     target = settings.target
-    return _Rewrite(traced, plan, loops, target, Emitter(plan, emit_streams=(target == "gpu")))
+    return _Prepared(traced, plan, loops, target, Emitter(plan, emit_streams=(target == "gpu")))
 
 
-def _run(rewrite: _Rewrite, leaves: Any, emit_streams: bool) -> list[Any]:
+def _run(rewrite: _Prepared, leaves: Any, emit_streams: bool) -> list[Any]:
     _, consts = _compat.open_jaxpr(rewrite.traced.jaxpr)
     return rewrite.emitter.run(consts, *leaves, emit_streams=emit_streams)
 

@@ -256,7 +256,7 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     new_eqns: list[Any] = []
     new_constvars: list[Any] = []
     new_consts: list[Any] = []
-    traced: dict[Hashable, _Traced] = {}
+    traced: dict[Hashable, _TracedRewrite] = {}
     for unit in order:
         if isinstance(unit, EqnUnit):
             eqn = eqns[unit.index]
@@ -328,7 +328,7 @@ def _pattern(operands: list[list[Any]]) -> Hashable:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Traced:
+class _TracedRewrite:
     """A rewrite traced once: its small jaxpr and which results it computed."""
 
     jaxpr: Any  # open
@@ -367,7 +367,7 @@ class _Traced:
         return constvars, body, flat_outs
 
 
-def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]]) -> _Traced:
+def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]]) -> _TracedRewrite:
     """Traces ``rewrite.emit`` on ``operands`` (atoms of the level, per member equation).
 
     Literals are passed to ``emit`` as values, each distinct variable as one argument.
@@ -385,7 +385,7 @@ def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]]) -> _Traced:
 
     small, consts = _compat.open_jaxpr(
         _compat.make_closed_jaxpr(run, [a.aval for a in traced]))
-    return _Traced(small, list(consts), computed)
+    return _TracedRewrite(small, list(consts), computed)
 
 
 def walk_levels(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,

@@ -171,7 +171,7 @@ def _batch_level(level: Level, costs: CostModel,
                    "kernels before or after them), so batching would hold the earlier ones "
                    "back or join stages the planner can overlap")
         else:
-            before, after = _costs(eqns, group, member_cost, eqn_costs)
+            before, after = _before_after(eqns, group, member_cost, eqn_costs)
             if after.seconds(costs.profile) >= before.seconds(costs.profile):
                 why = (f"stacking their differing inputs costs more than the "
                        f"{int(member_cost.kernels) * (group.members - 1)} kernel launches "
@@ -428,8 +428,8 @@ def _shared_column(eqns: Sequence[Any], group: _Group, slot: tuple[int, int]) ->
     return shared_column([eqns[i].invars[position] for i in group.rows[row]])
 
 
-def _costs(eqns: Sequence[Any], group: _Group, member: Cost, eqn_costs: Sequence[Cost]
-           ) -> tuple[Cost, Cost]:
+def _before_after(eqns: Sequence[Any], group: _Group, member: Cost, eqn_costs: Sequence[Cost]
+                  ) -> tuple[Cost, Cost]:
     """Modelled cost of the members as they are, and batched (with stacking and slicing).
 
     A stacked input is one more kernel when a kernel-launching equation (a matmul) reads
