@@ -47,24 +47,14 @@ from ._cost import DEVICE_PROFILES, CostModel
 from ._graph import Graph, build_graph
 from ._options import Options
 from ._price import command_buffer_mode, price_section
+from ._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
+from ._primitives import RECURSIVE as RECURSIVE_PRIMITIVES
+from ._primitives import USER_PLACEMENT
 
 if TYPE_CHECKING:
     from .passes.collectives import CollectiveGroup, CollectiveInfo
 
 MAX_HEAVY = 256
-
-COLLECTIVE_PRIMITIVES = frozenset(
-    {"ppermute", "psum", "pmax", "pmin", "all_gather", "all_to_all", "reduce_scatter",
-     "psum_scatter", "psum_invariant", "all_gather_invariant", "pbroadcast", "ragged_all_to_all"}
-)
-
-# Primitives whose nested jaxprs we re-emit with a plan of their own. Others
-# with nested jaxprs (shard_map, pallas_call, custom_transpose, ...) stay opaque.
-RECURSIVE_PRIMITIVES = frozenset(
-    {"jit", "pjit", "closed_call", "eval_jaxpr", "core_call", "remat2", "checkpoint", "scan",
-     "while", "cond", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr",
-     "shard_map"}
-)
 
 REASON_TOO_CHEAP = "too cheap"
 REASON_DEPENDENT = "dependent"
@@ -181,7 +171,7 @@ class PlanContext:
 
 def eqn_has_placement(eqn: Any, memo: dict[int, tuple[Any, bool]]) -> bool:
     """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
-    if eqn.primitive.name in _compat.USER_PLACEMENT_PRIMITIVES:
+    if eqn.primitive.name in USER_PLACEMENT:
         return True
     if _compat.eqn_frontend_attributes(eqn):
         return True

@@ -64,7 +64,7 @@ from typing import Any
 from .. import _compat
 from .._cost import ZERO, Cost, CostModel
 from .._graph import Graph, build_graph
-from .._plan import COLLECTIVE_PRIMITIVES
+from .._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
 from .._structure import StructuralKeys, literal_key
 from ._batching import equations_refusal, shared_column, static_refusal, vmap_members
 from ._walk import (

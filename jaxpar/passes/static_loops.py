@@ -31,6 +31,7 @@ import jax
 
 from .. import _compat
 from .._loops import static_trip_count
+from .._primitives import WHILE
 from ._walk import (
     KIND_HOST_SYNC,
     KIND_MADE_STATIC,
@@ -55,7 +56,7 @@ def make_loops_static_level(jaxpr: Any, path: str) -> tuple[list[Rewrite], list[
     inner, consts = _compat.open_jaxpr(jaxpr)
     constants = dict(zip(inner.constvars, consts, strict=True))
     for index, eqn in enumerate(eqns):
-        if eqn.primitive.name != "while":
+        if eqn.primitive.name != WHILE:
             continue
         count = static_trip_count(eqn, constants)
         trips = count.trips if not eqn.effects else None
