@@ -23,6 +23,7 @@ from . import _compat
 from ._cost import DEVICE_PROFILES, CostModel
 from ._graph import Graph, build_graph
 from ._options import Options, Settings
+from ._primitives import USER_PLACEMENT
 from ._structure import StructuralKeys
 
 
@@ -75,7 +76,7 @@ class Analysis:
 
 def eqn_has_placement(eqn: Any, memo: dict[int, tuple[Any, bool]]) -> bool:
     """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
-    if eqn.primitive.name in _compat.USER_PLACEMENT_PRIMITIVES:
+    if eqn.primitive.name in USER_PLACEMENT:
         return True
     if _compat.eqn_frontend_attributes(eqn):
         return True

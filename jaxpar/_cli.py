@@ -33,6 +33,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import __version__
+from ._api import inspect, parallel_branches
+from ._gpu_compile import plugin_status
+from ._preview import gpu_preview
+from ._trace import TraceError
+
 _DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
            "i8": "int8", "i32": "int32", "i64": "int64", "u8": "uint8", "u32": "uint32",
            "bool": "bool", "pred": "bool"}
@@ -95,9 +101,6 @@ def _same(expected: Any, got: Any) -> bool:
 
 
 def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: Any) -> bool:
-    from . import gpu_preview, inspect, parallel_branches
-    from ._deviceless import plugin_status
-
     print(f"\n== {title} ==", file=out)
     print(inspect(fn, target="gpu")(*args), file=out)
     plain = jax.jit(fn)
@@ -202,15 +205,11 @@ def option_value(text: str) -> Any:
 
 def _option_flags() -> dict[str, _pyinspect.Parameter]:
     """Every keyword-only option of ``parallel_branches``, by name."""
-    from . import parallel_branches
-
     return {name: p for name, p in _pyinspect.signature(parallel_branches).parameters.items()
             if p.kind is _pyinspect.Parameter.KEYWORD_ONLY}
 
 
 def _version() -> str:
-    from . import __version__
-
     return f"jaxpar {__version__} (jax {jax.__version__})"
 
 
@@ -257,8 +256,6 @@ def _main(argv: Sequence[str] | None) -> int:
     ns = parser.parse_args(argv)
     if ns.command == "demo":
         return demo()
-    from . import inspect
-
     sys.path.insert(0, "")
     chosen = {name[len("option_"):]: value for name, value in vars(ns).items()
               if name.startswith("option_")}
@@ -268,8 +265,6 @@ def _main(argv: Sequence[str] | None) -> int:
         planner = inspect(fn, **chosen)
     except (ValueError, TypeError) as error:
         parser.error(str(error))
-    from ._trace import TraceError
-
     given_text = f"--args-from {ns.args_from}" if ns.args_from else f"--args {ns.args!r}"
     try:
         plan = planner(*args)

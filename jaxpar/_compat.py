@@ -22,9 +22,11 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -51,11 +53,13 @@ __all__ = [
     "Jaxpr",
     "JaxprEqn",
     "Literal",
+    "all_primitive_names",
     "Var",
     "bind_eqn",
     "eqn_frontend_attributes",
     "eqn_replace_subjaxprs",
     "eqn_subjaxprs",
+    "internal_primitive",
     "is_tracer",
     "jit_disabled",
     "register_for_clear_caches",
@@ -91,11 +95,52 @@ _UNIFIED_JAXPR = ClosedJaxpr is Jaxpr
 # fixed by 0.12). The emitter then packs same-dtype results into one array.
 PACK_MULTI_RESULT_CALLS = JAX_VERSION < (0, 11)
 
-# Names of primitives that mean "the user already placed this code"; matched by
-# name because their Python homes move between releases.
-USER_PLACEMENT_PRIMITIVES = frozenset(
-    {"xla_metadata_call", "compute_on", "compute_on2", "annotate_device_placement"}
-)
+# Where JAX keeps the primitive objects that ``jax.extend.core.primitives`` and
+# ``jax.lax`` do not export (their homes move between releases).
+_PRIMITIVE_HOMES = ("jax._src.core", "jax._src.lax.parallel", "jax._src.shard_map",
+                    "jax._src.callback", "jax._src.debugging", "jax._src.random.prng",
+                    "jax._src.prng", "jax._src.pjit", "jax._src.compute_on",
+                    "jax._src.xla_metadata", "jax.experimental.scheduling_groups",
+                    "jax._src.lax.eval_jaxpr", "jax._src.ad_checkpoint")
+
+
+def internal_primitive(attribute: str) -> Any | None:
+    """The primitive JAX keeps in one of its internal modules as ``attribute`` (e.g.
+    ``"pvary_p"``), or None where this jax has none of that name."""
+    for home in _PRIMITIVE_HOMES:
+        try:
+            module = importlib.import_module(home)
+        except ImportError:
+            continue
+        primitive = getattr(module, attribute, None)
+        if isinstance(primitive, jex_core.Primitive):
+            return primitive
+    return None
+
+
+def all_primitive_names() -> frozenset[str]:
+    """Names of every primitive the running jax defines at module level (for tests).
+
+    Imports JAX's public modules and the internal homes above, then collects the
+    ``Primitive`` attributes of every loaded ``jax`` module.
+    """
+    for name in ("jax.numpy", "jax.lax", "jax.random", "jax.nn", "jax.scipy",
+                 "jax.experimental.shard_map", "jax.experimental.compute_on",
+                 "jax.experimental.xla_metadata", "jax.experimental.scheduling_groups",
+                 "jax.experimental.custom_partitioning", "jax.ad_checkpoint",
+                 "jax.experimental.checkify", *_PRIMITIVE_HOMES):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # not in this release
+            continue
+    names = set()
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == "jax" or module_name.startswith("jax.")):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, jex_core.Primitive):
+                names.add(value.name)
+    return frozenset(names)
 
 
 def ordering_effects(eqn: Any) -> frozenset[Any]:
@@ -294,6 +339,18 @@ def eqn_replace_subjaxprs(eqn: Any, replacements: dict[tuple[str, int | None], A
     return params
 
 
+def _internal_primitive_name(attribute: str) -> str:
+    primitive = internal_primitive(attribute)
+    if primitive is None:
+        raise ImportError(f"jaxpar supports jax 0.10.2 to 0.12, but this jax "
+                          f"{jax.__version__} has no `{attribute}`; install a supported jax")
+    return str(primitive.name)
+
+
+_XLA_METADATA_CALL = _internal_primitive_name("xla_metadata_call_p")
+_SHARD_MAP = _internal_primitive_name("shard_map_p")
+
+
 def eqn_frontend_attributes(eqn: Any) -> dict[str, str]:
     """The XLA frontend attributes the user or jaxpar attached to ``eqn``."""
     attrs: dict[str, str] = {}
@@ -303,7 +360,7 @@ def eqn_frontend_attributes(eqn: Any) -> dict[str, str]:
     compute_type = getattr(eqn.ctx, "compute_type", None)
     if compute_type is not None:
         attrs["_xla_compute_type"] = str(compute_type)
-    if eqn.primitive.name == "xla_metadata_call":
+    if eqn.primitive.name == _XLA_METADATA_CALL:
         if "xla_metadata" in eqn.params:  # jax >= 0.11
             attrs.update({str(k): str(v) for k, v in eqn.params["xla_metadata"]})
         else:  # jax 0.8 - 0.10: the attributes are the parameters themselves
@@ -565,7 +622,7 @@ class ShardMapInfo:
 
 def is_shard_map(eqn: Any) -> bool:
     """Whether ``eqn`` is a ``shard_map`` equation (matched by name)."""
-    return eqn.primitive.name == "shard_map"
+    return eqn.primitive.name == _SHARD_MAP
 
 
 def _names_to_spec(names: Any, ndim: int) -> Any:

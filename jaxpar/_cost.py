@@ -29,7 +29,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from . import _compat
+from . import _compat, _primitives
+from ._loops import static_trip_count
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,38 +102,18 @@ def _out_size(eqn: Any) -> float:
 
 
 # Shape-only equations: XLA turns them into layout changes or folds them away.
-_FREE = ("reshape", "squeeze", "expand_dims", "broadcast_in_dim", "convert_element_type",
-         "bitcast_convert_type", "iota", "copy", "copy_p", "stop_gradient", "pvary",
-         "optimization_barrier", "sharding_constraint", "mesh_cast", "reshard", "axis_index",
-         "device_put", "random_wrap", "random_unwrap")
-
-
-@register_cost_rule(*_FREE)
+@register_cost_rule(*sorted(_primitives.COST_FREE))
 def _free_rule(model: CostModel, eqn: Any) -> Cost:
     return ZERO
 
 
+# Reductions, sorts, scatters, collectives, decompositions...: one kernel each.
+@register_cost_rule(*sorted(_primitives.COST_ONE_KERNEL))
 def _one_kernel_rule(model: CostModel, eqn: Any) -> Cost:
     return Cost(flops=_out_size(eqn), bytes=_io_bytes(eqn), kernels=1.0)
 
 
-for _name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
-              "reduce_or", "reduce_xor", "argmax", "argmin", "cumsum", "cumprod", "cummax",
-              "cummin", "cumlogsumexp", "sort", "gather", "scatter", "scatter-add",
-              "scatter_add", "scatter_mul", "scatter_min", "scatter_max", "dynamic_slice",
-              "dynamic_update_slice", "concatenate", "pad", "transpose", "rev", "select_n",
-              "reduce_precision", "top_k", "fft", "rng_bit_generator", "threefry2x32",
-              "random_bits", "random_seed", "custom_call",
-              "ppermute", "psum", "all_gather", "all_to_all", "reduce_scatter", "pmax", "pmin",
-              "psum_scatter", "psum_invariant", "all_gather_invariant", "cholesky", "lu",
-              "qr", "eigh", "svd", "triangular_solve", "householder_product", "reduce_window",
-              "reduce_window_sum", "reduce_window_max", "reduce_window_min",
-              "select_and_scatter_add", "select_and_gather_add", "argsort", "approx_top_k",
-              "segment_sum", "clamp_p"):
-    cost_rules[_name] = _one_kernel_rule
-
-
-@register_cost_rule("dot_general")
+@register_cost_rule(_primitives.DOT_GENERAL)
 def _dot_general_rule(model: CostModel, eqn: Any) -> Cost:
     (lhs_contract, _), _ = eqn.params["dimension_numbers"]
     lhs_shape = eqn.invars[0].aval.shape
@@ -140,7 +121,7 @@ def _dot_general_rule(model: CostModel, eqn: Any) -> Cost:
     return Cost(flops=2.0 * _out_size(eqn) * contracted, bytes=_io_bytes(eqn), kernels=1.0)
 
 
-@register_cost_rule("conv_general_dilated")
+@register_cost_rule(_primitives.CONV)
 def _conv_rule(model: CostModel, eqn: Any) -> Cost:
     rhs_shape = eqn.invars[1].aval.shape
     dims = eqn.params["dimension_numbers"]
@@ -151,13 +132,13 @@ def _conv_rule(model: CostModel, eqn: Any) -> Cost:
     return Cost(flops=2.0 * _out_size(eqn) * per_output, bytes=_io_bytes(eqn), kernels=1.0)
 
 
-@register_cost_rule("scan")
+@register_cost_rule(_primitives.SCAN)
 def _scan_rule(model: CostModel, eqn: Any) -> Cost:
     body = model.jaxpr_cost(eqn.params["jaxpr"])
     return body.scale(_compat.scan_length(eqn))
 
 
-@register_cost_rule("while")
+@register_cost_rule(_primitives.WHILE)
 def _while_rule(model: CostModel, eqn: Any) -> Cost:
     body = model.jaxpr_cost(eqn.params["body_jaxpr"]) + model.jaxpr_cost(eqn.params["cond_jaxpr"])
     trips = known_while_trip_count(eqn)
@@ -166,7 +147,7 @@ def _while_rule(model: CostModel, eqn: Any) -> Cost:
     return body.scale(trips)
 
 
-@register_cost_rule("cond")
+@register_cost_rule(_primitives.COND)
 def _cond_rule(model: CostModel, eqn: Any) -> Cost:
     branches = [model.jaxpr_cost(b) for b in eqn.params["branches"]]
     return max(branches, key=lambda c: c.seconds(model.profile), default=ZERO)
@@ -190,8 +171,6 @@ def _default_rule(model: CostModel, eqn: Any) -> Cost:
 def known_while_trip_count(eqn: Any) -> int | None:
     """Trip count of a counting ``while`` with constant bounds (``_loops.static_trip_count``),
     exactly as the loop runs it; None otherwise."""
-    from ._loops import static_trip_count  # late: loops builds on the cost model
-
     return static_trip_count(eqn).trips
 
 

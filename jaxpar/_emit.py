@@ -44,6 +44,7 @@ from . import _compat
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._interp import Env
 from ._plan import LevelPlan
+from ._primitives import SCAN
 from .passes.collectives import emit_collective_group
 
 STREAM_ATTRIBUTE = "_xla_stream_annotation"
@@ -348,7 +349,7 @@ def _unrolled_body(eqn: Any, subs: tuple[tuple[tuple[str, int | None], LevelPlan
     them through main-stream work: XLA:GPU rejects that ("annotation groups with
     gaps"). Such a scan is unrolled by ``unrolled_scan`` instead.
     """
-    if eqn.primitive.name != "scan" or len(subs) != 1:
+    if eqn.primitive.name != SCAN or len(subs) != 1:
         return None
     (_, body), = subs
     info = _compat.scan_info(eqn)

@@ -26,6 +26,15 @@ from typing import Any
 from . import _compat
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._plan import REASON_TOO_CHEAP, LevelPlan
+from ._primitives import LOOPS
+from ._render import (
+    decision_text,
+    plan_to_chrome_trace,
+    plan_to_dot,
+    plan_to_html,
+    plan_to_svg,
+)
+from ._timeline import estimate
 from .passes import (
     KIND_BATCHED,
     KIND_BATCHED_MATMULS,
@@ -37,7 +46,7 @@ from .passes import (
 
 _MAX_SOURCES = 3
 _MAX_PRIMITIVES = 4
-_LOOP_PRIMITIVES = frozenset({"scan", "while"})
+_LOOP_PRIMITIVES = LOOPS
 # Loop rewrites drawn on the loop they produced; fused and batched loops are new
 # loops, so never "left alone".
 _DRAWN_LOOP_KINDS = (KIND_FUSED, KIND_BATCHED, KIND_UNROLLED)
@@ -209,8 +218,6 @@ class Plan:
                 f"is emitted, and the {self.target} cost model chose what is shown. For the "
                 "GPU plan: jaxpar.inspect(f, target='gpu')(...)")
         if self.steps:
-            from ._timeline import estimate
-
             top = estimate(self).levels[0]
             lines.append(f"  estimated time at the top level: serial {top.serial_us:.1f} us, "
                          f"critical path {top.makespan_us:.1f} us")
@@ -237,7 +244,7 @@ class Plan:
         for title, decisions in (("loops", self.loops), ("subgraphs", self.subgraphs)):
             if decisions:
                 lines.append(f"  {title}:")
-                lines.extend(f"    {_decision_text(d)}" for d in decisions)
+                lines.extend(f"    {decision_text(d)}" for d in decisions)
         if self.left_alone:
             lines.append("  left alone:")
             for note in self.left_alone:
@@ -252,20 +259,14 @@ class Plan:
 
     def _repr_html_(self) -> str:
         """Notebooks: an inline SVG timeline of the streams, then the text report."""
-        from ._render import plan_to_svg
-
         return f"<div>{plan_to_svg(self)}<pre>{html.escape(str(self))}</pre></div>"
 
     def to_svg(self) -> str:
         """The timeline as a standalone ``<svg>`` element."""
-        from ._render import plan_to_svg
-
         return plan_to_svg(self)
 
     def to_dot(self) -> str:
         """The plan as a Graphviz digraph (sections as clusters, regions as nodes)."""
-        from ._render import plan_to_dot
-
         return plan_to_dot(self)
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -279,8 +280,6 @@ class Plan:
         Raises:
           ValueError: ``path`` ends in neither ``.html``/``.htm`` nor ``.json``.
         """
-        from ._render import plan_to_chrome_trace, plan_to_html
-
         name = str(path).lower()
         if name.endswith((".html", ".htm")):
             text = plan_to_html(self)
@@ -294,32 +293,6 @@ class Plan:
                              "to_dot() for other formats")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(text)
-
-
-def _decision_text(d: LoopDecision) -> str:
-    """One report line: kind, place, primitives, trips and unroll when known, reason, sources
-    (member by member, with equation indices, where the decision joins members)."""
-    trips = ""
-    if d.trips_before is not None or d.trips_after is not None:
-        trips = f", trips {d.trips_before} -> {d.trips_after}"
-    unroll = f", unroll {d.unroll}" if d.unroll is not None else ""
-    stage = f", stage {d.stage}" if d.stage is not None else ""
-    if d.members:
-        where = "members: " + "; ".join(
-            f"{m}) " + ", ".join(_member_op(d, i) for i in member)
-            for m, member in enumerate(d.members, start=1))
-    else:
-        where = "; ".join(dict.fromkeys(d.sources)) or "<unknown>"
-    return (f"{d.kind} at {d.location} [{', '.join(d.primitives)}{trips}{unroll}{stage}]: "
-            f"{d.reason} ({where})")
-
-
-def _member_op(d: LoopDecision, eqn: int) -> str:
-    """``dot_general #7 at file:line (function)`` for equation ``eqn`` of decision ``d``."""
-    if eqn not in d.eqns:
-        return f"#{eqn}"
-    k = d.eqns.index(eqn)
-    return f"{d.primitives[k]} #{eqn} at {d.sources[k] or '<unknown>'}"
 
 
 def _loop_dict(loop: LoopDecision) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from . import _compat
+from ._primitives import ADD, CONVERT_ELEMENT_TYPE, LESS_THAN, WHILE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ def static_trip_count(eqn: Any, constants: Mapping[Any, Any] | None = None) -> T
     Returns:
         A ``TripCount``; ``trips`` is None unless the loop provably runs that many times.
     """
-    if eqn.primitive.name != "while":
+    if eqn.primitive.name != WHILE:
         return TripCount(None, f"a {eqn.primitive.name}, not a while loop")
     try:
         lower, upper, step, dtype = _counting_loop(eqn, constants or {})
@@ -106,7 +107,7 @@ def _counting_loop(eqn: Any, constants: Mapping[Any, Any]
     # The condition's other equations (if any) are pure (the pass refuses loops with
     # effects), so only the one computing the predicate matters.
     compare = _producer(cond, cond.outvars[0])
-    if compare is None or compare.primitive.name != "lt":
+    if compare is None or compare.primitive.name != LESS_THAN:
         raise _NotStatic("its condition is not a `counter < upper` comparison")
     counter_atom, upper_atom = (_see_through_casts(cond, a) for a in compare.invars)
     if _compat.is_literal(counter_atom) or counter_atom not in cond_carry:
@@ -134,7 +135,7 @@ def _counting_loop(eqn: Any, constants: Mapping[Any, Any]
     # The body advances the counter by a constant step, nothing else.
     counter_in = body_carry[k]
     advance = _producer(body, body.outvars[k])
-    if advance is None or advance.primitive.name != "add":
+    if advance is None or advance.primitive.name != ADD:
         raise _NotStatic("the body does not advance the counter by one `add`")
     a, b = (_see_through_casts(body, atom) for atom in advance.invars)
     if a is counter_in:
@@ -164,7 +165,7 @@ def _see_through_casts(jaxpr: Any, atom: Any) -> Any:
     counter) and leaves the value as it is."""
     for _ in range(len(jaxpr.eqns)):
         eqn = _producer(jaxpr, atom)
-        if eqn is None or eqn.primitive.name != "convert_element_type":
+        if eqn is None or eqn.primitive.name != CONVERT_ELEMENT_TYPE:
             return atom
         (source,) = eqn.invars
         if getattr(source.aval, "dtype", None) != atom.aval.dtype:

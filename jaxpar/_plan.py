@@ -53,24 +53,13 @@ from ._graph import (
 )
 from ._options import Options
 from ._price import price_section
+from ._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
+from ._primitives import RECURSIVE as RECURSIVE_PRIMITIVES
 
 if TYPE_CHECKING:
     from .passes.collectives import CollectiveGroup, CollectiveInfo
 
 MAX_HEAVY = 256
-
-COLLECTIVE_PRIMITIVES = frozenset(
-    {"ppermute", "psum", "pmax", "pmin", "all_gather", "all_to_all", "reduce_scatter",
-     "psum_scatter", "psum_invariant", "all_gather_invariant", "pbroadcast", "ragged_all_to_all"}
-)
-
-# Primitives whose nested jaxprs we re-emit with a plan of their own. Others
-# with nested jaxprs (shard_map, pallas_call, custom_transpose, ...) stay opaque.
-RECURSIVE_PRIMITIVES = frozenset(
-    {"jit", "pjit", "closed_call", "eval_jaxpr", "core_call", "remat2", "checkpoint", "scan",
-     "while", "cond", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr",
-     "shard_map"}
-)
 
 REASON_TOO_CHEAP = "too cheap"
 REASON_DEPENDENT = "dependent"

@@ -39,10 +39,13 @@ from typing import Any
 
 import jax
 
-from . import _deviceless
+from . import _gpu_compile, _schedule
 from ._api import ParallelBranches, parallel_branches
+from ._api import inspect as inspect_plan
 from ._estimate import CommandBuffers, Estimate, RegionFigures, estimate_hlo, verdict
 from ._inspect import Plan
+from ._options import Options, check_known
+from ._primitives import MAY_HOLD_LOOPS
 
 # jaxlib versions whose XLA crashed compiling stream-annotated loops deviceless.
 _CRASHES_ON_ANNOTATED_LOOPS = frozenset({"0.12.0.1"})
@@ -189,7 +192,7 @@ class GpuPreview:
 
 
 def _figures(hlo: str, gpu: str = "h200", command_buffers: str = "lhs") -> ScheduleFigures:
-    schedule = _deviceless.parse_schedule(hlo)
+    schedule = _schedule.parse_schedule(hlo)
     loops = tuple(LoopFigures(loop.name, loop.known_trip_count, loop.body_kernels)
                   for loop in schedule.while_loops)
     by_mode = {mode.value: estimate_hlo(hlo, gpu=gpu, command_buffers=mode)
@@ -213,7 +216,7 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         several devices); pytrees allowed.
       gpu: ``"h200"`` or ``"h100"`` (target descriptions shipped with jaxpar).
       devices: GPUs on a 1-D mesh ``("x",)`` when ``mesh`` is not given.
-      mesh: a mesh from ``jaxpar._deviceless.make_gpu_mesh`` for sharded arguments.
+      mesh: a mesh from ``jaxpar._gpu_compile.make_gpu_mesh`` for sharded arguments.
       allow_known_crashes: compile even where this jaxlib is known to crash.
       command_buffers: CUDA-graph mode the estimate and verdict assume: ``"lhs"``
         (XLA's default), ``"concurrent"`` or ``"off"``; every mode's time is in
@@ -231,16 +234,13 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
       ValueError: unknown ``gpu`` or ``devices < 1``; bad options.
       TypeError: an unknown option (with the closest valid name).
     """
-    from ._api import inspect as inspect_plan
-    from ._options import Options, check_known
-
     check_known(options, (*Options.names(), "gpu", "devices", "mesh", "allow_known_crashes"))
     mode = CommandBuffers(command_buffers).value if command_buffers in {
         m.value for m in CommandBuffers} else None
     if mode is None:
         raise ValueError(f"command_buffers={command_buffers!r} is not a mode; use one of "
                          f"{[m.value for m in CommandBuffers]}.")
-    ok, message = _deviceless.plugin_status()
+    ok, message = _gpu_compile.plugin_status()
     if not ok:
         raise RuntimeError(f"gpu_preview needs the CUDA PJRT plugin: {message}")
     if isinstance(fn, ParallelBranches):
@@ -258,15 +258,13 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
             "allow_known_crashes=True to try anyway.")
     compile_options = {"gpu": gpu, "mesh": mesh} if mesh is not None else {
         "gpu": gpu, "devices": devices}
-    plain = _figures(_deviceless.compile_for_gpu(fn, *args, **compile_options), gpu, mode)
-    fast = _figures(_deviceless.compile_for_gpu(rewritten, *args, **compile_options), gpu, mode)
+    plain = _figures(_gpu_compile.compile_for_gpu(fn, *args, **compile_options), gpu, mode)
+    fast = _figures(_gpu_compile.compile_for_gpu(rewritten, *args, **compile_options), gpu, mode)
     count = mesh.devices.size if mesh is not None else devices
     return GpuPreview(gpu, count, plain, fast, plan)
 
 
 def _regions_hold_loops(plan: Plan) -> bool:
     """Whether a stream region may hold a loop (directly, or inside a nested call)."""
-    may_hold = {"scan", "while", "jit", "pjit", "closed_call", "eval_jaxpr", "remat2", "cond",
-                "custom_jvp_call", "custom_vjp_call"}
-    return any(name in may_hold for section in plan.sections for region in section.regions
+    return any(name in MAY_HOLD_LOOPS for section in plan.sections for region in section.regions
                for name, _ in region.primitives)

@@ -60,6 +60,17 @@ from ._options import (  # noqa: F401  (re-exported)
     MODE_SERIALIZE,
     command_buffer_mode,
 )
+from ._primitives import (
+    COND,
+    DOT_GENERAL,
+    HOST_BLOCKING,
+    IDENTITIES,
+    LAYOUT_ONLY,
+    NOT_CAPTURED,
+    SCAN,
+    TRANSPARENT_CALLS,
+    WHILE,
+)
 from ._structure import StructuralKeys
 
 # Host cost of launching one kernel outside a CUDA graph, against replaying it as a
@@ -69,12 +80,6 @@ LAUNCH_SECONDS = 5.0e-6
 GRAPH_NODE_SECONDS = 0.6e-6
 # DotMerger merges candidates up to this size (operands plus output), since jax 0.9.2.
 DOT_MERGER_BYTES = 64 * 2**20
-# Ops XLA folds into a neighbour or into a layout: they never stop a fusion.
-_LAYOUT_ONLY = frozenset({"reshape", "squeeze", "expand_dims", "convert_element_type",
-                          "bitcast_convert_type", "transpose", "broadcast_in_dim", "copy",
-                          "copy_p"})
-_HOST_BLOCKING = frozenset({"cond"})
-_NOT_CAPTURED = frozenset({"while", "scan"})
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Verdict:
@@ -87,14 +92,6 @@ class Verdict:
     reason: str
 
 
-# Calls whose body's inputs are the equation's inputs, one for one.
-_TRANSPARENT_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
-                                "remat2", "checkpoint"})
-
-
-_IDENTITIES = frozenset({"stop_gradient", "copy", "copy_p"})
-
-
 def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any], keys: StructuralKeys
                 ) -> Iterator[tuple[Any, ...]]:
     """Keys of the kernels ``eqn`` launches on values of the level (through plain calls).
@@ -105,7 +102,7 @@ def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any], keys: Structu
     name = eqn.primitive.name
     subs = list(_compat.eqn_subjaxprs(eqn))
     if subs:
-        if name not in _TRANSPARENT_CALLS:
+        if name not in TRANSPARENT_CALLS:
             return
         inner, _ = _compat.open_jaxpr(subs[0][2])
         if len(inner.invars) != len(eqn.invars):
@@ -114,7 +111,7 @@ def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any], keys: Structu
                    if not _compat.is_literal(a)}
         for inner_eqn in inner.eqns:
             (source,) = inner_eqn.invars if len(inner_eqn.invars) == 1 else (None,)
-            if inner_eqn.primitive.name in _IDENTITIES and source in mapping:
+            if inner_eqn.primitive.name in IDENTITIES and source in mapping:
                 mapping[inner_eqn.outvars[0]] = mapping[source]  # XLA drops these
                 continue
             yield from _heavy_work(inner_eqn, costs, mapping, keys)
@@ -155,11 +152,11 @@ def _launch_penalty(eqn: Any, costs: CostModel) -> float:
     if subs:
         inner = [sum(_launch_penalty(e, costs) for e in _compat.open_jaxpr(sub)[0].eqns)
                  for sub in subs]
-        if name == "cond":
+        if name == COND:
             return max(inner)
-        if name == "scan":
+        if name == SCAN:
             return _compat.scan_length(eqn) * sum(inner)
-        if name == "while":
+        if name == WHILE:
             cost = costs.eqn_cost(eqn)
             body = costs.jaxpr_cost(eqn.params["body_jaxpr"]) + costs.jaxpr_cost(
                 eqn.params["cond_jaxpr"])
@@ -205,7 +202,7 @@ def _dot_source(eqns: Sequence[Any], producer: dict[Any, int], var: Any) -> Any:
     seen = 0
     while not _compat.is_literal(var) and var in producer and seen < 16:
         eqn = eqns[producer[var]]
-        if eqn.primitive.name not in _LAYOUT_ONLY or len(eqn.invars) != 1:
+        if eqn.primitive.name not in LAYOUT_ONLY or len(eqn.invars) != 1:
             break
         var = eqn.invars[0]
         seen += 1
@@ -248,7 +245,7 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
     placed = [(i, r) for r, members in enumerate(regions) for i in members]
     for i, r in [*placed, *((i, -1) for i in independent_dots)]:
         eqn = eqns[i]
-        if eqn.primitive.name != "dot_general" or _dot_bytes(eqn) > DOT_MERGER_BYTES:
+        if eqn.primitive.name != DOT_GENERAL or _dot_bytes(eqn) > DOT_MERGER_BYTES:
             continue
         for operand in eqn.invars:
             source = _dot_source(eqns, producer, operand)
@@ -276,11 +273,11 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
         for i in members:
             for inner in _walk_eqns(eqns[i]):
                 name = inner.primitive.name
-                unknown_trips = name == "while" and costs.eqn_cost(inner).unknown_trips
+                unknown_trips = name == WHILE and costs.eqn_cost(inner).unknown_trips
                 # A cond on the platform (jnp's per-backend lowerings) is resolved when
                 # compiling; only a cond on a traced value runs as a conditional.
-                on_platform = name == "cond" and inner.params.get("branches_platforms")
-                if (name in _HOST_BLOCKING and not on_platform) or unknown_trips:
+                on_platform = name == COND and inner.params.get("branches_platforms")
+                if (name in HOST_BLOCKING and not on_platform) or unknown_trips:
                     return Verdict(False, 0.0, 0.0, 0,
                                    f"equation {i} holds a `{name}` that blocks the host "
                                    "thread, so the other region would be launched only "
@@ -305,7 +302,7 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
 
     times = [sum(seconds(i) for i in members) for members in regions]
     busy = [sum(_work_seconds(eqns[i], costs) for i in members) for members in regions]
-    captured = [not any(inner.primitive.name in _NOT_CAPTURED
+    captured = [not any(inner.primitive.name in NOT_CAPTURED
                         for i in members for inner in _walk_eqns(eqns[i]))
                 for members in regions]
     overlapped = max(max(times), sum(busy))

@@ -37,6 +37,7 @@ from ._timeline import LevelTimeline, estimate
 
 if TYPE_CHECKING:
     from ._inspect import Plan, Step
+    from .passes import LoopDecision
 
 _LANE_HEIGHT = 34
 _LABEL_WIDTH = 110
@@ -56,6 +57,32 @@ _LOOP_REWRITES = {
 }
 _GROUP_COLOR = "#ffd166"
 _LOOP_COLOR = "#6b5b95"
+
+
+def decision_text(d: LoopDecision) -> str:
+    """One report line: kind, place, primitives, trips and unroll when known, reason, sources
+    (member by member, with equation indices, where the decision joins members)."""
+    trips = ""
+    if d.trips_before is not None or d.trips_after is not None:
+        trips = f", trips {d.trips_before} -> {d.trips_after}"
+    unroll = f", unroll {d.unroll}" if d.unroll is not None else ""
+    stage = f", stage {d.stage}" if d.stage is not None else ""
+    if d.members:
+        where = "members: " + "; ".join(
+            f"{m}) " + ", ".join(_member_op(d, i) for i in member)
+            for m, member in enumerate(d.members, start=1))
+    else:
+        where = "; ".join(dict.fromkeys(d.sources)) or "<unknown>"
+    return (f"{d.kind} at {d.location} [{', '.join(d.primitives)}{trips}{unroll}{stage}]: "
+            f"{d.reason} ({where})")
+
+
+def _member_op(d: LoopDecision, eqn: int) -> str:
+    """``dot_general #7 at file:line (function)`` for equation ``eqn`` of decision ``d``."""
+    if eqn not in d.eqns:
+        return f"#{eqn}"
+    k = d.eqns.index(eqn)
+    return f"{d.primitives[k]} #{eqn} at {d.sources[k] or '<unknown>'}"
 
 
 def _escape(text: object) -> str:
@@ -89,10 +116,8 @@ def _step_title(plan: Plan, step: Step, start: float, duration: float) -> str:
         lines.append(f"section at {section.location}: " + (
             f"beside {section.overlaps}" if section.overlaps
             else f"scheduling group {section.scheduling_group}"))
-    from ._inspect import _decision_text
-
-    lines += [_decision_text(plan.loops[k]) for k in step.loop_rewrites]
-    lines += [_decision_text(plan.subgraphs[k]) for k in step.batched_groups]
+    lines += [decision_text(plan.loops[k]) for k in step.loop_rewrites]
+    lines += [decision_text(plan.subgraphs[k]) for k in step.batched_groups]
     lines += list(step.source_lines)
     return "\n".join(lines)
 
@@ -116,8 +141,6 @@ def _loop_glyphs(plan: Plan, step: Step, x: float, y: float, width: float, heigh
     """What the loop passes did, drawn on the loop's box: bands for fused or batched
     members, ticks for the trips of an unrolled loop; and a box per batched matmul
     group, side by side in stage order right of ``left`` pixels (the box's label)."""
-    from ._inspect import _decision_text
-
     out = []
     for k in step.loop_rewrites:
         decision = plan.loops[k]
@@ -161,7 +184,7 @@ def _loop_glyphs(plan: Plan, step: Step, x: float, y: float, width: float, heigh
         out.append(
             f'<g class="loop-rewrite batched-group" data-rewrite="{decision.kind}" '
             f'data-members="{len(decision.members)}" data-stage="{decision.stage}">'
-            f"<title>{_escape(label)}\n{_escape(_decision_text(decision))}</title>"
+            f"<title>{_escape(label)}\n{_escape(decision_text(decision))}</title>"
             f'<rect class="group-box" x="{gx:.2f}" y="{y + 1:.1f}" width="{gw:.2f}" '
             f'height="{height - 2:.1f}" fill="none" stroke="{_GROUP_COLOR}" '
             f'stroke-width="1.5" rx="2"/>{dots}{text}</g>')
@@ -321,8 +344,6 @@ def plan_to_chrome_trace(plan: Plan) -> dict[str, Any]:
     stream, k = stream k, 1000 = collectives); every step is a complete event
     (``ph: "X"``) with ``ts`` and ``dur`` in estimated microseconds.
     """
-    from ._inspect import _decision_text
-
     events: list[dict[str, Any]] = []
     for pid, level in enumerate(estimate(plan).levels, start=1):
         name = "top level" if level.location == "/" else f"inside {level.location}"
@@ -340,9 +361,9 @@ def plan_to_chrome_trace(plan: Plan) -> dict[str, Any]:
                 "args": {"location": step.location, "equations": step.num_eqns,
                          "primitives": {n: c for n, c in step.primitives},
                          "source_lines": list(step.source_lines),
-                         "loop_rewrites": [_decision_text(plan.loops[k])
+                         "loop_rewrites": [decision_text(plan.loops[k])
                                            for k in step.loop_rewrites],
-                         "batched_groups": [_decision_text(plan.subgraphs[k])
+                         "batched_groups": [decision_text(plan.subgraphs[k])
                                             for k in step.batched_groups]}})
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"source": "jaxpar.Plan.save: cost-model estimates, not a "

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from . import _compat
+from ._options import did_you_mean
 
 
 class TraceError(RuntimeError):
@@ -115,7 +116,6 @@ class StaticArgs:
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             valid = [p.name for p in params if p.kind in _KEYWORD]
             if bad_names := sorted(set(names) - set(valid)):
-                from ._options import did_you_mean
                 hints = "".join(did_you_mean(n, valid) for n in bad_names)
                 raise ValueError(f"static_argnames={names} for {label}: it takes no argument "
                                  f"named {', '.join(map(repr, bad_names))}{hints}; its "

@@ -270,7 +270,7 @@ def test_dynamic_slice_of_a_parameter_reads_only_the_slice():
 dynamic_slice_sizes={1,100,100}
 }
 """
-    module = _estimate._Module(_estimate._deviceless._split_computations(
+    module = _estimate._Module(_estimate._schedule._split_computations(
         _module([], fused))[1])
     cost = _estimate._Costs(module, PROFILE)._fusion("fused_slice")
     assert cost.bytes == pytest.approx(2 * 100 * 100 * 4 + 4)
@@ -283,7 +283,7 @@ def test_dot_flops_from_a_gemm_fusion_use_the_tf32_peak():
   ROOT %dot = f32[512,1024]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 """
-    module = _estimate._Module(_estimate._deviceless._split_computations(
+    module = _estimate._Module(_estimate._schedule._split_computations(
         _module([], fused))[1])
     cost = _estimate._Costs(module, PROFILE)._fusion("gemm")
     assert cost.tensor_seconds == pytest.approx(2 * 512 * 1024 * 256 / 494.5e12)

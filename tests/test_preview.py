@@ -11,7 +11,7 @@ from test_seed_loops import seed_002, specs
 from test_seed_stories import LOOPS_OFF, four_matmul_branches, four_matmul_branches_args
 
 import jaxpar
-from jaxpar import _deviceless, _preview
+from jaxpar import _deviceless, _gpu_compile, _preview
 
 PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
@@ -66,7 +66,7 @@ def test_multi_branch_preview_and_decorated_input():
 
 
 def test_missing_plugin_names_the_pip_line(monkeypatch):
-    monkeypatch.setattr(_deviceless, "plugin_status", lambda: (
+    monkeypatch.setattr(_gpu_compile, "plugin_status", lambda: (
         False, "pip install --no-deps jax-cuda12-plugin==9.9 jax-cuda12-pjrt==9.9"))
     with pytest.raises(RuntimeError, match=r"pip install --no-deps jax-cuda12-plugin==9\.9"):
         jaxpar.gpu_preview(four_matmul_branches, *branch_specs())

@@ -43,67 +43,16 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.extend.core.primitives as _primitives
 import jax.numpy as jnp
 from jax import lax
 
-from .. import _compat
+from .. import _compat, _primitives
 from .._graph import Graph
 from .._structure import StructuralKeys
 from ._walk import emission_order
 
-# Families whose batching rule adds a batch dimension and nothing else. Built from the
-# primitive objects JAX exports; names for the few it does not export.
-_FAITHFUL_EXPORTED = (
-    # elementwise arithmetic, comparisons, bit ops, casts
-    "abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2",
-    "atanh", "bessel_i0e", "bessel_i1e", "bitcast_convert_type", "cbrt", "ceil", "clamp",
-    "clz", "complex", "conj", "convert_element_type", "copy", "cos", "cosh", "digamma",
-    "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge", "gt",
-    "igamma", "igamma_grad_a", "igammac", "imag", "integer_pow", "is_finite", "le", "lgamma",
-    "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "not",
-    "or", "polygamma", "population_count", "pow", "real", "reduce_precision",
-    "regularized_incomplete_beta", "rem", "round", "rsqrt", "select_n", "shift_left",
-    "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt",
-    "square", "stop_gradient", "sub", "tan", "tanh", "xor", "zeta",
-    # identities under vmap: placement and checkpoint names
-    "device_put", "name",
-    # structure: shapes, slicing, indexing
-    "broadcast_in_dim", "concatenate", "dynamic_slice", "dynamic_update_slice", "gather",
-    "iota", "pad", "reshape", "rev", "scatter", "scatter_add", "scatter_max",
-    "scatter_min", "scatter_mul", "select_and_gather_add", "select_and_scatter_add",
-    "slice", "squeeze", "transpose",
-    # reductions, scans over an axis, sorting
-    "argmax", "argmin", "cumlogsumexp", "cummax", "cummin", "cumprod", "cumsum", "reduce",
-    "reduce_and", "reduce_max", "reduce_min", "reduce_or", "reduce_prod", "reduce_sum",
-    "reduce_window", "reduce_window_max", "reduce_window_min", "reduce_window_sum",
-    "reduce_xor", "sort", "top_k", "approx_top_k",
-    # contractions and transforms
-    "dot_general", "conv_general_dilated", "fft",
-    # threefry random bits (the key type is checked: see _random_rule)
-    "threefry2x32", "random_bits", "random_fold_in", "random_seed", "random_split",
-    # nested jaxprs (checked recursively)
-    "jit", "closed_call", "remat", "custom_jvp_call", "custom_vjp_call", "scan", "cond",
-    "while",
-)
-# Not exported by every version (or renamed): elementwise and structural ops, key
-# wrapping, shard_map's no-op type cast, older names of call primitives.
-_FAITHFUL_BY_NAME = ("log2", "one_minus_square", "polynomial", "mulhi", "stack", "unstack",
-                     "split", "tile", "scatter-sub", "select_and_scatter",
-                     "optimization_barrier", "random_wrap", "random_unwrap", "pvary",
-                     "custom_vjp_call_jaxpr", "checkpoint", "pjit", "pure_callback")
-
-
-def _exported_names() -> frozenset[str]:
-    names = set()
-    for attribute in _FAITHFUL_EXPORTED:
-        primitive = getattr(_primitives, f"{attribute}_p", None)
-        if primitive is not None:  # jax versions export different sets
-            names.add(primitive.name)
-    return frozenset(names)
-
-
-FAITHFUL_PRIMITIVES: frozenset[str] = _exported_names() | frozenset(_FAITHFUL_BY_NAME)
+# Families whose batching rule adds a batch dimension and nothing else.
+FAITHFUL_PRIMITIVES: frozenset[str] = _primitives.BATCH_FAITHFUL
 
 # A rule looks at one equation and which of its inputs are batched; it returns why
 # batching it is not faithful or cheap (None: it is) and which results are batched.
@@ -193,7 +142,7 @@ class _Checker:
         return batching_rules.get(name, _elementwise_rule)(self, eqn, batched)
 
 
-_DYNAMIC = frozenset({"cond", "while", "scan"})
+_DYNAMIC = _primitives.BATCH_DYNAMIC
 
 
 def _elementwise_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
@@ -219,7 +168,7 @@ def _static_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     return None, [True] * len(eqn.outvars)
 
 
-@_register("pure_callback")
+@_register(_primitives.PURE_CALLBACK)
 def _callback_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     if eqn.params.get("vmap_method") is None and not eqn.params.get("vectorized", False):
         return (f"`pure_callback`{_where(eqn)} has no vmap_method, so "
@@ -227,8 +176,7 @@ def _callback_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     return None, [True] * len(eqn.outvars)
 
 
-@_register("random_bits", "random_fold_in", "random_seed", "random_split", "random_wrap",
-           "random_unwrap")
+@_register(*sorted(_primitives.BATCH_KEYED_RANDOM))
 def _random_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     for atom in [*eqn.invars, *eqn.outvars]:
         impl = _compat.prng_impl_name(atom.aval)
@@ -238,7 +186,7 @@ def _random_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     return None, [True] * len(eqn.outvars)
 
 
-@_register("cond")
+@_register(_primitives.COND)
 def _cond_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     if batched[0]:
         return (f"the `cond`{_where(eqn)} takes a different branch per "
@@ -253,7 +201,7 @@ def _cond_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     return None, outs
 
 
-@_register("while")
+@_register(_primitives.WHILE)
 def _while_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     info = _compat.while_info(eqn)
     cond_consts = batched[:info.cond_nconsts]
@@ -278,7 +226,7 @@ def _while_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     return None, carry
 
 
-@_register("scan")
+@_register(_primitives.SCAN)
 def _scan_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     info = _compat.scan_info(eqn)
     body, _ = _compat.open_jaxpr(info.jaxpr)

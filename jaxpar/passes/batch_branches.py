@@ -65,7 +65,7 @@ from .. import _compat
 from .._analysis import Analysis
 from .._cost import ZERO, Cost, CostModel
 from .._graph import Graph
-from .._plan import COLLECTIVE_PRIMITIVES
+from .._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
 from .._structure import StructuralKeys, literal_key
 from ._shared import equations_refusal, shared_column, static_refusal, vmap_members
 from ._walk import (

@@ -61,7 +61,8 @@ from .. import _compat
 from .._analysis import Analysis
 from .._cost import CostModel
 from .._graph import Graph
-from .._plan import COLLECTIVE_PRIMITIVES
+from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE
+from .._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
 from ._walk import (
     KIND_BATCHED_MATMULS,
     KIND_MATMULS_LEFT_ALONE,
@@ -74,7 +75,7 @@ from ._walk import (
 )
 
 # The heavy ops this pass batches: one kernel each, whose batched form is one kernel.
-BATCHED_PRIMITIVES = ("dot_general", "conv_general_dilated")
+BATCHED_PRIMITIVES = BATCHED_MATMULS
 
 # A column of operands, one atom per member (in the group's form).
 _Column = tuple[Any, ...]
@@ -138,7 +139,7 @@ def _batch_level(level: Level, costs: CostModel) -> tuple[list[Rewrite], list[Lo
     graph = level.graph
     candidates = [i for i in candidates if i in graph.live]
     # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
-    stage = _stages(graph, [costs.eqn_cost(e).kernels > 0 and e.primitive.name != "transpose"
+    stage = _stages(graph, [costs.eqn_cost(e).kernels > 0 and e.primitive.name != TRANSPOSE
                             for e in eqns])
     groups = _group(eqns, candidates, stage)
     if not groups:
@@ -226,7 +227,7 @@ def _form_key(name: str, avals: Sequence[Any], outs: Sequence[Any], params: Any)
 
 def _swapped_params(eqn: Any) -> dict[str, Any] | None:
     """A ``dot_general``'s parameters with its operands swapped, or None."""
-    if eqn.primitive.name != "dot_general" or eqn.params.get("out_sharding") is not None:
+    if eqn.primitive.name != DOT_GENERAL or eqn.params.get("out_sharding") is not None:
         return None
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
     params = dict(eqn.params)
@@ -269,7 +270,7 @@ def _launches_unbatched(eqns: Sequence[Any], group: _Group) -> int:
             m = parent[m]
         return m
 
-    if group.members and eqns[group.members[0]].primitive.name == "dot_general":
+    if group.members and eqns[group.members[0]].primitive.name == DOT_GENERAL:
         for column in group.columns(eqns):
             first: dict[Any, int] = {}
             for m, atom in enumerate(column):

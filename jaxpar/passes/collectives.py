@@ -39,9 +39,9 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from .. import _compat
+from .. import _compat, _primitives
 from .._graph import Graph, build_graph
-from .._plan import COLLECTIVE_PRIMITIVES
+from .._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
 
 __all__ = [
     "COLLECTIVES_GROUP_ATTRIBUTES",
@@ -59,7 +59,7 @@ COLLECTIVES_GROUP_ATTRIBUTES: Mapping[str, str] = {"_collectives_group": "",
                                                    "inlineable": "false"}
 
 
-DEFAULT_GROUPABLE = frozenset({"ppermute"})
+DEFAULT_GROUPABLE = _primitives.DEFAULT_GROUPABLE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -219,7 +219,7 @@ def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
             continue
         axes = _eqn_axes(eqn)
         shift = (permutation_shift(eqn.params["perm"], _axis_size(axes, axis_sizes))
-                 if name == "ppermute" and "perm" in eqn.params else None)
+                 if name == _primitives.PPERMUTE and "perm" in eqn.params else None)
         shifts[i] = shift
         report.append(CollectiveInfo(i, name, axes, shift,
                                      depth[i] if i in is_candidate else None, group_of.get(i)))

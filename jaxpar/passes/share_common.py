@@ -28,19 +28,14 @@ from typing import Any
 
 from .. import _compat
 from .._analysis import Analysis
+from .._primitives import NEVER_SHARED
 from .._structure import StructuralKeys
 from ._walk import Level, LevelResult, Rewrite
-
-# Primitives that must run once per occurrence even with equal operands.
-_NEVER_SHARED = frozenset({
-    "pure_callback", "io_callback", "debug_callback", "callback", "rng_uniform",
-    "random_seed", "custom_call", "xla_metadata_call", "compute_on", "compute_on2",
-})
 
 
 def _eqn_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
     """Equal for two equations that compute the same results; None: never share."""
-    if eqn.effects or eqn.primitive.name in _NEVER_SHARED:
+    if eqn.effects or eqn.primitive.name in NEVER_SHARED:
         return None
     if _compat.eqn_frontend_attributes(eqn):
         return None

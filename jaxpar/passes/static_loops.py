@@ -32,6 +32,7 @@ import jax
 from .. import _compat
 from .._analysis import Analysis
 from .._loops import static_trip_count
+from .._primitives import WHILE
 from ._walk import (
     KIND_HOST_SYNC,
     KIND_MADE_STATIC,
@@ -56,7 +57,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     inner, consts = _compat.open_jaxpr(level.jaxpr)
     constants = dict(zip(inner.constvars, consts, strict=True))
     for index, eqn in enumerate(eqns):
-        if eqn.primitive.name != "while":
+        if eqn.primitive.name != WHILE:
             continue
         count = static_trip_count(eqn, constants)
         trips = count.trips if not eqn.effects else None
