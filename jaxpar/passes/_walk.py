@@ -40,6 +40,7 @@ from .._analysis import Analysis
 from .._graph import ContractionCycle, EqnUnit, Graph, RewriteUnit, Unit, build_graph, contract
 from .._interp import Env
 from .._options import Settings
+from .._primitives import SCAN
 
 
 class DecisionKind(enum.StrEnum):
@@ -489,5 +490,5 @@ def level_eqns(jaxpr: Any) -> list[Any]:
 
 def loop_candidate(eqn: Any) -> bool:
     """Whether a scan may be merged or re-emitted: no effects, no user placement."""
-    return (eqn.primitive.name == "scan" and not eqn.effects
+    return (eqn.primitive.name == SCAN and not eqn.effects
             and not _compat.eqn_frontend_attributes(eqn))
