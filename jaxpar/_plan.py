@@ -802,59 +802,81 @@ def order_units(graph: Graph, sections: list[SectionPlan] | tuple[SectionPlan, .
     are planner bugs, and emitting would reorder computation. Raises ``_GroupCycle``
     when only the collective groups are to blame (the caller drops them).
     """
-    unit_of: dict[int, tuple[Any, ...]] = {}
-    first_index: dict[tuple[Any, ...], int] = {}
+    # Units are ints: equation ``i`` on its own is unit ``i``; contracted units (the
+    # collective groups, then the regions in section order) follow from ``size``. The
+    # heap orders units by (first index, kind, number), as the labels would sort
+    # ("collectives" < "eqn" < "region"), so the order does not depend on the numbering.
+    size = graph.size
+    labels: list[tuple[Any, ...]] = []
+    firsts: list[int] = []
+    unit_of = list(range(size))
+    contracted_of: dict[int, int] = {}  # equation -> contracted unit, before groups overwrite
+    region_units: list[tuple[int, int, int]] = []  # (unit, section, region)
+    for g, group in enumerate(groups):
+        labels.append(("collectives", g))
+        firsts.append(group.eqns[0])
     for s, section in enumerate(sections):
         for r, region in enumerate(section.regions):
-            unit = ("region", s, r)
+            unit = size + len(labels)
+            labels.append(("region", s, r))
+            firsts.append(region.eqns[0])
+            region_units.append((unit, s, r))
             for i in region.eqns:
-                unit_of[i] = unit
-            first_index[unit] = region.eqns[0]
+                contracted_of[i] = unit
     for g, group in enumerate(groups):
         for i in group.eqns:
-            unit_of[i] = ("collectives", g)
-        first_index[("collectives", g)] = group.eqns[0]
-    units: dict[tuple[Any, ...], None] = {}
-    for i in range(graph.size):
-        unit = unit_of.get(i, ("eqn", i))
-        units.setdefault(unit, None)
-        first_index.setdefault(unit, i)
-    in_degree: dict[tuple[Any, ...], int] = {u: 0 for u in units}
-    edges: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {u: set() for u in units}
-    for i in range(graph.size):
-        target = unit_of.get(i, ("eqn", i))
+            contracted_of[i] = size + g
+    for i, unit in contracted_of.items():
+        if i < size:
+            unit_of[i] = unit
+    total = size + len(labels)
+    rank = [1] * size + [0] * len(groups) + [2] * (len(labels) - len(groups))
+    first = list(range(size)) + firsts
+    present = bytearray(total)
+    for unit in unit_of:
+        present[unit] = 1
+    in_degree = [0] * total
+    edges: list[list[int]] = [[] for _ in range(total)]
+    seen_edges: set[tuple[int, int]] = set()  # only edges touching a contracted unit repeat
+    for i in range(size):
+        target = unit_of[i]
         for p in graph.preds[i]:
-            source = unit_of.get(p, ("eqn", p))
-            if source != target and target not in edges[source]:
-                edges[source].add(target)
-                in_degree[target] += 1
-    ready = [(first_index[u], u) for u, d in in_degree.items() if d == 0]
+            source = unit_of[p]
+            if source == target:
+                continue
+            if source >= size or target >= size:
+                if (source, target) in seen_edges:
+                    continue
+                seen_edges.add((source, target))
+            edges[source].append(target)
+            in_degree[target] += 1
+    ready = [(first[u], rank[u], u) for u in range(total) if present[u] and in_degree[u] == 0]
     heapq.heapify(ready)
-    order: list[tuple[Any, ...]] = []
-    reach: dict[tuple[Any, ...], int] = {}
-    region_bits = {("region", s, r): 1 << k for k, (s, r) in enumerate(
-        (s, r) for s, sec in enumerate(sections) for r in range(len(sec.regions)))}
+    order: list[int] = []
+    reach = [0] * total
+    region_bits = [0] * total
+    for k, (unit, _, _) in enumerate(region_units):
+        region_bits[unit] = 1 << k
     while ready:
-        _, unit = heapq.heappop(ready)
+        _, _, unit = heapq.heappop(ready)
         order.append(unit)
-        mine = reach.get(unit, 0) | region_bits.get(unit, 0)
-        for target in sorted(edges[unit], key=lambda u: first_index[u]):
-            reach[target] = reach.get(target, 0) | mine
+        mine = reach[unit] | region_bits[unit]
+        for target in edges[unit]:
+            if mine:
+                reach[target] |= mine
             in_degree[target] -= 1
             if in_degree[target] == 0:
-                heapq.heappush(ready, (first_index[target], target))
-    if len(order) != len(units):
+                heapq.heappush(ready, (first[target], rank[target], target))
+    if len(order) != sum(present):
         if groups:
             raise _GroupCycle
         raise RuntimeError("jaxpar planner bug: a region is not convex; please report it "
                            "with the program that triggered it")
-    for s, section in enumerate(sections):
-        section_bits = 0
-        for r in range(len(section.regions)):
-            section_bits |= region_bits[("region", s, r)]
-        for r in range(len(section.regions)):
-            unit = ("region", s, r)
-            if reach.get(unit, 0) & section_bits & ~region_bits[unit]:
-                raise RuntimeError("jaxpar planner bug: regions of one section depend on "
-                                   "each other; please report it with the program")
-    return tuple(order)
+    section_bits: dict[int, int] = {}
+    for unit, s, _ in region_units:
+        section_bits[s] = section_bits.get(s, 0) | region_bits[unit]
+    for unit, s, _ in region_units:
+        if reach[unit] & section_bits[s] & ~region_bits[unit]:
+            raise RuntimeError("jaxpar planner bug: regions of one section depend on "
+                               "each other; please report it with the program")
+    return tuple(("eqn", u) if u < size else labels[u - size] for u in order)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._structure import StructuralKeys
 from ._walk import (
     KIND_BATCHED,
     KIND_BATCHED_MATMULS,
@@ -151,7 +152,16 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unr
             isinstance(unroll, int) and not isinstance(unroll, bool) and unroll >= 1)):
         raise ValueError(f"jaxpar: unroll={unroll!r} is not supported; pass 'auto', a "
                          "positive int, or None")
-    passes: list[LevelPass] = [share_common_level] if share_common else []
+    # One set of structural keys for the passes of this call: the parameter dicts of
+    # unchanged equations survive rebuilt levels, so each is keyed once.
+    structure = StructuralKeys()
+    passes: list[LevelPass] = []
+    if share_common:
+        share_memo: dict[int, Any] = {}
+
+        def share_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
+            return share_common_level(j, path, structure, share_memo)
+        passes.append(share_level)
     passes.append(make_loops_static_level)
     if batch:
         passes.append(batch_scans_level)
@@ -163,7 +173,7 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Unr
         memo: dict[int, Any] = {}
 
         def branches_level(j: Any, path: str) -> tuple[list[Rewrite], list[LoopDecision]]:
-            return batch_branches_level(j, path, costs, memo)
+            return batch_branches_level(j, path, costs, memo, structure)
         passes.append(branches_level)
     if batch_matmuls:
         matmul_memo: dict[int, Any] = {}

@@ -66,7 +66,13 @@ from .._cost import ZERO, Cost, CostModel
 from .._graph import Graph, build_graph
 from .._plan import COLLECTIVE_PRIMITIVES
 from .._structure import StructuralKeys, literal_key
-from ._batching import equations_refusal, shared_column, static_refusal, vmap_members
+from ._batching import (
+    equations_refusal,
+    refusal_reads_operand_types,
+    shared_column,
+    static_refusal,
+    vmap_members,
+)
 from ._walk import (
     KIND_BATCHED_SUBGRAPHS,
     KIND_SUBGRAPHS_LEFT_ALONE,
@@ -103,26 +109,29 @@ class _Group:
 
 
 def batch_branches_level(jaxpr: Any, path: str, costs: CostModel,
-                         memo: dict[int, tuple[Any, Hashable | None]] | None = None
+                         memo: dict[int, tuple[Any, ...]] | None = None,
+                         structure: StructuralKeys | None = None
                          ) -> tuple[list[Rewrite], list[LoopDecision]]:
     """The level pass: one vmapped subgraph per group of identical independent subgraphs.
 
     ``memo`` keeps equations' parameter keys, and the levels found to offer nothing,
     between calls (jaxprs and equations are immutable, and the passes see the same ones
     round after round); pass the same dict to every call of one ``walk_levels``.
+    ``structure``: structural keys shared with the other passes of the call.
     """
     memo = {} if memo is None else memo
     seen = memo.get(id(jaxpr))
     if seen is not None and seen[0] is jaxpr:
         return [], []  # this very level was searched and offered nothing
-    rewrites, decisions = _batch_level(jaxpr, path, costs, memo)
+    rewrites, decisions = _batch_level(jaxpr, path, costs, memo,
+                                       StructuralKeys() if structure is None else structure)
     if not rewrites:
         memo[id(jaxpr)] = (jaxpr, None)
     return rewrites, decisions
 
 
 def _batch_level(jaxpr: Any, path: str, costs: CostModel,
-                 memo: dict[int, tuple[Any, Hashable | None]]
+                 memo: dict[int, tuple[Any, ...]], structure: StructuralKeys
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(jaxpr)
     eqns = inner.eqns
@@ -130,7 +139,7 @@ def _batch_level(jaxpr: Any, path: str, costs: CostModel,
         return [], []
     graph = build_graph(inner)
     producer = _producers(eqns)
-    keys, local_keys = _value_numbers(inner, producer, graph, memo)
+    keys, local_keys = _value_numbers(inner, producer, graph, memo, structure)
     classes: dict[int, list[int]] = {}
     for index, key in enumerate(keys):
         if key is not None:
@@ -234,7 +243,7 @@ def _batchable(eqn: Any) -> bool:
 
 
 def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph,
-                   memo: dict[int, tuple[Any, Hashable | None]]
+                   memo: dict[int, tuple[Any, ...]], structure: StructuralKeys
                    ) -> tuple[list[int | None], list[int | None]]:
     """Structural keys per equation (interned to ints); None: never batched.
 
@@ -243,7 +252,6 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
     only the equation itself (primitive, parameters, operand and result types).
     """
     intern: dict[Hashable, int] = {}
-    structure = StructuralKeys()
     keys: list[int | None] = []
     local_keys: list[int | None] = []
     for index, eqn in enumerate(inner.eqns):
@@ -263,13 +271,20 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
             else:
                 inputs.append(("in", v.aval))
         else:
-            hit = memo.get(id(eqn))
-            if hit is None or hit[0] is not eqn:
+            # Keyed by the parameter dict when all the key reads is the primitive, the
+            # parameters, the context and the operand count: rebuilt levels keep the
+            # parameter dicts of the equations they copy, not the equations.
+            by_params = not refusal_reads_operand_types(eqn)
+            owner = eqn.params if by_params else eqn
+            hit = memo.get(id(owner))
+            if (hit is None or hit[0] is not owner
+                    or (by_params and (hit[2] is not eqn.primitive or hit[3] is not eqn.ctx
+                                       or hit[4] != len(eqn.invars)))):
                 # None: a primitive vmap does not batch faithfully and cheaply, here or
                 # in a nested jaxpr.
-                hit = (eqn, None if static_refusal(eqn) is not None
-                       else structure.equation(eqn))
-                memo[id(eqn)] = hit
+                hit = (owner, None if static_refusal(eqn) is not None
+                       else structure.equation(eqn), eqn.primitive, eqn.ctx, len(eqn.invars))
+                memo[id(owner)] = hit
             params = hit[1]
             if params is not None:
                 outs = tuple(v.aval for v in eqn.outvars)
@@ -495,6 +510,6 @@ def batch_branches(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDeci
     from .unroll import _costs as cost_model
 
     costs = cost_model(target)
-    memo: dict[int, tuple[Any, Hashable | None]] = {}
+    memo: dict[int, tuple[Any, ...]] = {}
     new, decisions = walk_levels(jaxpr, [lambda j, p: batch_branches_level(j, p, costs, memo)])
     return new, tuple(decisions)
