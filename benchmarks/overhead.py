@@ -12,11 +12,15 @@ repetition (no trace cache can help):
   passes + plan, for the target where all of them are on;
 * ``rewrite``: ``jax.make_jaxpr(parallel_branches(f, target="gpu"))(*args)`` -- trace +
   analysis + emission of the rewritten program;
+* ``lower_pb``: ``jax.jit(parallel_branches(f, target="gpu")).lower(*args)`` -- what a
+  user pays to lower the rewritten program: trace + analysis + emission + lowering;
 * ``analysis``: ``inspect`` minus ``make_jaxpr`` of the same repetition -- what jaxpar's
   loop passes and planner cost beyond the trace JAX does anyway;
 
 and reports each against ``lower``, and the growth exponent of each (the slope of
 log(time) against log(equations) from the smallest to the largest size; 1.0 is linear).
+Issue 14's two targets are printed per size: ``inspect / lower`` (at most 1) and
+``lower(jit(pb(f))) / lower(jit(f))`` (the ``lower_pb`` ratio, at most 2).
 ``--profile`` runs cProfile over ``inspect`` + ``rewrite`` at the given sizes and prints
 the functions with the most cumulative time (jaxpar's own first).
 
@@ -128,7 +132,12 @@ def stages(target_eqns: int) -> dict[str, Callable[[], Any]]:
         rewritten = jaxpar.parallel_branches(build_program(target_eqns), target="gpu")
         return jax.make_jaxpr(rewritten)(*args)
 
-    return {"lower": lower, "make_jaxpr": make_jaxpr, "inspect": inspect, "rewrite": rewrite}
+    def lower_pb() -> Any:
+        rewritten = jaxpar.parallel_branches(build_program(target_eqns), target="gpu")
+        return jax.jit(rewritten).lower(*args)
+
+    return {"lower": lower, "make_jaxpr": make_jaxpr, "inspect": inspect, "rewrite": rewrite,
+            "lower_pb": lower_pb}
 
 
 def measure(target_eqns: int, repeats: int) -> dict[str, Any]:
@@ -159,6 +168,9 @@ def measure(target_eqns: int, repeats: int) -> dict[str, Any]:
     entry["ratio_vs_lower"] = {name: statistics.median(
         [t / lo for t, lo in zip(s, samples["lower"], strict=True)])
         for name, s in samples.items()}
+    # Issue 14's targets: inspect / lower <= 1, lower(jit(pb(f))) / lower(jit(f)) <= 2.
+    entry["issue_14"] = {"inspect_over_lower": entry["ratio_vs_lower"]["inspect"],
+                         "lower_pb_over_lower": entry["ratio_vs_lower"]["lower_pb"]}
     return entry
 
 
@@ -254,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"  {'eqns':>7s} {'sections':>8s} {'batched':>7s} {'lower s':>8s} {'jaxpr s':>8s} "
           f"{'inspect s':>9s} "
           f"{'x lower':>8s} {'analysis s':>10s} {'x lower':>8s} {'rewrite s':>9s} "
-          f"{'x lower':>8s}")
+          f"{'x lower':>8s} {'lower pb s':>10s} {'x lower':>8s}")
     for thunk in stages(min(sizes, default=1000)).values():
         thunk()  # warm up JAX's and jaxpar's per-primitive caches; not timed
     for size in sizes:
@@ -266,7 +278,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{entry['plan_gpu']['batched_subgraphs']:7d} "
               f"{s['lower']:8.3f} {s['make_jaxpr']:8.3f} {s['inspect']:9.3f} "
               f"{r['inspect']:8.2f} {s['analysis']:10.3f} {r['analysis']:8.2f} "
-              f"{s['rewrite']:9.3f} {r['rewrite']:8.2f}", flush=True)
+              f"{s['rewrite']:9.3f} {r['rewrite']:8.2f} {s['lower_pb']:10.3f} "
+              f"{r['lower_pb']:8.2f}", flush=True)
+    for entry in results["sizes"]:
+        r = entry["ratio_vs_lower"]
+        print(f"  issue 14 at {entry['total_eqns']} equations: inspect / lower = "
+              f"{r['inspect']:.2f} (target <= 1), lower(jit(pb(f))) / lower(jit(f)) = "
+              f"{r['lower_pb']:.2f} (target <= 2)")
     results["growth_exponent"] = growth_exponents(results["sizes"])
     if results["growth_exponent"]:
         print("  growth exponent (log-log slope, smallest to largest size): " + ", ".join(

@@ -316,13 +316,16 @@ def eqn_subjaxprs(eqn: Any) -> Iterator[tuple[str, int | None, Any]]:
     Visits every parameter, including tuples of jaxprs such as ``cond``'s
     ``branches``, instead of guessing parameter names.
     """
+    found: list[tuple[str, int | None, Any]] = []
+    jaxpr_types = (Jaxpr, ClosedJaxpr)  # is_jaxpr_like, inlined: this runs per equation
     for name, value in eqn.params.items():
-        if is_jaxpr_like(value):
-            yield name, None, value
+        if isinstance(value, jaxpr_types):
+            found.append((name, None, value))
         elif isinstance(value, (tuple, list)):
             for index, item in enumerate(value):
-                if is_jaxpr_like(item):
-                    yield name, index, item
+                if isinstance(item, jaxpr_types):
+                    found.append((name, index, item))
+    return iter(found)
 
 
 def eqn_replace_subjaxprs(eqn: Any, replacements: dict[tuple[str, int | None], Any]

@@ -58,31 +58,34 @@ def build_graph(jaxpr: Any) -> Graph:
 def _build_graph(jaxpr: Any) -> Graph:
     producer: dict[Any, int] = {}
     preds: list[tuple[int, ...]] = []
+    succ_lists: list[list[int]] = []
+    effectful: list[int] = []
     last_effect: int | None = None
+    is_literal, is_drop_var = _compat.is_literal, _compat.is_drop_var
     for index, eqn in enumerate(jaxpr.eqns):
-        sources = {producer[v] for v in eqn.invars
-                   if not _compat.is_literal(v) and v in producer}
-        if _compat.ordering_effects(eqn):
+        sources = {producer[v] for v in eqn.invars if not is_literal(v) and v in producer}
+        # Most equations have no effects at all; only those with some pay for the filter.
+        if eqn.effects and _compat.ordering_effects(eqn):
+            effectful.append(index)
             if last_effect is not None:
                 sources.add(last_effect)
             last_effect = index
-        preds.append(tuple(sorted(sources)))
-        for v in eqn.outvars:
-            if not _compat.is_drop_var(v):
-                producer[v] = index
-    succ_lists: list[list[int]] = [[] for _ in preds]
-    for index, inputs in enumerate(preds):
+        inputs = tuple(sorted(sources)) if len(sources) > 1 else tuple(sources)
+        preds.append(inputs)
+        succ_lists.append([])
         for source in inputs:
             succ_lists[source].append(index)
+        for v in eqn.outvars:
+            if not is_drop_var(v):
+                producer[v] = index
     feeds_output = frozenset(producer[v] for v in jaxpr.outvars
-                             if not _compat.is_literal(v) and v in producer)
+                             if not is_literal(v) and v in producer)
     live: set[int] = set(feeds_output)
-    live.update(i for i, eqn in enumerate(jaxpr.eqns) if _compat.ordering_effects(eqn))
+    live.update(effectful)
     for index in range(len(preds) - 1, -1, -1):
         if index in live:
             live.update(preds[index])
-    return Graph(tuple(preds), tuple(tuple(s) for s in succ_lists), feeds_output,
-                 frozenset(live))
+    return Graph(tuple(preds), tuple(map(tuple, succ_lists)), feeds_output, frozenset(live))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -104,6 +104,10 @@ class StructuralKeys:
 
     def __init__(self) -> None:
         self._jaxprs: dict[int, tuple[Any, StructuralKey]] = {}
+        # Parameter dicts and equation contexts by identity (each entry holds its object,
+        # so the id stays unique): rewritten levels keep their equations' ``params`` and
+        # ``ctx`` objects, so the passes of one call compute each key once.
+        self._shared: dict[int, tuple[Any, Hashable]] = {}
 
     def jaxpr(self, jaxpr: Any) -> StructuralKey:
         """Equal for two jaxprs (open or closed) that compute the same function."""
@@ -137,10 +141,20 @@ class StructuralKeys:
 
     def equation(self, eqn: Any) -> Hashable:
         """The equation itself: primitive, parameters and context (not its operands)."""
-        return (eqn.primitive, self.params(eqn.params), self.value(eqn.ctx))
+        ctx = eqn.ctx
+        hit = self._shared.get(id(ctx))
+        if hit is None or hit[0] is not ctx:
+            hit = (ctx, self.value(ctx))
+            self._shared[id(ctx)] = hit
+        return (eqn.primitive, self.params(eqn.params), hit[1])
 
     def params(self, params: dict[str, Any]) -> Hashable:
-        return tuple((name, self.value(value)) for name, value in sorted(params.items()))
+        hit = self._shared.get(id(params))
+        if hit is not None and hit[0] is params:
+            return hit[1]
+        key = tuple((name, self.value(value)) for name, value in sorted(params.items()))
+        self._shared[id(params)] = (params, key)
+        return key
 
     def value(self, value: Any) -> Hashable:
         """A parameter or constant value, compared as the module docstring says."""

@@ -68,3 +68,20 @@ def test_gpu_preview_keys() -> None:
         assert set(preview[variant]) >= {"loops", "trips", "kernels_per_trip", "entry_kernels",
                                          "async_calls_in_flight", "stream_ids", "compile_s"}
         json.dumps(preview[variant])  # JSON-serialisable
+
+
+def test_overhead_reports_issue_14_figures(tmp_path: Any) -> None:
+    """benchmarks/overhead.py at a tiny size: every stage ran, and the JSON carries both
+    of issue 14's ratios (their values are timings, so only their presence is checked)."""
+    overhead = load_benchmark("overhead")
+    path = tmp_path / "overhead.json"
+    returned = overhead.main(["--sizes", "200", "--repeats", "1", "--json", str(path)])
+    written = json.loads(path.read_text())
+    assert [e["total_eqns"] for e in written["sizes"]] == [
+        e["total_eqns"] for e in returned["sizes"]]
+    (entry,) = written["sizes"]
+    assert set(entry["seconds"]) == {"lower", "make_jaxpr", "inspect", "rewrite", "lower_pb",
+                                     "analysis"}
+    assert all(len(s) == 1 for s in entry["samples"].values())
+    assert set(entry["issue_14"]) == {"inspect_over_lower", "lower_pb_over_lower"}
+    assert entry["issue_14"]["lower_pb_over_lower"] == entry["ratio_vs_lower"]["lower_pb"]

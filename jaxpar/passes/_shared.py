@@ -96,6 +96,13 @@ def static_refusal(eqn: Any) -> str | None:
     return _Checker(static=True).eqn(eqn, [True] * len(eqn.invars))[0]
 
 
+def refusal_reads_operand_types(eqn: Any) -> bool:
+    """Whether ``static_refusal(eqn)`` reads the types of ``eqn``'s operands and results
+    (the random primitives: their key types); for every other equation it depends only
+    on the primitive, the parameters (nested jaxprs included) and the operand count."""
+    return batching_rules.get(eqn.primitive.name) is _random_rule
+
+
 class _Checker:
     """Walks equations following which values are batched; memoises nested jaxprs.
 

@@ -67,7 +67,13 @@ from .._cost import ZERO, Cost, CostModel
 from .._graph import Graph
 from .._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
 from .._structure import StructuralKeys, literal_key
-from ._shared import equations_refusal, shared_column, static_refusal, vmap_members
+from ._shared import (
+    equations_refusal,
+    refusal_reads_operand_types,
+    shared_column,
+    static_refusal,
+    vmap_members,
+)
 from ._walk import (
     KIND_BATCHED_SUBGRAPHS,
     KIND_SUBGRAPHS_LEFT_ALONE,
@@ -116,14 +122,14 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     seen = memo.get(id(jaxpr))
     if seen is not None and seen[0] is jaxpr:
         return [], []  # this very level was searched and offered nothing
-    rewrites, decisions = _batch_level(level, analysis.costs, memo)
+    rewrites, decisions = _batch_level(level, analysis.costs, memo, analysis.structural_keys)
     if not rewrites:
         memo[id(jaxpr)] = (jaxpr, None)
     return rewrites, decisions
 
 
 def _batch_level(level: Level, costs: CostModel,
-                 memo: dict[int, tuple[Any, Hashable | None]]
+                 memo: dict[int, tuple[Any, ...]], structure: StructuralKeys
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -131,7 +137,7 @@ def _batch_level(level: Level, costs: CostModel,
         return [], []
     graph = level.graph
     producer = _producers(eqns)
-    keys, local_keys = _value_numbers(inner, producer, graph, memo)
+    keys, local_keys = _value_numbers(inner, producer, graph, memo, structure)
     classes: dict[int, list[int]] = {}
     for index, key in enumerate(keys):
         if key is not None:
@@ -235,7 +241,7 @@ def _batchable(eqn: Any) -> bool:
 
 
 def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph,
-                   memo: dict[int, tuple[Any, Hashable | None]]
+                   memo: dict[int, tuple[Any, ...]], structure: StructuralKeys
                    ) -> tuple[list[int | None], list[int | None]]:
     """Structural keys per equation (interned to ints); None: never batched.
 
@@ -244,7 +250,6 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
     only the equation itself (primitive, parameters, operand and result types).
     """
     intern: dict[Hashable, int] = {}
-    structure = StructuralKeys()
     keys: list[int | None] = []
     local_keys: list[int | None] = []
     for index, eqn in enumerate(inner.eqns):
@@ -264,13 +269,20 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
             else:
                 inputs.append(("in", v.aval))
         else:
-            hit = memo.get(id(eqn))
-            if hit is None or hit[0] is not eqn:
+            # Keyed by the parameter dict when all the key reads is the primitive, the
+            # parameters, the context and the operand count: rebuilt levels keep the
+            # parameter dicts of the equations they copy, not the equations.
+            by_params = not refusal_reads_operand_types(eqn)
+            owner = eqn.params if by_params else eqn
+            hit = memo.get(id(owner))
+            if (hit is None or hit[0] is not owner
+                    or (by_params and (hit[2] is not eqn.primitive or hit[3] is not eqn.ctx
+                                       or hit[4] != len(eqn.invars)))):
                 # None: a primitive vmap does not batch faithfully and cheaply, here or
                 # in a nested jaxpr.
-                hit = (eqn, None if static_refusal(eqn) is not None
-                       else structure.equation(eqn))
-                memo[id(eqn)] = hit
+                hit = (owner, None if static_refusal(eqn) is not None
+                       else structure.equation(eqn), eqn.primitive, eqn.ctx, len(eqn.invars))
+                memo[id(owner)] = hit
             params = hit[1]
             if params is not None:
                 outs = tuple(v.aval for v in eqn.outvars)

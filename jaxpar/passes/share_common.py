@@ -33,24 +33,53 @@ from .._structure import StructuralKeys
 from ._walk import Level, LevelResult, Rewrite
 
 
-def _eqn_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
-    """Equal for two equations that compute the same results; None: never share."""
+def _eqn_key(eqn: Any, keys: StructuralKeys, aval_text: dict[Any, str] | None = None
+             ) -> Hashable | None:
+    """Equal for two equations that compute the same results; None: never share.
+
+    ``aval_text`` memoises ``str(aval)`` by value for one level (equal avals print the
+    same; printing is most of the cost of a key).
+    """
     if eqn.effects or eqn.primitive.name in NEVER_SHARED:
         return None
     if _compat.eqn_frontend_attributes(eqn):
         return None
-    operands = tuple(("lit", str(a.aval), repr(_compat.literal_value(a)))
+    text = {} if aval_text is None else aval_text
+
+    def aval_str(aval: Any) -> str:
+        printed = text.get(aval)
+        if printed is None:
+            printed = text[aval] = str(aval)
+        return printed
+
+    operands = tuple(("lit", aval_str(a.aval), repr(_compat.literal_value(a)))
                      if _compat.is_literal(a) else ("var", id(a)) for a in eqn.invars)
-    return (keys.equation(eqn), operands, tuple(str(v.aval) for v in eqn.outvars))
+    return (keys.equation(eqn), operands, tuple(aval_str(v.aval) for v in eqn.outvars))
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
-    """The level pass: one rewrite per class of equal equations (more than one member)."""
-    inner, _ = _compat.open_jaxpr(level.jaxpr)
+    """The level pass: one rewrite per class of equal equations (more than one member).
+
+    The analysis's ``"share_common"`` memo holds the levels found to have nothing to
+    share: the pass is a function of the level alone, and later rounds see the same
+    level objects again.
+    """
+    memo = analysis.memo("share_common")
+    jaxpr = level.jaxpr
+    if memo.get(id(jaxpr)) is jaxpr:
+        return [], []
+    rewrites = _share_level(jaxpr, analysis.structural_keys)
+    if not rewrites:
+        memo[id(jaxpr)] = jaxpr
+    return rewrites, []
+
+
+def _share_level(jaxpr: Any, keys: StructuralKeys) -> list[Rewrite]:
+    inner, _ = _compat.open_jaxpr(jaxpr)
     classes: dict[Hashable, list[int]] = {}
-    keys = analysis.structural_keys
+    aval_text: dict[Any, str] = {}
     for index, eqn in enumerate(inner.eqns):
-        key = _eqn_key(eqn, keys)
+        key = _eqn_key(eqn, keys, aval_text)
         if key is not None:
             classes.setdefault(key, []).append(index)
     rewrites = []
@@ -66,4 +95,4 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             return [list(outs) for _ in range(count)]
 
         rewrites.append(Rewrite(tuple(members), emit))
-    return rewrites, []
+    return rewrites
