@@ -251,3 +251,42 @@ def test_stage_values_are_frozen():
     # And their collections are tuples, not lists that could be changed in place.
     assert isinstance(order.members, tuple) and isinstance(order.unit_anc, tuple)
     assert isinstance(found.regions.slots[0], tuple)
+
+
+def test_absorption_stops_at_the_window_end():
+    jaxpr = open_level(two_towers, (8, 8), (8, 8))
+    graph = build_graph(jaxpr)
+    dots = indices(jaxpr, "dot_general")
+    tanhs = indices(jaxpr, "tanh")
+    assert dots[0] < tanhs[0] < dots[1] < tanhs[1]
+    seconds = [1.0] * len(jaxpr.eqns)
+    # The next window starts right after the second dot: its tanh belongs to that window.
+    order = heavy_order(graph, dots, seconds, min_seconds=0.5, end=dots[1] + 1)
+    regions = build_regions(order, graph, seconds, {}, ((0,), (1,)), taken={},
+                            section_index=0, streams=2, min_seconds=0.5).regions
+    assert regions is not None
+    absorbed = {i for slot in regions.slots for i in slot}
+    assert tanhs[0] in absorbed
+    assert tanhs[1] not in absorbed
+
+
+def dependent_pair(a):
+    x = a @ a
+    t = x * 2.0
+    return t @ t
+
+
+def test_a_producer_depending_on_the_section_is_not_absorbed():
+    # Called on two dependent branches (the DP never pairs those): the light `t`
+    # between them must not join the second region, which would chain the two.
+    jaxpr = open_level(dependent_pair, (8, 8))
+    graph = build_graph(jaxpr)
+    dots = indices(jaxpr, "dot_general")
+    mul = indices(jaxpr, "mul")[0]
+    seconds = [1.0] * len(jaxpr.eqns)
+    order = heavy_order(graph, dots, seconds, min_seconds=0.5, end=graph.size)
+    regions = build_regions(order, graph, seconds, {}, ((0,), (1,)), taken={},
+                            section_index=0, streams=2, min_seconds=0.5).regions
+    assert regions is not None
+    assert sorted(regions.slots) == [(dots[0],), (dots[1],)]
+    assert all(mul not in slot for slot in regions.slots)
