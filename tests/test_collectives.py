@@ -20,7 +20,7 @@ from jax import lax
 
 from jaxpar import _compat, _flags
 from jaxpar._emit import Emitter
-from jaxpar._graph import build_graph
+from jaxpar._graph import CollectivesUnit, build_graph
 from jaxpar._options import Options
 from jaxpar._plan import PlanContext, order_units, plan_jaxpr
 from jaxpar._plan import collectives as C
@@ -118,7 +118,7 @@ def test_group_finder(name, fn, expected, kwargs):
     again = level(fn, (4,))
     assert C.group_collectives(again, axis_sizes={"x": N, "y": 2}) == plan
     order = order_units(graph, [], plan.groups)  # contracting the groups leaves a DAG
-    assert sum(unit[0] == "collectives" for unit in order) == len(plan.groups)
+    assert sum(isinstance(unit, CollectivesUnit) for unit in order) == len(plan.groups)
 
 
 def _reaches(graph, start, targets):
