@@ -41,11 +41,11 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from . import _compat
+from ._emit_collectives import emit_collective_group
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._interp import Env
 from ._plan import LevelPlan
 from ._primitives import SCAN
-from .passes.collectives import emit_collective_group
 
 STREAM_ATTRIBUTE = "_xla_stream_annotation"
 GROUP_ATTRIBUTE = "_scheduling_group_id"

@@ -98,7 +98,12 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# Modules that belong to a stage of the pipeline without carrying its name.
+STAGE_OF = {"jaxpar._emit_collectives": "jaxpar._emit"}
+
+
 def _stage(module: str) -> int | None:
+    module = STAGE_OF.get(module, module)
     for rank, prefix in enumerate(PIPELINE):
         if module == prefix or module.startswith(prefix + "."):
             return rank

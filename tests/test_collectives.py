@@ -23,7 +23,7 @@ from jaxpar._emit import Emitter
 from jaxpar._graph import CollectivesUnit, build_graph
 from jaxpar._options import Options
 from jaxpar._plan import PlanContext, order_units, plan_jaxpr
-from jaxpar.passes import collectives as C
+from jaxpar._plan import collectives as C
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 8

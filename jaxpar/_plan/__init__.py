@@ -1,0 +1,49 @@
+"""Planning: which equations run together on which CUDA stream.
+
+The planner is a sequence of stages, one module each, every one returning a frozen
+value that can be tested alone:
+
+* ``plans``: the results (``LevelPlan``, ``SectionPlan``, ``RegionPlan``, ``Note``)
+  and the reasons and primitive families they use.
+* ``heavy``: which equations of a window are heavy, their ancestor/descendant bit
+  masks, and cheap loose ends attached into units (``HeavyOrder``).
+* ``sections``: the series-parallel tree over units and the dynamic programme that
+  chooses sections (``SPNode``, ``choose_sections``).
+* ``regions``: hull, longest-first balance onto streams, private producers and
+  consumers (``RegionSet``).
+* ``pricing``: the GPU hook onto ``jaxpar._price.price_section``.
+* ``collectives``: groups of collectives launched together, and the compute that
+  overlaps each group.
+* ``level``: ``plan_jaxpr`` runs the stages for one level, writes the notes,
+  recurses into nested jaxprs and orders the units (``order_units``).
+
+Example::
+
+    level = plan_jaxpr(closed_jaxpr, PlanContext(options, target="gpu"))
+    for section in level.sections: ...
+"""
+
+from .collectives import (
+    COLLECTIVES_GROUP_ATTRIBUTES as COLLECTIVES_GROUP_ATTRIBUTES,
+)
+from .collectives import CollectiveGroup as CollectiveGroup
+from .collectives import CollectiveInfo as CollectiveInfo
+from .collectives import CollectivePlan as CollectivePlan
+from .collectives import group_collectives as group_collectives
+from .level import PlanContext as PlanContext
+from .level import order_units as order_units
+from .level import plan_jaxpr as plan_jaxpr
+from .plans import COLLECTIVE_PRIMITIVES as COLLECTIVE_PRIMITIVES
+from .plans import MAX_HEAVY as MAX_HEAVY
+from .plans import REASON_ANNOTATED as REASON_ANNOTATED
+from .plans import REASON_COLLECTIVE as REASON_COLLECTIVE
+from .plans import REASON_DEPENDENT as REASON_DEPENDENT
+from .plans import REASON_EFFECTFUL as REASON_EFFECTFUL
+from .plans import REASON_NO_GAIN as REASON_NO_GAIN
+from .plans import REASON_OPAQUE as REASON_OPAQUE
+from .plans import REASON_TOO_CHEAP as REASON_TOO_CHEAP
+from .plans import RECURSIVE_PRIMITIVES as RECURSIVE_PRIMITIVES
+from .plans import LevelPlan as LevelPlan
+from .plans import Note as Note
+from .plans import RegionPlan as RegionPlan
+from .plans import SectionPlan as SectionPlan

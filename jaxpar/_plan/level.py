@@ -1,0 +1,315 @@
+"""Planning one level: the stages in order, the notes, recursion and emission order.
+
+For one level of a jaxpr (nested jaxprs get plans of their own):
+
+1. Effectful, collective and already-annotated equations never move (``blocked``);
+   the others that launch a kernel of their own are *heavy*.
+2. With collectives groups (``collectives.group_collectives``), each group gets the
+   compute that overlaps its transfers (``collectives.overlap_collectives``).
+3. Otherwise, per window of ``MAX_HEAVY`` heavy equations: ``heavy.heavy_order``
+   (masks, units), ``sections.decompose`` and ``sections.choose_sections`` (the
+   series-parallel tree and the dynamic programme), ``regions.build_regions`` (hull,
+   balance, private neighbours) and, for the GPU, ``pricing.price_regions``.
+4. ``order_units`` contracts regions and groups to one unit each and checks that
+   regions are convex and those of one section independent.
+
+Example::
+
+    level = plan_jaxpr(closed_jaxpr, PlanContext(options, target="gpu"))
+    for section in level.sections: ...
+
+Sharp edges:
+  * Heavy equations are decomposed in windows of ``MAX_HEAVY`` (program order),
+    bounding the quadratic steps; parallelism across a window boundary is lost.
+  * The plan depends only on the jaxpr and the options (no dict or set
+    iteration order leaks in), so every host of an SPMD job agrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import _compat
+from .._analysis import Analysis
+from .._graph import (
+    CollectivesUnit,
+    ContractionCycle,
+    DependentUnits,
+    Graph,
+    RegionUnit,
+    Unit,
+    contract,
+)
+from .._options import Options
+from .collectives import CollectiveGroup, group_collectives, overlap_collectives
+from .heavy import HeavyOrder, heavy_order
+from .plans import (
+    COLLECTIVE_PRIMITIVES,
+    MAX_HEAVY,
+    REASON_ANNOTATED,
+    REASON_COLLECTIVE,
+    REASON_DEPENDENT,
+    REASON_EFFECTFUL,
+    REASON_NO_GAIN,
+    REASON_OPAQUE,
+    REASON_TOO_CHEAP,
+    RECURSIVE_PRIMITIVES,
+    LevelPlan,
+    Note,
+    SectionPlan,
+)
+from .pricing import price_regions
+from .regions import build_regions
+from .sections import SectionChoice, choose_sections, decompose
+
+_NestedPlans = tuple[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]], ...]
+
+
+class PlanContext:
+    """The call's ``Analysis`` plus what planning one program changes as it goes: the
+    scheduling-group counter and the mesh axes of the enclosing ``shard_map``.
+
+    ``PlanContext(options, target)`` makes its own analysis (for tests and tools).
+    """
+
+    def __init__(self, analysis: Analysis | Options, target: str | None = None):
+        if isinstance(analysis, Options):
+            analysis = Analysis(analysis.resolve(target))
+        elif target is not None and target != analysis.target:
+            raise ValueError(f"PlanContext: target={target!r} but the analysis is for "
+                             f"{analysis.target!r}")
+        self.analysis = analysis
+        settings = analysis.settings
+        self.settings = settings
+        self.target = settings.target
+        self.costs = analysis.costs
+        self.streams_per_section = settings.streams_per_section
+        self.command_buffers = settings.command_buffers
+        self.min_seconds = settings.min_seconds
+        self.group_collectives = settings.group_collectives
+        self._next_group = 1
+        # Mesh axis sizes of the enclosing shard_map, while planning its body.
+        self.axis_sizes: dict[Any, int] = {}
+
+    def new_group(self) -> int:
+        group = self._next_group
+        self._next_group += 1
+        return group
+
+    def eqn_annotated(self, eqn: Any) -> bool:
+        return self.analysis.annotated(eqn)
+
+
+def plan_jaxpr(jaxpr: Any, ctx: PlanContext | Analysis, path: str = "") -> LevelPlan:
+    """Plans one jaxpr level and, recursively, the jaxprs nested in it."""
+    if isinstance(ctx, Analysis):
+        ctx = PlanContext(ctx)
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    eqns = inner.eqns
+    graph = ctx.analysis.graph(inner)
+    costs = [ctx.costs.eqn_cost(eqn) for eqn in eqns]
+    seconds = tuple(ctx.costs.seconds(cost) for cost in costs)
+    blocked = _blocked(eqns, ctx)
+    notes: list[Note] = []
+    # Heavy: launches a kernel of its own (fused elementwise work never does).
+    heavy = [i for i in range(len(eqns)) if i in graph.live and costs[i].kernels > 0]
+    for i in heavy:
+        if i in blocked:
+            notes.append(Note((i,), blocked[i], _blocked_detail(blocked[i], eqns[i])))
+    heavy = [i for i in heavy if i not in blocked]
+    sections: list[SectionPlan] = []
+    collective_plan = group_collectives(
+        inner, graph, axis_sizes=ctx.axis_sizes,
+        exclude={i for i, r in blocked.items() if r != REASON_COLLECTIVE})
+    groups = collective_plan.groups if ctx.group_collectives else ()
+    if groups:
+        grouped = {i for g in groups for i in g.eqns}
+        notes = [n for n in notes if not (n.reason == REASON_COLLECTIVE and n.eqns[0] in grouped)]
+        sections = list(overlap_collectives(graph, groups, heavy, blocked, seconds))
+    elif collective_plan.collectives and len(heavy) >= 2:
+        # Stream regions spanning several steps would only fit around the collectives;
+        # on the main stream XLA's scheduler overlaps each matmul with a transfer.
+        notes.append(Note(tuple(heavy), REASON_COLLECTIVE,
+                          "this level communicates: its compute stays on the main stream so "
+                          "XLA can overlap it with the collectives"))
+    elif len(heavy) >= 2:
+        _plan_windows(inner, graph, heavy, seconds, blocked, ctx, sections, notes)
+    elif len(heavy) == 1:
+        notes.append(Note((heavy[0],), REASON_DEPENDENT,
+                          "the only heavy equation at this level: nothing to overlap with"))
+    nested = _plan_nested(eqns, sections, seconds, blocked, ctx, path, notes)
+    try:
+        order = order_units(graph, sections, groups)
+    except _GroupCycle:
+        notes.append(Note(tuple(i for g in groups for i in g.eqns), REASON_COLLECTIVE,
+                          "not grouped: launching these together would reorder them around "
+                          "a stream region"))
+        groups = ()
+        sections = [s for s in sections if s.collectives is None]
+        order = order_units(graph, sections)
+    return LevelPlan(path or "/", jaxpr, graph, seconds, tuple(sections), tuple(notes),
+                     nested, order, tuple(groups), collective_plan.collectives)
+
+
+def _blocked(eqns: Sequence[Any], ctx: PlanContext) -> dict[int, str]:
+    """Equations that must stay where they are, with the reason."""
+    blocked: dict[int, str] = {}
+    for index, eqn in enumerate(eqns):
+        if ctx.eqn_annotated(eqn):
+            blocked[index] = REASON_ANNOTATED
+        elif _compat.ordering_effects(eqn):
+            blocked[index] = REASON_EFFECTFUL
+        elif eqn.primitive.name in COLLECTIVE_PRIMITIVES:
+            blocked[index] = REASON_COLLECTIVE
+    return blocked
+
+
+def _blocked_detail(reason: str, eqn: Any) -> str:
+    name = eqn.primitive.name
+    if reason == REASON_ANNOTATED:
+        return f"`{name}` carries user placement (stream/compute/metadata); never wrapped or nested"
+    if reason == REASON_EFFECTFUL:
+        return f"`{name}` has side effects, which keep their order on the main stream"
+    return f"`{name}` is a collective; collectives are grouped, not moved to compute streams"
+
+
+def _plan_windows(jaxpr: Any, graph: Graph, heavy: list[int], seconds: tuple[float, ...],
+                  blocked: Mapping[int, str], ctx: PlanContext, sections: list[SectionPlan],
+                  notes: list[Note]) -> None:
+    """Sections of one level, in windows of ``MAX_HEAVY`` heavy equations (program order)
+    that bound the quadratic steps; parallelism across a window boundary is given up."""
+    region_of: dict[int, tuple[int, int]] = {}  # shared by the windows of the level
+    for start in range(0, len(heavy), MAX_HEAVY):
+        window = heavy[start:start + MAX_HEAVY]
+        if len(window) < 2:
+            continue
+        end = heavy[start + MAX_HEAVY] if start + MAX_HEAVY < len(heavy) else graph.size
+        order = heavy_order(graph, window, seconds, ctx.min_seconds, end)
+        choice = choose_sections(decompose(order), ctx.streams_per_section, ctx.min_seconds)
+        window_notes = _declined_notes(order, choice)
+        for branches in choice.branch_sets:
+            section = _build_section(jaxpr, graph, order, seconds, blocked, branches,
+                                     region_of, len(sections), ctx, window_notes)
+            if section is not None:
+                sections.append(section)
+        explained = {i for note in window_notes for i in note.eqns}
+        dependent = tuple(i for i in order.heavy if i not in region_of and i not in explained)
+        if dependent:
+            window_notes.append(Note(dependent, REASON_DEPENDENT,
+                                     "on the critical path: everything heavy beside it depends "
+                                     "on it or feeds it"))
+        notes.extend(window_notes)
+
+
+def _declined_notes(order: HeavyOrder, choice: SectionChoice) -> list[Note]:
+    notes = []
+    for declined in choice.declined:
+        eqns = order.eqns(declined.positions)
+        if declined.one_stream:
+            notes.append(Note(
+                eqns, REASON_DEPENDENT,
+                "independent branches, but only one stream is allowed (max_streams or "
+                "--xla_gpu_experimental_parallel_async_compute_limit is 1)"))
+        else:
+            notes.append(Note(
+                eqns, REASON_TOO_CHEAP,
+                f"independent branch of est. {declined.cost * 1e6:.1f} us; "
+                "the work that could overlap is below min_cost_us"))
+    return notes
+
+
+def _build_section(jaxpr: Any, graph: Graph, order: HeavyOrder, seconds: tuple[float, ...],
+                   blocked: Mapping[int, str], branches: Sequence[Sequence[int]],
+                   region_of: dict[int, tuple[int, int]], section_index: int,
+                   ctx: PlanContext, notes: list[Note]) -> SectionPlan | None:
+    """One chosen section: its regions, priced for the GPU; records them in ``region_of``."""
+    found = build_regions(order, graph, seconds, blocked, branches, region_of, section_index,
+                          ctx.streams_per_section, ctx.min_seconds)
+    for branch in found.enclosed:
+        notes.append(Note(branch.eqns, branch.reason,
+                          f"the branch encloses equation {branch.blocked} ({branch.reason}), "
+                          "which must stay in place"))
+    regions = found.regions
+    if regions is None:
+        return None
+    assignment = regions.assignment(section_index)
+    region_of.update(assignment)
+    if ctx.command_buffers is not None:
+        verdict = price_regions(jaxpr, graph, order, regions, ctx.costs,
+                                mode=ctx.command_buffers, min_seconds=ctx.min_seconds)
+        if not verdict.pays:
+            for i in assignment:
+                del region_of[i]
+            heavy_members = [i for units in regions.branches for i in order.eqns(units)]
+            notes.append(Note(tuple(sorted(heavy_members)), REASON_NO_GAIN, verdict.reason))
+            return None
+    return SectionPlan(group=ctx.new_group(), regions=regions.region_plans())
+
+
+def _plan_nested(eqns: Sequence[Any], sections: Sequence[SectionPlan],
+                 seconds: tuple[float, ...], blocked: Mapping[int, str], ctx: PlanContext,
+                 path: str, notes: list[Note]) -> _NestedPlans:
+    """Plans of the jaxprs nested in equations outside regions (appends opaque notes)."""
+    in_region = {i for s in sections for r in s.regions for i in r.eqns}
+    nested: list[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]]] = []
+    for index, eqn in enumerate(eqns):
+        if index in in_region or (index in blocked and blocked[index] != REASON_EFFECTFUL):
+            continue
+        if eqn.primitive.name not in RECURSIVE_PRIMITIVES:
+            if any(True for _ in _compat.eqn_subjaxprs(eqn)) and seconds[index] >= ctx.min_seconds:
+                notes.append(Note((index,), REASON_OPAQUE,
+                                  f"`{eqn.primitive.name}` bodies are not rewritten"))
+            continue
+        subs = []
+        outer_axes = ctx.axis_sizes
+        if _compat.is_shard_map(eqn):
+            ctx.axis_sizes = {**outer_axes, **dict(_compat.shard_map_info(eqn).axis_sizes)}
+        for name, item, sub in _compat.eqn_subjaxprs(eqn):
+            label = f"{name}[{item}]" if item is not None else name
+            sub_plan = plan_jaxpr(sub, ctx, f"{path}/{eqn.primitive.name}#{index}.{label}")
+            # Kept for the report even when it changes nothing; the emitter skips those.
+            if sub_plan.changes_anything or any(
+                    n.reason != REASON_DEPENDENT for level in sub_plan.walk() for n in level.notes):
+                subs.append(((name, item), sub_plan))
+        ctx.axis_sizes = outer_axes
+        if subs:
+            nested.append((index, tuple(subs)))
+    return tuple(nested)
+
+
+class _GroupCycle(Exception):
+    """Contracting the collective groups together with the regions makes a cycle."""
+
+
+def order_units(graph: Graph, sections: list[SectionPlan] | tuple[SectionPlan, ...],
+                groups: Sequence[CollectiveGroup] = ()) -> tuple[Unit, ...]:
+    """Emission order with each region and each collective group contracted to one unit
+    (``_graph.contract``; the regions of a section must stay mutually independent).
+
+    Raises ``RuntimeError`` if a region is not convex or two regions of one section
+    depend on each other: both are planner bugs, and emitting would reorder
+    computation. Raises ``_GroupCycle`` when only the collective groups are to blame
+    (the caller drops them).
+    """
+    blocks: list[tuple[Unit, Sequence[int]]] = []
+    antichains: list[list[Unit]] = []
+    for s, section in enumerate(sections):
+        chain: list[Unit] = []
+        for r, region in enumerate(section.regions):
+            unit = RegionUnit(s, r)
+            blocks.append((unit, region.eqns))
+            chain.append(unit)
+        antichains.append(chain)
+    for g, group in enumerate(groups):
+        blocks.append((CollectivesUnit(g), group.eqns))
+    try:
+        return contract(graph, blocks, antichains)
+    except ContractionCycle:
+        if groups:
+            raise _GroupCycle from None
+        raise RuntimeError("jaxpar planner bug: a region is not convex; please report it "
+                           "with the program that triggered it") from None
+    except DependentUnits:
+        raise RuntimeError("jaxpar planner bug: regions of one section depend on "
+                           "each other; please report it with the program") from None
