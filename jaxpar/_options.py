@@ -82,9 +82,7 @@ class Options:
         if self.max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {self.max_streams}; use 1 to keep "
                              "everything on one stream")
-        if self.target not in TARGETS:
-            raise ValueError(f"target must be one of {', '.join(map(repr, TARGETS))}, "
-                             f"got {self.target!r}")
+        check_target(self.target)
         if (isinstance(self.min_cost_us, bool) or not isinstance(self.min_cost_us, (int, float))
                 or not math.isfinite(self.min_cost_us) or self.min_cost_us < 0):
             raise ValueError(f"min_cost_us must be a finite number >= 0 (microseconds), "
@@ -96,21 +94,14 @@ class Options:
                 raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
         if not isinstance(self.force_streams, bool):
             raise TypeError(f"force_streams must be True or False, got {self.force_streams!r}")
-        unroll = self.unroll
-        if not (unroll is None or unroll == "auto"
-                or (isinstance(unroll, int) and not isinstance(unroll, bool) and unroll >= 1)):
-            raise ValueError(f"unroll must be 'auto', None (leave scans alone) or an int >= 1, "
-                             f"got {unroll!r}")
+        unroll_setting(self.unroll)
 
     def resolved_target(self) -> str:
         """``target``, with ``"auto"`` read as this machine's default backend."""
         return self.resolve_target()
 
     def resolve_target(self, target: str | None = None) -> str:
-        target = self.target if target is None else target
-        if target not in TARGETS:
-            raise ValueError(f"target must be one of {', '.join(map(repr, TARGETS))}, "
-                             f"got {target!r}")
+        target = check_target(self.target if target is None else target)
         if target != "auto":
             return target
         return _BACKEND_TARGETS.get(jax.default_backend(), "cpu")
@@ -221,8 +212,21 @@ def unroll_setting(unroll: Any, api: str = "unroll") -> UnrollSetting:
         return unroll
     if unroll == "auto":
         return UNROLL_BY_COST
-    raise ValueError(f"jaxpar: {api}={unroll!r} is not supported; pass 'auto', a "
-                     "positive int, or None")
+    raise ValueError(f"{api} must be 'auto', None (leave scans alone) or an int >= 1, "
+                     f"got {unroll!r}")
+
+
+def check_target(target: Any, concrete: bool = False) -> str:
+    """``target`` if it is one jaxpar knows (``concrete``: not ``"auto"``).
+
+    Raises:
+      ValueError: naming the valid targets.
+    """
+    valid = tuple(TARGET_DEFAULTS) if concrete else TARGETS
+    if not isinstance(target, str) or target not in valid:
+        raise ValueError(f"target must be one of {', '.join(map(repr, valid))}, "
+                         f"got {target!r}")
+    return target
 
 
 def loop_defaults(target: str) -> dict[str, Any]:
@@ -239,9 +243,7 @@ def loop_defaults(target: str) -> dict[str, Any]:
     Raises:
         ValueError: unknown ``target``.
     """
-    if target not in TARGET_DEFAULTS:
-        raise ValueError(f"jaxpar: target={target!r} is not one of "
-                         f"{sorted(TARGET_DEFAULTS)}")
+    check_target(target, concrete=True)
     return Options().resolve(target, async_limit=2, command_buffers=MODE_LHS).loop_switches()
 
 

@@ -156,3 +156,13 @@ def test_the_import_reader_counts_late_imports_not_type_checking_ones(
     modules = {"jaxpar._graph": tmp_path / "_graph.py", "jaxpar._user": tmp_path / "_user.py"}
     assert _imports(modules)["jaxpar._user"] == expected
     assert _cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b"]]
+
+
+def test_no_pass_imports_a_sibling_pass() -> None:
+    """Passes share code through ``passes/_shared`` and ``passes/_walk`` only."""
+    edges = _imports(_modules())
+    passes = {name for name in edges if name.startswith("jaxpar.passes.")}
+    offenders = [f"{name} imports {target}" for name in sorted(passes)
+                 for target in sorted(edges[name] & passes)
+                 if not target.rsplit(".", 1)[1].startswith("_")]
+    assert offenders == []

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._analysis import Analysis
-from .._options import TARGET_DEFAULTS, Options, Settings, loop_defaults, unroll_setting
+from .._options import Options, Settings, check_target, loop_defaults, unroll_setting
 from . import batch_branches as _batch_branches
 from . import batch_matmuls as _batch_matmuls
 from . import batch_scans as _batch_scans
@@ -171,9 +171,7 @@ def run_pass(name: str, closed_jaxpr: Any, *, target: str = "gpu",
 
 
 def _checked_target(target: str) -> str:
-    if target not in TARGET_DEFAULTS:
-        raise ValueError(f"jaxpar: target={target!r} is not one of {sorted(TARGET_DEFAULTS)}")
-    return target
+    return check_target(target, concrete=True)
 
 
 def _settings(target: str, **switches: Any) -> Settings:
