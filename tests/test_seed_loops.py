@@ -12,7 +12,13 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import assert_tree_close
+from helpers import (
+    assert_tree_close,
+    seed_002,
+    seed_002_specs,
+    seed_002_step_sin,
+    seed_002_step_tanh,
+)
 from jax import lax
 
 import jaxpar
@@ -22,26 +28,8 @@ PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 
-def step1(carry, x):
-    return jnp.tanh(carry @ x @ x) * 0.5, None
-
-
-def step2(carry, x):
-    return jnp.sin(x @ carry) + 0.5 * carry, None
-
-
-def seed_002(a, b, xs1, xs2):
-    return lax.scan(step1, a, xs1)[0], lax.scan(step2, b, xs2)[0]
-
-
 def seed_002_identical(a, b, xs1, xs2):
-    return lax.scan(step1, a, xs1)[0], lax.scan(step1, b, xs2)[0]
-
-
-def specs(n=100, steps=10_000):
-    matrix = jax.ShapeDtypeStruct((n, n), jnp.float32)
-    stack = jax.ShapeDtypeStruct((steps, n, n), jnp.float32)
-    return matrix, matrix, stack, stack
+    return lax.scan(seed_002_step_tanh, a, xs1)[0], lax.scan(seed_002_step_tanh, b, xs2)[0]
 
 
 def values(n, steps, seed=0):
@@ -57,18 +45,18 @@ def total_trips(schedule):
 
 @needs_plugin
 def test_plain_seed_002_is_two_loops_of_10000_trips():
-    schedule = parse_schedule(compile_for_gpu(seed_002, *specs()))
+    schedule = parse_schedule(compile_for_gpu(seed_002, *seed_002_specs()))
     assert sorted(loop.known_trip_count for loop in schedule.while_loops) == [10_000, 10_000]
 
 
 @needs_plugin
 def test_default_gpu_options_leave_one_static_loop():
     fast = jaxpar.parallel_branches(seed_002, target="gpu")
-    schedule = parse_schedule(compile_for_gpu(fast, *specs()))
+    schedule = parse_schedule(compile_for_gpu(fast, *seed_002_specs()))
     assert len(schedule.while_loops) == 1
     (loop,) = schedule.while_loops
     assert loop.known_trip_count is not None and loop.known_trip_count <= 10_000
-    plan = jaxpar.inspect(fast)(*specs())
+    plan = jaxpar.inspect(fast)(*seed_002_specs())
     assert [d.kind for d in plan.loops][:2] == ["fused", "unrolled"]
     assert plan.loops[0].trips_before == 20_000 and plan.loops[0].trips_after == 10_000
 
@@ -76,13 +64,13 @@ def test_default_gpu_options_leave_one_static_loop():
 @needs_plugin
 def test_identical_bodies_become_one_loop_with_a_batched_matmul():
     fast = jaxpar.parallel_branches(seed_002_identical, target="gpu")
-    text = compile_for_gpu(fast, *specs())
+    text = compile_for_gpu(fast, *seed_002_specs())
     schedule = parse_schedule(text)
     assert len(schedule.while_loops) == 1
     assert schedule.while_loops[0].known_trip_count <= 10_000
     # The batched matmul: a dot over both members at once (leading batch dimension 2).
     assert re.search(r"= f32\[2,(?:\d+,)*100,100\]\{[\d,]*\} dot\(.*lhs_batch_dims=\{0", text)
-    assert next(d.kind for d in jaxpar.inspect(fast)(*specs()).loops) == "batched"
+    assert next(d.kind for d in jaxpar.inspect(fast)(*seed_002_specs()).loops) == "batched"
 
 
 def test_default_gpu_options_same_values_and_gradients():
@@ -123,7 +111,7 @@ def test_forward_and_reverse_scans_with_different_bodies():
 
 
 def unequal(a, b, xs1, xs2):
-    return lax.scan(step1, a, xs1)[0], lax.scan(step2, b, xs2)[0]
+    return lax.scan(seed_002_step_tanh, a, xs1)[0], lax.scan(seed_002_step_sin, b, xs2)[0]
 
 
 def test_scans_of_7000_and_10000_steps():
