@@ -62,6 +62,7 @@ __all__ = [
     "REPORT_KINDS",
     "TOLERANCES",
     "PassResult",
+    "all_eqns",
     "as_function",
     "assert_idempotent",
     "assert_matches",
@@ -115,6 +116,16 @@ class PassResult(NamedTuple):
 def eqns_of(jaxpr: Any) -> list[Any]:
     """The equations of ``jaxpr``'s top level."""
     return list(_compat.open_jaxpr(jaxpr)[0].eqns)
+
+
+def all_eqns(jaxpr: Any) -> list[Any]:
+    """Every equation of ``jaxpr``, each followed by those of its nested jaxprs."""
+    found = []
+    for eqn in eqns_of(jaxpr):
+        found.append(eqn)
+        for _, _, sub in _compat.eqn_subjaxprs(eqn):
+            found.extend(all_eqns(sub))
+    return found
 
 
 def primitives(jaxpr: Any, recursive: bool = False) -> list[str]:
