@@ -76,6 +76,7 @@ __all__ = [
     "kinds",
     "primitives",
     "scalar_loss",
+    "sum_loss",
     "unmutated",
 ]
 
@@ -161,6 +162,14 @@ def scalar_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
     element, so a gradient that mixes up elements shows."""
     def loss(*args: Any) -> Any:
         return sum(jnp.sum(jnp.sin(leaf)) for leaf in jax.tree.leaves(fn(*args))
+                   if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact))
+    return loss
+
+
+def sum_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The plain sum of ``fn``'s floating outputs (cotangents all ones)."""
+    def loss(*args: Any) -> Any:
+        return sum(jnp.sum(leaf) for leaf in jax.tree.leaves(fn(*args))
                    if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact))
     return loss
 
@@ -252,17 +261,22 @@ def assert_same_outputs(fn: Callable[..., Any], reference: Callable[..., Any],
 
 def assert_same_gradients(fn: Callable[..., Any], reference: Callable[..., Any],
                           args: Sequence[Any], tolerance: Tolerance | None = None,
-                          jit: bool = False, exact: bool = False) -> None:
-    """Gradients of ``scalar_loss`` with respect to every floating leaf of ``args`` match."""
+                          jit: bool = False, exact: bool = False,
+                          argnums: Sequence[int] | None = None,
+                          loss: Callable[..., Any] = scalar_loss) -> None:
+    """Gradients of ``loss`` (``scalar_loss`` by default) with respect to every floating leaf
+    of ``args`` (or the leaves ``argnums`` picks) match."""
     flat_fn, leaves = _flat(fn, args)
     flat_reference, _ = _flat(reference, args)
-    argnums = tuple(i for i, leaf in enumerate(leaves)
-                    if jnp.issubdtype(jnp.result_type(leaf), jnp.floating))
+    if argnums is None:
+        argnums = tuple(i for i, leaf in enumerate(leaves)
+                        if jnp.issubdtype(jnp.result_type(leaf), jnp.floating))
+    argnums = tuple(argnums)
     if not argnums:
         raise ValueError("no floating input to differentiate with respect to: pass grads=False")
     wrap = jax.jit if jit else (lambda f: f)
-    got = wrap(jax.grad(scalar_loss(flat_fn), argnums))(*leaves)
-    want = wrap(jax.grad(scalar_loss(flat_reference), argnums))(*leaves)
+    got = wrap(jax.grad(loss(flat_fn), argnums))(*leaves)
+    want = wrap(jax.grad(loss(flat_reference), argnums))(*leaves)
     assert_matches(got, want, exact, tolerance, "gradient")
 
 

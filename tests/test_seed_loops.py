@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 from helpers import (
-    assert_tree_close,
     seed_002,
     seed_002_specs,
     seed_002_step_sin,
     seed_002_step_tanh,
 )
 from jax import lax
+from pass_checker import assert_same_gradients, assert_same_outputs, sum_loss
 
 import jaxpar
 from jaxpar._deviceless import compile_for_gpu, parse_schedule, plugin_status
@@ -76,14 +76,9 @@ def test_identical_bodies_become_one_loop_with_a_batched_matmul():
 def test_default_gpu_options_same_values_and_gradients():
     args = values(16, 300)
     fast = jaxpar.parallel_branches(seed_002, target="gpu")
-    assert_tree_close(fast(*args), jax.jit(seed_002)(*args), rtol=1e-6, atol=1e-6)
-
-    def loss(fn):
-        return lambda *a: sum(jnp.sum(o) for o in fn(*a))
-
-    assert_tree_close(jax.grad(loss(fast), argnums=(0, 1, 2, 3))(*args),
-                      jax.grad(loss(seed_002), argnums=(0, 1, 2, 3))(*args),
-                      rtol=1e-4, atol=1e-6)
+    assert_same_outputs(fast, jax.jit(seed_002), args, tolerance={"rtol": 1e-6, "atol": 1e-6})
+    assert_same_gradients(fast, seed_002, args, tolerance={"rtol": 1e-4, "atol": 1e-6},
+                          argnums=(0, 1, 2, 3), loss=sum_loss)
 
 
 def forward_backward(h1, h2, xs, w1, w2):
@@ -100,14 +95,10 @@ def test_forward_and_reverse_scans_with_different_bodies():
             jax.random.normal(keys[4], (16, 16)) / 4)
     fast = jaxpar.parallel_branches(forward_backward, target="gpu")
     assert next(d.kind for d in jaxpar.inspect(fast)(*args).loops) == "fused"
-    assert_tree_close(fast(*args), jax.jit(forward_backward)(*args), rtol=1e-6, atol=1e-6)
-
-    def loss(fn):
-        return lambda *a: sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(fn(*a)))
-
-    assert_tree_close(jax.grad(loss(fast), argnums=(0, 1, 3, 4))(*args),
-                      jax.grad(loss(forward_backward), argnums=(0, 1, 3, 4))(*args),
-                      rtol=1e-5, atol=1e-6)
+    assert_same_outputs(fast, jax.jit(forward_backward), args,
+                        tolerance={"rtol": 1e-6, "atol": 1e-6})
+    assert_same_gradients(fast, forward_backward, args, tolerance={"rtol": 1e-5, "atol": 1e-6},
+                          argnums=(0, 1, 3, 4), loss=sum_loss)
 
 
 def unequal(a, b, xs1, xs2):
@@ -123,10 +114,6 @@ def test_scans_of_7000_and_10000_steps():
     plan = jaxpar.inspect(fast)(*args)
     fused = [d for d in plan.loops if d.kind == "fused"]
     assert fused and fused[0].trips_before == 17_000
-    assert_tree_close(fast(*args), jax.jit(unequal)(*args), rtol=1e-6, atol=1e-6)
-
-    def loss(fn):
-        return lambda *a: sum(jnp.sum(o) for o in fn(*a))
-
-    assert_tree_close(jax.grad(loss(fast), argnums=(0, 1))(*args),
-                      jax.grad(loss(unequal), argnums=(0, 1))(*args), rtol=1e-4, atol=1e-6)
+    assert_same_outputs(fast, jax.jit(unequal), args, tolerance={"rtol": 1e-6, "atol": 1e-6})
+    assert_same_gradients(fast, unequal, args, tolerance={"rtol": 1e-4, "atol": 1e-6},
+                          argnums=(0, 1), loss=sum_loss)
