@@ -162,7 +162,7 @@ MAY_HOLD_LOOPS = _family(
     "cond_p", "custom_jvp_call_p", "custom_vjp_call_p")
 
 # Batching passes: primitives whose vmap rule adds a batch dimension and nothing else
-# (see passes/_batching.py for why this is an allow-list). ``add_any`` (JAX keeps it as
+# (see passes/_shared.py for why this is an allow-list). ``add_any`` (JAX keeps it as
 # ``add_jaxvals_p``) is not on it: the list has always missed it.
 BATCH_FAITHFUL = _family(
     "BATCH_FAITHFUL",

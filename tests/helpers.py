@@ -39,16 +39,27 @@ __all__ = [
     "fraction_of_examples",
     "load_benchmark",
     "chain",
+    "cnn_args",
+    "cnn_loss",
     "four_branches",
+    "four_matmul_branches",
+    "four_matmul_branches_args",
     "four_branches_args",
     "function_bodies",
+    "hetero_batch_benchmark",
     "lower_for_gpu",
     "nested_stream_calls",
     "pure_chain",
     "pure_chain_args",
+    "seed_002",
+    "seed_002_small_args",
+    "seed_002_specs",
+    "seed_002_step_sin",
+    "seed_002_step_tanh",
     "stream_calls",
     "two_scans",
     "two_scans_args",
+    "two_tower_cnn",
 ]
 
 STREAM_ATTRIBUTE = "_xla_stream_annotation"
@@ -249,6 +260,79 @@ def pure_chain_args(seed: int = 7) -> tuple[jax.Array]:
     return (0.05 * jax.random.normal(jax.random.key(seed), (_CHAIN_SIZE, _CHAIN_SIZE)),)
 
 
+def seed_002_step_tanh(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+    return jnp.tanh(carry @ x @ x) * 0.5, None
+
+
+def seed_002_step_sin(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+    return jnp.sin(x @ carry) + 0.5 * carry, None
+
+
+def seed_002(a: jax.Array, b: jax.Array, xs1: jax.Array, xs2: jax.Array
+             ) -> tuple[jax.Array, jax.Array]:
+    """Seed 002 as the issue states it: two independent scans with different bodies, each
+    over its own stack of matrices (``seed_002_specs`` for the 10,000-step shapes)."""
+    return (lax.scan(seed_002_step_tanh, a, xs1)[0],
+            lax.scan(seed_002_step_sin, b, xs2)[0])
+
+
+def seed_002_specs(n: int = 100, steps: int = 10_000) -> tuple[jax.ShapeDtypeStruct, ...]:
+    matrix = jax.ShapeDtypeStruct((n, n), jnp.float32)
+    stack = jax.ShapeDtypeStruct((steps, n, n), jnp.float32)
+    return matrix, matrix, stack, stack
+
+
+def four_matmul_branches(x: jax.Array, w1: jax.Array, w2: jax.Array, w3: jax.Array,
+                         w4: jax.Array) -> jax.Array:
+    """Four chains of two 512x512 matmuls on a shared input, summed."""
+    return sum(jnp.tanh(jnp.tanh(x @ w) @ w) for w in (w1, w2, w3, w4))
+
+
+def four_matmul_branches_args() -> tuple[jax.Array, ...]:
+    keys = jax.random.split(jax.random.PRNGKey(1), 5)
+    return tuple(jax.random.normal(k, (512, 512)) * 0.04 for k in keys)
+
+
+def _conv(x: jax.Array, w: jax.Array) -> jax.Array:
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def two_tower_cnn(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    """A stem, then two convolution towers (two and three deep) joined by a dense head."""
+    x = jax.nn.relu(_conv(x, p["stem"]))
+    b = jax.nn.relu(_conv(jax.nn.relu(_conv(x, p["b1"])), p["b3"]))
+    c = jax.nn.relu(_conv(jax.nn.relu(_conv(jax.nn.relu(_conv(x, p["c1"])), p["c3a"])),
+                          p["c3b"]))
+    return jnp.mean(jnp.concatenate([b, c], -1), axis=(1, 2)) @ p["head"]
+
+
+def cnn_loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    return jnp.mean(two_tower_cnn(p, x) ** 2)
+
+
+def cnn_args() -> tuple[dict[str, jax.Array], jax.Array]:
+    shapes = {"stem": (3, 3, 3, 64), "b1": (1, 1, 64, 64), "b3": (3, 3, 64, 64),
+              "c1": (1, 1, 64, 64), "c3a": (3, 3, 64, 64), "c3b": (3, 3, 64, 64),
+              "head": (128, 10)}
+    keys = jax.random.split(jax.random.PRNGKey(0), len(shapes) + 1)
+    p = {name: jax.random.normal(k, shape) * 0.05
+         for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=False)}
+    return p, jax.random.normal(keys[-1], (8, 32, 32, 3))
+
+
+def hetero_batch_benchmark() -> Any:
+    """``benchmarks/hetero_batch.py`` (its programs: seed 002 with different bodies, pairs,
+    ensembles), loaded once."""
+    return _load_benchmark_once("hetero_batch")
+
+
+def seed_002_small_args() -> tuple[jax.Array, ...]:
+    """Small inputs (8x8, 5 steps) for the benchmark's seed 002 (``seed_body`` and
+    ``seed_other_body``)."""
+    return hetero_batch_benchmark().seed_args(8, 5)
+
+
 def canonical_jaxpr_text(closed: Any) -> str:
     """``closed``'s text inside its outermost calls, scheduling group ids renumbered.
 
@@ -283,6 +367,15 @@ def fraction_of_examples(fraction: float) -> Any:
     phases = tuple(p for p in Phase if p is not Phase.shrink) if no_shrink else tuple(Phase)
     return settings(max_examples=max(4, int(settings().max_examples * fraction)),
                     phases=phases)
+
+
+_BENCHMARKS: dict[str, Any] = {}
+
+
+def _load_benchmark_once(name: str) -> Any:
+    if name not in _BENCHMARKS:
+        _BENCHMARKS[name] = load_benchmark(name)
+    return _BENCHMARKS[name]
 
 
 def load_benchmark(name: str) -> Any:

@@ -1,24 +1,25 @@
 """Tests of the subgraph batching pass (``jaxpar.passes.batch_branches``).
 
 Identical independent straight-line subgraphs (ensemble members) become one ``vmap``ped
-subgraph. Each rewrite is checked for structure (batched ``dot_general``s, stacked and shared
-inputs), well-formedness, values and gradients; the decisions are checked where the pass must
-leave subgraphs alone; and the deviceless H200 compile shows fewer matmul kernels.
+subgraph. Each rewrite goes through ``check_pass`` (tests/pass_checker.py): structure
+(batched ``dot_general``s, stacked and shared inputs), input not mutated, well-formedness,
+values, gradients and idempotence; the decisions are checked where the pass must leave
+subgraphs alone; and the deviceless H200 compile shows fewer matmul kernels.
 """
 
 from __future__ import annotations
 
 import importlib
 import itertools
+from functools import partial
 from typing import Any
 
 import jax
-import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from test_loops import as_function, assert_close, eqns_of, scalar_loss
+from pass_checker import PassResult, assert_matches, check_pass, eqns_of
 
 import jaxpar
 from jaxpar import _compat, _deviceless
@@ -69,67 +70,58 @@ def batched(dot: Any) -> bool:
     return bool(lhs_batch)
 
 
-def assert_rewrite(closed: Any, new: Any, args: tuple[Any, ...]) -> None:
-    """Well formed, same values and gradients as ``closed``."""
-    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
-    leaves = jax.tree.leaves(args)
-    assert_close(as_function(new)(*leaves), as_function(closed)(*leaves), **TOLERANCE)
-    argnums = tuple(range(len(leaves)))
-    want = jax.grad(scalar_loss(as_function(closed)), argnums)(*leaves)
-    got = jax.grad(scalar_loss(as_function(new)), argnums)(*leaves)
-    assert_close(got, want, **GRAD_TOLERANCE)
+batch_for_gpu = partial(batch_branches, target="gpu")
+
+
+def check(program: Any, *args: Any, **checks: Any) -> PassResult:
+    """``check_pass`` of ``batch_branches`` at this file's tolerances."""
+    return check_pass(batch_for_gpu, program, *args, tolerance=TOLERANCE,
+                      grad_tolerance=GRAD_TOLERANCE, **checks)
 
 
 def assert_left_alone_once(f: Any, args: tuple[Any, ...], why: str) -> None:
     """The pass changes nothing in ``f`` and says so once, with ``why`` in the reason."""
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    assert new is closed
-    assert [d.kind for d in decisions] == [KIND_SUBGRAPHS_LEFT_ALONE]
-    assert why in decisions[0].reason
+    result = check(f, *args, unchanged=True, kinds=[KIND_SUBGRAPHS_LEFT_ALONE])
+    assert why in result.decisions[0].reason
 
 
 # --- the pass ---------------------------------------------------------------------------------
 
 
 def test_ensemble_members_become_one_vmapped_member() -> None:
-    args = ensemble_args()
-    closed = jax.make_jaxpr(ensemble)(*args)
-    assert len(dots(closed)) == 12
-    new, decisions = batch_branches(closed, target="gpu")
-    # Three batched matmuls instead of twelve; x is shared, so the first one reads it as is.
-    assert len(dots(new)) == 3 and all(batched(d) for d in dots(new)[1:])
-    assert [d.kind for d in decisions] == [KIND_BATCHED_SUBGRAPHS]
-    (made,) = decisions
-    assert len(made.eqns) == 4 and made.primitives == ("add",) * 4
-    assert "4 independent subgraphs" in made.reason and "6 stacked and 1 shared" in made.reason
-    assert "3 kernel launches instead of 12" in made.reason
-    assert any("test_batch_branches.py" in s for s in made.sources)
-    assert_rewrite(closed, new, args)
+    def three_batched_matmuls(r: PassResult) -> None:
+        assert len(dots(r.closed)) == 12
+        # Three batched matmuls instead of twelve; x is shared, so the first one reads it as
+        # is.
+        assert len(dots(r.new)) == 3 and all(batched(d) for d in dots(r.new)[1:])
+        (made,) = r.decisions
+        assert len(made.eqns) == 4 and made.primitives == ("add",) * 4
+        assert "4 independent subgraphs" in made.reason
+        assert "6 stacked and 1 shared" in made.reason
+        assert "3 kernel launches instead of 12" in made.reason
+        assert any("test_batch_branches.py" in s for s in made.sources)
+
+    check(ensemble, *ensemble_args(), kinds=[KIND_BATCHED_SUBGRAPHS],
+          expect=three_batched_matmuls)
 
 
 def test_members_of_different_widths_are_not_batched() -> None:
-    args = ensemble_args((96, 128, 160))
-    closed = jax.make_jaxpr(ensemble)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    assert new is closed and decisions == ()
+    check(ensemble, *ensemble_args((96, 128, 160)), unchanged=True, kinds=[])
 
 
 def test_only_the_identical_members_are_batched() -> None:
-    args = ensemble_args((128, 128, 96, 128))
-    closed = jax.make_jaxpr(ensemble)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    assert [d.kind for d in decisions] == [KIND_BATCHED_SUBGRAPHS]
-    assert "3 independent subgraphs" in decisions[0].reason
-    assert len(dots(new)) == 3 + 3  # the three batched, the odd member's own three
-    assert_rewrite(closed, new, args)
+    def three_of_four(r: PassResult) -> None:
+        assert "3 independent subgraphs" in r.decisions[0].reason
+        assert len(dots(r.new)) == 3 + 3  # the three batched, the odd member's own three
+
+    check(ensemble, *ensemble_args((128, 128, 96, 128)), kinds=[KIND_BATCHED_SUBGRAPHS],
+          expect=three_of_four)
 
 
 def test_applying_twice_changes_nothing() -> None:
-    args = ensemble_args()
-    once, _ = batch_branches(jax.make_jaxpr(ensemble)(*args), target="gpu")
-    twice, decisions = batch_branches(once, target="gpu")
-    assert twice is once and decisions == ()
+    # check_pass applies the pass to its output: the same object, and here no decision.
+    result = check(ensemble, *ensemble_args(), values=False, grads=False)
+    assert result.repeat_decisions == ()
 
 
 def test_shared_intermediate_stays_outside_and_is_read_unstacked() -> None:
@@ -137,15 +129,14 @@ def test_shared_intermediate_stays_outside_and_is_read_unstacked() -> None:
         h = jnp.tanh(x @ x)  # read by every member: computed once, passed to all
         return sum(jnp.tanh(jnp.tanh(h @ w) @ w) for w in ws)
 
+    def one_stacked_slot(r: PassResult) -> None:
+        assert "4 stacked" not in r.decisions[0].reason  # one weight per member: 1 slot
+        assert "1 stacked and 1 shared" in r.decisions[0].reason
+        assert len(dots(r.new)) == 1 + 2 and not batched(dots(r.new)[0])
+
     args = (jnp.eye(64) * 0.5, [jax.random.normal(jax.random.PRNGKey(i), (64, 64)) * 0.1
                                 for i in range(4)])
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    assert [d.kind for d in decisions] == [KIND_BATCHED_SUBGRAPHS]
-    assert "4 stacked" not in decisions[0].reason  # the one weight per member: 1 stacked slot
-    assert "1 stacked and 1 shared" in decisions[0].reason
-    assert len(dots(new)) == 1 + 2 and not batched(dots(new)[0])
-    assert_rewrite(closed, new, args)
+    check(f, *args, kinds=[KIND_BATCHED_SUBGRAPHS], expect=one_stacked_slot)
 
 
 def test_intermediate_read_outside_the_members_is_returned_too() -> None:
@@ -154,15 +145,14 @@ def test_intermediate_read_outside_the_members_is_returned_too() -> None:
         outs = [jnp.tanh(jnp.tanh(h @ w) @ w) for h, w in zip(hidden, ws, strict=True)]
         return sum(outs), hidden[1] * 2.0  # a member's intermediate, read outside
 
+    def shared_x_unbatched(r: PassResult) -> None:
+        # x is shared, so the first matmul reads it unbatched (vmap moves the batch to the
+        # weight's side); the other two are batched.
+        assert len(dots(r.new)) == 3 and all(batched(d) for d in dots(r.new)[1:])
+
     args = (jnp.eye(32) * 0.5, [jax.random.normal(jax.random.PRNGKey(i), (32, 32)) * 0.2
                                 for i in range(3)])
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    assert [d.kind for d in decisions] == [KIND_BATCHED_SUBGRAPHS]
-    # x is shared, so the first matmul reads it unbatched (vmap moves the batch to the
-    # weight's side); the other two are batched.
-    assert len(dots(new)) == 3 and all(batched(d) for d in dots(new)[1:])
-    assert_rewrite(closed, new, args)
+    check(f, *args, kinds=[KIND_BATCHED_SUBGRAPHS], expect=shared_x_unbatched)
 
 
 def test_cost_model_leaves_big_weights_unstacked() -> None:
@@ -196,7 +186,6 @@ def test_long_chains_at_different_stages_are_reported_once_within_the_budget() -
         return a, jnp.tanh(jnp.tanh(b @ w) @ w)
 
     args = tuple(jax.ShapeDtypeStruct((8, 8), jnp.float32) for _ in range(3))
-    closed = jax.make_jaxpr(f)(*args)
     visited = []
     original = batch_branches_module._align
 
@@ -210,9 +199,7 @@ def test_long_chains_at_different_stages_are_reported_once_within_the_budget() -
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(batch_branches_module, "_align", counting_align)
-        new, decisions = batch_branches(closed, target="gpu")
-    assert new is closed
-    assert [d.kind for d in decisions] == [KIND_SUBGRAPHS_LEFT_ALONE]
+        closed = check(f, *args, unchanged=True, kinds=[KIND_SUBGRAPHS_LEFT_ALONE]).closed
     level = len(eqns_of(closed))
     assert sum(visited) <= batch_branches_module._ALIGN_BUDGET_PER_EQN * level + 2 * level
 
@@ -225,14 +212,14 @@ def test_members_inside_a_scan_body_are_batched() -> None:
 
     args = (jnp.eye(32) * 0.5, [jax.random.normal(jax.random.PRNGKey(i), (32, 32)) * 0.2
                                 for i in range(4)])
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    assert [(d.kind, d.location) for d in decisions] == [(KIND_BATCHED_SUBGRAPHS,
-                                                          "/scan#0.jaxpr")]
-    (scan,) = [e for e in eqns_of(new) if e.primitive.name == "scan"]
-    body = _compat.scan_info(scan).jaxpr
-    assert len(dots(body)) == 2 and batched(dots(body)[1])
-    assert_rewrite(closed, new, args)
+    def batched_in_the_body(r: PassResult) -> None:
+        assert [(d.kind, d.location) for d in r.decisions] == [(KIND_BATCHED_SUBGRAPHS,
+                                                                "/scan#0.jaxpr")]
+        (scan,) = [e for e in eqns_of(r.new) if e.primitive.name == "scan"]
+        body = _compat.scan_info(scan).jaxpr
+        assert len(dots(body)) == 2 and batched(dots(body)[1])
+
+    check(f, *args, expect=batched_in_the_body)
 
 
 def test_effects_and_user_placement_are_never_batched() -> None:
@@ -245,22 +232,23 @@ def test_effects_and_user_placement_are_never_batched() -> None:
         return sum(outs)
 
     args = (jnp.eye(16), [jnp.eye(16) * 0.5] * 3)
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    # The members' matmuls (and the slices the prints read) are batched; the prints are not,
-    # and stay three, in their order.
-    assert [d.kind for d in decisions] == [KIND_BATCHED_SUBGRAPHS]
-    names = [e.primitive.name for e in eqns_of(new)]
-    assert sum("debug" in n for n in names) == 3 and len(dots(new)) == 2
-    assert [e.params for e in eqns_of(new) if "debug" in e.primitive.name] == [
-        e.params for e in eqns_of(closed) if "debug" in e.primitive.name]
+    def prints_stay_in_order(r: PassResult) -> None:
+        # The members' matmuls (and the slices the prints read) are batched; the prints are
+        # not, and stay three, in their order.
+        names = [e.primitive.name for e in eqns_of(r.new)]
+        assert sum("debug" in n for n in names) == 3 and len(dots(r.new)) == 2
+        assert [e.params for e in eqns_of(r.new) if "debug" in e.primitive.name] == [
+            e.params for e in eqns_of(r.closed) if "debug" in e.primitive.name]
+
+    # The values are not compared: the prints would print.
+    check(f, *args, kinds=[KIND_BATCHED_SUBGRAPHS], expect=prints_stay_in_order,
+          values=False, grads=False)
 
     def placed(x: jax.Array, ws: list[jax.Array]) -> jax.Array:
         return sum(jaxpar.on_stream(k + 1)(lambda v, w=w: jnp.tanh(jnp.tanh(v @ w) @ w))(x)
                    for k, w in enumerate(ws))
 
-    _, decisions = batch_branches(jax.make_jaxpr(placed)(*args), target="gpu")
-    assert decisions == ()
+    check(placed, *args, unchanged=True, kinds=[])
 
 
 def test_contractible_rejects_a_path_that_leaves_and_comes_back() -> None:
@@ -284,14 +272,14 @@ def test_parallel_branches_batches_identical_members_on_gpu_only() -> None:
     assert "subgraphs:" in str(plan) and plan.to_dict()["subgraphs"][0]["kind"] == \
         KIND_BATCHED_SUBGRAPHS
     assert plan.loops == ()
-    np.testing.assert_allclose(fast(*args), want, **TOLERANCE)
+    assert_matches(fast(*args), want, tolerance=TOLERANCE)
     got = jax.grad(lambda m: jnp.sum(fast(m, args[1]) ** 2))(args[0])
     expected = jax.grad(lambda m: jnp.sum(ensemble(m, args[1]) ** 2))(args[0])
-    assert_close(got, expected, **GRAD_TOLERANCE)
+    assert_matches(got, expected, tolerance=GRAD_TOLERANCE)
     # vmap over a batch of inputs, and jit around it.
     xs = jnp.stack([args[1], -args[1]])
-    assert_close(jax.jit(jax.vmap(fast, in_axes=(None, 0)))(args[0], xs),
-                 jax.vmap(ensemble, in_axes=(None, 0))(args[0], xs), **TOLERANCE)
+    assert_matches(jax.jit(jax.vmap(fast, in_axes=(None, 0)))(args[0], xs),
+                   jax.vmap(ensemble, in_axes=(None, 0))(args[0], xs), tolerance=TOLERANCE)
     # Off on the CPU by default, and off when asked.
     assert jaxpar.inspect(ensemble, target="cpu")(*args).subgraphs == ()
     assert jaxpar.inspect(ensemble, target="gpu", batch_branches=False,

@@ -7,10 +7,11 @@ Issue 10, points 2 and 3. ``batch_scans`` and ``batch_branches`` run several mem
   ``custom_vjp``'s non-differentiable arguments, constants), not the printed jaxpr; and
 * the batched form must compute what each member computes alone, at the members' cost: no
   ``rbg`` random bits under ``vmap``, no callback without a ``vmap_method``, no ``cond`` or
-  ``while`` whose predicate differs per member (``jaxpar.passes._batching``).
+  ``while`` whose predicate differs per member (``jaxpar.passes._shared``).
 
 Each test checks the decision (structure) and the values (and gradients where the difference
-lies in a differentiation rule) against ``jax.jit`` of the original; the positive controls show
+lies in a differentiation rule) against the original through ``check_pass``
+(tests/pass_checker.py), under ``jax.jit`` where keys are inputs; the positive controls show
 the same program shape is batched where it is safe, so the tests can fail.
 """
 
@@ -21,15 +22,21 @@ from functools import partial
 from typing import Any
 
 import jax
-import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from test_loops import as_function, assert_close, eqns_of, primitives
+from pass_checker import (
+    PassResult,
+    as_function,
+    assert_matches,
+    check_pass,
+    eqns_of,
+    kinds,
+    primitives,
+)
 
 import jaxpar
-from jaxpar import _compat
 from jaxpar.passes import (
     KIND_BATCHED,
     KIND_BATCHED_SUBGRAPHS,
@@ -43,24 +50,14 @@ TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 F32 = jax.ShapeDtypeStruct((8,), jnp.float32)
 
 
-def kinds(decisions: Any) -> list[str]:
-    return [d.kind for d in decisions]
+def check(pass_fn: Callable[..., Any], fn: Callable[..., Any], args: tuple[Any, ...],
+          grads: bool = False, **checks: Any) -> PassResult:
+    """``check_pass`` at this file's tolerance; gradients only where asked."""
+    return check_pass(pass_fn, fn, *args, grads=grads, tolerance=TOLERANCE,
+                      grad_tolerance=TOLERANCE, **checks)
 
 
-def check(closed: Any, new: Any, fn: Callable[..., Any], args: tuple[Any, ...],
-          grads: bool = False) -> None:
-    """Well formed, and the same values (and gradients) as ``jax.jit(fn)``."""
-    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
-    leaves = jax.tree.leaves(args)
-    assert_close(as_function(new)(*leaves), jax.tree.leaves(jax.jit(fn)(*args)), **TOLERANCE)
-    if grads:
-        def loss(*a: Any) -> Any:
-            return sum(jnp.sum(jnp.sin(o)) for o in as_function(new)(*a))
-        want = jax.jit(jax.grad(lambda *a: sum(jnp.sum(jnp.sin(o)) for o in
-                                               jax.tree.leaves(fn(*a))),
-                                argnums=tuple(range(len(leaves)))))(*leaves)
-        got = jax.grad(loss, argnums=tuple(range(len(leaves))))(*leaves)
-        assert_close(got, want, **TOLERANCE)
+batch_for_gpu = partial(batch_branches, target="gpu")
 
 
 # --- two scans, bodies differing in one parameter -------------------------------------------
@@ -134,11 +131,8 @@ _SCAN_PAIRS = {
 def test_scan_bodies_are_compared_by_value(case: str) -> None:
     step_a, step_b, merged, grads = _SCAN_PAIRS[case]
     f = two_scans(step_a, step_b)
-    args = scan_args()
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_scans(closed)
-    assert kinds(decisions) == ([KIND_BATCHED] if merged else []), case
-    check(closed, new, f, args, grads=grads)
+    check(batch_scans, f, scan_args(), grads=grads, unchanged=not merged,
+          kinds=[KIND_BATCHED] if merged else [])
 
 
 @pytest.mark.parametrize("callback", ["debug", "io"])
@@ -161,9 +155,7 @@ def test_scans_with_callback_effects_are_not_batched(callback: str) -> None:
 
     f = two_scans(step("a"), step("b"))
     args = scan_args()
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_scans(closed)
-    assert decisions == () and new is closed
+    new = check(batch_scans, f, args, unchanged=True, kinds=[]).new
     for v in seen.values():
         v.clear()
     as_function(new)(*args)
@@ -182,12 +174,14 @@ def test_branch_members_are_compared_by_value() -> None:
                                                   strict=True)]
 
     args = (jnp.eye(32) * 0.5, [jnp.eye(32) * (0.1 + 0.1 * k) for k in range(4)])
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    # The callbacks are batched in pairs (sin with sin, cos with cos: the values say which).
-    batched = [d for d in decisions if d.kind == KIND_BATCHED_SUBGRAPHS]
-    assert any(set(d.primitives) == {"pure_callback"} and len(d.eqns) == 2 for d in batched)
-    check(closed, new, f, args)
+    def callbacks_in_pairs(r: PassResult) -> None:
+        # The callbacks are batched in pairs (sin with sin, cos with cos: the values say
+        # which).
+        batched = [d for d in r.decisions if d.kind == KIND_BATCHED_SUBGRAPHS]
+        assert any(set(d.primitives) == {"pure_callback"} and len(d.eqns) == 2
+                   for d in batched)
+
+    check(batch_for_gpu, f, args, expect=callbacks_in_pairs)
 
 
 # --- what vmap maps faithfully and cheaply --------------------------------------------------
@@ -206,17 +200,16 @@ def random_members(impl: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
                                                 ("threefry2x32", True)])
 def test_random_bits_are_batched_only_for_threefry_keys(impl: str, batched: bool) -> None:
     f, args = random_members(impl)
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    draws = [e for e in eqns_of(new) if e.primitive.name in ("jit", "pjit")
-             and "random_bits" in primitives(e.params["jaxpr"], recursive=True)]
-    assert len(draws) == (1 if batched else 4), impl
-    if batched:
-        assert KIND_BATCHED_SUBGRAPHS in kinds(decisions)
-    # Key arrays are not jaxpr inputs of as_function: compare through the wrapped function.
-    got = jax.jit(lambda *a: as_function(new)(*jax.tree.leaves(a)))(*args)
-    want = jax.tree.leaves(jax.jit(f)(*args))
-    assert_close(got, want, **TOLERANCE)
+
+    def draws_by_key_type(r: PassResult) -> None:
+        draws = [e for e in eqns_of(r.new) if e.primitive.name in ("jit", "pjit")
+                 and "random_bits" in primitives(e.params["jaxpr"], recursive=True)]
+        assert len(draws) == (1 if batched else 4), impl
+        if batched:
+            assert KIND_BATCHED_SUBGRAPHS in kinds(r.decisions)
+
+    # Key arrays are inputs: the values are compared under jax.jit.
+    check(batch_for_gpu, f, args, jit=True, expect=draws_by_key_type)
 
 
 def test_random_bits_in_scan_bodies_follow_the_key_type() -> None:
@@ -232,18 +225,12 @@ def test_random_bits_in_scan_bodies_follow_the_key_type() -> None:
         keys = (jax.random.key(1, impl=impl), jax.random.key(2, impl=impl))
         a, b, xs = scan_args()
         args = (*keys, a, b, xs)
-        closed = jax.make_jaxpr(f)(*args)
-        new, decisions = batch_scans(closed)
-        assert kinds(decisions) == ([KIND_BATCHED] if batched else []), impl
-        got = jax.jit(as_function(new))(*args)
-        assert_close(got, jax.tree.leaves(jax.jit(f)(*args)), **TOLERANCE)
+        check(batch_scans, f, args, jit=True, unchanged=not batched,
+              kinds=[KIND_BATCHED] if batched else [])
         # With fusion on, the scans left unbatched are fused instead.
         if not batched:
-            fused, decisions = apply_loop_passes(closed, fuse=True, batch=True, unroll=None,
-                                                 target="gpu")
-            assert kinds(decisions) == [KIND_FUSED]
-            got = jax.jit(as_function(fused))(*args)
-            assert_close(got, jax.tree.leaves(jax.jit(f)(*args)), **TOLERANCE)
+            check(partial(apply_loop_passes, fuse=True, batch=True, unroll=None, target="gpu"),
+                  f, args, jit=True, kinds=[KIND_FUSED])
 
 
 def test_pure_callback_without_vmap_method_is_not_batched() -> None:
@@ -258,22 +245,21 @@ def test_pure_callback_without_vmap_method_is_not_batched() -> None:
     args = (jnp.eye(32) * 0.5, [jnp.eye(32) * (0.1 + 0.1 * k) for k in range(4)])
     for method in (None, "sequential"):
         fn = partial(f, vmap_method=method)
-        closed = jax.make_jaxpr(fn)(*args)
-        new, decisions = batch_branches(closed, target="gpu")  # never raises
-        callbacks = [e for e in eqns_of(new) if e.primitive.name == "pure_callback"]
-        # Without a vmap_method only the matmuls before the callbacks are batched.
-        assert len(callbacks) == (4 if method is None else 0), method
-        assert KIND_BATCHED_SUBGRAPHS in kinds(decisions)
-        check(closed, new, fn, args)
+
+        def matmuls_batched(r: PassResult, method: str | None = method) -> None:
+            callbacks = [e for e in eqns_of(r.new) if e.primitive.name == "pure_callback"]
+            # Without a vmap_method only the matmuls before the callbacks are batched.
+            assert len(callbacks) == (4 if method is None else 0), method
+            assert KIND_BATCHED_SUBGRAPHS in kinds(r.decisions)
+
+        check(batch_for_gpu, fn, args, expect=matmuls_batched)  # the pass never raises
         plan = jaxpar.inspect(fn, target="gpu")(*args)  # raised NotImplementedError
         assert any(d.kind == KIND_BATCHED_SUBGRAPHS for d in plan.subgraphs)
-        assert_close(jaxpar.parallel_branches(fn, target="gpu")(*args), jax.jit(fn)(*args),
-                     **TOLERANCE)
+        assert_matches(jaxpar.parallel_branches(fn, target="gpu")(*args), jax.jit(fn)(*args),
+                       tolerance=TOLERANCE)
     # Scans calling it are not batched either (and batch_scans does not raise).
     f2 = two_scans(callback_step(np.sin, None), callback_step(np.sin, None))
-    closed = jax.make_jaxpr(f2)(*scan_args())
-    new, decisions = batch_scans(closed)
-    assert decisions == () and new is closed
+    check(batch_scans, f2, scan_args(), unchanged=True, kinds=[])
 
 
 def cond_members(shared: bool) -> Callable[..., Any]:
@@ -296,19 +282,19 @@ def cond_members(shared: bool) -> Callable[..., Any]:
 def test_conds_are_batched_only_on_a_shared_predicate(shared: bool) -> None:
     f = cond_members(shared)
     args = (jnp.eye(32) * 0.5, [jnp.eye(32) * (0.1 + 0.1 * k) for k in range(4)])
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_branches(closed, target="gpu")
-    conds = [e for e in eqns_of(new) if e.primitive.name == "cond"]
-    if shared:
-        # One cond, on the shared predicate, whose branches hold the batched members.
-        assert len(conds) == 1 and "select_n" not in primitives(new)
-    else:
-        # The four conds stay (no select running the while for every member); the matmuls
-        # before them are batched.
-        assert len(conds) == 4 and primitives(new, recursive=True).count("while") == 4
-        assert any("takes a different branch per member" in d.reason for d in decisions)
-    assert KIND_BATCHED_SUBGRAPHS in kinds(decisions)
-    check(closed, new, f, args)
+    def conds_by_predicate(r: PassResult) -> None:
+        conds = [e for e in eqns_of(r.new) if e.primitive.name == "cond"]
+        if shared:
+            # One cond, on the shared predicate, whose branches hold the batched members.
+            assert len(conds) == 1 and "select_n" not in primitives(r.new)
+        else:
+            # The four conds stay (no select running the while for every member); the
+            # matmuls before them are batched.
+            assert len(conds) == 4 and primitives(r.new, recursive=True).count("while") == 4
+            assert any("takes a different branch per member" in d.reason for d in r.decisions)
+        assert KIND_BATCHED_SUBGRAPHS in kinds(r.decisions)
+
+    check(batch_for_gpu, f, args, expect=conds_by_predicate)
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -325,14 +311,11 @@ def test_scans_holding_a_while_are_batched_only_on_a_shared_predicate(shared: bo
         return lax.scan(body, a, xs)[0], lax.scan(body, b, xs)[0]
 
     args = (*scan_args(), jnp.float32(4.0))
-    closed = jax.make_jaxpr(f)(*args)
-    new, decisions = batch_scans(closed)
-    assert kinds(decisions) == ([KIND_BATCHED] if shared else [])
-    check(closed, new, f, args)
+    check(batch_scans, f, args, unchanged=not shared, kinds=[KIND_BATCHED] if shared else [])
 
 
 def test_static_refusal_reaches_into_nested_jaxprs() -> None:
-    from jaxpar.passes._batching import static_refusal
+    from jaxpar.passes._shared import static_refusal
 
     def f(key: Any, x: jax.Array) -> Any:
         inner = jax.jit(jax.checkpoint(lambda k, v: v + jax.random.normal(k, v.shape)))
@@ -347,9 +330,9 @@ def test_static_refusal_reaches_into_nested_jaxprs() -> None:
 def test_allow_list_names_exist() -> None:
     """Every primitive the allow-list names is a real primitive name of this jax."""
     from jaxpar import _compat
-    from jaxpar.passes import _batching
+    from jaxpar.passes import _shared
 
-    assert _batching.FAITHFUL_PRIMITIVES <= _compat.all_primitive_names()
-    assert {"add", "dot_general", "jit", "scan", "cond", "while"} <= _batching.FAITHFUL_PRIMITIVES
+    assert _shared.FAITHFUL_PRIMITIVES <= _compat.all_primitive_names()
+    assert {"add", "dot_general", "jit", "scan", "cond", "while"} <= _shared.FAITHFUL_PRIMITIVES
     for absent in ("rng_bit_generator", "psum", "sharding_constraint"):
-        assert absent not in _batching.FAITHFUL_PRIMITIVES
+        assert absent not in _shared.FAITHFUL_PRIMITIVES

@@ -10,16 +10,23 @@ no program here launching more than without the pass).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
-from helpers import load_benchmark
+from helpers import hetero_batch_benchmark, seed_002_small_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
+from pass_checker import (
+    all_eqns,
+    assert_same_gradients,
+    assert_same_outputs,
+    check_pass,
+    count_primitive,
+)
 
 import jaxpar
 from jaxpar._deviceless import plugin_status
@@ -35,57 +42,41 @@ PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 
-bench = load_benchmark("hetero_batch")
+bench = hetero_batch_benchmark()
+
+VALUE_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
+GRAD_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _loop_passes(matmuls: bool) -> Callable[[Any], Any]:
+    return partial(apply_loop_passes, fuse=True, batch=True, unroll=None, target="gpu",
+                   batch_branches=True, batch_matmuls=matmuls)
 
 
 def _passes(fn: Callable[..., Any], *args: Any, matmuls: bool = True) -> tuple[Any, Any]:
-    closed = jax.make_jaxpr(fn)(*args)
-    return apply_loop_passes(closed, fuse=True, batch=True, unroll=None, target="gpu",
-                             batch_branches=True, batch_matmuls=matmuls)
+    """The loop passes' output (checked by ``check_pass`` but for values, which
+    ``_check_values_and_grads`` compares through ``jaxpar.parallel_branches``)."""
+    result = check_pass(_loop_passes(matmuls), fn, *args, values=False, grads=False)
+    return result.new, result.decisions
 
 
-def _eqns(jaxpr: Any) -> list[Any]:
-    """Every equation, nested jaxprs included."""
-    out = []
-    for eqn in jaxpr.eqns:
-        out.append(eqn)
-        for value in eqn.params.values():
-            items = value if isinstance(value, (tuple, list)) else (value,)
-            for item in items:
-                inner = getattr(item, "jaxpr", item)
-                if hasattr(inner, "eqns"):
-                    out += _eqns(inner)
-    return out
-
-
-def _count(jaxpr: Any, name: str) -> int:
-    return sum(e.primitive.name == name for e in _eqns(getattr(jaxpr, "jaxpr", jaxpr)))
+_count = count_primitive
 
 
 def _batched_dots(jaxpr: Any) -> int:
     """dot_generals whose result has more dimensions than the matrices of these tests."""
     return sum(e.primitive.name == "dot_general" and e.outvars[0].aval.ndim > 2
-               for e in _eqns(getattr(jaxpr, "jaxpr", jaxpr)))
-
-
-def _close(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-5) -> None:
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+               for e in all_eqns(jaxpr))
 
 
 def _check_values_and_grads(fn: Callable[..., Any], *args: Any) -> None:
+    """The whole pipeline keeps values and gradients (both under ``jax.jit``)."""
     rewritten = jaxpar.parallel_branches(fn, target="gpu")
-    _close(jax.jit(rewritten)(*args), jax.jit(fn)(*args))
-
-    def loss(f: Callable[..., Any]) -> Callable[..., Any]:
-        return lambda *a: sum(jnp.sum(jnp.sin(x)) for x in jax.tree_util.tree_leaves(f(*a)))
-
-    argnums = tuple(range(len(args)))
-    _close(jax.jit(jax.grad(loss(rewritten), argnums))(*args),
-           jax.jit(jax.grad(loss(fn), argnums))(*args), rtol=1e-4, atol=1e-5)
+    assert_same_outputs(rewritten, fn, args, tolerance=VALUE_TOLERANCE, jit=True)
+    assert_same_gradients(rewritten, fn, args, tolerance=GRAD_TOLERANCE, jit=True)
 
 
-SEED_SMALL = bench.seed_args(8, 5)
+SEED_SMALL = seed_002_small_args()
 
 
 # --------------------------------------------------------------------------- seed 002
@@ -184,8 +175,10 @@ def test_level_inputs_only_left_alone_by_cost() -> None:
     def f(a: Any, b: Any, c: Any, d: Any) -> Any:
         return jnp.tanh(a @ b), jnp.sin(c @ d)
 
-    new, decisions = batch_matmuls(jax.make_jaxpr(f)(*_square(2, 4)))
-    assert _count(new, "dot_general") == 2 and _batched_dots(new) == 0
+    result = check_pass(batch_matmuls, f, *_square(2, 4), values=False, grads=False,
+                        counts={"dot_general": 2})
+    new, decisions = result.new, result.decisions
+    assert _batched_dots(new) == 0
     (left,) = [d for d in decisions if d.kind == KIND_MATMULS_LEFT_ALONE]
     assert "costs more than the 1 kernel launches" in left.reason
     # The cost model's numbers, also as fields: the group does not pay.
@@ -199,9 +192,7 @@ def test_matmuls_sharing_an_operand_are_left_to_xla() -> None:
         h = jnp.sin(x)
         return jnp.tanh(h @ w1), jax.nn.relu(h @ w2)
 
-    closed = jax.make_jaxpr(f)(*_square(3, 3))
-    new, decisions = batch_matmuls(closed)
-    assert new is closed and decisions == ()
+    check_pass(batch_matmuls, f, *_square(3, 3), unchanged=True, kinds=[])
 
 
 def test_different_stages_are_not_batched_together() -> None:
@@ -210,11 +201,13 @@ def test_different_stages_are_not_batched_together() -> None:
         second = jnp.cos(jnp.sin(c) @ d) @ b  # stages 1 and 2
         return first, second
 
-    new, decisions = batch_matmuls(jax.make_jaxpr(f)(*_square(4, 4)))
+    result = check_pass(batch_matmuls, f, *_square(4, 4), values=False, grads=False,
+                        counts={"dot_general": 2})
+    new, decisions = result.new, result.decisions
     # Only the two stage-1 matmuls batch; the stage-2 one stays alone.
     (batched,) = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
     assert "at stage 1" in batched.reason
-    assert _count(new, "dot_general") == 2 and _batched_dots(new) == 1
+    assert _batched_dots(new) == 1
 
 
 def test_convolutions_of_different_members_batch() -> None:
@@ -228,9 +221,10 @@ def test_convolutions_of_different_members_batch() -> None:
     keys = jax.random.split(jax.random.PRNGKey(5), 3)
     args = (jax.random.normal(keys[0], (2, 5, 5, 3)), jax.random.normal(keys[1], (3, 3, 3, 4)),
             jax.random.normal(keys[2], (3, 3, 3, 4)))
-    new, decisions = batch_matmuls(jax.make_jaxpr(f)(*args))
-    assert _count(new, "conv_general_dilated") == 1
-    assert [d.primitives for d in decisions] == [("conv_general_dilated",) * 2]
+    check_pass(batch_matmuls, f, *args, values=False, grads=False,
+               counts={"conv_general_dilated": 1},
+               expect=lambda r: [d.primitives for d in r.decisions]
+               == [("conv_general_dilated",) * 2])
     _check_values_and_grads(f, *args)
 
 
@@ -249,20 +243,19 @@ def test_backward_pass_matmuls_batched() -> None:
     dots = _count(grad_of_rewritten, "dot_general")
     assert dots > 4 and _batched_dots(grad_of_rewritten) == dots  # backward batched too
     rewritten_grad = jaxpar.parallel_branches(jax.grad(loss, every), target="gpu")
-    closed = jax.make_jaxpr(jax.grad(loss, every))(*SEED_SMALL)
-    new, _ = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
-    assert _batched_dots(new) > 4
-    assert _count(new, "dot_general") < _count(closed, "dot_general")
-    _close(jax.jit(rewritten_grad)(*SEED_SMALL), jax.jit(jax.grad(loss, every))(*SEED_SMALL),
-           rtol=1e-4)
+    result = check_pass(partial(apply_loop_passes, **loop_defaults("gpu"), target="gpu"),
+                        jax.grad(loss, every), *SEED_SMALL, values=False, grads=False)
+    assert _batched_dots(result.new) > 4
+    assert _count(result.new, "dot_general") < _count(result.closed, "dot_general")
+    assert_same_outputs(rewritten_grad, jax.grad(loss, every), SEED_SMALL, jit=True,
+                        tolerance={"rtol": 1e-4, "atol": 1e-5})
 
 
 def test_applying_twice_changes_nothing() -> None:
-    once, _ = _passes(bench.seed_002, *SEED_SMALL)
-    twice, decisions = apply_loop_passes(once, fuse=True, batch=True, unroll=None,
-                                         target="gpu", batch_branches=True, batch_matmuls=True)
-    assert twice is once
-    assert not [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    # check_pass applies the passes to their output: the same object, no further rewrite.
+    repeat = check_pass(_loop_passes(True), bench.seed_002, *SEED_SMALL, values=False,
+                        grads=False).repeat_decisions
+    assert not [d for d in repeat if d.kind == KIND_BATCHED_MATMULS]
 
 
 def test_defaults_and_option() -> None:

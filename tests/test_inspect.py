@@ -13,8 +13,10 @@ from helpers import (
     LOOPS_OFF,
     four_branches,
     four_branches_args,
+    hetero_batch_benchmark,
     pure_chain,
     pure_chain_args,
+    seed_002_small_args,
 )
 from jax import lax
 
@@ -303,9 +305,8 @@ def test_inspect_keeps_function_metadata():
 def test_batched_matmul_groups_name_their_members_stage_and_price():
     """Seed 002 with different bodies: each batched group names its ops, the member each
     comes from (source line and step function), its stage and the cost model's numbers."""
-    from test_batch_matmuls import SEED_SMALL, bench
-
-    plan = jaxpar.inspect(bench.seed_002, target="gpu")(*SEED_SMALL)
+    bench = hetero_batch_benchmark()
+    plan = jaxpar.inspect(bench.seed_002, target="gpu")(*seed_002_small_args())
     groups = [d for d in plan.subgraphs if d.kind == "batched matmuls"]
     assert sorted(d.stage for d in groups) == [1, 2, 3, 4], str(plan)
     lines = [line for line in str(plan).splitlines() if "batched matmuls at" in line]

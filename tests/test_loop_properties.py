@@ -8,19 +8,27 @@ The hypothesis profile comes from tests/conftest.py (``JAXPAR_HYPOTHESIS_PROFILE
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
-import numpy as np
+import pytest
 from helpers import fraction_of_examples
 from hypothesis import given
 from hypothesis import strategies as st
+from pass_checker import (
+    assert_matches,
+    assert_same_gradients,
+    assert_same_outputs,
+    assert_well_formed,
+    check_pass,
+    unmutated,
+)
 from programs import Program, loop_programs, scan_programs, stacked_batch
 
 import jaxpar
-from jaxpar import _compat
 from jaxpar.passes import apply_loop_passes, loop_defaults
 
 # Fusion and unrolling change how XLA compiles the loop bodies, hence float32 rounding.
@@ -28,22 +36,20 @@ VALUE_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 GRAD_TOLERANCE = {"rtol": 1e-3, "atol": 1e-4}
 
 
-def _rewrite(program: Program) -> tuple[Any, Any]:
+def _loop_passes(target: str) -> Any:
+    return partial(apply_loop_passes, **loop_defaults(target), target=target)
+
+
+def _rewrite(program: Program, target: str = "gpu") -> tuple[Any, Any]:
     closed = jax.make_jaxpr(program.fn)(*program.args)
-    new, _ = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
+    with unmutated(closed):
+        new, _ = _loop_passes(target)(closed)
+    assert_well_formed(new)
     return closed, new
 
 
 def _fn(jaxpr: Any) -> Any:
     return jex_core.jaxpr_as_fun(jaxpr)
-
-
-def _assert_close(got: Any, want: Any, tolerance: dict[str, float]) -> None:
-    got_leaves, want_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
-    assert len(got_leaves) == len(want_leaves)
-    for g, w in zip(got_leaves, want_leaves, strict=True):
-        assert np.shape(g) == np.shape(w)
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), **tolerance)
 
 
 def _loss(fn: Any) -> Any:
@@ -52,25 +58,28 @@ def _loss(fn: Any) -> Any:
     return loss
 
 
+def _assert_close(got: Any, want: Any, tolerance: dict[str, float]) -> None:
+    """Within ``tolerance`` at every floating dtype (``assert_matches``)."""
+    assert_matches(got, want, tolerance={"float32": tolerance, "float64": tolerance})
+
+
+def _same_gradients_and_vmap(program: Program, closed: Any, new: Any) -> None:
+    assert_same_gradients(_fn(new), _fn(closed), program.args, tolerance=GRAD_TOLERANCE,
+                          jit=True, loss=_loss)
+    batch = stacked_batch(program.args)
+    assert_same_outputs(jax.vmap(_fn(new)), jax.vmap(_fn(closed)), batch,
+                        tolerance=VALUE_TOLERANCE, jit=True)
+
+
 @given(scan_programs())
 def test_same_values_and_idempotent(program: Program) -> None:
-    closed, new = _rewrite(program)
-    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
-    _assert_close(jax.jit(_fn(new))(*program.args), jax.jit(_fn(closed))(*program.args),
-                  VALUE_TOLERANCE)
-    again, _ = apply_loop_passes(new, **loop_defaults("gpu"), target="gpu")
-    assert again is new
+    check_pass(_loop_passes("gpu"), program.fn, *program.args, grads=False, jit=True,
+               tolerance=VALUE_TOLERANCE)
 
 
 @given(scan_programs())
 def test_same_gradients_and_vmap(program: Program) -> None:
-    closed, new = _rewrite(program)
-    argnums = tuple(range(len(program.args)))
-    _assert_close(jax.jit(jax.grad(_loss(_fn(new)), argnums))(*program.args),
-                  jax.jit(jax.grad(_loss(_fn(closed)), argnums))(*program.args), GRAD_TOLERANCE)
-    batch = stacked_batch(program.args)
-    _assert_close(jax.jit(jax.vmap(_fn(new)))(*batch), jax.jit(jax.vmap(_fn(closed)))(*batch),
-                  VALUE_TOLERANCE)
+    _same_gradients_and_vmap(program, *_rewrite(program))
 
 
 # ---- Loop programs: counter `while`s of every dtype and step, int/bool scan carries ----------
@@ -80,38 +89,28 @@ def test_same_gradients_and_vmap(program: Program) -> None:
 _examples = fraction_of_examples
 
 
-def _rewrite_for(program: Program, target: str) -> tuple[Any, Any]:
-    closed = jax.make_jaxpr(program.fn)(*program.args)
-    new, _ = apply_loop_passes(closed, **loop_defaults(target), target=target)
-    return closed, new
-
-
 @_examples(0.1)
 @given(loop_programs(), st.sampled_from(("gpu", "cpu")))
 def test_loop_programs_same_values_and_idempotent(program: Program, target: str) -> None:
-    closed, new = _rewrite_for(program, target)
-    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
-    _assert_close(jax.jit(_fn(new))(*program.args), jax.jit(_fn(closed))(*program.args),
-                  VALUE_TOLERANCE)
-    again, _ = apply_loop_passes(new, **loop_defaults(target), target=target)
-    assert again is new
+    check_pass(_loop_passes(target), program.fn, *program.args, grads=False, jit=True,
+               tolerance=VALUE_TOLERANCE)
 
 
 @_examples(0.1)
 @given(loop_programs(), st.sampled_from(("gpu", "cpu")))
 def test_loop_programs_same_gradients_and_vmap(program: Program, target: str) -> None:
-    closed, new = _rewrite_for(program, target)
-    argnums = tuple(range(len(program.args)))
+    closed, new = _rewrite(program, target)
     try:
-        want = jax.jit(jax.grad(_loss(_fn(closed)), argnums))(*program.args)
+        _same_gradients_and_vmap(program, closed, new)
     except ValueError as error:  # a while with a traced trip count: no reverse mode
         assert "Reverse-mode differentiation does not work" in str(error)
-    else:
-        _assert_close(jax.jit(jax.grad(_loss(_fn(new)), argnums))(*program.args), want,
-                      GRAD_TOLERANCE)
-    batch = stacked_batch(program.args)
-    _assert_close(jax.jit(jax.vmap(_fn(new)))(*batch), jax.jit(jax.vmap(_fn(closed)))(*batch),
-                  VALUE_TOLERANCE)
+        # ... in the program itself, not only in its rewrite (tracing raises it).
+        with pytest.raises(ValueError, match="Reverse-mode differentiation does not work"):
+            jax.make_jaxpr(jax.grad(_loss(_fn(closed)), tuple(range(len(program.args)))))(
+                *program.args)
+        batch = stacked_batch(program.args)
+        assert_same_outputs(jax.vmap(_fn(new)), jax.vmap(_fn(closed)), batch,
+                            tolerance=VALUE_TOLERANCE, jit=True)
 
 
 @_examples(0.1)

@@ -218,3 +218,42 @@ def test_the_analysis_dies_with_the_call(monkeypatch):
 def test_analysis_takes_settings():
     with pytest.raises(TypeError, match="Settings"):
         _analysis.Analysis(Options())  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- every row through the checker
+
+
+def _every_pass_program(ws, x, h):
+    """Something for each row: twin equations, a counting while, identical and different
+    scans, identical ensemble members, same-shaped matmuls of different members."""
+    shared = jnp.sin(x) + jnp.sin(x)  # share_common: two equal sin
+    count = lax.fori_loop(0, jnp.int32(5), lambda i, c: c + i, jnp.int32(1))  # static while
+    body = lambda c, xs: (jnp.tanh(c @ ws[0] + xs), None)
+    s1, _ = lax.scan(body, h, jnp.ones((6, 8)))  # two identical scans
+    s2, _ = lax.scan(body, h * 2.0, jnp.ones((6, 8)))
+    s3, _ = lax.scan(lambda c, xs: (jnp.sin(c) * xs, None), h, jnp.ones((4, 8)))  # another
+    members = [jnp.tanh(jnp.tanh(x @ w) @ w) for w in ws]  # identical members
+    mixed = jnp.tanh(x @ ws[0]).sum() + jnp.sin(x @ ws[1]).sum()  # different members
+    return shared.sum() * count + s1.sum() + s2.sum() + s3.sum() + sum(
+        m.sum() for m in members) + mixed
+
+
+@pytest.mark.parametrize("row", PASSES, ids=lambda row: row.name)
+def test_every_row_passes_the_checker(row):
+    from pass_checker import check_pass
+
+    key = jax.random.PRNGKey(0)
+    ws = [jax.random.normal(k, (8, 8)) * 0.3 for k in jax.random.split(key, 4)]
+    x = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
+    h = jnp.linspace(-1.0, 1.0, 8)
+    settings = Settings(target="gpu", share_common=True, batch_scans=True, fuse_scans=True,
+                        batch_branches=True, batch_matmuls=True, unroll="cost")
+
+    def run(closed):
+        return run_pass(row.name, closed, settings=settings)
+
+    result = check_pass(run, _every_pass_program, ws, x, h,
+                        tolerance={"rtol": 2e-5, "atol": 2e-5},
+                        grad_tolerance={"rtol": 2e-4, "atol": 2e-5})
+    assert result.new is not result.closed, f"{row.name} changed nothing here"
+    assert {d.pass_name for d in result.decisions} <= {row.name}

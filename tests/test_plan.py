@@ -5,40 +5,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import assert_tree_close, assert_tree_equal
-from jax import lax
+from helpers import assert_tree_close, assert_tree_equal, cnn_args, cnn_loss, two_tower_cnn
 
 import jaxpar
 
 # These tests are about the decomposition: sections are forced past the GPU pricing
 # (jaxpar/_price.py, tested in tests/test_price.py).
 GPU = {"target": "gpu", "force_streams": True}
-
-
-def conv(x, w):
-    return lax.conv_general_dilated(x, w, (1, 1), "SAME",
-                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
-
-
-def two_tower_cnn(p, x):
-    x = jax.nn.relu(conv(x, p["stem"]))
-    b = jax.nn.relu(conv(jax.nn.relu(conv(x, p["b1"])), p["b3"]))
-    c = jax.nn.relu(conv(jax.nn.relu(conv(jax.nn.relu(conv(x, p["c1"])), p["c3a"])), p["c3b"]))
-    return jnp.mean(jnp.concatenate([b, c], -1), axis=(1, 2)) @ p["head"]
-
-
-def cnn_loss(p, x):
-    return jnp.mean(two_tower_cnn(p, x) ** 2)
-
-
-def cnn_args():
-    shapes = {"stem": (3, 3, 3, 64), "b1": (1, 1, 64, 64), "b3": (3, 3, 64, 64),
-              "c1": (1, 1, 64, 64), "c3a": (3, 3, 64, 64), "c3b": (3, 3, 64, 64),
-              "head": (128, 10)}
-    keys = jax.random.split(jax.random.PRNGKey(0), len(shapes) + 1)
-    p = {name: jax.random.normal(k, shape) * 0.05
-         for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=False)}
-    return p, jax.random.normal(keys[-1], (8, 32, 32, 3))
 
 
 def test_forward_towers_share_one_section():

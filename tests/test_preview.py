@@ -7,8 +7,13 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
-from test_seed_loops import seed_002, specs
-from test_seed_stories import LOOPS_OFF, four_matmul_branches, four_matmul_branches_args
+from helpers import (
+    LOOPS_OFF,
+    four_matmul_branches,
+    four_matmul_branches_args,
+    seed_002,
+    seed_002_specs,
+)
 
 import jaxpar
 from jaxpar import _deviceless, _gpu_compile, _preview
@@ -23,7 +28,7 @@ def branch_specs():
 
 @needs_plugin
 def test_seed_002_preview_shows_fewer_loop_trips():
-    preview = jaxpar.gpu_preview(seed_002, *specs(), gpu="h200")
+    preview = jaxpar.gpu_preview(seed_002, *seed_002_specs(), gpu="h200")
     assert preview.plain.total_trips == 20_000 and len(preview.plain.loops) == 2
     assert len(preview.jaxpar.loops) == 1 and preview.jaxpar.total_trips <= 10_000
     assert preview.jaxpar.host_sync_loops == 0
@@ -47,9 +52,9 @@ def test_seed_002_preview_shows_fewer_loop_trips():
 def test_seed_002_with_loops_off_previews_two_streams():
     if jax.lib.__version__ in _preview._CRASHES_ON_ANNOTATED_LOOPS:
         with pytest.raises(RuntimeError, match="crashed the process"):
-            jaxpar.gpu_preview(seed_002, *specs(steps=100), **LOOPS_OFF)
+            jaxpar.gpu_preview(seed_002, *seed_002_specs(steps=100), **LOOPS_OFF)
         return
-    preview = jaxpar.gpu_preview(seed_002, *specs(steps=100), **LOOPS_OFF)
+    preview = jaxpar.gpu_preview(seed_002, *seed_002_specs(steps=100), **LOOPS_OFF)
     assert preview.jaxpar.async_in_flight == 2
     assert preview.jaxpar.stream_ids == (1, 2)
     assert preview.plain.async_in_flight == 0
@@ -76,7 +81,7 @@ def test_missing_plugin_names_the_pip_line(monkeypatch):
 def test_known_crashing_jaxlib_is_refused_not_crashed(monkeypatch):
     monkeypatch.setattr(_preview, "_CRASHES_ON_ANNOTATED_LOOPS", frozenset({jax.lib.__version__}))
     with pytest.raises(RuntimeError, match="allow_known_crashes"):
-        jaxpar.gpu_preview(seed_002, *specs(steps=10), **LOOPS_OFF)
+        jaxpar.gpu_preview(seed_002, *seed_002_specs(steps=10), **LOOPS_OFF)
     # Regions without loops are fine on such a jaxlib.
     preview = jaxpar.gpu_preview(four_matmul_branches, *branch_specs(), batch_branches=False,
                                  batch_matmuls=False, force_streams=True)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import jax
 import pytest
+from helpers import cnn_args, cnn_loss, hetero_batch_benchmark, seed_002_small_args
 from jax import lax
-from test_plan import cnn_args, cnn_loss
 
 import jaxpar
 from jaxpar._render import plan_to_chrome_trace
@@ -132,9 +132,8 @@ def test_fused_and_unrolled_loops_are_drawn():
 
 
 def seed_002_plan():
-    from test_batch_matmuls import SEED_SMALL, bench
-
-    return jaxpar.inspect(bench.seed_002, target="gpu")(*SEED_SMALL)
+    bench = hetero_batch_benchmark()
+    return jaxpar.inspect(bench.seed_002, target="gpu")(*seed_002_small_args())
 
 
 def test_batched_matmul_groups_are_drawn_on_their_loop():

@@ -12,8 +12,14 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import assert_tree_close
+from helpers import (
+    seed_002,
+    seed_002_specs,
+    seed_002_step_sin,
+    seed_002_step_tanh,
+)
 from jax import lax
+from pass_checker import assert_same_gradients, assert_same_outputs, sum_loss
 
 import jaxpar
 from jaxpar._deviceless import compile_for_gpu, parse_schedule, plugin_status
@@ -22,26 +28,8 @@ PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 
-def step1(carry, x):
-    return jnp.tanh(carry @ x @ x) * 0.5, None
-
-
-def step2(carry, x):
-    return jnp.sin(x @ carry) + 0.5 * carry, None
-
-
-def seed_002(a, b, xs1, xs2):
-    return lax.scan(step1, a, xs1)[0], lax.scan(step2, b, xs2)[0]
-
-
 def seed_002_identical(a, b, xs1, xs2):
-    return lax.scan(step1, a, xs1)[0], lax.scan(step1, b, xs2)[0]
-
-
-def specs(n=100, steps=10_000):
-    matrix = jax.ShapeDtypeStruct((n, n), jnp.float32)
-    stack = jax.ShapeDtypeStruct((steps, n, n), jnp.float32)
-    return matrix, matrix, stack, stack
+    return lax.scan(seed_002_step_tanh, a, xs1)[0], lax.scan(seed_002_step_tanh, b, xs2)[0]
 
 
 def values(n, steps, seed=0):
@@ -57,18 +45,18 @@ def total_trips(schedule):
 
 @needs_plugin
 def test_plain_seed_002_is_two_loops_of_10000_trips():
-    schedule = parse_schedule(compile_for_gpu(seed_002, *specs()))
+    schedule = parse_schedule(compile_for_gpu(seed_002, *seed_002_specs()))
     assert sorted(loop.known_trip_count for loop in schedule.while_loops) == [10_000, 10_000]
 
 
 @needs_plugin
 def test_default_gpu_options_leave_one_static_loop():
     fast = jaxpar.parallel_branches(seed_002, target="gpu")
-    schedule = parse_schedule(compile_for_gpu(fast, *specs()))
+    schedule = parse_schedule(compile_for_gpu(fast, *seed_002_specs()))
     assert len(schedule.while_loops) == 1
     (loop,) = schedule.while_loops
     assert loop.known_trip_count is not None and loop.known_trip_count <= 10_000
-    plan = jaxpar.inspect(fast)(*specs())
+    plan = jaxpar.inspect(fast)(*seed_002_specs())
     assert [d.kind for d in plan.loops][:2] == ["fused", "unrolled"]
     assert plan.loops[0].trips_before == 20_000 and plan.loops[0].trips_after == 10_000
 
@@ -76,26 +64,21 @@ def test_default_gpu_options_leave_one_static_loop():
 @needs_plugin
 def test_identical_bodies_become_one_loop_with_a_batched_matmul():
     fast = jaxpar.parallel_branches(seed_002_identical, target="gpu")
-    text = compile_for_gpu(fast, *specs())
+    text = compile_for_gpu(fast, *seed_002_specs())
     schedule = parse_schedule(text)
     assert len(schedule.while_loops) == 1
     assert schedule.while_loops[0].known_trip_count <= 10_000
     # The batched matmul: a dot over both members at once (leading batch dimension 2).
     assert re.search(r"= f32\[2,(?:\d+,)*100,100\]\{[\d,]*\} dot\(.*lhs_batch_dims=\{0", text)
-    assert next(d.kind for d in jaxpar.inspect(fast)(*specs()).loops) == "batched"
+    assert next(d.kind for d in jaxpar.inspect(fast)(*seed_002_specs()).loops) == "batched"
 
 
 def test_default_gpu_options_same_values_and_gradients():
     args = values(16, 300)
     fast = jaxpar.parallel_branches(seed_002, target="gpu")
-    assert_tree_close(fast(*args), jax.jit(seed_002)(*args), rtol=1e-6, atol=1e-6)
-
-    def loss(fn):
-        return lambda *a: sum(jnp.sum(o) for o in fn(*a))
-
-    assert_tree_close(jax.grad(loss(fast), argnums=(0, 1, 2, 3))(*args),
-                      jax.grad(loss(seed_002), argnums=(0, 1, 2, 3))(*args),
-                      rtol=1e-4, atol=1e-6)
+    assert_same_outputs(fast, jax.jit(seed_002), args, tolerance={"rtol": 1e-6, "atol": 1e-6})
+    assert_same_gradients(fast, seed_002, args, tolerance={"rtol": 1e-4, "atol": 1e-6},
+                          argnums=(0, 1, 2, 3), loss=sum_loss)
 
 
 def forward_backward(h1, h2, xs, w1, w2):
@@ -112,18 +95,14 @@ def test_forward_and_reverse_scans_with_different_bodies():
             jax.random.normal(keys[4], (16, 16)) / 4)
     fast = jaxpar.parallel_branches(forward_backward, target="gpu")
     assert next(d.kind for d in jaxpar.inspect(fast)(*args).loops) == "fused"
-    assert_tree_close(fast(*args), jax.jit(forward_backward)(*args), rtol=1e-6, atol=1e-6)
-
-    def loss(fn):
-        return lambda *a: sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(fn(*a)))
-
-    assert_tree_close(jax.grad(loss(fast), argnums=(0, 1, 3, 4))(*args),
-                      jax.grad(loss(forward_backward), argnums=(0, 1, 3, 4))(*args),
-                      rtol=1e-5, atol=1e-6)
+    assert_same_outputs(fast, jax.jit(forward_backward), args,
+                        tolerance={"rtol": 1e-6, "atol": 1e-6})
+    assert_same_gradients(fast, forward_backward, args, tolerance={"rtol": 1e-5, "atol": 1e-6},
+                          argnums=(0, 1, 3, 4), loss=sum_loss)
 
 
 def unequal(a, b, xs1, xs2):
-    return lax.scan(step1, a, xs1)[0], lax.scan(step2, b, xs2)[0]
+    return lax.scan(seed_002_step_tanh, a, xs1)[0], lax.scan(seed_002_step_sin, b, xs2)[0]
 
 
 def test_scans_of_7000_and_10000_steps():
@@ -135,10 +114,6 @@ def test_scans_of_7000_and_10000_steps():
     plan = jaxpar.inspect(fast)(*args)
     fused = [d for d in plan.loops if d.kind == "fused"]
     assert fused and fused[0].trips_before == 17_000
-    assert_tree_close(fast(*args), jax.jit(unequal)(*args), rtol=1e-6, atol=1e-6)
-
-    def loss(fn):
-        return lambda *a: sum(jnp.sum(o) for o in fn(*a))
-
-    assert_tree_close(jax.grad(loss(fast), argnums=(0, 1))(*args),
-                      jax.grad(loss(unequal), argnums=(0, 1))(*args), rtol=1e-4, atol=1e-6)
+    assert_same_outputs(fast, jax.jit(unequal), args, tolerance={"rtol": 1e-6, "atol": 1e-6})
+    assert_same_gradients(fast, unequal, args, tolerance={"rtol": 1e-4, "atol": 1e-6},
+                          argnums=(0, 1), loss=sum_loss)

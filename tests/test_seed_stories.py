@@ -14,13 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
+    LOOPS_OFF,
     assert_tree_close,
     assert_tree_equal,
+    four_matmul_branches,
+    four_matmul_branches_args,
     function_bodies,
     lower_for_gpu,
+    seed_002,
     stream_calls,
 )
-from jax import lax
 
 import jaxpar
 from jaxpar import _preview
@@ -35,27 +38,12 @@ crashes_on_annotated_loops = pytest.mark.skipif(
     reason=f"XLA in jaxlib {jax.lib.__version__} segfaults compiling annotated loops")
 
 # Stream tests force their sections past the GPU pricing (jaxpar/_price.py), which refuses
-# them under XLA's default CUDA-graph mode; tests/test_price.py covers that choice.
-LOOPS_OFF = {"fuse_scans": False, "batch_scans": False, "batch_branches": False,
-             "batch_matmuls": False, "unroll": None, "force_streams": True}
+# them under XLA's default CUDA-graph mode (LOOPS_OFF, from tests/helpers.py, forces them
+# too); tests/test_price.py covers that choice.
 # The four branches are identical, so by default the GPU target batches them into one vmapped
 # chain (tests/test_batch_branches.py); here streams are what is tested.
 STREAMS = {"target": "gpu", "batch_branches": False, "batch_matmuls": False,
            "force_streams": True}
-
-
-def step1(carry, x):
-    return jnp.tanh(carry @ x @ x) * 0.5, None
-
-
-def step2(carry, x):
-    return jnp.sin(x @ carry) + 0.5 * carry, None
-
-
-def seed_002(a, b, xs1, xs2):
-    out1, _ = lax.scan(step1, a, xs1)
-    out2, _ = lax.scan(step2, b, xs2)
-    return out1, out2
 
 
 def seed_002_args(steps=20):
@@ -64,15 +52,6 @@ def seed_002_args(steps=20):
             jax.random.normal(keys[1], (100, 100)) * 0.1,
             jax.random.normal(keys[2], (steps, 100, 100)) * 0.1,
             jax.random.normal(keys[3], (steps, 100, 100)) * 0.1)
-
-
-def four_matmul_branches(x, w1, w2, w3, w4):
-    return sum(jnp.tanh(jnp.tanh(x @ w) @ w) for w in (w1, w2, w3, w4))
-
-
-def four_matmul_branches_args():
-    keys = jax.random.split(jax.random.PRNGKey(1), 5)
-    return tuple(jax.random.normal(k, (512, 512)) * 0.04 for k in keys)
 
 
 def pure_chain(x, w):

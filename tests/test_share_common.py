@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import jax
-import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
-from helpers import assert_tree_close, assert_tree_equal
+from pass_checker import assert_matches, assert_same_outputs, check_pass, count_primitive
 
 import jaxpar
-from jaxpar import _compat
 from jaxpar.passes import share_common_subexpressions
-
-
-def count(jaxpr, name):
-    """Equations of primitive ``name`` at every level of ``jaxpr``."""
-    total = 0
-    for eqn in _compat.open_jaxpr(jaxpr)[0].eqns:
-        total += eqn.primitive.name == name
-        total += sum(count(sub, name) for _, _, sub in _compat.eqn_subjaxprs(eqn))
-    return total
 
 
 def slogdet_and_inv(s):
@@ -40,14 +29,8 @@ def two_factorisations(s):
 
 
 def test_equal_equations_of_one_level_are_merged():
-    closed = jax.make_jaxpr(two_factorisations)(spd())
-    assert count(closed, "lu") == 2
-    new, _ = share_common_subexpressions(closed)
-    jex_core.check_jaxpr(_compat.open_jaxpr(new)[0])
-    assert count(new, "lu") == 1
-    assert_tree_equal(jex_core.jaxpr_as_fun(new)(spd()), jex_core.jaxpr_as_fun(closed)(spd()))
-    again, _ = share_common_subexpressions(new)
-    assert again is new
+    check_pass(share_common_subexpressions, two_factorisations, spd(), exact=True, grads=False,
+               counts={"lu": 1}, expect=lambda r: count_primitive(r.closed, "lu") == 2)
 
 
 def test_pipeline_shares_before_planning(monkeypatch):
@@ -57,8 +40,8 @@ def test_pipeline_shares_before_planning(monkeypatch):
     regions = [r for sec in forced.sections for r in sec.regions]
     assert all(dict(r.primitives).get("lu", 0) == 0 for r in regions)
     g = jaxpar.parallel_branches(two_factorisations, target="gpu")
-    assert_tree_close(jax.jit(g)(spd()), jax.jit(two_factorisations)(spd()), rtol=1e-6,
-                      atol=1e-6)
+    assert_same_outputs(g, two_factorisations, (spd(),), jit=True,
+                        tolerance={"rtol": 1e-6, "atol": 1e-6})
 
 
 def test_twins_behind_calls_keep_the_cut_away(monkeypatch):
@@ -79,31 +62,25 @@ def test_what_must_not_be_shared_is_kept():
         c = jax.pure_callback(np.cos, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
         d = jnp.tanh(x) + jnp.tanh(x * 1.0)     # different operands: two tanh
         return a + b + c + d
-    closed = jax.make_jaxpr(f)(jnp.ones(4))
-    new, _ = share_common_subexpressions(closed)
-    assert count(new, "pure_callback") == 3
-    assert count(new, "tanh") == 2
+    check_pass(share_common_subexpressions, f, jnp.ones(4), values=False, grads=False,
+               counts={"pure_callback": 3, "tanh": 2})
 
 
 def test_equal_parameters_by_value_different_ones_kept():
     def f(x):
         return (jnp.sum(x, axis=0), jnp.sum(x, axis=0), jnp.sum(x, axis=1),
                 jax.lax.cumsum(x, 0), jax.lax.cumsum(x, 0, reverse=True))
-    closed = jax.make_jaxpr(f)(jnp.ones((3, 3)))
-    new, _ = share_common_subexpressions(closed)
-    assert count(new, "reduce_sum") == 2
-    assert count(new, "cumsum") == 2
-    assert_tree_equal(jex_core.jaxpr_as_fun(new)(jnp.arange(9.0).reshape(3, 3)),
-                      jex_core.jaxpr_as_fun(closed)(jnp.arange(9.0).reshape(3, 3)))
+    check_pass(share_common_subexpressions, f, jnp.arange(9.0).reshape(3, 3), exact=True,
+               grads=False, counts={"reduce_sum": 2, "cumsum": 2})
 
 
 def test_pipeline_values_and_grads():
     g = jaxpar.parallel_branches(lambda s: sum(jnp.sum(o) for o in slogdet_and_inv(s)),
                                  target="gpu")
     s = spd()
-    assert_tree_close(jax.jit(g)(s), jax.jit(lambda s: sum(jnp.sum(o) for o in
-                                                             slogdet_and_inv(s)))(s),
-                      rtol=1e-5, atol=1e-5)
-    assert_tree_close(jax.grad(g)(s), jax.grad(lambda s: sum(jnp.sum(o) for o in
-                                                              slogdet_and_inv(s)))(s),
-                      rtol=1e-4, atol=1e-5)
+    assert_matches(jax.jit(g)(s), jax.jit(lambda s: sum(jnp.sum(o) for o in
+                                                          slogdet_and_inv(s)))(s),
+                   tolerance={"rtol": 1e-5, "atol": 1e-5})
+    assert_matches(jax.grad(g)(s), jax.grad(lambda s: sum(jnp.sum(o) for o in
+                                                           slogdet_and_inv(s)))(s),
+                   tolerance={"rtol": 1e-4, "atol": 1e-5})

@@ -291,7 +291,7 @@ def shared_column(column: Sequence[Any]) -> bool:
 def body_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
     """Equal for two scans exactly when they run the same computation on same-typed
     operands (compared structurally: ``_structure``); None for a scan that can never be
-    batched (``_batching.static_refusal``)."""
+    batched (``_shared.static_refusal``)."""
     if static_refusal(eqn) is not None:
         return None
     return (keys.equation(eqn),

@@ -14,7 +14,7 @@ How the subgraphs are found:
 1. *Value numbering*: each equation gets a structural key -- its primitive, its
    parameters (``_structure``), its result types and the keys of its inputs, where a
    level input counts by its type only. Equations ``vmap`` never batches faithfully
-   (``_batching.static_refusal``) get none. Two equations with equal keys compute the same
+   (``_shared.static_refusal``) get none. Two equations with equal keys compute the same
    function of same-typed level inputs, and neither can depend on the other.
 2. *Alignment*: starting from a class of equal-keyed equations (latest first, so
    the largest subgraphs are tried first), the pass walks the members' inputs in
@@ -48,7 +48,7 @@ Sharp edges:
   * Equations are compared structurally (``_structure``): parameters and constants
     by value, nested jaxprs equation by equation, functions by identity. Two
     members that differ only in the order of their equations are not recognised.
-  * Only what ``vmap`` batches faithfully and cheaply is batched (``_batching``):
+  * Only what ``vmap`` batches faithfully and cheaply is batched (``_shared``):
     members drawing ``rbg`` random bits, calling a callback without a
     ``vmap_method``, or branching on a per-member predicate are left alone.
   * Results agree with the unbatched program to float rounding: XLA may pick a

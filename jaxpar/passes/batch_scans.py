@@ -4,7 +4,7 @@ Two scans of one level with no path between them in the dependency graph,
 whose bodies compute the same thing (compared structurally, parameters and
 constants by value: ``_structure``), with the same length, direction, unroll
 factor and operand types, and whose body ``vmap`` batches faithfully and cheaply
-given the operands they share (``_batching``), become one ``lax.scan`` under
+given the operands they share (``_shared``), become one ``lax.scan`` under
 ``jax.vmap``: carries, xs and consts are stacked
 along a new leading axis (an operand that is the same variable in every member
 is shared, not stacked). Each body's ``k`` kernels per trip become ``k`` bigger
@@ -21,7 +21,7 @@ Example::
 
 Sharp edges:
   * Two bodies that differ only in the order of equations are not recognised.
-  * Bodies holding primitives off ``_batching``'s allow-list (``rbg`` random bits,
+  * Bodies holding primitives off ``_shared``'s allow-list (``rbg`` random bits,
     callbacks without a ``vmap_method``, a ``cond`` or ``while`` whose predicate
     reads a stacked operand) are not batched; ``fuse_scans`` may fuse them.
   * Stacking copies the operands once per call; for large xs and few trips that
