@@ -192,6 +192,22 @@ class CostModel:
         self._eqn_costs[id(eqn)] = (eqn, cost)
         return cost
 
+    def launches(self, eqn: Any) -> bool:
+        """Whether ``eqn`` launches a kernel (``eqn_cost(eqn).kernels > 0``).
+
+        Decided from the primitive's rule where that fixes the answer (shape-only,
+        one-kernel and elementwise primitives), so the passes that only need this do not
+        cost every equation of a level.
+        """
+        rule = cost_rules.get(eqn.primitive.name, _default_rule)
+        if rule is _free_rule:
+            return False
+        if rule is _one_kernel_rule or rule is _dot_general_rule or rule is _conv_rule:
+            return True
+        if rule is _default_rule and not any(True for _ in _compat.eqn_subjaxprs(eqn)):
+            return False
+        return self.eqn_cost(eqn).kernels > 0
+
     def jaxpr_cost(self, jaxpr: Any) -> Cost:
         key = id(jaxpr)
         hit = self._jaxpr_costs.get(key)
