@@ -245,6 +245,10 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     params = params or {}
     renamed: dict[Any, Any] = {}  # replaced equations' outvars -> the atoms now holding them
     dropped: set[Any] = set()  # replaced equations' outvars their rewrite did not compute
+    # ids of every variable a rewrite replaces: an equation reading none of them is kept
+    # as it is without looking at its operands one by one (literals are unhashable, and
+    # their ids never equal a live variable's).
+    replaced = {id(v) for r in rewrites for i in r.eqns for v in eqns[i].outvars}
 
     def atom(v: Any) -> Any:
         if _compat.is_literal(v):
@@ -261,8 +265,13 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     for unit in order:
         if isinstance(unit, EqnUnit):
             eqn = eqns[unit.index]
+            new_params = params.get(unit.index)
+            if replaced.isdisjoint(map(id, eqn.invars)):
+                new_eqns.append(eqn if new_params is None
+                                else _compat.replace_eqn(eqn, params=new_params))
+                continue
             new_eqns.append(_compat.replace_eqn(eqn, invars=[atom(v) for v in eqn.invars],
-                                                params=params.get(unit.index)))
+                                                params=new_params))
             continue
         assert isinstance(unit, RewriteUnit)
         rewrite = rewrites[unit.rewrite]
@@ -419,7 +428,7 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
     params: dict[int, dict[str, Any]] = {}
     for index, eqn in enumerate(inner.eqns):
         replacements = {}
-        for name, item, sub in _compat.eqn_subjaxprs(eqn):
+        for name, item, sub in analysis.subjaxprs(eqn):
             label = f"{name}[{item}]" if item is not None else name
             sub_path = f"{path}/{eqn.primitive.name}#{index}.{label}"
             # Rewrites of a nested level are traced where JAX traced that level (a
