@@ -56,17 +56,14 @@ def build_graph(jaxpr: Any) -> Graph:
 
 
 def _build_graph(jaxpr: Any) -> Graph:
-    # Keyed by the variables' ids (the jaxpr keeps them alive): a literal, unhashable,
-    # has an id no variable has, so it needs no test of its own.
-    producer: dict[int, int] = {}
-    get = producer.get
+    producer: dict[Any, int] = {}
     preds: list[tuple[int, ...]] = []
     succ_lists: list[list[int]] = []
     effectful: list[int] = []
     last_effect: int | None = None
-    is_drop_var = _compat.is_drop_var
+    is_literal, is_drop_var = _compat.is_literal, _compat.is_drop_var
     for index, eqn in enumerate(jaxpr.eqns):
-        sources = {s for s in map(get, map(id, eqn.invars)) if s is not None}
+        sources = {producer[v] for v in eqn.invars if not is_literal(v) and v in producer}
         # Most equations have no effects at all; only those with some pay for the filter.
         if eqn.effects and _compat.ordering_effects(eqn):
             effectful.append(index)
@@ -80,8 +77,9 @@ def _build_graph(jaxpr: Any) -> Graph:
             succ_lists[source].append(index)
         for v in eqn.outvars:
             if not is_drop_var(v):
-                producer[id(v)] = index
-    feeds_output = frozenset(s for s in map(get, map(id, jaxpr.outvars)) if s is not None)
+                producer[v] = index
+    feeds_output = frozenset(producer[v] for v in jaxpr.outvars
+                             if not is_literal(v) and v in producer)
     live: set[int] = set(feeds_output)
     live.update(effectful)
     for index in range(len(preds) - 1, -1, -1):

@@ -122,14 +122,16 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     seen = memo.get(id(jaxpr))
     if seen is not None and seen[0] is jaxpr:
         return [], []  # this very level was searched and offered nothing
-    rewrites, decisions = _batch_level(level, analysis.costs, memo, analysis.structural_keys)
+    rewrites, decisions = _batch_level(level, analysis.costs, memo, analysis.structural_keys,
+                                       analysis.memo("emission_order"))
     if not rewrites:
         memo[id(jaxpr)] = (jaxpr, None)
     return rewrites, decisions
 
 
 def _batch_level(level: Level, costs: CostModel,
-                 memo: dict[int, tuple[Any, ...]], structure: StructuralKeys
+                 memo: dict[int, tuple[Any, ...]], structure: StructuralKeys,
+                 orders: dict[int, tuple[Any, ...]]
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -197,7 +199,7 @@ def _batch_level(level: Level, costs: CostModel,
         claimed.update(group.eqns)
         groups.append(group)
         member_kernels[group.eqns] = int(member_cost.kernels)
-    groups = _orderable(graph, groups)
+    groups = _orderable(graph, groups, orders)
     rewrites, taken = [], []
     for group in groups:
         rewrites.append(Rewrite(group.eqns, _emitter(eqns, group),
@@ -426,13 +428,14 @@ def _contractible(graph: Graph, members: set[int]) -> bool:
     return True
 
 
-def _orderable(graph: Graph, groups: list[_Group]) -> list[_Group]:
+def _orderable(graph: Graph, groups: list[_Group], orders: dict[int, tuple[Any, ...]]
+               ) -> list[_Group]:
     """The groups, less any that would make a cycle with the earlier ones when contracted."""
-    if not groups or emission_order(graph, [g.eqns for g in groups]) is not None:
+    if not groups or emission_order(graph, [g.eqns for g in groups], orders) is not None:
         return groups
     kept: list[_Group] = []
     for group in groups:
-        if emission_order(graph, [g.eqns for g in [*kept, group]]) is not None:
+        if emission_order(graph, [g.eqns for g in [*kept, group]], orders) is not None:
             kept.append(group)
     return kept
 
