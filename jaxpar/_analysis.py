@@ -41,6 +41,7 @@ class Analysis:
         self._graphs: dict[int, tuple[Any, Graph]] = {}
         self._placement: dict[int, tuple[Any, bool]] = {}
         self._memos: dict[str, dict[Any, Any]] = {}
+        self._subjaxprs: dict[int, tuple[Any, tuple[tuple[str, int | None, Any], ...]]] = {}
 
     @classmethod
     def create(cls, target: str = "gpu", **options: Any) -> Analysis:
@@ -60,6 +61,16 @@ class Analysis:
         graph = build_graph(inner)
         self._graphs[id(inner)] = (inner, graph)
         return graph
+
+    def subjaxprs(self, eqn: Any) -> tuple[tuple[str, int | None, Any], ...]:
+        """``_compat.eqn_subjaxprs(eqn)``, memoised by the parameter dict (rewritten
+        levels keep the parameter dicts of the equations they copy)."""
+        params = eqn.params
+        hit = self._subjaxprs.get(id(params))
+        if hit is None or hit[0] is not params:
+            hit = (params, tuple(_compat.eqn_subjaxprs(eqn)))
+            self._subjaxprs[id(params)] = hit
+        return hit[1]
 
     def memo(self, name: str) -> dict[Any, Any]:
         """A per-call memo for one pass or stage (the owner keeps identity keys' objects)."""

@@ -264,7 +264,8 @@ def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
 
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Pauses Python's cyclic garbage collector (if it was on) while jaxpar analyses.
+    """Pauses Python's cyclic garbage collector (if it was on) while jaxpar analyses,
+    reports or emits (not while the user's function itself is traced).
 
     The analysis allocates many small, short-lived objects among the large object
     graphs of JAX's jaxprs; collections triggered by those allocations re-scan the jaxprs
@@ -289,7 +290,8 @@ def _build(fun: Callable[..., Any], sig: Signature, settings: Settings) -> _Prep
 
 def _run(rewrite: _Prepared, leaves: Any, emit_streams: bool) -> list[Any]:
     _, consts = _compat.open_jaxpr(rewrite.traced.jaxpr)
-    return rewrite.emitter.run(consts, *leaves, emit_streams=emit_streams)
+    with _collector_paused():
+        return rewrite.emitter.run(consts, *leaves, emit_streams=emit_streams)
 
 
 _Argnums = int | Sequence[int] | None
@@ -446,8 +448,9 @@ def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
         target = settings.target
         _, plan, loops = _analyse(inner, sig, settings)
         name = str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", inner))
-        return build_report(plan, name, target, emitted=(target == "gpu"),
-                            options=resolved.to_dict(), loops=loops)
+        with _collector_paused():
+            return build_report(plan, name, target, emitted=(target == "gpu"),
+                                options=resolved.to_dict(), loops=loops)
 
     return make_plan
 

@@ -182,6 +182,8 @@ class CostModel:
         self._jaxpr_costs: dict[int, tuple[Any, Cost]] = {}
         # Equations are immutable, and the passes see the same ones round after round.
         self._eqn_costs: dict[int, tuple[Any, Cost]] = {}
+        # Parameter dicts by identity: whether they hold a jaxpr (``launches``).
+        self._nested: dict[int, tuple[Any, bool]] = {}
 
     def eqn_cost(self, eqn: Any) -> Cost:
         hit = self._eqn_costs.get(id(eqn))
@@ -191,6 +193,30 @@ class CostModel:
         cost = rule(self, eqn)
         self._eqn_costs[id(eqn)] = (eqn, cost)
         return cost
+
+    def launches(self, eqn: Any) -> bool:
+        """Whether ``eqn`` launches a kernel (``eqn_cost(eqn).kernels > 0``).
+
+        Decided from the primitive's rule where that fixes the answer (shape-only,
+        one-kernel and elementwise primitives), so the passes that only need this do not
+        cost every equation of a level.
+        """
+        rule = cost_rules.get(eqn.primitive.name, _default_rule)
+        if rule is _free_rule:
+            return False
+        if rule is _one_kernel_rule or rule is _dot_general_rule or rule is _conv_rule:
+            return True
+        if rule is _default_rule:
+            # Elementwise unless it holds jaxprs; keyed by the parameter dict, which
+            # rewritten levels keep from the equations they copy.
+            params = eqn.params
+            hit = self._nested.get(id(params))
+            if hit is None or hit[0] is not params:
+                hit = (params, any(True for _ in _compat.eqn_subjaxprs(eqn)))
+                self._nested[id(params)] = hit
+            if not hit[1]:
+                return False
+        return self.eqn_cost(eqn).kernels > 0
 
     def jaxpr_cost(self, jaxpr: Any) -> Cost:
         key = id(jaxpr)

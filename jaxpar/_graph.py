@@ -147,30 +147,49 @@ def contract(graph: Graph, blocks: Sequence[tuple[Unit, Sequence[int]]],
     """
     if not blocks:
         return tuple(EqnUnit(i) for i in range(graph.size))  # already topological
-    unit_of: list[int] = list(range(graph.size))  # equation -> unit id
-    units: list[Unit] = [EqnUnit(i) for i in range(graph.size)]
-    first: list[int] = list(range(graph.size))
+    size = graph.size
+    unit_of: list[int] = list(range(size))  # equation -> unit id (< size: the equation's own)
+    block_units: list[Unit] = []  # unit id size + k -> the k-th block's unit
+    first: list[int] = list(range(size))
     for unit, eqns in blocks:
-        uid = len(units)
-        units.append(unit)
+        uid = size + len(block_units)
+        block_units.append(unit)
         first.append(min(eqns))
         for i in eqns:
             unit_of[i] = uid
     live = sorted(set(unit_of), key=lambda u: first[u])
-    in_degree = dict.fromkeys(live, 0)
-    edges: dict[int, set[int]] = {u: set() for u in live}
-    for i in range(graph.size):
+    count = size + len(block_units)
+    in_degree = [0] * count
+    # Successor units per unit id. An equation's predecessors are distinct, so only an
+    # edge from or to a block can repeat; those are deduplicated through ``block_edges``.
+    # (The order of a unit's successors does not matter: units pop by first index.)
+    edges: list[list[int]] = [[] for _ in range(count)]
+    block_edges: set[tuple[int, int]] = set()
+    for i in range(size):
         target = unit_of[i]
         for p in graph.preds[i]:
             source = unit_of[p]
-            if source != target and target not in edges[source]:
-                edges[source].add(target)
-                in_degree[target] += 1
-    index_of = {unit: uid for uid, unit in enumerate(units)}
+            if source == target:
+                continue
+            if source >= size or target >= size:
+                if (source, target) in block_edges:
+                    continue
+                block_edges.add((source, target))
+            edges[source].append(target)
+            in_degree[target] += 1
+    block_index = {unit: size + k for k, unit in enumerate(block_units)}
+
+    def index_of(unit: Unit) -> int:
+        uid = block_index.get(unit)
+        if uid is None:
+            assert isinstance(unit, EqnUnit), unit
+            uid = unit.index
+        return uid
+
     bits: dict[int, int] = {}
     for chain in antichains:
         for unit in chain:
-            bits.setdefault(index_of[unit], 1 << len(bits))
+            bits.setdefault(index_of(unit), 1 << len(bits))
     ready = [(first[u], u) for u in live if in_degree[u] == 0]
     heapq.heapify(ready)
     order: list[int] = []
@@ -190,9 +209,9 @@ def contract(graph: Graph, blocks: Sequence[tuple[Unit, Sequence[int]]],
     for chain in antichains:
         chain_bits = 0
         for unit in chain:
-            chain_bits |= bits[index_of[unit]]
+            chain_bits |= bits[index_of(unit)]
         for unit in chain:
-            uid = index_of[unit]
+            uid = index_of(unit)
             if reach.get(uid, 0) & chain_bits & ~bits[uid]:
                 raise DependentUnits(f"{unit} depends on another unit it must not")
-    return tuple(units[u] for u in order)
+    return tuple(block_units[u - size] if u >= size else EqnUnit(u) for u in order)

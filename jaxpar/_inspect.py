@@ -409,6 +409,14 @@ def _batched_groups(path: str, eqns: Any, decisions: tuple[LoopDecision, ...],
     when that equation still has the primitive the group's location names.
     """
     marked: dict[int, list[int]] = {}
+    summaries: dict[int, str] = {}  # equation index -> its source line, looked up once
+
+    def source(i: int) -> str:
+        found = summaries.get(i)
+        if found is None:
+            found = summaries[i] = _compat.source_summary(eqns[i])
+        return found
+
     for k, d in enumerate(decisions):
         if d.kind != KIND_BATCHED_MATMULS:
             continue
@@ -420,7 +428,7 @@ def _batched_groups(path: str, eqns: Any, decisions: tuple[LoopDecision, ...],
         if home == len(parts):  # made here
             for i, eqn in enumerate(eqns):
                 if (eqn.primitive.name in d.primitives and i not in marked
-                        and _compat.source_summary(eqn) in d.sources):
+                        and source(i) in d.sources):
                     marked[i] = [k]
                     break
             continue

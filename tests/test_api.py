@@ -445,6 +445,44 @@ def test_analysis_leaves_the_garbage_collector_as_it_found_it():
     assert gc.isenabled()
 
 
+
+def test_emission_and_report_run_with_the_collector_paused_and_restore_it():
+    import gc
+
+    def f(a, b):
+        return jnp.tanh(a @ a) + jnp.tanh(b @ b)
+
+    x = jnp.ones((8, 8))
+    seen: list[bool] = []
+    real_run, real_report = jaxpar._api.Emitter.run, jaxpar._api.build_report
+
+    def spy_run(self, *args, **kwargs):
+        seen.append(gc.isenabled())
+        return real_run(self, *args, **kwargs)
+
+    def spy_report(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real_report(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jaxpar._api.Emitter, "run", spy_run)
+        patch.setattr(jaxpar._api, "build_report", spy_report)
+        assert gc.isenabled()
+        jaxpar.inspect(f, target="gpu")(x, x)
+        out = jaxpar.parallel_branches(f, target="gpu")(x, x)
+        assert gc.isenabled()
+    assert seen == [False, False]  # the report, then the emission
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(f)(x, x)))
+
+    def bad_run(self, *args, **kwargs):
+        raise RuntimeError("boom")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jaxpar._api.Emitter, "run", bad_run)
+        with pytest.raises(RuntimeError, match="boom"):
+            jaxpar.parallel_branches(f, target="gpu")(x, x)
+    assert gc.isenabled()
+
 # --- jit's stages and caches (issue 13, point 3) ------------------------------------------
 
 

@@ -206,18 +206,33 @@ def evaluate(jaxpr: Any, *args: Any) -> list[Any]:
     return env.read_all(inner.outvars)
 
 
-def emission_order(graph: Graph, groups: Sequence[Sequence[int]]) -> tuple[Unit, ...] | None:
+def emission_order(graph: Graph, groups: Sequence[Sequence[int]],
+                   memo: dict[int, tuple[Any, ...]] | None = None) -> tuple[Unit, ...] | None:
     """Emission units with each group contracted (``RewriteUnit(k)`` for ``groups[k]``),
-    or None if contracting makes a cycle."""
+    or None if contracting makes a cycle.
+
+    ``memo`` (an ``Analysis.memo``) keeps the last answer per graph: a pass that checked
+    its groups can be ordered, and the rebuild that then orders them, contract once.
+    """
+    blocks = tuple(tuple(g) for g in groups)
+    if memo is not None:
+        hit = memo.get(id(graph))
+        if hit is not None and hit[0] is graph and hit[1] == blocks:
+            return hit[2]  # type: ignore[no-any-return]
     try:
-        return contract(graph, [(RewriteUnit(k), g) for k, g in enumerate(groups)])
+        order: tuple[Unit, ...] | None = contract(
+            graph, [(RewriteUnit(k), g) for k, g in enumerate(blocks)])
     except ContractionCycle:
-        return None
+        order = None
+    if memo is not None:
+        memo[id(graph)] = (graph, blocks, order)
+    return order
 
 
 def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
                   params: dict[int, dict[str, Any]] | None = None,
-                  graph: Graph | None = None) -> Any | None:
+                  graph: Graph | None = None,
+                  orders: dict[int, tuple[Any, ...]] | None = None) -> Any | None:
     """``jaxpr`` with ``rewrites`` applied and some equations' ``params`` replaced.
 
     Only the rewrites are traced (each into a small jaxpr of its own); their equations
@@ -236,7 +251,7 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     eqns = inner.eqns
     if rewrites:
         graph = graph if graph is not None else build_graph(inner)
-        order = emission_order(graph, [r.eqns for r in rewrites])
+        order = emission_order(graph, [r.eqns for r in rewrites], orders)
         if order is None:
             raise RuntimeError("jaxpar loop pass bug: merged loops depend on each other; "
                                "please report it with the program that triggered it")
@@ -245,6 +260,10 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     params = params or {}
     renamed: dict[Any, Any] = {}  # replaced equations' outvars -> the atoms now holding them
     dropped: set[Any] = set()  # replaced equations' outvars their rewrite did not compute
+    # ids of every variable a rewrite replaces: an equation reading none of them is kept
+    # as it is without looking at its operands one by one (literals are unhashable, and
+    # their ids never equal a live variable's).
+    replaced = {id(v) for r in rewrites for i in r.eqns for v in eqns[i].outvars}
 
     def atom(v: Any) -> Any:
         if _compat.is_literal(v):
@@ -261,8 +280,13 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     for unit in order:
         if isinstance(unit, EqnUnit):
             eqn = eqns[unit.index]
+            new_params = params.get(unit.index)
+            if replaced.isdisjoint(map(id, eqn.invars)):
+                new_eqns.append(eqn if new_params is None
+                                else _compat.replace_eqn(eqn, params=new_params))
+                continue
             new_eqns.append(_compat.replace_eqn(eqn, invars=[atom(v) for v in eqn.invars],
-                                                params=params.get(unit.index)))
+                                                params=new_params))
             continue
         assert isinstance(unit, RewriteUnit)
         rewrite = rewrites[unit.rewrite]
@@ -419,7 +443,7 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
     params: dict[int, dict[str, Any]] = {}
     for index, eqn in enumerate(inner.eqns):
         replacements = {}
-        for name, item, sub in _compat.eqn_subjaxprs(eqn):
+        for name, item, sub in analysis.subjaxprs(eqn):
             label = f"{name}[{item}]" if item is not None else name
             sub_path = f"{path}/{eqn.primitive.name}#{index}.{label}"
             # Rewrites of a nested level are traced where JAX traced that level (a
@@ -456,7 +480,8 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
                 level_decisions = [d for d in level_decisions
                                    if d.kind not in _UNCHANGED_KINDS]
             if rewrites:
-                rebuilt = rebuild_level(current, rewrites, graph=graph)
+                rebuilt = rebuild_level(current, rewrites, graph=graph,
+                                        orders=analysis.memo("emission_order"))
                 if rebuilt is None:
                     kept.extend(_as_left_alone(
                         level_decisions, "this jaxpr cannot take new constants, so the "

@@ -122,14 +122,16 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     seen = memo.get(id(jaxpr))
     if seen is not None and seen[0] is jaxpr:
         return [], []  # this very level was searched and offered nothing
-    rewrites, decisions = _batch_level(level, analysis.costs, memo, analysis.structural_keys)
+    rewrites, decisions = _batch_level(level, analysis.costs, memo, analysis.structural_keys,
+                                       analysis.memo("emission_order"))
     if not rewrites:
         memo[id(jaxpr)] = (jaxpr, None)
     return rewrites, decisions
 
 
 def _batch_level(level: Level, costs: CostModel,
-                 memo: dict[int, tuple[Any, ...]], structure: StructuralKeys
+                 memo: dict[int, tuple[Any, ...]], structure: StructuralKeys,
+                 orders: dict[int, tuple[Any, ...]]
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -145,8 +147,10 @@ def _batch_level(level: Level, costs: CostModel,
     candidates = sorted((m for m in classes.values() if len(m) > 1), key=lambda m: -m[-1])
     if not candidates:
         return [], []
-    eqn_costs = [costs.eqn_cost(eqn) for eqn in eqns]
-    depth, height = _stages(graph, [cost.kernels > 0 for cost in eqn_costs])
+    # Only the equations of candidate groups are costed; the stages need only which
+    # equations launch a kernel.
+    heavy = [costs.launches(eqn) for eqn in eqns]
+    depth, height = _stages(graph, heavy)
     claimed: set[int] = set()
     reported: set[int] = set()  # equations of subgraphs already reported as left alone
     level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
@@ -165,7 +169,7 @@ def _batch_level(level: Level, costs: CostModel,
         group = _align(eqns, roots, producer, claimed, graph, level_outputs, budget)
         if group is None or not _contractible(graph, set(group.eqns)):
             continue
-        member_cost = sum((eqn_costs[row[0]] for row in group.rows), ZERO)
+        member_cost = sum((costs.eqn_cost(eqns[row[0]]) for row in group.rows), ZERO)
         if member_cost.kernels < 1:
             continue  # nothing launched: XLA fuses it anyway
         why = _vmap_refusal(eqns, group)
@@ -177,7 +181,7 @@ def _batch_level(level: Level, costs: CostModel,
                    "kernels before or after them), so batching would hold the earlier ones "
                    "back or join stages the planner can overlap")
         else:
-            before, after = _before_after(eqns, group, member_cost, eqn_costs)
+            before, after = _before_after(eqns, group, member_cost, heavy)
             if after.seconds(costs.profile) >= before.seconds(costs.profile):
                 why = (f"stacking their differing inputs costs more than the "
                        f"{int(member_cost.kernels) * (group.members - 1)} kernel launches "
@@ -195,7 +199,7 @@ def _batch_level(level: Level, costs: CostModel,
         claimed.update(group.eqns)
         groups.append(group)
         member_kernels[group.eqns] = int(member_cost.kernels)
-    groups = _orderable(graph, groups)
+    groups = _orderable(graph, groups, orders)
     rewrites, taken = [], []
     for group in groups:
         rewrites.append(Rewrite(group.eqns, _emitter(eqns, group),
@@ -424,13 +428,14 @@ def _contractible(graph: Graph, members: set[int]) -> bool:
     return True
 
 
-def _orderable(graph: Graph, groups: list[_Group]) -> list[_Group]:
+def _orderable(graph: Graph, groups: list[_Group], orders: dict[int, tuple[Any, ...]]
+               ) -> list[_Group]:
     """The groups, less any that would make a cycle with the earlier ones when contracted."""
-    if not groups or emission_order(graph, [g.eqns for g in groups]) is not None:
+    if not groups or emission_order(graph, [g.eqns for g in groups], orders) is not None:
         return groups
     kept: list[_Group] = []
     for group in groups:
-        if emission_order(graph, [g.eqns for g in [*kept, group]]) is not None:
+        if emission_order(graph, [g.eqns for g in [*kept, group]], orders) is not None:
             kept.append(group)
     return kept
 
@@ -440,7 +445,7 @@ def _shared_column(eqns: Sequence[Any], group: _Group, slot: tuple[int, int]) ->
     return shared_column([eqns[i].invars[position] for i in group.rows[row]])
 
 
-def _before_after(eqns: Sequence[Any], group: _Group, member: Cost, eqn_costs: Sequence[Cost]
+def _before_after(eqns: Sequence[Any], group: _Group, member: Cost, heavy: Sequence[bool]
                   ) -> tuple[Cost, Cost]:
     """Modelled cost of the members as they are, and batched (with stacking and slicing).
 
@@ -451,7 +456,7 @@ def _before_after(eqns: Sequence[Any], group: _Group, member: Cost, eqn_costs: S
     before = member.scale(count)
     after = Cost(flops=before.flops, bytes=before.bytes, kernels=member.kernels)
     launched = {source[1] for row, sources in zip(group.rows, group.wiring, strict=True)
-                if eqn_costs[row[0]].kernels > 0 for source in sources if source[0] == "slot"}
+                if heavy[row[0]] for source in sources if source[0] == "slot"}
     for index, slot in enumerate(group.slots):
         if not _shared_column(eqns, group, slot):
             row, position = slot

@@ -139,7 +139,7 @@ def _batch_level(level: Level, costs: CostModel) -> tuple[list[Rewrite], list[Lo
     graph = level.graph
     candidates = [i for i in candidates if i in graph.live]
     # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
-    stage = _stages(graph, [costs.eqn_cost(e).kernels > 0 and e.primitive.name != TRANSPOSE
+    stage = _stages(graph, [costs.launches(e) and e.primitive.name != TRANSPOSE
                             for e in eqns])
     groups = _group(eqns, candidates, stage)
     if not groups:

@@ -76,17 +76,31 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
 def _share_level(jaxpr: Any, keys: StructuralKeys) -> list[Rewrite]:
     inner, _ = _compat.open_jaxpr(jaxpr)
+    eqns = inner.eqns
+    # Equal equations read the same variables (and literals at the same places) with the
+    # same primitive: bucket by that first, and key only buckets of two or more (in most
+    # levels nearly every equation is alone in its bucket).
+    is_literal = _compat.is_literal
+    buckets: dict[Hashable, list[int]] = {}
+    for index, eqn in enumerate(eqns):
+        cheap = (eqn.primitive, len(eqn.outvars),
+                 tuple(None if is_literal(a) else id(a) for a in eqn.invars))
+        buckets.setdefault(cheap, []).append(index)
     classes: dict[Hashable, list[int]] = {}
     aval_text: dict[Any, str] = {}
-    for index, eqn in enumerate(inner.eqns):
-        key = _eqn_key(eqn, keys, aval_text)
-        if key is not None:
-            classes.setdefault(key, []).append(index)
+    for bucket in buckets.values():
+        if len(bucket) < 2:
+            continue
+        for index in bucket:
+            key = _eqn_key(eqns[index], keys, aval_text)
+            if key is not None:
+                classes.setdefault(key, []).append(index)
     rewrites = []
-    for members in classes.values():
+    # In order of each class's first equation, as a single keyed sweep would give.
+    for members in sorted(classes.values(), key=lambda m: m[0]):
         if len(members) < 2:
             continue
-        first = inner.eqns[members[0]]
+        first = eqns[members[0]]
         count = len(members)
 
         def emit(invals: list[list[Any]], eqn: Any = first, count: int = count
