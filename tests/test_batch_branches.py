@@ -1,4 +1,5 @@
-"""Tests of the subgraph batching pass (``jaxpar.passes.batch_branches``).
+"""Tests of the subgraph batching pass (``jaxpar.passes.batch_subgraphs``; option
+and function ``batch_branches``).
 
 Identical independent straight-line subgraphs (ensemble members) become one ``vmap``ped
 subgraph. Each rewrite goes through ``check_pass`` (tests/pass_checker.py): structure
@@ -25,7 +26,7 @@ import jaxpar
 from jaxpar import _compat, _deviceless
 from jaxpar.passes import KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALONE, batch_branches
 
-batch_branches_module = importlib.import_module("jaxpar.passes.batch_branches")
+batch_branches_module = importlib.import_module("jaxpar.passes.batch_subgraphs")
 
 PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)

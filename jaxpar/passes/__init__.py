@@ -41,9 +41,9 @@ from typing import Any
 
 from .._analysis import Analysis
 from .._options import Options, Settings, check_target, loop_defaults, unroll_setting
-from . import batch_branches as _batch_branches
 from . import batch_matmuls as _batch_matmuls
 from . import batch_scans as _batch_scans
+from . import batch_subgraphs as _batch_subgraphs
 from . import fuse_scans as _fuse_scans
 from . import share_common as _share_common
 from . import static_loops as _static_loops
@@ -107,7 +107,8 @@ PASSES: tuple[LoopPass, ...] = (
              "independent identical scans become one vmapped scan"),
     LoopPass("fuse_scans", _fuse_scans.run, lambda s: s.fuse_scans,
              "independent scans run side by side in one scan"),
-    LoopPass("batch_branches", _batch_branches.run, lambda s: s.batch_branches,
+    # Named after its public option; the module says what it batches: subgraphs.
+    LoopPass("batch_branches", _batch_subgraphs.run, lambda s: s.batch_branches,
              "identical independent subgraphs become one vmapped subgraph"),
     LoopPass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
              "same-shaped matmuls of one stage in different members become one op"),

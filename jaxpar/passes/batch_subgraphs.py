@@ -1,5 +1,9 @@
 """Batch identical independent subgraphs (ensemble members) into one ``vmap``ped subgraph.
 
+The pass behind the ``batch_branches`` option and ``jaxpar.passes.batch_branches``
+(the public name predates this module's: what it batches are subgraphs, whether or
+not they were written as branches).
+
 ``batch_scans`` merges loops that run the same body; this pass does the same for
 straight-line code. Two or more subgraphs of one level that compute the same
 thing on same-typed inputs, with no path between them -- the members of an
