@@ -166,3 +166,37 @@ def test_no_pass_imports_a_sibling_pass() -> None:
                  for target in sorted(edges[name] & passes)
                  if not target.rsplit(".", 1)[1].startswith("_")]
     assert offenders == []
+
+
+# docs/design.md's drawing, top to bottom: a module imports only modules of its own
+# layer or above. Every module must be placed (a new module needs a place in both).
+LAYERS = (
+    ("_compat",), ("_primitives",), ("_options",), ("_structure",), ("_loops",),
+    ("_interp",), ("_graph",), ("_cost",), ("_analysis",), ("_price",), ("passes",),
+    ("_plan",), ("_emit", "_emit_collectives"), ("_timeline", "_render", "_inspect"),
+    ("_trace", "_api"), ("_gpu_compile", "_schedule", "_estimate", "_preview", "_flags",
+                         "_deviceless"),
+    ("", "_cli", "__main__"),
+)
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else ""
+    for rank, layer in enumerate(LAYERS):
+        if name in layer:
+            return rank
+    return None
+
+
+def test_imports_follow_the_drawing_in_design_md() -> None:
+    edges = _imports(_modules())
+    unplaced = sorted(m for m in edges if _layer(m) is None)
+    assert unplaced == []
+    upward = sorted(f"{m} imports {t}" for m, targets in edges.items() for t in targets
+                    if _layer(t) > _layer(m))  # type: ignore[operator]
+    assert upward == []
+    drawing = (PACKAGE.parent / "docs" / "design.md").read_text()
+    missing = [name for layer in LAYERS for name in layer
+               if name not in ("", "__main__") and name not in drawing]
+    assert missing == []
