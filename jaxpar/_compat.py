@@ -405,11 +405,23 @@ def source_summary(eqn: Any) -> str:
 
 def _display_path(path: str) -> str:
     """``path`` relative to the working directory when under it, else as it is."""
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:  # another drive on Windows
-        return path
-    return path if relative.startswith(os.pardir) else relative
+    cwd = os.getcwd()
+    shown = _display_paths.get((path, cwd))
+    if shown is None:
+        try:
+            relative = os.path.relpath(path, cwd)
+        except ValueError:  # another drive on Windows
+            relative = os.pardir
+        shown = path if relative.startswith(os.pardir) else relative
+        if len(_display_paths) >= 4096:  # a program spans few files: never in practice
+            _display_paths.clear()
+        _display_paths[(path, cwd)] = shown
+    return shown
+
+
+# (path, working directory) -> ``_display_path``'s answer: ``relpath`` costs about as much
+# as the rest of ``source_summary``, and a program's equations come from few files.
+_display_paths: dict[tuple[str, str], str] = {}
 
 
 def literal_value(atom: Any) -> Any:

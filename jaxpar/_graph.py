@@ -61,9 +61,12 @@ def _build_graph(jaxpr: Any) -> Graph:
     succ_lists: list[list[int]] = []
     effectful: list[int] = []
     last_effect: int | None = None
-    is_literal, is_drop_var = _compat.is_literal, _compat.is_drop_var
+    # The classes, not ``_compat.is_literal``/``is_drop_var``: a call per atom costs
+    # more than the rest of this loop.
+    literal, drop_var = _compat.Literal, _compat.DropVar
     for index, eqn in enumerate(jaxpr.eqns):
-        sources = {producer[v] for v in eqn.invars if not is_literal(v) and v in producer}
+        sources = {producer[v] for v in eqn.invars
+                   if not isinstance(v, literal) and v in producer}
         # Most equations have no effects at all; only those with some pay for the filter.
         if eqn.effects and _compat.ordering_effects(eqn):
             effectful.append(index)
@@ -76,10 +79,10 @@ def _build_graph(jaxpr: Any) -> Graph:
         for source in inputs:
             succ_lists[source].append(index)
         for v in eqn.outvars:
-            if not is_drop_var(v):
+            if not isinstance(v, drop_var):
                 producer[v] = index
     feeds_output = frozenset(producer[v] for v in jaxpr.outvars
-                             if not is_literal(v) and v in producer)
+                             if not isinstance(v, literal) and v in producer)
     live: set[int] = set(feeds_output)
     live.update(effectful)
     for index in range(len(preds) - 1, -1, -1):

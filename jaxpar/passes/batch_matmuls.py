@@ -170,8 +170,9 @@ def _stages(graph: Graph, heavy: list[bool]) -> list[int]:
     """Per equation: most kernel-launching equations on a path from the inputs to it,
     itself included."""
     depth = [0] * graph.size
-    for i in range(graph.size):
-        depth[i] = heavy[i] + max((depth[p] for p in graph.preds[i]), default=0)
+    for i, preds in enumerate(graph.preds):  # most equations have one predecessor
+        depth[i] = heavy[i] + (0 if not preds else depth[preds[0]] if len(preds) == 1
+                               else max([depth[p] for p in preds]))
     return depth
 
 
@@ -189,17 +190,28 @@ def _group(eqns: Sequence[Any], candidates: list[int], stage: list[int]) -> list
     are swapped only where that is what makes the members match."""
     classes: dict[Hashable, list[int]] = {}
     swapped_keys: dict[Hashable, Hashable] = {}
+    # form -> its swapped form (None: not swappable); the swapped form depends only on
+    # the form, and most forms recur over many stages.
+    swapped_forms: dict[Hashable, Hashable | None] = {}
     for index in candidates:
         eqn = eqns[index]
-        key: Hashable = (_form_key(eqn.primitive.name, [v.aval for v in eqn.invars],
-                         [v.aval for v in eqn.outvars], eqn.params), stage[index])
+        form = _form_key(eqn.primitive.name, [v.aval for v in eqn.invars],
+                         [v.aval for v in eqn.outvars], eqn.params)
+        key: Hashable = (form, stage[index])
         classes.setdefault(key, []).append(index)
         if key not in swapped_keys:
-            swapped = _swapped_params(eqn)
-            if swapped is not None:
-                lhs, rhs = eqn.invars
-                swapped_keys[key] = (_form_key(eqn.primitive.name, [rhs.aval, lhs.aval],
-                                               [_transposed_aval(eqn)], swapped), stage[index])
+            if form in swapped_forms:
+                swapped_form = swapped_forms[form]
+            else:
+                swapped = _swapped_params(eqn)
+                swapped_form = None
+                if swapped is not None:
+                    lhs, rhs = eqn.invars
+                    swapped_form = _form_key(eqn.primitive.name, [rhs.aval, lhs.aval],
+                                             [_transposed_aval(eqn)], swapped)
+                swapped_forms[form] = swapped_form
+            if swapped_form is not None:
+                swapped_keys[key] = (swapped_form, stage[index])
     joined: dict[Hashable, list[tuple[int, bool]]] = {
         key: [(i, False) for i in found] for key, found in classes.items()}
     for key in list(joined):  # first-seen order: deterministic

@@ -243,11 +243,6 @@ def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
     return producer
 
 
-def _batchable(eqn: Any) -> bool:
-    return (not eqn.effects and eqn.primitive.name not in COLLECTIVE_PRIMITIVES
-            and not _compat.eqn_frontend_attributes(eqn))
-
-
 def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph,
                    memo: dict[int, tuple[Any, ...]], structure: StructuralKeys
                    ) -> tuple[list[int | None], list[int | None]]:
@@ -260,20 +255,26 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
     intern: dict[Hashable, int] = {}
     keys: list[int | None] = []
     local_keys: list[int | None] = []
+    # Hoisted: this runs once per equation of every level, every round.
+    live, literal, collective = graph.live, _compat.Literal, COLLECTIVE_PRIMITIVES
+    memo_get, setdefault = memo.get, intern.setdefault
     for index, eqn in enumerate(inner.eqns):
-        local_keys.append(None)
-        if index not in graph.live or not _batchable(eqn):
+        if (index not in live or eqn.effects or eqn.primitive.name in collective
+                or _compat.eqn_frontend_attributes(eqn)):  # never batched
             keys.append(None)
+            local_keys.append(None)
             continue
+        invars = eqn.invars
         inputs: list[Hashable] = []
-        for v in eqn.invars:
-            if _compat.is_literal(v):
+        for v in invars:
+            if isinstance(v, literal):
                 inputs.append(("lit", v.aval, literal_key(_compat.literal_value(v))))
             elif v in producer:
                 source, position = producer[v]
-                if keys[source] is None:
+                source_key = keys[source]
+                if source_key is None:
                     break
-                inputs.append((keys[source], position))
+                inputs.append((source_key, position))
             else:
                 inputs.append(("in", v.aval))
         else:
@@ -282,24 +283,24 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
             # parameter dicts of the equations they copy, not the equations.
             by_params = not refusal_reads_operand_types(eqn)
             owner = eqn.params if by_params else eqn
-            hit = memo.get(id(owner))
+            hit = memo_get(id(owner))
             if (hit is None or hit[0] is not owner
                     or (by_params and (hit[2] is not eqn.primitive or hit[3] is not eqn.ctx
-                                       or hit[4] != len(eqn.invars)))):
+                                       or hit[4] != len(invars)))):
                 # None: a primitive vmap does not batch faithfully and cheaply, here or
                 # in a nested jaxpr.
                 hit = (owner, None if static_refusal(eqn) is not None
-                       else structure.equation(eqn), eqn.primitive, eqn.ctx, len(eqn.invars))
+                       else structure.equation(eqn), eqn.primitive, eqn.ctx, len(invars))
                 memo[id(owner)] = hit
             params = hit[1]
             if params is not None:
-                outs = tuple(v.aval for v in eqn.outvars)
-                key = (params, tuple(inputs), outs)
-                keys.append(intern.setdefault(key, len(intern)))
-                local = ("local", params, tuple(v.aval for v in eqn.invars), outs)
-                local_keys[-1] = intern.setdefault(local, len(intern))
+                outs = tuple([v.aval for v in eqn.outvars])
+                keys.append(setdefault((params, tuple(inputs), outs), len(intern)))
+                local = ("local", params, tuple([v.aval for v in invars]), outs)
+                local_keys.append(setdefault(local, len(intern)))
                 continue
         keys.append(None)
+        local_keys.append(None)
     return keys, local_keys
 
 
@@ -406,11 +407,15 @@ def _stages(graph: Graph, heavy: list[bool]) -> tuple[list[int], list[int]]:
     (``depth``) and from it to the outputs (``height``), itself included."""
     size = graph.size
     depth = [0] * size
-    for i in range(size):
-        depth[i] = heavy[i] + max((depth[p] for p in graph.preds[i]), default=0)
+    for i, preds in enumerate(graph.preds):  # most equations have one predecessor
+        depth[i] = heavy[i] + (0 if not preds else depth[preds[0]] if len(preds) == 1
+                               else max([depth[p] for p in preds]))
     height = [0] * size
+    succs = graph.succs
     for i in range(size - 1, -1, -1):
-        height[i] = heavy[i] + max((height[s] for s in graph.succs[i]), default=0)
+        after = succs[i]
+        height[i] = heavy[i] + (0 if not after else height[after[0]] if len(after) == 1
+                                else max([height[s] for s in after]))
     return depth, height
 
 
