@@ -296,7 +296,8 @@ class Plan:
 
 
 def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
-    return {"location": loop.location, "kind": loop.kind, "eqns": list(loop.eqns),
+    return {"location": loop.location, "kind": str(loop.kind.value), "pass": loop.pass_name,
+            "eqns": list(loop.eqns),
             "primitives": list(loop.primitives), "sources": list(loop.sources),
             "trips_before": loop.trips_before, "trips_after": loop.trips_after,
             "unroll": loop.unroll, "reason": loop.reason,

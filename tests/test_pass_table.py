@@ -257,3 +257,12 @@ def test_every_row_passes_the_checker(row):
                         grad_tolerance={"rtol": 2e-4, "atol": 2e-5})
     assert result.new is not result.closed, f"{row.name} changed nothing here"
     assert {d.pass_name for d in result.decisions} <= {row.name}
+
+
+def test_plan_dicts_hold_plain_strings_and_the_pass_name():
+    plan = jaxpar.inspect(_two_scans, target="gpu")(*_args())
+    loops = plan.to_dict()["loops"]
+    assert loops
+    for loop in loops:
+        assert type(loop["kind"]) is str
+        assert loop["pass"] in {p.name for p in PASSES}

@@ -92,3 +92,15 @@ def test_every_scatter_launches_one_kernel(scatter) -> None:
     (eqn,) = closed.jaxpr.eqns
     cost = _cost.CostModel(_cost.DEVICE_PROFILES["gpu"]).eqn_cost(eqn)
     assert cost.kernels == 1.0, eqn.primitive.name
+
+
+def test_compat_finds_the_internal_primitives_it_names():
+    """``_compat`` falls back to literal names so ``import jaxpar`` never fails on a jax
+    that moves these objects; on the supported versions the objects must be found."""
+    from jaxpar import _compat
+
+    for attribute, name in (("xla_metadata_call_p", "xla_metadata_call"),
+                            ("shard_map_p", "shard_map")):
+        primitive = _compat.internal_primitive(attribute)
+        assert primitive is not None, attribute
+        assert primitive.name == name
