@@ -22,7 +22,7 @@ from typing import Any
 from . import _compat
 from ._cost import DEVICE_PROFILES, CostModel
 from ._graph import Graph, build_graph
-from ._options import Options, Settings
+from ._options import Settings
 from ._primitives import USER_PLACEMENT
 from ._structure import StructuralKeys
 
@@ -42,11 +42,6 @@ class Analysis:
         self._placement: dict[int, tuple[Any, bool]] = {}
         self._memos: dict[str, dict[Any, Any]] = {}
         self._subjaxprs: dict[int, tuple[Any, tuple[tuple[str, int | None, Any], ...]]] = {}
-
-    @classmethod
-    def create(cls, target: str = "gpu", **options: Any) -> Analysis:
-        """An analysis of ``Options.create(**options)`` for ``target``."""
-        return cls(Options.create(**options).resolve(target))
 
     @property
     def target(self) -> str:
@@ -79,10 +74,6 @@ class Analysis:
     def annotated(self, eqn: Any) -> bool:
         """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
         return eqn_has_placement(eqn, self._placement)
-
-    def jaxpr_annotated(self, jaxpr: Any) -> bool:
-        """Whether any equation of ``jaxpr`` (recursively) is user-placed."""
-        return jaxpr_has_placement(jaxpr, self._placement)
 
 
 def eqn_has_placement(eqn: Any, memo: dict[int, tuple[Any, bool]]) -> bool:

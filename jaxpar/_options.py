@@ -3,9 +3,7 @@
 Example::
 
     options = Options.create(max_streams=2, target="gpu")
-    options.resolved_target()   # "gpu"
-
-    settings = options.resolve("gpu")   # Settings: nothing "auto" left
+    settings = options.resolve()   # Settings for "gpu": nothing "auto" left
 
 Sharp edges:
   * ``"auto"`` for the loop and collective switches means "the default for the
@@ -96,10 +94,6 @@ class Options:
             raise TypeError(f"force_streams must be True or False, got {self.force_streams!r}")
         unroll_setting(self.unroll)
 
-    def resolved_target(self) -> str:
-        """``target``, with ``"auto"`` read as this machine's default backend."""
-        return self.resolve_target()
-
     def resolve_target(self, target: str | None = None) -> str:
         target = check_target(self.target if target is None else target)
         if target != "auto":
@@ -145,10 +139,6 @@ class Options:
             # Sections are priced against the compiled GPU program unless the user forces
             # them; other targets emit no streams, so their plans only show independence.
             command_buffers=mode if target == "gpu" and not self.force_streams else None)
-
-    def loop_settings(self, target: str) -> dict[str, Any]:
-        """The ``apply_loop_passes`` switches, "auto" resolved for ``target``."""
-        return self.resolve(target).loop_switches()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

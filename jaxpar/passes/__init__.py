@@ -142,7 +142,7 @@ def run_passes(closed_jaxpr: Any, names: Sequence[str] | None = None, *,
         TypeError: an unknown option name.
     """
     if analysis is None:
-        analysis = Analysis(Options.create(**options).resolve(_checked_target(target)))
+        analysis = Analysis(Options.create(**options).resolve(check_target(target, concrete=True)))
     elif options:
         raise TypeError(f"run_passes takes either analysis= or options, not both "
                         f"(got {sorted(options)})")
@@ -167,16 +167,12 @@ def run_pass(name: str, closed_jaxpr: Any, *, target: str = "gpu",
     e.g. ``unroll`` for ``unroll_scans``.
     """
     if settings is None:
-        settings = Options().resolve(_checked_target(target))
+        settings = Options().resolve(check_target(target, concrete=True))
     return run_passes(closed_jaxpr, [name], analysis=Analysis(settings))
 
 
-def _checked_target(target: str) -> str:
-    return check_target(target, concrete=True)
-
-
 def _settings(target: str, **switches: Any) -> Settings:
-    return Settings(target=_checked_target(target), **switches)
+    return Settings(target=check_target(target, concrete=True), **switches)
 
 
 def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Any,

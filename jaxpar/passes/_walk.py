@@ -14,7 +14,8 @@ decision with the name of the pass that made it.
 Example::
 
     analysis = Analysis(Options().resolve("gpu"))
-    new_jaxpr, decisions = walk_levels(closed_jaxpr, [STATIC_LOOPS], analysis)
+    static = [p for p in PASSES if p.name == "make_loops_static"]  # passes/__init__.py
+    new_jaxpr, decisions = walk_levels(closed_jaxpr, static, analysis)
 
 Rewrites of a nested level are traced where JAX traced that level
 (``_compat.nested_trace_context``): inside a ``shard_map`` body with its mesh axes
@@ -505,12 +506,6 @@ def _as_left_alone(decisions: Sequence[LoopDecision], why: str) -> list[LoopDeci
     return [d if d.kind in (KIND_LEFT_ALONE, KIND_HOST_SYNC) else dataclasses.replace(
         d, kind=KIND_LEFT_ALONE, trips_after=d.trips_before, reason=f"{d.reason}; but {why}")
         for d in decisions]
-
-
-def level_eqns(jaxpr: Any) -> list[Any]:
-    """The equations of one level."""
-    inner, _ = _compat.open_jaxpr(jaxpr)
-    return list(inner.eqns)
 
 
 def loop_candidate(eqn: Any) -> bool:
