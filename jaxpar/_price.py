@@ -216,7 +216,8 @@ def _dot_bytes(eqn: Any) -> int:
 
 def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
                   costs: CostModel, *, mode: str, min_gain_seconds: float = 0.0,
-                  independent_dots: Sequence[int] = ()) -> Verdict:
+                  independent_dots: Sequence[int] = (),
+                  keys: StructuralKeys | None = None) -> Verdict:
     """The expected effect of emitting ``regions`` of one level as one stream section.
 
     Args:
@@ -228,6 +229,8 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
         min_gain_seconds: the least net gain that counts as paying.
         independent_dots: ``dot_general`` equations outside the regions that are
             independent of them (``DotMerger`` could merge them with a region's dot).
+        keys: the call's structural keys (``Analysis.structural_keys``), so equations
+            the passes already keyed are not keyed again; default a fresh set.
 
     Returns:
         A ``Verdict``.
@@ -258,7 +261,7 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
                                "which XLA merges into one GEMM (DotMerger); a stream cut "
                                "between them would split it")
     twins: dict[tuple[Any, ...], tuple[int, int]] = {}
-    keys = StructuralKeys()
+    keys = StructuralKeys() if keys is None else keys
     for r, members in enumerate(regions):
         for i in members:
             level_vars = {a: a for a in eqns[i].invars if not _compat.is_literal(a)}

@@ -237,7 +237,8 @@ def _build_section(jaxpr: Any, graph: Graph, order: HeavyOrder, seconds: tuple[f
     region_of.update(assignment)
     if ctx.command_buffers is not None:
         verdict = price_regions(jaxpr, graph, order, regions, ctx.costs,
-                                mode=ctx.command_buffers, min_seconds=ctx.min_seconds)
+                                mode=ctx.command_buffers, min_seconds=ctx.min_seconds,
+                                keys=ctx.analysis.structural_keys)
         if not verdict.pays:
             for i in assignment:
                 del region_of[i]

@@ -18,12 +18,14 @@ from typing import Any
 from .._cost import CostModel
 from .._graph import Graph
 from .._price import Verdict, price_section
+from .._structure import StructuralKeys
 from .heavy import HeavyOrder
 from .regions import RegionSet
 
 
 def price_regions(jaxpr: Any, graph: Graph, order: HeavyOrder, regions: RegionSet,
-                  costs: CostModel, *, mode: str, min_seconds: float) -> Verdict:
+                  costs: CostModel, *, mode: str, min_seconds: float,
+                  keys: StructuralKeys | None = None) -> Verdict:
     """``price_section`` of ``regions`` (one open jaxpr level's window ``order``)."""
     mask = regions.heavy_mask
     independent_dots = [
@@ -32,4 +34,4 @@ def price_regions(jaxpr: Any, graph: Graph, order: HeavyOrder, regions: RegionSe
         and not order.heavy_desc[k] & mask]
     return price_section(jaxpr, graph, [list(slot) for slot in regions.slots], costs,
                          mode=mode, min_gain_seconds=min_seconds,
-                         independent_dots=independent_dots)
+                         independent_dots=independent_dots, keys=keys)
