@@ -361,3 +361,14 @@ def group_independent(graph: Graph, candidates: list[int],
         if not placed:
             groups.append([index])
     return [sorted(g) for g in groups]
+
+
+def stage_depths(graph: Graph, heavy: Sequence[bool]) -> list[int]:
+    """Per equation: most kernel-launching (``heavy``) equations on a path from the
+    level's inputs to it, itself included: the *stage* the batching passes align
+    members by."""
+    depth = [0] * graph.size
+    for i, preds in enumerate(graph.preds):  # most equations have one predecessor
+        depth[i] = heavy[i] + (0 if not preds else depth[preds[0]] if len(preds) == 1
+                               else max([depth[p] for p in preds]))
+    return depth

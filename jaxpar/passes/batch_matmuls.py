@@ -63,6 +63,7 @@ from .._cost import CostModel
 from .._graph import Graph
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE
 from .._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
+from ._shared import stage_depths
 from ._walk import (
     KIND_BATCHED_MATMULS,
     KIND_MATMULS_LEFT_ALONE,
@@ -139,7 +140,7 @@ def _batch_level(level: Level, costs: CostModel) -> tuple[list[Rewrite], list[Lo
     graph = level.graph
     candidates = [i for i in candidates if i in graph.live]
     # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
-    stage = _stages(graph, [costs.launches(e) and e.primitive.name != TRANSPOSE
+    stage = stage_depths(graph, [costs.launches(e) and e.primitive.name != TRANSPOSE
                             for e in eqns])
     groups = _group(eqns, candidates, stage)
     if not groups:
@@ -164,16 +165,6 @@ def _batch_level(level: Level, costs: CostModel) -> tuple[list[Rewrite], list[Lo
 
 
 # --------------------------------------------------------------------------- grouping
-
-
-def _stages(graph: Graph, heavy: list[bool]) -> list[int]:
-    """Per equation: most kernel-launching equations on a path from the inputs to it,
-    itself included."""
-    depth = [0] * graph.size
-    for i, preds in enumerate(graph.preds):  # most equations have one predecessor
-        depth[i] = heavy[i] + (0 if not preds else depth[preds[0]] if len(preds) == 1
-                               else max([depth[p] for p in preds]))
-    return depth
 
 
 def _hashable(value: Any) -> Hashable:

@@ -75,6 +75,7 @@ from ._shared import (
     equations_refusal,
     refusal_reads_operand_types,
     shared_column,
+    stage_depths,
     static_refusal,
     vmap_members,
 )
@@ -406,10 +407,7 @@ def _stages(graph: Graph, heavy: list[bool]) -> tuple[list[int], list[int]]:
     """Per equation: most kernel-launching equations on a path from the inputs to it
     (``depth``) and from it to the outputs (``height``), itself included."""
     size = graph.size
-    depth = [0] * size
-    for i, preds in enumerate(graph.preds):  # most equations have one predecessor
-        depth[i] = heavy[i] + (0 if not preds else depth[preds[0]] if len(preds) == 1
-                               else max([depth[p] for p in preds]))
+    depth = stage_depths(graph, heavy)
     height = [0] * size
     succs = graph.succs
     for i in range(size - 1, -1, -1):
