@@ -30,12 +30,9 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from . import _compat
-
-if TYPE_CHECKING:
-    from ._inspect import Plan
+from ._inspect import Plan
 
 __all__ = ["FlagsNotAppliedWarning", "check_flags_applied", "flags_as_options", "xla_flags"]
 
@@ -83,8 +80,12 @@ def xla_flags(plan: Plan | None = None, *, collectives: bool | None = None,
       Flags as ``--name=value`` strings, in a fixed order.
 
     Raises:
+      TypeError: ``plan`` is not a ``Plan``.
       ValueError: a limit below 1.
     """
+    if plan is not None and not isinstance(plan, Plan):
+        raise TypeError(f"xla_flags(plan=...) takes the Plan of your program "
+                        f"(`jaxpar.inspect(f)(*args)`) or None, got a {type(plan).__name__}")
     if collectives is None:
         collectives = plan is None or bool(plan.collectives)
     if async_compute_limit is None:

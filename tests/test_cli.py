@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import pytest
+from helpers import chain
 
 import jaxpar
 from jaxpar._cli import load_args, load_function, option_value, parse_arg_specs
@@ -171,3 +173,105 @@ def test_demo_runs_end_to_end():
         assert story in out
     assert out.count("same values as jax.jit: yes") == 3
     assert "all results equal the plain versions" in out
+    # Every story states its timing honestly: on the CPU the stories compile to jax.jit's
+    # program, so no ratio (which would be noise) is printed.
+    timings = [line for line in out.splitlines() if line.startswith(("on this", "time on"))]
+    assert len(timings) == 3
+    assert all("same compiled program as jax.jit" in line or "middle half of" in line
+               for line in timings)
+
+
+def test_timing_report_shows_noise_or_says_there_is_nothing_to_time():
+    from jaxpar._cli import timing_report
+
+    x = jax.numpy.linspace(0.0, 1.0, 64)
+    same = timing_report(jax.jit(chain), jax.jit(jaxpar.parallel_branches(
+        chain, target="cpu")), (jax.numpy.ones((8, 8)),))
+    assert "same compiled program as jax.jit" in same and "middle half" not in same
+    other = timing_report(jax.jit(jax.numpy.sin), jax.jit(jax.numpy.cos), (x,), rounds=4)
+    assert "middle half of 4 rounds" in other
+    assert any(word in other for word in ("within the noise", "faster", "slower"))
+
+
+# Issue 20: the rough edges of the command line, called in-process (no JAX start-up each).
+_TWO_CHAINS = ("import jax.numpy as jnp\n"
+               "def f(a, b):\n"
+               "    return jnp.tanh(a @ a) @ a, jnp.sin(b @ b) @ b\n")
+_SPECS = "f32[16,16] f32[16,16]"
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from jaxpar._cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("form", ["{dir}/two_chains.py:f", "two_chains.py:f",
+                                  "./two_chains.py:f"])
+def test_a_file_path_names_the_function(tmp_path, monkeypatch, capsys, form):
+    (tmp_path / "two_chains.py").write_text(_TWO_CHAINS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code, out, err = _cli(capsys, "inspect", form.format(dir=tmp_path), "--args", _SPECS)
+    assert code == 0, err
+    assert out.startswith("jaxpar plan for `f` (target=gpu")
+
+
+def test_a_missing_file_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError,
+                       match=re.escape("cannot import 'nope.py' from 'nope.py:f': no such file")):
+        load_function("nope.py:f")
+
+
+def test_force_streams_alone_means_true(tmp_path, monkeypatch, capsys):
+    (tmp_path / "two_chains.py").write_text(_TWO_CHAINS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    plans = {}
+    for flag in (["--force-streams"], ["--force-streams", "true"], ["--force-streams", "false"],
+                 []):
+        code, out, err = _cli(capsys, "inspect", "two_chains.py:f", "--args", _SPECS,
+                              "--json", *flag)
+        assert code == 0, err
+        plans[" ".join(flag)] = json.loads(out)["options"]["force_streams"]
+    assert plans == {"--force-streams": True, "--force-streams true": True,
+                     "--force-streams false": False, "": False}
+    code, _, err = _cli(capsys, "inspect", "two_chains.py:f", "--args", _SPECS,
+                        "--force-streams", "maybe")
+    assert code == 2 and "expected true or false, got 'maybe'" in err
+
+
+@pytest.mark.parametrize("flag, name, message", [
+    ("--html", "missing/plan.html", "folder '{dir}/missing' does not exist; create it first"),
+    ("--html", "plan.svg", "the file name must end in .html or .htm"),
+    ("--trace", "plan.html", "the file name must end in .json"),
+])
+def test_output_paths_are_checked_before_the_analysis(tmp_path, monkeypatch, capsys, flag,
+                                                      name, message):
+    (tmp_path / "two_chains.py").write_text(_TWO_CHAINS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code, out, err = _cli(capsys, "inspect", "two_chains.py:f", "--args", _SPECS, flag,
+                          str(tmp_path / name))
+    assert code == 2 and out == ""  # no plan printed before the refusal
+    assert f"{flag} {tmp_path / name}: {message.format(dir=tmp_path)}" in err
+    assert "Traceback" not in err
+
+
+def test_help_is_plain_text(capsys):
+    code, out, _ = _cli(capsys, "--help")
+    assert code == 0
+    assert "``" not in out and "::" not in out
+    assert "jaxpar: run the independent parts of a JAX program concurrently." in out
+    assert "./model.py:step" in out
+
+
+def test_xla_flags_refuses_what_is_not_a_plan():
+    with pytest.raises(TypeError, match=r"takes the Plan of your program .* got a str"):
+        jaxpar.xla_flags(plan="x")
