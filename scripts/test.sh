@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Installs everything the tests need and runs them on the two JAX versions we
-# support at the ends of our range:
-#   * Python 3.11 + jax 0.10.2, with the CUDA PJRT plugin so the deviceless
-#     GPU-compile tests run;
-#   * Python 3.12 + the newest jax our pins allow.
+# Installs everything the tests need and runs them. What it installs (once; later runs
+# reuse it):
+#   * Debian's `chromium` (apt), for the browser test of the plan pictures;
+#   * three virtual environments under .ci-venv/ (about 2.5 GB in all):
+#       lint   ruff and mypy;
+#       py3.11 jax 0.10.2 with the CUDA PJRT plugin, so the deviceless GPU-compile tests run
+#              (no GPU is needed), plus flax, equinox and optax;
+#       py3.12 the newest jax our pins allow, plus flax, equinox and optax.
+# Then: ruff, mypy, and pytest on both jax versions side by side (one job a core), a line
+# per test file as it finishes, each job's full log in .ci-venv/<job>.log, and one summary.
+# Takes about 15-20 minutes on a quiet 2-core machine (the first run adds the installs).
+#
 # Usage: bash scripts/test.sh [extra pytest args]
 # Heavier property runs: JAXPAR_HYPOTHESIS_PROFILE=thorough bash scripts/test.sh
+# One job only: JAXPAR_TEST_JOBS=3.11 (or 3.12) bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-export TF_CPP_MIN_LOG_LEVEL=3
+export TF_CPP_MIN_LOG_LEVEL=3 PYTHONUNBUFFERED=1
+started=$SECONDS
 
 find_python() {  # $1 = major.minor
   for candidate in "python$1" "$(pyenv root 2>/dev/null)/versions/$1"*/bin/python \
@@ -22,35 +31,100 @@ find_python() {  # $1 = major.minor
   echo "no Python $1 found (install it, e.g. with pyenv)" >&2; return 1
 }
 
-run_job() {  # $1 = python version, $2 = jax pin ("" = newest allowed), $3 = "plugin" or ""
-  local py venv jaxver
+install_job() {  # $1 = python version, $2 = jax pin ("" = newest allowed), $3 = "plugin" or ""
+  local py venv jaxver log
   py=$(find_python "$1")
   venv=".ci-venv/py$1"
-  echo "=== Python $1, jax ${2:-newest} ==="
-  "$py" -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade pip
-  if [ -n "$2" ]; then
-    "$venv/bin/pip" install -q -e ".[test]" "jax==$2" "jaxlib==$2"
-  else
-    "$venv/bin/pip" install -q -e ".[test]"
-  fi
-  "$venv/bin/pip" install -q -r tests/requirements-ecosystem.txt
-  if [ "$3" = plugin ]; then
-    jaxver=$("$venv/bin/python" -c "import jaxlib; print(jaxlib.__version__)")
-    "$venv/bin/pip" install -q --no-deps "jax-cuda12-plugin==$jaxver" "jax-cuda12-pjrt==$jaxver"
-  fi
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "${@:4}"
+  log=".ci-venv/install-py$1.log"
+  echo "--- installing into $venv: jax ${2:-newest}${3:+ with the CUDA plugin}, flax, equinox, optax"
+  mkdir -p .ci-venv
+  {
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    if [ -n "$2" ]; then
+      "$venv/bin/pip" install -q -e ".[test]" "jax==$2" "jaxlib==$2"
+    else
+      "$venv/bin/pip" install -q -e ".[test]"
+    fi
+    "$venv/bin/pip" install -q -r tests/requirements-ecosystem.txt
+    if [ "$3" = plugin ]; then
+      jaxver=$("$venv/bin/python" -c "import jaxlib; print(jaxlib.__version__)")
+      "$venv/bin/pip" install -q --no-deps "jax-cuda12-plugin==$jaxver" "jax-cuda12-pjrt==$jaxver"
+    fi
+  } > "$log" 2>&1 || { tail -n 40 "$log"; echo "installing into $venv failed (log: $log)"; exit 1; }
+}
+
+run_job() {  # $1 = python version; the rest: extra pytest args. Prints a line per test file.
+  local venv=".ci-venv/py$1" log=".ci-venv/py$1.log"
+  # Without -q pytest writes one line per test file ("tests/test_api.py .... [ 12%]"); the
+  # prefix tells the two jobs apart.
+  "$venv/bin/python" -m pytest -p no:cacheprovider --durations=15 -o console_output_style=count \
+      "${@:2}" > "$log" 2>&1 &
+  local pid=$!
+  tail -n +1 -f --pid="$pid" "$log" | grep --line-buffered -E '^tests/' | sed -u "s/^/[py$1] /" &
+  local rc=0
+  wait "$pid" || rc=$?
+  wait  # the progress lines are all out
+  return $rc
 }
 
 # Headless Chromium for the browser test of the plan pictures (Debian's package).
 if ! command -v chromium >/dev/null 2>&1; then
+  echo "--- installing Debian's chromium (headless browser for tests/test_render.py)"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium
+  mkdir -p .ci-venv
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium; } \
+    > .ci-venv/apt.log 2>&1 || { tail -n 40 .ci-venv/apt.log; exit 1; }
 fi
 
-.ci-venv/lint/bin/ruff --version >/dev/null 2>&1 || { python3 -m venv .ci-venv/lint && .ci-venv/lint/bin/pip install -q ruff mypy "jax==0.10.2" "jaxlib==0.10.2" typing-extensions; }
+.ci-venv/lint/bin/ruff --version >/dev/null 2>&1 || {
+  echo "--- installing into .ci-venv/lint: ruff, mypy, jax 0.10.2"
+  mkdir -p .ci-venv
+  { python3 -m venv .ci-venv/lint && .ci-venv/lint/bin/pip install -q ruff mypy "jax==0.10.2" \
+      "jaxlib==0.10.2" typing-extensions; } > .ci-venv/install-lint.log 2>&1 || {
+    tail -n 40 .ci-venv/install-lint.log; exit 1; }; }
+
+jobs=${JAXPAR_TEST_JOBS:-"3.11 3.12"}
+for job in $jobs; do
+  case $job in
+    3.11) install_job 3.11 0.10.2 plugin ;;
+    3.12) install_job 3.12 "" "" ;;
+    *) echo "JAXPAR_TEST_JOBS: unknown job $job (use 3.11 and/or 3.12)" >&2; exit 2 ;;
+  esac
+done
+echo "--- installed in $((SECONDS - started)) s"
+
+echo "--- ruff and mypy"
 .ci-venv/lint/bin/ruff check jaxpar tests examples benchmarks
 .ci-venv/lint/bin/mypy jaxpar
 
-run_job 3.11 0.10.2 plugin "$@"
-run_job 3.12 "" "" "$@"
+echo "--- pytest on: $jobs (a line per test file as it finishes)"
+tests_started=$SECONDS
+declare -A pids
+for job in $jobs; do
+  run_job "$job" "$@" &
+  pids[$job]=$!
+done
+status=0
+for job in $jobs; do
+  if ! wait "${pids[$job]}"; then status=1; fi
+done
+
+passed=0; failed=0
+for job in $jobs; do
+  log=".ci-venv/py$job.log"
+  echo
+  echo "=== py$job: failures, slowest tests and summary (full log: $log)"
+  sed -n '/= FAILURES =\|= ERRORS =\|slowest .* durations\|short test summary/,$p' "$log" | \
+    grep -v '^tests/' | tail -n 120
+  summary=$(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$log" | tail -n 1 || true)
+  if [ -z "$summary" ]; then echo "py$job: pytest printed no summary"; status=1; fi
+  p=$( (grep -oE '[0-9]+ passed' <<<"$summary" || true) | awk '{n += $1} END {print n + 0}')
+  f=$( (grep -oE '[0-9]+ (failed|errors?)' <<<"$summary" || true) | awk '{n += $1} END {print n + 0}')
+  passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+done
+echo
+echo "--- tests took $((SECONDS - tests_started)) s; everything $((SECONDS - started)) s"
+echo "summary: $passed passed, $failed failed"
+if [ "$failed" -gt 0 ]; then status=1; fi
+exit $status
