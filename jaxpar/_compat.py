@@ -385,11 +385,16 @@ _JAXPAR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def source_summary(eqn: Any) -> str:
-    """``file:line:column (function)`` of the user code that created ``eqn``.
+    """``[scope] file:line:column (function)`` of the user code that created ``eqn``.
 
+    ``scope`` is the equation's name stack without JAX's transformation wrappers: the
+    layer path a Flax Linen model gives (``TwoTowers/query/dense0``), the module name
+    Equinox gives (``eqx.nn.Linear``), a ``jax.named_scope``; ``(backward)`` marks an
+    equation of a transposed (reverse-mode) computation. It is left out when empty.
     Never one of jaxpar's own frames: an equation jaxpar made itself (such as the
     stacking of batched operands) is ``<added by jaxpar>``. The path is relative to the
-    working directory when the file lies under it.
+    working directory when the file lies under it, and ``package/module.py`` for an
+    installed package (site-packages).
     """
     try:
         frame = next(iter(_source_info_util.user_frames(eqn.source_info.traceback)), None)
@@ -400,11 +405,63 @@ def source_summary(eqn: Any) -> str:
     if frame.file_name.startswith(_JAXPAR_DIR):
         return "<added by jaxpar>"
     column = f":{frame.start_column}" if frame.start_column else ""
-    return f"{_display_path(frame.file_name)}:{frame.start_line}{column} ({frame.function_name})"
+    scope = name_scope(eqn)
+    return (f"{f'[{scope}] ' if scope else ''}{_display_path(frame.file_name)}:"
+            f"{frame.start_line}{column} ({frame.function_name})")
+
+
+_WRAPPER = re.compile(r"^([A-Za-z_][\w.]*)\((.*)\)$")
+
+
+def name_scope(eqn: Any) -> str:
+    """The equation's name stack as a user's layer path, without transformation wrappers.
+
+    ``transpose(jvp(TwoTowers))/query/dense0`` -> ``TwoTowers/query/dense0 (backward)``.
+    """
+    try:
+        text = str(eqn.source_info.name_stack)
+    except Exception:
+        return ""
+    parts, backward = [], False
+    for part in text.split("/"):
+        while match := _WRAPPER.match(part):
+            backward |= match.group(1) == "transpose"
+            part = match.group(2)
+        if part and part not in ("jvp", "transpose", "vmap", "checkpoint", "remat"):
+            parts.append(part)
+    if parts and parts[0] in parts[1:]:  # an accumulation of two scopes: the innermost
+        parts = parts[len(parts) - 1 - parts[::-1].index(parts[0]):]
+    scope = "/".join(parts)
+    return f"{scope} (backward)" if scope and backward else scope
+
+
+def display_name(eqn: Any) -> str:
+    """What to call ``eqn`` in a report: the wrapped function's name for a custom rule
+    (``relu``, not ``custom_jvp_call``), the jitted function's for a nested ``jit``."""
+    name = eqn.primitive.name
+    if name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"):
+        for key in ("call_jaxpr", "fun_jaxpr"):
+            inner = eqn.params.get(key)
+            debug = getattr(getattr(inner, "jaxpr", inner), "debug_info", None)
+            func_name = getattr(debug, "func_name", None)
+            if func_name and func_name != "<lambda>":
+                return str(func_name)
+    elif name in ("pjit", "jit") and eqn.params.get("name") not in (None, "<lambda>"):
+        return f"jit({eqn.params['name']})"
+    return name
+
+
+def _site_packages() -> tuple[str, ...]:
+    """Folders packages are installed in, longest first (``sys.path`` entries named so)."""
+    folders = {os.path.join(os.path.abspath(entry), "") for entry in sys.path
+               if entry and os.path.basename(entry.rstrip(os.sep)) in ("site-packages",
+                                                                      "dist-packages")}
+    return tuple(sorted(folders, key=len, reverse=True))
 
 
 def _display_path(path: str) -> str:
-    """``path`` relative to the working directory when under it, else as it is."""
+    """``path`` relative to the working directory when under it, ``package/module.py``
+    for an installed package, else as it is."""
     cwd = os.getcwd()
     shown = _display_paths.get((path, cwd))
     if shown is None:
@@ -413,14 +470,16 @@ def _display_path(path: str) -> str:
         except ValueError:  # another drive on Windows
             relative = os.pardir
         shown = path if relative.startswith(os.pardir) else relative
+        for folder in _site_packages():
+            if path.startswith(folder):
+                shown = path[len(folder):]
+                break
         if len(_display_paths) >= 4096:  # a program spans few files: never in practice
             _display_paths.clear()
         _display_paths[(path, cwd)] = shown
     return shown
 
 
-# (path, working directory) -> ``_display_path``'s answer: ``relpath`` costs about as much
-# as the rest of ``source_summary``, and a program's equations come from few files.
 _display_paths: dict[tuple[str, str], str] = {}
 
 

@@ -28,11 +28,15 @@ from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._plan import REASON_TOO_CHEAP, LevelPlan
 from ._primitives import LOOPS
 from ._render import (
+    decision_summary,
     decision_text,
+    first_clause,
     plan_to_chrome_trace,
     plan_to_dot,
     plan_to_html,
     plan_to_svg,
+    readable_location,
+    short_places,
 )
 from ._timeline import estimate
 from .passes import (
@@ -208,6 +212,15 @@ class Plan:
                 "steps": [step.to_dict() for step in self.steps]}
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, verbose: bool = False) -> str:
+        """The report as text: one short line per decision, or every detail.
+
+        Args:
+          verbose: the long form: each decision's full reasoning, cost figures, source
+            lines and the equations of each member (``to_dict()`` has the same).
+        """
         lines = [f"jaxpar plan for `{self.function}` (target={self.target}, "
                  f"{self.num_eqns} equations, est. {self.total_cost_us:.1f} us)"]
         if self.target != "gpu":
@@ -221,37 +234,7 @@ class Plan:
             top = estimate(self).levels[0]
             lines.append(f"  estimated time at the top level: serial {top.serial_us:.1f} us, "
                          f"critical path {top.makespan_us:.1f} us")
-        if not self.sections:
-            lines.append("  no parallel sections: nothing independent is worth a stream")
-        for section in self.sections:
-            if section.overlaps:
-                lines.append(f"  section at {section.location}: beside {section.overlaps}")
-            else:
-                lines.append(f"  section group={section.scheduling_group} at "
-                             f"{section.location}: {len(section.regions)} concurrent regions")
-            for region in section.regions:
-                prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
-                where = "; ".join(region.source_lines) or "<unknown>"
-                lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
-                             f"est. {region.cost_us:.1f} us [{prims}] at {where}")
-        if self.collectives:
-            lines.append("  collectives:")
-            for c in self.collectives:
-                beside = ", ".join(f"{name} x{count}" for name, count in c.overlapped_by)
-                lines.append(f"    {'grouped' if c.grouped else 'alone'} at {c.location}: "
-                             f"{' + '.join(c.primitives)} over {c.axis!r} ({c.directions})"
-                             + (f", overlapped by [{beside}]" if beside else ""))
-        for title, decisions in (("loops", self.loops), ("subgraphs", self.subgraphs)):
-            if decisions:
-                lines.append(f"  {title}:")
-                lines.extend(f"    {decision_text(d)}" for d in decisions)
-        if self.left_alone:
-            lines.append("  left alone:")
-            for note in self.left_alone:
-                prims = ", ".join(note.primitives)
-                where = "; ".join(note.source_lines) or "<unknown>"
-                lines.append(f"    {note.reason} at {note.location} [{prims}, "
-                             f"est. {note.cost_us:.1f} us]: {note.detail} ({where})")
+        lines += _verbose_lines(self) if verbose else _short_lines(self)
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -293,6 +276,83 @@ class Plan:
                              "to_dot() for other formats")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(text)
+
+
+def _where(location: str) -> str:
+    place = readable_location(location)
+    return f" {place}" if place else ""
+
+
+def _verbose_lines(plan: Plan) -> list[str]:
+    """Every decision with its full reasoning, cost figures and source lines."""
+    lines = []
+    if not plan.sections:
+        lines.append("  no parallel sections: nothing independent is worth a stream")
+    for section in plan.sections:
+        if section.overlaps:
+            lines.append(f"  section{_where(section.location)}: beside {section.overlaps}")
+        else:
+            lines.append(f"  section group={section.scheduling_group}{_where(section.location)}: "
+                         f"{len(section.regions)} concurrent regions")
+        for region in section.regions:
+            prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
+            where = "; ".join(region.source_lines) or "<unknown>"
+            lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
+                         f"est. {region.cost_us:.1f} us [{prims}] at {where}")
+    if plan.collectives:
+        lines.append("  collectives:")
+        for c in plan.collectives:
+            beside = ", ".join(f"{name} x{count}" for name, count in c.overlapped_by)
+            lines.append(f"    {'grouped' if c.grouped else 'alone'}{_where(c.location)}: "
+                         f"{' + '.join(c.primitives)} over {c.axis!r} ({c.directions})"
+                         + (f", overlapped by [{beside}]" if beside else ""))
+    for title, decisions in (("loops", plan.loops), ("subgraphs", plan.subgraphs)):
+        if decisions:
+            lines.append(f"  {title}:")
+            lines.extend(f"    {decision_text(d)}" for d in decisions)
+    if plan.left_alone:
+        lines.append("  left alone:")
+        for note in plan.left_alone:
+            prims = ", ".join(note.primitives)
+            where = "; ".join(note.source_lines) or "<unknown>"
+            lines.append(f"    {note.reason}{_where(note.location)} [{prims}, "
+                         f"est. {note.cost_us:.1f} us]: {note.detail} ({where})")
+    return lines
+
+
+def _short_lines(plan: Plan) -> list[str]:
+    """One line per decision: what, where in the user's model, and the figure that
+    decided it; the reasoning is behind ``text(verbose=True)``."""
+    lines = []
+    if not plan.sections:
+        lines.append("  streams: none (nothing independent is worth a stream here)")
+    for section in plan.sections:
+        if section.overlaps:
+            lines.append(f"  section{_where(section.location)}: beside {section.overlaps}")
+        else:
+            lines.append(f"  section{_where(section.location)}: {len(section.regions)} "
+                         "concurrent regions")
+        for region in section.regions:
+            prims = ", ".join(name for name, _ in region.primitives)
+            lines.append(f"    stream {region.stream}: {prims} in "
+                         f"{short_places(region.source_lines)}, est. {region.cost_us:.1f} us")
+    if plan.collectives:
+        lines.append("  collectives:")
+        for c in plan.collectives:
+            lines.append(f"    {'grouped' if c.grouped else 'alone'}{_where(c.location)}: "
+                         f"{' + '.join(c.primitives)} over {c.axis!r} ({c.directions})")
+    for title, decisions in (("loops", plan.loops), ("subgraphs", plan.subgraphs)):
+        if decisions:
+            lines.append(f"  {title}:")
+            lines.extend(f"    {decision_summary(d)}" for d in decisions)
+    if plan.left_alone:
+        lines.append("  left alone:")
+        for note in plan.left_alone:
+            lines.append(f"    {note.reason}: {', '.join(note.primitives)} in "
+                         f"{short_places(note.source_lines)}: {first_clause(note.detail)}")
+    if plan.loops or plan.subgraphs or plan.left_alone:
+        lines.append("  (why, in full: print(plan.text(verbose=True)) or plan.to_dict())")
+    return lines
 
 
 def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
@@ -527,9 +587,9 @@ def _top_primitives(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, .
     weight: dict[str, float] = {}
     count: Counter[str] = Counter()
     for i in indices:
-        name = eqns[i].primitive.name
+        name = _compat.display_name(eqns[i])
         weight[name] = weight.get(name, 0.0) + seconds[i]
-        count[eqns[i].primitive.name] += 1
+        count[name] += 1
     ranked = sorted(count, key=lambda name: (-weight[name], -count[name], name))
     return tuple((name, count[name]) for name in ranked[:_MAX_PRIMITIVES])
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 from ._timeline import LevelTimeline, estimate
@@ -59,6 +60,73 @@ _GROUP_COLOR = "#ffd166"
 _LOOP_COLOR = "#6b5b95"
 
 
+_SCOPE = re.compile(r"^\[(?P<scope>[^\]]*)\] ")
+_PATH_PART = re.compile(r"^(?P<prim>[A-Za-z_]\w*)#\d+\.(?P<label>.*)$")
+_MAX_PLACES = 3
+
+
+def readable_location(path: str) -> str:
+    """A level's place for people: ``""`` at the top, ``in scan body > cond branch 1``
+    inside (jaxpar's level paths number equations: ``/scan#19.jaxpr``)."""
+    parts = []
+    for part in path.strip("/").split("/"):
+        match = _PATH_PART.match(part)
+        if not match:
+            if part:
+                parts.append(part)
+            continue
+        prim, label = match.group("prim"), match.group("label")
+        prim = "jit" if prim == "pjit" else prim
+        branch = re.fullmatch(r"branches\[(\d+)\]", label)
+        if branch:
+            parts.append(f"{prim} branch {branch.group(1)}")
+        elif prim in ("scan", "while", "jit", "checkpoint", "remat", "custom_jvp_call",
+                      "custom_vjp_call", "shard_map"):
+            parts.append(f"{prim} body" if prim in ("scan", "while") else prim)
+        else:
+            parts.append(f"{prim} {label}")
+    return f"in {' > '.join(parts)}" if parts else ""
+
+
+def short_place(source: str) -> str:
+    """The short form of a source summary: the layer path where JAX's name stack has one
+    (``TwoTowers/query/dense0``), else ``file:line``."""
+    match = _SCOPE.match(source)
+    if match:
+        return match.group("scope")
+    if not source:
+        return "<unknown>"
+    return re.sub(r"^(.*:\d+):\d+$", r"\1", source.split(" (")[0])
+
+
+def short_places(sources: tuple[str, ...] | list[str]) -> str:
+    """Up to three distinct short places, then how many more."""
+    places = list(dict.fromkeys(short_place(s) for s in sources if s))
+    if not places:
+        return "<unknown>"
+    more = len(places) - _MAX_PLACES
+    return ", ".join(places[:_MAX_PLACES]) + (f" (+{more} more)" if more > 0 else "")
+
+
+def first_clause(text: str, limit: int = 160) -> str:
+    """The first clause of a reason (up to ``:`` or ``;``), parentheticals dropped."""
+    clause = re.split(r"[:;] ", text, maxsplit=1)[0]
+    clause = re.sub(r" \([^()]*\)", "", clause).strip()
+    return clause if len(clause) <= limit else clause[: limit - 3].rstrip() + "..."
+
+
+def decision_summary(d: LoopDecision) -> str:
+    """One short line: kind, what, where in the user's program, and the figure that
+    decided it."""
+    where = readable_location(d.location)
+    worth = re.search(r"worth ([+-][\d.]+ us)", d.reason)
+    trips = ""
+    if d.trips_before is not None and d.trips_after is not None:
+        trips = f", trips {d.trips_before} -> {d.trips_after}"
+    return (f"{d.kind}{' ' + where if where else ''}: {first_clause(d.reason)}{trips} "
+            f"(in {short_places(d.sources)})" + (f", {worth.group(1)} per run" if worth else ""))
+
+
 def decision_text(d: LoopDecision) -> str:
     """One report line: kind, place, primitives, trips and unroll when known, reason, sources
     (member by member, with equation indices, where the decision joins members)."""
@@ -73,8 +141,9 @@ def decision_text(d: LoopDecision) -> str:
             for m, member in enumerate(d.members, start=1))
     else:
         where = "; ".join(dict.fromkeys(d.sources)) or "<unknown>"
-    return (f"{d.kind} at {d.location} [{', '.join(d.primitives)}{trips}{unroll}{stage}]: "
-            f"{d.reason} ({where})")
+    place = readable_location(d.location)
+    return (f"{d.kind}{' ' + place if place else ''} [{', '.join(d.primitives)}{trips}{unroll}"
+            f"{stage}]: {d.reason} ({where})")
 
 
 def _member_op(d: LoopDecision, eqn: int) -> str:

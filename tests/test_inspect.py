@@ -119,17 +119,18 @@ def test_str_is_readable():
     plan = jaxpar.inspect(local_two_scans, target="gpu", **LOOPS_OFF)(*scan_args())
     text = str(plan)
     assert text.startswith("jaxpar plan for `local_two_scans` (target=gpu")
-    assert "stream 1:" in text and "stream 2:" in text
+    assert "stream 1: scan in " in text and "stream 2: scan in " in text
     assert "2 concurrent regions" in text
-    assert "scan x1" in text
-    assert THIS_FILE in text
+    assert f"{THIS_FILE}:" in text
     assert "object at 0x" not in text
+    verbose = plan.text(verbose=True)
+    assert "scan x1" in verbose and "section group=1: 2 concurrent regions" in verbose
 
 
 def test_str_mentions_reasons_and_cpu_note():
     text = str(jaxpar.inspect(small_branches, target="gpu")(*small_args()))
     assert "too cheap" in text
-    assert "no parallel sections" in text
+    assert "streams: none" in text
     cpu_text = str(jaxpar.inspect(local_two_scans, target="cpu")(*scan_args()))
     assert "planned for cpu (target='cpu')" in cpu_text
     assert "jaxpar.inspect(f, target='gpu')" in cpu_text
@@ -151,7 +152,7 @@ def test_too_cheap_note_gives_the_threshold_and_how_to_lower_it():
     note = next(n for n in plan.left_alone if n.reason == "too cheap")
     assert "min_cost_us=7.5 us" in note.detail
     assert "smaller min_cost_us" in note.detail
-    assert "min_cost_us=7.5 us" in str(plan)
+    assert "min_cost_us=7.5 us" in plan.text(verbose=True)
 
 
 def same_body_scans(a, b, xs):
@@ -309,7 +310,8 @@ def test_batched_matmul_groups_name_their_members_stage_and_price():
     plan = jaxpar.inspect(bench.seed_002, target="gpu")(*seed_002_small_args())
     groups = [d for d in plan.subgraphs if d.kind == "batched matmuls"]
     assert sorted(d.stage for d in groups) == [1, 2, 3, 4], str(plan)
-    lines = [line for line in str(plan).splitlines() if "batched matmuls at" in line]
+    lines = [line for line in plan.text(verbose=True).splitlines()
+             if "batched matmuls in scan body [" in line]
     assert len(lines) == len(groups)
     for d, line in zip(groups, lines, strict=True):
         assert len(d.members) == 2
@@ -327,3 +329,58 @@ def test_batched_matmul_groups_name_their_members_stage_and_price():
         [list(m) for m in d.members] for d in groups]
     (loop,) = loaded["steps"]
     assert loop["batched_groups"] == list(range(len(groups)))
+
+
+def test_a_flax_two_tower_plan_names_its_towers():
+    """Issue 20: a Flax Linen user can tell which tower a line means: layer paths from
+    JAX's name stack, no site-packages path, no equation numbers or jaxpr paths, relu by
+    name, one short line per decision (the reasoning behind verbose=True)."""
+    linen = pytest.importorskip("flax.linen")
+
+    class Tower(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            for i in range(2):
+                x = linen.relu(linen.Dense(64, name=f"dense{i}")(x))
+            return x
+
+    class TwoTowers(linen.Module):
+        @linen.compact
+        def __call__(self, a, b):
+            return jnp.sum(Tower(name="query")(a)) + jnp.sum(Tower(name="doc")(b))
+
+    model = TwoTowers()
+    a = b = jnp.ones((8, 64))
+    params = model.init(jax.random.key(0), a, b)
+    grad = jax.grad(lambda p, a, b: model.apply(p, a, b))
+    plan = jaxpar.inspect(grad, target="gpu", force_streams=True, min_cost_us=0.0)(params, a, b)
+    text = str(plan)
+    assert "TwoTowers/query/dense0" in text and "TwoTowers/doc/dense0" in text
+    assert "(backward)" in text  # the transposed layers are told apart from the forward
+    assert "relu" in text and "custom_jvp_call" not in text
+    assert "site-packages" not in text and "#" not in text and "/scan#" not in text
+    assert " at /" not in text
+    assert all(len(line) <= 400 for line in text.splitlines()), max(map(len, text.splitlines()))
+    verbose = plan.text(verbose=True)
+    assert "site-packages" not in verbose and "flax/linen/linear.py:" in verbose
+    assert len(verbose) > len(text)
+
+
+def test_source_paths_of_installed_packages_are_shortened():
+    from jaxpar._compat import _display_path, _site_packages
+
+    folders = _site_packages()
+    assert folders
+    assert _display_path(folders[0] + "somepkg/module.py") == "somepkg/module.py"
+
+
+@pytest.mark.parametrize("path, shown", [
+    ("/", ""),
+    ("/scan#19.jaxpr", "in scan body"),
+    ("/pjit#2.jaxpr/cond#0.branches[1]", "in jit > cond branch 1"),
+    ("/while#3.body_jaxpr", "in while body"),
+])
+def test_level_paths_are_readable(path, shown):
+    from jaxpar._render import readable_location
+
+    assert readable_location(path) == shown
