@@ -43,6 +43,10 @@ from .passes import (
     KIND_BATCHED,
     KIND_BATCHED_MATMULS,
     KIND_FUSED,
+    KIND_HOST_SYNC,
+    KIND_LEFT_ALONE,
+    KIND_MATMULS_LEFT_ALONE,
+    KIND_SUBGRAPHS_LEFT_ALONE,
     KIND_UNROLLED,
     SUBGRAPH_KINDS,
     LoopDecision,
@@ -55,6 +59,8 @@ _LOOP_PRIMITIVES = LOOPS
 # loops, so never "left alone".
 _DRAWN_LOOP_KINDS = (KIND_FUSED, KIND_BATCHED, KIND_UNROLLED)
 _NEW_LOOP_KINDS = frozenset({KIND_FUSED, KIND_BATCHED})
+_UNCHANGED = frozenset({KIND_LEFT_ALONE, KIND_HOST_SYNC, KIND_SUBGRAPHS_LEFT_ALONE,
+                        KIND_MATMULS_LEFT_ALONE})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -213,6 +219,29 @@ class Plan:
 
     def __str__(self) -> str:
         return self.text()
+
+    def summary(self) -> str:
+        """One line: what jaxpar changes in this program (computed, for examples and logs).
+
+        Example: ``"fused: 1 (2 loops -> 1); batched matmuls: 4; no stream regions"``.
+        """
+        changed: dict[str, list[LoopDecision]] = {}
+        for decision in (*self.loops, *self.subgraphs):
+            if decision.kind not in _UNCHANGED:
+                changed.setdefault(str(decision.kind), []).append(decision)
+        parts = []
+        for kind, decisions in changed.items():
+            loops = sum(len(d.eqns) for d in decisions)
+            joined = f" ({loops} loops -> {len(decisions)})" if kind in _NEW_LOOP_KINDS else ""
+            parts.append(f"{kind}: {len(decisions)}{joined}")
+        if self.num_regions:
+            parts.append(f"{self.num_regions} stream regions in {len(self.sections)} sections")
+        elif parts:
+            parts.append("no stream regions")
+        if not parts:
+            return (f"nothing: jax.jit's program (nothing here pays on "
+                    f"target={self.target})")
+        return "; ".join(parts)
 
     def text(self, verbose: bool = False) -> str:
         """The report as text: one short line per decision, or every detail.

@@ -45,11 +45,15 @@ def test_public_functions_have_docstrings():
 
 
 @pytest.mark.parametrize("example", ["two_scans", "inception_block", "ensemble"])
-def test_example_main_runs(example):
+def test_example_main_runs(example, capsys):
     spec = importlib.util.spec_from_file_location(example, ROOT / "examples" / f"{example}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.main()
+    out = capsys.readouterr().out
+    # What an example says jaxpar did is computed from its plan, never written by hand.
+    assert "what jaxpar changed" in out
+    assert not re.search(r"\d+ streams\b|run concurrently|on their own streams", out)
 
 
 def test_collective_matmul_example_runs():

@@ -384,3 +384,13 @@ def test_level_paths_are_readable(path, shown):
     from jaxpar._render import readable_location
 
     assert readable_location(path) == shown
+
+
+def test_summary_says_what_changed():
+    fused = jaxpar.inspect(local_two_scans, target="gpu")(*scan_args())
+    assert "fused: 1 (2 loops -> 1)" in fused.summary()
+    assert "no stream regions" in fused.summary() or "stream regions in" in fused.summary()
+    forced = jaxpar.inspect(local_two_scans, target="gpu", **LOOPS_OFF)(*scan_args())
+    assert forced.summary() == "2 stream regions in 1 sections"
+    untouched = jaxpar.inspect(pure_chain, target="gpu")(*pure_chain_args())
+    assert untouched.summary().startswith("nothing: jax.jit's program")
