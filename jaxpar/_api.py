@@ -12,7 +12,8 @@ Sharp edges:
   * Every call runs under one ``jax.jit`` (eager calls, and calls under grad,
     vmap or jvp, stay compiled; under another jit it is inlined). Its
     ``trace``/``lower``/``eval_shape`` are ``jax.jit``'s on the decorated
-    function, so there every non-static leaf must be an array.
+    function, so there every non-static leaf must be an array, in the arguments
+    and in the outputs (Equinox's and NNX's splits apply to calls only).
   * The rewrite is cached per argument structure, shapes, dtypes and options
     (and the XLA_FLAGS async limit, and JAX's trace context as ``jax.jit`` keys
     it: ``enable_x64``, promotion rules, matmul precision, default device...);
@@ -144,7 +145,6 @@ def _check_callable(fun: Any, api: str) -> None:
     if not callable(fun):
         raise TypeError(f"{api} expects a callable as `fun`, got {type(fun).__name__}: "
                         f"{fun!r}. Decorate a function, or call {api}(fun, ...).")
-    refuse_module_as_function(fun, api)
 
 
 class ParallelBranches:
@@ -157,6 +157,7 @@ class ParallelBranches:
     def __init__(self, fun: Callable[..., Any], options: Options,
                  static_args: StaticArgs | None = None):
         _check_callable(fun, "parallel_branches")
+        refuse_module_as_function(fun, "parallel_branches")
         functools.update_wrapper(self, fun)
         self.__wrapped__ = fun
         self.options = options
@@ -361,8 +362,12 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     Args:
       fun: the function to rewrite. Its arguments are pytrees: array leaves are
         traced (and Python scalars, as ``jax.jit`` traces them), other hashable
-        leaves (functions, strings...) are static, as in ``eqx.filter_jit``. When
-        omitted, ``parallel_branches(**options)`` returns a decorator.
+        leaves (functions, strings...) are static, and non-array outputs come back
+        as they are. With an Equinox module among the arguments it follows
+        ``eqx.filter_jit`` (Python scalars static too); Flax NNX objects (modules,
+        optimizers, metrics, ``nnx.Rngs``) are handled as ``nnx.jit`` handles them:
+        the state the call changes is written back to them. When omitted,
+        ``parallel_branches(**options)`` returns a decorator.
       max_streams: most regions (and so streams) per parallel section, >= 1.
         The effective cap is also bounded by XLA's
         ``--xla_gpu_experimental_parallel_async_compute_limit`` (default 2).
@@ -399,9 +404,11 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       plain ``jax.jit`` of ``fun``.
 
     Raises:
-      TypeError: ``fun`` is not callable, an option is unknown (with the closest
-        valid name) or has the wrong type; at call time, an argument leaf that is
-        neither an array nor hashable, or a Flax NNX module (naming it).
+      TypeError: ``fun`` is not callable or is a Flax NNX or Linen module (with what
+        to write instead), an option is unknown (with the closest valid name),
+        belongs to an outer ``jax.jit`` (``donate_argnums``...) or has the wrong
+        type; at call time, an argument leaf that is neither an array nor hashable
+        (naming it).
       ValueError: an option value is out of range, or a static argument number or
         name ``fun`` does not take.
       jaxpar.TraceError: ``fun`` cannot be traced (at call time).
@@ -482,6 +489,7 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
     else:
         base, inner, given_nums, given_names = {}, fun, None, None
     _check_callable(inner, "inspect")
+    refuse_module_as_function(inner, "inspect")
     statics = StaticArgs.resolve(inner, options.pop("static_argnums", given_nums),
                                  options.pop("static_argnames", given_names))
     resolved = Options.create(**{**base, **options})

@@ -154,16 +154,17 @@ def refuse_module_as_function(fun: Any, api: str) -> None:
     owner = getattr(fun, "__self__", fun)
     is_graph_node = nnx_graph_node_check()
     kind = type(owner).__name__
+    result = "plan" if api == "inspect" else "y"
     if is_graph_node is not None and is_graph_node(owner):
         raise TypeError(
             f"{api} got a Flax NNX {kind} as the function: its parameters and state would be "
             "read once, when it is first traced, and never again. Pass the module as an "
             "argument instead; like nnx.jit, jaxpar splits it and writes the updated state "
-            f"back:\n    step = jaxpar.{api}(lambda model, x: model(x))\n    y = step(model, x)")
+            f"back:\n    {result} = jaxpar.{api}(lambda model, x: model(x))(model, x)")
     linen_module = getattr(sys.modules.get("flax.linen"), "Module", None)
     called = fun is owner or getattr(fun, "__name__", None) == "__call__"
     if called and isinstance(linen_module, type) and isinstance(owner, linen_module):
         raise TypeError(
             f"{api} got a Flax Linen {kind} as the function; a Linen module is called "
             "through its apply method with its variables:\n"
-            f"    apply = jaxpar.{api}(model.apply)\n    y = apply(variables, x)")
+            f"    {result} = jaxpar.{api}(model.apply)(variables, x)")

@@ -224,8 +224,8 @@ class OutputStatics:
         return all(i == j and (a is b or _equal(a, b))
                    for (i, a), (j, b) in zip(self.statics, other.statics, strict=True))
 
-    def __hash__(self) -> int:
-        return hash((self.tree, len(self.statics)))
+    def __hash__(self) -> int:  # coarse: static values need not be hashable
+        return hash(len(self.statics))
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -405,7 +405,9 @@ def abstract(leaf: Any) -> Any:
 
 
 def _name(fun: Callable[..., Any]) -> str:
-    return f"`{getattr(fun, '__qualname__', None) or getattr(fun, '__name__', repr(fun))}`"
+    # A callable object without a name is named by its type, never by its (long) repr.
+    name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None)
+    return f"`{name or type(fun).__name__}`"
 
 
 # Errors that come from turning a traced array into a Python value: only these get the

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import jaxpar
+from jaxpar import _deviceless
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -335,3 +336,15 @@ def test_donate_argnums_points_to_an_outer_jit():
 def test_inspect_with_arguments_says_the_call_is_curried():
     with pytest.raises(TypeError, match=r"jaxpar\.inspect\(f, \*\*options\)\(\*args\)"):
         jaxpar.inspect(lambda x, y: x + y, jnp.ones(2), jnp.ones(2))
+
+
+@pytest.mark.skipif(not _deviceless.plugin_status()[0], reason="needs the CUDA plugin")
+def test_gpu_preview_takes_modules_as_the_decorated_function_does():
+    eqx = pytest.importorskip("equinox")
+    nnx = pytest.importorskip("flax.nnx")
+    mlp = eqx.nn.MLP(8, 8, 16, depth=2, activation=jax.nn.gelu, key=jax.random.key(0))
+    preview = jaxpar.gpu_preview(lambda m, x: jax.vmap(m)(x), mlp, jnp.ones((4, 8)))
+    assert preview.plain.matmul_kernels == preview.jaxpar.matmul_kernels == 3
+    linear = nnx.Linear(8, 8, rngs=nnx.Rngs(0))
+    preview = jaxpar.gpu_preview(lambda m, x: m(x), linear, jnp.ones((4, 8)))
+    assert preview.plain.matmul_kernels == 1
