@@ -207,7 +207,7 @@ def test_flax_nnx_module_argument_keeps_batchnorm_state_as_nnx_jit_does():
     for wrap in (lambda f: f, nnx.jit):
         model = Net(nnx.Rngs(0))
         decorated = jaxpar.parallel_branches(lambda net, x: net(x), target="cpu")
-        _assert_trees_close(wrap(lambda net, x: decorated(net, x))(model, x), want)
+        _assert_trees_close(wrap(lambda net, x, f=decorated: f(net, x))(model, x), want)
         _assert_trees_close(model.norm.mean[...], reference.norm.mean[...])
 
     # The explicit form: state in, updated state out, written back.
