@@ -348,3 +348,18 @@ def test_gpu_preview_takes_modules_as_the_decorated_function_does():
     linear = nnx.Linear(8, 8, rngs=nnx.Rngs(0))
     preview = jaxpar.gpu_preview(lambda m, x: m(x), linear, jnp.ones((4, 8)))
     assert preview.plain.matmul_kernels == 1
+
+
+def test_equinox_module_returned_with_jaxpar_disabled(monkeypatch):
+    eqx = pytest.importorskip("equinox")
+    # JAXPAR_DISABLE runs the original function under one jit: the same argument and
+    # output rules hold there.
+    monkeypatch.setenv("JAXPAR_DISABLE", "1")
+    model = eqx.nn.Linear(3, 2, key=jax.random.key(0))
+
+    def scale(model, factor):
+        return jax.tree.map(lambda leaf: leaf * factor, model), factor
+
+    got = jaxpar.parallel_branches(scale)(model, 2)
+    assert_same_pytree(got, eqx.filter_jit(scale)(model, 2))
+    assert got[1] == 2 and type(got[1]) is int
