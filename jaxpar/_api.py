@@ -12,7 +12,8 @@ Sharp edges:
   * Every call runs under one ``jax.jit`` (eager calls, and calls under grad,
     vmap or jvp, stay compiled; under another jit it is inlined). Its
     ``trace``/``lower``/``eval_shape`` are ``jax.jit``'s on the decorated
-    function, so there every non-static leaf must be an array.
+    function, so there every non-static leaf must be an array, in the arguments
+    and in the outputs (Equinox's and NNX's splits apply to calls only).
   * The rewrite is cached per argument structure, shapes, dtypes and options
     (and the XLA_FLAGS async limit, and JAX's trace context as ``jax.jit`` keys
     it: ``enable_x64``, promotion rules, matmul precision, default device...);
@@ -37,16 +38,19 @@ import jax
 from . import _compat
 from ._analysis import Analysis, jaxpr_has_placement
 from ._emit import Emitter, stream_attributes
+from ._frameworks import NnxCall, nnx_arguments, refuse_module_as_function
 from ._inspect import Plan, build_report
 from ._options import Options, Settings, Switch, Target, Unroll, check_known
 from ._plan import LevelPlan, plan_jaxpr
 from ._trace import (
     Layout,
+    OutputStatics,
     Signature,
     StaticArgs,
     Traced,
     abstract,
     split_arguments,
+    split_outputs,
     trace,
 )
 from .passes import LoopDecision, run_passes
@@ -80,6 +84,9 @@ class _CallKey:
     """The static argument of the one ``jax.jit`` a decorated function runs under."""
 
     layout: Layout
+    # The arguments held Flax NNX objects: the traced function is the user's, over their
+    # split state (NnxCall.inner), as under nnx.jit.
+    nnx: bool
     emit_streams: bool  # False inside a user's on_stream call (stream calls cannot nest)
     rewrite: bool  # False when JAXPAR_DISABLE is set: run the original function
     # The options resolved for the target and XLA_FLAGS (the async compute limit and
@@ -150,6 +157,7 @@ class ParallelBranches:
     def __init__(self, fun: Callable[..., Any], options: Options,
                  static_args: StaticArgs | None = None):
         _check_callable(fun, "parallel_branches")
+        refuse_module_as_function(fun, "parallel_branches")
         functools.update_wrapper(self, fun)
         self.__wrapped__ = fun
         self.options = options
@@ -168,6 +176,10 @@ class ParallelBranches:
         self._jitted: Any = jax.jit(call, static_argnums=0)
         self._stages: Any = None
         self._saw_traced_consts = threading.local()
+        # nnx.jit's update context is keyed by a tag: one per decorated function (not
+        # self, which the traced function would then keep alive in a cycle).
+        self._nnx_tag = object()
+        self._nnx_function: Callable[..., Any] | None = None
 
     @property
     def static_argnums(self) -> tuple[int, ...]:
@@ -185,35 +197,49 @@ class ParallelBranches:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _compat.jit_disabled():  # jax.disable_jit(): run the original, eagerly
             return self.__wrapped__(*args, **kwargs)
-        layout, leaves = split_arguments(self.__wrapped__, args, kwargs, self._static_args)
-        key = _CallKey(layout, not inside_stream_call(), not disabled_by_environment(),
-                       self.options.resolve(), next(_call_sites) if _compat.staging() else 0)
-        self._saw_traced_consts.value = False
-        out = self._jitted(key, *leaves)
-        if self._saw_traced_consts.value:
-            # The trace closed over another trace's tracers: jit must not reuse it.
-            self._jitted.clear_cache()
-        return out
+        # Flax NNX objects among the arguments: split, call, write the new state back.
+        with nnx_arguments(self._nnx_tag, self.__wrapped__, args, kwargs) as (
+                fun, args, kwargs, nnx_call):
+            layout, leaves = split_arguments(fun, args, kwargs, self._static_args)
+            key = _CallKey(layout, nnx_call is not None, not inside_stream_call(),
+                           not disabled_by_environment(), self.options.resolve(),
+                           next(_call_sites) if _compat.staging() else 0)
+            self._saw_traced_consts.value = False
+            dynamic, outputs = self._jitted(key, *leaves)
+            if self._saw_traced_consts.value:
+                # The trace closed over another trace's tracers: jit must not reuse it.
+                self._jitted.clear_cache()
+            out = outputs.rebuild(dynamic)
+            return out if nnx_call is None else nnx_call.from_pure(out)
 
-    def _call_traced(self, key: _CallKey, *leaves: Any) -> Any:
+    def _traced_function(self, nnx: bool) -> Callable[..., Any]:
+        if not nnx:
+            return self.__wrapped__
+        if self._nnx_function is None:
+            self._nnx_function = NnxCall(self._nnx_tag).inner(self.__wrapped__)
+        return self._nnx_function
+
+    def _call_traced(self, key: _CallKey, *leaves: Any) -> tuple[list[Any], OutputStatics]:
+        # Array outputs leave the jit as values, the rest (functions, a returned Equinox
+        # module's static fields) in the output's tree structure.
         if not key.rewrite:
             args, kwargs = key.layout.rebuild(leaves)
-            return self.__wrapped__(*args, **kwargs)
+            out = self._traced_function(key.nnx)(*args, **kwargs)
+            return split_outputs(out, key.layout.static_scalars)
         rewrite = self._prepare(Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
-                                key.settings)
+                                key.settings, key.nnx)
         if rewrite.traced.consts_are_tracers:
             self._saw_traced_consts.value = True
-        flat_out = _run(rewrite, leaves, key.emit_streams)
-        return jax.tree_util.tree_unflatten(rewrite.traced.out_tree, flat_out)
+        return _run(rewrite, leaves, key.emit_streams), rewrite.traced.outputs
 
-    def _prepare(self, sig: Signature, settings: Settings) -> _Prepared:
+    def _prepare(self, sig: Signature, settings: Settings, nnx: bool = False) -> _Prepared:
         # JAX's trace context (x64, promotion rules, matmul precision, default device,
         # mesh...) changes what tracing produces, so it keys the plan as it keys jax.jit.
-        key = (sig, settings, _compat.trace_context())
+        key = (sig, settings, _compat.trace_context(), nnx)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        rewrite = _build(self.__wrapped__, sig, settings)
+        rewrite = _build(self._traced_function(nnx), sig, settings)
         self.analyses += 1
         if not rewrite.traced.consts_are_tracers:
             self._cache.put(key, rewrite)
@@ -336,8 +362,12 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     Args:
       fun: the function to rewrite. Its arguments are pytrees: array leaves are
         traced (and Python scalars, as ``jax.jit`` traces them), other hashable
-        leaves (functions, strings...) are static, as in ``eqx.filter_jit``. When
-        omitted, ``parallel_branches(**options)`` returns a decorator.
+        leaves (functions, strings...) are static, and non-array outputs come back
+        as they are. With an Equinox module among the arguments it follows
+        ``eqx.filter_jit`` (Python scalars static too); Flax NNX objects (modules,
+        optimizers, metrics, ``nnx.Rngs``) are handled as ``nnx.jit`` handles them:
+        the state the call changes is written back to them. When omitted,
+        ``parallel_branches(**options)`` returns a decorator.
       max_streams: most regions (and so streams) per parallel section, >= 1.
         The effective cap is also bounded by XLA's
         ``--xla_gpu_experimental_parallel_async_compute_limit`` (default 2).
@@ -374,9 +404,11 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       plain ``jax.jit`` of ``fun``.
 
     Raises:
-      TypeError: ``fun`` is not callable, an option is unknown (with the closest
-        valid name) or has the wrong type; at call time, an argument leaf that is
-        neither an array nor hashable, or a Flax NNX module (naming it).
+      TypeError: ``fun`` is not callable or is a Flax NNX or Linen module (with what
+        to write instead), an option is unknown (with the closest valid name),
+        belongs to an outer ``jax.jit`` (``donate_argnums``...) or has the wrong
+        type; at call time, an argument leaf that is neither an array nor hashable
+        (naming it).
       ValueError: an option value is out of range, or a static argument number or
         name ``fun`` does not take.
       jaxpar.TraceError: ``fun`` cannot be traced (at call time).
@@ -386,6 +418,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       ... def f(a, b):
       ...   return jnp.tanh(a @ a) + jnp.tanh(b @ b)
     """
+    _refuse_outer_jit_options(unknown, "parallel_branches")
     check_known(unknown, (*Options.names(), *_CALL_OPTIONS))
     options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
                              fuse_scans=fuse_scans, batch_scans=batch_scans,
@@ -404,8 +437,22 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
 # Options of a call rather than of the plan: accepted by parallel_branches and inspect.
 _CALL_OPTIONS = ("static_argnums", "static_argnames")
 
+# jax.jit's options that belong to a jit around the decorated function.
+_OUTER_JIT_OPTIONS = ("donate_argnums", "donate_argnames", "in_shardings", "out_shardings",
+                      "keep_unused", "device", "backend")
 
-def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
+
+def _refuse_outer_jit_options(given: dict[str, Any], api: str) -> None:
+    named = [name for name in _OUTER_JIT_OPTIONS if name in given]
+    if named:
+        settings = ", ".join(f"{name}={given[name]!r}" for name in named)
+        raise TypeError(
+            f"{api} takes no {', '.join(named)}: that is a job for the jax.jit around the "
+            f"decorated function, which jaxpar composes with:\n"
+            f"    step = jax.jit(jaxpar.parallel_branches(f), {settings})")
+
+
+def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[..., Plan]:
     """Shows how ``parallel_branches`` would partition ``fun``, like ``jax.make_jaxpr``.
 
     Args:
@@ -422,12 +469,19 @@ def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
       source lines, and what was left alone and why.
 
     Raises:
-      TypeError, ValueError: as for ``parallel_branches``.
+      TypeError, ValueError: as for ``parallel_branches``; ``inspect(f, x, y)``, which
+        means ``inspect(f)(x, y)``.
 
     Example:
       >>> plan = jaxpar.inspect(f, target="gpu")(a, b)
       >>> print(plan)
     """
+    if args:
+        raise TypeError(
+            f"inspect takes the function and options, then the arguments in a second call, "
+            f"like jax.make_jaxpr: write jaxpar.inspect(f, **options)(*args) (got {len(args)} "
+            "argument(s) after the function).")
+    _refuse_outer_jit_options(options, "inspect")
     check_known(options, (*Options.names(), *_CALL_OPTIONS))
     if isinstance(fun, ParallelBranches):
         base, inner = fun.options.to_dict(), fun.__wrapped__
@@ -435,24 +489,45 @@ def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
     else:
         base, inner, given_nums, given_names = {}, fun, None, None
     _check_callable(inner, "inspect")
+    refuse_module_as_function(inner, "inspect")
     statics = StaticArgs.resolve(inner, options.pop("static_argnums", given_nums),
                                  options.pop("static_argnames", given_names))
     resolved = Options.create(**{**base, **options})
 
     @functools.wraps(inner)
     def make_plan(*args: Any, **kwargs: Any) -> Plan:
-        layout, leaves = split_arguments(inner, args, kwargs, statics, allow_abstract=True,
-                                         api="inspect")
-        sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
         settings = resolved.resolve()
         target = settings.target
-        _, plan, loops = _analyse(inner, sig, settings)
+        with nnx_arguments(object(), inner, args, kwargs) as (traced_fun, args, kwargs, _):
+            layout, leaves = split_arguments(traced_fun, args, kwargs, statics,
+                                             allow_abstract=True, api="inspect")
+            sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
+            _, plan, loops = _analyse(traced_fun, sig, settings)
         name = str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", inner))
         with _collector_paused():
             return build_report(plan, name, target, emitted=(target == "gpu"),
                                 options=resolved.to_dict(), loops=loops)
 
     return make_plan
+
+
+@contextlib.contextmanager
+def array_function(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                   statics: StaticArgs, api: str) -> Iterator[tuple[Callable[..., Any], list[Any]]]:
+    """``fun`` as a function of its array leaves only, and those leaves, for compiling with
+    plain ``jax.jit`` what ``parallel_branches(fun)`` runs: static arguments, non-array
+    leaves and NNX graph definitions are bound, and only the array outputs returned."""
+    with nnx_arguments(object(), fun, args, kwargs) as (traced_fun, args, kwargs, _):
+        layout, leaves = split_arguments(traced_fun, args, kwargs, statics, allow_abstract=True,
+                                         api=api)
+
+        def flat(*flat_leaves: Any) -> list[Any]:
+            full_args, full_kwargs = layout.rebuild(flat_leaves)
+            return split_outputs(traced_fun(*full_args, **full_kwargs), layout.static_scalars)[0]
+
+        flat.__name__ = str(getattr(fun, "__name__", "fun"))
+        flat.__qualname__ = str(getattr(fun, "__qualname__", flat.__name__))
+        yield flat, leaves
 
 
 _stream_state = threading.local()

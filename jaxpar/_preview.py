@@ -34,18 +34,19 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
 
 from . import _gpu_compile, _schedule
-from ._api import ParallelBranches, parallel_branches
+from ._api import ParallelBranches, array_function, parallel_branches
 from ._api import inspect as inspect_plan
 from ._estimate import CommandBuffers, Estimate, RegionFigures, estimate_hlo, verdict
 from ._inspect import Plan
 from ._options import Options, check_known
 from ._primitives import MAY_HOLD_LOOPS
+from ._trace import StaticArgs
 
 # jaxlib versions whose XLA crashed compiling stream-annotated loops deviceless.
 _CRASHES_ON_ANNOTATED_LOOPS = frozenset({"0.12.0.1"})
@@ -206,14 +207,18 @@ def _figures(hlo: str, gpu: str = "h200", command_buffers: str = "lhs") -> Sched
 
 def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: int = 1,
                 mesh: Any = None, allow_known_crashes: bool = False,
-                command_buffers: str = "lhs", **options: Any) -> GpuPreview:
+                command_buffers: str = "lhs", kwargs: Mapping[str, Any] | None = None,
+                static_argnums: int | Iterable[int] | None = None,
+                static_argnames: str | Iterable[str] | None = None,
+                **options: Any) -> GpuPreview:
     """Compiles ``fn`` with and without jaxpar for a GPU, deviceless, and compares.
 
     Args:
       fn: the function (undecorated, or decorated with ``parallel_branches``, whose
-        options are then the starting point).
-      *args: arrays or ``jax.ShapeDtypeStruct`` s (with shardings on ``mesh`` for
-        several devices); pytrees allowed.
+        options and static arguments are then the starting point).
+      *args: ``fn``'s positional arguments, as ``parallel_branches(fn)`` takes them:
+        arrays or ``jax.ShapeDtypeStruct`` s (with shardings on ``mesh`` for several
+        devices), pytrees, Equinox modules, Flax NNX objects, static values.
       gpu: ``"h200"`` or ``"h100"`` (target descriptions shipped with jaxpar).
       devices: GPUs on a 1-D mesh ``("x",)`` when ``mesh`` is not given.
       mesh: a mesh from ``jaxpar._gpu_compile.make_gpu_mesh`` for sharded arguments.
@@ -221,6 +226,9 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
       command_buffers: CUDA-graph mode the estimate and verdict assume: ``"lhs"``
         (XLA's default), ``"concurrent"`` or ``"off"``; every mode's time is in
         ``estimated_us_by_mode``.
+      kwargs: ``fn``'s keyword arguments, like ``args``.
+      static_argnums, static_argnames: as for ``parallel_branches``; the static
+        arguments are bound for both compiles.
       **options: ``parallel_branches`` options; ``target`` is always ``"gpu"``.
 
     Returns:
@@ -234,7 +242,8 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
       ValueError: unknown ``gpu`` or ``devices < 1``; bad options.
       TypeError: an unknown option (with the closest valid name).
     """
-    check_known(options, (*Options.names(), "gpu", "devices", "mesh", "allow_known_crashes"))
+    check_known(options, (*Options.names(), "gpu", "devices", "mesh", "allow_known_crashes",
+                          "command_buffers", "kwargs", "static_argnums", "static_argnames"))
     mode = CommandBuffers(command_buffers).value if command_buffers in {
         m.value for m in CommandBuffers} else None
     if mode is None:
@@ -245,10 +254,14 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         raise RuntimeError(f"gpu_preview needs the CUDA PJRT plugin: {message}")
     if isinstance(fn, ParallelBranches):
         options = {**fn.options.to_dict(), **options}
+        if static_argnums is None and static_argnames is None:
+            static_argnums, static_argnames = fn.static_argnums, fn.static_argnames
         fn = fn.__wrapped__
     options["target"] = "gpu"
-    rewritten = parallel_branches(fn, **options)
-    plan = inspect_plan(fn, **options)(*args)
+    statics = StaticArgs.resolve(fn, static_argnums, static_argnames)
+    fn_kwargs = dict(kwargs or {})
+    plan = inspect_plan(fn, static_argnums=statics.nums, static_argnames=statics.names,
+                        **options)(*args, **fn_kwargs)
     if (not allow_known_crashes and jax.lib.__version__ in _CRASHES_ON_ANNOTATED_LOOPS
             and _regions_hold_loops(plan)):
         raise RuntimeError(
@@ -258,8 +271,15 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
             "allow_known_crashes=True to try anyway.")
     compile_options = {"gpu": gpu, "mesh": mesh} if mesh is not None else {
         "gpu": gpu, "devices": devices}
-    plain = _figures(_gpu_compile.compile_for_gpu(fn, *args, **compile_options), gpu, mode)
-    fast = _figures(_gpu_compile.compile_for_gpu(rewritten, *args, **compile_options), gpu, mode)
+    # Both programs over the array leaves alone, static values bound (eqx.filter_jit's and
+    # nnx.jit's splits included), so plain jax.jit compiles what parallel_branches runs.
+    with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
+        plain = _figures(_gpu_compile.compile_for_gpu(flat, *leaves, **compile_options), gpu,
+                         mode)
+    with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
+        rewritten = parallel_branches(flat, **options)
+        fast = _figures(_gpu_compile.compile_for_gpu(rewritten, *leaves, **compile_options),
+                        gpu, mode)
     count = mesh.devices.size if mesh is not None else devices
     return GpuPreview(gpu, count, plain, fast, plan)
 

@@ -4,8 +4,12 @@ Arguments are pytrees (positional and keyword). Their leaves split, as
 ``eqx.filter_jit`` splits them, into traced leaves (arrays, and Python scalars
 as ``jax.jit`` traces them) and static leaves (other hashable values such as
 functions or strings, and the arguments named by ``static_argnums`` /
-``static_argnames``), which key the cache by value. The jaxpr is traced from
-abstract values only, so one trace serves every call with the same signature.
+``static_argnames``), which key the cache by value. When an argument holds an
+Equinox module, Python scalars are static too, as in ``eqx.filter_jit``. The
+jaxpr is traced from abstract values only, so one trace serves every call with
+the same signature. Outputs split the same way: array leaves are the jaxpr's
+outputs, other leaves (functions, a returned module's static fields) come back
+as they are (``OutputStatics``).
 
 Example::
 
@@ -19,8 +23,9 @@ Sharp edges:
     under another transformation (some leaf is a tracer): there it is already a
     constant of the enclosing trace, exactly as if the function were inlined.
   * Static leaves must be hashable; unhashable non-array leaves are refused with
-    the argument's path. Flax NNX modules (graph nodes) are refused: their
-    state updates would be lost (see ``NNX_RECIPE``).
+    the argument's path. Flax NNX objects (graph nodes) reaching ``split_arguments``
+    are refused (their state updates would be lost, see ``NNX_RECIPE``);
+    ``parallel_branches`` and ``inspect`` split them first (``_frameworks``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import dataclasses
 import functools
 import inspect as _pyinspect
 import operator
-import sys
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -37,6 +42,7 @@ import jax
 import numpy as np
 
 from . import _compat
+from ._frameworks import holds_equinox_module, nnx_graph_node_check
 from ._options import did_you_mean
 
 
@@ -145,11 +151,13 @@ class Layout:
 
     ``in_tree`` is the structure of ``(args, kwargs)`` (a ``static_argnums`` value is
     one leaf); ``statics`` holds ``(leaf index, type, value)`` of every static leaf.
-    The type is part of the key because ``1 == 1.0 == True``.
+    The type is part of the key because ``1 == 1.0 == True``. ``static_scalars``: an
+    argument holds an Equinox module, so Python scalars are static (in the outputs too).
     """
 
     in_tree: Any
     statics: tuple[tuple[int, type, Any], ...]
+    static_scalars: bool = False
 
     def rebuild(self, traced: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The call's ``(args, kwargs)`` from the traced leaves and the static values."""
@@ -183,10 +191,76 @@ class Signature:
         return self.layout.in_tree
 
 
+_ARRAYS = (jax.Array, np.ndarray, np.generic)
+_PYTHON_SCALARS = (bool, int, float, complex)
+
+
+class OutputStatics:
+    """A call's output structure and its static (non-array) leaves.
+
+    A pytree node with no children, so it leaves a ``jax.jit`` through the output's
+    tree structure, as Equinox's ``Static`` does; ``rebuild`` puts the output together
+    from the array leaves.
+    """
+
+    __slots__ = ("statics", "tree")
+
+    def __init__(self, tree: Any, statics: tuple[tuple[int, Any], ...]):
+        self.tree = tree
+        self.statics = statics
+
+    def rebuild(self, dynamic: Sequence[Any]) -> Any:
+        static = dict(self.statics)
+        values = iter(dynamic)
+        leaves = [static[i] if i in static else next(values)
+                  for i in range(self.tree.num_leaves)]
+        return jax.tree_util.tree_unflatten(self.tree, leaves)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, OutputStatics) or self.tree != other.tree:
+            return False
+        if len(self.statics) != len(other.statics):
+            return False
+        return all(i == j and (a is b or _equal(a, b))
+                   for (i, a), (j, b) in zip(self.statics, other.statics, strict=True))
+
+    def __hash__(self) -> int:  # coarse: static values need not be hashable
+        return hash(len(self.statics))
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # values without a plain boolean equality are equal only to themselves
+        return False
+
+
+jax.tree_util.register_pytree_node(OutputStatics, lambda node: ((), node),
+                                   lambda node, _: node)
+
+
+def split_outputs(out: Any, static_scalars: bool) -> tuple[list[Any], OutputStatics]:
+    """The array leaves of ``out`` and the rest, as ``eqx.filter_jit`` partitions its
+    output: leaves that are not arrays (functions, strings, a module's static fields)
+    are static; Python scalars too when ``static_scalars`` or ``out`` holds an Equinox
+    module, else they become arrays as under ``jax.jit``."""
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    static_scalars = static_scalars or holds_equinox_module(out)
+    dynamic: list[Any] = []
+    static: list[tuple[int, Any]] = []
+    for index, leaf in enumerate(leaves):
+        if (isinstance(leaf, _ARRAYS) or _compat.is_tracer(leaf) or hasattr(leaf, "__jax_array__")
+                or (isinstance(leaf, _PYTHON_SCALARS) and not static_scalars)):
+            dynamic.append(leaf)
+        else:
+            static.append((index, leaf))
+    return dynamic, OutputStatics(tree, tuple(static))
+
+
 @dataclasses.dataclass(frozen=True)
 class Traced:
     jaxpr: Any  # ClosedJaxpr (jax <= 0.10) or Jaxpr with consts (0.11+)
-    out_tree: Any
+    outputs: OutputStatics  # the output structure and static leaves; the jaxpr gives the rest
     consts_are_tracers: bool
 
 
@@ -227,26 +301,6 @@ def _describe_path(fun: Callable[..., Any], path: tuple[Any, ...]) -> str:
     return (name or "argument") + jax.tree_util.keystr(tuple(rest))
 
 
-_ARRAYS = (jax.Array, np.ndarray, np.generic)
-_PYTHON_SCALARS = (bool, int, float, complex)
-
-
-def _nnx_graph_node_check() -> Callable[[Any], bool] | None:
-    """Whether a value is a Flax NNX module or other stateful object (a graph node that is
-    not a ``Variable``: the ``State`` of ``nnx.split`` holds Variables and is fine).
-    None unless the user imported flax.nnx (never imported here)."""
-    is_graph_node = getattr(sys.modules.get("flax.nnx.graph"), "is_graph_node", None)
-    variable = getattr(sys.modules.get("flax.nnx"), "Variable", None)
-    if not callable(is_graph_node):
-        return None
-    if not isinstance(variable, type):
-        return is_graph_node  # type: ignore[no-any-return]
-
-    def is_stateful_object(value: Any) -> bool:
-        return not isinstance(value, variable) and bool(is_graph_node(value))
-
-    return is_stateful_object
-
 
 def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                     statics: StaticArgs = StaticArgs(), *, allow_abstract: bool = False,
@@ -260,9 +314,12 @@ def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
       OverflowError: a Python int too large for JAX's integer type (naming it).
     """
     marked = statics.mark(args, kwargs)
-    is_graph_node = _nnx_graph_node_check()
+    is_graph_node = nnx_graph_node_check()
     leaves, in_tree = jax.tree_util.tree_flatten(marked, is_leaf=is_graph_node)
     under_trace = any(_compat.is_tracer(leaf) for leaf in leaves)
+    # eqx.filter_jit's rule: with an Equinox module among the arguments, every leaf that
+    # is not an array is static, Python scalars included (hidden_size: int, Dropout.p).
+    static_scalars = holds_equinox_module(marked)
     traced: list[Any] = []
     static: list[tuple[int, type, Any]] = []
     for index, leaf in enumerate(leaves):
@@ -270,7 +327,7 @@ def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
             if not isinstance(leaf, jax.Array) and not _compat.is_tracer(leaf):
                 _check_traceable(fun, marked, index, leaf, is_graph_node, api)
             traced.append(leaf)
-        elif isinstance(leaf, _PYTHON_SCALARS) and not under_trace:
+        elif isinstance(leaf, _PYTHON_SCALARS) and not (under_trace or static_scalars):
             _check_traceable(fun, marked, index, leaf, is_graph_node, api)
             traced.append(leaf)
         elif isinstance(leaf, jax.ShapeDtypeStruct) and allow_abstract:
@@ -307,7 +364,7 @@ def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
                     "Pass an array, make the value hashable (a tuple, a frozen dataclass), or "
                     "bind it with functools.partial or a closure before decorating.") from None
             static.append((index, type(value), value))
-    return Layout(in_tree, tuple(static)), traced
+    return Layout(in_tree, tuple(static), static_scalars), traced
 
 
 def _where(fun: Callable[..., Any], marked: Any, index: int,
@@ -348,7 +405,9 @@ def abstract(leaf: Any) -> Any:
 
 
 def _name(fun: Callable[..., Any]) -> str:
-    return f"`{getattr(fun, '__qualname__', None) or getattr(fun, '__name__', repr(fun))}`"
+    # A callable object without a name is named by its type, never by its (long) repr.
+    name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None)
+    return f"`{name or type(fun).__name__}`"
 
 
 # Errors that come from turning a traced array into a Python value: only these get the
@@ -360,9 +419,36 @@ _CONVERSION_ERRORS: tuple[type[BaseException], ...] = tuple(
     if isinstance(cls, type))
 
 
+_ARGUMENT_IN_ERROR = re.compile(r"depends on the values? of the arguments? (.+?)\.?$", re.MULTILINE)
+_SHOWN_AVALS = 8
+
+
+def _trace_error_message(fun: Callable[..., Any], sig: Signature, error: Exception) -> str:
+    """The cause first, with the argument JAX blames; the argument types last, shortened."""
+    text = str(error)
+    blamed = _ARGUMENT_IN_ERROR.search(text)
+    where = f" (argument {blamed.group(1)})" if blamed else ""
+    hint = ""
+    if isinstance(error, _CONVERSION_ERRORS):
+        hint = ("\nparallel_branches traces the function with abstract values, like "
+                "jax.jit: it must not convert traced arrays to Python values. Use jnp/lax "
+                "operations, mark the argument static (parallel_branches(f, "
+                "static_argnums=..., static_argnames=...)), or bind it with "
+                "functools.partial before decorating.")
+        if sig.layout.static_scalars:
+            hint += (" In an Equinox module, Python values (int, float, bool, functions) "
+                     "are static as in eqx.filter_jit; a field holding an array is traced: "
+                     "hold a Python value there, or declare it eqx.field(static=True).")
+    shapes = [f"{a.dtype}{list(a.shape)}" for a in sig.avals]
+    more = len(shapes) - _SHOWN_AVALS
+    shown = ", ".join(shapes[:_SHOWN_AVALS]) + (f", ... ({more} more)" if more > 0 else "")
+    return (f"jaxpar could not trace {_name(fun)}{where}: {type(error).__name__}: {text}{hint}"
+            f"\nTraced with {len(shapes)} array argument(s): {shown or 'none'}.")
+
+
 def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
     """Traces ``fun`` at ``sig`` to a closed jaxpr over the traced leaves."""
-    out_tree_box: list[Any] = []
+    out_tree_box: list[OutputStatics] = []
     layout = sig.layout
 
     # jax names traced arguments after the wrapped function's parameters (``n``,
@@ -370,25 +456,14 @@ def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
     @functools.wraps(fun)
     def call(*args: Any, **kwargs: Any) -> list[Any]:
         full_args, full_kwargs = layout.rebuild(jax.tree_util.tree_leaves((args, kwargs)))
-        out = fun(*full_args, **full_kwargs)
-        flat_out, out_tree = jax.tree_util.tree_flatten(out)
-        out_tree_box.append(out_tree)
+        flat_out, outputs = split_outputs(fun(*full_args, **full_kwargs), layout.static_scalars)
+        out_tree_box.append(outputs)
         return flat_out
 
     args, kwargs = layout.traced_arguments(sig.avals)
     try:
         jaxpr = jax.make_jaxpr(call)(*args, **kwargs)
     except Exception as error:
-        shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in sig.avals)
-        hint = ""
-        if isinstance(error, _CONVERSION_ERRORS):
-            hint = ("\nparallel_branches traces the function with abstract values, like "
-                    "jax.jit: it must not convert traced arrays to Python values. Use jnp/lax "
-                    "operations, mark the argument static (parallel_branches(f, "
-                    "static_argnums=..., static_argnames=...)), or bind it with "
-                    "functools.partial before decorating.")
-        raise TraceError(
-            f"jaxpar could not trace {_name(fun)} with arguments ({shapes}): "
-            f"{type(error).__name__}: {error}{hint}") from error
+        raise TraceError(_trace_error_message(fun, sig, error)) from error
     _, consts = _compat.open_jaxpr(jaxpr)
     return Traced(jaxpr, out_tree_box[-1], any(_compat.is_tracer(c) for c in consts))

@@ -174,8 +174,8 @@ LAYERS = (
     ("_compat",), ("_primitives",), ("_options",), ("_structure",), ("_loops",),
     ("_interp",), ("_graph",), ("_cost",), ("_analysis",), ("_price",), ("passes",),
     ("_plan",), ("_emit", "_emit_collectives"), ("_timeline", "_render", "_inspect"),
-    ("_trace", "_api"), ("_gpu_compile", "_schedule", "_estimate", "_preview", "_flags",
-                         "_deviceless"),
+    ("_trace", "_frameworks", "_api"),
+    ("_gpu_compile", "_schedule", "_estimate", "_preview", "_flags", "_deviceless"),
     ("", "_cli", "__main__"),
 )
 

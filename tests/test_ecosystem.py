@@ -19,9 +19,9 @@ Example::
 Sharp edges:
     The extra libraries are test-only; `tests/requirements-ecosystem.txt` pins versions known
     to work with each supported jax. A test whose library is missing is skipped, not failed.
-    Equinox modules hold non-array leaves (activation functions), which jaxpar rejects as
-    arguments, so the Equinox test splits the model with `eqx.partition` first, as its
-    documentation does for `jax.jit`.
+    `check_against_jit` compares with `jax.jit`, so its Equinox programs take the arrays
+    split off with `eqx.partition`; whole modules and training steps, compared with
+    `eqx.filter_jit` and `nnx.jit`, are in `test_ecosystem_steps.py`.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def test_flax_nnx_multibranch_mlp():
                       batch_branches=False, batch_matmuls=False)
 
 
-def test_flax_nnx_module_is_refused_and_the_recipe_keeps_batchnorm_state():
+def test_flax_nnx_module_argument_keeps_batchnorm_state_as_nnx_jit_does():
     nnx = pytest.importorskip("flax.nnx")
 
     class Net(nnx.Module):
@@ -200,19 +200,18 @@ def test_flax_nnx_module_is_refused_and_the_recipe_keeps_batchnorm_state():
             return self.norm(jnp.tanh(self.linear(x)))
 
     x = _normal(5, (16, 8))
-    model = Net(nnx.Rngs(0))
-    # Passing the module would trace a copy: the BatchNorm statistics would never update.
-    decorated = jaxpar.parallel_branches(lambda net, x: net(x), target="cpu")
-    with pytest.raises(TypeError, match=r"argument `net` .*Flax NNX Net.*lost silently"
-                                        r"(.|\n)*nnx\.split(.|\n)*nnx\.update") as info:
-        decorated(model, x)
-    assert "nnx.merge" in str(info.value)
-    with pytest.raises(TypeError, match="Flax NNX Net"):  # also inside nnx.jit
-        nnx.jit(lambda net, x: decorated(net, x))(model, x)
-
-    # The recipe from the error: state in, updated state out, written back.
+    # The module as an argument: as under nnx.jit, the BatchNorm statistics the call
+    # updates reach the caller's module, also when the call sits inside nnx.jit.
     reference = Net(nnx.Rngs(0))
     want = nnx.jit(lambda net, x: net(x))(reference, x)
+    for wrap in (lambda f: f, nnx.jit):
+        model = Net(nnx.Rngs(0))
+        decorated = jaxpar.parallel_branches(lambda net, x: net(x), target="cpu")
+        _assert_trees_close(wrap(lambda net, x, f=decorated: f(net, x))(model, x), want)
+        _assert_trees_close(model.norm.mean[...], reference.norm.mean[...])
+
+    # The explicit form: state in, updated state out, written back.
+    model = Net(nnx.Rngs(0))
     graphdef, state = nnx.split(model)
 
     @jaxpar.parallel_branches(target="cpu")

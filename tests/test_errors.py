@@ -211,8 +211,26 @@ def test_shape_error_names_the_shapes():
         return x @ y
 
     g = jaxpar.parallel_branches(mismatched)
-    with pytest.raises(jaxpar.TraceError, match=r"mismatched.*float32\[2, 3\], float32\[4, 5\]"):
+    with pytest.raises(jaxpar.TraceError,
+                       match=r"mismatched(.|\n)*float32\[2, 3\], float32\[4, 5\]"):
         g(jnp.ones((2, 3)), jnp.ones((4, 5)))
+
+
+def test_trace_error_puts_the_cause_and_argument_first_and_shortens_the_types():
+    def steer_by(params, n):
+        return params["w0"] * 2 if n > 0 else params["w0"]
+
+    params = {f"w{i}": jnp.ones((i + 1, 2)) for i in range(20)}
+    g = jaxpar.parallel_branches(steer_by)
+    with pytest.raises(jaxpar.TraceError) as info:
+        g(params, 3)
+    first, *rest = str(info.value).splitlines()
+    assert first.startswith("jaxpar could not trace `"), first
+    assert "(argument n): TracerBoolConversionError" in first, first
+    assert "float32" not in first, first
+    types = next(line for line in rest if line.startswith("Traced with 21 array argument(s)"))
+    assert types.endswith("... (13 more)."), types
+    assert len(types) < 200, types
 
 
 # --- arrays JAX cannot trace, and errors from inside the trace, name the argument ----------

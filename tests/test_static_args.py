@@ -12,6 +12,7 @@ import pytest
 from helpers import assert_tree_equal
 
 import jaxpar
+from jaxpar import _deviceless
 
 
 def layers(x, w, n, *, scale=1.0):
@@ -171,3 +172,22 @@ def test_equinox_module_with_function_leaves():
     want_grads = eqx.filter_jit(eqx.filter_grad(loss))(model, xs)
     jax.tree_util.tree_map(np.testing.assert_array_equal, eqx.filter(grads, eqx.is_array),
                            eqx.filter(want_grads, eqx.is_array))
+
+
+# --- gpu_preview takes them like the decorator --------------------------------------------
+
+
+@pytest.mark.skipif(not _deviceless.plugin_status()[0], reason="needs the CUDA plugin")
+def test_gpu_preview_takes_static_and_keyword_arguments():
+    # n steers the trace (a Python loop), scale is a keyword argument.
+    preview = jaxpar.gpu_preview(layers, X, W, 3, static_argnums=2, kwargs={"scale": 2.0},
+                                 batch_matmuls=False)
+    want = jaxpar.inspect(layers, target="gpu", static_argnums=2, batch_matmuls=False)(
+        X, W, 3, scale=2.0)
+    assert preview.plan.num_eqns == want.num_eqns
+    assert preview.plain.kernels == preview.jaxpar.kernels >= 3  # three dependent matmuls
+    # A decorated function brings its static arguments along.
+    decorated = jaxpar.parallel_branches(layers, static_argnames="n", batch_matmuls=False)
+    again = jaxpar.gpu_preview(decorated, X, W, kwargs={"n": 3, "scale": 2.0})
+    assert again.plan.num_eqns == want.num_eqns
+    assert again.plain.kernels == preview.plain.kernels
