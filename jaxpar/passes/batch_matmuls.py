@@ -61,8 +61,7 @@ from .. import _compat
 from .._analysis import Analysis
 from .._cost import CostModel
 from .._graph import Graph
-from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE
-from .._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
+from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
 from ._shared import stage_depths
 from ._walk import (
     KIND_BATCHED_MATMULS,
@@ -127,7 +126,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
 def _batchable(eqn: Any) -> bool:
     return (eqn.primitive.name in BATCHED_PRIMITIVES and not eqn.effects
-            and eqn.primitive.name not in COLLECTIVE_PRIMITIVES
+            and not is_collective(eqn)
             and not _compat.eqn_frontend_attributes(eqn))
 
 
