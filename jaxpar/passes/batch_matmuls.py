@@ -53,6 +53,8 @@ Sharp edges:
     different algorithm for a batched matmul.
   * Stacks of a scan body's inputs are built inside the body, every trip; XLA
     fuses them with the slicing of ``xs``.
+  * Members are oriented (``_orient``) only where a level has at most 32 square matrix
+    products that read the same either way; beyond that they run as written.
 """
 
 from __future__ import annotations
@@ -338,8 +340,8 @@ def _orient(eqns: Sequence[Any], groups: list[_Group]) -> list[_Group]:
     """
     free = [(g, m) for g, group in enumerate(groups)
             for m, alternative in enumerate(group.alternatives) if alternative is not None]
-    if not free:
-        return groups
+    if not free or len(free) > _MAX_ORIENTED:
+        return groups  # the search grows with the square of the members: keep them as written
     chains = _chains(eqns, groups, free)
 
     def build(turned: frozenset[tuple[int, int]]) -> list[_Group]:
@@ -378,8 +380,10 @@ def _orient(eqns: Sequence[Any], groups: list[_Group]) -> list[_Group]:
     return build(best)
 
 
-# Chain combinations ``_orient`` tries exhaustively (2 ** this many at most).
+# Chain combinations ``_orient`` tries exhaustively (2 ** this many at most), and the
+# most members it orients at one level.
 _MAX_EXHAUSTIVE = 8
+_MAX_ORIENTED = 32
 
 
 def _chains(eqns: Sequence[Any], groups: list[_Group], free: list[tuple[int, int]]
