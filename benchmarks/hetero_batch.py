@@ -18,6 +18,10 @@ Programs (``--size full``; ``quick`` and ``smoke`` shrink the steps and widths):
 * ``transposed_pair``: a ``[64, 100]`` state through ``h @ x`` in one body and
   ``einsum('ij,bi->jb', x, h)`` (the same product, operands swapped, result transposed)
   in the other;
+* ``crossed_pair``: three matmuls per body, operand order crossed: ``c @ x @ x @ x``
+  beside ``x @ x @ x @ c``;
+* ``crossed_cells``: three matmuls per body with activations between, ``h @ x`` in one
+  body and ``x @ h`` in the other;
 * ``hetero_ensemble``: four MLPs of one width with four different activations;
 * ``experts``: a mixture of 4 same-width experts with different activations, gated;
 * ``multi_head``: four attention heads written as branches, each with its own mask.
@@ -118,6 +122,36 @@ def transposed_pair(h1: Any, h2: Any, xs1: Any, xs2: Any) -> Any:
     return lax.scan(_row_cell, h1, xs1)[0], lax.scan(_column_cell, h2, xs2)[0]
 
 
+def _right_chain(c: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+    return 0.9 * c + jnp.tanh(c @ x @ x @ x), None
+
+
+def _left_chain(c: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+    return c + 0.1 * jnp.sin(x @ x @ x @ c), None
+
+
+def crossed_pair(a: Any, b: Any, xs1: Any, xs2: Any) -> Any:
+    """Three matmuls per body, operand order crossed: ``c @ x @ x @ x`` beside
+    ``x @ x @ x @ c``."""
+    return lax.scan(_right_chain, a, xs1)[0], lax.scan(_left_chain, b, xs2)[0]
+
+
+def _right_cell(c: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+    h = jax.nn.relu(jnp.tanh(c @ x) @ x)
+    return 0.9 * c + jnp.sin(h @ x), None
+
+
+def _left_cell(c: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+    h = jax.nn.sigmoid(x @ jnp.tanh(x @ c))
+    return c + 0.1 * jax.nn.gelu(x @ h), None
+
+
+def crossed_cells(a: Any, b: Any, xs1: Any, xs2: Any) -> Any:
+    """Three matmuls per body with activations between, operand order crossed: ``h @ x``
+    in one body, ``x @ h`` in the other."""
+    return lax.scan(_right_cell, a, xs1)[0], lax.scan(_left_cell, b, xs2)[0]
+
+
 def state_args(batch: int, n: int, steps: int) -> tuple[jax.Array, ...]:
     keys = jax.random.split(jax.random.PRNGKey(1), 4)
     return (jax.random.normal(keys[0], (batch, n)) / n, jax.random.normal(keys[1], (batch, n)) / n,
@@ -201,6 +235,8 @@ PROGRAMS: dict[str, tuple[Callable[..., Any], Callable[..., tuple[Any, ...]],
     "seed_002_hand_vmap": (seed_002_hand_vmap, seed_args, _SEED_SIZES),
     "rnn_pair": (rnn_pair, seed_args, _SEED_SIZES),
     "transposed_pair": (transposed_pair, state_args, _STATE_SIZES),
+    "crossed_pair": (crossed_pair, seed_args, _SEED_SIZES),
+    "crossed_cells": (crossed_cells, seed_args, _SEED_SIZES),
     "hetero_ensemble": (hetero_ensemble, ensemble_args, {
         "full": {"batch": 256, "width": 256, "depth": 3},
         "quick": {"batch": 128, "width": 256, "depth": 3},

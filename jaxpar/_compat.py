@@ -44,6 +44,7 @@ except ImportError:  # jax 0.8 - 0.10
     )
 
 from jax._src import core as _core
+from jax._src import sharding_impls as _sharding_impls
 from jax._src import source_info_util as _source_info_util
 
 __all__ = [
@@ -379,6 +380,32 @@ def bind_eqn(eqn: Any, invals: Sequence[Any], params: dict[str, Any] | None = No
           eqn.ctx.manager):
         out = eqn.primitive.bind(*invals, **bind_params)
     return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def plain_call_body(eqn: Any) -> tuple[str, Any] | None:
+    """``(name, body)`` of a nested ``jit`` or ``closed_call`` that only names its body:
+    no shardings, layouts, donation or compiler options of its own. XLA inlines such a
+    call (``CallInliner``), so inlining it in the jaxpr changes only the op names; None
+    for any other equation.
+
+    ``jit`` parameters (0.10.2 - 0.12): ``jaxpr, in_shardings, out_shardings,
+    in_layouts, out_layouts, donated_invars, ctx_mesh, name, keep_unused, inline,
+    compiler_options_kvs``; ``closed_call``: ``call_jaxpr`` alone.
+    """
+    params = eqn.params
+    if "in_shardings" in params and "jaxpr" in params:
+        if not all(isinstance(s, _sharding_impls.UnspecifiedValue)
+                   for s in (*params["in_shardings"], *params["out_shardings"])):
+            return None
+        if any(layout is not None for layout in (*params.get("in_layouts", ()),
+                                                 *params.get("out_layouts", ()))):
+            return None
+        if any(params.get("donated_invars", ())) or params.get("compiler_options_kvs"):
+            return None
+        return str(params.get("name", eqn.primitive.name)), params["jaxpr"]
+    if set(params) == {"call_jaxpr"}:
+        return eqn.primitive.name, params["call_jaxpr"]
+    return None
 
 
 _JAXPAR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep

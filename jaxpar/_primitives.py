@@ -97,6 +97,25 @@ COLLECTIVE = _family(
     "reduce_scatter_p", "psum_invariant_p", "all_gather_invariant_p", "pbroadcast_p",
     "ragged_all_to_all_p")
 
+# Collectives whose ``axes`` may hold positional (integer) axes. ``jax.vmap(f,
+# axis_name=...)`` inside a traced function resolves ``psum``/``pmean`` over its axis
+# into these, over the mapped positional axis: JAX lowers that part to a ``reduce`` on
+# this device, so over positional axes alone nothing is communicated.
+AXES_REDUCTIONS = _family("AXES_REDUCTIONS", "psum_p", "pmax_p", "pmin_p")
+
+
+def is_collective(eqn: Any) -> bool:
+    """Whether ``eqn`` communicates across devices: a ``COLLECTIVE`` primitive, unless it
+    is one of ``AXES_REDUCTIONS`` over positional axes only (a local reduction, e.g. the
+    batch statistics of a BatchNorm under ``jax.vmap(..., axis_name=...)``)."""
+    name = eqn.primitive.name
+    if name not in COLLECTIVE:
+        return False
+    if name in AXES_REDUCTIONS:
+        return not all(isinstance(axis, int) for axis in eqn.params.get("axes", ("?",)))
+    return True
+
+
 # Collectives the collectives pass groups unless told otherwise.
 DEFAULT_GROUPABLE = frozenset({PPERMUTE})
 
@@ -194,6 +213,8 @@ BATCH_FAITHFUL = _family(
     "reduce_p", "reduce_and_p", "reduce_max_p", "reduce_min_p", "reduce_or_p", "reduce_prod_p",
     "reduce_sum_p", "reduce_window_p", "reduce_window_max_p", "reduce_window_min_p",
     "reduce_window_sum_p", "reduce_xor_p", "sort_p", "top_k_p", "approx_top_k_p",
+    # reductions over positional axes (checked by their rule: named axes communicate)
+    "psum_p", "pmax_p", "pmin_p",
     # contractions and transforms
     "dot_general_p", "conv_general_dilated_p", "fft_p",
     # threefry random bits and keys (the key type is checked: see BATCH_KEYED_RANDOM)

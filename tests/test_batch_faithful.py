@@ -334,5 +334,18 @@ def test_allow_list_names_exist() -> None:
 
     assert _shared.FAITHFUL_PRIMITIVES <= _compat.all_primitive_names()
     assert {"add", "dot_general", "jit", "scan", "cond", "while"} <= _shared.FAITHFUL_PRIMITIVES
-    for absent in ("rng_bit_generator", "psum", "sharding_constraint"):
+    for absent in ("rng_bit_generator", "ppermute", "all_gather", "sharding_constraint"):
         assert absent not in _shared.FAITHFUL_PRIMITIVES
+
+
+def test_psum_batches_only_over_positional_axes() -> None:
+    """A psum over a vmap axis name (positional axes in the jaxpr) is a local reduction
+    and batches; over a named axis it communicates and does not."""
+    from jaxpar.passes import _shared
+
+    x = jnp.ones((4, 3))
+    local = jax.make_jaxpr(jax.vmap(lambda v: jax.lax.psum(v, "b"), axis_name="b"))(x)
+    named = jax.make_jaxpr(lambda v: jax.lax.psum(v, "i"), axis_env=[("i", 2)])(x)
+    assert _shared.equation_refusal(local.jaxpr.eqns[0], [True]) is None
+    why = _shared.equation_refusal(named.jaxpr.eqns[0], [True])
+    assert why is not None and "named axis" in why

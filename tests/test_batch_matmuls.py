@@ -118,7 +118,8 @@ def test_inspect_reports_each_batched_group() -> None:
     assert "batched matmuls: dot_general, dot_general" in plan.to_svg()
 
 
-@pytest.mark.parametrize("name", ["rnn_pair", "transposed_pair"])
+@pytest.mark.parametrize("name", ["rnn_pair", "transposed_pair", "crossed_pair",
+                                  "crossed_cells"])
 def test_own_pairs_values_and_grads(name: str) -> None:
     args = bench.program_args(name, "smoke")
     after, decisions = _passes(bench.PROGRAMS[name][0], *args)
@@ -167,6 +168,23 @@ def test_swapped_operand_order_is_matched() -> None:
     swapped = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS
                and "operands swapped" in d.reason]
     assert len(swapped) == 1
+    assert _batched_dots(after) == 2
+    _check_values_and_grads(f, *args)
+
+
+def test_crossed_operand_order_stays_stacked() -> None:
+    """``h @ x`` beside ``y @ h``: one member reads its operands transposed throughout,
+    so the chain stays stacked and the ``x`` column is stacked once."""
+    def f(a: Any, b: Any, x: Any, y: Any) -> Any:
+        return (jnp.tanh(a) @ x) @ x, y @ (y @ jnp.sin(b))
+
+    args = _square(5, 4)
+    after, decisions = _passes(f, *args)
+    batched = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    assert len(batched) == 2
+    assert "1 already-stacked" in batched[1].reason
+    assert all("2 operands read transposed" in d.reason for d in batched)
+    assert _count(after, "concatenate") + _count(after, "stack") == 2
     assert _batched_dots(after) == 2
     _check_values_and_grads(f, *args)
 
@@ -334,6 +352,22 @@ def test_seed_002_launches_at_most_the_hand_vmap() -> None:
     assert counted["launches"] <= 100_003
     hand = bench.count(bench.seed_002_hand_vmap, args)
     assert counted["launches"] <= hand["launches"]
+
+
+@needs_plugin
+def test_crossed_pair_launches_at_most_six_tenths_of_plain() -> None:
+    args = jax.eval_shape(lambda: bench.program_args("crossed_pair", "quick"))
+    plain = bench.count(bench.crossed_pair, args)
+    counted = bench.count(jaxpar.parallel_branches(bench.crossed_pair, target="gpu"), args)
+    assert counted["launches"] <= 0.6 * plain["launches"]
+
+
+@needs_plugin
+def test_crossed_cells_chain_through_transposed_reads() -> None:
+    args = jax.eval_shape(lambda: bench.program_args("crossed_cells", "quick"))
+    plain = bench.count(bench.crossed_cells, args)
+    counted = bench.count(jaxpar.parallel_branches(bench.crossed_cells, target="gpu"), args)
+    assert counted["launches"] <= 0.62 * plain["launches"]
 
 
 _GUARD_PAIRS = [

@@ -106,8 +106,8 @@ def test_loop_defaults_come_from_the_options():
 def test_table_rows_are_unique_and_run_in_order():
     names = [p.name for p in PASSES]
     assert len(set(names)) == len(names)
-    assert names == ["share_common", "make_loops_static", "batch_scans", "fuse_scans",
-                     "batch_branches", "batch_matmuls", "unroll_scans"]
+    assert names == ["share_common", "inline_twin_calls", "make_loops_static", "batch_scans",
+                     "fuse_scans", "batch_branches", "batch_matmuls", "unroll_scans"]
 
 
 def test_decisions_carry_the_pass_name_and_an_enum_kind():
@@ -225,7 +225,8 @@ def test_analysis_takes_settings():
 
 def _every_pass_program(ws, x, h):
     """Something for each row: twin equations, a counting while, identical and different
-    scans, identical ensemble members, same-shaped matmuls of different members."""
+    scans, identical ensemble members, same-shaped matmuls of different members, twin
+    nested jit calls."""
     shared = jnp.sin(x) + jnp.sin(x)  # share_common: two equal sin
     count = lax.fori_loop(0, jnp.int32(5), lambda i, c: c + i, jnp.int32(1))  # static while
     body = lambda c, xs: (jnp.tanh(c @ ws[0] + xs), None)
@@ -234,8 +235,12 @@ def _every_pass_program(ws, x, h):
     s3, _ = lax.scan(lambda c, xs: (jnp.sin(c) * xs, None), h, jnp.ones((4, 8)))  # another
     members = [jnp.tanh(jnp.tanh(x @ w) @ w) for w in ws]  # identical members
     mixed = jnp.tanh(x @ ws[0]).sum() + jnp.sin(x @ ws[1]).sum()  # different members
+    twins = _jitted_layer(x, ws[2]) * _jitted_layer(x * 2.0, ws[3])  # twin nested jits
     return shared.sum() * count + s1.sum() + s2.sum() + s3.sum() + sum(
-        m.sum() for m in members) + mixed
+        m.sum() for m in members) + mixed + twins.sum()
+
+
+_jitted_layer = jax.jit(lambda x, w: jnp.sin(x @ w))
 
 
 @pytest.mark.parametrize("row", PASSES, ids=lambda row: row.name)

@@ -103,3 +103,66 @@ def test_grad_of_vmap():
 
     assert_tree_close(jax.grad(loss(g), argnums=(0, 1))(xs, ws),
                       jax.grad(loss(pair), argnums=(0, 1))(xs, ws), 1e-5, 1e-5)
+
+
+# ---------------------------------------------------------------- a psum over a vmap axis name
+
+
+def _batch_norm(x):
+    """What Equinox's and Flax's BatchNorm with ``axis_name`` compute, per example."""
+    mean = jax.lax.pmean(x, "batch")
+    var = jax.lax.pmean((x - mean) ** 2, "batch")
+    return (x - mean) / jnp.sqrt(var + 1e-5)
+
+
+def _tower(w1, w2, x):
+    h = jax.vmap(_batch_norm, axis_name="batch")(jnp.tanh(x @ w1))
+    return jnp.tanh(h @ w2)
+
+
+def _two_towers(p, q, x):
+    return (_tower(*p, x) * _tower(*q, x)).sum()
+
+
+def _towers_args(width=32):
+    k = jax.random.split(jax.random.PRNGKey(0), 5)
+    p = (jax.random.normal(k[0], (width, width)) / 6, jax.random.normal(k[1], (width, width)) / 6)
+    q = (jax.random.normal(k[2], (width, width)) / 6, jax.random.normal(k[3], (width, width)) / 6)
+    return p, q, jax.random.normal(k[4], (16, width))
+
+
+def test_psum_over_a_vmap_axis_is_a_local_reduction():
+    from jaxpar._primitives import is_collective
+
+    x = jnp.ones((4, 3))
+    local = jax.make_jaxpr(jax.vmap(_batch_norm, axis_name="batch"))(x)
+    psums = [e for e in local.jaxpr.eqns if e.primitive.name == "psum"]
+    assert psums and all(e.params["axes"] == (0,) for e in psums)  # positional: vmap's
+    assert not any(is_collective(e) for e in psums)
+    named = jax.make_jaxpr(lambda v: jax.lax.psum(v, "i"), axis_env=[("i", 2)])(x)
+    assert is_collective(named.jaxpr.eqns[0])  # a named axis communicates
+
+
+def test_work_around_a_vmap_axis_psum_is_placed_in_regions():
+    args = _towers_args()
+    options = dict(target="gpu", force_streams=True, batch_branches=False, batch_matmuls=False)
+    plan = jaxpar.inspect(_two_towers, **options)(*args)
+    assert plan.sections and len(plan.sections[0].regions) == 2
+    assert "collective" not in str(plan)
+    g = jaxpar.parallel_branches(_two_towers, **options)
+    assert len(stream_calls(lower_for_gpu(g, *args))) == 2
+    assert_tree_close(g(*args), jax.jit(_two_towers)(*args), rtol=1e-5, atol=1e-5)
+    assert_tree_close(jax.grad(g, argnums=(0, 1))(*args),
+                      jax.jit(jax.grad(_two_towers, argnums=(0, 1)))(*args),
+                      rtol=1e-4, atol=1e-5)
+
+
+def test_towers_with_vmap_axis_psums_are_batched():
+    args = _towers_args()
+    plan = jaxpar.inspect(_two_towers, target="gpu")(*args)
+    assert [s.kind for s in plan.subgraphs] == ["batched subgraphs"]
+    g = jaxpar.parallel_branches(_two_towers, target="gpu")
+    assert_tree_close(g(*args), jax.jit(_two_towers)(*args), rtol=1e-5, atol=1e-5)
+    assert_tree_close(jax.grad(g, argnums=(0, 1))(*args),
+                      jax.jit(jax.grad(_two_towers, argnums=(0, 1)))(*args),
+                      rtol=1e-4, atol=1e-5)

@@ -42,7 +42,7 @@ from typing import Any
 
 from .. import _compat, _primitives
 from .._graph import Graph, build_graph
-from .._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
+from .._primitives import is_collective
 from .plans import RegionPlan, SectionPlan
 
 __all__ = [
@@ -193,7 +193,8 @@ def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
     eqns = jaxpr.eqns
     excluded = frozenset(exclude)
     candidates = [i for i, eqn in enumerate(eqns)
-                  if eqn.primitive.name in groupable and i in graph.live and i not in excluded
+                  if eqn.primitive.name in groupable and is_collective(eqn)
+                  and i in graph.live and i not in excluded
                   and not _compat.ordering_effects(eqn)
                   and not _compat.eqn_frontend_attributes(eqn)]
     is_candidate = set(candidates)
@@ -217,7 +218,7 @@ def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
     report = []
     for i, eqn in enumerate(eqns):
         name = eqn.primitive.name
-        if name not in COLLECTIVE_PRIMITIVES and name not in groupable:
+        if not is_collective(eqn) and name not in groupable:
             continue
         axes = _eqn_axes(eqn)
         shift = (permutation_shift(eqn.params["perm"], _axis_size(axes, axis_sizes))

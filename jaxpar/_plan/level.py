@@ -42,10 +42,10 @@ from .._graph import (
     contract,
 )
 from .._options import Options
+from .._primitives import is_collective
 from .collectives import CollectiveGroup, group_collectives, overlap_collectives
 from .heavy import HeavyOrder, heavy_order
 from .plans import (
-    COLLECTIVE_PRIMITIVES,
     MAX_HEAVY,
     REASON_ANNOTATED,
     REASON_COLLECTIVE,
@@ -160,7 +160,7 @@ def _blocked(eqns: Sequence[Any], ctx: PlanContext) -> dict[int, str]:
             blocked[index] = REASON_ANNOTATED
         elif _compat.ordering_effects(eqn):
             blocked[index] = REASON_EFFECTFUL
-        elif eqn.primitive.name in COLLECTIVE_PRIMITIVES:
+        elif is_collective(eqn):
             blocked[index] = REASON_COLLECTIVE
     return blocked
 

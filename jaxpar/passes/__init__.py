@@ -17,6 +17,8 @@ and the ``LoopDecision``s made (each with the pass's name and a ``DecisionKind``
 * ``unroll_scans``: an unroll factor per static scan.
 
 * ``share_common``: equal equations computed once (on by default on GPUs only).
+* ``inline_twin_calls``: independent nested ``jit`` calls running one body (twin critics
+  behind ``jax.jit``) are inlined, so the two batching passes see their work.
 
 ``apply_loop_passes`` (keyword switches) and the one-pass functions named above are
 the same entry with fixed settings.
@@ -45,6 +47,7 @@ from . import batch_matmuls as _batch_matmuls
 from . import batch_scans as _batch_scans
 from . import batch_subgraphs as _batch_subgraphs
 from . import fuse_scans as _fuse_scans
+from . import inline_twins as _inline_twins
 from . import share_common as _share_common
 from . import static_loops as _static_loops
 from . import unroll as _unroll
@@ -54,6 +57,7 @@ from ._walk import (
     KIND_BATCHED_SUBGRAPHS,
     KIND_FUSED,
     KIND_HOST_SYNC,
+    KIND_INLINED,
     KIND_LEFT_ALONE,
     KIND_MADE_STATIC,
     KIND_MATMULS_LEFT_ALONE,
@@ -73,6 +77,7 @@ __all__ = [
     "KIND_BATCHED_SUBGRAPHS",
     "KIND_FUSED",
     "KIND_HOST_SYNC",
+    "KIND_INLINED",
     "KIND_LEFT_ALONE",
     "KIND_MADE_STATIC",
     "KIND_MATMULS_LEFT_ALONE",
@@ -101,6 +106,9 @@ __all__ = [
 PASSES: tuple[LoopPass, ...] = (
     LoopPass("share_common", _share_common.run, lambda s: s.share_common,
              "equal equations computed once"),
+    LoopPass("inline_twin_calls", _inline_twins.run,
+             lambda s: s.batch_branches or s.batch_matmuls,
+             "independent nested jit calls running one body are inlined for batching"),
     LoopPass("make_loops_static", _static_loops.run, lambda s: True,
              "counting whiles with static bounds become scans"),
     LoopPass("batch_scans", _batch_scans.run, lambda s: s.batch_scans,

@@ -32,7 +32,9 @@ Example::
 
 Sharp edges:
   * ``sharding_constraint``, collectives, linear-algebra decompositions and
-    custom primitives are not on the list: members using them are left alone.
+    custom primitives are not on the list: members using them are left alone. A
+    ``psum``/``pmax``/``pmin`` over positional axes only (a ``vmap`` axis name) is a
+    local reduction, and is.
   * An equation none of whose inputs is batched runs once, unbatched, so the list
     does not apply to it.
 """
@@ -180,6 +182,13 @@ def _callback_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     if eqn.params.get("vmap_method") is None and not eqn.params.get("vectorized", False):
         return (f"`pure_callback`{_where(eqn)} has no vmap_method, so "
                 "vmap cannot batch it"), []
+    return None, [True] * len(eqn.outvars)
+
+
+@_register(*sorted(_primitives.AXES_REDUCTIONS))
+def _local_reduction_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+    if _primitives.is_collective(eqn):
+        return (f"`{eqn.primitive.name}`{_where(eqn)} communicates over a named axis"), []
     return None, [True] * len(eqn.outvars)
 
 

@@ -57,6 +57,7 @@ class DecisionKind(enum.StrEnum):
     SUBGRAPHS_LEFT_ALONE = "subgraphs left alone"
     BATCHED_MATMULS = "batched matmuls"
     MATMULS_LEFT_ALONE = "matmuls left alone"
+    INLINED = "inlined calls"
 
 
 KIND_FUSED = DecisionKind.FUSED
@@ -69,12 +70,13 @@ KIND_BATCHED_SUBGRAPHS = DecisionKind.BATCHED_SUBGRAPHS
 KIND_SUBGRAPHS_LEFT_ALONE = DecisionKind.SUBGRAPHS_LEFT_ALONE
 KIND_BATCHED_MATMULS = DecisionKind.BATCHED_MATMULS
 KIND_MATMULS_LEFT_ALONE = DecisionKind.MATMULS_LEFT_ALONE
+KIND_INLINED = DecisionKind.INLINED
 _UNCHANGED_KINDS = (KIND_LEFT_ALONE, KIND_HOST_SYNC, KIND_SUBGRAPHS_LEFT_ALONE,
                     KIND_MATMULS_LEFT_ALONE)
-# Decisions of the subgraph and matmul batching passes (``batch_branches``,
-# ``batch_matmuls``); the rest are about loops.
-SUBGRAPH_KINDS = (KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALONE, KIND_BATCHED_MATMULS,
-                  KIND_MATMULS_LEFT_ALONE)
+# Decisions of the subgraph and matmul batching passes (``inline_twin_calls``,
+# ``batch_branches``, ``batch_matmuls``); the rest are about loops.
+SUBGRAPH_KINDS = (KIND_INLINED, KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALONE,
+                  KIND_BATCHED_MATMULS, KIND_MATMULS_LEFT_ALONE)
 
 # Bound on the rounds of level passes at one level (each productive round removes a loop,
 # loop trips, or a unit unroll factor, so real programs settle in a few).

@@ -18,7 +18,13 @@ XLA fuses it into the neighbouring kernels, including the stacking copies.
   only climb stages).
 * *Operand order*: a ``dot_general`` also matches with its operands swapped
   (``c @ x`` against ``x.T @ c.T``): it is emitted in the group's form and its
-  result transposed back, which XLA folds into the consumer.
+  result transposed back, which XLA folds into the consumer. A 2-D matrix product
+  reads in one form, ``lhs [m, k] @ rhs [k, n]``, with each operand transposed where
+  its contracting axis is not the form's (folded into its stacking copy), so ``x @ W``
+  and ``W @ x`` of square matrices match either way; each member is oriented so that
+  the fewest operand columns need a stack of their own (``_orient``): ``x @ W`` beside
+  ``W @ x`` over three matmuls runs the second member transposed throughout, and its
+  chain and its ``x`` column stay stacked.
 * *Chains*: a batched op whose operand is, member by member, the result of
   another batched op reads that op's stacked result directly (one rewrite holds
   both), so a chain ``X @ X @ X`` stays stacked from one matmul to the next.
@@ -26,8 +32,10 @@ XLA fuses it into the neighbouring kernels, including the stacking copies.
 * *Cost*: the target's cost model decides. A group saves one kernel launch per
   member (less the ones XLA's ``DotMerger`` already saves: members sharing an
   operand); every operand column that is neither shared nor already stacked
-  costs a stacking copy (a launch and its bytes). Groups are dropped, the least
-  worth first, until each one pays for the stacks only it needs.
+  costs a stacking copy (a launch and its bytes). A group that reads another group's
+  stacked result also spares that result being sliced apart for it (a launch), and
+  the producer is spared stacking it. Groups are dropped, the least worth first,
+  until each one pays for the stacks only it needs.
 
 Example::
 
@@ -45,13 +53,15 @@ Sharp edges:
     different algorithm for a batched matmul.
   * Stacks of a scan body's inputs are built inside the body, every trip; XLA
     fuses them with the slicing of ``xs``.
+  * Members are oriented (``_orient``) only where a level has at most 32 square matrix
+    products that read the same either way; beyond that they run as written.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,8 +71,7 @@ from .. import _compat
 from .._analysis import Analysis
 from .._cost import CostModel
 from .._graph import Graph
-from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE
-from .._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
+from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
 from ._shared import stage_depths
 from ._walk import (
     KIND_BATCHED_MATMULS,
@@ -82,30 +91,77 @@ BATCHED_PRIMITIVES = BATCHED_MATMULS
 _Column = tuple[Any, ...]
 
 
+class _Transposed(NamedTuple):
+    """A 2-D value read with its two axes swapped (in a column: a member's operand, or a
+    flipped member's result as the batched op leaves it)."""
+
+    atom: Any
+
+    @property
+    def aval(self) -> Any:  # the bytes are what the cost model reads
+        return self.atom.aval
+
+
+def _atom(read: Any) -> Any:
+    return read.atom if isinstance(read, _Transposed) else read
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reading:
+    """How one heavy op runs in a group's form: ``swapped`` operands (its result
+    transposed back) and, per operand position of the form, whether the operand is read
+    transposed (a 2-D matrix product only: folded into its stacking copy)."""
+
+    form: Hashable
+    swapped: bool
+    transposed: tuple[bool, ...]
+    params: Any
+
+    def reads(self, eqn: Any) -> tuple[Any, ...]:
+        operands = eqn.invars[::-1] if self.swapped else eqn.invars
+        return tuple(_Transposed(a) if t else a
+                     for a, t in zip(operands, self.transposed, strict=True))
+
+    def output(self, eqn: Any) -> Any:
+        out = eqn.outvars[0]
+        if not self.swapped:
+            return out
+        # A swapped 2-D product leaves its result transposed; other layouts never match.
+        return _Transposed(out) if out.aval.ndim == 2 else ("permuted", out)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class _Group:
     """Same-shaped heavy ops of one stage, run as one batched op.
 
-    ``members`` are equation indices (sorted); ``swapped[m]`` says member ``m`` is a
-    ``dot_general`` emitted with its operands swapped (its result is transposed back).
+    ``members`` are equation indices (sorted); ``readings[m]`` says how member ``m``
+    runs in the group's form; ``alternatives[m]`` is its other reading of the same form,
+    where it has one (a square matrix product reads as ``x @ w`` and as ``(w.T @ x.T).T``).
     """
 
     members: tuple[int, ...]
-    swapped: tuple[bool, ...]
+    readings: tuple[_Reading, ...]
+    alternatives: tuple[_Reading | None, ...]
     stage: int
-    params: Any  # the group's form: parameters of an unswapped member
+    params: Any  # the group's form: parameters of its members' readings
+
+    @property
+    def swapped(self) -> tuple[bool, ...]:
+        return tuple(r.swapped for r in self.readings)
 
     def columns(self, eqns: Sequence[Any]) -> list[_Column]:
-        """Per operand position of the group's form, the members' atoms."""
-        rows = [_operands(eqns[i], s) for i, s in zip(self.members, self.swapped, strict=True)]
+        """Per operand position of the group's form, the members' reads."""
+        rows = [r.reads(eqns[i]) for i, r in zip(self.members, self.readings, strict=True)]
         return [tuple(row[p] for row in rows) for p in range(len(rows[0]))]
 
     def outputs(self, eqns: Sequence[Any]) -> _Column:
-        return tuple(eqns[i].outvars[0] for i in self.members)
+        """The members' results as the batched op leaves them, stacked."""
+        return tuple(r.output(eqns[i]) for i, r in zip(self.members, self.readings, strict=True))
 
-
-def _operands(eqn: Any, swapped: bool) -> list[Any]:
-    return list(eqn.invars[::-1] if swapped else eqn.invars)
+    def chainable(self, eqns: Sequence[Any]) -> bool:
+        """Whether its stacked result can stand for a column another group reads."""
+        return not any(isinstance(o, tuple) and not isinstance(o, _Transposed)
+                       for o in self.outputs(eqns))
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
@@ -127,7 +183,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
 def _batchable(eqn: Any) -> bool:
     return (eqn.primitive.name in BATCHED_PRIMITIVES and not eqn.effects
-            and eqn.primitive.name not in COLLECTIVE_PRIMITIVES
+            and not is_collective(eqn)
             and not _compat.eqn_frontend_attributes(eqn))
 
 
@@ -146,6 +202,7 @@ def _batch_level(level: Level, costs: CostModel) -> tuple[list[Rewrite], list[Lo
     if not groups:
         return [], []
     groups.sort(key=lambda g: (g.stage, g.members))
+    groups = _orient(eqns, groups)
     launches = {g: _launches_unbatched(eqns, g) for g in groups}
     groups = [g for g in groups if launches[g] > 1]  # else XLA's DotMerger does it already
     if not groups:
@@ -176,51 +233,198 @@ def _hashable(value: Any) -> Hashable:
 
 
 def _group(eqns: Sequence[Any], candidates: list[int], stage: list[int]) -> list[_Group]:
-    """Same-shaped heavy ops of one stage. A class of ``dot_general``s whose swapped form
-    is another class's form joins the larger one (the smaller one swapped), so operands
-    are swapped only where that is what makes the members match."""
+    """Same-shaped heavy ops of one stage. A class whose swapped form is another class's
+    form joins the larger one (the smaller one swapped), so operands are swapped only
+    where that is what makes the members match; members that read the same either way
+    are oriented afterwards (``_orient``)."""
     classes: dict[Hashable, list[int]] = {}
     swapped_keys: dict[Hashable, Hashable] = {}
-    # form -> its swapped form (None: not swappable); the swapped form depends only on
-    # the form, and most forms recur over many stages.
-    swapped_forms: dict[Hashable, Hashable | None] = {}
+    readings: dict[int, list[_Reading]] = {}
     for index in candidates:
-        eqn = eqns[index]
-        form = _form_key(eqn.primitive.name, [v.aval for v in eqn.invars],
-                         [v.aval for v in eqn.outvars], eqn.params)
-        key: Hashable = (form, stage[index])
+        options = readings[index] = _readings(eqns[index])
+        key: Hashable = (options[0].form, stage[index])
         classes.setdefault(key, []).append(index)
-        if key not in swapped_keys:
-            if form in swapped_forms:
-                swapped_form = swapped_forms[form]
-            else:
-                swapped = _swapped_params(eqn)
-                swapped_form = None
-                if swapped is not None:
-                    lhs, rhs = eqn.invars
-                    swapped_form = _form_key(eqn.primitive.name, [rhs.aval, lhs.aval],
-                                             [_transposed_aval(eqn)], swapped)
-                swapped_forms[form] = swapped_form
-            if swapped_form is not None:
-                swapped_keys[key] = (swapped_form, stage[index])
-    joined: dict[Hashable, list[tuple[int, bool]]] = {
-        key: [(i, False) for i in found] for key, found in classes.items()}
+        if len(options) > 1 and options[1].form != options[0].form:
+            swapped_keys.setdefault(key, (options[1].form, stage[index]))
+    joined: dict[Hashable, list[tuple[int, int]]] = {
+        key: [(i, 0) for i in found] for key, found in classes.items()}
     for key in list(joined):  # first-seen order: deterministic
         partner = swapped_keys.get(key)
         if key not in joined or partner is None or partner == key or partner not in joined:
             continue
         big, small = ((key, partner) if len(joined[key]) >= len(joined[partner])
                       else (partner, key))
-        joined[big] += [(i, True) for i, _ in joined.pop(small)]
+        joined[big] += [(i, 1) for i, _ in joined.pop(small)]
     groups = []
     for found in joined.values():
         if len(found) < 2:
             continue
         found.sort()
-        plain = next(i for i, swapped in found if not swapped)
-        groups.append(_Group(tuple(i for i, _ in found), tuple(s for _, s in found),
-                             stage[plain], dict(eqns[plain].params)))
+        chosen = tuple(readings[i][r] for i, r in found)
+        alternatives = tuple(
+            readings[i][1 - r] if len(readings[i]) > 1
+            and readings[i][1 - r].form == readings[i][r].form else None for i, r in found)
+        groups.append(_Group(tuple(i for i, _ in found), chosen, alternatives,
+                             stage[found[0][0]], chosen[0].params))
     return groups
+
+
+# A matrix product in the form the batched op runs it: lhs [m, k] @ rhs [k, n].
+_MATRIX_PRODUCT = (((1,), (0,)), ((), ()))
+
+
+def _matrix_product(eqn: Any) -> tuple[int, int] | None:
+    """The contracting dimensions of a plain 2-D ``dot_general`` (one each, no batch
+    dimensions, no ``out_sharding``), or None."""
+    if eqn.primitive.name != DOT_GENERAL or eqn.params.get("out_sharding") is not None:
+        return None
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
+    lhs, rhs = eqn.invars
+    if (lhs_batch or rhs_batch or len(lhs_contract) != 1 or len(rhs_contract) != 1
+            or lhs.aval.ndim != 2 or rhs.aval.ndim != 2):
+        return None
+    return int(lhs_contract[0]), int(rhs_contract[0])
+
+
+def _transposed_2d(aval: Any, transposed: bool) -> Any:
+    return aval.update(shape=aval.shape[::-1]) if transposed else aval
+
+
+def _readings(eqn: Any) -> list[_Reading]:
+    """How ``eqn`` can run in a group: as written, then with its operands swapped.
+
+    A 2-D matrix product reads in the form ``lhs [m, k] @ rhs [k, n]`` both ways, each
+    operand transposed where its contracting axis is not the form's (``x @ W`` and
+    ``W @ x`` of square matrices then have one form, read ``(x, W)`` and
+    ``(W.T, x.T)``); other ``dot_general``s read their operands as they are.
+    """
+    name, outs = eqn.primitive.name, [v.aval for v in eqn.outvars]
+    contract = _matrix_product(eqn)
+    if contract is not None:
+        found = []
+        for swapped in (False, True):
+            order = (1, 0) if swapped else (0, 1)
+            # The form contracts the lhs's axis 1 and the rhs's axis 0.
+            transposed = tuple(contract[q] != 1 - p for p, q in enumerate(order))
+            avals = [_transposed_2d(eqn.invars[q].aval, t)
+                     for q, t in zip(order, transposed, strict=True)]
+            params = dict(eqn.params)
+            params["dimension_numbers"] = _MATRIX_PRODUCT
+            precision = params.get("precision")
+            if swapped and isinstance(precision, tuple) and len(precision) == 2:
+                params["precision"] = precision[::-1]
+            form = _form_key(name, avals, [_transposed_2d(outs[0], swapped)], params)
+            found.append(_Reading(form, swapped, transposed, params))
+        return found
+    params = dict(eqn.params)
+    found = [_Reading(_form_key(name, [v.aval for v in eqn.invars], outs, params), False,
+                      (False,) * len(eqn.invars), params)]
+    swapped_params = _swapped_params(eqn)
+    if swapped_params is not None:
+        lhs, rhs = eqn.invars
+        found.append(_Reading(_form_key(name, [rhs.aval, lhs.aval], [_transposed_aval(eqn)],
+                                        swapped_params), True, (False, False), swapped_params))
+    return found
+
+
+def _orient(eqns: Sequence[Any], groups: list[_Group]) -> list[_Group]:
+    """Groups (in stage order) with each member that reads the same either way
+    (``_Group.alternatives``) oriented so that the fewest operand columns need a stack
+    of their own: a column all members share, or one an earlier group stacked or
+    produced, costs nothing (``x @ W`` beside ``W @ x`` chained over three matmuls
+    stays stacked only with the second member read transposed throughout).
+
+    Members chained to each other (one reads the other's result) turn together: every
+    combination of such chains is tried where there are at most ``_MAX_EXHAUSTIVE``,
+    then single members are turned while that helps (bounded).
+    """
+    free = [(g, m) for g, group in enumerate(groups)
+            for m, alternative in enumerate(group.alternatives) if alternative is not None]
+    if not free or len(free) > _MAX_ORIENTED:
+        return groups  # the search grows with the square of the members: keep them as written
+    chains = _chains(eqns, groups, free)
+
+    def build(turned: frozenset[tuple[int, int]]) -> list[_Group]:
+        out = []
+        for g, group in enumerate(groups):
+            if not any((g, m) in turned for m in range(len(group.members))):
+                out.append(group)
+                continue
+            readings, alternatives = list(group.readings), list(group.alternatives)
+            for m, alternative in enumerate(group.alternatives):
+                if (g, m) in turned and alternative is not None:
+                    readings[m], alternatives[m] = alternative, readings[m]
+            out.append(dataclasses.replace(group, readings=tuple(readings),
+                                           alternatives=tuple(alternatives)))
+        return out
+
+    def score(turned: frozenset[tuple[int, int]]) -> tuple[int, int]:
+        return _stacks_needed(eqns, build(turned))
+
+    best: frozenset[tuple[int, int]] = frozenset()
+    best_score = score(best)
+    if len(chains) <= _MAX_EXHAUSTIVE:
+        for mask in range(1, 1 << len(chains)):
+            turned = frozenset(x for c, chain in enumerate(chains) if mask >> c & 1
+                               for x in chain)
+            found = score(turned)
+            if found < best_score:
+                best, best_score = turned, found
+    for _ in range(len(free) + 1):  # each round turns one member or stops
+        moves = [best ^ frozenset(chain) for chain in chains] + [best ^ {x} for x in free]
+        scored = [(score(turned), k) for k, turned in enumerate(moves)]
+        found, k = min(scored)
+        if found >= best_score:
+            break
+        best, best_score = moves[k], found
+    return build(best)
+
+
+# Chain combinations ``_orient`` tries exhaustively (2 ** this many at most), and the
+# most members it orients at one level.
+_MAX_EXHAUSTIVE = 8
+_MAX_ORIENTED = 32
+
+
+def _chains(eqns: Sequence[Any], groups: list[_Group], free: list[tuple[int, int]]
+            ) -> list[list[tuple[int, int]]]:
+    """The free members joined where one reads another's result, in first-seen order."""
+    index = {x: k for k, x in enumerate(free)}
+    parent = list(range(len(free)))
+
+    def find(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    made = {eqns[groups[g].members[m]].outvars[0]: (g, m) for g, m in free}
+    for x in free:
+        g, m = x
+        for atom in eqns[groups[g].members[m]].invars:
+            source = made.get(atom) if not _compat.is_literal(atom) else None
+            if source is not None:
+                parent[find(index[x])] = find(index[source])
+    chains: dict[int, list[tuple[int, int]]] = {}
+    for k, x in enumerate(free):
+        chains.setdefault(find(k), []).append(x)
+    return list(chains.values())
+
+
+def _stacks_needed(eqns: Sequence[Any], groups: list[_Group]) -> tuple[int, int]:
+    """Operand columns needing a stack of their own, then reads transposed or swapped."""
+    stacked: set[_Column] = set()
+    new = turned = 0
+    for group in groups:
+        for column in dict.fromkeys(group.columns(eqns)):
+            if _shared(column) or column in stacked:
+                continue
+            stacked.add(column)
+            new += 1
+        turned += sum(r.swapped + sum(r.transposed) for r in group.readings)
+        if group.chainable(eqns):
+            stacked.add(group.outputs(eqns))
+    return new, turned
 
 
 def _form_key(name: str, avals: Sequence[Any], outs: Sequence[Any], params: Any) -> Hashable:
@@ -274,7 +478,8 @@ def _launches_unbatched(eqns: Sequence[Any], group: _Group) -> int:
         return m
 
     if group.members and eqns[group.members[0]].primitive.name == DOT_GENERAL:
-        for column in group.columns(eqns):
+        for position in range(2):  # as written: what DotMerger sees
+            column = [eqns[i].invars[position] for i in group.members]
             first: dict[Any, int] = {}
             for m, atom in enumerate(column):
                 if _compat.is_literal(atom):
@@ -290,7 +495,11 @@ def _launches_unbatched(eqns: Sequence[Any], group: _Group) -> int:
 
 
 def _shared(column: _Column) -> bool:
-    return all(a is column[0] for a in column[1:])
+    """Every member reads the very same value (the same atom, transposed or not)."""
+    first = column[0]
+    if isinstance(first, _Transposed):
+        return all(isinstance(a, _Transposed) and a.atom is first.atom for a in column[1:])
+    return all(a is first for a in column[1:])
 
 
 def _stack_bytes(column: _Column) -> float:
@@ -320,7 +529,9 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
     fuses sibling concatenations and their elementwise producers). That kernel is new
     only when no stacked value comes from elementwise work: such work launched a kernel
     of its own before (a matmul does not fuse it), and the stacking kernel takes its
-    place. Groups are dropped, least worth first, until each one wins at least half a
+    place. A group whose stacked result another accepted group reads, and that reader,
+    each count a launch more: dropping either one slices the result apart or stacks it
+    again. Groups are dropped, least worth first, until each one wins at least half a
     launch more than it costs.
     """
     profile = costs.profile
@@ -332,8 +543,8 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
     producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
     cost_of = costs.eqn_cost
 
-    def elementwise(atom: Any) -> bool:
-        source = producer.get(atom)
+    def elementwise(read: Any) -> bool:
+        source = producer.get(_atom(read))
         if source is None:
             return False
         cost = cost_of(eqns[source])
@@ -347,7 +558,7 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
     accepted = list(groups)  # in stage order
     priced: dict[_Group, _Price] = {}
     for _ in range(len(groups) + 1):
-        produced = {outputs[g] for g in accepted if not any(g.swapped)}
+        produced = {outputs[g] for g in accepted if g.chainable(eqns)}
         first_user: dict[_Column, _Group] = {}
         users: dict[_Column, int] = {}
         chained: dict[_Column, int] = {}
@@ -369,6 +580,11 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
             cost += sum(_stack_bytes(c) for c in new if users[c] == 1) / profile.bandwidth
             if chained.get(outputs[g]):
                 saved += launch  # its readers would otherwise stack its results
+            if any(c in produced for c in columns[g] if not _shared(c)):
+                # Its producer's result would otherwise be sliced apart for it: a chained
+                # reader's worth, like its producer's, counts the link (crossed_pair's
+                # third matmuls, left alone without it, launched three kernels more per trip).
+                saved += launch
             priced[g] = _Price(saved, cost)
         if all(priced[g].worth > margin for g in accepted):
             break
@@ -381,7 +597,7 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
 
 
 def _chained_columns(eqns: Sequence[Any], accepted: list[_Group]) -> set[_Column]:
-    return {g.outputs(eqns) for g in accepted if not any(g.swapped)}
+    return {g.outputs(eqns) for g in accepted if g.chainable(eqns)}
 
 
 # --------------------------------------------------------------------------- rewrites
@@ -391,7 +607,7 @@ def _units(eqns: Sequence[Any], graph: Graph, accepted: list[_Group]) -> list[li
     """Accepted groups joined into rewrites: a group reading another's stacked result
     joins its rewrite, where contracting the two into one unit makes no cycle."""
     index = {g: k for k, g in enumerate(accepted)}
-    produced = {g.outputs(eqns): g for g in accepted if not any(g.swapped)}
+    produced = {g.outputs(eqns): g for g in accepted if g.chainable(eqns)}
     parent = list(range(len(accepted)))
 
     def find(k: int) -> int:
@@ -435,7 +651,7 @@ def _emitter(eqns: Sequence[Any], unit: list[_Group], graph: Graph, level_output
             made_by[eqns[i].outvars[0]] = (g, m)
     needed = {i for i in order if eqns[i].outvars[0] in level_outputs
               or any(s not in inside for s in graph.succs[i])}
-    templates = {g: eqns[g.members[g.swapped.index(False)]] for g in unit}
+    templates = {g: eqns[g.members[0]] for g in unit}
 
     def emit(invals: list[list[Any]]) -> list[list[Any] | None]:
         env: dict[Any, Any] = {}
@@ -448,6 +664,8 @@ def _emitter(eqns: Sequence[Any], unit: list[_Group], graph: Graph, level_output
         sliced: dict[Any, Any] = {}
 
         def value(atom: Any) -> Any:
+            if isinstance(atom, _Transposed):
+                return lax.transpose(value(atom.atom), (1, 0))
             if _compat.is_literal(atom):
                 return _compat.literal_value(atom)
             if atom in env:
@@ -481,7 +699,7 @@ def _emitter(eqns: Sequence[Any], unit: list[_Group], graph: Graph, level_output
                     return _compat.bind_eqn(template, ops, params)[0]
 
                 results[g] = jax.vmap(one, in_axes=tuple(axes))(*operands)
-            if not any(g.swapped):
+            if g.chainable(eqns):
                 stacked[g.outputs(eqns)] = results[g]
         return [[value(eqns[i].outvars[0]) if i in needed else None] for i in order]
 
@@ -512,10 +730,13 @@ def _batched(path: str, eqns: Sequence[Any], group: _Group, launches: int,
     reused = sum(1 for c in columns if not _shared(c) and c in chained)
     stacked = len(columns) - shared - reused
     swapped = sum(group.swapped)
+    transposed = sum(sum(r.transposed) for r in group.readings)
     reason = (f"{_describe(eqns, group)}: one batched op over {stacked} stacked, {shared} "
               f"shared and {reused} already-stacked operands; {launches} kernel launches -> 1"
               + (f"; {swapped} with operands swapped, results transposed back"
-                 if swapped else "") + f"; {_price_text(price)}")
+                 if swapped else "")
+              + (f"; {transposed} operands read transposed (in their stacking copy)"
+                 if transposed else "") + f"; {_price_text(price)}")
     return decision(path, KIND_BATCHED_MATMULS, eqns, list(group.members), trips_before=None,
                     trips_after=None, unroll=None, reason=reason,
                     members=[(i,) for i in group.members], stage=group.stage,

@@ -69,7 +69,7 @@ from .. import _compat
 from .._analysis import Analysis
 from .._cost import ZERO, Cost, CostModel
 from .._graph import Graph
-from .._primitives import COLLECTIVE as COLLECTIVE_PRIMITIVES
+from .._primitives import is_collective
 from .._structure import StructuralKeys, literal_key
 from ._shared import (
     equations_refusal,
@@ -257,10 +257,10 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
     keys: list[int | None] = []
     local_keys: list[int | None] = []
     # Hoisted: this runs once per equation of every level, every round.
-    live, literal, collective = graph.live, _compat.Literal, COLLECTIVE_PRIMITIVES
+    live, literal = graph.live, _compat.Literal
     memo_get, setdefault = memo.get, intern.setdefault
     for index, eqn in enumerate(inner.eqns):
-        if (index not in live or eqn.effects or eqn.primitive.name in collective
+        if (index not in live or eqn.effects or is_collective(eqn)
                 or _compat.eqn_frontend_attributes(eqn)):  # never batched
             keys.append(None)
             local_keys.append(None)
