@@ -30,6 +30,7 @@ import gc
 import itertools
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
@@ -45,10 +46,16 @@ from ._plan import LevelPlan, plan_jaxpr
 from ._trace import (
     Layout,
     OutputStatics,
+    Scalars,
     Signature,
     StaticArgs,
     Traced,
+    TraceError,
     abstract,
+    check_function,
+    function_name,
+    has_python_scalars,
+    needs_python_values,
     split_arguments,
     split_outputs,
     trace,
@@ -141,12 +148,6 @@ class _PlanCache:
         return len(self._entries)
 
 
-def _check_callable(fun: Any, api: str) -> None:
-    if not callable(fun):
-        raise TypeError(f"{api} expects a callable as `fun`, got {type(fun).__name__}: "
-                        f"{fun!r}. Decorate a function, or call {api}(fun, ...).")
-
-
 class ParallelBranches:
     """A function rewritten by ``parallel_branches``; call it like the original.
 
@@ -156,30 +157,30 @@ class ParallelBranches:
 
     def __init__(self, fun: Callable[..., Any], options: Options,
                  static_args: StaticArgs | None = None):
-        _check_callable(fun, "parallel_branches")
+        check_function(fun, "parallel_branches")
         refuse_module_as_function(fun, "parallel_branches")
         functools.update_wrapper(self, fun)
         self.__wrapped__ = fun
         self.options = options
         self._static_args = static_args or StaticArgs()
         self._cache = _PlanCache(_CACHE_SIZE)
-        _compat.register_for_clear_caches(self._cache, f"jaxpar rewrites of {self!r}")
+        _compat.register_for_clear_caches(self._cache,
+                                          f"jaxpar rewrites of {function_name(fun)}")
         self.analyses = 0  # how many times a signature was planned (for tests and tooling)
         # One jit for every call, eager or under a transformation: grad, vmap and
-        # jvp of a jitted call stay compiled, and jit inside jit is inlined.
-        def call(key: _CallKey, *leaves: Any) -> Any:
-            return self._call_traced(key, *leaves)
-
-        # Named after the user's function in lowered programs and profiles, as jax.jit does.
-        call.__name__ = str(getattr(fun, "__name__", "parallel_branches"))
-        call.__qualname__ = str(getattr(fun, "__qualname__", call.__name__))
-        self._jitted: Any = jax.jit(call, static_argnums=0)
+        # jvp of a jitted call stay compiled, and jit inside jit is inlined. It reaches
+        # this object through a weak reference: a strong one would make a cycle (self ->
+        # jit -> call -> self) that keeps the function's closed-over arrays alive after
+        # ``del`` until the cyclic collector runs, where ``jax.jit`` frees them at once.
+        self._jitted: Any = jax.jit(_weak_method(self, "_call_traced", fun), static_argnums=0)
         self._stages: Any = None
         self._saw_traced_consts = threading.local()
         # nnx.jit's update context is keyed by a tag: one per decorated function (not
         # self, which the traced function would then keep alive in a cycle).
         self._nnx_tag = object()
         self._nnx_function: Callable[..., Any] | None = None
+        # Layouts (with Python scalars traced) whose trace needed them as Python values.
+        self._scalars_made_static: set[Layout] = set()
 
     @property
     def static_argnums(self) -> tuple[int, ...]:
@@ -200,17 +201,44 @@ class ParallelBranches:
         # Flax NNX objects among the arguments: split, call, write the new state back.
         with nnx_arguments(self._nnx_tag, self.__wrapped__, args, kwargs) as (
                 fun, args, kwargs, nnx_call):
-            layout, leaves = split_arguments(fun, args, kwargs, self._static_args)
-            key = _CallKey(layout, nnx_call is not None, not inside_stream_call(),
-                           not disabled_by_environment(), self.options.resolve(),
-                           next(_call_sites) if _compat.staging() else 0)
-            self._saw_traced_consts.value = False
-            dynamic, outputs = self._jitted(key, *leaves)
-            if self._saw_traced_consts.value:
-                # The trace closed over another trace's tracers: jit must not reuse it.
-                self._jitted.clear_cache()
-            out = outputs.rebuild(dynamic)
+            out = self._call_with_scalars(fun, args, kwargs, nnx_call is not None)
             return out if nnx_call is None else nnx_call.from_pure(out)
+
+    def _call_with_scalars(self, fun: Callable[..., Any], args: tuple[Any, ...],
+                           kwargs: dict[str, Any], nnx: bool) -> Any:
+        layout, leaves = split_arguments(fun, args, kwargs, self._static_args)
+        # Python scalars are traced as jax.jit traces them, so results match it bit for
+        # bit. Under a transformation a function that needs one as a Python value
+        # (range(n), an outer jit's static argument passed on) is traced again with them
+        # static, where jax.jit would raise; at the top level the error stands, and says
+        # to use static_argnums.
+        retry = has_python_scalars(leaves) and any(map(_compat.is_tracer, leaves))
+        if retry and layout in self._scalars_made_static:
+            return self._call_with_static_scalars(fun, args, kwargs, nnx)
+        try:
+            return self._call(layout, leaves, nnx)
+        except TraceError as error:
+            if not (retry and needs_python_values(error)):
+                raise
+        out = self._call_with_static_scalars(fun, args, kwargs, nnx)
+        self._scalars_made_static.add(layout)
+        return out
+
+    def _call_with_static_scalars(self, fun: Callable[..., Any], args: tuple[Any, ...],
+                                  kwargs: dict[str, Any], nnx: bool) -> Any:
+        layout, leaves = split_arguments(fun, args, kwargs, self._static_args,
+                                         scalars=Scalars.STATIC)
+        return self._call(layout, leaves, nnx)
+
+    def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
+        key = _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
+                       self.options.resolve(), next(_call_sites) if _compat.staging() else 0)
+        self._saw_traced_consts.value = False
+        dynamic, outputs = self._jitted(key, *leaves)
+        if self._saw_traced_consts.value:
+            # The trace closed over another trace's tracers: jit must not reuse it.
+            self._jitted.clear_cache()
+        return outputs.rebuild(dynamic)
 
     def _traced_function(self, nnx: bool) -> Callable[..., Any]:
         if not nnx:
@@ -247,7 +275,9 @@ class ParallelBranches:
 
     def _staged(self) -> Any:
         if self._stages is None:
-            self._stages = jax.jit(self, static_argnums=self.static_argnums,
+            # Weakly, as ``_jitted``: ``jax.jit(self)`` kept here would be a cycle.
+            call = functools.wraps(self.__wrapped__)(_weak_method(self, "__call__", None))
+            self._stages = jax.jit(call, static_argnums=self.static_argnums,
                                    static_argnames=self.static_argnames)
         return self._stages
 
@@ -266,12 +296,33 @@ class ParallelBranches:
     def clear_cache(self) -> None:
         """Forgets every rewrite and compiled program of this function."""
         self._cache.cache_clear()
+        self._scalars_made_static.clear()
         self._jitted.clear_cache()
         if self._stages is not None:
             self._stages.clear_cache()
 
     def __repr__(self) -> str:
-        return f"parallel_branches({getattr(self.__wrapped__, '__name__', self.__wrapped__)!r})"
+        return f"parallel_branches({function_name(getattr(self, '__wrapped__', None))})"
+
+
+def _weak_method(owner: Any, method: str, fun: Callable[..., Any] | None
+                 ) -> Callable[..., Any]:
+    """A function calling ``owner.<method>`` through a weak reference to ``owner``,
+    named after ``fun`` (lowered programs and profiles name the user's function, as
+    ``jax.jit`` does)."""
+    ref = weakref.ref(owner)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        target = ref()
+        if target is None:  # only a jit captured elsewhere can outlive its owner
+            raise ReferenceError("jaxpar: this parallel_branches function was deleted")
+        return getattr(target, method)(*args, **kwargs)
+
+    if fun is not None:
+        name, qualname = getattr(fun, "__name__", None), getattr(fun, "__qualname__", None)
+        call.__name__ = name if isinstance(name, str) else type(fun).__name__
+        call.__qualname__ = qualname if isinstance(qualname, str) else call.__name__
+    return call
 
 
 def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
@@ -427,7 +478,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                              group_collectives=group_collectives, force_streams=force_streams)
 
     def decorate(f: Any) -> ParallelBranches:
-        _check_callable(f, "parallel_branches")
+        check_function(f, "parallel_branches")
         return ParallelBranches(f, options, StaticArgs.resolve(f, static_argnums,
                                                                static_argnames))
 
@@ -488,7 +539,7 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
         given_nums, given_names = fun.static_argnums or None, fun.static_argnames or None
     else:
         base, inner, given_nums, given_names = {}, fun, None, None
-    _check_callable(inner, "inspect")
+    check_function(inner, "inspect")
     refuse_module_as_function(inner, "inspect")
     statics = StaticArgs.resolve(inner, options.pop("static_argnums", given_nums),
                                  options.pop("static_argnames", given_names))
@@ -503,7 +554,7 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
                                              allow_abstract=True, api="inspect")
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
             _, plan, loops = _analyse(traced_fun, sig, settings)
-        name = str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", inner))
+        name = function_name(inner)
         with _collector_paused():
             return build_report(plan, name, target, emitted=(target == "gpu"),
                                 options=resolved.to_dict(), loops=loops)
@@ -585,9 +636,9 @@ def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[
     attributes = stream_attributes(stream, scheduling_group)
 
     def decorate(fun: F) -> F:
-        _check_callable(fun, "on_stream")
+        check_function(fun, "on_stream")
         checked: set[Signature] = set()
-        label = getattr(fun, "__name__", repr(fun))
+        label = function_name(fun)
 
         @functools.wraps(fun)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -596,7 +647,8 @@ def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[
                     f"on_stream({stream}) for {label!r} is called inside another stream call; "
                     "XLA cannot compile nested stream calls. Call the two functions side by "
                     "side instead.")
-            layout, leaves = split_arguments(fun, args, kwargs, api="on_stream")
+            layout, leaves = split_arguments(fun, args, kwargs, api="on_stream",
+                                             scalars=Scalars.STATIC_UNDER_TRACE)
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
             if sig not in checked:
                 if jaxpr_has_placement(trace(fun, sig).jaxpr, {}):

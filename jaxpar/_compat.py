@@ -46,6 +46,7 @@ except ImportError:  # jax 0.8 - 0.10
 from jax._src import core as _core
 from jax._src import sharding_impls as _sharding_impls
 from jax._src import source_info_util as _source_info_util
+from jax._src.lax import lax as _lax_internal
 
 __all__ = [
     "JAX_VERSION",
@@ -510,6 +511,23 @@ def _display_path(path: str) -> str:
 _display_paths: dict[tuple[str, str], str] = {}
 
 
+def with_weak_type(value: Any, aval: Any) -> Any:
+    """``value`` with ``aval``'s weak type when only that differs (the same numbers).
+
+    JAX has no public cast that makes a value weakly typed (``lax.convert_element_type``
+    always makes it strong); ``lax._convert_element_type`` is what ``jnp`` uses
+    (0.4 - 0.12).
+    """
+    weak = getattr(aval, "weak_type", None)
+    if weak is None:  # tokens, refs: no weak type
+        return value
+    current = jax.typeof(value)
+    if (getattr(current, "weak_type", weak) == weak
+            or getattr(current, "dtype", None) != aval.dtype):
+        return value
+    return _lax_internal._convert_element_type(value, aval.dtype, weak_type=weak)
+
+
 def literal_value(atom: Any) -> Any:
     return atom.val
 
@@ -576,16 +594,29 @@ def eval_linear(lin: Linearized, residuals: Sequence[Any], tangents: Sequence[An
     return list(jax.core.eval_jaxpr(lin.linear, list(residuals), *tangents))
 
 
+def is_extended_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is one of JAX's extended dtypes (PRNG keys), which NumPy cannot
+    interpret: ``np.dtype``, ``np.issubdtype`` and ``np.zeros`` raise on them.
+
+    ``float0`` (the tangent type of integers and keys) is a NumPy structured dtype, so it
+    is not extended; it has no elements worth a byte (``itemsize`` 0).
+    """
+    return dtype is not None and bool(jax.dtypes.issubdtype(dtype, jax.dtypes.extended))
+
+
+def itemsize(dtype: Any) -> int:
+    """Bytes per element of ``dtype``, extended dtypes included (a threefry key: 8)."""
+    if is_extended_dtype(dtype):
+        return int(dtype.itemsize)  # every extended dtype defines it (0.4.16 - 0.12)
+    return int(np.dtype(dtype).itemsize)
+
+
 def aval_nbytes(aval: Any) -> int:
     shape = getattr(aval, "shape", None)
     dtype = getattr(aval, "dtype", None)
     if shape is None or dtype is None:
         return 0
-    try:
-        itemsize = np.dtype(dtype).itemsize
-    except TypeError:  # extended dtypes such as PRNG keys
-        itemsize = 8
-    return math.prod(shape) * itemsize
+    return math.prod(shape) * itemsize(dtype)
 
 
 def aval_size(aval: Any) -> int:

@@ -231,7 +231,7 @@ class Emitter:
         env = Env()
         read, write = env.read, env.write
         write(inner.constvars, consts)
-        write(inner.invars, args)
+        env.write_inputs(inner.invars, args)
         nested = {index: subs for index, subs in level.nested
                   if any(sub.changes_anything for _, sub in subs)}
         eqns = inner.eqns
@@ -456,6 +456,8 @@ def _packable(avals: Sequence[Any]) -> bool:
     if len(dtypes) != 1 or any(getattr(a, "weak_type", False) for a in avals):
         return False
     (dtype,) = dtypes
+    if _compat.is_extended_dtype(dtype):  # PRNG keys: NumPy cannot interpret them
+        return False
     return bool(np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_))
 
 

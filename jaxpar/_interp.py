@@ -7,8 +7,16 @@ outputs (``_``) are not stored.
 Example::
 
     env = Env()
-    env.write(jaxpr.invars, args)
+    env.write_inputs(jaxpr.invars, args)
     outs = [env.read(v) for v in jaxpr.outvars]
+
+Sharp edges:
+  * ``write_inputs`` gives each input the weak type its variable declares. A loop
+    body's carry may come in weak (a Python scalar) and go out strong; a rewrite
+    that feeds one trip's carry to the next evaluation of the body (a later
+    segment of fused scans, an unrolled copy) would otherwise trace the body at
+    other types than the original, and its results (a ``ys`` read from the carry)
+    would lose their weak type.
 """
 
 from __future__ import annotations
@@ -37,3 +45,8 @@ class Env:
         for var, value in zip(variables, values, strict=True):
             if not _compat.is_drop_var(var):
                 self.values[var] = value
+
+    def write_inputs(self, variables: Sequence[Any], values: Sequence[Any]) -> None:
+        """``write`` for a jaxpr's invars: each value gets its variable's weak type."""
+        self.write(variables, [_compat.with_weak_type(value, var.aval)
+                               for var, value in zip(variables, values, strict=True)])

@@ -18,10 +18,13 @@ Example::
     traced = trace(f, sig)        # traced.jaxpr takes the leaves; 3 is a constant
 
 Sharp edges:
-  * A Python scalar is traced when the decorated function is called directly (as
-    ``jax.jit`` traces it), but stays a Python value when the function is called
-    under another transformation (some leaf is a tracer): there it is already a
-    constant of the enclosing trace, exactly as if the function were inlined.
+  * A Python scalar is traced as ``jax.jit`` traces it (a weakly typed argument),
+    also when the function is called under another transformation: folded into
+    the trace as a constant it changed how XLA fused the program, and so the
+    last bit of results and gradients, inside loop bodies. Under a transformation
+    a function that needs the scalar as a Python value (``range(n)``) is traced
+    again with its Python scalars static (``parallel_branches`` does this; see
+    ``Scalars`` and ``needs_python_values``), where ``jax.jit`` raises.
   * Static leaves must be hashable; unhashable non-array leaves are refused with
     the argument's path. Flax NNX objects (graph nodes) reaching ``split_arguments``
     are refused (their state updates would be lost, see ``NNX_RECIPE``);
@@ -31,10 +34,12 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import inspect as _pyinspect
 import operator
 import re
+import reprlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -302,9 +307,18 @@ def _describe_path(fun: Callable[..., Any], path: tuple[Any, ...]) -> str:
 
 
 
+class Scalars(enum.Enum):
+    """What ``split_arguments`` does with Python scalar leaves (``bool``, ``int``, ...)."""
+
+    TRACED = "traced"  # as jax.jit traces them: weakly typed arguments
+    STATIC = "static"  # Python values, as static leaves
+    STATIC_UNDER_TRACE = "static under a trace"  # traced unless another leaf is a tracer
+
+
 def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                     statics: StaticArgs = StaticArgs(), *, allow_abstract: bool = False,
-                    api: str = "parallel_branches") -> tuple[Layout, list[Any]]:
+                    api: str = "parallel_branches", scalars: Scalars = Scalars.TRACED
+                    ) -> tuple[Layout, list[Any]]:
     """Splits a call's arguments into a hashable ``Layout`` and the leaves to trace.
 
     Raises:
@@ -316,10 +330,12 @@ def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     marked = statics.mark(args, kwargs)
     is_graph_node = nnx_graph_node_check()
     leaves, in_tree = jax.tree_util.tree_flatten(marked, is_leaf=is_graph_node)
-    under_trace = any(_compat.is_tracer(leaf) for leaf in leaves)
     # eqx.filter_jit's rule: with an Equinox module among the arguments, every leaf that
     # is not an array is static, Python scalars included (hidden_size: int, Dropout.p).
     static_scalars = holds_equinox_module(marked)
+    trace_scalars = not static_scalars and (scalars is Scalars.TRACED or (
+        scalars is Scalars.STATIC_UNDER_TRACE
+        and not any(_compat.is_tracer(leaf) for leaf in leaves)))
     traced: list[Any] = []
     static: list[tuple[int, type, Any]] = []
     for index, leaf in enumerate(leaves):
@@ -327,7 +343,7 @@ def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
             if not isinstance(leaf, jax.Array) and not _compat.is_tracer(leaf):
                 _check_traceable(fun, marked, index, leaf, is_graph_node, api)
             traced.append(leaf)
-        elif isinstance(leaf, _PYTHON_SCALARS) and not (under_trace or static_scalars):
+        elif isinstance(leaf, _PYTHON_SCALARS) and trace_scalars:
             _check_traceable(fun, marked, index, leaf, is_graph_node, api)
             traced.append(leaf)
         elif isinstance(leaf, jax.ShapeDtypeStruct) and allow_abstract:
@@ -404,10 +420,109 @@ def abstract(leaf: Any) -> Any:
     return jax.typeof(leaf)
 
 
-def _name(fun: Callable[..., Any]) -> str:
-    # A callable object without a name is named by its type, never by its (long) repr.
+def function_name(fun: Any) -> str:
+    """``fun``'s name for labels and messages. Never calls ``repr``, which may raise:
+    ``jax.jit`` accepts a callable whose ``__repr__`` fails, and so must jaxpar."""
     name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None)
-    return f"`{name or type(fun).__name__}`"
+    return name if isinstance(name, str) else f"<{type(fun).__name__} object>"
+
+
+def _name(fun: Callable[..., Any]) -> str:
+    return f"`{function_name(fun)}`"
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+
+
+def short_repr(value: Any) -> str:
+    """A bounded ``repr`` for messages; a ``__repr__`` that raises gives a placeholder."""
+    try:
+        return _SHORT.repr(value)
+    except Exception:  # reprlib guards instances, not every container element
+        return f"<{type(value).__name__} object>"
+
+
+def check_function(fun: Any, api: str) -> None:
+    """Refuses at decoration time what ``jax.jit`` refuses (same exception type: TypeError).
+
+    ``jax.jit`` (0.10.2 - 0.12) refuses a ``staticmethod`` object (it cannot be weakly
+    referenced), anything not callable (a ``classmethod`` object included) and a generator
+    function (calling it runs nothing: it returns a generator, which cannot be traced).
+    """
+    if isinstance(fun, (staticmethod, classmethod)):
+        kind = type(fun).__name__
+        raise TypeError(
+            f"{api} does not take a {kind} object (got {short_repr(fun)}), as jax.jit does "
+            f"not: pass the function itself, and on a method apply @{kind} outermost "
+            f"(above @{api}).")
+    if not callable(fun):
+        raise TypeError(f"{api} expects a callable as `fun`, got {type(fun).__name__}: "
+                        f"{short_repr(fun)}. Decorate a function, or call {api}(fun, ...).")
+    if _pyinspect.isgeneratorfunction(fun):
+        raise TypeError(
+            f"{api} expects a function that returns arrays, got a generator function: "
+            f"{_name(fun)}. Calling it only creates a generator, so there is nothing to "
+            "trace (jax.jit refuses it too); return the values instead of yielding them.")
+
+
+def _leaf_paths(fun: Callable[..., Any], layout: Layout) -> list[str] | None:
+    """Per leaf of ``layout``, its path in the user's words (``b``, ``params['w']``);
+    None where the argument containers cannot be rebuilt."""
+    try:
+        tree = jax.tree_util.tree_unflatten(layout.in_tree, range(layout.in_tree.num_leaves))
+        paths, _ = jax.tree_util.tree_flatten_with_path(tree)
+    except Exception:  # a pytree whose unflattening checks its leaves
+        return None
+    if len(paths) != layout.in_tree.num_leaves:
+        return None
+    return [_describe_path(fun, path) for path, _ in paths]
+
+
+def _describe_static(value: Any) -> str:
+    return f"static {type(value).__name__} {short_repr(value)}"
+
+
+def describe_arguments(fun: Callable[..., Any], sig: Signature, limit: int | None = None
+                       ) -> str:
+    """Every argument leaf of one call: ``a: float32[4, 8], b: static str 'abc'``
+    (the first ``limit`` of them, then how many more).
+
+    Traced leaves show their type; static leaves (strings, functions, ``static_argnums``)
+    their type and a short ``repr``, so an error raised by a static value inside the
+    function does not read as if the argument had vanished.
+    """
+    layout = sig.layout
+    static = {index: value for index, _, value in layout.statics}
+    paths = _leaf_paths(fun, layout)
+    avals = iter(sig.avals)
+    parts = []
+    for index in range(layout.in_tree.num_leaves):
+        if index in static:
+            value = static[index]
+            text = _describe_static(value.value if isinstance(value, StaticArg) else value)
+        else:
+            aval = next(avals)
+            text = f"{aval.dtype}{list(aval.shape)}"
+        parts.append(text if paths is None else f"{paths[index]}: {text}")
+    more = len(parts) - limit if limit is not None else 0
+    return ", ".join(parts[:limit]) + (f", ... ({more} more)" if more > 0 else "")
+
+
+def _static_leaves_hint(fun: Callable[..., Any], sig: Signature) -> str:
+    """Names the string leaves: a string where an array belongs reaches the function as
+    a Python value (a static leaf), so the error comes from inside it."""
+    strings = [(index, value) for index, _, value in sig.layout.statics
+               if isinstance(value, (str, bytes))]
+    if not strings:
+        return ""
+    paths = _leaf_paths(fun, sig.layout)
+    named = "; ".join(
+        f"`{paths[index] if paths is not None else f'leaf {index}'}` is a "
+        f"{_describe_static(value)}" for index, value in strings)
+    return (f"\nNote: argument {named}. parallel_branches passes argument leaves that are "
+            "not arrays to the function as Python values (static, as eqx.filter_jit does; "
+            "jax.jit refuses them). If an array was meant, pass one (jnp.asarray(...)).")
 
 
 # Errors that come from turning a traced array into a Python value: only these get the
@@ -420,11 +535,11 @@ _CONVERSION_ERRORS: tuple[type[BaseException], ...] = tuple(
 
 
 _ARGUMENT_IN_ERROR = re.compile(r"depends on the values? of the arguments? (.+?)\.?$", re.MULTILINE)
-_SHOWN_AVALS = 8
+_SHOWN_ARGUMENTS = 8
 
 
 def _trace_error_message(fun: Callable[..., Any], sig: Signature, error: Exception) -> str:
-    """The cause first, with the argument JAX blames; the argument types last, shortened."""
+    """The cause first, with the argument JAX blames; the arguments last, shortened."""
     text = str(error)
     blamed = _ARGUMENT_IN_ERROR.search(text)
     where = f" (argument {blamed.group(1)})" if blamed else ""
@@ -439,11 +554,19 @@ def _trace_error_message(fun: Callable[..., Any], sig: Signature, error: Excepti
             hint += (" In an Equinox module, Python values (int, float, bool, functions) "
                      "are static as in eqx.filter_jit; a field holding an array is traced: "
                      "hold a Python value there, or declare it eqx.field(static=True).")
-    shapes = [f"{a.dtype}{list(a.shape)}" for a in sig.avals]
-    more = len(shapes) - _SHOWN_AVALS
-    shown = ", ".join(shapes[:_SHOWN_AVALS]) + (f", ... ({more} more)" if more > 0 else "")
     return (f"jaxpar could not trace {_name(fun)}{where}: {type(error).__name__}: {text}{hint}"
-            f"\nTraced with {len(shapes)} array argument(s): {shown or 'none'}.")
+            f"{_static_leaves_hint(fun, sig)}"
+            f"\nTraced with arguments ({describe_arguments(fun, sig, _SHOWN_ARGUMENTS)}).")
+
+
+def needs_python_values(error: TraceError) -> bool:
+    """Whether tracing failed converting a traced value to a Python value (``range(n)``
+    of a traced ``n``), so the same call with Python scalars static might trace."""
+    return isinstance(error.__cause__, _CONVERSION_ERRORS)
+
+
+def has_python_scalars(leaves: Sequence[Any]) -> bool:
+    return any(isinstance(leaf, _PYTHON_SCALARS) for leaf in leaves)
 
 
 def trace(fun: Callable[..., Any], sig: Signature) -> Traced:

@@ -3,13 +3,17 @@ the rewrite cache, targets, and what the standard programs lower to."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import inspect as pyinspect
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import weakref
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -570,3 +574,63 @@ def test_environment_variable_turns_jaxpar_off(monkeypatch):
     jax.clear_caches()
     assert len(stream_calls(lower_for_gpu(g, *args))) == 2
     assert g.analyses == 1
+
+
+# --- lifetime: nothing keeps the function's arrays alive (as jax.jit) ---------------------------
+
+
+@contextlib.contextmanager
+def _collector_off() -> Iterator[None]:
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+_USES = {
+    "decorated": lambda g: None,
+    "called": lambda g: (g(), g()),
+    "inspect": lambda g: jaxpar.inspect(g)(),
+    "lower": lambda g: g.lower(),
+    "trace": lambda g: g.trace(),
+    "eval_shape": lambda g: g.eval_shape(),
+    "under_jit_and_grad": lambda g: jax.grad(lambda s: jnp.sum(g()) * s)(1.0),
+}
+
+
+@pytest.mark.parametrize("use", sorted(_USES))
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_closed_over_arrays_die_with_the_decorated_function(use, target):
+    # JAX's test_jit_reference_dropping, with the cyclic collector off: deleting the
+    # decorated function frees what it closed over at once.
+    with _collector_off():
+        x = jnp.ones(10)
+        f = (lambda x: lambda: jnp.tanh(x) * 2.0 + jnp.sum(x))(x)
+        g = jaxpar.parallel_branches(f, target=target)
+        x = weakref.ref(x)
+        _USES[use](g)
+        del f
+        assert x() is not None
+        g()
+        del g
+        assert x() is None
+
+
+def test_repr_of_the_function_is_never_called():
+    # JAX's test_jit_repr_errors: decorating a callable whose repr raises works.
+    class Callable:
+        def __call__(self, x):
+            return x * 2.0
+
+        def __repr__(self):
+            raise ValueError("invalid repr")
+
+    g = jaxpar.parallel_branches(Callable(), target="cpu")
+    assert "Callable" in repr(g)
+    np.testing.assert_array_equal(g(jnp.ones(3)), jnp.full(3, 2.0))
+    assert jaxpar.inspect(Callable(), target="cpu")(jnp.ones(3)).num_eqns == 1
+    del g.__wrapped__
+    assert repr(g).startswith("parallel_branches(")

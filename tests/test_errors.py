@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +35,62 @@ def test_decorator_form_non_callable():
 def test_inspect_non_callable():
     with pytest.raises(TypeError, match=r"inspect expects a callable.*got str"):
         jaxpar.inspect("f")
+
+
+def _plain(x):
+    return x
+
+
+def _generator(x):
+    yield x
+
+
+# What jax.jit refuses at decoration (0.10.2 to 0.12, TypeError each): a staticmethod or
+# classmethod object, anything not callable, a generator function.
+_REFUSED_LIKE_JIT = {
+    "staticmethod": (staticmethod(_plain), r"does not take a staticmethod object.*@staticmethod"),
+    "classmethod": (classmethod(_plain), r"does not take a classmethod object.*@classmethod"),
+    "generator": (_generator, r"got a generator function: `_generator`"),
+    "partial_generator": (functools.partial(_generator), r"got a generator function"),
+    "int": (3, r"expects a callable as `fun`, got int: 3"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_REFUSED_LIKE_JIT))
+def test_decoration_refuses_what_jax_jit_refuses(name):
+    fun, message = _REFUSED_LIKE_JIT[name]
+    with pytest.raises(TypeError):
+        jax.jit(fun)
+    for api, decorate in (("parallel_branches", jaxpar.parallel_branches),
+                          ("parallel_branches", jaxpar.parallel_branches(target="gpu")),
+                          ("inspect", jaxpar.inspect), ("on_stream", jaxpar.on_stream(1))):
+        with pytest.raises(TypeError, match=rf"^{api} .*{message}"):
+            decorate(fun)
+
+
+def test_non_callable_with_a_failing_repr_gets_the_type_error():
+    class Opaque:
+        def __repr__(self):
+            raise ValueError("invalid repr")
+
+    with pytest.raises(TypeError, match=r"expects a callable as `fun`, got Opaque"):
+        jaxpar.parallel_branches(Opaque())
+
+
+def test_classmethod_and_staticmethod_outermost_work():
+    class Model:
+        @classmethod
+        @jaxpar.parallel_branches(target="cpu")
+        def scaled(cls, x):
+            return x * 2.0
+
+        @staticmethod
+        @jaxpar.parallel_branches(target="cpu")
+        def shifted(x):
+            return x + 1.0
+
+    np.testing.assert_array_equal(Model.scaled(X), X * 2.0)
+    np.testing.assert_array_equal(Model().shifted(X), X + 1.0)
 
 
 # --- options -------------------------------------------------------------------------------
@@ -212,7 +270,7 @@ def test_shape_error_names_the_shapes():
 
     g = jaxpar.parallel_branches(mismatched)
     with pytest.raises(jaxpar.TraceError,
-                       match=r"mismatched(.|\n)*float32\[2, 3\], float32\[4, 5\]"):
+                       match=r"mismatched(.|\n)*x: float32\[2, 3\], y: float32\[4, 5\]"):
         g(jnp.ones((2, 3)), jnp.ones((4, 5)))
 
 
@@ -324,3 +382,33 @@ def test_misspelled_option_suggests_the_name_in_gpu_preview():
 def test_misspelled_static_argname_suggests_the_name():
     with pytest.raises(ValueError, match=r"'nn' \(did you mean 'n'\?\)"):
         jaxpar.parallel_branches(steer, static_argnames="nn")
+
+
+def test_string_where_an_array_belongs_is_named_with_its_value():
+    # Strings are static leaves, so the failure comes from inside the function; the
+    # message lists every argument, the string with its path, type and value (jax.jit
+    # names "path b").
+    def f(a, b):
+        return jnp.tanh(a @ b.T)
+
+    g = jaxpar.parallel_branches(f)
+    with pytest.raises(jaxpar.TraceError) as info:
+        g(jnp.ones((4, 8)), "hello")
+    message = str(info.value)
+    assert "with arguments (a: float32[4, 8], b: static str 'hello')" in message
+    assert "argument `b` is a static str 'hello'" in message
+    assert "pass one (jnp.asarray(...))" in message
+
+
+def test_static_leaves_are_listed_with_their_paths():
+    def g(params, act):
+        return act(params["w"] @ params["b"])
+
+    with pytest.raises(jaxpar.TraceError) as info:
+        jaxpar.parallel_branches(g)({"w": jnp.ones((4, 8)), "b": "bias" * 40}, act=jnp.tanh)
+    message = str(info.value)
+    assert "params['b']: static str 'biasbias" in message
+    assert "bias" * 40 not in message and "..." in message  # shortened
+    assert "params['w']: float32[4, 8]" in message
+    assert "act: static " in message
+    assert len(message.splitlines()[0]) < 400

@@ -3,6 +3,7 @@ jit, for higher order, and the backward pass keeps stream annotations."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import jax
@@ -22,9 +23,13 @@ from helpers import (
     two_scans,
     two_scans_args,
 )
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 import jaxpar
+from jaxpar import _compat
 
 TARGETS = ["gpu", "cpu"]
 RTOL, ATOL = 1e-5, 1e-5
@@ -215,3 +220,86 @@ def _compiles_without_clearing(fn, *args):
     finally:
         logger.removeHandler(counter)
     return counter.count
+
+
+# --- nested on the CPU target: bit for bit with jax.jit ------------------------------------------
+
+_W = jax.random.normal(jax.random.key(1), (8, 8)) * 0.3
+
+
+def _scaled_tanh(x, n):  # n: a Python int, traced as jax.jit traces it
+    return jnp.tanh(x * n) @ _W
+
+
+def _scaled_logsumexp(x, s):  # s: a Python float
+    return jax.nn.logsumexp(x * s, axis=-1)
+
+
+def _nestings(inner, scalar, decorate):
+    """The outer programs: ``inner`` (jitted or decorated) called with a Python scalar
+    inside a decorated function, a scan, cond or checkpoint body, and a shard_map body."""
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    return {
+        "decorated": lambda x: jnp.sum(decorate(lambda y: inner(y * y[0, 0], scalar))(x)),
+        "scan": lambda x: lax.scan(
+            lambda c, xi: (c + jnp.sum(inner(xi[None] * c, scalar)), None), 1.0, x)[0],
+        "cond": lambda x: jnp.sum(lax.cond(x[0, 0] > 0, lambda y: inner(y * y[0, 1], scalar),
+                                           lambda y: inner(y, scalar) * 2.0, x)),
+        "checkpoint": lambda x: jnp.sum(jax.checkpoint(
+            lambda y: lax.scan(lambda c, yi: (c + jnp.sum(inner(yi[None] * c, scalar)), None),
+                               1.0, y)[0])(x)),
+        "shard_map": lambda x: jnp.sum(jax.shard_map(
+            lambda y: inner(y * y[0, 1], scalar), mesh=mesh, in_specs=P("x"),
+            out_specs=P("x"))(x)),
+    }
+
+
+@pytest.mark.parametrize("nesting", ["decorated", "scan", "cond", "checkpoint", "shard_map"])
+@pytest.mark.parametrize(("inner", "scalar"), [(_scaled_tanh, 3), (_scaled_logsumexp, 1.7)],
+                         ids=["int", "float"])
+def test_nested_cpu_target_is_bit_exact(nesting, inner, scalar):
+    # A Python scalar passed to a nested decorated function is traced, as jax.jit traces
+    # it; folded into the trace as a constant, XLA fused the program differently and the
+    # gradients moved by an ulp (issue 18, mechanism 7).
+    decorate = functools.partial(jaxpar.parallel_branches, target="cpu")
+    want_fn = _nestings(jax.jit(inner), scalar, jax.jit)[nesting]
+    got_fn = _nestings(decorate(inner), scalar, decorate)[nesting]
+    x = jax.random.normal(jax.random.key(0), (4, 8))
+    want = jax.value_and_grad(jax.jit(want_fn))(x)
+    got = jax.value_and_grad(jax.jit(got_fn))(x)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, got, want)
+    # The same calls: the scalar is an argument of the inner call, not a constant in it.
+    name = inner.__name__
+    assert _call_arities(jax.make_jaxpr(got_fn)(x), name) == _call_arities(
+        jax.make_jaxpr(want_fn)(x), name)
+
+
+def _call_arities(closed, name):
+    """How many operands each ``jit`` call of ``name`` takes, anywhere in ``closed``."""
+    inner, _ = _compat.open_jaxpr(closed)
+    found = []
+    for eqn in inner.eqns:
+        if eqn.primitive.name in ("jit", "pjit") and eqn.params.get("name") == name:
+            found.append(len(eqn.invars))
+        for _, _, sub in _compat.eqn_subjaxprs(eqn):
+            found += _call_arities(sub, name)
+    return sorted(found)
+
+
+def test_nested_function_needing_a_python_scalar_still_traces():
+    # Where jax.jit would fail (range of a traced int), a nested call retraces with its
+    # Python scalars static, as before.
+    def layers(x, n):
+        for _ in range(n):
+            x = jnp.tanh(x @ _W)
+        return x
+
+    g = jaxpar.parallel_branches(layers, target="cpu")
+    x = jnp.ones((2, 8))
+    outer = jax.jit(lambda x: g(x, 3))
+    np.testing.assert_array_equal(outer(x), jax.jit(lambda x: layers(x, 3))(x))
+    assert g.analyses == 1  # the static layout is remembered: no second failed trace
+    np.testing.assert_array_equal(jax.jit(lambda x: g(x * 2.0, 3))(x), layers(x * 2.0, 3))
+    assert g.analyses == 1
+    with pytest.raises(jaxpar.TraceError, match="static_argnums"):
+        g(x, 3)  # at the top level, as jax.jit

@@ -203,7 +203,7 @@ def evaluate(jaxpr: Any, *args: Any) -> list[Any]:
     inner, consts = _compat.open_jaxpr(jaxpr)
     env = Env()
     env.write(inner.constvars, consts)
-    env.write(inner.invars, args)
+    env.write_inputs(inner.invars, args)
     for eqn in inner.eqns:
         env.write(eqn.outvars, _compat.bind_eqn(eqn, env.read_all(eqn.invars)))
     return env.read_all(inner.outvars)

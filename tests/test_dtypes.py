@@ -1,0 +1,184 @@
+"""Weak types and extended dtypes (PRNG keys, float0 tangents) through the rewrites, the
+emitter and the cost model: every result keeps ``jax.jit``'s type and values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpar
+from jaxpar import _compat
+from jaxpar._analysis import Analysis
+from jaxpar._options import Options
+
+FORCED = {"target": "gpu", "min_cost_us": 0.0, "force_streams": True}
+W = jnp.eye(8) * 0.5
+
+
+def _values(tree: Any) -> list[np.ndarray]:
+    """Leaves as NumPy arrays, key arrays as their key data."""
+    return [np.asarray(jax.random.key_data(v))
+            if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else np.asarray(v)
+            for v in jax.tree_util.tree_leaves(tree)]
+
+
+def assert_like_jit(f: Any, args: tuple[Any, ...], **options: Any) -> None:
+    """Same types (weak types included) and values as ``jax.jit(f)``."""
+    want = jax.jit(f)(*args)
+    got = jaxpar.parallel_branches(f, **options)(*args)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    assert ([jax.typeof(v) for v in jax.tree_util.tree_leaves(got)]
+            == [jax.typeof(v) for v in jax.tree_util.tree_leaves(want)])
+    for g, w in zip(_values(got), _values(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+# --- weak types ------------------------------------------------------------------------------
+
+
+def fused_unequal_lengths(xs: jax.Array) -> Any:
+    # A Python-scalar carry comes in weak and goes out strong (``+ x``); the ys read the
+    # carry coming in, so they are weak. The later segments of the fused scan start from
+    # a strong carry and must still give weak ys (issue 18, mechanism 4).
+    r1 = lax.scan(lambda c, x: (c * 0.5 + x, c), 1.0, xs)
+    r2 = lax.scan(lambda c, x: (c * 1.5, c), 3.0, xs[:4])
+    r3 = lax.scan(lambda c, x: (c * 2.5 + x, c), 2.0, xs[:2], reverse=True)
+    return r1, r2, r3
+
+
+def batched_weak_scans(xs: jax.Array) -> Any:
+    step = lambda c, x: (c * 0.5 + x, c)
+    return lax.scan(step, 1.0, xs), lax.scan(step, 2.0, xs * 2.0)
+
+
+def static_fori_weak(xs: jax.Array) -> Any:
+    return lax.fori_loop(jnp.int32(0), jnp.int32(5),
+                         lambda i, c: (c[0] * 0.5 + xs[0], c[1] * 2.0), (1.0, 2.0))
+
+
+def unrolled_regions_weak(xs: jax.Array) -> Any:
+    # The emitter unrolls a scan whose body holds regions (``_emit.unrolled_scan``): the
+    # second copy starts from the strong carry the first one left.
+    def step(c: Any, x: jax.Array) -> Any:
+        return c + jnp.sum(jnp.tanh(x @ W) @ W) + jnp.sum(jnp.sin(x @ W.T) @ W), c
+
+    return lax.scan(step, 1.0, jnp.ones((4, 4, 8)) * xs[0], unroll=2)
+
+
+@pytest.mark.parametrize("program", [fused_unequal_lengths, batched_weak_scans,
+                                     static_fori_weak, unrolled_regions_weak])
+@pytest.mark.parametrize("options", [{"target": "gpu"}, FORCED], ids=["gpu", "forced"])
+def test_rewrites_keep_weak_types(program: Any, options: dict[str, Any]) -> None:
+    assert_like_jit(program, (jnp.arange(7.0),), **options)
+
+
+def test_fused_scans_with_weak_ys_are_fused() -> None:
+    plan = jaxpar.inspect(fused_unequal_lengths, target="gpu")(jnp.arange(7.0))
+    assert any(d.pass_name == "fuse_scans" and d.kind == "fused" for d in plan.loops)
+
+
+def test_with_weak_type_only_changes_the_weak_flag() -> None:
+    weak = jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)
+    strong = jnp.float32(2.0)
+    made_weak = jax.make_jaxpr(lambda x: _compat.with_weak_type(x, jax.typeof(1.0)))(strong)
+    assert made_weak.out_avals[0].weak_type and made_weak.out_avals[0].dtype == jnp.float32
+    assert _compat.with_weak_type(strong, jax.typeof(strong)) is strong
+    same = jax.make_jaxpr(lambda x: _compat.with_weak_type(x, jax.typeof(strong)))(weak)
+    assert not same.out_avals[0].weak_type
+    assert float(jax.jit(lambda x: _compat.with_weak_type(x, jax.typeof(1.0)))(strong)) == 2.0
+
+
+# --- PRNG keys -------------------------------------------------------------------------------
+
+
+def _branch(k: jax.Array, a: jax.Array) -> tuple[jax.Array, jax.Array]:
+    k1 = jax.random.fold_in(k, jnp.argmax((a @ W)[0]))
+    return k1, jax.random.fold_in(k1, jnp.argmax((jax.random.normal(k1, (8, 8)) @ W)[0]))
+
+
+def two_keys_per_region(ka: jax.Array, kb: jax.Array, a: jax.Array, b: jax.Array) -> Any:
+    return _branch(ka, a), _branch(kb, b)
+
+
+def one_key_per_region(ka: jax.Array, kb: jax.Array, a: jax.Array, b: jax.Array) -> Any:
+    return _branch(ka, a)[1], jnp.tanh(b @ W) @ W
+
+
+def keys_in_nested_outputs(ka: jax.Array, kb: jax.Array, a: jax.Array, b: jax.Array) -> Any:
+    return ({"x": (_branch(ka, a), jnp.sin(a @ W) @ W)},
+            [_branch(kb, b)[0], jnp.sum(b @ W @ W)])
+
+
+def _key_args() -> tuple[jax.Array, ...]:
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jnp.arange(32.0).reshape(4, 8)
+    return ka, kb, a, -a
+
+
+@pytest.mark.parametrize("program", [two_keys_per_region, one_key_per_region,
+                                     keys_in_nested_outputs])
+def test_stream_regions_return_keys(program: Any) -> None:
+    options = {**FORCED, "batch_branches": False, "batch_matmuls": False}
+    args = _key_args()
+    assert jaxpar.inspect(program, **options)(*args).num_regions >= 2
+    assert_like_jit(program, args, **options)
+    text = jaxpar.parallel_branches(program, **options).lower(*args).as_text()
+    assert "_xla_stream_annotation" in text
+
+
+def _key_step(k: jax.Array, x: jax.Array) -> Any:
+    k, sub = jax.random.split(k)
+    return k, (sub, jax.random.normal(sub, (8,)) @ W + x)
+
+
+def _key_step_tanh(k: jax.Array, x: jax.Array) -> Any:
+    k, sub = jax.random.split(k)
+    return k, (sub, jnp.tanh(jax.random.normal(sub, (8,)) @ W) * x)
+
+
+def key_scans(ka: jax.Array, kb: jax.Array, a: jax.Array, b: jax.Array) -> Any:
+    return (lax.scan(_key_step, ka, a), lax.scan(_key_step_tanh, kb, b[:3]),
+            lax.scan(_key_step, kb, b, reverse=True))
+
+
+@pytest.mark.parametrize("options", [{"target": "gpu"}, {**FORCED, "batch_scans": False}],
+                         ids=["gpu", "forced-fused"])
+def test_key_carries_and_ys_through_scan_passes(options: dict[str, Any]) -> None:
+    args = _key_args()
+    plan = jaxpar.inspect(key_scans, **options)(*args)
+    assert {"fuse_scans"} <= {d.pass_name for d in plan.loops if d.kind != "left alone"}
+    assert_like_jit(key_scans, args, **options)
+
+
+def test_key_gradients_flow_as_float0() -> None:
+    def loss(a: jax.Array, ka: jax.Array, kb: jax.Array) -> jax.Array:
+        (_, k2), (_, k4) = two_keys_per_region(ka, kb, jnp.tanh(a), a * 2.0)
+        return (jnp.sum(jax.random.normal(k2, (8,)) * a[0])
+                + jnp.sum(jax.random.normal(k4, (8,)) * a[1]) + jnp.sum(jnp.tanh(a @ W)))
+
+    args = (_key_args()[2], *_key_args()[:2])
+    options = {**FORCED, "batch_branches": False, "batch_matmuls": False}
+    want = jax.grad(jax.jit(loss))(*args)
+    got = jax.grad(jaxpar.parallel_branches(loss, **options))(*args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# --- cost model ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("impl", "itemsize"), [("threefry2x32", 8), ("rbg", 16)])
+def test_key_arrays_are_costed_by_their_bytes(impl: str, itemsize: int) -> None:
+    keys = jax.random.split(jax.random.key(0, impl=impl), 6)
+    assert _compat.aval_nbytes(jax.typeof(keys)) == 6 * itemsize
+    assert _compat.is_extended_dtype(keys.dtype)
+    assert _compat.itemsize(jnp.float32) == 4
+    assert _compat.itemsize(jax.dtypes.float0) == 0
+    assert not _compat.is_extended_dtype(jax.dtypes.float0)
+    jaxpr = jax.make_jaxpr(lambda k: jax.vmap(jax.random.fold_in, (0, None))(k, 3))(keys)
+    cost = Analysis(Options().resolve("gpu")).costs.jaxpr_cost(jaxpr)
+    assert cost.bytes > 0
