@@ -753,11 +753,14 @@ def _eval_host(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]
 
 def _eval_weak_scan(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
     """A scan whose carry starts as a Python scalar: carry and ys stay weakly typed, their
-    updates chosen by the data (a cond keeps the weak type, arithmetic with arrays would not)."""
-    _, length, reverse, init, ys_mode, v = node
+    updates chosen by the data ("cond": a cond keeps the weak type, arithmetic with arrays
+    would not) or by the carry alone ("arith")."""
+    _, length, reverse, init, how, ys_mode, v = node
     x = env[v]
 
     def step(c: Any, x_t: jax.Array) -> Any:
+        if how == "arith":  # the carry ignores the data
+            return (c + 1 if isinstance(init, int) else c * 0.5 + 0.25), c
         if isinstance(init, int):
             new = lax.cond(jnp.mean(x_t) > 0, lambda c: c + 1, lambda c: c * 2 - 1, c)
         else:
@@ -846,7 +849,7 @@ def _eval_hazard(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Arra
     return [jnp.sin(x)]
 
 
-_FEATURE_OPERAND.update({"rule": 4, "host": 3, "weak_scan": 5, "key_scan": 6, "key_branch": 4,
+_FEATURE_OPERAND.update({"rule": 4, "host": 3, "weak_scan": 6, "key_scan": 6, "key_branch": 4,
                          "hazard": 3})
 _node_rules.update({
     "rule": _eval_rule,
@@ -1556,9 +1559,10 @@ class _Drawer:
         length = draw(st.sampled_from(tuple(n for n in scope.flavor.scan_lengths if n > 0)))
         reverse = draw(st.booleans())
         init = draw(st.sampled_from((1.0, -0.5, 2)))
+        how = draw(st.sampled_from(("cond", "arith")))
         ys_mode = "raw" if self._raw_allowed(scope) and draw(st.booleans()) else "reduce"
         v = self._operand(scope)
-        node = ("weak_scan", length, reverse, init, ys_mode, v)
+        node = ("weak_scan", length, reverse, init, how, ys_mode, v)
         return node, [scope.bounds[v], scope.bounds[v] + 0.1]
 
     def _key_scan(self, scope: _Scope) -> tuple[Spec, list[float]]:
