@@ -66,6 +66,9 @@ from jax import lax
 __all__ = [
     "Program",
     "build_program",
+    "checkify_program_specs",
+    "checkify_programs",
+    "collect_effects",
     "describe_spec",
     "feature_program_specs",
     "feature_programs",
@@ -73,6 +76,8 @@ __all__ = [
     "loop_programs",
     "programs",
     "program_specs",
+    "rule_program_specs",
+    "rule_programs",
     "scan_programs",
     "scan_program_specs",
     "stacked_batch",
@@ -266,7 +271,9 @@ def _eval_parallel(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Ar
     for member, (operands, block) in enumerate(chains):
         _MEMBER.append(member)  # per-member nodes in the chain pick their member's values
         try:
-            ends.append(_eval_block(block, [env[i] for i in operands], None))
+            # A top-level ensemble's members may add raw outputs (keys, weak ys) too, so those
+            # leave the regions the members become.
+            ends.append(_eval_block(block, [env[i] for i in operands], raw_ys))
         finally:
             _MEMBER.pop()
     if join == "add":
@@ -575,6 +582,294 @@ _node_rules.update({
 
 
 # --------------------------------------------------------------------------------------------
+# Mechanism nodes (issue 18): custom rules that are nonlinear, effectful or call the host, their
+# twins and batched members; host callbacks only right for their own shape; weak-typed and
+# key-typed scan carries and ys; checkify hazards. Effects are recorded in `EFFECTS` (debug
+# callbacks) or printed as lines starting with `EFFECT_PREFIX` (debug prints).
+# --------------------------------------------------------------------------------------------
+
+EFFECT_PREFIX = "program-effect"
+# (tag, sum of the value) for every debug callback run by a program; `collect_effects` reads it.
+EFFECTS: list[tuple[str, float]] = []
+_CLIP = 0.25  # clipped backward rules: small enough that the cotangents of outputs exceed it
+
+
+def _effect(kind: str, tag: str, value: jax.Array) -> None:
+    """An effect a test can count and read: a debug print, a debug callback or an ordered one."""
+    total = jnp.sum(value)
+    if kind == "print":
+        jax.debug.print(EFFECT_PREFIX + " " + tag + " {total}", total=total)
+    else:
+        jax.debug.callback(functools.partial(_record_effect, tag), total,
+                           ordered=kind == "ordered")
+
+
+def _record_effect(tag: str, total: Any) -> None:
+    EFFECTS.append((tag, float(np.asarray(total))))
+
+
+def collect_effects(run: Callable[[], Any]) -> tuple[tuple[str, Any], list[tuple[str, float]]]:
+    """Runs `run` and returns its outcome, ("ok", value) or ("raised", exception), with the
+    effects it had: (tag, value) for each debug callback and debug print, sorted."""
+    import contextlib
+    import io
+
+    EFFECTS.clear()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        try:
+            outcome: tuple[str, Any] = ("ok", jax.block_until_ready(run()))
+        except Exception as error:
+            outcome = ("raised", error)
+        jax.effects_barrier()
+    effects = list(EFFECTS)
+    EFFECTS.clear()
+    for line in printed.getvalue().splitlines():
+        if line.startswith(EFFECT_PREFIX + " "):
+            _, tag, value = line.split(" ")
+            effects.append((tag, float(value)))
+    return outcome, sorted(effects)
+
+
+def _host_cos(x: np.ndarray) -> np.ndarray:
+    return np.cos(np.asarray(x)).astype(np.float32)
+
+
+def _host_center(x: np.ndarray) -> np.ndarray:
+    # Right only for the shape it was written for: the mean of whatever it is given.
+    x = np.asarray(x)
+    return (x - x.mean()).astype(np.float32)
+
+
+_HOST_SHAPED: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "cos": _host_cos, "center": _host_center,
+}
+
+
+def _host(function: str, x: jax.Array, vmap_method: str | None) -> jax.Array:
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return jax.pure_callback(_HOST_SHAPED[function], shape, x, vmap_method=vmap_method)
+
+
+def _rule_derivative(how: str, x: jax.Array) -> jax.Array:
+    """The derivative of sin at `x` as a rule computes it: on the device, on the host
+    (`host_<vmap_method>`), or with rbg random bits mixed in."""
+    if how.startswith("host_"):
+        method = how[len("host_"):]
+        return _host("cos", x, None if method == "none" else method)
+    if how == "rbg":
+        bits = jax.random.uniform(jax.random.key(1, impl="rbg"), x.shape, x.dtype)
+        return jnp.cos(x) * (1.0 + 0.1 * bits)
+    return jnp.cos(x)
+
+
+def _make_vjp_helper(how: str) -> Callable[[jax.Array], jax.Array]:
+    """sin with a custom_vjp whose backward rule is `how`: "clip" (nonlinear in the cotangent),
+    "print"/"count"/"ordered" (an effect in every rule), "host_*" or "rbg" (see
+    `_rule_derivative`)."""
+    effect = how if how in ("print", "count", "ordered") else None
+
+    @jax.custom_vjp
+    def helper(x: jax.Array) -> jax.Array:
+        if effect:
+            _effect(effect, "primal", x)
+        return jnp.sin(x)
+
+    def fwd(x: jax.Array) -> Any:
+        if effect:
+            _effect(effect, "fwd", x)
+        return jnp.sin(x), x
+
+    def bwd(x: jax.Array, g: jax.Array) -> Any:
+        if how == "clip":
+            return (jnp.clip(g * jnp.cos(x), -_CLIP, _CLIP),)
+        if effect:
+            _effect(effect, "bwd", g)
+        return (g * _rule_derivative(how, x),)
+
+    helper.defvjp(fwd, bwd)
+    return helper
+
+
+def _make_jvp_helper(how: str) -> Callable[[jax.Array], jax.Array]:
+    """sin with a custom_jvp whose rule is `how`: "print"/"count" (an effect), "host_*" or
+    "rbg" (see `_rule_derivative`)."""
+    effect = how if how in ("print", "count") else None
+
+    @jax.custom_jvp
+    def helper(x: jax.Array) -> jax.Array:
+        if effect:
+            _effect(effect, "primal", x)
+        return jnp.sin(x)
+
+    @helper.defjvp
+    def rule(primals: Any, tangents: Any) -> Any:
+        (x,), (t,) = primals, tangents
+        if effect:
+            _effect(effect, "jvp", x)
+        return jnp.sin(x), t * _rule_derivative(how, x)
+
+    return helper
+
+
+_VJP_RULES = ("clip", "print", "count", "ordered", "host_none", "host_sequential",
+              "host_expand_dims", "rbg")
+_JVP_RULES = ("print", "count", "host_none", "host_expand_dims", "rbg")
+_RULE_HELPERS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    **{f"vjp_{how}": _make_vjp_helper(how) for how in _VJP_RULES},
+    **{f"jvp_{how}": _make_jvp_helper(how) for how in _JVP_RULES},
+}
+# How a helper is called: as is, through one jax.jit (the same function object every time,
+# as a user's jitted helper is), or under jax.checkpoint.
+_RULE_WRAPS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "plain": lambda fn: fn,
+    "jit": jax.jit,
+    "checkpoint": jax.checkpoint,
+}
+# Helpers as drawn: the nonlinear and effectful rules (what merging and batching get wrong)
+# weigh more than the others.
+_RULE_HELPER_DRAWS = (*_RULE_HELPERS, "vjp_clip", "vjp_clip", "vjp_clip", "vjp_count",
+                      "vjp_print", "jvp_count", "vjp_host_none", "jvp_host_none")
+_WRAPPED_HELPERS = {(name, wrap): make(fn) for name, fn in _RULE_HELPERS.items()
+                    for wrap, make in _RULE_WRAPS.items()}
+
+
+def _eval_rule(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    """A helper with a custom rule; "twins": called twice on the same operand (what
+    share_common merges), each call's output scaled differently so their cotangents differ."""
+    _, helper, wrap, copies, v = node
+    fn, x = _WRAPPED_HELPERS[(helper, wrap)], env[v]
+    if copies == "twins":
+        return [fn(x) * 1.5, fn(x) * 0.5]
+    return [fn(x)]
+
+
+def _eval_host(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    """A pure_callback in the primal (cut from autodiff, which it has no rule for)."""
+    _, function, vmap_method, v = node
+    x = env[v]
+    return [x + _host(function, lax.stop_gradient(x), vmap_method)]
+
+
+def _eval_weak_scan(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    """A scan whose carry starts as a Python scalar: carry and ys stay weakly typed, their
+    updates chosen by the data ("cond": a cond keeps the weak type, arithmetic with arrays
+    would not) or by the carry alone ("arith")."""
+    _, length, reverse, init, how, ys_mode, v = node
+    x = env[v]
+
+    def step(c: Any, x_t: jax.Array) -> Any:
+        if how == "arith":  # the carry ignores the data
+            return (c + 1 if isinstance(init, int) else c * 0.5 + 0.25), c
+        if isinstance(init, int):
+            new = lax.cond(jnp.mean(x_t) > 0, lambda c: c + 1, lambda c: c * 2 - 1, c)
+        else:
+            new = lax.cond(jnp.mean(x_t) > 0, lambda c: c * 0.5, lambda c: c * 0.25 + 0.5, c)
+        return new, c
+
+    final, ys = lax.scan(step, init, _make_xs(x, length), reverse=reverse)
+    if ys_mode == "raw":
+        raw_ys.extend((final, ys))
+    scale = jnp.tanh(0.1 * final)
+    return [x * scale, x + 0.1 * jnp.tanh(jnp.mean(ys))]
+
+
+def _eval_key_scan(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    """A scan with a key-typed carry and key-typed ys, each step's key chosen by the data."""
+    _, impl, length, seed, how, ys_mode, v = node
+    x = env[v]
+
+    def step(k: jax.Array, x_t: jax.Array) -> Any:
+        index = jnp.argmax(x_t[0])
+        if how == "fold_in":
+            new = jax.random.fold_in(k, index)
+        else:
+            new = jax.random.split(k, 2)[index % 2]
+        return new, k
+
+    final, ys = lax.scan(step, jax.random.key(seed, impl=impl), _make_xs(x, length))
+    if ys_mode == "raw":
+        raw_ys.extend((final, ys))
+    noise = jax.random.uniform(final, x.shape, x.dtype, -1.0, 1.0)
+    first = jax.random.uniform(ys[0], x.shape, x.dtype, -1.0, 1.0)
+    return [x + noise, x * 0.5 + 0.5 * first]
+
+
+def _eval_key_branch(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    """Two keys, each drawn from the data and the one before (issue 18's fifth repro);
+    "raw": both keys are outputs of the program, so they leave any region holding them."""
+    _, impl, seed, raw, v = node
+    x = env[v]
+    k1 = jax.random.fold_in(jax.random.key(seed, impl=impl), jnp.argmax((x @ x)[0]))
+    noise = jax.random.normal(k1, x.shape, x.dtype)
+    k2 = jax.random.fold_in(k1, jnp.argmax((noise @ x)[0]))
+    if raw == "raw":
+        raw_ys.extend((k1, k2))
+    return [x + jax.random.uniform(k2, x.shape, x.dtype, -1.0, 1.0)]
+
+
+CHECK_MESSAGE = "program check failed"
+
+
+def _eval_shared_scans(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    _, length, reverse, helper, wrap, operands = node
+    fn = _WRAPPED_HELPERS[(helper, wrap)]
+
+    def step(c: jax.Array, x_t: jax.Array) -> Any:  # one function object for every scan
+        return jnp.tanh(fn(c) * 0.9 + 0.5 * x_t), c
+
+    outs = []
+    for v in operands:
+        x = env[v]
+        final, ys = lax.scan(step, x, _make_xs(x, length), reverse=reverse)
+        outs.append(0.9 * final + 0.1 * jnp.mean(ys, axis=0))
+    return outs
+
+
+def _eval_hazard(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    """What checkify checks, harmless ("ok") or failing ("bad"): an index read from the data
+    (out of bounds when bad), a log (of negatives), an integer division (by zero), a user
+    check. Failing hazards give the same message wherever and however often they fail."""
+    from jax.experimental import checkify
+
+    _, kind, bad, v = node
+    x = env[v]
+    n = x.shape[0]
+    zero = _traced_zero(x, jnp.int32)
+    if kind == "index":
+        i = zero + (n + 3 if bad == "bad" else jnp.argmax(x[0]))
+        return [x + x[i][None, :]]
+    if kind == "log":
+        return [jnp.log(jnp.tanh(x) + (0.5 if bad == "bad" else 2.0))]
+    if kind == "div":
+        d = zero + (0 if bad == "bad" else 3)
+        return [x + ((x * 4).astype(jnp.int32) // d).astype(x.dtype) * 0.25]
+    bound = 0.0 if bad == "bad" else 100.0
+    checkify.check(jnp.all(x < bound), CHECK_MESSAGE)
+    return [jnp.sin(x)]
+
+
+_FEATURE_OPERAND.update({"rule": 4, "host": 3, "weak_scan": 6, "key_scan": 6, "key_branch": 4,
+                         "hazard": 3})
+_node_rules.update({
+    "rule": _eval_rule,
+    "host": _eval_host,
+    "weak_scan": _eval_weak_scan,
+    "key_scan": _eval_key_scan,
+    "key_branch": _eval_key_branch,
+    "hazard": _eval_hazard,
+    "shared_scans": _eval_shared_scans,
+})
+
+
+def _feature_outputs(node: Spec) -> int:
+    """How many values a single-operand feature node adds to its block."""
+    if node[0] == "rule":
+        return 2 if node[3] == "twins" else 1
+    return 2 if node[0] in ("weak_scan", "key_scan") else 1
+
+
+# --------------------------------------------------------------------------------------------
 # Describing a spec.
 # --------------------------------------------------------------------------------------------
 
@@ -690,10 +985,16 @@ def _describe_block(
                 f"on {names[v]}"
             )
             sub(body, ["c0"], "body")
+        elif kind == "shared_scans":
+            _, length, reverse, helper, wrap, operands = node
+            results = new(len(operands))
+            lines.append(
+                f"{indent}{', '.join(results)} = scans of one step through {helper} ({wrap}), "
+                f"length={length}, reverse={reverse}, on {refs(operands)}")
         elif kind in _FEATURE_OPERAND:
-            results = new(1)
+            results = new(_feature_outputs(node))
             params_ = ", ".join(repr(p) for p in node[1:_FEATURE_OPERAND[kind]])
-            lines.append(f"{indent}{results[0]} = {kind}({params_}) {names[node[-1]]}")
+            lines.append(f"{indent}{', '.join(results)} = {kind}({params_}) {names[node[-1]]}")
         else:
             raise ValueError(f"unknown node kind {kind!r} in spec")
         names.extend(results)
@@ -780,6 +1081,43 @@ _LOOPS = _Flavor(
     max_body_nodes=3,
     independent_scans=True,
 )
+# Programs of custom rules, effects, host callbacks, weak and key types (issue 18), and the
+# members of their ensembles; scans with rules in their bodies are drawn at the top level and
+# as `shared_scans` (bodies of chains are too deep for anything but simple nodes).
+_RULE_MEMBERS = _Flavor(
+    kinds=("matmul", "matmul", "unary", "rule", "rule", "host", "scan", "weak_scan",
+           "key_scan", "key_branch"),
+    nested_kinds=("matmul", "unary", "binary", "rule", "host"),
+    max_nodes=4,
+    max_body_nodes=2,
+)
+_RULES = _Flavor(
+    kinds=(*_SIMPLE, "rule", "rule", "rule", "rule", "host", "weak_scan", "weak_scan", "key_scan",
+           "key_branch", "shared_scans", "shared_scans", "scan", "parallel", "parallel",
+           "parallel"),
+    nested_kinds=("unary", "binary", "matmul", "rule", "rule", "host", "weak_scan", "key_scan",
+                  "cond", "checkpoint", "jit", "scan"),
+    max_nodes=6,
+    max_body_nodes=3,
+    chain_flavor=_RULE_MEMBERS,
+    replicated_in_3=2,
+)
+_HAZARDS = ("index", "log", "div", "user")
+_HAZARD_MEMBERS = _Flavor(
+    kinds=("matmul", "matmul", "unary", "hazard", "hazard", "scan"),
+    nested_kinds=("matmul", "unary", "hazard"),
+    max_nodes=4,
+    max_body_nodes=2,
+)
+_CHECKS = _Flavor(
+    kinds=(*_SIMPLE, "hazard", "hazard", "hazard", "scan", "cond", "jit", "checkpoint",
+           "parallel", "parallel"),
+    nested_kinds=("unary", "binary", "matmul", "hazard", "hazard", "scan", "cond"),
+    max_nodes=6,
+    max_body_nodes=3,
+    chain_flavor=_HAZARD_MEMBERS,
+    replicated_in_3=1,
+)
 # Loop counter dtypes; int64 and uint64 only exist under `jax.enable_x64`.
 _COUNTER_DTYPES = ("int8", "int16", "int32", "uint8", "uint32", "float32")
 _COUNTER_DTYPES_X64 = (*_COUNTER_DTYPES, "int64", "uint64")
@@ -831,6 +1169,8 @@ class _Drawer:
         self.n = n
         self.counter_dtypes = counter_dtypes or _COUNTER_DTYPES
         self.members = 1  # chains of the replicated `parallel` node being drawn
+        self.raw_ok = False  # drawing the chains of a top-level `parallel` node
+        self.bad_hazard = "none"  # the one kind of checkify hazard that may fail
 
     def block(
         self,
@@ -1032,6 +1372,14 @@ class _Drawer:
         return ("checkpoint", policy, prevent_cse, operands, closure, block), out_bounds
 
     def _parallel(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        # The chains of a top-level `parallel` node may add raw outputs (keys, weak ys).
+        outer_raw, self.raw_ok = self.raw_ok, scope.top_level
+        try:
+            return self._parallel_chains(scope)
+        finally:
+            self.raw_ok = outer_raw
+
+    def _parallel_chains(self, scope: _Scope) -> tuple[Spec, list[float]]:
         n_chains = self.draw(st.integers(2, 4))
         join = self.draw(st.sampled_from(("add", "separate")))
         chain_flavor = scope.flavor.chain_flavor or _HEAVY
@@ -1188,6 +1536,75 @@ class _Drawer:
         bound = scope.bounds[v]
         return ("context", kind, v), [bound + 1.0 if kind == "arange" else 2.0 * bound]
 
+    # ---- mechanism node kinds (issue 18) --------------------------------------------------------
+
+    def _raw_allowed(self, scope: _Scope) -> bool:
+        return scope.top_level or (self.raw_ok and scope.depth == 1)
+
+    def _rule(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        helper = self.draw(st.sampled_from(_RULE_HELPER_DRAWS))
+        wrap = self.draw(st.sampled_from(("jit", "jit", "plain", "checkpoint")))
+        copies = self.draw(st.sampled_from(("once", "twins")))
+        node = ("rule", helper, wrap, copies, self._operand(scope))
+        return node, [1.5, 0.5] if copies == "twins" else [1.0]
+
+    def _host(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        function = self.draw(st.sampled_from(tuple(_HOST_SHAPED)))
+        vmap_method = self.draw(st.sampled_from(("sequential", "expand_dims", "broadcast_all")))
+        v = self._operand(scope)
+        return ("host", function, vmap_method, v), [2.0 * scope.bounds[v] + 1.0]
+
+    def _weak_scan(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        draw = self.draw
+        length = draw(st.sampled_from(tuple(n for n in scope.flavor.scan_lengths if n > 0)))
+        reverse = draw(st.booleans())
+        init = draw(st.sampled_from((1.0, -0.5, 2)))
+        how = draw(st.sampled_from(("cond", "arith")))
+        ys_mode = "raw" if self._raw_allowed(scope) and draw(st.booleans()) else "reduce"
+        v = self._operand(scope)
+        node = ("weak_scan", length, reverse, init, how, ys_mode, v)
+        return node, [scope.bounds[v], scope.bounds[v] + 0.1]
+
+    def _key_scan(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        draw = self.draw
+        impl = draw(st.sampled_from(("threefry2x32", "threefry2x32", "rbg", "unsafe_rbg")))
+        length = draw(st.sampled_from(tuple(n for n in scope.flavor.scan_lengths if n > 0)))
+        seed = draw(st.integers(0, 3))
+        how = draw(st.sampled_from(("fold_in", "split")))
+        ys_mode = "raw" if self._raw_allowed(scope) and draw(st.booleans()) else "reduce"
+        v = self._operand(scope)
+        node = ("key_scan", impl, length, seed, how, ys_mode, v)
+        return node, [scope.bounds[v] + 1.0, 0.5 * scope.bounds[v] + 0.5]
+
+    def _key_branch(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        impl = self.draw(st.sampled_from(("threefry2x32", "threefry2x32", "rbg", "unsafe_rbg")))
+        seed = self.draw(st.integers(0, 3))
+        raw = "raw" if self._raw_allowed(scope) and self.draw(st.booleans()) else "inner"
+        v = self._operand(scope)
+        return ("key_branch", impl, seed, raw, v), [scope.bounds[v] + 1.0]
+
+    def _shared_scans(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        """2-3 scans of one step function (through a helper with a custom rule) on different
+        operands: what batch_scans batches."""
+        draw = self.draw
+        length = draw(st.sampled_from(tuple(n for n in scope.flavor.scan_lengths if n > 0)))
+        reverse = draw(st.booleans())
+        helper = draw(st.sampled_from(_RULE_HELPER_DRAWS))
+        wrap = draw(st.sampled_from(("jit", "plain", "checkpoint")))
+        operands = tuple(self._operand(scope) for _ in range(draw(st.integers(2, 3))))
+        node = ("shared_scans", length, reverse, helper, wrap, operands)
+        return node, [1.0] * len(operands)
+
+    def _hazard(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        # The failing kind weighs more: a program that never fails checks little.
+        kind = self.draw(st.sampled_from((*_HAZARDS, self.bad_hazard, self.bad_hazard)))
+        kind = _HAZARDS[0] if kind == "none" else kind
+        bad = "bad" if kind == self.bad_hazard else "ok"
+        v = self._operand(scope)
+        bound = scope.bounds[v]
+        out = {"index": 2.0 * bound, "log": 1.1, "div": 2.0 * bound + 1.0, "user": 1.0}[kind]
+        return ("hazard", kind, bad, v), [out]
+
     def _checkpoint_loops(self, scope: _Scope) -> tuple[Spec, list[float]]:
         """`jax.checkpoint` around 2-3 independent loops, which a planner makes regions of."""
         draw = self.draw
@@ -1235,6 +1652,8 @@ def _node_operands(node: Spec) -> list[int]:
         return list(node[7])
     if kind == "counted_scan":
         return [node[6]]
+    if kind == "shared_scans":
+        return list(node[5])
     if kind in _FEATURE_OPERAND:
         return [node[_FEATURE_OPERAND[kind]]]
     raise ValueError(f"unknown node kind {kind!r} in spec")
@@ -1246,11 +1665,13 @@ _OUTPUT_KINDS = ("tuple", "single", "dict", "nested")
 def _program_spec(draw: Callable[[st.SearchStrategy[Any]], Any], flavor: _Flavor,
                   *, counter_dtypes: tuple[str, ...] = (),
                   output_kinds: tuple[str, ...] = _OUTPUT_KINDS,
-                  sizes: tuple[int, ...] = (8, 16)) -> Spec:
+                  sizes: tuple[int, ...] = (8, 16), bad_hazards: bool = False) -> Spec:
     n = draw(st.sampled_from(sizes))
     n_inputs = draw(st.integers(2, 5))
     seed = draw(st.integers(0, 2**16))
     drawer = _Drawer(draw, n, counter_dtypes)
+    if bad_hazards:
+        drawer.bad_hazard = draw(st.sampled_from(("none", *_HAZARDS, *_HAZARDS)))
     block, _ = drawer.block([1.0] * n_inputs, 0, flavor, top_level=True)
     output_kind = draw(st.sampled_from(output_kinds))
     return ("program", n, n_inputs, seed, block, output_kind)
@@ -1322,3 +1743,41 @@ def loop_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any], x64: bool 
 def loop_programs(x64: bool = False) -> st.SearchStrategy[Program]:
     """Random loop programs (see `loop_program_specs`), with inputs."""
     return loop_program_specs(x64).map(build_program)
+
+
+@st.composite
+def rule_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Spec:
+    """Specs of programs made of what issue 18 found: helpers with custom_vjp/custom_jvp rules
+    that are nonlinear (a clipped cotangent), effectful (debug prints, debug callbacks, ordered
+    ones), host-calling (`pure_callback` with and without `vmap_method`) or random (rbg bits),
+    called as is, through `jax.jit` or under `jax.checkpoint`, once or twice on the same
+    operand (twins); ensembles whose members hold such helpers, and scans sharing one step
+    function through one; host callbacks only right for their own shape; scans with weakly
+    typed (Python scalar) carries and ys, with key-typed carries and ys, and key chains, whose
+    ys and keys are sometimes outputs of the program (also from the members of ensembles, so
+    they leave regions). Effects are seen with `collect_effects`; outputs may hold keys."""
+    common = draw(st.integers(1, 5))
+    other = draw(st.integers(1, 5))
+    flavor = dataclasses.replace(_RULES, scan_lengths=(common, common, other))
+    return _program_spec(draw, flavor, sizes=(8, 16, 64))
+
+
+def rule_programs() -> st.SearchStrategy[Program]:
+    """Random rule programs (see `rule_program_specs`), with inputs."""
+    return rule_program_specs().map(build_program)
+
+
+@st.composite
+def checkify_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Spec:
+    """Specs of programs holding what `checkify` checks (see `_eval_hazard`): reads at an
+    index from the data, logs, integer divisions and user checks, in ensembles, scans, conds,
+    jits and checkpoints. At most one kind of hazard fails in a program (out-of-bounds index,
+    log of negatives, division by zero, or a failed user check), with one message wherever it
+    fails, so the error `checkify` reports does not depend on the order of execution. User
+    checks need `checkify`: run these programs only under it."""
+    return _program_spec(draw, _CHECKS, sizes=(8, 16), bad_hazards=True)
+
+
+def checkify_programs() -> st.SearchStrategy[Program]:
+    """Random checkify programs (see `checkify_program_specs`), with inputs."""
+    return checkify_program_specs().map(build_program)
