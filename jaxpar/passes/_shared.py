@@ -20,11 +20,23 @@ allow-list of the families whose rules are plain batch dimensions (elementwise
 and structural ops, reductions, ``dot_general``/``conv``, sorting, FFT,
 threefry random bits) errs on the side of leaving code unbatched, which costs
 speed, never correctness. Primitives holding jaxprs (``jit``, ``remat``,
-``custom_jvp_call``, ``custom_vjp_call``, ``scan``, ``cond``, ``while``) are
+``custom_jvp_call``, ``scan``, ``cond``, ``while``) are
 allowed when everything inside them is, checked recursively with the batched
 operands followed through: a ``cond``'s index and a ``while``'s predicate must
 not depend on a stacked operand (members sharing them, the same variable in
 every member, are fine: ``vmap`` then keeps one predicate).
+
+Differentiating the batched program runs the members' custom rules under the
+same ``vmap``: a ``custom_jvp``'s rule is checked like its primal (its jaxpr comes
+from the call's own memoised thunk), a ``custom_vjp`` is refused (its backward
+rule is an opaque Python function). Host callbacks are refused whatever
+``vmap_method`` they declare: the program never vmapped them, and a callback may
+be right only for the shapes it was written for.
+
+An equation that reads no stacked value runs once, outside the batch, for every
+member: a merge, like ``share_common``'s, made before the user differentiates the
+program. ``merge_refusal`` says when that is not faithful (an effect, a host call,
+a ``custom_vjp`` anywhere inside), and the checker refuses such members.
 
 Example::
 
@@ -34,7 +46,12 @@ Sharp edges:
   * ``sharding_constraint``, collectives, linear-algebra decompositions and
     custom primitives are not on the list: members using them are left alone.
   * An equation none of whose inputs is batched runs once, unbatched, so the list
-    does not apply to it.
+    does not apply to it (``merge_refusal`` does).
+  * Checking a ``custom_jvp`` rule traces it (once per call: JAX memoises the
+    thunk and differentiation reuses it), so a Python ``print`` in a rule shows
+    during the analysis. Rules are followed two deep (a rule often calls its own
+    primal, relu's for one); deeper ones count as their primal, which only third
+    and higher derivatives would run.
 """
 
 from __future__ import annotations

@@ -22,8 +22,11 @@ Example::
 Sharp edges:
   * Two bodies that differ only in the order of equations are not recognised.
   * Bodies holding primitives off ``_shared``'s allow-list (``rbg`` random bits,
-    callbacks without a ``vmap_method``, a ``cond`` or ``while`` whose predicate
-    reads a stacked operand) are not batched; ``fuse_scans`` may fuse them.
+    host callbacks, a ``custom_vjp``, a ``cond`` or ``while`` whose predicate
+    reads a stacked operand) are not batched, and nor are scans on the very same
+    operands whose body holds what must not be merged (``_shared.merge_refusal``);
+    equal scans refused so are reported as left alone, and ``fuse_scans`` may fuse
+    them.
   * Stacking copies the operands once per call; for large xs and few trips that
     copy can cost more than the loop overhead it saves.
 """

@@ -53,8 +53,10 @@ Sharp edges:
     by value, nested jaxprs equation by equation, functions by identity. Two
     members that differ only in the order of their equations are not recognised.
   * Only what ``vmap`` batches faithfully and cheaply is batched (``_shared``):
-    members drawing ``rbg`` random bits, calling a callback without a
-    ``vmap_method``, or branching on a per-member predicate are left alone.
+    members drawing ``rbg`` random bits, calling the host (whatever ``vmap_method``
+    a callback declares), holding a ``custom_vjp`` or a ``custom_jvp`` whose rule
+    fails the same test, or branching on a per-member predicate are left alone;
+    equal equations refused so are reported (the first of each chain).
   * Results agree with the unbatched program to float rounding: XLA may pick a
     different algorithm for a batched matmul.
 """
