@@ -129,12 +129,12 @@ class _Checker:
 
     def __init__(self, static: bool = False) -> None:
         self.static = static
-        self._memo: dict[tuple[int, tuple[bool, ...]], tuple[Any, Verdict]] = {}
-        self._merges: dict[int, tuple[Any, str | None]] = {}
+        self._memo: dict[tuple[int, tuple[bool, ...], int], tuple[Any, Verdict]] = {}
+        self._merges: dict[Any, tuple[Any, str | None]] = {}
         self.rule_depth = 0  # custom_jvp rules being checked, one inside the other
 
     def jaxpr(self, inner: Any, batched: list[bool]) -> Verdict:
-        key = (id(inner), tuple(batched))
+        key = (id(inner), tuple(batched), self.rule_depth)
         hit = self._memo.get(key)
         if hit is not None and hit[0] is inner:
             return hit[1]
@@ -308,7 +308,7 @@ def _scan_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     raise RuntimeError("jaxpar: batched carries of a scan did not settle; please report it")
 
 
-def merge_refusal(eqn: Any, memo: dict[int, tuple[Any, str | None]] | None = None
+def merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]] | None = None
                   ) -> str | None:
     """Why computing ``eqn`` once where copies of it ran on the same operands would not
     be faithful, or None.
@@ -319,16 +319,16 @@ def merge_refusal(eqn: Any, memo: dict[int, tuple[Any, str | None]] | None = Non
     the copies' cotangents summed, and every effect happens once. That is faithful
     only where nothing inside (nested jaxprs and ``custom_jvp`` rules included) has
     effects, calls the host, draws stateful random numbers or is user-placed
-    (``RUN_EVERY_CALL``), or is a
-    ``custom_vjp`` (its backward rule is an opaque function, which may clip its
-    cotangent, print or call back).
+    (``RUN_EVERY_CALL``), or is a ``custom_vjp`` (its backward rule is an opaque
+    function, which may clip its cotangent, print or call back).
 
-    ``memo`` (by jaxpr identity, holding the jaxpr) spares walking a nested jaxpr twice.
+    ``memo`` (by jaxpr identity and rule depth, holding the jaxpr) spares walking a
+    nested jaxpr twice.
     """
     return _merge_refusal(eqn, {} if memo is None else memo, 0)
 
 
-def _merge_refusal(eqn: Any, memo: dict[int, tuple[Any, str | None]], depth: int
+def _merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]], depth: int
                    ) -> str | None:
     name = eqn.primitive.name
     if eqn.effects:
@@ -354,9 +354,9 @@ def _merge_refusal(eqn: Any, memo: dict[int, tuple[Any, str | None]], depth: int
     return None
 
 
-def _jaxpr_merge_refusal(jaxpr: Any, memo: dict[int, tuple[Any, str | None]], depth: int
+def _jaxpr_merge_refusal(jaxpr: Any, memo: dict[Any, tuple[Any, str | None]], depth: int
                          ) -> str | None:
-    hit = memo.get(id(jaxpr))
+    hit = memo.get((id(jaxpr), depth))
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
     inner, _ = _compat.open_jaxpr(jaxpr)
@@ -365,7 +365,7 @@ def _jaxpr_merge_refusal(jaxpr: Any, memo: dict[int, tuple[Any, str | None]], de
         why = _merge_refusal(eqn, memo, depth)
         if why is not None:
             break
-    memo[id(jaxpr)] = (jaxpr, why)
+    memo[(id(jaxpr), depth)] = (jaxpr, why)
     return why
 
 

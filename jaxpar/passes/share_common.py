@@ -82,7 +82,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
 
 def _share_level(level: Level, keys: StructuralKeys,
-                 merges: dict[int, tuple[Any, str | None]]
+                 merges: dict[Any, tuple[Any, str | None]]
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns = inner.eqns
