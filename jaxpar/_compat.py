@@ -694,6 +694,31 @@ def scan_params_with_unroll(eqn: Any, unroll: int) -> dict[str, Any]:
     return params
 
 
+def custom_jvp_rule(eqn: Any) -> tuple[Any, int] | None:
+    """The jvp rule of a ``custom_jvp_call`` as a jaxpr, with the count of the call's
+    leading constant operands (the rule reads the other operands, then one tangent per
+    operand, none of them a symbolic zero); None where this jax hides it or tracing the
+    rule fails.
+
+    The rule is traced through the equation's own memoised thunk
+    (``jvp_jaxpr_fun``), the one JAX calls when it differentiates the call, so it is
+    traced at most once per call and what it sees here is what differentiation sees.
+    """
+    thunk = eqn.params.get("jvp_jaxpr_fun", eqn.params.get("jvp_jaxpr_thunk"))
+    num_consts = eqn.params.get("num_consts")
+    if thunk is None or not isinstance(num_consts, int):
+        return None
+    zeros = (False,) * (len(eqn.invars) - num_consts)
+    try:
+        made = thunk.call_wrapped(*zeros) if hasattr(thunk, "call_wrapped") else thunk(*zeros)
+    except Exception:  # a rule that cannot be traced alone: judged unknown, never batched
+        return None
+    rule = made[0]
+    if not isinstance(rule, (Jaxpr, ClosedJaxpr)):
+        return None
+    return rule, num_consts
+
+
 @_dataclasses.dataclass(frozen=True, slots=True)
 class WhileInfo:
     """The parts of a ``while`` equation: operands are ``cond consts + body consts + carry``."""

@@ -87,6 +87,8 @@ PURE_CALLBACK = _name("pure_callback_p")
 LESS_THAN = _name("lt_p")
 ADD = _name("add_p")
 CONVERT_ELEMENT_TYPE = _name("convert_element_type_p")
+CUSTOM_JVP_CALL = _name("custom_jvp_call_p")
+CUSTOM_VJP_CALL = _name("custom_vjp_call_p")
 
 # Loops, as the report lists them.
 LOOPS = frozenset({SCAN, WHILE})
@@ -159,6 +161,13 @@ NEVER_SHARED = _family(
     "NEVER_SHARED", "pure_callback_p", "io_callback_p", "debug_callback_p", "rng_uniform_p",
     "random_seed_p", "xla_metadata_call_p", "compute_on_p")
 
+# Equations that must run once per call, whatever their operands (effects aside): host
+# calls, stateful random numbers, user placement. Merging copies of them, or of anything
+# holding them, is never faithful (``passes/_shared.merge_refusal``).
+RUN_EVERY_CALL = _family(
+    "RUN_EVERY_CALL", "pure_callback_p", "io_callback_p", "debug_callback_p", "rng_uniform_p",
+    "xla_metadata_call_p", "compute_on_p")
+
 # Pricing: ops XLA folds into a neighbour or into a layout; they never stop a fusion.
 LAYOUT_ONLY = _family(
     "LAYOUT_ONLY", "reshape_p", "squeeze_p", "convert_element_type_p", "bitcast_convert_type_p",
@@ -220,11 +229,14 @@ BATCH_FAITHFUL = _family(
     # threefry random bits and keys (the key type is checked: see BATCH_KEYED_RANDOM)
     "threefry2x32_p", "random_bits_p", "random_fold_in_p", "random_seed_p", "random_split_p",
     "random_wrap_p", "random_unwrap_p",
-    # callbacks with a vmap_method (checked by their rule)
-    "pure_callback_p",
     # nested jaxprs (checked recursively)
     "jit_p", "closed_call_p", "remat_p", "custom_jvp_call_p", "custom_vjp_call_p", "scan_p",
     "cond_p", "while_p")
+
+# Calls into the host: the user wrote them for the shapes they are called with, so the
+# batching passes never put them under a vmap the user did not write.
+HOST_CALLBACKS = _family("HOST_CALLBACKS", "pure_callback_p", "io_callback_p",
+                         "debug_callback_p")
 
 # Batching passes: random primitives whose keys must be threefry keys to batch faithfully.
 BATCH_KEYED_RANDOM = _family(

@@ -20,11 +20,23 @@ allow-list of the families whose rules are plain batch dimensions (elementwise
 and structural ops, reductions, ``dot_general``/``conv``, sorting, FFT,
 threefry random bits) errs on the side of leaving code unbatched, which costs
 speed, never correctness. Primitives holding jaxprs (``jit``, ``remat``,
-``custom_jvp_call``, ``custom_vjp_call``, ``scan``, ``cond``, ``while``) are
+``custom_jvp_call``, ``scan``, ``cond``, ``while``) are
 allowed when everything inside them is, checked recursively with the batched
 operands followed through: a ``cond``'s index and a ``while``'s predicate must
 not depend on a stacked operand (members sharing them, the same variable in
 every member, are fine: ``vmap`` then keeps one predicate).
+
+Differentiating the batched program runs the members' custom rules under the
+same ``vmap``: a ``custom_jvp``'s rule is checked like its primal (its jaxpr comes
+from the call's own memoised thunk), a ``custom_vjp`` is refused (its backward
+rule is an opaque Python function). Host callbacks are refused whatever
+``vmap_method`` they declare: the program never vmapped them, and a callback may
+be right only for the shapes it was written for.
+
+An equation that reads no stacked value runs once, outside the batch, for every
+member: a merge, like ``share_common``'s, made before the user differentiates the
+program. ``merge_refusal`` says when that is not faithful (an effect, a host call,
+a ``custom_vjp`` anywhere inside), and the checker refuses such members.
 
 Example::
 
@@ -36,7 +48,12 @@ Sharp edges:
     ``psum``/``pmax``/``pmin`` over positional axes only (a ``vmap`` axis name) is a
     local reduction, and is.
   * An equation none of whose inputs is batched runs once, unbatched, so the list
-    does not apply to it.
+    does not apply to it (``merge_refusal`` does).
+  * Checking a ``custom_jvp`` rule traces it (once per call: JAX memoises the
+    thunk and differentiation reuses it), so a Python ``print`` in a rule shows
+    during the analysis. Rules are followed two deep (a rule often calls its own
+    primal, relu's for one); deeper ones count as their primal, which only third
+    and higher derivatives would run.
 """
 
 from __future__ import annotations
@@ -114,10 +131,12 @@ class _Checker:
 
     def __init__(self, static: bool = False) -> None:
         self.static = static
-        self._memo: dict[tuple[int, tuple[bool, ...]], tuple[Any, Verdict]] = {}
+        self._memo: dict[tuple[int, tuple[bool, ...], int], tuple[Any, Verdict]] = {}
+        self._merges: dict[Any, tuple[Any, str | None]] = {}
+        self.rule_depth = 0  # custom_jvp rules being checked, one inside the other
 
     def jaxpr(self, inner: Any, batched: list[bool]) -> Verdict:
-        key = (id(inner), tuple(batched))
+        key = (id(inner), tuple(batched), self.rule_depth)
         hit = self._memo.get(key)
         if hit is not None and hit[0] is inner:
             return hit[1]
@@ -141,8 +160,17 @@ class _Checker:
 
     def eqn(self, eqn: Any, batched: list[bool]) -> Verdict:
         if not any(batched):
-            return None, [False] * len(eqn.outvars)  # runs once, outside the vmap
+            # vmap runs it once, outside the batch, for every member: as if merged.
+            why = merge_refusal(eqn, self._merges)
+            if why is not None:
+                return (f"it reads no per-member value, so the batched form would run it "
+                        f"once for all members, but {why}"), []
+            return None, [False] * len(eqn.outvars)
         name = eqn.primitive.name
+        if name in _primitives.HOST_CALLBACKS:
+            return (f"`{name}`{_where(eqn)} calls the host, written for the shapes it is "
+                    "called with; the program never vmaps it, so jaxpar does not either "
+                    "(whatever its vmap_method says)"), []
         if name not in FAITHFUL_PRIMITIVES:
             return (f"`{name}`{_where(eqn)} is not known to batch "
                     "faithfully and cheaply under vmap"), []
@@ -152,6 +180,12 @@ class _Checker:
 
 
 _DYNAMIC = _primitives.BATCH_DYNAMIC
+
+# How deep custom_jvp rules are checked: a rule often calls its own primal (relu's rule
+# holds relu's custom_jvp_call, whose rule holds another...), so the chain never ends.
+# Two levels cover first and second derivatives; rules deeper down count as their
+# primal (a sharp edge for third and higher derivatives).
+RULE_DEPTH = 2
 
 
 def _elementwise_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
@@ -177,12 +211,35 @@ def _static_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     return None, [True] * len(eqn.outvars)
 
 
-@_register(_primitives.PURE_CALLBACK)
-def _callback_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
-    if eqn.params.get("vmap_method") is None and not eqn.params.get("vectorized", False):
-        return (f"`pure_callback`{_where(eqn)} has no vmap_method, so "
-                "vmap cannot batch it"), []
-    return None, [True] * len(eqn.outvars)
+@_register(_primitives.CUSTOM_VJP_CALL)
+def _custom_vjp_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+    return (f"`{eqn.primitive.name}`{_where(eqn)} is a custom_vjp: differentiating the "
+            "batched program would run its backward rule, an opaque Python function "
+            "jaxpar cannot check, under a vmap the program never had"), []
+
+
+@_register(_primitives.CUSTOM_JVP_CALL)
+def _custom_jvp_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+    """The primal jaxpr, and the jvp rule that differentiating the batched program runs
+    under the same vmap (a tangent is batched where its primal is)."""
+    why, outs = _elementwise_rule(checker, eqn, batched)
+    if why is not None or checker.rule_depth >= RULE_DEPTH:
+        return why, outs
+    found = _compat.custom_jvp_rule(eqn)
+    if found is None:
+        return (f"the jvp rule of `{eqn.primitive.name}`{_where(eqn)} cannot be inspected, "
+                "and differentiating the batched program would run it under vmap"), []
+    rule, num_consts = found
+    primals = batched[num_consts:]
+    checker.rule_depth += 1
+    try:
+        why, _ = checker.jaxpr(_compat.open_jaxpr(rule)[0], primals + primals)
+    finally:
+        checker.rule_depth -= 1
+    if why is not None:
+        return (f"differentiating the batched program would run the jvp rule of "
+                f"`{eqn.primitive.name}`{_where(eqn)} under vmap: {why}"), []
+    return None, outs
 
 
 @_register(*sorted(_primitives.AXES_REDUCTIONS))
@@ -258,6 +315,67 @@ def _scan_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
             return None, [*carry, *outs[info.num_carry:]]
         carry = grown
     raise RuntimeError("jaxpar: batched carries of a scan did not settle; please report it")
+
+
+def merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]] | None = None
+                  ) -> str | None:
+    """Why computing ``eqn`` once where copies of it ran on the same operands would not
+    be faithful, or None.
+
+    Merging twins (``share_common``) or running an equation that reads no per-member
+    value once under ``vmap`` is what XLA's CSE does to a forward pass, but it happens
+    before the program is differentiated, so every rule that differentiation runs sees
+    the copies' cotangents summed, and every effect happens once. That is faithful
+    only where nothing inside (nested jaxprs and ``custom_jvp`` rules included) has
+    effects, calls the host, draws stateful random numbers or is user-placed
+    (``RUN_EVERY_CALL``), or is a ``custom_vjp`` (its backward rule is an opaque
+    function, which may clip its cotangent, print or call back).
+
+    ``memo`` (by jaxpr identity and rule depth, holding the jaxpr) spares walking a
+    nested jaxpr twice.
+    """
+    return _merge_refusal(eqn, {} if memo is None else memo, 0)
+
+
+def _merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]], depth: int
+                   ) -> str | None:
+    name = eqn.primitive.name
+    if eqn.effects:
+        return f"`{name}`{_where(eqn)} has effects, which would happen once, not once per copy"
+    if name in _primitives.RUN_EVERY_CALL:
+        return (f"`{name}`{_where(eqn)} must run once per call (a host call, fresh random "
+                "numbers or user placement)")
+    if name == _primitives.CUSTOM_VJP_CALL:
+        return (f"`{name}`{_where(eqn)} is a custom_vjp: its backward rule (an opaque "
+                "function that may clip, print or call back) would see the copies' "
+                "cotangents summed")
+    for _, _, sub in _compat.eqn_subjaxprs(eqn):
+        why = _jaxpr_merge_refusal(sub, memo, depth)
+        if why is not None:
+            return why
+    if name == _primitives.CUSTOM_JVP_CALL and depth < RULE_DEPTH:
+        found = _compat.custom_jvp_rule(eqn)
+        if found is None:
+            return f"the jvp rule of `{name}`{_where(eqn)} cannot be inspected"
+        why = _jaxpr_merge_refusal(found[0], memo, depth + 1)
+        if why is not None:
+            return f"in the jvp rule of `{name}`{_where(eqn)}, {why}"
+    return None
+
+
+def _jaxpr_merge_refusal(jaxpr: Any, memo: dict[Any, tuple[Any, str | None]], depth: int
+                         ) -> str | None:
+    hit = memo.get((id(jaxpr), depth))
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    why = None
+    for eqn in inner.eqns:
+        why = _merge_refusal(eqn, memo, depth)
+        if why is not None:
+            break
+    memo[(id(jaxpr), depth)] = (jaxpr, why)
+    return why
 
 
 def _where(eqn: Any) -> str:

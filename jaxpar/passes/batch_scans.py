@@ -22,22 +22,37 @@ Example::
 Sharp edges:
   * Two bodies that differ only in the order of equations are not recognised.
   * Bodies holding primitives off ``_shared``'s allow-list (``rbg`` random bits,
-    callbacks without a ``vmap_method``, a ``cond`` or ``while`` whose predicate
-    reads a stacked operand) are not batched; ``fuse_scans`` may fuse them.
+    host callbacks, a ``custom_vjp``, a ``cond`` or ``while`` whose predicate
+    reads a stacked operand) are not batched, and nor are scans on the very same
+    operands whose body holds what must not be merged (``_shared.merge_refusal``);
+    equal scans refused so are reported as left alone, and ``fuse_scans`` may fuse
+    them.
   * Stacking copies the operands once per call; for large xs and few trips that
     copy can cost more than the loop overhead it saves.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import jax
 
 from .. import _compat
 from .._analysis import Analysis
-from ._shared import batch_refusal, body_key, group_independent, vmap_members
-from ._walk import KIND_BATCHED, Level, LevelResult, Rewrite, decision, evaluate, loop_candidate
+from .._structure import StructuralKeys
+from ._shared import batch_refusal, body_key, group_independent, static_refusal, vmap_members
+from ._walk import (
+    KIND_BATCHED,
+    KIND_LEFT_ALONE,
+    Level,
+    LevelResult,
+    LoopDecision,
+    Rewrite,
+    decision,
+    evaluate,
+    loop_candidate,
+)
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
@@ -48,14 +63,29 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         return [], []
     structure = analysis.structural_keys
     keys = {i: body_key(eqns[i], structure) for i in candidates}
+    refusals = _refusals(eqns, [i for i in candidates if keys[i] is None], structure)
     candidates = [i for i in candidates if keys[i] is not None]
 
     def compatible(group: list[int], index: int) -> bool:
-        return keys[group[0]] == keys[index] and batch_refusal(eqns, [*group, index]) is None
+        if keys[group[0]] != keys[index]:
+            return False
+        why = batch_refusal(eqns, [*group, index])
+        if why is not None:
+            refusals.setdefault(keys[index], (why, set()))[1].update((*group, index))
+        return why is None
 
     groups = [g for g in group_independent(level.graph, candidates, compatible)
               if len(g) > 1]
-    rewrites, decisions = [], []
+    rewrites: list[Rewrite] = []
+    decisions: list[LoopDecision] = []
+    batched = {i for g in groups for i in g}
+    for why, refused in refusals.values():
+        left = sorted(refused - batched)
+        if len(left) > 1:
+            decisions.append(decision(
+                path, KIND_LEFT_ALONE, eqns, left, trips_before=None, trips_after=None,
+                unroll=None, reason=f"{len(left)} scans run the same body, but vmap would "
+                                    f"not batch them faithfully and cheaply: {why}"))
     for group in groups:
         length = _compat.scan_info(eqns[group[0]]).length
         rewrites.append(Rewrite(tuple(group), _batched_emitter([eqns[i] for i in group])))
@@ -65,6 +95,18 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             reason=f"{len(group)} independent scans run the same body: one vmapped scan with "
                    "stacked operands, so each trip launches the same kernels, batched"))
     return rewrites, decisions
+
+
+def _refusals(eqns: list[Any], refused: list[int], structure: StructuralKeys
+              ) -> dict[Hashable, tuple[str, set[int]]]:
+    """Scans whose bodies ``vmap`` never batches faithfully, by body (equal scans
+    together): the reason and the scans."""
+    found: dict[Hashable, tuple[str, set[int]]] = {}
+    for i in refused:
+        key = (structure.equation(eqns[i]), tuple(v.aval for v in eqns[i].invars))
+        why = found[key][0] if key in found else static_refusal(eqns[i]) or ""
+        found.setdefault(key, (why, set()))[1].add(i)
+    return found
 
 
 def _batched_emitter(members: list[Any]) -> Any:

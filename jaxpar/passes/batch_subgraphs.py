@@ -53,8 +53,10 @@ Sharp edges:
     by value, nested jaxprs equation by equation, functions by identity. Two
     members that differ only in the order of their equations are not recognised.
   * Only what ``vmap`` batches faithfully and cheaply is batched (``_shared``):
-    members drawing ``rbg`` random bits, calling a callback without a
-    ``vmap_method``, or branching on a per-member predicate are left alone.
+    members drawing ``rbg`` random bits, calling the host (whatever ``vmap_method``
+    a callback declares), holding a ``custom_vjp`` or a ``custom_jvp`` whose rule
+    fails the same test, or branching on a per-member predicate are left alone;
+    equal equations refused so are reported (the first of each chain).
   * Results agree with the unbatched program to float rounding: XLA may pick a
     different algorithm for a batched matmul.
 """
@@ -144,14 +146,21 @@ def _batch_level(level: Level, costs: CostModel,
         return [], []
     graph = level.graph
     producer = _producers(eqns)
-    keys, local_keys = _value_numbers(inner, producer, graph, memo, structure)
+    refused: dict[Hashable, tuple[str, list[int]]] = {}
+    keys, local_keys = _value_numbers(inner, producer, graph, memo, structure, refused)
+    decisions: list[LoopDecision] = [
+        decision(path, KIND_SUBGRAPHS_LEFT_ALONE, eqns, members, trips_before=None,
+                 trips_after=None, unroll=None,
+                 reason=f"{len(members)} identical independent equations, but vmap would "
+                        f"not batch them faithfully and cheaply: {why}")
+        for why, members in refused.values() if len(members) > 1]
     classes: dict[int, list[int]] = {}
     for index, key in enumerate(keys):
         if key is not None:
             classes.setdefault(key, []).append(index)
     candidates = sorted((m for m in classes.values() if len(m) > 1), key=lambda m: -m[-1])
     if not candidates:
-        return [], []
+        return [], decisions
     # Only the equations of candidate groups are costed; the stages need only which
     # equations launch a kernel.
     heavy = [costs.launches(eqn) for eqn in eqns]
@@ -161,7 +170,6 @@ def _batch_level(level: Level, costs: CostModel,
     level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
     groups: list[_Group] = []
     member_kernels: dict[tuple[int, ...], int] = {}  # per accepted group (by its equations)
-    decisions: list[LoopDecision] = []
     # Rejected subgraphs are tried again from their inner equations (a part may pay where
     # the whole does not); the budget keeps that near-linear in the level's size.
     budget = [_ALIGN_BUDGET_PER_EQN * len(eqns)]
@@ -245,17 +253,21 @@ def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
 
 
 def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph,
-                   memo: dict[int, tuple[Any, ...]], structure: StructuralKeys
+                   memo: dict[int, tuple[Any, ...]], structure: StructuralKeys,
+                   refused: dict[Hashable, tuple[str, list[int]]]
                    ) -> tuple[list[int | None], list[int | None]]:
     """Structural keys per equation (interned to ints); None: never batched.
 
     Returns ``(keys, local_keys)``: ``keys`` cover the equation and everything it reads
     from (equal keys: the same computation of same-typed level inputs); ``local_keys``
-    only the equation itself (primitive, parameters, operand and result types).
+    only the equation itself (primitive, parameters, operand and result types). Equal
+    equations ``vmap`` would not batch faithfully (the first of each chain) are added to
+    ``refused``: key -> (why, their indices).
     """
     intern: dict[Hashable, int] = {}
     keys: list[int | None] = []
     local_keys: list[int | None] = []
+    refused_eqns: set[int] = set()
     # Hoisted: this runs once per equation of every level, every round.
     live, literal = graph.live, _compat.Literal
     memo_get, setdefault = memo.get, intern.setdefault
@@ -288,18 +300,23 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
             if (hit is None or hit[0] is not owner
                     or (by_params and (hit[2] is not eqn.primitive or hit[3] is not eqn.ctx
                                        or hit[4] != len(invars)))):
-                # None: a primitive vmap does not batch faithfully and cheaply, here or
-                # in a nested jaxpr.
-                hit = (owner, None if static_refusal(eqn) is not None
-                       else structure.equation(eqn), eqn.primitive, eqn.ctx, len(invars))
+                # The last entry: why vmap does not batch it faithfully and cheaply,
+                # here or in a nested jaxpr (None: it does).
+                hit = (owner, structure.equation(eqn), eqn.primitive, eqn.ctx, len(invars),
+                       static_refusal(eqn))
                 memo[id(owner)] = hit
             params = hit[1]
-            if params is not None:
-                outs = tuple([v.aval for v in eqn.outvars])
+            outs = tuple([v.aval for v in eqn.outvars])
+            if hit[5] is None:
                 keys.append(setdefault((params, tuple(inputs), outs), len(intern)))
                 local = ("local", params, tuple([v.aval for v in invars]), outs)
                 local_keys.append(setdefault(local, len(intern)))
                 continue
+            # Equal members stop here; said once per chain (its first refused equation).
+            refused_eqns.add(index)
+            if not any(p in refused_eqns for p in graph.preds[index]):
+                refused.setdefault(("refused", params, tuple(inputs), outs),
+                                   (hit[5], []))[1].append(index)
         keys.append(None)
         local_keys.append(None)
     return keys, local_keys

@@ -17,6 +17,11 @@ Example::
 Sharp edges:
   * Equations with effects, callbacks, and equations holding nested jaxprs that are
     not the very same object are never merged (their identity may matter).
+  * The merge happens before the user differentiates the program, so twins holding
+    anything whose differentiation rule or effect would see the merge (a ``custom_vjp``,
+    whose backward rule would get the twins' cotangents summed; effects, host calls or
+    user placement at any depth, ``custom_jvp`` rules included: ``_shared.merge_refusal``)
+    are left alone, with the reason among the decisions.
   * Parameters are compared structurally (``jaxpar._structure``): by value, arrays by
     their bytes, callables by identity, so two different callables never compare equal.
 """
@@ -30,7 +35,8 @@ from .. import _compat
 from .._analysis import Analysis
 from .._primitives import NEVER_SHARED
 from .._structure import StructuralKeys
-from ._walk import Level, LevelResult, Rewrite
+from ._shared import merge_refusal
+from ._walk import KIND_LEFT_ALONE, Level, LevelResult, LoopDecision, Rewrite, decision
 
 
 def _eqn_key(eqn: Any, keys: StructuralKeys, aval_text: dict[Any, str] | None = None
@@ -68,14 +74,17 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     jaxpr = level.jaxpr
     if memo.get(id(jaxpr)) is jaxpr:
         return [], []
-    rewrites = _share_level(jaxpr, analysis.structural_keys)
+    rewrites, decisions = _share_level(level, analysis.structural_keys,
+                                       analysis.memo("merge_refusal"))
     if not rewrites:
         memo[id(jaxpr)] = jaxpr
-    return rewrites, []
+    return rewrites, decisions
 
 
-def _share_level(jaxpr: Any, keys: StructuralKeys) -> list[Rewrite]:
-    inner, _ = _compat.open_jaxpr(jaxpr)
+def _share_level(level: Level, keys: StructuralKeys,
+                 merges: dict[Any, tuple[Any, str | None]]
+                 ) -> tuple[list[Rewrite], list[LoopDecision]]:
+    inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns = inner.eqns
     # Equal equations read the same variables (and literals at the same places) with the
     # same primitive: bucket by that first, and key only buckets of two or more (in most
@@ -95,13 +104,21 @@ def _share_level(jaxpr: Any, keys: StructuralKeys) -> list[Rewrite]:
             key = _eqn_key(eqns[index], keys, aval_text)
             if key is not None:
                 classes.setdefault(key, []).append(index)
-    rewrites = []
+    rewrites: list[Rewrite] = []
+    decisions: list[LoopDecision] = []
     # In order of each class's first equation, as a single keyed sweep would give.
     for members in sorted(classes.values(), key=lambda m: m[0]):
         if len(members) < 2:
             continue
         first = eqns[members[0]]
         count = len(members)
+        why = merge_refusal(first, merges)  # the same for every member: they are equal
+        if why is not None:
+            decisions.append(decision(
+                level.path, KIND_LEFT_ALONE, eqns, members, trips_before=None,
+                trips_after=None, unroll=None,
+                reason=f"{count} equal equations computed once each, not shared: {why}"))
+            continue
 
         def emit(invals: list[list[Any]], eqn: Any = first, count: int = count
                  ) -> list[list[Any]]:
@@ -109,4 +126,4 @@ def _share_level(jaxpr: Any, keys: StructuralKeys) -> list[Rewrite]:
             return [list(outs) for _ in range(count)]
 
         rewrites.append(Rewrite(tuple(members), emit))
-    return rewrites
+    return rewrites, decisions
