@@ -37,6 +37,7 @@ import jax
 from . import _compat
 from ._analysis import Analysis, jaxpr_has_placement
 from ._emit import Emitter, stream_attributes
+from ._gpu_model import CommandBufferMode, GpuProfile
 from ._inspect import Plan, build_report
 from ._options import Options, Settings, Switch, Target, Unroll, check_known
 from ._plan import LevelPlan, plan_jaxpr
@@ -148,11 +149,16 @@ class ParallelBranches:
     """
 
     def __init__(self, fun: Callable[..., Any], options: Options,
-                 static_args: StaticArgs | None = None):
+                 static_args: StaticArgs | None = None, *,
+                 command_buffers: CommandBufferMode | None = None,
+                 gpu: GpuProfile | None = None):
         _check_callable(fun, "parallel_branches")
         functools.update_wrapper(self, fun)
         self.__wrapped__ = fun
         self.options = options
+        # What to plan for instead of the CUDA-graph mode in XLA_FLAGS and this machine's
+        # GPU: gpu_preview plans for the GPU and the mode it judges in.
+        self._planned_for: dict[str, Any] = {"command_buffers": command_buffers, "gpu": gpu}
         self._static_args = static_args or StaticArgs()
         self._cache = _PlanCache(_CACHE_SIZE)
         _compat.register_for_clear_caches(self._cache, f"jaxpar rewrites of {self!r}")
@@ -187,7 +193,8 @@ class ParallelBranches:
             return self.__wrapped__(*args, **kwargs)
         layout, leaves = split_arguments(self.__wrapped__, args, kwargs, self._static_args)
         key = _CallKey(layout, not inside_stream_call(), not disabled_by_environment(),
-                       self.options.resolve(), next(_call_sites) if _compat.staging() else 0)
+                       self.options.resolve(**self._planned_for),
+                       next(_call_sites) if _compat.staging() else 0)
         self._saw_traced_consts.value = False
         out = self._jitted(key, *leaves)
         if self._saw_traced_consts.value:
@@ -429,9 +436,11 @@ def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
       >>> print(plan)
     """
     check_known(options, (*Options.names(), *_CALL_OPTIONS))
+    planned_for: dict[str, Any] = {}
     if isinstance(fun, ParallelBranches):
         base, inner = fun.options.to_dict(), fun.__wrapped__
         given_nums, given_names = fun.static_argnums or None, fun.static_argnames or None
+        planned_for = fun._planned_for
     else:
         base, inner, given_nums, given_names = {}, fun, None, None
     _check_callable(inner, "inspect")
@@ -444,7 +453,7 @@ def inspect(fun: Callable[..., Any], **options: Any) -> Callable[..., Plan]:
         layout, leaves = split_arguments(inner, args, kwargs, statics, allow_abstract=True,
                                          api="inspect")
         sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
-        settings = resolved.resolve()
+        settings = resolved.resolve(**planned_for)
         target = settings.target
         _, plan, loops = _analyse(inner, sig, settings)
         name = str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", inner))

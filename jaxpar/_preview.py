@@ -23,8 +23,11 @@ Sharp edges:
     version; the error names the ``pip install`` line.
   * The schedule is XLA's static plan (the latency-hiding scheduler with its
     analytical cost model), not a measurement; the time is a model of it, with
-    CUDA-graph behaviour read from XLA's source (``command_buffers`` picks the
-    mode; see ``jaxpar._estimate``).
+    CUDA-graph behaviour read from XLA's source (see ``jaxpar._estimate``). It judges
+    in the CUDA-graph mode ``XLA_FLAGS`` sets (XLA's default ``lhs`` without one), or
+    in ``command_buffers`` when given; jaxpar plans in that mode too, and the header
+    names it. The GPU's figures are ``jaxpar._gpu_model``'s, or its calibration
+    profile's when one exists (``benchmarks/calibrate.py``).
   * jaxlib 0.12.0.1 crashed the whole process (SIGSEGV in the PTX compiler)
     compiling a stream-annotated call holding a loop, deviceless, on our CPU
     machines; ``gpu_preview`` refuses that combination instead of crashing
@@ -40,9 +43,11 @@ from typing import Any
 import jax
 
 from . import _gpu_compile, _schedule
-from ._api import ParallelBranches, parallel_branches
+from ._api import ParallelBranches
 from ._api import inspect as inspect_plan
-from ._estimate import CommandBuffers, Estimate, RegionFigures, estimate_hlo, verdict
+from ._estimate import Estimate, RegionFigures, estimate_hlo, verdict
+from ._flags import command_buffer_mode
+from ._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
 from ._inspect import Plan
 from ._options import Options, check_known
 from ._primitives import MAY_HOLD_LOOPS
@@ -131,6 +136,10 @@ class GpuPreview:
     plain: ScheduleFigures
     jaxpar: ScheduleFigures
     plan: Plan
+    # The CUDA-graph mode judged in (and planned for), and where it came from:
+    # "XLA_FLAGS" (the process's mode) or "argument" (gpu_preview's command_buffers).
+    command_buffers: CommandBufferMode = CommandBufferMode.LHS
+    mode_source: str = "XLA_FLAGS"
 
     @property
     def time_ratio(self) -> float:
@@ -146,7 +155,9 @@ class GpuPreview:
         return verdict(self.plain.estimate, self.jaxpar.estimate)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "devices": self.devices, "plain": self.plain.to_dict(),
+        return {"gpu": self.gpu, "devices": self.devices,
+                "command_buffers": self.command_buffers.value, "mode_source": self.mode_source,
+                "plain": self.plain.to_dict(),
                 "jaxpar": self.jaxpar.to_dict(), "plan": self.plan.to_dict(),
                 "time_ratio": self.time_ratio, "verdict": self.verdict}
 
@@ -182,7 +193,8 @@ class GpuPreview:
 
         width = max(len(label) for label, _ in rows)
         lines = [f"GPU preview for `{self.plan.function}` on {self.devices} x {self.gpu.upper()} "
-                 "(deviceless compile)",
+                 f"(deviceless compile; CUDA graphs: {self.command_buffers.value}, from "
+                 f"{self.mode_source})",
                  f"  {'':{width}}  {'plain jit':>12}  {'jaxpar':>12}"]
         for label, key in rows:
             lines.append(f"  {label:{width}}  {cell(self.plain, key):>12}  "
@@ -191,22 +203,23 @@ class GpuPreview:
         return "\n".join(lines)
 
 
-def _figures(hlo: str, gpu: str = "h200", command_buffers: str = "lhs") -> ScheduleFigures:
+def _figures(hlo: str, gpu: GpuProfile, mode: CommandBufferMode) -> ScheduleFigures:
     schedule = _schedule.parse_schedule(hlo)
     loops = tuple(LoopFigures(loop.name, loop.known_trip_count, loop.body_kernels)
                   for loop in schedule.while_loops)
-    by_mode = {mode.value: estimate_hlo(hlo, gpu=gpu, command_buffers=mode)
-               for mode in CommandBuffers}
+    by_mode = {each: estimate_hlo(hlo, gpu=gpu, command_buffers=each)
+               for each in CommandBufferMode}
     return ScheduleFigures(schedule.max_async_calls_in_flight, tuple(sorted(schedule.stream_ids)),
                            loops, schedule.max_collectives_in_flight,
                            schedule.dot_kernels_during_collectives, hlo, schedule.kernels,
-                           schedule.dot_kernels, by_mode[command_buffers],
-                           tuple((mode, e.microseconds) for mode, e in by_mode.items()))
+                           schedule.dot_kernels, by_mode[mode],
+                           tuple((each.value, e.microseconds) for each, e in by_mode.items()))
 
 
 def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: int = 1,
                 mesh: Any = None, allow_known_crashes: bool = False,
-                command_buffers: str = "lhs", **options: Any) -> GpuPreview:
+                command_buffers: CommandBufferMode | str | None = None,
+                **options: Any) -> GpuPreview:
     """Compiles ``fn`` with and without jaxpar for a GPU, deviceless, and compares.
 
     Args:
@@ -218,9 +231,10 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
       devices: GPUs on a 1-D mesh ``("x",)`` when ``mesh`` is not given.
       mesh: a mesh from ``jaxpar._gpu_compile.make_gpu_mesh`` for sharded arguments.
       allow_known_crashes: compile even where this jaxlib is known to crash.
-      command_buffers: CUDA-graph mode the estimate and verdict assume: ``"lhs"``
-        (XLA's default), ``"concurrent"`` or ``"off"``; every mode's time is in
-        ``estimated_us_by_mode``.
+      command_buffers: the CUDA-graph mode jaxpar plans for and the estimate and verdict
+        assume: ``"lhs"`` (XLA's default), ``"concurrent"``, ``"serialize"`` or ``"off"``
+        (or a ``CommandBufferMode``); default the mode ``XLA_FLAGS`` sets, as a program
+        of this process would run. Every mode's time is in ``estimated_us_by_mode``.
       **options: ``parallel_branches`` options; ``target`` is always ``"gpu"``.
 
     Returns:
@@ -231,15 +245,15 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
       RuntimeError: the CUDA PJRT plugin is missing or does not match jaxlib (the
         message has the exact ``pip install`` line), or this jaxlib is known to
         crash on the program.
-      ValueError: unknown ``gpu`` or ``devices < 1``; bad options.
+      ValueError: unknown ``gpu``, ``command_buffers`` or ``devices < 1``; bad options; a
+        malformed calibration profile for ``gpu`` (``GpuProfileError``).
       TypeError: an unknown option (with the closest valid name).
     """
     check_known(options, (*Options.names(), "gpu", "devices", "mesh", "allow_known_crashes"))
-    mode = CommandBuffers(command_buffers).value if command_buffers in {
-        m.value for m in CommandBuffers} else None
-    if mode is None:
-        raise ValueError(f"command_buffers={command_buffers!r} is not a mode; use one of "
-                         f"{[m.value for m in CommandBuffers]}.")
+    if command_buffers is None:
+        mode, source = command_buffer_mode(), "XLA_FLAGS"
+    else:
+        mode, source = CommandBufferMode.parse(command_buffers), "argument"
     ok, message = _gpu_compile.plugin_status()
     if not ok:
         raise RuntimeError(f"gpu_preview needs the CUDA PJRT plugin: {message}")
@@ -247,8 +261,12 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         options = {**fn.options.to_dict(), **options}
         fn = fn.__wrapped__
     options["target"] = "gpu"
-    rewritten = parallel_branches(fn, **options)
-    plan = inspect_plan(fn, **options)(*args)
+    _gpu_compile.gpu_target_config(gpu)  # an unknown GPU name fails here, before planning
+    profile = gpu_profile(gpu)
+    # Planned for the GPU and the mode it is judged in, whatever this machine has.
+    rewritten = ParallelBranches(fn, Options.create(**options), command_buffers=mode,
+                                 gpu=profile)
+    plan = inspect_plan(rewritten)(*args)
     if (not allow_known_crashes and jax.lib.__version__ in _CRASHES_ON_ANNOTATED_LOOPS
             and _regions_hold_loops(plan)):
         raise RuntimeError(
@@ -258,10 +276,11 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
             "allow_known_crashes=True to try anyway.")
     compile_options = {"gpu": gpu, "mesh": mesh} if mesh is not None else {
         "gpu": gpu, "devices": devices}
-    plain = _figures(_gpu_compile.compile_for_gpu(fn, *args, **compile_options), gpu, mode)
-    fast = _figures(_gpu_compile.compile_for_gpu(rewritten, *args, **compile_options), gpu, mode)
+    plain = _figures(_gpu_compile.compile_for_gpu(fn, *args, **compile_options), profile, mode)
+    fast = _figures(_gpu_compile.compile_for_gpu(rewritten, *args, **compile_options), profile,
+                    mode)
     count = mesh.devices.size if mesh is not None else devices
-    return GpuPreview(gpu, count, plain, fast, plan)
+    return GpuPreview(gpu, count, plain, fast, plan, mode, source)
 
 
 def _regions_hold_loops(plan: Plan) -> bool:

@@ -43,7 +43,8 @@ def test_seed_002_preview_shows_fewer_loop_trips():
     assert preview.plain.launches > 100_000
     assert preview.plain.host_syncs == preview.jaxpar.host_syncs == 0
     assert preview.plain.estimated_us > 0 and preview.jaxpar.estimated_us > 0
-    assert set(dict(preview.plain.estimated_us_by_mode)) == {"lhs", "concurrent", "off"}
+    assert set(dict(preview.plain.estimated_us_by_mode)) == {
+        "lhs", "concurrent", "serialize", "off"}
     assert preview.time_ratio == preview.jaxpar.estimated_us / preview.plain.estimated_us
     assert preview.verdict in text and "launches per run" in text
 
