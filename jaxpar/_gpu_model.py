@@ -49,6 +49,7 @@ __all__ = [
     "CommandBufferMode",
     "GpuProfile",
     "GpuProfileError",
+    "builtin_gpu_profile",
     "gpu_profile",
     "local_gpu_profile",
     "profile_document",
@@ -287,6 +288,12 @@ def _calibrated(path: Path, base: GpuProfile, device_kind: str) -> GpuProfile:
                                source=str(path))
 
 
+def builtin_gpu_profile(device_kind: str) -> GpuProfile:
+    """jaxpar's own figures for ``device_kind`` (the generic ``"gpu"`` ones for a kind it
+    has none for), whatever calibration file exists."""
+    return _BY_DEVICE_KIND.get(device_kind, GPU_PROFILES[GENERIC_GPU])
+
+
 @functools.lru_cache(maxsize=32)
 def _load(path: Path, stamp: tuple[int, int], base: GpuProfile, device_kind: str
           ) -> GpuProfile:
@@ -319,12 +326,12 @@ def gpu_profile(gpu: str | GpuProfile = "h200") -> GpuProfile:
         kind = base.device_kind
     else:
         kind = gpu
-        base = _BY_DEVICE_KIND.get(kind, GPU_PROFILES[GENERIC_GPU])
-        if not base.device_kind and not any(c.isspace() for c in kind) and kind.isalnum():
+        if kind not in _BY_DEVICE_KIND and kind.isalnum():
             # A bare word that is no built-in name is a typo more likely than a kind.
             raise ValueError(f"gpu={gpu!r} has no profile; use one of "
                              f"{sorted(GPU_PROFILES)}, a jax.Device's device_kind, or a "
                              "GpuProfile")
+        base = builtin_gpu_profile(kind)
     if not kind:
         return base
     path = profile_path(kind)

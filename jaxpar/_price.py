@@ -323,12 +323,12 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
     gpu = _gpu(costs)
     per_launch = [gpu.graph_node_s if graphs_on and is_captured else gpu.launch_s
                   for is_captured in captured]
-    kernels = [[costs.eqn_cost(eqns[i]).kernels for i in members] for members in regions]
-    times = [sum(max(seconds(i), launches * host) for i, launches in zip(members, counts,
-                                                                           strict=True))
-             for members, counts, host in zip(regions, kernels, per_launch, strict=True)]
+    launches = [sum(costs.eqn_cost(eqns[i]).kernels for i in members) * host
+                for members, host in zip(regions, per_launch, strict=True)]
+    times = [max(sum(seconds(i) for i in members), launched)
+             for members, launched in zip(regions, launches, strict=True)]
     busy = [sum(_work_seconds(eqns[i], costs) for i in members) for members in regions]
-    launching = sum(sum(counts) * host for counts, host in zip(kernels, per_launch, strict=True))
+    launching = sum(launches)
     overlapped = max(max(times), sum(busy), launching)
     gain = max(sum(times) - overlapped, 0.0)
     if graphs_on and all(captured):
