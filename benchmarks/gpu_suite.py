@@ -743,8 +743,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--measure", action="store_true",
                         help="time plain and jaxpar on this machine's GPU")
     parser.add_argument("--command-buffers", choices=[m.value for m in CommandBufferMode],
-                        default=CommandBufferMode.LHS.value, help="with --measure: the CUDA-graph mode XLA_FLAGS "
-                        "set, for the estimate shown beside the measurement")
+                        default=CommandBufferMode.LHS.value,
+                        help="with --measure: the CUDA-graph mode XLA_FLAGS set, for the "
+                        "estimate shown beside the measurement")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
