@@ -317,9 +317,9 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
                         for i in members for inner in _walk_eqns(eqns[i]))
                 for members in regions]
     # One host thread enqueues the kernels of every region: a kernel launched on its own
-    # costs it launch_s (a graph node graph_node_s), so a kernel takes at least that, and
-    # side by side the regions never finish before all their launches are made (the
-    # estimate's host model, jaxpar/_estimate.py).
+    # costs it launch_s (a graph node graph_node_s), so a region takes at least its
+    # launches, and side by side the regions never finish before all their launches are
+    # made (the estimate's host model, jaxpar/_estimate.py).
     gpu = _gpu(costs)
     per_launch = [gpu.graph_node_s if graphs_on and is_captured else gpu.launch_s
                   for is_captured in captured]

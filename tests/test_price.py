@@ -144,6 +144,20 @@ def test_overlap_hides_kernel_latency_not_work():
     assert not lhs.pays and lhs.gain_seconds == 0.0
 
 
+def test_overlap_cannot_beat_the_host_that_launches_every_kernel():
+    # Tiny kernels with graphs off: each region is bound by its launches (launch_s each,
+    # more than a tiny kernel's floor), and one host thread makes the launches of both.
+    closed = jax.make_jaxpr(two_chains)(*[S((64, 64), jnp.float32)] * 4)
+    inner, _ = _compat.open_jaxpr(closed)
+    costs = CostModel(DEVICE_PROFILES["gpu"])
+    gpu = DEVICE_PROFILES["gpu"].gpu
+    assert gpu is not None and gpu.launch_s > gpu.kernel_floor_s
+    verdict = price_section(inner, build_graph(inner), [range(4), range(4, 8)], costs,
+                            mode=MODE_OFF)
+    assert not verdict.pays and verdict.gain_seconds == 0.0
+    assert "one host thread launches" in verdict.reason
+
+
 def test_regions_read_apart_are_refused():
     # XLA overlaps two regions only when one instruction reads results of both; here each
     # chain's result is read by a matmul of its own.
