@@ -97,11 +97,10 @@ fi
 
 if [[ "${JAXPAR_SUITE:-1}" == 1 ]]; then
   for mode in lhs concurrent off; do
-    case "$mode" in
-      lhs) mode_flags="" ;;  # XLA's defaults: graphs on, LHS scheduling mode
-      concurrent) mode_flags="--xla_gpu_command_buffer_scheduling_mode=CONCURRENT" ;;
-      off) mode_flags="--xla_gpu_enable_command_buffer=" ;;  # empty list: no graphs
-    esac
+    # The flags of each CUDA-graph mode, as jaxpar spells them (lhs: XLA's defaults; off:
+    # an empty command-buffer list, no graphs).
+    mode_flags=$("$py" -c "import sys; from jaxpar._flags import command_buffer_flags; \
+print(*command_buffer_flags(sys.argv[1]))" "$mode") || { status=1; continue; }
     dump="$results/xla-dump-$mode"
     mkdir -p "$dump"
     dump_flag="--xla_dump_to=$dump"

@@ -49,6 +49,7 @@ import numpy as np
 from jax import lax
 
 import jaxpar
+from jaxpar._gpu_model import CommandBufferMode
 
 SIZES = ("full", "small")
 
@@ -631,16 +632,17 @@ def measure(name: str, size: str = "full", repeats: int = 20,
     under that mode comes back beside the measurement, so the two can be compared.
     """
     from jaxpar._estimate import estimate_hlo
+    from jaxpar._gpu_model import local_gpu_profile
 
     fn, args = PROGRAMS[name].build(size)
     args = jax.device_put(args)
     variants = {"plain": jax.jit(fn), "jaxpar": jax.jit(jaxpar.parallel_branches(fn))}
-    kind = jax.devices()[0].device_kind.lower()
-    profile = "h100" if "h100" in kind else "h200"
+    gpu = local_gpu_profile()  # this GPU's figures: calibrated, built-in, or generic
+    profile = gpu.name
     estimated = {}
     for key, compiled in variants.items():
         text = compiled.lower(*args).compile().as_text()
-        estimated[key] = estimate_hlo(text, gpu=profile,
+        estimated[key] = estimate_hlo(text, gpu=gpu,
                                       command_buffers=command_buffers).microseconds
     first = {}
     for key, compiled in variants.items():
@@ -657,6 +659,7 @@ def measure(name: str, size: str = "full", repeats: int = 20,
     return {"median_us": {k: statistics.median(v) * 1e6 for k, v in samples.items()},
             "ratio": statistics.median(ratios), "first_call_s": first,
             "command_buffers": command_buffers, "profile": profile,
+            "profile_source": gpu.source,
             "device_kind": jax.devices()[0].device_kind, "estimated_us": estimated,
             "estimated_ratio": estimated["jaxpar"] / estimated["plain"]}
 
@@ -739,9 +742,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-values", action="store_true", help="skip the CPU comparison")
     parser.add_argument("--measure", action="store_true",
                         help="time plain and jaxpar on this machine's GPU")
-    parser.add_argument("--command-buffers", choices=("lhs", "concurrent", "off"),
-                        default="lhs", help="with --measure: the CUDA-graph mode XLA_FLAGS "
-                        "set, for the estimate shown beside the measurement")
+    parser.add_argument("--command-buffers", choices=[m.value for m in CommandBufferMode],
+                        default=CommandBufferMode.LHS.value,
+                        help="with --measure: the CUDA-graph mode XLA_FLAGS set, for the "
+                        "estimate shown beside the measurement")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)

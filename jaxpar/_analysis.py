@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _compat
-from ._cost import DEVICE_PROFILES, CostModel
+from ._cost import CostModel, device_profile
 from ._graph import Graph, build_graph
 from ._options import Settings
 from ._primitives import USER_PLACEMENT
@@ -35,7 +35,7 @@ class Analysis:
             raise TypeError(f"Analysis takes Settings (from Options.resolve), got "
                             f"{type(settings).__name__}")
         self.settings = settings
-        self.costs = CostModel(DEVICE_PROFILES[settings.target])
+        self.costs = CostModel(device_profile(settings.target, settings.gpu))
         # Structural keys of jaxprs, equations and parameters, shared by every pass.
         self.structural_keys = StructuralKeys()
         self._graphs: dict[int, tuple[Any, Graph]] = {}

@@ -40,6 +40,7 @@ from . import _compat
 from ._analysis import Analysis, jaxpr_has_placement
 from ._emit import Emitter, stream_attributes
 from ._frameworks import NnxCall, nnx_arguments, refuse_module_as_function
+from ._gpu_model import CommandBufferMode, GpuProfile
 from ._inspect import Plan, build_report
 from ._options import Options, Settings, Switch, Target, Unroll, check_known
 from ._plan import LevelPlan, plan_jaxpr
@@ -156,12 +157,17 @@ class ParallelBranches:
     """
 
     def __init__(self, fun: Callable[..., Any], options: Options,
-                 static_args: StaticArgs | None = None):
+                 static_args: StaticArgs | None = None, *,
+                 command_buffers: CommandBufferMode | None = None,
+                 gpu: GpuProfile | None = None):
         check_function(fun, "parallel_branches")
         refuse_module_as_function(fun, "parallel_branches")
         functools.update_wrapper(self, fun)
         self.__wrapped__ = fun
         self.options = options
+        # What to plan for instead of the CUDA-graph mode in XLA_FLAGS and this machine's
+        # GPU: gpu_preview plans for the GPU and the mode it judges in.
+        self._planned_for: dict[str, Any] = {"command_buffers": command_buffers, "gpu": gpu}
         self._static_args = static_args or StaticArgs()
         self._cache = _PlanCache(_CACHE_SIZE)
         _compat.register_for_clear_caches(self._cache,
@@ -232,7 +238,8 @@ class ParallelBranches:
 
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
         key = _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
-                       self.options.resolve(), next(_call_sites) if _compat.staging() else 0)
+                       self.options.resolve(**self._planned_for),
+                       next(_call_sites) if _compat.staging() else 0)
         self._saw_traced_consts.value = False
         dynamic, outputs = self._jitted(key, *leaves)
         if self._saw_traced_consts.value:
@@ -534,9 +541,11 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             "argument(s) after the function).")
     _refuse_outer_jit_options(options, "inspect")
     check_known(options, (*Options.names(), *_CALL_OPTIONS))
+    planned_for: dict[str, Any] = {}
     if isinstance(fun, ParallelBranches):
         base, inner = fun.options.to_dict(), fun.__wrapped__
         given_nums, given_names = fun.static_argnums or None, fun.static_argnames or None
+        planned_for = fun._planned_for
     else:
         base, inner, given_nums, given_names = {}, fun, None, None
     check_function(inner, "inspect")
@@ -547,7 +556,7 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
 
     @functools.wraps(inner)
     def make_plan(*args: Any, **kwargs: Any) -> Plan:
-        settings = resolved.resolve()
+        settings = resolved.resolve(**planned_for)
         target = settings.target
         with nnx_arguments(object(), inner, args, kwargs) as (traced_fun, args, kwargs, _):
             layout, leaves = split_arguments(traced_fun, args, kwargs, statics,

@@ -9,11 +9,15 @@ Loops multiply their body by the trip count, ``cond`` takes its dearest
 branch, and every other equation with nested jaxprs sums them, through one
 generic recursion over every jaxpr-valued parameter.
 
+On target ``"gpu"`` the figures are the GPU model's (``jaxpar._gpu_model``: a dot's
+peak is the tensor-core peak at JAX's default float32 precision, the floor its
+``kernel_floor_s``); ``tpu`` and ``cpu`` have rough profiles of their own here.
+
 Example::
 
-    costs = CostModel(DEVICE_PROFILES["gpu"])
+    costs = CostModel(device_profile("gpu"))
     cost = costs.eqn_cost(eqn)          # Cost(flops=..., bytes=..., kernels=...)
-    cost.seconds(DEVICE_PROFILES["gpu"])
+    cost.seconds(costs.profile)
 
 Sharp edges:
   * Elementwise equations launch no kernel of their own: XLA fuses them into a
@@ -30,25 +34,40 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _compat, _primitives
+from ._gpu_model import GENERIC_GPU, GPU_PROFILES, GpuProfile
 from ._loops import static_trip_count
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceProfile:
-    """Rough throughput figures of one device kind."""
+    """Rough throughput figures of one device kind (``gpu``: the GPU model's, kept there)."""
 
     name: str
     peak_flops: float  # dense matmul flop/s
     bandwidth: float  # HBM bytes/s
     min_kernel_seconds: float  # shortest a launched kernel takes on the device
+    gpu: GpuProfile | None = None  # the GPU model these figures come from, on a GPU
+
+    @classmethod
+    def for_gpu(cls, gpu: GpuProfile) -> DeviceProfile:
+        """The cost model's view of a GPU: float32 dots at the tensor-core peak (JAX's
+        default precision), HBM bandwidth, the kernel floor."""
+        return cls("gpu", peak_flops=gpu.dot_flops("f32"), bandwidth=gpu.bandwidth,
+                   min_kernel_seconds=gpu.kernel_floor_s, gpu=gpu)
 
 
 DEVICE_PROFILES: dict[str, DeviceProfile] = {
-    # H100/H200-class: TF32 tensor cores, HBM3(e); a tiny kernel still takes ~2us.
-    "gpu": DeviceProfile("gpu", peak_flops=4.0e14, bandwidth=4.0e12, min_kernel_seconds=2.0e-6),
+    "gpu": DeviceProfile.for_gpu(GPU_PROFILES[GENERIC_GPU]),
     "tpu": DeviceProfile("tpu", peak_flops=4.0e14, bandwidth=1.6e12, min_kernel_seconds=1.0e-6),
     "cpu": DeviceProfile("cpu", peak_flops=1.0e11, bandwidth=2.0e10, min_kernel_seconds=1.0e-7),
 }
+
+
+def device_profile(target: str, gpu: GpuProfile | None = None) -> DeviceProfile:
+    """The cost profile of ``target``; on ``"gpu"``, of ``gpu`` (default the generic one)."""
+    if target == "gpu" and gpu is not None:
+        return DeviceProfile.for_gpu(gpu)
+    return DEVICE_PROFILES[target]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -18,7 +18,8 @@ Example::
     fast = estimate_hlo(compile_for_gpu(jaxpar.parallel_branches(f, target="gpu"), *args))
     print(verdict(plain, fast))   # "faster by 12% (est. 412 us -> 362 us): ..."
 
-The model, step by step (every constant is in ``GPU_PROFILES`` with its source below):
+The model, step by step (every figure is the GPU model's, ``jaxpar._gpu_model``, with
+its source there; a calibration profile measured on the GPU replaces them):
 
 * **Kernel time.** Each ``fusion``, ``custom-call`` and ``copy`` is one launch. Its
   work is a roofline, ``max(flops / peak, bytes / bandwidth)``: flops of the dots and
@@ -53,13 +54,14 @@ The model, step by step (every constant is in ``GPU_PROFILES`` with its source b
   become one graph launch (``graph_launch_s + graph_node_s`` per kernel on the host). A
   ``while`` is never captured (WHILE is not a default command type), nor is anything
   inside a stream region that holds one (the conversion pass does not recurse into
-  it). Modes:
+  it). Modes (``_gpu_model.CommandBufferMode``):
 
   - ``"lhs"`` (XLA's default ``xla_gpu_command_buffer_scheduling_mode=LHS``): the
     graph is one serial chain, **regions inlined into it included**, so a captured
     region's overlap is lost (open XLA PR #48900 describes exactly this).
   - ``"concurrent"`` (``=CONCURRENT``): graph nodes depend only on the data they read,
     so independent kernels (annotated or not) overlap inside a graph.
+  - ``"serialize"`` (``=SERIALIZE``): a serial chain, as ``"lhs"``.
   - ``"off"`` (``--xla_gpu_enable_command_buffer=``): every kernel is launched alone.
 
 What it does not model: wave quantisation and the efficiency of small GEMMs (the
@@ -67,28 +69,10 @@ roofline is a lower bound, so small kernels look cheaper than they are), L2 reus
 collectives across devices (costed by bytes, on the caller's stream), graph updates
 when argument addresses change, and cuSOLVER internals (costed by bytes).
 
-Sources of the constants (``GPU_PROFILES``):
-
-* Peaks and bandwidth: NVIDIA H100 Tensor Core GPU datasheet (H100 SXM5) and NVIDIA
-  H200 Tensor Core GPU datasheet (H200 SXM). Dense figures, i.e. half the "with
-  sparsity" ones: FP64 tensor 67 TFLOP/s, FP32 67 TFLOP/s, TF32 tensor 494.5,
-  BF16/FP16 tensor 989.5, FP8/INT8 tensor 1979; HBM3 3.35 TB/s (H100 SXM), HBM3e
-  4.8 TB/s (H200, also ``memory_bandwidth`` in ``jaxpar/targets/h200.txtpb``). XLA:GPU
-  runs float32 dots at default precision on TF32 tensor cores on Hopper (JAX's default
-  matmul precision), so f32 dots use the TF32 peak.
-* ``launch_s`` = 2.7 us: about 8 us per ``lax.scan`` trip of 3 tiny kernels
-  (QuantEcon lecture-python-programming PRs #437/#440, XLA_CONCURRENCY.md section 4).
-* ``graph_launch_s`` = 6.3 us and ``graph_node_s`` = 0.25 us: a graph replay cost
-  15 us + 0.58 us per node against 6.4 us per individual launch on the same machine
-  (ahrefs/ocannl #488, RTX 5070 Ti laptop); scaled by 2.7 / 6.4 to the launch cost
-  above, keeping that measured ratio.
-* ``kernel_floor_s`` = 2 us: the floor ``jaxpar._cost`` uses for the GPU ("a tiny
-  kernel still takes about 2 us"), the order of a Hopper kernel's launch-to-finish
-  latency.
-* ``sync_s`` = 10 us and ``event_s`` = 1 us: **assumptions**, the order of one small
-  device-to-host copy plus a stream synchronise, and of one ``cudaEventRecord`` or
-  ``cudaStreamWaitEvent`` call. No measurement at hand; ``benchmarks/gpu.sh`` times the
-  suite on a GPU so that these can be calibrated.
+The figures (peaks by element type, bandwidth, ``launch_s``, ``graph_launch_s``,
+``graph_node_s``, ``kernel_floor_s``, ``sync_s``, ``event_s``) and their sources are in
+``jaxpar._gpu_model`` (``GPU_PROFILES``), shared with the planner's cost model and the
+pricing of stream sections.
 
 Sharp edges:
   * An estimate, not a measurement: good for comparing two compiles of one program
@@ -101,90 +85,21 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import _schedule
+from ._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile, gpu_profile
 from ._schedule import _Instruction, _Module
 
 __all__ = [
-    "GPU_PROFILES",
-    "CommandBuffers",
     "Estimate",
-    "GpuProfile",
     "RegionFigures",
     "estimate_hlo",
     "verdict",
 ]
-
-
-# --------------------------------------------------------------------------- profile
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GpuProfile:
-    """Throughput and host-side costs of one GPU kind (sources in the module docstring)."""
-
-    name: str
-    bandwidth: float  # HBM bytes/s
-    vector_flops: float  # FP32 non-tensor flop/s (elementwise work)
-    tensor_flops: Mapping[str, float]  # dot/convolution flop/s by element type
-    launch_s: float = 2.7e-6  # host cost of one kernel launch
-    graph_launch_s: float = 6.3e-6  # host cost of one CUDA-graph launch
-    graph_node_s: float = 0.25e-6  # and per kernel node in it
-    kernel_floor_s: float = 2.0e-6  # shortest a kernel takes on the device
-    sync_s: float = 10.0e-6  # predicate copy to the host + stream synchronise
-    event_s: float = 1.0e-6  # one event record or stream wait on the host
-
-    def dot_flops(self, element_type: str) -> float:
-        return self.tensor_flops.get(element_type, self.tensor_flops["f32"])
-
-
-_HOPPER_TENSOR = {
-    "f64": 67e12, "c128": 67e12, "f32": 494.5e12, "c64": 494.5e12,
-    "bf16": 989.5e12, "f16": 989.5e12, "s8": 1979e12, "u8": 1979e12,
-    "f8e4m3fn": 1979e12, "f8e5m2": 1979e12,
-}
-
-#: Profiles by the names ``compile_for_gpu`` accepts.
-GPU_PROFILES: Mapping[str, GpuProfile] = {
-    "h200": GpuProfile("h200", bandwidth=4.8e12, vector_flops=67e12,
-                       tensor_flops=_HOPPER_TENSOR),
-    "h100": GpuProfile("h100", bandwidth=3.35e12, vector_flops=67e12,
-                       tensor_flops=_HOPPER_TENSOR),
-}
-
-#: Consecutive capturable thunks XLA needs to form a CUDA graph (``xla_gpu_graph_min_graph_size``).
-MIN_GRAPH_SIZE = 5
-
-
-class CommandBuffers(enum.Enum):
-    """How XLA:GPU turns thunk runs into CUDA graphs (``xla_gpu_command_buffer_*`` flags)."""
-
-    LHS = "lhs"  # default: graphs are serial chains, captured stream regions included
-    CONCURRENT = "concurrent"  # graph edges from data only
-    OFF = "off"  # --xla_gpu_enable_command_buffer= (empty)
-
-
-def _command_buffers(value: CommandBuffers | str) -> CommandBuffers:
-    try:
-        return value if isinstance(value, CommandBuffers) else CommandBuffers(value)
-    except ValueError:
-        raise ValueError(
-            f"command_buffers={value!r} is not a mode; use one of "
-            f"{[mode.value for mode in CommandBuffers]}.") from None
-
-
-def _profile(gpu: str | GpuProfile) -> GpuProfile:
-    if isinstance(gpu, GpuProfile):
-        return gpu
-    if not isinstance(gpu, str) or gpu.lower() not in GPU_PROFILES:
-        raise ValueError(f"gpu={gpu!r} has no profile; use one of {sorted(GPU_PROFILES)} "
-                         "or pass a GpuProfile.")
-    return GPU_PROFILES[gpu.lower()]
 
 
 # --------------------------------------------------------------------------- shapes
@@ -432,7 +347,7 @@ def _is_compute_start(instruction: _Instruction, module: _Module) -> bool:
 class _Program:
     """Thunk sequences of a module, with CUDA-graph capture decided per sequence."""
 
-    def __init__(self, module: _Module, costs: _Costs, mode: CommandBuffers):
+    def __init__(self, module: _Module, costs: _Costs, mode: CommandBufferMode):
         self.module = module
         self.costs = costs
         self.mode = mode
@@ -440,7 +355,7 @@ class _Program:
         self._capturable: dict[str, bool] = {}
 
     def items(self, computation: str, graphs: bool) -> tuple[_Item, ...]:
-        key = (computation, graphs and self.mode is not CommandBuffers.OFF)
+        key = (computation, graphs and self.mode is not CommandBufferMode.OFF)
         if key not in self._memo:
             raw = self._raw_items(computation)
             self._memo[key] = self._capture(raw) if key[1] else raw
@@ -768,7 +683,7 @@ class _Replay:
         self.clock["graph_launches"] += 1
         self.clock["launches"] += kernels
         begin = max(self.clock["host"], self.streams.setdefault(stream, 0.0))
-        concurrent = self.program.mode is CommandBuffers.CONCURRENT
+        concurrent = self.program.mode is CommandBufferMode.CONCURRENT
         ready: dict[str, float] = {}
         end = chain = begin
         for instruction, where, inputs in nodes:
@@ -901,16 +816,18 @@ def _host_blocking(program: _Program, computation: str, seen: frozenset[str]) ->
 
 
 def estimate_hlo(hlo_text: str, gpu: str | GpuProfile = "h200",
-                 command_buffers: CommandBuffers | str = "lhs",
+                 command_buffers: CommandBufferMode | str = CommandBufferMode.LHS,
                  unknown_trips: int = 1) -> Estimate:
     """Estimates one run of a compiled, scheduled HLO module on a GPU.
 
     Args:
         hlo_text: scheduled HLO text, e.g. from ``compile_for_gpu`` or an XLA
             ``*after_optimizations.txt`` dump.
-        gpu: ``"h200"``, ``"h100"`` or a ``GpuProfile``.
-        command_buffers: CUDA-graph mode assumed: ``"lhs"`` (XLA's default), ``"concurrent"``
-            or ``"off"`` (see the module docstring).
+        gpu: ``"h200"``, ``"h100"``, a device kind or a ``GpuProfile``
+            (``_gpu_model.gpu_profile``: a calibration profile replaces the built-in figures).
+        command_buffers: CUDA-graph mode assumed, a ``CommandBufferMode`` or its name:
+            ``"lhs"`` (XLA's default), ``"concurrent"``, ``"serialize"`` or ``"off"`` (see
+            the module docstring).
         unknown_trips: trips assumed for a ``while`` without a known trip count.
 
     Returns:
@@ -918,13 +835,14 @@ def estimate_hlo(hlo_text: str, gpu: str | GpuProfile = "h200",
 
     Raises:
         ValueError: no ENTRY computation, unknown ``gpu`` or mode, ``unknown_trips < 1``.
+        GpuProfileError: the calibration profile of ``gpu`` is malformed.
 
     Example:
         >>> estimate_hlo(compile_for_gpu(f, x)).launches
         12
     """
-    profile = _profile(gpu)
-    mode = _command_buffers(command_buffers)
+    profile = gpu_profile(gpu)
+    mode = CommandBufferMode.parse(command_buffers)
     if isinstance(unknown_trips, bool) or not isinstance(unknown_trips, int) \
             or unknown_trips < 1:
         raise ValueError(f"unknown_trips={unknown_trips!r} must be an integer >= 1.")
@@ -972,7 +890,7 @@ def verdict(plain: Estimate, jaxpar: Estimate, tolerance: float = 0.01) -> str:
         blocked = sum(bool(r.host_blocking) for r in jaxpar.regions)
         if blocked:
             reasons.append(f"{blocked} hold host syncs")
-        if jaxpar.command_buffers == "lhs":
+        if jaxpar.command_buffers == CommandBufferMode.LHS.value:
             lost = sum(r.overlaps and r.capturable for r in jaxpar.regions)
             if lost:
                 reasons.append(f"{lost} lose it in LHS CUDA graphs")

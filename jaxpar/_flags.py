@@ -1,9 +1,11 @@
-"""XLA flags that make jaxpar's rewrites effective on a GPU.
+"""``XLA_FLAGS``: the one module that reads it, and the flags that make jaxpar effective.
 
 jaxpar only *annotates* programs; some XLA passes and limits decide whether the
 annotations pay off. ``xla_flags`` lists the flags to put in ``XLA_FLAGS``
 before JAX starts its backend; ``check_flags_applied`` warns (or raises) when
-that moment has passed.
+that moment has passed. ``async_compute_limit`` and ``command_buffer_mode`` read
+what the planner needs from ``XLA_FLAGS``, and ``command_buffer_flags`` spells a
+CUDA-graph mode as flags; nothing else in jaxpar touches ``XLA_FLAGS``.
 
 Example::
 
@@ -28,13 +30,69 @@ Sharp edges:
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from . import _compat
-from ._inspect import Plan
+from ._gpu_model import CommandBufferMode
 
-__all__ = ["FlagsNotAppliedWarning", "check_flags_applied", "flags_as_options", "xla_flags"]
+if TYPE_CHECKING:
+    from ._inspect import Plan
+
+__all__ = ["FlagsNotAppliedWarning", "async_compute_limit", "check_flags_applied",
+           "command_buffer_flags", "command_buffer_mode", "flags_as_options", "xla_flags",
+           "xla_flags_text"]
+
+_VARIABLE = "XLA_FLAGS"
+
+
+def xla_flags_text() -> str:
+    """The process's ``XLA_FLAGS`` (empty when unset)."""
+    return os.environ.get(_VARIABLE, "")
+
+
+def async_compute_limit(flags: str | None = None) -> int:
+    """XLA's cap on annotated async calls in flight (default 2), from ``XLA_FLAGS``."""
+    text = xla_flags_text() if flags is None else flags
+    match = re.search(r"--xla_gpu_experimental_parallel_async_compute_limit=(\d+)", text)
+    return max(int(match.group(1)), 1) if match else 2
+
+
+def command_buffer_mode(flags: str | None = None) -> CommandBufferMode:
+    """How XLA:GPU will run captured command buffers, from ``XLA_FLAGS`` (or ``flags``).
+
+    ``OFF`` for ``--xla_gpu_enable_command_buffer=`` (empty), else the
+    ``--xla_gpu_command_buffer_scheduling_mode`` (or the older
+    ``--xla_gpu_graph_enable_concurrent_region``); ``LHS``, XLA's default, otherwise.
+    """
+    text = xla_flags_text() if flags is None else flags
+    enabled = re.findall(r"--xla_gpu_enable_command_buffer=(\S*)", text)
+    if enabled and enabled[-1].strip("'\"") == "":
+        return CommandBufferMode.OFF
+    mode = re.findall(r"--xla_gpu_command_buffer_scheduling_mode=(\w+)", text)
+    if mode:
+        return CommandBufferMode.from_xla_scheduling_mode(mode[-1])
+    legacy = re.findall(r"--xla_gpu_graph_enable_concurrent_region=(\w+)", text)
+    if legacy:
+        return (CommandBufferMode.CONCURRENT if legacy[-1].lower() in ("true", "1")
+                else CommandBufferMode.SERIALIZE)
+    return CommandBufferMode.LHS
+
+
+def command_buffer_flags(mode: CommandBufferMode | str) -> list[str]:
+    """The ``XLA_FLAGS`` entries that select CUDA-graph ``mode`` (none for XLA's default).
+
+    Raises:
+      ValueError: ``mode`` is not a mode.
+    """
+    mode = CommandBufferMode.parse(mode, "mode")
+    if mode is CommandBufferMode.OFF:
+        return ["--xla_gpu_enable_command_buffer="]
+    if mode is CommandBufferMode.LHS:
+        return []
+    return [f"--xla_gpu_command_buffer_scheduling_mode={mode.xla_scheduling_mode}"]
 
 
 class FlagsNotAppliedWarning(UserWarning):
@@ -83,7 +141,10 @@ def xla_flags(plan: Plan | None = None, *, collectives: bool | None = None,
       TypeError: ``plan`` is not a ``Plan``.
       ValueError: a limit below 1.
     """
-    if plan is not None and not isinstance(plan, Plan):
+    # The Plan type lives further down the pipeline (this module is read by the planner):
+    # checked by what xla_flags reads of it.
+    if plan is not None and not all(hasattr(plan, name) for name in ("collectives",
+                                                                      "sections")):
         raise TypeError(f"xla_flags(plan=...) takes the Plan of your program "
                         f"(`jaxpar.inspect(f)(*args)`) or None, got a {type(plan).__name__}")
     if collectives is None:
@@ -143,7 +204,7 @@ def check_flags_applied(flags: Sequence[str], *, error: bool = False) -> bool:
     Raises:
       RuntimeError: ``error`` is set and a flag is not applied.
     """
-    present = _flag_names(os.environ.get("XLA_FLAGS", ""))
+    present = _flag_names(xla_flags_text())
     wanted = _flag_names(" ".join(flags))
     missing = [f"--{n}={v}" for n, v in wanted.items() if present.get(n) != v]
     if not missing:
@@ -157,5 +218,4 @@ def check_flags_applied(flags: Sequence[str], *, error: bool = False) -> bool:
     if error:
         raise RuntimeError(message)
     warnings.warn(message, FlagsNotAppliedWarning, stacklevel=2)
-    return False
     return False

@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
-import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
 import jax
+
+from ._flags import async_compute_limit, command_buffer_mode
+from ._gpu_model import CommandBufferMode, GpuProfile, gpu_profile, local_gpu_profile
 
 Target = Literal["auto", "gpu", "cpu", "tpu"]
 Switch = bool | Literal["auto"]
@@ -101,26 +102,31 @@ class Options:
         return _BACKEND_TARGETS.get(jax.default_backend(), "cpu")
 
     def resolve(self, target: str | None = None, async_limit: int | None = None,
-                command_buffers: str | None = None) -> Settings:
+                command_buffers: CommandBufferMode | str | None = None,
+                gpu: GpuProfile | str | None = None) -> Settings:
         """The settings of one analysis: every ``"auto"`` read here, and only here.
 
         Args:
           target: the target to plan for; default ``self.target`` (``"auto"`` is this
             machine's default backend).
           async_limit: XLA's cap on async calls in flight; default from ``XLA_FLAGS``
-            (``async_compute_limit()``).
-          command_buffers: XLA's CUDA-graph mode (``command_buffer_mode()``); default
-            from ``XLA_FLAGS``.
+            (``_flags.async_compute_limit()``).
+          command_buffers: XLA's CUDA-graph mode (a ``CommandBufferMode`` or its name);
+            default from ``XLA_FLAGS`` (``_flags.command_buffer_mode()``).
+          gpu: the GPU to plan for on target ``"gpu"`` (a ``GpuProfile`` or a name
+            ``_gpu_model.gpu_profile`` takes); default this machine's GPU, or the generic
+            ``"gpu"`` profile without one (``_gpu_model.local_gpu_profile()``).
         """
         target = self.resolve_target(target)
         defaults = TARGET_DEFAULTS[target]
         limit = async_compute_limit() if async_limit is None else async_limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"async_limit must be an int >= 1, got {limit!r}")
-        mode = command_buffer_mode() if command_buffers is None else command_buffers
-        if mode not in COMMAND_BUFFER_MODES:
-            raise ValueError(f"command_buffers must be one of {COMMAND_BUFFER_MODES}, "
-                             f"got {mode!r}")
+        mode = (command_buffer_mode() if command_buffers is None
+                else CommandBufferMode.parse(command_buffers))
+        profile = None
+        if target == "gpu":
+            profile = local_gpu_profile() if gpu is None else gpu_profile(gpu)
 
         def switch(name: str) -> bool:
             value = getattr(self, name)
@@ -138,7 +144,8 @@ class Options:
             force_streams=self.force_streams,
             # Sections are priced against the compiled GPU program unless the user forces
             # them; other targets emit no streams, so their plans only show independence.
-            command_buffers=mode if target == "gpu" and not self.force_streams else None)
+            command_buffers=mode if target == "gpu" and not self.force_streams else None,
+            gpu=profile)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -167,6 +174,7 @@ class Settings:
       force_streams: skip the GPU pricing of stream sections.
       command_buffers: XLA's CUDA-graph mode the sections are priced for; None when no
         pricing applies (other targets, or ``force_streams``).
+      gpu: the GPU's figures (``_gpu_model``) on target ``"gpu"``; None elsewhere.
     """
 
     target: str
@@ -181,7 +189,8 @@ class Settings:
     share_common: bool = False
     group_collectives: bool = False
     force_streams: bool = False
-    command_buffers: str | None = None
+    command_buffers: CommandBufferMode | None = None
+    gpu: GpuProfile | None = None
 
     def loop_switches(self) -> dict[str, Any]:
         """The keyword arguments of ``passes.apply_loop_passes`` (its public names)."""
@@ -234,42 +243,8 @@ def loop_defaults(target: str) -> dict[str, Any]:
         ValueError: unknown ``target``.
     """
     check_target(target, concrete=True)
-    return Options().resolve(target, async_limit=2, command_buffers=MODE_LHS).loop_switches()
-
-
-def async_compute_limit(flags: str | None = None) -> int:
-    """XLA's cap on annotated async calls in flight (default 2), from ``XLA_FLAGS``."""
-    text = os.environ.get("XLA_FLAGS", "") if flags is None else flags
-    match = re.search(r"--xla_gpu_experimental_parallel_async_compute_limit=(\d+)", text)
-    return max(int(match.group(1)), 1) if match else 2
-
-
-MODE_LHS = "lhs"
-MODE_CONCURRENT = "concurrent"
-MODE_SERIALIZE = "serialize"
-MODE_OFF = "off"
-COMMAND_BUFFER_MODES = (MODE_LHS, MODE_CONCURRENT, MODE_SERIALIZE, MODE_OFF)
-
-
-def command_buffer_mode(flags: str | None = None) -> str:
-    """How XLA:GPU will run captured command buffers, from ``XLA_FLAGS``.
-
-    ``"off"`` (``--xla_gpu_enable_command_buffer=`` empty), ``"concurrent"``,
-    ``"serialize"`` or ``"lhs"`` (XLA's default, also for ``CONCURRENT_REGIONS``,
-    which never runs dots concurrently).
-    """
-    text = os.environ.get("XLA_FLAGS", "") if flags is None else flags
-    enabled = re.findall(r"--xla_gpu_enable_command_buffer=(\S*)", text)
-    if enabled and enabled[-1].strip("'\"") == "":
-        return MODE_OFF
-    mode = re.findall(r"--xla_gpu_command_buffer_scheduling_mode=(\w+)", text)
-    if mode:
-        return {"CONCURRENT": MODE_CONCURRENT, "SERIALIZE": MODE_SERIALIZE}.get(
-            mode[-1].upper(), MODE_LHS)
-    legacy = re.findall(r"--xla_gpu_graph_enable_concurrent_region=(\w+)", text)
-    if legacy:
-        return MODE_CONCURRENT if legacy[-1].lower() in ("true", "1") else MODE_SERIALIZE
-    return MODE_LHS
+    return Options().resolve(target, async_limit=2,
+                             command_buffers=CommandBufferMode.LHS).loop_switches()
 
 
 def did_you_mean(name: str, valid: Iterable[str]) -> str:

@@ -23,8 +23,11 @@ Sharp edges:
     version; the error names the ``pip install`` line.
   * The schedule is XLA's static plan (the latency-hiding scheduler with its
     analytical cost model), not a measurement; the time is a model of it, with
-    CUDA-graph behaviour read from XLA's source (``command_buffers`` picks the
-    mode; see ``jaxpar._estimate``).
+    CUDA-graph behaviour read from XLA's source (see ``jaxpar._estimate``). It judges
+    in the CUDA-graph mode ``XLA_FLAGS`` sets (XLA's default ``lhs`` without one), or
+    in ``command_buffers`` when given; jaxpar plans in that mode too, and the header
+    names it. The GPU's figures are ``jaxpar._gpu_model``'s, or its calibration
+    profile's when one exists (``benchmarks/calibrate.py``).
   * jaxlib 0.12.0.1 crashed the whole process (SIGSEGV in the PTX compiler)
     compiling a stream-annotated call holding a loop, deviceless, on our CPU
     machines; ``gpu_preview`` refuses that combination instead of crashing
@@ -40,9 +43,11 @@ from typing import Any
 import jax
 
 from . import _gpu_compile, _schedule
-from ._api import ParallelBranches, array_function, parallel_branches
+from ._api import ParallelBranches, array_function
 from ._api import inspect as inspect_plan
-from ._estimate import CommandBuffers, Estimate, RegionFigures, estimate_hlo, verdict
+from ._estimate import Estimate, RegionFigures, estimate_hlo, verdict
+from ._flags import command_buffer_mode
+from ._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
 from ._inspect import Plan
 from ._options import Options, check_known
 from ._primitives import MAY_HOLD_LOOPS
@@ -132,6 +137,10 @@ class GpuPreview:
     plain: ScheduleFigures
     jaxpar: ScheduleFigures
     plan: Plan
+    # The CUDA-graph mode judged in (and planned for), and where it came from:
+    # "XLA_FLAGS" (the process's mode) or "argument" (gpu_preview's command_buffers).
+    command_buffers: CommandBufferMode = CommandBufferMode.LHS
+    mode_source: str = "XLA_FLAGS"
 
     @property
     def time_ratio(self) -> float:
@@ -147,7 +156,9 @@ class GpuPreview:
         return verdict(self.plain.estimate, self.jaxpar.estimate)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "devices": self.devices, "plain": self.plain.to_dict(),
+        return {"gpu": self.gpu, "devices": self.devices,
+                "command_buffers": self.command_buffers.value, "mode_source": self.mode_source,
+                "plain": self.plain.to_dict(),
                 "jaxpar": self.jaxpar.to_dict(), "plan": self.plan.to_dict(),
                 "time_ratio": self.time_ratio, "verdict": self.verdict}
 
@@ -183,7 +194,8 @@ class GpuPreview:
 
         width = max(len(label) for label, _ in rows)
         lines = [f"GPU preview for `{self.plan.function}` on {self.devices} x {self.gpu.upper()} "
-                 "(deviceless compile)",
+                 f"(deviceless compile; CUDA graphs: {self.command_buffers.value}, from "
+                 f"{self.mode_source})",
                  f"  {'':{width}}  {'plain jit':>12}  {'jaxpar':>12}"]
         for label, key in rows:
             lines.append(f"  {label:{width}}  {cell(self.plain, key):>12}  "
@@ -192,22 +204,23 @@ class GpuPreview:
         return "\n".join(lines)
 
 
-def _figures(hlo: str, gpu: str = "h200", command_buffers: str = "lhs") -> ScheduleFigures:
+def _figures(hlo: str, gpu: GpuProfile, mode: CommandBufferMode) -> ScheduleFigures:
     schedule = _schedule.parse_schedule(hlo)
     loops = tuple(LoopFigures(loop.name, loop.known_trip_count, loop.body_kernels)
                   for loop in schedule.while_loops)
-    by_mode = {mode.value: estimate_hlo(hlo, gpu=gpu, command_buffers=mode)
-               for mode in CommandBuffers}
+    by_mode = {each: estimate_hlo(hlo, gpu=gpu, command_buffers=each)
+               for each in CommandBufferMode}
     return ScheduleFigures(schedule.max_async_calls_in_flight, tuple(sorted(schedule.stream_ids)),
                            loops, schedule.max_collectives_in_flight,
                            schedule.dot_kernels_during_collectives, hlo, schedule.kernels,
-                           schedule.dot_kernels, by_mode[command_buffers],
-                           tuple((mode, e.microseconds) for mode, e in by_mode.items()))
+                           schedule.dot_kernels, by_mode[mode],
+                           tuple((each.value, e.microseconds) for each, e in by_mode.items()))
 
 
 def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: int = 1,
                 mesh: Any = None, allow_known_crashes: bool = False,
-                command_buffers: str = "lhs", kwargs: Mapping[str, Any] | None = None,
+                command_buffers: CommandBufferMode | str | None = None,
+                kwargs: Mapping[str, Any] | None = None,
                 static_argnums: int | Iterable[int] | None = None,
                 static_argnames: str | Iterable[str] | None = None,
                 **options: Any) -> GpuPreview:
@@ -223,9 +236,10 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
       devices: GPUs on a 1-D mesh ``("x",)`` when ``mesh`` is not given.
       mesh: a mesh from ``jaxpar._gpu_compile.make_gpu_mesh`` for sharded arguments.
       allow_known_crashes: compile even where this jaxlib is known to crash.
-      command_buffers: CUDA-graph mode the estimate and verdict assume: ``"lhs"``
-        (XLA's default), ``"concurrent"`` or ``"off"``; every mode's time is in
-        ``estimated_us_by_mode``.
+      command_buffers: the CUDA-graph mode jaxpar plans for and the estimate and verdict
+        assume: ``"lhs"`` (XLA's default), ``"concurrent"``, ``"serialize"`` or ``"off"``
+        (or a ``CommandBufferMode``); default the mode ``XLA_FLAGS`` sets, as a program
+        of this process would run. Every mode's time is in ``estimated_us_by_mode``.
       kwargs: ``fn``'s keyword arguments, like ``args``.
       static_argnums, static_argnames: as for ``parallel_branches``; the static
         arguments are bound for both compiles.
@@ -239,16 +253,16 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
       RuntimeError: the CUDA PJRT plugin is missing or does not match jaxlib (the
         message has the exact ``pip install`` line), or this jaxlib is known to
         crash on the program.
-      ValueError: unknown ``gpu`` or ``devices < 1``; bad options.
+      ValueError: unknown ``gpu``, ``command_buffers`` or ``devices < 1``; bad options; a
+        malformed calibration profile for ``gpu`` (``GpuProfileError``).
       TypeError: an unknown option (with the closest valid name).
     """
     check_known(options, (*Options.names(), "gpu", "devices", "mesh", "allow_known_crashes",
                           "command_buffers", "kwargs", "static_argnums", "static_argnames"))
-    mode = CommandBuffers(command_buffers).value if command_buffers in {
-        m.value for m in CommandBuffers} else None
-    if mode is None:
-        raise ValueError(f"command_buffers={command_buffers!r} is not a mode; use one of "
-                         f"{[m.value for m in CommandBuffers]}.")
+    if command_buffers is None:
+        mode, source = command_buffer_mode(), "XLA_FLAGS"
+    else:
+        mode, source = CommandBufferMode.parse(command_buffers), "argument"
     ok, message = _gpu_compile.plugin_status()
     if not ok:
         raise RuntimeError(f"gpu_preview needs the CUDA PJRT plugin: {message}")
@@ -258,10 +272,14 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
             static_argnums, static_argnames = fn.static_argnums, fn.static_argnames
         fn = fn.__wrapped__
     options["target"] = "gpu"
+    _gpu_compile.gpu_target_config(gpu)  # an unknown GPU name fails here, before planning
+    profile = gpu_profile(gpu)
     statics = StaticArgs.resolve(fn, static_argnums, static_argnames)
     fn_kwargs = dict(kwargs or {})
-    plan = inspect_plan(fn, static_argnums=statics.nums, static_argnames=statics.names,
-                        **options)(*args, **fn_kwargs)
+    # Planned for the GPU and the mode it is judged in, whatever this machine has.
+    planner = ParallelBranches(fn, Options.create(**options), statics, command_buffers=mode,
+                               gpu=profile)
+    plan = inspect_plan(planner)(*args, **fn_kwargs)
     if (not allow_known_crashes and jax.lib.__version__ in _CRASHES_ON_ANNOTATED_LOOPS
             and _regions_hold_loops(plan)):
         raise RuntimeError(
@@ -274,14 +292,15 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
     # Both programs over the array leaves alone, static values bound (eqx.filter_jit's and
     # nnx.jit's splits included), so plain jax.jit compiles what parallel_branches runs.
     with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
-        plain = _figures(_gpu_compile.compile_for_gpu(flat, *leaves, **compile_options), gpu,
-                         mode)
+        plain = _figures(_gpu_compile.compile_for_gpu(flat, *leaves, **compile_options),
+                         profile, mode)
     with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
-        rewritten = parallel_branches(flat, **options)
+        rewritten = ParallelBranches(flat, Options.create(**options), command_buffers=mode,
+                                     gpu=profile)
         fast = _figures(_gpu_compile.compile_for_gpu(rewritten, *leaves, **compile_options),
-                        gpu, mode)
+                        profile, mode)
     count = mesh.devices.size if mesh is not None else devices
-    return GpuPreview(gpu, count, plain, fast, plan)
+    return GpuPreview(gpu, count, plain, fast, plan, mode, source)
 
 
 def _regions_hold_loops(plan: Plan) -> bool:

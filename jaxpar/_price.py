@@ -7,9 +7,11 @@ known to do with stream-annotated calls (``shared/XLA_FACTS.md`` section 6,
 
 * **Overlap won.** Streams share one device: running two regions side by side
   hides the fixed latency of their kernels (the cost model's per-kernel floor),
-  never their work (flops at peak, bytes at full bandwidth). The pair takes
-  ``max(longest region, total work)`` instead of the sum, the same model as the
-  compiled-schedule estimate (``jaxpar._estimate``) that judges it.
+  never their work (flops at peak, bytes at full bandwidth), and one host thread
+  still launches every kernel (``launch_s`` each, ``graph_node_s`` in a CUDA graph).
+  The pair takes ``max(longest region, total work, total launches)`` instead of the
+  sum, the same model as the compiled-schedule estimate (``jaxpar._estimate``) that
+  judges it.
 * **What the cut costs.** A call is a fusion barrier: an elementwise producer
   outside feeding a region (or an elementwise consumer outside reading a region's
   elementwise result) becomes a kernel of its own. Before jax 0.11 a multi-result
@@ -29,7 +31,11 @@ known to do with stream-annotated calls (``shared/XLA_FACTS.md`` section 6,
   and costs its fusion barriers. A region holding a ``while`` is not captured: it
   keeps its overlap, but its loop body then launches kernel by kernel on every
   trip. The mode is read from ``XLA_FLAGS`` when planning
-  (``command_buffer_mode``).
+  (``_flags.command_buffer_mode``).
+
+Every figure (launch, graph node, kernel floor, throughput) is the GPU model's
+(``jaxpar._gpu_model``), through the cost model's ``DeviceProfile.gpu``: the same
+figures the compiled-schedule estimate judges with.
 
 Example::
 
@@ -52,14 +58,8 @@ from typing import Any
 
 from . import _compat
 from ._cost import CostModel
+from ._gpu_model import CommandBufferMode, GpuProfile
 from ._graph import Graph
-from ._options import (  # noqa: F401  (re-exported)
-    MODE_CONCURRENT,
-    MODE_LHS,
-    MODE_OFF,
-    MODE_SERIALIZE,
-    command_buffer_mode,
-)
 from ._primitives import (
     COND,
     DOT_GENERAL,
@@ -73,11 +73,6 @@ from ._primitives import (
 )
 from ._structure import StructuralKeys
 
-# Host cost of launching one kernel outside a CUDA graph, against replaying it as a
-# graph node (third-party figures in XLA_CONCURRENCY.md section 4: ~6.4 us per
-# launch, ~0.6 us per graph node).
-LAUNCH_SECONDS = 5.0e-6
-GRAPH_NODE_SECONDS = 0.6e-6
 # DotMerger merges candidates up to this size (operands plus output), since jax 0.9.2.
 DOT_MERGER_BYTES = 64 * 2**20
 
@@ -140,10 +135,18 @@ def _work_seconds(eqn: Any, costs: CostModel) -> float:
     return cost.flops / costs.profile.peak_flops + cost.bytes / costs.profile.bandwidth
 
 
+def _gpu(costs: CostModel) -> GpuProfile:
+    gpu = costs.profile.gpu
+    if gpu is None:
+        raise ValueError(f"price_section prices for a GPU; the cost model is for "
+                         f"{costs.profile.name!r}. Use CostModel(device_profile('gpu', ...)).")
+    return gpu
+
+
 def _launch_penalty(eqn: Any, costs: CostModel) -> float:
     """Device time lost when ``eqn``'s kernels launch one by one instead of from a graph.
 
-    A launch costs the host ``LAUNCH_SECONDS`` (a graph node ``GRAPH_NODE_SECONDS``); the
+    A launch costs the host the GPU's ``launch_s`` (a graph node ``graph_node_s``); the
     device waits only for the part a kernel does not cover by running. Loop bodies
     count once per trip.
     """
@@ -167,7 +170,8 @@ def _launch_penalty(eqn: Any, costs: CostModel) -> float:
     if cost.kernels <= 0:
         return 0.0
     each = costs.seconds(cost) / cost.kernels
-    return cost.kernels * (max(LAUNCH_SECONDS - each, 0.0) - max(GRAPH_NODE_SECONDS - each, 0.0))
+    gpu = _gpu(costs)
+    return cost.kernels * (max(gpu.launch_s - each, 0.0) - max(gpu.graph_node_s - each, 0.0))
 
 
 def _is_light(eqn: Any, costs: CostModel) -> bool:
@@ -215,7 +219,7 @@ def _dot_bytes(eqn: Any) -> int:
 
 
 def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
-                  costs: CostModel, *, mode: str, min_gain_seconds: float = 0.0,
+                  costs: CostModel, *, mode: CommandBufferMode, min_gain_seconds: float = 0.0,
                   independent_dots: Sequence[int] = (),
                   keys: StructuralKeys | None = None) -> Verdict:
     """The expected effect of emitting ``regions`` of one level as one stream section.
@@ -224,8 +228,8 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
         jaxpr: the level (open jaxpr) the indices refer to.
         graph: its dependency graph.
         regions: each region's equation indices.
-        costs: the target's cost model.
-        mode: ``command_buffer_mode()``.
+        costs: the GPU's cost model (``device_profile("gpu", ...)``).
+        mode: the CUDA-graph mode (``_flags.command_buffer_mode()``).
         min_gain_seconds: the least net gain that counts as paying.
         independent_dots: ``dot_general`` equations outside the regions that are
             independent of them (``DotMerger`` could merge them with a region's dot).
@@ -234,7 +238,12 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
 
     Returns:
         A ``Verdict``.
+
+    Raises:
+        ValueError: ``costs`` is not a GPU's cost model, or ``mode`` is not a mode.
     """
+    _gpu(costs)
+    mode = CommandBufferMode.parse(mode, "mode")
     eqns = jaxpr.eqns
     owner = {i: r for r, members in enumerate(regions) for i in members}
 
@@ -303,18 +312,31 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
                        "schedules each region's start right before its done: they would "
                        "not overlap")
 
-    times = [sum(seconds(i) for i in members) for members in regions]
-    busy = [sum(_work_seconds(eqns[i], costs) for i in members) for members in regions]
+    graphs_on = mode is not CommandBufferMode.OFF
     captured = [not any(inner.primitive.name in NOT_CAPTURED
                         for i in members for inner in _walk_eqns(eqns[i]))
                 for members in regions]
-    overlapped = max(max(times), sum(busy))
+    # One host thread enqueues the kernels of every region: a kernel launched on its own
+    # costs it launch_s (a graph node graph_node_s), so a region takes at least its
+    # launches, and side by side the regions never finish before all their launches are
+    # made (the estimate's host model, jaxpar/_estimate.py).
+    gpu = _gpu(costs)
+    per_launch = [gpu.graph_node_s if graphs_on and is_captured else gpu.launch_s
+                  for is_captured in captured]
+    launches = [sum(costs.eqn_cost(eqns[i]).kernels for i in members) * host
+                for members, host in zip(regions, per_launch, strict=True)]
+    times = [max(sum(seconds(i) for i in members), launched)
+             for members, launched in zip(regions, launches, strict=True)]
+    busy = [sum(_work_seconds(eqns[i], costs) for i in members) for members in regions]
+    launching = sum(launches)
+    overlapped = max(max(times), sum(busy), launching)
     gain = max(sum(times) - overlapped, 0.0)
-    graphs_on = mode != MODE_OFF
     if graphs_on and all(captured):
-        why = ("CUDA graphs in XLA's default LHS mode chain a captured region serially with "
-               "everything else" if mode in (MODE_LHS, MODE_SERIALIZE) else
-               "CUDA graphs in CONCURRENT mode already overlap independent kernels")
+        default = "XLA's default " if mode is CommandBufferMode.LHS else ""
+        why = ("CUDA graphs in CONCURRENT mode already overlap independent kernels"
+               if mode is CommandBufferMode.CONCURRENT else
+               f"CUDA graphs in {default}{mode.xla_scheduling_mode} mode chain a captured "
+               "region serially with everything else")
         gain = 0.0
     else:
         why = ""
@@ -344,6 +366,10 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
         reason = (f"{why}, so it would win nothing and cost est. {cost * 1e6:.1f} us "
                   f"({added} kernels the cut adds); with command buffers off "
                   "(XLA_FLAGS=--xla_gpu_enable_command_buffer=) the overlap could pay")
+    elif gain <= 0.0 and launching >= max(max(times), sum(busy)):
+        reason = (f"one host thread launches the regions' kernels one by one (est. "
+                  f"{launching * 1e6:.1f} us of launches), so running them side by side "
+                  "wins nothing")
     elif gain <= 0.0:
         reason = ("the regions' work already fills the GPU (their kernels' fixed latency is "
                   "all overlap could hide), so running them side by side wins nothing")

@@ -171,11 +171,12 @@ def test_no_pass_imports_a_sibling_pass() -> None:
 # docs/design.md's drawing, top to bottom: a module imports only modules of its own
 # layer or above. Every module must be placed (a new module needs a place in both).
 LAYERS = (
-    ("_compat",), ("_primitives",), ("_options",), ("_structure",), ("_loops",),
+    ("_compat",), ("_primitives",), ("_gpu_model",), ("_flags",), ("_options",),
+    ("_structure",), ("_loops",),
     ("_interp",), ("_graph",), ("_cost",), ("_analysis",), ("_price",), ("passes",),
     ("_plan",), ("_emit", "_emit_collectives"), ("_timeline", "_render", "_inspect"),
     ("_trace", "_frameworks", "_api"),
-    ("_gpu_compile", "_schedule", "_estimate", "_preview", "_flags", "_deviceless"),
+    ("_gpu_compile", "_schedule", "_estimate", "_preview", "_deviceless"),
     ("", "_cli", "__main__"),
 )
 

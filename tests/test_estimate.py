@@ -12,9 +12,10 @@ import dataclasses
 import pytest
 
 from jaxpar import _estimate
-from jaxpar._estimate import CommandBuffers, estimate_hlo, verdict
+from jaxpar._estimate import estimate_hlo, verdict
+from jaxpar._gpu_model import GPU_PROFILES, CommandBufferMode
 
-PROFILE = _estimate.GPU_PROFILES["h200"]
+PROFILE = GPU_PROFILES["h200"]
 BIG = "f32[4096,4096]{1,0}"  # 64 MiB: bandwidth-bound kernels far above the floor
 
 
@@ -216,7 +217,7 @@ def _tiny_regions(together: bool) -> str:
 
 def test_lhs_graphs_chain_captured_regions_serially():
     text = _tiny_regions(together=True)
-    lhs = estimate_hlo(text, command_buffers=CommandBuffers.LHS)
+    lhs = estimate_hlo(text, command_buffers=CommandBufferMode.LHS)
     concurrent = estimate_hlo(text, command_buffers="concurrent")
     assert lhs.graph_launches == 1 == concurrent.graph_launches
     assert all(r.capturable and r.overlaps for r in lhs.regions)

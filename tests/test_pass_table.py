@@ -14,7 +14,9 @@ from jax import lax
 
 import jaxpar
 from jaxpar import _analysis, _api, _cost
-from jaxpar._options import TARGET_DEFAULTS, Options, Settings, command_buffer_mode
+from jaxpar._flags import command_buffer_mode
+from jaxpar._gpu_model import CommandBufferMode
+from jaxpar._options import TARGET_DEFAULTS, Options, Settings
 from jaxpar.passes import (
     PASSES,
     DecisionKind,
@@ -63,7 +65,7 @@ def test_resolve_keeps_explicit_switches_and_limits_streams():
         "gpu", async_limit=3, command_buffers="off")
     assert settings.fuse_scans is False and settings.unroll == 3
     assert settings.streams_per_section == 3
-    assert settings.command_buffers == "off"
+    assert settings.command_buffers is CommandBufferMode.OFF
     forced = Options.create(force_streams=True).resolve("gpu", command_buffers="lhs")
     assert forced.command_buffers is None  # no pricing when forced
     assert Options().resolve("cpu", command_buffers="lhs").command_buffers is None
@@ -74,7 +76,7 @@ def test_resolve_reads_xla_flags(monkeypatch):
                                     "--xla_gpu_enable_command_buffer=")
     settings = Options.create(max_streams=8).resolve("gpu")
     assert settings.streams_per_section == 4
-    assert settings.command_buffers == "off" == command_buffer_mode()
+    assert settings.command_buffers is CommandBufferMode.OFF is command_buffer_mode()
 
 
 def test_resolve_rejects_bad_values():

@@ -17,6 +17,7 @@ from helpers import (
 
 import jaxpar
 from jaxpar import _deviceless, _gpu_compile, _preview
+from jaxpar._gpu_model import CommandBufferMode
 
 PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
@@ -43,7 +44,8 @@ def test_seed_002_preview_shows_fewer_loop_trips():
     assert preview.plain.launches > 100_000
     assert preview.plain.host_syncs == preview.jaxpar.host_syncs == 0
     assert preview.plain.estimated_us > 0 and preview.jaxpar.estimated_us > 0
-    assert set(dict(preview.plain.estimated_us_by_mode)) == {"lhs", "concurrent", "off"}
+    assert set(dict(preview.plain.estimated_us_by_mode)) == {
+        "lhs", "concurrent", "serialize", "off"}
     assert preview.time_ratio == preview.jaxpar.estimated_us / preview.plain.estimated_us
     assert preview.verdict in text and "launches per run" in text
 
@@ -98,3 +100,40 @@ def test_bad_gpu_name_is_an_error():
         pytest.skip(PLUGIN_MESSAGE)
     with pytest.raises(ValueError, match="gpu"):
         jaxpar.gpu_preview(lambda x: x @ x, jnp.ones((4, 4)), gpu="a100")
+
+
+def two_chains(a, wa, b, wb):
+    """Two independent matmul chains: a section pays with CUDA graphs off, not in LHS."""
+    return jnp.tanh(jnp.tanh(a @ wa) @ wa), jnp.sin(jnp.sin(b @ wb) @ wb)
+
+
+TWO_CHAINS = [jax.ShapeDtypeStruct((1024, 1024), jnp.float32)] * 4
+
+
+@needs_plugin
+def test_preview_judges_and_plans_in_the_mode_xla_flags_sets(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")
+    default = jaxpar.gpu_preview(two_chains, *TWO_CHAINS)
+    assert default.command_buffers is CommandBufferMode.LHS
+    assert default.jaxpar.estimate.command_buffers == "lhs" and not default.plan.sections
+    assert "CUDA graphs: lhs, from XLA_FLAGS" in str(default)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+    off = jaxpar.gpu_preview(two_chains, *TWO_CHAINS)
+    assert off.command_buffers is CommandBufferMode.OFF and off.mode_source == "XLA_FLAGS"
+    assert off.jaxpar.estimate.command_buffers == "off" and "off graphs" in off.verdict
+    assert len(off.plan.sections) == 1 and off.jaxpar.async_in_flight == 2
+    assert off.plain.estimated_us == dict(default.plain.estimated_us_by_mode)["off"]
+    assert "CUDA graphs: off, from XLA_FLAGS" in str(off)
+    assert off.to_dict()["command_buffers"] == "off"
+
+
+@needs_plugin
+def test_an_explicit_mode_wins_over_xla_flags(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")
+    off = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, command_buffers="off")
+    assert off.command_buffers is CommandBufferMode.OFF and off.mode_source == "argument"
+    assert len(off.plan.sections) == 1 and "off graphs" in off.verdict
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+    lhs = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, command_buffers=CommandBufferMode.LHS)
+    assert lhs.command_buffers is CommandBufferMode.LHS and not lhs.plan.sections
+    assert "CUDA graphs: lhs, from argument" in str(lhs)

@@ -15,15 +15,13 @@ from jax import lax
 import jaxpar
 from jaxpar import _compat
 from jaxpar._cost import DEVICE_PROFILES, CostModel
+from jaxpar._flags import command_buffer_mode
+from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._graph import build_graph
-from jaxpar._price import (
-    MODE_CONCURRENT,
-    MODE_LHS,
-    MODE_OFF,
-    MODE_SERIALIZE,
-    command_buffer_mode,
-    price_section,
-)
+from jaxpar._price import price_section
+
+MODE_LHS, MODE_OFF = CommandBufferMode.LHS, CommandBufferMode.OFF
+MODE_CONCURRENT, MODE_SERIALIZE = CommandBufferMode.CONCURRENT, CommandBufferMode.SERIALIZE
 
 GRAPHS_OFF = "--xla_gpu_enable_command_buffer="
 S = jax.ShapeDtypeStruct
@@ -104,7 +102,8 @@ def test_graph_captured_sections_win_nothing_by_default(monkeypatch):
 
 
 def test_sections_that_overlap_pay_with_graphs_off(graphs_off):
-    args = two_chains_args()
+    # At 512 the overlap wins less than the launches of both chains on the one host thread.
+    args = two_chains_args(1024)
     plan = jaxpar.inspect(two_chains, target="gpu")(*args)
     assert len(plan.sections) == 1 and len(plan.sections[0].regions) == 2
     g = jaxpar.parallel_branches(two_chains, target="gpu")
@@ -114,7 +113,7 @@ def test_sections_that_overlap_pay_with_graphs_off(graphs_off):
 
 def test_the_plan_cache_follows_the_command_buffer_mode(monkeypatch):
     g = jaxpar.parallel_branches(two_chains, target="gpu")
-    args = [S((512, 512), jnp.float32)] * 4
+    args = [S((1024, 1024), jnp.float32)] * 4
 
     def lowered():  # a fresh function each time, so jax.jit's own trace cache misses
         return jax.jit(lambda *a: g(*a)).lower(*args).as_text()
@@ -143,6 +142,20 @@ def test_overlap_hides_kernel_latency_not_work():
     lhs = price_section(inner, build_graph(inner), [range(4), range(4, 8)], costs,
                         mode=MODE_LHS)
     assert not lhs.pays and lhs.gain_seconds == 0.0
+
+
+def test_overlap_cannot_beat_the_host_that_launches_every_kernel():
+    # Tiny kernels with graphs off: each region is bound by its launches (launch_s each,
+    # more than a tiny kernel's floor), and one host thread makes the launches of both.
+    closed = jax.make_jaxpr(two_chains)(*[S((64, 64), jnp.float32)] * 4)
+    inner, _ = _compat.open_jaxpr(closed)
+    costs = CostModel(DEVICE_PROFILES["gpu"])
+    gpu = DEVICE_PROFILES["gpu"].gpu
+    assert gpu is not None and gpu.launch_s > gpu.kernel_floor_s
+    verdict = price_section(inner, build_graph(inner), [range(4), range(4, 8)], costs,
+                            mode=MODE_OFF)
+    assert not verdict.pays and verdict.gain_seconds == 0.0
+    assert "one host thread launches" in verdict.reason
 
 
 def test_regions_read_apart_are_refused():

@@ -6,7 +6,7 @@ neither in, feeding, nor fed by the section) and hands over the regions.
 
 Example::
 
-    verdict = price_regions(jaxpr, graph, order, regions, costs, mode="LHS",
+    verdict = price_regions(jaxpr, graph, order, regions, costs, mode=CommandBufferMode.LHS,
                             min_seconds=5e-6)
     verdict.pays, verdict.reason
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._cost import CostModel
+from .._gpu_model import CommandBufferMode
 from .._graph import Graph
 from .._price import Verdict, price_section
 from .._structure import StructuralKeys
@@ -24,7 +25,7 @@ from .regions import RegionSet
 
 
 def price_regions(jaxpr: Any, graph: Graph, order: HeavyOrder, regions: RegionSet,
-                  costs: CostModel, *, mode: str, min_seconds: float,
+                  costs: CostModel, *, mode: CommandBufferMode, min_seconds: float,
                   keys: StructuralKeys | None = None) -> Verdict:
     """``price_section`` of ``regions`` (one open jaxpr level's window ``order``)."""
     mask = regions.heavy_mask

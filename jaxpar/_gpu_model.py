@@ -1,0 +1,349 @@
+"""The one GPU model: every figure of each GPU kind, and XLA's command-buffer modes.
+
+Everything in jaxpar that prices GPU work reads its figures here: the cost model of the
+planner (``_cost.device_profile``), the pricing of stream sections (``_price``), the
+estimate of compiled programs (``_estimate``) and ``gpu_preview``. No other module
+defines a GPU figure or a command-buffer mode (``tests/test_gpu_model.py`` fails if one
+does).
+
+A calibration profile measured on a real GPU (``benchmarks/calibrate.py``) replaces the
+built-in figures for that device kind: ``gpu_profile`` loads
+``$JAXPAR_PROFILE_DIR/<device kind>.json`` (default directory
+``~/.cache/jaxpar/profiles``; the device kind lower-cased, every run of other characters
+than letters and digits an underscore: ``nvidia_h200.json``).
+
+Example::
+
+    profile = gpu_profile("h200")          # built-in H200 figures, or the calibrated ones
+    profile.launch_s, profile.dot_flops("bf16")
+    mode = CommandBufferMode.parse("concurrent")
+
+Sharp edges:
+  * The built-in host-side figures (launch, graph node, sync, event) are third-party
+    measurements or assumptions, not yet measured on an H100/H200; calibrate to replace
+    them (``benchmarks/calibrate.py``).
+  * A calibration file changes plans. Under multi-process SPMD every process must plan
+    alike: give every host the same file (``JAXPAR_PROFILE_DIR`` on a shared disk).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+
+__all__ = [
+    "GENERIC_GPU",
+    "GPU_PROFILES",
+    "MIN_GRAPH_SIZE",
+    "PROFILE_DIR_VARIABLE",
+    "CommandBufferMode",
+    "GpuProfile",
+    "GpuProfileError",
+    "builtin_gpu_profile",
+    "gpu_profile",
+    "local_gpu_profile",
+    "profile_document",
+    "profile_path",
+]
+
+
+class CommandBufferMode(enum.Enum):
+    """How XLA:GPU turns runs of thunks into CUDA graphs (command buffers).
+
+    ``LHS`` is XLA's default (``xla_gpu_command_buffer_scheduling_mode=LHS``): a graph is
+    one serial chain, captured stream regions included. ``CONCURRENT``: graph edges come
+    from buffer conflicts only, so independent kernels overlap inside a graph.
+    ``SERIALIZE``: one serial chain too. ``OFF`` (``--xla_gpu_enable_command_buffer=``
+    empty): every kernel is launched alone.
+    """
+
+    LHS = "lhs"
+    CONCURRENT = "concurrent"
+    SERIALIZE = "serialize"
+    OFF = "off"
+
+    @classmethod
+    def parse(cls, value: CommandBufferMode | str, argument: str = "command_buffers"
+              ) -> CommandBufferMode:
+        """``value`` as a mode (a member or its lower-case name).
+
+        Raises:
+          ValueError: naming ``argument`` and the valid modes.
+        """
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{argument}={value!r} is not a CUDA-graph mode; use one of "
+                             f"{[mode.value for mode in cls]}") from None
+
+    @classmethod
+    def from_xla_scheduling_mode(cls, name: str) -> CommandBufferMode:
+        """The mode of ``--xla_gpu_command_buffer_scheduling_mode=<name>``.
+
+        ``CONCURRENT_REGIONS`` never runs dots concurrently, so it counts as ``LHS``, as
+        does any name XLA may add later.
+        """
+        return {cls.CONCURRENT.xla_scheduling_mode: cls.CONCURRENT,
+                cls.SERIALIZE.xla_scheduling_mode: cls.SERIALIZE}.get(name.upper(), cls.LHS)
+
+    @property
+    def xla_scheduling_mode(self) -> str | None:
+        """The value of ``xla_gpu_command_buffer_scheduling_mode`` (None for ``OFF``)."""
+        return None if self is CommandBufferMode.OFF else self.value.upper()
+
+
+# Consecutive capturable thunks XLA needs to form a CUDA graph (the default of
+# ``xla_gpu_graph_min_graph_size``).
+MIN_GRAPH_SIZE = 5
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuProfile:
+    """The figures of one GPU kind (built-in sources in the comments of ``GPU_PROFILES``).
+
+    Attributes:
+      name: ``"h200"``, ``"h100"``, ``"gpu"`` (the generic default) or a device kind's
+        file name for a calibrated kind jaxpar has no figures for.
+      device_kind: ``jax.Device.device_kind`` of this GPU (``""`` for the generic one).
+      sm_count: streaming multiprocessors.
+      bandwidth: HBM bytes/s.
+      vector_flops: FP32 non-tensor flop/s (elementwise work).
+      tensor_flops: dot/convolution flop/s by XLA element type, as ``(type, flop/s)``
+        pairs; ``"f32"`` is JAX's default precision (TF32 tensor cores on Hopper).
+      launch_s: host cost of launching one kernel outside a CUDA graph.
+      graph_launch_s: host cost of launching one CUDA graph.
+      graph_node_s: host cost of each kernel node of a launched graph.
+      kernel_floor_s: shortest a launched kernel takes on the device.
+      sync_s: a predicate copied to the host plus a stream synchronise.
+      event_s: one event record or stream wait on the host.
+      source: where the figures come from (``"built-in"`` or a calibration file).
+    """
+
+    name: str
+    device_kind: str
+    sm_count: int
+    bandwidth: float
+    vector_flops: float
+    tensor_flops: tuple[tuple[str, float], ...]
+    launch_s: float
+    graph_launch_s: float
+    graph_node_s: float
+    kernel_floor_s: float
+    sync_s: float
+    event_s: float
+    source: str = "built-in"
+
+    def dot_flops(self, element_type: str) -> float:
+        """Tensor-core flop/s of a dot or convolution on ``element_type`` (default f32's)."""
+        peaks = dict(self.tensor_flops)
+        return peaks.get(element_type, peaks["f32"])
+
+
+# NVIDIA H100 Tensor Core GPU datasheet (H100 SXM5) and H200 Tensor Core GPU datasheet
+# (H200 SXM), dense figures (half the "with sparsity" ones): FP64 tensor 67 TFLOP/s, TF32
+# tensor 494.5, BF16/FP16 tensor 989.5, FP8/INT8 tensor 1979. XLA:GPU runs float32 dots
+# at JAX's default precision on TF32 tensor cores on Hopper, so "f32" is the TF32 peak.
+_HOPPER_TENSOR_FLOPS = (
+    ("f64", 67e12), ("c128", 67e12), ("f32", 494.5e12), ("c64", 494.5e12),
+    ("bf16", 989.5e12), ("f16", 989.5e12), ("s8", 1979e12), ("u8", 1979e12),
+    ("f8e4m3fn", 1979e12), ("f8e5m2", 1979e12),
+)
+
+_H200 = GpuProfile(
+    name="h200", device_kind="NVIDIA H200",
+    sm_count=132,  # H200 datasheet; core_count in jaxpar/targets/h200.txtpb
+    bandwidth=4.8e12,  # HBM3e, H200 datasheet; memory_bandwidth in targets/h200.txtpb
+    vector_flops=67e12,  # FP32 (non-tensor), datasheet
+    tensor_flops=_HOPPER_TENSOR_FLOPS,
+    # About 8 us per lax.scan trip of 3 tiny kernels through XLA (QuantEcon
+    # lecture-python-programming PRs #437/#440; shared/XLA_CONCURRENCY.md section 4).
+    # The pricing once assumed 5.0 us, rounded from the 6.4 us of a laptop GPU outside
+    # XLA (below); the figure measured through XLA is the one kept.
+    launch_s=2.7e-6,
+    # A graph replay cost 15 us + 0.58 us per node against 6.4 us per individual launch
+    # (ahrefs/ocannl #488, RTX 5070 Ti laptop); scaled by 2.7 / 6.4 to launch_s above,
+    # keeping that measured ratio (the pricing once took the unscaled 0.6 us per node).
+    graph_launch_s=6.3e-6,
+    graph_node_s=0.25e-6,
+    # The order of a Hopper kernel's launch-to-finish latency: "a tiny kernel still takes
+    # about 2 us" (what the planner's cost model and the estimate always assumed).
+    kernel_floor_s=2.0e-6,
+    # Assumptions, no measurement at hand: one small device-to-host copy plus a stream
+    # synchronise, and one cudaEventRecord / cudaStreamWaitEvent call.
+    sync_s=10.0e-6,
+    event_s=1.0e-6,
+)
+
+#: Built-in profiles by the names ``compile_for_gpu`` and ``gpu_preview`` accept, and the
+#: generic ``"gpu"`` the planner uses when it plans away from a GPU.
+GPU_PROFILES: Mapping[str, GpuProfile] = {
+    "h200": _H200,
+    # H100 SXM5: HBM3 3.35 TB/s (datasheet; memory_bandwidth in targets/h100.txtpb), 132
+    # SMs; the same Hopper compute and host figures.
+    "h100": dataclasses.replace(_H200, name="h100", device_kind="NVIDIA H100 80GB HBM3",
+                                bandwidth=3.35e12),
+    # Planning away from a GPU (gpu_preview's and the deviceless compiles' default GPU).
+    "gpu": dataclasses.replace(_H200, name="gpu", device_kind=""),
+}
+GENERIC_GPU = "gpu"
+
+_BY_DEVICE_KIND = {p.device_kind: p for p in GPU_PROFILES.values() if p.device_kind}
+
+# --------------------------------------------------------------------------- calibration
+
+PROFILE_DIR_VARIABLE = "JAXPAR_PROFILE_DIR"
+PROFILE_FORMAT = "jaxpar-gpu-profile"
+PROFILE_VERSION = 1
+# What a calibration file may set (GpuProfile fields; tensor_flops as an object).
+CALIBRATED = ("sm_count", "bandwidth", "vector_flops", "tensor_flops", "launch_s",
+              "graph_launch_s", "graph_node_s", "kernel_floor_s", "sync_s", "event_s")
+
+
+class GpuProfileError(ValueError):
+    """A calibration profile file is malformed."""
+
+
+def _file_name(device_kind: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "_", device_kind.lower()).strip("_")
+    return f"{slug or 'gpu'}.json"
+
+
+def profile_path(device_kind: str) -> Path:
+    """Where the calibration profile of ``device_kind`` is looked up (and written)."""
+    directory = os.environ.get(PROFILE_DIR_VARIABLE, "").strip()
+    base = Path(directory) if directory else Path.home() / ".cache" / "jaxpar" / "profiles"
+    return base / _file_name(device_kind)
+
+
+def profile_document(profile: GpuProfile, measurements: Mapping[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    """The JSON document of a calibration profile (what ``gpu_profile`` loads back)."""
+    figures = {name: getattr(profile, name) for name in CALIBRATED}
+    figures["tensor_flops"] = dict(profile.tensor_flops)
+    return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION,
+            "device_kind": profile.device_kind, "figures": figures,
+            "measurements": dict(measurements or {})}
+
+
+def _positive(path: Path, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise GpuProfileError(f"{path}: figure {name!r} must be a finite number > 0, got "
+                              f"{value!r}; re-run benchmarks/calibrate.py on this GPU or "
+                              "delete the file")
+    return float(value)
+
+
+def _calibrated(path: Path, base: GpuProfile, device_kind: str) -> GpuProfile:
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise GpuProfileError(f"{path}: not a readable JSON calibration profile ({error}); "
+                              "re-run benchmarks/calibrate.py on this GPU or delete the "
+                              "file") from None
+    if not isinstance(document, dict) or document.get("format") != PROFILE_FORMAT \
+            or document.get("version") != PROFILE_VERSION:
+        raise GpuProfileError(f"{path}: not a {PROFILE_FORMAT} version {PROFILE_VERSION} "
+                              "file (the 'format' and 'version' keys); re-run "
+                              "benchmarks/calibrate.py on this GPU or delete the file")
+    if document.get("device_kind") != device_kind:
+        raise GpuProfileError(f"{path}: measured on {document.get('device_kind')!r}, not on "
+                              f"{device_kind!r}; calibrate on a {device_kind} or delete the "
+                              "file")
+    figures = document.get("figures")
+    if not isinstance(figures, dict):
+        raise GpuProfileError(f"{path}: 'figures' must be an object of GPU figures")
+    unknown = sorted(set(figures) - set(CALIBRATED))
+    if unknown:
+        raise GpuProfileError(f"{path}: unknown figures {unknown}; valid ones are "
+                              f"{list(CALIBRATED)}")
+    changes: dict[str, Any] = {}
+    for name, value in figures.items():
+        if name == "tensor_flops":
+            if not isinstance(value, dict):
+                raise GpuProfileError(f"{path}: 'tensor_flops' must be an object of flop/s "
+                                      "by element type, e.g. {\"bf16\": 9.8e14}")
+            peaks = dict(base.tensor_flops)
+            peaks.update({str(k): _positive(path, f"tensor_flops.{k}", v)
+                          for k, v in value.items()})
+            changes[name] = tuple(sorted(peaks.items()))
+        elif name == "sm_count":
+            changes[name] = round(_positive(path, name, value))
+        else:
+            changes[name] = _positive(path, name, value)
+    name = base.name if base.device_kind else _file_name(device_kind).removesuffix(".json")
+    return dataclasses.replace(base, **changes, name=name, device_kind=device_kind,
+                               source=str(path))
+
+
+def builtin_gpu_profile(device_kind: str) -> GpuProfile:
+    """jaxpar's own figures for ``device_kind`` (the generic ``"gpu"`` ones for a kind it
+    has none for), whatever calibration file exists."""
+    return _BY_DEVICE_KIND.get(device_kind, GPU_PROFILES[GENERIC_GPU])
+
+
+@functools.lru_cache(maxsize=32)
+def _load(path: Path, stamp: tuple[int, int], base: GpuProfile, device_kind: str
+          ) -> GpuProfile:
+    del stamp  # only keys the cache: a rewritten file is read again
+    return _calibrated(path, base, device_kind)
+
+
+def gpu_profile(gpu: str | GpuProfile = "h200") -> GpuProfile:
+    """The figures of a GPU: built-in, replaced by its calibration file where one exists.
+
+    Args:
+      gpu: a built-in name (``"h200"``, ``"h100"``, ``"gpu"``), a ``jax.Device``'s
+        ``device_kind`` (``"NVIDIA H200"``; a kind without built-in figures starts from
+        the generic ``"gpu"`` ones), or a ``GpuProfile`` (returned as it is).
+
+    Returns:
+      A ``GpuProfile``; ``source`` names the calibration file when one was loaded.
+
+    Raises:
+      ValueError: ``gpu`` is neither a built-in name nor a device kind.
+      GpuProfileError: the calibration file for that kind is malformed.
+    """
+    if isinstance(gpu, GpuProfile):
+        return gpu
+    if not isinstance(gpu, str) or not gpu.strip():
+        raise ValueError(f"gpu={gpu!r} has no profile; use one of {sorted(GPU_PROFILES)}, a "
+                         "jax.Device's device_kind, or a GpuProfile")
+    base = GPU_PROFILES.get(gpu.lower())
+    if base is not None:
+        kind = base.device_kind
+    else:
+        kind = gpu
+        if kind not in _BY_DEVICE_KIND and kind.isalnum():
+            # A bare word that is no built-in name is a typo more likely than a kind.
+            raise ValueError(f"gpu={gpu!r} has no profile; use one of "
+                             f"{sorted(GPU_PROFILES)}, a jax.Device's device_kind, or a "
+                             "GpuProfile")
+        base = builtin_gpu_profile(kind)
+    if not kind:
+        return base
+    path = profile_path(kind)
+    try:
+        stat = path.stat()
+    except OSError:
+        return base
+    return _load(path, (stat.st_mtime_ns, stat.st_size), base, kind)
+
+
+def local_gpu_profile() -> GpuProfile:
+    """The profile of this machine's first GPU, or the generic ``"gpu"`` one without a GPU."""
+    if jax.default_backend() == "gpu":
+        return gpu_profile(jax.devices()[0].device_kind)
+    return GPU_PROFILES[GENERIC_GPU]
