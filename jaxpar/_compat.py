@@ -854,8 +854,8 @@ from jax._src.interpreters import partial_eval as _pe  # noqa: E402
 STREAM_REGION = "jaxpar_stream_region"
 stream_region_p = jex_core.Primitive(STREAM_REGION)
 stream_region_p.multiple_results = True
-if hasattr(_core.Primitive, "is_effectful"):  # jax >= 0.11 asks the primitive too
-    stream_region_p.is_effectful = (  # type: ignore[method-assign]
+# Some releases also ask the primitive whether an equation has effects.
+setattr(stream_region_p, "is_effectful",  # noqa: B010
         lambda params: bool(params["call_jaxpr"].effects))
 
 # The emitter's JVP and transpose of a region (see ``register_stream_region_ad``).
@@ -888,11 +888,6 @@ def register_stream_region_ad(jvp: Callable[..., Any], transpose: Callable[..., 
     """
     _region_ad["jvp"] = jvp
     _region_ad["transpose"] = transpose
-
-
-def _region_impl(*args: Any, call_jaxpr: Any, region: Any) -> list[Any]:
-    del region
-    return jaxpr_eval(call_jaxpr, *args)
 
 
 def _region_abstract_eval(*avals: Any, call_jaxpr: Any, region: Any) -> tuple[Any, Any]:
@@ -979,7 +974,9 @@ def _register_stream_region_rules() -> None:
     from jax._src import checkify as _checkify
     from jax.experimental import jet as _jet
 
-    stream_region_p.def_impl(_region_impl)
+    from jax._src import dispatch as _dispatch
+
+    _dispatch.simple_impl(stream_region_p)  # eagerly: compiled alone, as a stream call
     stream_region_p.def_effectful_abstract_eval(_region_abstract_eval)
     _mlir.register_lowering(stream_region_p, _mlir.lower_fun(_region_lowering,
                                                              multiple_results=True))
@@ -993,7 +990,7 @@ def _register_stream_region_rules() -> None:
         _pe.closed_call_partial_eval_custom_rule, "call_jaxpr",
         lambda *args: (args[-2], args[-1]))
     _checkify.error_checks[stream_region_p] = _region_checkify
-    _jet.jet_rules[stream_region_p] = _region_jet
+    _jet.jet_rules[stream_region_p] = _region_jet  # type: ignore[assignment]
 
 
 _register_stream_region_rules()

@@ -3,8 +3,9 @@
 The rewritten program is produced by *evaluating* the original jaxpr with an
 interpreter (like ``jax.core.eval_jaxpr``) under whatever trace is current:
 plain equations are re-bound as they were, each region becomes one
-``xla_metadata_call`` carrying ``_xla_stream_annotation``, ``inlineable="false"``
-and ``_scheduling_group_id``, and equations with planned nested jaxprs are
+``_compat.stream_region_p`` equation, lowered as an ``xla_metadata_call``
+carrying ``_xla_stream_annotation``, ``inlineable="false"`` and
+``_scheduling_group_id``, and equations with planned nested jaxprs are
 re-bound with those jaxprs re-traced through the same interpreter. Because it
 is an interpreter, the result composes with ``jit``, ``grad`` and ``vmap`` the
 way any JAX code does.
@@ -21,8 +22,10 @@ Sharp edges:
     taken from the plan: XLA rejects a group whose members are connected
     through work outside it ("annotation groups with gaps"), which two
     emissions of one plan in one program would otherwise be.
-  * Each region is a ``custom_jvp`` whose rule emits a forward region and a
-    linear region with scheduling groups of their own (see ``region_call``).
+  * Each region is one equation of jaxpar's own ``_compat.stream_region_p``,
+    lowered as the ``xla_metadata_call`` above; its JVP emits a forward region
+    and a linear region with scheduling groups of their own, its transpose a
+    region again (see ``_region_jvp``, ``_region_transpose``).
   * A scan with ``unroll > 1`` whose body has regions is unrolled here, one
     evaluation (and so one set of groups) per copy (see ``unrolled_scan``).
 """
@@ -86,6 +89,9 @@ class GroupIds:
         self._fixed = fixed is not None
         self._derive = derive
         self._derived: dict[str, GroupIds] = {}
+
+    def __repr__(self) -> str:  # shown in the ``region`` parameter of printed jaxprs
+        return f"GroupIds(id={self.id})"
 
     def derived(self, role: str) -> GroupIds | None:
         """The group of the regions derived in ``role``; None: they get no group."""
