@@ -846,10 +846,13 @@ def staging() -> bool:
 # and ``region``, an object of the emitter's with ``.attributes`` (a tuple of string
 # pairs) that compares by value.
 
+from jax._src import checkify as _checkify  # noqa: E402
+from jax._src import dispatch as _dispatch  # noqa: E402
 from jax._src.interpreters import ad as _ad  # noqa: E402
 from jax._src.interpreters import batching as _batching  # noqa: E402
 from jax._src.interpreters import mlir as _mlir  # noqa: E402
 from jax._src.interpreters import partial_eval as _pe  # noqa: E402
+from jax.experimental import jet as _jet  # noqa: E402
 
 STREAM_REGION = "jaxpar_stream_region"
 stream_region_p = jex_core.Primitive(STREAM_REGION)
@@ -927,8 +930,6 @@ def _region_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: Any,
 
 def _region_checkify(*args: Any, call_jaxpr: Any, region: Any) -> tuple[Any, list[Any]]:
     # jax <= 0.10: (error, enabled_errors, *vals); jax >= 0.11 passes a context first.
-    from jax._src import checkify as _checkify
-
     context_type = getattr(_checkify, "CheckifyContext", None)
     context = args[:1] if context_type is not None and isinstance(args[0], context_type) else ()
     error, enabled_errors, *vals = args[len(context):]
@@ -943,8 +944,6 @@ def _region_checkify(*args: Any, call_jaxpr: Any, region: Any) -> tuple[Any, lis
 
 def _region_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jaxpr: Any,
                 region: Any) -> tuple[list[Any], list[Any]]:
-    from jax.experimental import jet as _jet
-
     order = max((len(s) for s in series_in if s is not _jet.zero_series), default=1)
     series = [[_jet.zero_term] * order if s is _jet.zero_series else list(s) for s in series_in]
     counts = [len(s) for s in series]
@@ -971,11 +970,6 @@ def _region_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jax
 
 
 def _register_stream_region_rules() -> None:
-    from jax._src import checkify as _checkify
-    from jax.experimental import jet as _jet
-
-    from jax._src import dispatch as _dispatch
-
     _dispatch.simple_impl(stream_region_p)  # eagerly: compiled alone, as a stream call
     stream_region_p.def_effectful_abstract_eval(_region_abstract_eval)
     _mlir.register_lowering(stream_region_p, _mlir.lower_fun(_region_lowering,
