@@ -222,3 +222,31 @@ def test_region_equations_are_jaxpars_own():
     jaxpr = jax.make_jaxpr(_decorated())(*CLEAN)
     text = str(jaxpr)
     assert "jaxpar_stream_region" in text and "xla_metadata_call" not in text
+
+
+def test_export_keeps_the_stream_calls():
+    """`jax.export` serializes what the region primitive lowers to: the same stream calls."""
+    fn = _decorated()
+    exported = jax.export.export(jax.jit(fn), platforms=["cpu", "cuda"])(*CLEAN)
+    assert exported.mlir_module().count(STREAM_ATTRIBUTE) >= 2
+    assert_tree_close(exported.call(*CLEAN), jax.jit(branches)(*CLEAN), rtol=1e-5, atol=1e-6)
+
+
+def test_on_stream_keeps_the_effects_of_an_unused_call(capfd):
+    """jax 0.10's `xla_metadata_call` declared no effects, so an unused call was dropped
+    with its `debug.print`; the region declares its body's effects on every version."""
+    def body(x):
+        jax.debug.print("inside {}", jnp.sum(x))
+        return jnp.tanh(x @ x)
+
+    placed = jaxpar.on_stream(1)(body)
+
+    def g(x):
+        placed(x)  # the output is unused: only the print remains
+        return x * 2.0
+
+    x = jnp.ones((4, 4))
+    assert_tree_close(jax.jit(g)(x), x * 2.0)
+    jax.effects_barrier()
+    assert "inside 16.0" in capfd.readouterr().out
+    assert jax.jit(g).lower(x).as_text().count(STREAM_ATTRIBUTE) == 1
