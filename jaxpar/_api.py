@@ -38,7 +38,7 @@ import jax
 
 from . import _compat
 from ._analysis import Analysis, jaxpr_has_placement
-from ._emit import Emitter, stream_attributes
+from ._emit import Emitter, GroupIds, region_call
 from ._frameworks import NnxCall, nnx_arguments, refuse_module_as_function
 from ._gpu_model import CommandBufferMode, GpuProfile
 from ._inspect import Plan, build_report
@@ -642,7 +642,7 @@ def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[
             raise ValueError(f"{name} must be >= 1, got {value}: XLA's stream id 0 means the "
                              "main stream on older versions and a side stream on newer ones")
 
-    attributes = stream_attributes(stream, scheduling_group)
+    group = GroupIds(fixed=scheduling_group) if scheduling_group is not None else None
 
     def decorate(fun: F) -> F:
         check_function(fun, "on_stream")
@@ -668,12 +668,21 @@ def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[
                         "Annotate the inner parts only, or the whole function only.")
                 checked.add(sig)
 
-            def flat_body(*flat: Any) -> Any:
+            out_tree: list[Any] = []
+
+            def flat_body(*flat: Any) -> list[Any]:
                 inner_args, inner_kwargs = layout.rebuild(flat)
                 with _inside_stream_call():
-                    return fun(*inner_args, **inner_kwargs)
+                    out = fun(*inner_args, **inner_kwargs)
+                out_leaves, tree = jax.tree_util.tree_flatten(out)
+                out_tree.append(tree)
+                return out_leaves
 
-            return _compat.stream_call(flat_body, attributes)(*leaves)
+            # A region like parallel_branches' own (not a bare xla_metadata_call), so
+            # checkify and higher-order autodiff see its body (issue 18); its derived
+            # calls keep the user's attributes, as xla_metadata_call's do.
+            outs = region_call(flat_body, stream, group)(*leaves)
+            return jax.tree_util.tree_unflatten(out_tree[-1], outs)
 
         return wrapper  # type: ignore[return-value]
 

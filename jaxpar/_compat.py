@@ -22,6 +22,7 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 import os
@@ -124,7 +125,8 @@ def all_primitive_names() -> frozenset[str]:
     """Names of every primitive the running jax defines at module level (for tests).
 
     Imports JAX's public modules and the internal homes above, then collects the
-    ``Primitive`` attributes of every loaded ``jax`` module.
+    ``Primitive`` attributes of every loaded ``jax`` module, and jaxpar's own
+    (``stream_region_p``).
     """
     for name in ("jax.numpy", "jax.lax", "jax.random", "jax.nn", "jax.scipy",
                  "jax.experimental.shard_map", "jax.experimental.compute_on",
@@ -142,6 +144,7 @@ def all_primitive_names() -> frozenset[str]:
         for value in list(vars(module).values()):
             if isinstance(value, jex_core.Primitive):
                 names.add(value.name)
+    names.add(stream_region_p.name)
     return frozenset(names)
 
 
@@ -365,7 +368,9 @@ def eqn_frontend_attributes(eqn: Any) -> dict[str, str]:
     compute_type = getattr(eqn.ctx, "compute_type", None)
     if compute_type is not None:
         attrs["_xla_compute_type"] = str(compute_type)
-    if eqn.primitive.name == _XLA_METADATA_CALL:
+    if eqn.primitive is stream_region_p:
+        attrs.update(dict(eqn.params["region"].attributes))
+    elif eqn.primitive.name == _XLA_METADATA_CALL:
         if "xla_metadata" in eqn.params:  # jax >= 0.11
             attrs.update({str(k): str(v) for k, v in eqn.params["xla_metadata"]})
         else:  # jax 0.8 - 0.10: the attributes are the parameters themselves
@@ -958,3 +963,170 @@ def staging() -> bool:
             return True
         trace = getattr(trace, "parent_trace", None)
     return False
+
+
+# --------------------------------------------------------------------- stream regions
+# A stream region is an equation of ``stream_region_p``, a primitive jaxpar owns: it
+# lowers exactly like ``xla_metadata_call`` (one non-inlined ``call`` carrying the
+# region's frontend attributes; the lowering *is* ``stream_call`` of the body), and
+# every JAX transformation that can meet it has a rule here (issue 18):
+#   * ``xla_metadata_call`` has no ``checkify`` rule, so the checks of its body were
+#     silently dropped; and JAX's own transpose of it yields another plain
+#     ``xla_metadata_call``, whose derivative under ``jax.checkpoint`` asserts in JAX's
+#     bilinear transpose (second-order reverse mode).
+#   * Registering those rules on JAX's ``xla_metadata_call_p`` would change JAX for code
+#     that is not jaxpar's ("importing jaxpar changes nothing outside jaxpar"); emitting
+#     through ``jit`` (which has every rule) cannot put attributes on the call alone;
+#     and a transformation such as ``checkify`` stages the function before it
+#     interprets it, so the emitter cannot see it coming. A primitive of our own, with
+#     rules only for itself, has neither problem.
+# Rules: impl, abstract eval (with the body's effects), lowering, batching, DCE,
+# partial eval for ``jax.checkpoint`` (JAX's closed-call rule, as for
+# ``xla_metadata_call``), ``checkify``, ``jet``, and JVP and transpose, which call back
+# into the emitter (``register_stream_region_ad``) so that every derived computation is
+# again a region with these same rules. Parameters: ``call_jaxpr`` (closed, no consts)
+# and ``region``, an object of the emitter's with ``.attributes`` (a tuple of string
+# pairs) that compares by value.
+
+from jax._src import checkify as _checkify  # noqa: E402
+from jax._src import dispatch as _dispatch  # noqa: E402
+from jax._src.interpreters import ad as _ad  # noqa: E402
+from jax._src.interpreters import batching as _batching  # noqa: E402
+from jax._src.interpreters import mlir as _mlir  # noqa: E402
+from jax._src.interpreters import partial_eval as _pe  # noqa: E402
+from jax.experimental import jet as _jet  # noqa: E402
+
+STREAM_REGION = "jaxpar_stream_region"
+stream_region_p = jex_core.Primitive(STREAM_REGION)
+stream_region_p.multiple_results = True
+# Some releases also ask the primitive whether an equation has effects.
+setattr(stream_region_p, "is_effectful",  # noqa: B010
+        lambda params: bool(params["call_jaxpr"].effects))
+
+# The emitter's JVP and transpose of a region (see ``register_stream_region_ad``).
+_region_ad: dict[str, Callable[..., Any]] = {}
+
+
+def _region_jaxpr(fn: Callable[..., Sequence[Any]], avals: Sequence[Any]) -> tuple[Any, list[Any]]:
+    """``fn`` traced at ``avals`` as a closed jaxpr without consts, and the consts it
+    closed over (values or tracers of an outer trace), to pass as leading operands."""
+    closed = jax.make_jaxpr(lambda *args: tuple(fn(*args)))(*avals)
+    jaxpr, consts = _pe.separate_consts(closed)
+    return jaxpr, list(consts)
+
+
+def bind_stream_region(fn: Callable[..., Sequence[Any]], args: Sequence[Any],
+                       region: Any) -> list[Any]:
+    """``fn(*args)`` as one stream region (a ``stream_region_p`` equation)."""
+    jaxpr, consts = _region_jaxpr(fn, [jax.typeof(a) for a in args])
+    return list(stream_region_p.bind(*consts, *args, call_jaxpr=jaxpr, region=region))
+
+
+def register_stream_region_ad(jvp: Callable[..., Any], transpose: Callable[..., Any]) -> None:
+    """Installs the emitter's derivative rules for regions (called once, by ``_emit``).
+
+    ``jvp(call_jaxpr, region, primals, tangents)`` gets None for a zero tangent and
+    returns ``(outputs, output tangents)`` with None for zeros.
+    ``transpose(call_jaxpr, region, args, linear, cotangents)`` gets the non-linear
+    operands' values (None where ``linear``) and the outputs' cotangents (None for
+    zeros) and returns one cotangent (or None) per operand.
+    """
+    _region_ad["jvp"] = jvp
+    _region_ad["transpose"] = transpose
+
+
+def _region_abstract_eval(*avals: Any, call_jaxpr: Any, region: Any) -> tuple[Any, Any]:
+    del avals, region
+    return list(call_jaxpr.out_avals), call_jaxpr.effects
+
+
+def _region_lowering(*args: Any, call_jaxpr: Any, region: Any) -> list[Any]:
+    # The body evaluated inside JAX's own ``xla_metadata_call``: the same call, the same
+    # attributes, on every supported jax.
+    call = stream_call(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)), dict(region.attributes))
+    return list(call(*args))
+
+
+def _region_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[Any], *,
+                    call_jaxpr: Any, region: Any) -> tuple[list[Any], list[Any]]:
+    batched, dims_out = _batching.batch_jaxpr2(call_jaxpr, axis_data, tuple(dims_in))
+    outs = stream_region_p.bind(*vals_in, call_jaxpr=batched, region=region)
+    return list(outs), list(dims_out)
+
+
+def _region_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: Any,
+                region: Any) -> tuple[list[Any], list[Any]]:
+    given = [None if type(t) is _ad.Zero else t for t in tangents]
+    outs, out_tangents = _region_ad["jvp"](call_jaxpr, region, list(primals), given)
+    return list(outs), [_ad.Zero(jax.typeof(o).to_tangent_aval()) if t is None else t
+                        for o, t in zip(outs, out_tangents, strict=True)]
+
+
+def _region_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: Any,
+                      region: Any) -> list[Any]:
+    linear = [_ad.is_undefined_primal(a) for a in args]
+    values = [None if lin else a for a, lin in zip(args, linear, strict=True)]
+    given = [None if type(ct) is _ad.Zero else ct for ct in cts]
+    return list(_region_ad["transpose"](call_jaxpr, region, values, linear, given))
+
+
+def _region_checkify(*args: Any, call_jaxpr: Any, region: Any) -> tuple[Any, list[Any]]:
+    # jax <= 0.10: (error, enabled_errors, *vals); jax >= 0.11 passes a context first.
+    context_type = getattr(_checkify, "CheckifyContext", None)
+    context = args[:1] if context_type is not None and isinstance(args[0], context_type) else ()
+    error, enabled_errors, *vals = args[len(context):]
+    err_vals, err_tree = jax.tree_util.tree_flatten(error)
+    operands = [*err_vals, *vals]
+    checked, out_tree, _ = _checkify.jaxpr_to_checkify_jaxpr(
+        *context, call_jaxpr, enabled_errors, err_tree, *[jax.typeof(v) for v in operands])
+    checked, consts = _pe.separate_consts(checked)
+    outs = stream_region_p.bind(*consts, *operands, call_jaxpr=checked, region=region)
+    return jax.tree_util.tree_unflatten(out_tree, outs)  # type: ignore[no-any-return]
+
+
+def _region_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jaxpr: Any,
+                region: Any) -> tuple[list[Any], list[Any]]:
+    order = max((len(s) for s in series_in if s is not _jet.zero_series), default=1)
+    series = [[_jet.zero_term] * order if s is _jet.zero_series else list(s) for s in series_in]
+    counts = [len(s) for s in series]
+
+    def body(*flat: Any) -> list[Any]:
+        primals, rest = list(flat[:len(primals_in)]), list(flat[len(primals_in):])
+        nested, start = [], 0
+        for count in counts:
+            nested.append(rest[start:start + count])
+            start += count
+        # Jet rules see Taylor coefficients (the k-th term over (k+1)!); the public
+        # ``jet`` takes and returns derivatives.
+        nested = [[t * math.factorial(k + 1) for k, t in enumerate(s)] for s in nested]
+        outs, out_series = _jet.jet(lambda *a: jaxpr_eval(call_jaxpr, *a), primals, nested)
+        return [*outs, *[t / math.factorial(k + 1) for s in out_series
+                         for k, t in enumerate(s)]]
+
+    zeros = [[jax.numpy.zeros_like(p) if t is _jet.zero_term else t for t in s]
+             for p, s in zip(primals_in, series, strict=True)]
+    flat = bind_stream_region(body, [*primals_in, *[t for s in zeros for t in s]], region)
+    num_out = len(call_jaxpr.out_avals)
+    outs, terms = flat[:num_out], flat[num_out:]
+    return outs, [terms[i * order:(i + 1) * order] for i in range(num_out)]
+
+
+def _register_stream_region_rules() -> None:
+    _dispatch.simple_impl(stream_region_p)  # eagerly: compiled alone, as a stream call
+    stream_region_p.def_effectful_abstract_eval(_region_abstract_eval)
+    _mlir.register_lowering(stream_region_p, _mlir.lower_fun(_region_lowering,
+                                                             multiple_results=True))
+    _batching.fancy_primitive_batchers[stream_region_p] = _region_batcher
+    _ad.primitive_jvps[stream_region_p] = _region_jvp
+    _ad.primitive_transposes[stream_region_p] = _region_transpose
+    _pe.dce_rules[stream_region_p] = _pe.dce_jaxpr_closed_call_rule
+    # Under jax.checkpoint the region splits into a known and a staged region, each
+    # keeping the region's attributes (what JAX does for xla_metadata_call).
+    _pe.partial_eval_jaxpr_custom_rules[stream_region_p] = functools.partial(
+        _pe.closed_call_partial_eval_custom_rule, "call_jaxpr",
+        lambda *args: (args[-2], args[-1]))
+    _checkify.error_checks[stream_region_p] = _region_checkify
+    _jet.jet_rules[stream_region_p] = _region_jet  # type: ignore[assignment]
+
+
+_register_stream_region_rules()

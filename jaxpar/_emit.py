@@ -3,8 +3,9 @@
 The rewritten program is produced by *evaluating* the original jaxpr with an
 interpreter (like ``jax.core.eval_jaxpr``) under whatever trace is current:
 plain equations are re-bound as they were, each region becomes one
-``xla_metadata_call`` carrying ``_xla_stream_annotation``, ``inlineable="false"``
-and ``_scheduling_group_id``, and equations with planned nested jaxprs are
+``_compat.stream_region_p`` equation, lowered as an ``xla_metadata_call``
+carrying ``_xla_stream_annotation``, ``inlineable="false"`` and
+``_scheduling_group_id``, and equations with planned nested jaxprs are
 re-bound with those jaxprs re-traced through the same interpreter. Because it
 is an interpreter, the result composes with ``jit``, ``grad`` and ``vmap`` the
 way any JAX code does.
@@ -21,14 +22,17 @@ Sharp edges:
     taken from the plan: XLA rejects a group whose members are connected
     through work outside it ("annotation groups with gaps"), which two
     emissions of one plan in one program would otherwise be.
-  * Each region is a ``custom_jvp`` whose rule emits a forward region and a
-    linear region with scheduling groups of their own (see ``region_call``).
+  * Each region is one equation of jaxpar's own ``_compat.stream_region_p``,
+    lowered as the ``xla_metadata_call`` above; its JVP emits a forward region
+    and a linear region with scheduling groups of their own, its transpose a
+    region again (see ``_region_jvp``, ``_region_transpose``).
   * A scan with ``unroll > 1`` whose body has regions is unrolled here, one
     evaluation (and so one set of groups) per copy (see ``unrolled_scan``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -38,7 +42,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
 from . import _compat
 from ._emit_collectives import emit_collective_group
@@ -72,17 +75,28 @@ class GroupIds:
     (``"forward"``, ``"linear"``) shared by all the section's regions, so the
     derived regions still overlap each other but never share a group with the
     regions they were derived from (the backward pass runs after the loss, which
-    would connect the two through main-stream work).
+    would connect the two through main-stream work). A ``fixed`` group (the user's
+    own, from ``on_stream``) is its own derived group: JAX's ``xla_metadata_call``
+    gives the derived calls the user's attributes too.
     """
 
-    def __init__(self, derive: bool = True) -> None:
-        with _GROUP_LOCK:
-            self.id = next(_GROUP_IDS)
+    def __init__(self, derive: bool = True, fixed: int | None = None) -> None:
+        if fixed is None:
+            with _GROUP_LOCK:
+                self.id = next(_GROUP_IDS)
+        else:
+            self.id = fixed
+        self._fixed = fixed is not None
         self._derive = derive
         self._derived: dict[str, GroupIds] = {}
 
+    def __repr__(self) -> str:  # shown in the ``region`` parameter of printed jaxprs
+        return f"GroupIds(id={self.id})"
+
     def derived(self, role: str) -> GroupIds | None:
         """The group of the regions derived in ``role``; None: they get no group."""
+        if self._fixed:
+            return self
         if not self._derive:
             return None
         with _GROUP_LOCK:
@@ -94,6 +108,26 @@ class GroupIds:
         return hit
 
 
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """What a stream region's equation carries (``_compat.stream_region_p``'s ``region``).
+
+    Compares by value: the stream and the group object (by identity).
+    """
+
+    stream: int
+    group: GroupIds | None
+
+    @property
+    def attributes(self) -> tuple[tuple[str, str], ...]:
+        group = self.group.id if self.group is not None else None
+        return tuple(stream_attributes(self.stream, group).items())
+
+    def derived(self, role: str) -> Region:
+        """The region a derivative computation of this one runs as (see ``GroupIds``)."""
+        return Region(self.stream, self.group.derived(role) if self.group is not None else None)
+
+
 def _inexact(aval: Any) -> bool:
     dtype = getattr(aval, "dtype", None)
     return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))
@@ -101,74 +135,112 @@ def _inexact(aval: Any) -> bool:
 
 def region_call(body: Callable[..., Sequence[Any]], stream: int,
                 group: GroupIds | None) -> Callable[..., tuple[Any, ...]]:
-    """``body`` as one stream call, differentiable through regions of its own.
+    """``body`` as one stream region: a ``_compat.stream_region_p`` equation.
 
-    JAX differentiates an ``xla_metadata_call`` by differentiating its body
-    whole: the JVP of a region holding a loop is one loop carrying primal and
-    tangent values together. Transposing that inside ``jax.checkpoint`` (which
-    partially evaluates the JVP without splitting the call) fails with an
-    ``AssertionError`` in JAX's transpose rule, and outside it the transposed
-    regions inherit the forward regions' scheduling group, which XLA:GPU rejects
-    ("annotation groups with gaps"). So the region is a ``custom_jvp`` whose
-    rule is what ``jax.linearize`` computes, as two regions: a forward region
-    returning the outputs and the residuals, and a linear region mapping input
-    tangents to output tangents. Each is again a ``region_call`` (higher
-    derivatives work the same way), on the same stream, in a derived group.
+    It lowers to one non-inlined call with the stream's attributes, and every JAX
+    transformation has a rule for it (``_compat``). Its derivatives are regions
+    again, on the same stream (``_region_jvp``, ``_region_transpose``).
     """
-    attributes = stream_attributes(stream, group.id if group is not None else None)
-    call = _compat.stream_call(lambda *args: tuple(body(*args)), attributes)
+    region = Region(stream, group)
+    return lambda *args: tuple(_compat.bind_stream_region(body, args, region))
 
-    @jax.custom_jvp
-    def region(*args: Any) -> tuple[Any, ...]:
-        return call(*args)
 
-    def region_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]
-                   ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        avals = [jax.typeof(p) for p in primals]
-        diff = [_inexact(a) and not _is_zero(t) for a, t in zip(avals, tangents, strict=True)]
-        if not any(diff):
-            plain = region(*primals)
-            return plain, tuple(_zero_tangent(o) for o in plain)
-        lin = _compat.linearize_split(body, avals, diff)
-        def derived(role: str) -> GroupIds | None:
-            return group.derived(role) if group is not None else None
+def _region_jvp(call_jaxpr: Any, region: Region, primals: list[Any],
+                tangents: list[Any | None]) -> tuple[list[Any], list[Any | None]]:
+    """The JVP of a region: what ``jax.linearize`` computes, as two regions.
 
-        forward_jaxpr, forward_consts = _compat.open_jaxpr(lin.forward)
-        forward = _lean_region(
-            forward_jaxpr.invars, forward_jaxpr.outvars,
-            dict(zip(forward_jaxpr.constvars, forward_consts, strict=True)),
-            lambda *p: _compat.jaxpr_eval(lin.forward, *p), primals, stream,
-            derived("forward"))
-        outs, residuals = forward[:lin.num_outputs], forward[lin.num_outputs:]
-        out_diff = [_inexact(jax.typeof(o)) for o in outs]
-        if not any(out_diff):
-            return tuple(outs), tuple(_zero_tangent(o) for o in outs)
-        diff_tangents = [t for t, d in zip(tangents, diff, strict=True) if d]
-        linear = lin.linear
-        kept = [v for v, d in zip(linear.outvars, out_diff, strict=True) if d]
+    JAX differentiates an ``xla_metadata_call`` by differentiating its body whole:
+    the JVP of a region holding a loop is one loop carrying primal and tangent values
+    together. Transposing that inside ``jax.checkpoint`` (which partially evaluates
+    the JVP without splitting the call) fails with an ``AssertionError`` in JAX's
+    transpose rule, and outside it the transposed regions inherit the forward
+    regions' scheduling group, which XLA:GPU rejects ("annotation groups with gaps").
+    So a region's JVP is a forward region returning the outputs and the residuals and
+    a linear region mapping input tangents to output tangents, each on the same
+    stream in a derived group, each a region again (higher derivatives work the same
+    way). ``tangents`` holds None for zero tangents; so do the returned ones.
+    """
+    avals = [jax.typeof(p) for p in primals]
+    diff = [_inexact(a) and t is not None for a, t in zip(avals, tangents, strict=True)]
+    if not any(diff):
+        outs = _compat.bind_stream_region(
+            lambda *a: _compat.jaxpr_eval(call_jaxpr, *a), primals, region)
+        return outs, [None] * len(outs)
+    lin = _compat.linearize_split(lambda *a: _compat.jaxpr_eval(call_jaxpr, *a), avals, diff)
+    forward_jaxpr, forward_consts = _compat.open_jaxpr(lin.forward)
+    forward = _lean_region(
+        forward_jaxpr.invars, forward_jaxpr.outvars,
+        dict(zip(forward_jaxpr.constvars, forward_consts, strict=True)),
+        lambda *p: _compat.jaxpr_eval(lin.forward, *p), primals, region.derived("forward"))
+    outs, residuals = forward[:lin.num_outputs], forward[lin.num_outputs:]
+    out_diff = [_inexact(jax.typeof(o)) for o in outs]
+    if not any(out_diff):
+        return list(outs), [None] * len(outs)
+    diff_tangents = [t for t, d in zip(tangents, diff, strict=True) if d]
+    linear = lin.linear
+    kept = [v for v, d in zip(linear.outvars, out_diff, strict=True) if d]
 
-        def evaluate_linear(*values: Any) -> list[Any]:
-            res, tans = values[:lin.num_residuals], values[lin.num_residuals:]
-            return [t for t, d in zip(_compat.eval_linear(lin, res, tans), out_diff, strict=True)
-                    if d]
+    def evaluate_linear(*values: Any) -> list[Any]:
+        res, tans = values[:lin.num_residuals], values[lin.num_residuals:]
+        return [t for t, d in zip(_compat.eval_linear(lin, res, tans), out_diff, strict=True)
+                if d]
 
-        linear_outs = iter(_lean_region(
-            [*linear.constvars, *linear.invars], kept, {}, evaluate_linear,
-            [*residuals, *diff_tangents], stream, derived("linear")))
-        out_tangents = tuple(next(linear_outs) if d else _zero_tangent(o)
-                             for o, d in zip(outs, out_diff, strict=True))
-        return tuple(outs), out_tangents
+    linear_outs = iter(_lean_region(
+        [*linear.constvars, *linear.invars], kept, {}, evaluate_linear,
+        [*residuals, *diff_tangents], region.derived("linear")))
+    return list(outs), [next(linear_outs) if d else None for d in out_diff]
 
-    # Symbolic zeros: inputs without a tangent are not differentiated, and zero
-    # tangents keep their exact type (inside shard_map, the varying mesh axes).
-    region.defjvp(region_jvp, symbolic_zeros=True)
-    return region
+
+def _region_transpose(call_jaxpr: Any, region: Region, values: list[Any | None],
+                      linear: list[bool], cotangents: list[Any | None]) -> list[Any | None]:
+    """The transpose of a (linear) region, as a region on the same stream and group.
+
+    JAX's transpose of an ``xla_metadata_call`` is a plain ``xla_metadata_call`` again,
+    which JAX then differentiates by its own rule: second-order reverse mode through
+    ``jax.checkpoint`` asserted there. Ours is a region with our rules.
+    """
+    in_avals = _compat.in_avals(call_jaxpr)
+    out_avals = list(call_jaxpr.out_avals)
+    transposed_in = [i for i, lin in enumerate(linear) if lin and _inexact(in_avals[i])]
+    given = [j for j, ct in enumerate(cotangents) if ct is not None and _inexact(out_avals[j])]
+    if not transposed_in or not given:
+        return [None] * len(values)
+    wanted = set(transposed_in)
+    residuals = [v for v, lin in zip(values, linear, strict=True) if not lin]
+
+    def transposed(*operands: Any) -> list[Any]:
+        res, cts = operands[:len(residuals)], list(operands[len(residuals):])
+
+        def linear_fn(*lin_values: Any) -> list[Any]:
+            lin_it, res_it = iter(lin_values), iter(res)
+            full = [next(res_it) if not lin else next(lin_it) if i in wanted
+                    else _zeros(in_avals[i]) for i, lin in enumerate(linear)]
+            outs = _compat.jaxpr_eval(call_jaxpr, *full)
+            return [outs[j] for j in given]
+
+        return list(jax.linear_transpose(linear_fn, *[in_avals[i] for i in transposed_in])(cts))
+
+    operands = [*residuals, *[cotangents[j] for j in given]]
+    closed = _compat.make_closed_jaxpr(transposed, [jax.typeof(o) for o in operands])
+    inner, consts = _compat.open_jaxpr(closed)
+    results = iter(_lean_region(inner.invars, inner.outvars,
+                                dict(zip(inner.constvars, consts, strict=True)),
+                                lambda *o: _compat.jaxpr_eval(closed, *o), operands, region))
+    return [next(results) if i in wanted else None for i in range(len(values))]
+
+
+def _zeros(aval: Any) -> Any:
+    return np.zeros(aval.shape, aval.dtype) if aval.dtype == jax.dtypes.float0 else \
+        jnp.zeros(aval.shape, aval.dtype)
+
+
+_compat.register_stream_region_ad(_region_jvp, _region_transpose)
 
 
 def _lean_region(invars: Sequence[Any], outvars: Sequence[Any], consts: dict[Any, Any],
-                 evaluate: Callable[..., Sequence[Any]], args: Sequence[Any], stream: int,
-                 group: GroupIds | None) -> list[Any]:
-    """``evaluate(*args)`` (a jaxpr's evaluation) as a ``region_call`` returning only new values.
+                 evaluate: Callable[..., Sequence[Any]], args: Sequence[Any],
+                 region: Region) -> list[Any]:
+    """``evaluate(*args)`` (a jaxpr's evaluation) as a region returning only new values.
 
     ``invars``/``outvars`` are the jaxpr's, ``consts`` maps its constvars to values.
     Outputs that are inputs, constants or literals are taken outside the region, and
@@ -198,16 +270,8 @@ def _lean_region(invars: Sequence[Any], outvars: Sequence[Any], consts: dict[Any
             outs = evaluate(*values)
             return [outs[i] for i in picks]
 
-        computed = list(region_call(body, stream, group)(*args))
+        computed = _compat.bind_stream_region(body, args, region)
     return [computed[ref] if is_computed else ref for is_computed, ref in sources]
-
-
-def _is_zero(tangent: Any) -> bool:
-    return isinstance(tangent, SymbolicZero)
-
-
-def _zero_tangent(value: Any) -> Any:
-    return SymbolicZero(jax.typeof(value).to_tangent_aval())
 
 
 class Emitter:

@@ -128,7 +128,8 @@ RECURSIVE = _family(
     "cond_p", "custom_jvp_call_p", "custom_vjp_call_p", "shard_map_p")
 
 # "The user already placed this code": never wrapped, moved or nested.
-USER_PLACEMENT = _family("USER_PLACEMENT", "xla_metadata_call_p", "compute_on_p")
+USER_PLACEMENT = _family("USER_PLACEMENT", "xla_metadata_call_p", "compute_on_p") | {
+    _compat.STREAM_REGION}  # jaxpar's own regions (parallel_branches, on_stream)
 
 # Cost model: shape-only equations, which XLA turns into layout changes or folds away.
 COST_FREE = _family(
@@ -159,7 +160,7 @@ BATCHED_MATMULS = frozenset({DOT_GENERAL, CONV})
 # operands (side effects, fresh randomness, user placement).
 NEVER_SHARED = _family(
     "NEVER_SHARED", "pure_callback_p", "io_callback_p", "debug_callback_p", "rng_uniform_p",
-    "random_seed_p", "xla_metadata_call_p", "compute_on_p")
+    "random_seed_p", "xla_metadata_call_p", "compute_on_p") | {_compat.STREAM_REGION}
 
 # Equations that must run once per call, whatever their operands (effects aside): host
 # calls, stateful random numbers, user placement. Merging copies of them, or of anything

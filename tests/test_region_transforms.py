@@ -1,0 +1,252 @@
+"""Stream regions under the JAX transformations that are not autodiff's first order.
+
+A region is an equation of jaxpar's own primitive (`_compat.stream_region_p`), lowered
+like `xla_metadata_call`, with a rule for each transformation that can meet it. Before,
+regions were bare `xla_metadata_call`s: `checkify` has no rule for those and silently
+dropped every check in their bodies, `jet` failed, and JAX's own transpose of one made a
+plain `xla_metadata_call` whose derivative under `jax.checkpoint` asserted (second-order
+reverse mode, JAX's `testScanGrad`/`testScanHigherOrderDifferentiation` with `jax.jit`
+routed through `parallel_branches`). `jaxpar.on_stream` had the same holes.
+
+Every program here is checked to contain stream calls, so no test passes vacuously.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import STREAM_ATTRIBUTE, assert_tree_close, lower_for_gpu, stream_calls
+from jax import lax
+from jax.experimental import checkify, jet
+
+import jaxpar
+
+FORCED = {"target": "gpu", "force_streams": True, "min_cost_us": 0.0}
+W = jnp.full((8, 8), 0.1)
+
+
+def branches(a, b, i, k, s):
+    """Four independent branches; the arguments decide which error (if any) fires."""
+    x = jnp.tanh(a @ W) @ W
+    y = (jnp.sin(b @ W) @ W)[i]                                    # index out of bounds
+    z = jnp.log(jnp.cos(a @ W.T) @ W + s)                          # nan when s < -1
+    q = (jnp.round(b @ W.T @ W * 10.0)).astype(jnp.int32) // k     # integer division by 0
+    return x, y, z, q
+
+
+def stream_branches(a, b, i, k, s):
+    """The same branches placed by hand with `on_stream`, one with a user check."""
+    def first(a, s):
+        checkify.check(jnp.all(s > -5.0), "s must exceed -5, got {}", s)
+        return jnp.tanh(a @ W) @ W, jnp.log(jnp.cos(a @ W.T) @ W + s)
+
+    def second(b, i, k):
+        return ((jnp.sin(b @ W) @ W)[i],
+                (jnp.round(b @ W.T @ W * 10.0)).astype(jnp.int32) // k)
+
+    (x, z) = jaxpar.on_stream(1, scheduling_group=3)(first)(a, s)
+    (y, q) = jaxpar.on_stream(2, scheduling_group=3)(second)(b, i, k)
+    return x, y, z, q
+
+
+def plain_branches(a, b, i, k, s):
+    """`stream_branches` without the streams: what `jax.jit` checks."""
+    checkify.check(jnp.all(s > -5.0), "s must exceed -5, got {}", s)
+    return branches(a, b, i, k, s)
+
+
+A = jnp.linspace(-1.0, 1.0, 32).reshape(4, 8)
+CLEAN = (A, A * 0.5, 2, 3, 0.0)
+TRIGGERS = {  # one error each
+    "none": CLEAN,
+    "index": (A, A * 0.5, 7, 3, 0.0),
+    "nan": (A, A * 0.5, 2, 3, -2.0),
+    "div": (A, A * 0.5, 2, 0, 0.0),
+    "user": (A, A * 0.5, 2, 3, -6.0),  # nan too: the check comes first in program order
+}
+ERROR_SETS = {
+    "user_checks": checkify.user_checks,
+    "index_checks": checkify.index_checks,
+    "float_checks": checkify.float_checks,
+    "nan_checks": checkify.nan_checks,
+    "div_checks": checkify.div_checks,
+    "automatic_checks": checkify.automatic_checks,
+    "all_checks": checkify.all_checks,
+}
+
+
+def _errors(fn, errors):
+    checked = jax.jit(checkify.checkify(fn, errors=errors))
+    return {name: checked(*args)[0].get() for name, args in TRIGGERS.items()}
+
+
+@functools.cache
+def _decorated():
+    return jaxpar.parallel_branches(branches, **FORCED)
+
+
+@pytest.mark.parametrize("errors", sorted(ERROR_SETS))
+def test_checkify_sees_inside_regions(errors):
+    fn = _decorated()
+    assert len(stream_calls(lower_for_gpu(fn, *CLEAN))) >= 2
+    checked = checkify.checkify(fn, errors=ERROR_SETS[errors])
+    assert len(stream_calls(lower_for_gpu(checked, *CLEAN))) >= 2  # checks stay in regions
+    want = _errors(branches, ERROR_SETS[errors])
+    assert _errors(fn, ERROR_SETS[errors]) == want
+    if errors == "all_checks":  # the test can fail: every error fires somewhere
+        assert all(want[name] for name in ("index", "nan", "div"))
+
+
+@pytest.mark.parametrize("errors", ["user_checks", "float_checks", "all_checks"])
+def test_checkify_sees_inside_on_stream(errors):
+    assert len(stream_calls(lower_for_gpu(
+        lambda *z: checkify.checkify(stream_branches, errors=ERROR_SETS[errors])(*z), *CLEAN))) == 2
+    want = _errors(plain_branches, ERROR_SETS[errors])
+    assert _errors(stream_branches, ERROR_SETS[errors]) == want
+    assert want["user"] if errors != "float_checks" else want["nan"]
+
+
+def test_checkify_of_grad_and_vmap_through_regions():
+    fn = _decorated()
+
+    def loss(f):
+        return lambda a, s: jnp.sum(f(a, a * 0.5, 2, 3, s)[2])
+
+    for name, transform in (("grad", lambda f: jax.grad(loss(f))),
+                            ("vmap", lambda f: jax.vmap(loss(f), in_axes=(0, None)))):
+        arg = A if name == "grad" else jnp.stack([A, -A])
+        got = jax.jit(checkify.checkify(transform(fn), errors=checkify.float_checks))
+        want = jax.jit(checkify.checkify(transform(branches), errors=checkify.float_checks))
+        for s in (0.0, -2.0):
+            assert got(arg, s)[0].get() == want(arg, s)[0].get(), (name, s)
+            assert_tree_close(got(arg, s)[1], want(arg, s)[1], rtol=2e-5, atol=2e-6)
+    assert want(arg, -2.0)[0].get() is not None
+
+
+def test_jet_through_regions_matches_jax():
+    def f(a, b):
+        return jnp.tanh(a @ W) @ W, jnp.sin(b @ W) @ W
+
+    g = jaxpar.parallel_branches(f, **FORCED)
+    a, b = A, A * 0.5
+    assert len(stream_calls(lower_for_gpu(g, a, b))) == 2
+    series = ([a, a * 0.3, -a], [b, b * 2.0, b])
+    assert_tree_close(jet.jet(g, (a, b), series), jet.jet(f, (a, b), series),
+                      rtol=1e-5, atol=1e-6)
+
+
+# --- second-order reverse mode (JAX's tests/lax_control_flow_test.py) --------------------
+
+POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+            "everything_saveable": jax.checkpoint_policies.everything_saveable}
+
+
+def checkpointed_scan(policy, f, *args):
+    return jax.checkpoint(functools.partial(lax.scan, f), policy=POLICIES[policy])(*args)
+
+
+def scan_step(c, a):
+    """testScanGrad's body: three reductions, which forced streams put in regions."""
+    d = jnp.array([0.3, -0.7])
+    b = jnp.sum(jnp.sin(a)) + jnp.sum(jnp.sin(c)) + jnp.sum(jnp.sin(d))
+    return jnp.sin(c * b), b
+
+
+def stream_step(c, a):
+    """The same body with its reductions placed by hand."""
+    d = jnp.array([0.3, -0.7])
+    sa = jaxpar.on_stream(1)(lambda v: jnp.sum(jnp.sin(v)))(a)
+    sc = jaxpar.on_stream(2)(lambda v: jnp.sum(jnp.sin(v)))(c)
+    b = sa + sc + jnp.sum(jnp.sin(d))
+    return jnp.sin(c * b), b
+
+
+SCAN_ARGS = (jnp.array([0.4, -1.1, 0.7, 0.2]),
+             jnp.linspace(-1.0, 1.0, 15).reshape(5, 3))
+
+
+def _second_order(step, policy):
+    def first(c, as_):
+        return jnp.sum(checkpointed_scan(policy, step, c, as_)[0])
+
+    return jax.grad(lambda c, as_: jnp.sum(jnp.cos(jax.grad(first, argnums=(0, 1))(c, as_)[0])),
+                    argnums=(0, 1))
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("kind", ["parallel_branches", "on_stream"])
+def test_grad_of_grad_through_checkpointed_scan(kind, policy):
+    step = (jaxpar.parallel_branches(scan_step, **FORCED) if kind == "parallel_branches"
+            else stream_step)
+    got = _second_order(step, policy)
+    assert len(stream_calls(lower_for_gpu(got, *SCAN_ARGS))) >= 2
+    assert_tree_close(jax.jit(got)(*SCAN_ARGS), jax.jit(_second_order(jax.jit(scan_step), policy))(
+        *SCAN_ARGS), rtol=2e-5, atol=2e-6)
+
+
+SECOND_ORDER = {
+    "hessian": jax.hessian,
+    "jacfwd(grad)": lambda f: jax.jacfwd(jax.grad(f)),
+    "jacrev(jacrev)": lambda f: jax.jacrev(jax.jacrev(f)),
+}
+
+
+@pytest.mark.parametrize(("kind", "transform"), [("parallel_branches", "hessian"),
+                                                 ("parallel_branches", "jacfwd(grad)"),
+                                                 ("on_stream", "jacrev(jacrev)")])
+def test_hessian_and_forward_over_reverse(kind, transform):
+    step = (jaxpar.parallel_branches(scan_step, **FORCED) if kind == "parallel_branches"
+            else stream_step)
+
+    def loss(step):
+        return lambda c: jnp.sum(checkpointed_scan("nothing_saveable", step, c, SCAN_ARGS[1])[1])
+
+    c = SCAN_ARGS[0]
+    got = SECOND_ORDER[transform](loss(step))
+    assert stream_calls(lower_for_gpu(got, c))
+    want = jax.jit(SECOND_ORDER[transform](loss(jax.jit(scan_step))))(c)
+    assert_tree_close(jax.jit(got)(c), want, rtol=5e-5, atol=5e-6)
+
+
+def test_transposed_regions_keep_their_stream():
+    g = jaxpar.parallel_branches(scan_step, **FORCED)
+    text = lower_for_gpu(_second_order(g, "nothing_saveable"), *SCAN_ARGS)
+    assert {attrs[STREAM_ATTRIBUTE] for _, attrs in stream_calls(text)} == {"1", "2"}
+
+
+def test_region_equations_are_jaxpars_own():
+    """The emitted program holds jaxpar's primitive, never a bare `xla_metadata_call`."""
+    jaxpr = jax.make_jaxpr(_decorated())(*CLEAN)
+    text = str(jaxpr)
+    assert "jaxpar_stream_region" in text and "xla_metadata_call" not in text
+
+
+def test_export_keeps_the_stream_calls():
+    """`jax.export` serializes what the region primitive lowers to: the same stream calls."""
+    fn = _decorated()
+    exported = jax.export.export(jax.jit(fn), platforms=["cpu", "cuda"])(*CLEAN)
+    assert exported.mlir_module().count(STREAM_ATTRIBUTE) >= 2
+    assert_tree_close(exported.call(*CLEAN), jax.jit(branches)(*CLEAN), rtol=1e-5, atol=1e-6)
+
+
+def test_on_stream_keeps_the_effects_of_an_unused_call(capfd):
+    """jax 0.10's `xla_metadata_call` declared no effects, so an unused call was dropped
+    with its `debug.print`; the region declares its body's effects on every version."""
+    def body(x):
+        jax.debug.print("inside {}", jnp.sum(x))
+        return jnp.tanh(x @ x)
+
+    placed = jaxpar.on_stream(1)(body)
+
+    def g(x):
+        placed(x)  # the output is unused: only the print remains
+        return x * 2.0
+
+    x = jnp.ones((4, 4))
+    assert_tree_close(jax.jit(g)(x), x * 2.0)
+    jax.effects_barrier()
+    assert "inside 16.0" in capfd.readouterr().out
+    assert jax.jit(g).lower(x).as_text().count(STREAM_ATTRIBUTE) == 1
