@@ -286,9 +286,9 @@ def option_value(text: str) -> Any:
 def switch_value(text: str) -> bool:
     """The value of an on/off flag given one (``--force-streams false``)."""
     lowered = text.strip().lower()
-    if lowered in ("true", "yes", "1", "on"):
+    if lowered in ("true", "yes", "1"):
         return True
-    if lowered in ("false", "no", "0", "off"):
+    if lowered in ("false", "no", "0"):
         return False
     raise argparse.ArgumentTypeError(
         f"expected true or false, got {text!r} (write the flag alone for true, and put it "

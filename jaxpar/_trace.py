@@ -556,7 +556,8 @@ def _trace_error_message(fun: Callable[..., Any], sig: Signature, error: Excepti
                      "hold a Python value there, or declare it eqx.field(static=True).")
     return (f"jaxpar could not trace {_name(fun)}{where}: {type(error).__name__}: {text}{hint}"
             f"{_static_leaves_hint(fun, sig)}"
-            f"\nTraced with arguments ({describe_arguments(fun, sig, _SHOWN_ARGUMENTS)}).")
+            f"\nTraced with {sig.layout.in_tree.num_leaves} argument(s): "
+            f"{describe_arguments(fun, sig, _SHOWN_ARGUMENTS)}.")
 
 
 def needs_python_values(error: TraceError) -> bool:
