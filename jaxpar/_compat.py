@@ -1127,6 +1127,14 @@ def _register_stream_region_rules() -> None:
         lambda *args: (args[-2], args[-1]))
     _checkify.error_checks[stream_region_p] = _region_checkify
     _jet.jet_rules[stream_region_p] = _region_jet  # type: ignore[assignment]
+    # jax >= 0.12: a body holding "high" types (refs, hi-level avals) is lowered to low
+    # types before staging, as jax.jit and xla_metadata_call do.
+    lower_and_eval = getattr(_pe, "_lower_and_eval", None)
+    if lower_and_eval is not None:
+        def to_lojax(*hi_args: Any, call_jaxpr: Any, region: Any) -> Any:
+            return lower_and_eval(stream_region_p, call_jaxpr, hi_args, region=region)
+
+        stream_region_p.to_lojax = to_lojax  # type: ignore[attr-defined]
 
 
 _register_stream_region_rules()

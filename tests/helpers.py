@@ -352,7 +352,9 @@ def canonical_jaxpr_text(closed: Any) -> str:
     def renumber(match: re.Match[str]) -> str:
         return match.group(1) + numbers.setdefault(match.group(2), str(len(numbers) + 1))
 
-    return re.sub(r"(_scheduling_group_id\W{1,4})(\d+)", renumber, str(closed))
+    # Group ids appear as attributes, or in the ``region`` parameter of jaxpar's region
+    # equations (``GroupIds(id=N)``), depending on how JAX prints them.
+    return re.sub(r"(_scheduling_group_id\W{1,4}|GroupIds\(id=)(\d+)", renumber, str(closed))
 
 
 def fraction_of_examples(fraction: float) -> Any:

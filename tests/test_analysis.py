@@ -321,7 +321,8 @@ def test_user_annotated_code_is_left_alone(program):
     # Annotated equations are never in a region.
     eqns = jax.make_jaxpr(program)(*args).eqns
     annotated = {i for i, eqn in enumerate(eqns)
-                 if eqn.primitive.name in ("xla_metadata_call", "compute_on", "compute_on2")
+                 if eqn.primitive.name in ("xla_metadata_call", "compute_on", "compute_on2",
+                                           "jaxpar_stream_region")
                  or getattr(eqn.ctx, "xla_metadata", None)
                  or getattr(eqn.ctx, "compute_type", None)}
     assert annotated
