@@ -1134,7 +1134,7 @@ def _register_stream_region_rules() -> None:
         def to_lojax(*hi_args: Any, call_jaxpr: Any, region: Any) -> Any:
             return lower_and_eval(stream_region_p, call_jaxpr, hi_args, region=region)
 
-        stream_region_p.to_lojax = to_lojax  # type: ignore[attr-defined]
+        stream_region_p.to_lojax = to_lojax  # type: ignore[method-assign,attr-defined,unused-ignore]
 
 
 _register_stream_region_rules()
