@@ -3,7 +3,6 @@ the rewrite cache, targets, and what the standard programs lower to."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import inspect as pyinspect
@@ -13,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import weakref
-from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +35,7 @@ from helpers import (
 )
 
 import jaxpar
+from jaxpar._api import _collector_paused
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -420,7 +419,6 @@ def test_plan_is_deterministic_across_processes():
 
 
 def test_analysis_leaves_the_garbage_collector_as_it_found_it():
-    import gc
 
     def f(a, b):
         return jnp.tanh(a @ a) + jnp.tanh(b @ b)
@@ -451,7 +449,6 @@ def test_analysis_leaves_the_garbage_collector_as_it_found_it():
 
 
 def test_emission_and_report_run_with_the_collector_paused_and_restore_it():
-    import gc
 
     def f(a, b):
         return jnp.tanh(a @ a) + jnp.tanh(b @ b)
@@ -579,15 +576,9 @@ def test_environment_variable_turns_jaxpar_off(monkeypatch):
 # --- lifetime: nothing keeps the function's arrays alive (as jax.jit) ---------------------------
 
 
-@contextlib.contextmanager
-def _collector_off() -> Iterator[None]:
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+# The cyclic collector off while a test checks that reference counting alone frees an
+# object (JAX's test_jit_reference_dropping does the same): jaxpar's own pause.
+_collector_off = _collector_paused
 
 
 _USES = {
