@@ -9,7 +9,7 @@
 #       py3.12 the newest jax our pins allow, plus flax, equinox and optax.
 # Then: ruff, mypy, and pytest on both jax versions side by side (one job a core), a line
 # per test file as it finishes, each job's full log in .ci-venv/<job>.log, and one summary.
-# Takes about 30 minutes on a quiet 2-core machine (29 measured; the first run adds the
+# Takes about 30 minutes on a quiet 2-core machine (26-29 measured; the first run adds the
 # installs); the jax 0.10.2 job, with the deviceless GPU compiles, is the longer one.
 #
 # Usage: bash scripts/test.sh [extra pytest args]
