@@ -263,7 +263,7 @@ class Plan:
             top = estimate(self).levels[0]
             lines.append(f"  estimated time at the top level: serial {top.serial_us:.1f} us, "
                          f"critical path {top.makespan_us:.1f} us")
-        lines += _verbose_lines(self) if verbose else _short_lines(self)
+        lines += _report_lines(self, verbose)
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -312,74 +312,60 @@ def _where(location: str) -> str:
     return f" {place}" if place else ""
 
 
-def _verbose_lines(plan: Plan) -> list[str]:
-    """Every decision with its full reasoning, cost figures and source lines."""
+def _report_lines(plan: Plan, verbose: bool) -> list[str]:
+    """The report below the header: sections, collectives, rewrites, what was left alone.
+
+    Short (the default): one line per decision, naming where in the user's model it is
+    and the figure that decided it. Verbose: each decision's full reasoning, cost figures
+    and source lines.
+    """
     lines = []
     if not plan.sections:
-        lines.append("  no parallel sections: nothing independent is worth a stream")
+        lines.append("  no parallel sections: nothing independent is worth a stream" if verbose
+                     else "  streams: none (nothing independent is worth a stream here)")
     for section in plan.sections:
         if section.overlaps:
             lines.append(f"  section{_where(section.location)}: beside {section.overlaps}")
         else:
-            lines.append(f"  section group={section.scheduling_group}{_where(section.location)}: "
+            group = f" group={section.scheduling_group}" if verbose else ""
+            lines.append(f"  section{group}{_where(section.location)}: "
                          f"{len(section.regions)} concurrent regions")
         for region in section.regions:
-            prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
-            where = "; ".join(region.source_lines) or "<unknown>"
-            lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
-                         f"est. {region.cost_us:.1f} us [{prims}] at {where}")
+            if verbose:
+                prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
+                where = "; ".join(region.source_lines) or "<unknown>"
+                lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
+                             f"est. {region.cost_us:.1f} us [{prims}] at {where}")
+            else:
+                prims = ", ".join(name for name, _ in region.primitives)
+                lines.append(f"    stream {region.stream}: {prims} in "
+                             f"{short_places(region.source_lines)}, "
+                             f"est. {region.cost_us:.1f} us")
     if plan.collectives:
         lines.append("  collectives:")
         for c in plan.collectives:
             beside = ", ".join(f"{name} x{count}" for name, count in c.overlapped_by)
             lines.append(f"    {'grouped' if c.grouped else 'alone'}{_where(c.location)}: "
                          f"{' + '.join(c.primitives)} over {c.axis!r} ({c.directions})"
-                         + (f", overlapped by [{beside}]" if beside else ""))
+                         + (f", overlapped by [{beside}]" if beside and verbose else ""))
+    describe = decision_text if verbose else decision_summary
     for title, decisions in (("loops", plan.loops), ("subgraphs", plan.subgraphs)):
         if decisions:
             lines.append(f"  {title}:")
-            lines.extend(f"    {decision_text(d)}" for d in decisions)
+            lines.extend(f"    {describe(d)}" for d in decisions)
     if plan.left_alone:
         lines.append("  left alone:")
         for note in plan.left_alone:
-            prims = ", ".join(note.primitives)
-            where = "; ".join(note.source_lines) or "<unknown>"
-            lines.append(f"    {note.reason}{_where(note.location)} [{prims}, "
-                         f"est. {note.cost_us:.1f} us]: {note.detail} ({where})")
-    return lines
-
-
-def _short_lines(plan: Plan) -> list[str]:
-    """One line per decision: what, where in the user's model, and the figure that
-    decided it; the reasoning is behind ``text(verbose=True)``."""
-    lines = []
-    if not plan.sections:
-        lines.append("  streams: none (nothing independent is worth a stream here)")
-    for section in plan.sections:
-        if section.overlaps:
-            lines.append(f"  section{_where(section.location)}: beside {section.overlaps}")
-        else:
-            lines.append(f"  section{_where(section.location)}: {len(section.regions)} "
-                         "concurrent regions")
-        for region in section.regions:
-            prims = ", ".join(name for name, _ in region.primitives)
-            lines.append(f"    stream {region.stream}: {prims} in "
-                         f"{short_places(region.source_lines)}, est. {region.cost_us:.1f} us")
-    if plan.collectives:
-        lines.append("  collectives:")
-        for c in plan.collectives:
-            lines.append(f"    {'grouped' if c.grouped else 'alone'}{_where(c.location)}: "
-                         f"{' + '.join(c.primitives)} over {c.axis!r} ({c.directions})")
-    for title, decisions in (("loops", plan.loops), ("subgraphs", plan.subgraphs)):
-        if decisions:
-            lines.append(f"  {title}:")
-            lines.extend(f"    {decision_summary(d)}" for d in decisions)
-    if plan.left_alone:
-        lines.append("  left alone:")
-        for note in plan.left_alone:
-            lines.append(f"    {note.reason}: {', '.join(note.primitives)} in "
-                         f"{short_places(note.source_lines)}: {first_clause(note.detail)}")
-    if plan.loops or plan.subgraphs or plan.left_alone:
+            if verbose:
+                where = "; ".join(note.source_lines) or "<unknown>"
+                lines.append(f"    {note.reason}{_where(note.location)} "
+                             f"[{', '.join(note.primitives)}, est. {note.cost_us:.1f} us]: "
+                             f"{note.detail} ({where})")
+            else:
+                lines.append(f"    {note.reason}: {', '.join(note.primitives)} in "
+                             f"{short_places(note.source_lines)}: "
+                             f"{first_clause(note.detail)}")
+    if not verbose and (plan.loops or plan.subgraphs or plan.left_alone):
         lines.append("  (why, in full: print(plan.text(verbose=True)) or plan.to_dict())")
     return lines
 
