@@ -60,6 +60,7 @@ from ._trace import (
     split_arguments,
     split_outputs,
     trace,
+    tracing_for_a_plan,
 )
 from .passes import LoopDecision, run_passes
 
@@ -373,9 +374,19 @@ def _build(fun: Callable[..., Any], sig: Signature, settings: Settings) -> _Prep
 
 
 def _run(rewrite: _Prepared, leaves: Any, emit_streams: bool) -> list[Any]:
-    _, consts = _compat.open_jaxpr(rewrite.traced.jaxpr)
+    jaxpr, consts = _compat.open_jaxpr(rewrite.traced.jaxpr)
+    emitter = rewrite.emitter
     with _collector_paused():
-        return rewrite.emitter.run(consts, *leaves, emit_streams=emit_streams)
+        if not (emit_streams and emitter.plan.changes_anything) or tracing_for_a_plan():
+            return emitter.run(consts, *leaves, emit_streams=emit_streams)
+        # One equation that lowers inline and remembers the original program, so
+        # checkify reports what jax.jit reports (``_compat.program_p``). Inside another
+        # decorated function's trace the outer program's equation does that.
+        count = len(consts)
+        return _compat.bind_program(
+            lambda *a: emitter.run(a[:count], *a[count:]),
+            lambda *a: jax.core.eval_jaxpr(jaxpr, a[:count], *a[count:]),
+            [*consts, *leaves])
 
 
 _Argnums = int | Sequence[int] | None

@@ -1086,6 +1086,15 @@ def _region_checkify(*args: Any, call_jaxpr: Any, region: Any) -> tuple[Any, lis
 
 def _region_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jaxpr: Any,
                 region: Any) -> tuple[list[Any], list[Any]]:
+    return _call_jet(primals_in, series_in, call_jaxpr,
+                     lambda body, args: bind_stream_region(body, args, region))
+
+
+def _call_jet(primals_in: Sequence[Any], series_in: Sequence[Any], call_jaxpr: Any,
+              emit: Callable[[Callable[..., Any], list[Any]], Sequence[Any]]
+              ) -> tuple[list[Any], list[Any]]:
+    """The jet rule of a call-like equation; ``emit(body, args)`` runs the body (as a
+    region, or inline)."""
     order = max((len(s) for s in series_in if s is not _jet.zero_series), default=1)
     series = [[_jet.zero_term] * order if s is _jet.zero_series else list(s) for s in series_in]
     counts = [len(s) for s in series]
@@ -1105,7 +1114,7 @@ def _region_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jax
 
     zeros = [[jax.numpy.zeros_like(p) if t is _jet.zero_term else t for t in s]
              for p, s in zip(primals_in, series, strict=True)]
-    flat = bind_stream_region(body, [*primals_in, *[t for s in zeros for t in s]], region)
+    flat = list(emit(body, [*primals_in, *[t for s in zeros for t in s]]))
     num_out = len(call_jaxpr.out_avals)
     outs, terms = flat[:num_out], flat[num_out:]
     return outs, [terms[i * order:(i + 1) * order] for i in range(num_out)]
@@ -1138,3 +1147,142 @@ def _register_stream_region_rules() -> None:
 
 
 _register_stream_region_rules()
+
+
+# ---------------------------------------------------------------------------------------
+# The rewritten program as one equation that remembers the program it came from.
+# checkify reports, of several failing checks, the first in the order it traces them
+# (per error kind the earliest, across kinds the smallest code, and codes are drawn in
+# tracing order). A rewritten program runs the same checks in another order (packed
+# streams, batched members, fused loops), so with several checks failing at once it
+# would report another error than ``jax.jit``. ``program_p`` wraps the rewritten
+# program; it lowers inline (no call, nothing in the HLO changes), every transformation
+# sees straight through it, and its checkify rule checks the *original* program, in
+# the user's order. Only the equation bound by ``bind_program`` knows its source: an
+# equation another rule rebuilt (DCE, checkpoint's split) holds another body and is
+# checked as it is.
+# ---------------------------------------------------------------------------------------
+
+PROGRAM = "jaxpar_program"
+program_p = jex_core.Primitive(PROGRAM)
+program_p.multiple_results = True
+setattr(program_p, "is_effectful",  # noqa: B010
+        lambda params: bool(params["call_jaxpr"].effects))
+
+
+class ProgramSource:
+    """``program_p``'s ``source``: the original program of one bound equation.
+
+    ``fn(*operands[skip:])`` computes what the equation's body computes, in the user's
+    order. Compares by identity, as JAX compares a jaxpr.
+    """
+
+    __slots__ = ("body", "fn", "skip")
+
+    def __init__(self, fn: Callable[..., Sequence[Any]], skip: int) -> None:
+        self.fn, self.skip, self.body = fn, skip, None
+
+    def __repr__(self) -> str:
+        return "<original program>"
+
+
+def bind_program(fn: Callable[..., Sequence[Any]], source: Callable[..., Sequence[Any]],
+                 args: Sequence[Any]) -> list[Any]:
+    """``fn(*args)`` as one ``program_p`` equation whose checkify rule runs ``source``
+    (the same function of ``args``, as the user wrote it) instead."""
+    jaxpr, consts = _region_jaxpr(fn, [jax.typeof(a) for a in args])
+    marker = ProgramSource(source, len(consts))
+    marker.body = jaxpr
+    return list(program_p.bind(*consts, *args, call_jaxpr=jaxpr, source=marker))
+
+
+def _program_eval(*args: Any, call_jaxpr: Any, source: Any) -> list[Any]:
+    del source
+    return jaxpr_eval(call_jaxpr, *args)
+
+
+def _program_abstract_eval(*avals: Any, call_jaxpr: Any, source: Any) -> tuple[Any, Any]:
+    del avals, source
+    return list(call_jaxpr.out_avals), call_jaxpr.effects
+
+
+def _program_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[Any], *,
+                     call_jaxpr: Any, source: Any) -> tuple[list[Any], list[Any]]:
+    del source
+    batched, dims_out = _batching.batch_jaxpr2(call_jaxpr, axis_data, tuple(dims_in))
+    return jaxpr_eval(batched, *vals_in), list(dims_out)
+
+
+def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: Any,
+                 source: Any) -> tuple[list[Any], list[Any]]:
+    del source
+    dense = tuple(_ad.instantiate_zeros(t) for t in tangents)
+    outs, out_tangents = jax.jvp(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)),
+                                 tuple(primals), dense)
+    return list(outs), list(out_tangents)
+
+
+def _program_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: Any,
+                       source: Any) -> list[Any]:
+    del source
+    linear = [_ad.is_undefined_primal(a) for a in args]
+
+    def body(*lin: Any) -> tuple[Any, ...]:
+        given = iter(lin)
+        full = [next(given) if is_linear else a for a, is_linear in zip(args, linear, strict=True)]
+        return tuple(jaxpr_eval(call_jaxpr, *full))
+
+    avals = [a.aval for a, is_linear in zip(args, linear, strict=True) if is_linear]
+    transposed = jax.linear_transpose(
+        body, *[jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals])
+    given = transposed(tuple(_ad.instantiate_zeros(ct) for ct in cts))
+    out = iter(given)
+    return [next(out) if is_linear else None for is_linear in linear]
+
+
+def _program_checkify(*args: Any, call_jaxpr: Any, source: Any) -> tuple[Any, list[Any]]:
+    context_type = getattr(_checkify, "CheckifyContext", None)
+    context = args[:1] if context_type is not None and isinstance(args[0], context_type) else ()
+    error, enabled_errors, *vals = args[len(context):]
+    if source.body is call_jaxpr:  # the equation bind_program made: check the original
+        vals, fn = vals[source.skip:], source.fn
+    else:
+        def fn(*a: Any) -> list[Any]:
+            return jaxpr_eval(call_jaxpr, *a)
+    original = jax.make_jaxpr(lambda *a: tuple(fn(*a)))(*[jax.typeof(v) for v in vals])
+    err_vals, err_tree = jax.tree_util.tree_flatten(error)
+    checked, out_tree, _ = _checkify.jaxpr_to_checkify_jaxpr(
+        *context, original, enabled_errors, err_tree,
+        *[jax.typeof(v) for v in [*err_vals, *vals]])
+    outs = jaxpr_eval(checked, *err_vals, *vals)
+    return jax.tree_util.tree_unflatten(out_tree, outs)  # type: ignore[no-any-return]
+
+
+def _program_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jaxpr: Any,
+                 source: Any) -> tuple[list[Any], list[Any]]:
+    del source
+    return _call_jet(primals_in, series_in, call_jaxpr, lambda body, args: body(*args))
+
+
+def _register_program_rules() -> None:
+    program_p.def_impl(_program_eval)
+    program_p.def_effectful_abstract_eval(_program_abstract_eval)
+    _mlir.register_lowering(program_p, _mlir.lower_fun(_program_eval, multiple_results=True))
+    _batching.fancy_primitive_batchers[program_p] = _program_batcher
+    _ad.primitive_jvps[program_p] = _program_jvp
+    _ad.primitive_transposes[program_p] = _program_transpose
+    _pe.dce_rules[program_p] = _pe.dce_jaxpr_closed_call_rule
+    _pe.partial_eval_jaxpr_custom_rules[program_p] = functools.partial(
+        _pe.closed_call_partial_eval_custom_rule, "call_jaxpr",
+        lambda *args: (args[-2], args[-1]))
+    _checkify.error_checks[program_p] = _program_checkify
+    _jet.jet_rules[program_p] = _program_jet  # type: ignore[assignment]
+    lower_and_eval = getattr(_pe, "_lower_and_eval", None)
+    if lower_and_eval is not None:
+        def to_lojax(*hi_args: Any, call_jaxpr: Any, source: Any) -> Any:
+            return lower_and_eval(program_p, call_jaxpr, hi_args, source=source)
+
+        program_p.to_lojax = to_lojax  # type: ignore[method-assign,attr-defined,unused-ignore]
+
+
+_register_program_rules()

@@ -40,6 +40,7 @@ import inspect as _pyinspect
 import operator
 import re
 import reprlib
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -570,6 +571,15 @@ def has_python_scalars(leaves: Sequence[Any]) -> bool:
     return any(isinstance(leaf, _PYTHON_SCALARS) for leaf in leaves)
 
 
+_tracing = threading.local()
+
+
+def tracing_for_a_plan() -> bool:
+    """Whether jaxpar is tracing a function to plan it (on this thread): a decorated
+    function called inside is part of that function's program."""
+    return getattr(_tracing, "depth", 0) > 0
+
+
 def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
     """Traces ``fun`` at ``sig`` to a closed jaxpr over the traced leaves."""
     out_tree_box: list[OutputStatics] = []
@@ -585,9 +595,12 @@ def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
         return flat_out
 
     args, kwargs = layout.traced_arguments(sig.avals)
+    _tracing.depth = getattr(_tracing, "depth", 0) + 1
     try:
         jaxpr = jax.make_jaxpr(call)(*args, **kwargs)
     except Exception as error:
         raise TraceError(_trace_error_message(fun, sig, error)) from error
+    finally:
+        _tracing.depth -= 1
     _, consts = _compat.open_jaxpr(jaxpr)
     return Traced(jaxpr, out_tree_box[-1], any(_compat.is_tracer(c) for c in consts))

@@ -93,11 +93,55 @@ def test_checkify_sees_inside_regions(errors):
     fn = _decorated()
     assert len(stream_calls(lower_for_gpu(fn, *CLEAN))) >= 2
     checked = checkify.checkify(fn, errors=ERROR_SETS[errors])
-    assert len(stream_calls(lower_for_gpu(checked, *CLEAN))) >= 2  # checks stay in regions
+    # checkify threads one error value through every check, which chains the regions
+    # one after another, so under checkify jaxpar checks the program as written: the
+    # same checks in the same order as jax.jit (``_compat.program_p``).
+    assert not stream_calls(lower_for_gpu(checked, *CLEAN))
     want = _errors(branches, ERROR_SETS[errors])
     assert _errors(fn, ERROR_SETS[errors]) == want
     if errors == "all_checks":  # the test can fail: every error fires somewhere
         assert all(want[name] for name in ("index", "nan", "div"))
+
+
+# Several checks failing at once in independent branches: checkify reports the first
+# in program order (per kind the earliest, across kinds the earliest drawn code). The
+# branches are packed onto streams out of program order (x and z share one), so a
+# checked rewritten program reported the log's NaN where jax.jit reports the index.
+SEVERAL = {
+    "index+nan": (A, A * 0.5, 7, 3, -2.0),
+    "index+div": (A, A * 0.5, 7, 0, 0.0),
+    "nan+div": (A, A * 0.5, 2, 0, -2.0),
+    "index+nan+div": (A, A * 0.5, 7, 0, -2.0),
+}
+
+
+@pytest.mark.parametrize("errors", ["automatic_checks", "all_checks",
+                                    "index_checks", "float_checks"])
+def test_checkify_reports_the_first_error_in_program_order(errors):
+    fn = _decorated()
+    plain = jax.jit(checkify.checkify(branches, errors=ERROR_SETS[errors]))
+    checked = jax.jit(checkify.checkify(fn, errors=ERROR_SETS[errors]))
+    seen = set()
+    for name, args in SEVERAL.items():
+        want = plain(*args)[0].get()
+        assert checked(*args)[0].get() == want, name
+        seen.add(want)
+    assert len(seen - {None}) >= (2 if errors != "index_checks" else 1)  # not vacuous
+
+
+def test_checkify_of_a_decorated_function_inside_another():
+    inner = _decorated()
+
+    def outer(a, b, i, k, s):
+        x, y, z, q = inner(a, b, i, k, s)
+        return jnp.sin(x) @ W, y, z, q, jnp.cos(a) @ W
+
+    fn = jaxpar.parallel_branches(outer, **FORCED)
+    for args in SEVERAL.values():
+        want = jax.jit(checkify.checkify(outer, errors=checkify.all_checks))(*args)
+        got = jax.jit(checkify.checkify(fn, errors=checkify.all_checks))(*args)
+        assert got[0].get() == want[0].get()
+        assert_tree_close(got[1], want[1])
 
 
 @pytest.mark.parametrize("errors", ["user_checks", "float_checks", "all_checks"])
