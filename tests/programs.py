@@ -829,15 +829,16 @@ def _eval_shared_scans(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[ja
 def _eval_hazard(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
     """What checkify checks, harmless ("ok") or failing ("bad"): an index read from the data
     (out of bounds when bad), a log (of negatives), an integer division (by zero), a user
-    check. Failing hazards give the same message wherever and however often they fail."""
+    check. A failing index or user check names its site (``site``), so with several
+    failing the error checkify reports tells which came first."""
     from jax.experimental import checkify
 
-    _, kind, bad, v = node
+    _, kind, bad, site, v = node
     x = env[v]
     n = x.shape[0]
     zero = _traced_zero(x, jnp.int32)
     if kind == "index":
-        i = zero + (n + 3 if bad == "bad" else jnp.argmax(x[0]))
+        i = zero + (n + site if bad == "bad" else jnp.argmax(x[0]))
         return [x + x[i][None, :]]
     if kind == "log":
         return [jnp.log(jnp.tanh(x) + (0.5 if bad == "bad" else 2.0))]
@@ -845,12 +846,12 @@ def _eval_hazard(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Arra
         d = zero + (0 if bad == "bad" else 3)
         return [x + ((x * 4).astype(jnp.int32) // d).astype(x.dtype) * 0.25]
     bound = 0.0 if bad == "bad" else 100.0
-    checkify.check(jnp.all(x < bound), CHECK_MESSAGE)
+    checkify.check(jnp.all(x < bound), f"{CHECK_MESSAGE} at site {site}")
     return [jnp.sin(x)]
 
 
 _FEATURE_OPERAND.update({"rule": 4, "host": 3, "weak_scan": 6, "key_scan": 6, "key_branch": 4,
-                         "hazard": 3})
+                         "hazard": 4})
 _node_rules.update({
     "rule": _eval_rule,
     "host": _eval_host,
@@ -1170,7 +1171,7 @@ class _Drawer:
         self.counter_dtypes = counter_dtypes or _COUNTER_DTYPES
         self.members = 1  # chains of the replicated `parallel` node being drawn
         self.raw_ok = False  # drawing the chains of a top-level `parallel` node
-        self.bad_hazard = "none"  # the one kind of checkify hazard that may fail
+        self.bad_hazards: tuple[str, ...] = ()  # the kinds of checkify hazard that fail
 
     def block(
         self,
@@ -1597,13 +1598,13 @@ class _Drawer:
 
     def _hazard(self, scope: _Scope) -> tuple[Spec, list[float]]:
         # The failing kind weighs more: a program that never fails checks little.
-        kind = self.draw(st.sampled_from((*_HAZARDS, self.bad_hazard, self.bad_hazard)))
-        kind = _HAZARDS[0] if kind == "none" else kind
-        bad = "bad" if kind == self.bad_hazard else "ok"
+        kind = self.draw(st.sampled_from((*_HAZARDS, *self.bad_hazards, *self.bad_hazards)))
+        bad = "bad" if kind in self.bad_hazards else "ok"
+        site = self.draw(st.integers(1, 9))
         v = self._operand(scope)
         bound = scope.bounds[v]
         out = {"index": 2.0 * bound, "log": 1.1, "div": 2.0 * bound + 1.0, "user": 1.0}[kind]
-        return ("hazard", kind, bad, v), [out]
+        return ("hazard", kind, bad, site, v), [out]
 
     def _checkpoint_loops(self, scope: _Scope) -> tuple[Spec, list[float]]:
         """`jax.checkpoint` around 2-3 independent loops, which a planner makes regions of."""
@@ -1671,7 +1672,7 @@ def _program_spec(draw: Callable[[st.SearchStrategy[Any]], Any], flavor: _Flavor
     seed = draw(st.integers(0, 2**16))
     drawer = _Drawer(draw, n, counter_dtypes)
     if bad_hazards:
-        drawer.bad_hazard = draw(st.sampled_from(("none", *_HAZARDS, *_HAZARDS)))
+        drawer.bad_hazards = tuple(sorted(draw(st.sets(st.sampled_from(_HAZARDS), max_size=3))))
     block, _ = drawer.block([1.0] * n_inputs, 0, flavor, top_level=True)
     output_kind = draw(st.sampled_from(output_kinds))
     return ("program", n, n_inputs, seed, block, output_kind)
@@ -1771,10 +1772,11 @@ def rule_programs() -> st.SearchStrategy[Program]:
 def checkify_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Spec:
     """Specs of programs holding what `checkify` checks (see `_eval_hazard`): reads at an
     index from the data, logs, integer divisions and user checks, in ensembles, scans, conds,
-    jits and checkpoints. At most one kind of hazard fails in a program (out-of-bounds index,
-    log of negatives, division by zero, or a failed user check), with one message wherever it
-    fails, so the error `checkify` reports does not depend on the order of execution. User
-    checks need `checkify`: run these programs only under it."""
+    jits and checkpoints. Up to three kinds of hazard fail in a program (out-of-bounds index,
+    log of negatives, division by zero, or a failed user check), failing indexes and user
+    checks naming their site, so the error `checkify` reports is the first in program order
+    and a rewrite that runs checks in another order reports another. User checks need
+    `checkify`: run these programs only under it."""
     return _program_spec(draw, _CHECKS, sizes=(8, 16), bad_hazards=True)
 
 
