@@ -36,7 +36,7 @@ from typing import Any, TypeVar, overload
 
 import jax
 
-from . import _compat
+from . import _compat, _primitives
 from ._analysis import Analysis, jaxpr_has_placement
 from ._emit import Emitter, GroupIds, region_call
 from ._frameworks import NnxCall, nnx_arguments, refuse_module_as_function
@@ -105,6 +105,9 @@ class _CallKey:
     # scheduling group ids must differ between two calls XLA inlines into one
     # computation (equal ids linked through other work abort the GPU compile).
     call_site: int
+    # Names of the jax.vmap axes the call is mapped over on this device: a psum over
+    # them is a local reduction, not a collective (``_primitives.local_axes``).
+    local_axes: frozenset[Any] = frozenset()
 
 
 _call_sites = itertools.count(1)
@@ -240,7 +243,8 @@ class ParallelBranches:
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
         key = _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
                        self.options.resolve(**self._planned_for),
-                       next(_call_sites) if _compat.staging() else 0)
+                       next(_call_sites) if _compat.staging() else 0,
+                       _compat.vmap_axis_names(leaves))
         self._saw_traced_consts.value = False
         dynamic, outputs = self._jitted(key, *leaves)
         if self._saw_traced_consts.value:
@@ -263,19 +267,21 @@ class ParallelBranches:
             out = self._traced_function(key.nnx)(*args, **kwargs)
             return split_outputs(out, key.layout.static_scalars)
         rewrite = self._prepare(Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
-                                key.settings, key.nnx)
+                                key.settings, key.nnx, key.local_axes)
         if rewrite.traced.consts_are_tracers:
             self._saw_traced_consts.value = True
         return _run(rewrite, leaves, key.emit_streams), rewrite.traced.outputs
 
-    def _prepare(self, sig: Signature, settings: Settings, nnx: bool = False) -> _Prepared:
+    def _prepare(self, sig: Signature, settings: Settings, nnx: bool = False,
+                 local_axes: frozenset[Any] = frozenset()) -> _Prepared:
         # JAX's trace context (x64, promotion rules, matmul precision, default device,
         # mesh...) changes what tracing produces, so it keys the plan as it keys jax.jit.
-        key = (sig, settings, _compat.trace_context(), nnx)
+        key = (sig, settings, _compat.trace_context(), nnx, local_axes)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        rewrite = _build(self._traced_function(nnx), sig, settings)
+        with _primitives.local_axes(local_axes):
+            rewrite = _build(self._traced_function(nnx), sig, settings)
         self.analyses += 1
         if not rewrite.traced.consts_are_tracers:
             self._cache.put(key, rewrite)

@@ -1035,16 +1035,61 @@ def register_stream_region_ad(jvp: Callable[..., Any], transpose: Callable[..., 
     _region_ad["transpose"] = transpose
 
 
+def vmap_axis_names(values: Sequence[Any]) -> frozenset[Any]:
+    """The names of the ``jax.vmap`` axes that ``values`` are traced under, where a
+    collective over the name is a reduction on this device: ``vmap`` without
+    ``spmd_axis_name`` or an explicit mesh axis (those spread the axis over devices)."""
+    names: set[Any] = set()
+    for value in values:
+        while isinstance(value, _batching.BatchTracer):
+            data = getattr(value._trace, "axis_data", None)
+            if (data is not None and data.name not in (None, _core.no_axis_name)
+                    and getattr(data, "spmd_name", None) is None
+                    and getattr(data, "explicit_mesh_axis", None) is None):
+                names.add(data.name)
+            value = value.val
+    return frozenset(names)
+
+
 def _region_abstract_eval(*avals: Any, call_jaxpr: Any, region: Any) -> tuple[Any, Any]:
     del avals, region
     return list(call_jaxpr.out_avals), call_jaxpr.effects
 
 
+def packable(avals: Sequence[Any]) -> bool:
+    """Whether several results can travel as one flat array (same plain dtype, not weak)."""
+    if len(avals) < 2:
+        return False
+    dtypes = {a.dtype for a in avals}
+    if len(dtypes) != 1 or any(getattr(a, "weak_type", False) for a in avals):
+        return False
+    (dtype,) = dtypes
+    if is_extended_dtype(dtype):  # PRNG keys: NumPy cannot interpret them
+        return False
+    return bool(np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_))
+
+
 def _region_lowering(*args: Any, call_jaxpr: Any, region: Any) -> list[Any]:
     # The body evaluated inside JAX's own ``xla_metadata_call``: the same call, the same
-    # attributes, on every supported jax.
-    call = stream_call(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)), dict(region.attributes))
-    return list(call(*args))
+    # attributes, on every supported jax. Where XLA would not overlap a call returning a
+    # tuple (``PACK_MULTI_RESULT_CALLS``) the call returns its results as one flat array.
+    # Packed here, when lowering, and not when emitting: a transformation (``vmap``) then
+    # sees each result on its own, batched or not as the body makes it.
+    avals = list(call_jaxpr.out_avals)
+    if not (PACK_MULTI_RESULT_CALLS and packable(avals)):
+        call = stream_call(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)), dict(region.attributes))
+        return list(call(*args))
+
+    def packed(*a: Any) -> tuple[Any]:
+        return (jax.numpy.concatenate([jax.numpy.ravel(r) for r in jaxpr_eval(call_jaxpr, *a)]),)
+
+    (flat,) = stream_call(packed, dict(region.attributes))(*args)
+    results, offset = [], 0
+    for aval in avals:
+        size = aval_size(aval)
+        results.append(jax.numpy.reshape(flat[offset:offset + size], aval.shape))
+        offset += size
+    return results
 
 
 def _region_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[Any], *,

@@ -335,19 +335,11 @@ class Emitter:
             region = section.regions[r]
             in_vars, out_vars = self._io(level, s, r)
             body = _region_body([eqns[i] for i in region.eqns], in_vars, out_vars)
-            packed = _compat.PACK_MULTI_RESULT_CALLS and _packable([v.aval for v in out_vars])
-            if packed:
-                body = _packed(body)
             if s not in groups:
                 groups[s] = (GroupIds(derive=not self._unrolling)
                              if section.group is not None else None)
             call = region_call(body, region.stream, groups[s])
-            results = list(call(*env.read_all(in_vars)))
-            if packed:
-                (results,) = results
-            if packed:
-                results = _unpack(results, [v.aval for v in out_vars])
-            write(out_vars, results)
+            write(out_vars, list(call(*env.read_all(in_vars))))
         return [read(v) for v in inner.outvars]
 
     def _io(self, level: LevelPlan, s: int, r: int) -> tuple[list[Any], list[Any]]:
@@ -510,31 +502,3 @@ def _region_body(eqns: list[Any], in_vars: list[Any], out_vars: list[Any]) -> Ca
             env.write(eqn.outvars, _compat.bind_eqn(eqn, env.read_all(eqn.invars)))
         return tuple(env.read_all(out_vars))
     return body
-
-
-def _packable(avals: Sequence[Any]) -> bool:
-    """Whether several results can travel as one flat array (same plain dtype, not weak)."""
-    if len(avals) < 2:
-        return False
-    dtypes = {a.dtype for a in avals}
-    if len(dtypes) != 1 or any(getattr(a, "weak_type", False) for a in avals):
-        return False
-    (dtype,) = dtypes
-    if _compat.is_extended_dtype(dtype):  # PRNG keys: NumPy cannot interpret them
-        return False
-    return bool(np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_))
-
-
-def _packed(body: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any]]:
-    def packed_body(*values: Any) -> tuple[Any]:
-        return (jnp.concatenate([jnp.ravel(r) for r in body(*values)]),)
-    return packed_body
-
-
-def _unpack(flat: Any, avals: Sequence[Any]) -> list[Any]:
-    results, offset = [], 0
-    for aval in avals:
-        size = _compat.aval_size(aval)
-        results.append(jnp.reshape(flat[offset:offset + size], aval.shape))
-        offset += size
-    return results

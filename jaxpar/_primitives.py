@@ -24,6 +24,9 @@ Sharp edges:
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import jax.extend.core as _jex_core
@@ -106,15 +109,34 @@ COLLECTIVE = _family(
 AXES_REDUCTIONS = _family("AXES_REDUCTIONS", "psum_p", "pmax_p", "pmin_p")
 
 
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def local_axes(names: frozenset[Any]) -> Iterator[None]:
+    """While planning a function called under ``jax.vmap(..., axis_name=n)``: ``n`` is
+    mapped on this device, so a ``psum``/``pmax``/``pmin`` over it communicates nothing
+    (see ``_compat.vmap_axis_names``)."""
+    saved = getattr(_local, "names", frozenset())
+    _local.names = saved | names
+    try:
+        yield
+    finally:
+        _local.names = saved
+
+
 def is_collective(eqn: Any) -> bool:
     """Whether ``eqn`` communicates across devices: a ``COLLECTIVE`` primitive, unless it
-    is one of ``AXES_REDUCTIONS`` over positional axes only (a local reduction, e.g. the
-    batch statistics of a BatchNorm under ``jax.vmap(..., axis_name=...)``)."""
+    is one of ``AXES_REDUCTIONS`` over positional axes and the names of ``jax.vmap`` axes
+    on this device only (a local reduction, e.g. the batch statistics of a BatchNorm
+    under ``jax.vmap(..., axis_name=...)``; see ``local_axes``)."""
     name = eqn.primitive.name
     if name not in COLLECTIVE:
         return False
     if name in AXES_REDUCTIONS:
-        return not all(isinstance(axis, int) for axis in eqn.params.get("axes", ("?",)))
+        local = getattr(_local, "names", frozenset())
+        axes = eqn.params.get("axes", ("?",))
+        return not all(isinstance(axis, int) or axis in local for axis in axes)
     return True
 
 
