@@ -1260,11 +1260,29 @@ def _program_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[A
 
 def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: Any,
                  source: Any) -> tuple[list[Any], list[Any]]:
+    # Inline, as jax.linearize splits it: the outputs from the primals alone, then the
+    # tangents from the residuals (a JVP of the whole body traced at once leaves the
+    # primal outputs of a shard_map unknown to reverse mode's partial evaluation).
     del source
-    dense = tuple(_ad.instantiate_zeros(t) for t in tangents)
-    outs, out_tangents = jax.jvp(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)),
-                                 tuple(primals), dense)
-    return list(outs), list(out_tangents)
+
+    def inexact(aval: Any) -> bool:
+        return bool(jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact))
+
+    def zero(value: Any) -> Any:
+        return _ad.Zero(jax.typeof(value).to_tangent_aval())
+
+    avals = [jax.typeof(p) for p in primals]
+    diff = [type(t) is not _ad.Zero and inexact(a) for a, t in zip(avals, tangents, strict=True)]
+    if not any(diff):
+        outs = jaxpr_eval(call_jaxpr, *primals)
+        return outs, [zero(o) for o in outs]
+    lin = linearize_split(lambda *a: jaxpr_eval(call_jaxpr, *a), avals, diff)
+    forward = jaxpr_eval(lin.forward, *primals)
+    outs, residuals = forward[:lin.num_outputs], forward[lin.num_outputs:]
+    out_tangents = eval_linear(lin, residuals,
+                               [t for t, d in zip(tangents, diff, strict=True) if d])
+    return outs, [t if inexact(jax.typeof(o)) else zero(o)
+                  for o, t in zip(outs, out_tangents, strict=True)]
 
 
 def _program_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: Any,
