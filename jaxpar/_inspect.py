@@ -286,6 +286,9 @@ class Plan:
         lines.append(f"  {figure.line()}")
         lines.extend(f"  forced: the GPU pricing would not emit this section: {why}"
                      for why in figure.rejected)
+        if verbose:
+            lines.extend(f"    why: {section.verdict}" for section in self.sections
+                         if section.verdict)
         lines += _report_lines(self, verbose)
         return "\n".join(lines)
 

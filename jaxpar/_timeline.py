@@ -74,8 +74,9 @@ class PlanEstimate:
     """One run of the program as ``jax.jit`` compiles it and as jaxpar does, in us.
 
     ``source`` says where the figures come from: jaxpar's planning model (``inspect``)
-    or a deviceless compile (``gpu_preview``). ``rejected`` holds the GPU pricing's
-    verdict on each stream section it would not have emitted (``force_streams``).
+    or a deviceless compile (``gpu_preview``). ``rejected`` sums up, per stream section
+    the GPU pricing would not have emitted (``force_streams``), its gain and cost; the
+    pricing's reasoning is ``Section.verdict``.
     """
 
     plain_us: float
@@ -125,8 +126,11 @@ def plan_estimate(plan: Plan) -> PlanEstimate:
         # The model adds kernels' work and floors, not host launches per trip, so what
         # fusing and unrolling save shows only in a compile's estimate.
         source += "; loop rewrites' saved launches not counted: gpu_preview counts them"
-    rejected = tuple(s.verdict for s in plan.sections
-                     if s.gain_us is not None and (s.gain_us - (s.cut_cost_us or 0.0)) <= 0.0)
+    rejected = tuple(
+        f"{len(s.regions)} regions win est. {s.gain_us:.1f} us of overlap and the cut costs "
+        f"est. {s.cut_cost_us or 0.0:.1f} us"
+        for s in plan.sections
+        if s.gain_us is not None and (s.gain_us - (s.cut_cost_us or 0.0)) <= 0.0)
     return PlanEstimate(plain, fast, source, rejected)
 
 

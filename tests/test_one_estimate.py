@@ -143,7 +143,11 @@ def test_forced_plan_is_drawn_with_the_pricings_verdict():
     # Under lhs graphs the pricing rejects the section: it wins nothing and the cut costs.
     section = forced.sections[0]
     assert section.gain_us == 0.0 and section.cut_cost_us > 0.0
-    assert forced.estimate.rejected == (section.verdict,)
+    assert forced.estimate.rejected == (
+        f"{len(section.regions)} regions win est. 0.0 us of overlap and the cut costs "
+        f"est. {section.cut_cost_us:.1f} us",)
+    assert "LHS mode chain a captured region serially" in section.verdict
+    assert section.verdict in forced.text(verbose=True)
     assert forced.estimate.jaxpar_us == pytest.approx(
         default.estimate.jaxpar_us + section.cut_cost_us)
     assert forced.estimate.ratio > 1.0 and default.estimate.ratio == pytest.approx(1.0)
