@@ -97,12 +97,13 @@ class Section:
     gain_us: float | None = None
     cut_cost_us: float | None = None
     verdict: str = ""
+    pays: bool | None = None  # False: only force_streams kept it
 
     def to_dict(self) -> dict[str, Any]:
         return {"location": self.location, "scheduling_group": self.scheduling_group,
                 "regions": [r.to_dict() for r in self.regions], "overlaps": self.overlaps,
                 "gain_us": self.gain_us, "cut_cost_us": self.cut_cost_us,
-                "verdict": self.verdict}
+                "verdict": self.verdict, "pays": self.pays}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -449,7 +450,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 level.path, section.group, regions, overlaps,
                 gain_us=None if section.gain_seconds is None else section.gain_seconds * 1e6,
                 cut_cost_us=None if section.cost_seconds is None else section.cost_seconds * 1e6,
-                verdict=section.verdict))
+                verdict=section.verdict, pays=section.pays))
         collectives.extend(_collectives(level, eqns, overlapped))
         rewritten = _rewritten_loops(level.path, eqns, loop_decisions)
         if level.path in drawn:

@@ -129,8 +129,7 @@ def plan_estimate(plan: Plan) -> PlanEstimate:
     rejected = tuple(
         f"{len(s.regions)} regions win est. {s.gain_us:.1f} us of overlap and the cut costs "
         f"est. {s.cut_cost_us or 0.0:.1f} us"
-        for s in plan.sections
-        if s.gain_us is not None and (s.gain_us - (s.cut_cost_us or 0.0)) <= 0.0)
+        for s in plan.sections if s.pays is False)
     return PlanEstimate(plain, fast, source, rejected)
 
 

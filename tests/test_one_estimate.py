@@ -142,7 +142,7 @@ def test_forced_plan_is_drawn_with_the_pricings_verdict():
     assert default.sections == () and forced.num_regions >= 2
     # Under lhs graphs the pricing rejects the section: it wins nothing and the cut costs.
     section = forced.sections[0]
-    assert section.gain_us == 0.0 and section.cut_cost_us > 0.0
+    assert section.gain_us == 0.0 and section.cut_cost_us > 0.0 and section.pays is False
     assert forced.estimate.rejected == (
         f"{len(section.regions)} regions win est. 0.0 us of overlap and the cut costs "
         f"est. {section.cut_cost_us:.1f} us",)
@@ -180,3 +180,18 @@ def test_gpu_preview_shows_the_same_figure_as_its_plan(name, options):
         planned = jaxpar.inspect(fn, target="gpu", **options)(*args()).estimate
         assert _direction(planned.ratio) == _direction(preview.time_ratio), (
             planned.line(), preview.verdict)
+
+
+@needs_plugin
+def test_graphs_off_forced_plan_and_preview_agree(monkeypatch):
+    # Issue 20: with CUDA graphs off in XLA_FLAGS the forced plan was drawn 2x shorter
+    # while gpu_preview said x1.000. Now the pricing's verdict (no net gain worth a
+    # stream) and the compile (not faster) agree, and the plan says it is forced.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+    fn, args = PROGRAMS["inception"]
+    plan = jaxpar.inspect(fn, target="gpu", force_streams=True)(*args())
+    assert plan.priced_in == "off" and plan.num_regions >= 2 and plan.estimate.rejected
+    assert plan.estimate.ratio > 0.98  # no longer drawn as a near-2x gain
+    preview = jaxpar.gpu_preview(fn, *args(), force_streams=True)
+    assert preview.command_buffers.value == "off" and preview.time_ratio > 0.98
+    _shown_everywhere(preview.plan)

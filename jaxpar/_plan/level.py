@@ -249,7 +249,7 @@ def _build_section(jaxpr: Any, graph: Graph, order: HeavyOrder, seconds: tuple[f
         return None
     return SectionPlan(group=ctx.new_group(), regions=regions.region_plans(),
                        gain_seconds=verdict.gain_seconds, cost_seconds=verdict.cost_seconds,
-                       verdict=verdict.reason)
+                       verdict=verdict.reason, pays=verdict.pays)
 
 
 def _plan_nested(eqns: Sequence[Any], sections: Sequence[SectionPlan],

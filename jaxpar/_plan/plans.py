@@ -66,6 +66,7 @@ class SectionPlan:
     gain_seconds: float | None = None
     cost_seconds: float | None = None
     verdict: str = ""
+    pays: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
