@@ -30,25 +30,28 @@ def ensemble(members, x):
 
 
 def make_members(widths=(128, 192, 256, 96), features=64, outputs=10, seed=0):
-    keys = iter(jax.random.split(jax.random.PRNGKey(seed), 6 * len(widths)))
+    # NumPy's generator: drawing each weight with jax.random eagerly compiles a kernel
+    # per shape, which took most of this example's time.
+    rng = np.random.default_rng(seed)
     members = []
     for width in widths:
         sizes = [features, width, width, outputs]
-        members.append([(jax.random.normal(next(keys), (m, n)) / np.sqrt(m), jnp.zeros(n))
+        members.append([(jnp.asarray(rng.standard_normal((m, n), np.float32) / np.sqrt(m)),
+                         jnp.asarray(np.zeros(n, np.float32)))
                         for m, n in itertools.pairwise(sizes)])
     return members
 
 
 def main():
     members = make_members()
-    x = jax.random.normal(jax.random.PRNGKey(1), (64, 64))
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((64, 64), np.float32))
     fast = jaxpar.parallel_branches(ensemble, target="gpu")
     plan = jaxpar.inspect(fast)(members, x)
     print(plan)
     np.testing.assert_allclose(fast(members, x), jax.jit(ensemble)(members, x),
                                rtol=1e-5, atol=1e-6)
-    grads = jax.grad(lambda m: jnp.sum(fast(m, x) ** 2))(members)
-    want = jax.grad(lambda m: jnp.sum(ensemble(m, x) ** 2))(members)
+    grads = jax.jit(jax.grad(lambda m: jnp.sum(fast(m, x) ** 2)))(members)
+    want = jax.jit(jax.grad(lambda m: jnp.sum(ensemble(m, x) ** 2)))(members)
     for got, expected in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want),
                              strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)

@@ -343,14 +343,29 @@ def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
              ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...]]:
     """Trace, loop passes, stream plan: everything up to emission, with one ``Analysis``
     (settings, cost model, memos) that dies when this returns."""
+    traced, plan, loops, _ = _analyse_priced(fun, sig, settings, baseline=False)
+    return traced, plan, loops
+
+
+def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
+                    baseline: bool = True
+                    ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...], float | None]:
+    """``_analyse``, and (with ``baseline``) the cost model's time of the program as
+    traced, one equation after another at the top level: ``jax.jit``'s program as the
+    planner sees it, in microseconds (the report's estimate compares against it)."""
     traced = trace(fun, sig)
     with _collector_paused():
         analysis = Analysis(settings)
+        plain_us = None
+        if baseline:
+            inner, _ = _compat.open_jaxpr(traced.jaxpr)
+            costs = analysis.costs
+            plain_us = sum(costs.seconds(costs.eqn_cost(eqn)) for eqn in inner.eqns) * 1e6
         jaxpr, loops = run_passes(traced.jaxpr, analysis=analysis)
         plan = plan_jaxpr(jaxpr, analysis)
     if jaxpr is not traced.jaxpr:
         traced = dataclasses.replace(traced, jaxpr=jaxpr)
-    return traced, plan, loops
+    return traced, plan, loops, plain_us
 
 
 @contextlib.contextmanager
@@ -579,11 +594,13 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             layout, leaves = split_arguments(traced_fun, args, kwargs, statics,
                                              allow_abstract=True, api="inspect")
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
-            _, plan, loops = _analyse(traced_fun, sig, settings)
+            _, plan, loops, plain_us = _analyse_priced(traced_fun, sig, settings)
         name = function_name(inner)
         with _collector_paused():
             return build_report(plan, name, target, emitted=(target == "gpu"),
-                                options=resolved.to_dict(), loops=loops)
+                                options=resolved.to_dict(), loops=loops, plain_us=plain_us,
+                                priced_in=(settings.command_buffers.value
+                                           if settings.command_buffers else None))
 
     return make_plan
 

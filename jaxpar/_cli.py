@@ -184,7 +184,10 @@ def _same(expected: Any, got: Any) -> bool:
 
 def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: Any) -> bool:
     print(f"\n== {title} ==", file=out)
-    print(inspect(fn, target="gpu")(*args), file=out)
+    # With the CUDA plugin, the plan shown is gpu_preview's, whose header carries the
+    # compiled estimate: one figure for the plan and the preview table below it.
+    preview, skipped = _demo_preview(fn, args)
+    print(preview.plan if preview is not None else inspect(fn, target="gpu")(*args), file=out)
     plain = jax.jit(fn)
     here = jax.jit(parallel_branches(fn))  # target "auto": this machine's backend
     for_gpu = jax.jit(parallel_branches(fn, target="gpu"))
@@ -192,20 +195,23 @@ def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: An
     same = _same(expected, here(*args)) and _same(expected, for_gpu(*args))
     print(f"same values as jax.jit: {'yes' if same else 'NO'}", file=out)
     print(timing_report(plain, here, args), file=out)
+    print(preview if preview is not None else skipped, file=out)
+    return same
+
+
+def _demo_preview(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, str]:
+    """``gpu_preview`` of one story, or None and why it was skipped."""
     ok, why = plugin_status()
     if not ok:
-        print(f"(GPU preview skipped: {why})", file=out)
-        return same
+        return None, f"(GPU preview skipped: {why})"
     specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
     if any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree_util.tree_leaves(args)
            if hasattr(leaf, "sharding")):
-        print("(GPU preview of multi-device programs: see benchmarks/run.py)", file=out)
-        return same
+        return None, "(GPU preview of multi-device programs: see benchmarks/run.py)"
     try:
-        print(gpu_preview(fn, *specs, gpu="h200"), file=out)
+        return gpu_preview(fn, *specs, gpu="h200"), ""
     except RuntimeError as error:
-        print(f"(GPU preview skipped: {error})", file=out)
-    return same
+        return None, f"(GPU preview skipped: {error})"
 
 
 def _load_examples() -> list[Any]:

@@ -6,8 +6,9 @@ CUDA streams that run them in order, and the GPU's roofline throughput shared by
 streams. It counts kernel launches per run (loop bodies times their trip counts),
 host syncs (``conditional``, ``while`` without a known trip count) and the
 stream-annotated regions that really run beside other work. ``verdict`` compares
-two estimates in one line. (A plan's own figure, serial time against critical path
-before anything is compiled, is ``jaxpar._timeline``'s, shown by ``inspect``.)
+two estimates in one line. (A plan's own figure before anything is compiled is
+``jaxpar._timeline.plan_estimate``'s, shown by ``inspect``; ``gpu_preview`` gives its plan
+this module's figure instead.)
 
 Example::
 

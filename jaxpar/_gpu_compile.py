@@ -120,7 +120,9 @@ def plugin_status() -> tuple[bool, str]:
     found = "; ".join(problems) if problems else "no CUDA PJRT plugin is installed"
     return False, (
         f"Compiling for a GPU without one needs the CUDA PJRT plugin at exactly the jaxlib "
-        f"version ({found}). Fix: {fix}"
+        f"version ({found}). Fix: {fix}, then run with JAX_PLATFORMS=cpu on a machine "
+        f"without a GPU (otherwise the plugin tries to load CUDA in every JAX process and "
+        f"prints an 'Unable to load CUDA' traceback)"
     )
 
 
@@ -182,8 +184,9 @@ def _topology(gpu: str, devices: int) -> Any:
     except Exception as error:  # the plugin raises plain RuntimeErrors/XlaRuntimeErrors
         raise RuntimeError(
             f"Could not build a deviceless CUDA topology for gpu={gpu!r}, devices={devices}: "
-            f"{error}. Run with JAX_PLATFORMS=cpu (or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1) and "
-            f"check plugin_status()."
+            f"{error}. Run with JAX_PLATFORMS=cpu (or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1), with "
+            f"jax-cuda12-plugin and jax-cuda12-pjrt at exactly jaxlib's version (docs/guide.md, "
+            f"'Seeing the GPU schedule without a GPU')."
         ) from error
 
 

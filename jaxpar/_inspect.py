@@ -38,7 +38,7 @@ from ._render import (
     readable_location,
     short_places,
 )
-from ._timeline import estimate
+from ._timeline import PlanEstimate, plan_estimate
 from .passes import (
     KIND_BATCHED,
     KIND_BATCHED_MATMULS,
@@ -92,10 +92,18 @@ class Section:
     scheduling_group: int | None
     regions: tuple[Region, ...]
     overlaps: str = ""
+    # The GPU pricing's verdict (None where nothing priced the section): the device time
+    # overlap wins, what the cut costs, and why.
+    gain_us: float | None = None
+    cut_cost_us: float | None = None
+    verdict: str = ""
+    pays: bool | None = None  # False: only force_streams kept it
 
     def to_dict(self) -> dict[str, Any]:
         return {"location": self.location, "scheduling_group": self.scheduling_group,
-                "regions": [r.to_dict() for r in self.regions], "overlaps": self.overlaps}
+                "regions": [r.to_dict() for r in self.regions], "overlaps": self.overlaps,
+                "gain_us": self.gain_us, "cut_cost_us": self.cut_cost_us,
+                "verdict": self.verdict, "pays": self.pays}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -196,6 +204,20 @@ class Plan:
     collectives: tuple[Collective, ...] = ()
     subgraphs: tuple[LoopDecision, ...] = ()
     steps: tuple[Step, ...] = ()
+    # The cost model's time of the program as traced (jax.jit's), the CUDA-graph mode
+    # sections were priced in, and a compiled estimate gpu_preview attaches.
+    plain_cost_us: float | None = None
+    priced_in: str | None = None
+    compiled_estimate: PlanEstimate | None = None
+
+    @property
+    def estimate(self) -> PlanEstimate:
+        """The plan's one estimate: jax.jit's time against jaxpar's, and its source.
+
+        The header of ``text()``, the picture's title and ``gpu_preview`` show this
+        figure (``jaxpar._timeline.plan_estimate``).
+        """
+        return plan_estimate(self)
 
     @property
     def num_streams(self) -> int:
@@ -215,7 +237,9 @@ class Plan:
                 "loops": [_loop_dict(d) for d in self.loops],
                 "subgraphs": [_loop_dict(d) for d in self.subgraphs],
                 "collectives": [c.to_dict() for c in self.collectives],
-                "steps": [step.to_dict() for step in self.steps]}
+                "steps": [step.to_dict() for step in self.steps],
+                "estimate": {**dataclasses.asdict(self.estimate),
+                             "rejected": list(self.estimate.rejected)}}
 
     def __str__(self) -> str:
         return self.text()
@@ -251,7 +275,7 @@ class Plan:
             lines and the equations of each member (``to_dict()`` has the same).
         """
         lines = [f"jaxpar plan for `{self.function}` (target={self.target}, "
-                 f"{self.num_eqns} equations, est. {self.total_cost_us:.1f} us)"]
+                 f"{self.num_eqns} equations)"]
         if self.target != "gpu":
             how = ("target='auto' on this machine's backend"
                    if dict(self.options).get("target") == "auto" else f"target={self.target!r}")
@@ -259,10 +283,13 @@ class Plan:
                 f"  planned for {self.target} ({how}): streams exist only on GPUs, so nothing "
                 f"is emitted, and the {self.target} cost model chose what is shown. For the "
                 "GPU plan: jaxpar.inspect(f, target='gpu')(...)")
-        if self.steps:
-            top = estimate(self).levels[0]
-            lines.append(f"  estimated time at the top level: serial {top.serial_us:.1f} us, "
-                         f"critical path {top.makespan_us:.1f} us")
+        figure = self.estimate
+        lines.append(f"  {figure.line()}")
+        lines.extend(f"  forced: the GPU pricing would not emit this section: {why}"
+                     for why in figure.rejected)
+        if verbose:
+            lines.extend(f"    why: {section.verdict}" for section in self.sections
+                         if section.verdict)
         lines += _report_lines(self, verbose)
         return "\n".join(lines)
 
@@ -381,11 +408,14 @@ def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
 
 
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
-                 options: dict[str, Any], loops: tuple[LoopDecision, ...] = ()) -> Plan:
+                 options: dict[str, Any], loops: tuple[LoopDecision, ...] = (),
+                 plain_us: float | None = None, priced_in: str | None = None) -> Plan:
     """Turns the internal plan tree into the public ``Plan`` report.
 
     ``loops`` holds every decision of the passes run before planning; those of the
-    subgraph batching pass are reported apart, as ``Plan.subgraphs``.
+    subgraph batching pass are reported apart, as ``Plan.subgraphs``. ``plain_us`` is
+    the cost model's time of the program as traced, ``priced_in`` the CUDA-graph mode
+    stream sections were priced in (None: not priced).
     """
     sections: list[Section] = []
     notes: list[LeftAlone] = []
@@ -416,7 +446,11 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 overlaps = (f"collectives group: {names} over {_axis_text(group.axis_name)!r} "
                             f"({_directions(group.shifts)})")
                 overlapped[section.collectives] = regions[0].primitives
-            sections.append(Section(level.path, section.group, regions, overlaps))
+            sections.append(Section(
+                level.path, section.group, regions, overlaps,
+                gain_us=None if section.gain_seconds is None else section.gain_seconds * 1e6,
+                cut_cost_us=None if section.cost_seconds is None else section.cost_seconds * 1e6,
+                verdict=section.verdict, pays=section.pays))
         collectives.extend(_collectives(level, eqns, overlapped))
         rewritten = _rewritten_loops(level.path, eqns, loop_decisions)
         if level.path in drawn:
@@ -444,7 +478,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
                 loops=loop_decisions, collectives=tuple(collectives),
                 subgraphs=subgraph_decisions,
-                steps=tuple(steps))
+                steps=tuple(steps), plain_cost_us=plain_us, priced_in=priced_in)
 
 
 def _rewritten_loops(path: str, eqns: Any, loops: tuple[LoopDecision, ...]

@@ -142,9 +142,10 @@ class Options:
             unroll=unroll, share_common=bool(defaults["share_common"]),
             group_collectives=switch("group_collectives"),
             force_streams=self.force_streams,
-            # Sections are priced against the compiled GPU program unless the user forces
-            # them; other targets emit no streams, so their plans only show independence.
-            command_buffers=mode if target == "gpu" and not self.force_streams else None,
+            # Sections are priced against the compiled GPU program (force_streams keeps
+            # those the pricing rejects, with its verdict); other targets emit no streams,
+            # so their plans only show independence.
+            command_buffers=mode if target == "gpu" else None,
             gpu=profile)
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,9 +172,10 @@ class Settings:
       unroll: a fixed unroll factor, ``"cost"`` (a factor per scan from the cost
         model) or None (leave unroll factors alone).
       group_collectives: launch independent collectives together.
-      force_streams: skip the GPU pricing of stream sections.
-      command_buffers: XLA's CUDA-graph mode the sections are priced for; None when no
-        pricing applies (other targets, or ``force_streams``).
+      force_streams: keep stream sections the GPU pricing rejects (priced all the same,
+        so the report shows the verdict).
+      command_buffers: XLA's CUDA-graph mode the sections are priced for; None on targets
+        other than ``"gpu"``.
       gpu: the GPU's figures (``_gpu_model``) on target ``"gpu"``; None elsewhere.
     """
 

@@ -51,6 +51,7 @@ from ._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
 from ._inspect import Plan
 from ._options import Options, check_known
 from ._primitives import MAY_HOLD_LOOPS
+from ._timeline import PlanEstimate
 from ._trace import StaticArgs
 
 # jaxlib versions whose XLA crashed compiling stream-annotated loops deviceless.
@@ -300,6 +301,12 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         fast = _figures(_gpu_compile.compile_for_gpu(rewritten, *leaves, **compile_options),
                         profile, mode)
     count = mesh.devices.size if mesh is not None else devices
+    # The plan shows the compiled estimate too: its header, its picture and this preview
+    # give one figure.
+    plan = dataclasses.replace(plan, compiled_estimate=PlanEstimate(
+        plain.estimated_us, fast.estimated_us,
+        f"gpu_preview's deviceless {gpu.upper()} compile ({mode.value} graphs)",
+        plan.estimate.rejected))
     return GpuPreview(gpu, count, plain, fast, plan, mode, source)
 
 

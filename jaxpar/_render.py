@@ -9,7 +9,8 @@ Loops the loop passes rewrote are drawn as such: a band per member of a fused or
 batched loop, ticks for the trips of an unrolled one, an outlined box per group of
 matmuls that ``batch_matmuls`` runs as one batched op (in the step, or in the body of
 its loop), spanning the box's height with a dot per member. A legend explains the colours;
-each level's title gives the estimated serial time against the critical path.
+the title gives the plan's one estimate (``Plan.estimate``: jax.jit against jaxpar, with
+its source) and, for a forced section, the GPU pricing's verdict.
 Hovering a box shows its primitives, cost and source lines.
 
 ``plan_to_chrome_trace`` writes the same timeline as Chrome trace events (``ph: "X"``),
@@ -264,14 +265,13 @@ def _level_svg(plan: Plan, level: LevelTimeline, y0: float, patterns_used: set[s
                ) -> tuple[list[str], float]:
     """The parts of one level's timeline drawn from height ``y0``; returns the new height."""
     parts: list[str] = []
+    # The lanes show what may run side by side; the plan's one figure is in the title.
     title = ("top level" if level.location == "/"
              else f"inside {level.location} (one run of this body)")
-    ratio = (f", {level.serial_us / level.makespan_us:.2f}x shorter"
-             if level.makespan_us > 0 and level.serial_us > level.makespan_us * 1.0005 else "")
     parts.append(
         f'<text class="level-title" x="8" y="{y0 + 14:.0f}" font-size="12" '
-        f'font-weight="bold">{_escape(title)}: estimated serial {level.serial_us:.1f} us, '
-        f"critical path {level.makespan_us:.1f} us{ratio}</text>")
+        f'font-weight="bold">{_escape(title)}: work as the planner\'s cost model places '
+        "it</text>")
     scale = _CHART_WIDTH / level.makespan_us if level.makespan_us > 0 else 0.0
     lanes_top = y0 + 22
     lane_y = {lane: lanes_top + i * _LANE_HEIGHT for i, lane in enumerate(level.lanes)}
@@ -365,8 +365,13 @@ def plan_to_svg(plan: Plan) -> str:
     timeline = estimate(plan)
     title = (f"{plan.function}: planned for {plan.target}, {plan.num_eqns} equations, "
              f"{plan.num_streams} streams")
-    parts: list[str] = []
-    y = 30.0
+    figure = plan.estimate
+    verdicts = [f"forced: the GPU pricing would not emit this section: {why}"
+                for why in figure.rejected]
+    parts = [f'<text class="estimate" x="8" y="{34 + 14 * i:.0f}" font-size="12" '
+             f'fill="{"#222" if i == 0 else "#b00"}">{_escape(line)}</text>'
+             for i, line in enumerate([figure.line(), *verdicts])]
+    y = 30.0 + 14 * (1 + len(verdicts))
     patterns_used: set[str] = set()
     if not plan.sections:
         parts.append(f'<text x="8" y="{y + 4:.0f}" font-size="12" fill="#555">no parallel '

@@ -13,6 +13,10 @@ Example::
     top.serial_us, top.makespan_us      # one stream vs. the critical path
     [(span.lane, span.start_us, span.duration_us) for span in top.spans]
 
+``plan_estimate(plan)`` is the one figure a plan shows (its header, the picture's title
+and ``gpu_preview``'s plan): jax.jit's program against jaxpar's, loop rewrites and the
+GPU pricing's verdict on every stream section included, and where the figure comes from.
+
 Sharp edges:
   * It is the cost model's picture, good for seeing what overlaps what; not a
     prediction of wall time. A nested level (a loop body with sections of its own)
@@ -63,6 +67,70 @@ class LevelTimeline:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Timeline:
     levels: tuple[LevelTimeline, ...]  # the top level first
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanEstimate:
+    """One run of the program as ``jax.jit`` compiles it and as jaxpar does, in us.
+
+    ``source`` says where the figures come from: jaxpar's planning model (``inspect``)
+    or a deviceless compile (``gpu_preview``). ``rejected`` sums up, per stream section
+    the GPU pricing would not have emitted (``force_streams``), its gain and cost; the
+    pricing's reasoning is ``Section.verdict``.
+    """
+
+    plain_us: float
+    jaxpar_us: float
+    source: str
+    rejected: tuple[str, ...] = ()
+
+    @property
+    def ratio(self) -> float:
+        """jaxpar's time over jax.jit's (< 1: jaxpar expected faster)."""
+        return self.jaxpar_us / self.plain_us if self.plain_us > 0 else 1.0
+
+    def line(self) -> str:
+        """``"est. jax.jit 480.2 us -> jaxpar 400.4 us (x0.834), from ..."``."""
+        return (f"est. jax.jit {self.plain_us:,.1f} us -> jaxpar {self.jaxpar_us:,.1f} us "
+                f"(x{self.ratio:.3f}), from {self.source}")
+
+
+_LAUNCH_SAVERS = frozenset({"fused", "unrolled", "batched"})
+
+
+def plan_estimate(plan: Plan) -> PlanEstimate:
+    """The plan's one estimate (see the module docstring).
+
+    A compiled estimate attached by ``gpu_preview`` wins. Otherwise, from the planner's
+    cost model: jax.jit's program is the traced program's equations one after another;
+    jaxpar's is the rewritten program's (loop and batching rewrites included) with each
+    top-level stream section's overlap and cut cost as the GPU pricing judged them, or the
+    timeline's critical path where no pricing applies (other targets, collectives).
+    """
+    if plan.compiled_estimate is not None:
+        return plan.compiled_estimate
+    levels = estimate(plan).levels if plan.steps else ()
+    serial = levels[0].serial_us if levels else plan.total_cost_us
+    makespan = levels[0].makespan_us if levels else serial
+    top = [s for s in plan.sections if s.location == "/"]
+    priced = [s for s in top if s.gain_us is not None]
+    if top and len(priced) == len(top):
+        fast = serial - sum(s.gain_us or 0.0 for s in priced) + sum(
+            s.cut_cost_us or 0.0 for s in priced)
+    else:
+        fast = makespan + sum(s.cut_cost_us or 0.0 for s in priced)
+    plain = serial if plan.plain_cost_us is None else plan.plain_cost_us
+    source = (f"jaxpar's planning model ({plan.priced_in} graphs), not a compile"
+              if plan.priced_in else f"jaxpar's {plan.target} cost model, not a compile")
+    if any(d.kind in _LAUNCH_SAVERS for d in plan.loops):
+        # The model adds kernels' work and floors, not host launches per trip, so what
+        # fusing and unrolling save shows only in a compile's estimate.
+        source += "; loop rewrites' saved launches not counted: gpu_preview counts them"
+    rejected = tuple(
+        f"{len(s.regions)} regions win est. {s.gain_us:.1f} us of overlap and the cut costs "
+        f"est. {s.cut_cost_us or 0.0:.1f} us"
+        for s in plan.sections if s.pays is False)
+    return PlanEstimate(plain, fast, source, rejected)
 
 
 def estimate(plan: Plan, duration_us: Callable[[Plan, Step], float] = step_duration_us

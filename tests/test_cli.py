@@ -179,6 +179,14 @@ def test_demo_runs_end_to_end():
     assert len(timings) == 3
     assert all("same compiled program as jax.jit" in line or "middle half of" in line
                for line in timings)
+    # One estimate per story: a previewed story's plan header shows the preview's figure.
+    verdicts = re.findall(r"verdict: .*\(est\. ([\d,.]+) us -> ([\d,.]+) us", out)
+    headers = re.findall(r"est\. jax\.jit ([\d,.]+) us -> jaxpar ([\d,.]+) us .*, from "
+                         r"gpu_preview's deviceless", out)
+    assert verdicts == headers
+    from jaxpar._deviceless import plugin_status
+
+    assert len(verdicts) == (2 if plugin_status()[0] else 0)  # the single-device stories
 
 
 def test_timing_report_shows_noise_or_says_there_is_nothing_to_time():

@@ -17,6 +17,7 @@ Shell blocks are not run.
 from __future__ import annotations
 
 import importlib.util
+import inspect as pyinspect
 import json
 import os
 import re
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_benchmark
 
 import jaxpar
 
@@ -35,6 +37,43 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_public_name_in_api_reference(name):
     api = (ROOT / "docs" / "api.md").read_text()
     assert re.search(rf"`jaxpar\.{re.escape(name)}\b", api), f"jaxpar.{name} is not in docs/api.md"
+
+
+def _public_functions() -> list[str]:
+    return [name for name in jaxpar.__all__ if pyinspect.isfunction(getattr(jaxpar, name))]
+
+
+@pytest.mark.parametrize("name", _public_functions())
+def test_api_reference_has_one_signature_with_every_parameter(name):
+    # One heading per function, and it names every parameter the code takes (an option
+    # added to the code and not to docs/api.md fails here).
+    api = (ROOT / "docs" / "api.md").read_text()
+    headings = re.findall(rf"^### `jaxpar\.{re.escape(name)}\((.*)\)`$", api, re.M)
+    assert len(headings) == 1, f"docs/api.md has {len(headings)} signature headings for {name}"
+    # Named parameters, in order (``*args``/``**options`` are shown where they carry
+    # arguments, and some exist only to refuse misuse with a clear error).
+    documented = [part.strip().split("=")[0] for part in headings[0].split(",")]
+    documented = [part for part in documented if part and not part.startswith("*")]
+    variadic = (pyinspect.Parameter.VAR_POSITIONAL, pyinspect.Parameter.VAR_KEYWORD)
+    actual = [p.name for p in pyinspect.signature(getattr(jaxpar, name)).parameters.values()
+              if p.kind not in variadic]
+    assert documented == actual, (
+        f"docs/api.md's heading for {name} lists {documented}, the code takes {actual}")
+
+
+def test_benchmarks_plan_table_matches_the_code():
+    # Every row of the generated table in docs/benchmarks.md is what the current code
+    # plans (plans only: cheap); refresh with `python benchmarks/docs_tables.py`.
+    tables = load_benchmark("docs_tables")
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    written = text.split(tables.BEGIN, 1)[1].split(tables.END, 1)[0].strip().splitlines()
+    assert written[:2] == tables.HEADER.splitlines()
+    rows = {row.split("|")[1].strip(): row for row in written[2:]}
+    assert sorted(rows) == sorted(tables.suite.WORKLOADS), "run benchmarks/docs_tables.py"
+    for name, row in rows.items():
+        assert row == tables.plan_row(name), (
+            f"docs/benchmarks.md's row for {name} is stale: run python "
+            "benchmarks/docs_tables.py")
 
 
 def test_public_functions_have_docstrings():

@@ -67,7 +67,8 @@ def test_resolve_keeps_explicit_switches_and_limits_streams():
     assert settings.streams_per_section == 3
     assert settings.command_buffers is CommandBufferMode.OFF
     forced = Options.create(force_streams=True).resolve("gpu", command_buffers="lhs")
-    assert forced.command_buffers is None  # no pricing when forced
+    # Forced sections are still priced (the report shows the verdict), never refused.
+    assert forced.command_buffers is CommandBufferMode.LHS and forced.force_streams
     assert Options().resolve("cpu", command_buffers="lhs").command_buffers is None
 
 

@@ -235,17 +235,21 @@ def _build_section(jaxpr: Any, graph: Graph, order: HeavyOrder, seconds: tuple[f
         return None
     assignment = regions.assignment(section_index)
     region_of.update(assignment)
-    if ctx.command_buffers is not None:
-        verdict = price_regions(jaxpr, graph, order, regions, ctx.costs,
-                                mode=ctx.command_buffers, min_seconds=ctx.min_seconds,
-                                keys=ctx.analysis.structural_keys)
-        if not verdict.pays:
-            for i in assignment:
-                del region_of[i]
-            heavy_members = [i for units in regions.branches for i in order.eqns(units)]
-            notes.append(Note(tuple(sorted(heavy_members)), REASON_NO_GAIN, verdict.reason))
-            return None
-    return SectionPlan(group=ctx.new_group(), regions=regions.region_plans())
+    if ctx.command_buffers is None:
+        return SectionPlan(group=ctx.new_group(), regions=regions.region_plans())
+    verdict = price_regions(jaxpr, graph, order, regions, ctx.costs,
+                            mode=ctx.command_buffers, min_seconds=ctx.min_seconds,
+                            keys=ctx.analysis.structural_keys)
+    # force_streams keeps a section the pricing rejects, with the verdict for the report.
+    if not verdict.pays and not ctx.settings.force_streams:
+        for i in assignment:
+            del region_of[i]
+        heavy_members = [i for units in regions.branches for i in order.eqns(units)]
+        notes.append(Note(tuple(sorted(heavy_members)), REASON_NO_GAIN, verdict.reason))
+        return None
+    return SectionPlan(group=ctx.new_group(), regions=regions.region_plans(),
+                       gain_seconds=verdict.gain_seconds, cost_seconds=verdict.cost_seconds,
+                       verdict=verdict.reason, pays=verdict.pays)
 
 
 def _plan_nested(eqns: Sequence[Any], sections: Sequence[SectionPlan],

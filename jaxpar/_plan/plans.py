@@ -61,6 +61,12 @@ class SectionPlan:
     group: int | None
     regions: tuple[RegionPlan, ...]
     collectives: int | None = None
+    # The GPU pricing's verdict (``jaxpar._price``): what overlap wins, what the cut costs,
+    # and why; None where nothing priced it (other targets, collectives sections).
+    gain_seconds: float | None = None
+    cost_seconds: float | None = None
+    verdict: str = ""
+    pays: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

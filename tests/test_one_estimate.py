@@ -1,0 +1,197 @@
+"""One estimate per plan (issue 20, item 2): the text header, the picture's title and
+``gpu_preview`` show the same figure for the same program and CUDA-graph mode, say where
+it comes from, count the loop rewrites, and draw a forced section with the GPU pricing's
+verdict.
+
+``inspect`` shows the planner's model (``Plan.estimate``); ``gpu_preview`` attaches its
+compiled estimate to the plan it returns, so that plan's header and picture show the
+preview's own figures. The planner's model and the compile agree on the direction for the
+programs below; they differ in size (the planner does not model launches per trip).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import jaxpar
+from jaxpar import _deviceless
+
+PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
+needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
+f32 = jnp.float32
+
+
+def two_scans(a, b, xs):
+    first, _ = lax.scan(lambda c, x: (jnp.tanh(c @ x @ x) * 0.5, None), a, xs)
+    second, _ = lax.scan(lambda c, x: (jnp.sin(x @ c) + 0.5 * c, None), b, xs)
+    return first, second
+
+
+def two_scans_args():
+    return (jax.ShapeDtypeStruct((64, 64), f32),) * 2 + (jax.ShapeDtypeStruct((100, 64, 64), f32),)
+
+
+def two_rnns(p, xs):
+    h0 = jnp.zeros((xs.shape[1], p["fh"].shape[0]), xs.dtype)
+
+    def fwd(h, x):
+        h = jnp.tanh(x @ p["fx"] + h @ p["fh"])
+        return h, h
+
+    def bwd(h, x):
+        h = jnp.tanh(x @ p["bx"] + h @ p["bh"])
+        return h, h
+
+    return lax.scan(fwd, h0, xs)[1] + lax.scan(bwd, h0, xs, reverse=True)[1]
+
+
+def two_rnns_args():
+    shapes = {"fx": (32, 64), "fh": (64, 64), "bx": (32, 64), "bh": (64, 64)}
+    return ({k: jax.ShapeDtypeStruct(s, f32) for k, s in shapes.items()},
+            jax.ShapeDtypeStruct((200, 16, 32), f32))
+
+
+def towers(ws, xs):
+    outs = []
+    for (w1, w2), x in zip(ws, xs, strict=True):
+        outs.append(jnp.tanh(jnp.tanh(x @ w1) @ w2))
+    return jnp.concatenate(outs, -1)
+
+
+def towers_args():
+    spec = jax.ShapeDtypeStruct
+    return ([(spec((64, 128), f32), spec((128, 64), f32)) for _ in range(3)],
+            [spec((16, 64), f32) for _ in range(3)])
+
+
+def _conv(x, w):
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def inception(x, p):
+    b1 = jax.nn.relu(_conv(x, p["a"]))
+    b3 = jax.nn.relu(_conv(jax.nn.relu(_conv(x, p["b"])), p["c"]))
+    b5 = jax.nn.relu(_conv(jax.nn.relu(_conv(x, p["e"])), p["f"]))
+    pool = lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 1, 1, 1), "SAME")
+    bp = jax.nn.relu(_conv(pool, p["d"]))
+    return jnp.concatenate([b1, b3, b5, bp], axis=-1)
+
+
+def inception_args():
+    shapes = {"a": (1, 1, 64, 64), "b": (1, 1, 64, 96), "c": (3, 3, 96, 128),
+              "d": (1, 1, 64, 32), "e": (1, 1, 64, 16), "f": (5, 5, 16, 32)}
+    return (jax.ShapeDtypeStruct((8, 28, 28, 64), f32),
+            {k: jax.ShapeDtypeStruct(s, f32) for k, s in shapes.items()})
+
+
+PROGRAMS = {"two_scans": (two_scans, two_scans_args), "two_rnns": (two_rnns, two_rnns_args),
+            "towers": (towers, towers_args), "inception": (inception, inception_args)}
+
+
+def _shown_everywhere(plan: jaxpar.Plan) -> None:
+    """The plan's estimate is the header's figure and the picture's title, and no other
+    total (no second 'critical path' or 'x shorter') competes with it."""
+    line = plan.estimate.line()
+    text = plan.text()
+    assert text.splitlines()[1].strip() == line
+    svg = plan.to_svg()
+    assert line in html.unescape(svg)
+    for stale in (r"critical path \d", r"x shorter", r"estimated serial"):
+        assert not re.search(stale, text) and not re.search(stale, svg)
+    for why in plan.estimate.rejected:
+        assert why in text and why in html.unescape(svg)
+
+
+@pytest.fixture(autouse=True)
+def _lhs_graphs(monkeypatch):
+    monkeypatch.delenv("XLA_FLAGS", raising=False)  # XLA's default mode: lhs
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_header_and_picture_show_the_plans_one_estimate(name):
+    fn, args = PROGRAMS[name]
+    plan = jaxpar.inspect(fn, target="gpu")(*args())
+    _shown_everywhere(plan)
+    assert "jaxpar's planning model (lhs graphs), not a compile" in plan.estimate.source
+
+
+@pytest.mark.parametrize("name", ["two_scans", "two_rnns"])
+def test_loop_rewrites_are_counted_or_pointed_to(name):
+    # No stream section: the whole gain is the loop rewrites'. The planner's model does
+    # not count launches, so its figure says so and names gpu_preview, which counts them.
+    fn, args = PROGRAMS[name]
+    plan = jaxpar.inspect(fn, target="gpu")(*args())
+    assert plan.sections == () and any(d.kind == "fused" for d in plan.loops)
+    assert "gpu_preview counts them" in plan.estimate.source
+    off = jaxpar.inspect(fn, target="gpu", fuse_scans=False, unroll=None)(*args())
+    assert all(d.kind not in ("fused", "unrolled") for d in off.loops)
+    assert "gpu_preview" not in off.estimate.source
+
+
+def test_forced_plan_is_drawn_with_the_pricings_verdict():
+    fn, args = PROGRAMS["inception"]
+    default = jaxpar.inspect(fn, target="gpu")(*args())
+    forced = jaxpar.inspect(fn, target="gpu", force_streams=True)(*args())
+    assert default.sections == () and forced.num_regions >= 2
+    # Under lhs graphs the pricing rejects the section: it wins nothing and the cut costs.
+    section = forced.sections[0]
+    assert section.gain_us == 0.0 and section.cut_cost_us > 0.0 and section.pays is False
+    assert forced.estimate.rejected == (
+        f"{len(section.regions)} regions win est. 0.0 us of overlap and the cut costs "
+        f"est. {section.cut_cost_us:.1f} us",)
+    assert "LHS mode chain a captured region serially" in section.verdict
+    assert section.verdict in forced.text(verbose=True)
+    assert forced.estimate.jaxpar_us == pytest.approx(
+        default.estimate.jaxpar_us + section.cut_cost_us)
+    assert forced.estimate.ratio > 1.0 and default.estimate.ratio == pytest.approx(1.0)
+    _shown_everywhere(forced)
+    assert "forced: the GPU pricing would not emit this section" in forced.text()
+
+
+def _direction(ratio: float) -> int:
+    return 0 if abs(ratio - 1.0) < 0.02 else (1 if ratio > 1.0 else -1)
+
+
+@needs_plugin
+@pytest.mark.parametrize("name, options", [
+    ("two_scans", {}), ("two_rnns", {}), ("towers", {}), ("inception", {}),
+    ("inception", {"force_streams": True})])
+def test_gpu_preview_shows_the_same_figure_as_its_plan(name, options):
+    fn, args = PROGRAMS[name]
+    preview = jaxpar.gpu_preview(fn, *args(), **options)
+    figure = preview.plan.estimate
+    assert (figure.plain_us, figure.jaxpar_us) == (preview.plain.estimated_us,
+                                                   preview.jaxpar.estimated_us)
+    assert figure.ratio == pytest.approx(preview.time_ratio)
+    assert "deviceless H200 compile (lhs graphs)" in figure.source
+    _shown_everywhere(preview.plan)
+    assert f"{figure.plain_us:,.1f} us -> {figure.jaxpar_us:,.1f} us" in preview.verdict
+    if name in ("two_scans", "two_rnns"):
+        assert figure.jaxpar_us < figure.plain_us  # the loop rewrites' launches, counted
+    if name == "inception":
+        # Streams: the planner's own figure points the same way as the compile's.
+        planned = jaxpar.inspect(fn, target="gpu", **options)(*args()).estimate
+        assert _direction(planned.ratio) == _direction(preview.time_ratio), (
+            planned.line(), preview.verdict)
+
+
+@needs_plugin
+def test_graphs_off_forced_plan_and_preview_agree(monkeypatch):
+    # Issue 20: with CUDA graphs off in XLA_FLAGS the forced plan was drawn 2x shorter
+    # while gpu_preview said x1.000. Now the pricing's verdict (no net gain worth a
+    # stream) and the compile (not faster) agree, and the plan says it is forced.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+    fn, args = PROGRAMS["inception"]
+    plan = jaxpar.inspect(fn, target="gpu", force_streams=True)(*args())
+    assert plan.priced_in == "off" and plan.num_regions >= 2 and plan.estimate.rejected
+    assert plan.estimate.ratio > 0.98  # no longer drawn as a near-2x gain
+    preview = jaxpar.gpu_preview(fn, *args(), force_streams=True)
+    assert preview.command_buffers.value == "off" and preview.time_ratio > 0.98
+    _shown_everywhere(preview.plan)
