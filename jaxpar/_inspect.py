@@ -39,6 +39,7 @@ from ._render import (
     short_places,
 )
 from ._timeline import estimate
+from ._tune import Tuning
 from .passes import (
     KIND_BATCHED,
     KIND_BATCHED_MATMULS,
@@ -182,6 +183,8 @@ class Plan:
     batching pass (``batched subgraphs`` / ``subgraphs left alone``). ``steps`` is the
     program in emission order (the top level, and every level with sections), from
     which ``save("plan.html")`` and ``save("plan.json")`` draw the estimated timeline.
+    ``tuning`` is the tuner's measured table for a function decorated with ``tune=True``
+    (``jaxpar._tune.Tuning``), None otherwise.
     """
 
     function: str
@@ -196,6 +199,7 @@ class Plan:
     collectives: tuple[Collective, ...] = ()
     subgraphs: tuple[LoopDecision, ...] = ()
     steps: tuple[Step, ...] = ()
+    tuning: Tuning | None = None
 
     @property
     def num_streams(self) -> int:
@@ -215,7 +219,8 @@ class Plan:
                 "loops": [_loop_dict(d) for d in self.loops],
                 "subgraphs": [_loop_dict(d) for d in self.subgraphs],
                 "collectives": [c.to_dict() for c in self.collectives],
-                "steps": [step.to_dict() for step in self.steps]}
+                "steps": [step.to_dict() for step in self.steps],
+                "tuning": None if self.tuning is None else self.tuning.to_dict()}
 
     def __str__(self) -> str:
         return self.text()
@@ -264,6 +269,8 @@ class Plan:
             lines.append(f"  estimated time at the top level: serial {top.serial_us:.1f} us, "
                          f"critical path {top.makespan_us:.1f} us")
         lines += _report_lines(self, verbose)
+        if self.tuning is not None:
+            lines += self.tuning.lines()
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -381,11 +388,13 @@ def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
 
 
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
-                 options: dict[str, Any], loops: tuple[LoopDecision, ...] = ()) -> Plan:
+                 options: dict[str, Any], loops: tuple[LoopDecision, ...] = (),
+                 tuning: Tuning | None = None) -> Plan:
     """Turns the internal plan tree into the public ``Plan`` report.
 
     ``loops`` holds every decision of the passes run before planning; those of the
-    subgraph batching pass are reported apart, as ``Plan.subgraphs``.
+    subgraph batching pass are reported apart, as ``Plan.subgraphs``. ``tuning``: the
+    tuner's table, for a function decorated with ``tune=True``.
     """
     sections: list[Section] = []
     notes: list[LeftAlone] = []
@@ -444,7 +453,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
                 loops=loop_decisions, collectives=tuple(collectives),
                 subgraphs=subgraph_decisions,
-                steps=tuple(steps))
+                steps=tuple(steps), tuning=tuning)
 
 
 def _rewritten_loops(path: str, eqns: Any, loops: tuple[LoopDecision, ...]
