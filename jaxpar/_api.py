@@ -111,6 +111,18 @@ class _CallKey:
     # scheduling group ids must differ between two calls XLA inlines into one
     # computation (equal ids linked through other work abort the GPU compile).
     call_site: int
+    # tune=True: "measure" at a concrete top-level call (decide when tracing, measuring
+    # first if no decision exists), "reuse" under a transformation (a decision this
+    # process made, else the plan); "" when not tuning, or running a chosen candidate.
+    tune: str = ""
+    # Bumped by each measurement: a jit cache entry whose trace raised _MeasureFirst
+    # stays off jax.jit's fast C++ path, so the calls after it use a new key.
+    tune_generation: int = 0
+
+
+class _MeasureFirst(Exception):
+    """Raised from a concrete call's trace that finds no decision: ``_call`` measures
+    outside the trace, then calls again. Only traces (a new signature) pay for it."""
 
 
 _call_sites = itertools.count(1)
@@ -194,12 +206,11 @@ class ParallelBranches:
         self._nnx_function: Callable[..., Any] | None = None
         # Layouts (with Python scalars traced) whose trace needed them as Python values.
         self._scalars_made_static: set[Layout] = set()
-        # tune=True: how the tuner measures, and its decisions in this process, by
-        # signature with the arguments' shardings (concrete calls) and without (traced
-        # calls reuse the last concrete one).
+        # tune=True: how the tuner measures, and its decisions in this process by
+        # signature (what jax.jit traces anew), which traced calls reuse.
         self.tune = tune
         self._tunings: dict[Any, Tuning] = {}
-        self._tunings_by_shape: dict[Any, Tuning] = {}
+        self._tune_generation = 0
 
     @property
     def static_argnums(self) -> tuple[int, ...]:
@@ -257,11 +268,19 @@ class ParallelBranches:
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
         key = self._call_key(layout, nnx)
         if self.tune is not None and key.rewrite and key.emit_streams:
-            tuning = _tuning(self, key, leaves)
-            if tuning is not None:
-                key = _candidate_key(self, key, tuning.chosen)
+            # The decision is looked up when jax.jit traces (once per signature), so a
+            # call that hits jit's cache pays nothing for the tuner.
+            concrete = not key.call_site and not any(map(_compat.is_tracer, leaves))
+            key = dataclasses.replace(key, tune="measure" if concrete else "reuse",
+                                      tune_generation=self._tune_generation)
         self._saw_traced_consts.value = False
-        dynamic, outputs = self._jitted(key, *leaves)
+        try:
+            dynamic, outputs = self._jitted(key, *leaves)
+        except _MeasureFirst:
+            _tuning(self, dataclasses.replace(key, tune="", tune_generation=0), leaves)
+            self._tune_generation += 1
+            key = dataclasses.replace(key, tune_generation=self._tune_generation)
+            dynamic, outputs = self._jitted(key, *leaves)
         if self._saw_traced_consts.value:
             # The trace closed over another trace's tracers: jit must not reuse it.
             self._jitted.clear_cache()
@@ -290,6 +309,8 @@ class ParallelBranches:
     def _call_traced(self, key: _CallKey, *leaves: Any) -> tuple[list[Any], OutputStatics]:
         # Array outputs leave the jit as values, the rest (functions, a returned Equinox
         # module's static fields) in the output's tree structure.
+        if key.tune:
+            key = _decided_key(self, key, leaves)
         if not key.rewrite:
             args, kwargs = key.layout.rebuild(leaves)
             out = self._traced_function(key.nnx)(*args, **kwargs)
@@ -338,7 +359,6 @@ class ParallelBranches:
         self._cache.cache_clear()
         self._scalars_made_static.clear()
         self._tunings.clear()
-        self._tunings_by_shape.clear()
         self._jitted.clear_cache()
         if self._stages is not None:
             self._stages.clear_cache()
@@ -347,34 +367,48 @@ class ParallelBranches:
         return f"parallel_branches({function_name(getattr(self, '__wrapped__', None))})"
 
 
+def _decided_key(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> _CallKey:
+    """At trace time: the key of the candidate this signature's decision chose (the plan's
+    own key without a decision under a transformation).
+
+    Raises:
+      _MeasureFirst: a concrete call (``key.tune == "measure"``) without a decision.
+    """
+    by_shape = (key.layout, tuple(abstract(leaf) for leaf in leaves), key.nnx, key.settings,
+                _compat.trace_context())
+    tuning = pb._tunings.get(by_shape)
+    if tuning is None and key.tune == "measure":
+        raise _MeasureFirst
+    key = dataclasses.replace(key, tune="", tune_generation=0)
+    return key if tuning is None else _candidate_key(pb, key, tuning.chosen)
+
+
 def _tuning(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Tuning | None:
-    """The decision for one call (``ParallelBranches.tune`` set): this process's, the
+    """The decision for one signature (``ParallelBranches.tune`` set): this process's, the
     stored one, or measured now; at traced or abstract arguments only this process's."""
     assert pb.tune is not None
     avals = tuple(abstract(leaf) for leaf in leaves)
     by_shape = (key.layout, avals, key.nnx, key.settings, _compat.trace_context())
+    hit = pb._tunings.get(by_shape)
     # Concrete values at the top level (not ShapeDtypeStructs, not tracers).
     concrete = not _compat.staging() and not any(map(_compat.is_tracer, leaves)) and all(
         isinstance(leaf, (jax.Array, int, float, complex)) or hasattr(leaf, "__array__")
         for leaf in leaves)
-    if not concrete:
-        return pb._tunings_by_shape.get(by_shape)
-    shardings = tuple(repr(getattr(leaf, "sharding", None)) for leaf in leaves)
-    hit = pb._tunings.get((by_shape, shardings))
-    if hit is not None:
+    if hit is not None or not concrete:
         return hit
+    shardings = tuple(getattr(leaf, "sharding", None) for leaf in leaves)
     traced = trace(pb._traced_function(key.nnx), Signature(key.layout, avals))
     name, fields = tuning_key(
         program=program_fingerprint(str(traced.jaxpr)),
-        arguments=[f"{aval} {sharding}" for aval, sharding in zip(avals, shardings,
-                                                                  strict=True)],
+        arguments=[f"{aval} {sharding!r}" for aval, sharding in zip(avals, shardings,
+                                                                    strict=True)],
         statics=f"{key.layout.in_tree} {key.layout.statics!r}",
         options={**pb.options.to_dict(), **pb._planned_for, "nnx": key.nnx,
                  "settings": key.settings})
     del traced
     tuning = decide_candidate(name, fields, lambda: _candidates(pb, key, leaves),
                               pb.tune)
-    pb._tunings[(by_shape, shardings)] = pb._tunings_by_shape[by_shape] = tuning
+    pb._tunings[by_shape] = tuning
     return tuning
 
 
