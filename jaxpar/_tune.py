@@ -171,7 +171,7 @@ class Tuning:
             elif row.runs:
                 notes.append(f"{row.runs} runs")
             if row.stopped_early:
-                notes.append(f"stopped early: more than {LOSER_MARGIN:.0%} "
+                notes.append(f"stopped early: then more than {LOSER_MARGIN:.0%} "
                              "slower than the best")
             mark = "*" if row.label == self.chosen else " "
             out.append(f"   {mark} {row.label:<32} {timed}  ({', '.join(notes)})"
