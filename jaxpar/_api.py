@@ -14,6 +14,9 @@ Sharp edges:
     ``trace``/``lower``/``eval_shape`` are ``jax.jit``'s on the decorated
     function, so there every non-static leaf must be an array, in the arguments
     and in the outputs (Equinox's and NNX's splits apply to calls only).
+  * ``tune=True`` measures at concrete top-level calls only (``_tune`` says how); under
+    an outer ``jit``, ``grad`` or ``vmap`` a call runs the decision a concrete call made
+    in this process at the same shapes, or else the plan as without tuning.
   * The rewrite is cached per argument structure, shapes, dtypes and options
     (and the XLA_FLAGS async limit, and JAX's trace context as ``jax.jit`` keys
     it: ``enable_x64``, promotion rules, matmul precision, default device...);
@@ -62,6 +65,10 @@ from ._trace import (
     trace,
     tracing_for_a_plan,
 )
+from ._tune import CANDIDATES, Candidate, TuneBudget, Tuning
+from ._tune import decide as decide_candidate
+from ._tune import decision_key as tuning_key
+from ._tune import fingerprint as program_fingerprint
 from .passes import LoopDecision, run_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -108,6 +115,18 @@ class _CallKey:
     # Names of the jax.vmap axes the call is mapped over on this device: a psum over
     # them is a local reduction, not a collective (``_primitives.local_axes``).
     local_axes: frozenset[Any] = frozenset()
+    # tune=True: "measure" at a concrete top-level call (decide when tracing, measuring
+    # first if no decision exists), "reuse" under a transformation (a decision this
+    # process made, else the plan); "" when not tuning, or running a chosen candidate.
+    tune: str = ""
+    # Bumped by each measurement: a jit cache entry whose trace raised _MeasureFirst
+    # stays off jax.jit's fast C++ path, so the calls after it use a new key.
+    tune_generation: int = 0
+
+
+class _MeasureFirst(Exception):
+    """Raised from a concrete call's trace that finds no decision: ``_call`` measures
+    outside the trace, then calls again. Only traces (a new signature) pay for it."""
 
 
 _call_sites = itertools.count(1)
@@ -163,7 +182,7 @@ class ParallelBranches:
     def __init__(self, fun: Callable[..., Any], options: Options,
                  static_args: StaticArgs | None = None, *,
                  command_buffers: CommandBufferMode | None = None,
-                 gpu: GpuProfile | None = None):
+                 gpu: GpuProfile | None = None, tune: TuneBudget | None = None):
         check_function(fun, "parallel_branches")
         refuse_module_as_function(fun, "parallel_branches")
         functools.update_wrapper(self, fun)
@@ -191,6 +210,11 @@ class ParallelBranches:
         self._nnx_function: Callable[..., Any] | None = None
         # Layouts (with Python scalars traced) whose trace needed them as Python values.
         self._scalars_made_static: set[Layout] = set()
+        # tune=True: how the tuner measures, and its decisions in this process by
+        # signature (what jax.jit traces anew), which traced calls reuse.
+        self.tune = tune
+        self._tunings: dict[Any, Tuning] = {}
+        self._tune_generation = 0
 
     @property
     def static_argnums(self) -> tuple[int, ...]:
@@ -240,17 +264,45 @@ class ParallelBranches:
                                          scalars=Scalars.STATIC)
         return self._call(layout, leaves, nnx)
 
+    def _call_key(self, layout: Layout, nnx: bool, leaves: Sequence[Any] = ()) -> _CallKey:
+        return _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
+                        self.options.resolve(**self._planned_for),
+                        next(_call_sites) if _compat.staging() else 0,
+                        _compat.vmap_axis_names(leaves))
+
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
-        key = _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
-                       self.options.resolve(**self._planned_for),
-                       next(_call_sites) if _compat.staging() else 0,
-                       _compat.vmap_axis_names(leaves))
+        key = self._call_key(layout, nnx, leaves)
+        if self.tune is not None and key.rewrite and key.emit_streams:
+            # The decision is looked up when jax.jit traces (once per signature), so a
+            # call that hits jit's cache pays nothing for the tuner.
+            concrete = not key.call_site and not any(map(_compat.is_tracer, leaves))
+            key = dataclasses.replace(key, tune="measure" if concrete else "reuse",
+                                      tune_generation=self._tune_generation)
         self._saw_traced_consts.value = False
-        dynamic, outputs = self._jitted(key, *leaves)
+        try:
+            dynamic, outputs = self._jitted(key, *leaves)
+        except _MeasureFirst:
+            _tuning(self, dataclasses.replace(key, tune="", tune_generation=0), leaves)
+            self._tune_generation += 1
+            key = dataclasses.replace(key, tune_generation=self._tune_generation)
+            dynamic, outputs = self._jitted(key, *leaves)
         if self._saw_traced_consts.value:
             # The trace closed over another trace's tracers: jit must not reuse it.
             self._jitted.clear_cache()
         return outputs.rebuild(dynamic)
+
+    def tuning(self, *args: Any, **kwargs: Any) -> Tuning | None:
+        """The tuner's decision for these arguments (``tune=True`` only), as a call makes
+        it: stored in this process or on disk, else measured now. With abstract
+        arguments (``jax.ShapeDtypeStruct``) only a decision this process made at those
+        shapes; None without one, or without ``tune=True``."""
+        if self.tune is None:
+            return None
+        with nnx_arguments(object(), self.__wrapped__, args, kwargs) as (fun, args, kwargs,
+                                                                          nnx_call):
+            layout, leaves = split_arguments(fun, args, kwargs, self._static_args,
+                                             allow_abstract=True, api="tuning")
+            return _tuning(self, self._call_key(layout, nnx_call is not None, leaves), leaves)
 
     def _traced_function(self, nnx: bool) -> Callable[..., Any]:
         if not nnx:
@@ -262,6 +314,8 @@ class ParallelBranches:
     def _call_traced(self, key: _CallKey, *leaves: Any) -> tuple[list[Any], OutputStatics]:
         # Array outputs leave the jit as values, the rest (functions, a returned Equinox
         # module's static fields) in the output's tree structure.
+        if key.tune:
+            key = _decided_key(self, key, leaves)
         if not key.rewrite:
             args, kwargs = key.layout.rebuild(leaves)
             out = self._traced_function(key.nnx)(*args, **kwargs)
@@ -311,12 +365,88 @@ class ParallelBranches:
         """Forgets every rewrite and compiled program of this function."""
         self._cache.cache_clear()
         self._scalars_made_static.clear()
+        self._tunings.clear()
         self._jitted.clear_cache()
         if self._stages is not None:
             self._stages.clear_cache()
 
     def __repr__(self) -> str:
         return f"parallel_branches({function_name(getattr(self, '__wrapped__', None))})"
+
+
+def _decided_key(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> _CallKey:
+    """At trace time: the key of the candidate this signature's decision chose (the plan's
+    own key without a decision under a transformation).
+
+    Raises:
+      _MeasureFirst: a concrete call (``key.tune == "measure"``) without a decision.
+    """
+    by_shape = (key.layout, tuple(abstract(leaf) for leaf in leaves), key.nnx, key.settings,
+                _compat.trace_context())
+    tuning = pb._tunings.get(by_shape)
+    if tuning is None and key.tune == "measure":
+        raise _MeasureFirst
+    key = dataclasses.replace(key, tune="", tune_generation=0)
+    return key if tuning is None else _candidate_key(pb, key, tuning.chosen)
+
+
+def _tuning(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Tuning | None:
+    """The decision for one signature (``ParallelBranches.tune`` set): this process's, the
+    stored one, or measured now; at traced or abstract arguments only this process's."""
+    assert pb.tune is not None
+    avals = tuple(abstract(leaf) for leaf in leaves)
+    by_shape = (key.layout, avals, key.nnx, key.settings, _compat.trace_context())
+    hit = pb._tunings.get(by_shape)
+    # Concrete values at the top level (not ShapeDtypeStructs, not tracers).
+    concrete = not _compat.staging() and not any(map(_compat.is_tracer, leaves)) and all(
+        isinstance(leaf, (jax.Array, int, float, complex)) or hasattr(leaf, "__array__")
+        for leaf in leaves)
+    if hit is not None or not concrete:
+        return hit
+    shardings = tuple(getattr(leaf, "sharding", None) for leaf in leaves)
+    traced = trace(pb._traced_function(key.nnx), Signature(key.layout, avals))
+    name, fields = tuning_key(
+        program=program_fingerprint(str(traced.jaxpr)),
+        arguments=[f"{aval} {sharding!r}" for aval, sharding in zip(avals, shardings,
+                                                                    strict=True)],
+        statics=f"{key.layout.in_tree} {key.layout.statics!r}",
+        options={**pb.options.to_dict(), **pb._planned_for, "nnx": key.nnx,
+                 "settings": key.settings})
+    del traced
+    tuning = decide_candidate(name, fields, lambda: _candidates(pb, key, leaves),
+                              pb.tune)
+    pb._tunings[by_shape] = tuning
+    return tuning
+
+
+def _candidate_key(pb: ParallelBranches, key: _CallKey, label: str) -> _CallKey:
+    overrides = next(c.overrides for c in CANDIDATES if c.label == label)
+    if overrides is None:
+        return dataclasses.replace(key, rewrite=False)
+    options = dataclasses.replace(pb.options, **overrides)
+    return dataclasses.replace(key, settings=options.resolve(**pb._planned_for))
+
+
+def _candidates(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]
+                ) -> list[tuple[Candidate, Callable[[], Any] | str]]:
+    """Each candidate's program, or the label of an earlier candidate whose lowered
+    program is the same text (timed once)."""
+    out: list[tuple[Candidate, Callable[[], Any] | str]] = []
+    seen: dict[str, str] = {}
+    for candidate in CANDIDATES:
+        candidate_key = _candidate_key(pb, key, candidate.label)
+        text = pb._jitted.lower(candidate_key, *leaves).as_text()
+        if text in seen:
+            out.append((candidate, seen[text]))
+            continue
+        seen[text] = candidate.label
+        out.append((candidate, functools.partial(_run_candidate, pb, candidate_key,
+                                                 tuple(leaves))))
+    return out
+
+
+def _run_candidate(pb: ParallelBranches, key: _CallKey, leaves: tuple[Any, ...]) -> Any:
+    return pb._jitted(key, *leaves)[0]
 
 
 def _weak_method(owner: Any, method: str, fun: Callable[..., Any] | None
@@ -420,7 +550,7 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
-                      force_streams: bool = ...,
+                      force_streams: bool = ..., tune: bool = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       ) -> F: ...
 @overload
@@ -429,7 +559,7 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
-                      force_streams: bool = ...,
+                      force_streams: bool = ..., tune: bool = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       ) -> Callable[[F], F]: ...
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
@@ -437,7 +567,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       batch_scans: Switch = "auto", batch_branches: Switch = "auto",
                       batch_matmuls: Switch = "auto",
                       unroll: Unroll = "auto", group_collectives: Switch = "auto",
-                      force_streams: bool = False,
+                      force_streams: bool = False, tune: bool = False,
                       static_argnums: _Argnums = None, static_argnames: _Argnames = None,
                       **unknown: Any) -> Any:
     """Rewrites ``fun`` so independent work runs on separate CUDA streams.
@@ -480,6 +610,13 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         estimate says it does not pay (a stream cut forfeits fusions, XLA's dot
         merging and CUDA-graph overlap); for experiments and for measuring on a
         real GPU. By default such sections are left alone and ``inspect`` says why.
+      tune: measure, at the first concrete call of each signature, plain ``jax.jit`` of
+        ``fun`` and jaxpar with its rewrites and without some of them (``_tune.CANDIDATES``)
+        on this device, run the fastest (plain unless a rewrite is more than 3% faster),
+        and store the decision under ``$JAXPAR_TUNE_DIR`` (default
+        ``~/.cache/jaxpar/tune``) so a later process compiles only the winner.
+        ``inspect`` shows the measured table. Under an outer ``jit``/``grad``/``vmap``
+        it reuses a decision made at the same shapes, else runs the plan.
       static_argnums: positional arguments that are static (hashable Python
         values that key the cache and may steer tracing), as in ``jax.jit``;
         negative numbers count from the end.
@@ -510,6 +647,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     """
     _refuse_outer_jit_options(unknown, "parallel_branches")
     check_known(unknown, (*Options.names(), *_CALL_OPTIONS))
+    if not isinstance(tune, bool):
+        raise TypeError(f"tune must be True or False, got {tune!r}")
     options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
                              fuse_scans=fuse_scans, batch_scans=batch_scans,
                              batch_branches=batch_branches, batch_matmuls=batch_matmuls,
@@ -519,7 +658,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     def decorate(f: Any) -> ParallelBranches:
         check_function(f, "parallel_branches")
         return ParallelBranches(f, options, StaticArgs.resolve(f, static_argnums,
-                                                               static_argnames))
+                                                               static_argnames),
+                                tune=TuneBudget() if tune else None)
 
     return decorate if fun is None else decorate(fun)
 
@@ -556,7 +696,10 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
       A function taking ``fun``'s arguments (arrays or ``jax.ShapeDtypeStruct``)
       and returning a ``jaxpar.Plan``: the parallel sections with their
       regions, stream ids, equation counts, main primitives, estimated cost and
-      source lines, and what was left alone and why.
+      source lines, and what was left alone and why. For a function decorated
+      with ``tune=True`` (and no ``options`` here), ``Plan.tuning`` is the tuner's
+      measured table for those arguments (``ParallelBranches.tuning``: measured now
+      when no decision exists and the arguments are arrays).
 
     Raises:
       TypeError, ValueError: as for ``parallel_branches``; ``inspect(f, x, y)``, which
@@ -574,6 +717,8 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
     _refuse_outer_jit_options(options, "inspect")
     check_known(options, (*Options.names(), *_CALL_OPTIONS))
     planned_for: dict[str, Any] = {}
+    tuned = fun if isinstance(fun, ParallelBranches) and fun.tune is not None and not options \
+        else None
     if isinstance(fun, ParallelBranches):
         base, inner = fun.options.to_dict(), fun.__wrapped__
         given_nums, given_names = fun.static_argnums or None, fun.static_argnames or None
@@ -596,11 +741,13 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
             _, plan, loops, plain_us = _analyse_priced(traced_fun, sig, settings)
         name = function_name(inner)
+        tuning = None if tuned is None else tuned.tuning(*args, **kwargs)
         with _collector_paused():
             return build_report(plan, name, target, emitted=(target == "gpu"),
                                 options=resolved.to_dict(), loops=loops, plain_us=plain_us,
                                 priced_in=(settings.command_buffers.value
-                                           if settings.command_buffers else None))
+                                           if settings.command_buffers else None),
+                                tuning=tuning)
 
     return make_plan
 

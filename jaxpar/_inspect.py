@@ -39,6 +39,7 @@ from ._render import (
     short_places,
 )
 from ._timeline import PlanEstimate, plan_estimate
+from ._tune import Tuning
 from .passes import (
     KIND_BATCHED,
     KIND_BATCHED_MATMULS,
@@ -190,6 +191,8 @@ class Plan:
     batching pass (``batched subgraphs`` / ``subgraphs left alone``). ``steps`` is the
     program in emission order (the top level, and every level with sections), from
     which ``save("plan.html")`` and ``save("plan.json")`` draw the estimated timeline.
+    ``tuning`` is the tuner's measured table for a function decorated with ``tune=True``
+    (``jaxpar._tune.Tuning``), None otherwise.
     """
 
     function: str
@@ -218,6 +221,7 @@ class Plan:
         figure (``jaxpar._timeline.plan_estimate``).
         """
         return plan_estimate(self)
+    tuning: Tuning | None = None
 
     @property
     def num_streams(self) -> int:
@@ -239,7 +243,8 @@ class Plan:
                 "collectives": [c.to_dict() for c in self.collectives],
                 "steps": [step.to_dict() for step in self.steps],
                 "estimate": {**dataclasses.asdict(self.estimate),
-                             "rejected": list(self.estimate.rejected)}}
+                             "rejected": list(self.estimate.rejected)},
+                "tuning": None if self.tuning is None else self.tuning.to_dict()}
 
     def __str__(self) -> str:
         return self.text()
@@ -291,6 +296,8 @@ class Plan:
             lines.extend(f"    why: {section.verdict}" for section in self.sections
                          if section.verdict)
         lines += _report_lines(self, verbose)
+        if self.tuning is not None:
+            lines += self.tuning.lines()
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -409,13 +416,15 @@ def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
 
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                  options: dict[str, Any], loops: tuple[LoopDecision, ...] = (),
-                 plain_us: float | None = None, priced_in: str | None = None) -> Plan:
+                 plain_us: float | None = None, priced_in: str | None = None,
+                 tuning: Tuning | None = None) -> Plan:
     """Turns the internal plan tree into the public ``Plan`` report.
 
     ``loops`` holds every decision of the passes run before planning; those of the
     subgraph batching pass are reported apart, as ``Plan.subgraphs``. ``plain_us`` is
     the cost model's time of the program as traced, ``priced_in`` the CUDA-graph mode
-    stream sections were priced in (None: not priced).
+    stream sections were priced in (None: not priced). ``tuning``: the tuner's table,
+    for a function decorated with ``tune=True``.
     """
     sections: list[Section] = []
     notes: list[LeftAlone] = []
@@ -478,7 +487,8 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
                 loops=loop_decisions, collectives=tuple(collectives),
                 subgraphs=subgraph_decisions,
-                steps=tuple(steps), plain_cost_us=plain_us, priced_in=priced_in)
+                steps=tuple(steps), plain_cost_us=plain_us, priced_in=priced_in,
+                tuning=tuning)
 
 
 def _rewritten_loops(path: str, eqns: Any, loops: tuple[LoopDecision, ...]

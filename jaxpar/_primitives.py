@@ -117,7 +117,7 @@ def local_axes(names: frozenset[Any]) -> Iterator[None]:
     """While planning a function called under ``jax.vmap(..., axis_name=n)``: ``n`` is
     mapped on this device, so a ``psum``/``pmax``/``pmin`` over it communicates nothing
     (see ``_compat.vmap_axis_names``)."""
-    saved = getattr(_local, "names", frozenset())
+    saved: frozenset[Any] = getattr(_local, "names", frozenset())
     _local.names = saved | names
     try:
         yield
@@ -134,7 +134,7 @@ def is_collective(eqn: Any) -> bool:
     if name not in COLLECTIVE:
         return False
     if name in AXES_REDUCTIONS:
-        local = getattr(_local, "names", frozenset())
+        local: frozenset[Any] = getattr(_local, "names", frozenset())
         axes = eqn.params.get("axes", ("?",))
         return not all(isinstance(axis, int) or axis in local for axis in axes)
     return True

@@ -1,0 +1,295 @@
+"""The tuner (``parallel_branches(f, tune=True)``, ``jaxpar/_tune.py``): the decision rule
+under a deterministic fake timer, the stored decision and its key, and a second process
+that compiles only the winner (issue 19, point 3)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_tree_close, assert_tree_equal
+from jax import lax
+
+import jaxpar
+from jaxpar import _tune
+
+REWRITE = "jaxpar (chosen options)"
+
+
+def step(carry, x):
+    return 0.9 * carry + 0.1 * jnp.sin(x), carry[0]
+
+
+def loop(c, xs):
+    """A scan that ``unroll=4`` unrolls by 4: a program other than plain's."""
+    return lax.scan(step, c, xs)
+
+
+C = np.linspace(0.0, 1.0, 8).astype(np.float32)
+XS = np.linspace(-1.0, 1.0, 20 * 8).reshape(20, 8).astype(np.float32)
+
+
+@pytest.fixture(autouse=True)
+def tune_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "tune"
+    monkeypatch.setenv(_tune.TUNE_DIR_VARIABLE, str(directory))
+    return directory
+
+
+def fake_timer(monkeypatch: pytest.MonkeyPatch, seconds: dict[str, float]) -> list[str]:
+    """Times every candidate as ``seconds[label]`` (still running it); returns the labels
+    timed, in order."""
+    timed: list[str] = []
+
+    def timer(label, run):
+        jax.block_until_ready(run())
+        timed.append(label)
+        return seconds[label]
+
+    monkeypatch.setattr(_tune, "_timer", timer)
+    return timed
+
+
+def no_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def timer(label, run):
+        raise AssertionError(f"the tuner measured {label!r} where a decision was stored")
+
+    monkeypatch.setattr(_tune, "_timer", timer)
+
+
+def tuned_loop() -> jaxpar.ParallelBranches:
+    return jaxpar.parallel_branches(loop, target="cpu", unroll=4, tune=True)
+
+
+def test_plain_jit_wins_when_the_rewrite_is_no_faster(monkeypatch):
+    timed = fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 1.0})
+    f = tuned_loop()
+    assert_tree_equal(f(C, XS), jax.jit(loop)(C, XS))
+    tuning = f.tuning(C, XS)
+    assert tuning.chosen == "jax.jit" and tuning.source == "measured"
+    # The other jaxpar candidates are the same program on the CPU: timed once.
+    assert set(timed) == {"jax.jit", REWRITE}
+    assert tuning.row("jaxpar (user's mode)").same_as == REWRITE
+    assert tuning.ratio("jaxpar without matmul batching") == 1.0
+
+
+def test_a_rewrite_inside_the_noise_margin_loses(monkeypatch):
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 1.0 - _tune.MARGIN / 2})
+    assert tuned_loop().tuning(C, XS).chosen == "jax.jit"
+
+
+def test_a_faster_rewrite_is_chosen_and_runs(monkeypatch):
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
+    f = tuned_loop()
+    assert_tree_close(f(C, XS), jax.jit(loop)(C, XS))
+    tuning = f.tuning(C, XS)
+    assert tuning.chosen == REWRITE and tuning.ratio(REWRITE) == 0.5
+    # What runs is the rewrite: its trace has the unrolled scan.
+    assert "unroll=4" in str(jax.make_jaxpr(f)(C, XS))
+    plan = jaxpar.inspect(f)(C, XS)
+    assert plan.tuning == tuning
+    assert f"* {REWRITE}" in str(plan) and "x0.500" in str(plan)
+    assert plan.to_dict()["tuning"]["chosen"] == REWRITE
+
+
+def test_a_clear_loser_stops_early(monkeypatch):
+    # Short times, so the budget's seconds buy plain the most repeats.
+    timed = fake_timer(monkeypatch, {"jax.jit": 1e-3, REWRITE: 2e-3})
+    tuning = tuned_loop().tuning(C, XS)
+    budget = _tune.TuneBudget()
+    assert tuning.chosen == "jax.jit"
+    assert tuning.row(REWRITE).stopped_early
+    assert tuning.row(REWRITE).runs == budget.min_repeats
+    assert tuning.row("jax.jit").runs == budget.max_repeats
+    assert timed.count(REWRITE) == budget.min_repeats + 1  # and the warm-up
+
+
+def test_under_an_outer_jit_the_decision_of_a_concrete_call_is_reused(monkeypatch):
+    timed = fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
+    f = tuned_loop()
+    # No decision yet: under tracing nothing is measured, and the plan runs.
+    assert_tree_close(jax.jit(f)(C, XS), jax.jit(loop)(C, XS))
+    assert "unroll=4" in str(jax.make_jaxpr(f)(C, XS))  # the plan, as without tuning
+    assert timed == []
+    assert_tree_close(f(C, XS), jax.jit(loop)(C, XS))
+    assert "unroll=4" in str(jax.make_jaxpr(f)(C, XS))
+    grads = jax.grad(lambda c: f(c, XS)[0].sum())(jnp.asarray(C))
+    assert_tree_close(grads, jax.grad(lambda c: loop(c, XS)[0].sum())(jnp.asarray(C)))
+    batched = jax.vmap(f, in_axes=(0, None))(np.stack([C, C]), XS)
+    assert_tree_close(batched, jax.vmap(loop, in_axes=(0, None))(np.stack([C, C]), XS))
+
+
+def test_plain_decision_runs_the_original_under_tracing(monkeypatch):
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 1.0})
+    f = tuned_loop()
+    f(C, XS)
+    text = str(jax.make_jaxpr(f)(C, XS))
+    assert "unroll=1" in text and "unroll=4" not in text
+
+
+def test_a_stored_decision_is_reused_without_measuring(monkeypatch, tune_dir):
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
+    first = tuned_loop().tuning(C, XS)
+    assert first.path is not None and Path(first.path).parent == tune_dir
+    no_timing(monkeypatch)
+    again = tuned_loop()
+    assert_tree_close(again(C, XS), jax.jit(loop)(C, XS))
+    stored = again.tuning(C, XS)
+    assert stored.source == "stored" and stored.chosen == REWRITE and stored.key == first.key
+    assert stored.rows == first.rows
+
+
+def test_the_key_changes_with_shapes_dtypes_options_and_xla_flags(monkeypatch):
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 1.0})
+    key = tuned_loop().tuning(C, XS).key
+    assert tuned_loop().tuning(C, XS).key == key  # and is stable
+    assert tuned_loop().tuning(C, XS[:12]).key != key
+    assert tuned_loop().tuning(C.astype(np.float16), XS.astype(np.float16)).key != key
+    other = jaxpar.parallel_branches(loop, target="cpu", unroll=2, tune=True)
+    assert other.tuning(C, XS).key != key
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "")
+                       + " --xla_cpu_enable_fast_math=false")
+    assert tuned_loop().tuning(C, XS).key != key
+
+
+def test_the_key_ignores_object_addresses():
+    assert _tune.fingerprint("f at 0x7f00aa") == _tune.fingerprint("f at 0x7f11bb")
+    assert _tune.fingerprint("a") != _tune.fingerprint("b")
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": "other"}),
+                                     json.dumps([1, 2])])
+def test_a_corrupt_decision_file_is_ignored_with_a_warning(monkeypatch, content):
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
+    path = Path(tuned_loop().tuning(C, XS).path)
+    path.write_text(content)
+    f = tuned_loop()
+    with pytest.warns(_tune.TuneCacheWarning, match="corrupt decision file"):
+        out = f(C, XS)
+    assert_tree_close(out, jax.jit(loop)(C, XS))
+    assert f.tuning(C, XS).source == "measured"
+    assert json.loads(path.read_text())["chosen"] == REWRITE  # replaced by a good one
+
+
+def test_an_unwritable_directory_warns_and_still_runs(monkeypatch, tmp_path):
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv(_tune.TUNE_DIR_VARIABLE, str(blocker / "tune"))
+    f = tuned_loop()
+    with pytest.warns(_tune.TuneCacheWarning, match="cannot store"):
+        assert_tree_close(f(C, XS), jax.jit(loop)(C, XS))
+    assert f.tuning(C, XS).path is None
+
+
+def test_processes_run_process_0s_choice(monkeypatch):
+    """Under several processes: a fixed schedule (no early stop), then process 0's choice."""
+    from jax.experimental import multihost_utils
+    timed = fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 3.0})
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    shared: list[int] = []
+
+    def broadcast(value):
+        shared.append(int(value))
+        # Process 0 had no stored decision either, then measured the rewrite as faster.
+        return np.int32(-1 if value < 0 else 1)
+
+    monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", broadcast)
+    tuning = tuned_loop().tuning(C, XS)
+    assert tuning.chosen == REWRITE
+    assert shared == [-1, 0]  # no stored decision anywhere; this process would run plain
+    assert timed.count(REWRITE) == _tune.TuneBudget().min_repeats + 1  # not stopped early
+
+
+def test_tune_must_be_a_bool():
+    with pytest.raises(TypeError, match="tune must be True or False"):
+        jaxpar.parallel_branches(loop, tune="yes")
+
+
+def test_without_tune_nothing_is_measured(monkeypatch):
+    no_timing(monkeypatch)
+    f = jaxpar.parallel_branches(loop, target="cpu", unroll=4)
+    assert f.tuning(C, XS) is None
+    assert jaxpar.inspect(f)(C, XS).tuning is None
+
+
+CHILD = textwrap.dedent("""
+    import json, logging, sys
+    import jax, numpy as np
+    from jax import lax
+    import jax.numpy as jnp
+    import jaxpar
+    from jaxpar import _tune
+
+    def step(carry, x):
+        return 0.9 * carry + 0.1 * jnp.sin(x), carry[0]
+
+    def loop(c, xs):
+        return lax.scan(step, c, xs)
+
+    def timer(label, run):
+        if sys.argv[1] == "second":
+            raise AssertionError("measured in the second process")
+        jax.block_until_ready(run())
+        return {"jax.jit": 1.0}.get(label, 0.5)
+
+    _tune._timer = timer
+    compiles = []
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Compiling "):
+                compiles.append(record.getMessage().split(" with ")[0])
+
+    logging.getLogger("jax").addHandler(Count())
+    jax.config.update("jax_log_compiles", True)
+    c = np.linspace(0.0, 1.0, 8).astype(np.float32)
+    xs = np.linspace(-1.0, 1.0, 160).reshape(20, 8).astype(np.float32)
+    f = jaxpar.parallel_branches(loop, target="cpu", unroll=4, tune=True)
+    out = f(c, xs)
+    tuning = f.tuning(c, xs)
+    print("RESULT", json.dumps([tuning.source, tuning.chosen, compiles]))
+    print("VALUES", json.dumps(np.asarray(out[0]).tolist()))
+""")
+
+
+def test_a_second_process_compiles_only_the_stored_winner(tmp_path, tune_dir):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, _tune.TUNE_DIR_VARIABLE: str(tune_dir), "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(Path(jaxpar.__file__).parent.parent),
+                                          os.environ.get("PYTHONPATH", "")])}
+
+    def run(which):
+        done = subprocess.run([sys.executable, str(script), which], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = dict(line.split(" ", 1) for line in done.stdout.splitlines()
+                     if line.startswith(("RESULT ", "VALUES ")))
+        return json.loads(lines["RESULT"]), json.loads(lines["VALUES"])
+
+    (source, chosen, compiles), first_values = run("first")
+    assert (source, chosen) == ("measured", REWRITE)
+    assert len(compiles) >= 2, compiles  # plain and the rewrite, at least
+    (source, chosen, compiles), second_values = run("second")
+    assert (source, chosen) == ("stored", REWRITE)
+    assert len(compiles) == 1, compiles
+    assert second_values == first_values
+    np.testing.assert_allclose(second_values, np.asarray(jax.jit(loop)(C, XS)[0]),
+                               rtol=1e-6)
+
+
+def test_log_compiles_counter_sees_compiles(caplog):
+    """The subprocess test counts jax's "Compiling ..." records; check that they exist."""
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
+        jax.jit(lambda x: x * 3.0 + 1.0)(np.ones(3, np.float32))
+    assert any(r.getMessage().startswith("Compiling ") for r in caplog.records)
