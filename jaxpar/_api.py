@@ -44,6 +44,7 @@ from ._gpu_model import CommandBufferMode, GpuProfile
 from ._inspect import Plan, build_report
 from ._options import Options, Settings, Switch, Target, Unroll, check_known
 from ._plan import LevelPlan, plan_jaxpr
+from ._plan.modes import CANDIDATES, ModeChoice, choose_mode, estimate_seconds, kept_mode
 from ._trace import (
     Layout,
     OutputStatics,
@@ -85,6 +86,12 @@ class _Prepared:
     loops: tuple[LoopDecision, ...]
     target: str
     emitter: Emitter
+    # The CUDA-graph mode the function is compiled in (target "gpu"), and why.
+    mode: ModeChoice | None = None
+
+    @property
+    def xla_options(self) -> dict[str, str]:
+        return self.mode.xla_options if self.mode is not None else {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +186,10 @@ class ParallelBranches:
         # jit -> call -> self) that keeps the function's closed-over arrays alive after
         # ``del`` until the cyclic collector runs, where ``jax.jit`` frees them at once.
         self._jitted: Any = jax.jit(_weak_method(self, "_call_traced", fun), static_argnums=0)
+        # The same jit with a plan's XLA options (its CUDA-graph mode), by options; and
+        # the staged jits of ``lower``, by options too.
+        self._jitted_with: dict[tuple[tuple[str, str], ...], Any] = {}
+        self._stages_with: dict[tuple[tuple[str, str], ...], Any] = {}
         self._stages: Any = None
         self._saw_traced_consts = threading.local()
         # nnx.jit's update context is keyed by a tag: one per decorated function (not
@@ -237,15 +248,38 @@ class ParallelBranches:
         return self._call(layout, leaves, nnx)
 
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
+        staging = _compat.staging()
         key = _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
                        self.options.resolve(**self._planned_for),
-                       next(_call_sites) if _compat.staging() else 0)
+                       next(_call_sites) if staging else 0)
+        jitted = self._jitted
+        lowering = getattr(_lowering, "owner", None) is self
+        if key.settings.target == "gpu" and key.rewrite and key.emit_streams and (
+                lowering or _compat.top_level()):
+            # The plan chooses this function's XLA options (its CUDA-graph mode): they go
+            # into this jit's compile, and only there. jax.jit takes them only at the top
+            # level; inside another jit the outer one's options apply.
+            sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
+            options = self._prepare(sig, key.settings, nnx).xla_options
+            if lowering:
+                _lowering.options = options
+            elif options:
+                jitted = self._jit_with(options)
         self._saw_traced_consts.value = False
-        dynamic, outputs = self._jitted(key, *leaves)
+        dynamic, outputs = jitted(key, *leaves)
         if self._saw_traced_consts.value:
             # The trace closed over another trace's tracers: jit must not reuse it.
             self._jitted.clear_cache()
         return outputs.rebuild(dynamic)
+
+    def _jit_with(self, options: dict[str, str]) -> Any:
+        key = tuple(sorted(options.items()))
+        jitted = self._jitted_with.get(key)
+        if jitted is None:
+            jitted = jax.jit(_weak_method(self, "_call_traced", self.__wrapped__),
+                             static_argnums=0, compiler_options=dict(options))
+            self._jitted_with[key] = jitted
+        return jitted
 
     def _traced_function(self, nnx: bool) -> Callable[..., Any]:
         if not nnx:
@@ -280,7 +314,15 @@ class ParallelBranches:
             self._cache.put(key, rewrite)
         return rewrite
 
-    def _staged(self) -> Any:
+    def _staged(self, options: dict[str, str] | None = None) -> Any:
+        if options:
+            key = tuple(sorted(options.items()))
+            if key not in self._stages_with:
+                call = functools.wraps(self.__wrapped__)(_weak_method(self, "__call__", None))
+                self._stages_with[key] = jax.jit(call, static_argnums=self.static_argnums,
+                                                 static_argnames=self.static_argnames,
+                                                 compiler_options=dict(options))
+            return self._stages_with[key]
         if self._stages is None:
             # Weakly, as ``_jitted``: ``jax.jit(self)`` kept here would be a cycle.
             call = functools.wraps(self.__wrapped__)(_weak_method(self, "__call__", None))
@@ -293,8 +335,22 @@ class ParallelBranches:
         return self._staged().trace(*args, **kwargs)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """``jax.jit(f).lower(...)``: a ``jax.stages.Lowered`` (``.as_text()``, ``.compile()``)."""
-        return self._staged().lower(*args, **kwargs)
+        """``jax.jit(f).lower(...)``: a ``jax.stages.Lowered`` (``.as_text()``, ``.compile()``).
+
+        Its ``compile()`` uses the XLA options the plan chose (``Plan.xla_options``), as a
+        call does; options given to ``compile(compiler_options=...)`` are added to them.
+        """
+        if not _compat.top_level():
+            return self._staged().lower(*args, **kwargs)
+        _lowering.owner, _lowering.options = self, {}
+        try:
+            traced = self._staged().trace(*args, **kwargs)
+            options = _lowering.options
+        finally:
+            _lowering.owner = _lowering.options = None
+        if not options:
+            return traced.lower()
+        return self._staged(options).lower(*args, **kwargs)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """The output shapes and dtypes, as ``jax.ShapeDtypeStruct`` s, without running."""
@@ -305,6 +361,8 @@ class ParallelBranches:
         self._cache.cache_clear()
         self._scalars_made_static.clear()
         self._jitted.clear_cache()
+        for jitted in [*self._jitted_with.values(), *self._stages_with.values()]:
+            jitted.clear_cache()
         if self._stages is not None:
             self._stages.clear_cache()
 
@@ -336,14 +394,43 @@ def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
              ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...]]:
     """Trace, loop passes, stream plan: everything up to emission, with one ``Analysis``
     (settings, cost model, memos) that dies when this returns."""
+    traced, plan, loops, _ = _analyse_with_mode(fun, sig, settings)
+    return traced, plan, loops
+
+
+def _analyse_with_mode(fun: Callable[..., Any], sig: Signature, settings: Settings
+                       ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...],
+                                  ModeChoice | None]:
+    """``_analyse``, and on the GPU the CUDA-graph mode the function is compiled in: with
+    ``choose_command_buffers``, the program is planned in each candidate mode and the plan
+    of the mode the GPU model estimates fastest is kept (``_plan.modes``)."""
     traced = trace(fun, sig)
+    choice = None
     with _collector_paused():
         analysis = Analysis(settings)
         jaxpr, loops = run_passes(traced.jaxpr, analysis=analysis)
         plan = plan_jaxpr(jaxpr, analysis)
+        if settings.target == "gpu" and settings.choose_command_buffers \
+                and settings.command_buffers is not None:
+            user = settings.command_buffers
+            plans = {user: (plan, estimate_seconds(plan, analysis.costs, user))}
+            for mode in CANDIDATES:
+                if mode not in plans:
+                    # The passes do not depend on the mode: only the plan is made again.
+                    other = Analysis(dataclasses.replace(settings, command_buffers=mode))
+                    planned = plan_jaxpr(jaxpr, other)
+                    plans[mode] = (planned, estimate_seconds(planned, other.costs, mode))
+            choice = choose_mode({mode: seconds for mode, (_, seconds) in plans.items()},
+                                 user)
+            plan = plans[choice.mode][0]
+        elif settings.target == "gpu":
+            explicit = settings.compile_command_buffers
+            mode = explicit or settings.command_buffers or settings.user_command_buffers
+            if mode is not None:
+                choice = kept_mode(mode, settings.user_command_buffers, explicit is not None)
     if jaxpr is not traced.jaxpr:
         traced = dataclasses.replace(traced, jaxpr=jaxpr)
-    return traced, plan, loops
+    return traced, plan, loops, choice
 
 
 @contextlib.contextmanager
@@ -367,9 +454,10 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _build(fun: Callable[..., Any], sig: Signature, settings: Settings) -> _Prepared:
-    traced, plan, loops = _analyse(fun, sig, settings)
+    traced, plan, loops, choice = _analyse_with_mode(fun, sig, settings)
     target = settings.target
-    return _Prepared(traced, plan, loops, target, Emitter(plan, emit_streams=(target == "gpu")))
+    return _Prepared(traced, plan, loops, target, Emitter(plan, emit_streams=(target == "gpu")),
+                     choice)
 
 
 def _run(rewrite: _Prepared, leaves: Any, emit_streams: bool) -> list[Any]:
@@ -388,7 +476,7 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
-                      force_streams: bool = ...,
+                      force_streams: bool = ..., command_buffers: str = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       ) -> F: ...
 @overload
@@ -397,7 +485,7 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
-                      force_streams: bool = ...,
+                      force_streams: bool = ..., command_buffers: str = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       ) -> Callable[[F], F]: ...
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
@@ -405,7 +493,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       batch_scans: Switch = "auto", batch_branches: Switch = "auto",
                       batch_matmuls: Switch = "auto",
                       unroll: Unroll = "auto", group_collectives: Switch = "auto",
-                      force_streams: bool = False,
+                      force_streams: bool = False, command_buffers: str = "auto",
                       static_argnums: _Argnums = None, static_argnames: _Argnames = None,
                       **unknown: Any) -> Any:
     """Rewrites ``fun`` so independent work runs on separate CUDA streams.
@@ -448,6 +536,17 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         estimate says it does not pay (a stream cut forfeits fusions, XLA's dot
         merging and CUDA-graph overlap); for experiments and for measuring on a
         real GPU. By default such sections are left alone and ``inspect`` says why.
+      command_buffers: XLA's CUDA-graph mode for this function's compile, on target
+        ``"gpu"``: ``"auto"`` (default) plans the function in XLA's default ``"lhs"``
+        mode, in ``"concurrent"`` mode (independent kernels become parallel graph
+        nodes) and with graphs ``"off"`` (stream regions holding loops keep their
+        overlap), and compiles it in the mode the GPU model estimates at least 5%
+        faster than the process's, else in the process's; a mode set in ``XLA_FLAGS``
+        is kept. ``"keep"``: always the process's mode. ``"lhs"``, ``"concurrent"``,
+        ``"serialize"`` or ``"off"``: that mode. The choice goes into this function's
+        own ``jax.jit`` as ``compiler_options`` (``Plan.xla_options``; other functions
+        keep the process's flags); under an outer ``jax.jit``, ``grad`` or ``vmap`` the
+        outer compile's options apply. Ignored on other targets.
       static_argnums: positional arguments that are static (hashable Python
         values that key the cache and may steer tracing), as in ``jax.jit``;
         negative numbers count from the end.
@@ -482,7 +581,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                              fuse_scans=fuse_scans, batch_scans=batch_scans,
                              batch_branches=batch_branches, batch_matmuls=batch_matmuls,
                              unroll=unroll,
-                             group_collectives=group_collectives, force_streams=force_streams)
+                             group_collectives=group_collectives, force_streams=force_streams,
+                             command_buffers=command_buffers)
 
     def decorate(f: Any) -> ParallelBranches:
         check_function(f, "parallel_branches")
@@ -562,11 +662,11 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             layout, leaves = split_arguments(traced_fun, args, kwargs, statics,
                                              allow_abstract=True, api="inspect")
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
-            _, plan, loops = _analyse(traced_fun, sig, settings)
+            _, plan, loops, choice = _analyse_with_mode(traced_fun, sig, settings)
         name = function_name(inner)
         with _collector_paused():
             return build_report(plan, name, target, emitted=(target == "gpu"),
-                                options=resolved.to_dict(), loops=loops)
+                                options=resolved.to_dict(), loops=loops, mode=choice)
 
     return make_plan
 
@@ -589,6 +689,9 @@ def array_function(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
         flat.__qualname__ = str(getattr(fun, "__qualname__", flat.__name__))
         yield flat, leaves
 
+
+# ``lower`` traces the function once to learn the options its plan chose.
+_lowering = threading.local()
 
 _stream_state = threading.local()
 

@@ -26,6 +26,7 @@ from typing import Any
 from . import _compat
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._plan import REASON_TOO_CHEAP, LevelPlan
+from ._plan.modes import ModeChoice
 from ._primitives import LOOPS
 from ._render import (
     decision_summary,
@@ -196,6 +197,14 @@ class Plan:
     collectives: tuple[Collective, ...] = ()
     subgraphs: tuple[LoopDecision, ...] = ()
     steps: tuple[Step, ...] = ()
+    # The CUDA-graph mode the function is compiled in, and why (target "gpu" only).
+    mode: ModeChoice | None = None
+
+    @property
+    def xla_options(self) -> dict[str, str]:
+        """The XLA ``compiler_options`` jaxpar compiles this function with: the CUDA-graph
+        mode it chose (``{}``: the process's ``XLA_FLAGS`` apply unchanged)."""
+        return self.mode.xla_options if self.mode is not None else {}
 
     @property
     def num_streams(self) -> int:
@@ -215,7 +224,9 @@ class Plan:
                 "loops": [_loop_dict(d) for d in self.loops],
                 "subgraphs": [_loop_dict(d) for d in self.subgraphs],
                 "collectives": [c.to_dict() for c in self.collectives],
-                "steps": [step.to_dict() for step in self.steps]}
+                "steps": [step.to_dict() for step in self.steps],
+                "xla_options": self.xla_options,
+                "mode": self.mode.to_dict() if self.mode is not None else None}
 
     def __str__(self) -> str:
         return self.text()
@@ -259,6 +270,11 @@ class Plan:
                 f"  planned for {self.target} ({how}): streams exist only on GPUs, so nothing "
                 f"is emitted, and the {self.target} cost model chose what is shown. For the "
                 "GPU plan: jaxpar.inspect(f, target='gpu')(...)")
+        if self.mode is not None:
+            options = self.xla_options
+            shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
+                     else "none (the process's XLA_FLAGS)")
+            lines.append(f"  XLA options: {shown}: {self.mode.reason}")
         if self.steps:
             top = estimate(self).levels[0]
             lines.append(f"  estimated time at the top level: serial {top.serial_us:.1f} us, "
@@ -381,7 +397,8 @@ def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
 
 
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
-                 options: dict[str, Any], loops: tuple[LoopDecision, ...] = ()) -> Plan:
+                 options: dict[str, Any], loops: tuple[LoopDecision, ...] = (),
+                 mode: ModeChoice | None = None) -> Plan:
     """Turns the internal plan tree into the public ``Plan`` report.
 
     ``loops`` holds every decision of the passes run before planning; those of the
@@ -444,7 +461,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
                 loops=loop_decisions, collectives=tuple(collectives),
                 subgraphs=subgraph_decisions,
-                steps=tuple(steps))
+                steps=tuple(steps), mode=mode)
 
 
 def _rewritten_loops(path: str, eqns: Any, loops: tuple[LoopDecision, ...]
