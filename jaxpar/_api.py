@@ -425,9 +425,9 @@ def _analyse_with_mode(fun: Callable[..., Any], sig: Signature, settings: Settin
             plan = plans[choice.mode][0]
         elif settings.target == "gpu":
             explicit = settings.compile_command_buffers
-            mode = explicit or settings.command_buffers or settings.user_command_buffers
-            if mode is not None:
-                choice = kept_mode(mode, settings.user_command_buffers, explicit is not None)
+            kept = explicit or settings.command_buffers or settings.user_command_buffers
+            if kept is not None:
+                choice = kept_mode(kept, settings.user_command_buffers, explicit is not None)
     if jaxpr is not traced.jaxpr:
         traced = dataclasses.replace(traced, jaxpr=jaxpr)
     return traced, plan, loops, choice
