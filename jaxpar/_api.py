@@ -264,22 +264,15 @@ class ParallelBranches:
             if lowering:
                 _lowering.options = options
             elif options:
-                jitted = self._jit_with(options)
+                jitted = _cached_jit(self._jitted_with, options, lambda given: jax.jit(
+                    _weak_method(self, "_call_traced", self.__wrapped__), static_argnums=0,
+                    compiler_options=given))
         self._saw_traced_consts.value = False
         dynamic, outputs = jitted(key, *leaves)
         if self._saw_traced_consts.value:
             # The trace closed over another trace's tracers: jit must not reuse it.
             self._jitted.clear_cache()
         return outputs.rebuild(dynamic)
-
-    def _jit_with(self, options: dict[str, str]) -> Any:
-        key = tuple(sorted(options.items()))
-        jitted = self._jitted_with.get(key)
-        if jitted is None:
-            jitted = jax.jit(_weak_method(self, "_call_traced", self.__wrapped__),
-                             static_argnums=0, compiler_options=dict(options))
-            self._jitted_with[key] = jitted
-        return jitted
 
     def _traced_function(self, nnx: bool) -> Callable[..., Any]:
         if not nnx:
@@ -315,19 +308,16 @@ class ParallelBranches:
         return rewrite
 
     def _staged(self, options: dict[str, str] | None = None) -> Any:
-        if options:
-            key = tuple(sorted(options.items()))
-            if key not in self._stages_with:
-                call = functools.wraps(self.__wrapped__)(_weak_method(self, "__call__", None))
-                self._stages_with[key] = jax.jit(call, static_argnums=self.static_argnums,
-                                                 static_argnames=self.static_argnames,
-                                                 compiler_options=dict(options))
-            return self._stages_with[key]
-        if self._stages is None:
+        def make(given: dict[str, str] | None) -> Any:
             # Weakly, as ``_jitted``: ``jax.jit(self)`` kept here would be a cycle.
             call = functools.wraps(self.__wrapped__)(_weak_method(self, "__call__", None))
-            self._stages = jax.jit(call, static_argnums=self.static_argnums,
-                                   static_argnames=self.static_argnames)
+            return jax.jit(call, static_argnums=self.static_argnums,
+                           static_argnames=self.static_argnames, compiler_options=given)
+
+        if options:
+            return _cached_jit(self._stages_with, options, make)
+        if self._stages is None:
+            self._stages = make(None)
         return self._stages
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
@@ -340,17 +330,7 @@ class ParallelBranches:
         Its ``compile()`` uses the XLA options the plan chose (``Plan.xla_options``), as a
         call does; options given to ``compile(compiler_options=...)`` are added to them.
         """
-        if not _compat.top_level():
-            return self._staged().lower(*args, **kwargs)
-        _lowering.owner, _lowering.options = self, {}
-        try:
-            traced = self._staged().trace(*args, **kwargs)
-            options = _lowering.options
-        finally:
-            _lowering.owner = _lowering.options = None
-        if not options:
-            return traced.lower()
-        return self._staged(options).lower(*args, **kwargs)
+        return _lower_with_options(self, args, kwargs)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """The output shapes and dtypes, as ``jax.ShapeDtypeStruct`` s, without running."""
@@ -368,6 +348,32 @@ class ParallelBranches:
 
     def __repr__(self) -> str:
         return f"parallel_branches({function_name(getattr(self, '__wrapped__', None))})"
+
+
+def _cached_jit(cache: dict[tuple[tuple[str, str], ...], Any], options: dict[str, str],
+                make: Callable[[dict[str, str]], Any]) -> Any:
+    """The jit ``make(options)`` made once per distinct ``options``, kept in ``cache``."""
+    key = tuple(sorted(options.items()))
+    if key not in cache:
+        cache[key] = make(dict(options))
+    return cache[key]
+
+
+def _lower_with_options(function: ParallelBranches, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> Any:
+    """``function.lower``: traced once to learn the XLA options its plan chose, then
+    lowered by a jit carrying them, so that ``compile()`` uses them as a call does."""
+    if not _compat.top_level():
+        return function._staged().lower(*args, **kwargs)
+    _lowering.owner, _lowering.options = function, {}
+    try:
+        traced = function._staged().trace(*args, **kwargs)
+        options = _lowering.options
+    finally:
+        _lowering.owner = _lowering.options = None
+    if not options:
+        return traced.lower()
+    return function._staged(options).lower(*args, **kwargs)
 
 
 def _weak_method(owner: Any, method: str, fun: Callable[..., Any] | None

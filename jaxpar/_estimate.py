@@ -917,6 +917,8 @@ def verdict(plain: Estimate, jaxpar: Estimate, tolerance: float = 0.01) -> str:
             lost = sum(r.overlaps and r.capturable for r in jaxpar.regions)
             if lost:
                 reasons.append(f"{lost} lose it in LHS CUDA graphs")
+    if jaxpar.concurrent_kernels:
+        reasons.append(f"{jaxpar.concurrent_kernels:,} kernels run as parallel graph nodes")
     if jaxpar.host_syncs != plain.host_syncs:
         reasons.append(f"host syncs {plain.host_syncs:,} -> {jaxpar.host_syncs:,}")
     if jaxpar.unknown_trip_loops or plain.unknown_trip_loops:
