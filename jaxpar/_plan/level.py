@@ -245,8 +245,6 @@ def _build_section(jaxpr: Any, graph: Graph, order: HeavyOrder, seconds: tuple[f
             heavy_members = [i for units in regions.branches for i in order.eqns(units)]
             notes.append(Note(tuple(sorted(heavy_members)), REASON_NO_GAIN, verdict.reason))
             return None
-        return SectionPlan(group=ctx.new_group(), regions=regions.region_plans(),
-                           net_seconds=verdict.gain_seconds - verdict.cost_seconds)
     return SectionPlan(group=ctx.new_group(), regions=regions.region_plans())
 
 

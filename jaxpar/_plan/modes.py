@@ -13,9 +13,10 @@ and ``choose_mode`` keeps the fastest candidate if it beats the user's mode by
 
 The model of one jaxpr level, in a mode:
 
-* every equation launching kernels is a node lasting its cost-model time (kernel
-  floors, flops at peak, bytes at bandwidth); its roofline work goes through the one
-  device (overlap hides kernel floors, never work), as in ``jaxpar._estimate``;
+* every equation launching kernels is a node: its roofline work (flops at peak or bytes
+  at bandwidth, whichever is longer), at least a kernel floor per kernel; the work of
+  every node goes through the one device (overlap hides kernel floors, never work), as
+  in ``jaxpar._estimate``, which judges the compiled program the same way;
 * a loop (``scan``, ``while``) is never captured (WHILE is no default command type): it
   runs alone on the stream, its body priced per trip in the same mode (a body of at
   least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``cond`` costs its
@@ -24,7 +25,9 @@ The model of one jaxpr level, in a mode:
   ``MIN_GRAPH_SIZE`` of them and graphs are on (host: one graph launch plus a node
   each), else each is launched alone (host: ``launch_s`` each); in ``CONCURRENT`` mode a
   node starts when its inputs are ready, in the other modes after the one before;
-* stream sections the plan kept (priced in that mode by ``_price``) save their net gain.
+* the regions of the stream sections the plan kept (priced in that mode by ``_price``)
+  are lanes of their own: a region's node waits only for its inputs and its lane, and
+  each region costs the host a start and a done event (``event_s``).
 
 Example::
 
@@ -107,7 +110,8 @@ class _Span:
 
 
 class _Model:
-    def __init__(self, costs: CostModel, mode: CommandBufferMode):
+    def __init__(self, costs: CostModel, mode: CommandBufferMode,
+                 lanes: Mapping[int, int] | None = None):
         gpu = costs.profile.gpu
         if gpu is None:
             raise ValueError("the CUDA-graph mode is chosen for a GPU; the cost model is for "
@@ -115,13 +119,15 @@ class _Model:
         self.gpu: GpuProfile = gpu
         self.costs = costs
         self.mode = mode
+        # Top-level equation -> its stream region (a lane beside the main stream).
+        self.lanes = dict(lanes or {})
         self._memo: dict[int, tuple[Any, _Span]] = {}
 
-    def jaxpr(self, jaxpr: Any) -> _Span:
+    def jaxpr(self, jaxpr: Any, top: bool = False) -> _Span:
         hit = self._memo.get(id(jaxpr))
-        if hit is not None and hit[0] is jaxpr:
+        if hit is not None and hit[0] is jaxpr and not top:
             return hit[1]
-        span = self._level(_compat.open_jaxpr(jaxpr)[0].eqns)
+        span = self._level(_compat.open_jaxpr(jaxpr)[0].eqns, self.lanes if top else {})
         self._memo[id(jaxpr)] = (jaxpr, span)
         return span
 
@@ -157,12 +163,13 @@ class _Model:
         cost = self.costs.eqn_cost(eqn)
         if cost.kernels <= 0:
             return None
-        work = cost.flops / self.costs.profile.peak_flops + cost.bytes / self.gpu.bandwidth
-        return self.costs.seconds(cost), work, cost.kernels
+        work = max(cost.flops / self.costs.profile.peak_flops, cost.bytes / self.gpu.bandwidth)
+        return max(work, cost.kernels * self.gpu.kernel_floor_s), work, cost.kernels
 
-    def _level(self, eqns: Any) -> _Span:
+    def _level(self, eqns: Any, lanes: Mapping[int, int]) -> _Span:
         concurrent = self.mode is CommandBufferMode.CONCURRENT
         ready: dict[Any, float] = {}
+        lane_end: dict[int, float] = {}
         floor = end = device_free = work_total = alone_seconds = 0.0
         kernels = 0.0
         planned: list[tuple[Any, float, float, float, _Span | None]] = []
@@ -175,11 +182,21 @@ class _Model:
             planned.append((eqn, *node, None) if node else (eqn, 0.0, 0.0, 0.0, None))
             if node:
                 kernels += node[2]
-        graphs = self.mode is not CommandBufferMode.OFF and kernels >= MIN_GRAPH_SIZE
-        for eqn, duration, work, _, alone in planned:
+        in_regions = sum(node[3] for index, node in enumerate(planned) if index in lanes)
+        captured = kernels - in_regions
+        graphs = self.mode is not CommandBufferMode.OFF and captured >= MIN_GRAPH_SIZE
+        for index, (eqn, duration, work, _, alone) in enumerate(planned):
             inputs = max((ready.get(v, 0.0) for v in eqn.invars
                           if not _compat.is_literal(v)), default=0.0)
-            if alone is not None:  # on the stream after everything before it
+            lane = lanes.get(index)
+            if lane is not None:  # in a stream region: after its inputs and its lane
+                start = max(lane_end.get(lane, 0.0), inputs)
+                begin_work = max(start, device_free)
+                device_free = begin_work + work
+                finish = lane_end[lane] = max(start + duration, begin_work + work)
+                if alone is not None:
+                    alone_seconds += duration
+            elif alone is not None:  # on the stream after everything before it
                 start = max(end, inputs)
                 finish = floor = start + duration
                 device_free = max(device_free, finish)
@@ -195,18 +212,23 @@ class _Model:
             end = max(end, finish)
             for v in eqn.outvars:
                 ready[v] = finish
+        # A region's kernels are launched one by one (captured ones are refused by the
+        # pricing in the graph modes); each region adds a start and a done event.
+        host = self.gpu.launch_s * in_regions + 2 * self.gpu.event_s * len(set(lanes.values()))
         if graphs:
-            host = self.gpu.graph_launch_s + self.gpu.graph_node_s * kernels
+            host += self.gpu.graph_launch_s + self.gpu.graph_node_s * captured
         else:
-            host = self.gpu.launch_s * kernels
+            host += self.gpu.launch_s * captured
         return _Span(end, host + alone_seconds, work_total, kernels)
 
 
 def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode) -> float:
     """Estimated seconds per run of ``plan``'s program compiled in ``mode``."""
-    span = _Model(costs, mode).jaxpr(plan.jaxpr)
-    saved = sum(section.net_seconds for section in plan.sections)
-    return max(span.seconds - saved, 0.0)
+    lanes = {i: (s, r) for s, section in enumerate(plan.sections)
+             for r, region in enumerate(section.regions) for i in region.eqns}
+    numbered = {key: n for n, key in enumerate(dict.fromkeys(lanes.values()))}
+    model = _Model(costs, mode, {i: numbered[key] for i, key in lanes.items()})
+    return model.jaxpr(plan.jaxpr, top=True).seconds
 
 
 def choose_mode(estimates: Mapping[CommandBufferMode, float], user_mode: CommandBufferMode

@@ -61,8 +61,6 @@ class SectionPlan:
     group: int | None
     regions: tuple[RegionPlan, ...]
     collectives: int | None = None
-    # The pricing's net gain (overlap won less what the cut costs), seconds; 0 unpriced.
-    net_seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
