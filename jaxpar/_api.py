@@ -18,6 +18,11 @@ Sharp edges:
     (and the XLA_FLAGS async limit, and JAX's trace context as ``jax.jit`` keys
     it: ``enable_x64``, promotion rules, matmul precision, default device...);
     a change to any of them re-plans.
+  * On target ``"gpu"`` the plan chooses the function's CUDA-graph mode
+    (``command_buffers``): a call at the top level, and ``lower(...).compile()``, compile
+    with it as ``compiler_options``. ``jax.jit`` takes compiler options only at the top
+    level, so under an outer ``jax.jit``, ``grad`` or ``vmap`` the outer compile's
+    options apply (``inspect(f)(...).xla_options`` are the ones to give it).
 """
 
 from __future__ import annotations
@@ -44,7 +49,14 @@ from ._gpu_model import CommandBufferMode, GpuProfile
 from ._inspect import Plan, build_report
 from ._options import Options, Settings, Switch, Target, Unroll, check_known
 from ._plan import LevelPlan, plan_jaxpr
-from ._plan.modes import CANDIDATES, ModeChoice, choose_mode, estimate_seconds, kept_mode
+from ._plan.modes import (
+    CANDIDATES,
+    ModeChoice,
+    choose_mode,
+    estimate_plain_seconds,
+    estimate_seconds,
+    kept_mode,
+)
 from ._trace import (
     Layout,
     OutputStatics,
@@ -433,7 +445,11 @@ def _analyse_with_mode(fun: Callable[..., Any], sig: Signature, settings: Settin
             explicit = settings.compile_command_buffers
             kept = explicit or settings.command_buffers or settings.user_command_buffers
             if kept is not None:
-                choice = kept_mode(kept, settings.user_command_buffers, explicit is not None)
+                choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
+                                   estimate_seconds(plan, analysis.costs, kept))
+        if choice is not None:
+            plain = estimate_plain_seconds(traced.jaxpr, analysis.costs, choice.user_mode)
+            choice = dataclasses.replace(choice, plain_seconds=plain)
     if jaxpr is not traced.jaxpr:
         traced = dataclasses.replace(traced, jaxpr=jaxpr)
     return traced, plan, loops, choice

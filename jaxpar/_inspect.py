@@ -275,6 +275,9 @@ class Plan:
             shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
                      else "none (the process's XLA_FLAGS)")
             lines.append(f"  XLA options: {shown}: {self.mode.reason}")
+            against = self.mode.against_plain()
+            if against:
+                lines.append(f"  estimated per run: {against}")
         if self.steps:
             top = estimate(self).levels[0]
             lines.append(f"  estimated time at the top level: serial {top.serial_us:.1f} us, "

@@ -24,9 +24,10 @@ Sharp edges:
   * The schedule is XLA's static plan (the latency-hiding scheduler with its
     analytical cost model), not a measurement; the time is a model of it, with
     CUDA-graph behaviour read from XLA's source (see ``jaxpar._estimate``). It judges
-    in the CUDA-graph mode ``XLA_FLAGS`` sets (XLA's default ``lhs`` without one), or
-    in ``command_buffers`` when given; jaxpar plans in that mode too, and the header
-    names it. The GPU's figures are ``jaxpar._gpu_model``'s, or its calibration
+    the plain program in the CUDA-graph mode ``XLA_FLAGS`` sets (XLA's default ``lhs``
+    without one), or in ``command_buffers`` when given, and jaxpar in the mode its plan
+    chose for the function (compiled with the plan's ``xla_options``); the header
+    names both. The GPU's figures are ``jaxpar._gpu_model``'s, or its calibration
     profile's when one exists (``benchmarks/calibrate.py``).
   * jaxlib 0.12.0.1 crashed the whole process (SIGSEGV in the PTX compiler)
     compiling a stream-annotated call holding a loop, deviceless, on our CPU

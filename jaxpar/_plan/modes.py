@@ -72,6 +72,8 @@ class ModeChoice:
         the user's first.
       chosen: whether jaxpar sets ``mode`` (False: the user's, or the option's, is kept).
       reason: one line for ``inspect`` and ``gpu_preview``.
+      plain_seconds: the same model's estimate of the plain program (the function as
+        traced, before jaxpar's rewrites) in the user's mode.
     """
 
     mode: CommandBufferMode
@@ -79,6 +81,16 @@ class ModeChoice:
     estimates: tuple[tuple[CommandBufferMode, float], ...]
     chosen: bool
     reason: str
+    plain_seconds: float | None = None
+
+    def against_plain(self) -> str:
+        """``est. A us in <mode> mode against B us for the plain program in <user's> (xR)``."""
+        seconds = self.estimate(self.mode)
+        if seconds is None or not self.plain_seconds:
+            return ""
+        return (f"est. {seconds * 1e6:.1f} us in {self.mode.value} mode against "
+                f"{self.plain_seconds * 1e6:.1f} us for the plain program in the user's "
+                f"{self.user_mode.value} mode (x{seconds / self.plain_seconds:.3f})")
 
     @property
     def xla_options(self) -> dict[str, str]:
@@ -92,6 +104,8 @@ class ModeChoice:
         return {"mode": self.mode.value, "user_mode": self.user_mode.value,
                 "chosen": self.chosen, "xla_options": self.xla_options,
                 "estimated_us": {m.value: s * 1e6 for m, s in self.estimates},
+                "plain_estimated_us": (self.plain_seconds * 1e6
+                                       if self.plain_seconds is not None else None),
                 "reason": self.reason}
 
 
@@ -222,6 +236,11 @@ class _Model:
         return _Span(end, host + alone_seconds, work_total, kernels)
 
 
+def estimate_plain_seconds(jaxpr: Any, costs: CostModel, mode: CommandBufferMode) -> float:
+    """Estimated seconds per run of ``jaxpr`` as ``jax.jit`` compiles it, in ``mode``."""
+    return _Model(costs, mode).jaxpr(jaxpr, top=True).seconds
+
+
 def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode) -> float:
     """Estimated seconds per run of ``plan``'s program compiled in ``mode``."""
     lanes = {i: (s, r) for s, section in enumerate(plan.sections)
@@ -253,10 +272,12 @@ def choose_mode(estimates: Mapping[CommandBufferMode, float], user_mode: Command
 
 
 def kept_mode(mode: CommandBufferMode, user_mode: CommandBufferMode | None,
-              explicit: bool) -> ModeChoice:
-    """No choice: the option's ``mode`` (``explicit``) or the process's."""
+              explicit: bool, seconds: float | None = None) -> ModeChoice:
+    """No choice: the option's ``mode`` (``explicit``) or the process's; ``seconds`` its
+    estimate."""
     user = user_mode or mode
     reason = (f"compiled in {mode.value} mode, as the command_buffers option says"
               if explicit else f"kept the process's {mode.value} mode (set in XLA_FLAGS, or "
               "command_buffers='keep')")
-    return ModeChoice(mode, user, (), explicit, reason)
+    return ModeChoice(mode, user, ((mode, seconds),) if seconds is not None else (),
+                      explicit, reason)
