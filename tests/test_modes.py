@@ -201,11 +201,10 @@ def test_lowered_compile_uses_the_chosen_options(tmp_path: Path, mode: str,
 GAINING = [
     "gptj_parallel_block",
     "attention",
-    "optax_adamw_step",
     "flax_nnx_two_heads",
-    "moe_4_experts",
     "siamese_grad",
-    "flax_linen_cnn_grad",
+    "ensemble_widths",
+    "inception_block",
 ]
 
 
