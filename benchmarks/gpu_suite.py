@@ -590,6 +590,14 @@ def evaluate(name: str, size: str = "full", values: bool = True,
             "time_ratio": {mode: us / dict(plain.estimated_us_by_mode)[mode]
                            for mode, us in fast.estimated_us_by_mode},
             "verdict": preview.verdict,
+            # jaxpar in the mode its plan chose, against plain in the user's mode.
+            "chosen_mode": preview.jaxpar_command_buffers.value,
+            "xla_options": dict(preview.xla_options),
+            "chosen_ratio": preview.time_ratio,
+            "runs_concurrently": fast.runs_concurrently,
+            "plain_runs_concurrently": plain.runs_concurrently,
+            "concurrent_kernels": fast.concurrent_kernels,
+            "kept_overlaps": fast.estimate.kept_overlaps if fast.estimate else 0,
             "plan": {"sections": len(preview.plan.sections), "regions": preview.plan.num_regions,
                      "loops": len(preview.plan.loops), "subgraphs": len(preview.plan.subgraphs)},
         })
@@ -717,6 +725,21 @@ def table(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def modes_table(results: Sequence[Mapping[str, Any]]) -> str:
+    """jaxpar in its chosen CUDA-graph mode against plain in the user's (issue 19)."""
+    lines = ["| program | chosen mode | launches plain -> jaxpar | parallel graph nodes | "
+             "regions keeping overlap | est. ratio (chosen vs plain lhs) |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        if r.get("compile") != "ok" or "chosen_mode" not in r:
+            continue
+        plain, fast = r["launches"]
+        lines.append(f"| {r['name']} | {r['chosen_mode']} | {plain:,} -> {fast:,} | "
+                     f"{r['concurrent_kernels']:,} | {r['kept_overlaps']} | "
+                     f"x{r['chosen_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
 def summary(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     ok = [r for r in results if r.get("compile") == "ok"]
     return {
@@ -729,6 +752,12 @@ def summary(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "slower_than_1pct": sum(r["time_ratio"]["lhs"] > 1.01 for r in ok),
         "values_differ": sum(r.get("values") not in (None, "equal") for r in results),
         "guard_failures": sum(bool(guard_failures(r)) for r in results),
+        "chosen_modes": {mode: sum(r.get("chosen_mode") == mode for r in ok)
+                         for mode in ("lhs", "concurrent", "off", "serialize")},
+        "gaining_concurrency": sum(bool(r.get("runs_concurrently"))
+                                   and r.get("chosen_ratio", 1.0) <= 0.95 for r in ok),
+        "chosen_slower_than_1pct": sum(r.get("chosen_ratio", 1.0) > 1.01 for r in ok),
+        "geomean_chosen_ratio": geomean([r["chosen_ratio"] for r in ok if "chosen_ratio" in r]),
     }
 
 
@@ -784,6 +813,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report["summary"] = summary(results)
         print()
         print(table(results))
+        print()
+        print(modes_table(results))
         print()
         print(json.dumps(report["summary"], indent=1))
     if options.json:

@@ -21,6 +21,11 @@ Sharp edges:
     (and the XLA_FLAGS async limit, and JAX's trace context as ``jax.jit`` keys
     it: ``enable_x64``, promotion rules, matmul precision, default device...);
     a change to any of them re-plans.
+  * On target ``"gpu"`` the plan chooses the function's CUDA-graph mode
+    (``command_buffers``): a call at the top level, and ``lower(...).compile()``, compile
+    with it as ``compiler_options``. ``jax.jit`` takes compiler options only at the top
+    level, so under an outer ``jax.jit``, ``grad`` or ``vmap`` the outer compile's
+    options apply (``inspect(f)(...).xla_options`` are the ones to give it).
 """
 
 from __future__ import annotations
@@ -47,6 +52,16 @@ from ._gpu_model import CommandBufferMode, GpuProfile
 from ._inspect import Plan, build_report
 from ._options import Options, Settings, Switch, Target, Unroll, check_known
 from ._plan import LevelPlan, plan_jaxpr
+from ._plan.modes import (
+    CANDIDATES as MODE_CANDIDATES,
+)
+from ._plan.modes import (
+    ModeChoice,
+    choose_mode,
+    estimate_plain_seconds,
+    estimate_seconds,
+    kept_mode,
+)
 from ._trace import (
     Layout,
     OutputStatics,
@@ -93,6 +108,12 @@ class _Prepared:
     loops: tuple[LoopDecision, ...]
     target: str
     emitter: Emitter
+    # The CUDA-graph mode the function is compiled in (target "gpu"), and why.
+    mode: ModeChoice | None = None
+
+    @property
+    def xla_options(self) -> dict[str, str]:
+        return self.mode.xla_options if self.mode is not None else {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +223,10 @@ class ParallelBranches:
         # jit -> call -> self) that keeps the function's closed-over arrays alive after
         # ``del`` until the cyclic collector runs, where ``jax.jit`` frees them at once.
         self._jitted: Any = jax.jit(_weak_method(self, "_call_traced", fun), static_argnums=0)
+        # The same jit with a plan's XLA options (its CUDA-graph mode), by options; and
+        # the staged jits of ``lower``, by options too.
+        self._jitted_with: dict[tuple[tuple[str, str], ...], Any] = {}
+        self._stages_with: dict[tuple[tuple[str, str], ...], Any] = {}
         self._stages: Any = None
         self._saw_traced_consts = threading.local()
         # nnx.jit's update context is keyed by a tag: one per decorated function (not
@@ -270,6 +295,37 @@ class ParallelBranches:
                         next(_call_sites) if _compat.staging() else 0,
                         _compat.vmap_axis_names(leaves))
 
+    def _jit_for(self, key: _CallKey, leaves: Sequence[Any]) -> Any:
+        """The jit a call with ``key`` runs under: on the GPU at the top level, one carrying
+        the XLA options (the CUDA-graph mode) its plan chose, else ``_jitted``."""
+        lowering = getattr(_lowering, "owner", None) is self
+        if not (key.settings.target == "gpu" and key.rewrite and key.emit_streams and (
+                lowering or _compat.top_level())):
+            return self._jitted
+        # The plan chooses this function's XLA options: they go into this jit's compile,
+        # and only there. jax.jit takes them only at the top level; inside another jit
+        # the outer one's options apply. With the tuner, the decided candidate's plan.
+        avals = tuple(abstract(leaf) for leaf in leaves)
+        settings = key.settings
+        if self.tune is not None and key.tune:
+            tuning = self._tunings.get((key.layout, avals, key.nnx, key.settings,
+                                        _compat.trace_context()))
+            if tuning is not None:
+                decided = _candidate_key(self, key, tuning.chosen)
+                if not decided.rewrite:
+                    return self._jitted
+                settings = decided.settings
+        options = self._prepare(Signature(key.layout, avals), settings, key.nnx,
+                                key.local_axes).xla_options
+        if lowering:
+            _lowering.options = options
+            return self._jitted
+        if not options:
+            return self._jitted
+        return _cached_jit(self._jitted_with, options, lambda given: jax.jit(
+            _weak_method(self, "_call_traced", self.__wrapped__), static_argnums=0,
+            compiler_options=given))
+
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
         key = self._call_key(layout, nnx, leaves)
         if self.tune is not None and key.rewrite and key.emit_streams:
@@ -278,14 +334,15 @@ class ParallelBranches:
             concrete = not key.call_site and not any(map(_compat.is_tracer, leaves))
             key = dataclasses.replace(key, tune="measure" if concrete else "reuse",
                                       tune_generation=self._tune_generation)
+        jitted = self._jit_for(key, leaves)
         self._saw_traced_consts.value = False
         try:
-            dynamic, outputs = self._jitted(key, *leaves)
+            dynamic, outputs = jitted(key, *leaves)
         except _MeasureFirst:
             _tuning(self, dataclasses.replace(key, tune="", tune_generation=0), leaves)
             self._tune_generation += 1
             key = dataclasses.replace(key, tune_generation=self._tune_generation)
-            dynamic, outputs = self._jitted(key, *leaves)
+            dynamic, outputs = self._jit_for(key, leaves)(key, *leaves)
         if self._saw_traced_consts.value:
             # The trace closed over another trace's tracers: jit must not reuse it.
             self._jitted.clear_cache()
@@ -341,12 +398,17 @@ class ParallelBranches:
             self._cache.put(key, rewrite)
         return rewrite
 
-    def _staged(self) -> Any:
-        if self._stages is None:
+    def _staged(self, options: dict[str, str] | None = None) -> Any:
+        def make(given: dict[str, str] | None) -> Any:
             # Weakly, as ``_jitted``: ``jax.jit(self)`` kept here would be a cycle.
             call = functools.wraps(self.__wrapped__)(_weak_method(self, "__call__", None))
-            self._stages = jax.jit(call, static_argnums=self.static_argnums,
-                                   static_argnames=self.static_argnames)
+            return jax.jit(call, static_argnums=self.static_argnums,
+                           static_argnames=self.static_argnames, compiler_options=given)
+
+        if options:
+            return _cached_jit(self._stages_with, options, make)
+        if self._stages is None:
+            self._stages = make(None)
         return self._stages
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
@@ -354,8 +416,12 @@ class ParallelBranches:
         return self._staged().trace(*args, **kwargs)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """``jax.jit(f).lower(...)``: a ``jax.stages.Lowered`` (``.as_text()``, ``.compile()``)."""
-        return self._staged().lower(*args, **kwargs)
+        """``jax.jit(f).lower(...)``: a ``jax.stages.Lowered`` (``.as_text()``, ``.compile()``).
+
+        Its ``compile()`` uses the XLA options the plan chose (``Plan.xla_options``), as a
+        call does; options given to ``compile(compiler_options=...)`` are added to them.
+        """
+        return _lower_with_options(self, args, kwargs)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """The output shapes and dtypes, as ``jax.ShapeDtypeStruct`` s, without running."""
@@ -367,6 +433,8 @@ class ParallelBranches:
         self._scalars_made_static.clear()
         self._tunings.clear()
         self._jitted.clear_cache()
+        for jitted in [*self._jitted_with.values(), *self._stages_with.values()]:
+            jitted.clear_cache()
         if self._stages is not None:
             self._stages.clear_cache()
 
@@ -435,7 +503,9 @@ def _candidates(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]
     seen: dict[str, str] = {}
     for candidate in CANDIDATES:
         candidate_key = _candidate_key(pb, key, candidate.label)
-        text = pb._jitted.lower(candidate_key, *leaves).as_text()
+        jitted = pb._jit_for(candidate_key, leaves)
+        # The XLA options (the CUDA-graph mode) are not in the lowered text.
+        text = f"{jitted.lower(candidate_key, *leaves).as_text()}\n{id(jitted)}"
         if text in seen:
             out.append((candidate, seen[text]))
             continue
@@ -446,7 +516,33 @@ def _candidates(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]
 
 
 def _run_candidate(pb: ParallelBranches, key: _CallKey, leaves: tuple[Any, ...]) -> Any:
-    return pb._jitted(key, *leaves)[0]
+    return pb._jit_for(key, leaves)(key, *leaves)[0]
+
+
+def _cached_jit(cache: dict[tuple[tuple[str, str], ...], Any], options: dict[str, str],
+                make: Callable[[dict[str, str]], Any]) -> Any:
+    """The jit ``make(options)`` made once per distinct ``options``, kept in ``cache``."""
+    key = tuple(sorted(options.items()))
+    if key not in cache:
+        cache[key] = make(dict(options))
+    return cache[key]
+
+
+def _lower_with_options(function: ParallelBranches, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> Any:
+    """``function.lower``: traced once to learn the XLA options its plan chose, then
+    lowered by a jit carrying them, so that ``compile()`` uses them as a call does."""
+    if not _compat.top_level():
+        return function._staged().lower(*args, **kwargs)
+    _lowering.owner, _lowering.options = function, {}
+    try:
+        traced = function._staged().trace(*args, **kwargs)
+        options = _lowering.options
+    finally:
+        _lowering.owner = _lowering.options = None
+    if not options:
+        return traced.lower()
+    return function._staged(options).lower(*args, **kwargs)
 
 
 def _weak_method(owner: Any, method: str, fun: Callable[..., Any] | None
@@ -473,17 +569,22 @@ def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
              ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...]]:
     """Trace, loop passes, stream plan: everything up to emission, with one ``Analysis``
     (settings, cost model, memos) that dies when this returns."""
-    traced, plan, loops, _ = _analyse_priced(fun, sig, settings, baseline=False)
+    traced, plan, loops, _, _ = _analyse_priced(fun, sig, settings, baseline=False)
     return traced, plan, loops
 
 
 def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
                     baseline: bool = True
-                    ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...], float | None]:
+                    ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...], float | None,
+                               ModeChoice | None]:
     """``_analyse``, and (with ``baseline``) the cost model's time of the program as
     traced, one equation after another at the top level: ``jax.jit``'s program as the
-    planner sees it, in microseconds (the report's estimate compares against it)."""
+    planner sees it, in microseconds (the report's estimate compares against it); and on
+    the GPU the CUDA-graph mode the function is compiled in: with
+    ``choose_command_buffers``, the program is planned in each candidate mode and the plan
+    of the mode the GPU model estimates fastest is kept (``_plan.modes``)."""
     traced = trace(fun, sig)
+    choice = None
     with _collector_paused():
         analysis = Analysis(settings)
         plain_us = None
@@ -493,9 +594,31 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
             plain_us = sum(costs.seconds(costs.eqn_cost(eqn)) for eqn in inner.eqns) * 1e6
         jaxpr, loops = run_passes(traced.jaxpr, analysis=analysis)
         plan = plan_jaxpr(jaxpr, analysis)
+        if settings.target == "gpu" and settings.choose_command_buffers \
+                and settings.command_buffers is not None:
+            user = settings.command_buffers
+            plans = {user: (plan, estimate_seconds(plan, analysis.costs, user))}
+            for mode in MODE_CANDIDATES:
+                if mode not in plans:
+                    # The passes do not depend on the mode: only the plan is made again.
+                    other = Analysis(dataclasses.replace(settings, command_buffers=mode))
+                    planned = plan_jaxpr(jaxpr, other)
+                    plans[mode] = (planned, estimate_seconds(planned, other.costs, mode))
+            choice = choose_mode({mode: seconds for mode, (_, seconds) in plans.items()},
+                                 user)
+            plan = plans[choice.mode][0]
+        elif settings.target == "gpu":
+            explicit = settings.compile_command_buffers
+            kept = explicit or settings.command_buffers or settings.user_command_buffers
+            if kept is not None:
+                choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
+                                   estimate_seconds(plan, analysis.costs, kept))
+        if choice is not None:
+            plain = estimate_plain_seconds(traced.jaxpr, analysis.costs, choice.user_mode)
+            choice = dataclasses.replace(choice, plain_seconds=plain)
     if jaxpr is not traced.jaxpr:
         traced = dataclasses.replace(traced, jaxpr=jaxpr)
-    return traced, plan, loops, plain_us
+    return traced, plan, loops, plain_us, choice
 
 
 @contextlib.contextmanager
@@ -519,9 +642,10 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _build(fun: Callable[..., Any], sig: Signature, settings: Settings) -> _Prepared:
-    traced, plan, loops = _analyse(fun, sig, settings)
+    traced, plan, loops, _, choice = _analyse_priced(fun, sig, settings, baseline=False)
     target = settings.target
-    return _Prepared(traced, plan, loops, target, Emitter(plan, emit_streams=(target == "gpu")))
+    return _Prepared(traced, plan, loops, target, Emitter(plan, emit_streams=(target == "gpu")),
+                     choice)
 
 
 def _run(rewrite: _Prepared, leaves: Any, emit_streams: bool) -> list[Any]:
@@ -550,7 +674,7 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
-                      force_streams: bool = ..., tune: bool = ...,
+                      force_streams: bool = ..., tune: bool = ..., command_buffers: str = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       ) -> F: ...
 @overload
@@ -559,7 +683,7 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
-                      force_streams: bool = ..., tune: bool = ...,
+                      force_streams: bool = ..., tune: bool = ..., command_buffers: str = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       ) -> Callable[[F], F]: ...
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
@@ -568,6 +692,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       batch_matmuls: Switch = "auto",
                       unroll: Unroll = "auto", group_collectives: Switch = "auto",
                       force_streams: bool = False, tune: bool = False,
+                      command_buffers: str = "auto",
                       static_argnums: _Argnums = None, static_argnames: _Argnames = None,
                       **unknown: Any) -> Any:
     """Rewrites ``fun`` so independent work runs on separate CUDA streams.
@@ -617,6 +742,17 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         ``~/.cache/jaxpar/tune``) so a later process compiles only the winner.
         ``inspect`` shows the measured table. Under an outer ``jit``/``grad``/``vmap``
         it reuses a decision made at the same shapes, else runs the plan.
+      command_buffers: XLA's CUDA-graph mode for this function's compile, on target
+        ``"gpu"``: ``"auto"`` (default) plans the function in XLA's default ``"lhs"``
+        mode, in ``"concurrent"`` mode (independent kernels become parallel graph
+        nodes) and with graphs ``"off"`` (stream regions holding loops keep their
+        overlap), and compiles it in the mode the GPU model estimates at least 5%
+        faster than the process's, else in the process's; a mode set in ``XLA_FLAGS``
+        is kept. ``"keep"``: always the process's mode. ``"lhs"``, ``"concurrent"``,
+        ``"serialize"`` or ``"off"``: that mode. The choice goes into this function's
+        own ``jax.jit`` as ``compiler_options`` (``Plan.xla_options``; other functions
+        keep the process's flags); under an outer ``jax.jit``, ``grad`` or ``vmap`` the
+        outer compile's options apply. Ignored on other targets.
       static_argnums: positional arguments that are static (hashable Python
         values that key the cache and may steer tracing), as in ``jax.jit``;
         negative numbers count from the end.
@@ -653,7 +789,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                              fuse_scans=fuse_scans, batch_scans=batch_scans,
                              batch_branches=batch_branches, batch_matmuls=batch_matmuls,
                              unroll=unroll,
-                             group_collectives=group_collectives, force_streams=force_streams)
+                             group_collectives=group_collectives, force_streams=force_streams,
+                             command_buffers=command_buffers)
 
     def decorate(f: Any) -> ParallelBranches:
         check_function(f, "parallel_branches")
@@ -739,7 +876,7 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             layout, leaves = split_arguments(traced_fun, args, kwargs, statics,
                                              allow_abstract=True, api="inspect")
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
-            _, plan, loops, plain_us = _analyse_priced(traced_fun, sig, settings)
+            _, plan, loops, plain_us, choice = _analyse_priced(traced_fun, sig, settings)
         name = function_name(inner)
         tuning = None if tuned is None else tuned.tuning(*args, **kwargs)
         with _collector_paused():
@@ -747,7 +884,7 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
                                 options=resolved.to_dict(), loops=loops, plain_us=plain_us,
                                 priced_in=(settings.command_buffers.value
                                            if settings.command_buffers else None),
-                                tuning=tuning)
+                                tuning=tuning, mode=choice)
 
     return make_plan
 
@@ -770,6 +907,9 @@ def array_function(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
         flat.__qualname__ = str(getattr(fun, "__qualname__", flat.__name__))
         yield flat, leaves
 
+
+# ``lower`` traces the function once to learn the options its plan chose.
+_lowering = threading.local()
 
 _stream_state = threading.local()
 

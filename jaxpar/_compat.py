@@ -950,6 +950,13 @@ def backends_initialized() -> bool:
     return True if backends is None else bool(backends)
 
 
+def top_level() -> bool:
+    """Whether JAX runs eagerly here, under no transformation at all: the only place
+    ``jax.jit(..., compiler_options=...)`` may be called (jax 0.10 refuses it on a
+    nested jit, which a call under ``grad`` or ``vmap`` becomes)."""
+    return isinstance(_core.trace_ctx.trace, _core.EvalTrace)
+
+
 def staging() -> bool:
     """Whether the current trace stages out a program (an outer ``jit``, ``make_jaxpr``,
     ``shard_map``...), under any ``grad``/``vmap`` layers, rather than running eagerly."""

@@ -519,6 +519,9 @@ class Estimate:
         regions: the stream-annotated regions.
         command_buffers: the CUDA-graph mode assumed.
         gpu: the profile's name.
+        concurrent_kernels: kernels per run that a ``CONCURRENT``-mode graph starts
+            while another of its kernels still runs (parallel graph nodes); 0 in the
+            other modes.
     """
 
     seconds: float
@@ -530,10 +533,25 @@ class Estimate:
     regions: tuple[RegionFigures, ...]
     command_buffers: str
     gpu: str
+    concurrent_kernels: int = 0
 
     @property
     def overlapping_regions(self) -> int:
         return sum(region.overlaps for region in self.regions)
+
+    @property
+    def kept_overlaps(self) -> int:
+        """Overlapping regions that keep their overlap in this mode: all with graphs off
+        or concurrent, the ones no graph captures in ``lhs``/``serialize`` (a captured
+        region is chained serially there)."""
+        serial = self.command_buffers in (CommandBufferMode.LHS.value,
+                                          CommandBufferMode.SERIALIZE.value)
+        return sum(r.overlaps and not (serial and r.capturable) for r in self.regions)
+
+    @property
+    def runs_concurrently(self) -> bool:
+        """Real concurrency: parallel graph nodes, or regions that keep their overlap."""
+        return self.concurrent_kernels > 0 or self.kept_overlaps > 0
 
     @property
     def microseconds(self) -> float:
@@ -546,11 +564,13 @@ class Estimate:
                 "device_seconds": self.device_seconds,
                 "overlapping_regions": self.overlapping_regions,
                 "regions": [r.to_dict() for r in self.regions],
-                "command_buffers": self.command_buffers, "gpu": self.gpu}
+                "command_buffers": self.command_buffers, "gpu": self.gpu,
+                "concurrent_kernels": self.concurrent_kernels,
+                "kept_overlaps": self.kept_overlaps}
 
 
 _COUNTERS = ("host", "device_free", "launches", "graph_launches", "host_syncs",
-             "device_seconds")
+             "device_seconds", "concurrent_kernels")
 
 
 class _Replay:
@@ -694,6 +714,8 @@ class _Replay:
                 continue
             start = max([begin, *(ready.get(i, begin) for i in inputs)]) if concurrent \
                 else chain
+            if concurrent and start < end:  # beside a node still running
+                self.clock["concurrent_kernels"] += 1
             finish = self._run(start, self.program.costs.kernel(instruction, where))
             ready[instruction.name] = chain = finish
             end = max(end, finish)
@@ -859,6 +881,7 @@ def estimate_hlo(hlo_text: str, gpu: str | GpuProfile = "h200",
     return Estimate(
         seconds=finish, launches=round(replay.clock["launches"]),
         graph_launches=round(replay.clock["graph_launches"]),
+        concurrent_kernels=round(replay.clock["concurrent_kernels"]),
         host_syncs=round(replay.clock["host_syncs"]),
         unknown_trip_loops=len(replay.unknown_loops),
         device_seconds=replay.clock["device_seconds"],
@@ -895,6 +918,8 @@ def verdict(plain: Estimate, jaxpar: Estimate, tolerance: float = 0.01) -> str:
             lost = sum(r.overlaps and r.capturable for r in jaxpar.regions)
             if lost:
                 reasons.append(f"{lost} lose it in LHS CUDA graphs")
+    if jaxpar.concurrent_kernels:
+        reasons.append(f"{jaxpar.concurrent_kernels:,} kernels run as parallel graph nodes")
     if jaxpar.host_syncs != plain.host_syncs:
         reasons.append(f"host syncs {plain.host_syncs:,} -> {jaxpar.host_syncs:,}")
     if jaxpar.unknown_trip_loops or plain.unknown_trip_loops:

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from ._inspect import Plan
 
 __all__ = ["FlagsNotAppliedWarning", "async_compute_limit", "check_flags_applied",
-           "command_buffer_flags", "command_buffer_mode", "flags_as_options", "xla_flags",
-           "xla_flags_text"]
+           "command_buffer_flags", "command_buffer_mode", "command_buffer_mode_set",
+           "command_buffer_options", "flags_as_options", "xla_flags", "xla_flags_text"]
 
 _VARIABLE = "XLA_FLAGS"
 
@@ -79,6 +79,30 @@ def command_buffer_mode(flags: str | None = None) -> CommandBufferMode:
         return (CommandBufferMode.CONCURRENT if legacy[-1].lower() in ("true", "1")
                 else CommandBufferMode.SERIALIZE)
     return CommandBufferMode.LHS
+
+
+def command_buffer_mode_set(flags: str | None = None) -> bool:
+    """Whether ``XLA_FLAGS`` (or ``flags``) sets the CUDA-graph mode explicitly: command
+    buffers on or off, their scheduling mode, or the older concurrent-region switch."""
+    text = xla_flags_text() if flags is None else flags
+    return re.search(r"--xla_gpu_(enable_command_buffer|command_buffer_scheduling_mode|"
+                     r"graph_enable_concurrent_region)=", text) is not None
+
+
+def command_buffer_options(mode: CommandBufferMode | str) -> dict[str, str]:
+    """The per-compile ``compiler_options`` that select CUDA-graph ``mode`` for one
+    function (``jax.jit(f, compiler_options=...)``), whatever ``XLA_FLAGS`` says.
+
+    Accepted by jaxlib 0.10.2 to 0.12 (a wrong value is refused by XLA:
+    ``'BOGUS' is not a valid enum value``).
+
+    Raises:
+      ValueError: ``mode`` is not a mode.
+    """
+    mode = CommandBufferMode.parse(mode, "mode")
+    if mode is CommandBufferMode.OFF:
+        return {"xla_gpu_enable_command_buffer": ""}
+    return {"xla_gpu_command_buffer_scheduling_mode": str(mode.xla_scheduling_mode)}
 
 
 def command_buffer_flags(mode: CommandBufferMode | str) -> list[str]:

@@ -26,6 +26,7 @@ from typing import Any
 from . import _compat
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._plan import REASON_TOO_CHEAP, LevelPlan
+from ._plan.modes import ModeChoice
 from ._primitives import LOOPS
 from ._render import (
     decision_summary,
@@ -222,6 +223,14 @@ class Plan:
         """
         return plan_estimate(self)
     tuning: Tuning | None = None
+    # The CUDA-graph mode the function is compiled in, and why (target "gpu" only).
+    mode: ModeChoice | None = None
+
+    @property
+    def xla_options(self) -> dict[str, str]:
+        """The XLA ``compiler_options`` jaxpar compiles this function with: the CUDA-graph
+        mode it chose (``{}``: the process's ``XLA_FLAGS`` apply unchanged)."""
+        return self.mode.xla_options if self.mode is not None else {}
 
     @property
     def num_streams(self) -> int:
@@ -244,7 +253,9 @@ class Plan:
                 "steps": [step.to_dict() for step in self.steps],
                 "estimate": {**dataclasses.asdict(self.estimate),
                              "rejected": list(self.estimate.rejected)},
-                "tuning": None if self.tuning is None else self.tuning.to_dict()}
+                "tuning": None if self.tuning is None else self.tuning.to_dict(),
+                "xla_options": self.xla_options,
+                "mode": self.mode.to_dict() if self.mode is not None else None}
 
     def __str__(self) -> str:
         return self.text()
@@ -288,6 +299,11 @@ class Plan:
                 f"  planned for {self.target} ({how}): streams exist only on GPUs, so nothing "
                 f"is emitted, and the {self.target} cost model chose what is shown. For the "
                 "GPU plan: jaxpar.inspect(f, target='gpu')(...)")
+        if self.mode is not None:
+            options = self.xla_options
+            shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
+                     else "none (the process's XLA_FLAGS)")
+            lines.append(f"  XLA options: {shown}: {self.mode.reason}")
         figure = self.estimate
         lines.append(f"  {figure.line()}")
         lines.extend(f"  forced: the GPU pricing would not emit this section: {why}"
@@ -417,7 +433,7 @@ def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                  options: dict[str, Any], loops: tuple[LoopDecision, ...] = (),
                  plain_us: float | None = None, priced_in: str | None = None,
-                 tuning: Tuning | None = None) -> Plan:
+                 tuning: Tuning | None = None, mode: ModeChoice | None = None) -> Plan:
     """Turns the internal plan tree into the public ``Plan`` report.
 
     ``loops`` holds every decision of the passes run before planning; those of the
@@ -488,7 +504,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 loops=loop_decisions, collectives=tuple(collectives),
                 subgraphs=subgraph_decisions,
                 steps=tuple(steps), plain_cost_us=plain_us, priced_in=priced_in,
-                tuning=tuning)
+                tuning=tuning, mode=mode)
 
 
 def _rewritten_loops(path: str, eqns: Any, loops: tuple[LoopDecision, ...]

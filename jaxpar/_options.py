@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import jax
 
-from ._flags import async_compute_limit, command_buffer_mode
+from ._flags import async_compute_limit, command_buffer_mode, command_buffer_mode_set
 from ._gpu_model import CommandBufferMode, GpuProfile, gpu_profile, local_gpu_profile
 
 Target = Literal["auto", "gpu", "cpu", "tpu"]
@@ -29,6 +29,8 @@ Switch = bool | Literal["auto"]
 Unroll = int | Literal["auto"] | None
 
 TARGETS = ("auto", "gpu", "cpu", "tpu")
+# ``command_buffers``: choose per function, keep the process's mode, or one mode.
+COMMAND_BUFFER_CHOICES = ("auto", "keep", *(mode.value for mode in CommandBufferMode))
 _BACKEND_TARGETS = {"gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "cpu": "cpu", "tpu": "tpu"}
 
 # What each target runs when an option is "auto"; measured with benchmarks/loops_cpu.py
@@ -63,6 +65,7 @@ class Options:
     unroll: Unroll = "auto"
     group_collectives: Switch = "auto"
     force_streams: bool = False
+    command_buffers: str = "auto"
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -71,6 +74,8 @@ class Options:
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
         check_known(kwargs, cls.names())
+        if isinstance(kwargs.get("command_buffers"), CommandBufferMode):
+            kwargs["command_buffers"] = kwargs["command_buffers"].value
         options = cls(**kwargs)
         options.validate()
         return options
@@ -94,6 +99,13 @@ class Options:
         if not isinstance(self.force_streams, bool):
             raise TypeError(f"force_streams must be True or False, got {self.force_streams!r}")
         unroll_setting(self.unroll)
+        if not isinstance(self.command_buffers, str) \
+                or self.command_buffers not in COMMAND_BUFFER_CHOICES:
+            raise ValueError(
+                f"command_buffers must be one of {', '.join(map(repr, COMMAND_BUFFER_CHOICES))}, "
+                f"got {self.command_buffers!r}: 'auto' lets jaxpar choose XLA's CUDA-graph mode "
+                "for this function (unless XLA_FLAGS sets one), 'keep' keeps the process's "
+                "mode, a mode name compiles this function in that mode")
 
     def resolve_target(self, target: str | None = None) -> str:
         target = check_target(self.target if target is None else target)
@@ -111,8 +123,10 @@ class Options:
             machine's default backend).
           async_limit: XLA's cap on async calls in flight; default from ``XLA_FLAGS``
             (``_flags.async_compute_limit()``).
-          command_buffers: XLA's CUDA-graph mode (a ``CommandBufferMode`` or its name);
-            default from ``XLA_FLAGS`` (``_flags.command_buffer_mode()``).
+          command_buffers: the user's CUDA-graph mode (a ``CommandBufferMode`` or its name),
+            kept like a mode ``XLA_FLAGS`` sets; default from ``XLA_FLAGS``
+            (``_flags.command_buffer_mode()``). The ``command_buffers`` option decides
+            whether jaxpar plans in it, chooses another, or compiles in a given one.
           gpu: the GPU to plan for on target ``"gpu"`` (a ``GpuProfile`` or a name
             ``_gpu_model.gpu_profile`` takes); default this machine's GPU, or the generic
             ``"gpu"`` profile without one (``_gpu_model.local_gpu_profile()``).
@@ -122,11 +136,19 @@ class Options:
         limit = async_compute_limit() if async_limit is None else async_limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"async_limit must be an int >= 1, got {limit!r}")
-        mode = (command_buffer_mode() if command_buffers is None
-                else CommandBufferMode.parse(command_buffers))
+        user_mode = (command_buffer_mode() if command_buffers is None
+                     else CommandBufferMode.parse(command_buffers))
         profile = None
+        mode, compile_mode, choose = user_mode, None, False
         if target == "gpu":
             profile = local_gpu_profile() if gpu is None else gpu_profile(gpu)
+            if self.command_buffers not in ("auto", "keep"):
+                mode = compile_mode = CommandBufferMode.parse(self.command_buffers)
+            else:
+                # A mode the user set (XLA_FLAGS, or the caller's argument) is kept.
+                explicit = command_buffers is not None or command_buffer_mode_set()
+                choose = (self.command_buffers == "auto" and not explicit
+                          and not self.force_streams)
 
         def switch(name: str) -> bool:
             value = getattr(self, name)
@@ -146,7 +168,9 @@ class Options:
             # those the pricing rejects, with its verdict); other targets emit no streams,
             # so their plans only show independence.
             command_buffers=mode if target == "gpu" else None,
-            gpu=profile)
+            gpu=profile, choose_command_buffers=choose,
+            user_command_buffers=user_mode if target == "gpu" else None,
+            compile_command_buffers=compile_mode)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -177,6 +201,13 @@ class Settings:
       command_buffers: XLA's CUDA-graph mode the sections are priced for; None on targets
         other than ``"gpu"``.
       gpu: the GPU's figures (``_gpu_model``) on target ``"gpu"``; None elsewhere.
+      choose_command_buffers: plan in each CUDA-graph mode jaxpar can choose and keep the
+        one the GPU model estimates fastest (``_plan.modes``); ``command_buffers`` is then
+        the user's mode, the one to beat.
+      user_command_buffers: the mode the user's program runs in without jaxpar (the
+        process's, from ``XLA_FLAGS``); None off the GPU.
+      compile_command_buffers: the mode the ``command_buffers`` option sets for this
+        function's compile; None keeps the process's.
     """
 
     target: str
@@ -193,6 +224,9 @@ class Settings:
     force_streams: bool = False
     command_buffers: CommandBufferMode | None = None
     gpu: GpuProfile | None = None
+    choose_command_buffers: bool = False
+    user_command_buffers: CommandBufferMode | None = None
+    compile_command_buffers: CommandBufferMode | None = None
 
     def loop_switches(self) -> dict[str, Any]:
         """The keyword arguments of ``passes.apply_loop_passes`` (its public names)."""

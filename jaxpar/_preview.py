@@ -24,9 +24,10 @@ Sharp edges:
   * The schedule is XLA's static plan (the latency-hiding scheduler with its
     analytical cost model), not a measurement; the time is a model of it, with
     CUDA-graph behaviour read from XLA's source (see ``jaxpar._estimate``). It judges
-    in the CUDA-graph mode ``XLA_FLAGS`` sets (XLA's default ``lhs`` without one), or
-    in ``command_buffers`` when given; jaxpar plans in that mode too, and the header
-    names it. The GPU's figures are ``jaxpar._gpu_model``'s, or its calibration
+    the plain program in the CUDA-graph mode ``XLA_FLAGS`` sets (XLA's default ``lhs``
+    without one), or in ``command_buffers`` when given, and jaxpar in the mode its plan
+    chose for the function (compiled with the plan's ``xla_options``); the header
+    names both. The GPU's figures are ``jaxpar._gpu_model``'s, or its calibration
     profile's when one exists (``benchmarks/calibrate.py``).
   * jaxlib 0.12.0.1 crashed the whole process (SIGSEGV in the PTX compiler)
     compiling a stream-annotated call holding a loop, deviceless, on our CPU
@@ -102,6 +103,17 @@ class ScheduleFigures:
         return self.estimate.host_syncs if self.estimate else 0
 
     @property
+    def concurrent_kernels(self) -> int:
+        """Kernels run as parallel CUDA-graph nodes beside others (``concurrent`` mode)."""
+        return self.estimate.concurrent_kernels if self.estimate else 0
+
+    @property
+    def runs_concurrently(self) -> bool:
+        """Real concurrency in the mode judged: parallel graph nodes, or stream regions
+        that keep their overlap."""
+        return bool(self.estimate and self.estimate.runs_concurrently)
+
+    @property
     def estimated_us(self) -> float:
         return self.estimate.microseconds if self.estimate else 0.0
 
@@ -125,6 +137,8 @@ class ScheduleFigures:
                 "kernels": self.kernels, "matmul_kernels": self.matmul_kernels,
                 "launches": self.launches, "overlapping_regions": self.overlapping_regions,
                 "host_syncs": self.host_syncs, "estimated_us": self.estimated_us,
+                "concurrent_kernels": self.concurrent_kernels,
+                "runs_concurrently": self.runs_concurrently,
                 "estimated_us_by_mode": dict(self.estimated_us_by_mode),
                 "estimate": self.estimate.to_dict() if self.estimate else None}
 
@@ -142,6 +156,10 @@ class GpuPreview:
     # "XLA_FLAGS" (the process's mode) or "argument" (gpu_preview's command_buffers).
     command_buffers: CommandBufferMode = CommandBufferMode.LHS
     mode_source: str = "XLA_FLAGS"
+    # The mode jaxpar compiled its program in (its plan's choice; ``command_buffers``
+    # when it kept the user's), and the XLA options that set it.
+    jaxpar_command_buffers: CommandBufferMode = CommandBufferMode.LHS
+    xla_options: tuple[tuple[str, str], ...] = ()
 
     @property
     def time_ratio(self) -> float:
@@ -159,6 +177,8 @@ class GpuPreview:
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "devices": self.devices,
                 "command_buffers": self.command_buffers.value, "mode_source": self.mode_source,
+                "jaxpar_command_buffers": self.jaxpar_command_buffers.value,
+                "xla_options": dict(self.xla_options),
                 "plain": self.plain.to_dict(),
                 "jaxpar": self.jaxpar.to_dict(), "plan": self.plan.to_dict(),
                 "time_ratio": self.time_ratio, "verdict": self.verdict}
@@ -176,6 +196,7 @@ class GpuPreview:
             ("host-sync loops", "host_sync_loops"),
             ("host syncs per run", "host_syncs"),
             ("regions overlapping work", "overlapping_regions"),
+            ("parallel graph nodes", "concurrent_kernels"),
             ("est. time (us)", "estimated_us"),
             ("collectives in flight", "collectives_in_flight"),
             ("matmuls during collectives", "matmuls_during_collectives"),
@@ -194,10 +215,15 @@ class GpuPreview:
             return "unknown" if value is None else str(value)
 
         width = max(len(label) for label, _ in rows)
+        options = ", ".join(f"{k}={v!r}" for k, v in self.xla_options) or "none"
         lines = [f"GPU preview for `{self.plan.function}` on {self.devices} x {self.gpu.upper()} "
                  f"(deviceless compile; CUDA graphs: {self.command_buffers.value}, from "
                  f"{self.mode_source})",
-                 f"  {'':{width}}  {'plain jit':>12}  {'jaxpar':>12}"]
+                 f"  plain jit in the user's {self.command_buffers.value} mode; jaxpar in "
+                 f"{self.jaxpar_command_buffers.value} mode (XLA options: {options})"]
+        if self.plan.mode is not None:
+            lines.append(f"  why: {self.plan.mode.reason}")
+        lines.append(f"  {'':{width}}  {'plain jit':>12}  {'jaxpar':>12}")
         for label, key in rows:
             lines.append(f"  {label:{width}}  {cell(self.plain, key):>12}  "
                          f"{cell(self.jaxpar, key):>12}")
@@ -237,10 +263,13 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
       devices: GPUs on a 1-D mesh ``("x",)`` when ``mesh`` is not given.
       mesh: a mesh from ``jaxpar._gpu_compile.make_gpu_mesh`` for sharded arguments.
       allow_known_crashes: compile even where this jaxlib is known to crash.
-      command_buffers: the CUDA-graph mode jaxpar plans for and the estimate and verdict
-        assume: ``"lhs"`` (XLA's default), ``"concurrent"``, ``"serialize"`` or ``"off"``
-        (or a ``CommandBufferMode``); default the mode ``XLA_FLAGS`` sets, as a program
-        of this process would run. Every mode's time is in ``estimated_us_by_mode``.
+      command_buffers: the user's CUDA-graph mode, in which the plain program is judged:
+        ``"lhs"`` (XLA's default), ``"concurrent"``, ``"serialize"`` or ``"off"`` (or a
+        ``CommandBufferMode``); default the mode ``XLA_FLAGS`` sets, as a program of this
+        process would run. Given here, it counts as set by the user, so jaxpar keeps it
+        (as it keeps a mode set in ``XLA_FLAGS``); otherwise jaxpar compiles in the mode
+        its plan chose (``plan.xla_options``, ``jaxpar_command_buffers``) and is judged in
+        that mode. Every mode's time is in ``estimated_us_by_mode``.
       kwargs: ``fn``'s keyword arguments, like ``args``.
       static_argnums, static_argnames: as for ``parallel_branches``; the static
         arguments are bound for both compiles.
@@ -277,9 +306,11 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
     profile = gpu_profile(gpu)
     statics = StaticArgs.resolve(fn, static_argnums, static_argnames)
     fn_kwargs = dict(kwargs or {})
-    # Planned for the GPU and the mode it is judged in, whatever this machine has.
-    planner = ParallelBranches(fn, Options.create(**options), statics, command_buffers=mode,
-                               gpu=profile)
+    # Planned for the GPU, whatever this machine has, from the user's mode: an argument
+    # here counts as set explicitly (kept), as a mode in XLA_FLAGS would.
+    planned_mode = None if command_buffers is None else mode
+    planner = ParallelBranches(fn, Options.create(**options), statics,
+                               command_buffers=planned_mode, gpu=profile)
     plan = inspect_plan(planner)(*args, **fn_kwargs)
     if (not allow_known_crashes and jax.lib.__version__ in _CRASHES_ON_ANNOTATED_LOOPS
             and _regions_hold_loops(plan)):
@@ -288,6 +319,7 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
             "in its PTX compiler) compiling a stream-annotated region holding a loop, "
             "deviceless; this plan has such regions. Preview with jaxlib 0.10.2, or pass "
             "allow_known_crashes=True to try anyway.")
+    chosen = plan.mode.mode if plan.mode is not None else mode
     compile_options = {"gpu": gpu, "mesh": mesh} if mesh is not None else {
         "gpu": gpu, "devices": devices}
     # Both programs over the array leaves alone, static values bound (eqx.filter_jit's and
@@ -296,18 +328,22 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         plain = _figures(_gpu_compile.compile_for_gpu(flat, *leaves, **compile_options),
                          profile, mode)
     with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
-        rewritten = ParallelBranches(flat, Options.create(**options), command_buffers=mode,
-                                     gpu=profile)
-        fast = _figures(_gpu_compile.compile_for_gpu(rewritten, *leaves, **compile_options),
-                        profile, mode)
+        rewritten = ParallelBranches(flat, Options.create(**options),
+                                     command_buffers=planned_mode, gpu=profile)
+        # Compiled as jaxpar's own jit would: with the XLA options its plan chose.
+        fast = _figures(_gpu_compile.compile_for_gpu(rewritten, *leaves, **compile_options,
+                                                     compiler_options=plan.xla_options),
+                        profile, chosen)
     count = mesh.devices.size if mesh is not None else devices
     # The plan shows the compiled estimate too: its header, its picture and this preview
-    # give one figure.
+    # give one figure (jaxpar in its chosen mode against plain in the user's).
+    source_text = (f"gpu_preview's deviceless {gpu.upper()} compile (jaxpar in {chosen.value} "
+                   f"graphs, plain in {mode.value})" if chosen is not mode else
+                   f"gpu_preview's deviceless {gpu.upper()} compile ({mode.value} graphs)")
     plan = dataclasses.replace(plan, compiled_estimate=PlanEstimate(
-        plain.estimated_us, fast.estimated_us,
-        f"gpu_preview's deviceless {gpu.upper()} compile ({mode.value} graphs)",
-        plan.estimate.rejected))
-    return GpuPreview(gpu, count, plain, fast, plan, mode, source)
+        plain.estimated_us, fast.estimated_us, source_text, plan.estimate.rejected))
+    return GpuPreview(gpu, count, plain, fast, plan, mode, source, chosen,
+                      tuple(sorted(plan.xla_options.items())))
 
 
 def _regions_hold_loops(plan: Plan) -> bool:

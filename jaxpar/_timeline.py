@@ -109,6 +109,18 @@ def plan_estimate(plan: Plan) -> PlanEstimate:
     """
     if plan.compiled_estimate is not None:
         return plan.compiled_estimate
+    rejected = tuple(
+        f"{len(s.regions)} regions win est. {s.gain_us:.1f} us of overlap and the cut costs "
+        f"est. {s.cut_cost_us or 0.0:.1f} us"
+        for s in plan.sections if s.pays is False)
+    mode = plan.mode
+    chosen = mode.estimate(mode.mode) if mode is not None else None
+    if mode is not None and chosen is not None and mode.plain_seconds:
+        # The figure the CUDA-graph mode was chosen by (``_plan.modes``): jaxpar in its
+        # mode against the plain program in the user's.
+        source = (f"jaxpar's planning model, {mode.mode.value} graphs against the plain "
+                  f"program in the user's {mode.user_mode.value} mode; not a compile")
+        return PlanEstimate(mode.plain_seconds * 1e6, chosen * 1e6, source, rejected)
     levels = estimate(plan).levels if plan.steps else ()
     serial = levels[0].serial_us if levels else plan.total_cost_us
     makespan = levels[0].makespan_us if levels else serial
@@ -126,10 +138,6 @@ def plan_estimate(plan: Plan) -> PlanEstimate:
         # The model adds kernels' work and floors, not host launches per trip, so what
         # fusing and unrolling save shows only in a compile's estimate.
         source += "; loop rewrites' saved launches not counted: gpu_preview counts them"
-    rejected = tuple(
-        f"{len(s.regions)} regions win est. {s.gain_us:.1f} us of overlap and the cut costs "
-        f"est. {s.cut_cost_us or 0.0:.1f} us"
-        for s in plan.sections if s.pays is False)
     return PlanEstimate(plain, fast, source, rejected)
 
 

@@ -1,0 +1,239 @@
+"""The CUDA-graph mode per function (``jaxpar/_plan/modes.py``, issue 19 point 2).
+
+On target ``"gpu"`` the plan chooses the mode a function is compiled in (XLA's default
+``lhs``, ``concurrent`` graphs, or graphs ``off``) from the GPU model, and the choice
+goes into that function's own ``jax.jit`` as ``compiler_options``. Checked here: the
+choice and its margin, the option and its errors, a mode the user set is kept, nothing
+changes on the CPU target, the options reach a deviceless H200 compile (XLA's own
+dump of the compiled executable: its debug options and its command buffer's parallel
+graph nodes), and a guard over GPU-suite programs that gain real concurrency.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import load_benchmark
+
+import jaxpar
+from jaxpar import _deviceless
+from jaxpar._flags import command_buffer_mode_set, command_buffer_options
+from jaxpar._gpu_model import CommandBufferMode
+from jaxpar._plan.modes import MIN_GAIN, choose_mode
+
+PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
+needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
+
+LHS, CONCURRENT, OFF = CommandBufferMode.LHS, CommandBufferMode.CONCURRENT, CommandBufferMode.OFF
+CONCURRENT_OPTIONS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
+
+
+def towers(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
+    """Three independent matmul chains of different widths (nothing to batch)."""
+    outs = []
+    for x in (a, b, c):
+        for _ in range(3):
+            x = jnp.tanh(x @ x)
+        outs.append(x.sum())
+    return outs[0] + outs[1] + outs[2]
+
+
+def chain(x: jax.Array) -> jax.Array:
+    for _ in range(6):
+        x = jnp.tanh(x @ x)
+    return x
+
+
+def towers_args() -> tuple[jax.Array, ...]:
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    return tuple(jax.random.normal(k, (n, n)) / n for k, n in zip(keys, (128, 192, 256),
+                                                                   strict=True))
+
+
+def specs(args: Any) -> Any:
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+
+
+@pytest.fixture(autouse=True)
+def _no_mode_in_xla_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = " ".join(f for f in __import__("os").environ.get("XLA_FLAGS", "").split()
+                     if not command_buffer_mode_set(f))
+    monkeypatch.setenv("XLA_FLAGS", flags)
+
+
+# --------------------------------------------------------------------------- the choice
+
+
+def test_choose_mode_needs_the_margin_over_the_users_mode() -> None:
+    kept = choose_mode({LHS: 100e-6, CONCURRENT: 100e-6 * (1 - MIN_GAIN / 2), OFF: 2e-4}, LHS)
+    assert (kept.mode, kept.chosen, kept.xla_options) == (LHS, False, {})
+    assert "kept the process's lhs mode" in kept.reason
+    chosen = choose_mode({LHS: 100e-6, CONCURRENT: 90e-6, OFF: 95e-6}, LHS)
+    assert (chosen.mode, chosen.chosen) == (CONCURRENT, True)
+    assert chosen.xla_options == CONCURRENT_OPTIONS
+    assert "x0.900" in chosen.reason and "lhs mode" in chosen.reason
+    off = choose_mode({LHS: 100e-6, CONCURRENT: 99e-6, OFF: 80e-6}, LHS)
+    assert off.xla_options == {"xla_gpu_enable_command_buffer": ""}
+    assert choose_mode({CONCURRENT: 10e-6, LHS: 9.9e-6}, CONCURRENT).mode is CONCURRENT
+
+
+def test_independent_work_is_compiled_in_concurrent_mode() -> None:
+    plan = jaxpar.inspect(towers, target="gpu")(*specs(towers_args()))
+    assert plan.xla_options == CONCURRENT_OPTIONS
+    assert plan.mode is not None and plan.mode.mode is CONCURRENT
+    assert plan.mode.estimate(CONCURRENT) < plan.mode.estimate(LHS) * (1 - MIN_GAIN)
+    text = plan.text()
+    assert "XLA options: xla_gpu_command_buffer_scheduling_mode='CONCURRENT'" in text
+    assert "against" in text and "in the process's lhs mode" in text
+    assert "for the plain program in the user's lhs mode" in text
+    assert plan.mode.plain_seconds is not None
+    assert plan.mode.estimate(CONCURRENT) < plan.mode.plain_seconds
+    assert plan.to_dict()["xla_options"] == CONCURRENT_OPTIONS
+
+
+def test_a_chain_keeps_the_users_mode() -> None:
+    x = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+    plan = jaxpar.inspect(chain, target="gpu")(x)
+    assert plan.xla_options == {}
+    assert plan.mode is not None and not plan.mode.chosen
+    assert "XLA options: none" in plan.text()
+
+
+def test_cpu_target_is_unchanged() -> None:
+    args = towers_args()
+    plan = jaxpar.inspect(towers, target="cpu")(*specs(args))
+    assert plan.mode is None and plan.xla_options == {}
+    assert "XLA options" not in plan.text()
+    fn = jaxpar.parallel_branches(towers, target="cpu")
+    np.testing.assert_array_equal(fn(*args), jax.jit(towers)(*args))
+    assert fn._jitted_with == {}
+
+
+# --------------------------------------------------------------------------- the option
+
+
+def test_users_mode_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    shapes = specs(towers_args())
+    keep = jaxpar.inspect(towers, target="gpu", command_buffers="keep")(*shapes)
+    assert keep.xla_options == {} and "command_buffers='keep'" in keep.mode.reason
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_command_buffer_scheduling_mode=LHS")
+    flags = jaxpar.inspect(towers, target="gpu")(*shapes)
+    assert flags.xla_options == {} and "XLA_FLAGS" in flags.mode.reason
+    # An explicit option overrides XLA_FLAGS for this function.
+    off = jaxpar.inspect(towers, target="gpu", command_buffers="off")(*shapes)
+    assert off.xla_options == {"xla_gpu_enable_command_buffer": ""}
+    assert off.mode.mode is OFF
+
+
+@pytest.mark.parametrize("value", ["fast", "CONCURRENT", None, 1])
+def test_bad_mode_is_refused(value: Any) -> None:
+    with pytest.raises(ValueError, match=r"command_buffers must be one of 'auto', 'keep'"):
+        jaxpar.parallel_branches(towers, command_buffers=value)
+    with pytest.raises(ValueError, match=r"command_buffers must be one of"):
+        jaxpar.inspect(towers, command_buffers=value)
+
+
+def test_mode_enum_is_accepted() -> None:
+    fn = jaxpar.parallel_branches(towers, target="gpu", command_buffers=CONCURRENT)
+    assert fn.options.command_buffers == "concurrent"
+
+
+def test_calls_use_the_chosen_options_and_stay_exact() -> None:
+    args = towers_args()
+    fn = jaxpar.parallel_branches(towers, target="gpu")
+    np.testing.assert_allclose(fn(*args), jax.jit(towers)(*args), rtol=1e-5)
+    assert list(fn._jitted_with) == [tuple(CONCURRENT_OPTIONS.items())]
+    # Under grad the call is a nested jit, which takes no compiler options (jax 0.10).
+    got = jax.grad(lambda a: fn(a, *args[1:]))(args[0])
+    want = jax.grad(lambda a: towers(a, *args[1:]))(args[0])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert command_buffer_options("serialize") == {
+        "xla_gpu_command_buffer_scheduling_mode": "SERIALIZE"}
+
+
+# --------------------------------------------------------------------------- deviceless
+
+
+def _parallel_sources(thunks: str) -> list[int]:
+    """Per command buffer in an XLA thunk dump: its nodes with no predecessor."""
+    counts: list[int] = []
+    for line in thunks.splitlines():
+        if "kCommandBuffer" in line:
+            counts.append(0)
+        elif counts and re.match(r"\s+\d+: \S+ \[source\b", line):
+            counts[-1] += 1
+    return counts
+
+
+@needs_plugin
+@pytest.mark.parametrize(("mode", "parallel"), [
+    ("auto", True), ("concurrent", True), ("keep", False), ("lhs", False)])
+def test_lowered_compile_uses_the_chosen_options(tmp_path: Path, mode: str,
+                                                 parallel: bool) -> None:
+    mesh = _deviceless.make_gpu_mesh("h200", 1)
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    shapes = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+              for s in specs(towers_args())]
+    fn = jaxpar.parallel_branches(towers, target="gpu", command_buffers=mode)
+    fn.lower(*shapes).compile(compiler_options={"xla_dump_to": str(tmp_path)})
+    # XLA's dump of the debug options it compiled with (defaults, LHS, left out).
+    debug = "".join(p.read_text() for p in tmp_path.glob("*.debug_options"))
+    assert ("xla_gpu_command_buffer_scheduling_mode: CONCURRENT" in debug) is parallel
+    # XLA's command buffer of the compiled executable: independent kernels are graph
+    # nodes without a predecessor (parallel) only in the concurrent mode.
+    thunks = "".join(p.read_text() for p in
+                     tmp_path.glob("*thunk_sequence_after_thunk_passes.txt"))
+    sources = _parallel_sources(thunks)
+    assert sources, "no command buffer in the compiled executable"
+    assert (max(sources) >= 2) is parallel, thunks[:2000]
+    # XLA's command buffer of the compiled executable: independent kernels are graph
+    # nodes with no predecessor (parallel) only in the concurrent mode.
+    thunks = "".join(p.read_text() for p in
+                     tmp_path.glob("*thunk_sequence_after_thunk_passes.txt"))
+    sources = _parallel_sources(thunks)
+    assert sources, "no command buffer in the compiled executable"
+    assert (max(sources) >= 2) is parallel, thunks[:2000]
+
+
+# --------------------------------------------------------------------------- the suite
+
+# GPU-suite programs whose plain program gains no concurrency in XLA's default mode and
+# that jaxpar compiles in a mode where independent work really overlaps.
+GAINING = [  # the cheapest to compile of the 18 in docs/benchmarks.md
+    "gptj_parallel_block",
+    "attention",
+    "inception_block",
+    "slogdet_inv",
+    "seed_002_two_scans",
+    "siamese_grad",
+]
+
+
+@pytest.fixture(scope="module")
+def suite_results() -> dict[str, dict[str, Any]]:
+    if not PLUGIN_OK:
+        pytest.skip(PLUGIN_MESSAGE)
+    suite = load_benchmark("gpu_suite")
+    return {name: suite.evaluate(name, size="small", values=False) for name in GAINING}
+
+
+@needs_plugin
+def test_suite_programs_gain_real_concurrency(suite_results: dict[str, dict[str, Any]]
+                                              ) -> None:
+    gaining = []
+    for name, result in suite_results.items():
+        assert result["compile"] == "ok", (name, result["compile"])
+        # Never worse than the plain program in the user's mode.
+        assert result["chosen_ratio"] <= 1.0, (name, result["verdict"])
+        if (not result["plain_runs_concurrently"] and result["runs_concurrently"]
+                and result["chosen_ratio"] <= 1 - MIN_GAIN):
+            gaining.append(name)
+            assert result["xla_options"], name
+    assert len(gaining) >= 6, {n: (r["chosen_mode"], r["chosen_ratio"])
+                               for n, r in suite_results.items()}
