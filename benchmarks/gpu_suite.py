@@ -854,6 +854,22 @@ def table(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def guard_table(results: Sequence[Mapping[str, Any]]) -> str:
+    """The guard's cases (``evaluate`` results with a ``mode``): one row per program, size
+    and CUDA-graph mode, with launches, the estimated ratio in that mode and what fails."""
+    lines = ["| program | size | mode | launches plain -> jaxpar | est. ratio | guard |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        failures = "; ".join(guard_failures(r)) or "ok"
+        if r.get("compile") == "ok":
+            plain, fast = r["launches"]
+            lines.append(f"| {r['name']} | {r['size']} | {r['mode']} | {plain:,} -> {fast:,} | "
+                         f"x{r['judged_ratio']:.3f} | {failures} |")
+        else:
+            lines.append(f"| {r['name']} | {r['size']} | - | - | - | {failures} |")
+    return "\n".join(lines)
+
+
 def summary(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     ok = [r for r in results if r.get("compile") == "ok"]
     return {

@@ -772,12 +772,12 @@ def _batched(path: str, eqns: Sequence[Any], group: _Group, launches: int,
 
 def _left_alone(path: str, eqns: Sequence[Any], group: _Group, launches: int, price: _Price
                 ) -> LoopDecision:
-    why = ("stacking their operands and slicing out their results costs more than the"
+    saves = f"{launches - 1} kernel launch{'es' * (launches > 2)}"
+    why = (f"would save {saves} but add at least as much in stacking and slicing kernels"
            if price.worth <= 0 else
-           "the cost model cannot tell it pays: batching wins less than half a launch more "
-           "than stacking their operands and slicing out their results costs, against the")
-    reason = (f"{_describe(eqns, group)}, but {why} {launches - 1} kernel launches batching "
-              f"would save; {_price_text(price)}")
+           f"would save {saves}, less than half a launch more than its stacking and slicing "
+           "kernels cost: the cost model cannot tell it pays")
+    reason = f"batching {why}: {_describe(eqns, group)}; {_price_text(price)}"
     return decision(path, KIND_MATMULS_LEFT_ALONE, eqns, list(group.members),
                     trips_before=None, trips_after=None, unroll=None, reason=reason,
                     members=[(i,) for i in group.members], stage=group.stage,
