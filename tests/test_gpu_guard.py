@@ -79,22 +79,17 @@ _JUDGED: dict[tuple[str, str, str], dict[str, Any]] = {}
 
 def _judged(name: str, size: str, mode: str) -> dict[str, Any]:
     """One (program, size, mode), compiled once per session; values compared at the small
-    size in the default mode."""
+    size in the default mode. With ``JAXPAR_GUARD_TABLE=<path>``, the cases judged so far
+    are written there as a Markdown table after each one."""
     key = (name, size, mode)
     if key not in _JUDGED:
         values = size == "small" and mode == DEFAULT_MODE
         _JUDGED[key] = suite.evaluate(name, size=size, values=values, command_buffers=mode)
+        path = os.environ.get("JAXPAR_GUARD_TABLE", "")
+        if path:
+            with open(path, "w") as handle:
+                handle.write(suite.guard_table(list(_JUDGED.values())) + "\n")
     return _JUDGED[key]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _write_table() -> Any:
-    """With ``JAXPAR_GUARD_TABLE=<path>``, the cases judged, as a Markdown table."""
-    yield
-    path = os.environ.get("JAXPAR_GUARD_TABLE", "")
-    if path and _JUDGED:
-        with open(path, "w") as handle:
-            handle.write(suite.guard_table(list(_JUDGED.values())) + "\n")
 
 
 @pytest.mark.parametrize(("name", "size", "mode"), _cases())
