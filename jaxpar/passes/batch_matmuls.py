@@ -32,7 +32,9 @@ XLA fuses it into the neighbouring kernels, including the stacking copies.
 * *Cost*: the target's cost model decides. A group saves one kernel launch per
   member (less the ones XLA's ``DotMerger`` already saves: members sharing an
   operand); every operand column that is neither shared nor already stacked
-  costs a stacking copy (a launch and its bytes). A group that reads another group's
+  costs a stacking copy (a launch and its bytes), and every member result that
+  leaves the level or feeds a matmul, a reduction or a loop costs a slicing
+  kernel (``_choose``). A group that reads another group's
   stacked result also spares that result being sliced apart for it (a launch), and
   the producer is spared stacking it. Groups are dropped, the least worth first,
   until each one pays for the stacks only it needs.
