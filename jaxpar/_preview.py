@@ -54,6 +54,7 @@ from ._options import Options, check_known
 from ._primitives import MAY_HOLD_LOOPS
 from ._timeline import PlanEstimate
 from ._trace import StaticArgs
+from .passes import DecisionKind
 
 # jaxlib versions whose XLA crashed compiling stream-annotated loops deviceless.
 _CRASHES_ON_ANNOTATED_LOOPS = frozenset({"0.12.0.1"})
@@ -169,10 +170,31 @@ class GpuPreview:
 
     @property
     def verdict(self) -> str:
-        """One line: faster, slower or the same, by how much, and why."""
-        if self.plain.estimate is None or self.jaxpar.estimate is None:
+        """One line: faster, slower or the same, by how much, and why.
+
+        When jaxpar is estimated slower, or launches more kernels without a region that
+        overlaps other work, the line names the rewrites that may be responsible: the
+        batching rewrites the plan applied (they add stacking, slicing and transposing
+        kernels), with the extra kernels and the estimated time they cost.
+        """
+        plain, fast = self.plain.estimate, self.jaxpar.estimate
+        if plain is None or fast is None:
             return "no estimate"
-        return verdict(self.plain.estimate, self.jaxpar.estimate)
+        line = verdict(plain, fast)
+        slower = fast.seconds > plain.seconds * (1 + _VERDICT_TOLERANCE)
+        extra = fast.launches > plain.launches and not fast.overlapping_regions
+        if not (slower or extra):
+            return line
+        responsible = _batching_rewrites(self.plan)
+        if not responsible:
+            return line
+        added = max(fast.launches - plain.launches, 0)
+        cost = (f", est. {(fast.seconds - plain.seconds) * 1e6:+,.1f} us"
+                if fast.seconds > plain.seconds else "")
+        kernels = (f" and {added} kernel{'s' * (added != 1)} more than they save"
+                   if added else "")
+        return f"{line}; responsible: {'; '.join(responsible)}{kernels} (stacking, " \
+               f"slicing or transposing){cost}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "devices": self.devices,
@@ -344,6 +366,30 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         plain.estimated_us, fast.estimated_us, source_text, plan.estimate.rejected))
     return GpuPreview(gpu, count, plain, fast, plan, mode, source, chosen,
                       tuple(sorted(plan.xla_options.items())))
+
+
+# Relative difference below which the verdict calls both programs the same
+# (``_estimate.verdict``'s default).
+_VERDICT_TOLERANCE = 0.01
+_BATCHING_KINDS = (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS,
+                   DecisionKind.BATCHED)
+
+
+def _batching_rewrites(plan: Plan) -> list[str]:
+    """The plan's applied batching rewrites, one phrase per kind and place: what they
+    joined and the user's first source line."""
+    found: dict[tuple[str, str], list[Any]] = {}
+    for d in (*plan.subgraphs, *plan.loops):
+        if d.kind in _BATCHING_KINDS:
+            found.setdefault((str(d.kind), d.location), []).append(d)
+    phrases = []
+    for (kind, location), decisions in found.items():
+        ops = sum(len(d.members) or len(d.eqns) for d in decisions)
+        where = decisions[0].sources[0] if decisions[0].sources else ""
+        phrases.append(f"{kind} in {location} ({len(decisions)} "
+                       f"group{'s' * (len(decisions) != 1)}, {ops} ops"
+                       + (f", first at {where}" if where else "") + ")")
+    return phrases
 
 
 def _regions_hold_loops(plan: Plan) -> bool:

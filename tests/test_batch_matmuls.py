@@ -161,7 +161,7 @@ def test_swapped_operand_order_is_matched() -> None:
         a = jnp.tanh(h @ x) @ x  # h @ x
         b = jnp.einsum("ij,bi->jb", y, g)  # (g @ y).T: the same form, operands swapped
         c = jax.nn.relu(b).T @ y
-        return a, c
+        return jnp.tanh(a), jnp.tanh(c)  # elementwise readers: the slices fuse into them
 
     args = _square(1, 4)
     after, decisions = _passes(f, *args)
@@ -176,7 +176,9 @@ def test_crossed_operand_order_stays_stacked() -> None:
     """``h @ x`` beside ``y @ h``: one member reads its operands transposed throughout,
     so the chain stays stacked and the ``x`` column is stacked once."""
     def f(a: Any, b: Any, x: Any, y: Any) -> Any:
-        return (jnp.tanh(a) @ x) @ x, y @ (y @ jnp.sin(b))
+        # Elementwise readers: the slices fuse into them (results leaving as they are
+        # would each cost a slicing kernel: test_results_sliced_out_...).
+        return jnp.tanh((jnp.tanh(a) @ x) @ x), jnp.tanh(y @ (y @ jnp.sin(b)))
 
     args = _square(5, 4)
     after, decisions = _passes(f, *args)
@@ -199,11 +201,54 @@ def test_level_inputs_only_left_alone_by_cost() -> None:
     new, decisions = result.new, result.decisions
     assert _batched_dots(new) == 0
     (left,) = [d for d in decisions if d.kind == KIND_MATMULS_LEFT_ALONE]
-    assert "costs more than the 1 kernel launches" in left.reason
+    assert left.reason.startswith("batching would save 1 kernel launch but add at least as much")
     # The cost model's numbers, also as fields: the group does not pay.
     assert left.saving_us is not None and left.saving_us <= 0
     assert "cost model: saves" in left.reason and left.stage == 1
     assert left.members == tuple((i,) for i in left.eqns)
+
+
+def _leaving(a: Any, b: Any, c: Any, d: Any) -> Any:
+    return jnp.sin(a) @ b, jnp.cos(jnp.sin(c) @ d) @ b
+
+
+def test_results_sliced_out_for_the_outputs_cost_a_kernel() -> None:
+    """Two stage-1 matmuls whose results leave the level: slicing them out of the batched
+    result is a kernel, as many as batching saves, so they are left alone."""
+    result = check_pass(batch_matmuls, _leaving, *_square(4, 4), unchanged=True,
+                        kinds=[KIND_MATMULS_LEFT_ALONE])
+    (left,) = result.decisions
+    assert left.reason.startswith("batching would save 1 kernel launch but add at least as "
+                                  "much in stacking and slicing kernels")
+    assert left.saving_us is not None and left.saving_us <= 0
+
+
+def _crossed_leaving(a: Any, b: Any, x: Any, y: Any) -> Any:
+    return (jnp.tanh(a) @ x) @ x, y @ (y @ jnp.sin(b))
+
+
+def _swapped_leaving(p: Any, q: Any, x: Any, y: Any) -> Any:
+    h, g = jnp.sin(p)[:3], jnp.cos(q)[:3]
+    return jnp.tanh(h @ x) @ x, jax.nn.relu(jnp.einsum("ij,bi->jb", y, g)).T @ y
+
+
+@needs_plugin
+@pytest.mark.parametrize(("fn", "most"), [(_crossed_leaving, 4), (_swapped_leaving, 5)])
+def test_chains_whose_results_leave_launch_no_more(fn: Any, most: int) -> None:
+    # Batched with slicing priced at 0 us these launched 6 (plain 4) and 7 (plain 6).
+    args = [jax.ShapeDtypeStruct((64, 64), jnp.float32)] * 4
+    plain = bench.count(fn, args)
+    counted = bench.count(jaxpar.parallel_branches(fn, target="gpu"), args)
+    assert counted["launches"] <= min(most, plain["launches"])
+
+
+@needs_plugin
+def test_results_sliced_out_for_the_outputs_launch_no_more() -> None:
+    # Batched, this launched 6 kernels against plain's 5 (the two slices for the outputs).
+    args = [jax.ShapeDtypeStruct((64, 64), jnp.float32)] * 4
+    plain = bench.count(_leaving, args)
+    counted = bench.count(jaxpar.parallel_branches(_leaving, target="gpu"), args)
+    assert counted["launches"] <= plain["launches"]
 
 
 def test_matmuls_sharing_an_operand_are_left_to_xla() -> None:
@@ -216,7 +261,7 @@ def test_matmuls_sharing_an_operand_are_left_to_xla() -> None:
 
 def test_different_stages_are_not_batched_together() -> None:
     def f(a: Any, b: Any, c: Any, d: Any) -> Any:
-        first = jnp.sin(a) @ b  # stage 1
+        first = jnp.tanh(jnp.sin(a) @ b)  # stage 1; elementwise work reads its slice
         second = jnp.cos(jnp.sin(c) @ d) @ b  # stages 1 and 2
         return first, second
 
@@ -248,8 +293,7 @@ def test_convolutions_of_different_members_batch() -> None:
 
 
 def test_backward_pass_matmuls_batched() -> None:
-    """grad of the rewritten function batches the backward matmuls (vmap's transpose);
-    rewriting the gradient function batches its forward and backward matmuls."""
+    """grad of the rewritten function batches the backward matmuls (vmap's transpose)."""
     def loss(a: Any, b: Any, xs1: Any, xs2: Any) -> Any:
         r1, r2 = bench.seed_002(a, b, xs1, xs2)
         return jnp.sum(jnp.sin(r1)) + jnp.sum(jnp.cos(r2))
@@ -264,8 +308,11 @@ def test_backward_pass_matmuls_batched() -> None:
     rewritten_grad = jaxpar.parallel_branches(jax.grad(loss, every), target="gpu")
     result = check_pass(partial(apply_loop_passes, **loop_defaults("gpu"), target="gpu"),
                         jax.grad(loss, every), *SEED_SMALL, values=False, grads=False)
-    assert _batched_dots(result.new) > 4
-    assert _count(result.new, "dot_general") < _count(result.closed, "dot_general")
+    # Rewriting the gradient function leaves its matmuls unbatched: their results leave
+    # the fused loop's body or feed other matmuls, and slicing them out costs what
+    # batching saves (deviceless H200: 264 launches plain, 123 rewritten; 117 when these
+    # were batched at a stacking and slicing price of 0 us).
+    assert _count(result.new, "dot_general") <= _count(result.closed, "dot_general")
     assert_same_outputs(rewritten_grad, jax.grad(loss, every), SEED_SMALL, jit=True,
                         tolerance={"rtol": 1e-4, "atol": 1e-5})
 

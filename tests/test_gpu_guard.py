@@ -1,10 +1,26 @@
-"""Guard (issue 11): jaxpar must never make a program worse on the GPU.
+"""Guard (issues 11 and 19): jaxpar must never make a program worse on the GPU.
 
-A few programs of ``benchmarks/gpu_suite.py`` at their small size, compiled deviceless for an
-H200 plain and with ``parallel_branches(target="gpu")``. Each fails on what the issue forbids:
-more kernel launches per run without a stream region that really overlaps other work, an
-estimated slowdown above 1% (``jaxpar._estimate``, XLA's default CUDA-graph mode), a compile
-error, or different values on the CPU.
+Programs of ``benchmarks/gpu_suite.py``, compiled deviceless for an H200 plain and with
+``parallel_branches(target="gpu")``, planned for and judged in one CUDA-graph mode
+(``gpu_preview(..., command_buffers=mode)``). Each case fails on what the issues forbid:
+a compile error, more kernel launches per run without a stream region that really
+overlaps other work, an estimated slowdown above 1% (``jaxpar._estimate``) in that mode,
+or (small size, default mode) different values on the CPU.
+
+What runs:
+
+* By default: every suite program at its ``small`` size in the default mode (``lhs``,
+  XLA's default CUDA-graph mode), with its values compared on the CPU;
+  ``optax_two_branch_step``, ``three_towers`` and ``moe_4_experts`` (``EVERY_MODE``) at
+  both sizes in every mode jaxpar can choose (``MODES``: lhs, concurrent, off); and
+  ``siamese_grad``, ``seed_002_two_scans`` and ``flax_vae_step`` (``FULL_SIZE``) at the
+  ``full`` size in the default mode. The other programs' ``full`` size is not covered
+  by default: under this machine's load one case takes 10 s to 2.5 min.
+* With ``JAXPAR_FULL_GUARD=1``: every program at both sizes in every mode.
+
+Each (program, size, mode) is compiled once per session and shared by the tests that read
+it (``_judged``); ``JAXPAR_GUARD_TABLE=<path>`` writes what was judged as a Markdown
+table (``docs/benchmarks.md`` has it, with the time the run took).
 
 The last tests pin the XLA behaviour the planner has to work with (docs/design.md, "When
 XLA overlaps stream regions"): if a jaxlib changes it, they say so.
@@ -12,6 +28,8 @@ XLA overlaps stream regions"): if a jaxlib changes it, they say so.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any
 
 import jax
@@ -20,6 +38,7 @@ import pytest
 from helpers import load_benchmark
 from jax import lax
 
+import jaxpar
 from jaxpar import _deviceless
 from jaxpar._compat import stream_call
 from jaxpar._estimate import estimate_hlo
@@ -27,44 +46,122 @@ from jaxpar._estimate import estimate_hlo
 PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
 pytestmark = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
-
-
 suite = load_benchmark("gpu_suite")
 
-# Programs of every kind the planner once made worse (before sections were priced:
-# jaxpar/_price.py), and kinds it makes better.
-GUARDED = [
-    "inception_block",
-    "moe_4_experts",
-    "moe_4_experts_grad",
-    "seed_002_identical_scans",
-    "seed_002_two_scans",
-    "optax_adamw_step",
-    "gptj_parallel_block_grad",
-    "attention",
-    "slogdet_inv",
-    "siamese_grad",
-]
+# The modes jaxpar plans for and is judged in. After per-function mode choice lands, the
+# mode it chooses is one more entry here.
+MODES = ("lhs", "concurrent", "off")
+DEFAULT_MODE = "lhs"
+SIZES = ("small", "full")
+FULL_GUARD = os.environ.get("JAXPAR_FULL_GUARD", "") == "1"
+
+# Every mode, both sizes, by default: programs the batching passes and the stream regions
+# touch (a training step of two models with optax, towers, experts).
+EVERY_MODE = ("optax_two_branch_step", "three_towers", "moe_4_experts")
+# The full size in the default mode, by default (on top of EVERY_MODE's).
+FULL_SIZE = ("siamese_grad", "seed_002_two_scans", "flax_vae_step")
 
 
-@pytest.mark.parametrize("name", GUARDED)
-def test_jaxpar_is_never_worse_on_the_gpu(name: str) -> None:
-    result = suite.evaluate(name, size="small")
+# Known to fail, and why (each an xfail that fails the run once it passes).
+KNOWN = {
+    ("three_towers", "small", "concurrent"):
+        "est. x1.243: in CONCURRENT graphs the towers' matmuls already overlap, and the "
+        "batching passes price a saved launch the same in every mode (they do not know the "
+        "mode yet)",
+}
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for size in SIZES:
+        for name in suite.PROGRAMS:
+            for mode in MODES:
+                chosen = FULL_GUARD or name in EVERY_MODE or (
+                    mode == DEFAULT_MODE and (size == "small" or name in FULL_SIZE))
+                if chosen:
+                    known = KNOWN.get((name, size, mode))
+                    marks = [pytest.mark.xfail(strict=True, reason=known)] if known else []
+                    cases.append(pytest.param(name, size, mode, id=f"{name}-{size}-{mode}",
+                                              marks=marks))
+    return cases
+
+
+_JUDGED: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+
+def _judged(name: str, size: str, mode: str) -> dict[str, Any]:
+    """One (program, size, mode), compiled once per session; values compared at the small
+    size in the default mode. With ``JAXPAR_GUARD_TABLE=<path>``, the cases judged so far
+    are written there as a Markdown table after each one."""
+    key = (name, size, mode)
+    if key not in _JUDGED:
+        values = size == "small" and mode == DEFAULT_MODE
+        _JUDGED[key] = suite.evaluate(name, size=size, values=values, command_buffers=mode)
+        path = os.environ.get("JAXPAR_GUARD_TABLE", "")
+        if path:
+            with open(path, "w") as handle:
+                handle.write(suite.guard_table(list(_JUDGED.values())) + "\n")
+    return _JUDGED[key]
+
+
+@pytest.mark.parametrize(("name", "size", "mode"), _cases())
+def test_jaxpar_is_never_worse_on_the_gpu(name: str, size: str, mode: str) -> None:
+    result = _judged(name, size, mode)
+    assert result["mode"] == mode
     assert suite.guard_failures(result) == [], result.get("verdict")
+
+
+def test_every_program_is_guarded() -> None:
+    covered = {(p.values[0], p.values[1], p.values[2]) for p in _cases()}
+    sizes = SIZES if FULL_GUARD else ("small",)
+    assert {(n, s, DEFAULT_MODE) for n in suite.PROGRAMS for s in sizes} <= covered
+    assert {(n, s, m) for n in EVERY_MODE for s in SIZES for m in MODES} <= covered
+    assert set(EVERY_MODE) | set(FULL_SIZE) <= set(suite.PROGRAMS)
 
 
 def test_guard_catches_each_kind_of_regression() -> None:
     ok = {"compile": "ok", "values": "equal", "launches": [10, 10], "overlapping_regions": 0,
-          "time_ratio": {"lhs": 1.0}, "verdict": ""}
+          "time_ratio": {"lhs": 1.0, "off": 1.0}, "mode": "lhs", "judged_ratio": 1.0,
+          "verdict": ""}
     assert suite.guard_failures(ok) == []
     assert suite.guard_failures({**ok, "launches": [10, 11]}) == [
         "more launches (10 -> 11) without real overlap"]
     assert suite.guard_failures({**ok, "launches": [10, 11], "overlapping_regions": 1}) == []
-    assert "estimated slowdown" in suite.guard_failures({**ok, "time_ratio": {"lhs": 1.02}})[0]
+    assert "estimated slowdown" in suite.guard_failures({**ok, "judged_ratio": 1.02})[0]
+    # Judged in the mode it was planned for, not in another.
+    assert suite.guard_failures({**ok, "time_ratio": {"lhs": 1.0, "off": 1.5}}) == []
+    assert "in off mode" in suite.guard_failures(
+        {**ok, "mode": "off", "judged_ratio": 1.5, "time_ratio": {"off": 1.5}})[0]
     assert suite.guard_failures({**ok, "values": "DIFFER (max abs diff 1)"}) == [
         "values: DIFFER (max abs diff 1)"]
     assert suite.guard_failures({"compile": "crash (exit -11): "}) == [
         "compile: crash (exit -11): "]
+
+
+# --------------------------------------------------------------------------- the verdict
+
+
+def test_verdict_names_the_batching_rewrite_when_one_costs_time() -> None:
+    fn, args = suite.PROGRAMS["moe_4_experts"].build("small")
+    preview = jaxpar.gpu_preview(fn, *args, command_buffers="lhs")
+    batched = [d for d in preview.plan.subgraphs
+               if d.kind in ("batched matmuls", "batched subgraphs")]
+    assert batched, "moe_4_experts batches its experts"
+    assert "responsible" not in preview.verdict  # faster: nothing to blame
+    plain = preview.plain.estimate
+    assert plain is not None
+    slower = dataclasses.replace(plain, seconds=plain.seconds * 1.2,
+                                 launches=plain.launches + 3)
+    worse = dataclasses.replace(preview, jaxpar=dataclasses.replace(preview.jaxpar,
+                                                                    estimate=slower))
+    line = worse.verdict
+    assert line.startswith("slower by 20%")
+    first = batched[0]
+    groups = sum(d.kind == first.kind and d.location == first.location for d in batched)
+    assert f"responsible: {first.kind} in {first.location} ({groups} group" in line
+    assert first.sources[0] in line
+    assert "3 kernels more than they save" in line
+    assert f"est. +{plain.microseconds * 0.2:,.1f} us" in line
 
 
 # --------------------------------------------------------------------------- XLA's rule

@@ -32,7 +32,9 @@ XLA fuses it into the neighbouring kernels, including the stacking copies.
 * *Cost*: the target's cost model decides. A group saves one kernel launch per
   member (less the ones XLA's ``DotMerger`` already saves: members sharing an
   operand); every operand column that is neither shared nor already stacked
-  costs a stacking copy (a launch and its bytes). A group that reads another group's
+  costs a stacking copy (a launch and its bytes), and every member result that
+  leaves the level or feeds a matmul, a reduction or a loop costs a slicing
+  kernel (``_choose``). A group that reads another group's
   stacked result also spares that result being sliced apart for it (a launch), and
   the producer is spared stacking it. Groups are dropped, the least worth first,
   until each one pays for the stacks only it needs.
@@ -207,12 +209,12 @@ def _batch_level(level: Level, costs: CostModel) -> tuple[list[Rewrite], list[Lo
     groups = [g for g in groups if launches[g] > 1]  # else XLA's DotMerger does it already
     if not groups:
         return [], []
-    accepted, rejected, priced = _choose(eqns, groups, launches, costs)
+    level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
+    accepted, rejected, priced = _choose(eqns, groups, launches, costs, level_outputs)
     decisions = [_left_alone(path, eqns, g, launches[g], priced[g]) for g in rejected]
     if not accepted:
         return [], decisions
     units = _units(eqns, graph, accepted)
-    level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
     rewrites = [Rewrite(tuple(sorted(i for g in unit for i in g.members)),
                         _emitter(eqns, unit, graph, level_outputs)) for unit in units]
     chained = _chained_columns(eqns, accepted)
@@ -519,20 +521,29 @@ class _Price:
 
 
 def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, int],
-            costs: CostModel) -> tuple[list[_Group], list[_Group], dict[_Group, _Price]]:
+            costs: CostModel, level_outputs: set[Any] | frozenset[Any] = frozenset()
+            ) -> tuple[list[_Group], list[_Group], dict[_Group, _Price]]:
     """The groups worth batching, the rest, and each one's price (a dropped group's as
-    it was when dropped), by the launches they save.
+    it was when dropped), by the kernels they save and the kernels they add.
 
     A group saves ``launches - 1`` kernel launches. Its operand columns that are neither
     shared by all members nor already stacked (by an earlier group of the rewrite, or as
-    the result of another batched op) are stacked, in one fused kernel per group (XLA
-    fuses sibling concatenations and their elementwise producers). That kernel is new
-    only when no stacked value comes from elementwise work: such work launched a kernel
-    of its own before (a matmul does not fuse it), and the stacking kernel takes its
-    place. A group whose stacked result another accepted group reads, and that reader,
-    each count a launch more: dropping either one slices the result apart or stacks it
-    again. Groups are dropped, least worth first, until each one wins at least half a
-    launch more than it costs.
+    the result of another batched op) are stacked, in one fused kernel per group. That
+    kernel takes the place of an elementwise producer's only where a stacked value is
+    made by elementwise work that nothing but batched ops reads; otherwise it is a kernel
+    more (the optimizer of two models trained in one step stacked activations its
+    backward pass also read, priced at 0 us: 28 -> 32 launches). Each member result that
+    leaves the level, or that an equation launching a kernel outside the rewrite reads (a
+    matmul, a reduction, a loop), is sliced out of the batched result by a kernel of its
+    own; slices that only elementwise work reads fuse into it (``sin(a) @ b`` beside
+    ``cos(sin(c) @ d) @ b``, both results leaving: 5 -> 6 launches once compiled). A
+    group whose stacked result another accepted group reads, and that reader, each count
+    a launch more: dropping either one slices the result apart or stacks it again. Groups
+    are dropped, least worth first, until each one wins at least half a launch more than
+    it costs.
+
+    Every launch is priced at the one GPU model's kernel floor (``_gpu_model``, through
+    the cost model's profile): the least a kernel costs in any CUDA-graph mode.
     """
     profile = costs.profile
     launch = profile.min_kernel_seconds
@@ -540,15 +551,24 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
     # a launch more than it costs (a siamese network's backward pass, priced +0.69 us,
     # launched one kernel more once compiled).
     margin = launch / 2
+    readers: dict[Any, list[int]] = {}
+    for i, e in enumerate(eqns):
+        for atom in e.invars:
+            if not _compat.is_literal(atom):
+                readers.setdefault(atom, []).append(i)
+    launching = [costs.launches(e) for e in eqns]
     producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
-    cost_of = costs.eqn_cost
 
-    def elementwise(read: Any) -> bool:
-        source = producer.get(_atom(read))
-        if source is None:
+    def replaces_producer(read: Any) -> bool:
+        """Whether stacking ``read`` takes the place of its producer's kernel: elementwise
+        work that nothing but the batched ops reads."""
+        atom = _atom(read)
+        source = producer.get(atom)
+        if source is None or atom in level_outputs:
             return False
-        cost = cost_of(eqns[source])
-        return cost.kernels == 0 and cost.flops > 0
+        cost = costs.eqn_cost(eqns[source])
+        return (cost.kernels == 0 and cost.flops > 0
+                and all(r in batched for r in readers.get(atom, ())))
 
     columns = {g: g.columns(eqns) for g in groups}
     outputs = {g: g.outputs(eqns) for g in groups}
@@ -557,7 +577,10 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
                   for g in groups}
     accepted = list(groups)  # in stage order
     priced: dict[_Group, _Price] = {}
+    batched: set[int] = set()
     for _ in range(len(groups) + 1):
+        batched.clear()
+        batched.update(i for g in accepted for i in g.members)
         produced = {outputs[g] for g in accepted if g.chainable(eqns)}
         first_user: dict[_Column, _Group] = {}
         users: dict[_Column, int] = {}
@@ -575,10 +598,16 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
             new = [c for c in dict.fromkeys(columns[g]) if first_user.get(c) is g]
             saved = (launches[g] - 1) * launch
             cost = transposes[g] / profile.bandwidth
-            if new and not any(elementwise(a) for c in new for a in c):
+            if new and not any(replaces_producer(a) for c in new for a in c):
                 cost += launch
             cost += sum(_stack_bytes(c) for c in new if users[c] == 1) / profile.bandwidth
-            if chained.get(outputs[g]):
+            read_chained = chained.get(outputs[g], 0) if outputs[g] in produced else 0
+            sliced = sum(out in level_outputs or any(
+                launching[r] and not (read_chained and r in batched)
+                for r in readers.get(out, ()))
+                for out in (eqns[i].outvars[0] for i in g.members))
+            cost += sliced * launch
+            if read_chained:
                 saved += launch  # its readers would otherwise stack its results
             if any(c in produced for c in columns[g] if not _shared(c)):
                 # Its producer's result would otherwise be sliced apart for it: a chained
@@ -718,8 +747,8 @@ def _describe(eqns: Sequence[Any], group: _Group) -> str:
 
 
 def _price_text(price: _Price) -> str:
-    return (f"cost model: saves {price.saved * 1e6:.3g} us of launches, stacking and "
-            f"transposing cost {price.cost * 1e6:.3g} us, worth {price.worth * 1e6:+.3g} us "
+    return (f"cost model: saves {price.saved * 1e6:.3g} us of launches, stacking, slicing "
+            f"and transposing cost {price.cost * 1e6:.3g} us, worth {price.worth * 1e6:+.3g} us "
             "per run of this level")
 
 
@@ -745,11 +774,12 @@ def _batched(path: str, eqns: Sequence[Any], group: _Group, launches: int,
 
 def _left_alone(path: str, eqns: Sequence[Any], group: _Group, launches: int, price: _Price
                 ) -> LoopDecision:
-    why = ("stacking their operands costs more than the" if price.worth <= 0 else
-           "the cost model cannot tell it pays: batching wins less than half a launch more "
-           "than stacking their operands costs, against the")
-    reason = (f"{_describe(eqns, group)}, but {why} {launches - 1} kernel launches batching "
-              f"would save; {_price_text(price)}")
+    saves = f"{launches - 1} kernel launch{'es' * (launches > 2)}"
+    why = (f"would save {saves} but add at least as much in stacking and slicing kernels"
+           if price.worth <= 0 else
+           f"would save {saves}, less than half a launch more than its stacking and slicing "
+           "kernels cost: the cost model cannot tell it pays")
+    reason = f"batching {why}: {_describe(eqns, group)}; {_price_text(price)}"
     return decision(path, KIND_MATMULS_LEFT_ALONE, eqns, list(group.members),
                     trips_before=None, trips_after=None, unroll=None, reason=reason,
                     members=[(i,) for i in group.members], stage=group.stage,

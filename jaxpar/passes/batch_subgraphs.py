@@ -194,7 +194,8 @@ def _batch_level(level: Level, costs: CostModel,
                    "kernels before or after them), so batching would hold the earlier ones "
                    "back or join stages the planner can overlap")
         else:
-            before, after = _before_after(eqns, group, member_cost, heavy)
+            before, after = _before_after(eqns, group, member_cost, heavy, graph,
+                                          level_outputs)
             if after.seconds(costs.profile) >= before.seconds(costs.profile):
                 why = (f"stacking their differing inputs costs more than the "
                        f"{int(member_cost.kernels) * (group.members - 1)} kernel launches "
@@ -469,12 +470,15 @@ def _shared_column(eqns: Sequence[Any], group: _Group, slot: tuple[int, int]) ->
     return shared_column([eqns[i].invars[position] for i in group.rows[row]])
 
 
-def _before_after(eqns: Sequence[Any], group: _Group, member: Cost, heavy: Sequence[bool]
-                  ) -> tuple[Cost, Cost]:
+def _before_after(eqns: Sequence[Any], group: _Group, member: Cost, heavy: Sequence[bool],
+                  graph: Graph, level_outputs: set[Any]) -> tuple[Cost, Cost]:
     """Modelled cost of the members as they are, and batched (with stacking and slicing).
 
     A stacked input is one more kernel when a kernel-launching equation (a matmul) reads
-    it; stacking an input only elementwise work reads fuses into that work.
+    it; stacking an input only elementwise work reads fuses into that work. Likewise a
+    member's result sliced out of the batched one is a kernel of its own when it leaves
+    the level or a kernel-launching equation outside the group reads it (the same rule
+    as ``batch_matmuls``'s).
     """
     count = group.members
     before = member.scale(count)
@@ -487,9 +491,15 @@ def _before_after(eqns: Sequence[Any], group: _Group, member: Cost, heavy: Seque
             nbytes = _compat.aval_nbytes(eqns[group.rows[row][0]].invars[position].aval)
             after = after + Cost(bytes=2.0 * count * nbytes,
                                  kernels=1.0 if index in launched else 0.0)
+    inside = set(group.eqns)
     for row, out in group.outputs:
         nbytes = _compat.aval_nbytes(eqns[group.rows[row][0]].outvars[out].aval)
-        after = after + Cost(bytes=2.0 * count * nbytes)
+        sliced = sum(eqns[i].outvars[out] in level_outputs
+                     or any(heavy[r] and r not in inside
+                            and any(a is eqns[i].outvars[out] for a in eqns[r].invars)
+                            for r in graph.succs[i])
+                     for i in group.rows[row])
+        after = after + Cost(bytes=2.0 * count * nbytes, kernels=float(sliced))
     return before, after
 
 
