@@ -39,3 +39,48 @@ settings.register_profile(
     "thorough", max_examples=1000, deadline=None, suppress_health_check=_SLOW_IS_FINE
 )
 settings.load_profile(os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---- Time per test file ------------------------------------------------------------------------
+# At the end of a run, the files that took longest: wall seconds and CPU seconds (this process's
+# threads plus the subprocesses it waited for). On a shared machine the CPU seconds are what to
+# compare: wall time there measures the other users too. `JAXPAR_TEST_FILE_TIMES=N` sets how
+# many files are listed (default 12; 0 for none).
+
+import resource  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+import pytest  # noqa: E402
+
+_FILE_TIMES: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+
+
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
+    wall, cpu = time.perf_counter(), _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        times = _FILE_TIMES[item.location[0]]
+        times[0] += time.perf_counter() - wall
+        times[1] += _cpu_seconds() - cpu
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
+    shown = int(os.environ.get("JAXPAR_TEST_FILE_TIMES", "12"))
+    if shown <= 0 or not _FILE_TIMES:
+        return
+    rows = sorted(_FILE_TIMES.items(), key=lambda row: -row[1][1])
+    total_wall = sum(t[0] for t in _FILE_TIMES.values())
+    total_cpu = sum(t[1] for t in _FILE_TIMES.values())
+    terminalreporter.section(f"slowest {min(shown, len(rows))} test files (wall s, CPU s)")
+    for path, (wall, cpu) in rows[:shown]:
+        terminalreporter.write_line(f"{wall:8.1f} {cpu:8.1f}  {path}")
+    terminalreporter.write_line(f"{total_wall:8.1f} {total_cpu:8.1f}  all {len(rows)} files")
