@@ -5,9 +5,14 @@ Choose a hypothesis profile with the environment variable `JAXPAR_HYPOTHESIS_PRO
     JAXPAR_HYPOTHESIS_PROFILE=dev pytest tests/test_properties.py
 
 - `ci` (default): derandomized, so every run tests the same programs and a failure
-  reproduces; 20 examples per property (the feature families a fraction of that).
+  reproduces; 10 examples per property (the feature families a fraction of that, at
+  least 4), which draws every program family of `programs.py`.
+- `full`: as `ci` with 20 examples per property; the default under `JAXPAR_FULL=1`.
 - `dev`: 20 random examples per property, for quick runs while editing.
 - `thorough`: 1000 random examples per property, to hunt for bugs.
+
+`JAXPAR_FULL=1` runs the full matrices the default run samples: the `full` profile here,
+and every target and call form of each model in `test_ecosystem.py` (see `helpers.FULL`).
 
 Sharp edges:
     `JAX_PLATFORMS` is set to `cpu` (unless already set) before anything imports JAX, so
@@ -16,29 +21,36 @@ Sharp edges:
 """
 
 import os
+import resource
+import time
+from collections import defaultdict
+
+import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from helpers import hypothesis_profile
 from hypothesis import HealthCheck, settings
 
 _SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
-settings.register_profile(
-    "ci",
-    derandomize=True,
-    max_examples=20,
-    deadline=None,
-    database=None,
-    print_blob=True,
-    suppress_health_check=_SLOW_IS_FINE,
-)
+for _name, _examples in (("ci", 10), ("full", 20)):
+    settings.register_profile(
+        _name,
+        derandomize=True,
+        max_examples=_examples,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        suppress_health_check=_SLOW_IS_FINE,
+    )
 settings.register_profile(
     "dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_IS_FINE
 )
 settings.register_profile(
     "thorough", max_examples=1000, deadline=None, suppress_health_check=_SLOW_IS_FINE
 )
-settings.load_profile(os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci"))
+settings.load_profile(hypothesis_profile())
 
 
 # ---- Time per test file ------------------------------------------------------------------------
@@ -46,12 +58,6 @@ settings.load_profile(os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci"))
 # threads plus the subprocesses it waited for). On a shared machine the CPU seconds are what to
 # compare: wall time there measures the other users too. `JAXPAR_TEST_FILE_TIMES=N` sets how
 # many files are listed (default 12; 0 for none).
-
-import resource  # noqa: E402
-import time  # noqa: E402
-from collections import defaultdict  # noqa: E402
-
-import pytest  # noqa: E402
 
 _FILE_TIMES: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
 
