@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Installs everything the tests need and runs them. What it installs (once; later runs
-# reuse it):
+# Installs everything the tests need and runs them. What it installs (the first time, and
+# again only when pyproject.toml or tests/requirements-ecosystem.txt changes):
 #   * Debian's `chromium` (apt), for the browser test of the plan pictures;
 #   * three virtual environments under .ci-venv/ (about 2.5 GB in all):
 #       lint   ruff and mypy;
 #       py3.11 jax 0.10.2 with the CUDA PJRT plugin, so the deviceless GPU-compile tests run
 #              (no GPU is needed), plus flax, equinox and optax;
 #       py3.12 the newest jax our pins allow, plus flax, equinox and optax.
-# Then: ruff, mypy, and pytest on both jax versions side by side (one job a core), a line
-# per test file as it finishes, each job's full log in .ci-venv/<job>.log, and one summary.
-# Takes about 30 minutes on a quiet 2-core machine (26-29 measured; the first run adds the
-# installs); the jax 0.10.2 job, with the deviceless GPU compiles, is the longer one.
+# Then pytest on both jax versions side by side (one job a core; ruff and mypy before the
+# shorter job), a line per test file as it finishes, each job's full log in
+# .ci-venv/<job>.log, and one summary with the slowest tests and files.
+# Takes about 20 minutes on a quiet 2-core machine once installed (estimated from CPU time;
+# docs/benchmarks.md); the jax 0.10.2 job, with the deviceless GPU compiles, is the longer.
 #
 # Usage: bash scripts/test.sh [extra pytest args]
+# The full matrices (what this ran before, about 30 minutes): JAXPAR_FULL=1 bash scripts/test.sh
 # Heavier property runs: JAXPAR_HYPOTHESIS_PROFILE=thorough bash scripts/test.sh
 # One job only: JAXPAR_TEST_JOBS=3.11 (or 3.12) bash scripts/test.sh
 set -euo pipefail
@@ -144,7 +146,7 @@ for job in $jobs; do
   log=".ci-venv/py$job.log"
   echo
   echo "=== py$job: failures, slowest tests and summary (full log: $log)"
-  sed -n '/= FAILURES =\|= ERRORS =\|slowest .* durations\|short test summary/,$p' "$log" | \
+  sed -n '/= FAILURES =\|= ERRORS =\|slowest .* test files\|slowest .* durations\|short test summary/,$p' "$log" | \
     grep -v '^tests/' | tail -n 120
   summary=$(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$log" | tail -n 1 || true)
   if [ -z "$summary" ]; then echo "py$job: pytest printed no summary"; status=1; fi
