@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Installs everything the tests need and runs them. What it installs (once; later runs
-# reuse it):
+# Installs everything the tests need and runs them. What it installs (the first time, and
+# again only when pyproject.toml or tests/requirements-ecosystem.txt changes):
 #   * Debian's `chromium` (apt), for the browser test of the plan pictures;
 #   * three virtual environments under .ci-venv/ (about 2.5 GB in all):
 #       lint   ruff and mypy;
 #       py3.11 jax 0.10.2 with the CUDA PJRT plugin, so the deviceless GPU-compile tests run
 #              (no GPU is needed), plus flax, equinox and optax;
 #       py3.12 the newest jax our pins allow, plus flax, equinox and optax.
-# Then: ruff, mypy, and pytest on both jax versions side by side (one job a core), a line
-# per test file as it finishes, each job's full log in .ci-venv/<job>.log, and one summary.
-# Takes about 30 minutes on a quiet 2-core machine (26-29 measured; the first run adds the
-# installs); the jax 0.10.2 job, with the deviceless GPU compiles, is the longer one.
+# Then pytest on both jax versions side by side (one job a core; ruff and mypy before the
+# shorter job), a line per test file as it finishes, each job's full log in
+# .ci-venv/<job>.log, and one summary with the slowest tests and files.
+# Takes about 20 minutes on a quiet 2-core machine once installed (estimated from CPU time;
+# docs/benchmarks.md); the jax 0.10.2 job, with the deviceless GPU compiles, is the longer.
 #
 # Usage: bash scripts/test.sh [extra pytest args]
+# The full matrices (what this ran before, about 30 minutes): JAXPAR_FULL=1 bash scripts/test.sh
 # Heavier property runs: JAXPAR_HYPOTHESIS_PROFILE=thorough bash scripts/test.sh
 # One job only: JAXPAR_TEST_JOBS=3.11 (or 3.12) bash scripts/test.sh
 set -euo pipefail
@@ -33,10 +35,18 @@ find_python() {  # $1 = major.minor
 }
 
 install_job() {  # $1 = python version, $2 = jax pin ("" = newest allowed), $3 = "plugin" or ""
-  local py venv jaxver log
-  py=$(find_python "$1")
+  local py venv jaxver log stamp
   venv=".ci-venv/py$1"
   log=".ci-venv/install-py$1.log"
+  # Skipped when nothing it installs from has changed since the last run: the editable
+  # install follows code changes by itself.
+  stamp=$( { cat pyproject.toml tests/requirements-ecosystem.txt; echo "$* $PWD"; } | cksum)
+  if [ -f "$venv/.jaxpar-test-stamp" ] && [ "$(cat "$venv/.jaxpar-test-stamp")" = "$stamp" ] && \
+     "$venv/bin/python" -c "import jaxpar, os, sys; sys.exit(not jaxpar.__file__.startswith(os.getcwd()))" \
+       >/dev/null 2>&1; then
+    echo "--- $venv is up to date"; return 0
+  fi
+  py=$(find_python "$1")
   echo "--- installing into $venv: jax ${2:-newest}${3:+ with the CUDA plugin}, flax, equinox, optax"
   mkdir -p .ci-venv
   {
@@ -53,6 +63,19 @@ install_job() {  # $1 = python version, $2 = jax pin ("" = newest allowed), $3 =
       "$venv/bin/pip" install -q --no-deps "jax-cuda12-plugin==$jaxver" "jax-cuda12-pjrt==$jaxver"
     fi
   } > "$log" 2>&1 || { tail -n 40 "$log"; echo "installing into $venv failed (log: $log)"; exit 1; }
+  echo "$stamp" > "$venv/.jaxpar-test-stamp"
+}
+
+run_lint() {  # ruff and mypy; their output only when they find something
+  local log=.ci-venv/lint.log
+  rm -f .ci-venv/lint.failed
+  if { .ci-venv/lint/bin/ruff check jaxpar tests examples benchmarks && \
+       .ci-venv/lint/bin/mypy jaxpar; } > "$log" 2>&1; then
+    echo "[lint] ruff and mypy: clean"
+  else
+    sed 's/^/[lint] /' "$log"; echo "[lint] ruff or mypy failed (log: $log)"
+    touch .ci-venv/lint.failed; return 1
+  fi
 }
 
 run_job() {  # $1 = python version; the rest: extra pytest args. Prints a line per test file.
@@ -95,20 +118,27 @@ for job in $jobs; do
 done
 echo "--- installed in $((SECONDS - started)) s"
 
-echo "--- ruff and mypy"
-.ci-venv/lint/bin/ruff check jaxpar tests examples benchmarks
-.ci-venv/lint/bin/mypy jaxpar
-
-echo "--- pytest on: $jobs (a line per test file as it finishes)"
+# Two lanes, one a core: the jax 0.10.2 job (the longer one) in the first; ruff and mypy,
+# then the other job, in the second.
+echo "--- pytest on: $jobs, ruff and mypy before the last (a line per test file as it finishes)"
 tests_started=$SECONDS
-declare -A pids
-for job in $jobs; do
-  run_job "$job" "$@" &
-  pids[$job]=$!
-done
 status=0
+lanes=()
+last=${jobs##* }
+if [ "$jobs" = "$last" ]; then  # one job: lint in a lane of its own
+  run_lint &
+  lanes+=($!)
+fi
 for job in $jobs; do
-  if ! wait "${pids[$job]}"; then status=1; fi
+  if [ "$job" = "$last" ] && [ "$jobs" != "$last" ]; then
+    { lint=0; run_lint || lint=1; run_job "$job" "$@" && exit "$lint"; } &
+  else
+    run_job "$job" "$@" &
+  fi
+  lanes+=($!)
+done
+for lane in "${lanes[@]}"; do
+  if ! wait "$lane"; then status=1; fi
 done
 
 passed=0; failed=0
@@ -116,7 +146,7 @@ for job in $jobs; do
   log=".ci-venv/py$job.log"
   echo
   echo "=== py$job: failures, slowest tests and summary (full log: $log)"
-  sed -n '/= FAILURES =\|= ERRORS =\|slowest .* durations\|short test summary/,$p' "$log" | \
+  sed -n '/= FAILURES =\|= ERRORS =\|slowest .* test files\|slowest .* durations\|short test summary/,$p' "$log" | \
     grep -v '^tests/' | tail -n 120
   summary=$(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$log" | tail -n 1 || true)
   if [ -z "$summary" ]; then echo "py$job: pytest printed no summary"; status=1; fi
@@ -125,7 +155,8 @@ for job in $jobs; do
   passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
 done
 echo
-echo "--- tests took $((SECONDS - tests_started)) s; everything $((SECONDS - started)) s"
-echo "summary: $passed passed, $failed failed"
+echo "--- lint and tests took $((SECONDS - tests_started)) s; everything $((SECONDS - started)) s"
+lint=clean; if [ -f .ci-venv/lint.failed ]; then lint=FAILED; status=1; fi
+echo "summary: $passed passed, $failed failed; ruff and mypy: $lint"
 if [ "$failed" -gt 0 ]; then status=1; fi
 exit $status

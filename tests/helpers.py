@@ -19,6 +19,7 @@ Sharp edges:
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ from jax import lax
 
 __all__ = [
     "FOUR_BRANCHES_OPTIONS",
+    "FULL",
     "LOOPS_OFF",
     "STREAM_ATTRIBUTE",
     "assert_same_values",
@@ -46,6 +48,7 @@ __all__ = [
     "four_matmul_branches_args",
     "four_branches_args",
     "function_bodies",
+    "hypothesis_profile",
     "hetero_batch_benchmark",
     "lower_for_gpu",
     "nested_stream_calls",
@@ -357,15 +360,24 @@ def canonical_jaxpr_text(closed: Any) -> str:
     return re.sub(r"(_scheduling_group_id\W{1,4}|GroupIds\(id=)(\d+)", renumber, str(closed))
 
 
-def fraction_of_examples(fraction: float) -> Any:
-    """Hypothesis settings for a fraction of the profile's examples; in the `ci` profile
-    without shrinking, so that a failure is reported at once (run the `thorough` profile
-    to shrink it). For properties whose programs compile more than the others."""
-    import os
+# `JAXPAR_FULL=1`: the full matrices, where the default run samples them (see conftest.py).
+FULL = os.environ.get("JAXPAR_FULL", "0") not in ("", "0")
 
+
+def hypothesis_profile() -> str:
+    """The hypothesis profile of this run: `JAXPAR_HYPOTHESIS_PROFILE`, else `full` under
+    `JAXPAR_FULL=1`, else `ci` (tests/conftest.py registers them)."""
+    return os.environ.get("JAXPAR_HYPOTHESIS_PROFILE") or ("full" if FULL else "ci")
+
+
+def fraction_of_examples(fraction: float) -> Any:
+    """Hypothesis settings for a fraction of the profile's examples (at least 4); in the
+    derandomized `ci` and `full` profiles without shrinking, so that a failure is reported
+    at once (run the `thorough` profile to shrink it). For properties whose programs
+    compile more than the others."""
     from hypothesis import Phase, settings
 
-    no_shrink = os.environ.get("JAXPAR_HYPOTHESIS_PROFILE", "ci") == "ci"
+    no_shrink = hypothesis_profile() in ("ci", "full")
     phases = tuple(p for p in Phase if p is not Phase.shrink) if no_shrink else tuple(Phase)
     return settings(max_examples=max(4, int(settings().max_examples * fraction)),
                     phases=phases)

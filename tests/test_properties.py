@@ -16,7 +16,8 @@ options drawn from `CONFIGURATIONS` (targets "gpu" and "cpu"):
 - For target "gpu", the StableHLO lowered for CUDA carries only integer stream ids >= 1, and no
   stream-annotated call runs inside another one (XLA rejects nested annotated calls).
 
-Run with `JAXPAR_HYPOTHESIS_PROFILE=dev|ci|thorough` (see `conftest.py`); a failure prints
+Run with `JAXPAR_HYPOTHESIS_PROFILE=dev|ci|full|thorough` (see `conftest.py`; the default `ci`
+draws 10 examples a property, `JAXPAR_FULL=1` selects `full`, 20); a failure prints
 the options, the program's listing and the spec that rebuilds it with
 `programs.build_program(spec)`.
 """
