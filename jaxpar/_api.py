@@ -295,37 +295,6 @@ class ParallelBranches:
                         next(_call_sites) if _compat.staging() else 0,
                         _compat.vmap_axis_names(leaves))
 
-    def _jit_for(self, key: _CallKey, leaves: Sequence[Any]) -> Any:
-        """The jit a call with ``key`` runs under: on the GPU at the top level, one carrying
-        the XLA options (the CUDA-graph mode) its plan chose, else ``_jitted``."""
-        lowering = getattr(_lowering, "owner", None) is self
-        if not (key.settings.target == "gpu" and key.rewrite and key.emit_streams and (
-                lowering or _compat.top_level())):
-            return self._jitted
-        # The plan chooses this function's XLA options: they go into this jit's compile,
-        # and only there. jax.jit takes them only at the top level; inside another jit
-        # the outer one's options apply. With the tuner, the decided candidate's plan.
-        avals = tuple(abstract(leaf) for leaf in leaves)
-        settings = key.settings
-        if self.tune is not None and key.tune:
-            tuning = self._tunings.get((key.layout, avals, key.nnx, key.settings,
-                                        _compat.trace_context()))
-            if tuning is not None:
-                decided = _candidate_key(self, key, tuning.chosen)
-                if not decided.rewrite:
-                    return self._jitted
-                settings = decided.settings
-        options = self._prepare(Signature(key.layout, avals), settings, key.nnx,
-                                key.local_axes).xla_options
-        if lowering:
-            _lowering.options = options
-            return self._jitted
-        if not options:
-            return self._jitted
-        return _cached_jit(self._jitted_with, options, lambda given: jax.jit(
-            _weak_method(self, "_call_traced", self.__wrapped__), static_argnums=0,
-            compiler_options=given))
-
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
         key = self._call_key(layout, nnx, leaves)
         if self.tune is not None and key.rewrite and key.emit_streams:
@@ -334,7 +303,7 @@ class ParallelBranches:
             concrete = not key.call_site and not any(map(_compat.is_tracer, leaves))
             key = dataclasses.replace(key, tune="measure" if concrete else "reuse",
                                       tune_generation=self._tune_generation)
-        jitted = self._jit_for(key, leaves)
+        jitted = _jit_for(self, key, leaves)
         self._saw_traced_consts.value = False
         try:
             dynamic, outputs = jitted(key, *leaves)
@@ -342,7 +311,7 @@ class ParallelBranches:
             _tuning(self, dataclasses.replace(key, tune="", tune_generation=0), leaves)
             self._tune_generation += 1
             key = dataclasses.replace(key, tune_generation=self._tune_generation)
-            dynamic, outputs = self._jit_for(key, leaves)(key, *leaves)
+            dynamic, outputs = _jit_for(self, key, leaves)(key, *leaves)
         if self._saw_traced_consts.value:
             # The trace closed over another trace's tracers: jit must not reuse it.
             self._jitted.clear_cache()
@@ -503,7 +472,7 @@ def _candidates(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]
     seen: dict[str, str] = {}
     for candidate in CANDIDATES:
         candidate_key = _candidate_key(pb, key, candidate.label)
-        jitted = pb._jit_for(candidate_key, leaves)
+        jitted = _jit_for(pb, candidate_key, leaves)
         # The XLA options (the CUDA-graph mode) are not in the lowered text.
         text = f"{jitted.lower(candidate_key, *leaves).as_text()}\n{id(jitted)}"
         if text in seen:
@@ -516,7 +485,39 @@ def _candidates(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]
 
 
 def _run_candidate(pb: ParallelBranches, key: _CallKey, leaves: tuple[Any, ...]) -> Any:
-    return pb._jit_for(key, leaves)(key, *leaves)[0]
+    return _jit_for(pb, key, leaves)(key, *leaves)[0]
+
+
+def _jit_for(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Any:
+    """The jit a call with ``key`` runs under: on the GPU at the top level, one carrying
+    the XLA options (the CUDA-graph mode) its plan chose, else ``_jitted``."""
+    lowering = getattr(_lowering, "owner", None) is pb
+    if not (key.settings.target == "gpu" and key.rewrite and key.emit_streams and (
+            lowering or _compat.top_level())):
+        return pb._jitted
+    # The plan chooses this function's XLA options: they go into this jit's compile,
+    # and only there. jax.jit takes them only at the top level; inside another jit
+    # the outer one's options apply. With the tuner, the decided candidate's plan.
+    avals = tuple(abstract(leaf) for leaf in leaves)
+    settings = key.settings
+    if pb.tune is not None and key.tune:
+        tuning = pb._tunings.get((key.layout, avals, key.nnx, key.settings,
+                                    _compat.trace_context()))
+        if tuning is not None:
+            decided = _candidate_key(pb, key, tuning.chosen)
+            if not decided.rewrite:
+                return pb._jitted
+            settings = decided.settings
+    options = pb._prepare(Signature(key.layout, avals), settings, key.nnx,
+                            key.local_axes).xla_options
+    if lowering:
+        _lowering.options = options
+        return pb._jitted
+    if not options:
+        return pb._jitted
+    return _cached_jit(pb._jitted_with, options, lambda given: jax.jit(
+        _weak_method(pb, "_call_traced", pb.__wrapped__), static_argnums=0,
+        compiler_options=given))
 
 
 def _cached_jit(cache: dict[tuple[tuple[str, str], ...], Any], options: dict[str, str],

@@ -299,13 +299,13 @@ class Plan:
                 f"  planned for {self.target} ({how}): streams exist only on GPUs, so nothing "
                 f"is emitted, and the {self.target} cost model chose what is shown. For the "
                 "GPU plan: jaxpar.inspect(f, target='gpu')(...)")
+        figure = self.estimate
+        lines.append(f"  {figure.line()}")
         if self.mode is not None:
             options = self.xla_options
             shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
                      else "none (the process's XLA_FLAGS)")
             lines.append(f"  XLA options: {shown}: {self.mode.reason}")
-        figure = self.estimate
-        lines.append(f"  {figure.line()}")
         lines.extend(f"  forced: the GPU pricing would not emit this section: {why}"
                      for why in figure.rejected)
         if verbose:

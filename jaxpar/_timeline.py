@@ -114,12 +114,15 @@ def plan_estimate(plan: Plan) -> PlanEstimate:
         f"est. {s.cut_cost_us or 0.0:.1f} us"
         for s in plan.sections if s.pays is False)
     mode = plan.mode
-    chosen = mode.estimate(mode.mode) if mode is not None else None
+    chosen = mode.estimate(mode.mode) if mode is not None and mode.chosen else None
     if mode is not None and chosen is not None and mode.plain_seconds:
-        # The figure the CUDA-graph mode was chosen by (``_plan.modes``): jaxpar in its
-        # mode against the plain program in the user's.
+        # jaxpar compiles the function in another CUDA-graph mode than the user's: the
+        # figure that mode was chosen by (``_plan.modes``), jaxpar in its mode against
+        # the plain program in the user's.
         source = (f"jaxpar's planning model, {mode.mode.value} graphs against the plain "
                   f"program in the user's {mode.user_mode.value} mode; not a compile")
+        if any(d.kind in _LAUNCH_SAVERS for d in plan.loops):
+            source += "; loop rewrites' saved launches not counted: gpu_preview counts them"
         return PlanEstimate(mode.plain_seconds * 1e6, chosen * 1e6, source, rejected)
     levels = estimate(plan).levels if plan.steps else ()
     serial = levels[0].serial_us if levels else plan.total_cost_us

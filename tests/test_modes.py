@@ -91,7 +91,7 @@ def test_independent_work_is_compiled_in_concurrent_mode() -> None:
     text = plan.text()
     assert "XLA options: xla_gpu_command_buffer_scheduling_mode='CONCURRENT'" in text
     assert "against" in text and "in the process's lhs mode" in text
-    assert "for the plain program in the user's lhs mode" in text
+    assert "concurrent graphs against the plain program in the user's lhs mode" in text
     assert plan.mode.plain_seconds is not None
     assert plan.mode.estimate(CONCURRENT) < plan.mode.plain_seconds
     assert plan.to_dict()["xla_options"] == CONCURRENT_OPTIONS
