@@ -322,13 +322,7 @@ class ParallelBranches:
         it: stored in this process or on disk, else measured now. With abstract
         arguments (``jax.ShapeDtypeStruct``) only a decision this process made at those
         shapes; None without one, or without ``tune=True``."""
-        if self.tune is None:
-            return None
-        with nnx_arguments(object(), self.__wrapped__, args, kwargs) as (fun, args, kwargs,
-                                                                          nnx_call):
-            layout, leaves = split_arguments(fun, args, kwargs, self._static_args,
-                                             allow_abstract=True, api="tuning")
-            return _tuning(self, self._call_key(layout, nnx_call is not None, leaves), leaves)
+        return _tuning_of_call(self, args, kwargs) if self.tune is not None else None
 
     def _traced_function(self, nnx: bool) -> Callable[..., Any]:
         if not nnx:
@@ -368,17 +362,7 @@ class ParallelBranches:
         return rewrite
 
     def _staged(self, options: dict[str, str] | None = None) -> Any:
-        def make(given: dict[str, str] | None) -> Any:
-            # Weakly, as ``_jitted``: ``jax.jit(self)`` kept here would be a cycle.
-            call = functools.wraps(self.__wrapped__)(_weak_method(self, "__call__", None))
-            return jax.jit(call, static_argnums=self.static_argnums,
-                           static_argnames=self.static_argnames, compiler_options=given)
-
-        if options:
-            return _cached_jit(self._stages_with, options, make)
-        if self._stages is None:
-            self._stages = make(None)
-        return self._stages
+        return _staged_jit(self, options)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """``jax.jit(f).trace(...)`` of the rewritten function: a ``jax.stages.Traced``."""
@@ -486,6 +470,30 @@ def _candidates(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]
 
 def _run_candidate(pb: ParallelBranches, key: _CallKey, leaves: tuple[Any, ...]) -> Any:
     return _jit_for(pb, key, leaves)(key, *leaves)[0]
+
+
+def _tuning_of_call(pb: ParallelBranches, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> Tuning | None:
+    with nnx_arguments(object(), pb.__wrapped__, args, kwargs) as (fun, args, kwargs, nnx_call):
+        layout, leaves = split_arguments(fun, args, kwargs, pb._static_args,
+                                         allow_abstract=True, api="tuning")
+        return _tuning(pb, pb._call_key(layout, nnx_call is not None, leaves), leaves)
+
+
+def _staged_jit(pb: ParallelBranches, options: dict[str, str] | None) -> Any:
+    """The ``jax.jit`` of the decorated function that ``trace``/``lower`` use (with the
+    XLA options its plan chose, when given)."""
+    def make(given: dict[str, str] | None) -> Any:
+        # Weakly, as ``_jitted``: ``jax.jit(pb)`` kept here would be a cycle.
+        call = functools.wraps(pb.__wrapped__)(_weak_method(pb, "__call__", None))
+        return jax.jit(call, static_argnums=pb.static_argnums,
+                       static_argnames=pb.static_argnames, compiler_options=given)
+
+    if options:
+        return _cached_jit(pb._stages_with, options, make)
+    if pb._stages is None:
+        pb._stages = make(None)
+    return pb._stages
 
 
 def _jit_for(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Any:

@@ -1258,20 +1258,62 @@ def _program_abstract_eval(*avals: Any, call_jaxpr: Any, source: Any) -> tuple[A
     return list(call_jaxpr.out_avals), call_jaxpr.effects
 
 
+def _checked_first(source: ProgramSource, check: Callable[..., Any],
+                   body: Callable[..., Sequence[Any]]) -> Callable[..., list[Any]]:
+    """A source for an equation a transformation derived from ``source``'s: it runs the
+    original program's checks first (``check``, its outputs dropped), then ``body``.
+    checkify then reports the original's first failing check, as for ``jax.jit``: the
+    body's own checks only find again what the original's found first. Only checkify
+    runs a source, so only a checked program computes twice."""
+    def fn(*operands: Any) -> list[Any]:
+        check(*operands[source.skip:])
+        return list(body(*operands))
+    return fn
+
+
 def _program_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[Any], *,
                      call_jaxpr: Any, source: Any) -> tuple[list[Any], list[Any]]:
-    del source
     batched, dims_out = _batching.batch_jaxpr2(call_jaxpr, axis_data, tuple(dims_in))
-    return jaxpr_eval(batched, *vals_in), list(dims_out)
+    name = getattr(axis_data, "name", None)
+    if (source.body is not call_jaxpr
+            or getattr(axis_data, "explicit_mesh_axis", None) is not None):
+        return jaxpr_eval(batched, *vals_in), list(dims_out)
+    spmd = getattr(axis_data, "spmd_name", None)
+    original = jax.vmap(
+        lambda *a: tuple(source.fn(*a)),
+        in_axes=list(dims_in[source.skip:]),  # None: not mapped
+        axis_size=axis_data.size, axis_name=None if name is _core.no_axis_name else name,
+        **({"spmd_axis_name": spmd} if spmd is not None else {}))
+    outs = bind_program(lambda *v: jaxpr_eval(batched, *v),
+                        _checked_first(source, original, lambda *v: jaxpr_eval(batched, *v)),
+                        list(vals_in))
+    return outs, list(dims_out)
+
+
+def _program_dce(used_outputs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
+    # As for a closed call; an equation that keeps every operand keeps its source too
+    # (the original program's outputs narrowed alike), so checkify of reverse mode, which
+    # drops the forward outputs it does not need, still checks the original.
+    used_inputs, new_eqn = _pe.dce_jaxpr_closed_call_rule(used_outputs, eqn)
+    source = eqn.params["source"]
+    if new_eqn is None or source.body is not eqn.params["call_jaxpr"] or not all(used_inputs):
+        return used_inputs, new_eqn
+
+    def narrowed(*operands: Any) -> list[Any]:
+        outs = source.fn(*operands)
+        return [o for o, used in zip(outs, used_outputs, strict=True) if used]
+
+    marker = ProgramSource(narrowed, source.skip)
+    marker.body = new_eqn.params["call_jaxpr"]
+    return used_inputs, new_eqn.replace(params={**new_eqn.params, "source": marker})
 
 
 def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: Any,
                  source: Any) -> tuple[list[Any], list[Any]]:
     # Inline, as jax.linearize splits it: the outputs from the primals alone, then the
     # tangents from the residuals (a JVP of the whole body traced at once leaves the
-    # primal outputs of a shard_map unknown to reverse mode's partial evaluation).
-    del source
-
+    # primal outputs of a shard_map unknown to reverse mode's partial evaluation). The
+    # forward part stays one equation whose checkify rule checks the original first.
     def inexact(aval: Any) -> bool:
         return bool(jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact))
 
@@ -1284,7 +1326,13 @@ def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr:
         outs = jaxpr_eval(call_jaxpr, *primals)
         return outs, [zero(o) for o in outs]
     lin = linearize_split(lambda *a: jaxpr_eval(call_jaxpr, *a), avals, diff)
-    forward = jaxpr_eval(lin.forward, *primals)
+    if source.body is call_jaxpr:
+        forward = bind_program(
+            lambda *p: jaxpr_eval(lin.forward, *p),
+            _checked_first(source, source.fn, lambda *p: jaxpr_eval(lin.forward, *p)),
+            list(primals))
+    else:
+        forward = jaxpr_eval(lin.forward, *primals)
     outs, residuals = forward[:lin.num_outputs], forward[lin.num_outputs:]
     out_tangents = eval_linear(lin, residuals,
                                [t for t, d in zip(tangents, diff, strict=True) if d])
@@ -1341,7 +1389,7 @@ def _register_program_rules() -> None:
     _batching.fancy_primitive_batchers[program_p] = _program_batcher
     _ad.primitive_jvps[program_p] = _program_jvp
     _ad.primitive_transposes[program_p] = _program_transpose
-    _pe.dce_rules[program_p] = _pe.dce_jaxpr_closed_call_rule
+    _pe.dce_rules[program_p] = _program_dce
     _pe.partial_eval_jaxpr_custom_rules[program_p] = functools.partial(
         _pe.closed_call_partial_eval_custom_rule, "call_jaxpr",
         lambda *args: (args[-2], args[-1]))

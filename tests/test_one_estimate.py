@@ -119,7 +119,14 @@ def test_header_and_picture_show_the_plans_one_estimate(name):
     fn, args = PROGRAMS[name]
     plan = jaxpar.inspect(fn, target="gpu")(*args())
     _shown_everywhere(plan)
-    assert "jaxpar's planning model (lhs graphs), not a compile" in plan.estimate.source
+    if plan.mode is not None and plan.mode.chosen:  # compiled in another CUDA-graph mode
+        assert (f"jaxpar's planning model, {plan.mode.mode.value} graphs against the plain "
+                "program in the user's lhs mode; not a compile") in plan.estimate.source
+    else:
+        assert "jaxpar's planning model (lhs graphs), not a compile" in plan.estimate.source
+    kept = jaxpar.inspect(fn, target="gpu", command_buffers="keep")(*args())
+    _shown_everywhere(kept)
+    assert "jaxpar's planning model (lhs graphs), not a compile" in kept.estimate.source
 
 
 @pytest.mark.parametrize("name", ["two_scans", "two_rnns"])
@@ -137,8 +144,9 @@ def test_loop_rewrites_are_counted_or_pointed_to(name):
 
 def test_forced_plan_is_drawn_with_the_pricings_verdict():
     fn, args = PROGRAMS["inception"]
-    default = jaxpar.inspect(fn, target="gpu")(*args())
-    forced = jaxpar.inspect(fn, target="gpu", force_streams=True)(*args())
+    # In the user's lhs mode (the mode jaxpar would choose is another test's).
+    default = jaxpar.inspect(fn, target="gpu", command_buffers="keep")(*args())
+    forced = jaxpar.inspect(fn, target="gpu", force_streams=True, command_buffers="keep")(*args())
     assert default.sections == () and forced.num_regions >= 2
     # Under lhs graphs the pricing rejects the section: it wins nothing and the cut costs.
     section = forced.sections[0]

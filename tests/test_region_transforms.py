@@ -294,3 +294,31 @@ def test_on_stream_keeps_the_effects_of_an_unused_call(capfd):
     jax.effects_barrier()
     assert "inside 16.0" in capfd.readouterr().out
     assert jax.jit(g).lower(x).as_text().count(STREAM_ATTRIBUTE) == 1
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_checkify_of_grad_and_vmap_reports_the_first_error_in_program_order(transform):
+    # Under grad the forward part, under vmap the batched program, is one equation whose
+    # checkify rule runs the original program's checks first.
+    fn = _decorated()
+
+    def loss(f):
+        return lambda a, b, i, k, s: sum(jnp.sum(t.astype(jnp.float32)) for t in f(a, b, i, k, s))
+
+    def transformed(f):
+        if transform == "grad":
+            return jax.grad(loss(f), argnums=(0, 1))
+        return jax.vmap(loss(f), in_axes=(0, 0, None, None, None))
+
+    def batch(args):
+        a, b, *rest = args
+        return (a, b, *rest) if transform == "grad" else (a[None], b[None], *rest)
+
+    seen = set()
+    for name, args in SEVERAL.items():
+        errors = checkify.automatic_checks
+        want = jax.jit(checkify.checkify(transformed(branches), errors=errors))(*batch(args))
+        got = jax.jit(checkify.checkify(transformed(fn), errors=errors))(*batch(args))
+        assert got[0].get() == want[0].get(), name
+        seen.add(want[0].get())
+    assert len(seen - {None}) >= 2
