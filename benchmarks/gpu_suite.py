@@ -730,6 +730,9 @@ def evaluate(name: str, size: str = "full", values: bool = True,
             "concurrent_kernels": fast.concurrent_kernels,
             "kept_overlaps": fast.estimate.kept_overlaps if fast.estimate else 0,
             "mode": preview.command_buffers.value,
+            # "chosen": plain in the user's mode, jaxpar in the one its plan chose; else
+            # the one mode both were compiled in.
+            "configuration": "chosen" if command_buffers is None else command_buffers,
             "judged_ratio": preview.time_ratio,
             "plan": {"sections": len(preview.plan.sections), "regions": preview.plan.num_regions,
                      "loops": len(preview.plan.loops), "subgraphs": len(preview.plan.subgraphs)},
@@ -888,7 +891,9 @@ def guard_table(results: Sequence[Mapping[str, Any]]) -> str:
         failures = "; ".join(guard_failures(r)) or "ok"
         if r.get("compile") == "ok":
             plain, fast = r["launches"]
-            lines.append(f"| {r['name']} | {r['size']} | {r['mode']} | {plain:,} -> {fast:,} | "
+            shown = (f"chosen: {r['chosen_mode']} (plain {r['mode']})"
+                     if r.get("configuration") == "chosen" else r["mode"])
+            lines.append(f"| {r['name']} | {r['size']} | {shown} | {plain:,} -> {fast:,} | "
                          f"x{r['judged_ratio']:.3f} | {failures} |")
         else:
             lines.append(f"| {r['name']} | {r['size']} | - | - | - | {failures} |")

@@ -100,17 +100,9 @@ def same_program(a: Callable[..., Any], b: Callable[..., Any], args: tuple[Any, 
 
 def interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int
                 ) -> dict[str, list[float]]:
-    """Per-variant wall times (s) over ``repeats`` rounds, the order rotated each round."""
-    for run in variants.values():
-        jax.block_until_ready(run())
-    names = list(variants)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for rep in range(repeats):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            start = time.perf_counter()
-            jax.block_until_ready(variants[name]())
-            times[name].append(time.perf_counter() - start)
-    return times
+    """Per-variant wall times (s) over ``repeats`` rounds, the order rotated each round
+    (``run.py``'s timing, first calls apart)."""
+    return suite.time_interleaved(variants, repeats)[0]
 
 
 def ratios(times: Mapping[str, list[float]]) -> dict[str, dict[str, float]]:

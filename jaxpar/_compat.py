@@ -1058,8 +1058,8 @@ def vmap_axis_names(values: Sequence[Any]) -> frozenset[Any]:
     return frozenset(names)
 
 
-def _region_abstract_eval(*avals: Any, call_jaxpr: Any, region: Any) -> tuple[Any, Any]:
-    del avals, region
+def _region_abstract_eval(*avals: Any, call_jaxpr: Any, **params: Any) -> tuple[Any, Any]:
+    del avals, params
     return list(call_jaxpr.out_avals), call_jaxpr.effects
 
 
@@ -1172,30 +1172,39 @@ def _call_jet(primals_in: Sequence[Any], series_in: Sequence[Any], call_jaxpr: A
     return outs, [terms[i * order:(i + 1) * order] for i in range(num_out)]
 
 
-def _register_stream_region_rules() -> None:
-    _dispatch.simple_impl(stream_region_p)  # eagerly: compiled alone, as a stream call
-    stream_region_p.def_effectful_abstract_eval(_region_abstract_eval)
-    _mlir.register_lowering(stream_region_p, _mlir.lower_fun(_region_lowering,
-                                                             multiple_results=True))
-    _batching.fancy_primitive_batchers[stream_region_p] = _region_batcher
-    _ad.primitive_jvps[stream_region_p] = _region_jvp
-    _ad.primitive_transposes[stream_region_p] = _region_transpose
-    _pe.dce_rules[stream_region_p] = _pe.dce_jaxpr_closed_call_rule
-    # Under jax.checkpoint the region splits into a known and a staged region, each
-    # keeping the region's attributes (what JAX does for xla_metadata_call).
-    _pe.partial_eval_jaxpr_custom_rules[stream_region_p] = functools.partial(
+def _register_call_rules(prim: Any, *, lowering: Callable[..., Any], batcher: Any, jvp: Any,
+                         transpose: Any, dce: Any, checkify: Any, jet: Any) -> None:
+    """The rules of one of jaxpar's call-like primitives (a ``call_jaxpr`` and one more
+    parameter): stream regions and the rewritten program."""
+    prim.def_effectful_abstract_eval(_region_abstract_eval)
+    _mlir.register_lowering(prim, _mlir.lower_fun(lowering, multiple_results=True))
+    _batching.fancy_primitive_batchers[prim] = batcher
+    _ad.primitive_jvps[prim] = jvp
+    _ad.primitive_transposes[prim] = transpose
+    _pe.dce_rules[prim] = dce
+    # Under jax.checkpoint the call splits into a known and a staged call, each keeping
+    # the call's parameters (what JAX does for xla_metadata_call).
+    _pe.partial_eval_jaxpr_custom_rules[prim] = functools.partial(
         _pe.closed_call_partial_eval_custom_rule, "call_jaxpr",
         lambda *args: (args[-2], args[-1]))
-    _checkify.error_checks[stream_region_p] = _region_checkify
-    _jet.jet_rules[stream_region_p] = _region_jet  # type: ignore[assignment]
+    _checkify.error_checks[prim] = checkify
+    _jet.jet_rules[prim] = jet
     # jax >= 0.12: a body holding "high" types (refs, hi-level avals) is lowered to low
     # types before staging, as jax.jit and xla_metadata_call do.
     lower_and_eval = getattr(_pe, "_lower_and_eval", None)
     if lower_and_eval is not None:
-        def to_lojax(*hi_args: Any, call_jaxpr: Any, region: Any) -> Any:
-            return lower_and_eval(stream_region_p, call_jaxpr, hi_args, region=region)
+        def to_lojax(*hi_args: Any, call_jaxpr: Any, **params: Any) -> Any:
+            return lower_and_eval(prim, call_jaxpr, hi_args, **params)
 
-        stream_region_p.to_lojax = to_lojax  # type: ignore[method-assign,attr-defined,unused-ignore]
+        prim.to_lojax = to_lojax
+
+
+def _register_stream_region_rules() -> None:
+    _dispatch.simple_impl(stream_region_p)  # eagerly: compiled alone, as a stream call
+    _register_call_rules(stream_region_p, lowering=_region_lowering, batcher=_region_batcher,
+                         jvp=_region_jvp, transpose=_region_transpose,
+                         dce=_pe.dce_jaxpr_closed_call_rule, checkify=_region_checkify,
+                         jet=_region_jet)
 
 
 _register_stream_region_rules()
@@ -1253,11 +1262,6 @@ def _program_eval(*args: Any, call_jaxpr: Any, source: Any) -> list[Any]:
     return jaxpr_eval(call_jaxpr, *args)
 
 
-def _program_abstract_eval(*avals: Any, call_jaxpr: Any, source: Any) -> tuple[Any, Any]:
-    del avals, source
-    return list(call_jaxpr.out_avals), call_jaxpr.effects
-
-
 def _checked_first(source: ProgramSource, check: Callable[..., Any],
                    body: Callable[..., Sequence[Any]]) -> Callable[..., list[Any]]:
     """A source for an equation a transformation derived from ``source``'s: it runs the
@@ -1290,11 +1294,13 @@ def _program_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[A
     return outs, list(dims_out)
 
 
-def _program_dce(used_outputs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
+def _program_dce(used_outputs: list[bool], *rest: Any) -> tuple[list[bool], Any]:
     # As for a closed call; an equation that keeps every operand keeps its source too
     # (the original program's outputs narrowed alike), so checkify of reverse mode, which
-    # drops the forward outputs it does not need, still checks the original.
-    used_inputs, new_eqn = _pe.dce_jaxpr_closed_call_rule(used_outputs, eqn)
+    # drops the forward outputs it does not need, still checks the original. jax >= 0.12
+    # passes which inputs hold live refs before the equation.
+    eqn = rest[-1]
+    used_inputs, new_eqn = _pe.dce_jaxpr_closed_call_rule(used_outputs, *rest)
     source = eqn.params["source"]
     if new_eqn is None or source.body is not eqn.params["call_jaxpr"] or not all(used_inputs):
         return used_inputs, new_eqn
@@ -1384,23 +1390,9 @@ def _program_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_ja
 
 def _register_program_rules() -> None:
     program_p.def_impl(_program_eval)
-    program_p.def_effectful_abstract_eval(_program_abstract_eval)
-    _mlir.register_lowering(program_p, _mlir.lower_fun(_program_eval, multiple_results=True))
-    _batching.fancy_primitive_batchers[program_p] = _program_batcher
-    _ad.primitive_jvps[program_p] = _program_jvp
-    _ad.primitive_transposes[program_p] = _program_transpose
-    _pe.dce_rules[program_p] = _program_dce
-    _pe.partial_eval_jaxpr_custom_rules[program_p] = functools.partial(
-        _pe.closed_call_partial_eval_custom_rule, "call_jaxpr",
-        lambda *args: (args[-2], args[-1]))
-    _checkify.error_checks[program_p] = _program_checkify
-    _jet.jet_rules[program_p] = _program_jet  # type: ignore[assignment]
-    lower_and_eval = getattr(_pe, "_lower_and_eval", None)
-    if lower_and_eval is not None:
-        def to_lojax(*hi_args: Any, call_jaxpr: Any, source: Any) -> Any:
-            return lower_and_eval(program_p, call_jaxpr, hi_args, source=source)
-
-        program_p.to_lojax = to_lojax  # type: ignore[method-assign,attr-defined,unused-ignore]
+    _register_call_rules(program_p, lowering=_program_eval, batcher=_program_batcher,
+                         jvp=_program_jvp, transpose=_program_transpose, dce=_program_dce,
+                         checkify=_program_checkify, jet=_program_jet)
 
 
 _register_program_rules()
