@@ -346,9 +346,13 @@ def canonical_jaxpr_text(closed: Any) -> str:
     from jaxpar import _compat
 
     inner, _ = _compat.open_jaxpr(closed)
-    while (len(inner.eqns) == 1 and inner.eqns[0].primitive.name in ("jit", "pjit")
+    # jit calls, and the equation that holds a rewritten program (``_compat.program_p``,
+    # inlined when lowering) are looked through.
+    while (len(inner.eqns) == 1 and inner.eqns[0].primitive.name in ("jit", "pjit",
+                                                                    _compat.PROGRAM)
            and list(inner.eqns[0].outvars) == list(inner.outvars)):
-        closed = inner.eqns[0].params["jaxpr"]
+        params = inner.eqns[0].params
+        closed = params["jaxpr"] if "jaxpr" in params else params["call_jaxpr"]
         inner, _ = _compat.open_jaxpr(closed)
     numbers: dict[str, str] = {}
 

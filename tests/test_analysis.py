@@ -217,8 +217,10 @@ def test_unordered_callbacks_in_program_order(capsys):
     assert sorted(capsys.readouterr().out.splitlines()) == sorted(expected.splitlines())
     closed = jax.make_jaxpr(jaxpar.parallel_branches(program, **OPTIONS))(*args)
     inner = _compat.open_jaxpr(closed)[0]
-    while len(inner.eqns) == 1 and inner.eqns[0].primitive.name in ("jit", "pjit"):
-        inner = _compat.open_jaxpr(inner.eqns[0].params["jaxpr"])[0]  # the decorated call
+    while len(inner.eqns) == 1 and inner.eqns[0].primitive.name in ("jit", "pjit",
+                                                                    _compat.PROGRAM):
+        params = inner.eqns[0].params  # the decorated call, the rewritten program
+        inner = _compat.open_jaxpr(params.get("jaxpr", params.get("call_jaxpr")))[0]
     prints = [e.params["fmt"] for e in inner.eqns if e.primitive.name == "debug_print"]
     assert prints == ["first {}", "second {}"]
 
