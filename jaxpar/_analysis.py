@@ -43,6 +43,22 @@ class Analysis:
         self._memos: dict[str, dict[Any, Any]] = {}
         self._subjaxprs: dict[int, tuple[Any, tuple[tuple[str, int | None, Any], ...]]] = {}
 
+    def with_settings(self, settings: Settings) -> Analysis:
+        """An analysis for other settings of the same program (another CUDA-graph mode to
+        plan in) sharing what does not depend on them: the cost model and its memo of
+        equation costs, structural keys, graphs, placement and sub-jaxprs. Memos of the
+        passes and the planner are its own."""
+        if settings.gpu != self.settings.gpu or settings.target != self.settings.target:
+            raise ValueError("with_settings keeps the target and the GPU (the cost model's)")
+        other = Analysis.__new__(Analysis)
+        other.settings = settings
+        other.costs = self.costs
+        other.structural_keys = self.structural_keys
+        other._graphs, other._placement = self._graphs, self._placement
+        other._subjaxprs = self._subjaxprs
+        other._memos = {}
+        return other
+
     @property
     def target(self) -> str:
         return self.settings.target

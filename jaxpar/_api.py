@@ -610,7 +610,8 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
             for mode in MODE_CANDIDATES:
                 if mode not in plans:
                     # The passes do not depend on the mode: only the plan is made again.
-                    other = Analysis(dataclasses.replace(settings, command_buffers=mode))
+                    other = analysis.with_settings(
+                        dataclasses.replace(settings, command_buffers=mode))
                     planned = plan_jaxpr(jaxpr, other)
                     plans[mode] = (planned, estimate_seconds(planned, other.costs, mode))
             choice = choose_mode({mode: seconds for mode, (_, seconds) in plans.items()},

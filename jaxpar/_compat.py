@@ -1238,21 +1238,25 @@ class ProgramSource:
     order. Compares by identity, as JAX compares a jaxpr.
     """
 
-    __slots__ = ("body", "fn", "skip")
+    __slots__ = ("body", "checks_only", "fn", "skip")
 
-    def __init__(self, fn: Callable[..., Sequence[Any]], skip: int) -> None:
+    def __init__(self, fn: Callable[..., Sequence[Any]], skip: int,
+                 checks_only: bool = False) -> None:
         self.fn, self.skip, self.body = fn, skip, None
+        # An equation with no outputs that only holds the original's checks for
+        # checkify (its body is empty; DCE keeps it).
+        self.checks_only = checks_only
 
     def __repr__(self) -> str:
         return "<original program>"
 
 
 def bind_program(fn: Callable[..., Sequence[Any]], source: Callable[..., Sequence[Any]],
-                 args: Sequence[Any]) -> list[Any]:
+                 args: Sequence[Any], checks_only: bool = False) -> list[Any]:
     """``fn(*args)`` as one ``program_p`` equation whose checkify rule runs ``source``
     (the same function of ``args``, as the user wrote it) instead."""
     jaxpr, consts = _region_jaxpr(fn, [jax.typeof(a) for a in args])
-    marker = ProgramSource(source, len(consts))
+    marker = ProgramSource(source, len(consts), checks_only)
     marker.body = jaxpr
     return list(program_p.bind(*consts, *args, call_jaxpr=jaxpr, source=marker))
 
@@ -1300,8 +1304,10 @@ def _program_dce(used_outputs: list[bool], *rest: Any) -> tuple[list[bool], Any]
     # drops the forward outputs it does not need, still checks the original. jax >= 0.12
     # passes which inputs hold live refs before the equation.
     eqn = rest[-1]
-    used_inputs, new_eqn = _pe.dce_jaxpr_closed_call_rule(used_outputs, *rest)
     source = eqn.params["source"]
+    if source.checks_only and source.body is eqn.params["call_jaxpr"]:
+        return [True] * len(eqn.invars), eqn
+    used_inputs, new_eqn = _pe.dce_jaxpr_closed_call_rule(used_outputs, *rest)
     if new_eqn is None or source.body is not eqn.params["call_jaxpr"] or not all(used_inputs):
         return used_inputs, new_eqn
 
@@ -1316,10 +1322,16 @@ def _program_dce(used_outputs: list[bool], *rest: Any) -> tuple[list[bool], Any]
 
 def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: Any,
                  source: Any) -> tuple[list[Any], list[Any]]:
-    # Inline, as jax.linearize splits it: the outputs from the primals alone, then the
-    # tangents from the residuals (a JVP of the whole body traced at once leaves the
-    # primal outputs of a shard_map unknown to reverse mode's partial evaluation). The
-    # forward part stays one equation whose checkify rule checks the original first.
+    # Inline. First, for checkify, an equation holding the original program's checks
+    # (nothing runs otherwise), so a checked derivative reports the original's first
+    # failing check. A body holding a shard_map is split as jax.linearize splits it
+    # (the outputs from the primals alone, then the tangents from the residuals): a JVP
+    # of the whole body traced at once leaves the primal outputs of a shard_map unknown
+    # to reverse mode's partial evaluation. Other bodies are differentiated whole, which
+    # runs each effect of a custom rule as often as jax.jit's derivative does.
+    if source.body is call_jaxpr and not source.checks_only:
+        bind_program(lambda *p: [], _checked_first(source, source.fn, lambda *p: []),
+                     list(primals), checks_only=True)
     def inexact(aval: Any) -> bool:
         return bool(jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact))
 
@@ -1331,14 +1343,13 @@ def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr:
     if not any(diff):
         outs = jaxpr_eval(call_jaxpr, *primals)
         return outs, [zero(o) for o in outs]
+    if not any(is_shard_map(eqn) for eqn in open_jaxpr(call_jaxpr)[0].eqns):
+        dense = tuple(_ad.instantiate_zeros(t) for t in tangents)
+        outs, out_tangents = jax.jvp(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)),
+                                     tuple(primals), dense)
+        return list(outs), list(out_tangents)
     lin = linearize_split(lambda *a: jaxpr_eval(call_jaxpr, *a), avals, diff)
-    if source.body is call_jaxpr:
-        forward = bind_program(
-            lambda *p: jaxpr_eval(lin.forward, *p),
-            _checked_first(source, source.fn, lambda *p: jaxpr_eval(lin.forward, *p)),
-            list(primals))
-    else:
-        forward = jaxpr_eval(lin.forward, *primals)
+    forward = jaxpr_eval(lin.forward, *primals)
     outs, residuals = forward[:lin.num_outputs], forward[lin.num_outputs:]
     out_tangents = eval_linear(lin, residuals,
                                [t for t, d in zip(tangents, diff, strict=True) if d])
