@@ -20,7 +20,7 @@ import pytest
 from jax import lax
 
 import jaxpar
-from jaxpar import _deviceless
+from jaxpar import _compat, _deviceless
 
 PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
@@ -150,7 +150,10 @@ def test_forced_plan_is_drawn_with_the_pricings_verdict():
     assert default.sections == () and forced.num_regions >= 2
     # Under lhs graphs the pricing rejects the section: it wins nothing and the cut costs.
     section = forced.sections[0]
-    assert section.gain_us == 0.0 and section.cut_cost_us > 0.0 and section.pays is False
+    # (The cut's cost is what packing a region's results adds: nothing on jax >= 0.11,
+    # whose XLA overlaps a call returning a tuple.)
+    assert section.gain_us == 0.0 and section.cut_cost_us is not None and section.pays is False
+    assert (section.cut_cost_us > 0.0) == _compat.PACK_MULTI_RESULT_CALLS
     assert forced.estimate.rejected == (
         f"{len(section.regions)} regions win est. 0.0 us of overlap and the cut costs "
         f"est. {section.cut_cost_us:.1f} us",)
@@ -158,7 +161,9 @@ def test_forced_plan_is_drawn_with_the_pricings_verdict():
     assert section.verdict in forced.text(verbose=True)
     assert forced.estimate.jaxpar_us == pytest.approx(
         default.estimate.jaxpar_us + section.cut_cost_us)
-    assert forced.estimate.ratio > 1.0 and default.estimate.ratio == pytest.approx(1.0)
+    assert default.estimate.ratio == pytest.approx(1.0)
+    assert forced.estimate.ratio >= 1.0 and (forced.estimate.ratio > 1.0) == (
+        section.cut_cost_us > 0.0)
     _shown_everywhere(forced)
     assert "forced: the GPU pricing would not emit this section" in forced.text()
 
