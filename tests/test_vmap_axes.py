@@ -29,7 +29,8 @@ def normalized_towers(a, b):
     x = jnp.tanh(a @ W) @ W
     x = x - jax.lax.pmean(x, "batch")
     y = jnp.sin(b @ W) @ W
-    y = y / (1.0 + jax.lax.pmax(jnp.abs(y), "batch"))
+    # (pmax has no derivative on jax 0.12: its operand carries none.)
+    y = y / (1.0 + jax.lax.pmax(jax.lax.stop_gradient(jnp.abs(y)), "batch"))
     return x, y
 
 
