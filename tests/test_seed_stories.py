@@ -118,7 +118,9 @@ def test_four_branches_get_at_least_two_streams():
     assert all(dict(r.primitives).get("dot_general", 0) >= 2 for r in regions)
     calls = stream_calls(lower_for_gpu(fast, *args))
     assert len({attrs["_xla_stream_annotation"] for _, attrs in calls}) >= 2
-    assert_tree_equal(fast(*args), jax.jit(four_matmul_branches)(*args))
+    # On the CPU the regions are calls: at the tests' -O0 (conftest) XLA:CPU compiles
+    # their bodies apart, a few elements an ulp off (bit-exact with JAXPAR_FULL=1).
+    assert_tree_close(fast(*args), jax.jit(four_matmul_branches)(*args), rtol=1e-6, atol=1e-7)
 
 
 @needs_plugin
