@@ -10,11 +10,11 @@
 # Then pytest on both jax versions side by side (one job a core; ruff and mypy before the
 # shorter job), a line per test file as it finishes, each job's full log in
 # .ci-venv/<job>.log, and one summary with the slowest tests and files.
-# Takes about 20 minutes on a quiet 2-core machine once installed (estimated from CPU time;
-# docs/benchmarks.md); the jax 0.10.2 job, with the deviceless GPU compiles, is the longer.
+# Took 26 minutes (1565 s) on a quiet 2-core machine once installed (2026-12-01); the jax
+# 0.10.2 job, with the deviceless GPU compiles and the GPU guard, is the longer.
 #
 # Usage: bash scripts/test.sh [extra pytest args]
-# The full matrices (what this ran before, about 30 minutes): JAXPAR_FULL=1 bash scripts/test.sh
+# The full matrices (longer): JAXPAR_FULL=1 bash scripts/test.sh
 # Heavier property runs: JAXPAR_HYPOTHESIS_PROFILE=thorough bash scripts/test.sh
 # One job only: JAXPAR_TEST_JOBS=3.11 (or 3.12) bash scripts/test.sh
 set -euo pipefail
