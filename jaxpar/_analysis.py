@@ -17,6 +17,7 @@ Sharp edges:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import _compat
@@ -41,7 +42,6 @@ class Analysis:
         self._graphs: dict[int, tuple[Any, Graph]] = {}
         self._placement: dict[int, tuple[Any, bool]] = {}
         self._memos: dict[str, dict[Any, Any]] = {}
-        self._subjaxprs: dict[int, tuple[Any, tuple[tuple[str, int | None, Any], ...]]] = {}
 
     def with_settings(self, settings: Settings) -> Analysis:
         """An analysis for other settings of the same program (another CUDA-graph mode to
@@ -55,7 +55,6 @@ class Analysis:
         other.costs = self.costs
         other.structural_keys = self.structural_keys
         other._graphs, other._placement = self._graphs, self._placement
-        other._subjaxprs = self._subjaxprs
         other._memos = {}
         return other
 
@@ -76,12 +75,7 @@ class Analysis:
     def subjaxprs(self, eqn: Any) -> tuple[tuple[str, int | None, Any], ...]:
         """``_compat.eqn_subjaxprs(eqn)``, memoised by the parameter dict (rewritten
         levels keep the parameter dicts of the equations they copy)."""
-        params = eqn.params
-        hit = self._subjaxprs.get(id(params))
-        if hit is None or hit[0] is not params:
-            hit = (params, tuple(_compat.eqn_subjaxprs(eqn)))
-            self._subjaxprs[id(params)] = hit
-        return hit[1]
+        return self.costs.subjaxprs(eqn)
 
     def memo(self, name: str) -> dict[Any, Any]:
         """A per-call memo for one pass or stage (the owner keeps identity keys' objects)."""
@@ -89,24 +83,29 @@ class Analysis:
 
     def annotated(self, eqn: Any) -> bool:
         """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
-        return eqn_has_placement(eqn, self._placement)
+        return eqn_has_placement(eqn, self._placement, self.costs.subjaxprs)
 
 
-def eqn_has_placement(eqn: Any, memo: dict[int, tuple[Any, bool]]) -> bool:
+SubjaxprsFn = Callable[[Any], Iterable[tuple[str, int | None, Any]]]
+
+
+def eqn_has_placement(eqn: Any, memo: dict[int, tuple[Any, bool]],
+                      subjaxprs: SubjaxprsFn = _compat.eqn_subjaxprs) -> bool:
     """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
     if eqn.primitive.name in USER_PLACEMENT:
         return True
     if _compat.eqn_frontend_attributes(eqn):
         return True
-    return any(jaxpr_has_placement(sub, memo) for _, _, sub in _compat.eqn_subjaxprs(eqn))
+    return any(jaxpr_has_placement(sub, memo, subjaxprs) for _, _, sub in subjaxprs(eqn))
 
 
-def jaxpr_has_placement(jaxpr: Any, memo: dict[int, tuple[Any, bool]]) -> bool:
+def jaxpr_has_placement(jaxpr: Any, memo: dict[int, tuple[Any, bool]],
+                        subjaxprs: SubjaxprsFn = _compat.eqn_subjaxprs) -> bool:
     """Whether any equation of ``jaxpr`` (recursively) is user-placed."""
     hit = memo.get(id(jaxpr))
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
     inner, _ = _compat.open_jaxpr(jaxpr)
-    found = any(eqn_has_placement(eqn, memo) for eqn in inner.eqns)
+    found = any(eqn_has_placement(eqn, memo, subjaxprs) for eqn in inner.eqns)
     memo[id(jaxpr)] = (jaxpr, found)
     return found

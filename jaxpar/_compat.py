@@ -611,9 +611,24 @@ def is_extended_dtype(dtype: Any) -> bool:
 
 def itemsize(dtype: Any) -> int:
     """Bytes per element of ``dtype``, extended dtypes included (a threefry key: 8)."""
+    try:
+        return _ITEMSIZES[dtype]
+    except (KeyError, TypeError):  # a new dtype, or an unhashable one
+        pass
     if is_extended_dtype(dtype):
-        return int(dtype.itemsize)  # every extended dtype defines it (0.4.16 - 0.12)
-    return int(np.dtype(dtype).itemsize)
+        size = int(dtype.itemsize)  # every extended dtype defines it (0.4.16 - 0.12)
+    else:
+        size = int(np.dtype(dtype).itemsize)
+    try:
+        _ITEMSIZES[dtype] = size
+    except TypeError:
+        pass
+    return size
+
+
+# dtype -> bytes per element: the cost model asks for every operand and result of every
+# equation, and the extended-dtype test alone costs more than the rest of ``aval_nbytes``.
+_ITEMSIZES: dict[Any, int] = {}
 
 
 def aval_nbytes(aval: Any) -> int:

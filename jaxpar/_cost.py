@@ -173,7 +173,7 @@ def _cond_rule(model: CostModel, eqn: Any) -> Cost:
 
 
 def _default_rule(model: CostModel, eqn: Any) -> Cost:
-    nested = [model.jaxpr_cost(j) for _, _, j in _compat.eqn_subjaxprs(eqn)]
+    nested = [model.jaxpr_cost(j) for _, _, j in model.subjaxprs(eqn)]
     if nested:
         # custom_jvp/custom_vjp/remat/jit/shard_map...: the work is the body's.
         # custom_jvp and custom_vjp keep both a primal and a rule; cost the primal.
@@ -201,8 +201,8 @@ class CostModel:
         self._jaxpr_costs: dict[int, tuple[Any, Cost]] = {}
         # Equations are immutable, and the passes see the same ones round after round.
         self._eqn_costs: dict[int, tuple[Any, Cost]] = {}
-        # Parameter dicts by identity: whether they hold a jaxpr (``launches``).
-        self._nested: dict[int, tuple[Any, bool]] = {}
+        # Parameter dicts by identity: the jaxprs they hold (``subjaxprs``).
+        self._nested: dict[int, tuple[Any, tuple[tuple[str, int | None, Any], ...]]] = {}
 
     def eqn_cost(self, eqn: Any) -> Cost:
         hit = self._eqn_costs.get(id(eqn))
@@ -226,16 +226,20 @@ class CostModel:
         if rule is _one_kernel_rule or rule is _dot_general_rule or rule is _conv_rule:
             return True
         if rule is _default_rule:
-            # Elementwise unless it holds jaxprs; keyed by the parameter dict, which
-            # rewritten levels keep from the equations they copy.
-            params = eqn.params
-            hit = self._nested.get(id(params))
-            if hit is None or hit[0] is not params:
-                hit = (params, any(True for _ in _compat.eqn_subjaxprs(eqn)))
-                self._nested[id(params)] = hit
-            if not hit[1]:
+            if not self.subjaxprs(eqn):  # elementwise unless it holds jaxprs
                 return False
         return self.eqn_cost(eqn).kernels > 0
+
+    def subjaxprs(self, eqn: Any) -> tuple[tuple[str, int | None, Any], ...]:
+        """``_compat.eqn_subjaxprs(eqn)``, memoised by the parameter dict: rewritten
+        levels keep the parameter dicts of the equations they copy, and the passes, the
+        planner and the mode estimates each ask about every equation."""
+        params = eqn.params
+        hit = self._nested.get(id(params))
+        if hit is None or hit[0] is not params:
+            hit = (params, tuple(_compat.eqn_subjaxprs(eqn)))
+            self._nested[id(params)] = hit
+        return hit[1]
 
     def jaxpr_cost(self, jaxpr: Any) -> Cost:
         key = id(jaxpr)

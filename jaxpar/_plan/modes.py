@@ -170,9 +170,9 @@ class _Model:
 
     def _node(self, eqn: Any) -> tuple[float, float, float] | None:
         """(duration, work, kernels) of a graph-capturable equation, None if it is free."""
-        subs = [sub for _, _, sub in _compat.eqn_subjaxprs(eqn)]
+        subs = self.costs.subjaxprs(eqn)
         if subs:
-            body = self.jaxpr(subs[0])
+            body = self.jaxpr(subs[0][2])
             return (body.device, body.work, body.kernels) if body.device > 0 else None
         cost = self.costs.eqn_cost(eqn)
         if cost.kernels <= 0:

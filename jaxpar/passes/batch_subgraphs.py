@@ -122,7 +122,9 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
     The analysis's ``"batch_branches"`` memo keeps equations' parameter keys, and the
     levels found to offer nothing, between rounds (jaxprs and equations are immutable,
-    and the passes see the same ones round after round).
+    and the passes see the same ones round after round); ``"batch_branches_values"``
+    keeps each equation's value numbers, so a level rebuilt by a rewrite numbers only
+    the equations the rewrite made (and those reading them) afresh.
     """
     memo = analysis.memo("batch_branches")
     jaxpr = level.jaxpr
@@ -130,7 +132,8 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     if seen is not None and seen[0] is jaxpr:
         return [], []  # this very level was searched and offered nothing
     rewrites, decisions = _batch_level(level, analysis.costs, memo, analysis.structural_keys,
-                                       analysis.memo("emission_order"))
+                                       analysis.memo("emission_order"),
+                                       analysis.memo("batch_branches_values"))
     if not rewrites:
         memo[id(jaxpr)] = (jaxpr, None)
     return rewrites, decisions
@@ -138,7 +141,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
 def _batch_level(level: Level, costs: CostModel,
                  memo: dict[int, tuple[Any, ...]], structure: StructuralKeys,
-                 orders: dict[int, tuple[Any, ...]]
+                 orders: dict[int, tuple[Any, ...]], carried: dict[Any, Any]
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -147,7 +150,8 @@ def _batch_level(level: Level, costs: CostModel,
     graph = level.graph
     producer = _producers(eqns)
     refused: dict[Hashable, tuple[str, list[int]]] = {}
-    keys, local_keys = _value_numbers(inner, producer, graph, memo, structure, refused)
+    keys, local_keys = _value_numbers(inner, producer, graph, memo, structure, refused,
+                                      carried)
     decisions: list[LoopDecision] = [
         decision(path, KIND_SUBGRAPHS_LEFT_ALONE, eqns, members, trips_before=None,
                  trips_after=None, unroll=None,
@@ -255,7 +259,8 @@ def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
 
 def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph,
                    memo: dict[int, tuple[Any, ...]], structure: StructuralKeys,
-                   refused: dict[Hashable, tuple[str, list[int]]]
+                   refused: dict[Hashable, tuple[str, list[int]]],
+                   carried: dict[Any, Any] | None = None
                    ) -> tuple[list[int | None], list[int | None]]:
     """Structural keys per equation (interned to ints); None: never batched.
 
@@ -264,14 +269,22 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
     only the equation itself (primitive, parameters, operand and result types). Equal
     equations ``vmap`` would not batch faithfully (the first of each chain) are added to
     ``refused``: key -> (why, their indices).
+
+    ``carried`` (kept across the rounds and levels of one call) holds the interning and,
+    per equation, the numbers it got with the input numbers it read: an equation a
+    rebuilt level kept reads the same inputs, so it gets its numbers back without
+    hashing its types and parameters again. Only equality of numbers matters, never
+    their values.
     """
-    intern: dict[Hashable, int] = {}
+    carried = {} if carried is None else carried
+    intern: dict[Hashable, int] = carried.setdefault("intern", {})
     keys: list[int | None] = []
     local_keys: list[int | None] = []
     refused_eqns: set[int] = set()
     # Hoisted: this runs once per equation of every level, every round.
     live, literal = graph.live, _compat.Literal
     memo_get, setdefault = memo.get, intern.setdefault
+    carried_get = carried.get
     for index, eqn in enumerate(inner.eqns):
         if (index not in live or eqn.effects or is_collective(eqn)
                 or _compat.eqn_frontend_attributes(eqn)):  # never batched
@@ -292,6 +305,12 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
             else:
                 inputs.append(("in", v.aval))
         else:
+            read = tuple(inputs)
+            numbered = carried_get(id(eqn))
+            if numbered is not None and numbered[0] is eqn and numbered[1] == read:
+                keys.append(numbered[2])
+                local_keys.append(numbered[3])
+                continue
             # Keyed by the parameter dict when all the key reads is the primitive, the
             # parameters, the context and the operand count: rebuilt levels keep the
             # parameter dicts of the equations they copy, not the equations.
@@ -309,14 +328,17 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
             params = hit[1]
             outs = tuple([v.aval for v in eqn.outvars])
             if hit[5] is None:
-                keys.append(setdefault((params, tuple(inputs), outs), len(intern)))
-                local = ("local", params, tuple([v.aval for v in invars]), outs)
-                local_keys.append(setdefault(local, len(intern)))
+                key = setdefault((params, read, outs), len(intern))
+                local_key = setdefault(("local", params, tuple([v.aval for v in invars]), outs),
+                                       len(intern))
+                carried[id(eqn)] = (eqn, read, key, local_key)
+                keys.append(key)
+                local_keys.append(local_key)
                 continue
             # Equal members stop here; said once per chain (its first refused equation).
             refused_eqns.add(index)
             if not any(p in refused_eqns for p in graph.preds[index]):
-                refused.setdefault(("refused", params, tuple(inputs), outs),
+                refused.setdefault(("refused", params, read, outs),
                                    (hit[5], []))[1].append(index)
         keys.append(None)
         local_keys.append(None)

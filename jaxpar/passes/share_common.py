@@ -75,14 +75,16 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     if memo.get(id(jaxpr)) is jaxpr:
         return [], []
     rewrites, decisions = _share_level(level, analysis.structural_keys,
-                                       analysis.memo("merge_refusal"))
+                                       analysis.memo("merge_refusal"),
+                                       analysis.memo("share_common_keys"))
     if not rewrites:
         memo[id(jaxpr)] = jaxpr
     return rewrites, decisions
 
 
 def _share_level(level: Level, keys: StructuralKeys,
-                 merges: dict[Any, tuple[Any, str | None]]
+                 merges: dict[Any, tuple[Any, str | None]],
+                 eqn_keys: dict[int, tuple[Any, Hashable | None]] | None = None
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns = inner.eqns
@@ -97,11 +99,20 @@ def _share_level(level: Level, keys: StructuralKeys,
         buckets.setdefault(cheap, []).append(index)
     classes: dict[Hashable, list[int]] = {}
     aval_text: dict[Any, str] = {}
+    # An equation's key is a function of the equation alone (it names its operands by
+    # identity): kept across rounds, a rebuilt level keys only the equations it made.
+    eqn_keys = {} if eqn_keys is None else eqn_keys
     for bucket in buckets.values():
         if len(bucket) < 2:
             continue
         for index in bucket:
-            key = _eqn_key(eqns[index], keys, aval_text)
+            eqn = eqns[index]
+            known = eqn_keys.get(id(eqn))
+            if known is not None and known[0] is eqn:
+                key = known[1]
+            else:
+                key = _eqn_key(eqn, keys, aval_text)
+                eqn_keys[id(eqn)] = (eqn, key)
             if key is not None:
                 classes.setdefault(key, []).append(index)
     rewrites: list[Rewrite] = []
