@@ -29,7 +29,7 @@ About 2-3 minutes on two busy CPU cores.
 
 Run::
 
-    JAX_PLATFORMS=cpu python benchmarks/tune_cpu.py [--size quick] [--seconds 5]
+    JAX_PLATFORMS=cpu python benchmarks/tune_cpu.py [--size quick] [--seconds 4]
         [--workloads a,b] [--json PATH]
 """
 
@@ -252,8 +252,8 @@ def _ratio(entry: Mapping[str, float]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="quick", choices=suite.SIZES)
-    parser.add_argument("--seconds", type=float, default=5.0,
-                        help="timing per workload, after the tuner's (default 5)")
+    parser.add_argument("--seconds", type=float, default=4.0,
+                        help="timing per workload, after the tuner's (default 4)")
     parser.add_argument("--workloads", help=f"subset of {', '.join(suite.WORKLOADS)}")
     parser.add_argument("--tune-dir", help="keep the decisions here (default: a temporary "
                         "directory)")

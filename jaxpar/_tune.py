@@ -92,7 +92,8 @@ class TuneBudget:
         median of its per-round ratios to plain below ``1 - margin``) to be chosen
         (plain wins ties and near-ties).
       loser_margin: after ``min_repeats`` rounds, a candidate whose median ratio is this
-        fraction above the best so far stops being timed (a clear loser; never chosen).
+        fraction above the best so far, and that was slower than the best in each of the
+        last ``min_repeats`` rounds, stops being timed (a clear loser; never chosen).
       min_repeats, max_repeats: timed runs per candidate, after one warm-up run.
       seconds: the timed runs of one candidate aim at about this much wall time
         (between ``min_repeats`` and ``max_repeats`` runs).
@@ -277,10 +278,17 @@ def measure(programs: Sequence[tuple[Candidate, Callable[[], Any] | str]], key: 
             ratios[label].append(seconds / max(times[PLAIN], 1e-12))
         if together or round_ + 1 < budget.min_repeats:
             continue
-        best = min(statistics.median(ratios[label]) for label in alive)
+        best = min(alive, key=lambda label: statistics.median(ratios[label]))
+        best_ratio = statistics.median(ratios[best])
+        recent = budget.min_repeats
         for label in list(alive):
-            if label != PLAIN and statistics.median(ratios[label]) > best * (
-                    1 + budget.loser_margin):
+            # A clear loser: its median ratio well above the best's, and slower than the
+            # best in every one of the last min_repeats rounds (so a few rounds that
+            # load hit, on a busy machine, do not stop a faster program).
+            if label != PLAIN and statistics.median(ratios[label]) > best_ratio * (
+                    1 + budget.loser_margin) and all(
+                    mine > theirs for mine, theirs in zip(
+                        samples[label][-recent:], samples[best][-recent:], strict=True)):
                 alive.remove(label)
                 stopped.add(label)
     medians = {label: statistics.median(times) for label, times in samples.items()}
