@@ -1,4 +1,4 @@
-"""Deviceless GPU compilation and schedule parsing (`jaxpar._deviceless`).
+"""Deviceless GPU compilation and schedule parsing (`jaxpar._compiled`).
 
 Compiles for H200s on this CPU-only machine through the CUDA PJRT plugin; every test that
 compiles is skipped, with the `pip install` line, when the plugin is missing.
@@ -26,7 +26,7 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxpar._deviceless import (
+from jaxpar._compiled import (
     GPU_TARGETS,
     compile_for_gpu,
     gpu_target_config,
@@ -71,7 +71,7 @@ _ANNOTATED_SCANS_SCRIPT = textwrap.dedent(
         from jax.experimental.xla_metadata import xla_metadata_call
     except ImportError:
         from jax.experimental.scheduling_groups import xla_metadata_call
-    from jaxpar._deviceless import compile_for_gpu
+    from jaxpar._compiled import compile_for_gpu
 
     def tanh_step(c, _):
         return jnp.tanh(c @ c), None
@@ -240,7 +240,7 @@ def test_abstract_specs_bind_to_the_mesh():
 
 @needs_plugin
 def test_the_same_program_is_compiled_once(monkeypatch):
-    from jaxpar import _gpu_compile
+    from jaxpar._compiled import gpu_compile
 
     compiles = []
     compile_lowered = jax.stages.Lowered.compile
@@ -250,7 +250,7 @@ def test_the_same_program_is_compiled_once(monkeypatch):
         return compile_lowered(self, *args, **kwargs)
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", counted)
-    _gpu_compile.clear_compile_cache()
+    gpu_compile.clear_compile_cache()
     text = compile_for_gpu(_scan_tanh, MATRIX)
     # Traced and lowered again (jax.jit's own cache holds no executable across lowerings),
     # yet the same module: XLA's text, not another compile.
@@ -268,7 +268,7 @@ def test_the_same_program_is_compiled_once(monkeypatch):
     moved.__name__ = moved.__qualname__ = _scan_tanh.__name__
     compile_for_gpu(moved, MATRIX)
     assert len(compiles) == 5
-    _gpu_compile.clear_compile_cache()
+    gpu_compile.clear_compile_cache()
     assert compile_for_gpu(_scan_tanh, MATRIX) == text and len(compiles) == 6
 
 
@@ -363,7 +363,7 @@ def test_targets_ship_with_the_package():
 
 
 def test_missing_plugin_names_the_pip_line(monkeypatch):
-    import jaxpar._deviceless as deviceless
+    import jaxpar._compiled.gpu_compile as deviceless
 
     real_version = importlib.metadata.version
 
@@ -386,7 +386,7 @@ def test_missing_plugin_names_the_pip_line(monkeypatch):
 
 
 def test_mismatched_plugin_is_reported(monkeypatch):
-    import jaxpar._deviceless as deviceless
+    import jaxpar._compiled.gpu_compile as deviceless
 
     real_version = importlib.metadata.version
     monkeypatch.setattr(
@@ -409,7 +409,7 @@ def test_mesh_of_another_gpu_is_rejected():
 
 
 def test_cpu_hlo_is_refused():
-    from jaxpar._deviceless import _check_gpu_text
+    from jaxpar._compiled.gpu_compile import _check_gpu_text
 
     cpu_text = jax.jit(lambda a: jnp.tanh(a @ a)).lower(MATRIX).compile().as_text()
     with pytest.raises(RuntimeError, match="CPU"):
