@@ -99,7 +99,7 @@ ZERO = Cost()
 class LaunchPrices:
     """What one kernel launch costs a level in a CUDA-graph mode, for the passes that
     trade launches (the batching passes): the GPU model's figures (``_gpu_model``),
-    read as ``jaxpar._plan.modes`` and ``jaxpar._estimate`` read them.
+    read as ``jaxpar._plan.modes`` and ``jaxpar._compiled.estimate`` read them.
 
     Attributes:
       beside: a kernel that runs beside the other members of its stage (a batched
