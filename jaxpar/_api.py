@@ -46,6 +46,7 @@ import jax
 
 from . import _compat, _primitives
 from ._analysis import Analysis, jaxpr_has_placement
+from ._cost import launch_pricing
 from ._emit import Emitter, GroupIds, region_call
 from ._frameworks import NnxCall, nnx_arguments, refuse_module_as_function
 from ._gpu_model import CommandBufferMode, GpuProfile
@@ -85,7 +86,7 @@ from ._tune import CANDIDATES, Candidate, TuneBudget, Tuning
 from ._tune import decide as decide_candidate
 from ._tune import decision_key as tuning_key
 from ._tune import fingerprint as program_fingerprint
-from .passes import LoopDecision, run_passes
+from .passes import KIND_BATCHED_MATMULS, KIND_BATCHED_SUBGRAPHS, LoopDecision, run_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -607,17 +608,23 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
         if settings.target == "gpu" and settings.choose_command_buffers \
                 and settings.command_buffers is not None:
             user = settings.command_buffers
-            plans = {user: (plan, estimate_seconds(plan, analysis.costs, user))}
+            plans = {user: (plan, estimate_seconds(plan, analysis.costs, user), jaxpr, loops)}
+            batched = any(d.kind in (KIND_BATCHED_MATMULS, KIND_BATCHED_SUBGRAPHS) for d in loops)
             for mode in MODE_CANDIDATES:
                 if mode not in plans:
-                    # The passes do not depend on the mode: only the plan is made again.
                     other = analysis.with_settings(
                         dataclasses.replace(settings, command_buffers=mode))
-                    planned = plan_jaxpr(jaxpr, other)
-                    plans[mode] = (planned, estimate_seconds(planned, other.costs, mode))
-            choice = choose_mode({mode: seconds for mode, (_, seconds) in plans.items()},
-                                 user)
-            plan = plans[choice.mode][0]
+                    # The batching passes price launches in the mode (a concurrent graph
+                    # already overlaps a stage's members): where they batched something
+                    # and the mode prices a launch otherwise, they run again in it.
+                    mode_jaxpr, mode_loops = jaxpr, loops
+                    if batched and launch_pricing(mode) != launch_pricing(user):
+                        mode_jaxpr, mode_loops = run_passes(traced.jaxpr, analysis=other)
+                    planned = plan_jaxpr(mode_jaxpr, other)
+                    plans[mode] = (planned, estimate_seconds(planned, other.costs, mode),
+                                   mode_jaxpr, mode_loops)
+            choice = choose_mode({mode: entry[1] for mode, entry in plans.items()}, user)
+            plan, _, jaxpr, loops = plans[choice.mode]
         elif settings.target == "gpu":
             explicit = settings.compile_command_buffers
             kept = explicit or settings.command_buffers or settings.user_command_buffers

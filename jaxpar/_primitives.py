@@ -175,6 +175,14 @@ COST_ONE_KERNEL = _family(
     "reduce_window_min_p", "select_and_scatter_add_p", "select_and_gather_add_p",
     "approx_top_k_p")
 
+# Cost model: one-kernel equations XLA:GPU may fuse into a neighbour's kernel (a Triton
+# GEMM's operand prologue takes a concatenate or a transpose; a slice or a select joins
+# the elementwise fusion reading it), so the compiled program may launch fewer kernels
+# than the model counts (the CUDA-graph mode choice counts only the others).
+MAY_FUSE_AWAY = _family(
+    "MAY_FUSE_AWAY", "concatenate_p", "pad_p", "transpose_p", "rev_p", "select_n_p",
+    "dynamic_slice_p", "gather_p", "reduce_precision_p")
+
 # The heavy ops batch_matmuls stacks: one kernel each, whose batched form is one kernel.
 BATCHED_MATMULS = frozenset({DOT_GENERAL, CONV})
 

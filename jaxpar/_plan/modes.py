@@ -21,8 +21,9 @@ The model of one jaxpr level, in a mode:
   runs alone on the stream, its body priced per trip in the same mode (a body of at
   least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``cond`` costs its
   dearest branch; other calls their body;
-* the other nodes of the level form one graph when there are at least
-  ``MIN_GRAPH_SIZE`` of them and graphs are on (host: one graph launch plus a node
+* the other nodes of the level form one graph when at least ``MIN_GRAPH_SIZE`` of their
+  kernels are ones XLA cannot fuse away (not ``_primitives.MAY_FUSE_AWAY``: a
+  concatenate may join a GEMM's prologue) and graphs are on (host: one graph launch plus a node
   each), else each is launched alone (host: ``launch_s`` each); in ``CONCURRENT`` mode a
   node starts when its inputs are ready, in the other modes after the one before;
 * the regions of the stream sections the plan kept (priced in that mode by ``_plan.pricing``)
@@ -51,7 +52,7 @@ from .. import _compat
 from .._cost import CostModel, known_while_trip_count
 from .._flags import command_buffer_options
 from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
-from .._primitives import COND, SCAN, WHILE
+from .._primitives import COND, MAY_FUSE_AWAY, SCAN, WHILE
 from .plans import LevelPlan
 
 # The least estimated gain over the user's mode that makes jaxpar change it.
@@ -117,6 +118,7 @@ class _Span:
     host: float
     work: float
     kernels: float = 0.0  # launched outside loops (a call's count in its caller's graph)
+    sure: float = 0.0  # of those, the kernels XLA cannot fuse away (``MAY_FUSE_AWAY``)
 
     @property
     def seconds(self) -> float:
@@ -168,38 +170,48 @@ class _Model:
             return None
         return _Span(trips * body.seconds, 0.0, trips * body.work)
 
-    def _node(self, eqn: Any) -> tuple[float, float, float] | None:
-        """(duration, work, kernels) of a graph-capturable equation, None if it is free."""
+    def _node(self, eqn: Any) -> tuple[float, float, float, float] | None:
+        """(duration, work, kernels, sure kernels) of a graph-capturable equation, None
+        if it is free."""
         subs = [sub for _, _, sub in _compat.eqn_subjaxprs(eqn)]
         if subs:
             body = self.jaxpr(subs[0])
-            return (body.device, body.work, body.kernels) if body.device > 0 else None
+            return ((body.device, body.work, body.kernels, body.sure) if body.device > 0
+                    else None)
         cost = self.costs.eqn_cost(eqn)
         if cost.kernels <= 0:
             return None
         work = max(cost.flops / self.costs.profile.peak_flops, cost.bytes / self.gpu.bandwidth)
-        return max(work, cost.kernels * self.gpu.kernel_floor_s), work, cost.kernels
+        sure = 0.0 if eqn.primitive.name in MAY_FUSE_AWAY else cost.kernels
+        return max(work, cost.kernels * self.gpu.kernel_floor_s), work, cost.kernels, sure
 
     def _level(self, eqns: Any, lanes: Mapping[int, int]) -> _Span:
         concurrent = self.mode is CommandBufferMode.CONCURRENT
         ready: dict[Any, float] = {}
         lane_end: dict[int, float] = {}
         floor = end = device_free = work_total = alone_seconds = 0.0
-        kernels = 0.0
-        planned: list[tuple[Any, float, float, float, _Span | None]] = []
+        kernels = sure = 0.0
+        planned: list[tuple[Any, float, float, float, float, _Span | None]] = []
         for eqn in eqns:
             alone = self._alone(eqn)
             if alone is not None:
-                planned.append((eqn, alone.seconds, alone.work, 0.0, alone))
+                planned.append((eqn, alone.seconds, alone.work, 0.0, 0.0, alone))
                 continue
             node = self._node(eqn)
-            planned.append((eqn, *node, None) if node else (eqn, 0.0, 0.0, 0.0, None))
+            planned.append((eqn, *node, None) if node else (eqn, 0.0, 0.0, 0.0, 0.0, None))
             if node:
                 kernels += node[2]
+                sure += node[3]
         in_regions = sum(node[3] for index, node in enumerate(planned) if index in lanes)
+        sure_in_regions = sum(node[4] for index, node in enumerate(planned) if index in lanes)
         captured = kernels - in_regions
-        graphs = self.mode is not CommandBufferMode.OFF and captured >= MIN_GRAPH_SIZE
-        for index, (eqn, duration, work, _, alone) in enumerate(planned):
+        # A graph only where XLA surely captures MIN_GRAPH_SIZE kernels: the kernels it
+        # may fuse away (a concatenate into a GEMM's prologue) do not make one, so no mode
+        # is chosen for a graph the compiled program does not have (three matmuls of
+        # rolled operands: 6 kernels here, 3 launches once compiled).
+        graphs = (self.mode is not CommandBufferMode.OFF
+                  and sure - sure_in_regions >= MIN_GRAPH_SIZE)
+        for index, (eqn, duration, work, _, _, alone) in enumerate(planned):
             inputs = max((ready.get(v, 0.0) for v in eqn.invars
                           if not _compat.is_literal(v)), default=0.0)
             lane = lanes.get(index)
@@ -233,7 +245,7 @@ class _Model:
             host += self.gpu.graph_launch_s + self.gpu.graph_node_s * captured
         else:
             host += self.gpu.launch_s * captured
-        return _Span(end, host + alone_seconds, work_total, kernels)
+        return _Span(end, host + alone_seconds, work_total, kernels, sure)
 
 
 def estimate_plain_seconds(jaxpr: Any, costs: CostModel, mode: CommandBufferMode) -> float:
