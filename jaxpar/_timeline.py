@@ -95,9 +95,6 @@ class PlanEstimate:
                 f"(x{self.ratio:.3f}), from {self.source}")
 
 
-_LAUNCH_SAVERS = frozenset({"fused", "unrolled", "batched"})
-
-
 def plan_estimate(plan: Plan) -> PlanEstimate:
     """The plan's one estimate (see the module docstring).
 
@@ -114,16 +111,16 @@ def plan_estimate(plan: Plan) -> PlanEstimate:
         f"est. {s.cut_cost_us or 0.0:.1f} us"
         for s in plan.sections if s.pays is False)
     mode = plan.mode
-    chosen = mode.estimate(mode.mode) if mode is not None and mode.chosen else None
-    if mode is not None and chosen is not None and mode.plain_seconds:
-        # jaxpar compiles the function in another CUDA-graph mode than the user's: the
-        # figure that mode was chosen by (``_plan.modes``), jaxpar in its mode against
-        # the plain program in the user's.
+    seconds = mode.estimate(mode.mode) if mode is not None else None
+    if mode is not None and seconds is not None and mode.plain_seconds:
+        # On a GPU, the figure the CUDA-graph mode was chosen by (``_plan.modes``): the
+        # rewritten program in jaxpar's mode against the plain one in the user's, loops
+        # as XLA runs them (trips, unrolling, counter and slicing kernels, graphs).
         source = (f"jaxpar's planning model, {mode.mode.value} graphs against the plain "
-                  f"program in the user's {mode.user_mode.value} mode; not a compile")
-        if any(d.kind in _LAUNCH_SAVERS for d in plan.loops):
-            source += "; loop rewrites' saved launches not counted: gpu_preview counts them"
-        return PlanEstimate(mode.plain_seconds * 1e6, chosen * 1e6, source, rejected)
+                  f"program in the user's {mode.user_mode.value} mode; not a compile"
+                  if mode.mode is not mode.user_mode else
+                  f"jaxpar's planning model ({mode.mode.value} graphs), not a compile")
+        return PlanEstimate(mode.plain_seconds * 1e6, seconds * 1e6, source, rejected)
     levels = estimate(plan).levels if plan.steps else ()
     serial = levels[0].serial_us if levels else plan.total_cost_us
     makespan = levels[0].makespan_us if levels else serial
@@ -137,10 +134,6 @@ def plan_estimate(plan: Plan) -> PlanEstimate:
     plain = serial if plan.plain_cost_us is None else plan.plain_cost_us
     source = (f"jaxpar's planning model ({plan.priced_in} graphs), not a compile"
               if plan.priced_in else f"jaxpar's {plan.target} cost model, not a compile")
-    if any(d.kind in _LAUNCH_SAVERS for d in plan.loops):
-        # The model adds kernels' work and floors, not host launches per trip, so what
-        # fusing and unrolling save shows only in a compile's estimate.
-        source += "; loop rewrites' saved launches not counted: gpu_preview counts them"
     return PlanEstimate(plain, fast, source, rejected)
 
 

@@ -117,10 +117,19 @@ class _Span:
     host: float
     work: float
     kernels: float = 0.0  # launched outside loops (a call's count in its caller's graph)
+    captured: float = 0.0  # of those, the ones a CUDA graph may capture (not in regions)
+    alone: float = 0.0  # seconds of loops and conds in the level, run outside graphs
+    lead: float = 0.0  # host time before the first kernel can start (its launch, a graph's)
 
     @property
     def seconds(self) -> float:
         return max(self.device, self.host)
+
+    @property
+    def run_seconds(self) -> float:
+        """One run of a level on its own: its kernels wait for their first launch. (A
+        loop's trips overlap one trip's launch with the trip before, so ``seconds``.)"""
+        return max(self.device + self.lead, self.host)
 
 
 class _Model:
@@ -149,9 +158,8 @@ class _Model:
         """A loop or cond: runs outside any graph, with its own host cost inside."""
         name = eqn.primitive.name
         if name == SCAN:
-            body = self.jaxpr(eqn.params["jaxpr"])
-            trips = _compat.scan_length(eqn)
-        elif name == WHILE:
+            return self._scan(eqn)
+        if name == WHILE:
             body = self.jaxpr(eqn.params["body_jaxpr"])
             condition = self.jaxpr(eqn.params["cond_jaxpr"])
             found = known_while_trip_count(eqn)
@@ -167,6 +175,35 @@ class _Model:
         else:
             return None
         return _Span(trips * body.seconds, 0.0, trips * body.work)
+
+    def _scan(self, eqn: Any) -> _Span:
+        """A scan as XLA runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip
+        also bumping the counter and slicing every distinct scanned input once per body
+        (one kernel each), then the ``length % unroll`` left-over bodies once."""
+        info = _compat.scan_info(eqn)
+        body = self.jaxpr(info.jaxpr)
+        unroll = max(1, min(info.unroll, info.length))
+        trips, left = divmod(info.length, unroll)
+        xs = {id(v) for v in eqn.invars[info.num_consts + info.num_carry:]
+              if not _compat.is_literal(v)}
+        if trips <= 1 and not left:  # one trip: XLA inlines the loop into its caller
+            return self._repeated(body, info.length, 0.0)
+        per_trip = self._repeated(body, unroll, 1.0 + unroll * len(xs))
+        rest = self._repeated(body, left, 0.0) if left else _Span(0.0, 0.0, 0.0)
+        return _Span(trips * per_trip.seconds + rest.seconds, 0.0,
+                     trips * per_trip.work + rest.work)
+
+    def _repeated(self, body: _Span, times: int, extra_kernels: float) -> _Span:
+        """``times`` copies of a level one after the other, plus ``extra_kernels`` tiny
+        kernels, as one launch sequence: one graph if they are enough to form one."""
+        captured = body.captured * times + extra_kernels
+        graphs = self.mode is not CommandBufferMode.OFF and captured >= MIN_GRAPH_SIZE
+        host = (self.gpu.graph_launch_s + self.gpu.graph_node_s * captured if graphs
+                else self.gpu.launch_s * captured)
+        host += body.alone * times  # a body's level has no stream regions
+        return _Span(body.device * times + extra_kernels * self.gpu.kernel_floor_s,
+                     host, body.work * times, body.kernels * times + extra_kernels,
+                     captured, body.alone * times)
 
     def _node(self, eqn: Any) -> tuple[float, float, float] | None:
         """(duration, work, kernels) of a graph-capturable equation, None if it is free."""
@@ -230,24 +267,33 @@ class _Model:
         # pricing in the graph modes); each region adds a start and a done event.
         host = self.gpu.launch_s * in_regions + 2 * self.gpu.event_s * len(set(lanes.values()))
         if graphs:
-            host += self.gpu.graph_launch_s + self.gpu.graph_node_s * captured
+            lead = self.gpu.graph_launch_s + self.gpu.graph_node_s * captured
+            host += lead
         else:
+            lead = self.gpu.launch_s if captured > 0 else 0.0
             host += self.gpu.launch_s * captured
-        return _Span(end, host + alone_seconds, work_total, kernels)
+        return _Span(end, host + alone_seconds, work_total, kernels, captured, alone_seconds,
+                     lead)
 
 
 def estimate_plain_seconds(jaxpr: Any, costs: CostModel, mode: CommandBufferMode) -> float:
     """Estimated seconds per run of ``jaxpr`` as ``jax.jit`` compiles it, in ``mode``."""
-    return _Model(costs, mode).jaxpr(jaxpr, top=True).seconds
+    return _Model(costs, mode).jaxpr(jaxpr, top=True).run_seconds
 
 
 def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode) -> float:
-    """Estimated seconds per run of ``plan``'s program compiled in ``mode``."""
-    lanes = {i: (s, r) for s, section in enumerate(plan.sections)
+    """Estimated seconds per run of ``plan``'s program compiled in ``mode``.
+
+    A section the GPU pricing would not emit (kept by ``force_streams``) is taken at its
+    verdict: its regions run as if on the main stream, plus the cost of its cut.
+    """
+    lanes = {i: (s, r) for s, section in enumerate(plan.sections) if section.pays is not False
              for r, region in enumerate(section.regions) for i in region.eqns}
     numbered = {key: n for n, key in enumerate(dict.fromkeys(lanes.values()))}
     model = _Model(costs, mode, {i: numbered[key] for i, key in lanes.items()})
-    return model.jaxpr(plan.jaxpr, top=True).seconds
+    forced = sum(section.cost_seconds or 0.0 for section in plan.sections
+                 if section.pays is False)
+    return model.jaxpr(plan.jaxpr, top=True).run_seconds + forced
 
 
 def choose_mode(estimates: Mapping[CommandBufferMode, float], user_mode: CommandBufferMode
