@@ -98,11 +98,14 @@ class PlanEstimate:
 def plan_estimate(plan: Plan) -> PlanEstimate:
     """The plan's one estimate (see the module docstring).
 
-    A compiled estimate attached by ``gpu_preview`` wins. Otherwise, from the planner's
-    cost model: jax.jit's program is the traced program's equations one after another;
-    jaxpar's is the rewritten program's (loop and batching rewrites included) with each
-    top-level stream section's overlap and cut cost as the GPU pricing judged them, or the
-    timeline's critical path where no pricing applies (other targets, collectives).
+    A compiled estimate attached by ``gpu_preview`` wins. On a GPU, the figures the
+    CUDA-graph mode was chosen by (``_plan.modes``): the rewritten program (loop and
+    batching rewrites included: launches per trip, unrolled trips, graphs, stacking
+    kernels) in jaxpar's mode against the traced one in the user's, each stream section
+    at the GPU pricing's verdict. Otherwise (other targets), from the planner's cost
+    model: jax.jit's program is the traced program's equations one after another;
+    jaxpar's is the rewritten program's with each top-level stream section's overlap and
+    cut cost as the pricing judged them, or the timeline's critical path.
     """
     if plan.compiled_estimate is not None:
         return plan.compiled_estimate

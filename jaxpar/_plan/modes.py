@@ -19,15 +19,23 @@ The model of one jaxpr level, in a mode:
   in ``jaxpar._estimate``, which judges the compiled program the same way;
 * a loop (``scan``, ``while``) is never captured (WHILE is no default command type): it
   runs alone on the stream, its body priced per trip in the same mode (a body of at
-  least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``cond`` costs its
-  dearest branch; other calls their body;
+  least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``scan`` runs as XLA
+  runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip with one kernel
+  bumping the counter and one slicing each distinct scanned input per body, then the
+  left-over bodies once (so fusing scans and unrolling them save kernels and launches
+  here, as in the compiled program); a ``cond`` costs its dearest branch; other calls
+  their body;
 * the other nodes of the level form one graph when there are at least
   ``MIN_GRAPH_SIZE`` of them and graphs are on (host: one graph launch plus a node
   each), else each is launched alone (host: ``launch_s`` each); in ``CONCURRENT`` mode a
   node starts when its inputs are ready, in the other modes after the one before;
 * the regions of the stream sections the plan kept (priced in that mode by ``_price``)
   are lanes of their own: a region's node waits only for its inputs and its lane, and
-  each region costs the host a start and a done event (``event_s``).
+  each region costs the host a start and a done event (``event_s``); a section the
+  pricing would not emit (``force_streams``) is taken at its verdict: its regions on the
+  main stream, plus its cut's cost;
+* one run of the program: its first kernel waits for its launch (a graph's launch when
+  the top level is one graph), then the longer of the device's and the host's time.
 
 Example::
 
@@ -36,7 +44,10 @@ Example::
 
 Sharp edges:
   * A model of the compiled program before it is compiled: ``gpu_preview`` judges the
-    compiled one (``_estimate``), and the first GPU run must confirm both.
+    compiled one (``_estimate``), and the first GPU run must confirm both. It does not
+    know which elementwise work XLA cannot fuse into a neighbour (a relu after a cuDNN
+    convolution is a kernel of its own), so it counts fewer kernels than XLA launches
+    there.
   * ``CONCURRENT`` mode makes XLA give independent values distinct buffers: more
     memory (the proto's warning: "may lead to OOMs"). Not priced.
 """
