@@ -182,14 +182,21 @@ class _Model:
 
     def _scan(self, eqn: Any) -> _Span:
         """A scan as XLA runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip
-        also bumping the counter and slicing every distinct scanned input once per body
-        (one kernel each), then the ``length % unroll`` left-over bodies once."""
+        also bumping the counter and slicing every distinct scanned input a kernel reads
+        once per body (one kernel each), then the ``length % unroll`` left-over bodies
+        once."""
         info = _compat.scan_info(eqn)
         body = self.jaxpr(info.jaxpr)
         unroll = max(1, min(info.unroll, info.length))
         trips, left = divmod(info.length, unroll)
-        xs = {id(v) for v in eqn.invars[info.num_consts + info.num_carry:]
-              if not _compat.is_literal(v)}
+        # A slice read only by elementwise work fuses into it; one read by a kernel of its
+        # own (a dot) is a kernel.
+        inner = _compat.open_jaxpr(info.jaxpr)[0]
+        sliced = {id(v) for e in inner.eqns if self.costs.launches(e) for v in e.invars}
+        xs = {id(outer) for outer, v in zip(eqn.invars[info.num_consts + info.num_carry:],
+                                            inner.invars[info.num_consts + info.num_carry:],
+                                            strict=True)
+              if not _compat.is_literal(outer) and id(v) in sliced}
         if trips <= 1 and not left:  # one trip: XLA inlines the loop into its caller
             return self._repeated(body, info.length, 0.0)
         per_trip = self._repeated(body, unroll, 1.0 + unroll * len(xs))
