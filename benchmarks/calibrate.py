@@ -51,7 +51,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxpar import _flags, _gpu_model, _schedule
+import jaxpar._compiled.schedule as _schedule
+from jaxpar import _flags, _gpu_model
 
 
 @dataclasses.dataclass(frozen=True)

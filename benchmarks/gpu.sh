@@ -30,7 +30,7 @@
 #   * suite-{lhs,concurrent,off}.json/.txt (benchmarks/gpu_suite.py --measure, unless
 #     JAXPAR_SUITE=0): every suite program timed plain vs jaxpar in one process, once per
 #     CUDA-graph setting -- XLA's default (LHS scheduling mode), CONCURRENT mode, and graphs
-#     off -- each row with "estimated_ratio", jaxpar._estimate's figure for the same
+#     off -- each row with "estimated_ratio", jaxpar._compiled.estimate's figure for the same
 #     compiled programs under that mode: where measured and estimated ratios disagree, the
 #     estimate's constants or its CUDA-graph assumptions are wrong (XLA_FACTS.md section 6).
 #     xla-dump-<mode>/ holds XLA's dumps (--xla_dump_to), among them

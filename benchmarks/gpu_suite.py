@@ -6,7 +6,7 @@ For every program it reports what decides whether jaxpar helps on a GPU (issue 1
 * **overlap**: stream regions in flight beside other work with no host-blocking op
   inside, out of all regions;
 * the **estimated time ratio** jaxpar / plain from the compiled schedules
-  (``jaxpar._estimate``), in XLA's default CUDA-graph mode (``lhs``) and with graphs
+  (``jaxpar._compiled.estimate``), in XLA's default CUDA-graph mode (``lhs``) and with graphs
   ``off`` and ``concurrent``;
 * **compile** status of the deviceless H200 compile (``ok``, an error, or a crash:
   every program runs in a child process, because XLA bugs kill the process);
@@ -781,7 +781,7 @@ def measure(name: str, size: str = "full", repeats: int = 20,
     ``XLA_FLAGS`` by ``benchmarks/gpu.sh``); the estimate of the same compiled programs
     under that mode comes back beside the measurement, so the two can be compared.
     """
-    from jaxpar._estimate import estimate_hlo
+    from jaxpar._compiled.estimate import estimate_hlo
     from jaxpar._gpu_model import local_gpu_profile
 
     fn, args = PROGRAMS[name].build(size)

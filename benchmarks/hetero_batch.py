@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxpar
-from jaxpar._deviceless import compile_for_gpu, parse_schedule, plugin_status
+from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
 
 SIZES = ("full", "quick", "smoke")
 VARIANTS = ("plain", "jaxpar_before", "jaxpar")

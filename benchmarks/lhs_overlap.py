@@ -3,7 +3,7 @@
 Small programs, each built from hand-placed stream regions (``_xla_stream_annotation``,
 ``inlineable="false"``, with and without ``_scheduling_group_id``), compiled deviceless
 for an H200. For each it prints the order of the call-starts (S) and call-dones (D) in
-ENTRY, whether each region is in flight beside other work (``jaxpar._estimate``), and the
+ENTRY, whether each region is in flight beside other work (``jaxpar._compiled.estimate``), and the
 scheduled kernel order. The findings are in docs/design.md, "When XLA overlaps stream
 regions".
 
@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxpar._compat import stream_call
-from jaxpar._deviceless import compile_for_gpu, parse_schedule
-from jaxpar._estimate import estimate_hlo
+from jaxpar._compiled import compile_for_gpu, parse_schedule
+from jaxpar._compiled.estimate import estimate_hlo
 
 GROUPS = {"shared": ("1", "1"), "none": (None, None), "separate": ("1", "2")}
 _X = jax.ShapeDtypeStruct((512, 512), jnp.float32)

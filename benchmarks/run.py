@@ -53,7 +53,7 @@ import numpy as np
 from jax import lax
 
 import jaxpar
-from jaxpar._deviceless import compile_for_gpu, parse_schedule, plugin_status
+from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
 
 VARIANTS = ("plain", "jaxpar_auto", "jaxpar_gpu")
 SIZES = ("full", "quick", "smoke")

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxpar
-from jaxpar._deviceless import compile_for_gpu, parse_schedule, plugin_status
+from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
 
 
 def step(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:

@@ -9,17 +9,17 @@ from ._api import ParallelBranches as ParallelBranches
 from ._api import inspect as inspect
 from ._api import on_stream as on_stream
 from ._api import parallel_branches as parallel_branches
+from ._compiled.preview import GpuPreview as GpuPreview
+from ._compiled.preview import gpu_preview as gpu_preview
 from ._flags import FlagsNotAppliedWarning as FlagsNotAppliedWarning
 from ._flags import check_flags_applied as check_flags_applied
 from ._flags import flags_as_options as flags_as_options
 from ._flags import xla_flags as xla_flags
-from ._inspect import Collective as Collective
-from ._inspect import LeftAlone as LeftAlone
-from ._inspect import Plan as Plan
-from ._inspect import Region as Region
-from ._inspect import Section as Section
-from ._preview import GpuPreview as GpuPreview
-from ._preview import gpu_preview as gpu_preview
+from ._report.plan import Plan as Plan
+from ._report.types import Collective as Collective
+from ._report.types import LeftAlone as LeftAlone
+from ._report.types import Region as Region
+from ._report.types import Section as Section
 from ._trace import TraceError as TraceError
 from .passes import LoopDecision as LoopDecision
 

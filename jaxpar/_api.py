@@ -49,7 +49,6 @@ from ._analysis import Analysis, jaxpr_has_placement
 from ._emit import Emitter, GroupIds, region_call
 from ._frameworks import NnxCall, nnx_arguments, refuse_module_as_function
 from ._gpu_model import CommandBufferMode, GpuProfile
-from ._inspect import Plan, build_report
 from ._options import Options, Settings, Switch, Target, Unroll, check_known
 from ._plan import LevelPlan, plan_jaxpr
 from ._plan.modes import (
@@ -62,6 +61,8 @@ from ._plan.modes import (
     estimate_seconds,
     kept_mode,
 )
+from ._report.build import build_report
+from ._report.plan import Plan
 from ._trace import (
     Layout,
     OutputStatics,

@@ -39,8 +39,8 @@ import numpy as np
 
 from . import __version__
 from ._api import inspect, parallel_branches
-from ._gpu_compile import plugin_status
-from ._preview import gpu_preview
+from ._compiled.gpu_compile import plugin_status
+from ._compiled.preview import gpu_preview
 from ._trace import TraceError
 
 _DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",

@@ -28,6 +28,11 @@ Sharp edges:
     region again (see ``_region_jvp``, ``_region_transpose``).
   * A scan with ``unroll > 1`` whose body has regions is unrolled here, one
     evaluation (and so one set of groups) per copy (see ``unrolled_scan``).
+
+A collectives group is ONE non-inlined call XLA launches as a group
+(``emit_collective_group``): it carries ``{_collectives_group="", inlineable="false"}``
+(``COLLECTIVES_GROUP_ATTRIBUTES``), which XLA's ``ExplicitCollectivesGroupAsyncWrapper``
+needs (jax >= 0.6).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -44,10 +49,10 @@ import numpy as np
 from jax import lax
 
 from . import _compat
-from ._emit_collectives import emit_collective_group
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._interp import Env
 from ._plan import LevelPlan
+from ._plan.collectives import COLLECTIVES_GROUP_ATTRIBUTES
 from ._primitives import SCAN
 
 STREAM_ATTRIBUTE = "_xla_stream_annotation"
@@ -502,3 +507,47 @@ def _region_body(eqns: list[Any], in_vars: list[Any], out_vars: list[Any]) -> Ca
             env.write(eqn.outvars, _compat.bind_eqn(eqn, env.read_all(eqn.invars)))
         return tuple(env.read_all(out_vars))
     return body
+
+
+def emit_collective_group(eqns: Sequence[Any], invals: Sequence[Sequence[Any]],
+                          attributes: Mapping[str, str] = COLLECTIVES_GROUP_ATTRIBUTES
+                          ) -> list[list[Any]]:
+    """Emits ``eqns`` (collectives) as ONE non-inlined call launched as a group.
+
+    Each equation is re-bound with its source info and context inside a
+    ``_compat.stream_call`` carrying ``{_collectives_group="",
+    inlineable="false"}``. Works under any trace (jit, grad, vmap, inside a
+    ``shard_map`` body or a scan body).
+
+    Args:
+      eqns: the group's equations, e.g. ``[jaxpr.eqns[i] for i in group.eqns]``.
+      invals: for each equation, the values of its invars.
+      attributes: the call's frontend attributes.
+
+    Returns:
+      For each equation, the values of its outvars.
+
+    Raises:
+      ValueError: ``eqns`` and ``invals`` differ in length.
+    """
+    if len(eqns) != len(invals):
+        raise ValueError(f"emit_collective_group: {len(eqns)} equations but "
+                         f"{len(invals)} input lists")
+    counts = [len(v) for v in invals]
+    out_counts = [len(e.outvars) for e in eqns]
+
+    def body(*flat: Any) -> tuple[Any, ...]:
+        outs: list[Any] = []
+        start = 0
+        for eqn, count in zip(eqns, counts, strict=True):
+            outs.extend(_compat.bind_eqn(eqn, flat[start:start + count]))
+            start += count
+        return tuple(outs)
+
+    call: Callable[..., Any] = _compat.stream_call(body, dict(attributes))
+    flat_out = list(call(*[v for vals in invals for v in vals]))
+    result, start = [], 0
+    for count in out_counts:
+        result.append(flat_out[start:start + count])
+        start += count
+    return result

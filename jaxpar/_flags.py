@@ -33,13 +33,10 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from . import _compat
 from ._gpu_model import CommandBufferMode
-
-if TYPE_CHECKING:
-    from ._inspect import Plan
 
 __all__ = ["FlagsNotAppliedWarning", "async_compute_limit", "check_flags_applied",
            "command_buffer_flags", "command_buffer_mode", "command_buffer_mode_set",
@@ -119,11 +116,26 @@ def command_buffer_flags(mode: CommandBufferMode | str) -> list[str]:
     return [f"--xla_gpu_command_buffer_scheduling_mode={mode.xla_scheduling_mode}"]
 
 
+class _SectionFields(Protocol):
+    @property
+    def regions(self) -> Sequence[object]: ...
+
+
+class PlanFields(Protocol):
+    """What ``xla_flags`` reads of a ``jaxpar.Plan`` (defined further down the pipeline)."""
+
+    @property
+    def collectives(self) -> Sequence[object]: ...
+
+    @property
+    def sections(self) -> Sequence[_SectionFields]: ...
+
+
 class FlagsNotAppliedWarning(UserWarning):
     """XLA flags were requested after the JAX backend started."""
 
 
-def xla_flags(plan: Plan | None = None, *, collectives: bool | None = None,
+def xla_flags(plan: PlanFields | None = None, *, collectives: bool | None = None,
               multi_stream_collectives: bool = False, collective_overlap_limit: int = 2,
               async_compute_limit: int | None = None,
               command_buffers: bool = False) -> list[str]:

@@ -1,8 +1,8 @@
 """The one GPU model: every figure of each GPU kind, and XLA's command-buffer modes.
 
 Everything in jaxpar that prices GPU work reads its figures here: the cost model of the
-planner (``_cost.device_profile``), the pricing of stream sections (``_price``), the
-estimate of compiled programs (``_estimate``) and ``gpu_preview``. No other module
+planner (``_cost.device_profile``), the pricing of stream sections (``_plan.pricing``), the
+estimate of compiled programs (``_compiled.estimate``) and ``gpu_preview``. No other module
 defines a GPU figure or a command-buffer mode (``tests/test_gpu_model.py`` fails if one
 does).
 
@@ -163,7 +163,7 @@ _HOPPER_TENSOR_FLOPS = (
 
 _H200 = GpuProfile(
     name="h200", device_kind="NVIDIA H200",
-    sm_count=132,  # H200 datasheet; core_count in jaxpar/targets/h200.txtpb
+    sm_count=132,  # H200 datasheet; core_count in jaxpar/_compiled/targets/h200.txtpb
     bandwidth=4.8e12,  # HBM3e, H200 datasheet; memory_bandwidth in targets/h200.txtpb
     vector_flops=67e12,  # FP32 (non-tensor), datasheet
     tensor_flops=_HOPPER_TENSOR_FLOPS,

@@ -69,7 +69,7 @@ STREAM_ATTRIBUTE = "_xla_stream_annotation"
 GROUP_ATTRIBUTE = "_scheduling_group_id"
 
 # Loop and batching rewrites off: the two scans stay two loops, so streams are what is tested.
-# The sections are forced: the GPU pricing (jaxpar/_price.py) would leave small loops out of
+# The sections are forced: the GPU pricing (jaxpar/_plan/pricing.py) would leave small loops out of
 # stream regions under XLA's default CUDA-graph mode.
 LOOPS_OFF: dict[str, Any] = {"fuse_scans": False, "batch_scans": False,
                              "batch_branches": False, "batch_matmuls": False, "unroll": None,
@@ -78,7 +78,7 @@ LOOPS_OFF: dict[str, Any] = {"fuse_scans": False, "batch_scans": False,
 # Options under which four_branches is worth streams on the GPU cost model (see Sharp edges).
 # Its four chains are identical, so by default the GPU target batches them into one vmapped
 # chain instead (tests/test_batch_branches.py); tests of streams turn that off.
-# The GPU pricing (jaxpar/_price.py) refuses these sections under XLA's default CUDA-graph
+# The GPU pricing (jaxpar/_plan/pricing.py) refuses these sections under XLA's default CUDA-graph
 # mode; tests of stream emission force them.
 FOUR_BRANCHES_OPTIONS: dict[str, Any] = {"target": "gpu", "min_cost_us": 2.0,
                                          "batch_branches": False, "batch_matmuls": False,

@@ -23,12 +23,12 @@ from jax import lax
 from pass_checker import PassResult, assert_matches, check_pass, eqns_of
 
 import jaxpar
-from jaxpar import _compat, _deviceless
+from jaxpar import _compat, _compiled
 from jaxpar.passes import KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALONE, batch_branches
 
 batch_branches_module = importlib.import_module("jaxpar.passes.batch_subgraphs")
 
-PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
+PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 # vmap turns the members' matmuls into one batched dot_general: XLA may sum in another order.

@@ -29,7 +29,7 @@ from pass_checker import (
 )
 
 import jaxpar
-from jaxpar._deviceless import plugin_status
+from jaxpar._compiled import plugin_status
 from jaxpar.passes import (
     KIND_BATCHED_MATMULS,
     KIND_MATMULS_LEFT_ALONE,

@@ -184,7 +184,7 @@ def test_demo_runs_end_to_end():
     headers = re.findall(r"est\. jax\.jit ([\d,.]+) us -> jaxpar ([\d,.]+) us .*, from "
                          r"gpu_preview's deviceless", out)
     assert verdicts == headers
-    from jaxpar._deviceless import plugin_status
+    from jaxpar._compiled import plugin_status
 
     assert len(verdicts) == (2 if plugin_status()[0] else 0)  # the single-device stories
 

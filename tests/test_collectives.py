@@ -339,9 +339,9 @@ def _deviceless_ready() -> str | None:
     if _compat.JAX_VERSION[:2] != (0, 10):
         return f"the deviceless collective check is pinned to jax 0.10.x, not {jax.__version__}"
     try:
-        from jaxpar._deviceless import plugin_status
+        from jaxpar._compiled import plugin_status
     except ImportError:
-        return "jaxpar._deviceless is not available"
+        return "jaxpar._compiled is not available"
     ok, message = plugin_status()
     return None if ok else message
 
@@ -349,7 +349,7 @@ def _deviceless_ready() -> str | None:
 # The collective matmul on 8 deviceless H200s, bf16 blocks big enough to be worth overlapping.
 _H200_COLLECTIVE_MATMUL = """
 from jax.sharding import NamedSharding, PartitionSpec as P
-from jaxpar._deviceless import compile_for_gpu, make_gpu_mesh, parse_schedule
+from jaxpar._compiled import compile_for_gpu, make_gpu_mesh, parse_schedule
 import collective_matmul as cm
 mesh = make_gpu_mesh("h200", 8)
 f = cm.make_collective_matmul(mesh)

@@ -1,4 +1,4 @@
-"""Deviceless GPU compilation and schedule parsing (`jaxpar._deviceless`).
+"""Deviceless GPU compilation and schedule parsing (`jaxpar._compiled`).
 
 Compiles for H200s on this CPU-only machine through the CUDA PJRT plugin; every test that
 compiles is skipped, with the `pip install` line, when the plugin is missing.
@@ -26,7 +26,7 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxpar._deviceless import (
+from jaxpar._compiled import (
     GPU_TARGETS,
     compile_for_gpu,
     gpu_target_config,
@@ -71,7 +71,7 @@ _ANNOTATED_SCANS_SCRIPT = textwrap.dedent(
         from jax.experimental.xla_metadata import xla_metadata_call
     except ImportError:
         from jax.experimental.scheduling_groups import xla_metadata_call
-    from jaxpar._deviceless import compile_for_gpu
+    from jaxpar._compiled import compile_for_gpu
 
     def tanh_step(c, _):
         return jnp.tanh(c @ c), None
@@ -329,7 +329,7 @@ def test_targets_ship_with_the_package():
 
 
 def test_missing_plugin_names_the_pip_line(monkeypatch):
-    import jaxpar._deviceless as deviceless
+    import jaxpar._compiled.gpu_compile as deviceless
 
     real_version = importlib.metadata.version
 
@@ -352,7 +352,7 @@ def test_missing_plugin_names_the_pip_line(monkeypatch):
 
 
 def test_mismatched_plugin_is_reported(monkeypatch):
-    import jaxpar._deviceless as deviceless
+    import jaxpar._compiled.gpu_compile as deviceless
 
     real_version = importlib.metadata.version
     monkeypatch.setattr(
@@ -375,7 +375,7 @@ def test_mesh_of_another_gpu_is_rejected():
 
 
 def test_cpu_hlo_is_refused():
-    from jaxpar._deviceless import _check_gpu_text
+    from jaxpar._compiled.gpu_compile import _check_gpu_text
 
     cpu_text = jax.jit(lambda a: jnp.tanh(a @ a)).lower(MATRIX).compile().as_text()
     with pytest.raises(RuntimeError, match="CPU"):

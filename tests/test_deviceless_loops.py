@@ -27,7 +27,7 @@ import pytest
 from jax import lax
 
 import jaxpar
-from jaxpar._deviceless import compile_for_gpu, parse_schedule, plugin_status
+from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
 
 PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
 pytestmark = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)

@@ -150,7 +150,7 @@ def test_doc_files_are_found_and_marks_are_well_formed():
 
 @pytest.mark.parametrize("name", [n for n in DOC_FILES if doc_blocks(n)])
 def test_doc_code_blocks_run(name, tmp_path):
-    from jaxpar._deviceless import plugin_status
+    from jaxpar._compiled import plugin_status
 
     plugin, why = plugin_status()
     blocks, skipped = [], []

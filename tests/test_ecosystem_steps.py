@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import jaxpar
-from jaxpar import _deviceless
+from jaxpar import _compiled
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -338,7 +338,7 @@ def test_inspect_with_arguments_says_the_call_is_curried():
         jaxpar.inspect(lambda x, y: x + y, jnp.ones(2), jnp.ones(2))
 
 
-@pytest.mark.skipif(not _deviceless.plugin_status()[0], reason="needs the CUDA plugin")
+@pytest.mark.skipif(not _compiled.plugin_status()[0], reason="needs the CUDA plugin")
 def test_gpu_preview_takes_modules_as_the_decorated_function_does():
     eqx = pytest.importorskip("equinox")
     nnx = pytest.importorskip("flax.nnx")

@@ -1,4 +1,4 @@
-"""``jaxpar._estimate``: launches, overlap and time from scheduled HLO (no GPU, no plugin).
+"""``jaxpar._compiled.estimate``: launches, overlap and time from scheduled HLO (no GPU, no plugin).
 
 The HLO modules here are written by hand in the text format XLA:GPU prints (see the
 deviceless compiles in ``tests/test_preview.py``), so each rule of the model is checked
@@ -11,8 +11,8 @@ import dataclasses
 
 import pytest
 
-from jaxpar import _estimate
-from jaxpar._estimate import estimate_hlo, verdict
+import jaxpar._compiled.estimate as _estimate
+from jaxpar._compiled.estimate import estimate_hlo, verdict
 from jaxpar._gpu_model import GPU_PROFILES, CommandBufferMode
 
 PROFILE = GPU_PROFILES["h200"]
@@ -271,7 +271,7 @@ def test_dynamic_slice_of_a_parameter_reads_only_the_slice():
 dynamic_slice_sizes={1,100,100}
 }
 """
-    module = _estimate._Module(_estimate._schedule._split_computations(
+    module = _estimate._Module(_estimate.schedule._split_computations(
         _module([], fused))[1])
     cost = _estimate._Costs(module, PROFILE)._fusion("fused_slice")
     assert cost.bytes == pytest.approx(2 * 100 * 100 * 4 + 4)
@@ -284,7 +284,7 @@ def test_dot_flops_from_a_gemm_fusion_use_the_tf32_peak():
   ROOT %dot = f32[512,1024]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 """
-    module = _estimate._Module(_estimate._schedule._split_computations(
+    module = _estimate._Module(_estimate.schedule._split_computations(
         _module([], fused))[1])
     cost = _estimate._Costs(module, PROFILE)._fusion("gemm")
     assert cost.tensor_seconds == pytest.approx(2 * 512 * 1024 * 256 / 494.5e12)

@@ -4,7 +4,7 @@ Programs of ``benchmarks/gpu_suite.py``, compiled deviceless for an H200 plain a
 ``parallel_branches(target="gpu")``, planned for and judged in one CUDA-graph mode
 (``gpu_preview(..., command_buffers=mode)``). Each case fails on what the issues forbid:
 a compile error, more kernel launches per run without a stream region that really
-overlaps other work, an estimated slowdown above 1% (``jaxpar._estimate``) in that mode,
+overlaps other work, an estimated slowdown above 1% (``jaxpar._compiled.estimate``) in that mode,
 or (small size, default mode) different values on the CPU.
 
 What runs:
@@ -43,11 +43,11 @@ from helpers import load_benchmark
 from jax import lax
 
 import jaxpar
-from jaxpar import _deviceless
+from jaxpar import _compiled
 from jaxpar._compat import stream_call
-from jaxpar._estimate import estimate_hlo
+from jaxpar._compiled.estimate import estimate_hlo
 
-PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
+PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
 pytestmark = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 suite = load_benchmark("gpu_suite")
@@ -205,7 +205,7 @@ def _two_regions(barrier: bool) -> Any:
 
 
 def _overlaps(fn: Any) -> list[bool]:
-    return [r.overlaps for r in estimate_hlo(_deviceless.compile_for_gpu(fn, _X, _X, _X)).regions]
+    return [r.overlaps for r in estimate_hlo(_compiled.compile_for_gpu(fn, _X, _X, _X)).regions]
 
 
 def test_xla_serialises_regions_whose_outputs_are_consumed_apart() -> None:

@@ -21,7 +21,9 @@ import pytest
 from helpers import load_benchmark
 
 import jaxpar
-from jaxpar import _estimate, _gpu_compile, _gpu_model
+import jaxpar._compiled.estimate as _estimate
+import jaxpar._compiled.gpu_compile as _gpu_compile
+from jaxpar import _gpu_model
 from jaxpar._analysis import Analysis
 from jaxpar._api import ParallelBranches
 from jaxpar._gpu_model import GPU_PROFILES, CommandBufferMode, GpuProfileError, gpu_profile

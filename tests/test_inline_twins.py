@@ -17,7 +17,7 @@ import pytest
 from pass_checker import assert_same_gradients, assert_same_outputs, check_pass
 
 import jaxpar
-from jaxpar._deviceless import plugin_status
+from jaxpar._compiled import plugin_status
 from jaxpar.passes import KIND_BATCHED_MATMULS, KIND_INLINED, run_passes
 
 PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()

@@ -381,7 +381,7 @@ def test_source_paths_of_installed_packages_are_shortened():
     ("/while#3.body_jaxpr", "in while body"),
 ])
 def test_level_paths_are_readable(path, shown):
-    from jaxpar._render import readable_location
+    from jaxpar._report.render import readable_location
 
     assert readable_location(path) == shown
 

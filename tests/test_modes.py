@@ -22,12 +22,12 @@ import pytest
 from helpers import load_benchmark
 
 import jaxpar
-from jaxpar import _deviceless
+from jaxpar import _compiled
 from jaxpar._flags import command_buffer_mode_set, command_buffer_options
 from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._plan.modes import MIN_GAIN, choose_mode
 
-PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
+PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 LHS, CONCURRENT, OFF = CommandBufferMode.LHS, CommandBufferMode.CONCURRENT, CommandBufferMode.OFF
@@ -176,7 +176,7 @@ def _parallel_sources(thunks: str) -> list[int]:
     ("auto", True), ("concurrent", True), ("keep", False), ("lhs", False)])
 def test_lowered_compile_uses_the_chosen_options(tmp_path: Path, mode: str,
                                                  parallel: bool) -> None:
-    mesh = _deviceless.make_gpu_mesh("h200", 1)
+    mesh = _compiled.make_gpu_mesh("h200", 1)
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     shapes = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
               for s in specs(towers_args())]

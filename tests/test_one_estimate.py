@@ -22,9 +22,9 @@ import pytest
 from jax import lax
 
 import jaxpar
-from jaxpar import _compat, _deviceless
+from jaxpar import _compat, _compiled
 
-PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
+PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 f32 = jnp.float32
 

@@ -10,7 +10,7 @@ from helpers import assert_tree_close, assert_tree_equal, cnn_args, cnn_loss, tw
 import jaxpar
 
 # These tests are about the decomposition: sections are forced past the GPU pricing
-# (jaxpar/_price.py, tested in tests/test_price.py).
+# (jaxpar/_plan/pricing.py, tested in tests/test_price.py).
 GPU = {"target": "gpu", "force_streams": True}
 
 

@@ -16,10 +16,12 @@ from helpers import (
 )
 
 import jaxpar
-from jaxpar import _deviceless, _gpu_compile, _preview
+import jaxpar._compiled.gpu_compile as _gpu_compile
+import jaxpar._compiled.preview as _preview
+from jaxpar import _compiled
 from jaxpar._gpu_model import CommandBufferMode
 
-PLUGIN_OK, PLUGIN_MESSAGE = _deviceless.plugin_status()
+PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 

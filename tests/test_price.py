@@ -1,6 +1,6 @@
 """The GPU pricing of stream sections: cuts that cannot pay on the compiled program are refused.
 
-Each refusal rule (``jaxpar/_price.py``) gets a program that triggers it and one that does
+Each refusal rule (``jaxpar/_plan/pricing.py``) gets a program that triggers it and one that does
 not, checked on the plan, on the lowered text (no stream call is emitted) and on values.
 """
 
@@ -18,7 +18,7 @@ from jaxpar._cost import DEVICE_PROFILES, CostModel
 from jaxpar._flags import command_buffer_mode
 from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._graph import build_graph
-from jaxpar._price import price_section
+from jaxpar._plan.pricing import price_section
 
 MODE_LHS, MODE_OFF = CommandBufferMode.LHS, CommandBufferMode.OFF
 MODE_CONCURRENT, MODE_SERIALIZE = CommandBufferMode.CONCURRENT, CommandBufferMode.SERIALIZE

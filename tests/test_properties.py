@@ -41,7 +41,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jaxpar
-from jaxpar import _deviceless
+from jaxpar import _compiled
 
 try:
     from helpers import canonical_jaxpr_text, fraction_of_examples
@@ -463,7 +463,7 @@ def _programs_inside_shard_map(program: Program, options: dict[str, Any]) -> Non
 
 # ---- Every emitted program compiles for the GPU (deviceless) --------------------------------
 
-_PLUGIN_OK, _PLUGIN_MESSAGE = _deviceless.plugin_status()
+_PLUGIN_OK, _PLUGIN_MESSAGE = _compiled.plugin_status()
 
 
 @pytest.mark.skipif(not _PLUGIN_OK, reason=_PLUGIN_MESSAGE)
@@ -475,4 +475,4 @@ def test_gpu_compile_succeeds(program: Program, options: dict[str, Any]) -> None
     combination of fused, batched and unrolled loops with regions in their bodies."""
     g = jaxpar.parallel_branches(program.fn, **options)
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in program.args]
-    _deviceless.compile_for_gpu(g, *specs, gpu="h200")
+    _compiled.compile_for_gpu(g, *specs, gpu="h200")

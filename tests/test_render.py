@@ -25,8 +25,8 @@ from helpers import cnn_args, cnn_loss, hetero_batch_benchmark, seed_002_small_a
 from jax import lax
 
 import jaxpar
-from jaxpar._render import plan_to_chrome_trace
-from jaxpar._timeline import estimate
+from jaxpar._report.render import plan_to_chrome_trace
+from jaxpar._report.timeline import estimate
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -22,7 +22,7 @@ from jax import lax
 from pass_checker import assert_same_gradients, assert_same_outputs, sum_loss
 
 import jaxpar
-from jaxpar._deviceless import compile_for_gpu, parse_schedule, plugin_status
+from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
 
 PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)

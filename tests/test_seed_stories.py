@@ -26,8 +26,8 @@ from helpers import (
 )
 
 import jaxpar
-from jaxpar import _preview
-from jaxpar._deviceless import compile_for_gpu, parse_schedule, plugin_status
+import jaxpar._compiled.preview as _preview
+from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
 
 PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
@@ -37,7 +37,7 @@ crashes_on_annotated_loops = pytest.mark.skipif(
     jax.lib.__version__ in _preview._CRASHES_ON_ANNOTATED_LOOPS,
     reason=f"XLA in jaxlib {jax.lib.__version__} segfaults compiling annotated loops")
 
-# Stream tests force their sections past the GPU pricing (jaxpar/_price.py), which refuses
+# Stream tests force their sections past the GPU pricing (jaxpar/_plan/pricing.py), which refuses
 # them under XLA's default CUDA-graph mode (LOOPS_OFF, from tests/helpers.py, forces them
 # too); tests/test_price.py covers that choice.
 # The four branches are identical, so by default the GPU target batches them into one vmapped

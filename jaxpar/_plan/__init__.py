@@ -11,7 +11,7 @@ value that can be tested alone:
   chooses sections (``SPNode``, ``choose_sections``).
 * ``regions``: hull, longest-first balance onto streams, private producers and
   consumers (``RegionSet``).
-* ``pricing``: the GPU hook onto ``jaxpar._price.price_section``.
+* ``pricing``: the GPU pricing of a candidate section (``price_regions``).
 * ``collectives``: groups of collectives launched together, and the compute that
   overlaps each group.
 * ``level``: ``plan_jaxpr`` runs the stages for one level, writes the notes,
@@ -26,9 +26,6 @@ Example::
 from .collectives import (
     COLLECTIVES_GROUP_ATTRIBUTES as COLLECTIVES_GROUP_ATTRIBUTES,
 )
-from .collectives import CollectiveGroup as CollectiveGroup
-from .collectives import CollectiveInfo as CollectiveInfo
-from .collectives import CollectivePlan as CollectivePlan
 from .collectives import group_collectives as group_collectives
 from .level import PlanContext as PlanContext
 from .level import order_units as order_units
@@ -43,6 +40,9 @@ from .plans import REASON_NO_GAIN as REASON_NO_GAIN
 from .plans import REASON_OPAQUE as REASON_OPAQUE
 from .plans import REASON_TOO_CHEAP as REASON_TOO_CHEAP
 from .plans import RECURSIVE_PRIMITIVES as RECURSIVE_PRIMITIVES
+from .plans import CollectiveGroup as CollectiveGroup
+from .plans import CollectiveInfo as CollectiveInfo
+from .plans import CollectivePlan as CollectivePlan
 from .plans import LevelPlan as LevelPlan
 from .plans import Note as Note
 from .plans import RegionPlan as RegionPlan

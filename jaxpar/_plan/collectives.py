@@ -11,7 +11,7 @@ This module is the planner's collectives stage: ``group_collectives`` finds whic
 equations of one open jaxpr level form groups, and ``overlap_collectives`` pairs each
 group with the compute that can run while it transfers (one stream region). The level
 (``_plan.level``) contracts each group to one unit of its emission order; the emitter
-(``jaxpar._emit_collectives.emit_collective_group``) launches it.
+(``jaxpar._emit.emit_collective_group``) launches it.
 
 Example::
 
@@ -36,14 +36,13 @@ Sharp edges:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from .. import _compat, _primitives
 from .._graph import Graph, build_graph
 from .._primitives import is_collective
-from .plans import RegionPlan, SectionPlan
+from .plans import CollectiveGroup, CollectiveInfo, CollectivePlan, RegionPlan, SectionPlan
 
 __all__ = [
     "COLLECTIVES_GROUP_ATTRIBUTES",
@@ -62,51 +61,6 @@ COLLECTIVES_GROUP_ATTRIBUTES: Mapping[str, str] = {"_collectives_group": "",
 
 
 DEFAULT_GROUPABLE = _primitives.DEFAULT_GROUPABLE
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CollectiveInfo:
-    """One collective equation of the level, for reporting.
-
-    ``shift`` is the uniform ring shift of a ``ppermute`` (``+1``, ``-1``, ``k``
-    in ``(-size/2, size/2]``) or None for a general permutation or another
-    collective. ``layer`` is its depth among the groupable collectives (None
-    when not groupable). ``group`` is the index of its group, if any.
-    """
-
-    eqn: int
-    primitive: str
-    axis_name: tuple[Any, ...]
-    shift: int | None
-    layer: int | None
-    group: int | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CollectiveGroup:
-    """Mutually independent collectives (equation indices) launched as one group."""
-
-    eqns: tuple[int, ...]
-    shifts: tuple[int | None, ...]
-    axis_name: tuple[Any, ...]
-
-    @property
-    def bidirectional(self) -> bool:
-        """Whether the group sends both ways round a ring (a ``+k`` and a ``-k``)."""
-        shifts = {s for s in self.shifts if s is not None}
-        return any(-s in shifts for s in shifts if s > 0)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CollectivePlan:
-    """Groups and the report of every collective at one level."""
-
-    groups: tuple[CollectiveGroup, ...]
-    collectives: tuple[CollectiveInfo, ...]
-
-    @property
-    def grouped(self) -> frozenset[int]:
-        return frozenset(i for g in self.groups for i in g.eqns)
 
 
 def _axis_tuple(axis_name: Any) -> tuple[Any, ...]:

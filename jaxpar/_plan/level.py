@@ -43,7 +43,7 @@ from .._graph import (
 )
 from .._options import Options
 from .._primitives import is_collective
-from .collectives import CollectiveGroup, group_collectives, overlap_collectives
+from .collectives import group_collectives, overlap_collectives
 from .heavy import HeavyOrder, heavy_order
 from .plans import (
     MAX_HEAVY,
@@ -55,6 +55,7 @@ from .plans import (
     REASON_OPAQUE,
     REASON_TOO_CHEAP,
     RECURSIVE_PRIMITIVES,
+    CollectiveGroup,
     LevelPlan,
     Note,
     SectionPlan,

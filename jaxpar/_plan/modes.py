@@ -16,7 +16,7 @@ The model of one jaxpr level, in a mode:
 * every equation launching kernels is a node: its roofline work (flops at peak or bytes
   at bandwidth, whichever is longer), at least a kernel floor per kernel; the work of
   every node goes through the one device (overlap hides kernel floors, never work), as
-  in ``jaxpar._estimate``, which judges the compiled program the same way;
+  in ``jaxpar._compiled.estimate``, which judges the compiled program the same way;
 * a loop (``scan``, ``while``) is never captured (WHILE is no default command type): it
   runs alone on the stream, its body priced per trip in the same mode (a body of at
   least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``scan`` runs as XLA
@@ -29,7 +29,7 @@ The model of one jaxpr level, in a mode:
   ``MIN_GRAPH_SIZE`` of them and graphs are on (host: one graph launch plus a node
   each), else each is launched alone (host: ``launch_s`` each); in ``CONCURRENT`` mode a
   node starts when its inputs are ready, in the other modes after the one before;
-* the regions of the stream sections the plan kept (priced in that mode by ``_price``)
+* the regions of the stream sections the plan kept (priced in that mode by ``_plan.pricing``)
   are lanes of their own: a region's node waits only for its inputs and its lane, and
   each region costs the host a start and a done event (``event_s``); a section the
   pricing would not emit (``force_streams``) is taken at its verdict: its regions on the
@@ -42,10 +42,10 @@ Example::
 
 Sharp edges:
   * A model of the compiled program before it is compiled: ``gpu_preview`` judges the
-    compiled one (``_estimate``), and the first GPU run must confirm both. It does not
+    compiled one (``_compiled.estimate``), and the first GPU run must confirm both. It does not
     know which elementwise work XLA cannot fuse into a neighbour (a relu after a cuDNN
     convolution is a kernel of its own), so it counts fewer kernels than XLA launches
-    there. A level's time is the longer of its device and host times: ``_estimate`` also
+    there. A level's time is the longer of its device and host times: ``_compiled.estimate`` also
     makes a top-level graph's kernels wait for the graph's launch, which would make short
     chains of kernels cheaper with graphs off.
   * ``CONCURRENT`` mode makes XLA give independent values distinct buffers: more

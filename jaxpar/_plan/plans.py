@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._graph import Graph, Unit
 from .._primitives import COLLECTIVE, RECURSIVE
-
-if TYPE_CHECKING:
-    from .collectives import CollectiveGroup, CollectiveInfo
 
 # Heavy equations are decomposed in windows of this many (program order).
 MAX_HEAVY = 256
@@ -61,7 +58,7 @@ class SectionPlan:
     group: int | None
     regions: tuple[RegionPlan, ...]
     collectives: int | None = None
-    # The GPU pricing's verdict (``jaxpar._price``): what overlap wins, what the cut costs,
+    # The GPU pricing's verdict (``jaxpar._plan.pricing``): what overlap wins, what the cut costs,
     # and why; None where nothing priced it (other targets, collectives sections).
     gain_seconds: float | None = None
     cost_seconds: float | None = None
@@ -109,3 +106,49 @@ class LevelPlan:
         for _, subs in self.nested:
             for _, sub in subs:
                 yield from sub.walk()
+
+
+# The collectives stage's results (``_plan.collectives`` computes them).
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveInfo:
+    """One collective equation of the level, for reporting.
+
+    ``shift`` is the uniform ring shift of a ``ppermute`` (``+1``, ``-1``, ``k``
+    in ``(-size/2, size/2]``) or None for a general permutation or another
+    collective. ``layer`` is its depth among the groupable collectives (None
+    when not groupable). ``group`` is the index of its group, if any.
+    """
+
+    eqn: int
+    primitive: str
+    axis_name: tuple[Any, ...]
+    shift: int | None
+    layer: int | None
+    group: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveGroup:
+    """Mutually independent collectives (equation indices) launched as one group."""
+
+    eqns: tuple[int, ...]
+    shifts: tuple[int | None, ...]
+    axis_name: tuple[Any, ...]
+
+    @property
+    def bidirectional(self) -> bool:
+        """Whether the group sends both ways round a ring (a ``+k`` and a ``-k``)."""
+        shifts = {s for s in self.shifts if s is not None}
+        return any(-s in shifts for s in shifts if s > 0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectivePlan:
+    """Groups and the report of every collective at one level."""
+
+    groups: tuple[CollectiveGroup, ...]
+    collectives: tuple[CollectiveInfo, ...]
+
+    @property
+    def grouped(self) -> frozenset[int]:
+        return frozenset(i for g in self.groups for i in g.eqns)

@@ -8,7 +8,7 @@ before planning: the first one stays, the others read its results.
 
 Equal work in different nested calls (``slogdet``'s ``lu`` inside its ``custom_jvp``
 and ``lu_factor``'s) cannot be merged without changing the calls; the planner's
-pricing (``_price``) refuses a cut between such twins instead.
+pricing (``_plan.pricing``) refuses a cut between such twins instead.
 
 Example::
 

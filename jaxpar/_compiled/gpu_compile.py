@@ -1,14 +1,14 @@
 """Compile a JAX function for an NVIDIA GPU on a machine without one.
 
 XLA can compile for a GPU it cannot see: the CUDA PJRT plugin builds a *topology* from a
-text description of the card (``jaxpar/targets/<gpu>.txtpb``) and compiles against it.
-The result is the optimized, scheduled HLO that XLA:GPU would run; ``jaxpar._schedule``
+text description of the card (``jaxpar/_compiled/targets/<gpu>.txtpb``) and compiles against it.
+The result is the optimized, scheduled HLO that XLA:GPU would run; ``jaxpar._compiled.schedule``
 reads it (stream overlap, loop trip counts, asynchronous collectives).
 
 Example::
 
     import jax, jax.numpy as jnp
-    from jaxpar._gpu_compile import compile_for_gpu
+    from jaxpar._compiled.gpu_compile import compile_for_gpu
 
     x = jax.ShapeDtypeStruct((128, 128), jnp.float32)
     text = compile_for_gpu(lambda a: jnp.tanh(a @ a), x, gpu="h200")
@@ -157,7 +157,7 @@ def gpu_target_config(gpu: str = "h200") -> str:
         gpu: one of ``GPU_TARGETS`` (case-insensitive).
 
     Returns:
-        The text-format proto shipped in ``jaxpar/targets/``.
+        The text-format proto shipped in ``jaxpar/_compiled/targets/``.
 
     Raises:
         ValueError: ``gpu`` is not a known GPU.

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ._inspect import Plan, Step
+from .types import PlanEstimate, PlanRecord, Step
 
 
-def step_duration_us(plan: Plan, step: Step) -> float:
+def step_duration_us(plan: PlanRecord, step: Step) -> float:
     """The timeline's time source: the estimated device time of ``step``, in us."""
     del plan  # the plan's own estimates; a better model may need the whole plan
     return max(step.cost_us, 0.0)
@@ -69,33 +67,7 @@ class Timeline:
     levels: tuple[LevelTimeline, ...]  # the top level first
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PlanEstimate:
-    """One run of the program as ``jax.jit`` compiles it and as jaxpar does, in us.
-
-    ``source`` says where the figures come from: jaxpar's planning model (``inspect``)
-    or a deviceless compile (``gpu_preview``). ``rejected`` sums up, per stream section
-    the GPU pricing would not have emitted (``force_streams``), its gain and cost; the
-    pricing's reasoning is ``Section.verdict``.
-    """
-
-    plain_us: float
-    jaxpar_us: float
-    source: str
-    rejected: tuple[str, ...] = ()
-
-    @property
-    def ratio(self) -> float:
-        """jaxpar's time over jax.jit's (< 1: jaxpar expected faster)."""
-        return self.jaxpar_us / self.plain_us if self.plain_us > 0 else 1.0
-
-    def line(self) -> str:
-        """``"est. jax.jit 480.2 us -> jaxpar 400.4 us (x0.834), from ..."``."""
-        return (f"est. jax.jit {self.plain_us:,.1f} us -> jaxpar {self.jaxpar_us:,.1f} us "
-                f"(x{self.ratio:.3f}), from {self.source}")
-
-
-def plan_estimate(plan: Plan) -> PlanEstimate:
+def plan_estimate(plan: PlanRecord) -> PlanEstimate:
     """The plan's one estimate (see the module docstring).
 
     A compiled estimate attached by ``gpu_preview`` wins. On a GPU, the figures the
@@ -140,7 +112,7 @@ def plan_estimate(plan: Plan) -> PlanEstimate:
     return PlanEstimate(plain, fast, source, rejected)
 
 
-def estimate(plan: Plan, duration_us: Callable[[Plan, Step], float] = step_duration_us
+def estimate(plan: PlanRecord, duration_us: Callable[[PlanRecord, Step], float] = step_duration_us
              ) -> Timeline:
     """Schedules ``plan.steps`` level by level (see the module docstring)."""
     by_level: dict[str, list[int]] = {}

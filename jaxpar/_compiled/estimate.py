@@ -1,19 +1,19 @@
 """Estimated GPU time of a compiled program, replayed from XLA:GPU's schedule.
 
-``estimate_hlo`` reads the scheduled HLO that ``jaxpar._gpu_compile.compile_for_gpu``
+``estimate_hlo`` reads the scheduled HLO that ``jaxpar._compiled.gpu_compile.compile_for_gpu``
 returns and replays it on a model of one GPU: a host thread that enqueues kernels,
 CUDA streams that run them in order, and the GPU's roofline throughput shared by all
 streams. It counts kernel launches per run (loop bodies times their trip counts),
 host syncs (``conditional``, ``while`` without a known trip count) and the
 stream-annotated regions that really run beside other work. ``verdict`` compares
 two estimates in one line. (A plan's own figure before anything is compiled is
-``jaxpar._timeline.plan_estimate``'s, shown by ``inspect``; ``gpu_preview`` gives its plan
+``jaxpar._report.timeline.plan_estimate``'s, shown by ``inspect``; ``gpu_preview`` gives its plan
 this module's figure instead.)
 
 Example::
 
-    from jaxpar._gpu_compile import compile_for_gpu
-    from jaxpar._estimate import estimate_hlo, verdict
+    from jaxpar._compiled.gpu_compile import compile_for_gpu
+    from jaxpar._compiled.estimate import estimate_hlo, verdict
 
     plain = estimate_hlo(compile_for_gpu(f, *args))
     fast = estimate_hlo(compile_for_gpu(jaxpar.parallel_branches(f, target="gpu"), *args))
@@ -80,7 +80,7 @@ Sharp edges:
     (plain against jaxpar), not for predicting wall time. The CUDA-graph behaviour
     is read from XLA's source; the first GPU run must confirm it (XLA_FACTS.md
     section 6, "Only a real GPU can settle these").
-  * Reads the HLO text format of jaxlib 0.10.2 to 0.12 (see ``_schedule``).
+  * Reads the HLO text format of jaxlib 0.10.2 to 0.12 (see ``schedule``).
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from . import _schedule
-from ._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile, gpu_profile
-from ._schedule import _Instruction, _Module
+from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile, gpu_profile
+from . import schedule
+from .schedule import _Instruction, _Module
 
 __all__ = [
     "Estimate",
@@ -199,7 +199,7 @@ class _Costs:
     def _kernel(self, instruction: _Instruction, computation: str) -> KernelCost:
         shapes = self.shapes(computation)
         if instruction.opcode == "fusion":
-            called = _schedule._called(instruction.attributes, "calls")
+            called = schedule._called(instruction.attributes, "calls")
             if called and called[0] in self.module.by_name:
                 return self._fusion(called[0])
         read = sum(_bytes(shapes.get(o, "")) for o in instruction.operands)
@@ -213,13 +213,13 @@ class _Costs:
         return KernelCost(tensor, 0.0, read + written)
 
     def _custom_call_seconds(self, instruction: _Instruction, shapes: dict[str, str]) -> float:
-        target = _schedule._attribute_group(instruction.attributes, "custom_call_target") or ""
+        target = schedule._attribute_group(instruction.attributes, "custom_call_target") or ""
         operands = [shapes.get(o, "") for o in instruction.operands]
         out = instruction.shape
         if "cudnn" in target.lower() and "conv" in target.lower() and len(operands) > 1:
             return self._conv_seconds(instruction.attributes, operands[1], out)
         if _CAPTURABLE_CUSTOM_CALL.search(target) and operands:
-            config = _schedule._backend_config(instruction).get("gemm_backend_config", {})
+            config = schedule._backend_config(instruction).get("gemm_backend_config", {})
             numbers = config.get("dot_dimension_numbers", {}) if isinstance(config, dict) else {}
             contracting = [int(d) for d in numbers.get("lhs_contracting_dimensions", [])]
             lhs = _dims(operands[0])
@@ -229,7 +229,7 @@ class _Costs:
         return 0.0
 
     def _conv_seconds(self, attributes: str, rhs_shape: str, out: str) -> float:
-        labels = _schedule._attribute_group(attributes, "dim_labels") or ""
+        labels = schedule._attribute_group(attributes, "dim_labels") or ""
         rhs = _dims(rhs_shape)
         parts = labels.split("->")[0].split("_")
         out_feature = parts[1].find("o") if len(parts) == 2 else 0
@@ -250,7 +250,7 @@ class _Costs:
             opcode = instruction.opcode
             if opcode in ("dot", "ragged-dot", "scaled-dot") and instruction.operands:
                 lhs = _dims(shapes.get(instruction.operands[0], ""))
-                contracting = _int_list(_schedule._attribute_group(
+                contracting = _int_list(schedule._attribute_group(
                     instruction.attributes, "lhs_contracting_dims"))
                 size = math.prod(lhs[d] for d in contracting if d < len(lhs))
                 flops = 2.0 * _elements(instruction.shape) * size
@@ -261,7 +261,7 @@ class _Costs:
                                              shapes.get(instruction.operands[1], ""),
                                              instruction.shape)
             elif opcode == "fusion":  # nested fusions (Triton): count their work too
-                inner = _schedule._called(instruction.attributes, "calls")
+                inner = schedule._called(instruction.attributes, "calls")
                 if inner and inner[0] in self.module.by_name:
                     nested = self._fusion(inner[0])
                     tensor += nested.tensor_seconds
@@ -312,24 +312,24 @@ class _Item:
 
 
 def _region_of(instruction: _Instruction, module: _Module) -> str | None:
-    called = _schedule._called(instruction.attributes, "to_apply", "calls")
+    called = schedule._called(instruction.attributes, "to_apply", "calls")
     if not called:
         return None
     if instruction.opcode == "async-start":
         root = module.root(called[0])
         if root is not None and root.opcode == "call":
-            inner = _schedule._called(root.attributes, "to_apply")
+            inner = schedule._called(root.attributes, "to_apply")
             return inner[0] if inner else called[0]
     return called[0]
 
 
 def _stream_of(instruction: _Instruction, module: _Module) -> int:
-    attributes = _schedule._frontend_attributes(instruction)
+    attributes = schedule._frontend_attributes(instruction)
     if instruction.opcode == "async-start":
-        called = _schedule._called(instruction.attributes, "calls")
+        called = schedule._called(instruction.attributes, "calls")
         root = module.root(called[0]) if called else None
         if root is not None:
-            attributes = {**_schedule._frontend_attributes(root), **attributes}
+            attributes = {**schedule._frontend_attributes(root), **attributes}
     try:
         return 1 + int(attributes.get("_xla_stream_annotation", ""))
     except ValueError:
@@ -341,7 +341,7 @@ def _is_compute_start(instruction: _Instruction, module: _Module) -> bool:
         return True
     if instruction.opcode != "async-start":
         return False
-    kind, _ = _schedule._refine_async(instruction, module)
+    kind, _ = schedule._refine_async(instruction, module)
     return kind == "compute"
 
 
@@ -378,19 +378,19 @@ class _Program:
             elif opcode in ("call-done", "async-done"):
                 items.append(_Item("done", instruction))
             elif opcode == "while":
-                body = _schedule._called(instruction.attributes, "body")
-                condition = _schedule._called(instruction.attributes, "condition")
+                body = schedule._called(instruction.attributes, "body")
+                condition = schedule._called(instruction.attributes, "condition")
                 items.append(_Item("while", instruction, (body[0] if body else "",
                                                           condition[0] if condition else ""),
-                                   trips=_schedule._known_trip_count(instruction)))
+                                   trips=schedule._known_trip_count(instruction)))
             elif opcode == "conditional":
-                branches = _schedule._called(instruction.attributes, "branch_computations",
+                branches = schedule._called(instruction.attributes, "branch_computations",
                                                "true_computation", "false_computation")
                 items.append(_Item("conditional", instruction, branches))
             elif opcode == "call":
-                items.append(_Item("call", instruction, _schedule._called(
+                items.append(_Item("call", instruction, schedule._called(
                     instruction.attributes, "to_apply")))
-            elif (opcode in _schedule._COLLECTIVES or opcode.endswith("-start")) \
+            elif (opcode in schedule._COLLECTIVES or opcode.endswith("-start")) \
                     and opcode not in ("send", "recv"):
                 items.append(_Item("kernel", instruction))  # costed by bytes, in order
             else:
@@ -411,7 +411,7 @@ class _Program:
             if opcode in ("fusion", "copy"):
                 return True
             if opcode == "custom-call":
-                target = _schedule._attribute_group(item.instruction.attributes,
+                target = schedule._attribute_group(item.instruction.attributes,
                                                       "custom_call_target") or ""
                 return bool(_CAPTURABLE_CUSTOM_CALL.search(target))
             return False  # collectives are not a default command type
@@ -791,7 +791,7 @@ def _regions(module: _Module, program: _Program, entry: str) -> tuple[RegionFigu
             beside = sum(_kernels(program, items[j:j + 1]) for j in range(k + 1, done))
             beside += sum(_kernels(program, items[j:j + 1]) for j, other in spans.items()
                           if j < k < other)
-            attributes = _schedule._frontend_attributes(item.instruction)
+            attributes = schedule._frontend_attributes(item.instruction)
             found.append(RegionFigures(
                 name=item.instruction.name, computation=computation.name, stream=item.stream,
                 scheduling_group=attributes.get("_scheduling_group_id"),
@@ -869,7 +869,7 @@ def estimate_hlo(hlo_text: str, gpu: str | GpuProfile = "h200",
     if isinstance(unknown_trips, bool) or not isinstance(unknown_trips, int) \
             or unknown_trips < 1:
         raise ValueError(f"unknown_trips={unknown_trips!r} must be an integer >= 1.")
-    _, computations = _schedule._split_computations(hlo_text)
+    _, computations = schedule._split_computations(hlo_text)
     entries = [c.name for c in computations if c.is_entry]
     if not entries:
         raise ValueError("hlo_text holds no ENTRY computation; pass a whole HLO module's text.")

@@ -1,6 +1,6 @@
 """Pictures of a plan: an SVG timeline, an HTML page, a Chrome trace and Graphviz dot.
 
-The timeline is the plan's estimated schedule (``jaxpar._timeline``), one per level
+The timeline is the plan's estimated schedule (``jaxpar._report.timeline``), one per level
 (the top level, then each loop body with sections of its own): a lane per stream
 (the main stream on top, then stream 1..k, then the collectives), a linear time axis
 in estimated microseconds, and every step as a box as wide as its estimated time:
@@ -33,13 +33,11 @@ from __future__ import annotations
 import html
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._timeline import LevelTimeline, estimate
-
-if TYPE_CHECKING:
-    from ._inspect import Plan, Step
-    from .passes import LoopDecision
+from ..passes import LoopDecision
+from .timeline import LevelTimeline, estimate, plan_estimate
+from .types import PlanRecord, Step
 
 _LANE_HEIGHT = 34
 _LABEL_WIDTH = 110
@@ -167,7 +165,7 @@ def _lane_color(lane: str) -> str:
     return _COLORS[(int(lane.split()[1]) - 1) % len(_COLORS)]
 
 
-def _step_label(plan: Plan, step: Step) -> str:
+def _step_label(plan: PlanRecord, step: Step) -> str:
     """Short text for a box: its heaviest primitives, or what the loop passes did."""
     if step.loop_rewrites:
         return "⟳ " + ", ".join(dict.fromkeys(plan.loops[k].kind for k in step.loop_rewrites))
@@ -175,7 +173,7 @@ def _step_label(plan: Plan, step: Step) -> str:
     return ("⟳ " + names) if step.kind == "loop" else names
 
 
-def _step_title(plan: Plan, step: Step, start: float, duration: float) -> str:
+def _step_title(plan: PlanRecord, step: Step, start: float, duration: float) -> str:
     prims = ", ".join(f"{name} x{count}" for name, count in step.primitives)
     where = {"main": "main stream", "collectives": "collectives launched together"}.get(
         step.lane, step.lane)
@@ -202,11 +200,11 @@ def _ticks(makespan: float) -> list[float]:
     return [round(k * step, 12) for k in range(int(makespan / step + 1e-9) + 1)]
 
 
-def _group_label(plan: Plan, k: int) -> str:
+def _group_label(plan: PlanRecord, k: int) -> str:
     return f"batched matmuls: {len(plan.subgraphs[k].members)} members"
 
 
-def _loop_glyphs(plan: Plan, step: Step, x: float, y: float, width: float, height: float,
+def _loop_glyphs(plan: PlanRecord, step: Step, x: float, y: float, width: float, height: float,
                  used: set[str], left: float = 0.0) -> str:
     """What the loop passes did, drawn on the loop's box: bands for fused or batched
     members, ticks for the trips of an unrolled loop; and a box per batched matmul
@@ -261,7 +259,7 @@ def _loop_glyphs(plan: Plan, step: Step, x: float, y: float, width: float, heigh
     return "".join(out)
 
 
-def _level_svg(plan: Plan, level: LevelTimeline, y0: float, patterns_used: set[str]
+def _level_svg(plan: PlanRecord, level: LevelTimeline, y0: float, patterns_used: set[str]
                ) -> tuple[list[str], float]:
     """The parts of one level's timeline drawn from height ``y0``; returns the new height."""
     parts: list[str] = []
@@ -322,7 +320,7 @@ def _level_svg(plan: Plan, level: LevelTimeline, y0: float, patterns_used: set[s
     return parts, axis_y + 36
 
 
-def _legend(plan: Plan, levels: tuple[LevelTimeline, ...], patterns_used: set[str], y0: float
+def _legend(plan: PlanRecord, levels: tuple[LevelTimeline, ...], patterns_used: set[str], y0: float
             ) -> tuple[list[str], float]:
     entries: list[tuple[str, str, str]] = [("main", _MAIN_COLOR, "main-stream work")]
     streams = sorted({lane for level in levels for lane in level.lanes
@@ -360,12 +358,12 @@ def _legend(plan: Plan, levels: tuple[LevelTimeline, ...], patterns_used: set[st
     return parts, y0 + ((len(entries) + 1) // 2) * 18 + 6
 
 
-def plan_to_svg(plan: Plan) -> str:
+def plan_to_svg(plan: PlanRecord) -> str:
     """The plan's estimated timeline as a standalone ``<svg>`` element."""
     timeline = estimate(plan)
     title = (f"{plan.function}: planned for {plan.target}, {plan.num_eqns} equations, "
              f"{plan.num_streams} streams")
-    figure = plan.estimate
+    figure = plan_estimate(plan)
     verdicts = [f"forced: the GPU pricing would not emit this section: {why}"
                 for why in figure.rejected]
     parts = [f'<text class="estimate" x="8" y="{34 + 14 * i:.0f}" font-size="12" '
@@ -401,7 +399,7 @@ def plan_to_svg(plan: Plan) -> str:
             + "".join(parts) + "</svg>")
 
 
-def plan_to_html(plan: Plan) -> str:
+def plan_to_html(plan: PlanRecord) -> str:
     """A standalone HTML page: the timeline, then the text report."""
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
             f"<title>jaxpar plan: {_escape(plan.function)}</title></head><body>"
@@ -411,7 +409,7 @@ def plan_to_html(plan: Plan) -> str:
 _COLLECTIVES_TID = 1000
 
 
-def plan_to_chrome_trace(plan: Plan) -> dict[str, Any]:
+def plan_to_chrome_trace(plan: PlanRecord) -> dict[str, Any]:
     """The estimated timeline as a Chrome trace (``{"traceEvents": [...]}``).
 
     One process per level (1 = the top level), one thread per lane (0 = the main
@@ -453,7 +451,7 @@ def _tid(lane: str) -> int:
     return int(lane.split()[1])
 
 
-def plan_to_dot(plan: Plan) -> str:
+def plan_to_dot(plan: PlanRecord) -> str:
     """The plan as a Graphviz digraph: sections as clusters, regions as nodes."""
     lines = ["digraph jaxpar_plan {", "  rankdir=LR;", '  node [shape=box, style="rounded,filled", '
              'fontname="sans-serif", fontcolor=white];']

@@ -5,7 +5,7 @@ and with ``parallel_branches``) through the CUDA PJRT plugin, and reports what
 the compiled schedules say: stream-annotated regions in flight together, the
 stream ids, loops and their trip counts (a loop without one syncs with the host
 every trip), kernels per loop trip, and collectives in flight together. Then it
-estimates one run of each on the GPU (``jaxpar._estimate``): kernel launches per
+estimates one run of each on the GPU (``jaxpar._compiled.estimate``): kernel launches per
 run (loop bodies times trips), regions that really overlap other work, host
 syncs, an estimated time, and a one-line verdict.
 
@@ -23,7 +23,7 @@ Sharp edges:
     version; the error names the ``pip install`` line.
   * The schedule is XLA's static plan (the latency-hiding scheduler with its
     analytical cost model), not a measurement; the time is a model of it, with
-    CUDA-graph behaviour read from XLA's source (see ``jaxpar._estimate``). It judges
+    CUDA-graph behaviour read from XLA's source (see ``jaxpar._compiled.estimate``). It judges
     the plain program in the CUDA-graph mode ``XLA_FLAGS`` sets (XLA's default ``lhs``
     without one), or in ``command_buffers`` when given, and jaxpar in the mode its plan
     chose for the function (compiled with the plan's ``xla_options``); the header
@@ -43,18 +43,19 @@ from typing import Any
 
 import jax
 
-from . import _gpu_compile, _schedule
-from ._api import ParallelBranches, array_function
-from ._api import inspect as inspect_plan
-from ._estimate import Estimate, RegionFigures, estimate_hlo, verdict
-from ._flags import command_buffer_mode
-from ._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
-from ._inspect import Plan
-from ._options import Options, check_known
-from ._primitives import MAY_HOLD_LOOPS
-from ._timeline import PlanEstimate
-from ._trace import StaticArgs
-from .passes import DecisionKind
+from .._api import ParallelBranches, array_function
+from .._api import inspect as inspect_plan
+from .._flags import command_buffer_mode
+from .._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
+from .._options import Options, check_known
+from .._primitives import MAY_HOLD_LOOPS
+from .._report.plan import Plan
+from .._report.timeline import PlanEstimate
+from .._trace import StaticArgs
+from ..passes import DecisionKind
+from . import gpu_compile
+from .estimate import Estimate, RegionFigures, estimate_hlo, verdict
+from .schedule import parse_schedule
 
 # jaxlib versions whose XLA crashed compiling stream-annotated loops deviceless.
 _CRASHES_ON_ANNOTATED_LOOPS = frozenset({"0.12.0.1"})
@@ -254,7 +255,7 @@ class GpuPreview:
 
 
 def _figures(hlo: str, gpu: GpuProfile, mode: CommandBufferMode) -> ScheduleFigures:
-    schedule = _schedule.parse_schedule(hlo)
+    schedule = parse_schedule(hlo)
     loops = tuple(LoopFigures(loop.name, loop.known_trip_count, loop.body_kernels)
                   for loop in schedule.while_loops)
     by_mode = {each: estimate_hlo(hlo, gpu=gpu, command_buffers=each)
@@ -283,7 +284,7 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         devices), pytrees, Equinox modules, Flax NNX objects, static values.
       gpu: ``"h200"`` or ``"h100"`` (target descriptions shipped with jaxpar).
       devices: GPUs on a 1-D mesh ``("x",)`` when ``mesh`` is not given.
-      mesh: a mesh from ``jaxpar._gpu_compile.make_gpu_mesh`` for sharded arguments.
+      mesh: a mesh from ``jaxpar._compiled.gpu_compile.make_gpu_mesh`` for sharded arguments.
       allow_known_crashes: compile even where this jaxlib is known to crash.
       command_buffers: the user's CUDA-graph mode, in which the plain program is judged:
         ``"lhs"`` (XLA's default), ``"concurrent"``, ``"serialize"`` or ``"off"`` (or a
@@ -315,7 +316,7 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         mode, source = command_buffer_mode(), "XLA_FLAGS"
     else:
         mode, source = CommandBufferMode.parse(command_buffers), "argument"
-    ok, message = _gpu_compile.plugin_status()
+    ok, message = gpu_compile.plugin_status()
     if not ok:
         raise RuntimeError(f"gpu_preview needs the CUDA PJRT plugin: {message}")
     if isinstance(fn, ParallelBranches):
@@ -324,7 +325,7 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
             static_argnums, static_argnames = fn.static_argnums, fn.static_argnames
         fn = fn.__wrapped__
     options["target"] = "gpu"
-    _gpu_compile.gpu_target_config(gpu)  # an unknown GPU name fails here, before planning
+    gpu_compile.gpu_target_config(gpu)  # an unknown GPU name fails here, before planning
     profile = gpu_profile(gpu)
     statics = StaticArgs.resolve(fn, static_argnums, static_argnames)
     fn_kwargs = dict(kwargs or {})
@@ -347,13 +348,13 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
     # Both programs over the array leaves alone, static values bound (eqx.filter_jit's and
     # nnx.jit's splits included), so plain jax.jit compiles what parallel_branches runs.
     with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
-        plain = _figures(_gpu_compile.compile_for_gpu(flat, *leaves, **compile_options),
+        plain = _figures(gpu_compile.compile_for_gpu(flat, *leaves, **compile_options),
                          profile, mode)
     with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
         rewritten = ParallelBranches(flat, Options.create(**options),
                                      command_buffers=planned_mode, gpu=profile)
         # Compiled as jaxpar's own jit would: with the XLA options its plan chose.
-        fast = _figures(_gpu_compile.compile_for_gpu(rewritten, *leaves, **compile_options,
+        fast = _figures(gpu_compile.compile_for_gpu(rewritten, *leaves, **compile_options,
                                                      compiler_options=plan.xla_options),
                         profile, chosen)
     count = mesh.devices.size if mesh is not None else devices
@@ -369,7 +370,7 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
 
 
 # Relative difference below which the verdict calls both programs the same
-# (``_estimate.verdict``'s default).
+# (``estimate.verdict``'s default).
 _VERDICT_TOLERANCE = 0.01
 _BATCHING_KINDS = (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS,
                    DecisionKind.BATCHED)

@@ -1,14 +1,14 @@
 """Read the schedule of a compiled GPU program from its HLO text.
 
-``parse_schedule`` turns the scheduled HLO that ``jaxpar._gpu_compile.compile_for_gpu``
+``parse_schedule`` turns the scheduled HLO that ``jaxpar._compiled.gpu_compile.compile_for_gpu``
 returns into frozen dataclasses: per computation, the asynchronous starts and dones in
 schedule order (stream-annotated calls, collectives), their stream ids, how many are in
 flight at once, kernels between them, and ``while`` loops with their known trip counts.
 
 Example::
 
-    from jaxpar._gpu_compile import compile_for_gpu
-    from jaxpar._schedule import parse_schedule
+    from jaxpar._compiled.gpu_compile import compile_for_gpu
+    from jaxpar._compiled.schedule import parse_schedule
 
     schedule = parse_schedule(compile_for_gpu(lambda a: jnp.tanh(a @ a), x, gpu="h200"))
     schedule.max_async_calls_in_flight  # 0: nothing was stream-annotated

@@ -1,0 +1,280 @@
+"""Builds the public ``Plan`` from the planner's tree and the passes' decisions.
+
+Example::
+
+    report = build_report(level_plan, "f", "gpu", emitted=True, options={})
+    report.sections[0].regions[0].stream
+
+Sharp edges:
+  * Decisions are matched to the equations of the program as traced by primitive and
+    source line (see ``_rewritten_loops``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from .. import _compat
+from .._graph import CollectivesUnit, EqnUnit, RegionUnit
+from .._plan import REASON_TOO_CHEAP, LevelPlan
+from .._plan.modes import ModeChoice
+from .._primitives import LOOPS
+from .._tune import Tuning
+from ..passes import (
+    KIND_BATCHED,
+    KIND_BATCHED_MATMULS,
+    KIND_FUSED,
+    KIND_UNROLLED,
+    SUBGRAPH_KINDS,
+    LoopDecision,
+)
+from .plan import Plan
+from .types import Collective, LeftAlone, Region, Section, Step, directions_text
+
+_MAX_SOURCES = 3
+_MAX_PRIMITIVES = 4
+_LOOP_PRIMITIVES = LOOPS
+# Loop rewrites drawn on the loop they produced.
+_DRAWN_LOOP_KINDS = (KIND_FUSED, KIND_BATCHED, KIND_UNROLLED)
+# Fused and batched loops are new loops, so never "left alone".
+_NEW_LOOP_KINDS = frozenset({KIND_FUSED, KIND_BATCHED})
+
+
+def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
+                 options: dict[str, Any], loops: tuple[LoopDecision, ...] = (),
+                 plain_us: float | None = None, priced_in: str | None = None,
+                 tuning: Tuning | None = None, mode: ModeChoice | None = None) -> Plan:
+    """Turns the internal plan tree into the public ``Plan`` report.
+
+    ``loops`` holds every decision of the passes run before planning; those of the
+    subgraph batching pass are reported apart, as ``Plan.subgraphs``. ``plain_us`` is
+    the cost model's time of the program as traced, ``priced_in`` the CUDA-graph mode
+    stream sections were priced in (None: not priced). ``tuning``: the tuner's table,
+    for a function decorated with ``tune=True``.
+    """
+    sections: list[Section] = []
+    notes: list[LeftAlone] = []
+    collectives: list[Collective] = []
+    steps: list[Step] = []
+    loop_decisions = tuple(d for d in loops if d.kind not in SUBGRAPH_KINDS)
+    subgraph_decisions = tuple(d for d in loops if d.kind in SUBGRAPH_KINDS)
+    drawn = {level.path for level in plan.walk()
+             if level.path == "/" or level.sections or level.collective_groups}
+    num_eqns = 0
+    for level in plan.walk():
+        inner, _ = _compat.open_jaxpr(level.jaxpr)
+        eqns = inner.eqns
+        num_eqns += len(eqns)
+        first_section = len(sections)
+        overlapped: dict[int, tuple[tuple[str, int], ...]] = {}
+        for section in level.sections:
+            regions = tuple(
+                Region(stream=r.stream, num_eqns=len(r.eqns),
+                       primitives=_top_primitives(eqns, r.eqns, level.seconds),
+                       cost_us=r.seconds * 1e6, source_lines=_sources(eqns, r.eqns, level.seconds),
+                       eqn_indices=r.eqns)
+                for r in section.regions)
+            overlaps = ""
+            if section.collectives is not None:
+                group = level.collective_groups[section.collectives]
+                names = " + ".join(eqns[i].primitive.name for i in group.eqns)
+                overlaps = (f"collectives group: {names} over {_axis_text(group.axis_name)!r} "
+                            f"({directions_text(group.shifts)})")
+                overlapped[section.collectives] = regions[0].primitives
+            sections.append(Section(
+                level.path, section.group, regions, overlaps,
+                gain_us=None if section.gain_seconds is None else section.gain_seconds * 1e6,
+                cut_cost_us=None if section.cost_seconds is None else section.cost_seconds * 1e6,
+                verdict=section.verdict, pays=section.pays))
+        collectives.extend(_collectives(level, eqns, overlapped))
+        rewritten = _rewritten_loops(level.path, eqns, loop_decisions)
+        if level.path in drawn:
+            batched = _batched_groups(level.path, eqns, subgraph_decisions, drawn)
+            steps.extend(_steps(level, eqns, first_section, len(steps), rewritten, batched))
+        made_here = {i for i, marks in rewritten.items()
+                     if any(loop_decisions[k].kind in _NEW_LOOP_KINDS for k in marks)}
+        for note in level.notes:
+            kept = tuple(i for i in note.eqns if i not in made_here)
+            if not kept:  # a loop jaxpar made: reported under "loops", not left alone
+                continue
+            detail = note.detail
+            if note.reason == REASON_TOO_CHEAP:
+                detail += (f" (min_cost_us={options.get('min_cost_us')} us; pass a smaller "
+                           "min_cost_us to parallel_branches or inspect to give branches "
+                           "this cheap a stream)")
+            notes.append(LeftAlone(
+                location=level.path, reason=note.reason, detail=detail,
+                primitives=tuple(dict.fromkeys(eqns[i].primitive.name for i in kept)),
+                cost_us=sum(level.seconds[i] for i in kept) * 1e6,
+                source_lines=_sources(eqns, kept, level.seconds)))
+    total = sum(plan.seconds) * 1e6
+    return Plan(function=function, target=target, emitted=emitted,
+                options=tuple(sorted(options.items())), num_eqns=num_eqns,
+                total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
+                loops=loop_decisions, collectives=tuple(collectives),
+                subgraphs=subgraph_decisions,
+                steps=tuple(steps), plain_cost_us=plain_us, priced_in=priced_in,
+                tuning=tuning, mode=mode)
+
+
+def _rewritten_loops(path: str, eqns: Any, loops: tuple[LoopDecision, ...]
+                     ) -> dict[int, tuple[int, ...]]:
+    """Loop equations of one level that a loop pass produced or changed: the indices
+    of those decisions in ``loops``.
+
+    A decision names the equations as the pass saw them; the loop it leaves carries
+    the source line of one of them. Each decision marks one loop equation of its
+    level with a matching primitive and source line, and no equation gets the same
+    kind twice (scans written in a Python loop share their line).
+    """
+    marked: dict[int, list[int]] = {}
+    loop_eqns = [i for i, eqn in enumerate(eqns) if eqn.primitive.name in _LOOP_PRIMITIVES]
+    if not loop_eqns:
+        return {}
+    sources = {i: _compat.source_summary(eqns[i]) for i in loop_eqns}
+    for k, decision in enumerate(loops):
+        if decision.location != path or decision.kind not in _DRAWN_LOOP_KINDS:
+            continue
+        for i in loop_eqns:
+            if (eqns[i].primitive.name in decision.primitives
+                    and sources[i] in decision.sources
+                    and all(loops[j].kind != decision.kind for j in marked.get(i, ()))):
+                marked.setdefault(i, []).append(k)
+                break
+    return {i: tuple(ks) for i, ks in marked.items()}
+
+
+def _batched_groups(path: str, eqns: Any, decisions: tuple[LoopDecision, ...],
+                    drawn: set[str]) -> dict[int, tuple[int, ...]]:
+    """Equations of the drawn level ``path`` that run batched matmul groups: the indices
+    of those decisions in ``decisions``.
+
+    A group made at this level marks the batched op it left (a matching primitive and
+    source line; no equation gets two groups). A group made in a nested level that is
+    not drawn marks the equation of this level that holds it (the loop whose body it is),
+    when that equation still has the primitive the group's location names.
+    """
+    marked: dict[int, list[int]] = {}
+    summaries: dict[int, str] = {}  # equation index -> its source line, looked up once
+
+    def source(i: int) -> str:
+        found = summaries.get(i)
+        if found is None:
+            found = summaries[i] = _compat.source_summary(eqns[i])
+        return found
+
+    for k, d in enumerate(decisions):
+        if d.kind != KIND_BATCHED_MATMULS:
+            continue
+        parts = [p for p in d.location.split("/") if p]
+        homes = ["/" + "/".join(parts[:n]) for n in range(len(parts) + 1)]
+        home = next((n for n in range(len(parts), -1, -1) if homes[n] in drawn), None)
+        if home is None or homes[home] != path:
+            continue
+        if home == len(parts):  # made here
+            for i, eqn in enumerate(eqns):
+                if (eqn.primitive.name in d.primitives and i not in marked
+                        and source(i) in d.sources):
+                    marked[i] = [k]
+                    break
+            continue
+        primitive, _, rest = parts[home].partition("#")
+        index = rest.split(".", 1)[0]
+        if index.isdigit() and int(index) < len(eqns) \
+                and eqns[int(index)].primitive.name == primitive:
+            marked.setdefault(int(index), []).append(k)
+    return {i: tuple(ks) for i, ks in marked.items()}
+
+
+def _steps(level: LevelPlan, eqns: Any, first_section: int, offset: int,
+           rewritten: dict[int, tuple[int, ...]], batched: dict[int, tuple[int, ...]]
+           ) -> list[Step]:
+    """The level's emission order as steps; runs of main-stream equations merged.
+
+    ``offset`` is the index of the first step in ``Plan.steps``, ``first_section``
+    that of the level's first section in ``Plan.sections``.
+    """
+    # (lane or "loop", section, equations, loop decisions)
+    units: list[tuple[str, int | None, list[int], tuple[int, ...]]] = []
+    for unit in level.order:
+        if isinstance(unit, RegionUnit):
+            region = level.sections[unit.section].regions[unit.region]
+            units.append((f"stream {region.stream}", first_section + unit.section,
+                          list(region.eqns), ()))
+        elif isinstance(unit, CollectivesUnit):
+            beside = next((first_section + k for k, sec in enumerate(level.sections)
+                           if sec.collectives == unit.group), None)
+            units.append(("collectives", beside,
+                          list(level.collective_groups[unit.group].eqns), ()))
+        else:
+            assert isinstance(unit, EqnUnit)
+            i = unit.index
+            if eqns[i].primitive.name in _LOOP_PRIMITIVES:
+                units.append(("loop", None, [i], rewritten.get(i, ())))
+            elif units and units[-1][0] == "main":
+                units[-1][2].append(i)
+            else:
+                units.append(("main", None, [i], ()))
+    step_of = {i: k for k, unit in enumerate(units) for i in unit[2]}
+    out = []
+    for k, (lane, section, members, rewrites) in enumerate(units):
+        after = sorted({offset + step_of[p] for i in members for p in level.graph.preds[i]
+                        if step_of[p] != k})
+        kind = {"loop": "loop", "main": "main", "collectives": "collectives"}.get(lane, "region")
+        out.append(Step(
+            location=level.path, lane="main" if lane == "loop" else lane, kind=kind,
+            section=section, num_eqns=len(members),
+            primitives=_top_primitives(eqns, tuple(members), level.seconds),
+            cost_us=sum(level.seconds[i] for i in members) * 1e6,
+            source_lines=_sources(eqns, tuple(members), level.seconds),
+            after=tuple(after), loop_rewrites=rewrites,
+            batched_groups=tuple(sorted(k for i in members for k in batched.get(i, ())))))
+    return out
+
+
+def _collectives(level: LevelPlan, eqns: Any,
+                 overlapped: dict[int, tuple[tuple[str, int], ...]]) -> list[Collective]:
+    """Report entries for one level: each group, then each collective left alone."""
+    info = {c.eqn: c for c in level.collectives}
+    grouped = {i: g for g, group in enumerate(level.collective_groups) for i in group.eqns}
+    out = []
+    for g, group in enumerate(level.collective_groups):
+        members = [info[i] for i in group.eqns if i in info]
+        out.append(Collective(
+            level.path, tuple(eqns[i].primitive.name for i in group.eqns),
+            _axis_text(members[0].axis_name if members else ()),
+            tuple(group.shifts), True, overlapped.get(g, ()),
+            tuple(dict.fromkeys(_compat.source_summary(eqns[i]) for i in group.eqns))))
+    for c in level.collectives:
+        if c.eqn not in grouped:
+            out.append(Collective(level.path, (c.primitive,), _axis_text(c.axis_name),
+                                  (c.shift,), False, (),
+                                  (_compat.source_summary(eqns[c.eqn]),)))
+    return out
+
+
+def _axis_text(axes: Any) -> str:
+    return ",".join(map(str, axes)) if isinstance(axes, tuple) else str(axes)
+
+
+def _top_primitives(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, ...]
+                    ) -> tuple[tuple[str, int], ...]:
+    weight: dict[str, float] = {}
+    count: Counter[str] = Counter()
+    for i in indices:
+        name = _compat.display_name(eqns[i])
+        weight[name] = weight.get(name, 0.0) + seconds[i]
+        count[name] += 1
+    ranked = sorted(count, key=lambda name: (-weight[name], -count[name], name))
+    return tuple((name, count[name]) for name in ranked[:_MAX_PRIMITIVES])
+
+
+def _sources(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, ...]) -> tuple[str, ...]:
+    ranked = sorted(indices, key=lambda i: (-seconds[i], i))
+    found: dict[str, None] = {}
+    for i in ranked:
+        found.setdefault(_compat.source_summary(eqns[i]), None)
+        if len(found) >= _MAX_SOURCES:
+            break
+    return tuple(found)

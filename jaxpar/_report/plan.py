@@ -1,0 +1,256 @@
+"""The report ``jaxpar.inspect`` returns: what went where, and why.
+
+Built from the internal plan tree; holds only numbers and strings, so it is
+cheap to keep, compare and serialise.
+
+Example::
+
+    plan = jaxpar.inspect(f, target="gpu")(x, y)
+    print(plan)                  # a readable table
+    plan.num_streams             # 2
+    json.dumps(plan.to_dict())
+
+Sharp edges:
+  * Costs are model estimates (see ``jaxpar._cost``), good for ranking, not
+    for predicting wall time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import os
+from typing import Any
+
+from ..passes import (
+    KIND_BATCHED,
+    KIND_FUSED,
+    KIND_HOST_SYNC,
+    KIND_LEFT_ALONE,
+    KIND_MATMULS_LEFT_ALONE,
+    KIND_SUBGRAPHS_LEFT_ALONE,
+    LoopDecision,
+)
+from .render import (
+    decision_summary,
+    decision_text,
+    first_clause,
+    plan_to_chrome_trace,
+    plan_to_dot,
+    plan_to_html,
+    plan_to_svg,
+    readable_location,
+    short_places,
+)
+from .timeline import plan_estimate
+from .types import PlanEstimate, PlanRecord
+
+# Fused and batched loops are new loops, so never "left alone".
+_NEW_LOOP_KINDS = frozenset({KIND_FUSED, KIND_BATCHED})
+_UNCHANGED = frozenset({KIND_LEFT_ALONE, KIND_HOST_SYNC, KIND_SUBGRAPHS_LEFT_ALONE,
+                        KIND_MATMULS_LEFT_ALONE})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan(PlanRecord):
+    """What ``parallel_branches`` does to one function at one signature.
+
+    The fields are ``PlanRecord``'s; ``estimate`` is the one figure the header, the
+    picture and ``gpu_preview`` show."""
+
+    @property
+    def estimate(self) -> PlanEstimate:
+        """The plan's one estimate: jax.jit's time against jaxpar's, and its source.
+
+        The header of ``text()``, the picture's title and ``gpu_preview`` show this
+        figure (``jaxpar._report.timeline.plan_estimate``).
+        """
+        return plan_estimate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"function": self.function, "target": self.target, "emitted": self.emitted,
+                "options": dict(self.options), "num_eqns": self.num_eqns,
+                "total_cost_us": self.total_cost_us, "num_streams": self.num_streams,
+                "sections": [s.to_dict() for s in self.sections],
+                "left_alone": [n.to_dict() for n in self.left_alone],
+                "loops": [_loop_dict(d) for d in self.loops],
+                "subgraphs": [_loop_dict(d) for d in self.subgraphs],
+                "collectives": [c.to_dict() for c in self.collectives],
+                "steps": [step.to_dict() for step in self.steps],
+                "estimate": {**dataclasses.asdict(self.estimate),
+                             "rejected": list(self.estimate.rejected)},
+                "tuning": None if self.tuning is None else self.tuning.to_dict(),
+                "xla_options": self.xla_options,
+                "mode": self.mode.to_dict() if self.mode is not None else None}
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def summary(self) -> str:
+        """One line: what jaxpar changes in this program (computed, for examples and logs).
+
+        Example: ``"fused: 1 (2 loops -> 1); batched matmuls: 4; no stream regions"``.
+        """
+        changed: dict[str, list[LoopDecision]] = {}
+        for decision in (*self.loops, *self.subgraphs):
+            if decision.kind not in _UNCHANGED:
+                changed.setdefault(str(decision.kind), []).append(decision)
+        parts = []
+        for kind, decisions in changed.items():
+            loops = sum(len(d.eqns) for d in decisions)
+            joined = f" ({loops} loops -> {len(decisions)})" if kind in _NEW_LOOP_KINDS else ""
+            parts.append(f"{kind}: {len(decisions)}{joined}")
+        if self.num_regions:
+            parts.append(f"{self.num_regions} stream regions in {len(self.sections)} sections")
+        elif parts:
+            parts.append("no stream regions")
+        if not parts:
+            return (f"nothing: jax.jit's program (nothing here pays on "
+                    f"target={self.target})")
+        return "; ".join(parts)
+
+    def text(self, verbose: bool = False) -> str:
+        """The report as text: one short line per decision, or every detail.
+
+        Args:
+          verbose: the long form: each decision's full reasoning, cost figures, source
+            lines and the equations of each member (``to_dict()`` has the same).
+        """
+        lines = [f"jaxpar plan for `{self.function}` (target={self.target}, "
+                 f"{self.num_eqns} equations)"]
+        if self.target != "gpu":
+            how = ("target='auto' on this machine's backend"
+                   if dict(self.options).get("target") == "auto" else f"target={self.target!r}")
+            lines.append(
+                f"  planned for {self.target} ({how}): streams exist only on GPUs, so nothing "
+                f"is emitted, and the {self.target} cost model chose what is shown. For the "
+                "GPU plan: jaxpar.inspect(f, target='gpu')(...)")
+        figure = self.estimate
+        lines.append(f"  {figure.line()}")
+        if self.mode is not None:
+            options = self.xla_options
+            shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
+                     else "none (the process's XLA_FLAGS)")
+            lines.append(f"  XLA options: {shown}: {self.mode.reason}")
+        lines.extend(f"  forced: the GPU pricing would not emit this section: {why}"
+                     for why in figure.rejected)
+        if verbose:
+            lines.extend(f"    why: {section.verdict}" for section in self.sections
+                         if section.verdict)
+        lines += _report_lines(self, verbose)
+        if self.tuning is not None:
+            lines += self.tuning.lines()
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        """Notebooks: an inline SVG timeline of the streams, then the text report."""
+        return f"<div>{plan_to_svg(self)}<pre>{html.escape(str(self))}</pre></div>"
+
+    def to_svg(self) -> str:
+        """The timeline as a standalone ``<svg>`` element."""
+        return plan_to_svg(self)
+
+    def to_dot(self) -> str:
+        """The plan as a Graphviz digraph (sections as clusters, regions as nodes)."""
+        return plan_to_dot(self)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the plan to ``path``: an HTML page, or a Chrome trace.
+
+        ``*.html``: a standalone page with the estimated timeline and the report.
+        ``*.json``: the estimated timeline in the Chrome trace-event format, which
+        Perfetto (ui.perfetto.dev) and TensorBoard open, to hold beside a real
+        ``jax.profiler`` trace.
+
+        Raises:
+          ValueError: ``path`` ends in neither ``.html``/``.htm`` nor ``.json``.
+        """
+        name = str(path).lower()
+        if name.endswith((".html", ".htm")):
+            text = plan_to_html(self)
+        elif name.endswith(".json"):
+            import json
+
+            text = json.dumps(plan_to_chrome_trace(self))
+        else:
+            raise ValueError(f"path must end in .html (a standalone page) or .json (a Chrome "
+                             f"trace for Perfetto), got {str(path)!r}; use to_svg() or "
+                             "to_dot() for other formats")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+
+def _where(location: str) -> str:
+    place = readable_location(location)
+    return f" {place}" if place else ""
+
+
+def _report_lines(plan: Plan, verbose: bool) -> list[str]:
+    """The report below the header: sections, collectives, rewrites, what was left alone.
+
+    Short (the default): one line per decision, naming where in the user's model it is
+    and the figure that decided it. Verbose: each decision's full reasoning, cost figures
+    and source lines.
+    """
+    lines = []
+    if not plan.sections:
+        lines.append("  no parallel sections: nothing independent is worth a stream" if verbose
+                     else "  streams: none (nothing independent is worth a stream here)")
+    for section in plan.sections:
+        if section.overlaps:
+            lines.append(f"  section{_where(section.location)}: beside {section.overlaps}")
+        else:
+            group = f" group={section.scheduling_group}" if verbose else ""
+            lines.append(f"  section{group}{_where(section.location)}: "
+                         f"{len(section.regions)} concurrent regions")
+        for region in section.regions:
+            if verbose:
+                prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
+                where = "; ".join(region.source_lines) or "<unknown>"
+                lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
+                             f"est. {region.cost_us:.1f} us [{prims}] at {where}")
+            else:
+                prims = ", ".join(name for name, _ in region.primitives)
+                lines.append(f"    stream {region.stream}: {prims} in "
+                             f"{short_places(region.source_lines)}, "
+                             f"est. {region.cost_us:.1f} us")
+    if plan.collectives:
+        lines.append("  collectives:")
+        for c in plan.collectives:
+            beside = ", ".join(f"{name} x{count}" for name, count in c.overlapped_by)
+            lines.append(f"    {'grouped' if c.grouped else 'alone'}{_where(c.location)}: "
+                         f"{' + '.join(c.primitives)} over {c.axis!r} ({c.directions})"
+                         + (f", overlapped by [{beside}]" if beside and verbose else ""))
+    describe = decision_text if verbose else decision_summary
+    for title, decisions in (("loops", plan.loops), ("subgraphs", plan.subgraphs)):
+        if decisions:
+            lines.append(f"  {title}:")
+            lines.extend(f"    {describe(d)}" for d in decisions)
+    if plan.left_alone:
+        lines.append("  left alone:")
+        for note in plan.left_alone:
+            if verbose:
+                where = "; ".join(note.source_lines) or "<unknown>"
+                lines.append(f"    {note.reason}{_where(note.location)} "
+                             f"[{', '.join(note.primitives)}, est. {note.cost_us:.1f} us]: "
+                             f"{note.detail} ({where})")
+            else:
+                lines.append(f"    {note.reason}: {', '.join(note.primitives)} in "
+                             f"{short_places(note.source_lines)}: "
+                             f"{first_clause(note.detail)}")
+    if not verbose and (plan.loops or plan.subgraphs or plan.left_alone):
+        lines.append("  (why, in full: print(plan.text(verbose=True)) or plan.to_dict())")
+    return lines
+
+
+def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
+    return {"location": loop.location, "kind": str(loop.kind.value), "pass": loop.pass_name,
+            "eqns": list(loop.eqns),
+            "primitives": list(loop.primitives), "sources": list(loop.sources),
+            "trips_before": loop.trips_before, "trips_after": loop.trips_after,
+            "unroll": loop.unroll, "reason": loop.reason,
+            "members": [list(m) for m in loop.members], "stage": loop.stage,
+            "saving_us": loop.saving_us}

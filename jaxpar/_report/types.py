@@ -1,0 +1,228 @@
+"""The report's types: what a plan holds, below everything that builds or draws it.
+
+``Region``, ``Section``, ``Collective``, ``LeftAlone`` and ``Step`` are the parts of a
+plan; ``PlanEstimate`` is its one figure; ``PlanRecord`` holds a plan's fields (the
+public ``jaxpar.Plan`` in ``plan.py`` adds the text, the pictures and the estimate).
+Numbers and strings only, so a plan is cheap to keep, compare and serialise.
+
+Example::
+
+    plan = jaxpar.inspect(f, target="gpu")(x, y)
+    [r.stream for s in plan.sections for r in s.regions]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .._plan.modes import ModeChoice
+from .._tune import Tuning
+from ..passes import LoopDecision
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Region:
+    """One annotated call: equations that run together on one stream."""
+
+    stream: int
+    num_eqns: int
+    primitives: tuple[tuple[str, int], ...]
+    cost_us: float
+    source_lines: tuple[str, ...]
+    eqn_indices: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stream": self.stream, "num_eqns": self.num_eqns,
+                "primitives": [list(p) for p in self.primitives], "cost_us": self.cost_us,
+                "source_lines": list(self.source_lines), "eqn_indices": list(self.eqn_indices)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Section:
+    """Regions meant to overlap: one scheduling group.
+
+    ``overlaps`` names the collectives group the regions run beside (their
+    ``scheduling_group`` is then None), or is empty.
+    """
+
+    location: str
+    scheduling_group: int | None
+    regions: tuple[Region, ...]
+    overlaps: str = ""
+    # The GPU pricing's verdict (None where nothing priced the section): the device time
+    # overlap wins, what the cut costs, and why.
+    gain_us: float | None = None
+    cut_cost_us: float | None = None
+    verdict: str = ""
+    pays: bool | None = None  # False: only force_streams kept it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"location": self.location, "scheduling_group": self.scheduling_group,
+                "regions": [r.to_dict() for r in self.regions], "overlaps": self.overlaps,
+                "gain_us": self.gain_us, "cut_cost_us": self.cut_cost_us,
+                "verdict": self.verdict, "pays": self.pays}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective, or a group of them launched together (``grouped``)."""
+
+    location: str
+    primitives: tuple[str, ...]
+    axis: str
+    shifts: tuple[int | None, ...]  # ring shift of each ppermute: +1, -1, k; None: general
+    grouped: bool
+    overlapped_by: tuple[tuple[str, int], ...]  # compute running beside it (name, count)
+    source_lines: tuple[str, ...]
+
+    @property
+    def directions(self) -> str:
+        return directions_text(self.shifts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"location": self.location, "primitives": list(self.primitives),
+                "axis": self.axis, "shifts": list(self.shifts), "directions": self.directions,
+                "grouped": self.grouped, "overlapped_by": [list(o) for o in self.overlapped_by],
+                "source_lines": list(self.source_lines)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeftAlone:
+    """Equations jaxpar deliberately did not move, with the reason."""
+
+    location: str
+    reason: str
+    detail: str
+    primitives: tuple[str, ...]
+    cost_us: float
+    source_lines: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"location": self.location, "reason": self.reason, "detail": self.detail,
+                "primitives": list(self.primitives), "cost_us": self.cost_us,
+                "source_lines": list(self.source_lines)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+    """One unit of a level's program in emission order: the timeline's building block.
+
+    ``lane`` is ``"main"``, ``"stream K"`` or ``"collectives"``; ``kind`` is ``"main"``
+    (a run of equations on the main stream), ``"loop"`` (one scan or while loop on the
+    main stream; ``loop_rewrites`` holds the indices in ``Plan.loops`` of what the loop
+    passes did to it), ``"region"``
+    (a stream region of ``Plan.sections[section]``) or ``"collectives"`` (a group
+    launched together). ``after`` holds the indices in ``Plan.steps`` of the steps
+    whose results it reads. ``batched_groups`` holds the indices in ``Plan.subgraphs``
+    of the batched matmul groups the step runs: in its own equations, or in the body of
+    its loop (at any depth) when that body is not drawn as a level of its own.
+    """
+
+    location: str
+    lane: str
+    kind: str
+    section: int | None
+    num_eqns: int
+    primitives: tuple[tuple[str, int], ...]
+    cost_us: float
+    source_lines: tuple[str, ...]
+    after: tuple[int, ...]
+    loop_rewrites: tuple[int, ...] = ()
+    batched_groups: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"location": self.location, "lane": self.lane, "kind": self.kind,
+                "section": self.section, "num_eqns": self.num_eqns,
+                "primitives": [list(p) for p in self.primitives], "cost_us": self.cost_us,
+                "source_lines": list(self.source_lines), "after": list(self.after),
+                "loop_rewrites": list(self.loop_rewrites),
+                "batched_groups": list(self.batched_groups)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanEstimate:
+    """One run of the program as ``jax.jit`` compiles it and as jaxpar does, in us.
+
+    ``source`` says where the figures come from: jaxpar's planning model (``inspect``)
+    or a deviceless compile (``gpu_preview``). ``rejected`` sums up, per stream section
+    the GPU pricing would not have emitted (``force_streams``), its gain and cost; the
+    pricing's reasoning is ``Section.verdict``.
+    """
+
+    plain_us: float
+    jaxpar_us: float
+    source: str
+    rejected: tuple[str, ...] = ()
+
+    @property
+    def ratio(self) -> float:
+        """jaxpar's time over jax.jit's (< 1: jaxpar expected faster)."""
+        return self.jaxpar_us / self.plain_us if self.plain_us > 0 else 1.0
+
+    def line(self) -> str:
+        """``"est. jax.jit 480.2 us -> jaxpar 400.4 us (x0.834), from ..."``."""
+        return (f"est. jax.jit {self.plain_us:,.1f} us -> jaxpar {self.jaxpar_us:,.1f} us "
+                f"(x{self.ratio:.3f}), from {self.source}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanRecord:
+    """The fields of a ``Plan``: what the renderers and the timeline read.
+
+    ``jaxpar.Plan`` adds the text, the pictures and the one estimate.
+
+    ``loops`` holds the loop passes' decisions, ``subgraphs`` those of the subgraph
+    batching pass (``batched subgraphs`` / ``subgraphs left alone``). ``steps`` is the
+    program in emission order (the top level, and every level with sections), from
+    which ``save("plan.html")`` and ``save("plan.json")`` draw the estimated timeline.
+    ``tuning`` is the tuner's measured table for a function decorated with ``tune=True``
+    (``jaxpar._tune.Tuning``), None otherwise.
+    """
+
+    function: str
+    target: str
+    emitted: bool
+    options: tuple[tuple[str, Any], ...]
+    num_eqns: int
+    total_cost_us: float
+    sections: tuple[Section, ...]
+    left_alone: tuple[LeftAlone, ...]
+    loops: tuple[LoopDecision, ...] = ()
+    collectives: tuple[Collective, ...] = ()
+    subgraphs: tuple[LoopDecision, ...] = ()
+    steps: tuple[Step, ...] = ()
+    # The cost model's time of the program as traced (jax.jit's), the CUDA-graph mode
+    # sections were priced in, and a compiled estimate gpu_preview attaches.
+    plain_cost_us: float | None = None
+    priced_in: str | None = None
+    compiled_estimate: PlanEstimate | None = None
+
+    tuning: Tuning | None = None
+    # The CUDA-graph mode the function is compiled in, and why (target "gpu" only).
+    mode: ModeChoice | None = None
+
+    @property
+    def xla_options(self) -> dict[str, str]:
+        """The XLA ``compiler_options`` jaxpar compiles this function with: the CUDA-graph
+        mode it chose (``{}``: the process's ``XLA_FLAGS`` apply unchanged)."""
+        return self.mode.xla_options if self.mode is not None else {}
+
+    @property
+    def num_streams(self) -> int:
+        """Distinct stream ids used anywhere in the program."""
+        return len({r.stream for s in self.sections for r in s.regions})
+
+    @property
+    def num_regions(self) -> int:
+        return sum(len(s.regions) for s in self.sections)
+
+
+def directions_text(shifts: Any) -> str:
+    """``(1, -1)`` -> ``"forward, backward"``; other shifts by value, None as general."""
+    def name(shift: int | None) -> str:
+        if shift is None:
+            return "general"
+        return {1: "forward", -1: "backward"}.get(shift, f"shift {shift:+d}")
+
+    return ", ".join(name(s) for s in shifts)
