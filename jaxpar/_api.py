@@ -60,6 +60,7 @@ from ._plan.modes import (
     estimate_plain_seconds,
     estimate_seconds,
     kept_mode,
+    regions_hold_loops,
 )
 from ._report.build import build_report
 from ._report.plan import Plan
@@ -614,6 +615,8 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
                     other = analysis.with_settings(
                         dataclasses.replace(settings, command_buffers=mode))
                     planned = plan_jaxpr(jaxpr, other)
+                    if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
+                        continue  # graphs off only for regions' loops (_plan.modes)
                     plans[mode] = (planned, estimate_seconds(planned, other.costs, mode))
             choice = choose_mode({mode: seconds for mode, (_, seconds) in plans.items()},
                                  user)

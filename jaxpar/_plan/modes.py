@@ -33,7 +33,9 @@ The model of one jaxpr level, in a mode:
   are lanes of their own: a region's node waits only for its inputs and its lane, and
   each region costs the host a start and a done event (``event_s``); a section the
   pricing would not emit (``force_streams``) is taken at its verdict: its regions on the
-  main stream, plus its cut's cost.
+  main stream, plus its cut's cost;
+* one run of the program: its first kernel waits for its launch (a graph's, when the top
+  level is one graph), then the longer of the device's and the host's time.
 
 Example::
 
@@ -45,9 +47,12 @@ Sharp edges:
     compiled one (``_compiled.estimate``), and the first GPU run must confirm both. It does not
     know which elementwise work XLA cannot fuse into a neighbour (a relu after a cuDNN
     convolution is a kernel of its own), so it counts fewer kernels than XLA launches
-    there. A level's time is the longer of its device and host times: ``_compiled.estimate`` also
-    makes a top-level graph's kernels wait for the graph's launch, which would make short
-    chains of kernels cheaper with graphs off.
+    there.
+  * Graphs ``OFF`` is a candidate only for a plan whose stream regions hold loops (their
+    overlap survives only outside graphs): a short chain's kernels start sooner launched
+    one by one than after a graph's launch, in this model and in ``_compiled.estimate``,
+    but that host-side figure is not measured yet (``_gpu_model``), and a mode change
+    for it is not worth the risk.
   * ``CONCURRENT`` mode makes XLA give independent values distinct buffers: more
     memory (the proto's warning: "may lead to OOMs"). Not priced.
 """
@@ -62,7 +67,7 @@ from .. import _compat
 from .._cost import CostModel, known_while_trip_count
 from .._flags import command_buffer_options
 from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
-from .._primitives import COND, SCAN, WHILE
+from .._primitives import COND, MAY_HOLD_LOOPS, SCAN, WHILE
 from .plans import LevelPlan
 
 # The least estimated gain over the user's mode that makes jaxpar change it.
@@ -130,10 +135,17 @@ class _Span:
     kernels: float = 0.0  # launched outside loops (a call's count in its caller's graph)
     captured: float = 0.0  # of those, the ones a CUDA graph may capture (not in regions)
     alone: float = 0.0  # seconds of loops and conds in the level, run outside graphs
+    lead: float = 0.0  # host time before the first kernel can start (its launch, a graph's)
 
     @property
     def seconds(self) -> float:
         return max(self.device, self.host)
+
+    @property
+    def run_seconds(self) -> float:
+        """One run of a level on its own: its kernels wait for their first launch. (A
+        loop's trips overlap one trip's launch with the trip before: ``seconds``.)"""
+        return max(self.device + self.lead, self.host)
 
 
 class _Model:
@@ -278,15 +290,18 @@ class _Model:
         # pricing in the graph modes); each region adds a start and a done event.
         host = self.gpu.launch_s * in_regions + 2 * self.gpu.event_s * len(set(lanes.values()))
         if graphs:
-            host += self.gpu.graph_launch_s + self.gpu.graph_node_s * captured
+            lead = self.gpu.graph_launch_s + self.gpu.graph_node_s * captured
+            host += lead
         else:
+            lead = self.gpu.launch_s if captured > 0 else 0.0
             host += self.gpu.launch_s * captured
-        return _Span(end, host + alone_seconds, work_total, kernels, captured, alone_seconds)
+        return _Span(end, host + alone_seconds, work_total, kernels, captured, alone_seconds,
+                     lead)
 
 
 def estimate_plain_seconds(jaxpr: Any, costs: CostModel, mode: CommandBufferMode) -> float:
     """Estimated seconds per run of ``jaxpr`` as ``jax.jit`` compiles it, in ``mode``."""
-    return _Model(costs, mode).jaxpr(jaxpr, top=True).seconds
+    return _Model(costs, mode).jaxpr(jaxpr, top=True).run_seconds
 
 
 def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode) -> float:
@@ -301,7 +316,15 @@ def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode)
     model = _Model(costs, mode, {i: numbered[key] for i, key in lanes.items()})
     forced = sum(section.cost_seconds or 0.0 for section in plan.sections
                  if section.pays is False)
-    return model.jaxpr(plan.jaxpr, top=True).seconds + forced
+    return model.jaxpr(plan.jaxpr, top=True).run_seconds + forced
+
+
+def regions_hold_loops(plan: LevelPlan) -> bool:
+    """Whether a stream region ``plan`` emits holds a loop (directly or in a call): only
+    then may graphs ``OFF`` pay (see the module's sharp edges)."""
+    eqns = _compat.open_jaxpr(plan.jaxpr)[0].eqns
+    return any(eqns[i].primitive.name in MAY_HOLD_LOOPS for section in plan.sections
+               if section.pays is not False for region in section.regions for i in region.eqns)
 
 
 def choose_mode(estimates: Mapping[CommandBufferMode, float], user_mode: CommandBufferMode
