@@ -28,6 +28,10 @@ Sharp edges:
       ``NVPTXCompiler::CompileTargetBinary`` (via ``CubinCustomKernelCompiler``); the same
       program compiles on jaxlib 0.10.2. Compile such programs in a subprocess when the
       caller must survive.
+    - ``compile_for_gpu`` keeps the HLO of its last ``_CACHE_SIZE`` compiles, keyed by what
+      XLA compiles (the lowered module with its source locations, the devices, the compiler
+      options, ``XLA_FLAGS``): the same program compiled again, e.g. by ``gpu_preview`` in
+      another CUDA-graph mode, is not compiled twice. ``clear_compile_cache()`` empties it.
 """
 
 from __future__ import annotations
@@ -35,13 +39,16 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import os
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "GPU_TARGETS",
+    "clear_compile_cache",
     "compile_for_gpu",
     "gpu_target_config",
     "make_gpu_mesh",
@@ -296,6 +303,26 @@ def _check_gpu_text(text: str, device_platforms: Iterable[str]) -> None:
         )
 
 
+# The scheduled HLO of recent compiles, by what XLA compiled (``_compile_key``); a deviceless
+# compile takes seconds, its text a few hundred KB at most.
+_CACHE_SIZE = 64
+_COMPILED: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+
+
+def clear_compile_cache() -> None:
+    """Forgets the HLO ``compile_for_gpu`` kept, so the next compiles run XLA again."""
+    _COMPILED.clear()
+
+
+def _compile_key(lowered: Any, mesh: Any, compiler_options: Mapping[str, Any] | None
+                 ) -> tuple[Any, ...]:
+    # Locations included: the compiled HLO's metadata names the user's source lines.
+    return (lowered.as_text(debug_info=True),
+            tuple((device.id, device.device_kind) for device in mesh.devices.flat),
+            tuple(sorted((str(k), repr(v)) for k, v in (compiler_options or {}).items())),
+            os.environ.get("XLA_FLAGS", ""))
+
+
 def compile_for_gpu(
     fn: Callable[..., Any],
     *args: Any,
@@ -363,6 +390,10 @@ def compile_for_gpu(
         lambda leaf: _place_leaf(leaf, mesh), (args, kwargs)
     )
     lowered = jax.jit(fn).trace(*placed_args, **placed_kwargs).lower()
+    key = _compile_key(lowered, mesh, compiler_options)
+    if key in _COMPILED:
+        _COMPILED.move_to_end(key)
+        return _COMPILED[key]
     if compiler_options:
         compiled = lowered.compile(compiler_options=dict(compiler_options))
     else:
@@ -376,4 +407,7 @@ def compile_for_gpu(
     ):
         platforms.extend(device.platform for device in getattr(sharding, "device_set", ()))
     _check_gpu_text(text, platforms)
+    _COMPILED[key] = text
+    while len(_COMPILED) > _CACHE_SIZE:
+        _COMPILED.popitem(last=False)
     return text
