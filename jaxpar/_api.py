@@ -61,6 +61,7 @@ from ._plan.modes import (
     estimate_plain_seconds,
     estimate_seconds,
     kept_mode,
+    regions_hold_loops,
 )
 from ._report.build import build_report
 from ._report.plan import Plan
@@ -621,6 +622,8 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
                     if batched and launch_pricing(mode) != launch_pricing(user):
                         mode_jaxpr, mode_loops = run_passes(traced.jaxpr, analysis=other)
                     planned = plan_jaxpr(mode_jaxpr, other)
+                    if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
+                        continue  # graphs off only for regions' loops (_plan.modes)
                     plans[mode] = (planned, estimate_seconds(planned, other.costs, mode),
                                    mode_jaxpr, mode_loops)
             choice = choose_mode({mode: entry[1] for mode, entry in plans.items()}, user)

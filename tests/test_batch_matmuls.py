@@ -236,10 +236,15 @@ def _swapped_leaving(p: Any, q: Any, x: Any, y: Any) -> Any:
 @pytest.mark.parametrize(("fn", "most"), [(_crossed_leaving, 4), (_swapped_leaving, 5)])
 def test_chains_whose_results_leave_launch_no_more(fn: Any, most: int) -> None:
     # Batched with slicing priced at 0 us these launched 6 (plain 4) and 7 (plain 6).
+    # In XLA's default lhs mode batching saves launches; the chosen mode (concurrent here:
+    # the members already overlap as graph nodes, so batching is left alone) never
+    # launches more than plain either.
     args = [jax.ShapeDtypeStruct((64, 64), jnp.float32)] * 4
     plain = bench.count(fn, args)
-    counted = bench.count(jaxpar.parallel_branches(fn, target="gpu"), args)
-    assert counted["launches"] <= min(most, plain["launches"])
+    in_lhs = bench.count(jaxpar.parallel_branches(fn, target="gpu", command_buffers="lhs"), args)
+    assert in_lhs["launches"] <= min(most, plain["launches"])
+    chosen = bench.count(jaxpar.parallel_branches(fn, target="gpu"), args)
+    assert chosen["launches"] <= plain["launches"]
 
 
 @needs_plugin

@@ -103,6 +103,9 @@ def test_a_chain_keeps_the_users_mode() -> None:
     assert plan.xla_options == {}
     assert plan.mode is not None and not plan.mode.chosen
     assert "XLA options: none" in plan.text()
+    # Graphs off is no candidate without stream regions holding loops (launched one by
+    # one, the chain's first kernel would start sooner than after the graph's launch).
+    assert plan.mode.estimate(OFF) is None and plan.mode.estimate(CONCURRENT) is not None
 
 
 def test_cpu_target_is_unchanged() -> None:
