@@ -43,7 +43,9 @@ from typing import Any
 __all__ = [
     "GPU_TARGETS",
     "compile_for_gpu",
+    "compiled_hlo",
     "gpu_target_config",
+    "lower_for_gpu",
     "make_gpu_mesh",
     "plugin_status",
 ]
@@ -336,6 +338,23 @@ def compile_for_gpu(
         >>> "ENTRY" in text
         True
     """
+    return compiled_hlo(
+        lower_for_gpu(fn, *args, gpu=gpu, devices=devices, mesh=mesh, **kwargs),
+        compiler_options,
+    )
+
+
+def lower_for_gpu(
+    fn: Callable[..., Any],
+    *args: Any,
+    gpu: str = "h200",
+    devices: int | None = None,
+    mesh: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """``compile_for_gpu`` up to lowering: ``jax.jit(fn)`` traced and lowered for ``gpu``
+    (a ``jax.stages.Lowered``), for a caller that reads what the trace did before it
+    compiles (``compiled_hlo``). Arguments and errors as ``compile_for_gpu``'s."""
     import jax
 
     gpu = _check_gpu_name(gpu)
@@ -345,24 +364,21 @@ def compile_for_gpu(
     if mesh is None:
         mesh = make_gpu_mesh(gpu, 1 if devices is None else devices)
     else:
-        if not _mesh_is_on_gpu(mesh):
-            raise ValueError(
-                f"mesh={mesh!r} is not over deviceless GPUs; build it with make_gpu_mesh()."
-            )
-        kinds = {device.device_kind for device in mesh.devices.flat}
-        if kinds != {_device_kind(gpu)}:
-            raise ValueError(
-                f"mesh holds {sorted(kinds)} devices but gpu={gpu!r} ({_device_kind(gpu)!r}); "
-                f"pass the gpu the mesh was made for."
-            )
-        if devices is not None and mesh.devices.size != devices:
-            raise ValueError(
-                f"devices={devices} does not match the mesh's {mesh.devices.size} devices."
-            )
+        _check_mesh(mesh, gpu, devices)
     placed_args, placed_kwargs = jax.tree_util.tree_map(
         lambda leaf: _place_leaf(leaf, mesh), (args, kwargs)
     )
-    lowered = jax.jit(fn).trace(*placed_args, **placed_kwargs).lower()
+    return jax.jit(fn).trace(*placed_args, **placed_kwargs).lower()
+
+
+def compiled_hlo(lowered: Any, compiler_options: Mapping[str, Any] | None = None) -> str:
+    """Compiles a program from ``lower_for_gpu``; returns its scheduled HLO text.
+
+    Raises:
+        RuntimeError: the result is not GPU HLO.
+    """
+    import jax
+
     if compiler_options:
         compiled = lowered.compile(compiler_options=dict(compiler_options))
     else:
@@ -377,3 +393,20 @@ def compile_for_gpu(
         platforms.extend(device.platform for device in getattr(sharding, "device_set", ()))
     _check_gpu_text(text, platforms)
     return text
+
+
+def _check_mesh(mesh: Any, gpu: str, devices: int | None) -> None:
+    if not _mesh_is_on_gpu(mesh):
+        raise ValueError(
+            f"mesh={mesh!r} is not over deviceless GPUs; build it with make_gpu_mesh()."
+        )
+    kinds = {device.device_kind for device in mesh.devices.flat}
+    if kinds != {_device_kind(gpu)}:
+        raise ValueError(
+            f"mesh holds {sorted(kinds)} devices but gpu={gpu!r} ({_device_kind(gpu)!r}); "
+            f"pass the gpu the mesh was made for."
+        )
+    if devices is not None and mesh.devices.size != devices:
+        raise ValueError(
+            f"devices={devices} does not match the mesh's {mesh.devices.size} devices."
+        )
