@@ -192,13 +192,6 @@ def test_lowered_compile_uses_the_chosen_options(tmp_path: Path, mode: str,
     sources = _parallel_sources(thunks)
     assert sources, "no command buffer in the compiled executable"
     assert (max(sources) >= 2) is parallel, thunks[:2000]
-    # XLA's command buffer of the compiled executable: independent kernels are graph
-    # nodes with no predecessor (parallel) only in the concurrent mode.
-    thunks = "".join(p.read_text() for p in
-                     tmp_path.glob("*thunk_sequence_after_thunk_passes.txt"))
-    sources = _parallel_sources(thunks)
-    assert sources, "no command buffer in the compiled executable"
-    assert (max(sources) >= 2) is parallel, thunks[:2000]
 
 
 # --------------------------------------------------------------------------- the suite

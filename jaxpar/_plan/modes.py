@@ -36,7 +36,7 @@ Example::
 
 Sharp edges:
   * A model of the compiled program before it is compiled: ``gpu_preview`` judges the
-    compiled one (``_estimate``), and the first GPU run must confirm both.
+    compiled one (``_compiled.estimate``), and the first GPU run must confirm both.
   * ``CONCURRENT`` mode makes XLA give independent values distinct buffers: more
     memory (the proto's warning: "may lead to OOMs"). Not priced.
 """
