@@ -46,6 +46,7 @@ import jax
 
 from . import _compat, _primitives
 from ._analysis import Analysis, jaxpr_has_placement
+from ._cost import launch_pricing
 from ._emit import Emitter, GroupIds, region_call
 from ._frameworks import NnxCall, nnx_arguments, refuse_module_as_function
 from ._gpu_model import CommandBufferMode, GpuProfile
@@ -60,6 +61,7 @@ from ._plan.modes import (
     estimate_plain_seconds,
     estimate_seconds,
     kept_mode,
+    regions_hold_loops,
 )
 from ._report.build import build_report
 from ._report.plan import Plan
@@ -85,7 +87,7 @@ from ._tune import CANDIDATES, Candidate, TuneBudget, Tuning
 from ._tune import decide as decide_candidate
 from ._tune import decision_key as tuning_key
 from ._tune import fingerprint as program_fingerprint
-from .passes import LoopDecision, run_passes
+from .passes import KIND_BATCHED_MATMULS, KIND_BATCHED_SUBGRAPHS, LoopDecision, run_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -102,19 +104,36 @@ def disabled_by_environment() -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class _Prepared:
-    """Everything derived from one signature: plan and emitter."""
+    """Everything derived from one signature: plan and emitter, and what the report adds."""
 
     traced: Traced
     plan: LevelPlan
     loops: tuple[LoopDecision, ...]
-    target: str
+    settings: Settings
     emitter: Emitter
     # The CUDA-graph mode the function is compiled in (target "gpu"), and why.
     mode: ModeChoice | None = None
+    # The cost model's time of the program as traced (see ``_analyse_priced``).
+    plain_us: float | None = None
+
+    @property
+    def target(self) -> str:
+        return self.settings.target
 
     @property
     def xla_options(self) -> dict[str, str]:
         return self.mode.xla_options if self.mode is not None else {}
+
+    def report(self, function: str, options: Options, tuning: Tuning | None = None) -> Plan:
+        """The public ``Plan`` of this analysis (``options``: as the user gave them)."""
+        settings = self.settings
+        with _collector_paused():
+            return build_report(self.plan, function, settings.target,
+                                emitted=(settings.target == "gpu"), options=options.to_dict(),
+                                loops=self.loops, plain_us=self.plain_us,
+                                priced_in=(settings.command_buffers.value
+                                           if settings.command_buffers else None),
+                                tuning=tuning, mode=self.mode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -607,17 +626,25 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
         if settings.target == "gpu" and settings.choose_command_buffers \
                 and settings.command_buffers is not None:
             user = settings.command_buffers
-            plans = {user: (plan, estimate_seconds(plan, analysis.costs, user))}
+            plans = {user: (plan, estimate_seconds(plan, analysis.costs, user), jaxpr, loops)}
+            batched = any(d.kind in (KIND_BATCHED_MATMULS, KIND_BATCHED_SUBGRAPHS) for d in loops)
             for mode in MODE_CANDIDATES:
                 if mode not in plans:
-                    # The passes do not depend on the mode: only the plan is made again.
                     other = analysis.with_settings(
                         dataclasses.replace(settings, command_buffers=mode))
-                    planned = plan_jaxpr(jaxpr, other)
-                    plans[mode] = (planned, estimate_seconds(planned, other.costs, mode))
-            choice = choose_mode({mode: seconds for mode, (_, seconds) in plans.items()},
-                                 user)
-            plan = plans[choice.mode][0]
+                    # The batching passes price launches in the mode (a concurrent graph
+                    # already overlaps a stage's members): where they batched something
+                    # and the mode prices a launch otherwise, they run again in it.
+                    mode_jaxpr, mode_loops = jaxpr, loops
+                    if batched and launch_pricing(mode) != launch_pricing(user):
+                        mode_jaxpr, mode_loops = run_passes(traced.jaxpr, analysis=other)
+                    planned = plan_jaxpr(mode_jaxpr, other)
+                    if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
+                        continue  # graphs off only for regions' loops (_plan.modes)
+                    plans[mode] = (planned, estimate_seconds(planned, other.costs, mode),
+                                   mode_jaxpr, mode_loops)
+            choice = choose_mode({mode: entry[1] for mode, entry in plans.items()}, user)
+            plan, _, jaxpr, loops = plans[choice.mode]
         elif settings.target == "gpu":
             explicit = settings.compile_command_buffers
             kept = explicit or settings.command_buffers or settings.user_command_buffers
@@ -653,10 +680,24 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _build(fun: Callable[..., Any], sig: Signature, settings: Settings) -> _Prepared:
-    traced, plan, loops, _, choice = _analyse_priced(fun, sig, settings, baseline=False)
-    target = settings.target
-    return _Prepared(traced, plan, loops, target, Emitter(plan, emit_streams=(target == "gpu")),
-                     choice)
+    traced, plan, loops, plain_us, choice = _analyse_priced(fun, sig, settings)
+    return _Prepared(traced, plan, loops, settings,
+                     Emitter(plan, emit_streams=(settings.target == "gpu")), choice, plain_us)
+
+
+def analysed_report(pb: ParallelBranches) -> tuple[Plan, LevelPlan]:
+    """The report and plan of the one signature ``pb`` has analysed (``gpu_preview``
+    compiles a fresh ``ParallelBranches`` once and reports what that compile analysed).
+
+    Raises:
+      RuntimeError: ``pb`` analysed no signature, or several.
+    """
+    entries = pb._cache.cache_keys()
+    if pb.analyses != 1 or len(entries) != 1:
+        raise RuntimeError(f"jaxpar: expected one analysis of {pb!r}, found {pb.analyses}")
+    prepared = pb._cache.get(entries[0])
+    assert prepared is not None
+    return prepared.report(function_name(pb.__wrapped__), pb.options), prepared.plan
 
 
 def _run(rewrite: _Prepared, leaves: Any, emit_streams: bool) -> list[Any]:
@@ -882,20 +923,13 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
     @functools.wraps(inner)
     def make_plan(*args: Any, **kwargs: Any) -> Plan:
         settings = resolved.resolve(**planned_for)
-        target = settings.target
         with nnx_arguments(object(), inner, args, kwargs) as (traced_fun, args, kwargs, _):
             layout, leaves = split_arguments(traced_fun, args, kwargs, statics,
                                              allow_abstract=True, api="inspect")
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
-            _, plan, loops, plain_us, choice = _analyse_priced(traced_fun, sig, settings)
-        name = function_name(inner)
+            prepared = _build(traced_fun, sig, settings)
         tuning = None if tuned is None else tuned.tuning(*args, **kwargs)
-        with _collector_paused():
-            return build_report(plan, name, target, emitted=(target == "gpu"),
-                                options=resolved.to_dict(), loops=loops, plain_us=plain_us,
-                                priced_in=(settings.command_buffers.value
-                                           if settings.command_buffers else None),
-                                tuning=tuning, mode=choice)
+        return prepared.report(function_name(inner), resolved, tuning)
 
     return make_plan
 

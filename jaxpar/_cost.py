@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _compat, _primitives
-from ._gpu_model import GENERIC_GPU, GPU_PROFILES, GpuProfile
+from ._gpu_model import GENERIC_GPU, GPU_PROFILES, MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
 from ._loops import static_trip_count
 
 
@@ -93,6 +93,45 @@ class Cost:
 
 
 ZERO = Cost()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaunchPrices:
+    """What one kernel launch costs a level in a CUDA-graph mode, for the passes that
+    trade launches (the batching passes): the GPU model's figures (``_gpu_model``),
+    read as ``jaxpar._plan.modes`` and ``jaxpar._compiled.estimate`` read them.
+
+    Attributes:
+      beside: a kernel that runs beside the other members of its stage (a batched
+        group's member). In a serial chain (``lhs``, ``serialize``, no graph) it costs
+        its kernel floor; in a ``concurrent`` graph the members' floors overlap, and it
+        costs its graph node on the host only.
+      serial: a kernel in series with the rest (the stacking before a batched op, the
+        slicing after it): its kernel floor, plus its graph node in a ``concurrent``
+        graph.
+    """
+
+    beside: float
+    serial: float
+
+
+def launch_pricing(mode: CommandBufferMode | None) -> str:
+    """How ``mode`` prices launches: ``"beside"`` (a concurrent graph's members overlap)
+    or ``"serial"``; two modes of one pricing batch the same."""
+    return "beside" if mode is CommandBufferMode.CONCURRENT else "serial"
+
+
+def launch_prices(profile: DeviceProfile, mode: CommandBufferMode | None,
+                  level_kernels: float) -> LaunchPrices:
+    """The ``LaunchPrices`` of a level launching ``level_kernels`` kernels compiled in
+    ``mode`` (None: no CUDA graphs to speak of, off the GPU). Only a ``concurrent``
+    graph (at least ``MIN_GRAPH_SIZE`` kernels) runs a stage's members side by side."""
+    floor = profile.min_kernel_seconds
+    gpu = profile.gpu
+    if gpu is None or mode is not CommandBufferMode.CONCURRENT \
+            or level_kernels < MIN_GRAPH_SIZE:
+        return LaunchPrices(floor, floor)
+    return LaunchPrices(gpu.graph_node_s, floor + gpu.graph_node_s)
 
 CostRule = Callable[["CostModel", Any], Cost]
 cost_rules: dict[str, CostRule] = {}
@@ -256,3 +295,13 @@ class CostModel:
 
     def seconds(self, cost: Cost) -> float:
         return cost.seconds(self.profile)
+
+    def launch_prices(self, eqns: Any, mode: CommandBufferMode | None) -> LaunchPrices:
+        """``launch_prices`` of the level made of ``eqns`` in ``mode``: its graph holds
+        the kernels of every equation but loops and conds (never captured)."""
+        if mode is not CommandBufferMode.CONCURRENT:
+            return launch_prices(self.profile, mode, 0.0)
+        uncaptured = (_primitives.SCAN, _primitives.WHILE, _primitives.COND)
+        kernels = sum(self.eqn_cost(e).kernels for e in eqns
+                      if e.primitive.name not in uncaptured)
+        return launch_prices(self.profile, mode, kernels)

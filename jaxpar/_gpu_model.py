@@ -2,7 +2,7 @@
 
 Everything in jaxpar that prices GPU work reads its figures here: the cost model of the
 planner (``_cost.device_profile``), the pricing of stream sections (``_plan.pricing``), the
-estimate of compiled programs (``_estimate``) and ``gpu_preview``. No other module
+estimate of compiled programs (``_compiled.estimate``) and ``gpu_preview``. No other module
 defines a GPU figure or a command-buffer mode (``tests/test_gpu_model.py`` fails if one
 does).
 

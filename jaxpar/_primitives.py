@@ -166,14 +166,22 @@ COST_ONE_KERNEL = _family(
     "reduce_and_p", "reduce_or_p", "reduce_xor_p", "argmax_p", "argmin_p", "cumsum_p",
     "cumprod_p", "cummax_p", "cummin_p", "cumlogsumexp_p", "sort_p", "gather_p", "scatter_p",
     "scatter_add_p", "scatter_mul_p", "scatter_min_p", "scatter_max_p", "dynamic_slice_p",
-    "dynamic_update_slice_p", "concatenate_p", "pad_p", "transpose_p", "rev_p", "select_n_p",
-    "reduce_precision_p", "top_k_p", "fft_p", "rng_bit_generator_p", "threefry2x32_p",
+    "dynamic_update_slice_p", "concatenate_p", "stack_p", "pad_p", "transpose_p", "rev_p",
+    "select_n_p", "reduce_precision_p", "top_k_p", "fft_p", "rng_bit_generator_p", "threefry2x32_p",
     "random_bits_p", "random_seed_p", "ppermute_p", "psum_p", "all_gather_p", "all_to_all_p",
     "reduce_scatter_p", "pmax_p", "pmin_p", "psum_invariant_p", "all_gather_invariant_p",
     "cholesky_p", "lu_p", "qr_p", "eigh_p", "svd_p", "triangular_solve_p",
     "householder_product_p", "reduce_window_p", "reduce_window_sum_p", "reduce_window_max_p",
     "reduce_window_min_p", "select_and_scatter_add_p", "select_and_gather_add_p",
     "approx_top_k_p")
+
+# Cost model: one-kernel equations XLA:GPU may fuse into a neighbour's kernel (a Triton
+# GEMM's operand prologue takes a concatenate or a transpose; a slice or a select joins
+# the elementwise fusion reading it), so the compiled program may launch fewer kernels
+# than the model counts (the CUDA-graph mode choice counts only the others).
+MAY_FUSE_AWAY = _family(
+    "MAY_FUSE_AWAY", "concatenate_p", "pad_p", "transpose_p", "rev_p", "select_n_p",
+    "dynamic_slice_p", "gather_p", "reduce_precision_p")
 
 # The heavy ops batch_matmuls stacks: one kernel each, whose batched form is one kernel.
 BATCHED_MATMULS = frozenset({DOT_GENERAL, CONV})

@@ -14,9 +14,11 @@ Example::
     print(jaxpar.inspect(step)(params, batch))  # ... the measured table
 
 Sharp edges:
-  * Plain ``jax.jit`` wins ties: a rewrite is chosen only when its median is more than
-    ``TuneBudget.margin`` below plain's. Timings are wall-clock medians; a busy machine
-    makes them noisy (the margin absorbs some of it, not all).
+  * Plain ``jax.jit`` wins ties: a rewrite is chosen only when the median of its
+    per-round ratios to plain (both timed in the same round) is more than
+    ``TuneBudget.margin`` below 1. Pairing by round cancels load that drifts between
+    rounds (another process starting); load that changes within a round does not
+    cancel, and the margin absorbs some of it, not all.
   * The decision is keyed by the program's traced jaxpr (its text, addresses removed),
     the arguments' shapes, dtypes and shardings, the static arguments (their ``repr``),
     the options, the device kind and count, jax/jaxlib/jaxpar versions and
@@ -86,10 +88,12 @@ class TuneBudget:
     """How long the tuner measures and how it decides.
 
     Attributes:
-      margin: a rewrite must beat plain ``jax.jit``'s median by more than this fraction
-        to be chosen (plain wins ties and near-ties).
-      loser_margin: after ``min_repeats`` rounds, a candidate whose median is this
-        fraction above the best so far stops being timed (a clear loser).
+      margin: a rewrite must beat plain ``jax.jit`` by more than this fraction (the
+        median of its per-round ratios to plain below ``1 - margin``) to be chosen
+        (plain wins ties and near-ties).
+      loser_margin: after ``min_repeats`` rounds, a candidate whose median ratio is this
+        fraction above the best so far, and that was slower than the best in each of the
+        last ``min_repeats`` rounds, stops being timed (a clear loser; never chosen).
       min_repeats, max_repeats: timed runs per candidate, after one warm-up run.
       seconds: the timed runs of one candidate aim at about this much wall time
         (between ``min_repeats`` and ``max_repeats`` runs).
@@ -107,6 +111,8 @@ class Measured(NamedTuple):
 
     ``median_s`` is None when the candidate was not timed: ``same_as`` names the row
     that is the same program, or the decision was read from disk without its table.
+    ``ratio`` is the median of its per-round ratios to plain ``jax.jit`` (what the
+    decision compares; None in a decision stored without it).
     """
 
     label: str
@@ -114,6 +120,7 @@ class Measured(NamedTuple):
     runs: int
     same_as: str | None = None
     stopped_early: bool = False
+    ratio: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -150,8 +157,14 @@ class Tuning:
         return self.row(row.same_as).median_s if row.same_as else row.median_s
 
     def ratio(self, label: str) -> float | None:
-        """The candidate's median over plain ``jax.jit``'s (< 1 is faster)."""
-        mine, plain = self.median_s(label), self.median_s(PLAIN)
+        """The candidate's time over plain ``jax.jit``'s (< 1 is faster): the median of
+        the per-round ratios, following ``same_as``; medians' ratio where the row has
+        none."""
+        row = self.row(label)
+        row = self.row(row.same_as) if row.same_as else row
+        if row.ratio is not None:
+            return row.ratio
+        mine, plain = row.median_s, self.median_s(PLAIN)
         return None if mine is None or not plain else mine / plain
 
     def lines(self) -> list[str]:
@@ -251,38 +264,62 @@ def measure(programs: Sequence[tuple[Candidate, Callable[[], Any] | str]], key: 
         budget.min_repeats,
         min(budget.max_repeats, int(budget.seconds / max(first[PLAIN], 1e-9))))
     samples: dict[str, list[float]] = {label: [] for label in runs}
+    # Each candidate's time over plain's in the same round: load that drifts between
+    # rounds cancels, which it does not in a ratio of two medians.
+    ratios: dict[str, list[float]] = {label: [] for label in runs}
     alive = list(runs)
     stopped: set[str] = set()
     for round_ in range(repeats):
         # Rotate the order every round, so drift and load hit all alike.
         shift = round_ % len(alive)
-        for label in alive[shift:] + alive[:shift]:
-            samples[label].append(_timer(label, runs[label]))
+        times = {label: _timer(label, runs[label]) for label in alive[shift:] + alive[:shift]}
+        for label, seconds in times.items():
+            samples[label].append(seconds)
+            ratios[label].append(seconds / max(times[PLAIN], 1e-12))
         if together or round_ + 1 < budget.min_repeats:
             continue
-        best = min(statistics.median(samples[label]) for label in alive)
+        best = min(alive, key=lambda label: statistics.median(ratios[label]))
+        best_ratio = statistics.median(ratios[best])
+        recent = budget.min_repeats
         for label in list(alive):
-            if label != PLAIN and statistics.median(samples[label]) > best * (
-                    1 + budget.loser_margin):
+            # A clear loser: its median ratio well above the best's, and slower than the
+            # best in every one of the last min_repeats rounds (so a few rounds that
+            # load hit, on a busy machine, do not stop a faster program).
+            if label != PLAIN and statistics.median(ratios[label]) > best_ratio * (
+                    1 + budget.loser_margin) and all(
+                    mine > theirs for mine, theirs in zip(
+                        samples[label][-recent:], samples[best][-recent:], strict=True)):
                 alive.remove(label)
                 stopped.add(label)
     medians = {label: statistics.median(times) for label, times in samples.items()}
-    chosen = choose(medians, budget.margin)
+    paired = {label: statistics.median(values) for label, values in ratios.items()}
+    # A candidate stopped as a clear loser is not chosen, whatever later rounds did to
+    # the others.
+    chosen = choose({label: paired[label] for label in alive}, budget.margin)
     labels = [c.label for c, _ in programs]
     chosen = labels[agree(labels.index(chosen))]
     rows = tuple(
         Measured(c.label, None, 0, same_as=program) if isinstance(program, str)
         else Measured(c.label, medians[c.label], len(samples[c.label]),
-                      stopped_early=c.label in stopped)
+                      stopped_early=c.label in stopped, ratio=paired[c.label])
         for c, program in programs)
     return Tuning(chosen, rows, "measured", key, margin=budget.margin)
 
 
-def choose(medians: Mapping[str, float], margin: float) -> str:
+def choose(times: Mapping[str, float], margin: float) -> str:
     """The label to run: the fastest, unless it beats plain ``jax.jit`` by no more than
-    ``margin`` (then plain). Ties among rewrites go to the earliest."""
-    fastest = min(medians, key=lambda label: medians[label])  # first of equals
-    if fastest != PLAIN and medians[fastest] >= medians[PLAIN] * (1 - margin):
+    ``margin`` (then plain). Ties among rewrites go to the earliest.
+
+    Args:
+      times: each candidate's time, or its time relative to plain's (then plain's is
+        1); it must hold ``PLAIN``.
+      margin: the fraction of plain's time a rewrite must save.
+    """
+    if PLAIN not in times:
+        raise ValueError(f"choose needs plain jax.jit's time ({PLAIN!r}) to compare with; "
+                         f"got {sorted(times)}")
+    fastest = min(times, key=lambda label: times[label])  # first of equals
+    if fastest != PLAIN and times[fastest] >= times[PLAIN] * (1 - margin):
         return PLAIN
     return fastest
 
@@ -387,7 +424,8 @@ def load(key: str) -> Tuning | None:
         labels = [c.label for c in CANDIDATES]
         rows = tuple(Measured(str(r["label"]), None if r["median_s"] is None
                               else float(r["median_s"]), int(r["runs"]),
-                              r.get("same_as"), bool(r.get("stopped_early", False)))
+                              r.get("same_as"), bool(r.get("stopped_early", False)),
+                              None if r.get("ratio") is None else float(r["ratio"]))
                      for r in document["rows"])
         chosen = document["chosen"]
         if chosen not in labels or [row.label for row in rows] != labels:

@@ -238,6 +238,40 @@ def test_abstract_specs_bind_to_the_mesh():
     assert make_gpu_mesh("h200", 8).devices.tolist() == mesh.devices.tolist()  # cached
 
 
+@needs_plugin
+def test_the_same_program_is_compiled_once(monkeypatch):
+    from jaxpar._compiled import gpu_compile
+
+    compiles = []
+    compile_lowered = jax.stages.Lowered.compile
+
+    def counted(self, *args, **kwargs):
+        compiles.append(1)
+        return compile_lowered(self, *args, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", counted)
+    gpu_compile.clear_compile_cache()
+    text = compile_for_gpu(_scan_tanh, MATRIX)
+    # Traced and lowered again (jax.jit's own cache holds no executable across lowerings),
+    # yet the same module: XLA's text, not another compile.
+    assert compile_for_gpu(_scan_tanh, MATRIX) == text and len(compiles) == 1
+    # What XLA compiles differently is compiled again: options, devices, GPU, the program.
+    options = {"xla_gpu_enable_command_buffer": ""}
+    compile_for_gpu(_scan_tanh, MATRIX, compiler_options=options)
+    compile_for_gpu(_scan_tanh, MATRIX, gpu="h100")
+    compile_for_gpu(_scan_tanh, jax.ShapeDtypeStruct((64, 64), jnp.float32))
+    assert len(compiles) == 4
+    # Source locations are part of the key: the executable's metadata names the user's lines.
+    def moved(a):  # the same operations, on another line
+        return lax.scan(_tanh_step, a, None, length=10)[0]
+
+    moved.__name__ = moved.__qualname__ = _scan_tanh.__name__
+    compile_for_gpu(moved, MATRIX)
+    assert len(compiles) == 5
+    gpu_compile.clear_compile_cache()
+    assert compile_for_gpu(_scan_tanh, MATRIX) == text and len(compiles) == 6
+
+
 # Hand-written HLO in both async syntaxes: jaxlib 0.10.2's call-start and 0.12.0.1's
 # async-start wrapping a call.
 _HLO_BOTH_ASYNC_SYNTAXES = textwrap.dedent(

@@ -69,12 +69,7 @@ FULL_SIZE = ("siamese_grad", "seed_002_two_scans", "flax_vae_step")
 
 
 # Known to fail, and why (each an xfail that fails the run once it passes).
-KNOWN = {
-    ("three_towers", "small", "concurrent"):
-        "est. x1.243: in CONCURRENT graphs the towers' matmuls already overlap, and the "
-        "batching passes price a saved launch the same in every mode (they do not know the "
-        "mode yet)",
-}
+KNOWN: dict[tuple[str, str, str], str] = {}
 
 
 def _cases() -> list[Any]:

@@ -403,3 +403,24 @@ def test_known_wrappers_are_named_in_reports():
     names = [display_name(eqn) for eqn in closed.jaxpr.eqns]
     assert "relu" in names and "jit(sin)" in names, names
     assert "custom_jvp_call" not in names
+
+
+def scans_on_one_line(a, b, c, xs):
+    """Three scans written on one source line: the first feeds the other two, which run
+    the same body independently (batched); the first is left as it is."""
+    def run(carry):
+        return lax.scan(lambda h, x: (jnp.tanh(h @ x), None), carry, xs)[0]
+
+    first = run(a)
+    return run(first + b), run(first * c)
+
+
+def test_rewrites_are_drawn_on_the_loops_they_made_not_on_a_shared_line():
+    """The report reads where each rewrite's equations went (``LoopDecision.produced``);
+    matching by source line put the batched scans' mark on the first scan of the line."""
+    a, b, xs = same_body_args()
+    plan = jaxpar.inspect(scans_on_one_line, target="gpu", unroll=None)(a, b, b * 2.0, xs)
+    (batched,) = [k for k, d in enumerate(plan.loops) if d.kind == "batched"]
+    assert plan.loops[batched].produced
+    loops = [s for s in plan.steps if s.kind == "loop" and s.location == "/"]
+    assert [s.loop_rewrites for s in loops] == [(), (batched,)], str(plan)

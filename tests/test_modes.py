@@ -103,6 +103,9 @@ def test_a_chain_keeps_the_users_mode() -> None:
     assert plan.xla_options == {}
     assert plan.mode is not None and not plan.mode.chosen
     assert "XLA options: none" in plan.text()
+    # Graphs off is no candidate without stream regions holding loops (launched one by
+    # one, the chain's first kernel would start sooner than after the graph's launch).
+    assert plan.mode.estimate(OFF) is None and plan.mode.estimate(CONCURRENT) is not None
 
 
 def test_cpu_target_is_unchanged() -> None:
@@ -187,13 +190,6 @@ def test_lowered_compile_uses_the_chosen_options(tmp_path: Path, mode: str,
     assert ("xla_gpu_command_buffer_scheduling_mode: CONCURRENT" in debug) is parallel
     # XLA's command buffer of the compiled executable: independent kernels are graph
     # nodes without a predecessor (parallel) only in the concurrent mode.
-    thunks = "".join(p.read_text() for p in
-                     tmp_path.glob("*thunk_sequence_after_thunk_passes.txt"))
-    sources = _parallel_sources(thunks)
-    assert sources, "no command buffer in the compiled executable"
-    assert (max(sources) >= 2) is parallel, thunks[:2000]
-    # XLA's command buffer of the compiled executable: independent kernels are graph
-    # nodes with no predecessor (parallel) only in the concurrent mode.
     thunks = "".join(p.read_text() for p in
                      tmp_path.glob("*thunk_sequence_after_thunk_passes.txt"))
     sources = _parallel_sources(thunks)

@@ -139,3 +139,54 @@ def test_an_explicit_mode_wins_over_xla_flags(monkeypatch):
     lhs = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, command_buffers=CommandBufferMode.LHS)
     assert lhs.command_buffers is CommandBufferMode.LHS and not lhs.plan.sections
     assert "CUDA graphs: lhs, from argument" in str(lhs)
+
+
+@needs_plugin
+def test_preview_traces_and_analyses_the_function_once(monkeypatch):
+    """One jaxpar analysis (its report and its compile share it) and one trace each for
+    the plain and the jaxpar program."""
+    import jaxpar._api as api
+
+    analyses = []
+    real = api._analyse_priced
+    monkeypatch.setattr(api, "_analyse_priced",
+                        lambda *a, **k: analyses.append(1) or real(*a, **k))
+    traces = []
+
+    def counted(*args):
+        traces.append(1)
+        return four_matmul_branches(*args)
+
+    preview = jaxpar.gpu_preview(counted, *branch_specs(), batch_branches=False,
+                                 batch_matmuls=False, force_streams=True)
+    assert len(analyses) == 1
+    assert len(traces) == 2  # plain jax.jit's trace and jaxpar's
+    assert preview.jaxpar.async_in_flight == 2 and preview.plan.num_regions == 2
+
+
+def region_with_a_small_loop(x, w):
+    """Five kinds of heavy work and a tiny scan: the scan is not among the region's four
+    dearest primitives."""
+    y = jnp.tanh(x @ w)
+    y = y + jnp.sort(y, axis=0) + jnp.cumsum(y, axis=1) + jnp.max(y, axis=0) \
+        + jnp.sum(y, axis=1, keepdims=True) + jnp.argmax(y, axis=0).astype(y.dtype)
+    carry, _ = jax.lax.scan(lambda c, _: (c * 2.0, None), y[0, :2], None, length=2)
+    return y + carry.sum()
+
+
+def test_crash_guard_reads_every_equation_of_the_regions():
+    from jaxpar._api import ParallelBranches, analysed_report
+    from jaxpar._options import Options
+
+    def f(a, wa, b, wb):
+        return region_with_a_small_loop(a, wa), region_with_a_small_loop(b, wb)
+
+    specs = [jax.ShapeDtypeStruct((512, 512), jnp.float32)] * 4
+    fast = ParallelBranches(f, Options.create(target="gpu", **LOOPS_OFF))
+    jax.make_jaxpr(fast)(*specs)
+    plan, level = analysed_report(fast)
+    regions = [r for s in plan.sections for r in s.regions]
+    assert len(regions) == 2
+    # The report lists each region's four dearest primitives; the scan is not among them.
+    assert not any(name == "scan" for r in regions for name, _ in r.primitives)
+    assert _preview._regions_hold_loops(level)

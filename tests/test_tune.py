@@ -113,6 +113,106 @@ def test_a_clear_loser_stops_early(monkeypatch):
     assert timed.count(REWRITE) == budget.min_repeats + 1  # and the warm-up
 
 
+@pytest.mark.parametrize(("times", "chosen"), [
+    ({"jax.jit": 1.0, "a": 1.2, "b": 1.1}, "jax.jit"),        # plain fastest
+    ({"jax.jit": 1.0, "a": 0.9, "b": 0.5}, "b"),              # the fastest rewrite
+    ({"jax.jit": 1.0, "a": 0.98}, "jax.jit"),                 # inside the 3% margin
+    ({"jax.jit": 1.0, "a": 0.97}, "jax.jit"),                 # on it: plain
+    ({"jax.jit": 1.0, "a": 0.969}, "a"),                      # past it
+    ({"jax.jit": 1.0, "a": 0.5, "b": 0.5}, "a"),              # equal rewrites: the earlier
+    ({"b": 0.5, "jax.jit": 1.0, "a": 0.5}, "b"),
+    ({"jax.jit": 2e-3, "a": 1.5e-3}, "a"),                    # times, not ratios
+    ({"jax.jit": 1.0}, "jax.jit"),
+])
+def test_choose(times, chosen):
+    assert _tune.choose(times, _tune.MARGIN) == chosen
+
+
+def test_choose_needs_plain():
+    with pytest.raises(ValueError, match=r"plain jax\.jit"):
+        _tune.choose({"a": 1.0}, _tune.MARGIN)
+
+
+def test_a_clear_loser_is_not_chosen_when_load_rises_after_it_stopped(monkeypatch):
+    """The rewrite takes twice plain's time in every round, and is stopped after
+    ``min_repeats`` rounds; then the machine gets four times slower and plain goes on
+    alone. Its median time ends above the stopped rewrite's, its per-round ratios do not:
+    the decision compares per-round ratios, and a stopped candidate never wins."""
+    budget = _tune.TuneBudget()
+    calls: list[str] = []
+
+    def timer(label, run):
+        jax.block_until_ready(run())
+        # Two programs: two first timings, then rounds of two; the load rises after
+        # min_repeats rounds (a round's two timings see the same load).
+        load = 1.0 if len(calls) < 2 + 2 * budget.min_repeats else 4.0
+        calls.append(label)
+        return load * {"jax.jit": 1e-3, REWRITE: 2e-3}[label]
+
+    monkeypatch.setattr(_tune, "_timer", timer)
+    tuning = tuned_loop().tuning(C, XS)
+    assert tuning.row(REWRITE).stopped_early
+    assert tuning.row(REWRITE).runs == budget.min_repeats
+    # Medians alone would pick the rewrite: 2 ms against plain's 4 ms.
+    assert tuning.row(REWRITE).median_s < tuning.row("jax.jit").median_s
+    assert tuning.ratio(REWRITE) == 2.0 and tuning.ratio("jax.jit") == 1.0
+    assert tuning.chosen == "jax.jit"
+
+
+def test_a_faster_program_hit_by_load_in_its_first_rounds_is_not_stopped(monkeypatch):
+    """Load hits the rewrite's runs in four of the first five rounds (four times slower);
+    otherwise it takes half of plain's time. Its median ratio after five rounds is 2, but
+    it was not slower in every round: it goes on, and wins."""
+    budget = _tune.TuneBudget()
+    runs: dict[str, int] = {"jax.jit": 0, REWRITE: 0}
+
+    def timer(label, run):
+        jax.block_until_ready(run())
+        runs[label] += 1
+        # The first timing of each program is not a round's: rounds are runs 2, 3, ...
+        hit = label == REWRITE and runs[label] in (2, 3, 5, 6)
+        return {"jax.jit": 1e-3, REWRITE: 0.5e-3}[label] * (4.0 if hit else 1.0)
+
+    monkeypatch.setattr(_tune, "_timer", timer)
+    tuning = tuned_loop().tuning(C, XS)
+    assert not tuning.row(REWRITE).stopped_early
+    assert tuning.row(REWRITE).runs == tuning.row("jax.jit").runs > budget.min_repeats
+    assert tuning.chosen == REWRITE and tuning.ratio(REWRITE) == 0.5
+
+
+def test_per_round_ratios_decide_under_drifting_load(monkeypatch):
+    """The load drifts from round to round (one round in three four times slower); in
+    each round the rewrite takes 0.9 of plain's time. The decision sees 0.9."""
+    calls: list[str] = []
+
+    def timer(label, run):
+        jax.block_until_ready(run())
+        load = 4.0 if (len(calls) // 2) % 3 == 2 else 1.0
+        calls.append(label)
+        return load * {"jax.jit": 1e-3, REWRITE: 0.9e-3}[label]
+
+    monkeypatch.setattr(_tune, "_timer", timer)
+    tuning = tuned_loop().tuning(C, XS)
+    assert tuning.chosen == REWRITE
+    assert tuning.ratio(REWRITE) == pytest.approx(0.9)
+    assert not tuning.row(REWRITE).stopped_early
+
+
+def test_a_stored_decision_without_ratios_still_loads(monkeypatch, tune_dir):
+    """Decision files written before the rows carried ``ratio``: the ratio of the
+    medians is shown instead."""
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
+    path = Path(tuned_loop().tuning(C, XS).path)
+    document = json.loads(path.read_text())
+    for row in document["rows"]:
+        row.pop("ratio")
+    path.write_text(json.dumps(document))
+    no_timing(monkeypatch)
+    stored = tuned_loop().tuning(C, XS)
+    assert stored.source == "stored" and stored.chosen == REWRITE
+    assert stored.row(REWRITE).ratio is None and stored.ratio(REWRITE) == 0.5
+
+
 def test_under_an_outer_jit_the_decision_of_a_concrete_call_is_reused(monkeypatch):
     timed = fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
     f = tuned_loop()

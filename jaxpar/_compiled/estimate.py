@@ -80,7 +80,7 @@ Sharp edges:
     (plain against jaxpar), not for predicting wall time. The CUDA-graph behaviour
     is read from XLA's source; the first GPU run must confirm it (XLA_FACTS.md
     section 6, "Only a real GPU can settle these").
-  * Reads the HLO text format of jaxlib 0.10.2 to 0.12 (see ``_schedule``).
+  * Reads the HLO text format of jaxlib 0.10.2 to 0.12 (see ``schedule``).
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ Sharp edges:
       ``NVPTXCompiler::CompileTargetBinary`` (via ``CubinCustomKernelCompiler``); the same
       program compiles on jaxlib 0.10.2. Compile such programs in a subprocess when the
       caller must survive.
+    - ``compile_for_gpu`` keeps the HLO of its last ``_CACHE_SIZE`` compiles, keyed by what
+      XLA compiles (the lowered module with its source locations, the devices, the compiler
+      options, ``XLA_FLAGS``): the same program compiled again, e.g. by ``gpu_preview`` in
+      another CUDA-graph mode, is not compiled twice. ``clear_compile_cache()`` empties it.
 """
 
 from __future__ import annotations
@@ -35,15 +39,20 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import os
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "GPU_TARGETS",
+    "clear_compile_cache",
     "compile_for_gpu",
+    "compiled_hlo",
     "gpu_target_config",
+    "lower_for_gpu",
     "make_gpu_mesh",
     "plugin_status",
 ]
@@ -296,6 +305,26 @@ def _check_gpu_text(text: str, device_platforms: Iterable[str]) -> None:
         )
 
 
+# The scheduled HLO of recent compiles, by what XLA compiled (``_compile_key``); a deviceless
+# compile takes seconds, its text a few hundred KB at most.
+_CACHE_SIZE = 64
+_COMPILED: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+
+
+def clear_compile_cache() -> None:
+    """Forgets the HLO ``compile_for_gpu`` kept, so the next compiles run XLA again."""
+    _COMPILED.clear()
+
+
+def _compile_key(lowered: Any, mesh: Any, compiler_options: Mapping[str, Any] | None
+                 ) -> tuple[Any, ...]:
+    # Locations included: the compiled HLO's metadata names the user's source lines.
+    return (lowered.as_text(debug_info=True),
+            tuple((device.id, device.device_kind) for device in mesh.devices.flat),
+            tuple(sorted((str(k), repr(v)) for k, v in (compiler_options or {}).items())),
+            os.environ.get("XLA_FLAGS", ""))
+
+
 def compile_for_gpu(
     fn: Callable[..., Any],
     *args: Any,
@@ -336,6 +365,30 @@ def compile_for_gpu(
         >>> "ENTRY" in text
         True
     """
+    return compiled_hlo(
+        lower_for_gpu(fn, *args, gpu=gpu, devices=devices, mesh=mesh, **kwargs),
+        compiler_options,
+    )
+
+
+class GpuLowering(NamedTuple):
+    """A program lowered for deviceless GPUs (``lower_for_gpu``)."""
+
+    lowered: Any  # jax.stages.Lowered
+    mesh: Any  # the mesh its arguments were placed on
+
+
+def lower_for_gpu(
+    fn: Callable[..., Any],
+    *args: Any,
+    gpu: str = "h200",
+    devices: int | None = None,
+    mesh: Any = None,
+    **kwargs: Any,
+) -> GpuLowering:
+    """``compile_for_gpu`` up to lowering: ``jax.jit(fn)`` traced and lowered for ``gpu``,
+    for a caller that reads what the trace did before it compiles (``compiled_hlo``).
+    Arguments and errors as ``compile_for_gpu``'s."""
     import jax
 
     gpu = _check_gpu_name(gpu)
@@ -345,24 +398,28 @@ def compile_for_gpu(
     if mesh is None:
         mesh = make_gpu_mesh(gpu, 1 if devices is None else devices)
     else:
-        if not _mesh_is_on_gpu(mesh):
-            raise ValueError(
-                f"mesh={mesh!r} is not over deviceless GPUs; build it with make_gpu_mesh()."
-            )
-        kinds = {device.device_kind for device in mesh.devices.flat}
-        if kinds != {_device_kind(gpu)}:
-            raise ValueError(
-                f"mesh holds {sorted(kinds)} devices but gpu={gpu!r} ({_device_kind(gpu)!r}); "
-                f"pass the gpu the mesh was made for."
-            )
-        if devices is not None and mesh.devices.size != devices:
-            raise ValueError(
-                f"devices={devices} does not match the mesh's {mesh.devices.size} devices."
-            )
+        _check_mesh(mesh, gpu, devices)
     placed_args, placed_kwargs = jax.tree_util.tree_map(
         lambda leaf: _place_leaf(leaf, mesh), (args, kwargs)
     )
-    lowered = jax.jit(fn).trace(*placed_args, **placed_kwargs).lower()
+    return GpuLowering(jax.jit(fn).trace(*placed_args, **placed_kwargs).lower(), mesh)
+
+
+def compiled_hlo(lowering: GpuLowering,
+                 compiler_options: Mapping[str, Any] | None = None) -> str:
+    """Compiles a program from ``lower_for_gpu``; returns its scheduled HLO text (from the
+    compile cache when XLA compiled the same program before).
+
+    Raises:
+        RuntimeError: the result is not GPU HLO.
+    """
+    import jax
+
+    lowered, mesh = lowering
+    key = _compile_key(lowered, mesh, compiler_options)
+    if key in _COMPILED:
+        _COMPILED.move_to_end(key)
+        return _COMPILED[key]
     if compiler_options:
         compiled = lowered.compile(compiler_options=dict(compiler_options))
     else:
@@ -376,4 +433,24 @@ def compile_for_gpu(
     ):
         platforms.extend(device.platform for device in getattr(sharding, "device_set", ()))
     _check_gpu_text(text, platforms)
+    _COMPILED[key] = text
+    while len(_COMPILED) > _CACHE_SIZE:
+        _COMPILED.popitem(last=False)
     return text
+
+
+def _check_mesh(mesh: Any, gpu: str, devices: int | None) -> None:
+    if not _mesh_is_on_gpu(mesh):
+        raise ValueError(
+            f"mesh={mesh!r} is not over deviceless GPUs; build it with make_gpu_mesh()."
+        )
+    kinds = {device.device_kind for device in mesh.devices.flat}
+    if kinds != {_device_kind(gpu)}:
+        raise ValueError(
+            f"mesh holds {sorted(kinds)} devices but gpu={gpu!r} ({_device_kind(gpu)!r}); "
+            f"pass the gpu the mesh was made for."
+        )
+    if devices is not None and mesh.devices.size != devices:
+        raise ValueError(
+            f"devices={devices} does not match the mesh's {mesh.devices.size} devices."
+        )

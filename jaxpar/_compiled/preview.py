@@ -43,11 +43,12 @@ from typing import Any
 
 import jax
 
-from .._api import ParallelBranches, array_function
-from .._api import inspect as inspect_plan
+from .. import _compat
+from .._api import ParallelBranches, analysed_report, array_function
 from .._flags import command_buffer_mode
 from .._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
 from .._options import Options, check_known
+from .._plan import LevelPlan
 from .._primitives import MAY_HOLD_LOOPS
 from .._report.plan import Plan
 from .._report.timeline import PlanEstimate
@@ -332,31 +333,30 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
     # Planned for the GPU, whatever this machine has, from the user's mode: an argument
     # here counts as set explicitly (kept), as a mode in XLA_FLAGS would.
     planned_mode = None if command_buffers is None else mode
-    planner = ParallelBranches(fn, Options.create(**options), statics,
-                               command_buffers=planned_mode, gpu=profile)
-    plan = inspect_plan(planner)(*args, **fn_kwargs)
+    compile_options = {"gpu": gpu, "mesh": mesh} if mesh is not None else {
+        "gpu": gpu, "devices": devices}
+    # Both programs over the array leaves alone, static values bound (eqx.filter_jit's and
+    # nnx.jit's splits included), so plain jax.jit compiles what parallel_branches runs.
+    # jaxpar's is lowered first: its trace is the one analysis of the function, and the
+    # plan reported is the one compiled.
+    with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
+        rewritten = ParallelBranches(flat, Options.create(**options),
+                                     command_buffers=planned_mode, gpu=profile)
+        lowered = gpu_compile.lower_for_gpu(rewritten, *leaves, **compile_options)
+    plan, level_plan = analysed_report(rewritten)
     if (not allow_known_crashes and jax.lib.__version__ in _CRASHES_ON_ANNOTATED_LOOPS
-            and _regions_hold_loops(plan)):
+            and _regions_hold_loops(level_plan)):
         raise RuntimeError(
             f"gpu_preview: XLA in jaxlib {jax.lib.__version__} crashed the process (SIGSEGV "
             "in its PTX compiler) compiling a stream-annotated region holding a loop, "
             "deviceless; this plan has such regions. Preview with jaxlib 0.10.2, or pass "
             "allow_known_crashes=True to try anyway.")
     chosen = plan.mode.mode if plan.mode is not None else mode
-    compile_options = {"gpu": gpu, "mesh": mesh} if mesh is not None else {
-        "gpu": gpu, "devices": devices}
-    # Both programs over the array leaves alone, static values bound (eqx.filter_jit's and
-    # nnx.jit's splits included), so plain jax.jit compiles what parallel_branches runs.
+    # Compiled as jaxpar's own jit would: with the XLA options its plan chose.
+    fast = _figures(gpu_compile.compiled_hlo(lowered, plan.xla_options), profile, chosen)
     with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
         plain = _figures(gpu_compile.compile_for_gpu(flat, *leaves, **compile_options),
                          profile, mode)
-    with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
-        rewritten = ParallelBranches(flat, Options.create(**options),
-                                     command_buffers=planned_mode, gpu=profile)
-        # Compiled as jaxpar's own jit would: with the XLA options its plan chose.
-        fast = _figures(gpu_compile.compile_for_gpu(rewritten, *leaves, **compile_options,
-                                                     compiler_options=plan.xla_options),
-                        profile, chosen)
     count = mesh.devices.size if mesh is not None else devices
     # The plan shows the compiled estimate too: its header, its picture and this preview
     # give one figure (jaxpar in its chosen mode against plain in the user's).
@@ -393,7 +393,12 @@ def _batching_rewrites(plan: Plan) -> list[str]:
     return phrases
 
 
-def _regions_hold_loops(plan: Plan) -> bool:
-    """Whether a stream region may hold a loop (directly, or inside a nested call)."""
-    return any(name in MAY_HOLD_LOOPS for section in plan.sections for region in section.regions
-               for name, _ in region.primitives)
+def _regions_hold_loops(plan: LevelPlan) -> bool:
+    """Whether a stream region, at any level, has an equation that may hold a loop
+    (a loop, or a call whose body may hold one)."""
+    for level in plan.walk():
+        eqns = _compat.open_jaxpr(level.jaxpr)[0].eqns
+        if any(eqns[i].primitive.name in MAY_HOLD_LOOPS for section in level.sections
+               for region in section.regions for i in region.eqns):
+            return True
+    return False

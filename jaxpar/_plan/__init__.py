@@ -19,7 +19,7 @@ value that can be tested alone:
 
 Example::
 
-    level = plan_jaxpr(closed_jaxpr, PlanContext(options, target="gpu"))
+    level = plan_jaxpr(closed_jaxpr, Analysis(Options().resolve("gpu")))
     for section in level.sections: ...
 """
 
@@ -27,7 +27,6 @@ from .collectives import (
     COLLECTIVES_GROUP_ATTRIBUTES as COLLECTIVES_GROUP_ATTRIBUTES,
 )
 from .collectives import group_collectives as group_collectives
-from .level import PlanContext as PlanContext
 from .level import order_units as order_units
 from .level import plan_jaxpr as plan_jaxpr
 from .plans import COLLECTIVE_PRIMITIVES as COLLECTIVE_PRIMITIVES

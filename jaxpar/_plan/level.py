@@ -15,7 +15,8 @@ For one level of a jaxpr (nested jaxprs get plans of their own):
 
 Example::
 
-    level = plan_jaxpr(closed_jaxpr, PlanContext(options, target="gpu"))
+    analysis = Analysis(Options().resolve("gpu"))   # one per call: settings, costs, memos
+    level = plan_jaxpr(closed_jaxpr, analysis)
     for section in level.sections: ...
 
 Sharp edges:
@@ -41,7 +42,6 @@ from .._graph import (
     Unit,
     contract,
 )
-from .._options import Options
 from .._primitives import is_collective
 from .collectives import group_collectives, overlap_collectives
 from .heavy import HeavyOrder, heavy_order
@@ -67,51 +67,27 @@ from .sections import SectionChoice, choose_sections, decompose
 _NestedPlans = tuple[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]], ...]
 
 
-class PlanContext:
-    """The call's ``Analysis`` plus what planning one program changes as it goes: the
-    scheduling-group counter and the mesh axes of the enclosing ``shard_map``.
+def plan_jaxpr(jaxpr: Any, analysis: Analysis, path: str = "") -> LevelPlan:
+    """Plans one jaxpr level and, recursively, the jaxprs nested in it.
 
-    ``PlanContext(options, target)`` makes its own analysis (for tests and tools).
+    Sections are numbered (their ``_scheduling_group_id``) from 1 in planning order:
+    a level's own sections first, then those of the jaxprs nested in it.
     """
-
-    def __init__(self, analysis: Analysis | Options, target: str | None = None):
-        if isinstance(analysis, Options):
-            analysis = Analysis(analysis.resolve(target))
-        elif target is not None and target != analysis.target:
-            raise ValueError(f"PlanContext: target={target!r} but the analysis is for "
-                             f"{analysis.target!r}")
-        self.analysis = analysis
-        settings = analysis.settings
-        self.settings = settings
-        self.target = settings.target
-        self.costs = analysis.costs
-        self.streams_per_section = settings.streams_per_section
-        self.command_buffers = settings.command_buffers
-        self.min_seconds = settings.min_seconds
-        self.group_collectives = settings.group_collectives
-        self._next_group = 1
-        # Mesh axis sizes of the enclosing shard_map, while planning its body.
-        self.axis_sizes: dict[Any, int] = {}
-
-    def new_group(self) -> int:
-        group = self._next_group
-        self._next_group += 1
-        return group
-
-    def eqn_annotated(self, eqn: Any) -> bool:
-        return self.analysis.annotated(eqn)
+    plan, _ = _plan_level(jaxpr, analysis, path, {}, 1)
+    return plan
 
 
-def plan_jaxpr(jaxpr: Any, ctx: PlanContext | Analysis, path: str = "") -> LevelPlan:
-    """Plans one jaxpr level and, recursively, the jaxprs nested in it."""
-    if isinstance(ctx, Analysis):
-        ctx = PlanContext(ctx)
+def _plan_level(jaxpr: Any, analysis: Analysis, path: str, axis_sizes: Mapping[Any, int],
+                first_group: int) -> tuple[LevelPlan, int]:
+    """``plan_jaxpr`` of one level inside the mesh axes ``axis_sizes`` of the enclosing
+    ``shard_map`` bodies, numbering its sections from ``first_group``; returns the plan
+    and the next free group number."""
     inner, _ = _compat.open_jaxpr(jaxpr)
     eqns = inner.eqns
-    graph = ctx.analysis.graph(inner)
-    costs = [ctx.costs.eqn_cost(eqn) for eqn in eqns]
-    seconds = tuple(ctx.costs.seconds(cost) for cost in costs)
-    blocked = _blocked(eqns, ctx)
+    graph = analysis.graph(inner)
+    costs = [analysis.costs.eqn_cost(eqn) for eqn in eqns]
+    seconds = tuple(analysis.costs.seconds(cost) for cost in costs)
+    blocked = _blocked(eqns, analysis)
     notes: list[Note] = []
     # Heavy: launches a kernel of its own (fused elementwise work never does).
     heavy = [i for i in range(len(eqns)) if i in graph.live and costs[i].kernels > 0]
@@ -121,9 +97,9 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext | Analysis, path: str = "") -> Level
     heavy = [i for i in heavy if i not in blocked]
     sections: list[SectionPlan] = []
     collective_plan = group_collectives(
-        inner, graph, axis_sizes=ctx.axis_sizes,
+        inner, graph, axis_sizes=dict(axis_sizes),
         exclude={i for i, r in blocked.items() if r != REASON_COLLECTIVE})
-    groups = collective_plan.groups if ctx.group_collectives else ()
+    groups = collective_plan.groups if analysis.settings.group_collectives else ()
     if groups:
         grouped = {i for g in groups for i in g.eqns}
         notes = [n for n in notes if not (n.reason == REASON_COLLECTIVE and n.eqns[0] in grouped)]
@@ -135,11 +111,14 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext | Analysis, path: str = "") -> Level
                           "this level communicates: its compute stays on the main stream so "
                           "XLA can overlap it with the collectives"))
     elif len(heavy) >= 2:
-        _plan_windows(inner, graph, heavy, seconds, blocked, ctx, sections, notes)
+        _plan_windows(inner, graph, heavy, seconds, blocked, analysis, first_group, sections,
+                      notes)
     elif len(heavy) == 1:
         notes.append(Note((heavy[0],), REASON_DEPENDENT,
                           "the only heavy equation at this level: nothing to overlap with"))
-    nested = _plan_nested(eqns, sections, seconds, blocked, ctx, path, notes)
+    next_group = first_group + sum(s.group is not None for s in sections)
+    nested, next_group = _plan_nested(eqns, sections, seconds, blocked, analysis, path, notes,
+                                      axis_sizes, next_group)
     try:
         order = order_units(graph, sections, groups)
     except _GroupCycle:
@@ -150,14 +129,14 @@ def plan_jaxpr(jaxpr: Any, ctx: PlanContext | Analysis, path: str = "") -> Level
         sections = [s for s in sections if s.collectives is None]
         order = order_units(graph, sections)
     return LevelPlan(path or "/", jaxpr, graph, seconds, tuple(sections), tuple(notes),
-                     nested, order, tuple(groups), collective_plan.collectives)
+                     nested, order, tuple(groups), collective_plan.collectives), next_group
 
 
-def _blocked(eqns: Sequence[Any], ctx: PlanContext) -> dict[int, str]:
+def _blocked(eqns: Sequence[Any], analysis: Analysis) -> dict[int, str]:
     """Equations that must stay where they are, with the reason."""
     blocked: dict[int, str] = {}
     for index, eqn in enumerate(eqns):
-        if ctx.eqn_annotated(eqn):
+        if analysis.annotated(eqn):
             blocked[index] = REASON_ANNOTATED
         elif _compat.ordering_effects(eqn):
             blocked[index] = REASON_EFFECTFUL
@@ -176,22 +155,26 @@ def _blocked_detail(reason: str, eqn: Any) -> str:
 
 
 def _plan_windows(jaxpr: Any, graph: Graph, heavy: list[int], seconds: tuple[float, ...],
-                  blocked: Mapping[int, str], ctx: PlanContext, sections: list[SectionPlan],
-                  notes: list[Note]) -> None:
+                  blocked: Mapping[int, str], analysis: Analysis, first_group: int,
+                  sections: list[SectionPlan], notes: list[Note]) -> None:
     """Sections of one level, in windows of ``MAX_HEAVY`` heavy equations (program order)
-    that bound the quadratic steps; parallelism across a window boundary is given up."""
+    that bound the quadratic steps; parallelism across a window boundary is given up.
+    The sections (appended to ``sections``) are numbered from ``first_group``."""
+    settings = analysis.settings
     region_of: dict[int, tuple[int, int]] = {}  # shared by the windows of the level
     for start in range(0, len(heavy), MAX_HEAVY):
         window = heavy[start:start + MAX_HEAVY]
         if len(window) < 2:
             continue
         end = heavy[start + MAX_HEAVY] if start + MAX_HEAVY < len(heavy) else graph.size
-        order = heavy_order(graph, window, seconds, ctx.min_seconds, end)
-        choice = choose_sections(decompose(order), ctx.streams_per_section, ctx.min_seconds)
+        order = heavy_order(graph, window, seconds, settings.min_seconds, end)
+        choice = choose_sections(decompose(order), settings.streams_per_section,
+                                 settings.min_seconds)
         window_notes = _declined_notes(order, choice)
         for branches in choice.branch_sets:
             section = _build_section(jaxpr, graph, order, seconds, blocked, branches,
-                                     region_of, len(sections), ctx, window_notes)
+                                     region_of, len(sections), first_group + len(sections),
+                                     analysis, window_notes)
             if section is not None:
                 sections.append(section)
         explained = {i for note in window_notes for i in note.eqns}
@@ -222,11 +205,13 @@ def _declined_notes(order: HeavyOrder, choice: SectionChoice) -> list[Note]:
 
 def _build_section(jaxpr: Any, graph: Graph, order: HeavyOrder, seconds: tuple[float, ...],
                    blocked: Mapping[int, str], branches: Sequence[Sequence[int]],
-                   region_of: dict[int, tuple[int, int]], section_index: int,
-                   ctx: PlanContext, notes: list[Note]) -> SectionPlan | None:
-    """One chosen section: its regions, priced for the GPU; records them in ``region_of``."""
+                   region_of: dict[int, tuple[int, int]], section_index: int, group: int,
+                   analysis: Analysis, notes: list[Note]) -> SectionPlan | None:
+    """One chosen section (scheduling group ``group``): its regions, priced for the GPU;
+    records them in ``region_of``."""
+    settings = analysis.settings
     found = build_regions(order, graph, seconds, blocked, branches, region_of, section_index,
-                          ctx.streams_per_section, ctx.min_seconds)
+                          settings.streams_per_section, settings.min_seconds)
     for branch in found.enclosed:
         notes.append(Note(branch.eqns, branch.reason,
                           f"the branch encloses equation {branch.blocked} ({branch.reason}), "
@@ -236,52 +221,56 @@ def _build_section(jaxpr: Any, graph: Graph, order: HeavyOrder, seconds: tuple[f
         return None
     assignment = regions.assignment(section_index)
     region_of.update(assignment)
-    if ctx.command_buffers is None:
-        return SectionPlan(group=ctx.new_group(), regions=regions.region_plans())
-    verdict = price_regions(jaxpr, graph, order, regions, ctx.costs,
-                            mode=ctx.command_buffers, min_seconds=ctx.min_seconds,
-                            keys=ctx.analysis.structural_keys)
+    if settings.command_buffers is None:
+        return SectionPlan(group=group, regions=regions.region_plans())
+    verdict = price_regions(jaxpr, graph, order, regions, analysis.costs,
+                            mode=settings.command_buffers, min_seconds=settings.min_seconds,
+                            keys=analysis.structural_keys)
     # force_streams keeps a section the pricing rejects, with the verdict for the report.
-    if not verdict.pays and not ctx.settings.force_streams:
+    if not verdict.pays and not settings.force_streams:
         for i in assignment:
             del region_of[i]
         heavy_members = [i for units in regions.branches for i in order.eqns(units)]
         notes.append(Note(tuple(sorted(heavy_members)), REASON_NO_GAIN, verdict.reason))
         return None
-    return SectionPlan(group=ctx.new_group(), regions=regions.region_plans(),
+    return SectionPlan(group=group, regions=regions.region_plans(),
                        gain_seconds=verdict.gain_seconds, cost_seconds=verdict.cost_seconds,
                        verdict=verdict.reason, pays=verdict.pays)
 
 
 def _plan_nested(eqns: Sequence[Any], sections: Sequence[SectionPlan],
-                 seconds: tuple[float, ...], blocked: Mapping[int, str], ctx: PlanContext,
-                 path: str, notes: list[Note]) -> _NestedPlans:
-    """Plans of the jaxprs nested in equations outside regions (appends opaque notes)."""
+                 seconds: tuple[float, ...], blocked: Mapping[int, str], analysis: Analysis,
+                 path: str, notes: list[Note], axis_sizes: Mapping[Any, int], next_group: int
+                 ) -> tuple[_NestedPlans, int]:
+    """Plans of the jaxprs nested in equations outside regions (appends opaque notes),
+    their sections numbered from ``next_group``; and the next free group number."""
     in_region = {i for s in sections for r in s.regions for i in r.eqns}
     nested: list[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]]] = []
     for index, eqn in enumerate(eqns):
         if index in in_region or (index in blocked and blocked[index] != REASON_EFFECTFUL):
             continue
         if eqn.primitive.name not in RECURSIVE_PRIMITIVES:
-            if any(True for _ in _compat.eqn_subjaxprs(eqn)) and seconds[index] >= ctx.min_seconds:
+            if any(True for _ in _compat.eqn_subjaxprs(eqn)) \
+                    and seconds[index] >= analysis.settings.min_seconds:
                 notes.append(Note((index,), REASON_OPAQUE,
                                   f"`{eqn.primitive.name}` bodies are not rewritten"))
             continue
         subs = []
-        outer_axes = ctx.axis_sizes
+        inner_axes = axis_sizes
         if _compat.is_shard_map(eqn):
-            ctx.axis_sizes = {**outer_axes, **dict(_compat.shard_map_info(eqn).axis_sizes)}
+            inner_axes = {**axis_sizes, **dict(_compat.shard_map_info(eqn).axis_sizes)}
         for name, item, sub in _compat.eqn_subjaxprs(eqn):
             label = f"{name}[{item}]" if item is not None else name
-            sub_plan = plan_jaxpr(sub, ctx, f"{path}/{eqn.primitive.name}#{index}.{label}")
+            sub_plan, next_group = _plan_level(
+                sub, analysis, f"{path}/{eqn.primitive.name}#{index}.{label}", inner_axes,
+                next_group)
             # Kept for the report even when it changes nothing; the emitter skips those.
             if sub_plan.changes_anything or any(
                     n.reason != REASON_DEPENDENT for level in sub_plan.walk() for n in level.notes):
                 subs.append(((name, item), sub_plan))
-        ctx.axis_sizes = outer_axes
         if subs:
             nested.append((index, tuple(subs)))
-    return tuple(nested)
+    return tuple(nested), next_group
 
 
 class _GroupCycle(Exception):

@@ -19,15 +19,24 @@ The model of one jaxpr level, in a mode:
   in ``jaxpar._compiled.estimate``, which judges the compiled program the same way;
 * a loop (``scan``, ``while``) is never captured (WHILE is no default command type): it
   runs alone on the stream, its body priced per trip in the same mode (a body of at
-  least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``cond`` costs its
-  dearest branch; other calls their body;
-* the other nodes of the level form one graph when there are at least
-  ``MIN_GRAPH_SIZE`` of them and graphs are on (host: one graph launch plus a node
+  least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``scan`` runs as XLA
+  runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip with one kernel
+  bumping the counter and one slicing each distinct scanned input per body, then the
+  left-over bodies once (so fusing scans and unrolling them save kernels and launches
+  here, as in the compiled program); a ``cond`` costs its dearest branch; other calls
+  their body;
+* the other nodes of the level form one graph when at least ``MIN_GRAPH_SIZE`` of their
+  kernels are ones XLA cannot fuse away (not ``_primitives.MAY_FUSE_AWAY``: a
+  concatenate may join a GEMM's prologue) and graphs are on (host: one graph launch plus a node
   each), else each is launched alone (host: ``launch_s`` each); in ``CONCURRENT`` mode a
   node starts when its inputs are ready, in the other modes after the one before;
 * the regions of the stream sections the plan kept (priced in that mode by ``_plan.pricing``)
   are lanes of their own: a region's node waits only for its inputs and its lane, and
-  each region costs the host a start and a done event (``event_s``).
+  each region costs the host a start and a done event (``event_s``); a section the
+  pricing would not emit (``force_streams``) is taken at its verdict: its regions on the
+  main stream, plus its cut's cost;
+* one run of the program: its first kernel waits for its launch (a graph's, when the top
+  level is one graph), then the longer of the device's and the host's time.
 
 Example::
 
@@ -36,7 +45,15 @@ Example::
 
 Sharp edges:
   * A model of the compiled program before it is compiled: ``gpu_preview`` judges the
-    compiled one (``_estimate``), and the first GPU run must confirm both.
+    compiled one (``_compiled.estimate``), and the first GPU run must confirm both. It does not
+    know which elementwise work XLA cannot fuse into a neighbour (a relu after a cuDNN
+    convolution is a kernel of its own), so it counts fewer kernels than XLA launches
+    there.
+  * Graphs ``OFF`` is a candidate only for a plan whose stream regions hold loops (their
+    overlap survives only outside graphs): a short chain's kernels start sooner launched
+    one by one than after a graph's launch, in this model and in ``_compiled.estimate``,
+    but that host-side figure is not measured yet (``_gpu_model``), and a mode change
+    for it is not worth the risk.
   * ``CONCURRENT`` mode makes XLA give independent values distinct buffers: more
     memory (the proto's warning: "may lead to OOMs"). Not priced.
 """
@@ -51,7 +68,7 @@ from .. import _compat
 from .._cost import CostModel, known_while_trip_count
 from .._flags import command_buffer_options
 from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
-from .._primitives import COND, SCAN, WHILE
+from .._primitives import COND, MAY_FUSE_AWAY, MAY_HOLD_LOOPS, SCAN, WHILE
 from .plans import LevelPlan
 
 # The least estimated gain over the user's mode that makes jaxpar change it.
@@ -117,10 +134,20 @@ class _Span:
     host: float
     work: float
     kernels: float = 0.0  # launched outside loops (a call's count in its caller's graph)
+    captured: float = 0.0  # of those, the ones a CUDA graph may capture (not in regions)
+    alone: float = 0.0  # seconds of loops and conds in the level, run outside graphs
+    lead: float = 0.0  # host time before the first kernel can start (its launch, a graph's)
+    sure: float = 0.0  # of the captured ones, those XLA cannot fuse away (``MAY_FUSE_AWAY``)
 
     @property
     def seconds(self) -> float:
         return max(self.device, self.host)
+
+    @property
+    def run_seconds(self) -> float:
+        """One run of a level on its own: its kernels wait for their first launch. (A
+        loop's trips overlap one trip's launch with the trip before: ``seconds``.)"""
+        return max(self.device + self.lead, self.host)
 
 
 class _Model:
@@ -149,9 +176,8 @@ class _Model:
         """A loop or cond: runs outside any graph, with its own host cost inside."""
         name = eqn.primitive.name
         if name == SCAN:
-            body = self.jaxpr(eqn.params["jaxpr"])
-            trips = _compat.scan_length(eqn)
-        elif name == WHILE:
+            return self._scan(eqn)
+        if name == WHILE:
             body = self.jaxpr(eqn.params["body_jaxpr"])
             condition = self.jaxpr(eqn.params["cond_jaxpr"])
             found = known_while_trip_count(eqn)
@@ -168,38 +194,85 @@ class _Model:
             return None
         return _Span(trips * body.seconds, 0.0, trips * body.work)
 
-    def _node(self, eqn: Any) -> tuple[float, float, float] | None:
-        """(duration, work, kernels) of a graph-capturable equation, None if it is free."""
+    def _scan(self, eqn: Any) -> _Span:
+        """A scan as XLA runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip
+        also bumping the counter and slicing every distinct scanned input a kernel reads
+        once per body (one kernel each), then the ``length % unroll`` left-over bodies
+        once."""
+        info = _compat.scan_info(eqn)
+        body = self.jaxpr(info.jaxpr)
+        unroll = max(1, min(info.unroll, info.length))
+        trips, left = divmod(info.length, unroll)
+        # A slice read only by elementwise work fuses into it; one read by a kernel of its
+        # own (a dot) is a kernel.
+        inner = _compat.open_jaxpr(info.jaxpr)[0]
+        sliced = {id(v) for e in inner.eqns if self.costs.launches(e) for v in e.invars}
+        xs = {id(outer) for outer, v in zip(eqn.invars[info.num_consts + info.num_carry:],
+                                            inner.invars[info.num_consts + info.num_carry:],
+                                            strict=True)
+              if not _compat.is_literal(outer) and id(v) in sliced}
+        if trips <= 1 and not left:  # one trip: XLA inlines the loop into its caller
+            return self._repeated(body, info.length, 0.0)
+        per_trip = self._repeated(body, unroll, 1.0 + unroll * len(xs))
+        rest = self._repeated(body, left, 0.0) if left else _Span(0.0, 0.0, 0.0)
+        return _Span(trips * per_trip.seconds + rest.seconds, 0.0,
+                     trips * per_trip.work + rest.work)
+
+    def _repeated(self, body: _Span, times: int, extra_kernels: float) -> _Span:
+        """``times`` copies of a level one after the other, plus ``extra_kernels`` tiny
+        kernels, as one launch sequence: one graph if they are enough to form one."""
+        captured = body.captured * times + extra_kernels
+        sure = body.sure * times + extra_kernels
+        graphs = self.mode is not CommandBufferMode.OFF and sure >= MIN_GRAPH_SIZE
+        host = (self.gpu.graph_launch_s + self.gpu.graph_node_s * captured if graphs
+                else self.gpu.launch_s * captured)
+        host += body.alone * times  # a body's level has no stream regions
+        return _Span(body.device * times + extra_kernels * self.gpu.kernel_floor_s,
+                     host, body.work * times, body.kernels * times + extra_kernels,
+                     captured, body.alone * times, sure=sure)
+
+    def _node(self, eqn: Any) -> tuple[float, float, float, float] | None:
+        """(duration, work, kernels, sure kernels) of a graph-capturable equation, None
+        if it is free."""
         subs = self.costs.subjaxprs(eqn)
         if subs:
             body = self.jaxpr(subs[0][2])
-            return (body.device, body.work, body.kernels) if body.device > 0 else None
+            return ((body.device, body.work, body.kernels, body.sure) if body.device > 0
+                    else None)
         cost = self.costs.eqn_cost(eqn)
         if cost.kernels <= 0:
             return None
         work = max(cost.flops / self.costs.profile.peak_flops, cost.bytes / self.gpu.bandwidth)
-        return max(work, cost.kernels * self.gpu.kernel_floor_s), work, cost.kernels
+        sure = 0.0 if eqn.primitive.name in MAY_FUSE_AWAY else cost.kernels
+        return max(work, cost.kernels * self.gpu.kernel_floor_s), work, cost.kernels, sure
 
     def _level(self, eqns: Any, lanes: Mapping[int, int]) -> _Span:
         concurrent = self.mode is CommandBufferMode.CONCURRENT
         ready: dict[Any, float] = {}
         lane_end: dict[int, float] = {}
         floor = end = device_free = work_total = alone_seconds = 0.0
-        kernels = 0.0
-        planned: list[tuple[Any, float, float, float, _Span | None]] = []
+        kernels = sure = 0.0
+        planned: list[tuple[Any, float, float, float, float, _Span | None]] = []
         for eqn in eqns:
             alone = self._alone(eqn)
             if alone is not None:
-                planned.append((eqn, alone.seconds, alone.work, 0.0, alone))
+                planned.append((eqn, alone.seconds, alone.work, 0.0, 0.0, alone))
                 continue
             node = self._node(eqn)
-            planned.append((eqn, *node, None) if node else (eqn, 0.0, 0.0, 0.0, None))
+            planned.append((eqn, *node, None) if node else (eqn, 0.0, 0.0, 0.0, 0.0, None))
             if node:
                 kernels += node[2]
+                sure += node[3]
         in_regions = sum(node[3] for index, node in enumerate(planned) if index in lanes)
+        sure_captured = sure - sum(node[4] for index, node in enumerate(planned)
+                                   if index in lanes)
         captured = kernels - in_regions
-        graphs = self.mode is not CommandBufferMode.OFF and captured >= MIN_GRAPH_SIZE
-        for index, (eqn, duration, work, _, alone) in enumerate(planned):
+        # A graph only where XLA surely captures MIN_GRAPH_SIZE kernels: the kernels it
+        # may fuse away (a concatenate into a GEMM's prologue) do not make one, so no mode
+        # is chosen for a graph the compiled program does not have (three matmuls of
+        # rolled operands: 6 kernels here, 3 launches once compiled).
+        graphs = self.mode is not CommandBufferMode.OFF and sure_captured >= MIN_GRAPH_SIZE
+        for index, (eqn, duration, work, _, _, alone) in enumerate(planned):
             inputs = max((ready.get(v, 0.0) for v in eqn.invars
                           if not _compat.is_literal(v)), default=0.0)
             lane = lanes.get(index)
@@ -230,24 +303,41 @@ class _Model:
         # pricing in the graph modes); each region adds a start and a done event.
         host = self.gpu.launch_s * in_regions + 2 * self.gpu.event_s * len(set(lanes.values()))
         if graphs:
-            host += self.gpu.graph_launch_s + self.gpu.graph_node_s * captured
+            lead = self.gpu.graph_launch_s + self.gpu.graph_node_s * captured
+            host += lead
         else:
+            lead = self.gpu.launch_s if captured > 0 else 0.0
             host += self.gpu.launch_s * captured
-        return _Span(end, host + alone_seconds, work_total, kernels)
+        return _Span(end, host + alone_seconds, work_total, kernels, captured, alone_seconds,
+                     lead, sure_captured)
 
 
 def estimate_plain_seconds(jaxpr: Any, costs: CostModel, mode: CommandBufferMode) -> float:
     """Estimated seconds per run of ``jaxpr`` as ``jax.jit`` compiles it, in ``mode``."""
-    return _Model(costs, mode).jaxpr(jaxpr, top=True).seconds
+    return _Model(costs, mode).jaxpr(jaxpr, top=True).run_seconds
 
 
 def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode) -> float:
-    """Estimated seconds per run of ``plan``'s program compiled in ``mode``."""
-    lanes = {i: (s, r) for s, section in enumerate(plan.sections)
+    """Estimated seconds per run of ``plan``'s program compiled in ``mode``.
+
+    A section the GPU pricing would not emit (kept by ``force_streams``) is taken at its
+    verdict: its regions run as if on the main stream, plus the cost of its cut.
+    """
+    lanes = {i: (s, r) for s, section in enumerate(plan.sections) if section.pays is not False
              for r, region in enumerate(section.regions) for i in region.eqns}
     numbered = {key: n for n, key in enumerate(dict.fromkeys(lanes.values()))}
     model = _Model(costs, mode, {i: numbered[key] for i, key in lanes.items()})
-    return model.jaxpr(plan.jaxpr, top=True).seconds
+    forced = sum(section.cost_seconds or 0.0 for section in plan.sections
+                 if section.pays is False)
+    return model.jaxpr(plan.jaxpr, top=True).run_seconds + forced
+
+
+def regions_hold_loops(plan: LevelPlan) -> bool:
+    """Whether a stream region ``plan`` emits holds a loop (directly or in a call): only
+    then may graphs ``OFF`` pay (see the module's sharp edges)."""
+    eqns = _compat.open_jaxpr(plan.jaxpr)[0].eqns
+    return any(eqns[i].primitive.name in MAY_HOLD_LOOPS for section in plan.sections
+               if section.pays is not False for region in section.regions for i in region.eqns)
 
 
 def choose_mode(estimates: Mapping[CommandBufferMode, float], user_mode: CommandBufferMode

@@ -5,7 +5,7 @@ which the emitter evaluates) and ``LevelPlan.graph``.
 
 Example::
 
-    level = plan_jaxpr(closed_jaxpr, PlanContext(options, target="gpu"))
+    level = plan_jaxpr(closed_jaxpr, Analysis(Options().resolve("gpu")))
     for section in level.sections:
         for region in section.regions: region.stream, region.eqns
 """

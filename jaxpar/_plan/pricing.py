@@ -325,7 +325,7 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
     # One host thread enqueues the kernels of every region: a kernel launched on its own
     # costs it launch_s (a graph node graph_node_s), so a region takes at least its
     # launches, and side by side the regions never finish before all their launches are
-    # made (the estimate's host model, jaxpar/_estimate.py).
+    # made (the estimate's host model, jaxpar/_compiled/estimate.py).
     gpu = _gpu(costs)
     per_launch = [gpu.graph_node_s if graphs_on and is_captured else gpu.launch_s
                   for is_captured in captured]

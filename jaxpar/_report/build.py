@@ -5,9 +5,8 @@ Example::
     report = build_report(level_plan, "f", "gpu", emitted=True, options={})
     report.sections[0].regions[0].stream
 
-Sharp edges:
-  * Decisions are matched to the equations of the program as traced by primitive and
-    source line (see ``_rewritten_loops``).
+Decisions reach the equations they made through ``LoopDecision.produced``, which the
+passes recorded as they rewrote (``passes._walk.EqnOrigins``).
 """
 
 from __future__ import annotations
@@ -61,6 +60,9 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
     subgraph_decisions = tuple(d for d in loops if d.kind in SUBGRAPH_KINDS)
     drawn = {level.path for level in plan.walk()
              if level.path == "/" or level.sections or level.collective_groups}
+    batched = _batched_groups({level.path: _compat.open_jaxpr(level.jaxpr)[0].eqns
+                               for level in plan.walk() if level.path in drawn},
+                              subgraph_decisions)
     num_eqns = 0
     for level in plan.walk():
         inner, _ = _compat.open_jaxpr(level.jaxpr)
@@ -90,8 +92,8 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
         collectives.extend(_collectives(level, eqns, overlapped))
         rewritten = _rewritten_loops(level.path, eqns, loop_decisions)
         if level.path in drawn:
-            batched = _batched_groups(level.path, eqns, subgraph_decisions, drawn)
-            steps.extend(_steps(level, eqns, first_section, len(steps), rewritten, batched))
+            steps.extend(_steps(level, eqns, first_section, len(steps), rewritten,
+                                batched.get(level.path, {})))
         made_here = {i for i, marks in rewritten.items()
                      if any(loop_decisions[k].kind in _NEW_LOOP_KINDS for k in marks)}
         for note in level.notes:
@@ -121,70 +123,45 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
 def _rewritten_loops(path: str, eqns: Any, loops: tuple[LoopDecision, ...]
                      ) -> dict[int, tuple[int, ...]]:
     """Loop equations of one level that a loop pass produced or changed: the indices
-    of those decisions in ``loops``.
-
-    A decision names the equations as the pass saw them; the loop it leaves carries
-    the source line of one of them. Each decision marks one loop equation of its
-    level with a matching primitive and source line, and no equation gets the same
-    kind twice (scans written in a Python loop share their line).
-    """
+    of those decisions in ``loops``, read from each decision's ``produced``."""
     marked: dict[int, list[int]] = {}
-    loop_eqns = [i for i, eqn in enumerate(eqns) if eqn.primitive.name in _LOOP_PRIMITIVES]
-    if not loop_eqns:
-        return {}
-    sources = {i: _compat.source_summary(eqns[i]) for i in loop_eqns}
     for k, decision in enumerate(loops):
-        if decision.location != path or decision.kind not in _DRAWN_LOOP_KINDS:
+        if decision.kind not in _DRAWN_LOOP_KINDS:
             continue
-        for i in loop_eqns:
-            if (eqns[i].primitive.name in decision.primitives
-                    and sources[i] in decision.sources
-                    and all(loops[j].kind != decision.kind for j in marked.get(i, ()))):
-                marked.setdefault(i, []).append(k)
-                break
+        for place in decision.produced:
+            if (place.location == path and not place.holds
+                    and eqns[place.eqn].primitive.name in _LOOP_PRIMITIVES):
+                marked.setdefault(place.eqn, []).append(k)
     return {i: tuple(ks) for i, ks in marked.items()}
 
 
-def _batched_groups(path: str, eqns: Any, decisions: tuple[LoopDecision, ...],
-                    drawn: set[str]) -> dict[int, tuple[int, ...]]:
-    """Equations of the drawn level ``path`` that run batched matmul groups: the indices
-    of those decisions in ``decisions``.
+def _batched_groups(levels: dict[str, Any], decisions: tuple[LoopDecision, ...]
+                    ) -> dict[str, dict[int, tuple[int, ...]]]:
+    """Per drawn level (``levels``: path -> equations), its equations that run batched
+    matmul groups: the indices of those decisions in ``decisions``.
 
-    A group made at this level marks the batched op it left (a matching primitive and
-    source line; no equation gets two groups). A group made in a nested level that is
-    not drawn marks the equation of this level that holds it (the loop whose body it is),
-    when that equation still has the primitive the group's location names.
+    A group is drawn at the deepest drawn level among its places (``produced``): on the
+    batched op it made when that level is drawn, else on the equation of a drawn level
+    that holds it (a loop whose body it is in).
     """
-    marked: dict[int, list[int]] = {}
-    summaries: dict[int, str] = {}  # equation index -> its source line, looked up once
-
-    def source(i: int) -> str:
-        found = summaries.get(i)
-        if found is None:
-            found = summaries[i] = _compat.source_summary(eqns[i])
-        return found
-
+    marked: dict[str, dict[int, set[int]]] = {}
     for k, d in enumerate(decisions):
         if d.kind != KIND_BATCHED_MATMULS:
             continue
-        parts = [p for p in d.location.split("/") if p]
-        homes = ["/" + "/".join(parts[:n]) for n in range(len(parts) + 1)]
-        home = next((n for n in range(len(parts), -1, -1) if homes[n] in drawn), None)
-        if home is None or homes[home] != path:
+        places = [p for p in d.produced if p.location in levels and (
+            p.holds or levels[p.location][p.eqn].primitive.name in d.primitives)]
+        if not places:
             continue
-        if home == len(parts):  # made here
-            for i, eqn in enumerate(eqns):
-                if (eqn.primitive.name in d.primitives and i not in marked
-                        and source(i) in d.sources):
-                    marked[i] = [k]
-                    break
-            continue
-        primitive, _, rest = parts[home].partition("#")
-        index = rest.split(".", 1)[0]
-        if index.isdigit() and int(index) < len(eqns) \
-                and eqns[int(index)].primitive.name == primitive:
-            marked.setdefault(int(index), []).append(k)
-    return {i: tuple(ks) for i, ks in marked.items()}
+        depth = max(_depth(p.location) for p in places)
+        for place in places:
+            if _depth(place.location) == depth:
+                marked.setdefault(place.location, {}).setdefault(place.eqn, set()).add(k)
+    return {path: {i: tuple(sorted(ks)) for i, ks in by_eqn.items()}
+            for path, by_eqn in marked.items()}
+
+
+def _depth(location: str) -> int:
+    return location.rstrip("/").count("/")
 
 
 def _steps(level: LevelPlan, eqns: Any, first_section: int, offset: int,

@@ -67,17 +67,17 @@ class Timeline:
     levels: tuple[LevelTimeline, ...]  # the top level first
 
 
-_LAUNCH_SAVERS = frozenset({"fused", "unrolled", "batched"})
-
-
 def plan_estimate(plan: PlanRecord) -> PlanEstimate:
     """The plan's one estimate (see the module docstring).
 
-    A compiled estimate attached by ``gpu_preview`` wins. Otherwise, from the planner's
-    cost model: jax.jit's program is the traced program's equations one after another;
-    jaxpar's is the rewritten program's (loop and batching rewrites included) with each
-    top-level stream section's overlap and cut cost as the GPU pricing judged them, or the
-    timeline's critical path where no pricing applies (other targets, collectives).
+    A compiled estimate attached by ``gpu_preview`` wins. On a GPU, the figures the
+    CUDA-graph mode was chosen by (``_plan.modes``): the rewritten program (loop and
+    batching rewrites included: launches per trip, unrolled trips, graphs, stacking
+    kernels) in jaxpar's mode against the traced one in the user's, each stream section
+    at the GPU pricing's verdict. Otherwise (other targets), from the planner's cost
+    model: jax.jit's program is the traced program's equations one after another;
+    jaxpar's is the rewritten program's with each top-level stream section's overlap and
+    cut cost as the pricing judged them, or the timeline's critical path.
     """
     if plan.compiled_estimate is not None:
         return plan.compiled_estimate
@@ -86,16 +86,16 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
         f"est. {s.cut_cost_us or 0.0:.1f} us"
         for s in plan.sections if s.pays is False)
     mode = plan.mode
-    chosen = mode.estimate(mode.mode) if mode is not None and mode.chosen else None
-    if mode is not None and chosen is not None and mode.plain_seconds:
-        # jaxpar compiles the function in another CUDA-graph mode than the user's: the
-        # figure that mode was chosen by (``_plan.modes``), jaxpar in its mode against
-        # the plain program in the user's.
+    seconds = mode.estimate(mode.mode) if mode is not None else None
+    if mode is not None and seconds is not None and mode.plain_seconds:
+        # On a GPU, the figure the CUDA-graph mode was chosen by (``_plan.modes``): the
+        # rewritten program in jaxpar's mode against the plain one in the user's, loops
+        # as XLA runs them (trips, unrolling, counter and slicing kernels, graphs).
         source = (f"jaxpar's planning model, {mode.mode.value} graphs against the plain "
-                  f"program in the user's {mode.user_mode.value} mode; not a compile")
-        if any(d.kind in _LAUNCH_SAVERS for d in plan.loops):
-            source += "; loop rewrites' saved launches not counted: gpu_preview counts them"
-        return PlanEstimate(mode.plain_seconds * 1e6, chosen * 1e6, source, rejected)
+                  f"program in the user's {mode.user_mode.value} mode; not a compile"
+                  if mode.mode is not mode.user_mode else
+                  f"jaxpar's planning model ({mode.mode.value} graphs), not a compile")
+        return PlanEstimate(mode.plain_seconds * 1e6, seconds * 1e6, source, rejected)
     levels = estimate(plan).levels if plan.steps else ()
     serial = levels[0].serial_us if levels else plan.total_cost_us
     makespan = levels[0].makespan_us if levels else serial
@@ -109,10 +109,6 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
     plain = serial if plan.plain_cost_us is None else plan.plain_cost_us
     source = (f"jaxpar's planning model ({plan.priced_in} graphs), not a compile"
               if plan.priced_in else f"jaxpar's {plan.target} cost model, not a compile")
-    if any(d.kind in _LAUNCH_SAVERS for d in plan.loops):
-        # The model adds kernels' work and floors, not host launches per trip, so what
-        # fusing and unrolling save shows only in a compile's estimate.
-        source += "; loop rewrites' saved launches not counted: gpu_preview counts them"
     return PlanEstimate(plain, fast, source, rejected)
 
 

@@ -21,9 +21,19 @@ Rewrites of a nested level are traced where JAX traced that level
 (``_compat.nested_trace_context``): inside a ``shard_map`` body with its mesh axes
 bound, since the body's values name them.
 
+Every equation a rewrite emits is recorded as made by the decisions about the
+equations it replaces (``EqnOrigins``, one per call in the ``Analysis``); a copy of an
+equation, a rewrite of a made equation, and an equation whose nested jaxprs were
+rewritten carry those records on. When the walk of the top level ends, each decision
+gets ``produced``: where its equations are in the rewritten program (``Product``), read
+from the records and not matched by primitive or source line.
+
 Sharp edges:
   * Equation indices in a decision refer to the level as the pass saw it: a
-    later pass sees the level as the earlier passes rewrote it.
+    later pass sees the level as the earlier passes rewrote it. ``produced`` refers
+    to the program the walk returns.
+  * A rewrite's equations are recorded as a whole: every decision about the equations
+    one rewrite replaces (the groups of one ``batch_matmuls`` unit) owns all of them.
   * A nested open jaxpr (``remat`` bodies up to jax 0.10) whose rewrite would
     capture constants cannot be replaced; it is kept as it was and the
     decisions made inside it are reported as "left alone".
@@ -33,8 +43,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 from .. import _compat
 from .._analysis import Analysis
@@ -83,6 +93,22 @@ SUBGRAPH_KINDS = (KIND_INLINED, KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALON
 MAX_ROUNDS = 64
 
 
+class Product(NamedTuple):
+    """An equation of the rewritten program that a decision made, or that holds (in its
+    nested jaxprs, or as a rewrite of such an equation) what it made.
+
+    Attributes:
+        location: its level's path in the rewritten program (``"/"``, ``"/scan#3.jaxpr"``).
+        eqn: its index in that level.
+        holds: False for an equation the rewrite emitted (or a later rewrite made of
+            one); True for one that holds such equations.
+    """
+
+    location: str
+    eqn: int
+    holds: bool
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoopDecision:
     """What a loop pass did (or declined to do) with some loops of one level.
@@ -107,6 +133,9 @@ class LoopDecision:
             run of the level, in microseconds (launches saved less stacking and
             transposing); at most zero for a group left alone.
         pass_name: the pass that made it (a ``LoopPass.name``, e.g. ``"fuse_scans"``).
+        produced: where the equations its rewrite emitted are in the program the passes
+            return (``Product``s, program order); empty for a decision that changed
+            nothing, and for one whose equations a later rewrite removed.
     """
 
     location: str
@@ -122,6 +151,7 @@ class LoopDecision:
     stage: int | None = None
     saving_us: float | None = None
     pass_name: str = ""
+    produced: tuple[Product, ...] = ()
 
 
 def decision(path: str, kind: DecisionKind, eqns: Sequence[Any], indices: Sequence[int], *,
@@ -135,6 +165,81 @@ def decision(path: str, kind: DecisionKind, eqns: Sequence[Any], indices: Sequen
         sources=tuple(_compat.source_summary(eqns[i]) for i in indices),
         trips_before=trips_before, trips_after=trips_after, unroll=unroll, reason=reason,
         members=tuple(tuple(m) for m in members), stage=stage, saving_us=saving_us)
+
+
+class EqnOrigins:
+    """Which decisions made which equations, while the passes rewrite one program.
+
+    One per call (``eqn_origins(analysis)``). Equations are keys by identity (and kept
+    alive here, so an identity is never reused); each holds ``(decision number, holds)``
+    pairs, ``holds`` as in ``Product``. ``number`` pins a decision for the same reason.
+    """
+
+    def __init__(self) -> None:
+        self._of: dict[int, tuple[Any, frozenset[tuple[int, bool]]]] = {}
+        self._decisions: dict[int, LoopDecision] = {}
+
+    def number(self, decision: LoopDecision) -> int:
+        self._decisions[id(decision)] = decision
+        return id(decision)
+
+    def get(self, eqn: Any) -> frozenset[tuple[int, bool]]:
+        hit = self._of.get(id(eqn))
+        return hit[1] if hit is not None and hit[0] is eqn else frozenset()
+
+    def add(self, eqn: Any, origins: Iterable[tuple[int, bool]]) -> None:
+        new = frozenset(origins)
+        if new:
+            self._of[id(eqn)] = (eqn, self.get(eqn) | new)
+
+    def copied(self, old: Any, new: Any) -> None:
+        """``new`` replaces ``old`` (new operands or parameters): it keeps its origins."""
+        if new is not old:
+            self.add(new, self.get(old))
+
+    def emitted(self, body: Sequence[Any], replaced: Sequence[Any], owners: Iterable[int]
+                ) -> None:
+        """``body`` replaces the equations ``replaced`` for the decisions ``owners``; it
+        also carries what ``replaced`` carried (a loop fused, then unrolled, is both)."""
+        made = {(k, False) for k in owners}
+        inherited: set[tuple[int, bool]] = set()
+        for eqn in replaced:
+            inherited |= self.get(eqn)
+        plain = made | {o for o in inherited if not o[1]}
+        holding = plain | inherited
+        for eqn in body:
+            # Only an equation with nested jaxprs can hold what a decision made inside.
+            nested = holding is not plain and any(True for _ in _compat.eqn_subjaxprs(eqn))
+            self.add(eqn, holding if nested else plain)
+
+    def with_products(self, jaxpr: Any, decisions: Sequence[LoopDecision]
+                      ) -> list[LoopDecision]:
+        """``decisions`` with ``produced`` read from the equations of ``jaxpr``."""
+        if not self._of:
+            return list(decisions)
+        found: dict[int, list[Product]] = {}
+        self._collect(jaxpr, "", found)
+        return [dataclasses.replace(d, produced=tuple(found[id(d)]))
+                if id(d) in found and self._decisions.get(id(d)) is d else d
+                for d in decisions]
+
+    def _collect(self, jaxpr: Any, path: str, found: dict[int, list[Product]]) -> None:
+        inner, _ = _compat.open_jaxpr(jaxpr)
+        for index, eqn in enumerate(inner.eqns):
+            for number, holds in sorted(self.get(eqn)):
+                found.setdefault(number, []).append(Product(path or "/", index, holds))
+            for name, item, sub in _compat.eqn_subjaxprs(eqn):
+                label = f"{name}[{item}]" if item is not None else name
+                self._collect(sub, f"{path}/{eqn.primitive.name}#{index}.{label}", found)
+
+
+def eqn_origins(analysis: Analysis) -> EqnOrigins:
+    """The call's ``EqnOrigins`` (kept in the analysis's ``"eqn_origins"`` memo)."""
+    memo = analysis.memo("eqn_origins")
+    found = memo.get("origins")
+    if found is None:
+        found = memo["origins"] = EqnOrigins()
+    return found  # type: ignore[no-any-return]
 
 
 # emit(invals of each member equation) -> outvals of each member equation; an outval may
@@ -235,8 +340,14 @@ def emission_order(graph: Graph, groups: Sequence[Sequence[int]],
 def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
                   params: dict[int, dict[str, Any]] | None = None,
                   graph: Graph | None = None,
-                  orders: dict[int, tuple[Any, ...]] | None = None) -> Any | None:
+                  orders: dict[int, tuple[Any, ...]] | None = None,
+                  origins: EqnOrigins | None = None,
+                  owners: Sequence[Iterable[int]] = ()) -> Any | None:
     """``jaxpr`` with ``rewrites`` applied and some equations' ``params`` replaced.
+
+    With ``origins``, the equations each rewrite emits are recorded as made by the
+    decisions ``owners[k]`` (numbers from ``EqnOrigins.number``) of rewrite ``k``, and
+    copied equations keep their records.
 
     Only the rewrites are traced (each into a small jaxpr of its own); their equations
     are spliced into the level in an order where every rewrite's inputs exist, and the
@@ -285,11 +396,14 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
             eqn = eqns[unit.index]
             new_params = params.get(unit.index)
             if replaced.isdisjoint(map(id, eqn.invars)):
-                new_eqns.append(eqn if new_params is None
-                                else _compat.replace_eqn(eqn, params=new_params))
-                continue
-            new_eqns.append(_compat.replace_eqn(eqn, invars=[atom(v) for v in eqn.invars],
-                                                params=new_params))
+                new_eqn = eqn if new_params is None else _compat.replace_eqn(
+                    eqn, params=new_params)
+            else:
+                new_eqn = _compat.replace_eqn(eqn, invars=[atom(v) for v in eqn.invars],
+                                              params=new_params)
+            if origins is not None:
+                origins.copied(eqn, new_eqn)
+            new_eqns.append(new_eqn)
             continue
         assert isinstance(unit, RewriteUnit)
         rewrite = rewrites[unit.rewrite]
@@ -309,6 +423,8 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
         new_constvars += constvars
         new_consts += hit.consts
         new_eqns += body
+        if origins is not None:
+            origins.emitted(body, members, owners[unit.rewrite] if owners else ())
         outs, start = [], 0
         for count in out_counts:
             outs.append(flat_outs[start:start + count])
@@ -434,6 +550,8 @@ def walk_levels(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis
                          if attempt == 0 or d.kind not in _UNCHANGED_KINDS)
         current = new
         if not level_changed:
+            if not path:  # the top level: where each decision's equations ended up
+                decisions = eqn_origins(analysis).with_products(current, decisions)
             return current, decisions
     raise RuntimeError(f"jaxpar loop passes did not settle after {MAX_ROUNDS} walks at "
                        f"{path or '/'}; please report it with the program")
@@ -442,8 +560,10 @@ def walk_levels(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis
 def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis, path: str
                ) -> tuple[Any, list[LoopDecision], bool]:
     inner, _ = _compat.open_jaxpr(jaxpr)
+    origins = eqn_origins(analysis)
     decisions: list[LoopDecision] = []
     params: dict[int, dict[str, Any]] = {}
+    holds: dict[int, set[tuple[int, bool]]] = {}  # equation -> what was made inside it
     for index, eqn in enumerate(inner.eqns):
         replacements = {}
         for name, item, sub in analysis.subjaxprs(eqn):
@@ -456,15 +576,21 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
             decisions.extend(sub_decisions)
             if new_sub is not sub:
                 replacements[(name, item)] = new_sub
+                holds.setdefault(index, set()).update(
+                    (origins.number(d), True) for d in sub_decisions
+                    if d.kind not in _UNCHANGED_KINDS)
         if replacements:
             params[index] = _compat.eqn_replace_subjaxprs(eqn, replacements)
     current = jaxpr
     if params:
-        rebuilt = rebuild_level(jaxpr, [], params)
+        rebuilt = rebuild_level(jaxpr, [], params, origins=origins)
         if rebuilt is None:
             return jaxpr, _as_left_alone(decisions, "the enclosing jaxpr cannot take new "
                                                     "constants, so its rewrite was dropped"), False
         current = rebuilt
+        new_eqns = _compat.open_jaxpr(rebuilt)[0].eqns  # in the same order
+        for index, made in holds.items():
+            origins.add(new_eqns[index], made)
     # Rounds until nothing changes: fusing scans of unequal lengths leaves remainder scans
     # that may fuse or batch with others, and a second application must change nothing.
     # "Left alone" and "host-sync" notes describe the level as it came in (the first round);
@@ -484,7 +610,9 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
                                    if d.kind not in _UNCHANGED_KINDS]
             if rewrites:
                 rebuilt = rebuild_level(current, rewrites, graph=graph,
-                                        orders=analysis.memo("emission_order"))
+                                        orders=analysis.memo("emission_order"),
+                                        origins=origins,
+                                        owners=_owners(rewrites, level_decisions, origins))
                 if rebuilt is None:
                     kept.extend(_as_left_alone(
                         level_decisions, "this jaxpr cannot take new constants, so the "
@@ -502,6 +630,18 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
     decisions.extend(changes)
     decisions.extend(kept)
     return current, decisions, level_changed
+
+
+def _owners(rewrites: Sequence[Rewrite], decisions: Sequence[LoopDecision],
+            origins: EqnOrigins) -> list[set[int]]:
+    """Per rewrite, the numbers of the changing decisions about equations it replaces."""
+    about: dict[int, list[int]] = {}
+    for d in decisions:
+        if d.kind not in _UNCHANGED_KINDS:
+            number = origins.number(d)
+            for i in d.eqns:
+                about.setdefault(i, []).append(number)
+    return [{k for i in r.eqns for k in about.get(i, ())} for r in rewrites]
 
 
 def _as_left_alone(decisions: Sequence[LoopDecision], why: str) -> list[LoopDecision]:

@@ -37,7 +37,10 @@ XLA fuses it into the neighbouring kernels, including the stacking copies.
   kernel (``_choose``). A group that reads another group's
   stacked result also spares that result being sliced apart for it (a launch), and
   the producer is spared stacking it. Groups are dropped, the least worth first,
-  until each one pays for the stacks only it needs.
+  until each one pays for the stacks only it needs. Launches are priced in the
+  CUDA-graph mode the function is compiled in (``Settings.command_buffers``): in a
+  ``concurrent`` graph the members already run side by side, so a saved launch is
+  worth its graph node only, and most groups there are left alone.
 
 Example::
 
@@ -71,7 +74,8 @@ from jax import lax
 
 from .. import _compat
 from .._analysis import Analysis
-from .._cost import CostModel
+from .._cost import CostModel, LaunchPrices, launch_prices
+from .._gpu_model import CommandBufferMode
 from .._graph import Graph
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
 from ._shared import stage_depths
@@ -177,7 +181,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     seen = memo.get(id(jaxpr))
     if seen is not None and seen is jaxpr:
         return [], []
-    rewrites, decisions = _batch_level(level, analysis.costs)
+    rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers)
     if not rewrites:
         memo[id(jaxpr)] = jaxpr
     return rewrites, decisions
@@ -189,7 +193,8 @@ def _batchable(eqn: Any) -> bool:
             and not _compat.eqn_frontend_attributes(eqn))
 
 
-def _batch_level(level: Level, costs: CostModel) -> tuple[list[Rewrite], list[LoopDecision]]:
+def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None
+                 ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
     candidates = [i for i, e in enumerate(eqns) if _batchable(e)]
@@ -210,7 +215,8 @@ def _batch_level(level: Level, costs: CostModel) -> tuple[list[Rewrite], list[Lo
     if not groups:
         return [], []
     level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
-    accepted, rejected, priced = _choose(eqns, groups, launches, costs, level_outputs)
+    prices = costs.launch_prices(eqns, mode)
+    accepted, rejected, priced = _choose(eqns, groups, launches, costs, level_outputs, prices)
     decisions = [_left_alone(path, eqns, g, launches[g], priced[g]) for g in rejected]
     if not accepted:
         return [], decisions
@@ -521,7 +527,8 @@ class _Price:
 
 
 def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, int],
-            costs: CostModel, level_outputs: set[Any] | frozenset[Any] = frozenset()
+            costs: CostModel, level_outputs: set[Any] | frozenset[Any] = frozenset(),
+            prices: LaunchPrices | None = None
             ) -> tuple[list[_Group], list[_Group], dict[_Group, _Price]]:
     """The groups worth batching, the rest, and each one's price (a dropped group's as
     it was when dropped), by the kernels they save and the kernels they add.
@@ -542,11 +549,16 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
     are dropped, least worth first, until each one wins at least half a launch more than
     it costs.
 
-    Every launch is priced at the one GPU model's kernel floor (``_gpu_model``, through
-    the cost model's profile): the least a kernel costs in any CUDA-graph mode.
+    Launches are priced by the one GPU model in the mode the function is compiled in
+    (``prices``, ``CostModel.launch_prices``; default a serial chain's): a member's
+    launch saved is worth ``prices.beside`` (its kernel floor in a serial chain, only its
+    graph node in a ``concurrent`` graph, where the members already overlap), a stacking
+    or slicing kernel added costs ``prices.serial``.
     """
     profile = costs.profile
-    launch = profile.min_kernel_seconds
+    if prices is None:
+        prices = launch_prices(profile, None, 0.0)
+    launch, beside = prices.serial, prices.beside
     # Where the model cannot tell, leave the program alone: a group must win at least half
     # a launch more than it costs (a siamese network's backward pass, priced +0.69 us,
     # launched one kernel more once compiled).
@@ -596,7 +608,7 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
                 users[column] = users.get(column, 0) + 1
         for g in accepted:
             new = [c for c in dict.fromkeys(columns[g]) if first_user.get(c) is g]
-            saved = (launches[g] - 1) * launch
+            saved = (launches[g] - 1) * beside
             cost = transposes[g] / profile.bandwidth
             if new and not any(replaces_producer(a) for c in new for a in c):
                 cost += launch

@@ -35,7 +35,10 @@ How the subgraphs are found:
    layers' work back and tie stages together that the stream planner overlaps.)
    And the cost model of the target must say the batched form is cheaper: stacking
    copies every differing input once per call, which for large weights can cost
-   more than the kernel launches it saves. Subgraphs of two or more kernels left
+   more than the kernel launches it saves. Launches are priced in the CUDA-graph mode
+   the function is compiled in (``CostModel.launch_prices``): in a ``concurrent``
+   graph the members already run side by side, so one saved is worth its graph node
+   only. Subgraphs of two or more kernels left
    alone for either reason are reported (the largest only, not each of their parts).
 
 Example::
@@ -69,7 +72,8 @@ from typing import Any
 
 from .. import _compat
 from .._analysis import Analysis
-from .._cost import ZERO, Cost, CostModel
+from .._cost import ZERO, Cost, CostModel, LaunchPrices
+from .._gpu_model import CommandBufferMode
 from .._graph import Graph
 from .._primitives import is_collective
 from .._structure import StructuralKeys, literal_key
@@ -133,6 +137,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         return [], []  # this very level was searched and offered nothing
     rewrites, decisions = _batch_level(level, analysis.costs, memo, analysis.structural_keys,
                                        analysis.memo("emission_order"),
+                                       analysis.settings.command_buffers,
                                        analysis.memo("batch_branches_values"))
     if not rewrites:
         memo[id(jaxpr)] = (jaxpr, None)
@@ -141,7 +146,8 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
 def _batch_level(level: Level, costs: CostModel,
                  memo: dict[int, tuple[Any, ...]], structure: StructuralKeys,
-                 orders: dict[int, tuple[Any, ...]], carried: dict[Any, Any]
+                 orders: dict[int, tuple[Any, ...]], mode: CommandBufferMode | None = None,
+                 carried: dict[Any, Any] | None = None
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -168,6 +174,7 @@ def _batch_level(level: Level, costs: CostModel,
     # Only the equations of candidate groups are costed; the stages need only which
     # equations launch a kernel.
     heavy = [costs.launches(eqn) for eqn in eqns]
+    prices = costs.launch_prices(eqns, mode)
     depth, height = _stages(graph, heavy)
     claimed: set[int] = set()
     reported: set[int] = set()  # equations of subgraphs already reported as left alone
@@ -200,7 +207,10 @@ def _batch_level(level: Level, costs: CostModel,
         else:
             before, after = _before_after(eqns, group, member_cost, heavy, graph,
                                           level_outputs)
-            if after.seconds(costs.profile) >= before.seconds(costs.profile):
+            # In a concurrent graph the members' launches run side by side: one
+            # member's are in series with the rest, the others' beside them.
+            beside = member_cost.kernels * (group.members - 1)
+            if _seconds(after, costs, prices) >= _seconds(before, costs, prices, beside):
                 why = (f"stacking their differing inputs costs more than the "
                        f"{int(member_cost.kernels) * (group.members - 1)} kernel launches "
                        "batching would save")
@@ -523,6 +533,16 @@ def _before_after(eqns: Sequence[Any], group: _Group, member: Cost, heavy: Seque
                      for i in group.rows[row])
         after = after + Cost(bytes=2.0 * count * nbytes, kernels=float(sliced))
     return before, after
+
+
+def _seconds(cost: Cost, costs: CostModel, prices: LaunchPrices, beside: float = 0.0
+             ) -> float:
+    """``cost`` in seconds with its launches priced in the function's mode: ``beside`` of
+    them run beside the rest (the other members'), the others in series, as
+    ``LaunchPrices`` says; ``cost.seconds`` in a serial chain."""
+    profile = costs.profile
+    return (cost.flops / profile.peak_flops + cost.bytes / profile.bandwidth
+            + (cost.kernels - beside) * prices.serial + beside * prices.beside)
 
 
 def _emitter(eqns: Sequence[Any], group: _Group) -> Any:
