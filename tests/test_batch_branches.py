@@ -19,17 +19,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import needs_plugin
 from jax import lax
 from pass_checker import PassResult, assert_matches, check_pass, eqns_of
 
 import jaxpar
-from jaxpar import _compat, _compiled
+from jaxpar import _compat
 from jaxpar.passes import DecisionKind, batch_branches
 
 batch_branches_module = importlib.import_module("jaxpar.passes.batch_subgraphs")
 
-PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 # vmap turns the members' matmuls into one batched dot_general: XLA may sum in another order.
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import hetero_batch_benchmark, seed_002_small_args
+from helpers import hetero_batch_benchmark, needs_plugin, seed_002_small_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -29,12 +29,7 @@ from pass_checker import (
 )
 
 import jaxpar
-from jaxpar._compiled import plugin_status
 from jaxpar.passes import DecisionKind, apply_loop_passes, batch_matmuls, loop_defaults
-
-PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
-
 
 bench = hetero_batch_benchmark()
 

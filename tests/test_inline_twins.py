@@ -14,14 +14,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import needs_plugin
 from pass_checker import assert_same_gradients, assert_same_outputs, check_pass
 
 import jaxpar
-from jaxpar._compiled import plugin_status
 from jaxpar.passes import DecisionKind, run_passes
-
-PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 VALUE_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 GRAD_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
