@@ -42,6 +42,6 @@ def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
 
 def test_one_skip_mark_for_tests_that_need_the_cuda_plugin() -> None:
     """``helpers.needs_plugin`` is the one mark; no test module builds its own."""
-    own = re.compile(r"skipif\(\s*not\s+(_?PLUGIN_OK|\w*plugin_status\(\)\[0\])")
+    own = re.compile(r"skipif\(\s*not\s+(_?PLUGIN_OK|[\w.]*plugin_status\(\)\[0\])")
     offenders = sorted(p.name for p in TESTS.glob("test_*.py") if own.search(p.read_text()))
     assert offenders == []
