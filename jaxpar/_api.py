@@ -87,7 +87,7 @@ from ._tune import CANDIDATES, Candidate, TuneBudget, Tuning
 from ._tune import decide as decide_candidate
 from ._tune import decision_key as tuning_key
 from ._tune import fingerprint as program_fingerprint
-from .passes import KIND_BATCHED_MATMULS, KIND_BATCHED_SUBGRAPHS, LoopDecision, run_passes
+from .passes import DecisionKind, LoopDecision, run_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -627,7 +627,8 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
                 and settings.command_buffers is not None:
             user = settings.command_buffers
             plans = {user: (plan, estimate_seconds(plan, analysis.costs, user), jaxpr, loops)}
-            batched = any(d.kind in (KIND_BATCHED_MATMULS, KIND_BATCHED_SUBGRAPHS) for d in loops)
+            batched = any(d.kind in (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS)
+                          for d in loops)
             for mode in MODE_CANDIDATES:
                 if mode not in plans:
                     other = analysis.with_settings(

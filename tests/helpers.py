@@ -27,8 +27,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 
+from jaxpar._compiled import plugin_status
+
+# Tests that compile for a GPU without one need the CUDA PJRT plugin at jaxlib's exact
+# version: one skip mark for all of them, whose reason says how to install it.
+PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
+needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 __all__ = [
     "FOUR_BRANCHES_OPTIONS",
     "FULL",

@@ -51,12 +51,7 @@ import numpy as np
 from helpers import canonical_jaxpr_text
 
 from jaxpar import _compat
-from jaxpar.passes import (
-    KIND_HOST_SYNC,
-    KIND_LEFT_ALONE,
-    KIND_MATMULS_LEFT_ALONE,
-    KIND_SUBGRAPHS_LEFT_ALONE,
-)
+from jaxpar.passes import DecisionKind
 
 __all__ = [
     "REPORT_KINDS",
@@ -81,8 +76,8 @@ __all__ = [
 ]
 
 # Decisions that report without rewriting: a pass run on its own output may repeat these.
-REPORT_KINDS = frozenset({KIND_LEFT_ALONE, KIND_HOST_SYNC, KIND_SUBGRAPHS_LEFT_ALONE,
-                          KIND_MATMULS_LEFT_ALONE})
+REPORT_KINDS = frozenset({DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC,
+                          DecisionKind.SUBGRAPHS_LEFT_ALONE, DecisionKind.MATMULS_LEFT_ALONE})
 
 # Tolerances by dtype where a rewrite reorders arithmetic (jax.test_util's defaults, with
 # float32 at last-bits level for XLA's different fusion of a rewritten program). Integer,

@@ -9,6 +9,7 @@ random-program strategies in tests/programs.py.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -37,3 +38,10 @@ def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
     module = tmp_path / "test_example.py"
     module.write_text("def test_a():\n    from test_other import f\n    import test_third.x\n")
     assert {"test_other", "test_third"} <= imported_modules(module)
+
+
+def test_one_skip_mark_for_tests_that_need_the_cuda_plugin() -> None:
+    """``helpers.needs_plugin`` is the one mark; no test module builds its own."""
+    own = re.compile(r"skipif\(\s*not\s+(_?PLUGIN_OK|[\w.]*plugin_status\(\)\[0\])")
+    offenders = sorted(p.name for p in TESTS.glob("test_*.py") if own.search(p.read_text()))
+    assert offenders == []

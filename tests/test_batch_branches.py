@@ -19,17 +19,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import needs_plugin
 from jax import lax
 from pass_checker import PassResult, assert_matches, check_pass, eqns_of
 
 import jaxpar
-from jaxpar import _compat, _compiled
-from jaxpar.passes import KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALONE, batch_branches
+from jaxpar import _compat
+from jaxpar.passes import DecisionKind, batch_branches
 
 batch_branches_module = importlib.import_module("jaxpar.passes.batch_subgraphs")
 
-PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 # vmap turns the members' matmuls into one batched dot_general: XLA may sum in another order.
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
@@ -82,7 +81,7 @@ def check(program: Any, *args: Any, **checks: Any) -> PassResult:
 
 def assert_left_alone_once(f: Any, args: tuple[Any, ...], why: str) -> None:
     """The pass changes nothing in ``f`` and says so once, with ``why`` in the reason."""
-    result = check(f, *args, unchanged=True, kinds=[KIND_SUBGRAPHS_LEFT_ALONE])
+    result = check(f, *args, unchanged=True, kinds=[DecisionKind.SUBGRAPHS_LEFT_ALONE])
     assert why in result.decisions[0].reason
 
 
@@ -102,7 +101,7 @@ def test_ensemble_members_become_one_vmapped_member() -> None:
         assert "3 kernel launches instead of 12" in made.reason
         assert any("test_batch_branches.py" in s for s in made.sources)
 
-    check(ensemble, *ensemble_args(), kinds=[KIND_BATCHED_SUBGRAPHS],
+    check(ensemble, *ensemble_args(), kinds=[DecisionKind.BATCHED_SUBGRAPHS],
           expect=three_batched_matmuls)
 
 
@@ -115,7 +114,7 @@ def test_only_the_identical_members_are_batched() -> None:
         assert "3 independent subgraphs" in r.decisions[0].reason
         assert len(dots(r.new)) == 3 + 3  # the three batched, the odd member's own three
 
-    check(ensemble, *ensemble_args((128, 128, 96, 128)), kinds=[KIND_BATCHED_SUBGRAPHS],
+    check(ensemble, *ensemble_args((128, 128, 96, 128)), kinds=[DecisionKind.BATCHED_SUBGRAPHS],
           expect=three_of_four)
 
 
@@ -137,7 +136,7 @@ def test_shared_intermediate_stays_outside_and_is_read_unstacked() -> None:
 
     args = (jnp.eye(64) * 0.5, [jax.random.normal(jax.random.PRNGKey(i), (64, 64)) * 0.1
                                 for i in range(4)])
-    check(f, *args, kinds=[KIND_BATCHED_SUBGRAPHS], expect=one_stacked_slot)
+    check(f, *args, kinds=[DecisionKind.BATCHED_SUBGRAPHS], expect=one_stacked_slot)
 
 
 def test_intermediate_read_outside_the_members_is_returned_too() -> None:
@@ -153,7 +152,7 @@ def test_intermediate_read_outside_the_members_is_returned_too() -> None:
 
     args = (jnp.eye(32) * 0.5, [jax.random.normal(jax.random.PRNGKey(i), (32, 32)) * 0.2
                                 for i in range(3)])
-    check(f, *args, kinds=[KIND_BATCHED_SUBGRAPHS], expect=shared_x_unbatched)
+    check(f, *args, kinds=[DecisionKind.BATCHED_SUBGRAPHS], expect=shared_x_unbatched)
 
 
 def test_cost_model_leaves_big_weights_unstacked() -> None:
@@ -200,7 +199,7 @@ def test_long_chains_at_different_stages_are_reported_once_within_the_budget() -
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(batch_branches_module, "_align", counting_align)
-        closed = check(f, *args, unchanged=True, kinds=[KIND_SUBGRAPHS_LEFT_ALONE]).closed
+        closed = check(f, *args, unchanged=True, kinds=[DecisionKind.SUBGRAPHS_LEFT_ALONE]).closed
     level = len(eqns_of(closed))
     assert sum(visited) <= batch_branches_module._ALIGN_BUDGET_PER_EQN * level + 2 * level
 
@@ -214,7 +213,7 @@ def test_members_inside_a_scan_body_are_batched() -> None:
     args = (jnp.eye(32) * 0.5, [jax.random.normal(jax.random.PRNGKey(i), (32, 32)) * 0.2
                                 for i in range(4)])
     def batched_in_the_body(r: PassResult) -> None:
-        assert [(d.kind, d.location) for d in r.decisions] == [(KIND_BATCHED_SUBGRAPHS,
+        assert [(d.kind, d.location) for d in r.decisions] == [(DecisionKind.BATCHED_SUBGRAPHS,
                                                                 "/scan#0.jaxpr")]
         (scan,) = [e for e in eqns_of(r.new) if e.primitive.name == "scan"]
         body = _compat.scan_info(scan).jaxpr
@@ -242,7 +241,7 @@ def test_effects_and_user_placement_are_never_batched() -> None:
             e.params for e in eqns_of(r.closed) if "debug" in e.primitive.name]
 
     # The values are not compared: the prints would print.
-    check(f, *args, kinds=[KIND_BATCHED_SUBGRAPHS], expect=prints_stay_in_order,
+    check(f, *args, kinds=[DecisionKind.BATCHED_SUBGRAPHS], expect=prints_stay_in_order,
           values=False, grads=False)
 
     def placed(x: jax.Array, ws: list[jax.Array]) -> jax.Array:
@@ -269,9 +268,9 @@ def test_parallel_branches_batches_identical_members_on_gpu_only() -> None:
     want = jax.jit(ensemble)(*args)
     fast = jaxpar.parallel_branches(ensemble, target="gpu")
     plan = jaxpar.inspect(fast)(*args)
-    assert [d.kind for d in plan.subgraphs] == [KIND_BATCHED_SUBGRAPHS]
+    assert [d.kind for d in plan.subgraphs] == [DecisionKind.BATCHED_SUBGRAPHS]
     assert "subgraphs:" in str(plan) and plan.to_dict()["subgraphs"][0]["kind"] == \
-        KIND_BATCHED_SUBGRAPHS
+        DecisionKind.BATCHED_SUBGRAPHS
     assert plan.loops == ()
     assert_matches(fast(*args), want, tolerance=TOLERANCE)
     got = jax.grad(lambda m: jnp.sum(fast(m, args[1]) ** 2))(args[0])

@@ -38,15 +38,7 @@ from pass_checker import (
 )
 
 import jaxpar
-from jaxpar.passes import (
-    KIND_BATCHED,
-    KIND_BATCHED_SUBGRAPHS,
-    KIND_FUSED,
-    KIND_LEFT_ALONE,
-    apply_loop_passes,
-    batch_branches,
-    batch_scans,
-)
+from jaxpar.passes import DecisionKind, apply_loop_passes, batch_branches, batch_scans
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 F32 = jax.ShapeDtypeStruct((8,), jnp.float32)
@@ -120,12 +112,12 @@ _SCAN_PAIRS = {
     "pure_callback sin vs cos": (callback_step(np.sin), callback_step(np.cos), [], False),
     # Equal, but a host callback is never put under a vmap the program did not write.
     "pure_callback sin vs sin": (callback_step(np.sin), callback_step(np.sin),
-                                 [KIND_LEFT_ALONE], False),
+                                 [DecisionKind.LEFT_ALONE], False),
     "custom_vjp nondiff 3.0 vs 5.0": (vjp_step(3.0), vjp_step(5.0), [], True),
     "custom_jvp different rules": (lambda c, x: (SIN_RULE_1(c * x), None),
                                    lambda c, x: (SIN_RULE_3(c * x), None), [], True),
     # One step function: JAX traces its body once, so both scans hold the same rule.
-    "custom_jvp the same rule": (sin_step, sin_step, [KIND_BATCHED], True),
+    "custom_jvp the same rule": (sin_step, sin_step, [DecisionKind.BATCHED], True),
     "different constants": (constant_step(np.full(8, 2.0, np.float32)),
                             constant_step(np.full(8, 3.0, np.float32)), [], False),
 }
@@ -135,7 +127,7 @@ _SCAN_PAIRS = {
 def test_scan_bodies_are_compared_by_value(case: str) -> None:
     step_a, step_b, expected, grads = _SCAN_PAIRS[case]
     f = two_scans(step_a, step_b)
-    check(batch_scans, f, scan_args(), grads=grads, unchanged=KIND_BATCHED not in expected,
+    check(batch_scans, f, scan_args(), grads=grads, unchanged=DecisionKind.BATCHED not in expected,
           kinds=expected)
 
 
@@ -214,7 +206,7 @@ def test_random_bits_are_batched_only_for_threefry_keys(impl: str, batched: bool
                  and "random_bits" in primitives(e.params["jaxpr"], recursive=True)]
         assert len(draws) == (1 if batched else 4), impl
         if batched:
-            assert KIND_BATCHED_SUBGRAPHS in kinds(r.decisions)
+            assert DecisionKind.BATCHED_SUBGRAPHS in kinds(r.decisions)
 
     # Key arrays are inputs: the values are compared under jax.jit.
     check(batch_for_gpu, f, args, jit=True, expect=draws_by_key_type)
@@ -234,11 +226,11 @@ def test_random_bits_in_scan_bodies_follow_the_key_type() -> None:
         a, b, xs = scan_args()
         args = (*keys, a, b, xs)
         check(batch_scans, f, args, jit=True, unchanged=not batched,
-              kinds=[KIND_BATCHED] if batched else [KIND_LEFT_ALONE])
+              kinds=[DecisionKind.BATCHED] if batched else [DecisionKind.LEFT_ALONE])
         # With fusion on, the scans left unbatched are fused instead.
         if not batched:
             check(partial(apply_loop_passes, fuse=True, batch=True, unroll=None, target="gpu"),
-                  f, args, jit=True, kinds=[KIND_FUSED, KIND_LEFT_ALONE])
+                  f, args, jit=True, kinds=[DecisionKind.FUSED, DecisionKind.LEFT_ALONE])
 
 
 def test_pure_callbacks_are_never_batched() -> None:
@@ -259,16 +251,16 @@ def test_pure_callbacks_are_never_batched() -> None:
             callbacks = [e for e in eqns_of(r.new) if e.primitive.name == "pure_callback"]
             # Only the matmuls before the callbacks are batched.
             assert len(callbacks) == 4, method
-            assert KIND_BATCHED_SUBGRAPHS in kinds(r.decisions)
+            assert DecisionKind.BATCHED_SUBGRAPHS in kinds(r.decisions)
 
         check(batch_for_gpu, fn, args, expect=matmuls_batched)  # the pass never raises
         plan = jaxpar.inspect(fn, target="gpu")(*args)  # raised NotImplementedError
-        assert any(d.kind == KIND_BATCHED_SUBGRAPHS for d in plan.subgraphs)
+        assert any(d.kind == DecisionKind.BATCHED_SUBGRAPHS for d in plan.subgraphs)
         assert_matches(jaxpar.parallel_branches(fn, target="gpu")(*args), jax.jit(fn)(*args),
                        tolerance=TOLERANCE)
     # Scans calling it are not batched either (and batch_scans does not raise).
     f2 = two_scans(callback_step(np.sin, None), callback_step(np.sin, None))
-    check(batch_scans, f2, scan_args(), unchanged=True, kinds=[KIND_LEFT_ALONE])
+    check(batch_scans, f2, scan_args(), unchanged=True, kinds=[DecisionKind.LEFT_ALONE])
 
 
 def cond_members(shared: bool) -> Callable[..., Any]:
@@ -301,7 +293,7 @@ def test_conds_are_batched_only_on_a_shared_predicate(shared: bool) -> None:
             # matmuls before them are batched.
             assert len(conds) == 4 and primitives(r.new, recursive=True).count("while") == 4
             assert any("takes a different branch per member" in d.reason for d in r.decisions)
-        assert KIND_BATCHED_SUBGRAPHS in kinds(r.decisions)
+        assert DecisionKind.BATCHED_SUBGRAPHS in kinds(r.decisions)
 
     check(batch_for_gpu, f, args, expect=conds_by_predicate)
 
@@ -321,7 +313,7 @@ def test_scans_holding_a_while_are_batched_only_on_a_shared_predicate(shared: bo
 
     args = (*scan_args(), jnp.float32(4.0))
     check(batch_scans, f, args, unchanged=not shared,
-          kinds=[KIND_BATCHED] if shared else [KIND_LEFT_ALONE])
+          kinds=[DecisionKind.BATCHED] if shared else [DecisionKind.LEFT_ALONE])
 
 
 def test_static_refusal_reaches_into_nested_jaxprs() -> None:

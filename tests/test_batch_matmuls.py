@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import hetero_batch_benchmark, seed_002_small_args
+from helpers import hetero_batch_benchmark, needs_plugin, seed_002_small_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -29,18 +29,7 @@ from pass_checker import (
 )
 
 import jaxpar
-from jaxpar._compiled import plugin_status
-from jaxpar.passes import (
-    KIND_BATCHED_MATMULS,
-    KIND_MATMULS_LEFT_ALONE,
-    apply_loop_passes,
-    batch_matmuls,
-    loop_defaults,
-)
-
-PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
-
+from jaxpar.passes import DecisionKind, apply_loop_passes, batch_matmuls, loop_defaults
 
 bench = hetero_batch_benchmark()
 
@@ -89,7 +78,7 @@ def test_seed_002_different_bodies_run_batched_matmuls_in_one_loop() -> None:
     assert _count(before, "dot_general") == 8
     assert _count(after, "dot_general") == 4
     assert _batched_dots(after) == 4
-    batched = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    batched = [d for d in decisions if d.kind == DecisionKind.BATCHED_MATMULS]
     assert len(batched) == 4
     assert all(d.location.startswith("/scan#0") for d in batched)
     # Which members: the sources name both step functions.
@@ -103,7 +92,7 @@ def test_chain_stays_stacked_between_batched_matmuls() -> None:
     # Two distinct operand columns are stacked ([X1, tanh X2] and [X1, X2]); each later
     # matmul reads the previous one's stacked result: no unstack and restack.
     assert _count(after, "concatenate") + _count(after, "stack") == 2
-    reasons = [d.reason for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    reasons = [d.reason for d in decisions if d.kind == DecisionKind.BATCHED_MATMULS]
     assert sum("1 already-stacked" in r for r in reasons) == 3
 
 
@@ -113,8 +102,8 @@ def test_inspect_reports_each_batched_group() -> None:
     assert text.count("batched matmuls in scan body [") == 4
     assert "2 kernel launches -> 1" in text
     assert str(plan).count("batched matmuls in scan body: ") == 4
-    assert all(d.kind == KIND_BATCHED_MATMULS for d in plan.subgraphs)
-    assert [d["kind"] for d in plan.to_dict()["subgraphs"]] == [KIND_BATCHED_MATMULS] * 4
+    assert all(d.kind == DecisionKind.BATCHED_MATMULS for d in plan.subgraphs)
+    assert [d["kind"] for d in plan.to_dict()["subgraphs"]] == [DecisionKind.BATCHED_MATMULS] * 4
     assert "batched matmuls: dot_general, dot_general" in plan.to_svg()
 
 
@@ -123,7 +112,7 @@ def test_inspect_reports_each_batched_group() -> None:
 def test_own_pairs_values_and_grads(name: str) -> None:
     args = bench.program_args(name, "smoke")
     after, decisions = _passes(bench.PROGRAMS[name][0], *args)
-    assert any(d.kind == KIND_BATCHED_MATMULS for d in decisions)
+    assert any(d.kind == DecisionKind.BATCHED_MATMULS for d in decisions)
     assert _batched_dots(after) >= 1
     _check_values_and_grads(bench.PROGRAMS[name][0], *args)
 
@@ -140,7 +129,7 @@ def test_hetero_ensemble_matmuls_batched() -> None:
     after, decisions = _passes(bench.hetero_ensemble, *args)
     # Layers 2 and 3 of the four members: one batched matmul each (the first layer shares
     # x, which XLA's DotMerger merges, or batch_branches batches as identical subgraphs).
-    batched = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    batched = [d for d in decisions if d.kind == DecisionKind.BATCHED_MATMULS]
     assert len(batched) == 2
     assert all(len(d.eqns) == 4 for d in batched)
     assert _count(after, "dot_general") == _count(before, "dot_general") - 2 * 3
@@ -165,7 +154,7 @@ def test_swapped_operand_order_is_matched() -> None:
 
     args = _square(1, 4)
     after, decisions = _passes(f, *args)
-    swapped = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS
+    swapped = [d for d in decisions if d.kind == DecisionKind.BATCHED_MATMULS
                and "operands swapped" in d.reason]
     assert len(swapped) == 1
     assert _batched_dots(after) == 2
@@ -182,7 +171,7 @@ def test_crossed_operand_order_stays_stacked() -> None:
 
     args = _square(5, 4)
     after, decisions = _passes(f, *args)
-    batched = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    batched = [d for d in decisions if d.kind == DecisionKind.BATCHED_MATMULS]
     assert len(batched) == 2
     assert "1 already-stacked" in batched[1].reason
     assert all("2 operands read transposed" in d.reason for d in batched)
@@ -200,7 +189,7 @@ def test_level_inputs_only_left_alone_by_cost() -> None:
                         counts={"dot_general": 2})
     new, decisions = result.new, result.decisions
     assert _batched_dots(new) == 0
-    (left,) = [d for d in decisions if d.kind == KIND_MATMULS_LEFT_ALONE]
+    (left,) = [d for d in decisions if d.kind == DecisionKind.MATMULS_LEFT_ALONE]
     assert left.reason.startswith("batching would save 1 kernel launch but add at least as much")
     # The cost model's numbers, also as fields: the group does not pay.
     assert left.saving_us is not None and left.saving_us <= 0
@@ -216,7 +205,7 @@ def test_results_sliced_out_for_the_outputs_cost_a_kernel() -> None:
     """Two stage-1 matmuls whose results leave the level: slicing them out of the batched
     result is a kernel, as many as batching saves, so they are left alone."""
     result = check_pass(batch_matmuls, _leaving, *_square(4, 4), unchanged=True,
-                        kinds=[KIND_MATMULS_LEFT_ALONE])
+                        kinds=[DecisionKind.MATMULS_LEFT_ALONE])
     (left,) = result.decisions
     assert left.reason.startswith("batching would save 1 kernel launch but add at least as "
                                   "much in stacking and slicing kernels")
@@ -274,7 +263,7 @@ def test_different_stages_are_not_batched_together() -> None:
                         counts={"dot_general": 2})
     new, decisions = result.new, result.decisions
     # Only the two stage-1 matmuls batch; the stage-2 one stays alone.
-    (batched,) = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    (batched,) = [d for d in decisions if d.kind == DecisionKind.BATCHED_MATMULS]
     assert "at stage 1" in batched.reason
     assert _batched_dots(new) == 1
 
@@ -326,7 +315,7 @@ def test_applying_twice_changes_nothing() -> None:
     # check_pass applies the passes to their output: the same object, no further rewrite.
     repeat = check_pass(_loop_passes(True), bench.seed_002, *SEED_SMALL, values=False,
                         grads=False).repeat_decisions
-    assert not [d for d in repeat if d.kind == KIND_BATCHED_MATMULS]
+    assert not [d for d in repeat if d.kind == DecisionKind.BATCHED_MATMULS]
 
 
 def test_defaults_and_option() -> None:
@@ -336,7 +325,7 @@ def test_defaults_and_option() -> None:
     with pytest.raises(ValueError, match="batch_matmuls"):
         jaxpar.parallel_branches(bench.seed_002, batch_matmuls="yes")  # type: ignore[arg-type]
     off = jaxpar.inspect(bench.seed_002, target="gpu", batch_matmuls=False)(*SEED_SMALL)
-    assert not [d for d in off.subgraphs if d.kind == KIND_BATCHED_MATMULS]
+    assert not [d for d in off.subgraphs if d.kind == DecisionKind.BATCHED_MATMULS]
     cpu = jaxpar.inspect(bench.seed_002, target="cpu")(*SEED_SMALL)
     assert not cpu.subgraphs
 
@@ -386,7 +375,7 @@ def test_random_pairs_of_bodies_keep_values_and_grads(spec_a: Any, spec_b: Any,
     args = bench.seed_args(4, 3)
     before, _ = _passes(fn, *args, matmuls=False)
     after, decisions = _passes(fn, *args)
-    batched = [d for d in decisions if d.kind == KIND_BATCHED_MATMULS]
+    batched = [d for d in decisions if d.kind == DecisionKind.BATCHED_MATMULS]
     assert _count(after, "dot_general") == _count(before, "dot_general") - len(batched)
     for d in batched:
         assert d.primitives == ("dot_general", "dot_general")
@@ -498,11 +487,11 @@ def test_towers_batched_in_lhs_left_alone_in_concurrent_graphs() -> None:
     for mode in ("lhs", "concurrent"):
         plan = jaxpar.inspect(_towers, target="gpu", command_buffers=mode)(*args)
         kinds[mode] = [d.kind for d in plan.subgraphs]
-    assert kinds["lhs"].count(KIND_BATCHED_MATMULS) == 2
-    assert KIND_BATCHED_MATMULS not in kinds["concurrent"]
-    assert kinds["concurrent"].count(KIND_MATMULS_LEFT_ALONE) == 2
+    assert kinds["lhs"].count(DecisionKind.BATCHED_MATMULS) == 2
+    assert DecisionKind.BATCHED_MATMULS not in kinds["concurrent"]
+    assert kinds["concurrent"].count(DecisionKind.MATMULS_LEFT_ALONE) == 2
     auto = jaxpar.inspect(_towers, target="gpu")(*args)
     assert auto.mode is not None
-    assert (KIND_BATCHED_MATMULS in [d.kind for d in auto.subgraphs]) == (
+    assert (DecisionKind.BATCHED_MATMULS in [d.kind for d in auto.subgraphs]) == (
         auto.mode.mode.value != "concurrent")
     _check_values_and_grads(_towers, *args)

@@ -25,7 +25,7 @@ from jax import lax
 from pass_checker import assert_matches
 
 import jaxpar
-from jaxpar.passes import KIND_BATCHED, KIND_BATCHED_SUBGRAPHS, KIND_LEFT_ALONE
+from jaxpar.passes import DecisionKind
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 # Each option set takes another path: the default pricing, forced streams (regions
@@ -87,7 +87,7 @@ def test_clipping_twins_behind_jit_are_not_merged(target: str, options: dict[str
 def test_unshared_twins_carry_the_reason() -> None:
     found = decisions(twin_clips, (jnp.arange(4.0),), "gpu")
     notes = [d for d in found if d.pass_name == "share_common"]
-    assert [d.kind for d in notes] == [KIND_LEFT_ALONE], found
+    assert [d.kind for d in notes] == [DecisionKind.LEFT_ALONE], found
     assert "custom_vjp" in notes[0].reason and "summed" in notes[0].reason, notes[0].reason
     assert len(notes[0].eqns) == 2
 
@@ -196,9 +196,10 @@ def test_scans_sharing_a_clipping_step_keep_their_gradients(
 def test_scans_sharing_a_clipping_step_say_why_they_are_not_batched() -> None:
     args = (jnp.linspace(0.1, 0.9, 8), jnp.linspace(-1.0, 1.0, 40).reshape(5, 8))
     found = decisions(two_clipping_scans, args, "cpu", **CPU_BATCHING)
-    assert KIND_BATCHED not in [d.kind for d in found]
+    assert DecisionKind.BATCHED not in [d.kind for d in found]
     notes = [d for d in found if d.pass_name == "batch_scans"]
-    assert notes and notes[0].kind == KIND_LEFT_ALONE and "custom_vjp" in notes[0].reason, found
+    assert notes and notes[0].kind == DecisionKind.LEFT_ALONE, found
+    assert "custom_vjp" in notes[0].reason, found
 
 
 # --- mechanism 3: custom rules under a vmap the user never wrote ----------------------------
@@ -280,7 +281,7 @@ def test_callbacks_with_a_vmap_method_are_not_batched(target: str,
     if target == "gpu" and not options:
         found = decisions(centred_members, (x, ws), "gpu")
         # The matmuls before the callbacks are still batched; the callbacks are not.
-        assert KIND_BATCHED_SUBGRAPHS in [d.kind for d in found], found
+        assert DecisionKind.BATCHED_SUBGRAPHS in [d.kind for d in found], found
         plan_program = jaxpar.passes.batch_branches(jax.make_jaxpr(centred_members)(x, ws))[0]
         callbacks = [e for e in plan_program.jaxpr.eqns if e.primitive.name == "pure_callback"]
         assert len(callbacks) == 4
@@ -327,7 +328,7 @@ def test_relu_members_are_still_batched(target: str, options: dict[str, Any]) ->
     assert_like_jit(relu_members, (x, ws), target, **options)
     if target == "gpu" and not options:
         found = decisions(relu_members, (x, ws), "gpu")
-        assert KIND_BATCHED_SUBGRAPHS in [d.kind for d in found], found
+        assert DecisionKind.BATCHED_SUBGRAPHS in [d.kind for d in found], found
 
 
 def test_relu_rule_is_checked_not_refused() -> None:

@@ -23,6 +23,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import needs_plugin
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -32,11 +33,7 @@ from jaxpar._compiled import (
     gpu_target_config,
     make_gpu_mesh,
     parse_schedule,
-    plugin_status,
 )
-
-PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 # jaxlib versions whose XLA crashes (SIGSEGV) compiling a stream-annotated call holding a
 # while loop, deviceless for sm_90.

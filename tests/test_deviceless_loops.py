@@ -24,13 +24,13 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import needs_plugin
 from jax import lax
 
 import jaxpar
-from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
+from jaxpar._compiled import compile_for_gpu, parse_schedule
 
-PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
-pytestmark = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
+pytestmark = needs_plugin
 
 sig = jax.nn.sigmoid
 

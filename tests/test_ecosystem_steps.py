@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import needs_plugin
 
 import jaxpar
-from jaxpar import _compiled
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -338,7 +338,7 @@ def test_inspect_with_arguments_says_the_call_is_curried():
         jaxpar.inspect(lambda x, y: x + y, jnp.ones(2), jnp.ones(2))
 
 
-@pytest.mark.skipif(not _compiled.plugin_status()[0], reason="needs the CUDA plugin")
+@needs_plugin
 def test_gpu_preview_takes_modules_as_the_decorated_function_does():
     eqx = pytest.importorskip("equinox")
     nnx = pytest.importorskip("flax.nnx")

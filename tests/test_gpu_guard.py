@@ -39,7 +39,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import load_benchmark
+from helpers import load_benchmark, needs_plugin
 from jax import lax
 
 import jaxpar
@@ -47,8 +47,7 @@ from jaxpar import _compiled
 from jaxpar._compat import stream_call
 from jaxpar._compiled.estimate import estimate_hlo
 
-PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
-pytestmark = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
+pytestmark = needs_plugin
 
 suite = load_benchmark("gpu_suite")
 

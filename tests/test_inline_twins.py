@@ -14,14 +14,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import needs_plugin
 from pass_checker import assert_same_gradients, assert_same_outputs, check_pass
 
 import jaxpar
-from jaxpar._compiled import plugin_status
-from jaxpar.passes import KIND_BATCHED_MATMULS, KIND_INLINED, run_passes
-
-PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
+from jaxpar.passes import DecisionKind, run_passes
 
 VALUE_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 GRAD_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
@@ -76,10 +73,10 @@ def test_twin_jit_calls_are_inlined_and_their_matmuls_batched(fn: Any) -> None:
     assert _top_calls(jax.make_jaxpr(fn)(*ARGS)) == 2
     new, decisions = _passes(fn, *ARGS)
     assert _top_calls(new) == 0
-    inlined = [d for d in decisions if d.kind == KIND_INLINED]
+    inlined = [d for d in decisions if d.kind == DecisionKind.INLINED]
     assert len(inlined) == 1 and inlined[0].primitives == ("jit", "jit")
     assert inlined[0].pass_name == "inline_twin_calls"
-    assert sum(d.kind == KIND_BATCHED_MATMULS for d in decisions) == 2  # layers 2 and 3
+    assert sum(d.kind == DecisionKind.BATCHED_MATMULS for d in decisions) == 2  # layers 2 and 3
 
 
 @pytest.mark.parametrize("fn", [twin_critics, renamed_twins])
@@ -109,7 +106,7 @@ def test_calls_without_an_independent_twin_keep_their_boundary() -> None:
         closed = jax.make_jaxpr(fn)(*args)
         new, decisions = run_passes(closed, target="gpu")
         assert _top_calls(new) == _top_calls(closed) > 0
-        assert not [d for d in decisions if d.kind == KIND_INLINED]
+        assert not [d for d in decisions if d.kind == DecisionKind.INLINED]
 
 
 def test_off_without_the_batching_passes() -> None:

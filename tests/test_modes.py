@@ -19,16 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import load_benchmark
+from helpers import PLUGIN_MESSAGE, PLUGIN_OK, load_benchmark, needs_plugin
 
 import jaxpar
 from jaxpar import _compiled
 from jaxpar._flags import command_buffer_mode_set, command_buffer_options
 from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._plan.modes import MIN_GAIN, choose_mode
-
-PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 LHS, CONCURRENT, OFF = CommandBufferMode.LHS, CommandBufferMode.CONCURRENT, CommandBufferMode.OFF
 CONCURRENT_OPTIONS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}

@@ -19,13 +19,12 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import needs_plugin
 from jax import lax
 
 import jaxpar
-from jaxpar import _compat, _compiled
+from jaxpar import _compat
 
-PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 f32 = jnp.float32
 
 

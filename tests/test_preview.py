@@ -9,8 +9,11 @@ import jax.numpy as jnp
 import pytest
 from helpers import (
     LOOPS_OFF,
+    PLUGIN_MESSAGE,
+    PLUGIN_OK,
     four_matmul_branches,
     four_matmul_branches_args,
+    needs_plugin,
     seed_002,
     seed_002_specs,
 )
@@ -18,11 +21,7 @@ from helpers import (
 import jaxpar
 import jaxpar._compiled.gpu_compile as _gpu_compile
 import jaxpar._compiled.preview as _preview
-from jaxpar import _compiled
 from jaxpar._gpu_model import CommandBufferMode
-
-PLUGIN_OK, PLUGIN_MESSAGE = _compiled.plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
 
 def branch_specs():

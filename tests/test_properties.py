@@ -34,7 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
+from helpers import needs_plugin
 from hypothesis import event, given
 from hypothesis import strategies as st
 from jax.sharding import Mesh
@@ -463,10 +463,9 @@ def _programs_inside_shard_map(program: Program, options: dict[str, Any]) -> Non
 
 # ---- Every emitted program compiles for the GPU (deviceless) --------------------------------
 
-_PLUGIN_OK, _PLUGIN_MESSAGE = _compiled.plugin_status()
 
 
-@pytest.mark.skipif(not _PLUGIN_OK, reason=_PLUGIN_MESSAGE)
+@needs_plugin
 @_examples(0.1)
 @given(program=st.one_of(scan_programs(), loop_programs(), feature_programs()),
        options=st.sampled_from(GPU_CONFIGURATIONS))

@@ -11,8 +11,8 @@ import re
 
 import jax
 import jax.numpy as jnp
-import pytest
 from helpers import (
+    needs_plugin,
     seed_002,
     seed_002_specs,
     seed_002_step_sin,
@@ -22,10 +22,7 @@ from jax import lax
 from pass_checker import assert_same_gradients, assert_same_outputs, sum_loss
 
 import jaxpar
-from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
-
-PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
+from jaxpar._compiled import compile_for_gpu, parse_schedule
 
 
 def seed_002_identical(a, b, xs1, xs2):

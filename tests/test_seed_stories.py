@@ -21,16 +21,15 @@ from helpers import (
     four_matmul_branches_args,
     function_bodies,
     lower_for_gpu,
+    needs_plugin,
     seed_002,
     stream_calls,
 )
 
 import jaxpar
 import jaxpar._compiled.preview as _preview
-from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
+from jaxpar._compiled import compile_for_gpu, parse_schedule
 
-PLUGIN_OK, PLUGIN_MESSAGE = plugin_status()
-needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 # XLA in these jaxlibs kills the process (SIGSEGV) compiling a stream-annotated loop
 # deviceless; tests/test_deviceless.py checks that schedule from XLA's dump in a child.
 crashes_on_annotated_loops = pytest.mark.skipif(

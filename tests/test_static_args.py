@@ -9,10 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_equal
+from helpers import assert_tree_equal, needs_plugin
 
 import jaxpar
-from jaxpar import _compiled
 
 
 def layers(x, w, n, *, scale=1.0):
@@ -177,7 +176,7 @@ def test_equinox_module_with_function_leaves():
 # --- gpu_preview takes them like the decorator --------------------------------------------
 
 
-@pytest.mark.skipif(not _compiled.plugin_status()[0], reason="needs the CUDA plugin")
+@needs_plugin
 def test_gpu_preview_takes_static_and_keyword_arguments():
     # n steers the trace (a Python loop), scale is a keyword argument.
     preview = jaxpar.gpu_preview(layers, X, W, 3, static_argnums=2, kwargs={"scale": 2.0},

@@ -20,14 +20,7 @@ from .._plan import REASON_TOO_CHEAP, LevelPlan
 from .._plan.modes import ModeChoice
 from .._primitives import LOOPS
 from .._tune import Tuning
-from ..passes import (
-    KIND_BATCHED,
-    KIND_BATCHED_MATMULS,
-    KIND_FUSED,
-    KIND_UNROLLED,
-    SUBGRAPH_KINDS,
-    LoopDecision,
-)
+from ..passes import SUBGRAPH_KINDS, DecisionKind, LoopDecision
 from .plan import Plan
 from .types import Collective, LeftAlone, Region, Section, Step, directions_text
 
@@ -35,9 +28,9 @@ _MAX_SOURCES = 3
 _MAX_PRIMITIVES = 4
 _LOOP_PRIMITIVES = LOOPS
 # Loop rewrites drawn on the loop they produced.
-_DRAWN_LOOP_KINDS = (KIND_FUSED, KIND_BATCHED, KIND_UNROLLED)
+_DRAWN_LOOP_KINDS = (DecisionKind.FUSED, DecisionKind.BATCHED, DecisionKind.UNROLLED)
 # Fused and batched loops are new loops, so never "left alone".
-_NEW_LOOP_KINDS = frozenset({KIND_FUSED, KIND_BATCHED})
+_NEW_LOOP_KINDS = frozenset({DecisionKind.FUSED, DecisionKind.BATCHED})
 
 
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
@@ -146,7 +139,7 @@ def _batched_groups(levels: dict[str, Any], decisions: tuple[LoopDecision, ...]
     """
     marked: dict[str, dict[int, set[int]]] = {}
     for k, d in enumerate(decisions):
-        if d.kind != KIND_BATCHED_MATMULS:
+        if d.kind != DecisionKind.BATCHED_MATMULS:
             continue
         places = [p for p in d.produced if p.location in levels and (
             p.holds or levels[p.location][p.eqn].primitive.name in d.primitives)]

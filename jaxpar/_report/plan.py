@@ -22,15 +22,7 @@ import html
 import os
 from typing import Any
 
-from ..passes import (
-    KIND_BATCHED,
-    KIND_FUSED,
-    KIND_HOST_SYNC,
-    KIND_LEFT_ALONE,
-    KIND_MATMULS_LEFT_ALONE,
-    KIND_SUBGRAPHS_LEFT_ALONE,
-    LoopDecision,
-)
+from ..passes import DecisionKind, LoopDecision
 from .render import (
     decision_summary,
     decision_text,
@@ -46,9 +38,9 @@ from .timeline import plan_estimate
 from .types import PlanEstimate, PlanRecord
 
 # Fused and batched loops are new loops, so never "left alone".
-_NEW_LOOP_KINDS = frozenset({KIND_FUSED, KIND_BATCHED})
-_UNCHANGED = frozenset({KIND_LEFT_ALONE, KIND_HOST_SYNC, KIND_SUBGRAPHS_LEFT_ALONE,
-                        KIND_MATMULS_LEFT_ALONE})
+_NEW_LOOP_KINDS = frozenset({DecisionKind.FUSED, DecisionKind.BATCHED})
+_UNCHANGED = frozenset({DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC,
+                        DecisionKind.SUBGRAPHS_LEFT_ALONE, DecisionKind.MATMULS_LEFT_ALONE})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -51,38 +51,9 @@ from . import inline_twins as _inline_twins
 from . import share_common as _share_common
 from . import static_loops as _static_loops
 from . import unroll as _unroll
-from ._walk import (
-    KIND_BATCHED,
-    KIND_BATCHED_MATMULS,
-    KIND_BATCHED_SUBGRAPHS,
-    KIND_FUSED,
-    KIND_HOST_SYNC,
-    KIND_INLINED,
-    KIND_LEFT_ALONE,
-    KIND_MADE_STATIC,
-    KIND_MATMULS_LEFT_ALONE,
-    KIND_SUBGRAPHS_LEFT_ALONE,
-    KIND_UNROLLED,
-    SUBGRAPH_KINDS,
-    DecisionKind,
-    Level,
-    LoopDecision,
-    LoopPass,
-    walk_levels,
-)
+from ._walk import SUBGRAPH_KINDS, DecisionKind, Level, LoopDecision, LoopPass, walk_levels
 
 __all__ = [
-    "KIND_BATCHED",
-    "KIND_BATCHED_MATMULS",
-    "KIND_BATCHED_SUBGRAPHS",
-    "KIND_FUSED",
-    "KIND_HOST_SYNC",
-    "KIND_INLINED",
-    "KIND_LEFT_ALONE",
-    "KIND_MADE_STATIC",
-    "KIND_MATMULS_LEFT_ALONE",
-    "KIND_SUBGRAPHS_LEFT_ALONE",
-    "KIND_UNROLLED",
     "PASSES",
     "SUBGRAPH_KINDS",
     "DecisionKind",

@@ -70,23 +70,13 @@ class DecisionKind(enum.StrEnum):
     INLINED = "inlined calls"
 
 
-KIND_FUSED = DecisionKind.FUSED
-KIND_BATCHED = DecisionKind.BATCHED
-KIND_UNROLLED = DecisionKind.UNROLLED
-KIND_MADE_STATIC = DecisionKind.MADE_STATIC
-KIND_LEFT_ALONE = DecisionKind.LEFT_ALONE
-KIND_HOST_SYNC = DecisionKind.HOST_SYNC
-KIND_BATCHED_SUBGRAPHS = DecisionKind.BATCHED_SUBGRAPHS
-KIND_SUBGRAPHS_LEFT_ALONE = DecisionKind.SUBGRAPHS_LEFT_ALONE
-KIND_BATCHED_MATMULS = DecisionKind.BATCHED_MATMULS
-KIND_MATMULS_LEFT_ALONE = DecisionKind.MATMULS_LEFT_ALONE
-KIND_INLINED = DecisionKind.INLINED
-_UNCHANGED_KINDS = (KIND_LEFT_ALONE, KIND_HOST_SYNC, KIND_SUBGRAPHS_LEFT_ALONE,
-                    KIND_MATMULS_LEFT_ALONE)
+_UNCHANGED_KINDS = (DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC,
+                    DecisionKind.SUBGRAPHS_LEFT_ALONE, DecisionKind.MATMULS_LEFT_ALONE)
 # Decisions of the subgraph and matmul batching passes (``inline_twin_calls``,
 # ``batch_branches``, ``batch_matmuls``); the rest are about loops.
-SUBGRAPH_KINDS = (KIND_INLINED, KIND_BATCHED_SUBGRAPHS, KIND_SUBGRAPHS_LEFT_ALONE,
-                  KIND_BATCHED_MATMULS, KIND_MATMULS_LEFT_ALONE)
+SUBGRAPH_KINDS = (DecisionKind.INLINED, DecisionKind.BATCHED_SUBGRAPHS,
+                  DecisionKind.SUBGRAPHS_LEFT_ALONE, DecisionKind.BATCHED_MATMULS,
+                  DecisionKind.MATMULS_LEFT_ALONE)
 
 # Bound on the rounds of level passes at one level (each productive round removes a loop,
 # loop trips, or a unit unroll factor, so real programs settle in a few).
@@ -645,8 +635,9 @@ def _owners(rewrites: Sequence[Rewrite], decisions: Sequence[LoopDecision],
 
 
 def _as_left_alone(decisions: Sequence[LoopDecision], why: str) -> list[LoopDecision]:
-    return [d if d.kind in (KIND_LEFT_ALONE, KIND_HOST_SYNC) else dataclasses.replace(
-        d, kind=KIND_LEFT_ALONE, trips_after=d.trips_before, reason=f"{d.reason}; but {why}")
+    return [d if d.kind in (DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC)
+            else dataclasses.replace(d, kind=DecisionKind.LEFT_ALONE, trips_after=d.trips_before,
+                                     reason=f"{d.reason}; but {why}")
         for d in decisions]
 
 

@@ -80,8 +80,7 @@ from .._graph import Graph
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
 from ._shared import stage_depths
 from ._walk import (
-    KIND_BATCHED_MATMULS,
-    KIND_MATMULS_LEFT_ALONE,
+    DecisionKind,
     Level,
     LevelResult,
     LoopDecision,
@@ -778,8 +777,8 @@ def _batched(path: str, eqns: Sequence[Any], group: _Group, launches: int,
                  if swapped else "")
               + (f"; {transposed} operands read transposed (in their stacking copy)"
                  if transposed else "") + f"; {_price_text(price)}")
-    return decision(path, KIND_BATCHED_MATMULS, eqns, list(group.members), trips_before=None,
-                    trips_after=None, unroll=None, reason=reason,
+    return decision(path, DecisionKind.BATCHED_MATMULS, eqns, list(group.members),
+                    trips_before=None, trips_after=None, unroll=None, reason=reason,
                     members=[(i,) for i in group.members], stage=group.stage,
                     saving_us=price.worth * 1e6)
 
@@ -792,7 +791,7 @@ def _left_alone(path: str, eqns: Sequence[Any], group: _Group, launches: int, pr
            f"would save {saves}, less than half a launch more than its stacking and slicing "
            "kernels cost: the cost model cannot tell it pays")
     reason = f"batching {why}: {_describe(eqns, group)}; {_price_text(price)}"
-    return decision(path, KIND_MATMULS_LEFT_ALONE, eqns, list(group.members),
+    return decision(path, DecisionKind.MATMULS_LEFT_ALONE, eqns, list(group.members),
                     trips_before=None, trips_after=None, unroll=None, reason=reason,
                     members=[(i,) for i in group.members], stage=group.stage,
                     saving_us=price.worth * 1e6)

@@ -43,8 +43,7 @@ from .._analysis import Analysis
 from .._structure import StructuralKeys
 from ._shared import batch_refusal, body_key, group_independent, static_refusal, vmap_members
 from ._walk import (
-    KIND_BATCHED,
-    KIND_LEFT_ALONE,
+    DecisionKind,
     Level,
     LevelResult,
     LoopDecision,
@@ -83,14 +82,14 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         left = sorted(refused - batched)
         if len(left) > 1:
             decisions.append(decision(
-                path, KIND_LEFT_ALONE, eqns, left, trips_before=None, trips_after=None,
+                path, DecisionKind.LEFT_ALONE, eqns, left, trips_before=None, trips_after=None,
                 unroll=None, reason=f"{len(left)} scans run the same body, but vmap would "
                                     f"not batch them faithfully and cheaply: {why}"))
     for group in groups:
         length = _compat.scan_info(eqns[group[0]]).length
         rewrites.append(Rewrite(tuple(group), _batched_emitter([eqns[i] for i in group])))
         decisions.append(decision(
-            path, KIND_BATCHED, eqns, group, trips_before=length * len(group),
+            path, DecisionKind.BATCHED, eqns, group, trips_before=length * len(group),
             trips_after=length, unroll=_compat.scan_info(eqns[group[0]]).unroll,
             reason=f"{len(group)} independent scans run the same body: one vmapped scan with "
                    "stacked operands, so each trip launches the same kernels, batched"))

@@ -86,8 +86,7 @@ from ._shared import (
     vmap_members,
 )
 from ._walk import (
-    KIND_BATCHED_SUBGRAPHS,
-    KIND_SUBGRAPHS_LEFT_ALONE,
+    DecisionKind,
     Level,
     LevelResult,
     LoopDecision,
@@ -159,7 +158,7 @@ def _batch_level(level: Level, costs: CostModel,
     keys, local_keys = _value_numbers(inner, producer, graph, memo, structure, refused,
                                       carried)
     decisions: list[LoopDecision] = [
-        decision(path, KIND_SUBGRAPHS_LEFT_ALONE, eqns, members, trips_before=None,
+        decision(path, DecisionKind.SUBGRAPHS_LEFT_ALONE, eqns, members, trips_before=None,
                  trips_after=None, unroll=None,
                  reason=f"{len(members)} identical independent equations, but vmap would "
                         f"not batch them faithfully and cheaply: {why}")
@@ -219,7 +218,7 @@ def _batch_level(level: Level, costs: CostModel,
             if member_cost.kernels >= 2 and not set(group.eqns) <= reported:
                 reported.update(group.eqns)
                 decisions.append(decision(
-                    path, KIND_SUBGRAPHS_LEFT_ALONE, eqns, list(group.rows[-1]),
+                    path, DecisionKind.SUBGRAPHS_LEFT_ALONE, eqns, list(group.rows[-1]),
                     trips_before=None, trips_after=None, unroll=None,
                     reason=f"{group.members} identical independent subgraphs of "
                            f"{len(group.rows)} equations, but {why}"))
@@ -235,7 +234,7 @@ def _batch_level(level: Level, costs: CostModel,
         kernels = member_kernels[group.eqns]
         stacked = sum(1 for slot in group.slots if not _shared_column(eqns, group, slot))
         taken.append(decision(
-            path, KIND_BATCHED_SUBGRAPHS, eqns, list(group.rows[-1]), trips_before=None,
+            path, DecisionKind.BATCHED_SUBGRAPHS, eqns, list(group.rows[-1]), trips_before=None,
             trips_after=None, unroll=None,
             reason=f"{group.members} independent subgraphs compute the same "
                    f"{len(group.rows)} equations: one vmapped subgraph over {stacked} stacked "

@@ -43,16 +43,7 @@ from jax import lax
 from .. import _compat
 from .._analysis import Analysis
 from ._shared import batch_refusal, body_key, group_independent
-from ._walk import (
-    KIND_FUSED,
-    KIND_LEFT_ALONE,
-    Level,
-    LevelResult,
-    Rewrite,
-    decision,
-    evaluate,
-    loop_candidate,
-)
+from ._walk import DecisionKind, Level, LevelResult, Rewrite, decision, evaluate, loop_candidate
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
@@ -87,7 +78,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         if len(group) == 1:
             (index,) = group
             decisions.append(decision(
-                path, KIND_LEFT_ALONE, eqns, group, trips_before=infos[index].length,
+                path, DecisionKind.LEFT_ALONE, eqns, group, trips_before=infos[index].length,
                 trips_after=infos[index].length, unroll=infos[index].unroll,
                 reason="every other scan at this level depends on it, feeds it, or is "
                        "left for batching"))
@@ -104,7 +95,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
                   + (f"; unequal lengths {lengths}: {len(segments)} chained segments"
                      if len(segments) > 1 else ""))
         decisions.append(decision(
-            path, KIND_FUSED, eqns, group, trips_before=sum(lengths),
+            path, DecisionKind.FUSED, eqns, group, trips_before=sum(lengths),
             trips_after=max(lengths), unroll=unroll, reason=detail))
     return rewrites, decisions
 

@@ -41,7 +41,7 @@ import jax
 from .. import _compat
 from .._analysis import Analysis
 from ._shared import ancestor_masks, independent
-from ._walk import KIND_INLINED, Level, LevelResult, LoopDecision, Rewrite, decision, evaluate
+from ._walk import DecisionKind, Level, LevelResult, LoopDecision, Rewrite, decision, evaluate
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
@@ -89,7 +89,7 @@ def _inline_level(level: Level, analysis: Analysis) -> tuple[list[Rewrite], list
             rewrites.append(Rewrite((index,), _emitter(name, body)))
         name = bodies[twins[0]][0]
         decisions.append(decision(
-            level.path, KIND_INLINED, eqns, twins, trips_before=None, trips_after=None,
+            level.path, DecisionKind.INLINED, eqns, twins, trips_before=None, trips_after=None,
             unroll=None, members=[(i,) for i in twins],
             reason=f"{len(twins)} independent `{eqns[twins[0]].primitive.name}` calls run "
                    f"bodies of one signature (`{name}`): inlined so the batching passes see "

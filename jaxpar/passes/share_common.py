@@ -36,7 +36,7 @@ from .._analysis import Analysis
 from .._primitives import NEVER_SHARED
 from .._structure import StructuralKeys
 from ._shared import merge_refusal
-from ._walk import KIND_LEFT_ALONE, Level, LevelResult, LoopDecision, Rewrite, decision
+from ._walk import DecisionKind, Level, LevelResult, LoopDecision, Rewrite, decision
 
 
 def _eqn_key(eqn: Any, keys: StructuralKeys, aval_text: dict[Any, str] | None = None
@@ -126,7 +126,7 @@ def _share_level(level: Level, keys: StructuralKeys,
         why = merge_refusal(first, merges)  # the same for every member: they are equal
         if why is not None:
             decisions.append(decision(
-                level.path, KIND_LEFT_ALONE, eqns, members, trips_before=None,
+                level.path, DecisionKind.LEFT_ALONE, eqns, members, trips_before=None,
                 trips_after=None, unroll=None,
                 reason=f"{count} equal equations computed once each, not shared: {why}"))
             continue

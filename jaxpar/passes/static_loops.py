@@ -33,16 +33,7 @@ from .. import _compat
 from .._analysis import Analysis
 from .._loops import static_trip_count
 from .._primitives import WHILE
-from ._walk import (
-    KIND_HOST_SYNC,
-    KIND_MADE_STATIC,
-    Level,
-    LevelResult,
-    LoopDecision,
-    Rewrite,
-    decision,
-    evaluate,
-)
+from ._walk import DecisionKind, Level, LevelResult, LoopDecision, Rewrite, decision, evaluate
 
 HOST_SYNC_HINT = ("XLA cannot see this loop's trip count, so on a GPU every iteration waits "
                   "for the host; if the trip count is known when tracing, pass Python int "
@@ -64,12 +55,13 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         if trips is None:
             reason = ("the loop has side effects" if eqn.effects
                       else f"no static trip count: {count.reason}") + f"; {HOST_SYNC_HINT}"
-            decisions.append(decision(path, KIND_HOST_SYNC, eqns, [index], trips_before=None,
-                                      trips_after=None, unroll=None, reason=reason))
+            decisions.append(decision(path, DecisionKind.HOST_SYNC, eqns, [index],
+                                      trips_before=None, trips_after=None, unroll=None,
+                                      reason=reason))
             continue
         rewrites.append(Rewrite((index,), _static_scan_emitter(eqn, trips)))
         decisions.append(decision(
-            path, KIND_MADE_STATIC, eqns, [index], trips_before=trips, trips_after=trips,
+            path, DecisionKind.MADE_STATIC, eqns, [index], trips_before=trips, trips_after=trips,
             unroll=1, reason=f"counting loop with constant bounds ({count.reason}): now a scan "
                              "whose trip count XLA knows, so it runs without host syncs"))
     return rewrites, decisions

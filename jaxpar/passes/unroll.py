@@ -34,15 +34,7 @@ from .. import _compat
 from .._analysis import Analysis
 from .._cost import CostModel
 from .._options import UNROLL_BY_COST
-from ._walk import (
-    KIND_LEFT_ALONE,
-    KIND_UNROLLED,
-    Level,
-    LevelResult,
-    Rewrite,
-    decision,
-    loop_candidate,
-)
+from ._walk import DecisionKind, Level, LevelResult, Rewrite, decision, loop_candidate
 
 KERNELS_PER_TRIP = 8
 MAX_UNROLLED_EQNS = 512
@@ -79,7 +71,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         if unroll == UNROLL_BY_COST:
             if info.unroll != 1:
                 decisions.append(decision(
-                    path, KIND_LEFT_ALONE, eqns, [index], trips_before=info.length,
+                    path, DecisionKind.LEFT_ALONE, eqns, [index], trips_before=info.length,
                     trips_after=info.length, unroll=info.unroll,
                     reason=f"unroll={info.unroll} was already chosen"))
                 continue
@@ -91,12 +83,12 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         trips = -(-info.length // factor) if info.length else 0
         if factor == info.unroll:
             decisions.append(decision(
-                path, KIND_LEFT_ALONE, eqns, [index], trips_before=info.length,
+                path, DecisionKind.LEFT_ALONE, eqns, [index], trips_before=info.length,
                 trips_after=info.length, unroll=factor, reason=f"{why}: factor stays {factor}"))
             continue
         rewrites.append(Rewrite((index,), _unroll_emitter(eqn, factor)))
         decisions.append(decision(
-            path, KIND_UNROLLED, eqns, [index], trips_before=-(-info.length // info.unroll),
+            path, DecisionKind.UNROLLED, eqns, [index], trips_before=-(-info.length // info.unroll),
             trips_after=trips, unroll=factor, reason=f"{why}: unroll by {factor}"))
     return rewrites, decisions
 
