@@ -96,6 +96,9 @@ class Plan(PlanRecord):
             parts.append(f"{self.num_regions} stream regions in {len(self.sections)} sections")
         elif parts:
             parts.append("no stream regions")
+        if self.mode is not None and self.mode.chosen:
+            parts.append(f"compiled with {self.mode.mode.value} CUDA graphs (the process: "
+                         f"{self.mode.user_mode.value})")
         if not parts:
             return (f"nothing: jax.jit's program (nothing here pays on "
                     f"target={self.target})")
