@@ -39,12 +39,13 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
-import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from .._flags import xla_flags_text
 
 __all__ = [
     "GPU_TARGETS",
@@ -322,7 +323,7 @@ def _compile_key(lowered: Any, mesh: Any, compiler_options: Mapping[str, Any] | 
     return (lowered.as_text(debug_info=True),
             tuple((device.id, device.device_kind) for device in mesh.devices.flat),
             tuple(sorted((str(k), repr(v)) for k, v in (compiler_options or {}).items())),
-            os.environ.get("XLA_FLAGS", ""))
+            xla_flags_text())
 
 
 def compile_for_gpu(
