@@ -10,7 +10,7 @@
 # Then pytest on both jax versions side by side (one job a core; ruff and mypy before the
 # shorter job), a line per test file as it finishes, each job's full log in
 # .ci-venv/<job>.log, and one summary with the slowest tests and files.
-# Took 26 minutes (1565 s) on a quiet 2-core machine once installed (2026-12-01); the jax
+# Took 30 minutes (1811 s) on a quiet 2-core machine once installed (2026-12-01); the jax
 # 0.10.2 job, with the deviceless GPU compiles and the GPU guard, is the longer.
 #
 # Usage: bash scripts/test.sh [extra pytest args]
