@@ -133,11 +133,6 @@ def launch_prices(profile: DeviceProfile, mode: CommandBufferMode | None,
         return LaunchPrices(floor, floor)
     return LaunchPrices(gpu.graph_node_s, floor + gpu.graph_node_s)
 
-def _in_loop_body(path: str) -> bool:
-    """Whether the level at ``path`` (``"/scan#3.jaxpr"``) is in a loop's body."""
-    return any(part.startswith((_primitives.SCAN + "#", _primitives.WHILE + "#"))
-               for part in path.split("/"))
-
 
 CostRule = Callable[["CostModel", Any], Cost]
 cost_rules: dict[str, CostRule] = {}
@@ -303,14 +298,14 @@ class CostModel:
         return cost.seconds(self.profile)
 
     def launch_prices(self, eqns: Any, mode: CommandBufferMode | None,
-                      path: str = "") -> LaunchPrices:
-        """``launch_prices`` of the level made of ``eqns`` (at ``path``) in ``mode``: its
-        graph holds the kernels of every equation but loops and conds (never captured).
-        A loop body's kernels are launched on every trip as a serial chain: deviceless
-        H200 compiles of the crossed pair in ``concurrent`` mode launch its 1000-trip
-        body's kernels one by one (14.5 launches a trip), so there a saved launch is worth
-        a whole launch."""
-        if mode is not CommandBufferMode.CONCURRENT or _in_loop_body(path):
+                      in_loop_body: bool = False) -> LaunchPrices:
+        """``launch_prices`` of the level made of ``eqns`` in ``mode``: its graph holds
+        the kernels of every equation but loops and conds (never captured).
+        A loop body's kernels (``in_loop_body``) are launched on every trip as a serial
+        chain: deviceless H200 compiles of the crossed pair in ``concurrent`` mode launch
+        its 1000-trip body's kernels one by one (14.5 launches a trip), so there a saved
+        launch is worth a whole launch."""
+        if mode is not CommandBufferMode.CONCURRENT or in_loop_body:
             return launch_prices(self.profile, mode, 0.0)
         uncaptured = (_primitives.SCAN, _primitives.WHILE, _primitives.COND)
         kernels = sum(self.eqn_cost(e).kernels for e in eqns

@@ -20,7 +20,7 @@ from .._plan import REASON_TOO_CHEAP, LevelPlan
 from .._plan.modes import ModeChoice
 from .._primitives import LOOPS
 from .._tune import Tuning
-from ..passes import SUBGRAPH_KINDS, DecisionKind, LoopDecision
+from ..passes import NEW_LOOP_KINDS, SUBGRAPH_KINDS, DecisionKind, LoopDecision
 from .plan import Plan
 from .types import Collective, LeftAlone, Region, Section, Step, directions_text
 
@@ -29,8 +29,6 @@ _MAX_PRIMITIVES = 4
 _LOOP_PRIMITIVES = LOOPS
 # Loop rewrites drawn on the loop they produced.
 _DRAWN_LOOP_KINDS = (DecisionKind.FUSED, DecisionKind.BATCHED, DecisionKind.UNROLLED)
-# Fused and batched loops are new loops, so never "left alone".
-_NEW_LOOP_KINDS = frozenset({DecisionKind.FUSED, DecisionKind.BATCHED})
 
 
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
@@ -88,7 +86,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
             steps.extend(_steps(level, eqns, first_section, len(steps), rewritten,
                                 batched.get(level.path, {})))
         made_here = {i for i, marks in rewritten.items()
-                     if any(loop_decisions[k].kind in _NEW_LOOP_KINDS for k in marks)}
+                     if any(loop_decisions[k].kind in NEW_LOOP_KINDS for k in marks)}
         for note in level.notes:
             kept = tuple(i for i in note.eqns if i not in made_here)
             if not kept:  # a loop jaxpar made: reported under "loops", not left alone

@@ -22,7 +22,7 @@ import html
 import os
 from typing import Any
 
-from ..passes import DecisionKind, LoopDecision
+from ..passes import NEW_LOOP_KINDS, UNCHANGED_KINDS, LoopDecision
 from .render import (
     decision_summary,
     decision_text,
@@ -36,11 +36,6 @@ from .render import (
 )
 from .timeline import plan_estimate
 from .types import PlanEstimate, PlanRecord
-
-# Fused and batched loops are new loops, so never "left alone".
-_NEW_LOOP_KINDS = frozenset({DecisionKind.FUSED, DecisionKind.BATCHED})
-_UNCHANGED = frozenset({DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC,
-                        DecisionKind.SUBGRAPHS_LEFT_ALONE, DecisionKind.MATMULS_LEFT_ALONE})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -85,12 +80,12 @@ class Plan(PlanRecord):
         """
         changed: dict[str, list[LoopDecision]] = {}
         for decision in (*self.loops, *self.subgraphs):
-            if decision.kind not in _UNCHANGED:
+            if decision.kind not in UNCHANGED_KINDS:
                 changed.setdefault(str(decision.kind), []).append(decision)
         parts = []
         for kind, decisions in changed.items():
             loops = sum(len(d.eqns) for d in decisions)
-            joined = f" ({loops} loops -> {len(decisions)})" if kind in _NEW_LOOP_KINDS else ""
+            joined = f" ({loops} loops -> {len(decisions)})" if kind in NEW_LOOP_KINDS else ""
             parts.append(f"{kind}: {len(decisions)}{joined}")
         if self.num_regions:
             parts.append(f"{self.num_regions} stream regions in {len(self.sections)} sections")

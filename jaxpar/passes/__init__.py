@@ -51,11 +51,22 @@ from . import inline_twins as _inline_twins
 from . import share_common as _share_common
 from . import static_loops as _static_loops
 from . import unroll as _unroll
-from ._walk import SUBGRAPH_KINDS, DecisionKind, Level, LoopDecision, LoopPass, walk_levels
+from ._walk import (
+    NEW_LOOP_KINDS,
+    SUBGRAPH_KINDS,
+    UNCHANGED_KINDS,
+    DecisionKind,
+    Level,
+    LoopDecision,
+    LoopPass,
+    walk_levels,
+)
 
 __all__ = [
+    "NEW_LOOP_KINDS",
     "PASSES",
     "SUBGRAPH_KINDS",
+    "UNCHANGED_KINDS",
     "DecisionKind",
     "Level",
     "LoopDecision",

@@ -51,7 +51,7 @@ from .._analysis import Analysis
 from .._graph import ContractionCycle, EqnUnit, Graph, RewriteUnit, Unit, build_graph, contract
 from .._interp import Env
 from .._options import Settings
-from .._primitives import SCAN
+from .._primitives import LOOPS, SCAN
 
 
 class DecisionKind(enum.StrEnum):
@@ -70,8 +70,11 @@ class DecisionKind(enum.StrEnum):
     INLINED = "inlined calls"
 
 
-_UNCHANGED_KINDS = (DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC,
-                    DecisionKind.SUBGRAPHS_LEFT_ALONE, DecisionKind.MATMULS_LEFT_ALONE)
+# Decisions that only report: the program is left as it was.
+UNCHANGED_KINDS = frozenset({DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC,
+                             DecisionKind.SUBGRAPHS_LEFT_ALONE, DecisionKind.MATMULS_LEFT_ALONE})
+# Decisions that make a new loop out of several (so it is never "left alone").
+NEW_LOOP_KINDS = frozenset({DecisionKind.FUSED, DecisionKind.BATCHED})
 # Decisions of the subgraph and matmul batching passes (``inline_twin_calls``,
 # ``batch_branches``, ``batch_matmuls``); the rest are about loops.
 SUBGRAPH_KINDS = (DecisionKind.INLINED, DecisionKind.BATCHED_SUBGRAPHS,
@@ -271,6 +274,13 @@ class Level:
     def eqns(self) -> list[Any]:
         inner, _ = _compat.open_jaxpr(self.jaxpr)
         return list(inner.eqns)
+
+    @property
+    def in_loop_body(self) -> bool:
+        """Whether the level is (inside) the body of a ``scan`` or ``while``: a part of
+        ``path`` names a loop equation (``"scan#3"`` in ``"/scan#3.jaxpr"``)."""
+        return any(part.split("#", 1)[0] in LOOPS for part in self.path.split("/")
+                   if "#" in part)
 
 
 LevelResult = tuple[list[Rewrite], list[LoopDecision]]
@@ -537,7 +547,7 @@ def walk_levels(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis
     for attempt in range(MAX_ROUNDS):
         new, walk_decisions, level_changed = _walk_once(current, level_passes, analysis, path)
         decisions.extend(d for d in walk_decisions
-                         if attempt == 0 or d.kind not in _UNCHANGED_KINDS)
+                         if attempt == 0 or d.kind not in UNCHANGED_KINDS)
         current = new
         if not level_changed:
             if not path:  # the top level: where each decision's equations ended up
@@ -568,7 +578,7 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
                 replacements[(name, item)] = new_sub
                 holds.setdefault(index, set()).update(
                     (origins.number(d), True) for d in sub_decisions
-                    if d.kind not in _UNCHANGED_KINDS)
+                    if d.kind not in UNCHANGED_KINDS)
         if replacements:
             params[index] = _compat.eqn_replace_subjaxprs(eqn, replacements)
     current = jaxpr
@@ -597,7 +607,7 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
                                for d in level_decisions]
             if round_index > 0:
                 level_decisions = [d for d in level_decisions
-                                   if d.kind not in _UNCHANGED_KINDS]
+                                   if d.kind not in UNCHANGED_KINDS]
             if rewrites:
                 rebuilt = rebuild_level(current, rewrites, graph=graph,
                                         orders=analysis.memo("emission_order"),
@@ -610,8 +620,8 @@ def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
                     continue
                 current = rebuilt
                 changed = level_changed = True
-            changes.extend(d for d in level_decisions if d.kind not in _UNCHANGED_KINDS)
-            kept.extend(d for d in level_decisions if d.kind in _UNCHANGED_KINDS)
+            changes.extend(d for d in level_decisions if d.kind not in UNCHANGED_KINDS)
+            kept.extend(d for d in level_decisions if d.kind in UNCHANGED_KINDS)
         if not changed:
             break
     else:
@@ -627,7 +637,7 @@ def _owners(rewrites: Sequence[Rewrite], decisions: Sequence[LoopDecision],
     """Per rewrite, the numbers of the changing decisions about equations it replaces."""
     about: dict[int, list[int]] = {}
     for d in decisions:
-        if d.kind not in _UNCHANGED_KINDS:
+        if d.kind not in UNCHANGED_KINDS:
             number = origins.number(d)
             for i in d.eqns:
                 about.setdefault(i, []).append(number)

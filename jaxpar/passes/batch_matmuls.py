@@ -214,7 +214,7 @@ def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None
     if not groups:
         return [], []
     level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
-    prices = costs.launch_prices(eqns, mode, path)
+    prices = costs.launch_prices(eqns, mode, level.in_loop_body)
     accepted, rejected, priced = _choose(eqns, groups, launches, costs, level_outputs, prices)
     decisions = [_left_alone(path, eqns, g, launches[g], priced[g]) for g in rejected]
     if not accepted:

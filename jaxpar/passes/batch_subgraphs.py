@@ -173,7 +173,7 @@ def _batch_level(level: Level, costs: CostModel,
     # Only the equations of candidate groups are costed; the stages need only which
     # equations launch a kernel.
     heavy = [costs.launches(eqn) for eqn in eqns]
-    prices = costs.launch_prices(eqns, mode, path)
+    prices = costs.launch_prices(eqns, mode, level.in_loop_body)
     depth, height = _stages(graph, heavy)
     claimed: set[int] = set()
     reported: set[int] = set()  # equations of subgraphs already reported as left alone
