@@ -29,7 +29,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import jax.extend.core as jex_core
@@ -51,11 +51,14 @@ from jax._src.lax import lax as _lax_internal
 
 __all__ = [
     "JAX_VERSION",
+    "Atom",
     "ClosedJaxpr",
     "DropVar",
     "Jaxpr",
     "JaxprEqn",
+    "JaxprLike",
     "Literal",
+    "Primitive",
     "all_primitive_names",
     "Var",
     "bind_eqn",
@@ -89,6 +92,11 @@ JaxprEqn = jex_core.JaxprEqn
 Var = jex_core.Var
 Literal = jex_core.Literal
 DropVar = jex_core.DropVar
+Primitive = jex_core.Primitive
+# A jaxpr parameter or level: open (``Jaxpr``) or closed (``ClosedJaxpr``; one class
+# from jax 0.11). An equation operand: a variable or a literal.
+JaxprLike: TypeAlias = Jaxpr | ClosedJaxpr
+Atom: TypeAlias = Var | Literal
 
 # From jax 0.11 ``ClosedJaxpr`` is ``Jaxpr``: "closed" then means "has consts".
 _UNIFIED_JAXPR = ClosedJaxpr is Jaxpr

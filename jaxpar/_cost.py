@@ -34,8 +34,10 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _compat, _primitives
+from ._compat import JaxprEqn, JaxprLike
 from ._gpu_model import GENERIC_GPU, GPU_PROFILES, MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
 from ._loops import static_trip_count
+from ._memo import IdentityMemo
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -238,19 +240,19 @@ class CostModel:
 
     def __init__(self, profile: DeviceProfile):
         self.profile = profile
-        self._jaxpr_costs: dict[int, tuple[Any, Cost]] = {}
+        self._jaxpr_costs: IdentityMemo[JaxprLike, Cost] = IdentityMemo()
         # Equations are immutable, and the passes see the same ones round after round.
-        self._eqn_costs: dict[int, tuple[Any, Cost]] = {}
+        self._eqn_costs: IdentityMemo[JaxprEqn, Cost] = IdentityMemo()
         # Parameter dicts by identity: the jaxprs they hold (``subjaxprs``).
-        self._nested: dict[int, tuple[Any, tuple[tuple[str, int | None, Any], ...]]] = {}
+        self._nested: IdentityMemo[dict[str, Any],
+                                   tuple[tuple[str, int | None, JaxprLike], ...]] = IdentityMemo()
 
-    def eqn_cost(self, eqn: Any) -> Cost:
-        hit = self._eqn_costs.get(id(eqn))
-        if hit is not None and hit[0] is eqn:
-            return hit[1]
-        rule = cost_rules.get(eqn.primitive.name, _default_rule)
-        cost = rule(self, eqn)
-        self._eqn_costs[id(eqn)] = (eqn, cost)
+    def eqn_cost(self, eqn: JaxprEqn) -> Cost:
+        cost = self._eqn_costs.get(eqn)
+        if cost is None:
+            rule = cost_rules.get(eqn.primitive.name, _default_rule)
+            cost = rule(self, eqn)
+            self._eqn_costs.set(eqn, cost)
         return cost
 
     def launches(self, eqn: Any) -> bool:
@@ -270,28 +272,25 @@ class CostModel:
                 return False
         return self.eqn_cost(eqn).kernels > 0
 
-    def subjaxprs(self, eqn: Any) -> tuple[tuple[str, int | None, Any], ...]:
+    def subjaxprs(self, eqn: JaxprEqn) -> tuple[tuple[str, int | None, JaxprLike], ...]:
         """``_compat.eqn_subjaxprs(eqn)``, memoised by the parameter dict: rewritten
         levels keep the parameter dicts of the equations they copy, and the passes, the
         planner and the mode estimates each ask about every equation."""
         params = eqn.params
-        hit = self._nested.get(id(params))
-        if hit is None or hit[0] is not params:
-            hit = (params, tuple(_compat.eqn_subjaxprs(eqn)))
-            self._nested[id(params)] = hit
-        return hit[1]
+        found = self._nested.get(params)
+        if found is None:
+            found = tuple(_compat.eqn_subjaxprs(eqn))
+            self._nested.set(params, found)
+        return found
 
-    def jaxpr_cost(self, jaxpr: Any) -> Cost:
-        key = id(jaxpr)
-        hit = self._jaxpr_costs.get(key)
-        if hit is not None and hit[0] is jaxpr:
-            return hit[1]
-        inner, _ = _compat.open_jaxpr(jaxpr)
-        total = ZERO
-        for eqn in inner.eqns:
-            total = total + self.eqn_cost(eqn)
-        # Keep a reference so the id stays unique while memoised.
-        self._jaxpr_costs[key] = (jaxpr, total)
+    def jaxpr_cost(self, jaxpr: JaxprLike) -> Cost:
+        total = self._jaxpr_costs.get(jaxpr)
+        if total is None:
+            inner, _ = _compat.open_jaxpr(jaxpr)
+            total = ZERO
+            for eqn in inner.eqns:
+                total = total + self.eqn_cost(eqn)
+            self._jaxpr_costs.set(jaxpr, total)
         return total
 
     def seconds(self, cost: Cost) -> float:

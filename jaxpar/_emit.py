@@ -51,6 +51,7 @@ from jax import lax
 from . import _compat
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._interp import Env
+from ._memo import IdentityMemo
 from ._plan import LevelPlan
 from ._plan.collectives import COLLECTIVES_GROUP_ATTRIBUTES
 from ._primitives import SCAN
@@ -285,10 +286,11 @@ class Emitter:
     def __init__(self, plan: LevelPlan, emit_streams: bool):
         self.plan = plan
         self.emit_streams = emit_streams
-        self._region_io: dict[tuple[int, int, int], tuple[list[Any], list[Any]]] = {}
+        # By level object, with the section and region: (in vars, out vars).
+        self._region_io: IdentityMemo[LevelPlan, tuple[list[Any], list[Any]]] = IdentityMemo()
         # Inside the copies of a scan unrolled by ``unrolled_scan`` (see ``_copy_runner``).
         self._unrolling = 0
-        self._readers: dict[int, dict[Any, list[int]]] = {}
+        self._readers: IdentityMemo[LevelPlan, dict[Any, list[int]]] = IdentityMemo()
 
     def run(self, consts: Sequence[Any], *args: Any, emit_streams: bool = True) -> list[Any]:
         if not (self.emit_streams and emit_streams):
@@ -348,14 +350,14 @@ class Emitter:
         return [read(v) for v in inner.outvars]
 
     def _io(self, level: LevelPlan, s: int, r: int) -> tuple[list[Any], list[Any]]:
-        key = (id(level), s, r)
-        hit = self._region_io.get(key)
+        hit = self._region_io.get(level, extra=(s, r))
         if hit is None:
-            readers = self._readers.get(id(level))
+            readers = self._readers.get(level)
             if readers is None:
-                readers = self._readers[id(level)] = _readers(level)
+                readers = _readers(level)
+                self._readers.set(level, readers)
             hit = region_io(level, level.sections[s].regions[r].eqns, readers)
-            self._region_io[key] = hit
+            self._region_io.set(level, hit, extra=(s, r))
         return hit
 
     def _nested_params(self, level: LevelPlan, index: int,

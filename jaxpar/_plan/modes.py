@@ -65,9 +65,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import _compat
+from .._compat import JaxprLike
 from .._cost import CostModel, known_while_trip_count
 from .._flags import command_buffer_options
 from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
+from .._memo import IdentityMemo
 from .._primitives import COND, MAY_FUSE_AWAY, MAY_HOLD_LOOPS, SCAN, WHILE
 from .plans import LevelPlan
 
@@ -162,14 +164,14 @@ class _Model:
         self.mode = mode
         # Top-level equation -> its stream region (a lane beside the main stream).
         self.lanes = dict(lanes or {})
-        self._memo: dict[int, tuple[Any, _Span]] = {}
+        self._memo: IdentityMemo[JaxprLike, _Span] = IdentityMemo()
 
-    def jaxpr(self, jaxpr: Any, top: bool = False) -> _Span:
-        hit = self._memo.get(id(jaxpr))
-        if hit is not None and hit[0] is jaxpr and not top:
-            return hit[1]
+    def jaxpr(self, jaxpr: JaxprLike, top: bool = False) -> _Span:
+        hit = self._memo.get(jaxpr)
+        if hit is not None and not top:
+            return hit
         span = self._level(_compat.open_jaxpr(jaxpr)[0].eqns, self.lanes if top else {})
-        self._memo[id(jaxpr)] = (jaxpr, span)
+        self._memo.set(jaxpr, span)
         return span
 
     def _alone(self, eqn: Any) -> _Span | None:

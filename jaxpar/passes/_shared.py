@@ -66,7 +66,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _compat, _primitives
+from .._compat import Atom, JaxprEqn, JaxprLike
 from .._graph import Graph
+from .._memo import IdentityMemo
 from .._structure import StructuralKeys
 from ._walk import emission_order
 
@@ -131,25 +133,26 @@ class _Checker:
 
     def __init__(self, static: bool = False) -> None:
         self.static = static
-        self._memo: dict[tuple[int, tuple[bool, ...], int], tuple[Any, Verdict]] = {}
-        self._merges: dict[Any, tuple[Any, str | None]] = {}
+        # By jaxpr, with which inputs are batched and the rule depth.
+        self._memo: IdentityMemo[_compat.Jaxpr, Verdict] = IdentityMemo()
+        self._merges: MergeMemo = IdentityMemo()
         self.rule_depth = 0  # custom_jvp rules being checked, one inside the other
 
-    def jaxpr(self, inner: Any, batched: list[bool]) -> Verdict:
-        key = (id(inner), tuple(batched), self.rule_depth)
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] is inner:
-            return hit[1]
-        flags = dict(zip(inner.invars, batched, strict=True))
+    def jaxpr(self, inner: _compat.Jaxpr, batched: list[bool]) -> Verdict:
+        extra = (tuple(batched), self.rule_depth)
+        hit = self._memo.get(inner, extra=extra)
+        if hit is not None:
+            return hit
+        flags: dict[Atom, bool] = dict(zip(inner.invars, batched, strict=True))
         flags.update((v, False) for v in inner.constvars)
         why, flags = self.walk(inner.eqns, flags)
         verdict = (why, [False if _compat.is_literal(v) else flags.get(v, False)
                          for v in inner.outvars])
-        self._memo[key] = (inner, verdict)
+        self._memo.set(inner, verdict, extra=extra)
         return verdict
 
-    def walk(self, eqns: Sequence[Any], flags: dict[Any, bool]
-             ) -> tuple[str | None, dict[Any, bool]]:
+    def walk(self, eqns: Sequence[JaxprEqn], flags: dict[Atom, bool]
+             ) -> tuple[str | None, dict[Atom, bool]]:
         for eqn in eqns:
             ins = [False if _compat.is_literal(a) else flags.get(a, False) for a in eqn.invars]
             why, outs = self.eqn(eqn, ins)
@@ -317,8 +320,11 @@ def _scan_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     raise RuntimeError("jaxpar: batched carries of a scan did not settle; please report it")
 
 
-def merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]] | None = None
-                  ) -> str | None:
+# Why a nested jaxpr may not be merged (None: it may), by jaxpr and rule depth.
+MergeMemo = IdentityMemo[JaxprLike, str | None]
+
+
+def merge_refusal(eqn: JaxprEqn, memo: MergeMemo | None = None) -> str | None:
     """Why computing ``eqn`` once where copies of it ran on the same operands would not
     be faithful, or None.
 
@@ -331,14 +337,12 @@ def merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]] | None = Non
     (``RUN_EVERY_CALL``), or is a ``custom_vjp`` (its backward rule is an opaque
     function, which may clip its cotangent, print or call back).
 
-    ``memo`` (by jaxpr identity and rule depth, holding the jaxpr) spares walking a
-    nested jaxpr twice.
+    ``memo`` (by jaxpr identity and rule depth) spares walking a nested jaxpr twice.
     """
-    return _merge_refusal(eqn, {} if memo is None else memo, 0)
+    return _merge_refusal(eqn, IdentityMemo() if memo is None else memo, 0)
 
 
-def _merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]], depth: int
-                   ) -> str | None:
+def _merge_refusal(eqn: JaxprEqn, memo: MergeMemo, depth: int) -> str | None:
     name = eqn.primitive.name
     if eqn.effects:
         return f"`{name}`{_where(eqn)} has effects, which would happen once, not once per copy"
@@ -363,19 +367,17 @@ def _merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]], depth: int
     return None
 
 
-def _jaxpr_merge_refusal(jaxpr: Any, memo: dict[Any, tuple[Any, str | None]], depth: int
-                         ) -> str | None:
-    hit = memo.get((id(jaxpr), depth))
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+def _jaxpr_merge_refusal(jaxpr: JaxprLike, memo: MergeMemo, depth: int) -> str | None:
+    return memo.lookup(jaxpr, lambda: _first_merge_refusal(jaxpr, memo, depth), extra=depth)
+
+
+def _first_merge_refusal(jaxpr: JaxprLike, memo: MergeMemo, depth: int) -> str | None:
     inner, _ = _compat.open_jaxpr(jaxpr)
-    why = None
     for eqn in inner.eqns:
         why = _merge_refusal(eqn, memo, depth)
         if why is not None:
-            break
-    memo[(id(jaxpr), depth)] = (jaxpr, why)
-    return why
+            return why
+    return None
 
 
 def _where(eqn: Any) -> str:

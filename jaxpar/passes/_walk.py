@@ -50,6 +50,7 @@ from .. import _compat
 from .._analysis import Analysis
 from .._graph import ContractionCycle, EqnUnit, Graph, RewriteUnit, Unit, build_graph, contract
 from .._interp import Env
+from .._memo import IdentityMemo
 from .._options import Settings
 from .._primitives import LOOPS, SCAN
 
@@ -169,21 +170,21 @@ class EqnOrigins:
     """
 
     def __init__(self) -> None:
-        self._of: dict[int, tuple[Any, frozenset[tuple[int, bool]]]] = {}
-        self._decisions: dict[int, LoopDecision] = {}
+        self._of: IdentityMemo[_compat.JaxprEqn, frozenset[tuple[int, bool]]] = IdentityMemo()
+        self._decisions: IdentityMemo[LoopDecision, int] = IdentityMemo()
 
     def number(self, decision: LoopDecision) -> int:
-        self._decisions[id(decision)] = decision
-        return id(decision)
+        number = id(decision)
+        self._decisions.set(decision, number)
+        return number
 
-    def get(self, eqn: Any) -> frozenset[tuple[int, bool]]:
-        hit = self._of.get(id(eqn))
-        return hit[1] if hit is not None and hit[0] is eqn else frozenset()
+    def get(self, eqn: _compat.JaxprEqn) -> frozenset[tuple[int, bool]]:
+        return self._of.get(eqn, frozenset())
 
-    def add(self, eqn: Any, origins: Iterable[tuple[int, bool]]) -> None:
+    def add(self, eqn: _compat.JaxprEqn, origins: Iterable[tuple[int, bool]]) -> None:
         new = frozenset(origins)
         if new:
-            self._of[id(eqn)] = (eqn, self.get(eqn) | new)
+            self._of.set(eqn, self.get(eqn) | new)
 
     def copied(self, old: Any, new: Any) -> None:
         """``new`` replaces ``old`` (new operands or parameters): it keeps its origins."""
@@ -212,9 +213,10 @@ class EqnOrigins:
             return list(decisions)
         found: dict[int, list[Product]] = {}
         self._collect(jaxpr, "", found)
-        return [dataclasses.replace(d, produced=tuple(found[id(d)]))
-                if id(d) in found and self._decisions.get(id(d)) is d else d
-                for d in decisions]
+        numbers = [self._decisions.get(d) for d in decisions]
+        return [dataclasses.replace(d, produced=tuple(found[n]))
+                if n is not None and n in found else d
+                for d, n in zip(decisions, numbers, strict=True)]
 
     def _collect(self, jaxpr: Any, path: str, found: dict[int, list[Product]]) -> None:
         inner, _ = _compat.open_jaxpr(jaxpr)
@@ -227,12 +229,8 @@ class EqnOrigins:
 
 
 def eqn_origins(analysis: Analysis) -> EqnOrigins:
-    """The call's ``EqnOrigins`` (kept in the analysis's ``"eqn_origins"`` memo)."""
-    memo = analysis.memo("eqn_origins")
-    found = memo.get("origins")
-    if found is None:
-        found = memo["origins"] = EqnOrigins()
-    return found  # type: ignore[no-any-return]
+    """The call's ``EqnOrigins`` (the analysis's ``"eqn_origins"`` state)."""
+    return analysis.state("eqn_origins", EqnOrigins)
 
 
 # emit(invals of each member equation) -> outvals of each member equation; an outval may
@@ -314,8 +312,12 @@ def evaluate(jaxpr: Any, *args: Any) -> list[Any]:
     return env.read_all(inner.outvars)
 
 
+# A graph's last contracted groups and their emission order (``emission_order``).
+OrderMemo = IdentityMemo[Graph, tuple[tuple[tuple[int, ...], ...], tuple[Unit, ...] | None]]
+
+
 def emission_order(graph: Graph, groups: Sequence[Sequence[int]],
-                   memo: dict[int, tuple[Any, ...]] | None = None) -> tuple[Unit, ...] | None:
+                   memo: OrderMemo | None = None) -> tuple[Unit, ...] | None:
     """Emission units with each group contracted (``RewriteUnit(k)`` for ``groups[k]``),
     or None if contracting makes a cycle.
 
@@ -324,23 +326,23 @@ def emission_order(graph: Graph, groups: Sequence[Sequence[int]],
     """
     blocks = tuple(tuple(g) for g in groups)
     if memo is not None:
-        hit = memo.get(id(graph))
-        if hit is not None and hit[0] is graph and hit[1] == blocks:
-            return hit[2]  # type: ignore[no-any-return]
+        hit = memo.get(graph)
+        if hit is not None and hit[0] == blocks:
+            return hit[1]
     try:
         order: tuple[Unit, ...] | None = contract(
             graph, [(RewriteUnit(k), g) for k, g in enumerate(blocks)])
     except ContractionCycle:
         order = None
     if memo is not None:
-        memo[id(graph)] = (graph, blocks, order)
+        memo.set(graph, (blocks, order))
     return order
 
 
 def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
                   params: dict[int, dict[str, Any]] | None = None,
                   graph: Graph | None = None,
-                  orders: dict[int, tuple[Any, ...]] | None = None,
+                  orders: OrderMemo | None = None,
                   origins: EqnOrigins | None = None,
                   owners: Sequence[Iterable[int]] = ()) -> Any | None:
     """``jaxpr`` with ``rewrites`` applied and some equations' ``params`` replaced.

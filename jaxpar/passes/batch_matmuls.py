@@ -177,12 +177,11 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     """
     memo = analysis.memo("batch_matmuls")
     jaxpr = level.jaxpr
-    seen = memo.get(id(jaxpr))
-    if seen is not None and seen is jaxpr:
+    if memo.get(jaxpr):
         return [], []
     rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers)
     if not rewrites:
-        memo[id(jaxpr)] = jaxpr
+        memo.set(jaxpr, True)
     return rewrites, decisions
 
 

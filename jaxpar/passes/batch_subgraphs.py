@@ -72,9 +72,11 @@ from typing import Any
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import JaxprEqn
 from .._cost import ZERO, Cost, CostModel, LaunchPrices
 from .._gpu_model import CommandBufferMode
 from .._graph import Graph
+from .._memo import IdentityMemo
 from .._primitives import is_collective
 from .._structure import StructuralKeys, literal_key
 from ._shared import (
@@ -90,6 +92,7 @@ from ._walk import (
     Level,
     LevelResult,
     LoopDecision,
+    OrderMemo,
     Rewrite,
     decision,
     emission_order,
@@ -123,30 +126,48 @@ class _Group:
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one vmapped subgraph per group of identical independent subgraphs.
 
-    The analysis's ``"batch_branches"`` memo keeps equations' parameter keys, and the
-    levels found to offer nothing, between rounds (jaxprs and equations are immutable,
-    and the passes see the same ones round after round); ``"batch_branches_values"``
-    keeps each equation's value numbers, so a level rebuilt by a rewrite numbers only
-    the equations the rewrite made (and those reading them) afresh.
+    The analysis's ``"batch_branches"`` memo keeps equations' parameter keys, and
+    ``"batch_branches_levels"`` the levels found to offer nothing, between rounds (jaxprs
+    and equations are immutable, and the passes see the same ones round after round);
+    ``"batch_branches_values"`` keeps each equation's value numbers, so a level rebuilt
+    by a rewrite numbers only the equations the rewrite made (and those reading them)
+    afresh.
     """
-    memo = analysis.memo("batch_branches")
+    empty = analysis.memo("batch_branches_levels")
     jaxpr = level.jaxpr
-    seen = memo.get(id(jaxpr))
-    if seen is not None and seen[0] is jaxpr:
+    if empty.get(jaxpr):
         return [], []  # this very level was searched and offered nothing
-    rewrites, decisions = _batch_level(level, analysis.costs, memo, analysis.structural_keys,
+    rewrites, decisions = _batch_level(level, analysis.costs, analysis.memo("batch_branches"),
+                                       analysis.structural_keys,
                                        analysis.memo("emission_order"),
                                        analysis.settings.command_buffers,
-                                       analysis.memo("batch_branches_values"))
+                                       analysis.state("batch_branches_values", _Numbering))
     if not rewrites:
-        memo[id(jaxpr)] = (jaxpr, None)
+        empty.set(jaxpr, True)
     return rewrites, decisions
 
 
+# Per parameter dict (or equation): its structural key, the primitive, context and operand
+# count it was keyed with, and why vmap does not batch it (None: it does).
+_OwnerMemo = IdentityMemo[object, tuple[Hashable, Any, Any, int, str | None]]
+
+
+class _Numbering:
+    """Value numbers kept across the rounds and levels of one call (``_value_numbers``)."""
+
+    __slots__ = ("eqns", "intern")
+
+    def __init__(self) -> None:
+        self.intern: dict[Hashable, int] = {}
+        # Per equation: the input numbers it read, its key and its local key.
+        self.eqns: IdentityMemo[JaxprEqn, tuple[tuple[Hashable, ...], int, int]] = (
+            IdentityMemo())
+
+
 def _batch_level(level: Level, costs: CostModel,
-                 memo: dict[int, tuple[Any, ...]], structure: StructuralKeys,
-                 orders: dict[int, tuple[Any, ...]], mode: CommandBufferMode | None = None,
-                 carried: dict[Any, Any] | None = None
+                 memo: _OwnerMemo, structure: StructuralKeys,
+                 orders: OrderMemo, mode: CommandBufferMode | None = None,
+                 carried: _Numbering | None = None
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -267,9 +288,9 @@ def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
 
 
 def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph,
-                   memo: dict[int, tuple[Any, ...]], structure: StructuralKeys,
+                   memo: _OwnerMemo, structure: StructuralKeys,
                    refused: dict[Hashable, tuple[str, list[int]]],
-                   carried: dict[Any, Any] | None = None
+                   carried: _Numbering | None = None
                    ) -> tuple[list[int | None], list[int | None]]:
     """Structural keys per equation (interned to ints); None: never batched.
 
@@ -285,15 +306,15 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
     hashing its types and parameters again. Only equality of numbers matters, never
     their values.
     """
-    carried = {} if carried is None else carried
-    intern: dict[Hashable, int] = carried.setdefault("intern", {})
+    carried = _Numbering() if carried is None else carried
+    intern, numbers = carried.intern, carried.eqns
     keys: list[int | None] = []
     local_keys: list[int | None] = []
     refused_eqns: set[int] = set()
     # Hoisted: this runs once per equation of every level, every round.
     live, literal = graph.live, _compat.Literal
     memo_get, setdefault = memo.get, intern.setdefault
-    carried_get = carried.get
+    numbers_get = numbers.get
     for index, eqn in enumerate(inner.eqns):
         if (index not in live or eqn.effects or is_collective(eqn)
                 or _compat.eqn_frontend_attributes(eqn)):  # never batched
@@ -315,32 +336,32 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
                 inputs.append(("in", v.aval))
         else:
             read = tuple(inputs)
-            numbered = carried_get(id(eqn))
-            if numbered is not None and numbered[0] is eqn and numbered[1] == read:
-                keys.append(numbered[2])
-                local_keys.append(numbered[3])
+            numbered = numbers_get(eqn)
+            if numbered is not None and numbered[0] == read:
+                keys.append(numbered[1])
+                local_keys.append(numbered[2])
                 continue
             # Keyed by the parameter dict when all the key reads is the primitive, the
             # parameters, the context and the operand count: rebuilt levels keep the
             # parameter dicts of the equations they copy, not the equations.
             by_params = not refusal_reads_operand_types(eqn)
             owner = eqn.params if by_params else eqn
-            hit = memo_get(id(owner))
-            if (hit is None or hit[0] is not owner
-                    or (by_params and (hit[2] is not eqn.primitive or hit[3] is not eqn.ctx
-                                       or hit[4] != len(invars)))):
+            hit = memo_get(owner)
+            if (hit is None
+                    or (by_params and (hit[1] is not eqn.primitive or hit[2] is not eqn.ctx
+                                       or hit[3] != len(invars)))):
                 # The last entry: why vmap does not batch it faithfully and cheaply,
                 # here or in a nested jaxpr (None: it does).
-                hit = (owner, structure.equation(eqn), eqn.primitive, eqn.ctx, len(invars),
+                hit = (structure.equation(eqn), eqn.primitive, eqn.ctx, len(invars),
                        static_refusal(eqn))
-                memo[id(owner)] = hit
-            params = hit[1]
+                memo.set(owner, hit)
+            params = hit[0]
             outs = tuple([v.aval for v in eqn.outvars])
-            if hit[5] is None:
+            if hit[4] is None:
                 key = setdefault((params, read, outs), len(intern))
                 local_key = setdefault(("local", params, tuple([v.aval for v in invars]), outs),
                                        len(intern))
-                carried[id(eqn)] = (eqn, read, key, local_key)
+                numbers.set(eqn, (read, key, local_key))
                 keys.append(key)
                 local_keys.append(local_key)
                 continue
@@ -348,7 +369,7 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
             refused_eqns.add(index)
             if not any(p in refused_eqns for p in graph.preds[index]):
                 refused.setdefault(("refused", params, read, outs),
-                                   (hit[5], []))[1].append(index)
+                                   (hit[4], []))[1].append(index)
         keys.append(None)
         local_keys.append(None)
     return keys, local_keys
@@ -484,8 +505,7 @@ def _contractible(graph: Graph, members: set[int]) -> bool:
     return True
 
 
-def _orderable(graph: Graph, groups: list[_Group], orders: dict[int, tuple[Any, ...]]
-               ) -> list[_Group]:
+def _orderable(graph: Graph, groups: list[_Group], orders: OrderMemo) -> list[_Group]:
     """The groups, less any that would make a cycle with the earlier ones when contracted."""
     if not groups or emission_order(graph, [g.eqns for g in groups], orders) is not None:
         return groups
