@@ -49,6 +49,7 @@ import numpy as np
 from jax import lax
 
 from . import _compat
+from ._compat import JaxprEqn, JaxprLike
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._interp import Env
 from ._memo import IdentityMemo
@@ -151,7 +152,7 @@ def region_call(body: Callable[..., Sequence[Any]], stream: int,
     return lambda *args: tuple(_compat.bind_stream_region(body, args, region))
 
 
-def _region_jvp(call_jaxpr: Any, region: Region, primals: list[Any],
+def _region_jvp(call_jaxpr: JaxprLike, region: Region, primals: list[Any],
                 tangents: list[Any | None]) -> tuple[list[Any], list[Any | None]]:
     """The JVP of a region: what ``jax.linearize`` computes, as two regions.
 
@@ -197,7 +198,7 @@ def _region_jvp(call_jaxpr: Any, region: Region, primals: list[Any],
     return list(outs), [next(linear_outs) if d else None for d in out_diff]
 
 
-def _region_transpose(call_jaxpr: Any, region: Region, values: list[Any | None],
+def _region_transpose(call_jaxpr: JaxprLike, region: Region, values: list[Any | None],
                       linear: list[bool], cotangents: list[Any | None]) -> list[Any | None]:
     """The transpose of a (linear) region, as a region on the same stream and group.
 
@@ -403,7 +404,7 @@ class Emitter:
         return run
 
 
-def _unrolled_body(eqn: Any, subs: tuple[tuple[tuple[str, int | None], LevelPlan], ...]
+def _unrolled_body(eqn: JaxprEqn, subs: tuple[tuple[tuple[str, int | None], LevelPlan], ...]
                    ) -> LevelPlan | None:
     """The body plan of a scan that XLA would see unrolled with regions inside, else None.
 
@@ -501,7 +502,8 @@ def region_io(level: LevelPlan, region_eqns: Sequence[int],
     return list(inputs), outputs
 
 
-def _region_body(eqns: list[Any], in_vars: list[Any], out_vars: list[Any]) -> Callable[..., Any]:
+def _region_body(eqns: list[JaxprEqn], in_vars: list[Any], out_vars: list[Any]
+                 ) -> Callable[..., Any]:
     def body(*values: Any) -> tuple[Any, ...]:
         env = Env()
         env.write(in_vars, values)
@@ -511,7 +513,7 @@ def _region_body(eqns: list[Any], in_vars: list[Any], out_vars: list[Any]) -> Ca
     return body
 
 
-def emit_collective_group(eqns: Sequence[Any], invals: Sequence[Sequence[Any]],
+def emit_collective_group(eqns: Sequence[JaxprEqn], invals: Sequence[Sequence[Any]],
                           attributes: Mapping[str, str] = COLLECTIVES_GROUP_ATTRIBUTES
                           ) -> list[list[Any]]:
     """Emits ``eqns`` (collectives) as ONE non-inlined call launched as a group.

@@ -90,7 +90,7 @@ def _register(*names: str) -> Callable[[BatchingRule], BatchingRule]:
     return decorate
 
 
-def equation_refusal(eqn: Any, batched: Sequence[bool]) -> str | None:
+def equation_refusal(eqn: JaxprEqn, batched: Sequence[bool]) -> str | None:
     """Why ``vmap`` of ``eqn`` over its batched operands would not be faithful and cheap.
 
     Args:
@@ -104,20 +104,20 @@ def equation_refusal(eqn: Any, batched: Sequence[bool]) -> str | None:
     return _Checker().eqn(eqn, list(batched))[0]
 
 
-def equations_refusal(eqns: Sequence[Any], batched: Mapping[Any, bool]) -> str | None:
+def equations_refusal(eqns: Sequence[JaxprEqn], batched: Mapping[Any, bool]) -> str | None:
     """``equation_refusal`` for equations of one level run in order under one ``vmap``;
     ``batched`` says which variables they read from outside are stacked (others: not)."""
     return _Checker().walk(eqns, dict(batched))[0]
 
 
-def static_refusal(eqn: Any) -> str | None:
+def static_refusal(eqn: JaxprEqn) -> str | None:
     """Why ``eqn`` could never be batched, whatever its operands, or None: a primitive
     off the list anywhere inside it (``cond`` indexes and ``while`` predicates are
     judged later, with the members' operands)."""
     return _Checker(static=True).eqn(eqn, [True] * len(eqn.invars))[0]
 
 
-def refusal_reads_operand_types(eqn: Any) -> bool:
+def refusal_reads_operand_types(eqn: JaxprEqn) -> bool:
     """Whether ``static_refusal(eqn)`` reads the types of ``eqn``'s operands and results
     (the random primitives: their key types); for every other equation it depends only
     on the primitive, the parameters (nested jaxprs included) and the operand count."""
@@ -161,7 +161,7 @@ class _Checker:
             flags.update(zip(eqn.outvars, outs, strict=True))
         return None, flags
 
-    def eqn(self, eqn: Any, batched: list[bool]) -> Verdict:
+    def eqn(self, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
         if not any(batched):
             # vmap runs it once, outside the batch, for every member: as if merged.
             why = merge_refusal(eqn, self._merges)
@@ -191,7 +191,7 @@ _DYNAMIC = _primitives.BATCH_DYNAMIC
 RULE_DEPTH = 2
 
 
-def _elementwise_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _elementwise_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     """A plain batch dimension: every result is batched; nested jaxprs checked."""
     for _, _, sub in _compat.eqn_subjaxprs(eqn):
         inner, _ = _compat.open_jaxpr(sub)
@@ -203,7 +203,7 @@ def _elementwise_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdi
     return None, [True] * len(eqn.outvars)
 
 
-def _static_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _static_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     """Conds, whiles and scans before their operands are known: only their bodies'
     primitives are checked (every input batched, predicates not)."""
     for _, _, sub in _compat.eqn_subjaxprs(eqn):
@@ -215,14 +215,14 @@ def _static_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
 
 
 @_register(_primitives.CUSTOM_VJP_CALL)
-def _custom_vjp_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _custom_vjp_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     return (f"`{eqn.primitive.name}`{_where(eqn)} is a custom_vjp: differentiating the "
             "batched program would run its backward rule, an opaque Python function "
             "jaxpar cannot check, under a vmap the program never had"), []
 
 
 @_register(_primitives.CUSTOM_JVP_CALL)
-def _custom_jvp_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _custom_jvp_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     """The primal jaxpr, and the jvp rule that differentiating the batched program runs
     under the same vmap (a tangent is batched where its primal is)."""
     why, outs = _elementwise_rule(checker, eqn, batched)
@@ -246,14 +246,14 @@ def _custom_jvp_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdic
 
 
 @_register(*sorted(_primitives.AXES_REDUCTIONS))
-def _local_reduction_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _local_reduction_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     if _primitives.is_collective(eqn):
         return (f"`{eqn.primitive.name}`{_where(eqn)} communicates over a named axis"), []
     return None, [True] * len(eqn.outvars)
 
 
 @_register(*sorted(_primitives.BATCH_KEYED_RANDOM))
-def _random_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _random_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     for atom in [*eqn.invars, *eqn.outvars]:
         impl = _compat.prng_impl_name(atom.aval)
         if impl is not None and impl != "threefry2x32":
@@ -263,7 +263,7 @@ def _random_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
 
 
 @_register(_primitives.COND)
-def _cond_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _cond_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     if batched[0]:
         return (f"the `cond`{_where(eqn)} takes a different branch per "
                 "member: batched, every member would run every branch"), []
@@ -278,7 +278,7 @@ def _cond_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
 
 
 @_register(_primitives.WHILE)
-def _while_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _while_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     info = _compat.while_info(eqn)
     cond_consts = batched[:info.cond_nconsts]
     body_consts = batched[info.cond_nconsts:info.cond_nconsts + info.body_nconsts]
@@ -303,7 +303,7 @@ def _while_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
 
 
 @_register(_primitives.SCAN)
-def _scan_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _scan_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     info = _compat.scan_info(eqn)
     body, _ = _compat.open_jaxpr(info.jaxpr)
     consts = batched[:info.num_consts]
@@ -380,7 +380,7 @@ def _first_merge_refusal(jaxpr: JaxprLike, memo: MergeMemo, depth: int) -> str |
     return None
 
 
-def _where(eqn: Any) -> str:
+def _where(eqn: JaxprEqn) -> str:
     source = _compat.source_summary(eqn)
     return f" at {source}" if source and source != "<unknown>" else ""
 
@@ -417,7 +417,7 @@ def shared_column(column: Sequence[Any]) -> bool:
     return all(v is column[0] for v in column[1:])
 
 
-def body_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
+def body_key(eqn: JaxprEqn, keys: StructuralKeys) -> Hashable | None:
     """Equal for two scans exactly when they run the same computation on same-typed
     operands (compared structurally: ``_structure``); None for a scan that can never be
     batched (``_shared.static_refusal``)."""
@@ -427,7 +427,7 @@ def body_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
             tuple((v.aval, getattr(v.aval, "weak_type", False)) for v in eqn.invars))
 
 
-def batch_refusal(eqns: Sequence[Any], group: Sequence[int]) -> str | None:
+def batch_refusal(eqns: Sequence[JaxprEqn], group: Sequence[int]) -> str | None:
     """Why the scans ``group`` (same ``body_key``) cannot run as one vmapped scan, or None:
     what ``vmap`` would make of them, given which operands they share."""
     columns = [[_operand(eqns[m].invars[position]) for m in group]
@@ -435,7 +435,7 @@ def batch_refusal(eqns: Sequence[Any], group: Sequence[int]) -> str | None:
     return equation_refusal(eqns[group[0]], [not shared_column(c) for c in columns])
 
 
-def _operand(atom: Any) -> Any:
+def _operand(atom: Atom) -> Any:
     """What the emitter receives for ``atom`` (see ``_walk._trace_rewrite``)."""
     return _compat.literal_value(atom) if _compat.is_literal(atom) else atom
 

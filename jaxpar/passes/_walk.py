@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import Atom, JaxprEqn, JaxprLike, Var
 from .._graph import ContractionCycle, EqnUnit, Graph, RewriteUnit, Unit, build_graph, contract
 from .._interp import Env
 from .._memo import IdentityMemo
@@ -148,7 +149,7 @@ class LoopDecision:
     produced: tuple[Product, ...] = ()
 
 
-def decision(path: str, kind: DecisionKind, eqns: Sequence[Any], indices: Sequence[int], *,
+def decision(path: str, kind: DecisionKind, eqns: Sequence[JaxprEqn], indices: Sequence[int], *,
              trips_before: int | None, trips_after: int | None, unroll: int | None,
              reason: str, members: Sequence[Sequence[int]] = (), stage: int | None = None,
              saving_us: float | None = None) -> LoopDecision:
@@ -170,7 +171,7 @@ class EqnOrigins:
     """
 
     def __init__(self) -> None:
-        self._of: IdentityMemo[_compat.JaxprEqn, frozenset[tuple[int, bool]]] = IdentityMemo()
+        self._of: IdentityMemo[JaxprEqn, frozenset[tuple[int, bool]]] = IdentityMemo()
         self._decisions: IdentityMemo[LoopDecision, int] = IdentityMemo()
 
     def number(self, decision: LoopDecision) -> int:
@@ -178,20 +179,21 @@ class EqnOrigins:
         self._decisions.set(decision, number)
         return number
 
-    def get(self, eqn: _compat.JaxprEqn) -> frozenset[tuple[int, bool]]:
+    def get(self, eqn: JaxprEqn) -> frozenset[tuple[int, bool]]:
         return self._of.get(eqn, frozenset())
 
-    def add(self, eqn: _compat.JaxprEqn, origins: Iterable[tuple[int, bool]]) -> None:
+    def add(self, eqn: JaxprEqn, origins: Iterable[tuple[int, bool]]) -> None:
         new = frozenset(origins)
         if new:
             self._of.set(eqn, self.get(eqn) | new)
 
-    def copied(self, old: Any, new: Any) -> None:
+    def copied(self, old: JaxprEqn, new: JaxprEqn) -> None:
         """``new`` replaces ``old`` (new operands or parameters): it keeps its origins."""
         if new is not old:
             self.add(new, self.get(old))
 
-    def emitted(self, body: Sequence[Any], replaced: Sequence[Any], owners: Iterable[int]
+    def emitted(self, body: Sequence[JaxprEqn], replaced: Sequence[JaxprEqn],
+                owners: Iterable[int]
                 ) -> None:
         """``body`` replaces the equations ``replaced`` for the decisions ``owners``; it
         also carries what ``replaced`` carried (a loop fused, then unrolled, is both)."""
@@ -206,7 +208,7 @@ class EqnOrigins:
             nested = holding is not plain and any(True for _ in _compat.eqn_subjaxprs(eqn))
             self.add(eqn, holding if nested else plain)
 
-    def with_products(self, jaxpr: Any, decisions: Sequence[LoopDecision]
+    def with_products(self, jaxpr: JaxprLike, decisions: Sequence[LoopDecision]
                       ) -> list[LoopDecision]:
         """``decisions`` with ``produced`` read from the equations of ``jaxpr``."""
         if not self._of:
@@ -218,7 +220,7 @@ class EqnOrigins:
                 if n is not None and n in found else d
                 for d, n in zip(decisions, numbers, strict=True)]
 
-    def _collect(self, jaxpr: Any, path: str, found: dict[int, list[Product]]) -> None:
+    def _collect(self, jaxpr: JaxprLike, path: str, found: dict[int, list[Product]]) -> None:
         inner, _ = _compat.open_jaxpr(jaxpr)
         for index, eqn in enumerate(inner.eqns):
             for number, holds in sorted(self.get(eqn)):
@@ -264,12 +266,12 @@ class Level:
         graph: its dependency graph.
     """
 
-    jaxpr: Any
+    jaxpr: JaxprLike
     path: str
     graph: Graph
 
     @property
-    def eqns(self) -> list[Any]:
+    def eqns(self) -> list[JaxprEqn]:
         inner, _ = _compat.open_jaxpr(self.jaxpr)
         return list(inner.eqns)
 
@@ -301,7 +303,7 @@ class LoopPass:
     summary: str
 
 
-def evaluate(jaxpr: Any, *args: Any) -> list[Any]:
+def evaluate(jaxpr: JaxprLike, *args: Any) -> list[Any]:
     """Evaluates a closed or open jaxpr under the current trace, keeping source info."""
     inner, consts = _compat.open_jaxpr(jaxpr)
     env = Env()
@@ -339,12 +341,12 @@ def emission_order(graph: Graph, groups: Sequence[Sequence[int]],
     return order
 
 
-def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
+def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
                   params: dict[int, dict[str, Any]] | None = None,
                   graph: Graph | None = None,
                   orders: OrderMemo | None = None,
                   origins: EqnOrigins | None = None,
-                  owners: Sequence[Iterable[int]] = ()) -> Any | None:
+                  owners: Sequence[Iterable[int]] = ()) -> JaxprLike | None:
     """``jaxpr`` with ``rewrites`` applied and some equations' ``params`` replaced.
 
     With ``origins``, the equations each rewrite emits are recorded as made by the
@@ -381,7 +383,7 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     # their ids never equal a live variable's).
     replaced = {id(v) for r in rewrites for i in r.eqns for v in eqns[i].outvars}
 
-    def atom(v: Any) -> Any:
+    def atom(v: Atom) -> Atom:
         if _compat.is_literal(v):
             return v
         if v in dropped:
@@ -389,8 +391,8 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
                                "outside it; please report it with the program")
         return renamed.get(v, v)
 
-    new_eqns: list[Any] = []
-    new_constvars: list[Any] = []
+    new_eqns: list[JaxprEqn] = []
+    new_constvars: list[Var] = []
     new_consts: list[Any] = []
     traced: dict[Hashable, _TracedRewrite] = {}
     for unit in order:
@@ -477,7 +479,7 @@ def _pattern(operands: list[list[Any]]) -> Hashable:
 class _TracedRewrite:
     """A rewrite traced once: its small jaxpr and which results it computed."""
 
-    jaxpr: Any  # open
+    jaxpr: JaxprLike  # open
     consts: list[Any]
     computed: list[bool]  # per flat result of the member equations: not None
 
@@ -496,7 +498,7 @@ class _TracedRewrite:
             constvars = [_compat.fresh_var(v) for v in constvars]
             bound.update(zip(small.constvars, constvars, strict=True))
 
-        def atom(v: Any) -> Any:
+        def atom(v: Atom) -> Atom:
             return v if _compat.is_literal(v) else bound.get(v, v)
 
         body = []
@@ -534,7 +536,7 @@ def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]]) -> _TracedRewrit
     return _TracedRewrite(small, list(consts), computed)
 
 
-def walk_levels(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
+def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: Analysis,
                 path: str = "") -> tuple[Any, list[LoopDecision]]:
     """Runs ``level_passes`` in order at every nesting level of ``jaxpr``, innermost first.
 
@@ -559,7 +561,7 @@ def walk_levels(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis
                        f"{path or '/'}; please report it with the program")
 
 
-def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis, path: str
+def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: Analysis, path: str
                ) -> tuple[Any, list[LoopDecision], bool]:
     inner, _ = _compat.open_jaxpr(jaxpr)
     origins = eqn_origins(analysis)
@@ -653,7 +655,7 @@ def _as_left_alone(decisions: Sequence[LoopDecision], why: str) -> list[LoopDeci
         for d in decisions]
 
 
-def loop_candidate(eqn: Any) -> bool:
+def loop_candidate(eqn: JaxprEqn) -> bool:
     """Whether a scan may be merged or re-emitted: no effects, no user placement."""
     return (eqn.primitive.name == SCAN and not eqn.effects
             and not _compat.eqn_frontend_attributes(eqn))

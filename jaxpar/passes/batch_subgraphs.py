@@ -72,7 +72,7 @@ from typing import Any
 
 from .. import _compat
 from .._analysis import Analysis
-from .._compat import JaxprEqn
+from .._compat import Jaxpr, JaxprEqn
 from .._cost import ZERO, Cost, CostModel, LaunchPrices
 from .._gpu_model import CommandBufferMode
 from .._graph import Graph
@@ -89,6 +89,7 @@ from ._shared import (
 )
 from ._walk import (
     DecisionKind,
+    EmitFn,
     Level,
     LevelResult,
     LoopDecision,
@@ -264,7 +265,7 @@ def _batch_level(level: Level, costs: CostModel,
     return rewrites, taken + decisions
 
 
-def _rewrite_key(eqns: Sequence[Any], local_keys: list[int | None], group: _Group
+def _rewrite_key(eqns: Sequence[JaxprEqn], local_keys: list[int | None], group: _Group
                  ) -> Hashable | None:
     """Equal for two groups whose emitters trace to the same equations (``Rewrite.key``):
     same rows, wiring, slots and outputs, and the same layout of their equations in the
@@ -278,7 +279,7 @@ def _rewrite_key(eqns: Sequence[Any], local_keys: list[int | None], group: _Grou
             group.slots, group.outputs, tuple(place[i] for i in group.eqns))
 
 
-def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
+def _producers(eqns: Sequence[JaxprEqn]) -> dict[Any, tuple[int, int]]:
     producer = {}
     for index, eqn in enumerate(eqns):
         for position, v in enumerate(eqn.outvars):
@@ -287,7 +288,7 @@ def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
     return producer
 
 
-def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph,
+def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Graph,
                    memo: _OwnerMemo, structure: StructuralKeys,
                    refused: dict[Hashable, tuple[str, list[int]]],
                    carried: _Numbering | None = None
@@ -375,7 +376,7 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
     return keys, local_keys
 
 
-def _vmap_refusal(eqns: Sequence[Any], group: _Group) -> str | None:
+def _vmap_refusal(eqns: Sequence[JaxprEqn], group: _Group) -> str | None:
     """Why ``vmap`` of member 0's equations over the stacked slots would not compute
     each member faithfully and cheaply (a ``cond`` on a per-member predicate), or None."""
     stacked: dict[Any, bool] = {}
@@ -386,7 +387,7 @@ def _vmap_refusal(eqns: Sequence[Any], group: _Group) -> str | None:
     return equations_refusal([eqns[row[0]] for row in group.rows], stacked)
 
 
-def _align(eqns: Sequence[Any], roots: list[int], producer: dict[Any, tuple[int, int]],
+def _align(eqns: Sequence[JaxprEqn], roots: list[int], producer: dict[Any, tuple[int, int]],
            claimed: set[int], graph: Graph, level_outputs: set[Any],
            budget: list[int]) -> _Group | None:
     """Walks the members' inputs in lockstep from ``roots``; None if they do not align.
@@ -428,7 +429,7 @@ def _align(eqns: Sequence[Any], roots: list[int], producer: dict[Any, tuple[int,
     return _template(eqns, rows, row_of, producer, graph, level_outputs)
 
 
-def _template(eqns: Sequence[Any], rows: list[tuple[int, ...]], row_of: dict[int, int],
+def _template(eqns: Sequence[JaxprEqn], rows: list[tuple[int, ...]], row_of: dict[int, int],
               producer: dict[Any, tuple[int, int]], graph: Graph, level_outputs: set[Any]
               ) -> _Group | None:
     """Orders the rows, wires them, and finds the slots and the outputs."""
@@ -516,12 +517,12 @@ def _orderable(graph: Graph, groups: list[_Group], orders: OrderMemo) -> list[_G
     return kept
 
 
-def _shared_column(eqns: Sequence[Any], group: _Group, slot: tuple[int, int]) -> bool:
+def _shared_column(eqns: Sequence[JaxprEqn], group: _Group, slot: tuple[int, int]) -> bool:
     row, position = slot
     return shared_column([eqns[i].invars[position] for i in group.rows[row]])
 
 
-def _before_after(eqns: Sequence[Any], group: _Group, member: Cost, heavy: Sequence[bool],
+def _before_after(eqns: Sequence[JaxprEqn], group: _Group, member: Cost, heavy: Sequence[bool],
                   graph: Graph, level_outputs: set[Any]) -> tuple[Cost, Cost]:
     """Modelled cost of the members as they are, and batched (with stacking and slicing).
 
@@ -564,7 +565,7 @@ def _seconds(cost: Cost, costs: CostModel, prices: LaunchPrices, beside: float =
             + (cost.kernels - beside) * prices.serial + beside * prices.beside)
 
 
-def _emitter(eqns: Sequence[Any], group: _Group) -> Any:
+def _emitter(eqns: Sequence[JaxprEqn], group: _Group) -> EmitFn:
     template = [eqns[row[0]] for row in group.rows]
     position_of = {eqn: k for k, eqn in enumerate(group.eqns)}
     row_of = {i: t for t, row in enumerate(group.rows) for i in row}
@@ -579,7 +580,7 @@ def _emitter(eqns: Sequence[Any], group: _Group) -> Any:
             results.append(_compat.bind_eqn(eqn, invals))
         return [results[row][out] for row, out in group.outputs]
 
-    def emit(invals: list[list[Any]]) -> list[list[Any] | None]:
+    def emit(invals: list[list[Any]]) -> list[list[Any]]:
         columns = [[invals[position_of[i]][position] for i in group.rows[row]]
                    for row, position in group.slots]
         per_member = vmap_members(one, columns, group.members, template[-1])

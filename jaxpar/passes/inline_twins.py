@@ -43,7 +43,16 @@ from .._analysis import Analysis
 from .._compat import JaxprLike
 from .._memo import IdentityMemo
 from ._shared import ancestor_masks, independent
-from ._walk import DecisionKind, Level, LevelResult, LoopDecision, Rewrite, decision, evaluate
+from ._walk import (
+    DecisionKind,
+    EmitFn,
+    Level,
+    LevelResult,
+    LoopDecision,
+    Rewrite,
+    decision,
+    evaluate,
+)
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
@@ -120,7 +129,7 @@ def _signature(jaxpr: JaxprLike, memo: IdentityMemo[JaxprLike, Hashable]) -> Has
     return key
 
 
-def _emitter(name: str, body: Any) -> Any:
+def _emitter(name: str, body: JaxprLike) -> EmitFn:
     def emit(invals: list[list[Any]]) -> list[list[Any]]:
         with jax.named_scope(name):
             return [evaluate(body, *invals[0])]

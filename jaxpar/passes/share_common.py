@@ -41,7 +41,7 @@ from ._shared import MergeMemo, merge_refusal
 from ._walk import DecisionKind, Level, LevelResult, LoopDecision, Rewrite, decision
 
 
-def _eqn_key(eqn: Any, keys: StructuralKeys, aval_text: dict[Any, str] | None = None
+def _eqn_key(eqn: JaxprEqn, keys: StructuralKeys, aval_text: dict[Any, str] | None = None
              ) -> Hashable | None:
     """Equal for two equations that compute the same results; None: never share.
 
@@ -132,7 +132,7 @@ def _share_level(level: Level, keys: StructuralKeys,
                 reason=f"{count} equal equations computed once each, not shared: {why}"))
             continue
 
-        def emit(invals: list[list[Any]], eqn: Any = first, count: int = count
+        def emit(invals: list[list[Any]], eqn: JaxprEqn = first, count: int = count
                  ) -> list[list[Any]]:
             outs = _compat.bind_eqn(eqn, invals[0])
             return [list(outs) for _ in range(count)]
