@@ -23,7 +23,8 @@ Sharp edges:
   * The memo holds its keys strongly, for its whole life: keep it scoped to one call
     (an ``Analysis``, a pass's run), never module-global. A cache that outlives a call
     must hold jaxprs weakly (``jax.extend.core.Jaxpr`` and ``ClosedJaxpr`` accept weak
-    references; ``JaxprEqn``, a named tuple, and ``dict`` do not).
+    references; ``JaxprEqn``, slotted without ``__weakref__``, and ``dict`` do not, so
+    the memos keyed by equations and parameter dicts could not be weak).
   * ``extra`` adds hashable parts to the key (a rule depth, a region's index): the entry
     is found only for the same object *and* equal extra parts.
   * ``get`` answers ``default`` (None) for a miss; where None is a remembered value, use
