@@ -72,7 +72,7 @@ from typing import Any
 
 from .. import _compat
 from .._analysis import Analysis
-from .._compat import Jaxpr, JaxprEqn
+from .._compat import Jaxpr, JaxprEqn, Primitive
 from .._cost import ZERO, Cost, CostModel, LaunchPrices
 from .._gpu_model import CommandBufferMode
 from .._graph import Graph
@@ -150,7 +150,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
 # Per parameter dict (or equation): its structural key, the primitive, context and operand
 # count it was keyed with, and why vmap does not batch it (None: it does).
-_OwnerMemo = IdentityMemo[object, tuple[Hashable, Any, Any, int, str | None]]
+_OwnerMemo = IdentityMemo[object, tuple[Hashable, Primitive, Any, int, str | None]]
 
 
 class _Numbering:
