@@ -46,9 +46,9 @@ from jax import lax
 import jaxpar
 
 try:
-    from helpers import FULL
+    from helpers import FULL, run_optimized
 except ImportError:  # tests/ imported as a package
-    from tests.helpers import FULL
+    from tests.helpers import FULL, run_optimized
 
 TARGETS = ("gpu", "cpu")
 GRAD_RTOL = 1e-5
@@ -148,7 +148,9 @@ def check_against_jit(
     assert plan.num_streams >= min_streams, rendered
 
     decorated = jaxpar.parallel_branches(f, target="gpu", **options)
-    _assert_trees_close(decorated(*args), want)
+    # Compiled at XLA's default level: forced regions around convolutions crawl at the
+    # suite's level 0 on the CPU (helpers.run_optimized says why).
+    _assert_trees_close(run_optimized(decorated, *args), want)
     hlo = jax.jit(decorated).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     if plan.num_streams >= 2:
         assert "_xla_stream_annotation" in hlo, rendered
