@@ -42,12 +42,13 @@ class Analysis:
         self._graphs: dict[int, tuple[Any, Graph]] = {}
         self._placement: dict[int, tuple[Any, bool]] = {}
         self._memos: dict[str, dict[Any, Any]] = {}
+        self._shared_memos: dict[str, dict[Any, Any]] = {}
 
     def with_settings(self, settings: Settings) -> Analysis:
         """An analysis for other settings of the same program (another CUDA-graph mode to
         plan in) sharing what does not depend on them: the cost model and its memo of
-        equation costs, structural keys, graphs, placement and sub-jaxprs. Memos of the
-        passes and the planner are its own."""
+        equation costs, structural keys, graphs, placement and sub-jaxprs, and the
+        ``shared_memo``s (what does not depend on the mode). Its ``memo``s are its own."""
         if settings.gpu != self.settings.gpu or settings.target != self.settings.target:
             raise ValueError("with_settings keeps the target and the GPU (the cost model's)")
         other = Analysis.__new__(Analysis)
@@ -56,6 +57,7 @@ class Analysis:
         other.structural_keys = self.structural_keys
         other._graphs, other._placement = self._graphs, self._placement
         other._memos = {}
+        other._shared_memos = self._shared_memos
         return other
 
     @property
@@ -80,6 +82,13 @@ class Analysis:
     def memo(self, name: str) -> dict[Any, Any]:
         """A per-call memo for one pass or stage (the owner keeps identity keys' objects)."""
         return self._memos.setdefault(name, {})
+
+    def shared_memo(self, name: str) -> dict[Any, Any]:
+        """A per-call memo shared with every ``with_settings`` analysis of the call: for
+        what does not depend on the CUDA-graph mode (the passes' equation keys, the
+        results of passes that do not price launches, which rewrite made which
+        equation), so that planning the program in another mode reuses it."""
+        return self._shared_memos.setdefault(name, {})
 
     def annotated(self, eqn: Any) -> bool:
         """Whether ``eqn`` is, or (recursively) contains, user-placed code."""

@@ -87,6 +87,8 @@ from ._walk import (
     Rewrite,
     decision,
     emission_order,
+    remember_search,
+    searched_in_vain,
 )
 
 # The heavy ops this pass batches: one kernel each, whose batched form is one kernel.
@@ -172,17 +174,16 @@ class _Group:
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: batched ops for same-shaped heavy ops of one stage.
 
-    The analysis's ``"batch_matmuls"`` memo remembers levels found to offer nothing
-    (jaxprs are immutable and the passes see the same ones round after round).
+    A level found to offer nothing is not searched again (``searched_in_vain``: jaxprs
+    are immutable and the passes see the same ones round after round); the shared
+    ``"batch_matmuls_readings"`` memo keeps each heavy equation's readings (a function
+    of the equation alone), for the later rounds and the other modes.
     """
-    memo = analysis.memo("batch_matmuls")
-    jaxpr = level.jaxpr
-    seen = memo.get(id(jaxpr))
-    if seen is not None and seen is jaxpr:
+    if searched_in_vain(analysis, "batch_matmuls", level.jaxpr):
         return [], []
-    rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers)
-    if not rewrites:
-        memo[id(jaxpr)] = jaxpr
+    rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers,
+                                       analysis.shared_memo("batch_matmuls_readings"))
+    remember_search(analysis, "batch_matmuls", level.jaxpr, rewrites)
     return rewrites, decisions
 
 
@@ -192,7 +193,8 @@ def _batchable(eqn: Any) -> bool:
             and not _compat.eqn_frontend_attributes(eqn))
 
 
-def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None
+def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
+                 readings: dict[int, tuple[Any, list[_Reading]]] | None = None
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -204,7 +206,7 @@ def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None
     # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
     stage = stage_depths(graph, [costs.launches(e) and e.primitive.name != TRANSPOSE
                             for e in eqns])
-    groups = _group(eqns, candidates, stage)
+    groups = _group(eqns, candidates, stage, readings)
     if not groups:
         return [], []
     groups.sort(key=lambda g: (g.stage, g.members))
@@ -239,16 +241,23 @@ def _hashable(value: Any) -> Hashable:
     return value
 
 
-def _group(eqns: Sequence[Any], candidates: list[int], stage: list[int]) -> list[_Group]:
+def _group(eqns: Sequence[Any], candidates: list[int], stage: list[int],
+           known: dict[int, tuple[Any, list[_Reading]]] | None = None) -> list[_Group]:
     """Same-shaped heavy ops of one stage. A class whose swapped form is another class's
     form joins the larger one (the smaller one swapped), so operands are swapped only
     where that is what makes the members match; members that read the same either way
-    are oriented afterwards (``_orient``)."""
+    are oriented afterwards (``_orient``). ``known``: readings by equation, kept across
+    calls."""
     classes: dict[Hashable, list[int]] = {}
     swapped_keys: dict[Hashable, Hashable] = {}
     readings: dict[int, list[_Reading]] = {}
+    known = {} if known is None else known
     for index in candidates:
-        options = readings[index] = _readings(eqns[index])
+        eqn = eqns[index]
+        hit = known.get(id(eqn))
+        if hit is None or hit[0] is not eqn:
+            hit = known[id(eqn)] = (eqn, _readings(eqn))
+        options = readings[index] = hit[1]
         key: Hashable = (options[0].form, stage[index])
         classes.setdefault(key, []).append(index)
         if len(options) > 1 and options[1].form != options[0].form:
