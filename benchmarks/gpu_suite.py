@@ -190,7 +190,7 @@ def _optax_adamw(size: str) -> Any:
     batch = _pick(size, 256, 32)
     optimizer = optax.adamw(1e-3, weight_decay=1e-2)
     params = _mlp_params(10, widths)
-    args = (params, optimizer.init(params), _normal(11, (batch, widths[0]), 1.0),
+    args = (params, jax.jit(optimizer.init)(params), _normal(11, (batch, widths[0]), 1.0),
             _normal(12, (batch, widths[-1]), 1.0))
     return _adamw_step_fn(optimizer), args
 
@@ -209,7 +209,7 @@ def _optax_two_branch(size: str) -> Any:
         return step(pa, sa, x, y), step(pb, sb, x, y)
 
     pa, pb = _mlp_params(20, widths), _mlp_params(30, widths)
-    return both, (pa, optimizer.init(pa), pb, optimizer.init(pb),
+    return both, (pa, jax.jit(optimizer.init)(pa), pb, jax.jit(optimizer.init)(pb),
                   _normal(21, (batch, widths[0]), 1.0), _normal(22, (batch, widths[-1]), 1.0))
 
 
@@ -232,7 +232,7 @@ def _flax_linen(size: str) -> Any:
     batch, hw = _pick(size, (64, 32), (8, 16))
     model = CNN()
     x = _normal(40, (batch, hw, hw, 3), 1.0)
-    params = model.init(jax.random.PRNGKey(0), x)
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), x)
 
     def loss(p: Any, x: jax.Array) -> jax.Array:
         return (model.apply(p, x) ** 2).mean()
@@ -425,7 +425,7 @@ def _flax_vae(size: str) -> Any:
     model = VAE()
     x = jax.nn.sigmoid(_normal(800, (batch, pixels), 1.0))
     noise = _normal(801, (batch, latents), 1.0)
-    params = model.init(jax.random.PRNGKey(8), x, noise)
+    params = jax.jit(model.init)(jax.random.PRNGKey(8), x, noise)
 
     def loss(p: Any, x: jax.Array, noise: jax.Array) -> jax.Array:
         logits, mean, logvar = model.apply(p, x, noise)
@@ -434,7 +434,7 @@ def _flax_vae(size: str) -> Any:
         return (bce + kld).mean()
 
     optimizer = optax.adam(1e-3)
-    return _train_step(loss, optimizer), (params, optimizer.init(params), x, noise)
+    return _train_step(loss, optimizer), (params, jax.jit(optimizer.init)(params), x, noise)
 
 
 def _wmt_sizes(size: str) -> tuple[int, int, int, int, int, int]:
@@ -475,7 +475,7 @@ def _wmt_step(size: str) -> Any:
     model = Transformer()
     source = jax.random.randint(jax.random.PRNGKey(810), (batch, source_len), 0, vocab)
     target = jax.random.randint(jax.random.PRNGKey(811), (batch, target_len), 0, vocab)
-    params = model.init(jax.random.PRNGKey(812), source, target)
+    params = jax.jit(model.init)(jax.random.PRNGKey(812), source, target)
 
     def loss(p: Any, source: jax.Array, target: jax.Array) -> jax.Array:
         logits = model.apply(p, source, target)
@@ -483,7 +483,7 @@ def _wmt_step(size: str) -> Any:
 
     schedule = optax.warmup_cosine_decay_schedule(0.0, 1e-3, 100, 1000)
     optimizer = optax.adamw(schedule, b2=0.98, weight_decay=1e-4)
-    return _train_step(loss, optimizer), (params, optimizer.init(params), source, target)
+    return _train_step(loss, optimizer), (params, jax.jit(optimizer.init)(params), source, target)
 
 
 @program("moe_train_step", "small mixture of 4 experts (Flax Linen, dense soft routing), "
@@ -506,13 +506,13 @@ def _moe_train_step(size: str) -> Any:
 
     model = MoE()
     x, y = _normal(820, (tokens, d), 1.0), _normal(821, (tokens, d), 1.0)
-    params = model.init(jax.random.PRNGKey(822), x)
+    params = jax.jit(model.init)(jax.random.PRNGKey(822), x)
 
     def loss(p: Any, x: jax.Array, y: jax.Array) -> jax.Array:
         return ((model.apply(p, x) - y) ** 2).mean()
 
     optimizer = optax.adam(1e-3)
-    return _train_step(loss, optimizer), (params, optimizer.init(params), x, y)
+    return _train_step(loss, optimizer), (params, jax.jit(optimizer.init)(params), x, y)
 
 
 # --------------------------------------------------------------------------- RNNs

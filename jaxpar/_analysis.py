@@ -11,21 +11,25 @@ Example::
     analysis.graph(jaxpr)               # memoised per level object
 
 Sharp edges:
-  * Memos key on object identity and hold the object, so ids stay unique; an
-    ``Analysis`` must not outlive the call that made it.
+  * Memos key on object identity and hold the object (``_memo.IdentityMemo``), so ids
+    stay unique; an ``Analysis`` must not outlive the call that made it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _compat
+from ._compat import JaxprEqn, JaxprLike
 from ._cost import CostModel, device_profile
 from ._graph import Graph, build_graph
+from ._memo import IdentityMemo
 from ._options import Settings
 from ._primitives import USER_PLACEMENT
 from ._structure import StructuralKeys
+
+_T = TypeVar("_T")
 
 
 class Analysis:
@@ -39,10 +43,13 @@ class Analysis:
         self.costs = CostModel(device_profile(settings.target, settings.gpu))
         # Structural keys of jaxprs, equations and parameters, shared by every pass.
         self.structural_keys = StructuralKeys()
-        self._graphs: dict[int, tuple[Any, Graph]] = {}
-        self._placement: dict[int, tuple[Any, bool]] = {}
-        self._memos: dict[str, dict[Any, Any]] = {}
-        self._shared_memos: dict[str, dict[Any, Any]] = {}
+        self._graphs: IdentityMemo[_compat.Jaxpr, Graph] = IdentityMemo()
+        self._placement: IdentityMemo[JaxprLike, bool] = IdentityMemo()
+        self._memos: dict[str, IdentityMemo[Any, Any]] = {}
+        self._state: dict[str, object] = {}
+        # What the analyses of every CUDA-graph mode of the call share (``with_settings``).
+        self._shared_memos: dict[str, IdentityMemo[Any, Any]] = {}
+        self._shared_state: dict[str, object] = {}
 
     def with_settings(self, settings: Settings) -> Analysis:
         """An analysis for other settings of the same program (another CUDA-graph mode to
@@ -56,49 +63,69 @@ class Analysis:
         other.costs = self.costs
         other.structural_keys = self.structural_keys
         other._graphs, other._placement = self._graphs, self._placement
-        other._memos = {}
-        other._shared_memos = self._shared_memos
+        other._memos, other._state = {}, {}
+        other._shared_memos, other._shared_state = self._shared_memos, self._shared_state
         return other
 
     @property
     def target(self) -> str:
         return self.settings.target
 
-    def graph(self, jaxpr: Any) -> Graph:
+    def graph(self, jaxpr: JaxprLike) -> Graph:
         """The dependency graph of an open jaxpr (or a closed one's inner jaxpr)."""
         inner, _ = _compat.open_jaxpr(jaxpr)
-        hit = self._graphs.get(id(inner))
-        if hit is not None and hit[0] is inner:
-            return hit[1]
-        graph = build_graph(inner)
-        self._graphs[id(inner)] = (inner, graph)
+        graph = self._graphs.get(inner)
+        if graph is None:
+            graph = build_graph(inner)
+            self._graphs.set(inner, graph)
         return graph
 
-    def subjaxprs(self, eqn: Any) -> tuple[tuple[str, int | None, Any], ...]:
+    def subjaxprs(self, eqn: JaxprEqn) -> tuple[tuple[str, int | None, JaxprLike], ...]:
         """``_compat.eqn_subjaxprs(eqn)``, memoised by the parameter dict (rewritten
         levels keep the parameter dicts of the equations they copy)."""
         return self.costs.subjaxprs(eqn)
 
-    def memo(self, name: str) -> dict[Any, Any]:
-        """A per-call memo for one pass or stage (the owner keeps identity keys' objects)."""
-        return self._memos.setdefault(name, {})
+    def memo(self, name: str) -> IdentityMemo[Any, Any]:
+        """A per-call identity memo for one pass or stage."""
+        memo = self._memos.get(name)
+        if memo is None:
+            memo = self._memos[name] = IdentityMemo()
+        return memo
 
-    def shared_memo(self, name: str) -> dict[Any, Any]:
-        """A per-call memo shared with every ``with_settings`` analysis of the call: for
-        what does not depend on the CUDA-graph mode (the passes' equation keys, the
-        results of passes that do not price launches, which rewrite made which
-        equation), so that planning the program in another mode reuses it."""
-        return self._shared_memos.setdefault(name, {})
+    def state(self, name: str, make: Callable[[], _T]) -> _T:
+        """A per-call object for one pass or stage, ``make()`` on first use."""
+        found = self._state.get(name)
+        if found is None:
+            found = self._state[name] = make()
+        return found  # type: ignore[return-value]
 
-    def annotated(self, eqn: Any) -> bool:
+    def shared_memo(self, name: str) -> IdentityMemo[Any, Any]:
+        """A per-call identity memo shared with every ``with_settings`` analysis of the
+        call: for what does not depend on the CUDA-graph mode (the passes' equation keys,
+        the results of passes that do not price launches), so that planning the program
+        in another mode reuses it."""
+        memo = self._shared_memos.get(name)
+        if memo is None:
+            memo = self._shared_memos[name] = IdentityMemo()
+        return memo
+
+    def shared_state(self, name: str, make: Callable[[], _T]) -> _T:
+        """``state`` shared with every ``with_settings`` analysis of the call (which
+        rewrite made which equation, value numbers carried across rounds)."""
+        found = self._shared_state.get(name)
+        if found is None:
+            found = self._shared_state[name] = make()
+        return found  # type: ignore[return-value]
+
+    def annotated(self, eqn: JaxprEqn) -> bool:
         """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
         return eqn_has_placement(eqn, self._placement, self.costs.subjaxprs)
 
 
-SubjaxprsFn = Callable[[Any], Iterable[tuple[str, int | None, Any]]]
+SubjaxprsFn = Callable[[JaxprEqn], Iterable[tuple[str, int | None, JaxprLike]]]
 
 
-def eqn_has_placement(eqn: Any, memo: dict[int, tuple[Any, bool]],
+def eqn_has_placement(eqn: JaxprEqn, memo: IdentityMemo[JaxprLike, bool],
                       subjaxprs: SubjaxprsFn = _compat.eqn_subjaxprs) -> bool:
     """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
     if eqn.primitive.name in USER_PLACEMENT:
@@ -108,13 +135,13 @@ def eqn_has_placement(eqn: Any, memo: dict[int, tuple[Any, bool]],
     return any(jaxpr_has_placement(sub, memo, subjaxprs) for _, _, sub in subjaxprs(eqn))
 
 
-def jaxpr_has_placement(jaxpr: Any, memo: dict[int, tuple[Any, bool]],
+def jaxpr_has_placement(jaxpr: JaxprLike, memo: IdentityMemo[JaxprLike, bool] | None = None,
                         subjaxprs: SubjaxprsFn = _compat.eqn_subjaxprs) -> bool:
     """Whether any equation of ``jaxpr`` (recursively) is user-placed."""
-    hit = memo.get(id(jaxpr))
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
-    inner, _ = _compat.open_jaxpr(jaxpr)
-    found = any(eqn_has_placement(eqn, memo, subjaxprs) for eqn in inner.eqns)
-    memo[id(jaxpr)] = (jaxpr, found)
+    memo = IdentityMemo() if memo is None else memo
+    found = memo.get(jaxpr)
+    if found is None:
+        inner, _ = _compat.open_jaxpr(jaxpr)
+        found = any(eqn_has_placement(eqn, memo, subjaxprs) for eqn in inner.eqns)
+        memo.set(jaxpr, found)
     return found

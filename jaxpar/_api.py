@@ -1027,7 +1027,7 @@ def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[
                                              scalars=Scalars.STATIC_UNDER_TRACE)
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
             if sig not in checked:
-                if jaxpr_has_placement(trace(fun, sig).jaxpr, {}):
+                if jaxpr_has_placement(trace(fun, sig).jaxpr):
                     raise ValueError(
                         f"on_stream({stream}) for {label!r}: the function already contains "
                         "stream-annotated or placed code (on_stream, parallel_branches output, "

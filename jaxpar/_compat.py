@@ -29,7 +29,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import jax
 import jax.extend.core as jex_core
@@ -44,6 +44,9 @@ except ImportError:  # jax 0.8 - 0.10
         xla_metadata_call as _xla_metadata_call,
     )
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
 from jax._src import core as _core
 from jax._src import sharding_impls as _sharding_impls
 from jax._src import source_info_util as _source_info_util
@@ -51,11 +54,15 @@ from jax._src.lax import lax as _lax_internal
 
 __all__ = [
     "JAX_VERSION",
+    "Atom",
     "ClosedJaxpr",
     "DropVar",
     "Jaxpr",
     "JaxprEqn",
+    "JaxprLike",
     "Literal",
+    "Primitive",
+    "ShapedArray",
     "all_primitive_names",
     "Var",
     "bind_eqn",
@@ -89,6 +96,12 @@ JaxprEqn = jex_core.JaxprEqn
 Var = jex_core.Var
 Literal = jex_core.Literal
 DropVar = jex_core.DropVar
+Primitive = jex_core.Primitive
+# A jaxpr parameter or level: open (``Jaxpr``) or closed (``ClosedJaxpr``; one class
+# from jax 0.11). An equation operand: a variable or a literal.
+JaxprLike: TypeAlias = Jaxpr | ClosedJaxpr
+ShapedArray = _core.ShapedArray
+Atom: TypeAlias = Var | Literal
 
 # From jax 0.11 ``ClosedJaxpr`` is ``Jaxpr``: "closed" then means "has consts".
 _UNIFIED_JAXPR = ClosedJaxpr is Jaxpr
@@ -148,7 +161,7 @@ def all_primitive_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def ordering_effects(eqn: Any) -> frozenset[Any]:
+def ordering_effects(eqn: JaxprEqn) -> frozenset[Any]:
     """``eqn``'s effects that order it against other effectful equations.
 
     ``NamedAxisEffect`` (collectives over a mesh axis inside ``shard_map``) only
@@ -215,33 +228,33 @@ def is_jaxpr_like(value: Any) -> bool:
     return isinstance(value, (Jaxpr, ClosedJaxpr))
 
 
-def open_jaxpr(jaxpr: Any) -> tuple[Any, list[Any]]:
+def open_jaxpr(jaxpr: JaxprLike) -> tuple[Jaxpr, list[Any]]:
     """Returns ``(open_jaxpr, consts)`` for a ``Jaxpr`` or ``ClosedJaxpr``.
 
     The open jaxpr's ``constvars`` line up with ``consts``.
     """
-    if _UNIFIED_JAXPR:
-        return jaxpr, list(getattr(jaxpr, "consts", ()) or ())
+    if _UNIFIED_JAXPR:  # one class: ``jaxpr`` is a ``Jaxpr``
+        return jaxpr, list(getattr(jaxpr, "consts", ()) or ())  # type: ignore[return-value]
     if isinstance(jaxpr, ClosedJaxpr):
         return jaxpr.jaxpr, list(jaxpr.consts)
     return jaxpr, []
 
 
-def has_consts(jaxpr: Any) -> bool:
+def has_consts(jaxpr: JaxprLike) -> bool:
     return bool(open_jaxpr(jaxpr)[1])
 
 
-def all_invars(jaxpr: Any) -> list[Any]:
+def all_invars(jaxpr: Jaxpr) -> list[Var]:
     """Constvars then invars of an open jaxpr."""
     return [*jaxpr.constvars, *jaxpr.invars]
 
 
-def in_avals(jaxpr: Any) -> list[Any]:
+def in_avals(jaxpr: JaxprLike) -> list[Any]:
     inner, _ = open_jaxpr(jaxpr)
     return [v.aval for v in inner.invars]
 
 
-def make_closed_jaxpr(fn: Callable[..., Any], avals: Sequence[Any]) -> Any:
+def make_closed_jaxpr(fn: Callable[..., Any], avals: Sequence[Any]) -> ClosedJaxpr:
     """Traces ``fn`` at abstract values (avals or ``ShapeDtypeStruct``s) to a closed jaxpr.
 
     Avals are passed through as they are, keeping weak types and, inside
@@ -250,7 +263,7 @@ def make_closed_jaxpr(fn: Callable[..., Any], avals: Sequence[Any]) -> Any:
     return jax.make_jaxpr(fn)(*avals)
 
 
-def retrace_like(fn: Callable[..., Any], original: Any) -> Any | None:
+def retrace_like(fn: Callable[..., Any], original: JaxprLike) -> JaxprLike | None:
     """Traces ``fn`` into a jaxpr of the same kind and signature as ``original``.
 
     ``fn`` takes the original jaxpr's invars (not its constvars) and returns its
@@ -270,9 +283,9 @@ def retrace_like(fn: Callable[..., Any], original: Any) -> Any | None:
     return new_inner
 
 
-def replace_eqn(eqn: Any, *, invars: Sequence[Any] | None = None,
+def replace_eqn(eqn: JaxprEqn, *, invars: Sequence[Atom] | None = None,
                 params: dict[str, Any] | None = None,
-                outvars: Sequence[Any] | None = None, source_info: Any = None) -> Any:
+                outvars: Sequence[Var] | None = None, source_info: Any = None) -> JaxprEqn:
     """``eqn`` with new input atoms, parameters, output variables and/or source info
     (the same context). Input atoms identical to the equation's own count as unchanged:
     then, with nothing else given, ``eqn`` itself is returned."""
@@ -285,16 +298,16 @@ def replace_eqn(eqn: Any, *, invars: Sequence[Any] | None = None,
                        source_info=source_info)
 
 
-def fresh_var(var: Any) -> Any:
+def fresh_var(var: Var) -> Var:
     """A new variable of ``var``'s type (a new drop variable for a drop variable)."""
     if isinstance(var, DropVar):
         return DropVar(var.aval)
     return Var(var.aval)
 
 
-def splice_jaxpr(original: Any, eqns: Sequence[Any], outvars: Sequence[Any],
-                 new_constvars: Sequence[Any] = (), new_consts: Sequence[Any] = ()
-                 ) -> Any | None:
+def splice_jaxpr(original: JaxprLike, eqns: Sequence[JaxprEqn], outvars: Sequence[Atom],
+                 new_constvars: Sequence[Var] = (), new_consts: Sequence[Any] = ()
+                 ) -> JaxprLike | None:
     """``original`` with new equations and outputs, and constants appended.
 
     Same kind (open or closed), invars, effects and debug info as ``original``: the
@@ -305,9 +318,10 @@ def splice_jaxpr(original: Any, eqns: Sequence[Any], outvars: Sequence[Any],
     inner, consts = open_jaxpr(original)
     constvars = [*inner.constvars, *new_constvars]
     all_consts = [*consts, *new_consts]
-    if _UNIFIED_JAXPR:
-        return original.replace(constvars=constvars, consts=all_consts, eqns=list(eqns),
-                                outvars=list(outvars), debug_info=original.debug_info)
+    if _UNIFIED_JAXPR:  # jax 0.11+: one class, with the fields of both
+        return original.replace(  # type: ignore[call-arg]
+            constvars=constvars, consts=all_consts, eqns=list(eqns), outvars=list(outvars),
+            debug_info=original.debug_info)
     if new_constvars and not isinstance(original, ClosedJaxpr):
         return None
     new_inner = inner.replace(constvars=constvars, eqns=list(eqns), outvars=list(outvars),
@@ -315,13 +329,13 @@ def splice_jaxpr(original: Any, eqns: Sequence[Any], outvars: Sequence[Any],
     return ClosedJaxpr(new_inner, all_consts) if isinstance(original, ClosedJaxpr) else new_inner
 
 
-def eqn_subjaxprs(eqn: Any) -> Iterator[tuple[str, int | None, Any]]:
+def eqn_subjaxprs(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, JaxprLike]]:
     """Yields ``(param_name, index_or_None, jaxpr)`` for every jaxpr parameter.
 
     Visits every parameter, including tuples of jaxprs such as ``cond``'s
     ``branches``, instead of guessing parameter names.
     """
-    found: list[tuple[str, int | None, Any]] = []
+    found: list[tuple[str, int | None, JaxprLike]] = []
     jaxpr_types = (Jaxpr, ClosedJaxpr)  # is_jaxpr_like, inlined: this runs per equation
     for name, value in eqn.params.items():
         if isinstance(value, jaxpr_types):
@@ -333,7 +347,7 @@ def eqn_subjaxprs(eqn: Any) -> Iterator[tuple[str, int | None, Any]]:
     return iter(found)
 
 
-def eqn_replace_subjaxprs(eqn: Any, replacements: dict[tuple[str, int | None], Any]
+def eqn_replace_subjaxprs(eqn: JaxprEqn, replacements: dict[tuple[str, int | None], JaxprLike]
                           ) -> dict[str, Any]:
     """Returns ``eqn.params`` with the given jaxpr parameters replaced."""
     params = dict(eqn.params)
@@ -359,7 +373,7 @@ _XLA_METADATA_CALL = _internal_primitive_name("xla_metadata_call_p", "xla_metada
 _SHARD_MAP = _internal_primitive_name("shard_map_p", "shard_map")
 
 
-def eqn_frontend_attributes(eqn: Any) -> dict[str, str]:
+def eqn_frontend_attributes(eqn: JaxprEqn) -> dict[str, str]:
     """The XLA frontend attributes the user or jaxpar attached to ``eqn``."""
     attrs: dict[str, str] = {}
     ctx_meta = getattr(eqn.ctx, "xla_metadata", None)
@@ -378,7 +392,8 @@ def eqn_frontend_attributes(eqn: Any) -> dict[str, str]:
     return attrs
 
 
-def bind_eqn(eqn: Any, invals: Sequence[Any], params: dict[str, Any] | None = None) -> list[Any]:
+def bind_eqn(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | None = None
+             ) -> list[Any]:
     """Binds ``eqn``'s primitive on ``invals``, keeping its source info and context."""
     bind_params = eqn.primitive.get_bind_params(eqn.params if params is None else params)
     name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
@@ -388,7 +403,7 @@ def bind_eqn(eqn: Any, invals: Sequence[Any], params: dict[str, Any] | None = No
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
-def plain_call_body(eqn: Any) -> tuple[str, Any] | None:
+def plain_call_body(eqn: JaxprEqn) -> tuple[str, JaxprLike] | None:
     """``(name, body)`` of a nested ``jit`` or ``closed_call`` that only names its body:
     no shardings, layouts, donation or compiler options of its own. XLA inlines such a
     call (``CallInliner``), so inlining it in the jaxpr changes only the op names; None
@@ -417,7 +432,7 @@ def plain_call_body(eqn: Any) -> tuple[str, Any] | None:
 _JAXPAR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def source_summary(eqn: Any) -> str:
+def source_summary(eqn: JaxprEqn) -> str:
     """``[scope] file:line:column (function)`` of the user code that created ``eqn``.
 
     ``scope`` is the equation's name stack without JAX's transformation wrappers: the
@@ -446,7 +461,7 @@ def source_summary(eqn: Any) -> str:
 _WRAPPER = re.compile(r"^([A-Za-z_][\w.]*)\((.*)\)$")
 
 
-def name_scope(eqn: Any) -> str:
+def name_scope(eqn: JaxprEqn) -> str:
     """The equation's name stack as a user's layer path, without transformation wrappers.
 
     ``transpose(jvp(TwoTowers))/query/dense0`` -> ``TwoTowers/query/dense0 (backward)``.
@@ -468,7 +483,7 @@ def name_scope(eqn: Any) -> str:
     return f"{scope} (backward)" if scope and backward else scope
 
 
-def display_name(eqn: Any) -> str:
+def display_name(eqn: JaxprEqn) -> str:
     """What to call ``eqn`` in a report: the wrapped function's name for a custom rule
     (``relu``, not ``custom_jvp_call``), the jitted function's for a nested ``jit``."""
     name = eqn.primitive.name
@@ -533,15 +548,21 @@ def with_weak_type(value: Any, aval: Any) -> Any:
     return _lax_internal._convert_element_type(value, aval.dtype, weak_type=weak)
 
 
-def literal_value(atom: Any) -> Any:
+def array_aval(atom: Atom) -> ShapedArray:
+    """``atom``'s type where it holds an array (shape, dtype, ndim), as the operands and
+    results of array primitives do; JAX types ``aval`` as the ``AbstractValue`` base."""
+    return atom.aval  # type: ignore[return-value]
+
+
+def literal_value(atom: Literal) -> Any:
     return atom.val
 
 
-def is_literal(atom: Any) -> bool:
+def is_literal(atom: object) -> TypeIs[Literal]:
     return isinstance(atom, Literal)
 
 
-def is_drop_var(var: Any) -> bool:
+def is_drop_var(var: object) -> TypeIs[DropVar]:
     return isinstance(var, DropVar)
 
 
@@ -644,11 +665,11 @@ def aval_size(aval: Any) -> int:
     return math.prod(shape) if shape is not None else 0
 
 
-def scan_length(eqn: Any) -> int:
+def scan_length(eqn: JaxprEqn) -> int:
     return int(eqn.params["length"])
 
 
-def jaxpr_eval(jaxpr: Any, *args: Any) -> list[Any]:
+def jaxpr_eval(jaxpr: JaxprLike, *args: Any) -> list[Any]:
     """Evaluates a closed or open jaxpr (open ones take no consts)."""
     inner, consts = open_jaxpr(jaxpr)
     return list(jax.core.eval_jaxpr(inner, consts, *args))
@@ -678,14 +699,14 @@ class ScanInfo:
     unroll: int
     num_consts: int
     num_carry: int
-    jaxpr: Any
+    jaxpr: ClosedJaxpr
 
     @property
     def num_xs(self) -> int:
         return len(in_avals(self.jaxpr)) - self.num_consts - self.num_carry
 
 
-def scan_info(eqn: Any) -> ScanInfo:
+def scan_info(eqn: JaxprEqn) -> ScanInfo:
     """Reads a ``scan`` equation's parameters, whichever layout this jax uses."""
     params = eqn.params
     length = int(params["length"])
@@ -707,14 +728,14 @@ def scan_info(eqn: Any) -> ScanInfo:
                     num_consts=num_consts, num_carry=num_carry, jaxpr=body)
 
 
-def scan_params_with_unroll(eqn: Any, unroll: int) -> dict[str, Any]:
+def scan_params_with_unroll(eqn: JaxprEqn, unroll: int) -> dict[str, Any]:
     """``eqn.params`` of a ``scan`` with only the unroll factor changed."""
     params = dict(eqn.params)
     params["unroll"] = int(unroll)
     return params
 
 
-def custom_jvp_rule(eqn: Any) -> tuple[Any, int] | None:
+def custom_jvp_rule(eqn: JaxprEqn) -> tuple[JaxprLike, int] | None:
     """The jvp rule of a ``custom_jvp_call`` as a jaxpr, with the count of the call's
     leading constant operands (the rule reads the other operands, then one tangent per
     operand, none of them a symbolic zero); None where this jax hides it or tracing the
@@ -745,11 +766,11 @@ class WhileInfo:
 
     cond_nconsts: int
     body_nconsts: int
-    cond_jaxpr: Any
-    body_jaxpr: Any
+    cond_jaxpr: ClosedJaxpr
+    body_jaxpr: ClosedJaxpr
 
 
-def while_info(eqn: Any) -> WhileInfo:
+def while_info(eqn: JaxprEqn) -> WhileInfo:
     """Reads a ``while`` equation's parameters."""
     params = eqn.params
     return WhileInfo(int(params["cond_nconsts"]), int(params["body_nconsts"]),
@@ -785,7 +806,7 @@ class ShardMapInfo:
     check: bool
     manual_axes: frozenset[Any]
     axis_sizes: tuple[tuple[Any, int], ...]
-    body: Any  # the body jaxpr, as found in the equation
+    body: JaxprLike  # the body jaxpr, as found in the equation
 
     def axis_size(self, name: Any) -> int:
         """Size of mesh axis ``name`` (a tuple of names multiplies)."""
@@ -797,7 +818,7 @@ class ShardMapInfo:
         return size
 
 
-def is_shard_map(eqn: Any) -> bool:
+def is_shard_map(eqn: JaxprEqn) -> bool:
     """Whether ``eqn`` is a ``shard_map`` equation (matched by name)."""
     return eqn.primitive.name == _SHARD_MAP
 
@@ -821,7 +842,7 @@ def _mesh_axis_sizes(mesh: Any) -> tuple[tuple[Any, int], ...]:
     return tuple((name, int(size)) for name, size in shape.items())
 
 
-def shard_map_info(eqn: Any) -> ShardMapInfo:
+def shard_map_info(eqn: JaxprEqn) -> ShardMapInfo:
     """Reads a ``shard_map`` equation's mesh, specs, check flag and manual axes.
 
     Raises:
@@ -837,9 +858,9 @@ def shard_map_info(eqn: Any) -> ShardMapInfo:
         in_specs = tuple(params["in_specs"])
         out_specs = tuple(params["out_specs"])
     else:  # jax <= 0.6.0
-        in_specs = tuple(_names_to_spec(names, v.aval.ndim)
+        in_specs = tuple(_names_to_spec(names, array_aval(v).ndim)
                          for names, v in zip(params["in_names"], eqn.invars, strict=True))
-        out_specs = tuple(_names_to_spec(names, v.aval.ndim)
+        out_specs = tuple(_names_to_spec(names, array_aval(v).ndim)
                           for names, v in zip(params["out_names"], eqn.outvars, strict=True))
     check = bool(params.get("check_vma", params.get("check_rep", True)))
     sizes = _mesh_axis_sizes(mesh)
@@ -862,7 +883,7 @@ def _public_shard_map() -> Callable[..., Any]:
     return shard_map  # type: ignore[no-any-return]
 
 
-def rebind_shard_map(eqn: Any, body_fn: Callable[..., Sequence[Any]],
+def rebind_shard_map(eqn: JaxprEqn, body_fn: Callable[..., Sequence[Any]],
                      invals: Sequence[Any]) -> list[Any]:
     """Re-emits a ``shard_map`` equation through the public API with a new body.
 
@@ -907,7 +928,7 @@ def rebind_shard_map(eqn: Any, body_fn: Callable[..., Sequence[Any]],
     return list(out)
 
 
-def nested_trace_context(eqn: Any) -> Any:
+def nested_trace_context(eqn: JaxprEqn) -> Any:
     """A context manager under which code for ``eqn``'s nested jaxprs must be traced.
 
     A ``shard_map`` body is traced by JAX with the mesh's manual axes bound, the mesh
@@ -934,7 +955,7 @@ def nested_trace_context(eqn: Any) -> Any:
     return stack
 
 
-def eqn_context(eqn: Any) -> Any:
+def eqn_context(eqn: JaxprEqn) -> Any:
     """A context manager under which new equations get ``eqn``'s source info and context.
 
     Used when a pass emits a replacement for ``eqn`` (e.g. a fused scan) through public
@@ -1029,7 +1050,8 @@ setattr(stream_region_p, "is_effectful",  # noqa: B010
 _region_ad: dict[str, Callable[..., Any]] = {}
 
 
-def _region_jaxpr(fn: Callable[..., Sequence[Any]], avals: Sequence[Any]) -> tuple[Any, list[Any]]:
+def _region_jaxpr(fn: Callable[..., Sequence[Any]], avals: Sequence[Any]
+                  ) -> tuple[ClosedJaxpr, list[Any]]:
     """``fn`` traced at ``avals`` as a closed jaxpr without consts, and the consts it
     closed over (values or tracers of an outer trace), to pass as leading operands."""
     closed = jax.make_jaxpr(lambda *args: tuple(fn(*args)))(*avals)
@@ -1073,7 +1095,7 @@ def vmap_axis_names(values: Sequence[Any]) -> frozenset[Any]:
     return frozenset(names)
 
 
-def _region_abstract_eval(*avals: Any, call_jaxpr: Any, **params: Any) -> tuple[Any, Any]:
+def _region_abstract_eval(*avals: Any, call_jaxpr: ClosedJaxpr, **params: Any) -> tuple[Any, Any]:
     del avals, params
     return list(call_jaxpr.out_avals), call_jaxpr.effects
 
@@ -1091,7 +1113,7 @@ def packable(avals: Sequence[Any]) -> bool:
     return bool(np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_))
 
 
-def _region_lowering(*args: Any, call_jaxpr: Any, region: Any) -> list[Any]:
+def _region_lowering(*args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> list[Any]:
     # The body evaluated inside JAX's own ``xla_metadata_call``: the same call, the same
     # attributes, on every supported jax. Where XLA would not overlap a call returning a
     # tuple (``PACK_MULTI_RESULT_CALLS``) the call returns its results as one flat array.
@@ -1115,13 +1137,13 @@ def _region_lowering(*args: Any, call_jaxpr: Any, region: Any) -> list[Any]:
 
 
 def _region_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[Any], *,
-                    call_jaxpr: Any, region: Any) -> tuple[list[Any], list[Any]]:
+                    call_jaxpr: ClosedJaxpr, region: Any) -> tuple[list[Any], list[Any]]:
     batched, dims_out = _batching.batch_jaxpr2(call_jaxpr, axis_data, tuple(dims_in))
     outs = stream_region_p.bind(*vals_in, call_jaxpr=batched, region=region)
     return list(outs), list(dims_out)
 
 
-def _region_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: Any,
+def _region_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: ClosedJaxpr,
                 region: Any) -> tuple[list[Any], list[Any]]:
     given = [None if type(t) is _ad.Zero else t for t in tangents]
     outs, out_tangents = _region_ad["jvp"](call_jaxpr, region, list(primals), given)
@@ -1129,7 +1151,7 @@ def _region_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: 
                         for o, t in zip(outs, out_tangents, strict=True)]
 
 
-def _region_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: Any,
+def _region_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: ClosedJaxpr,
                       region: Any) -> list[Any]:
     linear = [_ad.is_undefined_primal(a) for a in args]
     values = [None if lin else a for a, lin in zip(args, linear, strict=True)]
@@ -1137,7 +1159,7 @@ def _region_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: Any,
     return list(_region_ad["transpose"](call_jaxpr, region, values, linear, given))
 
 
-def _region_checkify(*args: Any, call_jaxpr: Any, region: Any) -> tuple[Any, list[Any]]:
+def _region_checkify(*args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> tuple[Any, list[Any]]:
     # jax <= 0.10: (error, enabled_errors, *vals); jax >= 0.11 passes a context first.
     context_type = getattr(_checkify, "CheckifyContext", None)
     context = args[:1] if context_type is not None and isinstance(args[0], context_type) else ()
@@ -1151,13 +1173,13 @@ def _region_checkify(*args: Any, call_jaxpr: Any, region: Any) -> tuple[Any, lis
     return jax.tree_util.tree_unflatten(out_tree, outs)  # type: ignore[no-any-return]
 
 
-def _region_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jaxpr: Any,
+def _region_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jaxpr: ClosedJaxpr,
                 region: Any) -> tuple[list[Any], list[Any]]:
     return _call_jet(primals_in, series_in, call_jaxpr,
                      lambda body, args: bind_stream_region(body, args, region))
 
 
-def _call_jet(primals_in: Sequence[Any], series_in: Sequence[Any], call_jaxpr: Any,
+def _call_jet(primals_in: Sequence[Any], series_in: Sequence[Any], call_jaxpr: ClosedJaxpr,
               emit: Callable[[Callable[..., Any], list[Any]], Sequence[Any]]
               ) -> tuple[list[Any], list[Any]]:
     """The jet rule of a call-like equation; ``emit(body, args)`` runs the body (as a
@@ -1208,7 +1230,7 @@ def _register_call_rules(prim: Any, *, lowering: Callable[..., Any], batcher: An
     # types before staging, as jax.jit and xla_metadata_call do.
     lower_and_eval = getattr(_pe, "_lower_and_eval", None)
     if lower_and_eval is not None:
-        def to_lojax(*hi_args: Any, call_jaxpr: Any, **params: Any) -> Any:
+        def to_lojax(*hi_args: Any, call_jaxpr: ClosedJaxpr, **params: Any) -> Any:
             return lower_and_eval(prim, call_jaxpr, hi_args, **params)
 
         prim.to_lojax = to_lojax
@@ -1257,7 +1279,8 @@ class ProgramSource:
 
     def __init__(self, fn: Callable[..., Sequence[Any]], skip: int,
                  checks_only: bool = False) -> None:
-        self.fn, self.skip, self.body = fn, skip, None
+        self.fn, self.skip = fn, skip
+        self.body: ClosedJaxpr | None = None  # the equation's body, once bound
         # An equation with no outputs that only holds the original's checks for
         # checkify (its body is empty; DCE keeps it).
         self.checks_only = checks_only
@@ -1276,7 +1299,7 @@ def bind_program(fn: Callable[..., Sequence[Any]], source: Callable[..., Sequenc
     return list(program_p.bind(*consts, *args, call_jaxpr=jaxpr, source=marker))
 
 
-def _program_eval(*args: Any, call_jaxpr: Any, source: Any) -> list[Any]:
+def _program_eval(*args: Any, call_jaxpr: ClosedJaxpr, source: Any) -> list[Any]:
     del source
     return jaxpr_eval(call_jaxpr, *args)
 
@@ -1295,7 +1318,7 @@ def _checked_first(source: ProgramSource, check: Callable[..., Any],
 
 
 def _program_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[Any], *,
-                     call_jaxpr: Any, source: Any) -> tuple[list[Any], list[Any]]:
+                     call_jaxpr: ClosedJaxpr, source: Any) -> tuple[list[Any], list[Any]]:
     batched, dims_out = _batching.batch_jaxpr2(call_jaxpr, axis_data, tuple(dims_in))
     name = getattr(axis_data, "name", None)
     if (source.body is not call_jaxpr
@@ -1335,7 +1358,7 @@ def _program_dce(used_outputs: list[bool], *rest: Any) -> tuple[list[bool], Any]
     return used_inputs, new_eqn.replace(params={**new_eqn.params, "source": marker})
 
 
-def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: Any,
+def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: ClosedJaxpr,
                  source: Any) -> tuple[list[Any], list[Any]]:
     # Inline. First, for checkify, an equation holding the original program's checks
     # (nothing runs otherwise), so a checked derivative reports the original's first
@@ -1372,7 +1395,7 @@ def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr:
                   for o, t in zip(outs, out_tangents, strict=True)]
 
 
-def _program_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: Any,
+def _program_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: ClosedJaxpr,
                        source: Any) -> list[Any]:
     del source
     linear = [_ad.is_undefined_primal(a) for a in args]
@@ -1390,7 +1413,7 @@ def _program_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: Any,
     return [next(out) if is_linear else None for is_linear in linear]
 
 
-def _program_checkify(*args: Any, call_jaxpr: Any, source: Any) -> tuple[Any, list[Any]]:
+def _program_checkify(*args: Any, call_jaxpr: ClosedJaxpr, source: Any) -> tuple[Any, list[Any]]:
     context_type = getattr(_checkify, "CheckifyContext", None)
     context = args[:1] if context_type is not None and isinstance(args[0], context_type) else ()
     error, enabled_errors, *vals = args[len(context):]
@@ -1408,7 +1431,7 @@ def _program_checkify(*args: Any, call_jaxpr: Any, source: Any) -> tuple[Any, li
     return jax.tree_util.tree_unflatten(out_tree, outs)  # type: ignore[no-any-return]
 
 
-def _program_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jaxpr: Any,
+def _program_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jaxpr: ClosedJaxpr,
                  source: Any) -> tuple[list[Any], list[Any]]:
     del source
     return _call_jet(primals_in, series_in, call_jaxpr, lambda body, args: body(*args))

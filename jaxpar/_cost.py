@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _compat, _primitives
+from ._compat import JaxprEqn, JaxprLike
 from ._gpu_model import GENERIC_GPU, GPU_PROFILES, MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
 from ._loops import static_trip_count
+from ._memo import IdentityMemo
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -146,7 +148,7 @@ def register_cost_rule(*names: str) -> Callable[[CostRule], CostRule]:
     return register
 
 
-def _io_bytes(eqn: Any) -> float:
+def _io_bytes(eqn: JaxprEqn) -> float:
     total = 0
     for v in eqn.invars:
         if not _compat.is_literal(v):
@@ -156,33 +158,33 @@ def _io_bytes(eqn: Any) -> float:
     return float(total)
 
 
-def _out_size(eqn: Any) -> float:
+def _out_size(eqn: JaxprEqn) -> float:
     return float(sum(_compat.aval_size(v.aval) for v in eqn.outvars))
 
 
 # Shape-only equations: XLA turns them into layout changes or folds them away.
 @register_cost_rule(*sorted(_primitives.COST_FREE))
-def _free_rule(model: CostModel, eqn: Any) -> Cost:
+def _free_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     return ZERO
 
 
 # Reductions, sorts, scatters, collectives, decompositions...: one kernel each.
 @register_cost_rule(*sorted(_primitives.COST_ONE_KERNEL))
-def _one_kernel_rule(model: CostModel, eqn: Any) -> Cost:
+def _one_kernel_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     return Cost(flops=_out_size(eqn), bytes=_io_bytes(eqn), kernels=1.0)
 
 
 @register_cost_rule(_primitives.DOT_GENERAL)
-def _dot_general_rule(model: CostModel, eqn: Any) -> Cost:
+def _dot_general_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-    lhs_shape = eqn.invars[0].aval.shape
+    lhs_shape = _compat.array_aval(eqn.invars[0]).shape
     contracted = math.prod(lhs_shape[d] for d in lhs_contract)
     return Cost(flops=2.0 * _out_size(eqn) * contracted, bytes=_io_bytes(eqn), kernels=1.0)
 
 
 @register_cost_rule(_primitives.CONV)
-def _conv_rule(model: CostModel, eqn: Any) -> Cost:
-    rhs_shape = eqn.invars[1].aval.shape
+def _conv_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
+    rhs_shape = _compat.array_aval(eqn.invars[1]).shape
     dims = eqn.params["dimension_numbers"]
     out_feature_dim = dims.rhs_spec[0] if dims is not None else 0
     # Every output element contracts over the kernel volume (in-features x spatial)
@@ -192,13 +194,13 @@ def _conv_rule(model: CostModel, eqn: Any) -> Cost:
 
 
 @register_cost_rule(_primitives.SCAN)
-def _scan_rule(model: CostModel, eqn: Any) -> Cost:
+def _scan_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     body = model.jaxpr_cost(eqn.params["jaxpr"])
     return body.scale(_compat.scan_length(eqn))
 
 
 @register_cost_rule(_primitives.WHILE)
-def _while_rule(model: CostModel, eqn: Any) -> Cost:
+def _while_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     body = model.jaxpr_cost(eqn.params["body_jaxpr"]) + model.jaxpr_cost(eqn.params["cond_jaxpr"])
     trips = known_while_trip_count(eqn)
     if trips is None:
@@ -207,12 +209,12 @@ def _while_rule(model: CostModel, eqn: Any) -> Cost:
 
 
 @register_cost_rule(_primitives.COND)
-def _cond_rule(model: CostModel, eqn: Any) -> Cost:
+def _cond_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     branches = [model.jaxpr_cost(b) for b in eqn.params["branches"]]
     return max(branches, key=lambda c: c.seconds(model.profile), default=ZERO)
 
 
-def _default_rule(model: CostModel, eqn: Any) -> Cost:
+def _default_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     nested = [model.jaxpr_cost(j) for _, _, j in model.subjaxprs(eqn)]
     if nested:
         # custom_jvp/custom_vjp/remat/jit/shard_map...: the work is the body's.
@@ -227,7 +229,7 @@ def _default_rule(model: CostModel, eqn: Any) -> Cost:
     return Cost(flops=_out_size(eqn), bytes=_io_bytes(eqn), kernels=0.0)
 
 
-def known_while_trip_count(eqn: Any) -> int | None:
+def known_while_trip_count(eqn: JaxprEqn) -> int | None:
     """Trip count of a counting ``while`` with constant bounds (``_loops.static_trip_count``),
     exactly as the loop runs it; None otherwise."""
     return static_trip_count(eqn).trips
@@ -238,22 +240,22 @@ class CostModel:
 
     def __init__(self, profile: DeviceProfile):
         self.profile = profile
-        self._jaxpr_costs: dict[int, tuple[Any, Cost]] = {}
+        self._jaxpr_costs: IdentityMemo[JaxprLike, Cost] = IdentityMemo()
         # Equations are immutable, and the passes see the same ones round after round.
-        self._eqn_costs: dict[int, tuple[Any, Cost]] = {}
+        self._eqn_costs: IdentityMemo[JaxprEqn, Cost] = IdentityMemo()
         # Parameter dicts by identity: the jaxprs they hold (``subjaxprs``).
-        self._nested: dict[int, tuple[Any, tuple[tuple[str, int | None, Any], ...]]] = {}
+        self._nested: IdentityMemo[dict[str, Any],
+                                   tuple[tuple[str, int | None, JaxprLike], ...]] = IdentityMemo()
 
-    def eqn_cost(self, eqn: Any) -> Cost:
-        hit = self._eqn_costs.get(id(eqn))
-        if hit is not None and hit[0] is eqn:
-            return hit[1]
-        rule = cost_rules.get(eqn.primitive.name, _default_rule)
-        cost = rule(self, eqn)
-        self._eqn_costs[id(eqn)] = (eqn, cost)
+    def eqn_cost(self, eqn: JaxprEqn) -> Cost:
+        cost = self._eqn_costs.get(eqn)
+        if cost is None:
+            rule = cost_rules.get(eqn.primitive.name, _default_rule)
+            cost = rule(self, eqn)
+            self._eqn_costs.set(eqn, cost)
         return cost
 
-    def launches(self, eqn: Any) -> bool:
+    def launches(self, eqn: JaxprEqn) -> bool:
         """Whether ``eqn`` launches a kernel (``eqn_cost(eqn).kernels > 0``).
 
         Decided from the primitive's rule where that fixes the answer (shape-only,
@@ -270,34 +272,31 @@ class CostModel:
                 return False
         return self.eqn_cost(eqn).kernels > 0
 
-    def subjaxprs(self, eqn: Any) -> tuple[tuple[str, int | None, Any], ...]:
+    def subjaxprs(self, eqn: JaxprEqn) -> tuple[tuple[str, int | None, JaxprLike], ...]:
         """``_compat.eqn_subjaxprs(eqn)``, memoised by the parameter dict: rewritten
         levels keep the parameter dicts of the equations they copy, and the passes, the
         planner and the mode estimates each ask about every equation."""
         params = eqn.params
-        hit = self._nested.get(id(params))
-        if hit is None or hit[0] is not params:
-            hit = (params, tuple(_compat.eqn_subjaxprs(eqn)))
-            self._nested[id(params)] = hit
-        return hit[1]
+        found = self._nested.get(params)
+        if found is None:
+            found = tuple(_compat.eqn_subjaxprs(eqn))
+            self._nested.set(params, found)
+        return found
 
-    def jaxpr_cost(self, jaxpr: Any) -> Cost:
-        key = id(jaxpr)
-        hit = self._jaxpr_costs.get(key)
-        if hit is not None and hit[0] is jaxpr:
-            return hit[1]
-        inner, _ = _compat.open_jaxpr(jaxpr)
-        total = ZERO
-        for eqn in inner.eqns:
-            total = total + self.eqn_cost(eqn)
-        # Keep a reference so the id stays unique while memoised.
-        self._jaxpr_costs[key] = (jaxpr, total)
+    def jaxpr_cost(self, jaxpr: JaxprLike) -> Cost:
+        total = self._jaxpr_costs.get(jaxpr)
+        if total is None:
+            inner, _ = _compat.open_jaxpr(jaxpr)
+            total = ZERO
+            for eqn in inner.eqns:
+                total = total + self.eqn_cost(eqn)
+            self._jaxpr_costs.set(jaxpr, total)
         return total
 
     def seconds(self, cost: Cost) -> float:
         return cost.seconds(self.profile)
 
-    def launch_prices(self, eqns: Any, mode: CommandBufferMode | None,
+    def launch_prices(self, eqns: Sequence[JaxprEqn], mode: CommandBufferMode | None,
                       in_loop_body: bool = False) -> LaunchPrices:
         """``launch_prices`` of the level made of ``eqns`` in ``mode``: its graph holds
         the kernels of every equation but loops and conds (never captured).

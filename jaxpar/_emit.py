@@ -49,8 +49,10 @@ import numpy as np
 from jax import lax
 
 from . import _compat
+from ._compat import JaxprEqn, JaxprLike
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._interp import Env
+from ._memo import IdentityMemo
 from ._plan import LevelPlan
 from ._plan.collectives import COLLECTIVES_GROUP_ATTRIBUTES
 from ._primitives import SCAN
@@ -150,7 +152,7 @@ def region_call(body: Callable[..., Sequence[Any]], stream: int,
     return lambda *args: tuple(_compat.bind_stream_region(body, args, region))
 
 
-def _region_jvp(call_jaxpr: Any, region: Region, primals: list[Any],
+def _region_jvp(call_jaxpr: JaxprLike, region: Region, primals: list[Any],
                 tangents: list[Any | None]) -> tuple[list[Any], list[Any | None]]:
     """The JVP of a region: what ``jax.linearize`` computes, as two regions.
 
@@ -196,7 +198,7 @@ def _region_jvp(call_jaxpr: Any, region: Region, primals: list[Any],
     return list(outs), [next(linear_outs) if d else None for d in out_diff]
 
 
-def _region_transpose(call_jaxpr: Any, region: Region, values: list[Any | None],
+def _region_transpose(call_jaxpr: JaxprLike, region: Region, values: list[Any | None],
                       linear: list[bool], cotangents: list[Any | None]) -> list[Any | None]:
     """The transpose of a (linear) region, as a region on the same stream and group.
 
@@ -285,10 +287,11 @@ class Emitter:
     def __init__(self, plan: LevelPlan, emit_streams: bool):
         self.plan = plan
         self.emit_streams = emit_streams
-        self._region_io: dict[tuple[int, int, int], tuple[list[Any], list[Any]]] = {}
+        # By level object, with the section and region: (in vars, out vars).
+        self._region_io: IdentityMemo[LevelPlan, tuple[list[Any], list[Any]]] = IdentityMemo()
         # Inside the copies of a scan unrolled by ``unrolled_scan`` (see ``_copy_runner``).
         self._unrolling = 0
-        self._readers: dict[int, dict[Any, list[int]]] = {}
+        self._readers: IdentityMemo[LevelPlan, dict[Any, list[int]]] = IdentityMemo()
 
     def run(self, consts: Sequence[Any], *args: Any, emit_streams: bool = True) -> list[Any]:
         if not (self.emit_streams and emit_streams):
@@ -348,14 +351,14 @@ class Emitter:
         return [read(v) for v in inner.outvars]
 
     def _io(self, level: LevelPlan, s: int, r: int) -> tuple[list[Any], list[Any]]:
-        key = (id(level), s, r)
-        hit = self._region_io.get(key)
+        hit = self._region_io.get(level, extra=(s, r))
         if hit is None:
-            readers = self._readers.get(id(level))
+            readers = self._readers.get(level)
             if readers is None:
-                readers = self._readers[id(level)] = _readers(level)
+                readers = _readers(level)
+                self._readers.set(level, readers)
             hit = region_io(level, level.sections[s].regions[r].eqns, readers)
-            self._region_io[key] = hit
+            self._region_io.set(level, hit, extra=(s, r))
         return hit
 
     def _nested_params(self, level: LevelPlan, index: int,
@@ -401,7 +404,7 @@ class Emitter:
         return run
 
 
-def _unrolled_body(eqn: Any, subs: tuple[tuple[tuple[str, int | None], LevelPlan], ...]
+def _unrolled_body(eqn: JaxprEqn, subs: tuple[tuple[tuple[str, int | None], LevelPlan], ...]
                    ) -> LevelPlan | None:
     """The body plan of a scan that XLA would see unrolled with regions inside, else None.
 
@@ -499,7 +502,8 @@ def region_io(level: LevelPlan, region_eqns: Sequence[int],
     return list(inputs), outputs
 
 
-def _region_body(eqns: list[Any], in_vars: list[Any], out_vars: list[Any]) -> Callable[..., Any]:
+def _region_body(eqns: list[JaxprEqn], in_vars: list[Any], out_vars: list[Any]
+                 ) -> Callable[..., Any]:
     def body(*values: Any) -> tuple[Any, ...]:
         env = Env()
         env.write(in_vars, values)
@@ -509,7 +513,7 @@ def _region_body(eqns: list[Any], in_vars: list[Any], out_vars: list[Any]) -> Ca
     return body
 
 
-def emit_collective_group(eqns: Sequence[Any], invals: Sequence[Sequence[Any]],
+def emit_collective_group(eqns: Sequence[JaxprEqn], invals: Sequence[Sequence[Any]],
                           attributes: Mapping[str, str] = COLLECTIVES_GROUP_ATTRIBUTES
                           ) -> list[list[Any]]:
     """Emits ``eqns`` (collectives) as ONE non-inlined call launched as a group.

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _compat
+from ._compat import JaxprLike
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class Graph:
         return len(self.preds)
 
 
-def build_graph(jaxpr: Any) -> Graph:
+def build_graph(jaxpr: JaxprLike) -> Graph:
     """The dependency graph of an open jaxpr's equations.
 
     Not memoised here: one analysis memoises it per level (``Analysis.graph``), and
@@ -55,7 +56,7 @@ def build_graph(jaxpr: Any) -> Graph:
     return _build_graph(jaxpr)
 
 
-def _build_graph(jaxpr: Any) -> Graph:
+def _build_graph(jaxpr: JaxprLike) -> Graph:
     producer: dict[Any, int] = {}
     preds: list[tuple[int, ...]] = []
     succ_lists: list[list[int]] = []

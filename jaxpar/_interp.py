@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _compat
+from ._compat import Atom
 
 
 class Env:
@@ -35,7 +36,7 @@ class Env:
     def __init__(self) -> None:
         self.values: dict[Any, Any] = {}
 
-    def read(self, atom: Any) -> Any:
+    def read(self, atom: Atom) -> Any:
         return _compat.literal_value(atom) if _compat.is_literal(atom) else self.values[atom]
 
     def read_all(self, atoms: Sequence[Any]) -> list[Any]:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from . import _compat
+from ._compat import Atom, JaxprEqn, JaxprLike
 from ._primitives import ADD, CONVERT_ELEMENT_TYPE, LESS_THAN, WHILE
 
 
@@ -60,7 +61,7 @@ class _NotStatic(Exception):
     """The loop has no static trip count; the message says why."""
 
 
-def static_trip_count(eqn: Any, constants: Mapping[Any, Any] | None = None) -> TripCount:
+def static_trip_count(eqn: JaxprEqn, constants: Mapping[Any, Any] | None = None) -> TripCount:
     """The trip count of a counting ``while`` (see the module docstring), or why none.
 
     Args:
@@ -92,7 +93,7 @@ def static_trip_count(eqn: Any, constants: Mapping[Any, Any] | None = None) -> T
     return TripCount(trips, f"{dtype.name} counter from {lower} to {upper} by {step}")
 
 
-def _counting_loop(eqn: Any, constants: Mapping[Any, Any]
+def _counting_loop(eqn: JaxprEqn, constants: Mapping[Any, Any]
                    ) -> tuple[int, int, int, np.dtype[Any]]:
     """``(lower, upper, step, counter dtype)`` of a counting ``while``, else _NotStatic."""
     info = _compat.while_info(eqn)
@@ -113,7 +114,7 @@ def _counting_loop(eqn: Any, constants: Mapping[Any, Any]
     if _compat.is_literal(counter_atom) or counter_atom not in cond_carry:
         raise _NotStatic("the left side of its `<` is not a loop carry")
     k = cond_carry.index(counter_atom)
-    aval = counter_atom.aval
+    aval = _compat.array_aval(counter_atom)
     try:
         dtype = np.dtype(aval.dtype)
     except TypeError:
@@ -149,7 +150,7 @@ def _counting_loop(eqn: Any, constants: Mapping[Any, Any]
     return lower, upper, step, dtype
 
 
-def _producer(jaxpr: Any, atom: Any) -> Any | None:
+def _producer(jaxpr: JaxprLike, atom: Atom) -> JaxprEqn | None:
     """The equation of ``jaxpr`` that computes ``atom``, if one does."""
     if _compat.is_literal(atom):
         return None
@@ -159,7 +160,7 @@ def _producer(jaxpr: Any, atom: Any) -> Any | None:
     return None
 
 
-def _see_through_casts(jaxpr: Any, atom: Any) -> Any:
+def _see_through_casts(jaxpr: JaxprLike, atom: Atom) -> Atom:
     """``atom``, or what it is a same-dtype ``convert_element_type`` of: such a cast only
     drops a weak type (``while_loop(lambda c: c[0] < 10, ...)`` with a Python-int
     counter) and leaves the value as it is."""
@@ -168,13 +169,13 @@ def _see_through_casts(jaxpr: Any, atom: Any) -> Any:
         if eqn is None or eqn.primitive.name != CONVERT_ELEMENT_TYPE:
             return atom
         (source,) = eqn.invars
-        if getattr(source.aval, "dtype", None) != atom.aval.dtype:
+        if getattr(source.aval, "dtype", None) != _compat.array_aval(atom).dtype:
             return atom
         atom = source
     return atom
 
 
-def _resolve(atom: Any, jaxpr: Any, consts: list[Any], operands: list[Any]) -> Any:
+def _resolve(atom: Atom, jaxpr: JaxprLike, consts: list[Any], operands: list[Any]) -> Any:
     """The atom or value a condition/body atom stands for outside the loop: a literal,
     a closed-over constant, or the loop operand fed to one of its constvars."""
     if _compat.is_literal(atom):

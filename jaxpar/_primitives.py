@@ -34,6 +34,7 @@ import jax.extend.core.primitives as _exported
 from jax import lax as _lax
 
 from . import _compat
+from ._compat import JaxprEqn
 
 # The attribute names each family was built from, and those this jax lacks (for tests).
 FAMILY_ATTRIBUTES: dict[str, tuple[str, ...]] = {}
@@ -125,7 +126,7 @@ def local_axes(names: frozenset[Any]) -> Iterator[None]:
         _local.names = saved
 
 
-def is_collective(eqn: Any) -> bool:
+def is_collective(eqn: JaxprEqn) -> bool:
     """Whether ``eqn`` communicates across devices: a ``COLLECTIVE`` primitive, unless it
     is one of ``AXES_REDUCTIONS`` over positional axes and the names of ``jax.vmap`` axes
     on this device only (a local reduction, e.g. the batch statistics of a BatchNorm

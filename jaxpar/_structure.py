@@ -47,6 +47,8 @@ from typing import Any
 import numpy as np
 
 from . import _compat
+from ._compat import Atom, JaxprEqn, JaxprLike
+from ._memo import IdentityMemo
 
 # Compared by type and value.
 _ATOMIC_TYPES = frozenset({int, bool, str, type(None), np.dtype})
@@ -103,23 +105,23 @@ class StructuralKeys:
     """Structural keys of jaxprs, equations and parameter values, memoised for one pass."""
 
     def __init__(self) -> None:
-        self._jaxprs: dict[int, tuple[Any, StructuralKey]] = {}
-        # Parameter dicts and equation contexts by identity (each entry holds its object,
-        # so the id stays unique): rewritten levels keep their equations' ``params`` and
-        # ``ctx`` objects, so the passes of one call compute each key once.
-        self._shared: dict[int, tuple[Any, Hashable]] = {}
+        self._jaxprs: IdentityMemo[JaxprLike, StructuralKey] = IdentityMemo()
+        # Parameter dicts and equation contexts by identity: rewritten levels keep their
+        # equations' ``params`` and ``ctx`` objects, so the passes of one call compute
+        # each key once.
+        self._shared: IdentityMemo[object, Hashable] = IdentityMemo()
 
-    def jaxpr(self, jaxpr: Any) -> StructuralKey:
+    def jaxpr(self, jaxpr: JaxprLike) -> StructuralKey:
         """Equal for two jaxprs (open or closed) that compute the same function."""
-        hit = self._jaxprs.get(id(jaxpr))
-        if hit is not None and hit[0] is jaxpr:
-            return hit[1]
+        found = self._jaxprs.get(jaxpr)
+        if found is not None:
+            return found
         inner, consts = _compat.open_jaxpr(jaxpr)
         number: dict[Any, int] = {}
         for v in [*inner.constvars, *inner.invars]:
             number[v] = len(number)
 
-        def ref(atom: Any) -> Hashable:
+        def ref(atom: Atom) -> Hashable:
             if _compat.is_literal(atom):
                 return ("lit", atom.aval, literal_key(_compat.literal_value(atom)))
             return number[atom]
@@ -136,25 +138,24 @@ class StructuralKeys:
             tuple(v.aval for v in inner.constvars), tuple(self.value(c) for c in consts),
             tuple(v.aval for v in inner.invars), tuple(eqn_keys),
             tuple(ref(v) for v in inner.outvars)))
-        self._jaxprs[id(jaxpr)] = (jaxpr, key)
+        self._jaxprs.set(jaxpr, key)
         return key
 
-    def equation(self, eqn: Any) -> Hashable:
+    def equation(self, eqn: JaxprEqn) -> Hashable:
         """The equation itself: primitive, parameters and context (not its operands)."""
         ctx = eqn.ctx
-        hit = self._shared.get(id(ctx))
-        if hit is None or hit[0] is not ctx:
-            hit = (ctx, self.value(ctx))
-            self._shared[id(ctx)] = hit
-        return (eqn.primitive, self.params(eqn.params), hit[1])
+        context = self._shared.get(ctx)
+        if context is None:
+            context = self.value(ctx)
+            self._shared.set(ctx, context)
+        return (eqn.primitive, self.params(eqn.params), context)
 
     def params(self, params: dict[str, Any]) -> Hashable:
-        hit = self._shared.get(id(params))
-        if hit is not None and hit[0] is params:
-            return hit[1]
-        key = tuple((name, self.value(value)) for name, value in sorted(params.items()))
-        self._shared[id(params)] = (params, key)
-        return key
+        found = self._shared.get(params)
+        if found is None:
+            found = tuple((name, self.value(value)) for name, value in sorted(params.items()))
+            self._shared.set(params, found)
+        return found
 
     def value(self, value: Any) -> Hashable:
         """A parameter or constant value, compared as the module docstring says."""

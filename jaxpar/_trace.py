@@ -48,6 +48,7 @@ import jax
 import numpy as np
 
 from . import _compat
+from ._compat import ClosedJaxpr
 from ._frameworks import holds_equinox_module, nnx_graph_node_check
 from ._options import did_you_mean
 
@@ -265,7 +266,7 @@ def split_outputs(out: Any, static_scalars: bool) -> tuple[list[Any], OutputStat
 
 @dataclasses.dataclass(frozen=True)
 class Traced:
-    jaxpr: Any  # ClosedJaxpr (jax <= 0.10) or Jaxpr with consts (0.11+)
+    jaxpr: ClosedJaxpr  # ClosedJaxpr (jax <= 0.10) or Jaxpr with consts (0.11+)
     outputs: OutputStatics  # the output structure and static leaves; the jaxpr gives the rest
     consts_are_tracers: bool
 

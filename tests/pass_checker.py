@@ -297,7 +297,7 @@ def check_pass(pass_fn: Callable[[Any], tuple[Any, Any]], program: Any, *args: A
                expect: Callable[[PassResult], Any] | None = None, unchanged: bool = False,
                values: bool = True, grads: bool = True, idempotent: bool = True,
                exact: bool = False, tolerance: Tolerance | None = None,
-               grad_tolerance: Tolerance | None = None, jit: bool = False) -> PassResult:
+               grad_tolerance: Tolerance | None = None, jit: bool | None = None) -> PassResult:
     """Runs ``pass_fn`` on ``program`` and checks the result (see the module docstring).
 
     Args:
@@ -315,7 +315,8 @@ def check_pass(pass_fn: Callable[[Any], tuple[Any, Any]], program: Any, *args: A
         exact: bit-exact values and gradients (for rewrites that only add tags).
         tolerance: values' tolerance (see ``Tolerance``); ``TOLERANCES`` by default.
         grad_tolerance: gradients' tolerance, likewise.
-        jit: run values and gradients under ``jax.jit`` (default: equation by equation).
+        jit: run values and gradients under ``jax.jit``; False: equation by equation.
+            Default: under ``jax.jit`` unless ``exact``.
 
     Returns:
         ``PassResult(closed, new, decisions, repeat_decisions)``.
@@ -346,6 +347,8 @@ def check_pass(pass_fn: Callable[[Any], tuple[Any, Any]], program: Any, *args: A
         raise ValueError("args are shapes (jax.ShapeDtypeStruct): pass values=False and "
                          "grads=False, or concrete arrays")
     new_fn, old_fn = jex_core.jaxpr_as_fun(new), jex_core.jaxpr_as_fun(closed)
+    if jit is None:
+        jit = not exact
     if values:
         assert_same_outputs(new_fn, old_fn, leaves, exact, tolerance, jit)
     if grads:

@@ -157,7 +157,7 @@ def test_no_pass_imports_a_sibling_pass() -> None:
 # docs/design.md's drawing, top to bottom: a module imports only modules of its own
 # layer or above. Every module must be placed (a new module needs a place in both).
 LAYERS = (
-    ("_compat",), ("_primitives",), ("_gpu_model",), ("_flags",), ("_options",),
+    ("_memo",), ("_compat",), ("_primitives",), ("_gpu_model",), ("_flags",), ("_options",),
     ("_structure",), ("_loops",),
     ("_interp",), ("_graph",), ("_cost",), ("_analysis",), ("passes",),
     ("_plan",), ("_emit",), ("_tune",),
@@ -195,3 +195,50 @@ def test_imports_follow_the_drawing_in_design_md() -> None:
     missing = [name for layer in LAYERS for name in layer if name not in ("", "__main__")
                and not all(part in drawing for part in name.split("."))]
     assert missing == []
+
+
+def _hand_written_identity_memos(source: str) -> list[int]:
+    """Lines where ``id(...)`` is a dict key: ``d[id(x)]``, ``d.get(id(x))`` (also
+    ``setdefault``, ``pop`` and a hoisted ``d_get = d.get``), directly or inside a tuple
+    key such as ``(id(x), depth)``, or named as a key (``key = (id(x), s)``)."""
+
+    def holds_id(node: ast.expr) -> bool:
+        parts = node.elts if isinstance(node, ast.Tuple) else [node]
+        return any(isinstance(p, ast.Call) and isinstance(p.func, ast.Name)
+                   and p.func.id == "id" for p in parts)
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and holds_id(node.slice):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and node.args and holds_id(node.args[0])
+              and ((isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("get", "setdefault", "pop"))
+                   or (isinstance(node.func, ast.Name) and node.func.id.endswith("get")))):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Assign) and holds_id(node.value)
+              and any(isinstance(t, ast.Name) and "key" in t.id for t in node.targets)):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_identity_memos_use_the_one_helper() -> None:
+    """``memo[id(x)] = (x, value)`` is written once, in ``_memo.IdentityMemo``."""
+    offenders = [f"{name}:{line}" for name, path in _modules().items() if name != "jaxpar._memo"
+                 for line in _hand_written_identity_memos(path.read_text())]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("source, found", [
+    ("memo[id(x)] = (x, 1)\n", [1]),
+    ("hit = memo.get(id(x))\n", [1]),
+    ("hit = memo.get((id(x), depth))\n", [1]),
+    ("key = (id(level), s, r)\n", [1]),
+    ("key = id(jaxpr)\n", [1]),
+    ("memo_get = memo.get\nhit = memo_get(id(owner))\n", [2]),
+    ("operands.append(id(v))\n", []),
+    ("seen = {id(v) for v in vs}\nok = id(w) in seen\n", []),
+    ("value = ('id', id(a))\n", []),
+])
+def test_the_memo_reader_finds_id_keys(source: str, found: list[int]) -> None:
+    assert _hand_written_identity_memos(source) == found

@@ -265,7 +265,7 @@ def test_flax_linen_inception_cnn():
 
     # 8x32x32x64 makes the 3x3 branches heavy enough for a stream each on the GPU model.
     x = _normal(2, (8, 32, 32, 3))
-    params = Net().init(jax.random.key(0), x)
+    params = jax.jit(Net().init)(jax.random.key(0), x)
 
     def loss(params, x, labels):
         logits = Net().apply(params, x)
@@ -361,14 +361,20 @@ def test_equinox_two_branch_model():
 def test_optax_adam_update_step():
     optax = pytest.importorskip("optax")
     shapes = {f"layer{i}": {"w": (32, 16 + i), "b": (16 + i,)} for i in range(8)}
-    params = {name: {k: _normal(10 * i + j, shape) for j, (k, shape) in enumerate(leaf.items())}
-              for i, (name, leaf) in enumerate(shapes.items())}
-    grads = jax.tree_util.tree_map(lambda p: 0.1 * jnp.cos(3.0 * p), params)
     optimizer = optax.adam(learning_rate=1e-3)
-    opt_state = optimizer.init(params)
-    # One step first, so the moments are not zero and the count is not zero.
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+
+    @jax.jit  # one compile for the set-up, not one per operation and leaf shape
+    def set_up():
+        params = {name: {k: _normal(10 * i + j, shape)
+                         for j, (k, shape) in enumerate(leaf.items())}
+                  for i, (name, leaf) in enumerate(shapes.items())}
+        grads = jax.tree_util.tree_map(lambda p: 0.1 * jnp.cos(3.0 * p), params)
+        opt_state = optimizer.init(params)
+        # One step first, so the moments are not zero and the count is not zero.
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return grads, opt_state, optax.apply_updates(params, updates)
+
+    grads, opt_state, params = set_up()
 
     def update_step(grads, opt_state, params):
         updates, new_state = optimizer.update(grads, opt_state, params)

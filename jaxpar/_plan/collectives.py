@@ -40,6 +40,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from .. import _compat, _primitives
+from .._compat import JaxprEqn, JaxprLike
 from .._graph import Graph, build_graph
 from .._primitives import is_collective
 from .plans import CollectiveGroup, CollectiveInfo, CollectivePlan, RegionPlan, SectionPlan
@@ -67,7 +68,7 @@ def _axis_tuple(axis_name: Any) -> tuple[Any, ...]:
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def _eqn_axes(eqn: Any) -> tuple[Any, ...]:
+def _eqn_axes(eqn: JaxprEqn) -> tuple[Any, ...]:
     params = eqn.params
     for key in ("axis_name", "axes"):
         if key in params:
@@ -114,7 +115,7 @@ def _axis_size(axes: tuple[Any, ...], axis_sizes: Mapping[Any, int] | None) -> i
     return size
 
 
-def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
+def group_collectives(jaxpr: JaxprLike, graph: Graph | None = None, *,
                       axis_sizes: Mapping[Any, int] | None = None,
                       groupable: Collection[str] = DEFAULT_GROUPABLE,
                       exclude: Collection[int] = (),
@@ -185,7 +186,7 @@ def group_collectives(jaxpr: Any, graph: Graph | None = None, *,
     return CollectivePlan(groups, tuple(report))
 
 
-def group_io(jaxpr: Any, group: CollectiveGroup) -> tuple[list[list[Any]], list[list[Any]]]:
+def group_io(jaxpr: JaxprLike, group: CollectiveGroup) -> tuple[list[list[Any]], list[list[Any]]]:
     """Per member: its input atoms (vars or literals) and its output vars."""
     eqns = jaxpr.eqns
     return ([list(eqns[i].invars) for i in group.eqns],

@@ -33,6 +33,7 @@ from typing import Any
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import Jaxpr, JaxprEqn, JaxprLike
 from .._graph import (
     CollectivesUnit,
     ContractionCycle,
@@ -67,7 +68,7 @@ from .sections import SectionChoice, choose_sections, decompose
 _NestedPlans = tuple[tuple[int, tuple[tuple[tuple[str, int | None], LevelPlan], ...]], ...]
 
 
-def plan_jaxpr(jaxpr: Any, analysis: Analysis, path: str = "") -> LevelPlan:
+def plan_jaxpr(jaxpr: JaxprLike, analysis: Analysis, path: str = "") -> LevelPlan:
     """Plans one jaxpr level and, recursively, the jaxprs nested in it.
 
     Sections are numbered (their ``_scheduling_group_id``) from 1 in planning order:
@@ -77,7 +78,7 @@ def plan_jaxpr(jaxpr: Any, analysis: Analysis, path: str = "") -> LevelPlan:
     return plan
 
 
-def _plan_level(jaxpr: Any, analysis: Analysis, path: str, axis_sizes: Mapping[Any, int],
+def _plan_level(jaxpr: JaxprLike, analysis: Analysis, path: str, axis_sizes: Mapping[Any, int],
                 first_group: int) -> tuple[LevelPlan, int]:
     """``plan_jaxpr`` of one level inside the mesh axes ``axis_sizes`` of the enclosing
     ``shard_map`` bodies, numbering its sections from ``first_group``; returns the plan
@@ -132,7 +133,7 @@ def _plan_level(jaxpr: Any, analysis: Analysis, path: str, axis_sizes: Mapping[A
                      nested, order, tuple(groups), collective_plan.collectives), next_group
 
 
-def _blocked(eqns: Sequence[Any], analysis: Analysis) -> dict[int, str]:
+def _blocked(eqns: Sequence[JaxprEqn], analysis: Analysis) -> dict[int, str]:
     """Equations that must stay where they are, with the reason."""
     blocked: dict[int, str] = {}
     for index, eqn in enumerate(eqns):
@@ -145,7 +146,7 @@ def _blocked(eqns: Sequence[Any], analysis: Analysis) -> dict[int, str]:
     return blocked
 
 
-def _blocked_detail(reason: str, eqn: Any) -> str:
+def _blocked_detail(reason: str, eqn: JaxprEqn) -> str:
     name = eqn.primitive.name
     if reason == REASON_ANNOTATED:
         return f"`{name}` carries user placement (stream/compute/metadata); never wrapped or nested"
@@ -154,7 +155,7 @@ def _blocked_detail(reason: str, eqn: Any) -> str:
     return f"`{name}` is a collective; collectives are grouped, not moved to compute streams"
 
 
-def _plan_windows(jaxpr: Any, graph: Graph, heavy: list[int], seconds: tuple[float, ...],
+def _plan_windows(jaxpr: Jaxpr, graph: Graph, heavy: list[int], seconds: tuple[float, ...],
                   blocked: Mapping[int, str], analysis: Analysis, first_group: int,
                   sections: list[SectionPlan], notes: list[Note]) -> None:
     """Sections of one level, in windows of ``MAX_HEAVY`` heavy equations (program order)
@@ -203,7 +204,7 @@ def _declined_notes(order: HeavyOrder, choice: SectionChoice) -> list[Note]:
     return notes
 
 
-def _build_section(jaxpr: Any, graph: Graph, order: HeavyOrder, seconds: tuple[float, ...],
+def _build_section(jaxpr: Jaxpr, graph: Graph, order: HeavyOrder, seconds: tuple[float, ...],
                    blocked: Mapping[int, str], branches: Sequence[Sequence[int]],
                    region_of: dict[int, tuple[int, int]], section_index: int, group: int,
                    analysis: Analysis, notes: list[Note]) -> SectionPlan | None:
@@ -238,7 +239,7 @@ def _build_section(jaxpr: Any, graph: Graph, order: HeavyOrder, seconds: tuple[f
                        verdict=verdict.reason, pays=verdict.pays)
 
 
-def _plan_nested(eqns: Sequence[Any], sections: Sequence[SectionPlan],
+def _plan_nested(eqns: Sequence[JaxprEqn], sections: Sequence[SectionPlan],
                  seconds: tuple[float, ...], blocked: Mapping[int, str], analysis: Analysis,
                  path: str, notes: list[Note], axis_sizes: Mapping[Any, int], next_group: int
                  ) -> tuple[_NestedPlans, int]:

@@ -61,13 +61,15 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _compat
+from .._compat import JaxprEqn, JaxprLike
 from .._cost import CostModel, known_while_trip_count
 from .._flags import command_buffer_options
 from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
+from .._memo import IdentityMemo
 from .._primitives import COND, MAY_FUSE_AWAY, MAY_HOLD_LOOPS, SCAN, WHILE
 from .plans import LevelPlan
 
@@ -162,17 +164,17 @@ class _Model:
         self.mode = mode
         # Top-level equation -> its stream region (a lane beside the main stream).
         self.lanes = dict(lanes or {})
-        self._memo: dict[int, tuple[Any, _Span]] = {}
+        self._memo: IdentityMemo[JaxprLike, _Span] = IdentityMemo()
 
-    def jaxpr(self, jaxpr: Any, top: bool = False) -> _Span:
-        hit = self._memo.get(id(jaxpr))
-        if hit is not None and hit[0] is jaxpr and not top:
-            return hit[1]
+    def jaxpr(self, jaxpr: JaxprLike, top: bool = False) -> _Span:
+        hit = self._memo.get(jaxpr)
+        if hit is not None and not top:
+            return hit
         span = self._level(_compat.open_jaxpr(jaxpr)[0].eqns, self.lanes if top else {})
-        self._memo[id(jaxpr)] = (jaxpr, span)
+        self._memo.set(jaxpr, span)
         return span
 
-    def _alone(self, eqn: Any) -> _Span | None:
+    def _alone(self, eqn: JaxprEqn) -> _Span | None:
         """A loop or cond: runs outside any graph, with its own host cost inside."""
         name = eqn.primitive.name
         if name == SCAN:
@@ -194,7 +196,7 @@ class _Model:
             return None
         return _Span(trips * body.seconds, 0.0, trips * body.work)
 
-    def _scan(self, eqn: Any) -> _Span:
+    def _scan(self, eqn: JaxprEqn) -> _Span:
         """A scan as XLA runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip
         also bumping the counter and slicing every distinct scanned input a kernel reads
         once per body (one kernel each), then the ``length % unroll`` left-over bodies
@@ -231,7 +233,7 @@ class _Model:
                      host, body.work * times, body.kernels * times + extra_kernels,
                      captured, body.alone * times, sure=sure)
 
-    def _node(self, eqn: Any) -> tuple[float, float, float, float] | None:
+    def _node(self, eqn: JaxprEqn) -> tuple[float, float, float, float] | None:
         """(duration, work, kernels, sure kernels) of a graph-capturable equation, None
         if it is free."""
         subs = self.costs.subjaxprs(eqn)
@@ -246,7 +248,7 @@ class _Model:
         sure = 0.0 if eqn.primitive.name in MAY_FUSE_AWAY else cost.kernels
         return max(work, cost.kernels * self.gpu.kernel_floor_s), work, cost.kernels, sure
 
-    def _level(self, eqns: Any, lanes: Mapping[int, int]) -> _Span:
+    def _level(self, eqns: Sequence[JaxprEqn], lanes: Mapping[int, int]) -> _Span:
         concurrent = self.mode is CommandBufferMode.CONCURRENT
         ready: dict[Any, float] = {}
         lane_end: dict[int, float] = {}
@@ -312,7 +314,7 @@ class _Model:
                      lead, sure_captured)
 
 
-def estimate_plain_seconds(jaxpr: Any, costs: CostModel, mode: CommandBufferMode) -> float:
+def estimate_plain_seconds(jaxpr: JaxprLike, costs: CostModel, mode: CommandBufferMode) -> float:
     """Estimated seconds per run of ``jaxpr`` as ``jax.jit`` compiles it, in ``mode``."""
     return _Model(costs, mode).jaxpr(jaxpr, top=True).run_seconds
 

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from .._compat import JaxprLike
 from .._graph import Graph, Unit
 from .._primitives import COLLECTIVE, RECURSIVE
 
@@ -84,7 +85,7 @@ class LevelPlan:
     """
 
     path: str
-    jaxpr: Any  # the Jaxpr/ClosedJaxpr as found in the program
+    jaxpr: JaxprLike  # the Jaxpr/ClosedJaxpr as found in the program
     graph: Graph
     seconds: tuple[float, ...]
     sections: tuple[SectionPlan, ...]

@@ -61,6 +61,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import _compat
+from .._compat import Atom, Jaxpr, JaxprEqn
 from .._cost import CostModel
 from .._gpu_model import CommandBufferMode, GpuProfile
 from .._graph import Graph
@@ -93,7 +94,7 @@ class Verdict:
     reason: str
 
 
-def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any], keys: StructuralKeys
+def _heavy_work(eqn: JaxprEqn, costs: CostModel, outer: dict[Any, Any], keys: StructuralKeys
                 ) -> Iterator[tuple[Any, ...]]:
     """Keys of the kernels ``eqn`` launches on values of the level (through plain calls).
 
@@ -127,7 +128,7 @@ def _heavy_work(eqn: Any, costs: CostModel, outer: dict[Any, Any], keys: Structu
     yield (name, keys.equation(eqn), tuple(operands))
 
 
-def _walk_eqns(eqn: Any) -> Any:
+def _walk_eqns(eqn: JaxprEqn) -> Any:
     yield eqn
     for _, _, sub in _compat.eqn_subjaxprs(eqn):
         inner, _ = _compat.open_jaxpr(sub)
@@ -135,7 +136,7 @@ def _walk_eqns(eqn: Any) -> Any:
             yield from _walk_eqns(inner_eqn)
 
 
-def _work_seconds(eqn: Any, costs: CostModel) -> float:
+def _work_seconds(eqn: JaxprEqn, costs: CostModel) -> float:
     """The part of ``eqn``'s time that is work (flops and bytes), not kernel latency."""
     cost = costs.eqn_cost(eqn)
     return cost.flops / costs.profile.peak_flops + cost.bytes / costs.profile.bandwidth
@@ -149,7 +150,7 @@ def _gpu(costs: CostModel) -> GpuProfile:
     return gpu
 
 
-def _launch_penalty(eqn: Any, costs: CostModel) -> float:
+def _launch_penalty(eqn: JaxprEqn, costs: CostModel) -> float:
     """Device time lost when ``eqn``'s kernels launch one by one instead of from a graph.
 
     A launch costs the host the GPU's ``launch_s`` (a graph node ``graph_node_s``); the
@@ -180,12 +181,12 @@ def _launch_penalty(eqn: Any, costs: CostModel) -> float:
     return cost.kernels * (max(gpu.launch_s - each, 0.0) - max(gpu.graph_node_s - each, 0.0))
 
 
-def _is_light(eqn: Any, costs: CostModel) -> bool:
+def _is_light(eqn: JaxprEqn, costs: CostModel) -> bool:
     """Fusible work (elementwise or layout): launches no kernel of its own."""
     return not any(_compat.eqn_subjaxprs(eqn)) and costs.eqn_cost(eqn).kernels == 0
 
 
-def _split_clusters(eqns: Sequence[Any], graph: Graph, owner: dict[int, int],
+def _split_clusters(eqns: Sequence[JaxprEqn], graph: Graph, owner: dict[int, int],
                     costs: CostModel) -> int:
     """Kernels added by cutting fusion clusters: per cluster, its sides minus one."""
     light = {i for i in graph.live if _is_light(eqns[i], costs)}
@@ -207,7 +208,7 @@ def _split_clusters(eqns: Sequence[Any], graph: Graph, owner: dict[int, int],
     return sum(len(owners) - 1 for owners in sides.values() if len(owners) > 1)
 
 
-def _dot_source(eqns: Sequence[Any], producer: dict[Any, int], var: Any) -> Any:
+def _dot_source(eqns: Sequence[JaxprEqn], producer: dict[Any, int], var: Atom) -> Atom:
     """The variable a dot operand comes from through layout-only equations."""
     seen = 0
     while not _compat.is_literal(var) and var in producer and seen < 16:
@@ -219,12 +220,12 @@ def _dot_source(eqns: Sequence[Any], producer: dict[Any, int], var: Any) -> Any:
     return var
 
 
-def _dot_bytes(eqn: Any) -> int:
+def _dot_bytes(eqn: JaxprEqn) -> int:
     return sum(_compat.aval_nbytes(v.aval) for v in [*eqn.invars, *eqn.outvars]
                if not _compat.is_literal(v))
 
 
-def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
+def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
                   costs: CostModel, *, mode: CommandBufferMode, min_gain_seconds: float = 0.0,
                   independent_dots: Sequence[int] = (),
                   keys: StructuralKeys | None = None) -> Verdict:
@@ -385,7 +386,7 @@ def price_section(jaxpr: Any, graph: Graph, regions: Sequence[Sequence[int]],
     return Verdict(False, gain, cost, added, reason)
 
 
-def price_regions(jaxpr: Any, graph: Graph, order: HeavyOrder, regions: RegionSet,
+def price_regions(jaxpr: Jaxpr, graph: Graph, order: HeavyOrder, regions: RegionSet,
                   costs: CostModel, *, mode: CommandBufferMode, min_seconds: float,
                   keys: StructuralKeys | None = None) -> Verdict:
     """``price_section`` of ``regions`` (one open jaxpr level's window ``order``)."""

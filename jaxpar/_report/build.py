@@ -12,9 +12,11 @@ passes recorded as they rewrote (``passes._walk.EqnOrigins``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from .. import _compat
+from .._compat import JaxprEqn
 from .._graph import CollectivesUnit, EqnUnit, RegionUnit
 from .._plan import REASON_TOO_CHEAP, LevelPlan
 from .._plan.modes import ModeChoice
@@ -111,7 +113,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 tuning=tuning, mode=mode)
 
 
-def _rewritten_loops(path: str, eqns: Any, loops: tuple[LoopDecision, ...]
+def _rewritten_loops(path: str, eqns: Sequence[JaxprEqn], loops: tuple[LoopDecision, ...]
                      ) -> dict[int, tuple[int, ...]]:
     """Loop equations of one level that a loop pass produced or changed: the indices
     of those decisions in ``loops``, read from each decision's ``produced``."""
@@ -155,7 +157,7 @@ def _depth(location: str) -> int:
     return location.rstrip("/").count("/")
 
 
-def _steps(level: LevelPlan, eqns: Any, first_section: int, offset: int,
+def _steps(level: LevelPlan, eqns: Sequence[JaxprEqn], first_section: int, offset: int,
            rewritten: dict[int, tuple[int, ...]], batched: dict[int, tuple[int, ...]]
            ) -> list[Step]:
     """The level's emission order as steps; runs of main-stream equations merged.
@@ -201,7 +203,7 @@ def _steps(level: LevelPlan, eqns: Any, first_section: int, offset: int,
     return out
 
 
-def _collectives(level: LevelPlan, eqns: Any,
+def _collectives(level: LevelPlan, eqns: Sequence[JaxprEqn],
                  overlapped: dict[int, tuple[tuple[str, int], ...]]) -> list[Collective]:
     """Report entries for one level: each group, then each collective left alone."""
     info = {c.eqn: c for c in level.collectives}
@@ -226,7 +228,7 @@ def _axis_text(axes: Any) -> str:
     return ",".join(map(str, axes)) if isinstance(axes, tuple) else str(axes)
 
 
-def _top_primitives(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, ...]
+def _top_primitives(eqns: Sequence[JaxprEqn], indices: tuple[int, ...], seconds: tuple[float, ...]
                     ) -> tuple[tuple[str, int], ...]:
     weight: dict[str, float] = {}
     count: Counter[str] = Counter()
@@ -238,7 +240,8 @@ def _top_primitives(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, .
     return tuple((name, count[name]) for name in ranked[:_MAX_PRIMITIVES])
 
 
-def _sources(eqns: Any, indices: tuple[int, ...], seconds: tuple[float, ...]) -> tuple[str, ...]:
+def _sources(eqns: Sequence[JaxprEqn], indices: tuple[int, ...], seconds: tuple[float, ...]
+             ) -> tuple[str, ...]:
     ranked = sorted(indices, key=lambda i: (-seconds[i], i))
     found: dict[str, None] = {}
     for i in ranked:

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._analysis import Analysis
+from .._compat import ClosedJaxpr
 from .._options import Options, Settings, check_target, loop_defaults, unroll_setting
 from . import batch_matmuls as _batch_matmuls
 from . import batch_scans as _batch_scans
@@ -110,9 +111,9 @@ PASSES: tuple[LoopPass, ...] = (
 _BY_NAME = {p.name: p for p in PASSES}
 
 
-def run_passes(closed_jaxpr: Any, names: Sequence[str] | None = None, *,
+def run_passes(closed_jaxpr: ClosedJaxpr, names: Sequence[str] | None = None, *,
                analysis: Analysis | None = None, target: str = "gpu",
-               **options: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
+               **options: Any) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
     """Runs loop passes at every nesting level of ``closed_jaxpr`` (never mutated).
 
     Args:
@@ -151,8 +152,8 @@ def run_passes(closed_jaxpr: Any, names: Sequence[str] | None = None, *,
     return new, tuple(decisions)
 
 
-def run_pass(name: str, closed_jaxpr: Any, *, target: str = "gpu",
-             settings: Settings | None = None) -> tuple[Any, tuple[LoopDecision, ...]]:
+def run_pass(name: str, closed_jaxpr: ClosedJaxpr, *, target: str = "gpu",
+             settings: Settings | None = None) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
     """Runs the one pass ``name`` at every nesting level (see ``run_passes``).
 
     ``settings`` (default: ``Options().resolve(target)``) give the pass its switches,
@@ -167,9 +168,9 @@ def _settings(target: str, **switches: Any) -> Settings:
     return Settings(target=check_target(target, concrete=True), **switches)
 
 
-def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Any,
+def apply_loop_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, unroll: Any,
                       target: str, batch_branches: bool = False, batch_matmuls: bool = False,
-                      share_common: bool = False) -> tuple[Any, tuple[LoopDecision, ...]]:
+                      share_common: bool = False) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
     """Runs share_common -> static_loops -> batch -> fuse -> batch_branches -> batch_matmuls
     -> unroll at every nesting level, with keyword switches.
 
@@ -205,7 +206,7 @@ def apply_loop_passes(closed_jaxpr: Any, *, fuse: bool, batch: bool, unroll: Any
     return run_passes(closed_jaxpr, analysis=Analysis(settings))
 
 
-def make_loops_static(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
+def make_loops_static(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
     """Replaces static ``fori_loop`` ``while``s by scans at every level of ``jaxpr``
     (never mutated); other ``while``s are reported as host-sync loops.
 
@@ -215,7 +216,7 @@ def make_loops_static(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
     return run_pass("make_loops_static", jaxpr, settings=_settings("gpu"))
 
 
-def batch_scans(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
+def batch_scans(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
     """Batches independent identical scans at every level of ``jaxpr`` (never mutated).
 
     Returns:
@@ -224,8 +225,8 @@ def batch_scans(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
     return run_pass("batch_scans", jaxpr, settings=_settings("gpu", batch_scans=True))
 
 
-def fuse_scans(jaxpr: Any, *, leave_identical: bool = False
-               ) -> tuple[Any, tuple[LoopDecision, ...]]:
+def fuse_scans(jaxpr: ClosedJaxpr, *, leave_identical: bool = False
+               ) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
     """Fuses independent scans at every level of ``jaxpr`` (never mutated).
 
     Args:
@@ -239,7 +240,8 @@ def fuse_scans(jaxpr: Any, *, leave_identical: bool = False
         "gpu", fuse_scans=True, batch_scans=bool(leave_identical)))
 
 
-def batch_branches(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDecision, ...]]:
+def batch_branches(jaxpr: ClosedJaxpr, target: str = "gpu"
+                   ) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
     """Batches identical independent subgraphs at every level of ``jaxpr`` (never mutated).
 
     Args:
@@ -256,7 +258,8 @@ def batch_branches(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDeci
     return run_pass("batch_branches", jaxpr, settings=_settings(target, batch_branches=True))
 
 
-def batch_matmuls(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDecision, ...]]:
+def batch_matmuls(jaxpr: ClosedJaxpr, target: str = "gpu"
+                  ) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
     """Batches same-shaped matmuls and convolutions of one stage at every level of
     ``jaxpr`` (never mutated).
 
@@ -278,8 +281,8 @@ def batch_matmuls(jaxpr: Any, target: str = "gpu") -> tuple[Any, tuple[LoopDecis
     return run_pass("batch_matmuls", jaxpr, settings=_settings(target, batch_matmuls=True))
 
 
-def unroll_scans(jaxpr: Any, *, unroll: Any = "auto", target: str = "gpu"
-                 ) -> tuple[Any, tuple[LoopDecision, ...]]:
+def unroll_scans(jaxpr: ClosedJaxpr, *, unroll: Any = "auto", target: str = "gpu"
+                 ) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
     """Sets the unroll factor of the scans at every level of ``jaxpr`` (never mutated).
 
     Args:
@@ -298,7 +301,7 @@ def unroll_scans(jaxpr: Any, *, unroll: Any = "auto", target: str = "gpu"
                     settings=_settings(target, unroll=unroll_setting(unroll)))
 
 
-def share_common_subexpressions(jaxpr: Any) -> tuple[Any, tuple[LoopDecision, ...]]:
+def share_common_subexpressions(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
     """Merges equal equations at every level of ``jaxpr`` (never mutated).
 
     Returns:

@@ -66,7 +66,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _compat, _primitives
+from .._compat import Atom, JaxprEqn, JaxprLike
 from .._graph import Graph
+from .._memo import IdentityMemo
 from .._structure import StructuralKeys
 from ._walk import emission_order
 
@@ -88,7 +90,7 @@ def _register(*names: str) -> Callable[[BatchingRule], BatchingRule]:
     return decorate
 
 
-def equation_refusal(eqn: Any, batched: Sequence[bool]) -> str | None:
+def equation_refusal(eqn: JaxprEqn, batched: Sequence[bool]) -> str | None:
     """Why ``vmap`` of ``eqn`` over its batched operands would not be faithful and cheap.
 
     Args:
@@ -102,20 +104,20 @@ def equation_refusal(eqn: Any, batched: Sequence[bool]) -> str | None:
     return _Checker().eqn(eqn, list(batched))[0]
 
 
-def equations_refusal(eqns: Sequence[Any], batched: Mapping[Any, bool]) -> str | None:
+def equations_refusal(eqns: Sequence[JaxprEqn], batched: Mapping[Any, bool]) -> str | None:
     """``equation_refusal`` for equations of one level run in order under one ``vmap``;
     ``batched`` says which variables they read from outside are stacked (others: not)."""
     return _Checker().walk(eqns, dict(batched))[0]
 
 
-def static_refusal(eqn: Any) -> str | None:
+def static_refusal(eqn: JaxprEqn) -> str | None:
     """Why ``eqn`` could never be batched, whatever its operands, or None: a primitive
     off the list anywhere inside it (``cond`` indexes and ``while`` predicates are
     judged later, with the members' operands)."""
     return _Checker(static=True).eqn(eqn, [True] * len(eqn.invars))[0]
 
 
-def refusal_reads_operand_types(eqn: Any) -> bool:
+def refusal_reads_operand_types(eqn: JaxprEqn) -> bool:
     """Whether ``static_refusal(eqn)`` reads the types of ``eqn``'s operands and results
     (the random primitives: their key types); for every other equation it depends only
     on the primitive, the parameters (nested jaxprs included) and the operand count."""
@@ -131,25 +133,26 @@ class _Checker:
 
     def __init__(self, static: bool = False) -> None:
         self.static = static
-        self._memo: dict[tuple[int, tuple[bool, ...], int], tuple[Any, Verdict]] = {}
-        self._merges: dict[Any, tuple[Any, str | None]] = {}
+        # By jaxpr, with which inputs are batched and the rule depth.
+        self._memo: IdentityMemo[_compat.Jaxpr, Verdict] = IdentityMemo()
+        self._merges: MergeMemo = IdentityMemo()
         self.rule_depth = 0  # custom_jvp rules being checked, one inside the other
 
-    def jaxpr(self, inner: Any, batched: list[bool]) -> Verdict:
-        key = (id(inner), tuple(batched), self.rule_depth)
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] is inner:
-            return hit[1]
-        flags = dict(zip(inner.invars, batched, strict=True))
+    def jaxpr(self, inner: _compat.Jaxpr, batched: list[bool]) -> Verdict:
+        extra = (tuple(batched), self.rule_depth)
+        hit = self._memo.get(inner, extra=extra)
+        if hit is not None:
+            return hit
+        flags: dict[Atom, bool] = dict(zip(inner.invars, batched, strict=True))
         flags.update((v, False) for v in inner.constvars)
         why, flags = self.walk(inner.eqns, flags)
         verdict = (why, [False if _compat.is_literal(v) else flags.get(v, False)
                          for v in inner.outvars])
-        self._memo[key] = (inner, verdict)
+        self._memo.set(inner, verdict, extra=extra)
         return verdict
 
-    def walk(self, eqns: Sequence[Any], flags: dict[Any, bool]
-             ) -> tuple[str | None, dict[Any, bool]]:
+    def walk(self, eqns: Sequence[JaxprEqn], flags: dict[Atom, bool]
+             ) -> tuple[str | None, dict[Atom, bool]]:
         for eqn in eqns:
             ins = [False if _compat.is_literal(a) else flags.get(a, False) for a in eqn.invars]
             why, outs = self.eqn(eqn, ins)
@@ -158,7 +161,7 @@ class _Checker:
             flags.update(zip(eqn.outvars, outs, strict=True))
         return None, flags
 
-    def eqn(self, eqn: Any, batched: list[bool]) -> Verdict:
+    def eqn(self, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
         if not any(batched):
             # vmap runs it once, outside the batch, for every member: as if merged.
             why = merge_refusal(eqn, self._merges)
@@ -188,7 +191,7 @@ _DYNAMIC = _primitives.BATCH_DYNAMIC
 RULE_DEPTH = 2
 
 
-def _elementwise_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _elementwise_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     """A plain batch dimension: every result is batched; nested jaxprs checked."""
     for _, _, sub in _compat.eqn_subjaxprs(eqn):
         inner, _ = _compat.open_jaxpr(sub)
@@ -200,7 +203,7 @@ def _elementwise_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdi
     return None, [True] * len(eqn.outvars)
 
 
-def _static_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _static_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     """Conds, whiles and scans before their operands are known: only their bodies'
     primitives are checked (every input batched, predicates not)."""
     for _, _, sub in _compat.eqn_subjaxprs(eqn):
@@ -212,14 +215,14 @@ def _static_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
 
 
 @_register(_primitives.CUSTOM_VJP_CALL)
-def _custom_vjp_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _custom_vjp_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     return (f"`{eqn.primitive.name}`{_where(eqn)} is a custom_vjp: differentiating the "
             "batched program would run its backward rule, an opaque Python function "
             "jaxpar cannot check, under a vmap the program never had"), []
 
 
 @_register(_primitives.CUSTOM_JVP_CALL)
-def _custom_jvp_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _custom_jvp_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     """The primal jaxpr, and the jvp rule that differentiating the batched program runs
     under the same vmap (a tangent is batched where its primal is)."""
     why, outs = _elementwise_rule(checker, eqn, batched)
@@ -243,14 +246,14 @@ def _custom_jvp_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdic
 
 
 @_register(*sorted(_primitives.AXES_REDUCTIONS))
-def _local_reduction_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _local_reduction_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     if _primitives.is_collective(eqn):
         return (f"`{eqn.primitive.name}`{_where(eqn)} communicates over a named axis"), []
     return None, [True] * len(eqn.outvars)
 
 
 @_register(*sorted(_primitives.BATCH_KEYED_RANDOM))
-def _random_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _random_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     for atom in [*eqn.invars, *eqn.outvars]:
         impl = _compat.prng_impl_name(atom.aval)
         if impl is not None and impl != "threefry2x32":
@@ -260,7 +263,7 @@ def _random_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
 
 
 @_register(_primitives.COND)
-def _cond_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _cond_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     if batched[0]:
         return (f"the `cond`{_where(eqn)} takes a different branch per "
                 "member: batched, every member would run every branch"), []
@@ -275,7 +278,7 @@ def _cond_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
 
 
 @_register(_primitives.WHILE)
-def _while_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _while_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     info = _compat.while_info(eqn)
     cond_consts = batched[:info.cond_nconsts]
     body_consts = batched[info.cond_nconsts:info.cond_nconsts + info.body_nconsts]
@@ -300,7 +303,7 @@ def _while_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
 
 
 @_register(_primitives.SCAN)
-def _scan_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
+def _scan_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
     info = _compat.scan_info(eqn)
     body, _ = _compat.open_jaxpr(info.jaxpr)
     consts = batched[:info.num_consts]
@@ -317,8 +320,11 @@ def _scan_rule(checker: _Checker, eqn: Any, batched: list[bool]) -> Verdict:
     raise RuntimeError("jaxpar: batched carries of a scan did not settle; please report it")
 
 
-def merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]] | None = None
-                  ) -> str | None:
+# Why a nested jaxpr may not be merged (None: it may), by jaxpr and rule depth.
+MergeMemo = IdentityMemo[JaxprLike, str | None]
+
+
+def merge_refusal(eqn: JaxprEqn, memo: MergeMemo | None = None) -> str | None:
     """Why computing ``eqn`` once where copies of it ran on the same operands would not
     be faithful, or None.
 
@@ -331,14 +337,12 @@ def merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]] | None = Non
     (``RUN_EVERY_CALL``), or is a ``custom_vjp`` (its backward rule is an opaque
     function, which may clip its cotangent, print or call back).
 
-    ``memo`` (by jaxpr identity and rule depth, holding the jaxpr) spares walking a
-    nested jaxpr twice.
+    ``memo`` (by jaxpr identity and rule depth) spares walking a nested jaxpr twice.
     """
-    return _merge_refusal(eqn, {} if memo is None else memo, 0)
+    return _merge_refusal(eqn, IdentityMemo() if memo is None else memo, 0)
 
 
-def _merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]], depth: int
-                   ) -> str | None:
+def _merge_refusal(eqn: JaxprEqn, memo: MergeMemo, depth: int) -> str | None:
     name = eqn.primitive.name
     if eqn.effects:
         return f"`{name}`{_where(eqn)} has effects, which would happen once, not once per copy"
@@ -363,22 +367,20 @@ def _merge_refusal(eqn: Any, memo: dict[Any, tuple[Any, str | None]], depth: int
     return None
 
 
-def _jaxpr_merge_refusal(jaxpr: Any, memo: dict[Any, tuple[Any, str | None]], depth: int
-                         ) -> str | None:
-    hit = memo.get((id(jaxpr), depth))
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+def _jaxpr_merge_refusal(jaxpr: JaxprLike, memo: MergeMemo, depth: int) -> str | None:
+    return memo.lookup(jaxpr, lambda: _first_merge_refusal(jaxpr, memo, depth), extra=depth)
+
+
+def _first_merge_refusal(jaxpr: JaxprLike, memo: MergeMemo, depth: int) -> str | None:
     inner, _ = _compat.open_jaxpr(jaxpr)
-    why = None
     for eqn in inner.eqns:
         why = _merge_refusal(eqn, memo, depth)
         if why is not None:
-            break
-    memo[(id(jaxpr), depth)] = (jaxpr, why)
-    return why
+            return why
+    return None
 
 
-def _where(eqn: Any) -> str:
+def _where(eqn: JaxprEqn) -> str:
     source = _compat.source_summary(eqn)
     return f" at {source}" if source and source != "<unknown>" else ""
 
@@ -415,7 +417,7 @@ def shared_column(column: Sequence[Any]) -> bool:
     return all(v is column[0] for v in column[1:])
 
 
-def body_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
+def body_key(eqn: JaxprEqn, keys: StructuralKeys) -> Hashable | None:
     """Equal for two scans exactly when they run the same computation on same-typed
     operands (compared structurally: ``_structure``); None for a scan that can never be
     batched (``_shared.static_refusal``)."""
@@ -425,7 +427,7 @@ def body_key(eqn: Any, keys: StructuralKeys) -> Hashable | None:
             tuple((v.aval, getattr(v.aval, "weak_type", False)) for v in eqn.invars))
 
 
-def batch_refusal(eqns: Sequence[Any], group: Sequence[int]) -> str | None:
+def batch_refusal(eqns: Sequence[JaxprEqn], group: Sequence[int]) -> str | None:
     """Why the scans ``group`` (same ``body_key``) cannot run as one vmapped scan, or None:
     what ``vmap`` would make of them, given which operands they share."""
     columns = [[_operand(eqns[m].invars[position]) for m in group]
@@ -433,7 +435,7 @@ def batch_refusal(eqns: Sequence[Any], group: Sequence[int]) -> str | None:
     return equation_refusal(eqns[group[0]], [not shared_column(c) for c in columns])
 
 
-def _operand(atom: Any) -> Any:
+def _operand(atom: Atom) -> Any:
     """What the emitter receives for ``atom`` (see ``_walk._trace_rewrite``)."""
     return _compat.literal_value(atom) if _compat.is_literal(atom) else atom
 

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import Atom, JaxprEqn, JaxprLike, Var
 from .._cost import launch_pricing
 from .._graph import (
     ContractionCycle,
@@ -60,6 +61,7 @@ from .._graph import (
     eqn_units,
 )
 from .._interp import Env
+from .._memo import IdentityMemo
 from .._options import Settings
 from .._primitives import LOOPS, SCAN
 
@@ -157,7 +159,7 @@ class LoopDecision:
     produced: tuple[Product, ...] = ()
 
 
-def decision(path: str, kind: DecisionKind, eqns: Sequence[Any], indices: Sequence[int], *,
+def decision(path: str, kind: DecisionKind, eqns: Sequence[JaxprEqn], indices: Sequence[int], *,
              trips_before: int | None, trips_after: int | None, unroll: int | None,
              reason: str, members: Sequence[Sequence[int]] = (), stage: int | None = None,
              saving_us: float | None = None) -> LoopDecision:
@@ -179,28 +181,29 @@ class EqnOrigins:
     """
 
     def __init__(self) -> None:
-        self._of: dict[int, tuple[Any, frozenset[tuple[int, bool]]]] = {}
-        self._decisions: dict[int, LoopDecision] = {}
+        self._of: IdentityMemo[JaxprEqn, frozenset[tuple[int, bool]]] = IdentityMemo()
+        self._decisions: IdentityMemo[LoopDecision, int] = IdentityMemo()
 
     def number(self, decision: LoopDecision) -> int:
-        self._decisions[id(decision)] = decision
-        return id(decision)
+        number = id(decision)
+        self._decisions.set(decision, number)
+        return number
 
-    def get(self, eqn: Any) -> frozenset[tuple[int, bool]]:
-        hit = self._of.get(id(eqn))
-        return hit[1] if hit is not None and hit[0] is eqn else frozenset()
+    def get(self, eqn: JaxprEqn) -> frozenset[tuple[int, bool]]:
+        return self._of.get(eqn, frozenset())
 
-    def add(self, eqn: Any, origins: Iterable[tuple[int, bool]]) -> None:
+    def add(self, eqn: JaxprEqn, origins: Iterable[tuple[int, bool]]) -> None:
         new = frozenset(origins)
         if new:
-            self._of[id(eqn)] = (eqn, self.get(eqn) | new)
+            self._of.set(eqn, self.get(eqn) | new)
 
-    def copied(self, old: Any, new: Any) -> None:
+    def copied(self, old: JaxprEqn, new: JaxprEqn) -> None:
         """``new`` replaces ``old`` (new operands or parameters): it keeps its origins."""
         if new is not old:
             self.add(new, self.get(old))
 
-    def emitted(self, body: Sequence[Any], replaced: Sequence[Any], owners: Iterable[int]
+    def emitted(self, body: Sequence[JaxprEqn], replaced: Sequence[JaxprEqn],
+                owners: Iterable[int]
                 ) -> None:
         """``body`` replaces the equations ``replaced`` for the decisions ``owners``; it
         also carries what ``replaced`` carried (a loop fused, then unrolled, is both)."""
@@ -215,18 +218,19 @@ class EqnOrigins:
             nested = holding is not plain and any(True for _ in _compat.eqn_subjaxprs(eqn))
             self.add(eqn, holding if nested else plain)
 
-    def with_products(self, jaxpr: Any, decisions: Sequence[LoopDecision]
+    def with_products(self, jaxpr: JaxprLike, decisions: Sequence[LoopDecision]
                       ) -> list[LoopDecision]:
         """``decisions`` with ``produced`` read from the equations of ``jaxpr``."""
         if not self._of:
             return list(decisions)
         found: dict[int, list[Product]] = {}
         self._collect(jaxpr, "", found)
-        return [dataclasses.replace(d, produced=tuple(found[id(d)]))
-                if id(d) in found and self._decisions.get(id(d)) is d else d
-                for d in decisions]
+        numbers = [self._decisions.get(d) for d in decisions]
+        return [dataclasses.replace(d, produced=tuple(found[n]))
+                if n is not None and n in found else d
+                for d, n in zip(decisions, numbers, strict=True)]
 
-    def _collect(self, jaxpr: Any, path: str, found: dict[int, list[Product]]) -> None:
+    def _collect(self, jaxpr: JaxprLike, path: str, found: dict[int, list[Product]]) -> None:
         inner, _ = _compat.open_jaxpr(jaxpr)
         for index, eqn in enumerate(inner.eqns):
             for number, holds in sorted(self.get(eqn)):
@@ -237,12 +241,9 @@ class EqnOrigins:
 
 
 def eqn_origins(analysis: Analysis) -> EqnOrigins:
-    """The call's ``EqnOrigins`` (kept in the analysis's ``"eqn_origins"`` memo)."""
-    memo = analysis.shared_memo("eqn_origins")
-    found = memo.get("origins")
-    if found is None:
-        found = memo["origins"] = EqnOrigins()
-    return found  # type: ignore[no-any-return]
+    """The call's ``EqnOrigins`` (the analysis's ``"eqn_origins"`` shared state: the
+    analyses of every CUDA-graph mode share the steps that made the equations)."""
+    return analysis.shared_state("eqn_origins", EqnOrigins)
 
 
 # emit(invals of each member equation) -> outvals of each member equation; an outval may
@@ -276,12 +277,12 @@ class Level:
         graph: its dependency graph.
     """
 
-    jaxpr: Any
+    jaxpr: JaxprLike
     path: str
     graph: Graph
 
     @property
-    def eqns(self) -> list[Any]:
+    def eqns(self) -> list[JaxprEqn]:
         inner, _ = _compat.open_jaxpr(self.jaxpr)
         return list(inner.eqns)
 
@@ -318,7 +319,7 @@ class LoopPass:
     prices_launches: bool = False
 
 
-def evaluate(jaxpr: Any, *args: Any) -> list[Any]:
+def evaluate(jaxpr: JaxprLike, *args: Any) -> list[Any]:
     """Evaluates a closed or open jaxpr under the current trace, keeping source info."""
     inner, consts = _compat.open_jaxpr(jaxpr)
     env = Env()
@@ -329,8 +330,12 @@ def evaluate(jaxpr: Any, *args: Any) -> list[Any]:
     return env.read_all(inner.outvars)
 
 
+# A graph's last contracted groups and their emission order (``emission_order``).
+OrderMemo = IdentityMemo[Graph, tuple[tuple[tuple[int, ...], ...], tuple[Unit, ...] | None]]
+
+
 def emission_order(graph: Graph, groups: Sequence[Sequence[int]],
-                   memo: dict[int, tuple[Any, ...]] | None = None) -> tuple[Unit, ...] | None:
+                   memo: OrderMemo | None = None) -> tuple[Unit, ...] | None:
     """Emission units with each group contracted (``RewriteUnit(k)`` for ``groups[k]``),
     or None if contracting makes a cycle.
 
@@ -339,25 +344,25 @@ def emission_order(graph: Graph, groups: Sequence[Sequence[int]],
     """
     blocks = tuple(tuple(g) for g in groups)
     if memo is not None:
-        hit = memo.get(id(graph))
-        if hit is not None and hit[0] is graph and hit[1] == blocks:
-            return hit[2]  # type: ignore[no-any-return]
+        hit = memo.get(graph)
+        if hit is not None and hit[0] == blocks:
+            return hit[1]
     try:
         order: tuple[Unit, ...] | None = contract(
             graph, [(RewriteUnit(k), g) for k, g in enumerate(blocks)])
     except ContractionCycle:
         order = None
     if memo is not None:
-        memo[id(graph)] = (graph, blocks, order)
+        memo.set(graph, (blocks, order))
     return order
 
 
-def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
+def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
                   params: dict[int, dict[str, Any]] | None = None,
                   graph: Graph | None = None,
-                  orders: dict[int, tuple[Any, ...]] | None = None,
+                  orders: OrderMemo | None = None,
                   origins: EqnOrigins | None = None,
-                  owners: Sequence[Iterable[int]] = ()) -> Any | None:
+                  owners: Sequence[Iterable[int]] = ()) -> JaxprLike | None:
     """``jaxpr`` with ``rewrites`` applied and some equations' ``params`` replaced.
 
     With ``origins``, the equations each rewrite emits are recorded as made by the
@@ -394,7 +399,7 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
     # their ids never equal a live variable's).
     replaced = {id(v) for r in rewrites for i in r.eqns for v in eqns[i].outvars}
 
-    def atom(v: Any) -> Any:
+    def atom(v: Atom) -> Atom:
         if _compat.is_literal(v):
             return v
         if v in dropped:
@@ -402,8 +407,8 @@ def rebuild_level(jaxpr: Any, rewrites: Sequence[Rewrite],
                                "outside it; please report it with the program")
         return renamed.get(v, v)
 
-    new_eqns: list[Any] = []
-    new_constvars: list[Any] = []
+    new_eqns: list[JaxprEqn] = []
+    new_constvars: list[Var] = []
     new_consts: list[Any] = []
     traced: dict[Hashable, _TracedRewrite] = {}
     for unit in order:
@@ -490,7 +495,7 @@ def _pattern(operands: list[list[Any]]) -> Hashable:
 class _TracedRewrite:
     """A rewrite traced once: its small jaxpr and which results it computed."""
 
-    jaxpr: Any  # open
+    jaxpr: JaxprLike  # open
     consts: list[Any]
     computed: list[bool]  # per flat result of the member equations: not None
 
@@ -509,7 +514,7 @@ class _TracedRewrite:
             constvars = [_compat.fresh_var(v) for v in constvars]
             bound.update(zip(small.constvars, constvars, strict=True))
 
-        def atom(v: Any) -> Any:
+        def atom(v: Atom) -> Atom:
             return v if _compat.is_literal(v) else bound.get(v, v)
 
         body = []
@@ -547,7 +552,7 @@ def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]]) -> _TracedRewrit
     return _TracedRewrite(small, list(consts), computed)
 
 
-def walk_levels(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis,
+def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: Analysis,
                 path: str = "") -> tuple[Any, list[LoopDecision]]:
     """Runs ``level_passes`` in order at every nesting level of ``jaxpr``, innermost first.
 
@@ -572,7 +577,7 @@ def walk_levels(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis
                        f"{path or '/'}; please report it with the program")
 
 
-def _walk_once(jaxpr: Any, level_passes: Sequence[LoopPass], analysis: Analysis, path: str
+def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: Analysis, path: str
                ) -> tuple[Any, list[LoopDecision], bool]:
     inner, _ = _compat.open_jaxpr(jaxpr)
     origins = eqn_origins(analysis)
@@ -682,32 +687,32 @@ def _pass_step(level_pass: LoopPass, jaxpr: Any, path: str, graph: Graph,
     ``searched_in_vain``).
     """
     visits = analysis.memo("pass_visits")
-    if visits.get((id(jaxpr), level_pass.name)) is jaxpr:
+    if visits.get(jaxpr, extra=level_pass.name):
         return _run_step(level_pass, jaxpr, path, graph, analysis)[0]
-    visits[(id(jaxpr), level_pass.name)] = jaxpr
-    steps = analysis.shared_memo("pass_steps")
+    visits.set(jaxpr, True, extra=level_pass.name)
+    steps: IdentityMemo[JaxprLike, _Step] = analysis.shared_memo("pass_steps")
     settings = analysis.settings
-    base = (id(jaxpr), path, level_pass.name, dataclasses.replace(settings, command_buffers=None))
+    base = (path, level_pass.name, dataclasses.replace(settings, command_buffers=None))
     pricing = launch_pricing(settings.command_buffers) if level_pass.prices_launches else None
-    hit = steps.get((*base, pricing))
-    if hit is not None and hit.level is jaxpr:
+    hit = steps.get(jaxpr, extra=(*base, pricing))
+    if hit is not None:
         # What the pass remembers of its visit (``searched_in_vain``), as if it ran.
         remember_search(analysis, level_pass.name, jaxpr, hit.rewrites)
-        return hit  # type: ignore[no-any-return]
+        return hit
     step, alike = _run_step(level_pass, jaxpr, path, graph, analysis)
     if pricing is not None and alike:
         for other in _PRICINGS:
-            steps[(*base, other)] = step
+            steps.set(jaxpr, step, extra=(*base, other))
     elif pricing is not None:
         for other in _PRICINGS:
-            twin = steps.get((*base, other))
-            if (other != pricing and twin is not None and twin.level is jaxpr
+            twin = steps.get(jaxpr, extra=(*base, other))
+            if (other != pricing and twin is not None
                     and twin.decisions == step.decisions
                     and [(r.eqns, r.key) for r in twin.rewrites]
                     == [(r.eqns, r.key) for r in step.rewrites]):
                 step = twin
                 break
-    steps[(*base, pricing)] = step
+    steps.set(jaxpr, step, extra=(*base, pricing))
     return step
 
 
@@ -716,7 +721,10 @@ def _run_step(level_pass: LoopPass, jaxpr: Any, path: str, graph: Graph,
     """The pass run on the level, and whether it said it decides alike in every launch
     pricing (``decided_alike``)."""
     rewrites, decisions = level_pass.run(Level(jaxpr, path, graph), analysis)
-    alike = analysis.memo("decided_alike").pop((id(jaxpr), path), None) is jaxpr
+    told = analysis.memo("decided_alike")
+    alike = bool(told.get(jaxpr, extra=path))
+    if alike:
+        told.set(jaxpr, False, extra=path)
     return _Step(jaxpr, rewrites, [dataclasses.replace(d, pass_name=level_pass.name)
                                    for d in decisions]), alike
 
@@ -725,7 +733,7 @@ def searched_in_vain(analysis: Analysis, name: str, jaxpr: Any) -> bool:
     """Whether the pass ``name`` searched the level ``jaxpr`` earlier in this walk and
     found nothing to rewrite (``remember_search``): a pass that answers ``([], [])``
     then is not searched again (``_pass_step`` keeps this memo as the pass would)."""
-    return analysis.memo("searched_in_vain").get((id(jaxpr), name)) is jaxpr
+    return bool(analysis.memo("searched_in_vain").get(jaxpr, extra=name))
 
 
 def remember_search(analysis: Analysis, name: str, jaxpr: Any, rewrites: Sequence[Rewrite]
@@ -733,7 +741,7 @@ def remember_search(analysis: Analysis, name: str, jaxpr: Any, rewrites: Sequenc
     """Records that the pass ``name`` searched the level ``jaxpr`` (in vain where
     ``rewrites`` is empty; see ``searched_in_vain``)."""
     if not rewrites:
-        analysis.memo("searched_in_vain")[(id(jaxpr), name)] = jaxpr
+        analysis.memo("searched_in_vain").set(jaxpr, True, extra=name)
 
 
 def decided_alike(analysis: Analysis, level: Level) -> None:
@@ -741,7 +749,7 @@ def decided_alike(analysis: Analysis, level: Level) -> None:
     now running returns for ``level`` holds in every launch pricing: each of its verdicts
     would be the same in a mode pricing launches otherwise (its decisions do not say
     what a launch costs)."""
-    analysis.memo("decided_alike")[(id(level.jaxpr), level.path)] = level.jaxpr
+    analysis.memo("decided_alike").set(level.jaxpr, True, extra=level.path)
 
 
 def _owners(rewrites: Sequence[Rewrite], decisions: Sequence[LoopDecision],
@@ -763,7 +771,7 @@ def _as_left_alone(decisions: Sequence[LoopDecision], why: str) -> list[LoopDeci
         for d in decisions]
 
 
-def loop_candidate(eqn: Any) -> bool:
+def loop_candidate(eqn: JaxprEqn) -> bool:
     """Whether a scan may be merged or re-emitted: no effects, no user placement."""
     return (eqn.primitive.name == SCAN and not eqn.effects
             and not _compat.eqn_frontend_attributes(eqn))

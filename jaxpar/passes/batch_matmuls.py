@@ -74,13 +74,16 @@ from jax import lax
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import Atom, JaxprEqn, ShapedArray
 from .._cost import CostModel, LaunchPrices, launch_prices
 from .._gpu_model import CommandBufferMode
 from .._graph import Graph
+from .._memo import IdentityMemo
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
 from ._shared import stage_depths
 from ._walk import (
     DecisionKind,
+    EmitFn,
     Level,
     LevelResult,
     LoopDecision,
@@ -102,7 +105,7 @@ class _Transposed(NamedTuple):
     """A 2-D value read with its two axes swapped (in a column: a member's operand, or a
     flipped member's result as the batched op leaves it)."""
 
-    atom: Any
+    atom: Atom
 
     @property
     def aval(self) -> Any:  # the bytes are what the cost model reads
@@ -124,17 +127,17 @@ class _Reading:
     transposed: tuple[bool, ...]
     params: Any
 
-    def reads(self, eqn: Any) -> tuple[Any, ...]:
+    def reads(self, eqn: JaxprEqn) -> tuple[Any, ...]:
         operands = eqn.invars[::-1] if self.swapped else eqn.invars
         return tuple(_Transposed(a) if t else a
                      for a, t in zip(operands, self.transposed, strict=True))
 
-    def output(self, eqn: Any) -> Any:
+    def output(self, eqn: JaxprEqn) -> Any:
         out = eqn.outvars[0]
         if not self.swapped:
             return out
         # A swapped 2-D product leaves its result transposed; other layouts never match.
-        return _Transposed(out) if out.aval.ndim == 2 else ("permuted", out)
+        return _Transposed(out) if _compat.array_aval(out).ndim == 2 else ("permuted", out)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -156,16 +159,16 @@ class _Group:
     def swapped(self) -> tuple[bool, ...]:
         return tuple(r.swapped for r in self.readings)
 
-    def columns(self, eqns: Sequence[Any]) -> list[_Column]:
+    def columns(self, eqns: Sequence[JaxprEqn]) -> list[_Column]:
         """Per operand position of the group's form, the members' reads."""
         rows = [r.reads(eqns[i]) for i, r in zip(self.members, self.readings, strict=True)]
         return [tuple(row[p] for row in rows) for p in range(len(rows[0]))]
 
-    def outputs(self, eqns: Sequence[Any]) -> _Column:
+    def outputs(self, eqns: Sequence[JaxprEqn]) -> _Column:
         """The members' results as the batched op leaves them, stacked."""
         return tuple(r.output(eqns[i]) for i, r in zip(self.members, self.readings, strict=True))
 
-    def chainable(self, eqns: Sequence[Any]) -> bool:
+    def chainable(self, eqns: Sequence[JaxprEqn]) -> bool:
         """Whether its stacked result can stand for a column another group reads."""
         return not any(isinstance(o, tuple) and not isinstance(o, _Transposed)
                        for o in self.outputs(eqns))
@@ -187,14 +190,14 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     return rewrites, decisions
 
 
-def _batchable(eqn: Any) -> bool:
+def _batchable(eqn: JaxprEqn) -> bool:
     return (eqn.primitive.name in BATCHED_PRIMITIVES and not eqn.effects
             and not is_collective(eqn)
             and not _compat.eqn_frontend_attributes(eqn))
 
 
 def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
-                 readings: dict[int, tuple[Any, list[_Reading]]] | None = None
+                 readings: IdentityMemo[JaxprEqn, list[_Reading]] | None = None
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -241,8 +244,8 @@ def _hashable(value: Any) -> Hashable:
     return value
 
 
-def _group(eqns: Sequence[Any], candidates: list[int], stage: list[int],
-           known: dict[int, tuple[Any, list[_Reading]]] | None = None) -> list[_Group]:
+def _group(eqns: Sequence[JaxprEqn], candidates: list[int], stage: list[int],
+           known: IdentityMemo[JaxprEqn, list[_Reading]] | None = None) -> list[_Group]:
     """Same-shaped heavy ops of one stage. A class whose swapped form is another class's
     form joins the larger one (the smaller one swapped), so operands are swapped only
     where that is what makes the members match; members that read the same either way
@@ -251,13 +254,14 @@ def _group(eqns: Sequence[Any], candidates: list[int], stage: list[int],
     classes: dict[Hashable, list[int]] = {}
     swapped_keys: dict[Hashable, Hashable] = {}
     readings: dict[int, list[_Reading]] = {}
-    known = {} if known is None else known
+    known = IdentityMemo() if known is None else known
     for index in candidates:
         eqn = eqns[index]
-        hit = known.get(id(eqn))
-        if hit is None or hit[0] is not eqn:
-            hit = known[id(eqn)] = (eqn, _readings(eqn))
-        options = readings[index] = hit[1]
+        options = known.get(eqn)
+        if options is None:
+            options = _readings(eqn)
+            known.set(eqn, options)
+        readings[index] = options
         key: Hashable = (options[0].form, stage[index])
         classes.setdefault(key, []).append(index)
         if len(options) > 1 and options[1].form != options[0].form:
@@ -289,7 +293,7 @@ def _group(eqns: Sequence[Any], candidates: list[int], stage: list[int],
 _MATRIX_PRODUCT = (((1,), (0,)), ((), ()))
 
 
-def _matrix_product(eqn: Any) -> tuple[int, int] | None:
+def _matrix_product(eqn: JaxprEqn) -> tuple[int, int] | None:
     """The contracting dimensions of a plain 2-D ``dot_general`` (one each, no batch
     dimensions, no ``out_sharding``), or None."""
     if eqn.primitive.name != DOT_GENERAL or eqn.params.get("out_sharding") is not None:
@@ -297,7 +301,7 @@ def _matrix_product(eqn: Any) -> tuple[int, int] | None:
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
     lhs, rhs = eqn.invars
     if (lhs_batch or rhs_batch or len(lhs_contract) != 1 or len(rhs_contract) != 1
-            or lhs.aval.ndim != 2 or rhs.aval.ndim != 2):
+            or _compat.array_aval(lhs).ndim != 2 or _compat.array_aval(rhs).ndim != 2):
         return None
     return int(lhs_contract[0]), int(rhs_contract[0])
 
@@ -306,7 +310,7 @@ def _transposed_2d(aval: Any, transposed: bool) -> Any:
     return aval.update(shape=aval.shape[::-1]) if transposed else aval
 
 
-def _readings(eqn: Any) -> list[_Reading]:
+def _readings(eqn: JaxprEqn) -> list[_Reading]:
     """How ``eqn`` can run in a group: as written, then with its operands swapped.
 
     A 2-D matrix product reads in the form ``lhs [m, k] @ rhs [k, n]`` both ways, each
@@ -343,7 +347,7 @@ def _readings(eqn: Any) -> list[_Reading]:
     return found
 
 
-def _orient(eqns: Sequence[Any], groups: list[_Group]) -> list[_Group]:
+def _orient(eqns: Sequence[JaxprEqn], groups: list[_Group]) -> list[_Group]:
     """Groups (in stage order) with each member that reads the same either way
     (``_Group.alternatives``) oriented so that the fewest operand columns need a stack
     of their own: a column all members share, or one an earlier group stacked or
@@ -402,7 +406,7 @@ _MAX_EXHAUSTIVE = 8
 _MAX_ORIENTED = 32
 
 
-def _chains(eqns: Sequence[Any], groups: list[_Group], free: list[tuple[int, int]]
+def _chains(eqns: Sequence[JaxprEqn], groups: list[_Group], free: list[tuple[int, int]]
             ) -> list[list[tuple[int, int]]]:
     """The free members joined where one reads another's result, in first-seen order."""
     index = {x: k for k, x in enumerate(free)}
@@ -427,7 +431,7 @@ def _chains(eqns: Sequence[Any], groups: list[_Group], free: list[tuple[int, int
     return list(chains.values())
 
 
-def _stacks_needed(eqns: Sequence[Any], groups: list[_Group]) -> tuple[int, int]:
+def _stacks_needed(eqns: Sequence[JaxprEqn], groups: list[_Group]) -> tuple[int, int]:
     """Operand columns needing a stack of their own, then reads transposed or swapped."""
     stacked: set[_Column] = set()
     new = turned = 0
@@ -448,7 +452,7 @@ def _form_key(name: str, avals: Sequence[Any], outs: Sequence[Any], params: Any)
             tuple((k, _hashable(v)) for k, v in sorted(params.items())))
 
 
-def _swapped_params(eqn: Any) -> dict[str, Any] | None:
+def _swapped_params(eqn: JaxprEqn) -> dict[str, Any] | None:
     """A ``dot_general``'s parameters with its operands swapped, or None."""
     if eqn.primitive.name != DOT_GENERAL or eqn.params.get("out_sharding") is not None:
         return None
@@ -461,20 +465,20 @@ def _swapped_params(eqn: Any) -> dict[str, Any] | None:
     return params
 
 
-def _swap_permutation(eqn: Any) -> tuple[int, ...]:
+def _swap_permutation(eqn: JaxprEqn) -> tuple[int, ...]:
     """How to transpose a swapped ``dot_general``'s result into the original's layout."""
     (lhs_contract, rhs_contract), (lhs_batch, _) = eqn.params["dimension_numbers"]
     lhs, rhs = eqn.invars
     batch = len(lhs_batch)
-    lhs_free = lhs.aval.ndim - len(lhs_contract) - batch
-    rhs_free = rhs.aval.ndim - len(rhs_contract) - batch
+    lhs_free = _compat.array_aval(lhs).ndim - len(lhs_contract) - batch
+    rhs_free = _compat.array_aval(rhs).ndim - len(rhs_contract) - batch
     return (*range(batch), *range(batch + rhs_free, batch + rhs_free + lhs_free),
             *range(batch, batch + rhs_free))
 
 
-def _transposed_aval(eqn: Any) -> Any:
+def _transposed_aval(eqn: JaxprEqn) -> ShapedArray:
     """The result type of ``eqn`` with its operands swapped."""
-    out = eqn.outvars[0].aval
+    out = _compat.array_aval(eqn.outvars[0])
     permutation = _swap_permutation(eqn)
     inverse = [0] * len(permutation)
     for new, old in enumerate(permutation):
@@ -482,7 +486,7 @@ def _transposed_aval(eqn: Any) -> Any:
     return out.update(shape=tuple(out.shape[inverse[d]] for d in range(out.ndim)))
 
 
-def _launches_unbatched(eqns: Sequence[Any], group: _Group) -> int:
+def _launches_unbatched(eqns: Sequence[JaxprEqn], group: _Group) -> int:
     """Kernels the members launch as they are: XLA's ``DotMerger`` already merges
     matmuls that share an operand, so members linked by shared operands count once."""
     parent = list(range(len(group.members)))
@@ -534,7 +538,7 @@ class _Price:
         return self.saved - self.cost
 
 
-def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, int],
+def _choose(eqns: Sequence[JaxprEqn], groups: list[_Group], launches: dict[_Group, int],
             costs: CostModel, level_outputs: set[Any] | frozenset[Any] = frozenset(),
             prices: LaunchPrices | None = None
             ) -> tuple[list[_Group], list[_Group], dict[_Group, _Price]]:
@@ -645,14 +649,14 @@ def _choose(eqns: Sequence[Any], groups: list[_Group], launches: dict[_Group, in
     return accepted, [g for g in groups if g not in kept], priced
 
 
-def _chained_columns(eqns: Sequence[Any], accepted: list[_Group]) -> set[_Column]:
+def _chained_columns(eqns: Sequence[JaxprEqn], accepted: list[_Group]) -> set[_Column]:
     return {g.outputs(eqns) for g in accepted if g.chainable(eqns)}
 
 
 # --------------------------------------------------------------------------- rewrites
 
 
-def _units(eqns: Sequence[Any], graph: Graph, accepted: list[_Group]) -> list[list[_Group]]:
+def _units(eqns: Sequence[JaxprEqn], graph: Graph, accepted: list[_Group]) -> list[list[_Group]]:
     """Accepted groups joined into rewrites: a group reading another's stacked result
     joins its rewrite, where contracting the two into one unit makes no cycle."""
     index = {g: k for k, g in enumerate(accepted)}
@@ -689,8 +693,8 @@ def _units(eqns: Sequence[Any], graph: Graph, accepted: list[_Group]) -> list[li
     return [sorted(unit, key=lambda g: (g.stage, g.members)) for unit in units_of().values()]
 
 
-def _emitter(eqns: Sequence[Any], unit: list[_Group], graph: Graph, level_outputs: set[Any]
-             ) -> Any:
+def _emitter(eqns: Sequence[JaxprEqn], unit: list[_Group], graph: Graph, level_outputs: set[Any]
+             ) -> EmitFn:
     order = sorted(i for g in unit for i in g.members)
     position = {i: k for k, i in enumerate(order)}
     inside = set(order)
@@ -702,7 +706,7 @@ def _emitter(eqns: Sequence[Any], unit: list[_Group], graph: Graph, level_output
               or any(s not in inside for s in graph.succs[i])}
     templates = {g: eqns[g.members[0]] for g in unit}
 
-    def emit(invals: list[list[Any]]) -> list[list[Any] | None]:
+    def emit(invals: list[list[Any]]) -> list[list[Any]]:
         env: dict[Any, Any] = {}
         for i in order:
             for atom, given in zip(eqns[i].invars, invals[position[i]], strict=True):
@@ -712,7 +716,7 @@ def _emitter(eqns: Sequence[Any], unit: list[_Group], graph: Graph, level_output
         results: dict[_Group, Any] = {}
         sliced: dict[Any, Any] = {}
 
-        def value(atom: Any) -> Any:
+        def value(atom: Atom) -> Any:
             if isinstance(atom, _Transposed):
                 return lax.transpose(value(atom.atom), (1, 0))
             if _compat.is_literal(atom):
@@ -758,7 +762,7 @@ def _emitter(eqns: Sequence[Any], unit: list[_Group], graph: Graph, level_output
 # --------------------------------------------------------------------------- reports
 
 
-def _describe(eqns: Sequence[Any], group: _Group) -> str:
+def _describe(eqns: Sequence[JaxprEqn], group: _Group) -> str:
     eqn = eqns[group.members[0]]
     shapes = " x ".join(str(v.aval.str_short()) for v in eqn.invars)
     return f"{len(group.members)} independent {eqn.primitive.name}s of {shapes} at stage " \
@@ -772,7 +776,7 @@ def _price_text(price: _Price) -> str:
             "per run of this level")
 
 
-def _batched(path: str, eqns: Sequence[Any], group: _Group, launches: int,
+def _batched(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: int,
              chained: set[_Column], price: _Price) -> LoopDecision:
     columns = group.columns(eqns)
     shared = sum(1 for c in columns if _shared(c) and not _compat.is_literal(c[0]))
@@ -792,7 +796,7 @@ def _batched(path: str, eqns: Sequence[Any], group: _Group, launches: int,
                     saving_us=price.worth * 1e6)
 
 
-def _left_alone(path: str, eqns: Sequence[Any], group: _Group, launches: int, price: _Price
+def _left_alone(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: int, price: _Price
                 ) -> LoopDecision:
     saves = f"{launches - 1} kernel launch{'es' * (launches > 2)}"
     why = (f"would save {saves} but add at least as much in stacking and slicing kernels"

@@ -40,6 +40,7 @@ import jax
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import JaxprEqn
 from .._structure import StructuralKeys
 from ._shared import batch_refusal, body_key, group_independent, static_refusal, vmap_members
 from ._walk import (
@@ -96,7 +97,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     return rewrites, decisions
 
 
-def _refusals(eqns: list[Any], refused: list[int], structure: StructuralKeys
+def _refusals(eqns: list[JaxprEqn], refused: list[int], structure: StructuralKeys
               ) -> dict[Hashable, tuple[str, set[int]]]:
     """Scans whose bodies ``vmap`` never batches faithfully, by body (equal scans
     together): the reason and the scans."""

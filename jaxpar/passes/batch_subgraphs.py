@@ -72,9 +72,11 @@ from typing import Any
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import Jaxpr, JaxprEqn, Primitive
 from .._cost import ZERO, Cost, CostModel, LaunchPrices
 from .._gpu_model import CommandBufferMode
 from .._graph import Graph
+from .._memo import IdentityMemo
 from .._primitives import is_collective
 from .._structure import StructuralKeys, literal_key
 from ._shared import (
@@ -87,9 +89,11 @@ from ._shared import (
 )
 from ._walk import (
     DecisionKind,
+    EmitFn,
     Level,
     LevelResult,
     LoopDecision,
+    OrderMemo,
     Rewrite,
     decided_alike,
     decision,
@@ -128,30 +132,46 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
     A level found to offer nothing is not searched again (``searched_in_vain``: jaxprs
     and equations are immutable, and the passes see the same ones round after round);
-    the shared ``"batch_branches_keys"`` memo keeps equations' parameter keys and
-    ``"batch_branches_values"`` each equation's value numbers, so a level rebuilt by a
-    rewrite numbers only the equations the rewrite made (and those reading them)
+    the shared ``"batch_branches"`` memo keeps equations' parameter keys and the shared
+    ``"batch_branches_values"`` state each equation's value numbers, so a level rebuilt
+    by a rewrite numbers only the equations the rewrite made (and those reading them)
     afresh, in this mode or another. Where every verdict would be the same in a mode
     pricing launches otherwise, the walk is told (``decided_alike``).
     """
     if searched_in_vain(analysis, "batch_branches", level.jaxpr):
         return [], []  # this very level was searched and offered nothing
-    rewrites, decisions, alike = _batch_level(level, analysis.costs,
-                                       analysis.shared_memo("batch_branches_keys"),
-                                       analysis.structural_keys,
-                                       analysis.shared_memo("emission_order"),
-                                       analysis.settings.command_buffers,
-                                       analysis.shared_memo("batch_branches_values"))
+    rewrites, decisions, alike = _batch_level(
+        level, analysis.costs, analysis.shared_memo("batch_branches"),
+        analysis.structural_keys, analysis.shared_memo("emission_order"),
+        analysis.settings.command_buffers,
+        analysis.shared_state("batch_branches_values", _Numbering))
     remember_search(analysis, "batch_branches", level.jaxpr, rewrites)
     if alike:
         decided_alike(analysis, level)
     return rewrites, decisions
 
 
+# Per parameter dict (or equation): its structural key, the primitive, context and operand
+# count it was keyed with, and why vmap does not batch it (None: it does).
+_OwnerMemo = IdentityMemo[object, tuple[Hashable, Primitive, Any, int, str | None]]
+
+
+class _Numbering:
+    """Value numbers kept across the rounds and levels of one call (``_value_numbers``)."""
+
+    __slots__ = ("eqns", "intern")
+
+    def __init__(self) -> None:
+        self.intern: dict[Hashable, int] = {}
+        # Per equation: the input numbers it read, its key and its local key.
+        self.eqns: IdentityMemo[JaxprEqn, tuple[tuple[Hashable, ...], int, int]] = (
+            IdentityMemo())
+
+
 def _batch_level(level: Level, costs: CostModel,
-                 memo: dict[int, tuple[Any, ...]], structure: StructuralKeys,
-                 orders: dict[int, tuple[Any, ...]], mode: CommandBufferMode | None = None,
-                 carried: dict[Any, Any] | None = None
+                 memo: _OwnerMemo, structure: StructuralKeys,
+                 orders: OrderMemo, mode: CommandBufferMode | None = None,
+                 carried: _Numbering | None = None
                  ) -> tuple[list[Rewrite], list[LoopDecision], bool]:
     """The rewrites and decisions, and whether every verdict would be the same in a mode
     pricing launches otherwise (``CostModel.launch_prices``)."""
@@ -259,7 +279,7 @@ def _batch_level(level: Level, costs: CostModel,
     return rewrites, taken + decisions, alike
 
 
-def _rewrite_key(eqns: Sequence[Any], local_keys: list[int | None], group: _Group
+def _rewrite_key(eqns: Sequence[JaxprEqn], local_keys: list[int | None], group: _Group
                  ) -> Hashable | None:
     """Equal for two groups whose emitters trace to the same equations (``Rewrite.key``):
     same rows, wiring, slots and outputs, and the same layout of their equations in the
@@ -273,7 +293,7 @@ def _rewrite_key(eqns: Sequence[Any], local_keys: list[int | None], group: _Grou
             group.slots, group.outputs, tuple(place[i] for i in group.eqns))
 
 
-def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
+def _producers(eqns: Sequence[JaxprEqn]) -> dict[Any, tuple[int, int]]:
     producer = {}
     for index, eqn in enumerate(eqns):
         for position, v in enumerate(eqn.outvars):
@@ -282,10 +302,10 @@ def _producers(eqns: Sequence[Any]) -> dict[Any, tuple[int, int]]:
     return producer
 
 
-def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Graph,
-                   memo: dict[int, tuple[Any, ...]], structure: StructuralKeys,
+def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Graph,
+                   memo: _OwnerMemo, structure: StructuralKeys,
                    refused: dict[Hashable, tuple[str, list[int]]],
-                   carried: dict[Any, Any] | None = None
+                   carried: _Numbering | None = None
                    ) -> tuple[list[int | None], list[int | None]]:
     """Structural keys per equation (interned to ints); None: never batched.
 
@@ -301,15 +321,15 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
     hashing its types and parameters again. Only equality of numbers matters, never
     their values.
     """
-    carried = {} if carried is None else carried
-    intern: dict[Hashable, int] = carried.setdefault("intern", {})
+    carried = _Numbering() if carried is None else carried
+    intern, numbers = carried.intern, carried.eqns
     keys: list[int | None] = []
     local_keys: list[int | None] = []
     refused_eqns: set[int] = set()
     # Hoisted: this runs once per equation of every level, every round.
     live, literal = graph.live, _compat.Literal
     memo_get, setdefault = memo.get, intern.setdefault
-    carried_get = carried.get
+    numbers_get = numbers.get
     for index, eqn in enumerate(inner.eqns):
         if (index not in live or eqn.effects or is_collective(eqn)
                 or _compat.eqn_frontend_attributes(eqn)):  # never batched
@@ -331,32 +351,32 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
                 inputs.append(("in", v.aval))
         else:
             read = tuple(inputs)
-            numbered = carried_get(id(eqn))
-            if numbered is not None and numbered[0] is eqn and numbered[1] == read:
-                keys.append(numbered[2])
-                local_keys.append(numbered[3])
+            numbered = numbers_get(eqn)
+            if numbered is not None and numbered[0] == read:
+                keys.append(numbered[1])
+                local_keys.append(numbered[2])
                 continue
             # Keyed by the parameter dict when all the key reads is the primitive, the
             # parameters, the context and the operand count: rebuilt levels keep the
             # parameter dicts of the equations they copy, not the equations.
             by_params = not refusal_reads_operand_types(eqn)
             owner = eqn.params if by_params else eqn
-            hit = memo_get(id(owner))
-            if (hit is None or hit[0] is not owner
-                    or (by_params and (hit[2] is not eqn.primitive or hit[3] is not eqn.ctx
-                                       or hit[4] != len(invars)))):
+            hit = memo_get(owner)
+            if (hit is None
+                    or (by_params and (hit[1] is not eqn.primitive or hit[2] is not eqn.ctx
+                                       or hit[3] != len(invars)))):
                 # The last entry: why vmap does not batch it faithfully and cheaply,
                 # here or in a nested jaxpr (None: it does).
-                hit = (owner, structure.equation(eqn), eqn.primitive, eqn.ctx, len(invars),
+                hit = (structure.equation(eqn), eqn.primitive, eqn.ctx, len(invars),
                        static_refusal(eqn))
-                memo[id(owner)] = hit
-            params = hit[1]
+                memo.set(owner, hit)
+            params = hit[0]
             outs = tuple([v.aval for v in eqn.outvars])
-            if hit[5] is None:
+            if hit[4] is None:
                 key = setdefault((params, read, outs), len(intern))
                 local_key = setdefault(("local", params, tuple([v.aval for v in invars]), outs),
                                        len(intern))
-                carried[id(eqn)] = (eqn, read, key, local_key)
+                numbers.set(eqn, (read, key, local_key))
                 keys.append(key)
                 local_keys.append(local_key)
                 continue
@@ -364,13 +384,13 @@ def _value_numbers(inner: Any, producer: dict[Any, tuple[int, int]], graph: Grap
             refused_eqns.add(index)
             if not any(p in refused_eqns for p in graph.preds[index]):
                 refused.setdefault(("refused", params, read, outs),
-                                   (hit[5], []))[1].append(index)
+                                   (hit[4], []))[1].append(index)
         keys.append(None)
         local_keys.append(None)
     return keys, local_keys
 
 
-def _vmap_refusal(eqns: Sequence[Any], group: _Group) -> str | None:
+def _vmap_refusal(eqns: Sequence[JaxprEqn], group: _Group) -> str | None:
     """Why ``vmap`` of member 0's equations over the stacked slots would not compute
     each member faithfully and cheaply (a ``cond`` on a per-member predicate), or None."""
     stacked: dict[Any, bool] = {}
@@ -381,7 +401,7 @@ def _vmap_refusal(eqns: Sequence[Any], group: _Group) -> str | None:
     return equations_refusal([eqns[row[0]] for row in group.rows], stacked)
 
 
-def _align(eqns: Sequence[Any], roots: list[int], producer: dict[Any, tuple[int, int]],
+def _align(eqns: Sequence[JaxprEqn], roots: list[int], producer: dict[Any, tuple[int, int]],
            claimed: set[int], graph: Graph, level_outputs: set[Any],
            budget: list[int]) -> _Group | None:
     """Walks the members' inputs in lockstep from ``roots``; None if they do not align.
@@ -423,7 +443,7 @@ def _align(eqns: Sequence[Any], roots: list[int], producer: dict[Any, tuple[int,
     return _template(eqns, rows, row_of, producer, graph, level_outputs)
 
 
-def _template(eqns: Sequence[Any], rows: list[tuple[int, ...]], row_of: dict[int, int],
+def _template(eqns: Sequence[JaxprEqn], rows: list[tuple[int, ...]], row_of: dict[int, int],
               producer: dict[Any, tuple[int, int]], graph: Graph, level_outputs: set[Any]
               ) -> _Group | None:
     """Orders the rows, wires them, and finds the slots and the outputs."""
@@ -500,8 +520,7 @@ def _contractible(graph: Graph, members: set[int]) -> bool:
     return True
 
 
-def _orderable(graph: Graph, groups: list[_Group], orders: dict[int, tuple[Any, ...]]
-               ) -> list[_Group]:
+def _orderable(graph: Graph, groups: list[_Group], orders: OrderMemo) -> list[_Group]:
     """The groups, less any that would make a cycle with the earlier ones when contracted."""
     if not groups or emission_order(graph, [g.eqns for g in groups], orders) is not None:
         return groups
@@ -512,12 +531,12 @@ def _orderable(graph: Graph, groups: list[_Group], orders: dict[int, tuple[Any, 
     return kept
 
 
-def _shared_column(eqns: Sequence[Any], group: _Group, slot: tuple[int, int]) -> bool:
+def _shared_column(eqns: Sequence[JaxprEqn], group: _Group, slot: tuple[int, int]) -> bool:
     row, position = slot
     return shared_column([eqns[i].invars[position] for i in group.rows[row]])
 
 
-def _before_after(eqns: Sequence[Any], group: _Group, member: Cost, heavy: Sequence[bool],
+def _before_after(eqns: Sequence[JaxprEqn], group: _Group, member: Cost, heavy: Sequence[bool],
                   graph: Graph, level_outputs: set[Any]) -> tuple[Cost, Cost]:
     """Modelled cost of the members as they are, and batched (with stacking and slicing).
 
@@ -560,7 +579,7 @@ def _seconds(cost: Cost, costs: CostModel, prices: LaunchPrices, beside: float =
             + (cost.kernels - beside) * prices.serial + beside * prices.beside)
 
 
-def _emitter(eqns: Sequence[Any], group: _Group) -> Any:
+def _emitter(eqns: Sequence[JaxprEqn], group: _Group) -> EmitFn:
     template = [eqns[row[0]] for row in group.rows]
     position_of = {eqn: k for k, eqn in enumerate(group.eqns)}
     row_of = {i: t for t, row in enumerate(group.rows) for i in row}
@@ -575,7 +594,7 @@ def _emitter(eqns: Sequence[Any], group: _Group) -> Any:
             results.append(_compat.bind_eqn(eqn, invals))
         return [results[row][out] for row, out in group.outputs]
 
-    def emit(invals: list[list[Any]]) -> list[list[Any] | None]:
+    def emit(invals: list[list[Any]]) -> list[list[Any]]:
         columns = [[invals[position_of[i]][position] for i in group.rows[row]]
                    for row, position in group.slots]
         per_member = vmap_members(one, columns, group.members, template[-1])

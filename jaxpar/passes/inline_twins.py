@@ -40,9 +40,12 @@ import jax
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import JaxprLike
+from .._memo import IdentityMemo
 from ._shared import ancestor_masks, independent
 from ._walk import (
     DecisionKind,
+    EmitFn,
     Level,
     LevelResult,
     LoopDecision,
@@ -71,7 +74,7 @@ def _inline_level(level: Level, analysis: Analysis) -> tuple[list[Rewrite], list
     eqns, graph = inner.eqns, level.graph
     classes: dict[Hashable, list[int]] = {}
     bodies: dict[int, tuple[str, Any]] = {}
-    signatures: dict[int, tuple[Any, Hashable]] = {}
+    signatures: IdentityMemo[JaxprLike, Hashable] = IdentityMemo()
     for index, eqn in enumerate(eqns):
         call = _compat.plain_call_body(eqn)
         if (call is None or index not in graph.live or eqn.effects
@@ -104,7 +107,7 @@ def _inline_level(level: Level, analysis: Analysis) -> tuple[list[Rewrite], list
     return rewrites, decisions
 
 
-def _signature(jaxpr: Any, memo: dict[int, tuple[Any, Hashable]]) -> Hashable:
+def _signature(jaxpr: JaxprLike, memo: IdentityMemo[JaxprLike, Hashable]) -> Hashable:
     """Per equation (nested jaxprs too), its primitive and its operand and result types.
 
     Coarser than a structural key on purpose: inlining is right whatever the bodies
@@ -112,20 +115,20 @@ def _signature(jaxpr: Any, memo: dict[int, tuple[Any, Hashable]]) -> Hashable:
     work of the same shapes; bodies traced apart (two ``jax.jit`` wrappers, a ``custom_jvp``
     such as ``relu`` traced twice) still match.
     """
-    hit = memo.get(id(jaxpr))
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    hit = memo.get(jaxpr)
+    if hit is not None:
+        return hit
     inner, _ = _compat.open_jaxpr(jaxpr)
     key = (tuple(v.aval for v in inner.invars), tuple(
         (eqn.primitive.name, tuple(getattr(a, "aval", None) for a in eqn.invars),
          tuple(v.aval for v in eqn.outvars),
          tuple(_signature(sub, memo) for _, _, sub in _compat.eqn_subjaxprs(eqn)))
         for eqn in inner.eqns))
-    memo[id(jaxpr)] = (jaxpr, key)
+    memo.set(jaxpr, key)
     return key
 
 
-def _emitter(name: str, body: Any) -> Any:
+def _emitter(name: str, body: JaxprLike) -> EmitFn:
     def emit(invals: list[list[Any]]) -> list[list[Any]]:
         with jax.named_scope(name):
             return [evaluate(body, *invals[0])]

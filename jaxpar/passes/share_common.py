@@ -33,9 +33,11 @@ from typing import Any
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import JaxprEqn
+from .._memo import IdentityMemo
 from .._primitives import NEVER_SHARED
 from .._structure import StructuralKeys
-from ._shared import merge_refusal
+from ._shared import MergeMemo, merge_refusal
 from ._walk import (
     DecisionKind,
     Level,
@@ -48,7 +50,7 @@ from ._walk import (
 )
 
 
-def _eqn_key(eqn: Any, keys: StructuralKeys, aval_text: dict[Any, str] | None = None
+def _eqn_key(eqn: JaxprEqn, keys: StructuralKeys, aval_text: dict[Any, str] | None = None
              ) -> Hashable | None:
     """Equal for two equations that compute the same results; None: never share.
 
@@ -90,8 +92,8 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
 
 def _share_level(level: Level, keys: StructuralKeys,
-                 merges: dict[Any, tuple[Any, str | None]],
-                 eqn_keys: dict[int, tuple[Any, Hashable | None]] | None = None
+                 merges: MergeMemo,
+                 eqn_keys: IdentityMemo[JaxprEqn, Hashable | None] | None = None
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns = inner.eqns
@@ -108,18 +110,17 @@ def _share_level(level: Level, keys: StructuralKeys,
     aval_text: dict[Any, str] = {}
     # An equation's key is a function of the equation alone (it names its operands by
     # identity): kept across rounds, a rebuilt level keys only the equations it made.
-    eqn_keys = {} if eqn_keys is None else eqn_keys
+    eqn_keys = IdentityMemo() if eqn_keys is None else eqn_keys
     for bucket in buckets.values():
         if len(bucket) < 2:
             continue
         for index in bucket:
             eqn = eqns[index]
-            known = eqn_keys.get(id(eqn))
-            if known is not None and known[0] is eqn:
-                key = known[1]
+            if eqn in eqn_keys:
+                key = eqn_keys.get(eqn)
             else:
                 key = _eqn_key(eqn, keys, aval_text)
-                eqn_keys[id(eqn)] = (eqn, key)
+                eqn_keys.set(eqn, key)
             if key is not None:
                 classes.setdefault(key, []).append(index)
     rewrites: list[Rewrite] = []
@@ -138,7 +139,7 @@ def _share_level(level: Level, keys: StructuralKeys,
                 reason=f"{count} equal equations computed once each, not shared: {why}"))
             continue
 
-        def emit(invals: list[list[Any]], eqn: Any = first, count: int = count
+        def emit(invals: list[list[Any]], eqn: JaxprEqn = first, count: int = count
                  ) -> list[list[Any]]:
             outs = _compat.bind_eqn(eqn, invals[0])
             return [list(outs) for _ in range(count)]

@@ -31,9 +31,19 @@ import jax
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import JaxprEqn
 from .._loops import static_trip_count
 from .._primitives import WHILE
-from ._walk import DecisionKind, Level, LevelResult, LoopDecision, Rewrite, decision, evaluate
+from ._walk import (
+    DecisionKind,
+    EmitFn,
+    Level,
+    LevelResult,
+    LoopDecision,
+    Rewrite,
+    decision,
+    evaluate,
+)
 
 HOST_SYNC_HINT = ("XLA cannot see this loop's trip count, so on a GPU every iteration waits "
                   "for the host; if the trip count is known when tracing, pass Python int "
@@ -67,7 +77,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     return rewrites, decisions
 
 
-def _static_scan_emitter(eqn: Any, trips: int) -> Any:
+def _static_scan_emitter(eqn: JaxprEqn, trips: int) -> EmitFn:
     info = _compat.while_info(eqn)
 
     def emit(invals: list[list[Any]]) -> list[list[Any]]:

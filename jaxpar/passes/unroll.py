@@ -32,9 +32,10 @@ from typing import Any
 
 from .. import _compat
 from .._analysis import Analysis
+from .._compat import JaxprEqn
 from .._cost import CostModel
 from .._options import UNROLL_BY_COST
-from ._walk import DecisionKind, Level, LevelResult, Rewrite, decision, loop_candidate
+from ._walk import DecisionKind, EmitFn, Level, LevelResult, Rewrite, decision, loop_candidate
 
 KERNELS_PER_TRIP = 8
 MAX_UNROLLED_EQNS = 512
@@ -93,7 +94,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     return rewrites, decisions
 
 
-def _unroll_emitter(eqn: Any, factor: int) -> Any:
+def _unroll_emitter(eqn: JaxprEqn, factor: int) -> EmitFn:
     params = _compat.scan_params_with_unroll(eqn, factor)
 
     def emit(invals: list[list[Any]]) -> list[list[Any]]:
