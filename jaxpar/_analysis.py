@@ -55,7 +55,8 @@ class Analysis:
         """An analysis for other settings of the same program (another CUDA-graph mode to
         plan in) sharing what does not depend on them: the cost model and its memo of
         equation costs, structural keys, graphs, placement and sub-jaxprs, and the
-        ``shared_memo``s (what does not depend on the mode). Its ``memo``s are its own."""
+        ``shared_memo``s and ``shared_state`` (what does not depend on the mode). Its
+        ``memo``s and ``state`` are its own."""
         if settings.gpu != self.settings.gpu or settings.target != self.settings.target:
             raise ValueError("with_settings keeps the target and the GPU (the cost model's)")
         other = Analysis.__new__(Analysis)
