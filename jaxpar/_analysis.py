@@ -47,12 +47,16 @@ class Analysis:
         self._placement: IdentityMemo[JaxprLike, bool] = IdentityMemo()
         self._memos: dict[str, IdentityMemo[Any, Any]] = {}
         self._state: dict[str, object] = {}
+        # What the analyses of every CUDA-graph mode of the call share (``with_settings``).
+        self._shared_memos: dict[str, IdentityMemo[Any, Any]] = {}
+        self._shared_state: dict[str, object] = {}
 
     def with_settings(self, settings: Settings) -> Analysis:
         """An analysis for other settings of the same program (another CUDA-graph mode to
         plan in) sharing what does not depend on them: the cost model and its memo of
-        equation costs, structural keys, graphs, placement and sub-jaxprs. Memos of the
-        passes and the planner are its own."""
+        equation costs, structural keys, graphs, placement and sub-jaxprs, and the
+        ``shared_memo``s and ``shared_state`` (what does not depend on the mode). Its
+        ``memo``s and ``state`` are its own."""
         if settings.gpu != self.settings.gpu or settings.target != self.settings.target:
             raise ValueError("with_settings keeps the target and the GPU (the cost model's)")
         other = Analysis.__new__(Analysis)
@@ -61,6 +65,7 @@ class Analysis:
         other.structural_keys = self.structural_keys
         other._graphs, other._placement = self._graphs, self._placement
         other._memos, other._state = {}, {}
+        other._shared_memos, other._shared_state = self._shared_memos, self._shared_state
         return other
 
     @property
@@ -93,6 +98,24 @@ class Analysis:
         found = self._state.get(name)
         if found is None:
             found = self._state[name] = make()
+        return found  # type: ignore[return-value]
+
+    def shared_memo(self, name: str) -> IdentityMemo[Any, Any]:
+        """A per-call identity memo shared with every ``with_settings`` analysis of the
+        call: for what does not depend on the CUDA-graph mode (the passes' equation keys,
+        the results of passes that do not price launches), so that planning the program
+        in another mode reuses it."""
+        memo = self._shared_memos.get(name)
+        if memo is None:
+            memo = self._shared_memos[name] = IdentityMemo()
+        return memo
+
+    def shared_state(self, name: str, make: Callable[[], _T]) -> _T:
+        """``state`` shared with every ``with_settings`` analysis of the call (which
+        rewrite made which equation, value numbers carried across rounds)."""
+        found = self._shared_state.get(name)
+        if found is None:
+            found = self._shared_state[name] = make()
         return found  # type: ignore[return-value]
 
     def annotated(self, eqn: JaxprEqn) -> bool:

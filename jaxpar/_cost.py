@@ -304,8 +304,8 @@ class CostModel:
         chain: deviceless H200 compiles of the crossed pair in ``concurrent`` mode launch
         its 1000-trip body's kernels one by one (14.5 launches a trip), so there a saved
         launch is worth a whole launch."""
-        if mode is not CommandBufferMode.CONCURRENT or in_loop_body:
-            return launch_prices(self.profile, mode, 0.0)
+        if mode is not CommandBufferMode.CONCURRENT or in_loop_body or self.profile.gpu is None:
+            return launch_prices(self.profile, mode, 0.0)  # no graph's kernels to count
         uncaptured = (_primitives.SCAN, _primitives.WHILE, _primitives.COND)
         kernels = sum(self.eqn_cost(e).kernels for e in eqns
                       if e.primitive.name not in uncaptured)

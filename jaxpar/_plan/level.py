@@ -251,8 +251,8 @@ def _plan_nested(eqns: Sequence[JaxprEqn], sections: Sequence[SectionPlan],
         if index in in_region or (index in blocked and blocked[index] != REASON_EFFECTFUL):
             continue
         if eqn.primitive.name not in RECURSIVE_PRIMITIVES:
-            if any(True for _ in _compat.eqn_subjaxprs(eqn)) \
-                    and seconds[index] >= analysis.settings.min_seconds:
+            if seconds[index] >= analysis.settings.min_seconds \
+                    and analysis.subjaxprs(eqn):
                 notes.append(Note((index,), REASON_OPAQUE,
                                   f"`{eqn.primitive.name}` bodies are not rewritten"))
             continue

@@ -100,9 +100,11 @@ PASSES: tuple[LoopPass, ...] = (
              "independent scans run side by side in one scan"),
     # Named after its public option; the module says what it batches: subgraphs.
     LoopPass("batch_branches", _batch_subgraphs.run, lambda s: s.batch_branches,
-             "identical independent subgraphs become one vmapped subgraph"),
+             "identical independent subgraphs become one vmapped subgraph",
+             prices_launches=True),
     LoopPass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
-             "same-shaped matmuls of one stage in different members become one op"),
+             "same-shaped matmuls of one stage in different members become one op",
+             prices_launches=True),
     LoopPass("unroll_scans", _unroll.run, lambda s: s.unroll is not None,
              "an unroll factor per static scan"),
 )

@@ -49,7 +49,17 @@ from typing import Any, NamedTuple
 from .. import _compat
 from .._analysis import Analysis
 from .._compat import Atom, JaxprEqn, JaxprLike, Var
-from .._graph import ContractionCycle, EqnUnit, Graph, RewriteUnit, Unit, build_graph, contract
+from .._cost import launch_pricing
+from .._graph import (
+    ContractionCycle,
+    EqnUnit,
+    Graph,
+    RewriteUnit,
+    Unit,
+    build_graph,
+    contract,
+    eqn_units,
+)
 from .._interp import Env
 from .._memo import IdentityMemo
 from .._options import Settings
@@ -231,8 +241,9 @@ class EqnOrigins:
 
 
 def eqn_origins(analysis: Analysis) -> EqnOrigins:
-    """The call's ``EqnOrigins`` (the analysis's ``"eqn_origins"`` state)."""
-    return analysis.state("eqn_origins", EqnOrigins)
+    """The call's ``EqnOrigins`` (the analysis's ``"eqn_origins"`` shared state: the
+    analyses of every CUDA-graph mode share the steps that made the equations)."""
+    return analysis.shared_state("eqn_origins", EqnOrigins)
 
 
 # emit(invals of each member equation) -> outvals of each member equation; an outval may
@@ -295,12 +306,17 @@ class LoopPass:
         run: ``run(level, analysis) -> (rewrites, decisions)``.
         enabled: whether ``settings`` ask for the pass.
         summary: one line for the docs and ``inspect``.
+        prices_launches: whether ``run`` prices kernel launches in the CUDA-graph mode
+            (``settings.command_buffers``, through ``CostModel.launch_prices``); the
+            other passes decide the same in every mode, so planning the program in
+            another mode reuses what they did (``_pass_step``).
     """
 
     name: str
     run: Callable[[Level, Analysis], LevelResult]
     enabled: Callable[[Settings], bool]
     summary: str
+    prices_launches: bool = False
 
 
 def evaluate(jaxpr: JaxprLike, *args: Any) -> list[Any]:
@@ -374,7 +390,7 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
             raise RuntimeError("jaxpar loop pass bug: merged loops depend on each other; "
                                "please report it with the program that triggered it")
     else:
-        order = tuple(EqnUnit(i) for i in range(len(eqns)))
+        order = eqn_units(0, len(eqns))
     params = params or {}
     renamed: dict[Any, Any] = {}  # replaced equations' outvars -> the atoms now holding them
     dropped: set[Any] = set()  # replaced equations' outvars their rewrite did not compute
@@ -606,17 +622,18 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: Ana
         changed = False
         for level_pass in level_passes:
             graph = analysis.graph(current)
-            rewrites, level_decisions = level_pass.run(Level(current, path, graph), analysis)
-            level_decisions = [dataclasses.replace(d, pass_name=level_pass.name)
-                               for d in level_decisions]
+            step = _pass_step(level_pass, current, path, graph, analysis)
+            rewrites, level_decisions = step.rewrites, step.decisions
             if round_index > 0:
                 level_decisions = [d for d in level_decisions
                                    if d.kind not in UNCHANGED_KINDS]
             if rewrites:
-                rebuilt = rebuild_level(current, rewrites, graph=graph,
-                                        orders=analysis.memo("emission_order"),
-                                        origins=origins,
-                                        owners=_owners(rewrites, level_decisions, origins))
+                rebuilt = step.rebuilt
+                if rebuilt is None:
+                    rebuilt = step.rebuilt = rebuild_level(
+                        current, rewrites, graph=graph,
+                        orders=analysis.shared_memo("emission_order"), origins=origins,
+                        owners=_owners(rewrites, level_decisions, origins))
                 if rebuilt is None:
                     kept.extend(_as_left_alone(
                         level_decisions, "this jaxpr cannot take new constants, so the "
@@ -634,6 +651,105 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: Ana
     decisions.extend(changes)
     decisions.extend(kept)
     return current, decisions, level_changed
+
+
+@dataclasses.dataclass(slots=True)
+class _Step:
+    """What one pass did to one level (at one path): its rewrites, its decisions
+    (stamped with the pass's name) and, once rebuilt, the level they make."""
+
+    level: Any
+    rewrites: list[Rewrite]
+    decisions: list[LoopDecision]
+    rebuilt: Any = None
+
+
+# The ways a mode prices launches (``_cost.launch_pricing``).
+_PRICINGS = ("serial", "beside")
+
+
+def _pass_step(level_pass: LoopPass, jaxpr: Any, path: str, graph: Graph,
+               analysis: Analysis) -> _Step:
+    """``level_pass`` run on the level ``jaxpr`` at ``path``, or what it did there in
+    another CUDA-graph mode (the ``"pass_steps"`` shared memo).
+
+    The program is analysed again in each mode that prices launches otherwise
+    (``_api._analyse_priced``). A pass's first visit of a level in a walk is a
+    deterministic function of the level, the path and the settings, so the first visit
+    in another mode (the same settings but the mode) gets the same step: its decisions
+    (the same objects, so ``EqnOrigins``' records of the equations made hold for both)
+    and its rebuilt level. A pass that prices launches is run again in a mode that
+    prices them otherwise unless it said it decides alike in both (``decided_alike``);
+    where it decides exactly as it did in the other pricing (equal decisions, rewrites
+    of the same equations and keys: the same groups), it takes the other's step, rebuilt
+    level included, so the walks of the two modes share every level from there on.
+    Later visits in a walk run the pass (they answer from its own memos,
+    ``searched_in_vain``).
+    """
+    visits = analysis.memo("pass_visits")
+    if visits.get(jaxpr, extra=level_pass.name):
+        return _run_step(level_pass, jaxpr, path, graph, analysis)[0]
+    visits.set(jaxpr, True, extra=level_pass.name)
+    steps: IdentityMemo[JaxprLike, _Step] = analysis.shared_memo("pass_steps")
+    settings = analysis.settings
+    base = (path, level_pass.name, dataclasses.replace(settings, command_buffers=None))
+    pricing = launch_pricing(settings.command_buffers) if level_pass.prices_launches else None
+    hit = steps.get(jaxpr, extra=(*base, pricing))
+    if hit is not None:
+        # What the pass remembers of its visit (``searched_in_vain``), as if it ran.
+        remember_search(analysis, level_pass.name, jaxpr, hit.rewrites)
+        return hit
+    step, alike = _run_step(level_pass, jaxpr, path, graph, analysis)
+    if pricing is not None and alike:
+        for other in _PRICINGS:
+            steps.set(jaxpr, step, extra=(*base, other))
+    elif pricing is not None:
+        for other in _PRICINGS:
+            twin = steps.get(jaxpr, extra=(*base, other))
+            if (other != pricing and twin is not None
+                    and twin.decisions == step.decisions
+                    and [(r.eqns, r.key) for r in twin.rewrites]
+                    == [(r.eqns, r.key) for r in step.rewrites]):
+                step = twin
+                break
+    steps.set(jaxpr, step, extra=(*base, pricing))
+    return step
+
+
+def _run_step(level_pass: LoopPass, jaxpr: Any, path: str, graph: Graph,
+              analysis: Analysis) -> tuple[_Step, bool]:
+    """The pass run on the level, and whether it said it decides alike in every launch
+    pricing (``decided_alike``)."""
+    rewrites, decisions = level_pass.run(Level(jaxpr, path, graph), analysis)
+    told = analysis.memo("decided_alike")
+    alike = bool(told.get(jaxpr, extra=path))
+    if alike:
+        told.set(jaxpr, False, extra=path)
+    return _Step(jaxpr, rewrites, [dataclasses.replace(d, pass_name=level_pass.name)
+                                   for d in decisions]), alike
+
+
+def searched_in_vain(analysis: Analysis, name: str, jaxpr: Any) -> bool:
+    """Whether the pass ``name`` searched the level ``jaxpr`` earlier in this walk and
+    found nothing to rewrite (``remember_search``): a pass that answers ``([], [])``
+    then is not searched again (``_pass_step`` keeps this memo as the pass would)."""
+    return bool(analysis.memo("searched_in_vain").get(jaxpr, extra=name))
+
+
+def remember_search(analysis: Analysis, name: str, jaxpr: Any, rewrites: Sequence[Rewrite]
+                    ) -> None:
+    """Records that the pass ``name`` searched the level ``jaxpr`` (in vain where
+    ``rewrites`` is empty; see ``searched_in_vain``)."""
+    if not rewrites:
+        analysis.memo("searched_in_vain").set(jaxpr, True, extra=name)
+
+
+def decided_alike(analysis: Analysis, level: Level) -> None:
+    """Tells the walk that what the pass that prices launches (``LoopPass.prices_launches``)
+    now running returns for ``level`` holds in every launch pricing: each of its verdicts
+    would be the same in a mode pricing launches otherwise (its decisions do not say
+    what a launch costs)."""
+    analysis.memo("decided_alike").set(level.jaxpr, True, extra=level.path)
 
 
 def _owners(rewrites: Sequence[Rewrite], decisions: Sequence[LoopDecision],

@@ -78,6 +78,7 @@ from .._compat import Atom, JaxprEqn, ShapedArray
 from .._cost import CostModel, LaunchPrices, launch_prices
 from .._gpu_model import CommandBufferMode
 from .._graph import Graph
+from .._memo import IdentityMemo
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
 from ._shared import stage_depths
 from ._walk import (
@@ -89,6 +90,8 @@ from ._walk import (
     Rewrite,
     decision,
     emission_order,
+    remember_search,
+    searched_in_vain,
 )
 
 # The heavy ops this pass batches: one kernel each, whose batched form is one kernel.
@@ -174,16 +177,16 @@ class _Group:
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: batched ops for same-shaped heavy ops of one stage.
 
-    The analysis's ``"batch_matmuls"`` memo remembers levels found to offer nothing
-    (jaxprs are immutable and the passes see the same ones round after round).
+    A level found to offer nothing is not searched again (``searched_in_vain``: jaxprs
+    are immutable and the passes see the same ones round after round); the shared
+    ``"batch_matmuls_readings"`` memo keeps each heavy equation's readings (a function
+    of the equation alone), for the later rounds and the other modes.
     """
-    memo = analysis.memo("batch_matmuls")
-    jaxpr = level.jaxpr
-    if memo.get(jaxpr):
+    if searched_in_vain(analysis, "batch_matmuls", level.jaxpr):
         return [], []
-    rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers)
-    if not rewrites:
-        memo.set(jaxpr, True)
+    rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers,
+                                       analysis.shared_memo("batch_matmuls_readings"))
+    remember_search(analysis, "batch_matmuls", level.jaxpr, rewrites)
     return rewrites, decisions
 
 
@@ -193,7 +196,8 @@ def _batchable(eqn: JaxprEqn) -> bool:
             and not _compat.eqn_frontend_attributes(eqn))
 
 
-def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None
+def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
+                 readings: IdentityMemo[JaxprEqn, list[_Reading]] | None = None
                  ) -> tuple[list[Rewrite], list[LoopDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -205,7 +209,7 @@ def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None
     # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
     stage = stage_depths(graph, [costs.launches(e) and e.primitive.name != TRANSPOSE
                             for e in eqns])
-    groups = _group(eqns, candidates, stage)
+    groups = _group(eqns, candidates, stage, readings)
     if not groups:
         return [], []
     groups.sort(key=lambda g: (g.stage, g.members))
@@ -240,16 +244,24 @@ def _hashable(value: Any) -> Hashable:
     return value
 
 
-def _group(eqns: Sequence[JaxprEqn], candidates: list[int], stage: list[int]) -> list[_Group]:
+def _group(eqns: Sequence[JaxprEqn], candidates: list[int], stage: list[int],
+           known: IdentityMemo[JaxprEqn, list[_Reading]] | None = None) -> list[_Group]:
     """Same-shaped heavy ops of one stage. A class whose swapped form is another class's
     form joins the larger one (the smaller one swapped), so operands are swapped only
     where that is what makes the members match; members that read the same either way
-    are oriented afterwards (``_orient``)."""
+    are oriented afterwards (``_orient``). ``known``: readings by equation, kept across
+    calls."""
     classes: dict[Hashable, list[int]] = {}
     swapped_keys: dict[Hashable, Hashable] = {}
     readings: dict[int, list[_Reading]] = {}
+    known = IdentityMemo() if known is None else known
     for index in candidates:
-        options = readings[index] = _readings(eqns[index])
+        eqn = eqns[index]
+        options = known.get(eqn)
+        if options is None:
+            options = _readings(eqn)
+            known.set(eqn, options)
+        readings[index] = options
         key: Hashable = (options[0].form, stage[index])
         classes.setdefault(key, []).append(index)
         if len(options) > 1 and options[1].form != options[0].form:

@@ -95,8 +95,11 @@ from ._walk import (
     LoopDecision,
     OrderMemo,
     Rewrite,
+    decided_alike,
     decision,
     emission_order,
+    remember_search,
+    searched_in_vain,
 )
 
 # Equations the lockstep walks may visit per equation of the level, over all their tries.
@@ -127,24 +130,24 @@ class _Group:
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one vmapped subgraph per group of identical independent subgraphs.
 
-    The analysis's ``"batch_branches"`` memo keeps equations' parameter keys, and
-    ``"batch_branches_levels"`` the levels found to offer nothing, between rounds (jaxprs
+    A level found to offer nothing is not searched again (``searched_in_vain``: jaxprs
     and equations are immutable, and the passes see the same ones round after round);
-    ``"batch_branches_values"`` keeps each equation's value numbers, so a level rebuilt
+    the shared ``"batch_branches"`` memo keeps equations' parameter keys and the shared
+    ``"batch_branches_values"`` state each equation's value numbers, so a level rebuilt
     by a rewrite numbers only the equations the rewrite made (and those reading them)
-    afresh.
+    afresh, in this mode or another. Where every verdict would be the same in a mode
+    pricing launches otherwise, the walk is told (``decided_alike``).
     """
-    empty = analysis.memo("batch_branches_levels")
-    jaxpr = level.jaxpr
-    if empty.get(jaxpr):
+    if searched_in_vain(analysis, "batch_branches", level.jaxpr):
         return [], []  # this very level was searched and offered nothing
-    rewrites, decisions = _batch_level(level, analysis.costs, analysis.memo("batch_branches"),
-                                       analysis.structural_keys,
-                                       analysis.memo("emission_order"),
-                                       analysis.settings.command_buffers,
-                                       analysis.state("batch_branches_values", _Numbering))
-    if not rewrites:
-        empty.set(jaxpr, True)
+    rewrites, decisions, alike = _batch_level(
+        level, analysis.costs, analysis.shared_memo("batch_branches"),
+        analysis.structural_keys, analysis.shared_memo("emission_order"),
+        analysis.settings.command_buffers,
+        analysis.shared_state("batch_branches_values", _Numbering))
+    remember_search(analysis, "batch_branches", level.jaxpr, rewrites)
+    if alike:
+        decided_alike(analysis, level)
     return rewrites, decisions
 
 
@@ -169,11 +172,13 @@ def _batch_level(level: Level, costs: CostModel,
                  memo: _OwnerMemo, structure: StructuralKeys,
                  orders: OrderMemo, mode: CommandBufferMode | None = None,
                  carried: _Numbering | None = None
-                 ) -> tuple[list[Rewrite], list[LoopDecision]]:
+                 ) -> tuple[list[Rewrite], list[LoopDecision], bool]:
+    """The rewrites and decisions, and whether every verdict would be the same in a mode
+    pricing launches otherwise (``CostModel.launch_prices``)."""
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
     if len(eqns) < 2:
-        return [], []
+        return [], [], True
     graph = level.graph
     producer = _producers(eqns)
     refused: dict[Hashable, tuple[str, list[int]]] = {}
@@ -191,11 +196,15 @@ def _batch_level(level: Level, costs: CostModel,
             classes.setdefault(key, []).append(index)
     candidates = sorted((m for m in classes.values() if len(m) > 1), key=lambda m: -m[-1])
     if not candidates:
-        return [], decisions
+        return [], decisions, True
     # Only the equations of candidate groups are costed; the stages need only which
     # equations launch a kernel.
     heavy = [costs.launches(eqn) for eqn in eqns]
     prices = costs.launch_prices(eqns, mode, level.in_loop_body)
+    other_mode = (CommandBufferMode.LHS if mode is CommandBufferMode.CONCURRENT
+                  else CommandBufferMode.CONCURRENT)
+    other_prices = costs.launch_prices(eqns, other_mode, level.in_loop_body)
+    alike = True
     depth, height = _stages(graph, heavy)
     claimed: set[int] = set()
     reported: set[int] = set()  # equations of subgraphs already reported as left alone
@@ -231,7 +240,12 @@ def _batch_level(level: Level, costs: CostModel,
             # In a concurrent graph the members' launches run side by side: one
             # member's are in series with the rest, the others' beside them.
             beside = member_cost.kernels * (group.members - 1)
-            if _seconds(after, costs, prices) >= _seconds(before, costs, prices, beside):
+            loses = _seconds(after, costs, prices) >= _seconds(before, costs, prices, beside)
+            if other_prices != prices and loses != (
+                    _seconds(after, costs, other_prices)
+                    >= _seconds(before, costs, other_prices, beside)):
+                alike = False
+            if loses:
                 why = (f"stacking their differing inputs costs more than the "
                        f"{int(member_cost.kernels) * (group.members - 1)} kernel launches "
                        "batching would save")
@@ -262,7 +276,7 @@ def _batch_level(level: Level, costs: CostModel,
                    f"{len(group.rows)} equations: one vmapped subgraph over {stacked} stacked "
                    f"and {len(group.slots) - stacked} shared inputs, {kernels} kernel "
                    f"launches instead of {kernels * group.members}"))
-    return rewrites, taken + decisions
+    return rewrites, taken + decisions, alike
 
 
 def _rewrite_key(eqns: Sequence[JaxprEqn], local_keys: list[int | None], group: _Group

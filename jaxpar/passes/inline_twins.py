@@ -52,21 +52,20 @@ from ._walk import (
     Rewrite,
     decision,
     evaluate,
+    remember_search,
+    searched_in_vain,
 )
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one rewrite per inlined call (see the module docstring).
 
-    The analysis's ``"inline_twin_calls"`` memo remembers levels found to have no twins.
+    A level found to have no twins is not searched again (``searched_in_vain``).
     """
-    memo = analysis.memo("inline_twin_calls")
-    jaxpr = level.jaxpr
-    if memo.get(jaxpr):
+    if searched_in_vain(analysis, "inline_twin_calls", level.jaxpr):
         return [], []
     rewrites, decisions = _inline_level(level, analysis)
-    if not rewrites:
-        memo.set(jaxpr, True)
+    remember_search(analysis, "inline_twin_calls", level.jaxpr, rewrites)
     return rewrites, decisions
 
 

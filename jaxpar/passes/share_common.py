@@ -38,7 +38,16 @@ from .._memo import IdentityMemo
 from .._primitives import NEVER_SHARED
 from .._structure import StructuralKeys
 from ._shared import MergeMemo, merge_refusal
-from ._walk import DecisionKind, Level, LevelResult, LoopDecision, Rewrite, decision
+from ._walk import (
+    DecisionKind,
+    Level,
+    LevelResult,
+    LoopDecision,
+    Rewrite,
+    decision,
+    remember_search,
+    searched_in_vain,
+)
 
 
 def _eqn_key(eqn: JaxprEqn, keys: StructuralKeys, aval_text: dict[Any, str] | None = None
@@ -68,19 +77,17 @@ def _eqn_key(eqn: JaxprEqn, keys: StructuralKeys, aval_text: dict[Any, str] | No
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one rewrite per class of equal equations (more than one member).
 
-    The analysis's ``"share_common"`` memo holds the levels found to have nothing to
-    share: the pass is a function of the level alone, and later rounds see the same
-    level objects again.
+    A level found to have nothing to share is not searched again
+    (``searched_in_vain``): the pass is a function of the level alone, and later rounds
+    see the same level objects again. Equation keys and merge refusals are kept in
+    shared memos (functions of the equation alone).
     """
-    memo = analysis.memo("share_common")
-    jaxpr = level.jaxpr
-    if memo.get(jaxpr):
+    if searched_in_vain(analysis, "share_common", level.jaxpr):
         return [], []
     rewrites, decisions = _share_level(level, analysis.structural_keys,
-                                       analysis.memo("merge_refusal"),
-                                       analysis.memo("share_common_keys"))
-    if not rewrites:
-        memo.set(jaxpr, True)
+                                       analysis.shared_memo("merge_refusal"),
+                                       analysis.shared_memo("share_common_keys"))
+    remember_search(analysis, "share_common", level.jaxpr, rewrites)
     return rewrites, decisions
 
 
