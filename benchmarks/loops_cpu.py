@@ -89,7 +89,7 @@ OFF = {"fuse": False, "batch": False, "unroll": None, "batch_branches": False,
 VARIANTS: dict[str, dict[str, Any]] = {
     "fuse": {**OFF, "fuse": True},
     "batch": {**OFF, "batch": True},
-    "unroll=auto": {**OFF, "unroll": "auto"},
+    "unroll=cost": {**OFF, "unroll": "cost"},
     "unroll=4": {**OFF, "unroll": 4},
     "batch_branches": {**OFF, "batch_branches": True, "target": "gpu"},
     "gpu defaults": {"fuse": True, "batch": True, "unroll": "auto", "batch_branches": True,

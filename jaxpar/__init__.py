@@ -21,7 +21,7 @@ from ._report.types import LeftAlone as LeftAlone
 from ._report.types import Region as Region
 from ._report.types import Section as Section
 from ._trace import TraceError as TraceError
-from .passes import LoopDecision as LoopDecision
+from .passes import PassDecision as PassDecision
 
 __version__ = "0.1.0"
 
@@ -30,7 +30,7 @@ __all__ = [
     "FlagsNotAppliedWarning",
     "GpuPreview",
     "LeftAlone",
-    "LoopDecision",
+    "PassDecision",
     "ParallelBranches",
     "Plan",
     "Region",

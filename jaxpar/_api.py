@@ -87,7 +87,7 @@ from ._tune import CANDIDATES, Candidate, TuneBudget, Tuning
 from ._tune import decide as decide_candidate
 from ._tune import decision_key as tuning_key
 from ._tune import fingerprint as program_fingerprint
-from .passes import DecisionKind, LoopDecision, run_passes
+from .passes import DecisionKind, PassDecision, run_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -108,7 +108,7 @@ class _Prepared:
 
     traced: Traced
     plan: LevelPlan
-    loops: tuple[LoopDecision, ...]
+    loops: tuple[PassDecision, ...]
     settings: Settings
     emitter: Emitter
     # The CUDA-graph mode the function is compiled in (target "gpu"), and why.
@@ -595,7 +595,7 @@ def _weak_method(owner: Any, method: str, fun: Callable[..., Any] | None
 
 
 def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
-             ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...]]:
+             ) -> tuple[Traced, LevelPlan, tuple[PassDecision, ...]]:
     """Trace, loop passes, stream plan: everything up to emission, with one ``Analysis``
     (settings, cost model, memos) that dies when this returns."""
     traced, plan, loops, _, _ = _analyse_priced(fun, sig, settings, baseline=False)
@@ -604,7 +604,7 @@ def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
 
 def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
                     baseline: bool = True
-                    ) -> tuple[Traced, LevelPlan, tuple[LoopDecision, ...], float | None,
+                    ) -> tuple[Traced, LevelPlan, tuple[PassDecision, ...], float | None,
                                ModeChoice | None]:
     """``_analyse``, and (with ``baseline``) the cost model's time of the program as
     traced, one equation after another at the top level: ``jax.jit``'s program as the
@@ -782,7 +782,9 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       batch_matmuls: run same-shaped matmuls and convolutions of one stage in
         different independent members (the halves of a fused scan body, experts,
         towers) as one batched op, where the target's cost model says it pays.
-      unroll: ``"auto"``, an unroll factor >= 1, or None to leave scans alone.
+      unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs, None elsewhere),
+        ``"cost"`` (a factor per scan from the target's cost model), an unroll factor
+        >= 1, or None to leave scans alone.
       group_collectives: launch independent collectives together.
       force_streams: emit every independent section found, even where the GPU
         estimate says it does not pay (a stream cut forfeits fusions, XLA's dot

@@ -26,7 +26,7 @@ from ._gpu_model import CommandBufferMode, GpuProfile, gpu_profile, local_gpu_pr
 
 Target = Literal["auto", "gpu", "cpu", "tpu"]
 Switch = bool | Literal["auto"]
-Unroll = int | Literal["auto"] | None
+Unroll = int | Literal["auto", "cost"] | None
 
 TARGETS = ("auto", "gpu", "cpu", "tpu")
 # ``command_buffers``: choose per function, keep the process's mode, or one mode.
@@ -98,7 +98,7 @@ class Options:
                 raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
         if not isinstance(self.force_streams, bool):
             raise TypeError(f"force_streams must be True or False, got {self.force_streams!r}")
-        unroll_setting(self.unroll)
+        unroll_setting(self.unroll, "gpu")
         if not isinstance(self.command_buffers, str) \
                 or self.command_buffers not in COMMAND_BUFFER_CHOICES:
             raise ValueError(
@@ -154,7 +154,7 @@ class Options:
             value = getattr(self, name)
             return bool(defaults[name]) if value == "auto" else bool(value)
 
-        unroll = defaults["unroll"] if self.unroll == "auto" else self.unroll
+        unroll = unroll_setting(self.unroll, target)
         return Settings(
             target=target, max_streams=self.max_streams,
             streams_per_section=min(self.max_streams, limit),
@@ -232,22 +232,30 @@ class Settings:
         """The keyword arguments of ``passes.apply_loop_passes`` (its public names)."""
         return {"fuse": self.fuse_scans, "batch": self.batch_scans,
                 "batch_branches": self.batch_branches, "batch_matmuls": self.batch_matmuls,
-                "unroll": "auto" if self.unroll == UNROLL_BY_COST else self.unroll,
+                "unroll": self.unroll,
                 "share_common": self.share_common}
 
 
-def unroll_setting(unroll: Any, api: str = "unroll") -> UnrollSetting:
-    """The ``Settings.unroll`` of a pass-level ``unroll`` argument (``"auto"``: by cost).
+def unroll_setting(unroll: Any, target: str, api: str = "unroll") -> UnrollSetting:
+    """The ``Settings.unroll`` of an ``unroll`` argument, on ``target``.
+
+    ``"auto"`` means the target's default everywhere (``parallel_branches``, the passes):
+    ``"cost"`` on GPUs, None elsewhere. ``"cost"`` is a factor per scan from the target's
+    cost model; an int >= 1 a fixed factor; None leaves every scan alone.
 
     Raises:
-      ValueError: not ``"auto"``, None or an int >= 1.
+      ValueError: none of those.
     """
     if unroll is None or (isinstance(unroll, int) and not isinstance(unroll, bool)
                           and unroll >= 1):
         return unroll
     if unroll == "auto":
+        default: UnrollSetting = TARGET_DEFAULTS[target]["unroll"]
+        return default
+    if unroll == UNROLL_BY_COST:
         return UNROLL_BY_COST
-    raise ValueError(f"{api} must be 'auto', None (leave scans alone) or an int >= 1, "
+    raise ValueError(f"{api} must be 'auto' (the target's default), 'cost' (a factor per "
+                     f"scan from the cost model), None (leave scans alone) or an int >= 1, "
                      f"got {unroll!r}")
 
 
@@ -272,7 +280,7 @@ def loop_defaults(target: str) -> dict[str, Any]:
 
     Returns:
         ``{"fuse": bool, "batch": bool, "batch_branches": bool, "batch_matmuls": bool,
-        "unroll": "auto" | int | None, "share_common": bool}``, ready to pass to
+        "unroll": "cost" | int | None, "share_common": bool}``, ready to pass to
         ``apply_loop_passes(closed, **loop_defaults(target), target=target)``.
 
     Raises:

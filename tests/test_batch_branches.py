@@ -1,4 +1,4 @@
-"""Tests of the subgraph batching pass (``jaxpar.passes.batch_subgraphs``; option
+"""Tests of the subgraph batching pass (``jaxpar.passes.batch_branches``; option
 and function ``batch_branches``).
 
 Identical independent straight-line subgraphs (ensemble members) become one ``vmap``ped
@@ -27,7 +27,7 @@ import jaxpar
 from jaxpar import _compat
 from jaxpar.passes import DecisionKind, batch_branches
 
-batch_branches_module = importlib.import_module("jaxpar.passes.batch_subgraphs")
+batch_branches_module = importlib.import_module("jaxpar.passes.batch_branches")
 
 
 # vmap turns the members' matmuls into one batched dot_general: XLA may sum in another order.

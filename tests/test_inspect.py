@@ -416,7 +416,7 @@ def scans_on_one_line(a, b, c, xs):
 
 
 def test_rewrites_are_drawn_on_the_loops_they_made_not_on_a_shared_line():
-    """The report reads where each rewrite's equations went (``LoopDecision.produced``);
+    """The report reads where each rewrite's equations went (``PassDecision.produced``);
     matching by source line put the batched scans' mark on the first scan of the line."""
     a, b, xs = same_body_args()
     plan = jaxpar.inspect(scans_on_one_line, target="gpu", unroll=None)(a, b, b * 2.0, xs)

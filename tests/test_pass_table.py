@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import gc
+import importlib
 import weakref
 
 import jax
@@ -20,7 +22,7 @@ from jaxpar._options import TARGET_DEFAULTS, Options, Settings
 from jaxpar.passes import (
     PASSES,
     DecisionKind,
-    LoopDecision,
+    PassDecision,
     apply_loop_passes,
     batch_scans,
     fuse_scans,
@@ -100,7 +102,48 @@ def test_settings_are_hashable_and_frozen():
 def test_loop_defaults_come_from_the_options():
     assert loop_defaults("gpu")["fuse"] is TARGET_DEFAULTS["gpu"]["fuse_scans"]
     assert loop_defaults("cpu")["unroll"] is None
-    assert loop_defaults("gpu")["unroll"] == "auto"  # the public spelling of "by cost"
+    assert loop_defaults("gpu")["unroll"] == "cost"  # one spelling of "by cost" everywhere
+
+
+def test_auto_means_the_targets_default_at_every_level():
+    # "auto" is the target's default in parallel_branches and in the pass functions alike;
+    # "cost" asks the cost model on any target.
+    def loop(c, xs):
+        return lax.scan(lambda carry, x: (0.5 * carry + jnp.sin(x), None), c, xs)[0]
+
+    closed = jax.make_jaxpr(loop)(jnp.ones(4), jnp.ones((1000, 4)))
+
+    def unroll_of(new):
+        (scan,) = [e for e in new.jaxpr.eqns if e.primitive.name == "scan"]
+        return scan.params["unroll"]
+
+    assert jaxpar.passes.unroll_scans(closed, unroll="auto", target="cpu")[0] is closed
+    by_cost_cpu = unroll_of(jaxpar.passes.unroll_scans(closed, unroll="cost", target="cpu")[0])
+    assert by_cost_cpu > 1
+    assert unroll_of(jaxpar.passes.unroll_scans(closed, unroll="auto", target="gpu")[0]) == \
+        unroll_of(jaxpar.passes.unroll_scans(closed, unroll="cost", target="gpu")[0]) > 1
+    loop_passes = functools.partial(jaxpar.passes.apply_loop_passes, closed, fuse=False,
+                                    batch=False, unroll="auto")
+    assert loop_passes(target="cpu")[0] is closed
+    assert unroll_of(loop_passes(target="gpu")[0]) == \
+        unroll_of(jaxpar.passes.unroll_scans(closed)[0])
+    plan = jaxpar.inspect(loop, target="cpu", unroll="cost")(jnp.ones(4), jnp.ones((1000, 4)))
+    assert [d.unroll for d in plan.loops if d.kind == "unrolled"] == [by_cost_cpu]
+    assert not [d for d in jaxpar.inspect(loop, target="cpu")(jnp.ones(4), jnp.ones((1000, 4)))
+                .loops if d.kind == "unrolled"]
+    with pytest.raises(ValueError, match="'cost'"):
+        jaxpar.parallel_branches(loop, unroll="by cost")
+
+
+def test_each_pass_has_one_name():
+    # Row, module, function (and option, where there is one) share the name.
+    for row in PASSES:
+        module = importlib.import_module(f"jaxpar.passes.{row.name}")
+        assert row.run is module.run, row.name
+        assert callable(getattr(jaxpar.passes, row.name)), row.name
+    assert jaxpar.passes.share_common_subexpressions is jaxpar.passes.share_common
+    assert jaxpar.passes.LoopPass is jaxpar.passes.Pass
+    assert jaxpar.passes.LoopDecision is jaxpar.passes.PassDecision
 
 
 # ---------------------------------------------------------------- the pass table
@@ -118,7 +161,7 @@ def test_decisions_carry_the_pass_name_and_an_enum_kind():
     _, decisions = run_passes(closed, target="gpu")
     assert decisions
     for d in decisions:
-        assert isinstance(d, LoopDecision)
+        assert isinstance(d, PassDecision)
         assert isinstance(d.kind, DecisionKind)
         assert d.pass_name in {p.name for p in PASSES}
     fused = [d for d in decisions if d.kind == DecisionKind.FUSED]

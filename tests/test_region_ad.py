@@ -27,7 +27,7 @@ from jax import lax
 import jaxpar
 
 # Regions holding loops are what is differentiated here: forced past the GPU pricing, which
-# keeps small loops out of regions under XLA's default CUDA-graph mode (tests/test_price.py).
+# keeps small loops out of regions under XLA's default CUDA-graph mode (tests/test_pricing.py).
 OPTIONS = {"target": "gpu", "fuse_scans": False, "batch_scans": False,
            "batch_branches": False, "unroll": None, "min_cost_us": 0.0, "force_streams": True}
 RTOL, ATOL = 2e-5, 2e-5

@@ -38,7 +38,7 @@ crashes_on_annotated_loops = pytest.mark.skipif(
 
 # Stream tests force their sections past the GPU pricing (jaxpar/_plan/pricing.py), which refuses
 # them under XLA's default CUDA-graph mode (LOOPS_OFF, from tests/helpers.py, forces them
-# too); tests/test_price.py covers that choice.
+# too); tests/test_pricing.py covers that choice.
 # The four branches are identical, so by default the GPU target batches them into one vmapped
 # chain (tests/test_batch_branches.py); here streams are what is tested.
 STREAMS = {"target": "gpu", "batch_branches": False, "batch_matmuls": False,

@@ -5,7 +5,7 @@ Example::
     report = build_report(level_plan, "f", "gpu", emitted=True, options={})
     report.sections[0].regions[0].stream
 
-Decisions reach the equations they made through ``LoopDecision.produced``, which the
+Decisions reach the equations they made through ``PassDecision.produced``, which the
 passes recorded as they rewrote (``passes._walk.EqnOrigins``).
 """
 
@@ -22,7 +22,7 @@ from .._plan import REASON_TOO_CHEAP, LevelPlan
 from .._plan.modes import ModeChoice
 from .._primitives import LOOPS
 from .._tune import Tuning
-from ..passes import NEW_LOOP_KINDS, SUBGRAPH_KINDS, DecisionKind, LoopDecision
+from ..passes import NEW_LOOP_KINDS, SUBGRAPH_KINDS, DecisionKind, PassDecision
 from .plan import Plan
 from .types import Collective, LeftAlone, Region, Section, Step, directions_text
 
@@ -34,7 +34,7 @@ _DRAWN_LOOP_KINDS = (DecisionKind.FUSED, DecisionKind.BATCHED, DecisionKind.UNRO
 
 
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
-                 options: dict[str, Any], loops: tuple[LoopDecision, ...] = (),
+                 options: dict[str, Any], loops: tuple[PassDecision, ...] = (),
                  plain_us: float | None = None, priced_in: str | None = None,
                  tuning: Tuning | None = None, mode: ModeChoice | None = None) -> Plan:
     """Turns the internal plan tree into the public ``Plan`` report.
@@ -113,7 +113,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 tuning=tuning, mode=mode)
 
 
-def _rewritten_loops(path: str, eqns: Sequence[JaxprEqn], loops: tuple[LoopDecision, ...]
+def _rewritten_loops(path: str, eqns: Sequence[JaxprEqn], loops: tuple[PassDecision, ...]
                      ) -> dict[int, tuple[int, ...]]:
     """Loop equations of one level that a loop pass produced or changed: the indices
     of those decisions in ``loops``, read from each decision's ``produced``."""
@@ -128,7 +128,7 @@ def _rewritten_loops(path: str, eqns: Sequence[JaxprEqn], loops: tuple[LoopDecis
     return {i: tuple(ks) for i, ks in marked.items()}
 
 
-def _batched_groups(levels: dict[str, Any], decisions: tuple[LoopDecision, ...]
+def _batched_groups(levels: dict[str, Any], decisions: tuple[PassDecision, ...]
                     ) -> dict[str, dict[int, tuple[int, ...]]]:
     """Per drawn level (``levels``: path -> equations), its equations that run batched
     matmul groups: the indices of those decisions in ``decisions``.

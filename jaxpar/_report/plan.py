@@ -22,7 +22,7 @@ import html
 import os
 from typing import Any
 
-from ..passes import NEW_LOOP_KINDS, UNCHANGED_KINDS, LoopDecision
+from ..passes import NEW_LOOP_KINDS, UNCHANGED_KINDS, PassDecision
 from .render import (
     decision_summary,
     decision_text,
@@ -78,7 +78,7 @@ class Plan(PlanRecord):
 
         Example: ``"fused: 1 (2 loops -> 1); batched matmuls: 4; no stream regions"``.
         """
-        changed: dict[str, list[LoopDecision]] = {}
+        changed: dict[str, list[PassDecision]] = {}
         for decision in (*self.loops, *self.subgraphs):
             if decision.kind not in UNCHANGED_KINDS:
                 changed.setdefault(str(decision.kind), []).append(decision)
@@ -236,7 +236,7 @@ def _report_lines(plan: Plan, verbose: bool) -> list[str]:
     return lines
 
 
-def _loop_dict(loop: LoopDecision) -> dict[str, Any]:
+def _loop_dict(loop: PassDecision) -> dict[str, Any]:
     return {"location": loop.location, "kind": str(loop.kind.value), "pass": loop.pass_name,
             "eqns": list(loop.eqns),
             "primitives": list(loop.primitives), "sources": list(loop.sources),

@@ -35,7 +35,7 @@ import math
 import re
 from typing import Any
 
-from ..passes import LoopDecision
+from ..passes import PassDecision
 from .timeline import LevelTimeline, estimate, plan_estimate
 from .types import PlanRecord, Step
 
@@ -114,7 +114,7 @@ def first_clause(text: str, limit: int = 160) -> str:
     return clause if len(clause) <= limit else clause[: limit - 3].rstrip() + "..."
 
 
-def decision_summary(d: LoopDecision) -> str:
+def decision_summary(d: PassDecision) -> str:
     """One short line: kind, what, where in the user's program, and the figure that
     decided it."""
     where = readable_location(d.location)
@@ -126,7 +126,7 @@ def decision_summary(d: LoopDecision) -> str:
             f"(in {short_places(d.sources)})" + (f", {worth.group(1)} per run" if worth else ""))
 
 
-def decision_text(d: LoopDecision) -> str:
+def decision_text(d: PassDecision) -> str:
     """One report line: kind, place, primitives, trips and unroll when known, reason, sources
     (member by member, with equation indices, where the decision joins members)."""
     trips = ""
@@ -145,7 +145,7 @@ def decision_text(d: LoopDecision) -> str:
             f"{stage}]: {d.reason} ({where})")
 
 
-def _member_op(d: LoopDecision, eqn: int) -> str:
+def _member_op(d: PassDecision, eqn: int) -> str:
     """``dot_general #7 at file:line (function)`` for equation ``eqn`` of decision ``d``."""
     if eqn not in d.eqns:
         return f"#{eqn}"

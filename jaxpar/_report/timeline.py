@@ -1,9 +1,10 @@
 """The estimated timeline of a plan: when each step starts and ends, per level.
 
-A list schedule over ``Plan.steps``: in emission order, each step starts once the
+Steps laid out on their lanes in emission order (``Plan.steps``; a *timeline*, not
+the compiled *schedule*, see docs/design.md's glossary): each step starts once the
 steps it reads from have finished and its lane (the main stream, a stream, the
 collectives) is free. Durations come from one function, ``step_duration_us``, which
-reads the plan's cost estimates (``jaxpar._cost``); a better device estimate plugs in
+reads the plan's costs (``jaxpar._cost``); a better device model plugs in
 there, or is passed to ``estimate`` as ``duration_us``.
 
 Example::
@@ -59,7 +60,7 @@ class LevelTimeline:
     lanes: tuple[str, ...]  # "main", "stream 1", ..., "collectives" when used
     spans: tuple[Span, ...]
     serial_us: float  # every step one after the other
-    makespan_us: float  # with the streams: the critical path of the schedule
+    makespan_us: float  # with the streams: the critical path of the timeline
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
 
 def estimate(plan: PlanRecord, duration_us: Callable[[PlanRecord, Step], float] = step_duration_us
              ) -> Timeline:
-    """Schedules ``plan.steps`` level by level (see the module docstring)."""
+    """Lays ``plan.steps`` out level by level (see the module docstring)."""
     by_level: dict[str, list[int]] = {}
     for index, step in enumerate(plan.steps):
         by_level.setdefault(step.location, []).append(index)

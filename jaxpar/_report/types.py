@@ -18,7 +18,7 @@ from typing import Any
 
 from .._plan.modes import ModeChoice
 from .._tune import Tuning
-from ..passes import LoopDecision
+from ..passes import PassDecision
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -188,9 +188,9 @@ class PlanRecord:
     total_cost_us: float
     sections: tuple[Section, ...]
     left_alone: tuple[LeftAlone, ...]
-    loops: tuple[LoopDecision, ...] = ()
+    loops: tuple[PassDecision, ...] = ()
     collectives: tuple[Collective, ...] = ()
-    subgraphs: tuple[LoopDecision, ...] = ()
+    subgraphs: tuple[PassDecision, ...] = ()
     steps: tuple[Step, ...] = ()
     # The cost model's time of the program as traced (jax.jit's), the CUDA-graph mode
     # sections were priced in, and a compiled estimate gpu_preview attaches.

@@ -1,10 +1,14 @@
-"""Loop passes: jaxpr-to-jaxpr rewrites of ``scan`` and ``while`` loops.
+"""The rewrite passes: jaxpr-to-jaxpr rewrites of loops, independent members and equal
+equations, before planning.
 
-Each pass is one row of ``PASSES`` (a ``LoopPass``): a name, one ``run(level,
-analysis)`` function with the same signature for every pass, and the setting that
-turns it on. ``run_passes`` runs any of them, in table order, at every nesting level
-of a closed jaxpr, and returns a new one (or the same object when nothing changed)
-and the ``LoopDecision``s made (each with the pass's name and a ``DecisionKind``):
+Each pass has one name, used by its row of ``PASSES`` (a ``Pass``), its module, its
+one-pass function here, its option where it has one, and its test file
+(``tests/test_<name>.py``; ``tests/test_loop_passes.py`` for the four loop passes). A row
+holds the name, one ``run(level, analysis)`` function with the same signature for every
+pass, and the setting that turns it on. ``run_passes`` runs any of them, in table
+order, at every nesting level of a closed jaxpr, and returns a new one (or the same
+object when nothing changed) and the ``PassDecision``s made (each with the pass's name
+and a ``DecisionKind``):
 
 * ``make_loops_static``: ``fori_loop`` ``while``s with literal bounds become
   static scans; other ``while``s are reported as host-sync loops.
@@ -21,7 +25,8 @@ and the ``LoopDecision``s made (each with the pass's name and a ``DecisionKind``
   behind ``jax.jit``) are inlined, so the two batching passes see their work.
 
 ``apply_loop_passes`` (keyword switches) and the one-pass functions named above are
-the same entry with fixed settings.
+the same entry with fixed settings. ``LoopPass`` and ``LoopDecision`` (the types' names
+before the passes outgrew loops) and ``share_common_subexpressions`` stay as aliases.
 
 Example::
 
@@ -33,7 +38,7 @@ Example::
 Sharp edges:
   * Fusing and batching reorder nothing inside a body, but XLA may compile the
     merged loop differently; results agree to float rounding, usually exactly.
-  * The decision indices refer to each level as the pass saw it (see ``LoopDecision``).
+  * The decision indices refer to each level as the pass saw it (see ``PassDecision``).
 """
 
 from __future__ import annotations
@@ -44,22 +49,22 @@ from typing import Any
 from .._analysis import Analysis
 from .._compat import ClosedJaxpr
 from .._options import Options, Settings, check_target, loop_defaults, unroll_setting
+from . import batch_branches as _batch_branches
 from . import batch_matmuls as _batch_matmuls
 from . import batch_scans as _batch_scans
-from . import batch_subgraphs as _batch_subgraphs
 from . import fuse_scans as _fuse_scans
-from . import inline_twins as _inline_twins
+from . import inline_twin_calls as _inline_twin_calls
+from . import make_loops_static as _make_loops_static
 from . import share_common as _share_common
-from . import static_loops as _static_loops
-from . import unroll as _unroll
+from . import unroll_scans as _unroll_scans
 from ._walk import (
     NEW_LOOP_KINDS,
     SUBGRAPH_KINDS,
     UNCHANGED_KINDS,
     DecisionKind,
     Level,
-    LoopDecision,
-    LoopPass,
+    Pass,
+    PassDecision,
     walk_levels,
 )
 
@@ -70,6 +75,8 @@ __all__ = [
     "UNCHANGED_KINDS",
     "DecisionKind",
     "Level",
+    "PassDecision",
+    "Pass",
     "LoopDecision",
     "LoopPass",
     "apply_loop_passes",
@@ -77,35 +84,36 @@ __all__ = [
     "batch_matmuls",
     "batch_scans",
     "fuse_scans",
+    "inline_twin_calls",
     "loop_defaults",
     "make_loops_static",
     "run_pass",
     "run_passes",
+    "share_common",
     "share_common_subexpressions",
     "unroll_scans",
 ]
 
 # The passes, in the order they run at each level.
-PASSES: tuple[LoopPass, ...] = (
-    LoopPass("share_common", _share_common.run, lambda s: s.share_common,
+PASSES: tuple[Pass, ...] = (
+    Pass("share_common", _share_common.run, lambda s: s.share_common,
              "equal equations computed once"),
-    LoopPass("inline_twin_calls", _inline_twins.run,
+    Pass("inline_twin_calls", _inline_twin_calls.run,
              lambda s: s.batch_branches or s.batch_matmuls,
              "independent nested jit calls running one body are inlined for batching"),
-    LoopPass("make_loops_static", _static_loops.run, lambda s: True,
+    Pass("make_loops_static", _make_loops_static.run, lambda s: True,
              "counting whiles with static bounds become scans"),
-    LoopPass("batch_scans", _batch_scans.run, lambda s: s.batch_scans,
+    Pass("batch_scans", _batch_scans.run, lambda s: s.batch_scans,
              "independent identical scans become one vmapped scan"),
-    LoopPass("fuse_scans", _fuse_scans.run, lambda s: s.fuse_scans,
+    Pass("fuse_scans", _fuse_scans.run, lambda s: s.fuse_scans,
              "independent scans run side by side in one scan"),
-    # Named after its public option; the module says what it batches: subgraphs.
-    LoopPass("batch_branches", _batch_subgraphs.run, lambda s: s.batch_branches,
+    Pass("batch_branches", _batch_branches.run, lambda s: s.batch_branches,
              "identical independent subgraphs become one vmapped subgraph",
              prices_launches=True),
-    LoopPass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
+    Pass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
              "same-shaped matmuls of one stage in different members become one op",
              prices_launches=True),
-    LoopPass("unroll_scans", _unroll.run, lambda s: s.unroll is not None,
+    Pass("unroll_scans", _unroll_scans.run, lambda s: s.unroll is not None,
              "an unroll factor per static scan"),
 )
 _BY_NAME = {p.name: p for p in PASSES}
@@ -113,12 +121,12 @@ _BY_NAME = {p.name: p for p in PASSES}
 
 def run_passes(closed_jaxpr: ClosedJaxpr, names: Sequence[str] | None = None, *,
                analysis: Analysis | None = None, target: str = "gpu",
-               **options: Any) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
+               **options: Any) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Runs loop passes at every nesting level of ``closed_jaxpr`` (never mutated).
 
     Args:
         closed_jaxpr: the program, as from ``jax.make_jaxpr``.
-        names: the passes to run (``LoopPass.name``s), in table order whatever the order
+        names: the passes to run (``Pass.name``s), in table order whatever the order
             given; None runs every pass the settings turn on.
         analysis: the call's ``Analysis`` (settings, cost model, memos); default one made
             from ``target`` and ``options``.
@@ -153,7 +161,7 @@ def run_passes(closed_jaxpr: ClosedJaxpr, names: Sequence[str] | None = None, *,
 
 
 def run_pass(name: str, closed_jaxpr: ClosedJaxpr, *, target: str = "gpu",
-             settings: Settings | None = None) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
+             settings: Settings | None = None) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Runs the one pass ``name`` at every nesting level (see ``run_passes``).
 
     ``settings`` (default: ``Options().resolve(target)``) give the pass its switches,
@@ -170,18 +178,19 @@ def _settings(target: str, **switches: Any) -> Settings:
 
 def apply_loop_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, unroll: Any,
                       target: str, batch_branches: bool = False, batch_matmuls: bool = False,
-                      share_common: bool = False) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
-    """Runs share_common -> static_loops -> batch -> fuse -> batch_branches -> batch_matmuls
+                      share_common: bool = False) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+    """Runs share_common -> make_loops_static -> batch -> fuse -> batch_branches -> batch_matmuls
     -> unroll at every nesting level, with keyword switches.
 
     Args:
         closed_jaxpr: the program, as from ``jax.make_jaxpr``; never mutated.
         fuse: fuse independent scans into one.
         batch: batch independent scans with identical bodies into one vmapped scan.
-        unroll: ``"auto"`` (a factor per scan from the cost model), a positive int, or
-            None (leave unroll factors alone).
-        target: ``"gpu"``, ``"cpu"`` or ``"tpu"`` (the cost model ``unroll="auto"`` and
-            the batching passes use).
+        unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs, None elsewhere),
+            ``"cost"`` (a factor per scan from the cost model), a positive int, or None
+            (leave unroll factors alone), as in ``parallel_branches``.
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"`` (its defaults, and the cost model
+            ``unroll="cost"`` and the batching passes use).
         batch_branches: batch identical independent straight-line subgraphs into one
             vmapped subgraph where the cost model says it pays.
         batch_matmuls: run same-shaped matmuls and convolutions of one stage in different
@@ -202,11 +211,12 @@ def apply_loop_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, unr
     """
     settings = _settings(target, fuse_scans=fuse, batch_scans=batch,
                          batch_branches=batch_branches, batch_matmuls=batch_matmuls,
-                         unroll=unroll_setting(unroll), share_common=share_common)
+                         unroll=unroll_setting(unroll, check_target(target, concrete=True)),
+                         share_common=share_common)
     return run_passes(closed_jaxpr, analysis=Analysis(settings))
 
 
-def make_loops_static(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
+def make_loops_static(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Replaces static ``fori_loop`` ``while``s by scans at every level of ``jaxpr``
     (never mutated); other ``while``s are reported as host-sync loops.
 
@@ -216,7 +226,7 @@ def make_loops_static(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[LoopDecisi
     return run_pass("make_loops_static", jaxpr, settings=_settings("gpu"))
 
 
-def batch_scans(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
+def batch_scans(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Batches independent identical scans at every level of ``jaxpr`` (never mutated).
 
     Returns:
@@ -226,7 +236,7 @@ def batch_scans(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[LoopDecision, ..
 
 
 def fuse_scans(jaxpr: ClosedJaxpr, *, leave_identical: bool = False
-               ) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
+               ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Fuses independent scans at every level of ``jaxpr`` (never mutated).
 
     Args:
@@ -241,7 +251,7 @@ def fuse_scans(jaxpr: ClosedJaxpr, *, leave_identical: bool = False
 
 
 def batch_branches(jaxpr: ClosedJaxpr, target: str = "gpu"
-                   ) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
+                   ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Batches identical independent subgraphs at every level of ``jaxpr`` (never mutated).
 
     Args:
@@ -259,7 +269,7 @@ def batch_branches(jaxpr: ClosedJaxpr, target: str = "gpu"
 
 
 def batch_matmuls(jaxpr: ClosedJaxpr, target: str = "gpu"
-                  ) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
+                  ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Batches same-shaped matmuls and convolutions of one stage at every level of
     ``jaxpr`` (never mutated).
 
@@ -282,14 +292,15 @@ def batch_matmuls(jaxpr: ClosedJaxpr, target: str = "gpu"
 
 
 def unroll_scans(jaxpr: ClosedJaxpr, *, unroll: Any = "auto", target: str = "gpu"
-                 ) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
+                 ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Sets the unroll factor of the scans at every level of ``jaxpr`` (never mutated).
 
     Args:
         jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``).
-        unroll: ``"auto"`` (a factor per scan from the cost model), a positive int, or
-            None (leave every scan alone).
-        target: ``"gpu"``, ``"cpu"`` or ``"tpu"``: the cost model used by ``"auto"``.
+        unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs, None elsewhere),
+            ``"cost"`` (a factor per scan from the cost model), a positive int, or None
+            (leave every scan alone), as in ``parallel_branches``.
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"``: its default and its cost model.
 
     Returns:
         ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
@@ -298,13 +309,31 @@ def unroll_scans(jaxpr: ClosedJaxpr, *, unroll: Any = "auto", target: str = "gpu
         ValueError: ``unroll`` or ``target`` is not one of the above.
     """
     return run_pass("unroll_scans", jaxpr,
-                    settings=_settings(target, unroll=unroll_setting(unroll)))
+                    settings=_settings(target, unroll=unroll_setting(
+                        unroll, check_target(target, concrete=True))))
 
 
-def share_common_subexpressions(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[LoopDecision, ...]]:
+def share_common(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Merges equal equations at every level of ``jaxpr`` (never mutated).
 
     Returns:
         ``(new_jaxpr, ())``; ``new_jaxpr is jaxpr`` when nothing was shared.
     """
     return run_pass("share_common", jaxpr, settings=_settings("gpu", share_common=True))
+
+
+def inline_twin_calls(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+    """Inlines independent nested ``jit`` calls of one body at every level of ``jaxpr``
+    (never mutated), so the batching passes can batch what they run.
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+    """
+    return run_pass("inline_twin_calls", jaxpr,
+                    settings=_settings("gpu", batch_branches=True))
+
+
+# The names before this round's vocabulary (issue 21), kept for existing code.
+share_common_subexpressions = share_common
+LoopPass = Pass
+LoopDecision = PassDecision

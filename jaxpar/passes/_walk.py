@@ -2,9 +2,9 @@
 
 A *level pass* looks at the equations of one jaxpr level and returns the
 rewrites it wants (``Rewrite``: some equation indices and a function that emits
-their replacement) plus ``LoopDecision``s. Every pass has one signature,
+their replacement) plus ``PassDecision``s. Every pass has one signature,
 ``run(level: Level, analysis: Analysis) -> (rewrites, decisions)``, and is one row
-(``LoopPass``) of the table in ``passes/__init__.py``. ``rebuild_level`` traces each
+(``Pass``) of the table in ``passes/__init__.py``. ``rebuild_level`` traces each
 rewrite on its own and splices its equations into the level at a point where all its
 inputs exist (the order comes from ``_graph.contract``, which contracts each
 rewrite's equations to one unit). ``walk_levels`` runs the passes at every nesting
@@ -115,7 +115,7 @@ class Product(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class LoopDecision:
+class PassDecision:
     """What a loop pass did (or declined to do) with some loops of one level.
 
     Attributes:
@@ -137,7 +137,7 @@ class LoopDecision:
         saving_us: for the matmul batching pass, the cost model's estimated saving per
             run of the level, in microseconds (launches saved less stacking and
             transposing); at most zero for a group left alone.
-        pass_name: the pass that made it (a ``LoopPass.name``, e.g. ``"fuse_scans"``).
+        pass_name: the pass that made it (a ``Pass.name``, e.g. ``"fuse_scans"``).
         produced: where the equations its rewrite emitted are in the program the passes
             return (``Product``s, program order); empty for a decision that changed
             nothing, and for one whose equations a later rewrite removed.
@@ -162,9 +162,9 @@ class LoopDecision:
 def decision(path: str, kind: DecisionKind, eqns: Sequence[JaxprEqn], indices: Sequence[int], *,
              trips_before: int | None, trips_after: int | None, unroll: int | None,
              reason: str, members: Sequence[Sequence[int]] = (), stage: int | None = None,
-             saving_us: float | None = None) -> LoopDecision:
-    """Builds a ``LoopDecision`` for equations ``eqns`` at ``indices`` of level ``path``."""
-    return LoopDecision(
+             saving_us: float | None = None) -> PassDecision:
+    """Builds a ``PassDecision`` for equations ``eqns`` at ``indices`` of level ``path``."""
+    return PassDecision(
         location=path or "/", kind=kind, eqns=tuple(indices),
         primitives=tuple(eqns[i].primitive.name for i in indices),
         sources=tuple(_compat.source_summary(eqns[i]) for i in indices),
@@ -182,9 +182,9 @@ class EqnOrigins:
 
     def __init__(self) -> None:
         self._of: IdentityMemo[JaxprEqn, frozenset[tuple[int, bool]]] = IdentityMemo()
-        self._decisions: IdentityMemo[LoopDecision, int] = IdentityMemo()
+        self._decisions: IdentityMemo[PassDecision, int] = IdentityMemo()
 
-    def number(self, decision: LoopDecision) -> int:
+    def number(self, decision: PassDecision) -> int:
         number = id(decision)
         self._decisions.set(decision, number)
         return number
@@ -218,8 +218,8 @@ class EqnOrigins:
             nested = holding is not plain and any(True for _ in _compat.eqn_subjaxprs(eqn))
             self.add(eqn, holding if nested else plain)
 
-    def with_products(self, jaxpr: JaxprLike, decisions: Sequence[LoopDecision]
-                      ) -> list[LoopDecision]:
+    def with_products(self, jaxpr: JaxprLike, decisions: Sequence[PassDecision]
+                      ) -> list[PassDecision]:
         """``decisions`` with ``produced`` read from the equations of ``jaxpr``."""
         if not self._of:
             return list(decisions)
@@ -294,11 +294,11 @@ class Level:
                    if "#" in part)
 
 
-LevelResult = tuple[list[Rewrite], list[LoopDecision]]
+LevelResult = tuple[list[Rewrite], list[PassDecision]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class LoopPass:
+class Pass:
     """One row of the pass table.
 
     Attributes:
@@ -552,8 +552,8 @@ def _trace_rewrite(rewrite: Rewrite, operands: list[list[Any]]) -> _TracedRewrit
     return _TracedRewrite(small, list(consts), computed)
 
 
-def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: Analysis,
-                path: str = "") -> tuple[Any, list[LoopDecision]]:
+def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysis,
+                path: str = "") -> tuple[Any, list[PassDecision]]:
     """Runs ``level_passes`` in order at every nesting level of ``jaxpr``, innermost first.
 
     A level whose own loops were rewritten is walked again, since the loops the passes
@@ -562,7 +562,7 @@ def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: An
 
     Returns ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
     """
-    decisions: list[LoopDecision] = []
+    decisions: list[PassDecision] = []
     current = jaxpr
     for attempt in range(MAX_ROUNDS):
         new, walk_decisions, level_changed = _walk_once(current, level_passes, analysis, path)
@@ -577,11 +577,11 @@ def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: An
                        f"{path or '/'}; please report it with the program")
 
 
-def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: Analysis, path: str
-               ) -> tuple[Any, list[LoopDecision], bool]:
+def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysis, path: str
+               ) -> tuple[Any, list[PassDecision], bool]:
     inner, _ = _compat.open_jaxpr(jaxpr)
     origins = eqn_origins(analysis)
-    decisions: list[LoopDecision] = []
+    decisions: list[PassDecision] = []
     params: dict[int, dict[str, Any]] = {}
     holds: dict[int, set[tuple[int, bool]]] = {}  # equation -> what was made inside it
     for index, eqn in enumerate(inner.eqns):
@@ -615,8 +615,8 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[LoopPass], analysis: Ana
     # that may fuse or batch with others, and a second application must change nothing.
     # "Left alone" and "host-sync" notes describe the level as it came in (the first round);
     # later rounds only see loops the passes made.
-    changes: list[LoopDecision] = []
-    kept: list[LoopDecision] = []
+    changes: list[PassDecision] = []
+    kept: list[PassDecision] = []
     level_changed = False
     for round_index in range(MAX_ROUNDS):
         changed = False
@@ -660,7 +660,7 @@ class _Step:
 
     level: Any
     rewrites: list[Rewrite]
-    decisions: list[LoopDecision]
+    decisions: list[PassDecision]
     rebuilt: Any = None
 
 
@@ -668,7 +668,7 @@ class _Step:
 _PRICINGS = ("serial", "beside")
 
 
-def _pass_step(level_pass: LoopPass, jaxpr: Any, path: str, graph: Graph,
+def _pass_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
                analysis: Analysis) -> _Step:
     """``level_pass`` run on the level ``jaxpr`` at ``path``, or what it did there in
     another CUDA-graph mode (the ``"pass_steps"`` shared memo).
@@ -716,7 +716,7 @@ def _pass_step(level_pass: LoopPass, jaxpr: Any, path: str, graph: Graph,
     return step
 
 
-def _run_step(level_pass: LoopPass, jaxpr: Any, path: str, graph: Graph,
+def _run_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
               analysis: Analysis) -> tuple[_Step, bool]:
     """The pass run on the level, and whether it said it decides alike in every launch
     pricing (``decided_alike``)."""
@@ -745,14 +745,14 @@ def remember_search(analysis: Analysis, name: str, jaxpr: Any, rewrites: Sequenc
 
 
 def decided_alike(analysis: Analysis, level: Level) -> None:
-    """Tells the walk that what the pass that prices launches (``LoopPass.prices_launches``)
+    """Tells the walk that what the pass that prices launches (``Pass.prices_launches``)
     now running returns for ``level`` holds in every launch pricing: each of its verdicts
     would be the same in a mode pricing launches otherwise (its decisions do not say
     what a launch costs)."""
     analysis.memo("decided_alike").set(level.jaxpr, True, extra=level.path)
 
 
-def _owners(rewrites: Sequence[Rewrite], decisions: Sequence[LoopDecision],
+def _owners(rewrites: Sequence[Rewrite], decisions: Sequence[PassDecision],
             origins: EqnOrigins) -> list[set[int]]:
     """Per rewrite, the numbers of the changing decisions about equations it replaces."""
     about: dict[int, list[int]] = {}
@@ -764,7 +764,7 @@ def _owners(rewrites: Sequence[Rewrite], decisions: Sequence[LoopDecision],
     return [{k for i in r.eqns for k in about.get(i, ())} for r in rewrites]
 
 
-def _as_left_alone(decisions: Sequence[LoopDecision], why: str) -> list[LoopDecision]:
+def _as_left_alone(decisions: Sequence[PassDecision], why: str) -> list[PassDecision]:
     return [d if d.kind in (DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC)
             else dataclasses.replace(d, kind=DecisionKind.LEFT_ALONE, trips_after=d.trips_before,
                                      reason=f"{d.reason}; but {why}")

@@ -86,7 +86,7 @@ from ._walk import (
     EmitFn,
     Level,
     LevelResult,
-    LoopDecision,
+    PassDecision,
     Rewrite,
     decision,
     emission_order,
@@ -198,7 +198,7 @@ def _batchable(eqn: JaxprEqn) -> bool:
 
 def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
                  readings: IdentityMemo[JaxprEqn, list[_Reading]] | None = None
-                 ) -> tuple[list[Rewrite], list[LoopDecision]]:
+                 ) -> tuple[list[Rewrite], list[PassDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
     candidates = [i for i, e in enumerate(eqns) if _batchable(e)]
@@ -777,7 +777,7 @@ def _price_text(price: _Price) -> str:
 
 
 def _batched(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: int,
-             chained: set[_Column], price: _Price) -> LoopDecision:
+             chained: set[_Column], price: _Price) -> PassDecision:
     columns = group.columns(eqns)
     shared = sum(1 for c in columns if _shared(c) and not _compat.is_literal(c[0]))
     reused = sum(1 for c in columns if not _shared(c) and c in chained)
@@ -797,7 +797,7 @@ def _batched(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: int,
 
 
 def _left_alone(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: int, price: _Price
-                ) -> LoopDecision:
+                ) -> PassDecision:
     saves = f"{launches - 1} kernel launch{'es' * (launches > 2)}"
     why = (f"would save {saves} but add at least as much in stacking and slicing kernels"
            if price.worth <= 0 else

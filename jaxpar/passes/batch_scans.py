@@ -47,7 +47,7 @@ from ._walk import (
     DecisionKind,
     Level,
     LevelResult,
-    LoopDecision,
+    PassDecision,
     Rewrite,
     decision,
     evaluate,
@@ -77,7 +77,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     groups = [g for g in group_independent(level.graph, candidates, compatible)
               if len(g) > 1]
     rewrites: list[Rewrite] = []
-    decisions: list[LoopDecision] = []
+    decisions: list[PassDecision] = []
     batched = {i for g in groups for i in g}
     for why, refused in refusals.values():
         left = sorted(refused - batched)

@@ -42,7 +42,7 @@ from ._walk import (
     DecisionKind,
     Level,
     LevelResult,
-    LoopDecision,
+    PassDecision,
     Rewrite,
     decision,
     remember_search,
@@ -94,7 +94,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 def _share_level(level: Level, keys: StructuralKeys,
                  merges: MergeMemo,
                  eqn_keys: IdentityMemo[JaxprEqn, Hashable | None] | None = None
-                 ) -> tuple[list[Rewrite], list[LoopDecision]]:
+                 ) -> tuple[list[Rewrite], list[PassDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns = inner.eqns
     # Equal equations read the same variables (and literals at the same places) with the
@@ -124,7 +124,7 @@ def _share_level(level: Level, keys: StructuralKeys,
             if key is not None:
                 classes.setdefault(key, []).append(index)
     rewrites: list[Rewrite] = []
-    decisions: list[LoopDecision] = []
+    decisions: list[PassDecision] = []
     # In order of each class's first equation, as a single keyed sweep would give.
     for members in sorted(classes.values(), key=lambda m: m[0]):
         if len(members) < 2:

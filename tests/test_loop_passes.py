@@ -108,7 +108,7 @@ def test_seed_002_different_bodies_fuse_into_one_scan() -> None:
     def fused_once(r: PassResult) -> None:
         assert len(scans(r.closed)) == 2 and len(scans(r.new)) == 1
         assert r.decisions[0].trips_before == 400 and r.decisions[0].trips_after == 200
-        assert all("test_loops.py" in s for s in r.decisions[0].sources)
+        assert all("test_loop_passes.py" in s for s in r.decisions[0].sources)
 
     check(fuse_scans, seed_different, *seed_args(), kinds=["fused"], expect=fused_once)
 
@@ -355,7 +355,7 @@ def test_traced_bound_while_is_reported() -> None:
     (report,) = check(loop_passes(**loop_defaults("gpu"), target="gpu"), f, 3, jnp.ones(2),
                       unchanged=True).decisions
     assert report.kind == "host-sync loop" and report.trips_before is None
-    assert "Python int bounds" in report.reason and "test_loops.py" in report.sources[0]
+    assert "Python int bounds" in report.reason and "test_loop_passes.py" in report.sources[0]
 
 
 def _counting_while(dtype: Any, lower: int, upper: int, step: int) -> Callable[..., Any]:
@@ -481,7 +481,7 @@ def test_untrusted_counting_loops_end_to_end(program: Callable[..., Any]) -> Non
 
 def test_loop_defaults() -> None:
     assert loop_defaults("gpu") == {"fuse": True, "batch": True, "batch_branches": True,
-                                    "batch_matmuls": True, "unroll": "auto",
+                                    "batch_matmuls": True, "unroll": "cost",
                                     "share_common": True}
     for target in ("cpu", "tpu"):
         assert loop_defaults(target) == {"fuse": False, "batch": False,

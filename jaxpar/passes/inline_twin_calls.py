@@ -48,7 +48,7 @@ from ._walk import (
     EmitFn,
     Level,
     LevelResult,
-    LoopDecision,
+    PassDecision,
     Rewrite,
     decision,
     evaluate,
@@ -69,7 +69,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     return rewrites, decisions
 
 
-def _inline_level(level: Level, analysis: Analysis) -> tuple[list[Rewrite], list[LoopDecision]]:
+def _inline_level(level: Level, analysis: Analysis) -> tuple[list[Rewrite], list[PassDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, graph = inner.eqns, level.graph
     classes: dict[Hashable, list[int]] = {}
@@ -88,7 +88,7 @@ def _inline_level(level: Level, analysis: Analysis) -> tuple[list[Rewrite], list
         return [], []
     ancestors = ancestor_masks(graph, sorted(i for m in classes.values() for i in m))
     rewrites: list[Rewrite] = []
-    decisions: list[LoopDecision] = []
+    decisions: list[PassDecision] = []
     for members in classes.values():
         twins = [i for i in members
                  if any(j != i and independent(ancestors, i, j) for j in members)]

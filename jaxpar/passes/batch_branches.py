@@ -92,8 +92,8 @@ from ._walk import (
     EmitFn,
     Level,
     LevelResult,
-    LoopDecision,
     OrderMemo,
+    PassDecision,
     Rewrite,
     decided_alike,
     decision,
@@ -172,7 +172,7 @@ def _batch_level(level: Level, costs: CostModel,
                  memo: _OwnerMemo, structure: StructuralKeys,
                  orders: OrderMemo, mode: CommandBufferMode | None = None,
                  carried: _Numbering | None = None
-                 ) -> tuple[list[Rewrite], list[LoopDecision], bool]:
+                 ) -> tuple[list[Rewrite], list[PassDecision], bool]:
     """The rewrites and decisions, and whether every verdict would be the same in a mode
     pricing launches otherwise (``CostModel.launch_prices``)."""
     inner, _ = _compat.open_jaxpr(level.jaxpr)
@@ -184,7 +184,7 @@ def _batch_level(level: Level, costs: CostModel,
     refused: dict[Hashable, tuple[str, list[int]]] = {}
     keys, local_keys = _value_numbers(inner, producer, graph, memo, structure, refused,
                                       carried)
-    decisions: list[LoopDecision] = [
+    decisions: list[PassDecision] = [
         decision(path, DecisionKind.SUBGRAPHS_LEFT_ALONE, eqns, members, trips_before=None,
                  trips_after=None, unroll=None,
                  reason=f"{len(members)} identical independent equations, but vmap would "

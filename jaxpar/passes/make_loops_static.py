@@ -39,7 +39,7 @@ from ._walk import (
     EmitFn,
     Level,
     LevelResult,
-    LoopDecision,
+    PassDecision,
     Rewrite,
     decision,
     evaluate,
@@ -54,7 +54,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: rewrites for every static ``while`` of one level."""
     eqns, path = level.eqns, level.path
     rewrites: list[Rewrite] = []
-    decisions: list[LoopDecision] = []
+    decisions: list[PassDecision] = []
     inner, consts = _compat.open_jaxpr(level.jaxpr)
     constants = dict(zip(inner.constvars, consts, strict=True))
     for index, eqn in enumerate(eqns):
