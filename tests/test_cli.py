@@ -25,23 +25,27 @@ def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
-def test_inspect_command_prints_and_saves_the_plan(tmp_path):
+def test_inspect_command_prints_and_saves_the_plan(tmp_path, monkeypatch, capsys):
+    # The real entry point once (`python -m jaxpar`); the rest in-process (`_cli`), which
+    # runs the same main() without a JAX start-up each.
     page = tmp_path / "plan.html"
-    result = run("inspect", "examples.inception_block:inception", "--args",
-                 "f32[8,28,28,64] f32[1,1,64,64] f32[1,1,64,96] f32[1,1,64,16] "
-                 "f32[1,1,64,32] f32[3,3,96,128] f32[5,5,16,32]", "--html", str(page))
-    # inception takes (x, params): a dict cannot be given as flat shapes.
-    assert result.returncode == 2 and "does not take --args" in result.stderr
-    assert "Traceback" not in result.stderr
     result = run("inspect", "examples.two_scans:two_scans", "--args",
                  "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]",
                  "--html", str(page))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("jaxpar plan for `two_scans` (target=gpu")
     assert "fused" in result.stdout and page.read_text().startswith("<!DOCTYPE html>")
-    result = run("inspect", "examples.two_scans:two_scans", "--json", "--args",
-                 "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]")
-    assert json.loads(result.stdout)["function"] == "two_scans"
+    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+    code, _, err = _cli(capsys, "inspect", "examples.inception_block:inception", "--args",
+                        "f32[8,28,28,64] f32[1,1,64,64] f32[1,1,64,96] f32[1,1,64,16] "
+                        "f32[1,1,64,32] f32[3,3,96,128] f32[5,5,16,32]", "--html", str(page))
+    # inception takes (x, params): a dict cannot be given as flat shapes.
+    assert code == 2 and "does not take --args" in err
+    assert "Traceback" not in err
+    code, out, err = _cli(capsys, "inspect", "examples.two_scans:two_scans", "--json",
+                          "--args", "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]")
+    assert code == 0, err
+    assert json.loads(out)["function"] == "two_scans"
 
 
 @pytest.mark.parametrize("path, message", [
@@ -105,22 +109,24 @@ def test_every_option_of_parallel_branches_is_a_flag():
         assert f"--{name.replace('_', '-')}" in result.stdout, name
 
 
-def test_options_reach_the_plan():
-    result = run("inspect", "examples.two_scans:two_scans", "--json", "--args",
-                 "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]",
-                 "--max-streams", "3", "--min-cost-us", "0.5", "--fuse-scans", "false",
-                 "--unroll", "none", "--target", "cpu")
-    assert result.returncode == 0, result.stderr
-    options = json.loads(result.stdout)["options"]
+def test_options_reach_the_plan(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+    code, out, err = _cli(capsys, "inspect", "examples.two_scans:two_scans", "--json",
+                          "--args", "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]",
+                          "--max-streams", "3", "--min-cost-us", "0.5", "--fuse-scans", "false",
+                          "--unroll", "none", "--target", "cpu")
+    assert code == 0, err
+    options = json.loads(out)["options"]
     assert options == {**options, "max_streams": 3, "min_cost_us": 0.5, "fuse_scans": False,
                        "unroll": None, "target": "cpu"}
 
 
-def test_bad_option_value_is_a_clean_error():
-    result = run("inspect", "examples.two_scans:two_scans", "--args", "f32[3]",
-                 "--max-streams", "0")
-    assert result.returncode == 2 and "max_streams must be >= 1" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_bad_option_value_is_a_clean_error(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+    code, _, err = _cli(capsys, "inspect", "examples.two_scans:two_scans", "--args", "f32[3]",
+                        "--max-streams", "0")
+    assert code == 2 and "max_streams must be >= 1" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("text, value", [("3", 3), ("0.5", 0.5), ("true", True),
@@ -150,19 +156,20 @@ def test_closed_pipe_ends_without_a_traceback():
     assert process.returncode == 1
 
 
-def test_trace_option_writes_a_chrome_trace(tmp_path):
+def test_trace_option_writes_a_chrome_trace(tmp_path, monkeypatch, capsys):
     path = tmp_path / "plan.json"
-    result = run("inspect", "examples.two_scans:two_scans", "--args",
-                 "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]",
-                 "--trace", str(path))
-    assert result.returncode == 0, result.stderr
+    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+    code, _, err = _cli(capsys, "inspect", "examples.two_scans:two_scans", "--args",
+                        "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]",
+                        "--trace", str(path))
+    assert code == 0, err
     assert any(e["ph"] == "X" for e in json.loads(path.read_text())["traceEvents"])
 
 
-def test_bad_path_is_a_clean_command_line_error():
-    result = run("inspect", "nope:f", "--args", "f32[3]")
-    assert result.returncode == 2 and "cannot import module 'nope'" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_bad_path_is_a_clean_command_line_error(capsys):
+    code, _, err = _cli(capsys, "inspect", "nope:f", "--args", "f32[3]")
+    assert code == 2 and "cannot import module 'nope'" in err
+    assert "Traceback" not in err
 
 
 def test_demo_runs_end_to_end():

@@ -129,11 +129,12 @@ def test_max_streams_zero_says_what_to_do():
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, False, "yes", "2"])
 def test_bad_unroll(value):
-    with pytest.raises(ValueError, match=r"unroll must be 'auto', None.*or an int >= 1"):
+    with pytest.raises(ValueError, match=r"unroll must be 'auto' \(the target's default\), "
+                                         r"'cost' .*None .*or an int >= 1"):
         jaxpar.parallel_branches(f, unroll=value)
 
 
-@pytest.mark.parametrize("value", [1, 2, 8, None, "auto"])
+@pytest.mark.parametrize("value", [1, 2, 8, None, "auto", "cost"])
 def test_good_unroll(value):
     jaxpar.parallel_branches(f, unroll=value)
 

@@ -39,7 +39,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import load_benchmark, needs_plugin
+from helpers import load_benchmark, needs_plugin, suite_evaluation
 from jax import lax
 
 import jaxpar
@@ -97,8 +97,8 @@ def _judged(name: str, size: str, mode: str) -> dict[str, Any]:
     key = (name, size, mode)
     if key not in _JUDGED:
         values = size == "small" and mode == DEFAULT_MODE
-        _JUDGED[key] = suite.evaluate(name, size=size, values=values,
-                                      command_buffers=None if mode == "chosen" else mode)
+        _JUDGED[key] = suite_evaluation(name, size,
+                                        None if mode == "chosen" else mode, values)
         path = os.environ.get("JAXPAR_GUARD_TABLE", "")
         if path:
             with open(path, "w") as handle:
