@@ -10,8 +10,8 @@
 # Then pytest on both jax versions side by side (one job a core; ruff and mypy before the
 # shorter job), a line per test file as it finishes, each job's full log in
 # .ci-venv/<job>.log, and one summary with the slowest tests and files.
-# Took 30 minutes (1811 s) on a quiet 2-core machine once installed (2026-12-01); the jax
-# 0.10.2 job, with the deviceless GPU compiles and the GPU guard, is the longer.
+# Took 19 minutes (1120 s) on a quiet 2-core machine once installed (2026-12-02); the jax
+# 0.10.2 job, with the deviceless GPU compiles and the GPU guard, is the longer (1101 s).
 #
 # Usage: bash scripts/test.sh [extra pytest args]
 # The full matrices (longer): JAXPAR_FULL=1 bash scripts/test.sh
