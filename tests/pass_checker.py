@@ -31,9 +31,10 @@ The parts (``assert_well_formed``, ``assert_same_outputs``, ``assert_same_gradie
 tests of ``jaxpar.parallel_branches``, which compare functions rather than jaxprs.
 
 Sharp edges:
-    Values and gradients are computed eagerly (``jit=False``, the jaxpr run equation by
-    equation) unless ``jit=True``; pick what the test did before, as each mode compiles
-    differently and so rounds differently in the last bits. Key-typed inputs need
+    Values and gradients run under ``jax.jit`` (two compiles a side), or eagerly, the
+    jaxpr run equation by equation (one compile per primitive and shape, about 4x the
+    compiles), where ``exact`` asks for bit-equality or ``jit=False`` is passed: the two
+    compile differently and so round differently in the last bits. Key-typed inputs need
     ``jit=True``. Programs given as shapes (``jax.ShapeDtypeStruct``) can only be checked
     for structure (``values=False``), or left alone (``unchanged=True``).
 """
