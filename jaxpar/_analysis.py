@@ -88,39 +88,35 @@ class Analysis:
 
     def memo(self, name: str) -> IdentityMemo[Any, Any]:
         """A per-call identity memo for one pass or stage."""
-        memo = self._memos.get(name)
-        if memo is None:
-            memo = self._memos[name] = IdentityMemo()
-        return memo
+        return _made(self._memos, name, IdentityMemo)
 
     def state(self, name: str, make: Callable[[], _T]) -> _T:
         """A per-call object for one pass or stage, ``make()`` on first use."""
-        found = self._state.get(name)
-        if found is None:
-            found = self._state[name] = make()
-        return found  # type: ignore[return-value]
+        return _made(self._state, name, make)
 
     def shared_memo(self, name: str) -> IdentityMemo[Any, Any]:
         """A per-call identity memo shared with every ``with_settings`` analysis of the
         call: for what does not depend on the CUDA-graph mode (the passes' equation keys,
         the results of passes that do not price launches), so that planning the program
         in another mode reuses it."""
-        memo = self._shared_memos.get(name)
-        if memo is None:
-            memo = self._shared_memos[name] = IdentityMemo()
-        return memo
+        return _made(self._shared_memos, name, IdentityMemo)
 
     def shared_state(self, name: str, make: Callable[[], _T]) -> _T:
         """``state`` shared with every ``with_settings`` analysis of the call (which
         rewrite made which equation, value numbers carried across rounds)."""
-        found = self._shared_state.get(name)
-        if found is None:
-            found = self._shared_state[name] = make()
-        return found  # type: ignore[return-value]
+        return _made(self._shared_state, name, make)
 
     def annotated(self, eqn: JaxprEqn) -> bool:
         """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
         return eqn_has_placement(eqn, self._placement, self.costs.subjaxprs)
+
+
+def _made(table: dict[str, Any], name: str, make: Callable[[], _T]) -> _T:
+    """``table[name]``, made by ``make()`` on first use."""
+    found = table.get(name)
+    if found is None:
+        found = table[name] = make()
+    return found  # type: ignore[no-any-return]
 
 
 SubjaxprsFn = Callable[[JaxprEqn], Iterable[tuple[str, int | None, JaxprLike]]]
