@@ -25,7 +25,13 @@ def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
-def test_inspect_command_prints_and_saves_the_plan(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def examples_importable(monkeypatch):
+    """``examples.*`` importable by the in-process CLI, as from the repository root."""
+    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+
+
+def test_inspect_command_prints_and_saves_the_plan(tmp_path, capsys, examples_importable):
     # The real entry point once (`python -m jaxpar`); the rest in-process (`_cli`), which
     # runs the same main() without a JAX start-up each.
     page = tmp_path / "plan.html"
@@ -35,7 +41,6 @@ def test_inspect_command_prints_and_saves_the_plan(tmp_path, monkeypatch, capsys
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("jaxpar plan for `two_scans` (target=gpu")
     assert "fused" in result.stdout and page.read_text().startswith("<!DOCTYPE html>")
-    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
     code, _, err = _cli(capsys, "inspect", "examples.inception_block:inception", "--args",
                         "f32[8,28,28,64] f32[1,1,64,64] f32[1,1,64,96] f32[1,1,64,16] "
                         "f32[1,1,64,32] f32[3,3,96,128] f32[5,5,16,32]", "--html", str(page))
@@ -109,8 +114,7 @@ def test_every_option_of_parallel_branches_is_a_flag():
         assert f"--{name.replace('_', '-')}" in result.stdout, name
 
 
-def test_options_reach_the_plan(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+def test_options_reach_the_plan(capsys, examples_importable):
     code, out, err = _cli(capsys, "inspect", "examples.two_scans:two_scans", "--json",
                           "--args", "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]",
                           "--max-streams", "3", "--min-cost-us", "0.5", "--fuse-scans", "false",
@@ -121,8 +125,7 @@ def test_options_reach_the_plan(monkeypatch, capsys):
                        "unroll": None, "target": "cpu"}
 
 
-def test_bad_option_value_is_a_clean_error(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+def test_bad_option_value_is_a_clean_error(capsys, examples_importable):
     code, _, err = _cli(capsys, "inspect", "examples.two_scans:two_scans", "--args", "f32[3]",
                         "--max-streams", "0")
     assert code == 2 and "max_streams must be >= 1" in err
@@ -156,9 +159,8 @@ def test_closed_pipe_ends_without_a_traceback():
     assert process.returncode == 1
 
 
-def test_trace_option_writes_a_chrome_trace(tmp_path, monkeypatch, capsys):
+def test_trace_option_writes_a_chrome_trace(tmp_path, capsys, examples_importable):
     path = tmp_path / "plan.json"
-    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
     code, _, err = _cli(capsys, "inspect", "examples.two_scans:two_scans", "--args",
                         "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]",
                         "--trace", str(path))
