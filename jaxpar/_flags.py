@@ -191,10 +191,10 @@ def xla_flags(plan: PlanFields | None = None, *, collectives: bool | None = None
             hint = (" (add the +WHILE flag); a function's CUDA-graph mode is "
                     "parallel_branches(command_buffers=...)" if name == "command_buffers" else "")
             raise TypeError(f"xla_flags: {name} must be True or False{hint}, got {value!r}")
-    for name, value in (("collective_overlap_limit", collective_overlap_limit),
+    for name, limit in (("collective_overlap_limit", collective_overlap_limit),
                         ("async_compute_limit", async_compute_limit)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise TypeError(f"xla_flags: {name} must be an int >= 1, got {value!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise TypeError(f"xla_flags: {name} must be an int >= 1, got {limit!r}")
     if collectives is None:
         collectives = plan is None or bool(plan.collectives)
     if async_compute_limit is None:
