@@ -94,7 +94,7 @@ run_job() {  # $1 = python version; the rest: extra pytest args. Prints a line p
 
 # Headless Chromium for the browser test of the plan pictures (Debian's package).
 if ! command -v chromium >/dev/null 2>&1; then
-  echo "--- installing Debian's chromium (headless browser for tests/test_render.py)"
+  echo "--- installing Debian's chromium (headless browser for tests/test_report_render.py)"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   mkdir -p .ci-venv
   { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium; } \
