@@ -7,6 +7,7 @@
 #       py3.11 jax 0.10.2 with the CUDA PJRT plugin, so the deviceless GPU-compile tests run
 #              (no GPU is needed), plus flax, equinox and optax;
 #       py3.12 the newest jax our pins allow, plus flax, equinox and optax.
+# The installs run side by side (they wait on downloads and unpacking more than on a core).
 # Then pytest on both jax versions side by side (one job a core; ruff and mypy before the
 # shorter job), a line per test file as it finishes, each job's full log in
 # .ci-venv/<job>.log, and one summary with the slowest tests and files.
@@ -49,15 +50,18 @@ install_job() {  # $1 = python version, $2 = jax pin ("" = newest allowed), $3 =
   py=$(find_python "$1")
   echo "--- installing into $venv: jax ${2:-newest}${3:+ with the CUDA plugin}, flax, equinox, optax"
   mkdir -p .ci-venv
+  local pins=()
+  if [ -n "$2" ]; then pins=("jax==$2" "jaxlib==$2"); fi
   {
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    if [ -n "$2" ]; then
-      "$venv/bin/pip" install -q -e ".[test]" "jax==$2" "jaxlib==$2"
-    else
-      "$venv/bin/pip" install -q -e ".[test]"
-    fi
-    "$venv/bin/pip" install -q -r tests/requirements-ecosystem.txt
+    # The dependencies first, beside the other installs: jaxpar's own (read from
+    # pyproject.toml) and the ecosystem's.
+    "$venv/bin/python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+      > "$venv/jaxpar-deps.txt"
+    "$venv/bin/pip" install -q -r "$venv/jaxpar-deps.txt" -r tests/requirements-ecosystem.txt "${pins[@]}"
+    # The editable install writes jaxpar.egg-info into the checkout: one at a time.
+    flock .ci-venv/editable.lock "$venv/bin/pip" install -q -e ".[test]" "${pins[@]}"
     if [ "$3" = plugin ]; then
       jaxver=$("$venv/bin/python" -c "import jaxlib; print(jaxlib.__version__)")
       "$venv/bin/pip" install -q --no-deps "jax-cuda12-plugin==$jaxver" "jax-cuda12-pjrt==$jaxver"
@@ -92,30 +96,45 @@ run_job() {  # $1 = python version; the rest: extra pytest args. Prints a line p
   return $rc
 }
 
-# Headless Chromium for the browser test of the plan pictures (Debian's package).
-if ! command -v chromium >/dev/null 2>&1; then
+install_chromium() {  # Debian's headless Chromium, for the browser test of the plan pictures
+  command -v chromium >/dev/null 2>&1 && return 0
   echo "--- installing Debian's chromium (headless browser for tests/test_report_render.py)"
-  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  mkdir -p .ci-venv
-  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium; } \
-    > .ci-venv/apt.log 2>&1 || { tail -n 40 .ci-venv/apt.log; exit 1; }
-fi
+  local sudo=""; if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium; } \
+    > .ci-venv/apt.log 2>&1 || { tail -n 40 .ci-venv/apt.log; echo "installing chromium failed"; exit 1; }
+}
 
-.ci-venv/lint/bin/ruff --version >/dev/null 2>&1 || {
+install_lint() {  # ruff and mypy (mypy checks jaxpar against jax 0.10.2's types)
+  .ci-venv/lint/bin/ruff --version >/dev/null 2>&1 && return 0
   echo "--- installing into .ci-venv/lint: ruff, mypy, jax 0.10.2"
-  mkdir -p .ci-venv
   { python3 -m venv .ci-venv/lint && .ci-venv/lint/bin/pip install -q ruff mypy "jax==0.10.2" \
       "jaxlib==0.10.2" typing-extensions; } > .ci-venv/install-lint.log 2>&1 || {
-    tail -n 40 .ci-venv/install-lint.log; exit 1; }; }
+    tail -n 40 .ci-venv/install-lint.log; echo "installing into .ci-venv/lint failed"; exit 1; }
+}
 
 jobs=${JAXPAR_TEST_JOBS:-"3.11 3.12"}
 for job in $jobs; do
   case $job in
-    3.11) install_job 3.11 0.10.2 plugin ;;
-    3.12) install_job 3.12 "" "" ;;
+    3.11|3.12) ;;
     *) echo "JAXPAR_TEST_JOBS: unknown job $job (use 3.11 and/or 3.12)" >&2; exit 2 ;;
   esac
 done
+# Every install at once (they wait on downloads and unpacking more than on a core).
+mkdir -p .ci-venv
+installs=()
+install_chromium & installs+=($!)
+install_lint & installs+=($!)
+for job in $jobs; do
+  case $job in
+    3.11) install_job 3.11 0.10.2 plugin & installs+=($!) ;;
+    3.12) install_job 3.12 "" "" & installs+=($!) ;;
+  esac
+done
+install_status=0
+for install in "${installs[@]}"; do
+  if ! wait "$install"; then install_status=1; fi
+done
+if [ "$install_status" != 0 ]; then echo "an install failed (above)"; exit 1; fi
 echo "--- installed in $((SECONDS - started)) s"
 
 # Two lanes, one a core: the jax 0.10.2 job (the longer one) in the first; ruff and mypy,
