@@ -78,6 +78,7 @@ from ._trace import (
     function_name,
     has_python_scalars,
     needs_python_values,
+    short_repr,
     split_arguments,
     split_outputs,
     trace,
@@ -1012,6 +1013,10 @@ def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[
       >>> fwd = jaxpar.on_stream(1, scheduling_group=1)(lambda x: x @ w)
       >>> bwd = jaxpar.on_stream(2, scheduling_group=1)(lambda y: y @ v)
     """
+    if callable(stream):
+        raise TypeError(f"on_stream takes the stream id and returns a decorator: write "
+                        f"on_stream(1)(fun) or @on_stream(1) above the function, got "
+                        f"{short_repr(stream)} as the stream")
     for name, value, optional in (("stream", stream, False),
                                   ("scheduling_group", scheduling_group, True)):
         if optional and value is None:

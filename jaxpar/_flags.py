@@ -174,7 +174,8 @@ def xla_flags(plan: PlanFields | None = None, *, collectives: bool | None = None
       Flags as ``--name=value`` strings, in a fixed order.
 
     Raises:
-      TypeError: ``plan`` is not a ``Plan``.
+      TypeError: ``plan`` is not a ``Plan``; a switch that is not a bool or a limit that
+        is not an int.
       ValueError: a limit below 1.
     """
     # The Plan type lives further down the pipeline (this module is read by the planner):
@@ -183,6 +184,17 @@ def xla_flags(plan: PlanFields | None = None, *, collectives: bool | None = None
                                                                       "sections")):
         raise TypeError(f"xla_flags(plan=...) takes the Plan of your program "
                         f"(`jaxpar.inspect(f)(*args)`) or None, got a {type(plan).__name__}")
+    for name, value in (("collectives", collectives),
+                        ("multi_stream_collectives", multi_stream_collectives),
+                        ("command_buffers", command_buffers)):
+        if not (isinstance(value, bool) or (value is None and name == "collectives")):
+            hint = (" (add the +WHILE flag); a function's CUDA-graph mode is "
+                    "parallel_branches(command_buffers=...)" if name == "command_buffers" else "")
+            raise TypeError(f"xla_flags: {name} must be True or False{hint}, got {value!r}")
+    for name, limit in (("collective_overlap_limit", collective_overlap_limit),
+                        ("async_compute_limit", async_compute_limit)):
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise TypeError(f"xla_flags: {name} must be an int >= 1, got {limit!r}")
     if collectives is None:
         collectives = plan is None or bool(plan.collectives)
     if async_compute_limit is None:

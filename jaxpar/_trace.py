@@ -368,6 +368,13 @@ def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
                 hash(value)
             except TypeError:
                 where = _where(fun, marked, index, is_graph_node)
+                if isinstance(leaf, StaticArg) and _compat.is_tracer(value):
+                    raise TypeError(
+                        f"static argument `{where}` of {_name(fun)} is a traced value: a "
+                        "transformation around the decorated function (jax.jit, vmap, grad) "
+                        "traced it. Make it static there too, e.g. jax.jit(g, "
+                        "static_argnums=...) with the same numbers or names, or close over "
+                        "it.") from None
                 if isinstance(leaf, StaticArg):
                     raise TypeError(
                         f"static argument `{where}` of {_name(fun)} is an unhashable "
@@ -459,8 +466,9 @@ def check_function(fun: Any, api: str) -> None:
             f"not: pass the function itself, and on a method apply @{kind} outermost "
             f"(above @{api}).")
     if not callable(fun):
+        call = "on_stream(stream)(fun)" if api == "on_stream" else f"{api}(fun, ...)"
         raise TypeError(f"{api} expects a callable as `fun`, got {type(fun).__name__}: "
-                        f"{short_repr(fun)}. Decorate a function, or call {api}(fun, ...).")
+                        f"{short_repr(fun)}. Decorate a function, or call {call}.")
     if _pyinspect.isgeneratorfunction(fun):
         raise TypeError(
             f"{api} expects a function that returns arrays, got a generator function: "

@@ -104,6 +104,16 @@ def test_unhashable_static_value_names_the_argument():
         g(X, W, [1, 2])
 
 
+def test_static_argument_traced_by_an_outer_jit_says_to_make_it_static_there():
+    # The outer jit traces the int: the message is about the outer jit, not about hashing.
+    g = jaxpar.parallel_branches(layers, static_argnums=2)
+    with pytest.raises(TypeError, match=r"static argument `n` of `layers` is a traced value.*"
+                                        r"static_argnums"):
+        jax.jit(g)(X, W, 3)
+    assert_tree_equal(jax.jit(g, static_argnums=2)(X, W, 3),
+                      jax.jit(layers, static_argnums=2)(X, W, 3))
+
+
 def test_python_int_without_static_argnums_names_it():
     g = jaxpar.parallel_branches(layers, target="cpu")
     with pytest.raises(jaxpar.TraceError, match=r"argument n"):

@@ -27,6 +27,7 @@ from helpers import needs_plugin
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
+import jaxpar
 from jaxpar._compiled import (
     GPU_TARGETS,
     compile_for_gpu,
@@ -403,6 +404,20 @@ def test_mesh_of_another_gpu_is_rejected():
         compile_for_gpu(jnp.sin, MATRIX, gpu="h100", mesh=mesh)
     with pytest.raises(ValueError, match="devices=4"):
         compile_for_gpu(jnp.sin, MATRIX, devices=4, mesh=mesh)
+
+
+@needs_plugin
+def test_host_callback_is_named_not_an_unknown_backend():
+    # JAX lowers a host callback through a live GPU backend: deviceless, it said only
+    # "Unknown backend: 'gpu' requested".
+    def logged(a):
+        jax.debug.callback(lambda v: None, a.sum())
+        return a @ a
+
+    with pytest.raises(RuntimeError, match=r"host callback \(jax.debug.print"):
+        compile_for_gpu(logged, MATRIX)
+    with pytest.raises(RuntimeError, match=r"host callback"):
+        jaxpar.gpu_preview(logged, MATRIX)
 
 
 def test_cpu_hlo_is_refused():

@@ -97,6 +97,14 @@ def test_bad_command_buffers_mode_is_an_error():
         jaxpar.gpu_preview(lambda x: x @ x, jnp.ones((4, 4)), command_buffers="fast")
 
 
+def test_unknown_option_lists_each_valid_option_once():
+    with pytest.raises(TypeError, match=r"did you mean 'max_streams'") as error:
+        jaxpar.gpu_preview(lambda x: x @ x, jnp.ones((4, 4)), max_stream=2)
+    listed = str(error.value).split("valid options are: ")[1].split(", ")
+    assert "command_buffers" in listed
+    assert len(listed) == len(set(listed)), listed
+
+
 def test_bad_gpu_name_is_an_error():
     if not PLUGIN_OK:
         pytest.skip(PLUGIN_MESSAGE)

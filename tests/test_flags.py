@@ -23,6 +23,19 @@ def test_xla_flags():
         _flags.xla_flags(async_compute_limit=0)
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [
+    # A CUDA-graph mode name is parallel_branches' command_buffers, not this switch.
+    ({"command_buffers": "lhs"}, r"command_buffers must be True or False.*parallel_branches"),
+    ({"multi_stream_collectives": "yes"}, r"multi_stream_collectives must be True or False"),
+    ({"collectives": 1}, r"collectives must be True or False"),
+    ({"async_compute_limit": "4"}, r"async_compute_limit must be an int"),
+    ({"collective_overlap_limit": 2.5}, r"collective_overlap_limit must be an int"),
+])
+def test_xla_flags_refuses_wrong_types(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        _flags.xla_flags(**kwargs)
+
+
 def test_xla_flags_follow_the_plan(monkeypatch):
     import jaxpar
 

@@ -164,6 +164,21 @@ def test_three_scans_fuse_into_one() -> None:
     check(fuse_scans, f, *seed_args(n=8, steps=12), expect=one_of_three)
 
 
+def test_fused_scan_keeps_the_largest_member_unroll() -> None:
+    # unroll=2 beside unroll=3 ran 6 + 4 trips; fused at unroll 1 it ran 12 (a deviceless
+    # H200 compile with unroll=None: 90 -> 138 launches, est. x1.51; at unroll 3: 74).
+    def f(c1: jax.Array, c2: jax.Array, xs1: jax.Array, xs2: jax.Array) -> Any:
+        return (lax.scan(body_tanh, c1, xs1, reverse=True, unroll=2)[0],
+                lax.scan(body_matmuls, c2, xs2, unroll=3))
+
+    def unrolled_by_three(r: PassResult) -> None:
+        (fused,) = scans(r.new)
+        assert _compat.scan_info(fused).unroll == 3
+        assert r.decisions[0].unroll == 3
+
+    check(fuse_scans, f, *seed_args(n=8, steps=12), kinds=["fused"], expect=unrolled_by_three)
+
+
 def test_three_scans_of_three_lengths() -> None:
     k = jax.random.split(jax.random.PRNGKey(3), 3)
     xs = [jax.random.normal(k[i], (length, 4)) for i, length in enumerate((3, 9, 6))]

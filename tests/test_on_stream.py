@@ -176,8 +176,14 @@ def test_bad_stream_types():
 
 
 def test_non_callable():
-    with pytest.raises(TypeError, match="callable"):
+    # The hint shows on_stream's own call form (it takes no function as first argument).
+    with pytest.raises(TypeError, match=r"callable.*call on_stream\(stream\)\(fun\)\."):
         jaxpar.on_stream(1)(42)
+
+
+def test_function_given_as_the_stream_shows_the_decorator_form():
+    with pytest.raises(TypeError, match=r"on_stream takes the stream id.*on_stream\(1\)\(fun\)"):
+        jaxpar.on_stream(layer)
 
 
 def test_nesting_detector_sees_hand_built_nesting():

@@ -358,7 +358,8 @@ def compile_for_gpu(
         ValueError: unknown ``gpu``; ``devices < 1``; ``mesh`` not on deviceless GPUs of
             this kind or of another size than ``devices``.
         RuntimeError: the CUDA plugin is missing or mismatched (the message has the
-            ``pip install`` line), or the result is not GPU HLO.
+            ``pip install`` line), the program holds a host callback (which JAX lowers
+            only with a GPU present), or the result is not GPU HLO.
 
     Example:
         >>> x = jax.ShapeDtypeStruct((128, 128), jnp.float32)
@@ -403,7 +404,20 @@ def lower_for_gpu(
     placed_args, placed_kwargs = jax.tree_util.tree_map(
         lambda leaf: _place_leaf(leaf, mesh), (args, kwargs)
     )
-    return GpuLowering(jax.jit(fn).trace(*placed_args, **placed_kwargs).lower(), mesh)
+    traced = jax.jit(fn).trace(*placed_args, **placed_kwargs)
+    try:
+        lowered = traced.lower()
+    except RuntimeError as error:
+        if "Unknown backend" not in str(error):
+            raise
+        # JAX lowers a host callback through the live backend of its platform.
+        raise RuntimeError(
+            "compile_for_gpu: lowering for the GPU asked for a live GPU backend, which a "
+            "deviceless compile does not have; most often the program holds a host callback "
+            "(jax.debug.print, jax.debug.callback, io_callback, pure_callback), which JAX "
+            "lowers only with a GPU present. Compile the program without its callbacks "
+            f"(JAX's error: {error})") from error
+    return GpuLowering(lowered, mesh)
 
 
 def compiled_hlo(lowering: GpuLowering,

@@ -311,8 +311,9 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         malformed calibration profile for ``gpu`` (``GpuProfileError``).
       TypeError: an unknown option (with the closest valid name).
     """
+    # Options.names() holds command_buffers, which gpu_preview takes as its own argument.
     check_known(options, (*Options.names(), "gpu", "devices", "mesh", "allow_known_crashes",
-                          "command_buffers", "kwargs", "static_argnums", "static_argnames"))
+                          "kwargs", "static_argnums", "static_argnames"))
     if command_buffers is None:
         mode, source = command_buffer_mode(), "XLA_FLAGS"
     else:
