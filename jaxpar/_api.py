@@ -613,51 +613,67 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
     ``choose_command_buffers``, the program is planned in each candidate mode and the plan
     of the mode the GPU model estimates fastest is kept (``_plan.modes``)."""
     traced = trace(fun, sig)
-    choice = None
     with _collector_paused():
-        analysis = Analysis(settings)
-        plain_us = None
-        if baseline:
-            inner, _ = _compat.open_jaxpr(traced.jaxpr)
-            costs = analysis.costs
-            plain_us = sum(costs.seconds(costs.eqn_cost(eqn)) for eqn in inner.eqns) * 1e6
-        jaxpr, loops = run_passes(traced.jaxpr, analysis=analysis)
-        plan = plan_jaxpr(jaxpr, analysis)
-        if settings.target == "gpu" and settings.choose_command_buffers \
-                and settings.command_buffers is not None:
-            user = settings.command_buffers
-            plans = {user: (plan, estimate_seconds(plan, analysis.costs, user), jaxpr, loops)}
-            batched = any(d.kind in (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS)
-                          for d in loops)
-            for mode in MODE_CANDIDATES:
-                if mode not in plans:
-                    other = analysis.with_settings(
-                        dataclasses.replace(settings, command_buffers=mode))
-                    # The batching passes price launches in the mode (a concurrent graph
-                    # already overlaps a stage's members): where they batched something
-                    # and the mode prices a launch otherwise, they run again in it.
-                    mode_jaxpr, mode_loops = jaxpr, loops
-                    if batched and launch_pricing(mode) != launch_pricing(user):
-                        mode_jaxpr, mode_loops = run_passes(traced.jaxpr, analysis=other)
-                    planned = plan_jaxpr(mode_jaxpr, other)
-                    if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
-                        continue  # graphs off only for regions' loops (_plan.modes)
-                    plans[mode] = (planned, estimate_seconds(planned, other.costs, mode),
-                                   mode_jaxpr, mode_loops)
-            choice = choose_mode({mode: entry[1] for mode, entry in plans.items()}, user)
-            plan, _, jaxpr, loops = plans[choice.mode]
-        elif settings.target == "gpu":
-            explicit = settings.compile_command_buffers
-            kept = explicit or settings.command_buffers or settings.user_command_buffers
-            if kept is not None:
-                choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
-                                   estimate_seconds(plan, analysis.costs, kept))
-        if choice is not None:
-            plain = estimate_plain_seconds(traced.jaxpr, analysis.costs, choice.user_mode)
-            choice = dataclasses.replace(choice, plain_seconds=plain)
+        # The analysis (its memos, the other modes' plans) is freed as ``_priced_plan``
+        # returns, before the collector is back on: its first collection then scans only
+        # what the call keeps.
+        jaxpr, plan, loops, plain_us, choice = _priced_plan(traced, settings, baseline)
     if jaxpr is not traced.jaxpr:
         traced = dataclasses.replace(traced, jaxpr=jaxpr)
     return traced, plan, loops, plain_us, choice
+
+
+def _priced_plan(traced: Traced, settings: Settings, baseline: bool
+                 ) -> tuple[_compat.ClosedJaxpr, LevelPlan, tuple[PassDecision, ...], float | None,
+                            ModeChoice | None]:
+    """``_analyse_priced`` of a traced program: the rewritten jaxpr and the rest."""
+    choice = None
+    analysis = Analysis(settings)
+    plain_us = None
+    if baseline:
+        inner, _ = _compat.open_jaxpr(traced.jaxpr)
+        costs = analysis.costs
+        plain_us = sum(costs.seconds(costs.eqn_cost(eqn)) for eqn in inner.eqns) * 1e6
+    jaxpr, loops = run_passes(traced.jaxpr, analysis=analysis)
+    plan = plan_jaxpr(jaxpr, analysis)
+    # What the GPU model's estimates of every mode and of the plain program share.
+    estimates = analysis.shared_memo("mode_estimates")
+    if settings.target == "gpu" and settings.choose_command_buffers \
+            and settings.command_buffers is not None:
+        user = settings.command_buffers
+        plans = {user: (plan, estimate_seconds(plan, analysis.costs, user, estimates),
+                        jaxpr, loops)}
+        batched = any(d.kind in (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS)
+                      for d in loops)
+        for mode in MODE_CANDIDATES:
+            if mode not in plans:
+                other = analysis.with_settings(
+                    dataclasses.replace(settings, command_buffers=mode))
+                # The batching passes price launches in the mode (a concurrent graph
+                # already overlaps a stage's members): where they batched something
+                # and the mode prices a launch otherwise, they run again in it.
+                mode_jaxpr, mode_loops = jaxpr, loops
+                if batched and launch_pricing(mode) != launch_pricing(user):
+                    mode_jaxpr, mode_loops = run_passes(traced.jaxpr, analysis=other)
+                planned = plan_jaxpr(mode_jaxpr, other)
+                if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
+                    continue  # graphs off only for regions' loops (_plan.modes)
+                plans[mode] = (planned, estimate_seconds(planned, other.costs, mode,
+                                                         estimates),
+                               mode_jaxpr, mode_loops)
+        choice = choose_mode({mode: entry[1] for mode, entry in plans.items()}, user)
+        plan, _, jaxpr, loops = plans[choice.mode]
+    elif settings.target == "gpu":
+        explicit = settings.compile_command_buffers
+        kept = explicit or settings.command_buffers or settings.user_command_buffers
+        if kept is not None:
+            choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
+                               estimate_seconds(plan, analysis.costs, kept, estimates))
+    if choice is not None:
+        plain = estimate_plain_seconds(traced.jaxpr, analysis.costs, choice.user_mode,
+                                       estimates)
+        choice = dataclasses.replace(choice, plain_seconds=plain)
+    return jaxpr, plan, loops, plain_us, choice
 
 
 @contextlib.contextmanager
