@@ -175,16 +175,29 @@ def _level_basis(inner: Jaxpr, graph: Graph, analysis: Analysis,
 
 
 def _blocked(eqns: Sequence[JaxprEqn], analysis: Analysis) -> dict[int, str]:
-    """Equations that must stay where they are, with the reason."""
+    """Equations that must stay where they are, with the reason (each equation's reason
+    remembered for the call: the levels planned in each mode share most equations)."""
+    reasons = analysis.shared_memo("plan_blocked_reason")
     blocked: dict[int, str] = {}
     for index, eqn in enumerate(eqns):
-        if analysis.annotated(eqn):
-            blocked[index] = REASON_ANNOTATED
-        elif _compat.ordering_effects(eqn):
-            blocked[index] = REASON_EFFECTFUL
-        elif is_collective(eqn):
-            blocked[index] = REASON_COLLECTIVE
+        reason = reasons.get(eqn)
+        if reason is None:
+            reason = _blocked_reason(eqn, analysis)
+            reasons.set(eqn, reason)
+        if reason:
+            blocked[index] = reason
     return blocked
+
+
+def _blocked_reason(eqn: JaxprEqn, analysis: Analysis) -> str:
+    """Why ``eqn`` must stay where it is; empty if it may move."""
+    if analysis.annotated(eqn):
+        return REASON_ANNOTATED
+    if eqn.effects and _compat.ordering_effects(eqn):
+        return REASON_EFFECTFUL
+    if is_collective(eqn):
+        return REASON_COLLECTIVE
+    return ""
 
 
 def _blocked_detail(reason: str, eqn: JaxprEqn) -> str:
