@@ -152,6 +152,9 @@ class _Span:
         return max(self.device + self.lead, self.host)
 
 
+# The primitives ``_Model._alone`` runs outside graphs.
+_ALONE = frozenset((SCAN, WHILE, COND))
+
 # One equation of a level as the model sees it: (equation, duration, work, kernels, sure
 # kernels, its span if it runs alone outside graphs); see ``_Model._entry``.
 _Entry = tuple[JaxprEqn, float, float, float, float, "_Span | None"]
@@ -247,9 +250,10 @@ class _Model:
         """``eqn``'s ``_Entry`` in this mode: a loop or cond (``alone``), a call (its
         body's), or a kernel of its own, the same in every mode (remembered in the memo);
         zeros for a free equation."""
-        alone = self._alone(eqn)
-        if alone is not None:
-            return eqn, alone.seconds, alone.work, 0.0, 0.0, alone
+        if eqn.primitive.name in _ALONE:
+            alone = self._alone(eqn)
+            if alone is not None:
+                return eqn, alone.seconds, alone.work, 0.0, 0.0, alone
         subs = self.costs.subjaxprs(eqn)
         if subs:
             body = self.jaxpr(subs[0][2])
