@@ -127,7 +127,7 @@ def eqn_has_placement(eqn: JaxprEqn, memo: IdentityMemo[JaxprLike, bool],
     """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
     if eqn.primitive.name in USER_PLACEMENT:
         return True
-    if _compat.eqn_frontend_attributes(eqn):
+    if _compat.has_frontend_attributes(eqn):
         return True
     return any(jaxpr_has_placement(sub, memo, subjaxprs) for _, _, sub in subjaxprs(eqn))
 

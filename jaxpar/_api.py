@@ -614,19 +614,19 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
     of the mode the GPU model estimates fastest is kept (``_plan.modes``)."""
     traced = trace(fun, sig)
     with _collector_paused():
-        # The analysis (its memos, the other modes' plans) is freed as ``_priced_plan``
-        # returns, before the collector is back on: its first collection then scans only
-        # what the call keeps.
-        jaxpr, plan, loops, plain_us, choice = _priced_plan(traced, settings, baseline)
+        jaxpr, plan, loops, plain_us, choice = _priced(traced, settings, baseline)
     if jaxpr is not traced.jaxpr:
         traced = dataclasses.replace(traced, jaxpr=jaxpr)
     return traced, plan, loops, plain_us, choice
 
 
-def _priced_plan(traced: Traced, settings: Settings, baseline: bool
-                 ) -> tuple[_compat.ClosedJaxpr, LevelPlan, tuple[PassDecision, ...], float | None,
-                            ModeChoice | None]:
-    """``_analyse_priced`` of a traced program: the rewritten jaxpr and the rest."""
+def _priced(traced: Traced, settings: Settings, baseline: bool
+            ) -> tuple[_compat.ClosedJaxpr, LevelPlan, tuple[PassDecision, ...], float | None,
+                       ModeChoice | None]:
+    """``_analyse_priced`` after the trace. Its ``Analysis`` objects (and their memos,
+    which keep hundreds of thousands of small objects alive) die when it returns,
+    inside ``_collector_paused``: the collection that follows then scans only what
+    the call keeps."""
     choice = None
     analysis = Analysis(settings)
     plain_us = None

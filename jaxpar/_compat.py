@@ -69,6 +69,7 @@ __all__ = [
     "eqn_frontend_attributes",
     "eqn_replace_subjaxprs",
     "eqn_subjaxprs",
+    "has_frontend_attributes",
     "internal_primitive",
     "is_tracer",
     "jit_disabled",
@@ -390,6 +391,18 @@ def eqn_frontend_attributes(eqn: JaxprEqn) -> dict[str, str]:
         else:  # jax 0.8 - 0.10: the attributes are the parameters themselves
             attrs.update({str(k): str(v) for k, v in eqn.params.items() if k != "jaxpr"})
     return attrs
+
+
+def has_frontend_attributes(eqn: JaxprEqn) -> bool:
+    """``bool(eqn_frontend_attributes(eqn))`` without building the dict: the passes ask
+    this of every equation of every level they visit."""
+    ctx = eqn.ctx
+    if getattr(ctx, "xla_metadata", None) or getattr(ctx, "compute_type", None) is not None:
+        return True
+    primitive = eqn.primitive
+    if primitive is stream_region_p or primitive.name == _XLA_METADATA_CALL:
+        return bool(eqn_frontend_attributes(eqn))
+    return False
 
 
 def bind_eqn(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | None = None

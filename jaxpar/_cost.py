@@ -320,7 +320,13 @@ class CostModel:
         launch is worth a whole launch."""
         if mode is not CommandBufferMode.CONCURRENT or in_loop_body or self.profile.gpu is None:
             return launch_prices(self.profile, mode, 0.0)  # no graph's kernels to count
+        # The prices only ask whether the graph holds ``MIN_GRAPH_SIZE`` kernels, so the
+        # count stops there (kernels are never negative) instead of costing every equation.
         uncaptured = (_primitives.SCAN, _primitives.WHILE, _primitives.COND)
-        kernels = sum(self.eqn_cost(e).kernels for e in eqns
-                      if e.primitive.name not in uncaptured)
+        kernels = 0.0
+        for e in eqns:
+            if e.primitive.name not in uncaptured:
+                kernels += self.eqn_cost(e).kernels
+                if kernels >= MIN_GRAPH_SIZE:
+                    break
         return launch_prices(self.profile, mode, kernels)

@@ -2,7 +2,7 @@
 
 Choose a hypothesis profile with the environment variable `JAXPAR_HYPOTHESIS_PROFILE`:
 
-    JAXPAR_HYPOTHESIS_PROFILE=dev pytest tests/test_properties.py
+    JAXPAR_HYPOTHESIS_PROFILE=dev pytest tests/test_parallel_branches_properties.py
 
 - `ci` (default): derandomized, so every run tests the same programs and a failure
   reproduces; 10 examples per property (the feature families a fraction of that, at

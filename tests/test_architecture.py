@@ -1,4 +1,6 @@
-"""The package's shape: imports follow the pipeline, no circles, no giant definitions.
+"""The package's shape: imports follow the pipeline, no circles, no giant definitions; and
+the test suite's: test modules share code only through helper modules, and each is named
+after what it tests.
 
 The pipeline is ``_compat -> _graph -> _cost -> passes/ -> _plan -> _emit -> _report
 -> _api -> _compiled``: a module may import modules earlier in it, never later ones.
@@ -10,11 +12,14 @@ apart).
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "jaxpar"
+TESTS = Path(__file__).resolve().parent
 
 PIPELINE = ("jaxpar._compat", "jaxpar._graph", "jaxpar._cost", "jaxpar.passes", "jaxpar._plan",
             "jaxpar._emit", "jaxpar._report.plan", "jaxpar._api")
@@ -242,3 +247,127 @@ def test_identity_memos_use_the_one_helper() -> None:
 ])
 def test_the_memo_reader_finds_id_keys(source: str, found: list[int]) -> None:
     assert _hand_written_identity_memos(source) == found
+
+
+# ---------------------------------------------------------------- the test suite's layout
+#
+# A test module that imports another runs (or at least imports, with its module-level
+# set-up) that module's programs, and couples two files that should change on their own.
+# Shared programs live in tests/helpers.py, the pass checker in tests/pass_checker.py, and
+# the random-program strategies in tests/programs.py.
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Top-level names of the absolute imports anywhere in ``path`` (functions included)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_modules_import_no_test_module() -> None:
+    modules = sorted(TESTS.glob("*.py"))
+    test_modules = {p.stem for p in modules if p.stem.startswith("test_")}
+    assert len(test_modules) > 10  # the glob sees the suite
+    offenders = {p.name: sorted(imported_modules(p) & test_modules) for p in modules}
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
+    module = tmp_path / "test_example.py"
+    module.write_text("def test_a():\n    from test_other import f\n    import test_third.x\n")
+    assert {"test_other", "test_third"} <= imported_modules(module)
+
+
+def test_one_skip_mark_for_tests_that_need_the_cuda_plugin() -> None:
+    """``helpers.needs_plugin`` is the one mark; no test module builds its own."""
+    own = re.compile(r"skipif\(\s*not\s+(_?PLUGIN_OK|[\w.]*plugin_status\(\)\[0\])")
+    offenders = sorted(p.name for p in TESTS.glob("test_*.py") if own.search(p.read_text()))
+    assert offenders == []
+
+
+# Each test module is named after what it tests: ``test_<subject>.py`` or, for a subject
+# with several files, ``test_<subject>_<aspect>.py``. A subject is a jaxpar module, its
+# path without underscores (``_compiled/estimate.py``: ``compiled_estimate``; a package's
+# ``__init__.py``: the package, ``compiled``), a pass by its name (``passes/fuse_scans.py``:
+# ``fuse_scans``), or one of the subjects below, which no one module holds. A package's
+# tests name the submodule they test: ``plan_<aspect>`` must be ``plan_<submodule>``.
+CROSS_MODULE_SUBJECTS = {
+    "architecture": "the package's import layers and the test suite's layout (this file)",
+    "parallel_branches": "the public decorator end to end, on random programs",
+    "inspect": "jaxpar.inspect and its Plan report, end to end",
+    "on_stream": "jaxpar.on_stream, end to end",
+    "jit": "parallel_branches composed with jax.jit",
+    "grad": "parallel_branches composed with jax.grad and the other autodiff entry points",
+    "vmap": "parallel_branches composed with jax.vmap",
+    "shard_map": "parallel_branches composed with shard_map",
+    "dtypes": "weak types and extended dtypes through the rewrites, emitter and cost model",
+    "custom_rules": "custom_jvp/custom_vjp rules, effects and callbacks through every pass",
+    "errors": "the errors of every public entry point",
+    "loop_passes": "the loop passes together (fuse_scans, batch_scans, unroll_scans, "
+                   "make_loops_static through passes.apply_loop_passes)",
+    "seeds": "the user stories (seed programs) down to the compiled H200 schedule",
+    "ecosystem": "real Flax, Equinox, Optax and jax.example_libraries models, end to end",
+    "gpu_guard": "benchmarks/gpu_suite.py compiled for an H200: never worse on the GPU",
+    "benchmarks": "benchmarks/run.py at its smallest sizes",
+    "docs": "README.md, docs/*.md and examples/",
+    "pass_checker": "tests/pass_checker.py, the checker the pass tests share",
+}
+
+
+def _module_subjects() -> dict[str, bool]:
+    """Subject -> whether it is a package with submodules (from jaxpar's modules)."""
+    subjects: dict[str, bool] = {}
+    for name, path in _modules().items():
+        parts = [part.lstrip("_") for part in name.split(".")[1:]]
+        if not parts:
+            continue
+        subjects["_".join(parts)] = path.name == "__init__.py"
+        if parts[0] == "passes" and len(parts) == 2 and not name.split(".")[-1].startswith("_"):
+            subjects[parts[1]] = False  # a pass by its name
+    return subjects
+
+
+def subject_of(stem: str, modules: dict[str, bool], cross: Collection[str]) -> str | None:
+    """The subject ``test_<stem>.py`` is named after: ``stem`` itself, else its longest
+    prefix ending before an underscore that is a subject, unless that is a package (whose
+    tests name the submodule); None when it names none."""
+    parts = stem.split("_")
+    if stem in modules or stem in cross:
+        return stem
+    for length in range(len(parts) - 1, 0, -1):
+        prefix = "_".join(parts[:length])
+        if prefix in cross or (prefix in modules and not modules[prefix]):
+            return prefix
+    return None
+
+
+def test_each_test_module_is_named_after_what_it_tests() -> None:
+    modules = _module_subjects()
+    assert not set(modules) & set(CROSS_MODULE_SUBJECTS)  # no subject listed twice
+    stems = sorted(p.stem.removeprefix("test_") for p in TESTS.glob("test_*.py"))
+    subjects = {stem: subject_of(stem, modules, CROSS_MODULE_SUBJECTS) for stem in stems}
+    assert [f"test_{stem}.py" for stem, subject in subjects.items() if subject is None] == []
+    # The list holds only subjects some file is named after.
+    assert sorted(set(CROSS_MODULE_SUBJECTS) - set(subjects.values())) == []
+
+
+@pytest.mark.parametrize("stem, subject", [
+    ("compiled_estimate", "compiled_estimate"),  # jaxpar/_compiled/estimate.py
+    ("compiled", "compiled"),  # jaxpar/_compiled/__init__.py
+    ("fuse_scans", "fuse_scans"),  # a pass by its name
+    ("passes_shared", "passes_shared"),  # jaxpar/passes/_shared.py
+    ("plan_level_antichain", "plan_level"),  # a module's tests in more than one file
+    ("loop_passes_properties", "loop_passes"),  # a cross-module subject's
+    ("one_estimate", None),  # named after an issue's item
+    ("batch_faithful", None),
+    ("seed_stories", None),
+    ("pass_table", None),
+    ("plan_stages", None),  # a package's tests name the submodule
+    ("estimate", None),  # the path, not only the file's name
+])
+def test_the_name_reader(stem: str, subject: str | None) -> None:
+    assert subject_of(stem, _module_subjects(), CROSS_MODULE_SUBJECTS) == subject

@@ -27,7 +27,7 @@ Sharp edges:
     to work with each supported jax. A test whose library is missing is skipped, not failed.
     `check_against_jit` compares with `jax.jit`, so its Equinox programs take the arrays
     split off with `eqx.partition`; whole modules and training steps, compared with
-    `eqx.filter_jit` and `nnx.jit`, are in `test_ecosystem_steps.py`.
+    `eqx.filter_jit` and `nnx.jit`, are in `test_frameworks.py`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from helpers import (
 import jaxpar
 
 # These tests are about the decomposition: sections are forced past the GPU pricing
-# (jaxpar/_plan/pricing.py, tested in tests/test_pricing.py).
+# (jaxpar/_plan/pricing.py, tested in tests/test_plan_pricing.py).
 GPU = {"target": "gpu", "force_streams": True}
 
 

@@ -151,7 +151,7 @@ def group_collectives(jaxpr: JaxprLike, graph: Graph | None = None, *,
                   if eqn.primitive.name in groupable and is_collective(eqn)
                   and i in graph.live and i not in excluded
                   and not _compat.ordering_effects(eqn)
-                  and not _compat.eqn_frontend_attributes(eqn)]
+                  and not _compat.has_frontend_attributes(eqn)]
     is_candidate = set(candidates)
     # layer[i]: deepest chain of candidates ending at (and including) equation i; read
     # for candidates only, so computed up to the last one.

@@ -774,4 +774,4 @@ def _as_left_alone(decisions: Sequence[PassDecision], why: str) -> list[PassDeci
 def loop_candidate(eqn: JaxprEqn) -> bool:
     """Whether a scan may be merged or re-emitted: no effects, no user placement."""
     return (eqn.primitive.name == SCAN and not eqn.effects
-            and not _compat.eqn_frontend_attributes(eqn))
+            and not _compat.has_frontend_attributes(eqn))

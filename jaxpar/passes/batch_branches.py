@@ -332,7 +332,7 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
     numbers_get = numbers.get
     for index, eqn in enumerate(inner.eqns):
         if (index not in live or eqn.effects or is_collective(eqn)
-                or _compat.eqn_frontend_attributes(eqn)):  # never batched
+                or _compat.has_frontend_attributes(eqn)):  # never batched
             keys.append(None)
             local_keys.append(None)
             continue

@@ -193,7 +193,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 def _batchable(eqn: JaxprEqn) -> bool:
     return (eqn.primitive.name in BATCHED_PRIMITIVES and not eqn.effects
             and not is_collective(eqn)
-            and not _compat.eqn_frontend_attributes(eqn))
+            and not _compat.has_frontend_attributes(eqn))
 
 
 def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,

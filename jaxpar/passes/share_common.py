@@ -59,7 +59,7 @@ def _eqn_key(eqn: JaxprEqn, keys: StructuralKeys, aval_text: dict[Any, str] | No
     """
     if eqn.effects or eqn.primitive.name in NEVER_SHARED:
         return None
-    if _compat.eqn_frontend_attributes(eqn):
+    if _compat.has_frontend_attributes(eqn):
         return None
     text = {} if aval_text is None else aval_text
 

@@ -1,4 +1,5 @@
-"""Stream regions under every autodiff transformation, and the scheduling groups they get.
+"""Stream regions (``jaxpar._emit.region_call``) under every autodiff transformation, and the
+scheduling groups they get.
 
 Regions holding loops used to break `grad` under `jax.checkpoint` (JAX's transpose of an
 `xla_metadata_call` whose body is a JVP'ed scan asserts), and the backward pass inherited the
@@ -27,7 +28,7 @@ from jax import lax
 import jaxpar
 
 # Regions holding loops are what is differentiated here: forced past the GPU pricing, which
-# keeps small loops out of regions under XLA's default CUDA-graph mode (tests/test_pricing.py).
+# keeps small loops out of regions under XLA's default CUDA-graph mode (tests/test_plan_pricing.py).
 OPTIONS = {"target": "gpu", "fuse_scans": False, "batch_scans": False,
            "batch_branches": False, "unroll": None, "min_cost_us": 0.0, "force_streams": True}
 RTOL, ATOL = 2e-5, 2e-5

@@ -16,7 +16,7 @@ this small):
 
 Values are compared bit for bit where `target="cpu"` runs with its defaults (the program is
 re-emitted unchanged), else, and gradients always, within the tolerances of
-`test_properties.py`. Effects are
+`test_parallel_branches_properties.py`. Effects are
 compared as sorted lists of (tag, value). Each example runs two configurations, so the
 properties use a fraction of the profile's examples; run
 `JAXPAR_HYPOTHESIS_PROFILE=thorough` to hunt.

@@ -1,7 +1,7 @@
-"""One estimate per plan (issue 20, item 2): the text header, the picture's title and
-``gpu_preview`` show the same figure for the same program and CUDA-graph mode, say where
-it comes from, count the loop rewrites, and draw a forced section with the GPU pricing's
-verdict.
+"""One estimate per plan (``jaxpar._report.timeline``, issue 20, item 2): the text header, the
+picture's title and ``gpu_preview`` show the same figure for the same program and CUDA-graph
+mode, say where it comes from, count the loop rewrites, and draw a forced section with the GPU
+pricing's verdict.
 
 ``inspect`` shows the planner's model (``Plan.estimate``); ``gpu_preview`` attaches its
 compiled estimate to the plan it returns, so that plan's header and picture show the

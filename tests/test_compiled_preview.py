@@ -1,4 +1,5 @@
-"""``jaxpar.gpu_preview`` on the seed-002 and multi-branch programs (deviceless H200)."""
+"""``jaxpar.gpu_preview`` (``jaxpar._compiled.preview``) on the seed-002 and multi-branch
+programs (deviceless H200)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Training steps written for `eqx.filter_jit` and `nnx.jit` run as written under jaxpar.
+"""Training steps written for `eqx.filter_jit` and `nnx.jit` run as written under jaxpar
+(`jaxpar._frameworks`).
 
 Each step is the shape found in public Equinox and Flax NNX code: Python-scalar module
 fields that steer tracing (`hidden_size: int`, `patch_size`, `Dropout.p`,
@@ -9,7 +10,7 @@ arrays and static fields, and the caller's objects' state after the call.
 
 Example::
 
-    JAX_PLATFORMS=cpu pytest tests/test_ecosystem_steps.py -q
+    JAX_PLATFORMS=cpu pytest tests/test_frameworks.py -q
 
 Sharp edges:
     The steps run with `target="cpu"` (the rewrites are off there, which keeps the tests

@@ -1,7 +1,7 @@
 """``jaxpar._compiled.estimate``: launches, overlap and time from scheduled HLO (no GPU, no plugin).
 
 The HLO modules here are written by hand in the text format XLA:GPU prints (see the
-deviceless compiles in ``tests/test_preview.py``), so each rule of the model is checked
+deviceless compiles in ``tests/test_compiled_preview.py``), so each rule of the model is checked
 on a program small enough to compute by hand.
 """
 

@@ -31,14 +31,14 @@ import jaxpar._compiled.preview as _preview
 from jaxpar._compiled import compile_for_gpu, parse_schedule
 
 # XLA in these jaxlibs kills the process (SIGSEGV) compiling a stream-annotated loop
-# deviceless; tests/test_deviceless.py checks that schedule from XLA's dump in a child.
+# deviceless; tests/test_compiled.py checks that schedule from XLA's dump in a child.
 crashes_on_annotated_loops = pytest.mark.skipif(
     jax.lib.__version__ in _preview._CRASHES_ON_ANNOTATED_LOOPS,
     reason=f"XLA in jaxlib {jax.lib.__version__} segfaults compiling annotated loops")
 
 # Stream tests force their sections past the GPU pricing (jaxpar/_plan/pricing.py), which refuses
 # them under XLA's default CUDA-graph mode (LOOPS_OFF, from tests/helpers.py, forces them
-# too); tests/test_pricing.py covers that choice.
+# too); tests/test_plan_pricing.py covers that choice.
 # The four branches are identical, so by default the GPU target batches them into one vmapped
 # chain (tests/test_batch_branches.py); here streams are what is tested.
 STREAMS = {"target": "gpu", "batch_branches": False, "batch_matmuls": False,

@@ -1,5 +1,5 @@
-"""The plan's pictures: the SVG timeline, HTML page, Chrome trace and dot, and the saved
-page rendered in Chromium.
+"""``jaxpar._report.render``, the plan's pictures: the SVG timeline, HTML page, Chrome trace
+and dot, and the saved page rendered in Chromium.
 
 The browser test renders the saved HTML in headless Chromium (Debian's `chromium`, which
 `scripts/test.sh` installs) and reads back, from the rendered page, the on-screen position

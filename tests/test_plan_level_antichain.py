@@ -1,4 +1,5 @@
-"""A section's regions are a convex antichain at every level, scan bodies included.
+"""A section's regions are a convex antichain at every level, scan bodies included
+(``jaxpar._plan.level``, ``order_units``).
 
 XLA:GPU rejects a scheduling group one of whose members reaches another through work
 outside the group ("annotation groups with gaps"). Within one level the planner must never

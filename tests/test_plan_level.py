@@ -1,5 +1,6 @@
-"""What the analysis finds and what it leaves alone: parallel branches nested inside other
-primitives' jaxprs, side effects, user-annotated code, and idempotence."""
+"""What the planner finds at each level (``jaxpar._plan.level``) and what it leaves alone:
+parallel branches nested inside other primitives' jaxprs, side effects, user-annotated code,
+and idempotence."""
 
 from __future__ import annotations
 

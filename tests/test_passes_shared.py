@@ -1,4 +1,5 @@
-"""The batching passes merge only what is the same, and batch only what vmap maps faithfully.
+"""``jaxpar.passes._shared``: the batching passes merge only what is the same, and batch only
+what vmap maps faithfully.
 
 Issue 10, points 2 and 3. ``batch_scans`` and ``batch_branches`` run several members as one
 ``vmap``ped copy of the first member, so

@@ -1,5 +1,6 @@
-"""Static arguments, as `jax.jit` has them (`static_argnums`/`static_argnames`) and as
-`eqx.filter_jit` treats non-array leaves (issue 13, point 1)."""
+"""Static arguments of ``parallel_branches`` (``jaxpar._api``), as `jax.jit` has them
+(`static_argnums`/`static_argnames`) and as `eqx.filter_jit` treats non-array leaves (issue 13,
+point 1)."""
 
 from __future__ import annotations
 

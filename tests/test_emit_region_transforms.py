@@ -1,4 +1,5 @@
-"""Stream regions under the JAX transformations that are not autodiff's first order.
+"""Stream regions (``jaxpar._emit.region_call``) under the JAX transformations that are not
+autodiff's first order.
 
 A region is an equation of jaxpar's own primitive (`_compat.stream_region_p`), lowered
 like `xla_metadata_call`, with a rule for each transformation that can meet it. Before,

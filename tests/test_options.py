@@ -1,0 +1,108 @@
+"""``jaxpar._options``: options read once (``Options.resolve`` -> ``Settings``), ``"auto"``
+meaning the target's default at every level."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import jaxpar
+from jaxpar._flags import command_buffer_mode
+from jaxpar._gpu_model import CommandBufferMode
+from jaxpar._options import TARGET_DEFAULTS, Options, Settings
+from jaxpar.passes import loop_defaults
+
+# ---------------------------------------------------------------- Options.resolve
+
+
+def test_resolve_reads_auto_per_target():
+    for target in ("gpu", "cpu", "tpu"):
+        settings = Options().resolve(target, async_limit=2, command_buffers="lhs")
+        defaults = TARGET_DEFAULTS[target]
+        assert settings.target == target
+        assert settings.fuse_scans is defaults["fuse_scans"]
+        assert settings.batch_matmuls is defaults["batch_matmuls"]
+        assert settings.group_collectives is defaults["group_collectives"]
+        assert settings.unroll == defaults["unroll"]
+        assert "auto" not in {str(v) for v in vars_of(settings).values()}
+
+
+def vars_of(settings: Settings) -> dict:
+    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
+
+
+def test_resolve_keeps_explicit_switches_and_limits_streams():
+    settings = Options.create(fuse_scans=False, unroll=3, max_streams=4).resolve(
+        "gpu", async_limit=3, command_buffers="off")
+    assert settings.fuse_scans is False and settings.unroll == 3
+    assert settings.streams_per_section == 3
+    assert settings.command_buffers is CommandBufferMode.OFF
+    forced = Options.create(force_streams=True).resolve("gpu", command_buffers="lhs")
+    # Forced sections are still priced (the report shows the verdict), never refused.
+    assert forced.command_buffers is CommandBufferMode.LHS and forced.force_streams
+    assert Options().resolve("cpu", command_buffers="lhs").command_buffers is None
+
+
+def test_resolve_reads_xla_flags(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_experimental_parallel_async_compute_limit=4 "
+                                    "--xla_gpu_enable_command_buffer=")
+    settings = Options.create(max_streams=8).resolve("gpu")
+    assert settings.streams_per_section == 4
+    assert settings.command_buffers is CommandBufferMode.OFF is command_buffer_mode()
+
+
+def test_resolve_rejects_bad_values():
+    with pytest.raises(ValueError, match="target must be one of"):
+        Options().resolve("abacus")
+    with pytest.raises(ValueError, match="async_limit"):
+        Options().resolve("gpu", async_limit=0)
+    with pytest.raises(ValueError, match="command_buffers"):
+        Options().resolve("gpu", command_buffers="sometimes")
+
+
+def test_settings_are_hashable_and_frozen():
+    settings = Options().resolve("gpu", async_limit=2, command_buffers="lhs")
+    assert hash(settings) == hash(Options().resolve("gpu", async_limit=2,
+                                                   command_buffers="lhs"))
+    with pytest.raises(AttributeError):
+        settings.target = "cpu"  # type: ignore[misc]
+
+
+def test_loop_defaults_come_from_the_options():
+    assert loop_defaults("gpu")["fuse"] is TARGET_DEFAULTS["gpu"]["fuse_scans"]
+    assert loop_defaults("cpu")["unroll"] is None
+    assert loop_defaults("gpu")["unroll"] == "cost"  # one spelling of "by cost" everywhere
+
+
+def test_auto_means_the_targets_default_at_every_level():
+    # "auto" is the target's default in parallel_branches and in the pass functions alike;
+    # "cost" asks the cost model on any target.
+    def loop(c, xs):
+        return lax.scan(lambda carry, x: (0.5 * carry + jnp.sin(x), None), c, xs)[0]
+
+    closed = jax.make_jaxpr(loop)(jnp.ones(4), jnp.ones((1000, 4)))
+
+    def unroll_of(new):
+        (scan,) = [e for e in new.jaxpr.eqns if e.primitive.name == "scan"]
+        return scan.params["unroll"]
+
+    assert jaxpar.passes.unroll_scans(closed, unroll="auto", target="cpu")[0] is closed
+    by_cost_cpu = unroll_of(jaxpar.passes.unroll_scans(closed, unroll="cost", target="cpu")[0])
+    assert by_cost_cpu > 1
+    assert unroll_of(jaxpar.passes.unroll_scans(closed, unroll="auto", target="gpu")[0]) == \
+        unroll_of(jaxpar.passes.unroll_scans(closed, unroll="cost", target="gpu")[0]) > 1
+    loop_passes = functools.partial(jaxpar.passes.apply_loop_passes, closed, fuse=False,
+                                    batch=False, unroll="auto")
+    assert loop_passes(target="cpu")[0] is closed
+    assert unroll_of(loop_passes(target="gpu")[0]) == \
+        unroll_of(jaxpar.passes.unroll_scans(closed)[0])
+    plan = jaxpar.inspect(loop, target="cpu", unroll="cost")(jnp.ones(4), jnp.ones((1000, 4)))
+    assert [d.unroll for d in plan.loops if d.kind == "unrolled"] == [by_cost_cpu]
+    assert not [d for d in jaxpar.inspect(loop, target="cpu")(jnp.ones(4), jnp.ones((1000, 4)))
+                .loops if d.kind == "unrolled"]
+    with pytest.raises(ValueError, match="'cost'"):
+        jaxpar.parallel_branches(loop, unroll="by cost")

@@ -1,0 +1,163 @@
+"""``jaxpar.passes``: the pass table (``PASSES``, ``run_pass``, ``run_passes``), one name per pass,
+and every row through the pass checker."""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpar
+from jaxpar._options import Settings
+from jaxpar.passes import (
+    PASSES,
+    DecisionKind,
+    PassDecision,
+    apply_loop_passes,
+    batch_scans,
+    fuse_scans,
+    run_pass,
+    run_passes,
+    unroll_scans,
+)
+
+
+def _two_scans(a, b):
+    fa, _ = lax.scan(lambda c, x: (jnp.tanh(c + x), None), a, jnp.ones((5, 3)))
+    fb, _ = lax.scan(lambda c, x: (jnp.sin(c * x), None), b, jnp.ones((5, 3)))
+    return fa + fb
+
+
+def _args():
+    return jnp.ones(3), jnp.full(3, 0.5)
+
+
+# ---------------------------------------------------------------- one name per pass
+
+
+def test_each_pass_has_one_name():
+    # Row, module, function (and option, where there is one) share the name.
+    for row in PASSES:
+        module = importlib.import_module(f"jaxpar.passes.{row.name}")
+        assert row.run is module.run, row.name
+        assert callable(getattr(jaxpar.passes, row.name)), row.name
+    assert jaxpar.passes.share_common_subexpressions is jaxpar.passes.share_common
+    assert jaxpar.passes.LoopPass is jaxpar.passes.Pass
+    assert jaxpar.passes.LoopDecision is jaxpar.passes.PassDecision
+
+
+# ---------------------------------------------------------------- the pass table
+
+
+def test_table_rows_are_unique_and_run_in_order():
+    names = [p.name for p in PASSES]
+    assert len(set(names)) == len(names)
+    assert names == ["share_common", "inline_twin_calls", "make_loops_static", "batch_scans",
+                     "fuse_scans", "batch_branches", "batch_matmuls", "unroll_scans"]
+
+
+def test_decisions_carry_the_pass_name_and_an_enum_kind():
+    closed = jax.make_jaxpr(_two_scans)(*_args())
+    _, decisions = run_passes(closed, target="gpu")
+    assert decisions
+    for d in decisions:
+        assert isinstance(d, PassDecision)
+        assert isinstance(d.kind, DecisionKind)
+        assert d.pass_name in {p.name for p in PASSES}
+    fused = [d for d in decisions if d.kind == DecisionKind.FUSED]
+    assert fused and all(d.pass_name == "fuse_scans" for d in fused)
+    assert DecisionKind.FUSED == "fused"  # still compares equal to the old strings
+
+
+def test_run_pass_is_the_public_functions():
+    closed = jax.make_jaxpr(_two_scans)(*_args())
+    via_table, table_decisions = run_pass("fuse_scans", closed, settings=Settings(
+        target="gpu", fuse_scans=True))
+    via_function, function_decisions = fuse_scans(closed)
+    assert str(via_table) == str(via_function)
+    assert [d.kind for d in table_decisions] == [d.kind for d in function_decisions]
+    unrolled, _ = unroll_scans(closed, unroll=5)
+    assert all(e.params["unroll"] == 5 for e in unrolled.jaxpr.eqns
+               if e.primitive.name == "scan")
+    same, decisions = batch_scans(closed)  # different bodies: nothing to batch
+    assert same is closed and decisions == ()
+
+
+def test_run_passes_names_and_errors():
+    closed = jax.make_jaxpr(_two_scans)(*_args())
+    only_static, decisions = run_passes(closed, ["make_loops_static"], target="gpu")
+    assert only_static is closed and decisions == ()
+    with pytest.raises(ValueError, match="unknown pass"):
+        run_passes(closed, ["fuse_scan"], target="gpu")
+    with pytest.raises(ValueError, match="target"):
+        run_passes(closed, target="abacus")
+    with pytest.raises(TypeError, match="did you mean 'fuse_scans'"):
+        run_passes(closed, target="gpu", fuse_scan=True)
+    with pytest.raises(ValueError, match="unroll"):
+        apply_loop_passes(closed, fuse=False, batch=False, unroll=0, target="gpu")
+
+
+def test_run_passes_keeps_values():
+    closed = jax.make_jaxpr(_two_scans)(*_args())
+    new, _ = run_passes(closed, target="gpu")
+    expected = jax.jit(_two_scans)(*_args())
+    got = jax.jit(jax.extend.core.jaxpr_as_fun(new))(*_args())[0]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-6)
+
+
+# ---------------------------------------------------------------- every row through the checker
+
+
+def _every_pass_program(ws, x, h):
+    """Something for each row: twin equations, a counting while, identical and different
+    scans, identical ensemble members, same-shaped matmuls of different members, twin
+    nested jit calls."""
+    shared = jnp.sin(x) + jnp.sin(x)  # share_common: two equal sin
+    count = lax.fori_loop(0, jnp.int32(5), lambda i, c: c + i, jnp.int32(1))  # static while
+    body = lambda c, xs: (jnp.tanh(c @ ws[0] + xs), None)
+    s1, _ = lax.scan(body, h, jnp.ones((6, 8)))  # two identical scans
+    s2, _ = lax.scan(body, h * 2.0, jnp.ones((6, 8)))
+    s3, _ = lax.scan(lambda c, xs: (jnp.sin(c) * xs, None), h, jnp.ones((4, 8)))  # another
+    members = [jnp.tanh(jnp.tanh(x @ w) @ w) for w in ws]  # identical members
+    mixed = jnp.tanh(x @ ws[0]).sum() + jnp.sin(x @ ws[1]).sum()  # different members
+    twins = _jitted_layer(x, ws[2]) * _jitted_layer(x * 2.0, ws[3])  # twin nested jits
+    return shared.sum() * count + s1.sum() + s2.sum() + s3.sum() + sum(
+        m.sum() for m in members) + mixed + twins.sum()
+
+
+_jitted_layer = jax.jit(lambda x, w: jnp.sin(x @ w))
+
+
+@pytest.mark.parametrize("row", PASSES, ids=lambda row: row.name)
+def test_every_row_passes_the_checker(row):
+    from pass_checker import check_pass
+
+    key = jax.random.PRNGKey(0)
+    ws = [jax.random.normal(k, (8, 8)) * 0.3 for k in jax.random.split(key, 4)]
+    x = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
+    h = jnp.linspace(-1.0, 1.0, 8)
+    settings = Settings(target="gpu", share_common=True, batch_scans=True, fuse_scans=True,
+                        batch_branches=True, batch_matmuls=True, unroll="cost")
+
+    def run(closed):
+        return run_pass(row.name, closed, settings=settings)
+
+    result = check_pass(run, _every_pass_program, ws, x, h,
+                        tolerance={"rtol": 2e-5, "atol": 2e-5},
+                        grad_tolerance={"rtol": 2e-4, "atol": 2e-5})
+    assert result.new is not result.closed, f"{row.name} changed nothing here"
+    assert {d.pass_name for d in result.decisions} <= {row.name}
+
+
+def test_plan_dicts_hold_plain_strings_and_the_pass_name():
+    plan = jaxpar.inspect(_two_scans, target="gpu")(*_args())
+    loops = plan.to_dict()["loops"]
+    assert loops
+    for loop in loops:
+        assert type(loop["kind"]) is str
+        assert loop["pass"] in {p.name for p in PASSES}
