@@ -19,8 +19,9 @@ repetition (no trace cache can help):
 
 and reports each against ``lower``, and the growth exponent of each (the slope of
 log(time) against log(equations) from the smallest to the largest size; 1.0 is linear).
-Issue 14's two targets are printed per size: ``inspect / lower`` (at most 1) and
-``lower(jit(pb(f))) / lower(jit(f))`` (the ``lower_pb`` ratio, at most 2).
+The two targets (issue 21, at 10k equations) are printed per size: ``inspect / lower``
+(at most 1.0) and ``lower(jit(pb(f))) / lower(jit(f))`` (the ``lower_pb`` ratio, at most
+1.5; issue 14 asked for 2).
 ``--profile`` runs cProfile over ``inspect`` + ``rewrite`` at the given sizes and prints
 the functions with the most cumulative time (jaxpar's own first).
 
@@ -60,6 +61,8 @@ SCANS = 4  # scans in the whole program, whatever its size
 SCAN_STEPS = 16
 EQNS_PER_STEP = 2  # dot_general + tanh
 EQNS_PER_JOIN = CHAINS  # CHAINS - 1 adds and a mul
+INSPECT_TARGET = 1.0  # inspect / lower (issue 21)
+LOWER_PB_TARGET = 1.5  # lower(jit(pb(f))) / lower(jit(f)) (issue 21)
 
 
 def build_program(target_eqns: int) -> Callable[..., Any]:
@@ -168,9 +171,10 @@ def measure(target_eqns: int, repeats: int) -> dict[str, Any]:
     entry["ratio_vs_lower"] = {name: statistics.median(
         [t / lo for t, lo in zip(s, samples["lower"], strict=True)])
         for name, s in samples.items()}
-    # Issue 14's targets: inspect / lower <= 1, lower(jit(pb(f))) / lower(jit(f)) <= 2.
-    entry["issue_14"] = {"inspect_over_lower": entry["ratio_vs_lower"]["inspect"],
-                         "lower_pb_over_lower": entry["ratio_vs_lower"]["lower_pb"]}
+    # The targets (issue 21): inspect / lower <= 1.0, lower(jit(pb(f))) / lower(jit(f)) <= 1.5.
+    inspect, lower_pb = entry["ratio_vs_lower"]["inspect"], entry["ratio_vs_lower"]["lower_pb"]
+    entry["targets"] = {"inspect_over_lower": inspect, "lower_pb_over_lower": lower_pb,
+                        "met": inspect <= INSPECT_TARGET and lower_pb <= LOWER_PB_TARGET}
     return entry
 
 
@@ -282,9 +286,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{r['lower_pb']:8.2f}", flush=True)
     for entry in results["sizes"]:
         r = entry["ratio_vs_lower"]
-        print(f"  issue 14 at {entry['total_eqns']} equations: inspect / lower = "
-              f"{r['inspect']:.2f} (target <= 1), lower(jit(pb(f))) / lower(jit(f)) = "
-              f"{r['lower_pb']:.2f} (target <= 2)")
+        print(f"  targets at {entry['total_eqns']} equations: inspect / lower = "
+              f"{r['inspect']:.2f} (target <= {INSPECT_TARGET}), lower(jit(pb(f))) / "
+              f"lower(jit(f)) = {r['lower_pb']:.2f} (target <= {LOWER_PB_TARGET})")
     results["growth_exponent"] = growth_exponents(results["sizes"])
     if results["growth_exponent"]:
         print("  growth exponent (log-log slope, smallest to largest size): " + ", ".join(

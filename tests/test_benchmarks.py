@@ -70,9 +70,10 @@ def test_gpu_preview_keys() -> None:
         json.dumps(preview[variant])  # JSON-serialisable
 
 
-def test_overhead_reports_issue_14_figures(tmp_path: Any) -> None:
+def test_overhead_reports_the_targets(tmp_path: Any) -> None:
     """benchmarks/overhead.py at a tiny size: every stage ran, and the JSON carries both
-    of issue 14's ratios (their values are timings, so only their presence is checked)."""
+    target ratios (their values are timings, so only their presence and consistency are
+    checked)."""
     overhead = load_benchmark("overhead")
     path = tmp_path / "overhead.json"
     returned = overhead.main(["--sizes", "200", "--repeats", "1", "--json", str(path)])
@@ -83,5 +84,8 @@ def test_overhead_reports_issue_14_figures(tmp_path: Any) -> None:
     assert set(entry["seconds"]) == {"lower", "make_jaxpr", "inspect", "rewrite", "lower_pb",
                                      "analysis"}
     assert all(len(s) == 1 for s in entry["samples"].values())
-    assert set(entry["issue_14"]) == {"inspect_over_lower", "lower_pb_over_lower"}
-    assert entry["issue_14"]["lower_pb_over_lower"] == entry["ratio_vs_lower"]["lower_pb"]
+    targets = entry["targets"]
+    assert set(targets) == {"inspect_over_lower", "lower_pb_over_lower", "met"}
+    assert targets["lower_pb_over_lower"] == entry["ratio_vs_lower"]["lower_pb"]
+    assert targets["met"] == (targets["inspect_over_lower"] <= overhead.INSPECT_TARGET
+                              and targets["lower_pb_over_lower"] <= overhead.LOWER_PB_TARGET)
