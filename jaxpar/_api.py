@@ -637,10 +637,13 @@ def _priced(traced: Traced, settings: Settings, baseline: bool
         plain_us = sum(costs.seconds(costs.eqn_cost(eqn)) for eqn in inner.eqns) * 1e6
     jaxpr, loops = run_passes(traced.jaxpr, analysis=analysis)
     plan = plan_jaxpr(jaxpr, analysis)
+    # What the GPU model's estimates of every mode and of the plain program share.
+    estimates = analysis.shared_memo("mode_estimates")
     if settings.target == "gpu" and settings.choose_command_buffers \
             and settings.command_buffers is not None:
         user = settings.command_buffers
-        plans = {user: (plan, estimate_seconds(plan, analysis.costs, user), jaxpr, loops)}
+        plans = {user: (plan, estimate_seconds(plan, analysis.costs, user, estimates),
+                        jaxpr, loops)}
         batched = any(d.kind in (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS)
                       for d in loops)
         for mode in MODE_CANDIDATES:
@@ -656,7 +659,8 @@ def _priced(traced: Traced, settings: Settings, baseline: bool
                 planned = plan_jaxpr(mode_jaxpr, other)
                 if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
                     continue  # graphs off only for regions' loops (_plan.modes)
-                plans[mode] = (planned, estimate_seconds(planned, other.costs, mode),
+                plans[mode] = (planned, estimate_seconds(planned, other.costs, mode,
+                                                         estimates),
                                mode_jaxpr, mode_loops)
         choice = choose_mode({mode: entry[1] for mode, entry in plans.items()}, user)
         plan, _, jaxpr, loops = plans[choice.mode]
@@ -665,9 +669,10 @@ def _priced(traced: Traced, settings: Settings, baseline: bool
         kept = explicit or settings.command_buffers or settings.user_command_buffers
         if kept is not None:
             choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
-                               estimate_seconds(plan, analysis.costs, kept))
+                               estimate_seconds(plan, analysis.costs, kept, estimates))
     if choice is not None:
-        plain = estimate_plain_seconds(traced.jaxpr, analysis.costs, choice.user_mode)
+        plain = estimate_plain_seconds(traced.jaxpr, analysis.costs, choice.user_mode,
+                                       estimates)
         choice = dataclasses.replace(choice, plain_seconds=plain)
     return jaxpr, plan, loops, plain_us, choice
 

@@ -28,7 +28,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import jax
@@ -469,6 +469,20 @@ def source_summary(eqn: JaxprEqn) -> str:
     scope = name_scope(eqn)
     return (f"{f'[{scope}] ' if scope else ''}{_display_path(frame.file_name)}:"
             f"{frame.start_line}{column} ({frame.function_name})")
+
+
+def source_key(eqn: JaxprEqn) -> Hashable:
+    """What ``source_summary(eqn)`` is made from: the traceback (jaxlib compares and
+    hashes one frame by frame, so the equations a Python loop makes on one line share
+    theirs) and the name stack. Equal keys, equal summaries (in one working directory).
+
+    Raises:
+      TypeError: the key is not hashable (then call ``source_summary`` itself).
+    """
+    info = eqn.source_info
+    key = (info.traceback, info.name_stack)
+    hash(key)
+    return key
 
 
 _WRAPPER = re.compile(r"^([A-Za-z_][\w.]*)\((.*)\)$")

@@ -148,18 +148,28 @@ def register_cost_rule(*names: str) -> Callable[[CostRule], CostRule]:
     return register
 
 
-def _io_bytes(eqn: JaxprEqn) -> float:
-    total = 0
+def _size_and_bytes(eqn: JaxprEqn) -> tuple[float, float]:
+    """(elements of the results, bytes of the operands and results) of ``eqn``: in one
+    pass over its atoms, ``_compat.aval_size`` and ``aval_nbytes`` inlined (every
+    equation of a program is costed)."""
+    literal, itemsize, prod = _compat.Literal, _compat.itemsize, math.prod
+    nbytes = size = 0
     for v in eqn.invars:
-        if not _compat.is_literal(v):
-            total += _compat.aval_nbytes(v.aval)
+        if not isinstance(v, literal):
+            aval = v.aval
+            shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+            if shape is not None and dtype is not None:
+                nbytes += prod(shape) * itemsize(dtype)
     for v in eqn.outvars:
-        total += _compat.aval_nbytes(v.aval)
-    return float(total)
-
-
-def _out_size(eqn: JaxprEqn) -> float:
-    return float(sum(_compat.aval_size(v.aval) for v in eqn.outvars))
+        aval = v.aval
+        shape = getattr(aval, "shape", None)
+        if shape is not None:
+            elements = prod(shape)
+            size += elements
+            dtype = getattr(aval, "dtype", None)
+            if dtype is not None:
+                nbytes += elements * itemsize(dtype)
+    return float(size), float(nbytes)
 
 
 # Shape-only equations: XLA turns them into layout changes or folds them away.
@@ -171,7 +181,8 @@ def _free_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
 # Reductions, sorts, scatters, collectives, decompositions...: one kernel each.
 @register_cost_rule(*sorted(_primitives.COST_ONE_KERNEL))
 def _one_kernel_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
-    return Cost(flops=_out_size(eqn), bytes=_io_bytes(eqn), kernels=1.0)
+    size, nbytes = _size_and_bytes(eqn)
+    return Cost(flops=size, bytes=nbytes, kernels=1.0)
 
 
 @register_cost_rule(_primitives.DOT_GENERAL)
@@ -179,7 +190,8 @@ def _dot_general_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     (lhs_contract, _), _ = eqn.params["dimension_numbers"]
     lhs_shape = _compat.array_aval(eqn.invars[0]).shape
     contracted = math.prod(lhs_shape[d] for d in lhs_contract)
-    return Cost(flops=2.0 * _out_size(eqn) * contracted, bytes=_io_bytes(eqn), kernels=1.0)
+    size, nbytes = _size_and_bytes(eqn)
+    return Cost(flops=2.0 * size * contracted, bytes=nbytes, kernels=1.0)
 
 
 @register_cost_rule(_primitives.CONV)
@@ -190,7 +202,8 @@ def _conv_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     # Every output element contracts over the kernel volume (in-features x spatial)
     # of one output feature.
     per_output = math.prod(rhs_shape) / max(rhs_shape[out_feature_dim], 1)
-    return Cost(flops=2.0 * _out_size(eqn) * per_output, bytes=_io_bytes(eqn), kernels=1.0)
+    size, nbytes = _size_and_bytes(eqn)
+    return Cost(flops=2.0 * size * per_output, bytes=nbytes, kernels=1.0)
 
 
 @register_cost_rule(_primitives.SCAN)
@@ -226,7 +239,8 @@ def _default_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
             total = total + cost
         return total
     # Elementwise and everything unknown: fused into a neighbouring kernel.
-    return Cost(flops=_out_size(eqn), bytes=_io_bytes(eqn), kernels=0.0)
+    size, nbytes = _size_and_bytes(eqn)
+    return Cost(flops=size, bytes=nbytes, kernels=0.0)
 
 
 def known_while_trip_count(eqn: JaxprEqn) -> int | None:

@@ -4,6 +4,8 @@ and idempotence."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -27,6 +29,11 @@ from jax.experimental.xla_metadata import set_xla_metadata
 
 import jaxpar
 from jaxpar import _compat
+from jaxpar._analysis import Analysis
+from jaxpar._gpu_model import CommandBufferMode
+from jaxpar._options import Options
+from jaxpar._plan import plan_jaxpr
+from jaxpar._report.build import build_report
 
 try:  # jax >= 0.11
     from jax.experimental.xla_metadata import xla_metadata_call
@@ -360,3 +367,39 @@ def test_idempotent(program, args, options):
     assert canonical_jaxpr_text(jax.make_jaxpr(twice)(*args)) == canonical_jaxpr_text(
         jax.make_jaxpr(once)(*args))
     assert_same_values(twice(*args), once(*args), "cpu")
+
+
+def _branches_with_a_callback(a, b, c, d):
+    """``four_branches`` with an effectful callback (an equation that never moves) beside
+    a scan of the same four chains."""
+    io_callback(lambda x: None, None, a[0, 0], ordered=True)
+
+    def step(carry, _):
+        return carry + four_branches(a, b, c, d), None
+
+    looped, _ = lax.scan(step, jnp.zeros_like(a), None, length=2)
+    return four_branches(a, b, c, d) + looped
+
+
+def test_plans_sharing_a_call_equal_fresh_ones():
+    """Planned in each CUDA-graph mode by the analyses of one call (sharing each level's
+    basis, each window's sections and each equation's reason to stay in place), a
+    program gets the plan a fresh analysis makes, whichever mode plans first."""
+    closed = jax.make_jaxpr(_branches_with_a_callback)(*four_branches_args())
+    settings = Options.create(**OPTIONS).resolve("gpu")
+    modes = (CommandBufferMode.LHS, CommandBufferMode.CONCURRENT, CommandBufferMode.OFF)
+
+    def report(analysis):
+        plan = plan_jaxpr(closed, analysis)
+        return build_report(plan, "f", "gpu", emitted=True, options={}).to_dict(), plan.order
+
+    fresh = {mode: report(Analysis(dataclasses.replace(settings, command_buffers=mode)))
+             for mode in modes}
+    assert all(fresh[mode][0]["sections"] for mode in modes)
+    # Pricing differs between the modes here, so a plan leaking from one to another shows.
+    assert fresh[CommandBufferMode.OFF] != fresh[CommandBufferMode.LHS]
+    for order in (modes, modes[::-1]):
+        first = Analysis(dataclasses.replace(settings, command_buffers=order[0]))
+        for mode in order:
+            shared = first.with_settings(dataclasses.replace(settings, command_buffers=mode))
+            assert report(shared) == fresh[mode]

@@ -11,6 +11,7 @@ graph nodes), and a guard over GPU-suite programs that gain real concurrency.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,14 @@ from helpers import PLUGIN_MESSAGE, PLUGIN_OK, needs_plugin, suite_evaluation
 
 import jaxpar
 from jaxpar import _compiled
+from jaxpar._analysis import Analysis
 from jaxpar._flags import command_buffer_mode_set, command_buffer_options
 from jaxpar._gpu_model import CommandBufferMode
-from jaxpar._plan.modes import MIN_GAIN, choose_mode
+from jaxpar._memo import IdentityMemo
+from jaxpar._options import Options
+from jaxpar._plan import plan_jaxpr
+from jaxpar._plan.modes import MIN_GAIN, choose_mode, estimate_plain_seconds, estimate_seconds
+from jaxpar.passes import run_passes
 
 LHS, CONCURRENT, OFF = CommandBufferMode.LHS, CommandBufferMode.CONCURRENT, CommandBufferMode.OFF
 CONCURRENT_OPTIONS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
@@ -78,6 +84,45 @@ def test_choose_mode_needs_the_margin_over_the_users_mode() -> None:
     off = choose_mode({LHS: 100e-6, CONCURRENT: 99e-6, OFF: 80e-6}, LHS)
     assert off.xla_options == {"xla_gpu_enable_command_buffer": ""}
     assert choose_mode({CONCURRENT: 10e-6, LHS: 9.9e-6}, CONCURRENT).mode is CONCURRENT
+
+
+def towers_and_loops(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
+    """``towers`` beside a while loop of tiny kernels (launch-bound: its trips cost what
+    the mode makes them cost) and a cond."""
+
+    def step(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        i, x = carry
+        for _ in range(6):
+            x = jnp.tanh(x @ x)
+        return i + 1, x
+
+    trips = (b[0, 0] > 0).astype(jnp.int32) + 3  # traced: the loop stays a loop
+    _, looped = jax.lax.while_loop(lambda carry: carry[0] < trips, step, (0, a[:8, :8]))
+    branch = jax.lax.cond(b[0, 0] > 0, lambda y: jnp.tanh(y @ y), lambda y: y * 2.0, b)
+    return towers(a, b, c) + looped.sum() + branch.sum()
+
+
+def test_estimates_sharing_a_memo_equal_fresh_ones() -> None:
+    """The memo the estimates of one call share (each equation's kernel time, each nested
+    level's span per mode) changes no figure: every mode's estimate of its plan, and of
+    the plain program, equals a fresh model's, in whichever order they run."""
+    args = towers_args()
+    closed = jax.make_jaxpr(towers_and_loops)(*args)
+    settings = Options.create(target="gpu").resolve("gpu")
+    analysis = Analysis(settings)
+    jaxpr, _ = run_passes(closed, analysis=analysis)
+    costs = analysis.costs
+    plans = {mode: plan_jaxpr(jaxpr, analysis.with_settings(
+        dataclasses.replace(settings, command_buffers=mode))) for mode in (LHS, CONCURRENT, OFF)}
+    fresh = {mode: estimate_seconds(plan, costs, mode) for mode, plan in plans.items()}
+    plain = {mode: estimate_plain_seconds(closed, costs, mode) for mode in plans}
+    # The modes price this program differently, so a memo mixing them up would show.
+    assert len(set(fresh.values())) > 1 and len(set(plain.values())) > 1
+    for order in ((LHS, CONCURRENT, OFF), (OFF, CONCURRENT, LHS)):
+        memo: IdentityMemo[Any, Any] = IdentityMemo()
+        for mode in order:
+            assert estimate_plain_seconds(closed, costs, mode, memo) == plain[mode]
+            assert estimate_seconds(plans[mode], costs, mode, memo) == fresh[mode]
 
 
 def test_independent_work_is_compiled_in_concurrent_mode() -> None:

@@ -153,9 +153,10 @@ def group_collectives(jaxpr: JaxprLike, graph: Graph | None = None, *,
                   and not _compat.ordering_effects(eqn)
                   and not _compat.has_frontend_attributes(eqn)]
     is_candidate = set(candidates)
-    # layer[i]: deepest chain of candidates ending at (and including) equation i.
+    # layer[i]: deepest chain of candidates ending at (and including) equation i; read
+    # for candidates only, so computed up to the last one.
     depth = [0] * graph.size
-    for i in range(graph.size):
+    for i in range(candidates[-1] + 1 if candidates else 0):
         below = max((depth[p] for p in graph.preds[i]), default=0)
         depth[i] = below + (1 if i in is_candidate else 0)
     layers: dict[tuple[int, tuple[Any, ...]], list[int]] = {}

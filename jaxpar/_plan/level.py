@@ -28,6 +28,7 @@ Sharp edges:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,7 +45,7 @@ from .._graph import (
     contract,
 )
 from .._primitives import is_collective
-from .collectives import group_collectives, overlap_collectives
+from .collectives import CollectivePlan, group_collectives, overlap_collectives
 from .heavy import HeavyOrder, heavy_order
 from .plans import (
     MAX_HEAVY,
@@ -86,20 +87,11 @@ def _plan_level(jaxpr: JaxprLike, analysis: Analysis, path: str, axis_sizes: Map
     inner, _ = _compat.open_jaxpr(jaxpr)
     eqns = inner.eqns
     graph = analysis.graph(inner)
-    costs = [analysis.costs.eqn_cost(eqn) for eqn in eqns]
-    seconds = tuple(analysis.costs.seconds(cost) for cost in costs)
-    blocked = _blocked(eqns, analysis)
-    notes: list[Note] = []
-    # Heavy: launches a kernel of its own (fused elementwise work never does).
-    heavy = [i for i in range(len(eqns)) if i in graph.live and costs[i].kernels > 0]
-    for i in heavy:
-        if i in blocked:
-            notes.append(Note((i,), blocked[i], _blocked_detail(blocked[i], eqns[i])))
-    heavy = [i for i in heavy if i not in blocked]
+    basis = _level_basis(inner, graph, analysis, axis_sizes)
+    seconds, blocked, heavy = basis.seconds, basis.blocked, list(basis.heavy)
+    notes: list[Note] = list(basis.notes)
     sections: list[SectionPlan] = []
-    collective_plan = group_collectives(
-        inner, graph, axis_sizes=dict(axis_sizes),
-        exclude={i for i, r in blocked.items() if r != REASON_COLLECTIVE})
+    collective_plan = basis.collective_plan
     groups = collective_plan.groups if analysis.settings.group_collectives else ()
     if groups:
         grouped = {i for g in groups for i in g.eqns}
@@ -133,17 +125,79 @@ def _plan_level(jaxpr: JaxprLike, analysis: Analysis, path: str, axis_sizes: Map
                      nested, order, tuple(groups), collective_plan.collectives), next_group
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LevelBasis:
+    """What the plan of one level starts from, the same in every CUDA-graph mode (the
+    modes' analyses share it, ``Analysis.shared_memo``).
+
+    Attributes:
+      seconds: estimated seconds of each equation.
+      blocked: the equations that never move, with the reason (``_blocked``; read only).
+      heavy: the movable live equations launching a kernel of their own, ascending.
+      notes: a note for each heavy equation that is blocked.
+      collective_plan: the level's collectives (``group_collectives``).
+    """
+
+    seconds: tuple[float, ...]
+    blocked: Mapping[int, str]
+    heavy: tuple[int, ...]
+    notes: tuple[Note, ...]
+    collective_plan: CollectivePlan
+
+
+def _level_basis(inner: Jaxpr, graph: Graph, analysis: Analysis,
+                 axis_sizes: Mapping[Any, int]) -> _LevelBasis:
+    """``_LevelBasis`` of the level ``inner`` inside the mesh axes ``axis_sizes``,
+    remembered for the analyses of every mode of the call."""
+    memo = analysis.shared_memo("plan_level_basis")
+    key = tuple(axis_sizes.items())
+    found = memo.get(inner, extra=key)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    eqns = inner.eqns
+    costs = [analysis.costs.eqn_cost(eqn) for eqn in eqns]
+    seconds = tuple(analysis.costs.seconds(cost) for cost in costs)
+    blocked = _blocked(eqns, analysis)
+    notes = []
+    # Heavy: launches a kernel of its own (fused elementwise work never does).
+    heavy = [i for i in range(len(eqns)) if i in graph.live and costs[i].kernels > 0]
+    for i in heavy:
+        if i in blocked:
+            notes.append(Note((i,), blocked[i], _blocked_detail(blocked[i], eqns[i])))
+    collective_plan = group_collectives(
+        inner, graph, axis_sizes=dict(axis_sizes),
+        exclude={i for i, r in blocked.items() if r != REASON_COLLECTIVE})
+    basis = _LevelBasis(seconds, blocked,
+                        tuple(i for i in heavy if i not in blocked), tuple(notes),
+                        collective_plan)
+    memo.set(inner, basis, extra=key)
+    return basis
+
+
 def _blocked(eqns: Sequence[JaxprEqn], analysis: Analysis) -> dict[int, str]:
-    """Equations that must stay where they are, with the reason."""
+    """Equations that must stay where they are, with the reason (each equation's reason
+    remembered for the call: the levels planned in each mode share most equations)."""
+    reasons = analysis.shared_memo("plan_blocked_reason")
     blocked: dict[int, str] = {}
     for index, eqn in enumerate(eqns):
-        if analysis.annotated(eqn):
-            blocked[index] = REASON_ANNOTATED
-        elif _compat.ordering_effects(eqn):
-            blocked[index] = REASON_EFFECTFUL
-        elif is_collective(eqn):
-            blocked[index] = REASON_COLLECTIVE
+        reason = reasons.get(eqn)
+        if reason is None:
+            reason = _blocked_reason(eqn, analysis)
+            reasons.set(eqn, reason)
+        if reason:
+            blocked[index] = reason
     return blocked
+
+
+def _blocked_reason(eqn: JaxprEqn, analysis: Analysis) -> str:
+    """Why ``eqn`` must stay where it is; empty if it may move."""
+    if analysis.annotated(eqn):
+        return REASON_ANNOTATED
+    if eqn.effects and _compat.ordering_effects(eqn):
+        return REASON_EFFECTFUL
+    if is_collective(eqn):
+        return REASON_COLLECTIVE
+    return ""
 
 
 def _blocked_detail(reason: str, eqn: JaxprEqn) -> str:
@@ -161,17 +215,9 @@ def _plan_windows(jaxpr: Jaxpr, graph: Graph, heavy: list[int], seconds: tuple[f
     """Sections of one level, in windows of ``MAX_HEAVY`` heavy equations (program order)
     that bound the quadratic steps; parallelism across a window boundary is given up.
     The sections (appended to ``sections``) are numbered from ``first_group``."""
-    settings = analysis.settings
     region_of: dict[int, tuple[int, int]] = {}  # shared by the windows of the level
-    for start in range(0, len(heavy), MAX_HEAVY):
-        window = heavy[start:start + MAX_HEAVY]
-        if len(window) < 2:
-            continue
-        end = heavy[start + MAX_HEAVY] if start + MAX_HEAVY < len(heavy) else graph.size
-        order = heavy_order(graph, window, seconds, settings.min_seconds, end)
-        choice = choose_sections(decompose(order), settings.streams_per_section,
-                                 settings.min_seconds)
-        window_notes = _declined_notes(order, choice)
+    for order, choice, declined in _windows(jaxpr, graph, heavy, seconds, analysis):
+        window_notes = list(declined)
         for branches in choice.branch_sets:
             section = _build_section(jaxpr, graph, order, seconds, blocked, branches,
                                      region_of, len(sections), first_group + len(sections),
@@ -185,6 +231,33 @@ def _plan_windows(jaxpr: Jaxpr, graph: Graph, heavy: list[int], seconds: tuple[f
                                      "on the critical path: everything heavy beside it depends "
                                      "on it or feeds it"))
         notes.extend(window_notes)
+
+
+def _windows(jaxpr: Jaxpr, graph: Graph, heavy: Sequence[int], seconds: tuple[float, ...],
+             analysis: Analysis) -> tuple[tuple[HeavyOrder, SectionChoice, tuple[Note, ...]], ...]:
+    """Per window of ``MAX_HEAVY`` heavy equations (two or more), its ``HeavyOrder``, the
+    sections chosen and the notes of the branches declined: the same in every CUDA-graph
+    mode (only the pricing of the regions differs), so remembered for the analyses of
+    every mode of the call."""
+    settings = analysis.settings
+    memo = analysis.shared_memo("plan_windows")
+    key = (tuple(heavy), settings.min_seconds, settings.streams_per_section)
+    found = memo.get(jaxpr, extra=key)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    windows = []
+    for start in range(0, len(heavy), MAX_HEAVY):
+        window = heavy[start:start + MAX_HEAVY]
+        if len(window) < 2:
+            continue
+        end = heavy[start + MAX_HEAVY] if start + MAX_HEAVY < len(heavy) else graph.size
+        order = heavy_order(graph, window, seconds, settings.min_seconds, end)
+        choice = choose_sections(decompose(order), settings.streams_per_section,
+                                 settings.min_seconds)
+        windows.append((order, choice, tuple(_declined_notes(order, choice))))
+    found = tuple(windows)
+    memo.set(jaxpr, found, extra=key)
+    return found
 
 
 def _declined_notes(order: HeavyOrder, choice: SectionChoice) -> list[Note]:

@@ -152,9 +152,18 @@ class _Span:
         return max(self.device + self.lead, self.host)
 
 
+# The primitives ``_Model._alone`` runs outside graphs.
+_ALONE = frozenset((SCAN, WHILE, COND))
+
+# One equation of a level as the model sees it: (equation, duration, work, kernels, sure
+# kernels, its span if it runs alone outside graphs); see ``_Model._entry``.
+_Entry = tuple[JaxprEqn, float, float, float, float, "_Span | None"]
+
+
 class _Model:
     def __init__(self, costs: CostModel, mode: CommandBufferMode,
-                 lanes: Mapping[int, int] | None = None):
+                 lanes: Mapping[int, int] | None = None,
+                 memo: IdentityMemo[Any, Any] | None = None):
         gpu = costs.profile.gpu
         if gpu is None:
             raise ValueError("the CUDA-graph mode is chosen for a GPU; the cost model is for "
@@ -164,14 +173,18 @@ class _Model:
         self.mode = mode
         # Top-level equation -> its stream region (a lane beside the main stream).
         self.lanes = dict(lanes or {})
-        self._memo: IdentityMemo[JaxprLike, _Span] = IdentityMemo()
+        # Shared by the estimates of one call (``memo``): a nested level's span by its
+        # jaxpr and the mode, and an equation's ``_Entry`` where it is the same in every mode.
+        self._memo: IdentityMemo[Any, Any] = IdentityMemo() if memo is None else memo
 
     def jaxpr(self, jaxpr: JaxprLike, top: bool = False) -> _Span:
-        hit = self._memo.get(jaxpr)
-        if hit is not None and not top:
-            return hit
-        span = self._level(_compat.open_jaxpr(jaxpr)[0].eqns, self.lanes if top else {})
-        self._memo.set(jaxpr, span)
+        if top:  # its lanes are the plan's: never remembered
+            return self._level(_compat.open_jaxpr(jaxpr)[0].eqns, self.lanes)
+        hit = self._memo.get(jaxpr, extra=self.mode)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+        span = self._level(_compat.open_jaxpr(jaxpr)[0].eqns, {})
+        self._memo.set(jaxpr, span, extra=self.mode)
         return span
 
     def _alone(self, eqn: JaxprEqn) -> _Span | None:
@@ -233,51 +246,62 @@ class _Model:
                      host, body.work * times, body.kernels * times + extra_kernels,
                      captured, body.alone * times, sure=sure)
 
-    def _node(self, eqn: JaxprEqn) -> tuple[float, float, float, float] | None:
-        """(duration, work, kernels, sure kernels) of a graph-capturable equation, None
-        if it is free."""
+    def _entry(self, eqn: JaxprEqn) -> _Entry:
+        """``eqn``'s ``_Entry`` in this mode: a loop or cond (``alone``), a call (its
+        body's), or a kernel of its own, the same in every mode (remembered in the memo);
+        zeros for a free equation."""
+        if eqn.primitive.name in _ALONE:
+            alone = self._alone(eqn)
+            if alone is not None:
+                return eqn, alone.seconds, alone.work, 0.0, 0.0, alone
         subs = self.costs.subjaxprs(eqn)
         if subs:
             body = self.jaxpr(subs[0][2])
-            return ((body.device, body.work, body.kernels, body.sure) if body.device > 0
-                    else None)
+            if body.device > 0:
+                return eqn, body.device, body.work, body.kernels, body.sure, None
+            return eqn, 0.0, 0.0, 0.0, 0.0, None
         cost = self.costs.eqn_cost(eqn)
         if cost.kernels <= 0:
-            return None
-        work = max(cost.flops / self.costs.profile.peak_flops, cost.bytes / self.gpu.bandwidth)
-        sure = 0.0 if eqn.primitive.name in MAY_FUSE_AWAY else cost.kernels
-        return max(work, cost.kernels * self.gpu.kernel_floor_s), work, cost.kernels, sure
+            entry: _Entry = (eqn, 0.0, 0.0, 0.0, 0.0, None)
+        else:
+            work = max(cost.flops / self.costs.profile.peak_flops,
+                       cost.bytes / self.gpu.bandwidth)
+            sure = 0.0 if eqn.primitive.name in MAY_FUSE_AWAY else cost.kernels
+            entry = (eqn, max(work, cost.kernels * self.gpu.kernel_floor_s), work,
+                     cost.kernels, sure, None)
+        self._memo.set(eqn, entry)
+        return entry
 
     def _level(self, eqns: Sequence[JaxprEqn], lanes: Mapping[int, int]) -> _Span:
         concurrent = self.mode is CommandBufferMode.CONCURRENT
         ready: dict[Any, float] = {}
         lane_end: dict[int, float] = {}
         floor = end = device_free = work_total = alone_seconds = 0.0
-        kernels = sure = 0.0
-        planned: list[tuple[Any, float, float, float, float, _Span | None]] = []
-        for eqn in eqns:
-            alone = self._alone(eqn)
-            if alone is not None:
-                planned.append((eqn, alone.seconds, alone.work, 0.0, 0.0, alone))
-                continue
-            node = self._node(eqn)
-            planned.append((eqn, *node, None) if node else (eqn, 0.0, 0.0, 0.0, 0.0, None))
-            if node:
-                kernels += node[2]
-                sure += node[3]
-        in_regions = sum(node[3] for index, node in enumerate(planned) if index in lanes)
-        sure_captured = sure - sum(node[4] for index, node in enumerate(planned)
-                                   if index in lanes)
+        remembered = self._memo.get
+        planned = [remembered(eqn) or self._entry(eqn) for eqn in eqns]
+        # Free and alone entries add zeros: the sums are those of the capturable nodes.
+        kernels = sum(entry[3] for entry in planned)
+        sure = sum(entry[4] for entry in planned)
+        in_lanes = [index for index in sorted(lanes) if index < len(planned)]
+        in_regions = sum(planned[index][3] for index in in_lanes)
+        sure_captured = sure - sum(planned[index][4] for index in in_lanes)
         captured = kernels - in_regions
         # A graph only where XLA surely captures MIN_GRAPH_SIZE kernels: the kernels it
         # may fuse away (a concatenate into a GEMM's prologue) do not make one, so no mode
         # is chosen for a graph the compiled program does not have (three matmuls of
         # rolled operands: 6 kernels here, 3 launches once compiled).
         graphs = self.mode is not CommandBufferMode.OFF and sure_captured >= MIN_GRAPH_SIZE
+        after_floor = concurrent and graphs
+        literal = _compat.Literal
+        ready_get = ready.get
         for index, (eqn, duration, work, _, _, alone) in enumerate(planned):
-            inputs = max((ready.get(v, 0.0) for v in eqn.invars
-                          if not _compat.is_literal(v)), default=0.0)
-            lane = lanes.get(index)
+            inputs = 0.0  # finish times are never negative
+            for v in eqn.invars:
+                if not isinstance(v, literal):
+                    at = ready_get(v)
+                    if at is not None and at > inputs:
+                        inputs = at
+            lane = lanes.get(index) if lanes else None
             if lane is not None:  # in a stream region: after its inputs and its lane
                 start = max(lane_end.get(lane, 0.0), inputs)
                 begin_work = max(start, device_free)
@@ -291,14 +315,15 @@ class _Model:
                 device_free = max(device_free, finish)
                 alone_seconds += duration
             elif duration > 0:
-                start = max(floor, inputs) if concurrent and graphs else max(end, inputs)
+                start = max(floor, inputs) if after_floor else max(end, inputs)
                 begin_work = max(start, device_free)
                 device_free = begin_work + work
                 finish = max(start + duration, begin_work + work)
             else:
                 finish = inputs
             work_total += work
-            end = max(end, finish)
+            if finish > end:
+                end = finish
             for v in eqn.outvars:
                 ready[v] = finish
         # A region's kernels are launched one by one (captured ones are refused by the
@@ -314,21 +339,28 @@ class _Model:
                      lead, sure_captured)
 
 
-def estimate_plain_seconds(jaxpr: JaxprLike, costs: CostModel, mode: CommandBufferMode) -> float:
-    """Estimated seconds per run of ``jaxpr`` as ``jax.jit`` compiles it, in ``mode``."""
-    return _Model(costs, mode).jaxpr(jaxpr, top=True).run_seconds
+def estimate_plain_seconds(jaxpr: JaxprLike, costs: CostModel, mode: CommandBufferMode,
+                           memo: IdentityMemo[Any, Any] | None = None) -> float:
+    """Estimated seconds per run of ``jaxpr`` as ``jax.jit`` compiles it, in ``mode``
+    (``memo``: as for ``estimate_seconds``)."""
+    return _Model(costs, mode, memo=memo).jaxpr(jaxpr, top=True).run_seconds
 
 
-def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode) -> float:
+def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode,
+                     memo: IdentityMemo[Any, Any] | None = None) -> float:
     """Estimated seconds per run of ``plan``'s program compiled in ``mode``.
 
     A section the GPU pricing would not emit (kept by ``force_streams``) is taken at its
     verdict: its regions run as if on the main stream, plus the cost of its cut.
+    ``memo``, one per call, shared by the estimates of its plans in every mode and of the
+    plain program (``Analysis.shared_memo``), remembers what they share: each
+    equation's kernel time and work, and each nested level's span in each mode. It must
+    be used with one cost model only.
     """
     lanes = {i: (s, r) for s, section in enumerate(plan.sections) if section.pays is not False
              for r, region in enumerate(section.regions) for i in region.eqns}
     numbered = {key: n for n, key in enumerate(dict.fromkeys(lanes.values()))}
-    model = _Model(costs, mode, {i: numbered[key] for i, key in lanes.items()})
+    model = _Model(costs, mode, {i: numbered[key] for i, key in lanes.items()}, memo)
     forced = sum(section.cost_seconds or 0.0 for section in plan.sections
                  if section.pays is False)
     return model.jaxpr(plan.jaxpr, top=True).run_seconds + forced

@@ -12,7 +12,7 @@ passes recorded as they rewrote (``passes._walk.EqnOrigins``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from .. import _compat
@@ -56,6 +56,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
     batched = _batched_groups({level.path: _compat.open_jaxpr(level.jaxpr)[0].eqns
                                for level in plan.walk() if level.path in drawn},
                               subgraph_decisions)
+    summaries = _SourceSummaries()
     num_eqns = 0
     for level in plan.walk():
         inner, _ = _compat.open_jaxpr(level.jaxpr)
@@ -67,7 +68,8 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
             regions = tuple(
                 Region(stream=r.stream, num_eqns=len(r.eqns),
                        primitives=_top_primitives(eqns, r.eqns, level.seconds),
-                       cost_us=r.seconds * 1e6, source_lines=_sources(eqns, r.eqns, level.seconds),
+                       cost_us=r.seconds * 1e6,
+                       source_lines=_sources(eqns, r.eqns, level.seconds, summaries),
                        eqn_indices=r.eqns)
                 for r in section.regions)
             overlaps = ""
@@ -86,7 +88,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
         rewritten = _rewritten_loops(level.path, eqns, loop_decisions)
         if level.path in drawn:
             steps.extend(_steps(level, eqns, first_section, len(steps), rewritten,
-                                batched.get(level.path, {})))
+                                batched.get(level.path, {}), summaries))
         made_here = {i for i, marks in rewritten.items()
                      if any(loop_decisions[k].kind in NEW_LOOP_KINDS for k in marks)}
         for note in level.notes:
@@ -102,7 +104,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 location=level.path, reason=note.reason, detail=detail,
                 primitives=tuple(dict.fromkeys(eqns[i].primitive.name for i in kept)),
                 cost_us=sum(level.seconds[i] for i in kept) * 1e6,
-                source_lines=_sources(eqns, kept, level.seconds)))
+                source_lines=_sources(eqns, kept, level.seconds, summaries)))
     total = sum(plan.seconds) * 1e6
     return Plan(function=function, target=target, emitted=emitted,
                 options=tuple(sorted(options.items())), num_eqns=num_eqns,
@@ -158,8 +160,8 @@ def _depth(location: str) -> int:
 
 
 def _steps(level: LevelPlan, eqns: Sequence[JaxprEqn], first_section: int, offset: int,
-           rewritten: dict[int, tuple[int, ...]], batched: dict[int, tuple[int, ...]]
-           ) -> list[Step]:
+           rewritten: dict[int, tuple[int, ...]], batched: dict[int, tuple[int, ...]],
+           summaries: _SourceSummaries) -> list[Step]:
     """The level's emission order as steps; runs of main-stream equations merged.
 
     ``offset`` is the index of the first step in ``Plan.steps``, ``first_section``
@@ -197,7 +199,7 @@ def _steps(level: LevelPlan, eqns: Sequence[JaxprEqn], first_section: int, offse
             section=section, num_eqns=len(members),
             primitives=_top_primitives(eqns, tuple(members), level.seconds),
             cost_us=sum(level.seconds[i] for i in members) * 1e6,
-            source_lines=_sources(eqns, tuple(members), level.seconds),
+            source_lines=_sources(eqns, tuple(members), level.seconds, summaries),
             after=tuple(after), loop_rewrites=rewrites,
             batched_groups=tuple(sorted(k for i in members for k in batched.get(i, ())))))
     return out
@@ -240,12 +242,33 @@ def _top_primitives(eqns: Sequence[JaxprEqn], indices: tuple[int, ...], seconds:
     return tuple((name, count[name]) for name in ranked[:_MAX_PRIMITIVES])
 
 
-def _sources(eqns: Sequence[JaxprEqn], indices: tuple[int, ...], seconds: tuple[float, ...]
-             ) -> tuple[str, ...]:
+class _SourceSummaries:
+    """``_compat.source_summary`` of the equations of one report, made once per source
+    (``_compat.source_key``): the equations a loop made on one line share theirs, and a
+    step of a thousand equations looks for its first few distinct lines among them."""
+
+    __slots__ = ("_found",)
+
+    def __init__(self) -> None:
+        self._found: dict[Hashable, str] = {}
+
+    def __call__(self, eqn: JaxprEqn) -> str:
+        try:
+            key = _compat.source_key(eqn)
+        except Exception:  # no source information, or one that cannot be a key
+            return _compat.source_summary(eqn)
+        summary = self._found.get(key)
+        if summary is None:
+            summary = self._found[key] = _compat.source_summary(eqn)
+        return summary
+
+
+def _sources(eqns: Sequence[JaxprEqn], indices: tuple[int, ...], seconds: tuple[float, ...],
+             summaries: _SourceSummaries) -> tuple[str, ...]:
     ranked = sorted(indices, key=lambda i: (-seconds[i], i))
     found: dict[str, None] = {}
     for i in ranked:
-        found.setdefault(_compat.source_summary(eqns[i]), None)
+        found.setdefault(summaries(eqns[i]), None)
         if len(found) >= _MAX_SOURCES:
             break
     return tuple(found)
