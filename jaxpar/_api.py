@@ -88,7 +88,7 @@ from ._tune import CANDIDATES, Candidate, TuneBudget, Tuning
 from ._tune import decide as decide_candidate
 from ._tune import decision_key as tuning_key
 from ._tune import fingerprint as program_fingerprint
-from .passes import DecisionKind, PassDecision, rewrites_dropped, run_passes
+from .passes import DecisionKind, PassDecision, run_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -674,35 +674,7 @@ def _priced(traced: Traced, settings: Settings, baseline: bool
         plain = estimate_plain_seconds(traced.jaxpr, analysis.costs, choice.user_mode,
                                        estimates)
         choice = dataclasses.replace(choice, plain_seconds=plain)
-        rewritten = choice.estimate(choice.mode)
-        if (rewritten is not None and rewritten > plain * (1 + 1e-6)
-                and not settings.force_streams
-                and (jaxpr is not traced.jaxpr or plan.changes_anything)):
-            # Never slower than jax.jit by jaxpar's own estimate: the program as traced.
-            jaxpr = traced.jaxpr
-            plan, loops, choice = _kept_as_traced(jaxpr, analysis, choice, loops,
-                                                  rewritten / plain, estimates)
     return jaxpr, plan, loops, plain_us, choice
-
-
-def _kept_as_traced(jaxpr: _compat.ClosedJaxpr, analysis: Analysis, choice: ModeChoice,
-                    loops: tuple[PassDecision, ...], ratio: float, estimates: Any
-                    ) -> tuple[LevelPlan, tuple[PassDecision, ...], ModeChoice]:
-    """The plan, decisions and mode of the program as traced (``jaxpr``), where the
-    rewritten one (``choice``'s) is estimated ``ratio`` times slower than ``jax.jit``'s
-    plain program: the passes' rewrites are dropped (their decisions say so), and a mode
-    jaxpar chose goes back to the user's (one the option set stays)."""
-    mode = choice.user_mode if choice.chosen else choice.mode
-    why = (f"the rewritten program is estimated slower than jax.jit's (x{ratio:.3f} in "
-           f"{choice.mode.value} mode), so jaxpar keeps the program as traced")
-    settings = analysis.settings
-    in_mode = (analysis if settings.command_buffers is mode
-               else analysis.with_settings(dataclasses.replace(settings, command_buffers=mode)))
-    plan = plan_jaxpr(jaxpr, in_mode)
-    seconds = estimate_seconds(plan, in_mode.costs, mode, estimates)
-    kept = dataclasses.replace(choice, mode=mode, estimates=((mode, seconds),), chosen=False,
-                               reason=f"kept the {mode.value} mode: {why}")
-    return plan, tuple(rewrites_dropped(loops, why)), kept
 
 
 @contextlib.contextmanager

@@ -65,7 +65,6 @@ from ._walk import (
     Level,
     Pass,
     PassDecision,
-    rewrites_dropped,
     walk_levels,
 )
 
@@ -88,7 +87,6 @@ __all__ = [
     "inline_twin_calls",
     "loop_defaults",
     "make_loops_static",
-    "rewrites_dropped",
     "run_pass",
     "run_passes",
     "share_common",

@@ -771,23 +771,6 @@ def _as_left_alone(decisions: Sequence[PassDecision], why: str) -> list[PassDeci
         for d in decisions]
 
 
-# What a decision that changed the program becomes when its rewrite is dropped.
-_DROPPED_KIND = {DecisionKind.BATCHED_SUBGRAPHS: DecisionKind.SUBGRAPHS_LEFT_ALONE,
-                 DecisionKind.INLINED: DecisionKind.SUBGRAPHS_LEFT_ALONE,
-                 DecisionKind.BATCHED_MATMULS: DecisionKind.MATMULS_LEFT_ALONE}
-
-
-def rewrites_dropped(decisions: Sequence[PassDecision], why: str) -> list[PassDecision]:
-    """``decisions`` as they read once every rewrite is dropped and the program kept as
-    traced: each decision that changed the program is "left alone" (of its kind), with
-    ``why`` added to its reason, its loop trips as before and nothing ``produced``."""
-    return [d if d.kind in UNCHANGED_KINDS
-            else dataclasses.replace(d, kind=_DROPPED_KIND.get(d.kind, DecisionKind.LEFT_ALONE),
-                                     trips_after=d.trips_before, produced=(),
-                                     reason=f"{d.reason}; but {why}")
-            for d in decisions]
-
-
 def loop_candidate(eqn: JaxprEqn) -> bool:
     """Whether a scan may be merged or re-emitted: no effects, no user placement."""
     return (eqn.primitive.name == SCAN and not eqn.effects
