@@ -73,9 +73,12 @@ _KEYWORD = (_pyinspect.Parameter.POSITIONAL_OR_KEYWORD, _pyinspect.Parameter.KEY
 def _index_tuple(value: Any, name: str) -> tuple[int, ...]:
     try:
         items = (value,) if isinstance(value, int) else tuple(value)
+        if any(isinstance(i, bool) for i in items):  # an int to Python, never a position
+            raise TypeError
         return tuple(operator.index(i) for i in items)
     except TypeError:
-        raise TypeError(f"{name} must be an int or a sequence of ints, got {value!r}") from None
+        raise TypeError(f"{name} must be an int or a sequence of ints (argument positions), "
+                        f"got {value!r}") from None
 
 
 def _str_tuple(value: Any, name: str) -> tuple[str, ...]:

@@ -74,6 +74,9 @@ def test_static_values_are_keyed_by_type_too():
     ({"static_argnums": 3}, ValueError, r"static_argnums=\(3,\) .* takes 3 positional"),
     ({"static_argnums": -4}, ValueError, r"out of range"),
     ({"static_argnums": "2"}, TypeError, r"static_argnums must be an int"),
+    # A bool is an int to Python (jax.jit reads True as 1), never meant as a position.
+    ({"static_argnums": True}, TypeError, r"static_argnums must be an int .*positions"),
+    ({"static_argnums": [0, True]}, TypeError, r"got \[0, True\]"),
     ({"static_argnames": "m"}, ValueError, r"no argument named 'm'"),
     ({"static_argnames": 2}, TypeError, r"static_argnames must be a str"),
 ])
