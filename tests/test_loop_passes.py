@@ -40,6 +40,7 @@ from jaxpar.passes import (
     make_loops_static,
     unroll_scans,
 )
+from jaxpar.passes._walk import MAX_UNROLLED_EQNS
 
 ALL_ON = {"fuse": True, "batch": True, "unroll": None, "target": "gpu"}
 
@@ -177,6 +178,31 @@ def test_fused_scan_keeps_the_largest_member_unroll() -> None:
         assert r.decisions[0].unroll == 3
 
     check(fuse_scans, f, *seed_args(n=8, steps=12), kinds=["fused"], expect=unrolled_by_three)
+
+
+def test_fused_scan_never_unrolls_a_heavy_member_past_the_cap() -> None:
+    # A light scan unrolled fully (200 steps) beside a rolled body of 8 matmuls: the fused
+    # body at unroll 200 would hold thousands of equations (XLA:CPU compiled it in 41 s,
+    # against 0.5 s for jax.jit); the factor falls back to the largest that fits, here 1.
+    def heavy(c: jax.Array, x: jax.Array) -> Any:
+        for _ in range(8):
+            c = jnp.tanh(c @ c + x)
+        return c, None
+
+    def f(a: jax.Array, xs: jax.Array, b: jax.Array, ys: jax.Array) -> Any:
+        return (lax.scan(lambda c, x: (c + x, None), a, xs, unroll=True)[0],
+                lax.scan(heavy, b, ys)[0])
+
+    def within_the_cap(r: PassResult) -> None:
+        (fused,) = scans(r.new)
+        info = _compat.scan_info(fused)
+        body = len(_compat.open_jaxpr(info.jaxpr)[0].eqns)
+        assert info.unroll == 1 and r.decisions[0].unroll == 1
+        assert body * 200 > MAX_UNROLLED_EQNS  # the members' largest factor would not fit
+
+    args = (jnp.full((4, 4), 0.01), jnp.full((200, 4, 4), 0.01),
+            jnp.full((4, 4), 0.01), jnp.full((200, 4, 4), 0.01))
+    check(fuse_scans, f, *args, kinds=["fused"], expect=within_the_cap)
 
 
 def test_three_scans_of_three_lengths() -> None:

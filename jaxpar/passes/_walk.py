@@ -97,6 +97,10 @@ SUBGRAPH_KINDS = (DecisionKind.INLINED, DecisionKind.BATCHED_SUBGRAPHS,
 # loop trips, or a unit unroll factor, so real programs settle in a few).
 MAX_ROUNDS = 64
 
+# Most equations an unrolled loop body may hold: ``unroll_scans`` unrolls within it, and
+# ``fuse_scans`` keeps a member's unroll factor for the fused scan only within it.
+MAX_UNROLLED_EQNS = 512
+
 
 class Product(NamedTuple):
     """An equation of the rewritten program that a decision made, or that holds (in its

@@ -35,10 +35,18 @@ from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._cost import CostModel
 from .._options import UNROLL_BY_COST
-from ._walk import DecisionKind, EmitFn, Level, LevelResult, Rewrite, decision, loop_candidate
+from ._walk import (
+    MAX_UNROLLED_EQNS,
+    DecisionKind,
+    EmitFn,
+    Level,
+    LevelResult,
+    Rewrite,
+    decision,
+    loop_candidate,
+)
 
 KERNELS_PER_TRIP = 8
-MAX_UNROLLED_EQNS = 512
 FULL_UNROLL_LENGTH = 8
 
 
