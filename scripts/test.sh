@@ -53,18 +53,20 @@ install_job() {  # $1 = python version, $2 = jax pin ("" = newest allowed), $3 =
   mkdir -p .ci-venv
   local pins=()
   if [ -n "$2" ]; then pins=("jax==$2" "jaxlib==$2"); fi
+  # The steps are chained with && (bash turns `set -e` off inside a group whose status
+  # an `||` reads): any step that fails fails the install.
   {
-    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-    "$venv/bin/pip" install -q --upgrade pip
+    { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } &&
+    "$venv/bin/pip" install -q --upgrade pip &&
     # The dependencies first, beside the other installs: jaxpar's own (read from
     # pyproject.toml) and the ecosystem's.
     "$venv/bin/python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
-      > "$venv/jaxpar-deps.txt"
-    "$venv/bin/pip" install -q -r "$venv/jaxpar-deps.txt" -r tests/requirements-ecosystem.txt "${pins[@]}"
+      > "$venv/jaxpar-deps.txt" &&
+    "$venv/bin/pip" install -q -r "$venv/jaxpar-deps.txt" -r tests/requirements-ecosystem.txt "${pins[@]}" &&
     # The editable install writes jaxpar.egg-info into the checkout: one at a time.
-    flock .ci-venv/editable.lock "$venv/bin/pip" install -q -e ".[test]" "${pins[@]}"
+    flock .ci-venv/editable.lock "$venv/bin/pip" install -q -e ".[test]" "${pins[@]}" &&
     if [ "$3" = plugin ]; then
-      jaxver=$("$venv/bin/python" -c "import jaxlib; print(jaxlib.__version__)")
+      jaxver=$("$venv/bin/python" -c "import jaxlib; print(jaxlib.__version__)") &&
       "$venv/bin/pip" install -q --no-deps "jax-cuda12-plugin==$jaxver" "jax-cuda12-pjrt==$jaxver"
     fi
   } > "$log" 2>&1 || { tail -n 40 "$log"; echo "installing into $venv failed (log: $log)"; exit 1; }
@@ -120,6 +122,9 @@ for job in $jobs; do
     *) echo "JAXPAR_TEST_JOBS: unknown job $job (use 3.11 and/or 3.12)" >&2; exit 2 ;;
   esac
 done
+jobs=$(printf '%s\n' $jobs | sort -u | tr '\n' ' '); jobs=${jobs% }  # each once, 3.11 first
+# Ctrl-C or a kill stops the installs and jobs running in the background too.
+trap 'kill $(jobs -p) 2>/dev/null; exit 130' INT TERM
 # Every install at once (they wait on downloads and unpacking more than on a core).
 mkdir -p .ci-venv
 installs=()
