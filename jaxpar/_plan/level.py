@@ -44,6 +44,7 @@ from .._graph import (
     Unit,
     contract,
 )
+from .._options import Settings
 from .._primitives import is_collective
 from .collectives import CollectivePlan, group_collectives, overlap_collectives
 from .heavy import HeavyOrder, heavy_order
@@ -149,11 +150,13 @@ def _level_basis(inner: Jaxpr, graph: Graph, analysis: Analysis,
                  axis_sizes: Mapping[Any, int]) -> _LevelBasis:
     """``_LevelBasis`` of the level ``inner`` inside the mesh axes ``axis_sizes``,
     remembered for the analyses of every mode of the call."""
-    memo = analysis.shared_memo("plan_level_basis")
-    key = tuple(axis_sizes.items())
-    found = memo.get(inner, extra=key)
-    if found is not None:
-        return found  # type: ignore[no-any-return]
+    return analysis.shared_memo("plan_level_basis").lookup(  # type: ignore[no-any-return]
+        inner, lambda: _new_level_basis(inner, graph, analysis, axis_sizes),
+        extra=tuple(axis_sizes.items()))
+
+
+def _new_level_basis(inner: Jaxpr, graph: Graph, analysis: Analysis,
+                     axis_sizes: Mapping[Any, int]) -> _LevelBasis:
     eqns = inner.eqns
     costs = [analysis.costs.eqn_cost(eqn) for eqn in eqns]
     seconds = tuple(analysis.costs.seconds(cost) for cost in costs)
@@ -167,11 +170,8 @@ def _level_basis(inner: Jaxpr, graph: Graph, analysis: Analysis,
     collective_plan = group_collectives(
         inner, graph, axis_sizes=dict(axis_sizes),
         exclude={i for i, r in blocked.items() if r != REASON_COLLECTIVE})
-    basis = _LevelBasis(seconds, blocked,
-                        tuple(i for i in heavy if i not in blocked), tuple(notes),
-                        collective_plan)
-    memo.set(inner, basis, extra=key)
-    return basis
+    return _LevelBasis(seconds, blocked, tuple(i for i in heavy if i not in blocked),
+                       tuple(notes), collective_plan)
 
 
 def _blocked(eqns: Sequence[JaxprEqn], analysis: Analysis) -> dict[int, str]:
@@ -240,11 +240,14 @@ def _windows(jaxpr: Jaxpr, graph: Graph, heavy: Sequence[int], seconds: tuple[fl
     mode (only the pricing of the regions differs), so remembered for the analyses of
     every mode of the call."""
     settings = analysis.settings
-    memo = analysis.shared_memo("plan_windows")
-    key = (tuple(heavy), settings.min_seconds, settings.streams_per_section)
-    found = memo.get(jaxpr, extra=key)
-    if found is not None:
-        return found  # type: ignore[no-any-return]
+    return analysis.shared_memo("plan_windows").lookup(  # type: ignore[no-any-return]
+        jaxpr, lambda: _new_windows(graph, heavy, seconds, settings),
+        extra=(tuple(heavy), settings.min_seconds, settings.streams_per_section))
+
+
+def _new_windows(graph: Graph, heavy: Sequence[int], seconds: tuple[float, ...],
+                 settings: Settings
+                 ) -> tuple[tuple[HeavyOrder, SectionChoice, tuple[Note, ...]], ...]:
     windows = []
     for start in range(0, len(heavy), MAX_HEAVY):
         window = heavy[start:start + MAX_HEAVY]
@@ -255,9 +258,7 @@ def _windows(jaxpr: Jaxpr, graph: Graph, heavy: Sequence[int], seconds: tuple[fl
         choice = choose_sections(decompose(order), settings.streams_per_section,
                                  settings.min_seconds)
         windows.append((order, choice, tuple(_declined_notes(order, choice))))
-    found = tuple(windows)
-    memo.set(jaxpr, found, extra=key)
-    return found
+    return tuple(windows)
 
 
 def _declined_notes(order: HeavyOrder, choice: SectionChoice) -> list[Note]:

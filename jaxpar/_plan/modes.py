@@ -180,12 +180,8 @@ class _Model:
     def jaxpr(self, jaxpr: JaxprLike, top: bool = False) -> _Span:
         if top:  # its lanes are the plan's: never remembered
             return self._level(_compat.open_jaxpr(jaxpr)[0].eqns, self.lanes)
-        hit = self._memo.get(jaxpr, extra=self.mode)
-        if hit is not None:
-            return hit  # type: ignore[no-any-return]
-        span = self._level(_compat.open_jaxpr(jaxpr)[0].eqns, {})
-        self._memo.set(jaxpr, span, extra=self.mode)
-        return span
+        return self._memo.lookup(  # type: ignore[no-any-return]
+            jaxpr, lambda: self._level(_compat.open_jaxpr(jaxpr)[0].eqns, {}), extra=self.mode)
 
     def _alone(self, eqn: JaxprEqn) -> _Span | None:
         """A loop or cond: runs outside any graph, with its own host cost inside."""
