@@ -74,7 +74,7 @@ from jax import lax
 
 from .. import _compat
 from .._analysis import Analysis
-from .._compat import Atom, JaxprEqn, ShapedArray
+from .._compat import Atom, JaxprEqn, JaxprLike, ShapedArray
 from .._cost import CostModel, LaunchPrices, launch_prices
 from .._gpu_model import CommandBufferMode
 from .._graph import Graph
@@ -179,13 +179,13 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
     A level found to offer nothing is not searched again (``searched_in_vain``: jaxprs
     are immutable and the passes see the same ones round after round); the shared
-    ``"batch_matmuls_readings"`` memo keeps each heavy equation's readings (a function
-    of the equation alone), for the later rounds and the other modes.
+    ``"batch_matmuls"`` state (``_Carried``) keeps each heavy equation's readings and
+    each level's groups, for the later rounds and the other modes.
     """
     if searched_in_vain(analysis, "batch_matmuls", level.jaxpr):
         return [], []
     rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers,
-                                       analysis.shared_memo("batch_matmuls_readings"))
+                                       analysis.shared_state("batch_matmuls", _Carried))
     remember_search(analysis, "batch_matmuls", level.jaxpr, rewrites)
     return rewrites, decisions
 
@@ -197,30 +197,23 @@ def _batchable(eqn: JaxprEqn) -> bool:
 
 
 def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
-                 readings: IdentityMemo[JaxprEqn, list[_Reading]] | None = None
+                 carried: _Carried | None = None
                  ) -> tuple[list[Rewrite], list[PassDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
-    candidates = [i for i, e in enumerate(eqns) if _batchable(e)]
-    if len(candidates) < 2:
-        return [], []
     graph = level.graph
-    candidates = [i for i in candidates if i in graph.live]
-    # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
-    stage = stage_depths(graph, [costs.launches(e) and e.primitive.name != TRANSPOSE
-                            for e in eqns])
-    groups = _group(eqns, candidates, stage, readings)
-    if not groups:
-        return [], []
-    groups.sort(key=lambda g: (g.stage, g.members))
-    groups = _orient(eqns, groups)
-    launches = {g: _launches_unbatched(eqns, g) for g in groups}
-    groups = [g for g in groups if launches[g] > 1]  # else XLA's DotMerger does it already
+    carried = _Carried() if carried is None else carried
+    found = carried.groups.get(level.jaxpr)
+    if found is None:
+        found = _groups(eqns, graph, costs, carried)
+        carried.groups.set(level.jaxpr, found)
+    groups, launches = found
     if not groups:
         return [], []
     level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
     prices = costs.launch_prices(eqns, mode, level.in_loop_body)
-    accepted, rejected, priced = _choose(eqns, groups, launches, costs, level_outputs, prices)
+    accepted, rejected, priced = _choose(eqns, graph, groups, launches, costs, level_outputs,
+                                         prices)
     decisions = [_left_alone(path, eqns, g, launches[g], priced[g]) for g in rejected]
     if not accepted:
         return [], decisions
@@ -236,6 +229,30 @@ def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
 # --------------------------------------------------------------------------- grouping
 
 
+def _groups(eqns: Sequence[JaxprEqn], graph: Graph, costs: CostModel, carried: _Carried
+            ) -> tuple[list[_Group], dict[_Group, int]]:
+    """The level's groups worth a look (in stage order, oriented) and the kernels each
+    launches unbatched: a function of the level alone (the CUDA-graph mode only prices
+    them), so ``_Carried.groups`` keeps it for the other modes."""
+    # The primitive first: most equations are not heavy ops, and a call each costs more.
+    candidates = [i for i, e in enumerate(eqns)
+                  if e.primitive.name in BATCHED_PRIMITIVES and _batchable(e)]
+    if len(candidates) < 2:
+        return [], {}
+    candidates = [i for i in candidates if i in graph.live]
+    # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
+    stage = stage_depths(graph, [costs.launches(e) and e.primitive.name != TRANSPOSE
+                            for e in eqns])
+    groups = _group(eqns, candidates, stage, carried)
+    if not groups:
+        return [], {}
+    groups.sort(key=lambda g: (g.stage, g.members))
+    groups = _orient(eqns, groups)
+    launches = {g: _launches_unbatched(eqns, g) for g in groups}
+    groups = [g for g in groups if launches[g] > 1]  # else XLA's DotMerger does it already
+    return groups, launches
+
+
 def _hashable(value: Any) -> Hashable:
     try:
         hash(value)
@@ -245,23 +262,17 @@ def _hashable(value: Any) -> Hashable:
 
 
 def _group(eqns: Sequence[JaxprEqn], candidates: list[int], stage: list[int],
-           known: IdentityMemo[JaxprEqn, list[_Reading]] | None = None) -> list[_Group]:
+           known: _Carried | None = None) -> list[_Group]:
     """Same-shaped heavy ops of one stage. A class whose swapped form is another class's
     form joins the larger one (the smaller one swapped), so operands are swapped only
     where that is what makes the members match; members that read the same either way
-    are oriented afterwards (``_orient``). ``known``: readings by equation, kept across
-    calls."""
+    are oriented afterwards (``_orient``). ``known``: readings kept across calls."""
     classes: dict[Hashable, list[int]] = {}
     swapped_keys: dict[Hashable, Hashable] = {}
     readings: dict[int, list[_Reading]] = {}
-    known = IdentityMemo() if known is None else known
+    known = _Carried() if known is None else known
     for index in candidates:
-        eqn = eqns[index]
-        options = known.get(eqn)
-        if options is None:
-            options = _readings(eqn)
-            known.set(eqn, options)
-        readings[index] = options
+        options = readings[index] = known.readings(eqns[index])
         key: Hashable = (options[0].form, stage[index])
         classes.setdefault(key, []).append(index)
         if len(options) > 1 and options[1].form != options[0].form:
@@ -287,6 +298,52 @@ def _group(eqns: Sequence[JaxprEqn], candidates: list[int], stage: list[int],
         groups.append(_Group(tuple(i for i, _ in found), chosen, alternatives,
                              stage[found[0][0]], chosen[0].params))
     return groups
+
+
+class _Carried:
+    """What the pass keeps across the rounds, levels and modes of one call: each heavy
+    equation's readings (``_readings``), and each level's groups (``_groups``, by the
+    level's identity: jaxprs are immutable).
+
+    ``_readings`` reads only the primitive, the parameters and the operand and result
+    types. A rebuilt level copies an equation whose operands a rewrite renamed with its
+    parameter dict and results kept, and each new operand has the type of the one it
+    stands for (``rebuild_level`` checks), so the copy's readings are looked up by its
+    parameter dict and reused where the primitive and the types are the same: what
+    ``_readings`` would compute again.
+
+    Forms are numbered (``forms``: equal forms, equal numbers), so grouping hashes an
+    int per equation instead of types and parameters.
+    """
+
+    __slots__ = ("by_eqn", "by_params", "forms", "groups")
+
+    def __init__(self) -> None:
+        self.by_eqn: IdentityMemo[JaxprEqn, list[_Reading]] = IdentityMemo()
+        self.by_params: IdentityMemo[
+            dict[str, Any], tuple[Any, tuple[Any, ...], tuple[Any, ...], list[_Reading]]
+        ] = IdentityMemo()
+        self.forms: dict[Hashable, int] = {}
+        self.groups: IdentityMemo[JaxprLike, tuple[list[_Group], dict[_Group, int]]] = (
+            IdentityMemo())
+
+    def readings(self, eqn: JaxprEqn) -> list[_Reading]:
+        found = self.by_eqn.get(eqn)
+        if found is not None:
+            return found
+        ins = tuple([v.aval for v in eqn.invars])
+        outs = tuple([v.aval for v in eqn.outvars])
+        entry = self.by_params.get(eqn.params)
+        if (entry is not None and entry[0] is eqn.primitive and entry[1] == ins
+                and entry[2] == outs):
+            found = entry[3]
+        else:
+            number = self.forms.setdefault
+            found = [_Reading(number(r.form, len(self.forms)), r.swapped, r.transposed, r.params)
+                     for r in _readings(eqn)]
+            self.by_params.set(eqn.params, (eqn.primitive, ins, outs, found))
+        self.by_eqn.set(eqn, found)
+        return found
 
 
 # A matrix product in the form the batched op runs it: lhs [m, k] @ rhs [k, n].
@@ -357,6 +414,11 @@ def _orient(eqns: Sequence[JaxprEqn], groups: list[_Group]) -> list[_Group]:
     Members chained to each other (one reads the other's result) turn together: every
     combination of such chains is tried where there are at most ``_MAX_EXHAUSTIVE``,
     then single members are turned while that helps (bounded).
+
+    A try is scored by the operand columns needing a stack of their own, then the reads
+    transposed or swapped. A move turns the members of one group or chain, so each
+    group's part of the score (its columns, reads turned and stacked result) is kept by
+    the members turned in it, and a try reads the others' parts back.
     """
     free = [(g, m) for g, group in enumerate(groups)
             for m, alternative in enumerate(group.alternatives) if alternative is not None]
@@ -364,22 +426,54 @@ def _orient(eqns: Sequence[JaxprEqn], groups: list[_Group]) -> list[_Group]:
         return groups  # the search grows with the square of the members: keep them as written
     chains = _chains(eqns, groups, free)
 
+    def turned_group(g: int, members: frozenset[int]) -> _Group:
+        group = groups[g]
+        if not members:
+            return group
+        readings, alternatives = list(group.readings), list(group.alternatives)
+        for m, alternative in enumerate(group.alternatives):
+            if m in members and alternative is not None:
+                readings[m], alternatives[m] = alternative, readings[m]
+        return dataclasses.replace(group, readings=tuple(readings),
+                                   alternatives=tuple(alternatives))
+
+    def turned_in(turned: frozenset[tuple[int, int]]) -> list[frozenset[int]]:
+        members: list[set[int]] = [set() for _ in groups]
+        for g, m in turned:
+            members[g].add(m)
+        return [frozenset(found) for found in members]
+
     def build(turned: frozenset[tuple[int, int]]) -> list[_Group]:
-        out = []
-        for g, group in enumerate(groups):
-            if not any((g, m) in turned for m in range(len(group.members))):
-                out.append(group)
-                continue
-            readings, alternatives = list(group.readings), list(group.alternatives)
-            for m, alternative in enumerate(group.alternatives):
-                if (g, m) in turned and alternative is not None:
-                    readings[m], alternatives[m] = alternative, readings[m]
-            out.append(dataclasses.replace(group, readings=tuple(readings),
-                                           alternatives=tuple(alternatives)))
-        return out
+        return [turned_group(g, members) for g, members in enumerate(turned_in(turned))]
+
+    parts: dict[tuple[int, frozenset[int]], tuple[tuple[_Column, ...], int, _Column | None]] = {}
+
+    def part(g: int, members: frozenset[int]) -> tuple[tuple[_Column, ...], int, _Column | None]:
+        """Group ``g`` with ``members`` turned: its distinct operand columns, its reads
+        transposed or swapped, and its stacked result where others may read it."""
+        found = parts.get((g, members))
+        if found is None:
+            group = turned_group(g, members)
+            found = parts[(g, members)] = (
+                tuple(dict.fromkeys(group.columns(eqns))),
+                sum(r.swapped + sum(r.transposed) for r in group.readings),
+                group.outputs(eqns) if group.chainable(eqns) else None)
+        return found
 
     def score(turned: frozenset[tuple[int, int]]) -> tuple[int, int]:
-        return _stacks_needed(eqns, build(turned))
+        stacked: set[_Column] = set()
+        new = reads_turned = 0
+        for g, members in enumerate(turned_in(turned)):
+            columns, turns, output = part(g, members)
+            for column in columns:
+                if _shared(column) or column in stacked:
+                    continue
+                stacked.add(column)
+                new += 1
+            reads_turned += turns
+            if output is not None:
+                stacked.add(output)
+        return new, reads_turned
 
     best: frozenset[tuple[int, int]] = frozenset()
     best_score = score(best)
@@ -429,22 +523,6 @@ def _chains(eqns: Sequence[JaxprEqn], groups: list[_Group], free: list[tuple[int
     for k, x in enumerate(free):
         chains.setdefault(find(k), []).append(x)
     return list(chains.values())
-
-
-def _stacks_needed(eqns: Sequence[JaxprEqn], groups: list[_Group]) -> tuple[int, int]:
-    """Operand columns needing a stack of their own, then reads transposed or swapped."""
-    stacked: set[_Column] = set()
-    new = turned = 0
-    for group in groups:
-        for column in dict.fromkeys(group.columns(eqns)):
-            if _shared(column) or column in stacked:
-                continue
-            stacked.add(column)
-            new += 1
-        turned += sum(r.swapped + sum(r.transposed) for r in group.readings)
-        if group.chainable(eqns):
-            stacked.add(group.outputs(eqns))
-    return new, turned
 
 
 def _form_key(name: str, avals: Sequence[Any], outs: Sequence[Any], params: Any) -> Hashable:
@@ -538,8 +616,9 @@ class _Price:
         return self.saved - self.cost
 
 
-def _choose(eqns: Sequence[JaxprEqn], groups: list[_Group], launches: dict[_Group, int],
-            costs: CostModel, level_outputs: set[Any] | frozenset[Any] = frozenset(),
+def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
+            launches: dict[_Group, int], costs: CostModel,
+            level_outputs: set[Any] | frozenset[Any] = frozenset(),
             prices: LaunchPrices | None = None
             ) -> tuple[list[_Group], list[_Group], dict[_Group, _Price]]:
     """The groups worth batching, the rest, and each one's price (a dropped group's as
@@ -566,6 +645,9 @@ def _choose(eqns: Sequence[JaxprEqn], groups: list[_Group], launches: dict[_Grou
     launch saved is worth ``prices.beside`` (its kernel floor in a serial chain, only its
     graph node in a ``concurrent`` graph, where the members already overlap), a stacking
     or slicing kernel added costs ``prices.serial``.
+
+    Only the groups' operands and results are looked at (their producers and readers,
+    through ``graph``), so a visit costs in proportion to the groups, not the level.
     """
     profile = costs.profile
     if prices is None:
@@ -575,24 +657,40 @@ def _choose(eqns: Sequence[JaxprEqn], groups: list[_Group], launches: dict[_Grou
     # a launch more than it costs (a siamese network's backward pass, priced +0.69 us,
     # launched one kernel more once compiled).
     margin = launch / 2
-    readers: dict[Any, list[int]] = {}
-    for i, e in enumerate(eqns):
-        for atom in e.invars:
-            if not _compat.is_literal(atom):
-                readers.setdefault(atom, []).append(i)
-    launching = [costs.launches(e) for e in eqns]
-    producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
+    made_at = {eqns[i].outvars[0]: i for g in groups for i in g.members}
+    launching: dict[int, bool] = {}
 
-    def replaces_producer(read: Any) -> bool:
-        """Whether stacking ``read`` takes the place of its producer's kernel: elementwise
-        work that nothing but the batched ops reads."""
+    def producer(atom: Any, reader: int) -> int | None:
+        """The equation making ``atom``, which equation ``reader`` reads (None: an input
+        of the level, or a literal)."""
+        for p in graph.preds[reader]:
+            if any(v is atom for v in eqns[p].outvars):
+                return p
+        return None
+
+    def readers(atom: Any, source: int) -> list[int]:
+        """The equations reading ``atom``, made by equation ``source``."""
+        return [r for r in graph.succs[source] if any(a is atom for a in eqns[r].invars)]
+
+    def launches_kernel(index: int) -> bool:
+        found = launching.get(index)
+        if found is None:
+            found = launching[index] = costs.launches(eqns[index])
+        return found
+
+    def replaces_producer(read: Any, reader: int) -> bool:
+        """Whether stacking ``read`` (an operand of equation ``reader``) takes the place
+        of its producer's kernel: elementwise work that nothing but the batched ops
+        reads."""
         atom = _atom(read)
-        source = producer.get(atom)
-        if source is None or atom in level_outputs:
+        if _compat.is_literal(atom) or atom in level_outputs:
+            return False
+        source = producer(atom, reader)
+        if source is None:
             return False
         cost = costs.eqn_cost(eqns[source])
         return (cost.kernels == 0 and cost.flops > 0
-                and all(r in batched for r in readers.get(atom, ())))
+                and all(r in batched for r in readers(atom, source)))
 
     columns = {g: g.columns(eqns) for g in groups}
     outputs = {g: g.outputs(eqns) for g in groups}
@@ -622,13 +720,14 @@ def _choose(eqns: Sequence[JaxprEqn], groups: list[_Group], launches: dict[_Grou
             new = [c for c in dict.fromkeys(columns[g]) if first_user.get(c) is g]
             saved = (launches[g] - 1) * beside
             cost = transposes[g] / profile.bandwidth
-            if new and not any(replaces_producer(a) for c in new for a in c):
+            if new and not any(replaces_producer(a, i) for c in new
+                               for a, i in zip(c, g.members, strict=True)):
                 cost += launch
             cost += sum(_stack_bytes(c) for c in new if users[c] == 1) / profile.bandwidth
             read_chained = chained.get(outputs[g], 0) if outputs[g] in produced else 0
             sliced = sum(out in level_outputs or any(
-                launching[r] and not (read_chained and r in batched)
-                for r in readers.get(out, ()))
+                launches_kernel(r) and not (read_chained and r in batched)
+                for r in readers(out, made_at[out]))
                 for out in (eqns[i].outvars[0] for i in g.members))
             cost += sliced * launch
             if read_chained:
