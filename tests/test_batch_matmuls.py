@@ -439,6 +439,46 @@ def test_random_style_pairs_launch_no_more(pair: int, scans: bool) -> None:
     assert after["launches"] <= before["launches"]
 
 
+def _deep_towers(ws: Any, xs: Any) -> Any:
+    """Three towers of four matmuls, their own activations; the last matmul of each at
+    the highest precision."""
+    outs = []
+    for w, x, act in zip(ws, xs, (jnp.tanh, jnp.sin, jax.nn.relu), strict=True):
+        for stage in range(4):
+            precision = lax.Precision.HIGHEST if stage == 3 else None
+            x = act(jnp.matmul(x, w[stage], precision=precision))
+        outs.append(x)
+    return outs
+
+
+def test_equal_units_are_traced_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rewrites of one form and layout share a trace (``Rewrite.key``); the one whose
+    parameters differ (its precision) is traced on its own, and keeps them."""
+    from jaxpar.passes import _walk
+
+    keys = iter(jax.random.split(jax.random.PRNGKey(3), 15))
+    ws = [[jax.random.normal(next(keys), (64, 64)) / 8 for _ in range(4)] for _ in range(3)]
+    xs = [jax.random.normal(next(keys), (16, 64)) for _ in range(3)]
+    traced = []
+    trace = _walk._trace_rewrite
+
+    def counting(rewrite: Any, operands: Any) -> Any:
+        traced.append(rewrite.emit.__module__)
+        return trace(rewrite, operands)
+
+    monkeypatch.setattr(_walk, "_trace_rewrite", counting)
+    plan = jaxpar.inspect(_deep_towers, target="gpu", command_buffers="lhs")(ws, xs)
+    assert [d.kind for d in plan.subgraphs].count(DecisionKind.BATCHED_MATMULS) == 4
+    assert traced.count("jaxpar.passes.batch_matmuls") == 2
+    text = jax.jit(jaxpar.parallel_branches(_deep_towers, target="gpu", command_buffers="lhs")
+                   ).lower(ws, xs).as_text()
+    batched = [line for line in text.splitlines()
+               if "dot_general" in line and "batching_dims" in line]
+    assert len(batched) == 4
+    assert sum("HIGHEST" in line for line in batched) == 1
+    _check_values_and_grads(_deep_towers, ws, xs)
+
+
 # --------------------------------------------------------------------------- modes
 
 

@@ -259,11 +259,14 @@ EmitFn = Callable[[list[list[Any]]], list[list[Any]]]
 class Rewrite:
     """Equations (sorted indices) replaced together by what ``emit`` binds.
 
-    ``key``, when given, promises that two rewrites of one pass with equal keys emit the
-    same equations (up to variable names) when their operands have the same types and
-    the same pattern of repeated variables and literals: the level is then traced once
-    per key and the other rewrites get copies with fresh variables, whose equations
-    carry the source info of the last equation each copy replaces.
+    ``key``, when given, promises that two rewrites with equal keys emit the same
+    equations (up to variable names) when their operands have the same types and the
+    same pattern of repeated variables and literals: the level is then traced once per
+    key and the other rewrites get copies with fresh variables, whose equations carry
+    the source info of the last equation each copy replaces. At the top level the
+    traces are kept for the whole call (``rebuild_level``'s ``traces``), so the promise
+    must hold across levels and passes: a key starts with its pass's name, and holds
+    no number whose meaning changes within a call.
     """
 
     eqns: tuple[int, ...]
@@ -366,12 +369,18 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
                   graph: Graph | None = None,
                   orders: OrderMemo | None = None,
                   origins: EqnOrigins | None = None,
-                  owners: Sequence[Iterable[int]] = ()) -> JaxprLike | None:
+                  owners: Sequence[Iterable[int]] = (),
+                  traces: dict[Hashable, _TracedRewrite] | None = None) -> JaxprLike | None:
     """``jaxpr`` with ``rewrites`` applied and some equations' ``params`` replaced.
 
     With ``origins``, the equations each rewrite emits are recorded as made by the
     decisions ``owners[k]`` (numbers from ``EqnOrigins.number``) of rewrite ``k``, and
     copied equations keep their records.
+
+    ``traces`` keeps the rewrites traced by key (``Rewrite.key``) and operand pattern
+    beyond this call: a rewrite whose key and pattern were traced in an earlier rebuild
+    is copied from that trace (see ``Rewrite``). Give it only for levels traced in one
+    context (the top level of one call); by default the traces live for this call.
 
     Only the rewrites are traced (each into a small jaxpr of its own); their equations
     are spliced into the level in an order where every rewrite's inputs exist, and the
@@ -414,7 +423,7 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
     new_eqns: list[JaxprEqn] = []
     new_constvars: list[Var] = []
     new_consts: list[Any] = []
-    traced: dict[Hashable, _TracedRewrite] = {}
+    traced: dict[Hashable, _TracedRewrite] = {} if traces is None else traces
     for unit in order:
         if isinstance(unit, EqnUnit):
             eqn = eqns[unit.index]
@@ -637,7 +646,9 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
                     rebuilt = step.rebuilt = rebuild_level(
                         current, rewrites, graph=graph,
                         orders=analysis.shared_memo("emission_order"), origins=origins,
-                        owners=_owners(rewrites, level_decisions, origins))
+                        owners=_owners(rewrites, level_decisions, origins),
+                        traces=None if path else analysis.shared_state("top_level_traces",
+                                                                       dict))
                 if rebuilt is None:
                     kept.extend(_as_left_alone(
                         level_decisions, "this jaxpr cannot take new constants, so the "

@@ -80,6 +80,7 @@ from .._gpu_model import CommandBufferMode
 from .._graph import Graph
 from .._memo import IdentityMemo
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
+from .._structure import StructuralKeys
 from ._shared import stage_depths
 from ._walk import (
     DecisionKind,
@@ -185,7 +186,8 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     if searched_in_vain(analysis, "batch_matmuls", level.jaxpr):
         return [], []
     rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers,
-                                       analysis.shared_state("batch_matmuls", _Carried))
+                                       analysis.shared_state("batch_matmuls", _Carried),
+                                       analysis.structural_keys)
     remember_search(analysis, "batch_matmuls", level.jaxpr, rewrites)
     return rewrites, decisions
 
@@ -197,7 +199,8 @@ def _batchable(eqn: JaxprEqn) -> bool:
 
 
 def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
-                 carried: _Carried | None = None
+                 carried: _Carried | None = None,
+                 structure: StructuralKeys | None = None
                  ) -> tuple[list[Rewrite], list[PassDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -218,8 +221,13 @@ def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
     if not accepted:
         return [], decisions
     units = _units(eqns, graph, accepted)
-    rewrites = [Rewrite(tuple(sorted(i for g in unit for i in g.members)),
-                        _emitter(eqns, unit, graph, level_outputs)) for unit in units]
+    structure = StructuralKeys() if structure is None else structure
+    rewrites = []
+    for unit in units:
+        order = tuple(sorted(i for g in unit for i in g.members))
+        needed = _needed(eqns, order, graph, level_outputs)
+        rewrites.append(Rewrite(order, _emitter(eqns, unit, order, needed),
+                                _rewrite_key(eqns, unit, order, needed, structure)))
     chained = _chained_columns(eqns, accepted)
     taken = [_batched(path, eqns, g, launches[g], chained, priced[g])
              for unit in units for g in unit]
@@ -792,17 +800,47 @@ def _units(eqns: Sequence[JaxprEqn], graph: Graph, accepted: list[_Group]) -> li
     return [sorted(unit, key=lambda g: (g.stage, g.members)) for unit in units_of().values()]
 
 
-def _emitter(eqns: Sequence[JaxprEqn], unit: list[_Group], graph: Graph, level_outputs: set[Any]
-             ) -> EmitFn:
-    order = sorted(i for g in unit for i in g.members)
-    position = {i: k for k, i in enumerate(order)}
+def _needed(eqns: Sequence[JaxprEqn], order: Sequence[int], graph: Graph,
+            level_outputs: set[Any]) -> frozenset[int]:
+    """The members of a rewrite (``order``) whose result is read outside it."""
     inside = set(order)
+    return frozenset(i for i in order if eqns[i].outvars[0] in level_outputs
+                     or any(s not in inside for s in graph.succs[i]))
+
+
+def _rewrite_key(eqns: Sequence[JaxprEqn], unit: list[_Group], order: Sequence[int],
+                 needed: frozenset[int], structure: StructuralKeys) -> Hashable:
+    """Equal for two units whose emitters trace to the same equations (``Rewrite.key``),
+    given operands of the same types and pattern.
+
+    What ``_emitter`` reads of the level, with equation indices made relative to the
+    unit (positions in ``order``): per group, its members and how each reads (swapped,
+    operands transposed: with the member's equation, that fixes its reading, and the
+    first member's reading is the group's form); per member, its primitive, parameters
+    and context (``StructuralKeys.equation``: by value, arrays by their bytes), which
+    member of the unit made each of its operands (a chain: read from the stacked
+    result, not from the operand given), and whether its result is needed. The
+    operands' atoms (which columns are shared, stacked once, literal) are the pattern
+    ``rebuild_level`` adds to the key.
+    """
+    position = {i: k for k, i in enumerate(order)}
+    made = {eqns[i].outvars[0]: k for k, i in enumerate(order)}
+    members = tuple(
+        (structure.equation(eqns[i]),
+         tuple(None if _compat.is_literal(a) else made.get(a) for a in eqns[i].invars),
+         i in needed) for i in order)
+    groups = tuple((tuple(position[i] for i in g.members),
+                    tuple((r.swapped, r.transposed) for r in g.readings)) for g in unit)
+    return ("batch_matmuls", groups, members)
+
+
+def _emitter(eqns: Sequence[JaxprEqn], unit: list[_Group], order: Sequence[int],
+             needed: frozenset[int]) -> EmitFn:
+    position = {i: k for k, i in enumerate(order)}
     made_by: dict[Any, tuple[_Group, int]] = {}
     for g in unit:
         for m, i in enumerate(g.members):
             made_by[eqns[i].outvars[0]] = (g, m)
-    needed = {i for i in order if eqns[i].outvars[0] in level_outputs
-              or any(s not in inside for s in graph.succs[i])}
     templates = {g: eqns[g.members[0]] for g in unit}
 
     def emit(invals: list[list[Any]]) -> list[list[Any]]:
