@@ -1237,11 +1237,14 @@ def _call_jet(primals_in: Sequence[Any], series_in: Sequence[Any], call_jaxpr: C
 
 
 def _register_call_rules(prim: Any, *, lowering: Callable[..., Any], batcher: Any, jvp: Any,
-                         transpose: Any, dce: Any, checkify: Any, jet: Any) -> None:
+                         transpose: Any, dce: Any, checkify: Any, jet: Any,
+                         lowering_rule: Callable[..., Any] | None = None) -> None:
     """The rules of one of jaxpar's call-like primitives (a ``call_jaxpr`` and one more
-    parameter): stream regions and the rewritten program."""
+    parameter): stream regions and the rewritten program. ``lowering`` is traced when
+    lowering (``mlir.lower_fun``), unless a ``lowering_rule`` lowers the equation itself."""
     prim.def_effectful_abstract_eval(_region_abstract_eval)
-    _mlir.register_lowering(prim, _mlir.lower_fun(lowering, multiple_results=True))
+    _mlir.register_lowering(prim, lowering_rule or _mlir.lower_fun(lowering,
+                                                                   multiple_results=True))
     _batching.fancy_primitive_batchers[prim] = batcher
     _ad.primitive_jvps[prim] = jvp
     _ad.primitive_transposes[prim] = transpose
@@ -1329,6 +1332,31 @@ def bind_program(fn: Callable[..., Sequence[Any]], source: Callable[..., Sequenc
 def _program_eval(*args: Any, call_jaxpr: ClosedJaxpr, source: Any) -> list[Any]:
     del source
     return jaxpr_eval(call_jaxpr, *args)
+
+
+_program_lowered_by_tracing = _mlir.lower_fun(_program_eval, multiple_results=True)
+
+
+def _program_lowering(ctx: Any, *args: Any, call_jaxpr: ClosedJaxpr, source: Any) -> Any:
+    """``program_p`` lowered inline: its body's equations, as ``mlir.lower_fun`` of
+    ``_program_eval`` lowers them, without first tracing the body again into an equal
+    jaxpr (that trace cost as much as the emission's own: a bind per equation).
+
+    The same steps as ``lower_fun`` (jax 0.10.2 - 0.12) after its trace; a body with
+    internal mutable arrays, which ``lower_fun`` discharges first, takes that path.
+    """
+    jaxpr = call_jaxpr.jaxpr
+    if any(isinstance(e, _core.InternalMutableArrayEffect) for e in jaxpr.effects):
+        return _program_lowered_by_tracing(ctx, *args, call_jaxpr=call_jaxpr, source=source)
+    module = (ctx.module_context if ctx.platforms is None
+              else ctx.module_context.replace(platforms=ctx.platforms))
+    out, tokens = _mlir.jaxpr_subcomp(
+        module, jaxpr, ctx.name_stack, ctx.tokens_in,
+        _mlir.ir_consts(call_jaxpr.consts, [v.aval for v in jaxpr.constvars]), *args,
+        dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
+        outer_traceback=_mlir.xc.Traceback())
+    ctx.set_tokens_out(tokens)
+    return out
 
 
 def _checked_first(source: ProgramSource, check: Callable[..., Any],
@@ -1466,7 +1494,8 @@ def _program_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_ja
 
 def _register_program_rules() -> None:
     program_p.def_impl(_program_eval)
-    _register_call_rules(program_p, lowering=_program_eval, batcher=_program_batcher,
+    _register_call_rules(program_p, lowering=_program_eval, lowering_rule=_program_lowering,
+                         batcher=_program_batcher,
                          jvp=_program_jvp, transpose=_program_transpose, dce=_program_dce,
                          checkify=_program_checkify, jet=_program_jet)
 
