@@ -702,6 +702,78 @@ def jaxpr_eval(jaxpr: JaxprLike, *args: Any) -> list[Any]:
     return list(jax.core.eval_jaxpr(inner, consts, *args))
 
 
+def stage_jaxpr(jaxpr: JaxprLike, *args: Any) -> list[Any]:
+    """``jaxpr_eval(jaxpr, *args)``, each equation staged by an ``EqnStager``."""
+    inner, consts = open_jaxpr(jaxpr)
+    env: dict[Any, Any] = dict(zip(inner.constvars, consts, strict=True))
+    env.update(zip(inner.invars, args, strict=True))
+    stage = EqnStager()
+    for eqn in inner.eqns:
+        outs = stage(eqn, [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars])
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [v.val if isinstance(v, Literal) else env[v] for v in inner.outvars]
+
+
+class EqnStager:
+    """``bind_eqn(eqn, invals)`` for the equations of a jaxpr traced before, inside the
+    ``jax.jit`` trace now staging (jaxpar's emission of a rewritten program).
+
+    Where a bind would only abstract-evaluate the equation and stage it, the equation
+    is staged as it is, as JAX inlines a jit call (``partial_eval.inline_jaxpr_into_
+    trace``, jax 0.10.2 - 0.12): the same steps as the trace's
+    ``default_process_primitive`` but the abstract evaluation, whose results the
+    equation holds already (its operands' types are checked equal to its inputs'),
+    about a quarter of a bind's time. It keeps its source info (its name stack under
+    the current one) and context, and constant inputs are folded by JAX's rules, as a
+    bind does. Every other equation is bound (``bind_eqn``): outside such a trace, with
+    effects, or with an operand that is not the trace's tracer (a constant), a
+    primitive with a staging or forwarding rule, bind parameters of its own or high
+    types, or operands of other types.
+    """
+
+    __slots__ = ("_stack", "_trace")
+
+    def __init__(self) -> None:
+        from jax._src.interpreters import partial_eval as _pe
+
+        trace = _core.trace_ctx.trace
+        self._trace = trace if type(trace) is _pe.DynamicJaxprTrace else None
+        self._stack = _source_info_util.current_name_stack()
+
+    def __call__(self, eqn: JaxprEqn, invals: Sequence[Any]) -> list[Any]:
+        from jax._src.interpreters import partial_eval as _pe
+
+        trace, primitive = self._trace, eqn.primitive
+        if (trace is None or eqn.effects or primitive in _pe.custom_staging_rules
+                or primitive in _pe.forwarding_rules
+                or type(primitive).get_bind_params is not _core.Primitive.get_bind_params):
+            return bind_eqn(eqn, invals)
+        info = eqn.source_info
+        source = info.replace(name_stack=self._stack + info.name_stack)
+        tracer = _pe.DynamicJaxprTracer
+        ins = []
+        traced = False
+        for v, x in zip(eqn.invars, invals, strict=True):
+            if isinstance(v, Literal):
+                ins.append(tracer(trace, v.aval, v, source))
+            elif type(x) is tracer and x._trace is trace and x.aval == v.aval:
+                ins.append(x)
+                traced = True
+            else:
+                return bind_eqn(eqn, invals)
+        params = eqn.params
+        if not traced or primitive.is_high(*[t.aval for t in ins], **params):
+            return bind_eqn(eqn, invals)
+        avals = [v.aval for v in eqn.outvars]
+        folded = _pe.try_constant_folding(primitive, ins, params, avals)
+        if folded is not None:
+            outs = [trace.new_const(c, source_info=source, aval=aval)
+                    for c, aval in zip(folded, avals, strict=True)]
+        else:
+            outs = trace.emit_eqn(ins, avals, primitive, params, eqn.effects, source, eqn.ctx)
+        return list(outs)
+
+
 # ---------------------------------------------------------------------------------------
 # Loop parameters (added for jaxpar.passes; issue 3). Scan parameters changed layout in
 # jax 0.11: ``num_consts``/``num_carry``/``linear``/``_split_transpose`` (<= 0.10) became
