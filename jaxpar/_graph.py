@@ -137,6 +137,29 @@ def eqn_units(start: int, stop: int) -> tuple[EqnUnit, ...]:
     return tuple(_EQN_UNITS[start:stop])
 
 
+def _by_first_index(graph: Graph, unit_of: Sequence[int], first: Sequence[int],
+                    block_units: Sequence[Unit], low: int, high: int
+                    ) -> tuple[Unit, ...] | None:
+    """The span's units in order of their first equation, where that order is
+    topological (every edge between two units goes from the one with the smaller first
+    index), else None. Kahn's algorithm popping the smallest first index then pops them
+    in exactly this order: each unit's predecessors come before it, so the unit next by
+    first index is ready when all before it are out, and it is the smallest remaining.
+    A rewrite that leaves the level's order alone (the common case) skips the heap."""
+    size = graph.size
+    preds = graph.preds
+    for i in range(low, high):
+        target = unit_of[i]
+        start = first[target]
+        for p in preds[i]:
+            if p >= low and unit_of[p] != target and first[unit_of[p]] > start:
+                return None
+    units = eqn_units(low, high)
+    return tuple([units[i - low] if unit_of[i] < size else block_units[unit_of[i] - size]
+                  for i in range(low, high)
+                  if unit_of[i] < size or first[unit_of[i]] == i])
+
+
 class ContractionCycle(RuntimeError):
     """Contracting the blocks to one unit each makes the level's order cyclic."""
 
@@ -181,6 +204,11 @@ def contract(graph: Graph, blocks: Sequence[tuple[Unit, Sequence[int]]],
         first.append(min(eqns))
         for i in eqns:
             unit_of[i] = uid
+    if not antichains:
+        ordered = _by_first_index(graph, unit_of, first, block_units, low, high)
+        if ordered is not None:
+            units = eqn_units(0, size)
+            return units[:low] + ordered + units[high:]
     live = sorted(set(unit_of[low:high]), key=lambda u: first[u])
     count = size + len(block_units)
     in_degree = [0] * count
