@@ -369,9 +369,32 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
     made: list[tuple[JaxprEqn, list[Any]]] = []  # new records
     has_frontend_attributes, collectives = _compat.has_frontend_attributes, COLLECTIVE
     by_params_of: dict[Primitive, bool] = {}  # refusal_reads_operand_types, per primitive
-    # Per level input: what reading it contributes, ``("in", number of its type)``, so
-    # that numbering an equation hashes no type (equal numbers: equal types).
-    level_inputs: dict[Any, tuple[str, int]] = {}
+    # What reading each variable adds to a reader's key: ``(number of its producer, its
+    # position)``, or ``("in", number of its type)`` for a level input (so numbering an
+    # equation hashes no type: equal numbers, equal types). A variable not found here (a
+    # literal, or the result of an equation never batched) is read by ``read_slowly``.
+    read_of: dict[Any, Hashable] = {
+        v: ("in", setdefault(("in", v.aval), len(intern)))
+        for v in [*inner.constvars, *inner.invars]}
+    read_get = read_of.get
+
+    def read_slowly(eqn: JaxprEqn) -> tuple[Hashable, ...] | None:
+        """What ``eqn`` reads, or None when it reads an equation never batched."""
+        inputs: list[Hashable] = []
+        for v in eqn.invars:
+            if isinstance(v, literal):
+                inputs.append(("lit", v.aval, literal_key(_compat.literal_value(v))))
+                continue
+            source = producer_get(v)
+            if source is None:
+                inputs.append(("in", setdefault(("in", v.aval), len(intern))))
+                continue
+            source_key = keys[source[0]]
+            if source_key is None:
+                return None
+            inputs.append((source_key, source[1]))
+        return tuple(inputs)
+
     for index, eqn in enumerate(eqns):
         if index not in live:
             keys.append(None)
@@ -384,29 +407,24 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
             keys.append(None)
             kept.append(None)
             continue
-        inputs: list[Hashable] = []
-        for v in eqn.invars:
-            if isinstance(v, literal):
-                inputs.append(("lit", v.aval, literal_key(_compat.literal_value(v))))
-                continue
-            source = producer_get(v)
-            if source is not None:
-                source_key = keys[source[0]]
-                if source_key is None:
-                    break
-                inputs.append((source_key, source[1]))
-                continue
-            read_input = level_inputs.get(v)
-            if read_input is None:
-                read_input = level_inputs[v] = ("in", setdefault(("in", v.aval), len(intern)))
-            inputs.append(read_input)
-        else:
-            read = tuple(inputs)
+        try:
+            read: tuple[Hashable, ...] | None = tuple(map(read_get, eqn.invars))
+        except TypeError:  # a literal: unhashable
+            read = None
+        if read is None or None in read:
+            read = read_slowly(eqn)
+        if read is not None:
             if record is not None:
                 if record[0] != read:  # a rewrite upstream: numbered afresh
                     record[0] = read
                     record[1] = setdefault((record[2], read), len(intern))
-                keys.append(record[1])
+                key = record[1]
+                outvars = eqn.outvars
+                if len(outvars) == 1:  # most equations
+                    read_of[outvars[0]] = (key, 0)
+                else:
+                    read_of.update((v, (key, position)) for position, v in enumerate(outvars))
+                keys.append(key)
                 kept.append(record)
                 continue
             # Keyed by the parameter dict when all the key reads is the primitive, the
@@ -427,13 +445,19 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
                        static_refusal(eqn))
                 memo.set(owner, hit)
             params = hit[0]
-            outs = tuple([v.aval for v in eqn.outvars])
+            outvars = eqn.outvars
+            outs = ((outvars[0].aval,) if len(outvars) == 1  # most equations
+                    else tuple([v.aval for v in outvars]))
             if hit[4] is None:
                 operation = setdefault(("op", params, outs), len(intern))
                 key = setdefault((operation, read), len(intern))
                 record = [read, key, operation, params, outs, None, None]
                 if primitive.name not in collectives:
                     made.append((eqn, record))
+                if len(outvars) == 1:
+                    read_of[outvars[0]] = (key, 0)
+                else:
+                    read_of.update((v, (key, position)) for position, v in enumerate(outvars))
                 keys.append(key)
                 kept.append(record)
                 continue
@@ -550,11 +574,7 @@ def _template(eqns: Sequence[JaxprEqn], rows: list[tuple[int, ...]], row_of: dic
     for t, row in enumerate(rows):
         # Needed outside: a level output, or read by an equation outside the group (judged
         # per equation: for a multi-result equation that may keep a result nobody reads).
-        read_outside = False
-        for i in row:
-            if not members >= set(succs[i]):
-                read_outside = True
-                break
+        read_outside = not members >= set().union(*[succs[i] for i in row])
         results_of = [eqns[i].outvars for i in row]
         for out in range(len(results_of[0])):
             results = [outvars[out] for outvars in results_of]
