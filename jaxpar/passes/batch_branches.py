@@ -130,9 +130,11 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     A level found to offer nothing is not searched again (``searched_in_vain``: jaxprs
     and equations are immutable, and the passes see the same ones round after round);
     the shared ``"batch_branches"`` memo keeps equations' parameter keys and the shared
-    ``"batch_branches_values"`` state each equation's value numbers, so a level rebuilt
-    by a rewrite numbers only the equations the rewrite made (and those reading them)
-    afresh, in this mode or another. Where every verdict would be the same in a mode
+    ``"batch_branches_values"`` state each equation's record (``_Numbering``), so a level
+    rebuilt by a rewrite checks and hashes only the equations the rewrite made, in this
+    mode or another; those it kept are renumbered from their inputs' numbers where a
+    rewrite upstream changed them, and keep whether they launch a kernel. Where every
+    verdict would be the same in a mode
     pricing launches otherwise, the walk is told (``decided_alike``).
     """
     if searched_in_vain(analysis, "batch_branches", level.jaxpr):
