@@ -134,8 +134,8 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     rebuilt by a rewrite checks and hashes only the equations the rewrite made, in this
     mode or another; those it kept are renumbered from their inputs' numbers where a
     rewrite upstream changed them, and keep whether they launch a kernel. Where every
-    verdict would be the same in a mode
-    pricing launches otherwise, the walk is told (``decided_alike``).
+    verdict would be the same in a mode pricing launches otherwise, the walk is told
+    (``decided_alike``).
     """
     if searched_in_vain(analysis, "batch_branches", level.jaxpr):
         return [], []  # this very level was searched and offered nothing
