@@ -71,11 +71,11 @@ def _build_graph(jaxpr: JaxprLike) -> Graph:
         invars = eqn.invars
         if len(invars) == 1:  # most equations: no set, no sort
             v = invars[0]
-            source = None if type(v) is literal else produced(v)
-            inputs: tuple[int, ...] = () if source is None else (source,)
-        else:
-            sources = {produced(v) for v in invars if type(v) is not literal}
-            sources.discard(None)
+            source = -1 if type(v) is literal else produced(v, -1)
+            inputs: tuple[int, ...] = () if source < 0 else (source,)
+        else:  # -1: a level input or constant
+            sources = {produced(v, -1) for v in invars if type(v) is not literal}
+            sources.discard(-1)
             inputs = tuple(sorted(sources)) if len(sources) > 1 else tuple(sources)
         # Most equations have no effects at all; only those with some pay for the filter.
         if eqn.effects and _compat.ordering_effects(eqn):
