@@ -114,12 +114,26 @@ class _Prepared:
     emitter: Emitter
     # The CUDA-graph mode the function is compiled in (target "gpu"), and why.
     mode: ModeChoice | None = None
-    # The cost model's time of the program as traced (see ``_analyse_priced``).
+    # The cost model's time of the program as traced (``_plain_figures``).
     plain_us: float | None = None
+    # The program as traced, where the figures of the plain program only a report shows
+    # (``plain_us``, ``mode.plain_seconds``) are left for its first report (``_plain``).
+    unpriced: _compat.ClosedJaxpr | None = None
 
     @property
     def target(self) -> str:
         return self.settings.target
+
+    @functools.cached_property
+    def _plain(self) -> tuple[float | None, ModeChoice | None]:
+        """``plain_us`` and ``mode`` with ``plain_seconds``: as the analysis gave them, or
+        (``unpriced``) priced now, by a fresh ``Analysis`` of the same settings: the cost
+        model and the GPU model are pure functions of the settings and the equations, so
+        the figures equal those the analysis would have given."""
+        if self.unpriced is None:
+            return self.plain_us, self.mode
+        with _collector_paused():
+            return _plain_figures(self.unpriced, Analysis(self.settings), self.mode)
 
     @property
     def xla_options(self) -> dict[str, str]:
@@ -128,13 +142,14 @@ class _Prepared:
     def report(self, function: str, options: Options, tuning: Tuning | None = None) -> Plan:
         """The public ``Plan`` of this analysis (``options``: as the user gave them)."""
         settings = self.settings
+        plain_us, mode = self._plain
         with _collector_paused():
             return build_report(self.plan, function, settings.target,
                                 emitted=(settings.target == "gpu"), options=options.to_dict(),
-                                loops=self.loops, plain_us=self.plain_us,
+                                loops=self.loops, plain_us=plain_us,
                                 priced_in=(settings.command_buffers.value
                                            if settings.command_buffers else None),
-                                tuning=tuning, mode=self.mode)
+                                tuning=tuning, mode=mode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -599,26 +614,28 @@ def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
              ) -> tuple[Traced, LevelPlan, tuple[PassDecision, ...]]:
     """Trace, loop passes, stream plan: everything up to emission, with one ``Analysis``
     (settings, cost model, memos) that dies when this returns."""
-    traced, plan, loops, _, _ = _analyse_priced(fun, sig, settings, baseline=False)
+    traced, plan, loops, _, _, _ = _analyse_priced(fun, sig, settings, baseline=False)
     return traced, plan, loops
 
 
 def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
                     baseline: bool = True
                     ) -> tuple[Traced, LevelPlan, tuple[PassDecision, ...], float | None,
-                               ModeChoice | None]:
-    """``_analyse``, and (with ``baseline``) the cost model's time of the program as
-    traced, one equation after another at the top level: ``jax.jit``'s program as the
-    planner sees it, in microseconds (the report's estimate compares against it); and on
-    the GPU the CUDA-graph mode the function is compiled in: with
+                               ModeChoice | None, _compat.ClosedJaxpr | None]:
+    """``_analyse``, and on the GPU the CUDA-graph mode the function is compiled in: with
     ``choose_command_buffers``, the program is planned in each candidate mode and the plan
-    of the mode the GPU model estimates fastest is kept (``_plan.modes``)."""
+    of the mode the GPU model estimates fastest is kept (``_plan.modes``).
+
+    With ``baseline``, also the figures of the plain program a report shows
+    (``_plain_figures``); without, the program as traced (the last item), from which a
+    report prices them when it needs them (``_Prepared``)."""
     traced = trace(fun, sig)
+    unpriced = None if baseline else traced.jaxpr
     with _collector_paused():
         jaxpr, plan, loops, plain_us, choice = _priced(traced, settings, baseline)
     if jaxpr is not traced.jaxpr:
         traced = dataclasses.replace(traced, jaxpr=jaxpr)
-    return traced, plan, loops, plain_us, choice
+    return traced, plan, loops, plain_us, choice, unpriced
 
 
 def _priced(traced: Traced, settings: Settings, baseline: bool
@@ -631,10 +648,6 @@ def _priced(traced: Traced, settings: Settings, baseline: bool
     choice = None
     analysis = Analysis(settings)
     plain_us = None
-    if baseline:
-        inner, _ = _compat.open_jaxpr(traced.jaxpr)
-        costs = analysis.costs
-        plain_us = sum(costs.seconds(costs.eqn_cost(eqn)) for eqn in inner.eqns) * 1e6
     jaxpr, loops = run_passes(traced.jaxpr, analysis=analysis)
     plan = plan_jaxpr(jaxpr, analysis)
     # What the GPU model's estimates of every mode and of the plain program share.
@@ -670,11 +683,24 @@ def _priced(traced: Traced, settings: Settings, baseline: bool
         if kept is not None:
             choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
                                estimate_seconds(plan, analysis.costs, kept, estimates))
-    if choice is not None:
-        plain = estimate_plain_seconds(traced.jaxpr, analysis.costs, choice.user_mode,
-                                       estimates)
-        choice = dataclasses.replace(choice, plain_seconds=plain)
+    if baseline:
+        plain_us, choice = _plain_figures(traced.jaxpr, analysis, choice)
     return jaxpr, plan, loops, plain_us, choice
+
+
+def _plain_figures(jaxpr: _compat.ClosedJaxpr, analysis: Analysis, choice: ModeChoice | None
+                   ) -> tuple[float, ModeChoice | None]:
+    """What a report compares the plan with, for ``jaxpr`` as traced: the cost model's
+    time of its top level, one equation after another (``jax.jit``'s program as the
+    planner sees it), in microseconds; and ``choice`` with the GPU model's time of it in
+    the user's mode (``ModeChoice.plain_seconds``)."""
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    costs = analysis.costs
+    plain_us = sum(costs.seconds(costs.eqn_cost(eqn)) for eqn in inner.eqns) * 1e6
+    if choice is not None:
+        choice = dataclasses.replace(choice, plain_seconds=estimate_plain_seconds(
+            jaxpr, costs, choice.user_mode, analysis.shared_memo("mode_estimates")))
+    return plain_us, choice
 
 
 @contextlib.contextmanager
@@ -697,10 +723,17 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _build(fun: Callable[..., Any], sig: Signature, settings: Settings) -> _Prepared:
-    traced, plan, loops, plain_us, choice = _analyse_priced(fun, sig, settings)
+def _build(fun: Callable[..., Any], sig: Signature, settings: Settings,
+           report_now: bool = False) -> _Prepared:
+    """The analysis of one signature. The figures of the plain program only a report
+    shows are priced in the analysis when ``report_now`` (``inspect``: its memos are
+    warm then), else by the first report, if one is ever asked for (a call lowers
+    without them)."""
+    traced, plan, loops, plain_us, choice, unpriced = _analyse_priced(
+        fun, sig, settings, baseline=report_now)
     return _Prepared(traced, plan, loops, settings,
-                     Emitter(plan, emit_streams=(settings.target == "gpu")), choice, plain_us)
+                     Emitter(plan, emit_streams=(settings.target == "gpu")), choice, plain_us,
+                     unpriced)
 
 
 def analysed_report(pb: ParallelBranches) -> tuple[Plan, LevelPlan]:
@@ -947,7 +980,7 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             layout, leaves = split_arguments(traced_fun, args, kwargs, statics,
                                              allow_abstract=True, api="inspect")
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
-            prepared = _build(traced_fun, sig, settings)
+            prepared = _build(traced_fun, sig, settings, report_now=True)
         tuning = None if tuned is None else tuned.tuning(*args, **kwargs)
         return prepared.report(function_name(inner), resolved, tuning)
 

@@ -702,6 +702,78 @@ def jaxpr_eval(jaxpr: JaxprLike, *args: Any) -> list[Any]:
     return list(jax.core.eval_jaxpr(inner, consts, *args))
 
 
+def stage_jaxpr(jaxpr: JaxprLike, *args: Any) -> list[Any]:
+    """``jaxpr_eval(jaxpr, *args)``, each equation staged by an ``EqnStager``."""
+    inner, consts = open_jaxpr(jaxpr)
+    env: dict[Any, Any] = dict(zip(inner.constvars, consts, strict=True))
+    env.update(zip(inner.invars, args, strict=True))
+    stage = EqnStager()
+    for eqn in inner.eqns:
+        outs = stage(eqn, [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars])
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [v.val if isinstance(v, Literal) else env[v] for v in inner.outvars]
+
+
+class EqnStager:
+    """``bind_eqn(eqn, invals)`` for the equations of a jaxpr traced before, inside the
+    ``jax.jit`` trace now staging (jaxpar's emission of a rewritten program).
+
+    Where a bind would only abstract-evaluate the equation and stage it, the equation
+    is staged as it is, as JAX inlines a jit call (``partial_eval.inline_jaxpr_into_
+    trace``, jax 0.10.2 - 0.12): the same steps as the trace's
+    ``default_process_primitive`` but the abstract evaluation, whose results the
+    equation holds already (its operands' types are checked equal to its inputs'),
+    about a quarter of a bind's time. It keeps its source info (its name stack under
+    the current one) and context, and constant inputs are folded by JAX's rules, as a
+    bind does. Every other equation is bound (``bind_eqn``): outside such a trace, with
+    effects, or with an operand that is not the trace's tracer (a constant), a
+    primitive with a staging or forwarding rule, bind parameters of its own or high
+    types, or operands of other types.
+    """
+
+    __slots__ = ("_stack", "_trace")
+
+    def __init__(self) -> None:
+        from jax._src.interpreters import partial_eval as _pe
+
+        trace = _core.trace_ctx.trace
+        self._trace = trace if type(trace) is _pe.DynamicJaxprTrace else None
+        self._stack = _source_info_util.current_name_stack()
+
+    def __call__(self, eqn: JaxprEqn, invals: Sequence[Any]) -> list[Any]:
+        from jax._src.interpreters import partial_eval as _pe
+
+        trace, primitive = self._trace, eqn.primitive
+        if (trace is None or eqn.effects or primitive in _pe.custom_staging_rules
+                or primitive in _pe.forwarding_rules
+                or type(primitive).get_bind_params is not _core.Primitive.get_bind_params):
+            return bind_eqn(eqn, invals)
+        info = eqn.source_info
+        source = info.replace(name_stack=self._stack + info.name_stack)
+        tracer = _pe.DynamicJaxprTracer
+        ins = []
+        traced = False
+        for v, x in zip(eqn.invars, invals, strict=True):
+            if isinstance(v, Literal):
+                ins.append(tracer(trace, v.aval, v, source))
+            elif type(x) is tracer and x._trace is trace and x.aval == v.aval:
+                ins.append(x)
+                traced = True
+            else:
+                return bind_eqn(eqn, invals)
+        params = eqn.params
+        if not traced or primitive.is_high(*[t.aval for t in ins], **params):
+            return bind_eqn(eqn, invals)
+        avals = [v.aval for v in eqn.outvars]
+        folded = _pe.try_constant_folding(primitive, ins, params, avals)
+        if folded is not None:
+            outs = [trace.new_const(c, source_info=source, aval=aval)
+                    for c, aval in zip(folded, avals, strict=True)]
+        else:
+            outs = trace.emit_eqn(ins, avals, primitive, params, eqn.effects, source, eqn.ctx)
+        return list(outs)
+
+
 # ---------------------------------------------------------------------------------------
 # Loop parameters (added for jaxpar.passes; issue 3). Scan parameters changed layout in
 # jax 0.11: ``num_consts``/``num_carry``/``linear``/``_split_transpose`` (<= 0.10) became
@@ -1237,11 +1309,14 @@ def _call_jet(primals_in: Sequence[Any], series_in: Sequence[Any], call_jaxpr: C
 
 
 def _register_call_rules(prim: Any, *, lowering: Callable[..., Any], batcher: Any, jvp: Any,
-                         transpose: Any, dce: Any, checkify: Any, jet: Any) -> None:
+                         transpose: Any, dce: Any, checkify: Any, jet: Any,
+                         lowering_rule: Callable[..., Any] | None = None) -> None:
     """The rules of one of jaxpar's call-like primitives (a ``call_jaxpr`` and one more
-    parameter): stream regions and the rewritten program."""
+    parameter): stream regions and the rewritten program. ``lowering`` is traced when
+    lowering (``mlir.lower_fun``), unless a ``lowering_rule`` lowers the equation itself."""
     prim.def_effectful_abstract_eval(_region_abstract_eval)
-    _mlir.register_lowering(prim, _mlir.lower_fun(lowering, multiple_results=True))
+    _mlir.register_lowering(prim, lowering_rule or _mlir.lower_fun(lowering,
+                                                                   multiple_results=True))
     _batching.fancy_primitive_batchers[prim] = batcher
     _ad.primitive_jvps[prim] = jvp
     _ad.primitive_transposes[prim] = transpose
@@ -1329,6 +1404,31 @@ def bind_program(fn: Callable[..., Sequence[Any]], source: Callable[..., Sequenc
 def _program_eval(*args: Any, call_jaxpr: ClosedJaxpr, source: Any) -> list[Any]:
     del source
     return jaxpr_eval(call_jaxpr, *args)
+
+
+_program_lowered_by_tracing = _mlir.lower_fun(_program_eval, multiple_results=True)
+
+
+def _program_lowering(ctx: Any, *args: Any, call_jaxpr: ClosedJaxpr, source: Any) -> Any:
+    """``program_p`` lowered inline: its body's equations, as ``mlir.lower_fun`` of
+    ``_program_eval`` lowers them, without first tracing the body again into an equal
+    jaxpr (that trace cost as much as the emission's own: a bind per equation).
+
+    The same steps as ``lower_fun`` (jax 0.10.2 - 0.12) after its trace; a body with
+    internal mutable arrays, which ``lower_fun`` discharges first, takes that path.
+    """
+    jaxpr = call_jaxpr.jaxpr
+    if any(isinstance(e, _core.InternalMutableArrayEffect) for e in jaxpr.effects):
+        return _program_lowered_by_tracing(ctx, *args, call_jaxpr=call_jaxpr, source=source)
+    module = (ctx.module_context if ctx.platforms is None
+              else ctx.module_context.replace(platforms=ctx.platforms))
+    out, tokens = _mlir.jaxpr_subcomp(
+        module, jaxpr, ctx.name_stack, ctx.tokens_in,
+        _mlir.ir_consts(call_jaxpr.consts, [v.aval for v in jaxpr.constvars]), *args,
+        dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
+        outer_traceback=_mlir.xc.Traceback())
+    ctx.set_tokens_out(tokens)
+    return out
 
 
 def _checked_first(source: ProgramSource, check: Callable[..., Any],
@@ -1466,7 +1566,8 @@ def _program_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_ja
 
 def _register_program_rules() -> None:
     program_p.def_impl(_program_eval)
-    _register_call_rules(program_p, lowering=_program_eval, batcher=_program_batcher,
+    _register_call_rules(program_p, lowering=_program_eval, lowering_rule=_program_lowering,
+                         batcher=_program_batcher,
                          jvp=_program_jvp, transpose=_program_transpose, dce=_program_dce,
                          checkify=_program_checkify, jet=_program_jet)
 

@@ -295,7 +295,7 @@ class Emitter:
 
     def run(self, consts: Sequence[Any], *args: Any, emit_streams: bool = True) -> list[Any]:
         if not (self.emit_streams and emit_streams):
-            return _compat.jaxpr_eval(self.plan.jaxpr, *args)
+            return _compat.stage_jaxpr(self.plan.jaxpr, *args)
         return self._evaluate(self.plan, consts, args)
 
     def _evaluate(self, level: LevelPlan, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
@@ -308,6 +308,7 @@ class Emitter:
                   if any(sub.changes_anything for _, sub in subs)}
         eqns = inner.eqns
         groups: dict[int, GroupIds | None] = {}  # fresh per evaluation (see GroupIds)
+        stage = _compat.EqnStager()
         for unit in level.order:
             if isinstance(unit, EqnUnit):
                 index = unit.index
@@ -327,7 +328,8 @@ class Emitter:
                 else:
                     params = (self._nested_params(level, index, nested[index])
                               if index in nested else None)
-                    outs = _compat.bind_eqn(eqn, invals, params)
+                    outs = (stage(eqn, invals) if params is None
+                            else _compat.bind_eqn(eqn, invals, params))
                 write(eqn.outvars, outs)
                 continue
             if isinstance(unit, CollectivesUnit):

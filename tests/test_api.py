@@ -26,6 +26,7 @@ from helpers import (
     assert_tree_equal,
     four_branches,
     four_branches_args,
+    hetero_batch_benchmark,
     lower_for_gpu,
     pure_chain,
     pure_chain_args,
@@ -296,6 +297,26 @@ def test_cache_does_not_replan_under_jit_for_same_signature():
     jax.jit(lambda a, b: g(a, b)[0] * 2)(a, b)
     assert g.analyses == 1
 
+
+
+def test_a_call_leaves_the_plain_programs_figures_to_its_first_report():
+    """A call lowers without pricing the program as traced (only a report shows those
+    figures); its first report prices them, and says exactly what ``inspect`` says."""
+    from jaxpar._api import analysed_report
+
+    bench = hetero_batch_benchmark()
+    args = jax.eval_shape(lambda: bench.program_args("crossed_cells", "quick"))
+    pb = jaxpar.parallel_branches(bench.crossed_cells, target="gpu")
+    pb.lower(*args)
+    (key,) = pb._cache.cache_keys()
+    prepared = pb._cache.get(key)
+    assert prepared.plain_us is None and prepared.unpriced is not None
+    assert prepared.mode is not None and prepared.mode.plain_seconds is None
+    report, _ = analysed_report(pb)
+    assert report.plain_cost_us > 0 and report.mode.plain_seconds > 0
+    inspected = jaxpar.inspect(bench.crossed_cells, target="gpu")(*args)
+    assert report.to_dict() == inspected.to_dict()
+    assert analysed_report(pb)[0].to_dict() == inspected.to_dict()  # priced once, kept
 
 # --- targets -------------------------------------------------------------------------------
 

@@ -65,3 +65,60 @@ def test_equal_source_keys_have_equal_summaries() -> None:
             summary = _compat.source_summary(eqn)
             assert summaries.setdefault(_compat.source_key(eqn), summary) == summary
         assert 1 < len(summaries) < len(eqns)  # keys repeat, and tell sources apart
+
+
+def _mixed(x: jax.Array, w: jax.Array, n: jax.Array) -> Any:
+    """Plain primitives, literals, a scan, a nested jit, a cond, an effect, a constant
+    and an integer counter: equations the stager stages and ones it leaves to a bind."""
+    y = jnp.tanh(x @ w) * 2.0 + 1
+    y = jax.lax.scan(lambda c, _: (jnp.sin(c) @ w, None), y, None, length=3)[0]
+    y = jax.jit(lambda a: a.T @ a)(y)
+    y = jax.lax.cond(n > 0, jnp.cos, jnp.sin, y)
+    jax.debug.print("{}", n)
+    return y + jnp.arange(8.0), (n + 1).astype(jnp.float32)
+
+
+def _staged(stage: Any, fn: Any, *args: Any) -> Any:
+    """``jax.jit`` of ``fn``'s jaxpr staged again equation by equation with ``stage``."""
+    closed = jax.make_jaxpr(fn)(*args)
+
+    def again(*a: Any) -> list[Any]:
+        env = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
+        env.update(zip(closed.jaxpr.invars, a, strict=True))
+        staging = stage()
+        for eqn in closed.jaxpr.eqns:
+            ins = [v.val if isinstance(v, _compat.Literal) else env[v] for v in eqn.invars]
+            env.update(zip(eqn.outvars, staging(eqn, ins), strict=True))
+        return [v.val if isinstance(v, _compat.Literal) else env[v]
+                for v in closed.jaxpr.outvars]
+
+    return jax.jit(again).lower(*args)
+
+
+def test_eqn_stager_stages_what_a_bind_stages(monkeypatch) -> None:
+    """The stager's program, source locations included, is the one binds make; it
+    stages the plain equations itself and binds the others (an effect, a staging rule)."""
+    args = (jnp.ones((8, 8)), jnp.full((8, 8), 0.5), jnp.int32(3))
+
+    class Binder:
+        def __call__(self, eqn: Any, invals: Any) -> list[Any]:
+            return _compat.bind_eqn(eqn, invals)
+
+    binds: list[list[str]] = []
+    real = _compat.bind_eqn
+    monkeypatch.setattr(_compat, "bind_eqn",
+                        lambda eqn, *a: binds[-1].append(eqn.primitive.name) or real(eqn, *a))
+
+    def lowered(stage: Any) -> str:
+        binds.append([])
+        return _staged(stage, _mixed, *args).as_text(debug_info=True)
+
+    # One line, so the two lowerings' call sites (in their locations) are the same.
+    bound, staged = [lowered(stage) for stage in (Binder, _compat.EqnStager)]
+    assert staged == bound
+    primitives = [e.primitive.name for e in jax.make_jaxpr(_mixed)(*args).jaxpr.eqns]
+    assert len(binds[0]) == len(primitives)
+    assert {"dot_general", "tanh", "mul", "add"} <= set(primitives) - set(binds[1])
+    effectful = {e.primitive.name for e in jax.make_jaxpr(_mixed)(*args).jaxpr.eqns if e.effects}
+    assert effectful and effectful | {"jit"} <= set(binds[1])  # effects; jit's staging rule
+    assert len(binds[1]) < len(primitives) / 2

@@ -1,0 +1,117 @@
+"""``jaxpar/_graph.py``: the dependency graph and ``contract``'s emission orders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxpar import _graph
+from jaxpar._graph import ContractionCycle, EqnUnit, Graph, RewriteUnit, contract
+
+
+def _graph_of(preds: list[tuple[int, ...]]) -> Graph:
+    succs: list[list[int]] = [[] for _ in preds]
+    for i, ps in enumerate(preds):
+        for p in ps:
+            succs[p].append(i)
+    everything = frozenset(range(len(preds)))
+    return Graph(tuple(preds), tuple(map(tuple, succs)), everything, everything)
+
+
+@st.composite
+def _levels(draw: Any) -> tuple[Graph, list[tuple[RewriteUnit, list[int]]]]:
+    size = draw(st.integers(2, 14))
+    preds = [tuple(sorted(draw(st.sets(st.integers(0, i - 1), max_size=3)))) if i else ()
+             for i in range(size)]
+    owner = draw(st.lists(st.integers(-1, 3), min_size=size, max_size=size))
+    members: dict[int, list[int]] = {}
+    for i, k in enumerate(owner):
+        if k >= 0:
+            members.setdefault(k, []).append(i)
+    blocks = [(RewriteUnit(n), eqns) for n, eqns in enumerate(members.values())]
+    return _graph_of(preds), blocks
+
+
+def _kahn(graph: Graph, blocks: Any, monkeypatch: Any) -> Any:
+    with monkeypatch.context() as patch:
+        patch.setattr(_graph, "_by_first_index", lambda *a: None)
+        try:
+            return contract(graph, blocks)
+        except ContractionCycle:
+            return "cycle"
+
+
+@settings(max_examples=300, deadline=None)
+@given(level=_levels())
+def test_contract_without_the_heap_orders_as_kahn(level: Any) -> None:
+    """Where units in order of their first equation are topological, ``contract``
+    takes that order without Kahn's heap: it is exactly Kahn's order, and every other
+    case (a cycle included) is Kahn's."""
+    graph, blocks = level
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        expected = _kahn(graph, blocks, monkeypatch)
+    try:
+        got: Any = contract(graph, blocks)
+    except ContractionCycle:
+        got = "cycle"
+    assert got == expected
+
+
+def test_contract_keeps_program_order_when_it_can(monkeypatch: Any) -> None:
+    # 0 -> 2, 1 -> 3; the block {1, 3} is convex and reads nothing after its first
+    # member's place, so the order is program order with the block at 1.
+    graph = _graph_of([(), (), (0,), (1,), (2, 3)])
+    calls = []
+    real = _graph._by_first_index
+    monkeypatch.setattr(_graph, "_by_first_index",
+                        lambda *a: calls.append(1) or real(*a))
+    order = contract(graph, [(RewriteUnit(0), [1, 3])])
+    assert order == (EqnUnit(0), RewriteUnit(0), EqnUnit(2), EqnUnit(4)) and calls
+    # {0, 3}: 3 reads 1, which comes after 0 -- the block waits for 1 (Kahn's order).
+    graph = _graph_of([(), (), (0,), (1,), (2, 3)])
+    assert contract(graph, [(RewriteUnit(0), [0, 3])]) == (
+        EqnUnit(1), RewriteUnit(0), EqnUnit(2), EqnUnit(4))
+    with pytest.raises(ContractionCycle):  # 2 reads 0 and 3 reads 2: not convex
+        contract(_graph_of([(), (), (0,), (2,)]), [(RewriteUnit(0), [0, 3])])
+
+
+def _reference_preds(jaxpr: Any) -> list[tuple[int, ...]]:
+    """The definition: the writers of what an equation reads, and for an equation with
+    ordering effects the one with effects before it."""
+    from jaxpar import _compat
+
+    writer: dict[Any, int] = {}
+    preds, last = [], None
+    for i, eqn in enumerate(jaxpr.eqns):
+        found = {writer[v] for v in eqn.invars if not _compat.is_literal(v) and v in writer}
+        if _compat.ordering_effects(eqn):
+            if last is not None:
+                found.add(last)
+            last = i
+        preds.append(tuple(sorted(found)))
+        writer.update((v, i) for v in eqn.outvars if not _compat.is_drop_var(v))
+    return preds
+
+
+def test_build_graph_is_the_definition() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    def program(x: Any, y: Any) -> Any:
+        a = jnp.sin(x) + 1.0  # a literal operand
+        jax.debug.print("{}", a, ordered=True)
+        b = a @ y + a
+        c, _ = jax.lax.scan(lambda s, _: (s * 2.0, None), b, None, length=2)
+        jax.debug.print("{}", x, ordered=True)  # reads only an input: after the first
+        return c + b, jnp.cos(y)
+
+    closed = jax.make_jaxpr(program)(jnp.ones((3, 3)), jnp.ones((3, 3)))
+    graph = _graph.build_graph(closed.jaxpr)
+    assert list(graph.preds) == _reference_preds(closed.jaxpr)
+    assert any(len(p) > 1 for p in graph.preds) and any(len(p) == 1 for p in graph.preds)
+    for i, ps in enumerate(graph.preds):
+        assert all(i in graph.succs[p] for p in ps)
+    assert sum(map(len, graph.succs)) == sum(map(len, graph.preds))
