@@ -63,27 +63,35 @@ def _build_graph(jaxpr: JaxprLike) -> Graph:
     effectful: list[int] = []
     last_effect: int | None = None
     # The classes, not ``_compat.is_literal``/``is_drop_var``: a call per atom costs
-    # more than the rest of this loop.
+    # more than the rest of this loop. Literals are unhashable: filtered before lookup.
     literal, drop_var = _compat.Literal, _compat.DropVar
+    produced = producer.get
+    add_pred, add_succs = preds.append, succ_lists.append
     for index, eqn in enumerate(jaxpr.eqns):
-        sources = {producer[v] for v in eqn.invars
-                   if not isinstance(v, literal) and v in producer}
+        invars = eqn.invars
+        if len(invars) == 1:  # most equations: no set, no sort
+            v = invars[0]
+            source = -1 if type(v) is literal else produced(v, -1)
+            inputs: tuple[int, ...] = () if source < 0 else (source,)
+        else:  # -1: a level input or constant
+            sources = {produced(v, -1) for v in invars if type(v) is not literal}
+            sources.discard(-1)
+            inputs = tuple(sorted(sources)) if len(sources) > 1 else tuple(sources)
         # Most equations have no effects at all; only those with some pay for the filter.
         if eqn.effects and _compat.ordering_effects(eqn):
             effectful.append(index)
-            if last_effect is not None:
-                sources.add(last_effect)
+            if last_effect is not None and last_effect not in inputs:
+                inputs = tuple(sorted((*inputs, last_effect)))
             last_effect = index
-        inputs = tuple(sorted(sources)) if len(sources) > 1 else tuple(sources)
-        preds.append(inputs)
-        succ_lists.append([])
+        add_pred(inputs)
+        add_succs([])
         for source in inputs:
             succ_lists[source].append(index)
         for v in eqn.outvars:
-            if not isinstance(v, drop_var):
+            if type(v) is not drop_var:
                 producer[v] = index
     feeds_output = frozenset(producer[v] for v in jaxpr.outvars
-                             if not isinstance(v, literal) and v in producer)
+                             if type(v) is not literal and v in producer)
     live: set[int] = set(feeds_output)
     live.update(effectful)
     for index in range(len(preds) - 1, -1, -1):

@@ -33,7 +33,7 @@ Sharp edges:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar, overload
 
 K = TypeVar("K")
@@ -79,6 +79,19 @@ class IdentityMemo(Generic[K, V]):
         self._alive[id(key)] = key
         values[slot] = value
         return value
+
+    def get_all(self, keys: Iterable[K]) -> list[V | None]:
+        """``[self.get(key) for key in keys]`` in one call: for the passes that look up
+        every equation of a level."""
+        get = self._values.get
+        return [get(id(key)) for key in keys]
+
+    def set_all(self, items: Iterable[tuple[K, V]]) -> None:
+        """``self.set(key, value)`` for each ``(key, value)``, in one call."""
+        alive, values = self._alive, self._values
+        for key, value in items:
+            alive[id(key)] = key
+            values[id(key)] = value
 
     def __contains__(self, key: object) -> bool:
         """Whether a value is remembered for ``key`` (without extra parts)."""

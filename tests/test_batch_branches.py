@@ -309,3 +309,61 @@ def test_h200_compile_launches_fewer_matmul_kernels() -> None:
     assert preview.jaxpar.matmul_kernels == 3
     assert preview.jaxpar.kernels < preview.plain.kernels
     assert "matmul kernels" in str(preview)
+
+
+def test_numbering_carried_from_an_earlier_round_finds_what_a_fresh_one_finds() -> None:
+    """A level rebuilt by one of two rewrites keeps the other group's equations as they
+    were (their records' reads unchanged) and renumbers the kept equations below the
+    rewritten group (reads changed); literals, an effect and a primitive vmap refuses
+    take the slow path. The numbering carried from
+    the first round must split the equations into the same classes of equal numbers,
+    and give the same rewrites (equations, which keys are equal) and decisions, as a
+    fresh numbering."""
+    from jaxpar._cost import CostModel, device_profile
+    from jaxpar._graph import build_graph
+    from jaxpar._memo import IdentityMemo
+    from jaxpar._structure import StructuralKeys
+    from jaxpar.passes._walk import Level, rebuild_level
+
+    def f(xs: list[jax.Array], ys: list[jax.Array], w: jax.Array, v: jax.Array) -> Any:
+        a = [jnp.tanh(jnp.tanh(x @ w) * 2.0 @ w) for x in xs]
+        b = [jnp.tanh(jnp.tanh(y @ v) @ v) + 1.0 for y in ys]
+        jax.debug.print("{}", a[0].sum())
+        # Equal while the members are unbatched; reading different members' slices after
+        # (so rebuilt), and the tanh of each kept, with its reads renumbered.
+        crossed = [jnp.tanh(t) for t in [b[0] @ b[1], b[1] @ b[2], b[2] @ b[0]]]
+        c = [jnp.linalg.cholesky(t @ t.T) for t in b]  # never batched: not on the vmap list
+        return [t.sum() + 1.0 for t in a], c, crossed
+
+    spec = jax.ShapeDtypeStruct((16, 16), jnp.float32)
+    closed = jax.make_jaxpr(f)([spec] * 4, [spec] * 3, spec, spec)
+    costs = CostModel(device_profile("gpu"))
+
+    def state() -> dict[str, Any]:
+        return {"memo": IdentityMemo(), "keys": StructuralKeys(), "orders": IdentityMemo()}
+
+    def numbered(jaxpr: Any, carried: Any, state: dict[str, Any]) -> Any:
+        inner = _compat.open_jaxpr(jaxpr)[0]
+        level = Level(jaxpr, "", build_graph(inner))
+        keys, _ = batch_branches_module._value_numbers(
+            inner, batch_branches_module._producers(inner.eqns), level.graph, state["memo"],
+            state["keys"], {}, carried)
+        first: dict[int, int] = {}
+        classes = [None if k is None else first.setdefault(k, i) for i, k in enumerate(keys)]
+        rewrites, decisions, alike = batch_branches_module._batch_level(
+            level, costs, state["memo"], state["keys"], state["orders"], None, carried)
+        equal = [[r.key == s.key for s in rewrites] for r in rewrites]
+        return rewrites, (classes, [r.eqns for r in rewrites], equal, decisions, alike)
+
+    carried, kept = batch_branches_module._Numbering(), state()
+    rewrites, _ = numbered(closed, carried, kept)
+    assert len(rewrites) == 2  # the xs group and the ys group
+    ys_group = max(rewrites, key=lambda r: min(r.eqns))  # traced after the xs members
+    rebuilt = rebuild_level(closed, [ys_group])
+    assert rebuilt is not None
+    old = {id(e) for e in _compat.open_jaxpr(closed)[0].eqns}
+    assert sum(id(e) in old for e in _compat.open_jaxpr(rebuilt)[0].eqns) > 10
+    _, again = numbered(rebuilt, carried, kept)
+    _, fresh = numbered(rebuilt, batch_branches_module._Numbering(), state())
+    assert again == fresh
+    assert len(again[1]) == 1  # the xs group, still found

@@ -76,3 +76,42 @@ def test_contract_keeps_program_order_when_it_can(monkeypatch: Any) -> None:
         EqnUnit(1), RewriteUnit(0), EqnUnit(2), EqnUnit(4))
     with pytest.raises(ContractionCycle):  # 2 reads 0 and 3 reads 2: not convex
         contract(_graph_of([(), (), (0,), (2,)]), [(RewriteUnit(0), [0, 3])])
+
+
+def _reference_preds(jaxpr: Any) -> list[tuple[int, ...]]:
+    """The definition: the writers of what an equation reads, and for an equation with
+    ordering effects the one with effects before it."""
+    from jaxpar import _compat
+
+    writer: dict[Any, int] = {}
+    preds, last = [], None
+    for i, eqn in enumerate(jaxpr.eqns):
+        found = {writer[v] for v in eqn.invars if not _compat.is_literal(v) and v in writer}
+        if _compat.ordering_effects(eqn):
+            if last is not None:
+                found.add(last)
+            last = i
+        preds.append(tuple(sorted(found)))
+        writer.update((v, i) for v in eqn.outvars if not _compat.is_drop_var(v))
+    return preds
+
+
+def test_build_graph_is_the_definition() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    def program(x: Any, y: Any) -> Any:
+        a = jnp.sin(x) + 1.0  # a literal operand
+        jax.debug.print("{}", a, ordered=True)
+        b = a @ y + a
+        c, _ = jax.lax.scan(lambda s, _: (s * 2.0, None), b, None, length=2)
+        jax.debug.print("{}", x, ordered=True)  # reads only an input: after the first
+        return c + b, jnp.cos(y)
+
+    closed = jax.make_jaxpr(program)(jnp.ones((3, 3)), jnp.ones((3, 3)))
+    graph = _graph.build_graph(closed.jaxpr)
+    assert list(graph.preds) == _reference_preds(closed.jaxpr)
+    assert any(len(p) > 1 for p in graph.preds) and any(len(p) == 1 for p in graph.preds)
+    for i, ps in enumerate(graph.preds):
+        assert all(i in graph.succs[p] for p in ps)
+    assert sum(map(len, graph.succs)) == sum(map(len, graph.preds))

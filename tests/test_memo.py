@@ -94,3 +94,15 @@ def test_lookup_computes_once_and_remembers_none() -> None:
     assert calls == [1] and key in memo
     assert memo.get(key, "missing") is None  # a remembered None, not the default
     assert memo.get(object(), "missing") == "missing"
+
+
+def test_get_all_and_set_all_agree_with_get_and_set() -> None:
+    memo: IdentityMemo[_Key, int] = IdentityMemo()
+    keys = [_Key(1), _Key(1), _Key(2)]  # the first two equal, yet distinct keys
+    memo.set_all([(keys[0], 10), (keys[2], 30)])
+    assert memo.get_all(keys) == [memo.get(k) for k in keys] == [10, None, 30]
+    ref = weakref.ref(keys[2])
+    del keys[2]
+    gc.collect()
+    assert ref() is not None  # set_all keeps its keys alive as set does
+    assert memo.get_all([]) == [] and len(memo) == 2

@@ -407,10 +407,14 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
     params = params or {}
     renamed: dict[Any, Any] = {}  # replaced equations' outvars -> the atoms now holding them
     dropped: set[Any] = set()  # replaced equations' outvars their rewrite did not compute
-    # ids of every variable a rewrite replaces: an equation reading none of them is kept
-    # as it is without looking at its operands one by one (literals are unhashable, and
-    # their ids never equal a live variable's).
-    replaced = {id(v) for r in rewrites for i in r.eqns for v in eqns[i].outvars}
+    # ids of every variable a rewrite replaces (literals are unhashable, and their ids
+    # never equal a live variable's), and the equations that may read one: the
+    # successors of the replaced equations (effect edges add some that read none).
+    # Every other equation is kept as it is, without looking at its operands.
+    rewritten = {i for r in rewrites for i in r.eqns}
+    replaced = {id(v) for i in rewritten for v in eqns[i].outvars}
+    readers = ({s for i in rewritten for s in graph.succs[i]} - rewritten
+               if graph is not None else set())
 
     def atom(v: Atom) -> Atom:
         if _compat.is_literal(v):
@@ -424,11 +428,16 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
     new_constvars: list[Var] = []
     new_consts: list[Any] = []
     traced: dict[Hashable, _TracedRewrite] = {} if traces is None else traces
+    keep = new_eqns.append
     for unit in order:
-        if isinstance(unit, EqnUnit):
-            eqn = eqns[unit.index]
-            new_params = params.get(unit.index)
-            if replaced.isdisjoint(map(id, eqn.invars)):
+        if type(unit) is EqnUnit:
+            index = unit.index
+            eqn = eqns[index]
+            if not params and index not in readers:
+                keep(eqn)  # the same equation: its origins stay its own
+                continue
+            new_params = params.get(index)
+            if index not in readers or replaced.isdisjoint(map(id, eqn.invars)):
                 new_eqn = eqn if new_params is None else _compat.replace_eqn(
                     eqn, params=new_params)
             else:
@@ -436,7 +445,7 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
                                               params=new_params)
             if origins is not None:
                 origins.copied(eqn, new_eqn)
-            new_eqns.append(new_eqn)
+            keep(new_eqn)
             continue
         assert isinstance(unit, RewriteUnit)
         rewrite = rewrites[unit.rewrite]

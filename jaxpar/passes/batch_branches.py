@@ -77,7 +77,7 @@ from .._cost import ZERO, Cost, CostModel, LaunchPrices
 from .._gpu_model import CommandBufferMode
 from .._graph import Graph
 from .._memo import IdentityMemo
-from .._primitives import is_collective
+from .._primitives import COLLECTIVE, is_collective
 from .._structure import StructuralKeys, literal_key
 from ._shared import (
     equations_refusal,
@@ -117,14 +117,11 @@ class _Group:
     wiring: tuple[tuple[_Source, ...], ...]  # per row, per input
     slots: tuple[tuple[int, int], ...]  # per input slot: (row, input position) it is read at
     outputs: tuple[tuple[int, int], ...]  # (row, result position) needed outside the group
+    eqns: tuple[int, ...]  # every row's equations, in level order
 
     @property
     def members(self) -> int:
         return len(self.rows[0])
-
-    @property
-    def eqns(self) -> tuple[int, ...]:
-        return tuple(sorted(i for row in self.rows for i in row))
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
@@ -133,10 +130,12 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     A level found to offer nothing is not searched again (``searched_in_vain``: jaxprs
     and equations are immutable, and the passes see the same ones round after round);
     the shared ``"batch_branches"`` memo keeps equations' parameter keys and the shared
-    ``"batch_branches_values"`` state each equation's value numbers, so a level rebuilt
-    by a rewrite numbers only the equations the rewrite made (and those reading them)
-    afresh, in this mode or another. Where every verdict would be the same in a mode
-    pricing launches otherwise, the walk is told (``decided_alike``).
+    ``"batch_branches_values"`` state each equation's record (``_Numbering``), so a level
+    rebuilt by a rewrite checks and hashes only the equations the rewrite made, in this
+    mode or another; those it kept are renumbered from their inputs' numbers where a
+    rewrite upstream changed them, and keep whether they launch a kernel. Where every
+    verdict would be the same in a mode pricing launches otherwise, the walk is told
+    (``decided_alike``).
     """
     if searched_in_vain(analysis, "batch_branches", level.jaxpr):
         return [], []  # this very level was searched and offered nothing
@@ -157,15 +156,22 @@ _OwnerMemo = IdentityMemo[object, tuple[Hashable, Primitive, Any, int, str | Non
 
 
 class _Numbering:
-    """Value numbers kept across the rounds and levels of one call (``_value_numbers``)."""
+    """Value numbers kept across the rounds and levels of one call (``_value_numbers``).
+
+    ``eqns`` holds, per equation ``vmap`` may batch, a record (a list, updated in place):
+    ``[read, key, operation, params, outs, costs, heavy]`` -- the input numbers it read
+    at its last numbering and the number that gave it; the number of what it computes
+    from them, ``intern[("op", params, outs)]``, with its parameter key and result types
+    (functions of the equation alone); and whether it launches a kernel under the cost
+    model ``costs`` (None until asked). Its number is always
+    ``intern[(operation, read)]``: equal for equal operations on equal inputs.
+    """
 
     __slots__ = ("eqns", "intern")
 
     def __init__(self) -> None:
         self.intern: dict[Hashable, int] = {}
-        # Per equation: the input numbers it read, its key and its local key.
-        self.eqns: IdentityMemo[JaxprEqn, tuple[tuple[Hashable, ...], int, int]] = (
-            IdentityMemo())
+        self.eqns: IdentityMemo[JaxprEqn, list[Any]] = IdentityMemo()
 
 
 def _batch_level(level: Level, costs: CostModel,
@@ -180,10 +186,10 @@ def _batch_level(level: Level, costs: CostModel,
     if len(eqns) < 2:
         return [], [], True
     graph = level.graph
+    carried = _Numbering() if carried is None else carried
     producer = _producers(eqns)
     refused: dict[Hashable, tuple[str, list[int]]] = {}
-    keys, local_keys = _value_numbers(inner, producer, graph, memo, structure, refused,
-                                      carried)
+    keys, records = _value_numbers(inner, producer, graph, memo, structure, refused, carried)
     decisions: list[PassDecision] = [
         decision(path, DecisionKind.SUBGRAPHS_LEFT_ALONE, eqns, members, trips_before=None,
                  trips_after=None, unroll=None,
@@ -199,7 +205,7 @@ def _batch_level(level: Level, costs: CostModel,
         return [], decisions, True
     # Only the equations of candidate groups are costed; the stages need only which
     # equations launch a kernel.
-    heavy = [costs.launches(eqn) for eqn in eqns]
+    heavy = _heavy(eqns, records, costs)
     prices = costs.launch_prices(eqns, mode, level.in_loop_body)
     other_mode = (CommandBufferMode.LHS if mode is CommandBufferMode.CONCURRENT
                   else CommandBufferMode.CONCURRENT)
@@ -266,7 +272,7 @@ def _batch_level(level: Level, costs: CostModel,
     rewrites, taken = [], []
     for group in groups:
         rewrites.append(Rewrite(group.eqns, _emitter(eqns, group),
-                                _rewrite_key(eqns, local_keys, group)))
+                                _rewrite_key(eqns, records, carried.intern, group)))
         kernels = member_kernels[group.eqns]
         stacked = sum(1 for slot in group.slots if not _shared_column(eqns, group, slot))
         taken.append(decision(
@@ -279,8 +285,8 @@ def _batch_level(level: Level, costs: CostModel,
     return rewrites, taken + decisions, alike
 
 
-def _rewrite_key(eqns: Sequence[JaxprEqn], local_keys: list[int | None], group: _Group
-                 ) -> Hashable | None:
+def _rewrite_key(eqns: Sequence[JaxprEqn], records: list[list[Any] | None],
+                 intern: dict[Hashable, int], group: _Group) -> Hashable | None:
     """Equal for two groups whose emitters trace to the same equations (``Rewrite.key``):
     same rows, wiring, slots and outputs, and the same layout of their equations in the
     level's order."""
@@ -289,15 +295,41 @@ def _rewrite_key(eqns: Sequence[JaxprEqn], local_keys: list[int | None], group: 
     except TypeError:  # an unhashable literal
         return None
     place = {i: (t, m) for t, row in enumerate(group.rows) for m, i in enumerate(row)}
-    return ("batch_branches", tuple(local_keys[row[0]] for row in group.rows), group.wiring,
+    local_keys = tuple(_local_key(eqns[row[0]], records[row[0]], intern)  # type: ignore[arg-type]
+                       for row in group.rows)
+    return ("batch_branches", local_keys, group.wiring,
             group.slots, group.outputs, tuple(place[i] for i in group.eqns))
+
+
+def _heavy(eqns: Sequence[JaxprEqn], records: list[list[Any] | None], costs: CostModel
+           ) -> list[bool]:
+    """Per equation, whether it launches a kernel (``CostModel.launches``), kept in the
+    equations' records for ``costs``: a function of the equation alone there."""
+    launches = costs.launches
+    heavy: list[bool] = []
+    for eqn, record in zip(eqns, records, strict=True):
+        if record is None:
+            heavy.append(launches(eqn))
+        elif record[5] is costs:
+            heavy.append(record[6])
+        else:
+            record[5] = costs
+            record[6] = found = launches(eqn)
+            heavy.append(found)
+    return heavy
 
 
 def _producers(eqns: Sequence[JaxprEqn]) -> dict[Any, tuple[int, int]]:
     producer = {}
+    drop_var = _compat.DropVar
     for index, eqn in enumerate(eqns):
-        for position, v in enumerate(eqn.outvars):
-            if not _compat.is_drop_var(v):
+        outvars = eqn.outvars
+        if len(outvars) == 1:  # most equations
+            if not isinstance(outvars[0], drop_var):
+                producer[outvars[0]] = (index, 0)
+            continue
+        for position, v in enumerate(outvars):
+            if not isinstance(v, drop_var):
                 producer[v] = (index, position)
     return producer
 
@@ -306,79 +338,130 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
                    memo: _OwnerMemo, structure: StructuralKeys,
                    refused: dict[Hashable, tuple[str, list[int]]],
                    carried: _Numbering | None = None
-                   ) -> tuple[list[int | None], list[int | None]]:
+                   ) -> tuple[list[int | None], list[list[Any] | None]]:
     """Structural keys per equation (interned to ints); None: never batched.
 
-    Returns ``(keys, local_keys)``: ``keys`` cover the equation and everything it reads
-    from (equal keys: the same computation of same-typed level inputs); ``local_keys``
-    only the equation itself (primitive, parameters, operand and result types). Equal
-    equations ``vmap`` would not batch faithfully (the first of each chain) are added to
-    ``refused``: key -> (why, their indices).
+    Returns ``(keys, records)``: ``keys`` cover the equation and everything it reads
+    from (equal keys: the same computation of same-typed level inputs); ``records`` the
+    equations' records in ``carried`` (``_Numbering``; None where the key is), from which
+    ``_local_key`` numbers the equation itself. Equal equations ``vmap`` would not batch
+    faithfully (the first of each chain) are added to ``refused``: key -> (why, their
+    indices).
 
-    ``carried`` (kept across the rounds and levels of one call) holds the interning and,
-    per equation, the numbers it got with the input numbers it read: an equation a
-    rebuilt level kept reads the same inputs, so it gets its numbers back without
-    hashing its types and parameters again. Only equality of numbers matters, never
-    their values.
+    ``carried`` (kept across the rounds and levels of one call) holds the interning and
+    each numbered equation's record. An equation with a record was found batchable
+    before: that (no effects, no user placement, no refusal, not a collective) and its
+    parameter key and result types are functions of the equation alone, so it is not
+    checked or hashed again; only its inputs' numbers are read, and it is numbered
+    afresh only when they changed (a rewrite upstream). Equations of a ``COLLECTIVE``
+    primitive get no record: whether one is a collective depends on the call's
+    ``local_axes``, so they are judged on every visit. Only equality of numbers
+    matters, never their values.
     """
     carried = _Numbering() if carried is None else carried
-    intern, numbers = carried.intern, carried.eqns
+    intern, records = carried.intern, carried.eqns
     keys: list[int | None] = []
-    local_keys: list[int | None] = []
+    kept: list[list[Any] | None] = []
     refused_eqns: set[int] = set()
     # Hoisted: this runs once per equation of every level, every round.
     live, literal = graph.live, _compat.Literal
-    memo_get, setdefault = memo.get, intern.setdefault
-    numbers_get = numbers.get
-    for index, eqn in enumerate(inner.eqns):
-        if (index not in live or eqn.effects or is_collective(eqn)
-                or _compat.has_frontend_attributes(eqn)):  # never batched
-            keys.append(None)
-            local_keys.append(None)
-            continue
-        invars = eqn.invars
+    memo_get, setdefault, producer_get = memo.get, intern.setdefault, producer.get
+    eqns = inner.eqns
+    found = records.get_all(eqns)
+    made: list[tuple[JaxprEqn, list[Any]]] = []  # new records
+    has_frontend_attributes, collectives = _compat.has_frontend_attributes, COLLECTIVE
+    by_params_of: dict[Primitive, bool] = {}  # refusal_reads_operand_types, per primitive
+    # What reading each variable adds to a reader's key: ``(number of its producer, its
+    # position)``, or ``("in", number of its type)`` for a level input (so numbering an
+    # equation hashes no type: equal numbers, equal types). A variable not found here (a
+    # literal, or the result of an equation never batched) is read by ``read_slowly``.
+    read_of: dict[Any, Hashable] = {
+        v: ("in", setdefault(("in", v.aval), len(intern)))
+        for v in [*inner.constvars, *inner.invars]}
+    read_get = read_of.get
+
+    def read_slowly(eqn: JaxprEqn) -> tuple[Hashable, ...] | None:
+        """What ``eqn`` reads, or None when it reads an equation never batched."""
         inputs: list[Hashable] = []
-        for v in invars:
+        for v in eqn.invars:
             if isinstance(v, literal):
                 inputs.append(("lit", v.aval, literal_key(_compat.literal_value(v))))
-            elif v in producer:
-                source, position = producer[v]
-                source_key = keys[source]
-                if source_key is None:
-                    break
-                inputs.append((source_key, position))
-            else:
-                inputs.append(("in", v.aval))
-        else:
-            read = tuple(inputs)
-            numbered = numbers_get(eqn)
-            if numbered is not None and numbered[0] == read:
-                keys.append(numbered[1])
-                local_keys.append(numbered[2])
+                continue
+            source = producer_get(v)
+            if source is None:
+                inputs.append(("in", setdefault(("in", v.aval), len(intern))))
+                continue
+            source_key = keys[source[0]]
+            if source_key is None:
+                return None
+            inputs.append((source_key, source[1]))
+        return tuple(inputs)
+
+    for index, eqn in enumerate(eqns):
+        if index not in live:
+            keys.append(None)
+            kept.append(None)
+            continue
+        record = found[index]
+        if record is None and (eqn.effects or (eqn.primitive.name in collectives
+                                               and is_collective(eqn))
+                               or has_frontend_attributes(eqn)):  # never batched
+            keys.append(None)
+            kept.append(None)
+            continue
+        try:
+            read: tuple[Hashable, ...] | None = tuple(map(read_get, eqn.invars))
+        except TypeError:  # a literal: unhashable
+            read = None
+        if read is None or None in read:
+            read = read_slowly(eqn)
+        if read is not None:
+            if record is not None:
+                if record[0] != read:  # a rewrite upstream: numbered afresh
+                    record[0] = read
+                    record[1] = setdefault((record[2], read), len(intern))
+                key = record[1]
+                outvars = eqn.outvars
+                if len(outvars) == 1:  # most equations
+                    read_of[outvars[0]] = (key, 0)
+                else:
+                    read_of.update((v, (key, position)) for position, v in enumerate(outvars))
+                keys.append(key)
+                kept.append(record)
                 continue
             # Keyed by the parameter dict when all the key reads is the primitive, the
             # parameters, the context and the operand count: rebuilt levels keep the
             # parameter dicts of the equations they copy, not the equations.
-            by_params = not refusal_reads_operand_types(eqn)
+            primitive = eqn.primitive
+            by_params = by_params_of.get(primitive)
+            if by_params is None:
+                by_params = by_params_of[primitive] = not refusal_reads_operand_types(eqn)
             owner = eqn.params if by_params else eqn
             hit = memo_get(owner)
             if (hit is None
-                    or (by_params and (hit[1] is not eqn.primitive or hit[2] is not eqn.ctx
-                                       or hit[3] != len(invars)))):
+                    or (by_params and (hit[1] is not primitive or hit[2] is not eqn.ctx
+                                       or hit[3] != len(eqn.invars)))):
                 # The last entry: why vmap does not batch it faithfully and cheaply,
                 # here or in a nested jaxpr (None: it does).
-                hit = (structure.equation(eqn), eqn.primitive, eqn.ctx, len(invars),
+                hit = (structure.equation(eqn), primitive, eqn.ctx, len(eqn.invars),
                        static_refusal(eqn))
                 memo.set(owner, hit)
             params = hit[0]
-            outs = tuple([v.aval for v in eqn.outvars])
+            outvars = eqn.outvars
+            outs = ((outvars[0].aval,) if len(outvars) == 1  # most equations
+                    else tuple([v.aval for v in outvars]))
             if hit[4] is None:
-                key = setdefault((params, read, outs), len(intern))
-                local_key = setdefault(("local", params, tuple([v.aval for v in invars]), outs),
-                                       len(intern))
-                numbers.set(eqn, (read, key, local_key))
+                operation = setdefault(("op", params, outs), len(intern))
+                key = setdefault((operation, read), len(intern))
+                record = [read, key, operation, params, outs, None, None]
+                if primitive.name not in collectives:
+                    made.append((eqn, record))
+                if len(outvars) == 1:
+                    read_of[outvars[0]] = (key, 0)
+                else:
+                    read_of.update((v, (key, position)) for position, v in enumerate(outvars))
                 keys.append(key)
-                local_keys.append(local_key)
+                kept.append(record)
                 continue
             # Equal members stop here; said once per chain (its first refused equation).
             refused_eqns.add(index)
@@ -386,8 +469,16 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
                 refused.setdefault(("refused", params, read, outs),
                                    (hit[4], []))[1].append(index)
         keys.append(None)
-        local_keys.append(None)
-    return keys, local_keys
+        kept.append(None)
+    records.set_all(made)
+    return keys, kept
+
+
+def _local_key(eqn: JaxprEqn, record: list[Any], intern: dict[Hashable, int]) -> int:
+    """The number of ``eqn`` itself (primitive, parameters, operand and result types),
+    from its ``_value_numbers`` record; in the same interning as the value numbers."""
+    return intern.setdefault(("local", record[3], tuple([v.aval for v in eqn.invars]),
+                              record[4]), len(intern))
 
 
 def _vmap_refusal(eqns: Sequence[JaxprEqn], group: _Group) -> str | None:
@@ -411,6 +502,7 @@ def _align(eqns: Sequence[JaxprEqn], roots: list[int], producer: dict[Any, tuple
     count = len(roots)
     row_of: dict[int, int] = {}  # equation -> its row
     rows: list[tuple[int, ...]] = []
+    literal, get = _compat.Literal, producer.get
 
     def add_row(row: tuple[int, ...]) -> None:
         for i in row:
@@ -424,22 +516,26 @@ def _align(eqns: Sequence[JaxprEqn], roots: list[int], producer: dict[Any, tuple
         if budget[0] < 0:
             return None
         row = rows[pending.pop()]
-        for position in range(len(eqns[row[0]].invars)):
-            atoms = [eqns[i].invars[position] for i in row]
-            if _compat.is_literal(atoms[0]) or all(a is atoms[0] for a in atoms):
+        operands = [eqns[i].invars for i in row]
+        for position, first in enumerate(operands[0]):
+            if isinstance(first, literal):
                 continue
-            sources = [producer.get(a) for a in atoms]
-            if any(s is None for s in sources):
+            atoms = [invars[position] for invars in operands]
+            if len(set(map(id, atoms))) == 1:
+                continue  # the very same variable in every member: shared
+            sources = [get(a) for a in atoms]
+            if None in sources:
                 continue  # a level input: a stacked slot
-            found = tuple(s[0] for s in sources)  # type: ignore[index]
-            if len(set(found)) < count or any(i in claimed for i in found):
+            found = tuple([s[0] for s in sources])  # type: ignore[index]
+            if len(set(found)) < count or not claimed.isdisjoint(found):
                 continue  # produced outside the group, or shared by some members
-            known = [row_of.get(i) for i in found]
-            if all(k is None for k in known):
+            if row_of.keys().isdisjoint(found):
                 add_row(found)
                 pending.append(len(rows) - 1)
-            elif not (known[0] is not None and rows[known[0]] == found):
-                return None  # the members pair these equations differently
+            else:
+                known = row_of.get(found[0])
+                if known is None or rows[known] != found:
+                    return None  # the members pair these equations differently
     return _template(eqns, rows, row_of, producer, graph, level_outputs)
 
 
@@ -447,26 +543,27 @@ def _template(eqns: Sequence[JaxprEqn], rows: list[tuple[int, ...]], row_of: dic
               producer: dict[Any, tuple[int, int]], graph: Graph, level_outputs: set[Any]
               ) -> _Group | None:
     """Orders the rows, wires them, and finds the slots and the outputs."""
-    order = sorted(range(len(rows)), key=lambda t: rows[t][0])
+    order = sorted(range(len(rows)), key=[row[0] for row in rows].__getitem__)
     renumber = {old: new for new, old in enumerate(order)}
     rows = [rows[t] for t in order]
-    members = set(row_of)
+    members = row_of.keys()
+    literal, drop_var, get, succs = _compat.Literal, _compat.DropVar, producer.get, graph.succs
     wiring: list[tuple[_Source, ...]] = []
     slots: list[tuple[int, int]] = []
     slot_of: dict[tuple[Any, ...], int] = {}
     for t, row in enumerate(rows):
         sources: list[_Source] = []
-        for position, atom in enumerate(eqns[row[0]].invars):
-            if _compat.is_literal(atom):
+        operands = [eqns[i].invars for i in row]
+        for position, atom in enumerate(operands[0]):
+            if isinstance(atom, literal):
                 sources.append(("lit", _compat.literal_value(atom)))
                 continue
-            column = tuple(eqns[i].invars[position] for i in row)
-            inside = [producer[a] for a in column if a in producer and producer[a][0] in members]
+            column = tuple([invars[position] for invars in operands])
+            inside = [s for s in [get(a) for a in column] if s is not None and s[0] in members]
             if inside:
                 source, out = inside[0]
                 wired = ("row", renumber[row_of[source]], out)
-                if len(inside) != len(column) or any(
-                        producer[a] != (rows[wired[1]][m], out) for m, a in enumerate(column)):
+                if len(inside) != len(column) or inside != [(i, out) for i in rows[wired[1]]]:
                     return None  # a stacked input produced inside the group: a cycle
                 sources.append(wired)
                 continue
@@ -479,13 +576,20 @@ def _template(eqns: Sequence[JaxprEqn], rows: list[tuple[int, ...]], row_of: dic
     for t, row in enumerate(rows):
         # Needed outside: a level output, or read by an equation outside the group (judged
         # per equation: for a multi-result equation that may keep a result nobody reads).
-        read_outside = any(s not in members for i in row for s in graph.succs[i])
-        for out in range(len(eqns[row[0]].outvars)):
-            results = [eqns[i].outvars[out] for i in row]
-            if any(not _compat.is_drop_var(v) and (read_outside or v in level_outputs)
-                   for v in results):
+        read_outside = not members >= set().union(*[succs[i] for i in row])
+        results_of = [eqns[i].outvars for i in row]
+        for out in range(len(results_of[0])):
+            results = [outvars[out] for outvars in results_of]
+            if read_outside:
+                needed = any([not isinstance(v, drop_var) for v in results])
+            else:
+                needed = not level_outputs.isdisjoint(results) and any(
+                    [not isinstance(v, drop_var) and v in level_outputs for v in results])
+            if needed:
                 outputs.append((t, out))
-    return _Group(tuple(rows), tuple(wiring), tuple(slots), tuple(outputs))
+    rows_ = tuple(rows)
+    return _Group(rows_, tuple(wiring), tuple(slots), tuple(outputs),
+                  tuple(sorted([i for row in rows_ for i in row])))
 
 
 def _stages(graph: Graph, heavy: list[bool]) -> tuple[list[int], list[int]]:

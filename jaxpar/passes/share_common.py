@@ -28,6 +28,7 @@ Sharp edges:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable
 from typing import Any
 
@@ -79,41 +80,56 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
     A level found to have nothing to share is not searched again
     (``searched_in_vain``): the pass is a function of the level alone, and later rounds
-    see the same level objects again. Equation keys and merge refusals are kept in
-    shared memos (functions of the equation alone).
+    see the same level objects again. Equation keys, their buckets and merge refusals
+    are kept in shared memos (functions of the equation alone).
     """
     if searched_in_vain(analysis, "share_common", level.jaxpr):
         return [], []
     rewrites, decisions = _share_level(level, analysis.structural_keys,
                                        analysis.shared_memo("merge_refusal"),
-                                       analysis.shared_memo("share_common_keys"))
+                                       analysis.shared_memo("share_common_keys"),
+                                       analysis.shared_memo("share_common_buckets"))
     remember_search(analysis, "share_common", level.jaxpr, rewrites)
     return rewrites, decisions
 
 
 def _share_level(level: Level, keys: StructuralKeys,
                  merges: MergeMemo,
-                 eqn_keys: IdentityMemo[JaxprEqn, Hashable | None] | None = None
+                 eqn_keys: IdentityMemo[JaxprEqn, Hashable | None] | None = None,
+                 eqn_buckets: IdentityMemo[JaxprEqn, Hashable] | None = None
                  ) -> tuple[list[Rewrite], list[PassDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns = inner.eqns
     # Equal equations read the same variables (and literals at the same places) with the
     # same primitive: bucket by that first, and key only buckets of two or more (in most
-    # levels nearly every equation is alone in its bucket).
-    is_literal = _compat.is_literal
+    # levels nearly every equation is alone in its bucket). A bucket is a function of the
+    # equation alone (the ids of its operands stay unique while the memo keeps it, and
+    # with it its operands, alive): kept across rounds, a rebuilt level finds the buckets
+    # of the equations it kept.
+    eqn_buckets = IdentityMemo() if eqn_buckets is None else eqn_buckets
+    literal = _compat.Literal
+    cheap_keys = eqn_buckets.get_all(eqns)
+    made: list[tuple[JaxprEqn, Hashable]] = []
+    for index, cheap in enumerate(cheap_keys):
+        if cheap is None:
+            eqn = eqns[index]
+            cheap_keys[index] = cheap = (
+                eqn.primitive, len(eqn.outvars),
+                tuple([None if isinstance(a, literal) else id(a) for a in eqn.invars]))
+            made.append((eqn, cheap))
+    eqn_buckets.set_all(made)
     buckets: dict[Hashable, list[int]] = {}
-    for index, eqn in enumerate(eqns):
-        cheap = (eqn.primitive, len(eqn.outvars),
-                 tuple(None if is_literal(a) else id(a) for a in eqn.invars))
-        buckets.setdefault(cheap, []).append(index)
+    counts = Counter(cheap_keys)
+    if len(counts) < len(cheap_keys):  # some bucket holds two or more
+        for index, cheap in enumerate(cheap_keys):
+            if counts[cheap] > 1:
+                buckets.setdefault(cheap, []).append(index)
     classes: dict[Hashable, list[int]] = {}
     aval_text: dict[Any, str] = {}
     # An equation's key is a function of the equation alone (it names its operands by
     # identity): kept across rounds, a rebuilt level keys only the equations it made.
     eqn_keys = IdentityMemo() if eqn_keys is None else eqn_keys
     for bucket in buckets.values():
-        if len(bucket) < 2:
-            continue
         for index in bucket:
             eqn = eqns[index]
             if eqn in eqn_keys:
