@@ -799,3 +799,10 @@ def loop_candidate(eqn: JaxprEqn) -> bool:
     """Whether a scan may be merged or re-emitted: no effects, no user placement."""
     return (eqn.primitive.name == SCAN and not eqn.effects
             and not _compat.has_frontend_attributes(eqn))
+
+
+def loop_candidates(eqns: Sequence[JaxprEqn]) -> list[int]:
+    """The indices of ``eqns`` that are ``loop_candidate`` s (the primitive's name is
+    read inline first: the passes ask this of every equation of every level they
+    visit, and most are not scans)."""
+    return [i for i, e in enumerate(eqns) if e.primitive.name == SCAN and loop_candidate(e)]

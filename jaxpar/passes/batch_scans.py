@@ -51,14 +51,14 @@ from ._walk import (
     Rewrite,
     decision,
     evaluate,
-    loop_candidate,
+    loop_candidates,
 )
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one batched scan per group of independent identical scans."""
     eqns, path = level.eqns, level.path
-    candidates = [i for i, e in enumerate(eqns) if loop_candidate(e)]
+    candidates = loop_candidates(eqns)
     if len(candidates) < 2:
         return [], []
     structure = analysis.structural_keys

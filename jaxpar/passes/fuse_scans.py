@@ -53,7 +53,7 @@ from ._walk import (
     Rewrite,
     decision,
     evaluate,
-    loop_candidate,
+    loop_candidates,
 )
 
 
@@ -64,8 +64,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     """
     eqns, path = level.eqns, level.path
     leave_identical = analysis.settings.batch_scans
-    candidates = [i for i, e in enumerate(eqns)
-                  if loop_candidate(e) and _compat.scan_info(e).length > 0]
+    candidates = [i for i in loop_candidates(eqns) if _compat.scan_info(eqns[i]).length > 0]
     if len(candidates) < 2:
         return [], []
     infos = {i: _compat.scan_info(eqns[i]) for i in candidates}

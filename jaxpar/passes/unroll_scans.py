@@ -43,7 +43,7 @@ from ._walk import (
     LevelResult,
     Rewrite,
     decision,
-    loop_candidate,
+    loop_candidates,
 )
 
 KERNELS_PER_TRIP = 8
@@ -73,9 +73,8 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         return [], []
     eqns, path, costs = level.eqns, level.path, analysis.costs
     rewrites, decisions = [], []
-    for index, eqn in enumerate(eqns):
-        if not loop_candidate(eqn):
-            continue
+    for index in loop_candidates(eqns):
+        eqn = eqns[index]
         info = _compat.scan_info(eqn)
         if unroll == UNROLL_BY_COST:
             if info.unroll != 1:
