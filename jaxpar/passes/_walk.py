@@ -197,9 +197,10 @@ class EqnOrigins:
         return self._of.get(eqn, frozenset())
 
     def add(self, eqn: JaxprEqn, origins: Iterable[tuple[int, bool]]) -> None:
-        new = frozenset(origins)
+        new = origins if isinstance(origins, frozenset) else frozenset(origins)
         if new:
-            self._of.set(eqn, self.get(eqn) | new)
+            old = self._of.get(eqn)
+            self._of.set(eqn, old | new if old else new)
 
     def copied(self, old: JaxprEqn, new: JaxprEqn) -> None:
         """``new`` replaces ``old`` (new operands or parameters): it keeps its origins."""
@@ -215,11 +216,13 @@ class EqnOrigins:
         inherited: set[tuple[int, bool]] = set()
         for eqn in replaced:
             inherited |= self.get(eqn)
-        plain = made | {o for o in inherited if not o[1]}
+        plain = frozenset(made | {o for o in inherited if not o[1]})
         holding = plain | inherited
+        if not plain and holding == plain:
+            return
         for eqn in body:
             # Only an equation with nested jaxprs can hold what a decision made inside.
-            nested = holding is not plain and any(True for _ in _compat.eqn_subjaxprs(eqn))
+            nested = holding != plain and any(True for _ in _compat.eqn_subjaxprs(eqn))
             self.add(eqn, holding if nested else plain)
 
     def with_products(self, jaxpr: JaxprLike, decisions: Sequence[PassDecision]
