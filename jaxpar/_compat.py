@@ -725,19 +725,23 @@ class EqnStager:
     equation holds already (its operands' types are checked equal to its inputs'),
     about a quarter of a bind's time. It keeps its source info (its name stack under
     the current one) and context, and constant inputs are folded by JAX's rules, as a
-    bind does. Every other equation is bound (``bind_eqn``): outside such a trace, with
-    effects, or with an operand that is not the trace's tracer (a constant), a
-    primitive with a staging or forwarding rule, bind parameters of its own or high
-    types, or operands of other types.
+    bind does. Every other equation is bound (``bind_eqn``): outside such a trace or in
+    a ``set_xla_metadata`` scope, with effects, or with an operand that is not the
+    trace's tracer (a constant), a primitive with a staging or forwarding rule, bind
+    parameters of its own or high types, or operands of other types.
     """
 
     __slots__ = ("_stack", "_trace")
 
     def __init__(self) -> None:
+        from jax._src import xla_metadata_lib as _metadata
         from jax._src.interpreters import partial_eval as _pe
 
         trace = _core.trace_ctx.trace
-        self._trace = trace if type(trace) is _pe.DynamicJaxprTrace else None
+        # Under a ``set_xla_metadata`` scope a bind merges the scope's metadata into each
+        # equation's context, which an equation staged as it is would not carry.
+        staging = type(trace) is _pe.DynamicJaxprTrace and not _metadata.current_xla_metadata()
+        self._trace = trace if staging else None
         self._stack = _source_info_util.current_name_stack()
 
     def __call__(self, eqn: JaxprEqn, invals: Sequence[Any]) -> list[Any]:
@@ -1415,10 +1419,12 @@ def _program_lowering(ctx: Any, *args: Any, call_jaxpr: ClosedJaxpr, source: Any
     jaxpr (that trace cost as much as the emission's own: a bind per equation).
 
     The same steps as ``lower_fun`` (jax 0.10.2 - 0.12) after its trace; a body with
-    internal mutable arrays, which ``lower_fun`` discharges first, takes that path.
+    high types (which its trace lowers) or internal mutable arrays (which it discharges)
+    takes that path.
     """
     jaxpr = call_jaxpr.jaxpr
-    if any(isinstance(e, _core.InternalMutableArrayEffect) for e in jaxpr.effects):
+    if getattr(jaxpr, "is_high", False) or any(
+            isinstance(e, _core.InternalMutableArrayEffect) for e in jaxpr.effects):
         return _program_lowered_by_tracing(ctx, *args, call_jaxpr=call_jaxpr, source=source)
     module = (ctx.module_context if ctx.platforms is None
               else ctx.module_context.replace(platforms=ctx.platforms))

@@ -3,6 +3,7 @@ answers they stand for, on the jax this runs."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,8 +79,9 @@ def _mixed(x: jax.Array, w: jax.Array, n: jax.Array) -> Any:
     return y + jnp.arange(8.0), (n + 1).astype(jnp.float32)
 
 
-def _staged(stage: Any, fn: Any, *args: Any) -> Any:
-    """``jax.jit`` of ``fn``'s jaxpr staged again equation by equation with ``stage``."""
+def _staged(stage: Any, fn: Any, *args: Any, scope: Any = None) -> Any:
+    """``jax.jit`` of ``fn``'s jaxpr staged again equation by equation with ``stage``
+    (lowered in ``scope``, a context manager, where given)."""
     closed = jax.make_jaxpr(fn)(*args)
 
     def again(*a: Any) -> list[Any]:
@@ -92,7 +94,8 @@ def _staged(stage: Any, fn: Any, *args: Any) -> Any:
         return [v.val if isinstance(v, _compat.Literal) else env[v]
                 for v in closed.jaxpr.outvars]
 
-    return jax.jit(again).lower(*args)
+    with scope or contextlib.nullcontext():
+        return jax.jit(again).lower(*args)
 
 
 def test_eqn_stager_stages_what_a_bind_stages(monkeypatch) -> None:
@@ -122,3 +125,17 @@ def test_eqn_stager_stages_what_a_bind_stages(monkeypatch) -> None:
     effectful = {e.primitive.name for e in jax.make_jaxpr(_mixed)(*args).jaxpr.eqns if e.effects}
     assert effectful and effectful | {"jit"} <= set(binds[1])  # effects; jit's staging rule
     assert len(binds[1]) < len(primitives) / 2
+
+
+def test_eqn_stager_binds_in_an_xla_metadata_scope() -> None:
+    """A bind merges an enclosing ``set_xla_metadata`` scope into each equation's
+    context; the stager then binds too, so the scope's tag reaches every operation."""
+    args = (jnp.ones((8, 8)), jnp.full((8, 8), 0.5), jnp.int32(3))
+
+    class Binder:
+        def __call__(self, eqn: Any, invals: Any) -> list[Any]:
+            return _compat.bind_eqn(eqn, invals)
+
+    bound, staged = [_staged(stage, _mixed, *args, scope=set_xla_metadata(note="outer"))
+                     .as_text() for stage in (Binder, _compat.EqnStager)]
+    assert 'note = "outer"' in bound and staged == bound
