@@ -702,6 +702,22 @@ def jaxpr_eval(jaxpr: JaxprLike, *args: Any) -> list[Any]:
     return list(jax.core.eval_jaxpr(inner, consts, *args))
 
 
+def rebased_source(traced: Any, first: Any, now: Any) -> Any:
+    """The source info of an equation traced under a member equation whose source info
+    was ``first``, as a trace under a member with source info ``now`` gives it: ``now``'s
+    traceback, and ``traced``'s name stack with ``first``'s scopes (its end: a bind puts
+    an equation's scopes under the current ones) replaced by ``now``'s; where they are
+    not its end, ``now``'s name stack."""
+    stack, old, new = traced.name_stack.stack, first.name_stack.stack, now.name_stack.stack
+    if old == new:
+        name_stack = traced.name_stack
+    elif stack[len(stack) - len(old):] == old:
+        name_stack = _source_info_util.NameStack(stack[:len(stack) - len(old)] + new)
+    else:
+        name_stack = now.name_stack
+    return _source_info_util.SourceInfo(now.traceback, name_stack)
+
+
 def stage_jaxpr(jaxpr: JaxprLike, *args: Any) -> list[Any]:
     """``jaxpr_eval(jaxpr, *args)``, each equation staged by an ``EqnStager``."""
     inner, consts = open_jaxpr(jaxpr)

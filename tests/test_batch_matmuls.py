@@ -479,6 +479,48 @@ def test_equal_units_are_traced_once(monkeypatch: pytest.MonkeyPatch) -> None:
     _check_values_and_grads(_deep_towers, ws, xs)
 
 
+@pytest.mark.parametrize("program", ["deep_towers", "crossed_cells"])
+def test_copied_units_carry_the_source_info_of_their_own_trace(
+        monkeypatch: pytest.MonkeyPatch, program: str) -> None:
+    """A unit traced once and copied gives each copy the tracebacks and name stacks a
+    trace of its own gives it: the debug locations of the lowered program equal those
+    of a run whose rewrites carry no key (every unit traced alone)."""
+    import importlib
+
+    from jaxpar.passes import _walk
+
+    passes = [importlib.import_module(f"jaxpar.passes.{name}")
+              for name in ("batch_matmuls", "batch_branches")]
+    if program == "deep_towers":
+        keys = iter(jax.random.split(jax.random.PRNGKey(3), 15))
+        fn: Any = _deep_towers
+        args: Any = ([[jax.random.normal(next(keys), (64, 64)) / 8 for _ in range(4)]
+                      for _ in range(3)], [jax.random.normal(next(keys), (16, 64))
+                                           for _ in range(3)])
+    else:
+        fn, args = bench.crossed_cells, jax.eval_shape(
+            lambda: bench.program_args("crossed_cells", "quick"))
+    traced: list[list[int]] = []
+    trace = _walk._trace_rewrite
+    monkeypatch.setattr(_walk, "_trace_rewrite",
+                        lambda *a: traced[-1].append(1) or trace(*a))
+
+    def lowered(keyed: bool) -> str:
+        traced.append([])
+        with monkeypatch.context() as patch:
+            if not keyed:
+                for module in passes:
+                    patch.setattr(module, "Rewrite",
+                                  lambda eqns, emit, key=None: _walk.Rewrite(eqns, emit))
+            return jax.jit(jaxpar.parallel_branches(fn, target="gpu", command_buffers="lhs")
+                           ).lower(*args).as_text(debug_info=True)
+
+    # One line, so the two lowerings' call sites (in their locations) are the same.
+    keyed, alone = [lowered(keyed) for keyed in (True, False)]
+    assert len(traced[0]) < len(traced[1])  # copies were made
+    assert "vmap()" in keyed and keyed == alone
+
+
 # --------------------------------------------------------------------------- modes
 
 

@@ -266,7 +266,9 @@ class Rewrite:
     equations (up to variable names) when their operands have the same types and the
     same pattern of repeated variables and literals: the level is then traced once per
     key and the other rewrites get copies with fresh variables, whose equations carry
-    the source info of the last equation each copy replaces. At the top level the
+    the source info a trace of their own would give them (an equation made under the
+    i-th replaced equation's source info gets the i-th one's of the copy: equal keys
+    must list the replaced equations in corresponding orders). At the top level the
     traces are kept for the whole call (``rebuild_level``'s ``traces``), so the promise
     must hold across levels and passes: a key starts with its pass's name, and holds
     no number whose meaning changes within a call.
@@ -460,11 +462,10 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
         if hit is None:
             hit = _trace_rewrite(rewrite, operands)
             if cache_key is not None:
-                traced[cache_key] = hit
+                hit = traced[cache_key] = hit.with_sources(members)
             constvars, body, flat_outs = hit.splice(operands, fresh=False)
         else:
-            constvars, body, flat_outs = hit.splice(operands, fresh=True,
-                                                    source=members[-1].source_info)
+            constvars, body, flat_outs = hit.splice(operands, fresh=True, members=members)
         new_constvars += constvars
         new_consts += hit.consts
         new_eqns += body
@@ -523,14 +524,28 @@ class _TracedRewrite:
     jaxpr: JaxprLike  # open
     consts: list[Any]
     computed: list[bool]  # per flat result of the member equations: not None
+    # The source info of each member equation it was traced for, and per equation of
+    # the small jaxpr the member whose traceback it carries (None: none of them).
+    sources: tuple[Any, ...] = ()
+    made_under: tuple[int | None, ...] = ()
 
-    def splice(self, operands: list[list[Any]], fresh: bool, source: Any = None
-               ) -> tuple[list[Any], list[Any], list[Any]]:
+    def with_sources(self, members: Sequence[JaxprEqn]) -> _TracedRewrite:
+        """This trace, remembering under which of ``members`` each equation was made."""
+        infos = tuple(m.source_info for m in members)
+        owner = {id(info.traceback): j for j, info in reversed(list(enumerate(infos)))}
+        return dataclasses.replace(self, sources=infos, made_under=tuple(
+            owner.get(id(e.source_info.traceback)) for e in self.jaxpr.eqns))
+
+    def splice(self, operands: list[list[Any]], fresh: bool,
+               members: Sequence[JaxprEqn] = ()) -> tuple[list[Any], list[Any], list[Any]]:
         """``(constvars, eqns, flat results)`` reading ``operands``' atoms.
 
         With ``fresh``, every variable the small jaxpr defines is renamed, so one trace
-        can be spliced into a level several times; ``source`` then replaces the source
-        info of its equations.
+        can be spliced into a level several times, for the member equations
+        ``members``: an equation made under a member's source info gets the source info
+        a trace under the corresponding one of ``members`` gives it
+        (``_compat.rebased_source``); one made under none keeps its own (jaxpar's code
+        under the same call, as that trace would give).
         """
         small = self.jaxpr
         bound: dict[Any, Any] = dict(zip(small.invars, _distinct_atoms(operands), strict=True))
@@ -543,12 +558,17 @@ class _TracedRewrite:
             return v if _compat.is_literal(v) else bound.get(v, v)
 
         body = []
-        for eqn in small.eqns:
+        under = self.made_under if fresh and members else ()
+        for k, eqn in enumerate(small.eqns):
             invars = [atom(v) for v in eqn.invars]
-            outvars = None
+            outvars = source = None
             if fresh:
                 outvars = [_compat.fresh_var(v) for v in eqn.outvars]
                 bound.update(zip(eqn.outvars, outvars, strict=True))
+                j = under[k] if under else None
+                if j is not None:
+                    source = _compat.rebased_source(eqn.source_info, self.sources[j],
+                                                    members[j].source_info)
             body.append(_compat.replace_eqn(eqn, invars=invars, outvars=outvars,
                                             source_info=source))
         results = iter(small.outvars)
