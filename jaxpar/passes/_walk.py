@@ -532,9 +532,11 @@ class _TracedRewrite:
     def with_sources(self, members: Sequence[JaxprEqn]) -> _TracedRewrite:
         """This trace, remembering under which of ``members`` each equation was made."""
         infos = tuple(m.source_info for m in members)
-        owner = {id(info.traceback): j for j, info in reversed(list(enumerate(infos)))}
+        owner: IdentityMemo[Any, int] = IdentityMemo()  # a traceback -> its first member
+        for j in range(len(infos) - 1, -1, -1):
+            owner.set(infos[j].traceback, j)
         return dataclasses.replace(self, sources=infos, made_under=tuple(
-            owner.get(id(e.source_info.traceback)) for e in self.jaxpr.eqns))
+            owner.get(e.source_info.traceback) for e in self.jaxpr.eqns))
 
     def splice(self, operands: list[list[Any]], fresh: bool,
                members: Sequence[JaxprEqn] = ()) -> tuple[list[Any], list[Any], list[Any]]:
