@@ -761,8 +761,6 @@ class EqnStager:
         self._stack = _source_info_util.current_name_stack()
 
     def __call__(self, eqn: JaxprEqn, invals: Sequence[Any]) -> list[Any]:
-        from jax._src.interpreters import partial_eval as _pe
-
         trace, primitive = self._trace, eqn.primitive
         if (trace is None or eqn.effects or primitive in _pe.custom_staging_rules
                 or primitive in _pe.forwarding_rules

@@ -146,8 +146,8 @@ def eqn_units(start: int, stop: int) -> tuple[EqnUnit, ...]:
 
 
 def _by_first_index(graph: Graph, unit_of: Sequence[int], first: Sequence[int],
-                    block_units: Sequence[Unit], low: int, high: int
-                    ) -> tuple[Unit, ...] | None:
+                    block_units: Sequence[Unit], units: Sequence[EqnUnit], low: int,
+                    high: int) -> tuple[Unit, ...] | None:
     """The span's units in order of their first equation, where that order is
     topological (every edge between two units goes from the one with the smaller first
     index), else None. Kahn's algorithm popping the smallest first index then pops them
@@ -162,8 +162,7 @@ def _by_first_index(graph: Graph, unit_of: Sequence[int], first: Sequence[int],
         for p in preds[i]:
             if p >= low and unit_of[p] != target and first[unit_of[p]] > start:
                 return None
-    units = eqn_units(low, high)
-    return tuple([units[i - low] if unit_of[i] < size else block_units[unit_of[i] - size]
+    return tuple([units[i] if unit_of[i] < size else block_units[unit_of[i] - size]
                   for i in range(low, high)
                   if unit_of[i] < size or first[unit_of[i]] == i])
 
@@ -213,9 +212,9 @@ def contract(graph: Graph, blocks: Sequence[tuple[Unit, Sequence[int]]],
         for i in eqns:
             unit_of[i] = uid
     if not antichains:
-        ordered = _by_first_index(graph, unit_of, first, block_units, low, high)
+        units = eqn_units(0, size)
+        ordered = _by_first_index(graph, unit_of, first, block_units, units, low, high)
         if ordered is not None:
-            units = eqn_units(0, size)
             return units[:low] + ordered + units[high:]
     live = sorted(set(unit_of[low:high]), key=lambda u: first[u])
     count = size + len(block_units)

@@ -218,7 +218,7 @@ class EqnOrigins:
             inherited |= self.get(eqn)
         plain = frozenset(made | {o for o in inherited if not o[1]})
         holding = plain | inherited
-        if not plain and holding == plain:
+        if not holding:
             return
         for eqn in body:
             # Only an equation with nested jaxprs can hold what a decision made inside.
