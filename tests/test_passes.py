@@ -161,3 +161,52 @@ def test_plan_dicts_hold_plain_strings_and_the_pass_name():
     for loop in loops:
         assert type(loop["kind"]) is str
         assert loop["pass"] in {p.name for p in PASSES}
+
+
+# ---------------------------------------------------------------- the walk's revisits
+
+
+def _nested_scans(a, b):
+    def body(c, x):  # a body with two scans of its own, fused inside it
+        p, _ = lax.scan(lambda s, y: (jnp.tanh(s + y), None), c, jnp.ones((4, 3)))
+        q, _ = lax.scan(lambda s, y: (jnp.sin(s * y), None), c, jnp.ones((4, 3)))
+        return p + q + x, None
+
+    out, _ = lax.scan(body, a, jnp.ones((3, 3)))
+    return _two_scans(out, b) + jnp.cos(a) + jnp.cos(a)
+
+
+def test_revisits_of_barren_levels_change_nothing(monkeypatch):
+    """A pass that changed nothing at a level (and reported only what it left alone) is
+    not run again on that very level and path in the walk: the rewritten program and
+    the decisions are exactly those of a walk that runs it again, in every mode."""
+    from helpers import load_benchmark
+
+    from jaxpar.passes import _walk
+
+    overhead = load_benchmark("overhead")
+    programs = [(_two_scans, _args()), (_nested_scans, _args()),
+                (overhead.build_program(400), overhead.program_args())]
+    real_run = _walk._run_step
+
+    def walk(fn, args, shortcut, mode):
+        runs = []
+
+        def counted(level_pass, *rest):
+            runs.append(level_pass.name)
+            return real_run(level_pass, *rest)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(_walk, "_run_step", counted)
+            if not shortcut:
+                patch.setattr(_walk, "_barren", lambda step: False)
+            new, decisions = run_passes(jax.make_jaxpr(fn)(*args), target="gpu",
+                                        command_buffers=mode)
+        return str(new), decisions, len(runs)
+
+    for fn, args in programs:
+        for mode in ("lhs", "concurrent"):
+            text, decisions, runs = walk(fn, args, True, mode)
+            text_again, decisions_again, runs_again = walk(fn, args, False, mode)
+            assert text == text_again and decisions == decisions_again
+            assert runs < runs_again

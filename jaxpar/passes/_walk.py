@@ -756,12 +756,36 @@ def _pass_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
     of the same equations and keys: the same groups), it takes the other's step, rebuilt
     level included, so the walks of the two modes share every level from there on.
     Later visits in a walk run the pass (they answer from its own memos,
-    ``searched_in_vain``).
+    ``searched_in_vain``), but for a visit of a level at a path where the pass, visiting
+    it before, changed nothing and reported only what it left alone (``_barren``): by
+    the same determinism it would again, and the walk drops such reports after a
+    level's first round (and a walk's first), which is the only time such a visit can
+    come, so it gets an empty step without running the pass.
     """
     visits = analysis.memo("pass_visits")
+    barren = analysis.memo("barren_visits")
     if visits.get(jaxpr, extra=level_pass.name):
-        return _run_step(level_pass, jaxpr, path, graph, analysis)[0]
+        if barren.get(jaxpr, extra=(level_pass.name, path)):
+            return _Step(jaxpr, [], [])
+        step = _run_step(level_pass, jaxpr, path, graph, analysis)[0]
+        if _barren(step):
+            barren.set(jaxpr, True, extra=(level_pass.name, path))
+        return step
     visits.set(jaxpr, True, extra=level_pass.name)
+    step = _first_step(level_pass, jaxpr, path, graph, analysis)
+    if _barren(step):
+        barren.set(jaxpr, True, extra=(level_pass.name, path))
+    return step
+
+
+def _barren(step: _Step) -> bool:
+    """Whether ``step`` changed nothing and reports only what it left alone."""
+    return not step.rewrites and all(d.kind in UNCHANGED_KINDS for d in step.decisions)
+
+
+def _first_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
+                analysis: Analysis) -> _Step:
+    """``_pass_step`` for the pass's first visit of the level in this walk."""
     steps: IdentityMemo[JaxprLike, _Step] = analysis.shared_memo("pass_steps")
     settings = analysis.settings
     base = (path, level_pass.name, dataclasses.replace(settings, command_buffers=None))
