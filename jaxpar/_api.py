@@ -1026,7 +1026,8 @@ def _inside_stream_call() -> Iterator[None]:
         _stream_state.depth -= 1
 
 
-def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[F], F]:
+def on_stream(stream: int, *misplaced: Any, scheduling_group: int | None = None
+              ) -> Callable[[F], F]:
     """Puts a function on CUDA stream ``stream`` yourself (the manual API).
 
     The wrapped function lowers to one non-inlined call with
@@ -1037,6 +1038,8 @@ def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[
 
     Args:
       stream: stream id, an int >= 1 (id 0 is not portable across XLA versions).
+      misplaced: nothing; here only to answer ``on_stream(fun, 1)`` (the function given
+        first, as to ``parallel_branches``) with the call form to write.
       scheduling_group: optional int >= 1 shared by calls meant to overlap.
 
     Returns:
@@ -1051,10 +1054,11 @@ def on_stream(stream: int, *, scheduling_group: int | None = None) -> Callable[[
       >>> fwd = jaxpar.on_stream(1, scheduling_group=1)(lambda x: x @ w)
       >>> bwd = jaxpar.on_stream(2, scheduling_group=1)(lambda y: y @ v)
     """
-    if callable(stream):
+    if callable(stream) or misplaced:
+        given = ", ".join(short_repr(a) for a in (stream, *misplaced))
         raise TypeError(f"on_stream takes the stream id and returns a decorator: write "
-                        f"on_stream(1)(fun) or @on_stream(1) above the function, got "
-                        f"{short_repr(stream)} as the stream")
+                        f"on_stream(1)(fun) or @on_stream(1) above the function (and "
+                        f"scheduling_group= by keyword), got on_stream({given})")
     for name, value, optional in (("stream", stream, False),
                                   ("scheduling_group", scheduling_group, True)):
         if optional and value is None:

@@ -184,6 +184,12 @@ def test_non_callable():
 def test_function_given_as_the_stream_shows_the_decorator_form():
     with pytest.raises(TypeError, match=r"on_stream takes the stream id.*on_stream\(1\)\(fun\)"):
         jaxpar.on_stream(layer)
+    # The function first and the stream after it, as parallel_branches takes them; and a
+    # scheduling group given by position.
+    for args in ((layer, 1), (1, 2)):
+        with pytest.raises(TypeError, match=r"on_stream\(1\)\(fun\).*scheduling_group= by "
+                                            r"keyword.*got on_stream\("):
+            jaxpar.on_stream(*args)
 
 
 def test_nesting_detector_sees_hand_built_nesting():
