@@ -210,3 +210,45 @@ def test_revisits_of_barren_levels_change_nothing(monkeypatch):
             text_again, decisions_again, runs_again = walk(fn, args, False, mode)
             assert text == text_again and decisions == decisions_again
             assert runs < runs_again
+
+
+def _fused_with_remainder(a, b):
+    def body(c, _):  # three inner scans of one length: fused, then their matmuls batched
+        outs = [lax.scan(lambda s, _, f=f: (f(s @ s), None), c, None, length=2)[0]
+                for f in (jnp.tanh, jnp.sin, jnp.cos)]
+        return sum(outs), None
+
+    # Unequal lengths: fused for two trips, and a remainder scan for the third.
+    return lax.scan(body, a, None, length=3)[0] + lax.scan(body, b, None, length=2)[0]
+
+
+def test_produced_reaches_into_bodies_traced_afresh(monkeypatch):
+    """A decision's ``produced`` lists every equation of the rewritten program made by it,
+    at any depth: also in a remainder scan's body, whose equations the rewrite traced
+    afresh (no records of their own) around the inner scan bodies already rewritten.
+    Reference: the records read at every nested level."""
+    from jaxpar import _compat
+    from jaxpar.passes import _walk
+
+    def every_level(self, jaxpr, path, found):
+        inner, _ = _compat.open_jaxpr(jaxpr)
+        for index, eqn in enumerate(inner.eqns):
+            for number, holds in sorted(self.get(eqn)):
+                found.setdefault(number, []).append(_walk.Product(path or "/", index, holds))
+            for name, item, sub in _compat.eqn_subjaxprs(eqn):
+                label = f"{name}[{item}]" if item is not None else name
+                every_level(self, sub, f"{path}/{eqn.primitive.name}#{index}.{label}", found)
+
+    a = jnp.ones((16, 16))
+    closed = jax.make_jaxpr(_fused_with_remainder)(a, a)
+    for mode in ("lhs", "concurrent"):
+        new, decisions = run_passes(closed, target="gpu", command_buffers=mode)
+        with monkeypatch.context() as patch:
+            patch.setattr(_walk.EqnOrigins, "_collect", every_level)
+            new_again, decisions_again = run_passes(closed, target="gpu", command_buffers=mode)
+        assert str(new) == str(new_again) and decisions == decisions_again
+        # The first body's batched matmuls are in the remainder scan's body (equation
+        # 1's), below an inner scan that trace bound afresh.
+        batched = [d for d in decisions if d.kind == DecisionKind.BATCHED_SUBGRAPHS]
+        assert "/scan#1.jaxpr/scan#0.jaxpr" in {p.location for d in batched
+                                                for p in d.produced}

@@ -245,9 +245,12 @@ class EqnOrigins:
             if made:
                 for number, holds in sorted(made):
                     found.setdefault(number, []).append(Product(path or "/", index, holds))
-            # Only an equation that holds something made carries it in nested jaxprs
-            # (``emitted``, ``_walk_once``'s ``holds``).
-            if not made or not any(holds for _, holds in made):
+            # At the top level, only an equation that holds something made carries it in
+            # nested jaxprs (``emitted``, ``_walk_once``'s ``holds``). Not below: a
+            # rewrite's trace binds the equations of an emitted loop's body afresh, with
+            # no records, around nested jaxprs that hold made equations (the remainder
+            # of two fused scans whose body's inner scans were rewritten).
+            if not path and not any(holds for _, holds in made or ()):
                 continue
             for name, item, sub in _compat.eqn_subjaxprs(eqn):
                 label = f"{name}[{item}]" if item is not None else name
