@@ -16,8 +16,9 @@ reads the device count once, when its backend starts, and in a whole-suite run a
 module has started it with one device. Such a test then runs in a fresh pytest process with
 enough devices, together with every other such test of the session: one process (one JAX
 start-up) for all of them, and each test still passes, fails (with the failure text from that
-process) or skips on its own. With enough devices here (e.g. a lone `test_shard_map.py`, which
-asks for 4 before the backend starts) they run in this process.
+process) or skips on its own; the times per file below count that process's seconds toward
+the file whose test started it. With enough devices here (e.g. a lone `test_shard_map.py`,
+which asks for 4 before the backend starts) they run in this process.
 
 `JAXPAR_FULL=1` runs the full matrices the default run samples: the `full` profile here,
 and every target and call form of each model in `test_ecosystem.py` (see `helpers.FULL`).
