@@ -81,6 +81,13 @@ class Analysis:
             self._graphs.set(inner, graph)
         return graph
 
+    def know_graph(self, jaxpr: JaxprLike, graph: Graph) -> None:
+        """Records ``graph`` as the dependency graph of ``jaxpr`` (one derived from the
+        level it was rebuilt from: ``rebuild_level``), unless one is known already."""
+        inner, _ = _compat.open_jaxpr(jaxpr)
+        if self._graphs.get(inner) is None:
+            self._graphs.set(inner, graph)
+
     def subjaxprs(self, eqn: JaxprEqn) -> tuple[tuple[str, int | None, JaxprLike], ...]:
         """``_compat.eqn_subjaxprs(eqn)``, memoised by the parameter dict (rewritten
         levels keep the parameter dicts of the equations they copy)."""

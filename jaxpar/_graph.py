@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _compat
@@ -41,10 +41,21 @@ class Graph:
     feeds_output: frozenset[int]
     # Equations whose results are needed (by outputs or by effects).
     live: frozenset[int]
+    # Which equation writes each variable (``rebuilt_graph`` derives the next level's
+    # graph from it); None for a graph made by hand.
+    producer: Mapping[Any, int] | None = dataclasses.field(default=None, compare=False,
+                                                           repr=False)
+    # Whether some equation has ordering effects (its edges chain them in program order).
+    effects: bool = False
 
     @property
     def size(self) -> int:
         return len(self.preds)
+
+
+# The classes, not ``_compat.is_literal``/``is_drop_var``: a call per atom costs more than
+# the rest of a graph's loop. Literals are unhashable: filtered before lookup.
+_LITERAL, _DROP_VAR = _compat.Literal, _compat.DropVar
 
 
 def build_graph(jaxpr: JaxprLike) -> Graph:
@@ -57,14 +68,14 @@ def build_graph(jaxpr: JaxprLike) -> Graph:
 
 
 def _build_graph(jaxpr: JaxprLike) -> Graph:
+    # One loop, its helpers inline (``_inputs``, ``_write``): a call per equation costs
+    # half as much again as the rest of it.
     producer: dict[Any, int] = {}
     preds: list[tuple[int, ...]] = []
     succ_lists: list[list[int]] = []
     effectful: list[int] = []
     last_effect: int | None = None
-    # The classes, not ``_compat.is_literal``/``is_drop_var``: a call per atom costs
-    # more than the rest of this loop. Literals are unhashable: filtered before lookup.
-    literal, drop_var = _compat.Literal, _compat.DropVar
+    literal, drop_var = _LITERAL, _DROP_VAR
     produced = producer.get
     add_pred, add_succs = preds.append, succ_lists.append
     for index, eqn in enumerate(jaxpr.eqns):
@@ -90,14 +101,102 @@ def _build_graph(jaxpr: JaxprLike) -> Graph:
         for v in eqn.outvars:
             if type(v) is not drop_var:
                 producer[v] = index
+    return _finish(jaxpr, preds, producer, effectful, succ_lists)
+
+
+def _inputs(invars: Sequence[Any], producer: Mapping[Any, int]) -> tuple[int, ...]:
+    """The sorted distinct writers of ``invars`` (level inputs and literals have none)."""
+    if len(invars) == 1:  # most equations: no set, no sort
+        v = invars[0]
+        source = -1 if type(v) is _LITERAL else producer.get(v, -1)
+        return () if source < 0 else (source,)
+    produced = producer.get
+    sources = {produced(v, -1) for v in invars if type(v) is not _LITERAL}
+    sources.discard(-1)
+    return tuple(sorted(sources)) if len(sources) > 1 else tuple(sources)
+
+
+def _write(outvars: Sequence[Any], index: int, producer: dict[Any, int]) -> None:
+    for v in outvars:
+        if type(v) is not _DROP_VAR:
+            producer[v] = index
+
+
+def _finish(jaxpr: JaxprLike, preds: list[tuple[int, ...]], producer: dict[Any, int],
+            effectful: Sequence[int], succ_lists: list[list[int]] | None = None) -> Graph:
+    """The graph of ``jaxpr`` from its equations' predecessors (and successors, when
+    made already): the equations feeding its outputs, and the live ones."""
+    if succ_lists is None:
+        succ_lists = [[] for _ in preds]
+        for index, inputs in enumerate(preds):
+            for source in inputs:
+                succ_lists[source].append(index)
     feeds_output = frozenset(producer[v] for v in jaxpr.outvars
-                             if type(v) is not literal and v in producer)
+                             if type(v) is not _LITERAL and v in producer)
     live: set[int] = set(feeds_output)
     live.update(effectful)
     for index in range(len(preds) - 1, -1, -1):
         if index in live:
             live.update(preds[index])
-    return Graph(tuple(preds), tuple(map(tuple, succ_lists)), feeds_output, frozenset(live))
+    return Graph(tuple(preds), tuple(map(tuple, succ_lists)), feeds_output, frozenset(live),
+                 producer, bool(effectful))
+
+
+def rebuilt_graph(graph: Graph, old_eqns: Sequence[Any], jaxpr: JaxprLike,
+                  origin: Sequence[int]) -> Graph:
+    """The graph of ``jaxpr`` (open), a level rebuilt from one whose equations were
+    ``old_eqns`` and graph ``graph``: equation ``k`` of ``jaxpr`` is kept from old
+    equation ``origin[k]``, or was emitted by a rewrite (``-1``).
+
+    Equal to ``build_graph(jaxpr)``, in proportion to what changed: a kept equation that
+    is the same object as before reads the same variables, written by the same kept
+    equations (a rewrite renames what its replaced equations wrote, so an equation
+    reading one is a new object), so its predecessors are the old ones renumbered; only
+    the emitted equations and the changed ones look their inputs up. Where ordering
+    effects chain equations (in the old level or an emitted equation), or the old graph
+    holds no writers (made by hand), the graph is built afresh.
+    """
+    if graph.producer is None or graph.effects or len(old_eqns) != graph.size:
+        return _build_graph(jaxpr)
+    new_of = [-1] * len(old_eqns)
+    for index, old in enumerate(origin):
+        if old >= 0:
+            new_of[old] = index
+    producer = {v: new_of[i] for v, i in graph.producer.items() if new_of[i] >= 0}
+    eqns = jaxpr.eqns
+    for index, eqn in enumerate(eqns):
+        if origin[index] < 0:
+            _write(eqn.outvars, index, producer)
+    old_preds = graph.preds
+    # The equations before the first change keep their places, so their edges too.
+    start = 0
+    for index, old in enumerate(origin):
+        if old != index or eqns[index] is not old_eqns[index]:
+            break
+        start = index + 1
+    preds: list[tuple[int, ...]] = list(old_preds[:start])
+    add_pred = preds.append
+    for index in range(start, len(eqns)):
+        eqn, old = eqns[index], origin[index]
+        if old >= 0 and eqn is old_eqns[old]:
+            inputs = old_preds[old]
+            if len(inputs) == 1:  # most equations
+                source = new_of[inputs[0]]
+                if source < 0:  # a writer was replaced: not a kept equation's graph
+                    return _build_graph(jaxpr)
+                add_pred((source,))
+            elif inputs:
+                renumbered = [new_of[p] for p in inputs]
+                if -1 in renumbered:
+                    return _build_graph(jaxpr)
+                add_pred(tuple(sorted(renumbered)))
+            else:
+                add_pred(inputs)
+            continue
+        if old < 0 and eqn.effects and _compat.ordering_effects(eqn):
+            return _build_graph(jaxpr)
+        add_pred(_inputs(eqn.invars, producer))
+    return _finish(jaxpr, preds, producer, ())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -115,3 +115,50 @@ def test_build_graph_is_the_definition() -> None:
     for i, ps in enumerate(graph.preds):
         assert all(i in graph.succs[p] for p in ps)
     assert sum(map(len, graph.succs)) == sum(map(len, graph.preds))
+
+
+def test_rebuilt_graph_is_the_graph_built_afresh(monkeypatch: Any) -> None:
+    """Every level the passes rebuild gets the graph ``build_graph`` would make of it
+    (edges, live and output equations, writers), derived from the level it was rebuilt
+    from; a level with ordering effects is built afresh."""
+    import jax
+    import jax.numpy as jnp
+    from helpers import load_benchmark
+
+    import jaxpar
+    from jaxpar.passes import _walk
+
+    calls: list[bool] = []  # per derived graph: whether it was built from scratch
+    scratch = [0]
+    real_derive, real_build = _walk.rebuilt_graph, _graph._build_graph
+
+    def checked(graph: Graph, old: Any, new: Any, origin: Any) -> Graph:
+        before = scratch[0]
+        got = real_derive(graph, old, new, origin)
+        want = real_build(new)
+        assert got == want and dict(got.producer or {}) == dict(want.producer or {})
+        calls.append(scratch[0] > before)
+        return got
+
+    def counted(jaxpr: Any) -> Graph:
+        scratch[0] += 1
+        return real_build(jaxpr)
+
+    monkeypatch.setattr(_walk, "rebuilt_graph", checked)
+    monkeypatch.setattr(_graph, "_build_graph", counted)
+    overhead = load_benchmark("overhead")
+    jaxpar.inspect(overhead.build_program(600), target="gpu")(*overhead.program_args())
+    assert len(calls) >= 3 and not any(calls)  # derived, none built afresh
+
+    def scans(x: Any, y: Any) -> Any:  # rewrites between printing effects
+        jax.debug.print("{}", x.sum(), ordered=True)
+        a = jax.lax.scan(lambda c, _: (jnp.tanh(c @ c), None), x, None, length=3)[0]
+        b = jax.lax.scan(lambda c, _: (jnp.sin(c) @ c, None), y, None, length=3)[0]
+        jax.debug.print("{}", a.sum(), ordered=True)
+        return a + b + jnp.cos(x).sum() + jnp.cos(x).sum()
+
+    x = jnp.ones((16, 16))
+    calls.clear()
+    plan = jaxpar.inspect(scans, target="gpu")(x, x)
+    assert "fused" in [d.kind for d in plan.loops]
+    assert calls and all(calls)  # the effects' chain: built afresh

@@ -59,6 +59,7 @@ from .._graph import (
     build_graph,
     contract,
     eqn_units,
+    rebuilt_graph,
 )
 from .._interp import Env
 from .._memo import IdentityMemo
@@ -239,9 +240,15 @@ class EqnOrigins:
 
     def _collect(self, jaxpr: JaxprLike, path: str, found: dict[int, list[Product]]) -> None:
         inner, _ = _compat.open_jaxpr(jaxpr)
-        for index, eqn in enumerate(inner.eqns):
-            for number, holds in sorted(self.get(eqn)):
-                found.setdefault(number, []).append(Product(path or "/", index, holds))
+        eqns = inner.eqns
+        for index, (eqn, made) in enumerate(zip(eqns, self._of.get_all(eqns), strict=True)):
+            if made:
+                for number, holds in sorted(made):
+                    found.setdefault(number, []).append(Product(path or "/", index, holds))
+            # Only an equation that holds something made carries it in nested jaxprs
+            # (``emitted``, ``_walk_once``'s ``holds``).
+            if not made or not any(holds for _, holds in made):
+                continue
             for name, item, sub in _compat.eqn_subjaxprs(eqn):
                 label = f"{name}[{item}]" if item is not None else name
                 self._collect(sub, f"{path}/{eqn.primitive.name}#{index}.{label}", found)
@@ -375,7 +382,9 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
                   orders: OrderMemo | None = None,
                   origins: EqnOrigins | None = None,
                   owners: Sequence[Iterable[int]] = (),
-                  traces: dict[Hashable, _TracedRewrite] | None = None) -> JaxprLike | None:
+                  traces: dict[Hashable, _TracedRewrite] | None = None,
+                  record_graph: Callable[[JaxprLike, Graph], None] | None = None
+                  ) -> JaxprLike | None:
     """``jaxpr`` with ``rewrites`` applied and some equations' ``params`` replaced.
 
     With ``origins``, the equations each rewrite emits are recorded as made by the
@@ -391,6 +400,11 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
     are spliced into the level in an order where every rewrite's inputs exist, and the
     untouched equations are kept as they are. So a rewrite costs in proportion to what
     it emits, not to the size of the level.
+
+    With ``graph`` (the level's) and ``record_graph``, the new level's graph is derived
+    from ``graph`` (``_graph.rebuilt_graph``: the kept equations' edges renumbered) and
+    handed to ``record_graph(new_jaxpr, graph)``, so that the next pass need not build
+    it from scratch.
 
     Returns a jaxpr of the same kind and signature, or None when that is
     impossible (see the module's sharp edges).
@@ -434,10 +448,13 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
     new_consts: list[Any] = []
     traced: dict[Hashable, _TracedRewrite] = {} if traces is None else traces
     keep = new_eqns.append
+    kept_from: list[int] = []  # per new equation: its old index, or -1 (emitted)
+    came_from = kept_from.append
     for unit in order:
         if type(unit) is EqnUnit:
             index = unit.index
             eqn = eqns[index]
+            came_from(index)
             if not params and index not in readers:
                 keep(eqn)  # the same equation: its origins stay its own
                 continue
@@ -469,6 +486,7 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
         new_constvars += constvars
         new_consts += hit.consts
         new_eqns += body
+        kept_from += [-1] * len(body)
         if origins is not None:
             origins.emitted(body, members, owners[unit.rewrite] if owners else ())
         outs, start = [], 0
@@ -487,8 +505,12 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
                         "the program that triggered it")
                 if not _compat.is_drop_var(var):
                     renamed[var] = value
-    return _compat.splice_jaxpr(jaxpr, new_eqns, [atom(v) for v in inner.outvars],
-                                new_constvars, new_consts)
+    rebuilt = _compat.splice_jaxpr(jaxpr, new_eqns, [atom(v) for v in inner.outvars],
+                                   new_constvars, new_consts)
+    if rebuilt is not None and graph is not None and record_graph is not None:
+        new_inner, _ = _compat.open_jaxpr(rebuilt)
+        record_graph(rebuilt, rebuilt_graph(graph, eqns, new_inner, kept_from))
+    return rebuilt
 
 
 def _distinct_atoms(operands: list[list[Any]]) -> list[Any]:
@@ -682,7 +704,8 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
                         orders=analysis.shared_memo("emission_order"), origins=origins,
                         owners=_owners(rewrites, level_decisions, origins),
                         traces=None if path else analysis.shared_state("top_level_traces",
-                                                                       dict))
+                                                                       dict),
+                        record_graph=analysis.know_graph)
                 if rebuilt is None:
                     kept.extend(_as_left_alone(
                         level_decisions, "this jaxpr cannot take new constants, so the "
