@@ -11,6 +11,15 @@ Choose a hypothesis profile with the environment variable `JAXPAR_HYPOTHESIS_PRO
 - `dev`: 20 random examples per property, for quick runs while editing.
 - `thorough`: 1000 random examples per property, to hunt for bugs.
 
+Tests marked `@pytest.mark.cpu_devices(n)` need `n` CPU devices (shard_map meshes). JAX
+reads the device count once, when its backend starts, and in a whole-suite run an earlier
+module has started it with one device. Such a test then runs in a fresh pytest process with
+enough devices, together with every other such test of the session: one process (one JAX
+start-up) for all of them, and each test still passes, fails (with the failure text from that
+process) or skips on its own; the times per file below count that process's seconds toward
+the file whose test started it. With enough devices here (e.g. a lone `test_shard_map.py`,
+which asks for 4 before the backend starts) they run in this process.
+
 `JAXPAR_FULL=1` runs the full matrices the default run samples: the `full` profile here,
 and every target and call form of each model in `test_ecosystem.py` (see `helpers.FULL`).
 
@@ -31,11 +40,16 @@ Sharp edges:
 """
 
 import importlib.metadata
+import json
 import os
 import re
 import resource
+import subprocess
+import sys
+import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +152,92 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
             f"{wall:8.1f} {cpu:8.1f} {compile_s:8.1f} {compiles:6.0f}  {path}")
     terminalreporter.write_line(f"{total[0]:8.1f} {total[1]:8.1f} {total[2]:8.1f} {total[3]:6.0f}  "
                                 f"all {len(rows)} files")
+
+
+# ---- Tests that need more CPU devices than this process has (the docstring says why) -------
+
+_DEVICES_CHILD = "JAXPAR_TESTS_DEVICES_CHILD"  # set in the child: where it writes its outcomes
+_DEVICES_RUN = pytest.StashKey[tuple[int, dict[str, dict[str, str]], str]]()
+_CHILD_OUTCOMES: dict[str, dict[str, str]] = {}
+
+
+def pytest_configure(config):  # type: ignore[no-untyped-def]
+    config.addinivalue_line(
+        "markers", "cpu_devices(count): needs `count` CPU devices; run in a process that has "
+        "them when this one has fewer (tests/conftest.py)")
+
+
+def _devices_wanted(item: pytest.Item) -> int:
+    marker = item.get_closest_marker("cpu_devices")
+    return int(marker.args[0]) if marker else 0
+
+
+def _run_device_tests(session: pytest.Session) -> tuple[int, dict[str, dict[str, str]], str]:
+    """Runs every test of the session that needs more CPU devices than this process has in
+    one fresh pytest process; returns its device count, each test's outcome and its output."""
+    have = len(jax.devices("cpu"))
+    wanted = {item.nodeid: _devices_wanted(item) for item in session.items
+              if _devices_wanted(item) > have}
+    count = max(wanted.values())
+    with tempfile.TemporaryDirectory() as folder:
+        outcomes_path = Path(folder) / "outcomes.json"
+        env = {**os.environ, _DEVICES_CHILD: str(outcomes_path), "JAX_PLATFORMS": "cpu",
+               "JAX_NUM_CPU_DEVICES": str(count)}
+        try:
+            child = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *wanted],
+                cwd=session.config.rootpath, env=env, capture_output=True, text=True,
+                timeout=1800)
+            output = f"exit code {child.returncode}:\n{(child.stdout + child.stderr)[-6000:]}"
+        except subprocess.TimeoutExpired as timeout:
+            output = f"timed out after {timeout.timeout} s"
+        outcomes = json.loads(outcomes_path.read_text()) if outcomes_path.exists() else {}
+    return count, outcomes, output
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):  # type: ignore[no-untyped-def]
+    wanted = _devices_wanted(pyfuncitem)
+    have = len(jax.devices("cpu")) if wanted else 0
+    if have >= wanted:
+        return None  # pytest calls the test here
+    if os.environ.get(_DEVICES_CHILD):
+        pytest.fail(f"this process was started for the tests that need CPU devices, yet has "
+                    f"{have}, not {wanted}", pytrace=False)
+    stash = pyfuncitem.session.stash
+    if _DEVICES_RUN not in stash:
+        stash[_DEVICES_RUN] = _run_device_tests(pyfuncitem.session)
+    count, outcomes, output = stash[_DEVICES_RUN]
+    outcome = outcomes.get(pyfuncitem.nodeid)
+    where = f"in a pytest process with {count} CPU devices (this one has {have})"
+    if outcome is None:
+        pytest.fail(f"did not run {where}; that process ended with {output}", pytrace=False)
+    if outcome["outcome"] == "failed":
+        pytest.fail(f"failed ({outcome['when']}) {where}:\n{outcome['text']}", pytrace=False)
+    if outcome["outcome"] == "xfailed":
+        pytest.xfail(outcome["text"])
+    if outcome["outcome"] == "skipped":
+        pytest.skip(outcome["text"])
+    return True
+
+
+def pytest_runtest_logreport(report):  # type: ignore[no-untyped-def]
+    """In the child process: each test's outcome, its first failing or skipping phase first."""
+    if not os.environ.get(_DEVICES_CHILD):
+        return
+    if _CHILD_OUTCOMES.get(report.nodeid, {"outcome": "passed"})["outcome"] != "passed":
+        return  # keep the phase that failed or skipped, not a later teardown
+    if hasattr(report, "wasxfail"):
+        outcome, text = "xfailed", report.wasxfail
+    elif report.skipped:
+        outcome = "skipped"
+        text = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        text = text.removeprefix("Skipped: ")
+    else:
+        outcome, text = report.outcome, report.longreprtext
+    _CHILD_OUTCOMES[report.nodeid] = {"outcome": outcome, "when": report.when, "text": text}
+
+
+def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
+    if os.environ.get(_DEVICES_CHILD):
+        Path(os.environ[_DEVICES_CHILD]).write_text(json.dumps(_CHILD_OUTCOMES))

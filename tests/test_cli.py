@@ -32,8 +32,9 @@ def examples_importable(monkeypatch):
 
 
 def test_inspect_command_prints_and_saves_the_plan(tmp_path, capsys, examples_importable):
-    # The real entry point once (`python -m jaxpar`); the rest in-process (`_cli`), which
-    # runs the same main() without a JAX start-up each.
+    # The real entry point once (`python -m jaxpar`; also the demo's and the closed pipe's
+    # test); the rest of this file in-process (`_cli`), which runs the same main() without a
+    # JAX start-up each.
     page = tmp_path / "plan.html"
     result = run("inspect", "examples.two_scans:two_scans", "--args",
                  "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]",
@@ -78,13 +79,13 @@ def test_shape_specs():
     assert (a.shape, str(a.dtype), b.shape, str(b.dtype)) == ((100, 100), "float32", (), "int32")
 
 
-def test_args_from_a_factory_of_pytrees():
+def test_args_from_a_factory_of_pytrees(capsys, examples_importable):
     # inception takes (x, params): a dict of weights, which --args cannot describe.
-    result = run("inspect", "examples.inception_block:inception",
-                 "--args-from", "examples.inception_block:make_args", "--json",
-                 "--force-streams", "true")
-    assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)
+    code, out, err = _cli(capsys, "inspect", "examples.inception_block:inception",
+                          "--args-from", "examples.inception_block:make_args", "--json",
+                          "--force-streams", "true")
+    assert code == 0, err
+    plan = json.loads(out)
     assert plan["function"] == "inception" and plan["num_streams"] == 2
 
 
@@ -102,16 +103,16 @@ def test_load_args_wraps_a_single_value_and_names_failures(tmp_path, monkeypatch
         load_args("factories_for_cli")
 
 
-def test_every_option_of_parallel_branches_is_a_flag():
+def test_every_option_of_parallel_branches_is_a_flag(capsys):
     import inspect
 
-    result = run("inspect", "--help")
-    assert result.returncode == 0
+    code, out, _ = _cli(capsys, "inspect", "--help")
+    assert code == 0
     names = [name for name, p in inspect.signature(jaxpar.parallel_branches).parameters.items()
              if p.kind is p.KEYWORD_ONLY]
     assert names
     for name in names:
-        assert f"--{name.replace('_', '-')}" in result.stdout, name
+        assert f"--{name.replace('_', '-')}" in out, name
 
 
 def test_options_reach_the_plan(capsys, examples_importable):
@@ -139,10 +140,10 @@ def test_option_values(text, value):
     assert option_value(text) == value and type(option_value(text)) is type(value)
 
 
-def test_version():
-    result = run("--version")
-    assert result.returncode == 0
-    assert result.stdout.strip() == f"jaxpar {jaxpar.__version__} (jax {jax.__version__})"
+def test_version(capsys):
+    code, out, _ = _cli(capsys, "--version")
+    assert code == 0
+    assert out.strip() == f"jaxpar {jaxpar.__version__} (jax {jax.__version__})"
 
 
 def test_closed_pipe_ends_without_a_traceback():

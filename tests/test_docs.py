@@ -1,8 +1,11 @@
 """Every public name is documented, and every example and every code block of the docs runs.
 
-The python blocks of README.md and docs/*.md run in order, one process per file, sharing
-one namespace per file (as a reader pasting them into one session would). A block may be
-skipped only with a visible reason, written as a comment line just above it:
+The python blocks of README.md and docs/*.md run in order, sharing one namespace per file
+(as a reader pasting them into one session would), each file in a folder of its own. The
+files share one process, started with 4 CPU devices, so JAX starts once: no block may
+change the process for the files after it (a block that sets `XLA_FLAGS` is skipped, see
+below). A block may be skipped only with a visible reason, written as a comment line just
+above it:
 
     <!-- doc-test: skip (needs a GPU) -->
 
@@ -107,18 +110,23 @@ DOC_FILES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "doc
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
 _MARK = re.compile(r"<!-- doc-test: (skip \((?P<reason>[^)]+)\)|needs the CUDA plugin) -->\s*$")
 
-# Runs the blocks of one file in one namespace; reports the first failure by block.
+# Runs the blocks of each file in a namespace and folder of its own; reports, per file, the
+# first failure by block.
 _RUNNER = """
-import json, sys, traceback
-blocks = json.load(sys.stdin)
-namespace = {"__name__": "__main__"}
-for block in blocks:
-    try:
-        exec(compile(block["code"], block["file"], "exec"), namespace)
-    except BaseException:
-        print(f"block at {block['file']}:{block['line']} failed:", file=sys.stderr)
-        traceback.print_exc()
-        sys.exit(1)
+import json, os, sys, traceback
+results = {}
+for name, (folder, blocks) in json.load(sys.stdin).items():
+    os.chdir(folder)
+    namespace = {"__name__": "__main__"}
+    results[name] = ""
+    for block in blocks:
+        try:
+            exec(compile(block["code"], block["file"], "exec"), namespace)
+        except BaseException:
+            results[name] = (f"block at {block['file']}:{block['line']} failed:\\n"
+                             + traceback.format_exc())
+            break
+print("RESULTS=" + json.dumps(results))
 """
 
 
@@ -148,8 +156,8 @@ def test_doc_files_are_found_and_marks_are_well_formed():
                 assert _MARK.search(line), f"{name}: malformed doc-test mark {line!r}"
 
 
-@pytest.mark.parametrize("name", [n for n in DOC_FILES if doc_blocks(n)])
-def test_doc_code_blocks_run(name, tmp_path):
+def _blocks_to_run(name: str) -> tuple[list[dict], list[str]]:
+    """The blocks of one file this machine runs, and the skipped ones with their reasons."""
     from jaxpar._compiled import plugin_status
 
     plugin, why = plugin_status()
@@ -161,11 +169,40 @@ def test_doc_code_blocks_run(name, tmp_path):
             skipped.append(f"{name}:{block['line']}: needs the CUDA plugin ({why})")
         else:
             blocks.append(block)
-    # Four CPU devices, so the guide's shard_map ring has neighbours.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
-           "JAX_NUM_CPU_DEVICES": "4"}
-    result = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(blocks),
-                            capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr[-4000:]
+    return blocks, skipped
+
+
+_RUNS: dict[tuple[str, ...], tuple[dict[str, str], str]] = {}
+
+
+def _run_doc_files(names: tuple[str, ...], folder: Path) -> tuple[dict[str, str], str]:
+    """Runs the blocks of `names` in one process (once per session); returns each file's
+    failure ("" when its blocks ran) and the process's output."""
+    if names not in _RUNS:
+        files = {}
+        for name in names:
+            (folder / name).mkdir(parents=True)
+            files[name] = (str(folder / name), _blocks_to_run(name)[0])
+        # Four CPU devices, so the guide's shard_map ring has neighbours.
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
+               "JAX_NUM_CPU_DEVICES": "4"}
+        result = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(files),
+                                capture_output=True, text=True, timeout=1800, cwd=folder,
+                                env=env)
+        lines = [line for line in result.stdout.splitlines() if line.startswith("RESULTS=")]
+        failures = json.loads(lines[-1][len("RESULTS="):]) if lines else {}
+        _RUNS[names] = failures, f"exit code {result.returncode}: {result.stderr[-4000:]}"
+    return _RUNS[names]
+
+
+@pytest.mark.parametrize("name", [n for n in DOC_FILES if doc_blocks(n)])
+def test_doc_code_blocks_run(name, request, tmp_path_factory):
+    # Every file this session runs, in one process: the first of these tests starts it.
+    names = tuple(item.callspec.params["name"] for item in request.session.items
+                  if getattr(item, "originalname", "") == "test_doc_code_blocks_run")
+    failures, output = _run_doc_files(names, tmp_path_factory.mktemp("doc_blocks"))
+    assert name in failures, f"the blocks of {name} did not run; the process ended with {output}"
+    assert failures[name] == "", failures[name][-4000:]
+    skipped = _blocks_to_run(name)[1]
     if skipped:
         print("skipped doc blocks (with their reasons):", *skipped, sep="\n  ")

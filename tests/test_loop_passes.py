@@ -175,9 +175,37 @@ def test_fused_scan_keeps_the_largest_member_unroll() -> None:
     def unrolled_by_three(r: PassResult) -> None:
         (fused,) = scans(r.new)
         assert _compat.scan_info(fused).unroll == 3
-        assert r.decisions[0].unroll == 3
+        # Trips counted with the unroll factors: 6 + 4 before, 4 after (not 24 -> 12).
+        d = r.decisions[0]
+        assert (d.unroll, d.trips_before, d.trips_after) == (3, 10, 4)
 
     check(fuse_scans, f, *seed_args(n=8, steps=12), kinds=["fused"], expect=unrolled_by_three)
+
+
+def test_trips_count_the_unroll_factors() -> None:
+    """Every loop decision counts trips as XLA's loop runs them: ``ceil(length / unroll)``
+    (a remainder is one more), for scans the user unrolled too."""
+    def batched(c1: jax.Array, c2: jax.Array, xs1: jax.Array, xs2: jax.Array) -> Any:
+        return (lax.scan(body_matmuls, c1, xs1, unroll=4),
+                lax.scan(body_matmuls, c2, xs2, unroll=4))
+
+    _, decisions = batch_scans(jax.make_jaxpr(batched)(*seed_args(n=8, steps=10)))
+    assert [(d.kind, d.trips_before, d.trips_after) for d in decisions] == [
+        ("batched", 6, 3)]
+    # Fused over unequal lengths: a segment of 5 steps and one of 3, at unroll 2.
+    def unequal(c1: jax.Array, c2: jax.Array, xs1: jax.Array, xs2: jax.Array) -> Any:
+        return (lax.scan(body_tanh, c1, xs1, unroll=2)[0],
+                lax.scan(body_matmuls, c2, xs2, unroll=2))
+
+    _, decisions = fuse_scans(jax.make_jaxpr(unequal)(*seed_args(n=8, steps=5, steps2=8)))
+    assert [(d.kind, d.trips_before, d.trips_after) for d in decisions] == [
+        ("fused", 3 + 4, 3 + 2)]
+    # A factor the user chose, left alone by unroll="cost".
+    _, decisions = unroll_scans(jax.make_jaxpr(
+        lambda c, xs: lax.scan(body_tanh, c, xs, unroll=4)[0])(*seed_args(n=8, steps=10)[::2]),
+        unroll="cost")
+    assert [(d.kind, d.trips_before, d.trips_after, d.unroll) for d in decisions] == [
+        ("left alone", 3, 3, 4)]
 
 
 def test_fused_scan_never_unrolls_a_heavy_member_past_the_cap() -> None:

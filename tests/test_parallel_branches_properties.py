@@ -24,16 +24,14 @@ the options, the program's listing and the spec that rebuilds it with
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from helpers import needs_plugin
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -407,26 +405,6 @@ def test_eager_grad_and_jvp_match(program: Program, options: dict[str, Any]) -> 
 # ---- Programs inside shard_map ---------------------------------------------------------------
 
 SHARD_MAP_DEVICES = 8
-_IN_SUBPROCESS = "JAXPAR_PROPERTIES_SUBPROCESS"
-
-
-def _run_with_devices(test_name: str) -> bool:
-    """False when this process has enough CPU devices; else runs the test in a subprocess
-    that has (JAX's backend starts once per process) and returns True."""
-    if len(jax.devices("cpu")) >= SHARD_MAP_DEVICES:
-        return False
-    assert not os.environ.get(_IN_SUBPROCESS), "the subprocess did not get 8 devices either"
-    flags = f" --xla_force_host_platform_device_count={SHARD_MAP_DEVICES}"
-    env = {**os.environ, _IN_SUBPROCESS: "1", "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + flags}
-    here = os.path.abspath(__file__)
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         f"{here}::{test_name}"],
-        env=env, capture_output=True, text=True, timeout=900,
-        cwd=os.path.dirname(os.path.dirname(here)))
-    assert result.returncode == 0, (result.stdout + result.stderr)[-8000:]
-    return True
 
 
 def _sharded(fn: Callable[..., Any], mesh: Any, n_args: int) -> Callable[..., Any]:
@@ -439,15 +417,10 @@ def _sharded(fn: Callable[..., Any], mesh: Any, n_args: int) -> Callable[..., An
     return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * n_args, out_specs=spec)
 
 
-def test_programs_inside_shard_map() -> None:
-    if _run_with_devices("test_programs_inside_shard_map"):
-        return
-    _programs_inside_shard_map()
-
-
+@pytest.mark.cpu_devices(SHARD_MAP_DEVICES)  # run where there are (tests/conftest.py)
 @_examples(0.1)
 @given(program=st.one_of(feature_programs(), programs()), options=configurations)
-def _programs_inside_shard_map(program: Program, options: dict[str, Any]) -> None:
+def test_programs_inside_shard_map(program: Program, options: dict[str, Any]) -> None:
     mesh = Mesh(np.array(jax.devices("cpu")[:SHARD_MAP_DEVICES]), ("x",))
     n = len(program.args)
     scales = jnp.linspace(-1.0, 1.0, SHARD_MAP_DEVICES)[:, None, None]

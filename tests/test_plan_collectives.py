@@ -1,14 +1,17 @@
 """``jaxpar._plan.collectives``: collective grouping (issue 4): the group finder, its emission,
 shard_map re-emission and the bidirectional collective matmul example.
 
-Multi-device checks run in a subprocess with 8 fake CPU devices, because other test
-modules may already have started JAX's backend in this process.
+Multi-device checks need 8 fake CPU devices (marked `cpu_devices(8)`): other test modules
+may already have started JAX's backend in this process with fewer, and then they run in one
+fresh pytest process that has them (tests/conftest.py). Each runs its check as a script, in
+a namespace of its own.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
+import contextlib
+import io
+import linecache
 import sys
 import textwrap
 from pathlib import Path
@@ -194,18 +197,23 @@ def test_emission_in_scan_body_lowers_with_group_attributes():
 # --------------------------------------------------------------------- 8 devices
 
 
-def run_8_devices(code: str, timeout: float = 300) -> str:
-    env = dict(os.environ)
-    env["JAX_PLATFORMS"] = "cpu"
-    env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        " --xla_force_host_platform_device_count=8").strip()
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "examples"), str(ROOT / "tests"),
-                                         env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                            capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    assert result.returncode == 0, f"rc={result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result.stdout
+def run_8_devices(code: str, name: str) -> str:
+    """Runs `code` as a script, in a namespace of its own with `examples/` and `tests/`
+    importable, and returns what it printed. Its test is marked `cpu_devices(8)`."""
+    assert len(jax.devices("cpu")) >= N, "the test is not marked cpu_devices(8)"
+    source = textwrap.dedent(code)
+    filename = f"<{name} script>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    printed = io.StringIO()
+    paths = [str(ROOT / "examples"), str(ROOT / "tests")]
+    sys.path[:0] = paths
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(source, filename, "exec"), {"__name__": "__main__"})
+    finally:
+        for path in paths:
+            sys.path.remove(path)
+    return printed.getvalue()
 
 
 _GROUPED = """
@@ -218,6 +226,7 @@ def grouped(fn):
 """
 
 
+@pytest.mark.cpu_devices(N)
 def test_collective_matmul_values_and_grads_8_devices():
     out = run_8_devices(_GROUPED + """
 import jaxpar, collective_matmul as cm
@@ -240,10 +249,11 @@ for name, f in [("plain", plain), ("decorated", decorated), ("grouped", grouped(
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=name)
 cm.main()
 print("OK")
-""")
+""", "collective matmul")
     assert "OK" in out and "parallel_branches: matches x @ w" in out
 
 
+@pytest.mark.cpu_devices(N)
 def test_shard_map_rebind_round_trip_8_devices():
     out = run_8_devices("""
 import jax, jax.numpy as jnp, numpy as np
@@ -285,7 +295,7 @@ for axis_names, specs in [({"x", "y"}, ((P("x", "y"), P("x", "y")), (P("x", "y")
         assert _compat.shard_map_info(again).in_specs == info.in_specs
         assert _compat.shard_map_info(again).check == check
 print("OK")
-""")
+""", "shard_map rebind")
     assert "OK" in out
 
 
@@ -312,6 +322,7 @@ w = jax.ShapeDtypeStruct((1024, 8 * 512), jnp.bfloat16, sharding=NamedSharding(m
 """
 
 
+@pytest.mark.cpu_devices(N)
 def test_deviceless_h200_both_directions_in_flight():
     reason = _deviceless_ready()
     if reason:
@@ -347,10 +358,11 @@ for line in entry.splitlines():
         overlapped = True
 assert overlapped
 print("OK")
-""", timeout=600)
+""", "deviceless both directions")
     assert "OK" in out
 
 
+@pytest.mark.cpu_devices(N)
 def test_deviceless_h200_every_group_overlaps_a_compute_region():
     reason = _deviceless_ready()
     if reason:
@@ -373,5 +385,5 @@ for e in events:
         overlapped += open_groups.pop(e.start)
 assert overlapped == 3, [(e.kind, e.collective, e.phase, e.name) for e in events]
 print("OK")
-""", timeout=600)
+""", "deviceless overlap")
     assert "OK" in out

@@ -2,24 +2,23 @@
 function inside a shard_map body, and a shard_map'ed function decorated.
 
 The module asks for 4 CPU devices before JAX's backend starts. When an earlier test module
-already started it with fewer devices, each test re-runs itself in a fresh Python process.
+already started it with fewer devices, the tests (marked `cpu_devices`) run in one fresh
+pytest process that has them (tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import jax
 
-try:
-    jax.config.update("jax_num_cpu_devices", 4)
-except RuntimeError:  # the backend is already up; tests re-run themselves in a subprocess
+try:  # 4 devices, or more where a process started for the device tests asks for more
+    if jax.config.jax_num_cpu_devices < 4:
+        jax.config.update("jax_num_cpu_devices", 4)
+except RuntimeError:  # the backend is already up: conftest runs the tests in a subprocess
     pass
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from helpers import assert_same_values, lower_for_gpu, nested_stream_calls, stream_calls
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -27,36 +26,7 @@ from jax.sharding import PartitionSpec as P
 import jaxpar
 
 NUM_DEVICES = 4
-_IN_SUBPROCESS = "JAXPAR_SHARD_MAP_SUBPROCESS"
-
-
-def _enough_devices() -> bool:
-    return len(jax.devices("cpu")) >= NUM_DEVICES
-
-
-def _rerun_in_subprocess(test_name: str) -> None:
-    assert not os.environ.get(_IN_SUBPROCESS), "subprocess did not get 4 devices either"
-    env = {**os.environ, _IN_SUBPROCESS: "1", "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
-           + f" --xla_force_host_platform_device_count={NUM_DEVICES}"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         f"{os.path.abspath(__file__)}::{test_name}"],
-        env=env, capture_output=True, text=True, timeout=300,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
-
-
-def _needs_devices(test):
-    def wrapper():
-        if not _enough_devices():
-            _rerun_in_subprocess(test.__name__)
-            return
-        test()
-
-    wrapper.__name__ = test.__name__
-    wrapper.__doc__ = test.__doc__
-    return wrapper
+pytestmark = pytest.mark.cpu_devices(NUM_DEVICES)
 
 
 def _mesh() -> Mesh:
@@ -77,7 +47,6 @@ def _shard_map(body, mesh):
     return jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))
 
 
-@_needs_devices
 def test_decorated_function_inside_shard_map_body():
     mesh = _mesh()
     g = jaxpar.parallel_branches(branches, target="gpu", min_cost_us=0.0, force_streams=True)
@@ -91,7 +60,6 @@ def test_decorated_function_inside_shard_map_body():
     assert nested_stream_calls(text) == []
 
 
-@_needs_devices
 def test_shard_mapped_function_decorated():
     mesh = _mesh()
     sharded = _shard_map(branches, mesh)
@@ -102,7 +70,6 @@ def test_shard_mapped_function_decorated():
         assert_same_values(jax.jit(g)(x, w), jax.jit(sharded)(x, w), target)
 
 
-@_needs_devices
 def test_shard_map_with_collective_and_decorated_body():
     mesh = _mesh()
 
@@ -121,7 +88,6 @@ def test_shard_map_with_collective_and_decorated_body():
     assert_same_values(got, want, "gpu")
 
 
-@_needs_devices
 def test_grad_through_shard_map_with_decorated_body():
     mesh = _mesh()
     g = jaxpar.parallel_branches(branches, target="gpu", min_cost_us=0.0)
@@ -172,7 +138,6 @@ def _decisions_inside_body(fn, args, kind, **options):
             if d.kind == kind and d.location.startswith("/shard_map#")]
 
 
-@_needs_devices
 def test_loop_and_subgraph_passes_inside_shard_map_body():
     x = jnp.linspace(-1.0, 1.0, 32 * 16).reshape(32, 16)
     args = (x, *_weights())

@@ -870,6 +870,13 @@ def _as_left_alone(decisions: Sequence[PassDecision], why: str) -> list[PassDeci
         for d in decisions]
 
 
+def loop_trips(length: int, unroll: int) -> int:
+    """The trips of a scan of ``length`` steps unrolled by ``unroll``: each trip of
+    XLA's loop runs ``unroll`` steps, and the remainder takes one more (what
+    ``PassDecision.trips_before``/``trips_after`` count)."""
+    return -(-length // max(unroll, 1))
+
+
 def loop_candidate(eqn: JaxprEqn) -> bool:
     """Whether a scan may be merged or re-emitted: no effects, no user placement."""
     return (eqn.primitive.name == SCAN and not eqn.effects

@@ -52,6 +52,7 @@ from ._walk import (
     decision,
     evaluate,
     loop_candidates,
+    loop_trips,
 )
 
 
@@ -87,11 +88,12 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
                 unroll=None, reason=f"{len(left)} scans run the same body, but vmap would "
                                     f"not batch them faithfully and cheaply: {why}"))
     for group in groups:
-        length = _compat.scan_info(eqns[group[0]]).length
+        infos = [_compat.scan_info(eqns[i]) for i in group]
         rewrites.append(Rewrite(tuple(group), _batched_emitter([eqns[i] for i in group])))
         decisions.append(decision(
-            path, DecisionKind.BATCHED, eqns, group, trips_before=length * len(group),
-            trips_after=length, unroll=_compat.scan_info(eqns[group[0]]).unroll,
+            path, DecisionKind.BATCHED, eqns, group,
+            trips_before=sum(loop_trips(info.length, info.unroll) for info in infos),
+            trips_after=loop_trips(infos[0].length, infos[0].unroll), unroll=infos[0].unroll,
             reason=f"{len(group)} independent scans run the same body: one vmapped scan with "
                    "stacked operands, so each trip launches the same kernels, batched"))
     return rewrites, decisions

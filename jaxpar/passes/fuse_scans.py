@@ -54,6 +54,7 @@ from ._walk import (
     decision,
     evaluate,
     loop_candidates,
+    loop_trips,
 )
 
 
@@ -87,9 +88,10 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     for group in groups:
         if len(group) == 1:
             (index,) = group
+            trips = loop_trips(infos[index].length, infos[index].unroll)
             decisions.append(decision(
-                path, DecisionKind.LEFT_ALONE, eqns, group, trips_before=infos[index].length,
-                trips_after=infos[index].length, unroll=infos[index].unroll,
+                path, DecisionKind.LEFT_ALONE, eqns, group, trips_before=trips,
+                trips_after=trips, unroll=infos[index].unroll,
                 reason="every other scan at this level depends on it, feeds it, or is "
                        "left for batching"))
             continue
@@ -105,8 +107,11 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
                   + (f"; unequal lengths {lengths}: {len(segments)} chained segments"
                      if len(segments) > 1 else ""))
         decisions.append(decision(
-            path, DecisionKind.FUSED, eqns, group, trips_before=sum(lengths),
-            trips_after=max(lengths), unroll=unroll, reason=detail))
+            path, DecisionKind.FUSED, eqns, group,
+            trips_before=sum(loop_trips(infos[i].length, infos[i].unroll) for i in group),
+            trips_after=sum(loop_trips(end - start, min(unroll, end - start))
+                            for start, end in segments),
+            unroll=unroll, reason=detail))
     return rewrites, decisions
 
 

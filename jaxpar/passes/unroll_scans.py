@@ -44,6 +44,7 @@ from ._walk import (
     Rewrite,
     decision,
     loop_candidates,
+    loop_trips,
 )
 
 KERNELS_PER_TRIP = 8
@@ -79,8 +80,9 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         if unroll == UNROLL_BY_COST:
             if info.unroll != 1:
                 decisions.append(decision(
-                    path, DecisionKind.LEFT_ALONE, eqns, [index], trips_before=info.length,
-                    trips_after=info.length, unroll=info.unroll,
+                    path, DecisionKind.LEFT_ALONE, eqns, [index],
+                    trips_before=loop_trips(info.length, info.unroll),
+                    trips_after=loop_trips(info.length, info.unroll), unroll=info.unroll,
                     reason=f"unroll={info.unroll} was already chosen"))
                 continue
             factor = auto_unroll_factor(info, costs)
@@ -88,16 +90,17 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         else:
             factor = max(1, min(int(unroll), info.length))
             why = f"unroll={unroll} requested"
-        trips = -(-info.length // factor) if info.length else 0
+        trips = loop_trips(info.length, factor)
         if factor == info.unroll:
             decisions.append(decision(
-                path, DecisionKind.LEFT_ALONE, eqns, [index], trips_before=info.length,
-                trips_after=info.length, unroll=factor, reason=f"{why}: factor stays {factor}"))
+                path, DecisionKind.LEFT_ALONE, eqns, [index], trips_before=trips,
+                trips_after=trips, unroll=factor, reason=f"{why}: factor stays {factor}"))
             continue
         rewrites.append(Rewrite((index,), _unroll_emitter(eqn, factor)))
         decisions.append(decision(
-            path, DecisionKind.UNROLLED, eqns, [index], trips_before=-(-info.length // info.unroll),
-            trips_after=trips, unroll=factor, reason=f"{why}: unroll by {factor}"))
+            path, DecisionKind.UNROLLED, eqns, [index],
+            trips_before=loop_trips(info.length, info.unroll), trips_after=trips,
+            unroll=factor, reason=f"{why}: unroll by {factor}"))
     return rewrites, decisions
 
 
