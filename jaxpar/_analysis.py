@@ -17,13 +17,13 @@ Sharp edges:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import _compat
 from ._compat import JaxprEqn, JaxprLike
 from ._cost import CostModel, device_profile
-from ._graph import Graph, build_graph
+from ._graph import Graph, Writers, graph_and_writers, rebuilt_graph
 from ._memo import IdentityMemo
 from ._options import Settings
 from ._primitives import USER_PLACEMENT
@@ -44,6 +44,7 @@ class Analysis:
         # Structural keys of jaxprs, equations and parameters, shared by every pass.
         self.structural_keys = StructuralKeys()
         self._graphs: IdentityMemo[_compat.Jaxpr, Graph] = IdentityMemo()
+        self._writers: IdentityMemo[_compat.Jaxpr, Writers] = IdentityMemo()
         self._placement: IdentityMemo[JaxprLike, bool] = IdentityMemo()
         self._memos: dict[str, IdentityMemo[Any, Any]] = {}
         self._state: dict[str, object] = {}
@@ -64,6 +65,7 @@ class Analysis:
         other.costs = self.costs
         other.structural_keys = self.structural_keys
         other._graphs, other._placement = self._graphs, self._placement
+        other._writers = self._writers
         other._memos, other._state = {}, {}
         other._shared_memos, other._shared_state = self._shared_memos, self._shared_state
         return other
@@ -77,16 +79,24 @@ class Analysis:
         inner, _ = _compat.open_jaxpr(jaxpr)
         graph = self._graphs.get(inner)
         if graph is None:
-            graph = build_graph(inner)
+            graph, writers = graph_and_writers(inner)
             self._graphs.set(inner, graph)
+            self._writers.set(inner, writers)
         return graph
 
-    def know_graph(self, jaxpr: JaxprLike, graph: Graph) -> None:
-        """Records ``graph`` as the dependency graph of ``jaxpr`` (one derived from the
-        level it was rebuilt from: ``rebuild_level``), unless one is known already."""
-        inner, _ = _compat.open_jaxpr(jaxpr)
-        if self._graphs.get(inner) is None:
-            self._graphs.set(inner, graph)
+    def derive_graph(self, old: JaxprLike, new: JaxprLike, kept_from: Sequence[int]) -> None:
+        """Records the graph of ``new``, a level ``rebuild_level`` made of ``old``
+        (equation ``k`` kept from ``old``'s equation ``kept_from[k]``, or made: -1),
+        derived from ``old``'s (``_graph.rebuilt_graph``), so that the next pass need not
+        build it afresh. Nothing, when ``old``'s graph was never asked for."""
+        old_inner, _ = _compat.open_jaxpr(old)
+        graph, writers = self._graphs.get(old_inner), self._writers.get(old_inner)
+        if graph is None or writers is None:
+            return
+        new_inner, _ = _compat.open_jaxpr(new)
+        graph, writers = rebuilt_graph(graph, writers, old_inner.eqns, new_inner, kept_from)
+        self._graphs.set(new_inner, graph)
+        self._writers.set(new_inner, writers)
 
     def subjaxprs(self, eqn: JaxprEqn) -> tuple[tuple[str, int | None, JaxprLike], ...]:
         """``_compat.eqn_subjaxprs(eqn)``, memoised by the parameter dict (rewritten

@@ -41,10 +41,6 @@ class Graph:
     feeds_output: frozenset[int]
     # Equations whose results are needed (by outputs or by effects).
     live: frozenset[int]
-    # Which equation writes each variable (``rebuilt_graph`` derives the next level's
-    # graph from it); None for a graph made by hand.
-    producer: Mapping[Any, int] | None = dataclasses.field(default=None, compare=False,
-                                                           repr=False)
     # Whether some equation has ordering effects (its edges chain them in program order).
     effects: bool = False
 
@@ -58,16 +54,27 @@ class Graph:
 _LITERAL, _DROP_VAR = _compat.Literal, _compat.DropVar
 
 
+# Which equation writes each variable of a level (``graph_and_writers``): what
+# ``rebuilt_graph`` derives the next level's graph from. Kept beside the graph for one
+# call (``Analysis``), never in it: a ``Graph`` holds indices only.
+Writers = dict[Any, int]
+
+
 def build_graph(jaxpr: JaxprLike) -> Graph:
     """The dependency graph of an open jaxpr's equations.
 
     Not memoised here: one analysis memoises it per level (``Analysis.graph``), and
     nothing outlives the call.
     """
+    return _build_graph(jaxpr)[0]
+
+
+def graph_and_writers(jaxpr: JaxprLike) -> tuple[Graph, Writers]:
+    """``build_graph(jaxpr)`` and which equation writes each variable."""
     return _build_graph(jaxpr)
 
 
-def _build_graph(jaxpr: JaxprLike) -> Graph:
+def _build_graph(jaxpr: JaxprLike) -> tuple[Graph, Writers]:
     # One loop, its helpers inline (``_inputs``, ``_write``): a call per equation costs
     # half as much again as the rest of it.
     producer: dict[Any, int] = {}
@@ -116,16 +123,18 @@ def _inputs(invars: Sequence[Any], producer: Mapping[Any, int]) -> tuple[int, ..
     return tuple(sorted(sources)) if len(sources) > 1 else tuple(sources)
 
 
-def _write(outvars: Sequence[Any], index: int, producer: dict[Any, int]) -> None:
+def _write(outvars: Sequence[Any], index: int, producer: Writers) -> None:
     for v in outvars:
         if type(v) is not _DROP_VAR:
             producer[v] = index
 
 
-def _finish(jaxpr: JaxprLike, preds: list[tuple[int, ...]], producer: dict[Any, int],
-            effectful: Sequence[int], succ_lists: list[list[int]] | None = None) -> Graph:
+def _finish(jaxpr: JaxprLike, preds: list[tuple[int, ...]], producer: Writers,
+            effectful: Sequence[int], succ_lists: list[list[int]] | None = None
+            ) -> tuple[Graph, Writers]:
     """The graph of ``jaxpr`` from its equations' predecessors (and successors, when
-    made already): the equations feeding its outputs, and the live ones."""
+    made already): the equations feeding its outputs, and the live ones; and
+    ``producer``."""
     if succ_lists is None:
         succ_lists = [[] for _ in preds]
         for index, inputs in enumerate(preds):
@@ -138,31 +147,32 @@ def _finish(jaxpr: JaxprLike, preds: list[tuple[int, ...]], producer: dict[Any, 
     for index in range(len(preds) - 1, -1, -1):
         if index in live:
             live.update(preds[index])
-    return Graph(tuple(preds), tuple(map(tuple, succ_lists)), feeds_output, frozenset(live),
-                 producer, bool(effectful))
+    return (Graph(tuple(preds), tuple(map(tuple, succ_lists)), feeds_output,
+                  frozenset(live), bool(effectful)), producer)
 
 
-def rebuilt_graph(graph: Graph, old_eqns: Sequence[Any], jaxpr: JaxprLike,
-                  origin: Sequence[int]) -> Graph:
-    """The graph of ``jaxpr`` (open), a level rebuilt from one whose equations were
-    ``old_eqns`` and graph ``graph``: equation ``k`` of ``jaxpr`` is kept from old
-    equation ``origin[k]``, or was emitted by a rewrite (``-1``).
+def rebuilt_graph(graph: Graph, writers: Writers, old_eqns: Sequence[Any], jaxpr: JaxprLike,
+                  origin: Sequence[int]) -> tuple[Graph, Writers]:
+    """The graph and writers of ``jaxpr`` (open), a level rebuilt from one whose
+    equations were ``old_eqns``, with graph ``graph`` and writers ``writers``: equation
+    ``k`` of ``jaxpr`` is kept from old equation ``origin[k]``, or was emitted by a
+    rewrite (``-1``).
 
-    Equal to ``build_graph(jaxpr)``, in proportion to what changed: a kept equation that
+    Equal to ``graph_and_writers(jaxpr)``, in proportion to what changed: a kept equation that
     is the same object as before reads the same variables, written by the same kept
     equations (a rewrite renames what its replaced equations wrote, so an equation
     reading one is a new object), so its predecessors are the old ones renumbered; only
     the emitted equations and the changed ones look their inputs up. Where ordering
-    effects chain equations (in the old level or an emitted equation), or the old graph
-    holds no writers (made by hand), the graph is built afresh.
+    effects chain equations (in the old level or an emitted equation), the graph is
+    built afresh.
     """
-    if graph.producer is None or graph.effects or len(old_eqns) != graph.size:
+    if graph.effects or len(old_eqns) != graph.size:
         return _build_graph(jaxpr)
     new_of = [-1] * len(old_eqns)
     for index, old in enumerate(origin):
         if old >= 0:
             new_of[old] = index
-    producer = {v: new_of[i] for v, i in graph.producer.items() if new_of[i] >= 0}
+    producer = {v: new_of[i] for v, i in writers.items() if new_of[i] >= 0}
     eqns = jaxpr.eqns
     for index, eqn in enumerate(eqns):
         if origin[index] < 0:

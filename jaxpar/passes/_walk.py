@@ -59,7 +59,6 @@ from .._graph import (
     build_graph,
     contract,
     eqn_units,
-    rebuilt_graph,
 )
 from .._interp import Env
 from .._memo import IdentityMemo
@@ -379,6 +378,10 @@ def emission_order(graph: Graph, groups: Sequence[Sequence[int]],
     return order
 
 
+# ``Analysis.derive_graph``: (old level, new level, per new equation its old index or -1).
+DeriveGraph = Callable[[JaxprLike, JaxprLike, Sequence[int]], None]
+
+
 def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
                   params: dict[int, dict[str, Any]] | None = None,
                   graph: Graph | None = None,
@@ -386,8 +389,7 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
                   origins: EqnOrigins | None = None,
                   owners: Sequence[Iterable[int]] = (),
                   traces: dict[Hashable, _TracedRewrite] | None = None,
-                  record_graph: Callable[[JaxprLike, Graph], None] | None = None
-                  ) -> JaxprLike | None:
+                  derive_graph: DeriveGraph | None = None) -> JaxprLike | None:
     """``jaxpr`` with ``rewrites`` applied and some equations' ``params`` replaced.
 
     With ``origins``, the equations each rewrite emits are recorded as made by the
@@ -404,10 +406,9 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
     untouched equations are kept as they are. So a rewrite costs in proportion to what
     it emits, not to the size of the level.
 
-    With ``graph`` (the level's) and ``record_graph``, the new level's graph is derived
-    from ``graph`` (``_graph.rebuilt_graph``: the kept equations' edges renumbered) and
-    handed to ``record_graph(new_jaxpr, graph)``, so that the next pass need not build
-    it from scratch.
+    With ``derive_graph`` (``Analysis.derive_graph``), ``derive_graph(jaxpr, new_jaxpr,
+    kept_from)`` is told where each new equation came from (its old index, or -1 for
+    one a rewrite made), to derive the new level's graph from the old one's.
 
     Returns a jaxpr of the same kind and signature, or None when that is
     impossible (see the module's sharp edges).
@@ -510,9 +511,8 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
                     renamed[var] = value
     rebuilt = _compat.splice_jaxpr(jaxpr, new_eqns, [atom(v) for v in inner.outvars],
                                    new_constvars, new_consts)
-    if rebuilt is not None and graph is not None and record_graph is not None:
-        new_inner, _ = _compat.open_jaxpr(rebuilt)
-        record_graph(rebuilt, rebuilt_graph(graph, eqns, new_inner, kept_from))
+    if rebuilt is not None and derive_graph is not None:
+        derive_graph(jaxpr, rebuilt, kept_from)
     return rebuilt
 
 
@@ -708,7 +708,7 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
                         owners=_owners(rewrites, level_decisions, origins),
                         traces=None if path else analysis.shared_state("top_level_traces",
                                                                        dict),
-                        record_graph=analysis.know_graph)
+                        derive_graph=analysis.derive_graph)
                 if rebuilt is None:
                     kept.extend(_as_left_alone(
                         level_decisions, "this jaxpr cannot take new constants, so the "
