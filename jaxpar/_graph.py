@@ -75,40 +75,21 @@ def graph_and_writers(jaxpr: JaxprLike) -> tuple[Graph, Writers]:
 
 
 def _build_graph(jaxpr: JaxprLike) -> tuple[Graph, Writers]:
-    # One loop, its helpers inline (``_inputs``, ``_write``): a call per equation costs
-    # half as much again as the rest of it.
-    producer: dict[Any, int] = {}
+    producer: Writers = {}
     preds: list[tuple[int, ...]] = []
-    succ_lists: list[list[int]] = []
     effectful: list[int] = []
     last_effect: int | None = None
-    literal, drop_var = _LITERAL, _DROP_VAR
-    produced = producer.get
-    add_pred, add_succs = preds.append, succ_lists.append
     for index, eqn in enumerate(jaxpr.eqns):
-        invars = eqn.invars
-        if len(invars) == 1:  # most equations: no set, no sort
-            v = invars[0]
-            source = -1 if type(v) is literal else produced(v, -1)
-            inputs: tuple[int, ...] = () if source < 0 else (source,)
-        else:  # -1: a level input or constant
-            sources = {produced(v, -1) for v in invars if type(v) is not literal}
-            sources.discard(-1)
-            inputs = tuple(sorted(sources)) if len(sources) > 1 else tuple(sources)
+        inputs = _inputs(eqn.invars, producer)
         # Most equations have no effects at all; only those with some pay for the filter.
         if eqn.effects and _compat.ordering_effects(eqn):
             effectful.append(index)
             if last_effect is not None and last_effect not in inputs:
                 inputs = tuple(sorted((*inputs, last_effect)))
             last_effect = index
-        add_pred(inputs)
-        add_succs([])
-        for source in inputs:
-            succ_lists[source].append(index)
-        for v in eqn.outvars:
-            if type(v) is not drop_var:
-                producer[v] = index
-    return _finish(jaxpr, preds, producer, effectful, succ_lists)
+        preds.append(inputs)
+        _write(eqn.outvars, index, producer)
+    return _finish(jaxpr, preds, producer, effectful)
 
 
 def _inputs(invars: Sequence[Any], producer: Mapping[Any, int]) -> tuple[int, ...]:
@@ -130,16 +111,13 @@ def _write(outvars: Sequence[Any], index: int, producer: Writers) -> None:
 
 
 def _finish(jaxpr: JaxprLike, preds: list[tuple[int, ...]], producer: Writers,
-            effectful: Sequence[int], succ_lists: list[list[int]] | None = None
-            ) -> tuple[Graph, Writers]:
-    """The graph of ``jaxpr`` from its equations' predecessors (and successors, when
-    made already): the equations feeding its outputs, and the live ones; and
-    ``producer``."""
-    if succ_lists is None:
-        succ_lists = [[] for _ in preds]
-        for index, inputs in enumerate(preds):
-            for source in inputs:
-                succ_lists[source].append(index)
+            effectful: Sequence[int]) -> tuple[Graph, Writers]:
+    """The graph of ``jaxpr`` from its equations' predecessors: their successors, the
+    equations feeding its outputs, and the live ones; and ``producer``."""
+    succ_lists: list[list[int]] = [[] for _ in preds]
+    for index, inputs in enumerate(preds):
+        for source in inputs:
+            succ_lists[source].append(index)
     feeds_output = frozenset(producer[v] for v in jaxpr.outvars
                              if type(v) is not _LITERAL and v in producer)
     live: set[int] = set(feeds_output)
@@ -178,16 +156,9 @@ def rebuilt_graph(graph: Graph, writers: Writers, old_eqns: Sequence[Any], jaxpr
         if origin[index] < 0:
             _write(eqn.outvars, index, producer)
     old_preds = graph.preds
-    # The equations before the first change keep their places, so their edges too.
-    start = 0
-    for index, old in enumerate(origin):
-        if old != index or eqns[index] is not old_eqns[index]:
-            break
-        start = index + 1
-    preds: list[tuple[int, ...]] = list(old_preds[:start])
+    preds: list[tuple[int, ...]] = []
     add_pred = preds.append
-    for index in range(start, len(eqns)):
-        eqn, old = eqns[index], origin[index]
+    for eqn, old in zip(eqns, origin, strict=True):
         if old >= 0 and eqn is old_eqns[old]:
             inputs = old_preds[old]
             if len(inputs) == 1:  # most equations
