@@ -1471,7 +1471,10 @@ class _Drawer:
         start, stop, step = self._counter_range(dtype, form)
         if form == "fori_loop":
             step = 1
-            if dtype == "uint64":  # JAX's fori_loop->scan reads concrete bounds as int64
+            # JAX's fori_loop->scan reads concrete bounds as a Python int of the default
+            # int type: uint64 bounds, and uint32 bounds above int32's, do not convert.
+            if dtype == "uint64" or (dtype == "uint32"
+                                     and max(start, stop) > np.iinfo(np.int32).max):
                 bound = "carried" if bound == "literal" else bound
         if _count_trips(dtype, start, stop, step, form) is None:
             start, stop, step, form = 0, 3, 1, "lt"  # would run too long: a tame loop instead
