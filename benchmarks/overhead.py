@@ -25,16 +25,27 @@ The two targets (issue 21, at 10k equations) are printed per size: ``inspect / l
 ``--profile`` runs cProfile over ``inspect`` + ``rewrite`` at the given sizes and prints
 the functions with the most cumulative time (jaxpar's own first).
 
+``--floor`` splits one ``inspect`` and one ``lower_pb`` per size into their parts (CPU
+seconds, the minimum of ``--repeats`` fresh programs per part) and prints the *floor*: what
+each would cost if the analysis never repeated work -- the trace, each pass's first visit
+of each level in the first mode's walk with the rebuilds those visits ask for, and one
+mode's plan and estimate (plus the report's figures for ``inspect``, and the emission and
+lowering of the rewritten program for ``lower_pb``) -- against the targets. Revisits of
+rebuilt levels, the other modes' walks and plans, and the walk's bookkeeping are left out
+of it. It replaces private jaxpar functions by timed wrappers for the run, so its total is
+a little above an unwrapped call.
+
 Run::
 
     JAX_PLATFORMS=cpu python benchmarks/overhead.py [--sizes 1000,10000,100000]
-        [--repeats 3] [--profile 10000,100000] [--json PATH]
+        [--repeats 3] [--profile 10000,100000] [--floor] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import itertools
 import json
@@ -232,6 +243,122 @@ def profile(target_eqns: int, top: int) -> dict[str, Any]:
                              "share_self": r["tottime_s"] / total} for r in overall]}
 
 
+_FLOOR_PARTS = ("trace", "first visits", "revisits", "other modes' walks", "walk bookkeeping",
+                "plan, first mode", "plans, other modes", "estimates", "report figures",
+                "emission and lowering")
+
+
+def floor(target_eqns: int, repeats: int) -> dict[str, Any]:
+    """``inspect`` and ``lower_pb`` split into ``_FLOOR_PARTS`` (see the module doc)."""
+    from jaxpar import _api  # private: the parts are timed by wrapping its functions
+    from jaxpar.passes import _walk
+
+    parts: dict[str, float] = {}
+    state: dict[str, Any] = {}
+    clock = time.process_time
+
+    def timed(module: Any, name: str, account: Callable[..., str | None]) -> None:
+        original = getattr(module, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            part = account(*args, **kwargs)
+            start = clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if part is not None:
+                    parts[part] = parts.get(part, 0.0) + clock() - start
+
+        setattr(module, name, wrapper)
+        state.setdefault("restore", []).append((module, name, original))
+
+    def walk(*args: Any, **kwargs: Any) -> str | None:
+        state["walks"] = state.get("walks", 0) + 1
+        state["seen"] = set()
+        return "walk"  # the steps below, and the bookkeeping around them
+
+    def step(level_pass: Any, jaxpr: Any, path: str, *args: Any) -> str:
+        if state["walks"] > 1:
+            part = "other modes' walks"
+        elif (path, level_pass.name) in state["seen"]:
+            part = "revisits"
+        else:
+            state["seen"].add((path, level_pass.name))
+            part = "first visits"
+        state["last"] = part
+        return part
+
+    def plan(*args: Any, **kwargs: Any) -> str:
+        state["plans"] = state.get("plans", 0) + 1
+        return "plan, first mode" if state["plans"] == 1 else "plans, other modes"
+
+    timed(_api, "trace", lambda *a, **k: "trace")
+    timed(_api, "run_passes", walk)
+    timed(_walk, "_pass_step", step)
+    # A rebuild belongs with the visit that asked for it (one holding rewritten nested
+    # levels, with the first visits).
+    timed(_walk, "rebuild_level", lambda jaxpr, rewrites, *a, **k: (
+        state.get("last", "first visits") if rewrites else (
+            "other modes' walks" if state["walks"] > 1 else "first visits")))
+    timed(_api, "plan_jaxpr", plan)
+    def estimate(*args: Any, **kwargs: Any) -> str:
+        state["estimates"] = state.get("estimates", 0) + 1
+        return "estimates"
+
+    timed(_api, "estimate_seconds", estimate)
+    timed(_api, "_plain_figures", lambda *a, **k: "report figures")
+    timed(_api, "build_report", lambda *a, **k: "report figures")
+    timed(_api, "_priced", lambda *a, **k: "analysis")
+    timed(_api, "_analyse_priced", lambda *a, **k: "traced analysis")
+    run = stages(target_eqns)
+    run["inspect"](), run["lower_pb"]()  # warm
+    best: dict[str, dict[str, float]] = {}
+    try:
+        for _ in range(repeats):
+            for stage in ("inspect", "lower_pb", "lower", "make_jaxpr"):
+                parts.clear()
+                state.update(walks=0, plans=0, estimates=0, seen=set(), last="first visits")
+                gc.collect()
+                start = clock()
+                run[stage]()
+                row = dict(parts, total=clock() - start)
+                row["one estimate"] = row.get("estimates", 0.0) / max(state["estimates"], 1)
+                if stage in ("inspect", "lower_pb"):
+                    walked = sum(row.get(p, 0.0) for p in _FLOOR_PARTS[1:4])
+                    row["walk bookkeeping"] = row.get("walk", 0.0) - walked
+                if stage == "lower_pb":
+                    row["emission and lowering"] = row["total"] - row["traced analysis"]
+                if stage not in best or row["total"] < best[stage]["total"]:
+                    best[stage] = row
+    finally:
+        for module, name, original in reversed(state["restore"]):
+            setattr(module, name, original)
+    lower = best["lower"]["total"]
+    shared = ("trace", "first visits", "plan, first mode")
+    out: dict[str, Any] = {"target_eqns": target_eqns, "lower": lower,
+                           "make_jaxpr": best["make_jaxpr"]["total"]}
+    for stage, own, target in (("inspect", ("report figures",), INSPECT_TARGET),
+                               ("lower_pb", ("emission and lowering",), LOWER_PB_TARGET)):
+        row = best[stage]
+        floor_s = sum(row.get(p, 0.0) for p in (*shared, "one estimate", *own))
+        out[stage] = {"parts": {p: row.get(p, 0.0) for p in _FLOOR_PARTS if p in row},
+                      "total": row["total"], "floor": floor_s,
+                      "floor_over_lower": floor_s / lower, "target": target}
+    return out
+
+
+def print_floor(entry: dict[str, Any]) -> None:
+    print(f"\nfloor at ~{entry['target_eqns']} equations (CPU s, min of the repeats): "
+          f"lower {entry['lower']:.3f}, make_jaxpr {entry['make_jaxpr']:.3f}")
+    for stage in ("inspect", "lower_pb"):
+        row = entry[stage]
+        print(f"  {stage}: {row['total']:.3f} s = {row['total'] / entry['lower']:.2f} lowerings")
+        for part, seconds in row["parts"].items():
+            print(f"    {part:24s} {seconds:7.3f}")
+        print(f"    floor (no repeated work) {row['floor']:.3f} s = "
+              f"{row['floor_over_lower']:.2f} lowerings (target <= {row['target']})")
+
+
 def print_profile(prof: dict[str, Any]) -> None:
     print(f"\nprofile at ~{prof['target_eqns']} equations (inspect + rewrite, "
           f"{prof['total_s']:.2f} s under cProfile):")
@@ -258,6 +385,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--profile", default="",
                         help="sizes to profile with cProfile, comma-separated (e.g. 10000,100000)")
     parser.add_argument("--top", type=int, default=15, help="rows per profile table")
+    parser.add_argument("--floor", action="store_true",
+                        help="split inspect and lower_pb into parts and print their floor")
     parser.add_argument("--json", help="write the results here")
     ns = parser.parse_args(argv)
     sizes = [int(s) for s in ns.sizes.split(",") if s]
@@ -306,6 +435,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         prof = profile(size, ns.top)
         results["profiles"].append(prof)
         print_profile(prof)
+    if ns.floor:
+        results["floors"] = []
+        for size in sizes:
+            entry = floor(size, ns.repeats)
+            results["floors"].append(entry)
+            print_floor(entry)
     results["load_1min_end"] = os.getloadavg()[0]
     if ns.json:
         with open(ns.json, "w") as handle:

@@ -89,3 +89,26 @@ def test_overhead_reports_the_targets(tmp_path: Any) -> None:
     assert targets["lower_pb_over_lower"] == entry["ratio_vs_lower"]["lower_pb"]
     assert targets["met"] == (targets["inspect_over_lower"] <= overhead.INSPECT_TARGET
                               and targets["lower_pb_over_lower"] <= overhead.LOWER_PB_TARGET)
+
+
+def test_overhead_floor_accounts_for_each_call(tmp_path: Any) -> None:
+    """``overhead.py --floor`` at a tiny size: the parts of each call are disjoint (they
+    add up to no more than the call), the floor is made of them, and jaxpar's functions
+    are themselves again afterwards."""
+    from jaxpar import _api
+    from jaxpar.passes import _walk
+
+    overhead = load_benchmark("overhead")
+    originals = (_api.trace, _api.run_passes, _walk._pass_step, _walk.rebuild_level)
+    returned = overhead.main(["--sizes", "200", "--repeats", "1", "--floor"])
+    assert (_api.trace, _api.run_passes, _walk._pass_step, _walk.rebuild_level) == originals
+    (entry,) = returned["floors"]
+    for stage, own in (("inspect", "report figures"), ("lower_pb", "emission and lowering")):
+        row = entry[stage]
+        parts = row["parts"]
+        assert parts["trace"] > 0 and parts["first visits"] > 0 and parts[own] > 0
+        assert all(seconds >= 0 for part, seconds in parts.items()
+                   if part != "walk bookkeeping")
+        assert sum(parts.values()) <= row["total"] * 1.02 + 1e-3
+        assert parts["trace"] + parts["first visits"] + parts[own] <= row["floor"] <= row["total"]
+        assert row["floor_over_lower"] == row["floor"] / entry["lower"]
