@@ -215,10 +215,24 @@ def xla_flags(plan: PlanFields | None = None, *, collectives: bool | None = None
     return flags
 
 
+def _flag_list(flags: Sequence[str], api: str) -> Sequence[str]:
+    """``flags``, refused when it is one string: iterating it would read each character
+    as a flag (``XLA_FLAGS``'s text, say, where its ``.split()`` was meant)."""
+    if isinstance(flags, str):
+        raise TypeError(f"{api} takes a list of '--name=value' flags (as xla_flags returns), "
+                        f"got the string {flags!r}; pass flags.split() for a space-separated "
+                        "string such as XLA_FLAGS")
+    return flags
+
+
 def flags_as_options(flags: Sequence[str]) -> dict[str, bool | int | str]:
-    """``--name=value`` flags as ``compiler_options`` for ``Lowered.compile``."""
+    """``--name=value`` flags as ``compiler_options`` for ``Lowered.compile``.
+
+    Raises:
+      TypeError: ``flags`` is one string, not a list of flags.
+    """
     options: dict[str, bool | int | str] = {}
-    for flag in flags:
+    for flag in _flag_list(flags, "flags_as_options"):
         name, _, value = flag.removeprefix("--").partition("=")
         options[name] = (True if value == "true" else False if value == "false"
                          else int(value) if value.lstrip("-").isdigit() else value)
@@ -250,10 +264,11 @@ def check_flags_applied(flags: Sequence[str], *, error: bool = False) -> bool:
       True when every flag is set in ``XLA_FLAGS``.
 
     Raises:
+      TypeError: ``flags`` is one string, not a list of flags.
       RuntimeError: ``error`` is set and a flag is not applied.
     """
     present = _flag_names(xla_flags_text())
-    wanted = _flag_names(" ".join(flags))
+    wanted = _flag_names(" ".join(_flag_list(flags, "check_flags_applied")))
     missing = [f"--{n}={v}" for n, v in wanted.items() if present.get(n) != v]
     if not missing:
         return True

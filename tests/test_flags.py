@@ -67,3 +67,12 @@ def test_check_flags_applied(monkeypatch):
         assert not _flags.check_flags_applied(flags)
     with pytest.raises(RuntimeError, match="not in XLA_FLAGS"):
         _flags.check_flags_applied(flags, error=True)
+
+
+@pytest.mark.parametrize("check", [_flags.flags_as_options, _flags.check_flags_applied])
+def test_flags_refuse_one_string(check):
+    # A string is a sequence of one-character "flags": XLA_FLAGS's text passed as it is
+    # gave {'-': '', 'x': '', ...} (and check_flags_applied warned about '--x=', ...).
+    with pytest.raises(TypeError, match=r"list of '--name=value' flags.*\.split\(\)"):
+        check("--xla_gpu_enable_command_buffer= --xla_foo=1")
+    assert _flags.flags_as_options("--a=1 --b=true".split()) == {"a": 1, "b": True}

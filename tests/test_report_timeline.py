@@ -220,3 +220,16 @@ def test_graphs_off_forced_plan_and_preview_agree(monkeypatch):
     preview = jaxpar.gpu_preview(fn, *args(), force_streams=True)
     assert preview.command_buffers.value == "off" and preview.time_ratio > 0.98
     _shown_everywhere(preview.plan)
+
+
+@pytest.mark.parametrize("name", ["two_scans", "towers"])
+def test_a_plan_that_emits_nothing_estimates_its_program_run_serially(name):
+    # target="cpu" emits no stream: the sections the planner drew do not overlap, so the
+    # estimate must not promise their critical path (it showed x0.544 for two scans whose
+    # program is jax.jit's).
+    fn, args = PROGRAMS[name]
+    plan = jaxpar.inspect(fn, target="cpu", min_cost_us=0.0)(*args())
+    assert not plan.emitted and plan.sections
+    assert plan.estimate.ratio == pytest.approx(1.0), plan.estimate.line()
+    assert plan.estimate.line() in plan.text() and plan.estimate.line() in html.unescape(
+        plan.to_svg())

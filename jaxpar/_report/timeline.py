@@ -78,7 +78,8 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
     at the GPU pricing's verdict. Otherwise (other targets), from the planner's cost
     model: jax.jit's program is the traced program's equations one after another;
     jaxpar's is the rewritten program's with each top-level stream section's overlap and
-    cut cost as the pricing judged them, or the timeline's critical path.
+    cut cost as the pricing judged them, or the timeline's critical path; where nothing is
+    emitted (``target="cpu"``/``"tpu"``), its equations one after another too.
     """
     if plan.compiled_estimate is not None:
         return plan.compiled_estimate
@@ -102,7 +103,11 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
     makespan = levels[0].makespan_us if levels else serial
     top = [s for s in plan.sections if s.location == "/"]
     priced = [s for s in top if s.gain_us is not None]
-    if top and len(priced) == len(top):
+    if not plan.emitted:
+        # Off a GPU nothing is emitted on a stream: the sections the planner drew do not
+        # overlap, and the rewritten program runs its equations one after another.
+        fast = serial
+    elif top and len(priced) == len(top):
         fast = serial - sum(s.gain_us or 0.0 for s in priced) + sum(
             s.cut_cost_us or 0.0 for s in priced)
     else:
