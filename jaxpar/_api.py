@@ -50,7 +50,15 @@ from ._cost import launch_pricing
 from ._emit import Emitter, GroupIds, region_call
 from ._frameworks import NnxCall, nnx_arguments, refuse_module_as_function
 from ._gpu_model import CommandBufferMode, GpuProfile
-from ._options import Options, Settings, Switch, Target, Unroll, check_known
+from ._options import (
+    Options,
+    ResolveInputs,
+    Settings,
+    Switch,
+    Target,
+    Unroll,
+    check_known,
+)
 from ._plan import LevelPlan, plan_jaxpr
 from ._plan.modes import (
     CANDIDATES as MODE_CANDIDATES,
@@ -180,6 +188,51 @@ class _CallKey:
     # stays off jax.jit's fast C++ path, so the calls after it use a new key.
     tune_generation: int = 0
 
+    # jax.jit hashes its static argument and compares it with its cache's on every call:
+    # the hash is computed once, and a call passing the key it was traced with (keys are
+    # interned, ``ParallelBranches._call_key``) compares by identity.
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.layout, self.nnx, self.emit_streams, self.rewrite, self.settings,
+                self.call_site, self.local_axes, self.tune, self.tune_generation)
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined,no-any-return]
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not _CallKey:
+            return NotImplemented
+        return self._hash == other._hash and self._fields() == other._fields()  # type: ignore[attr-defined]
+
+
+class _WrongOptions(Exception):
+    """Raised from the trace of a signature whose plan chooses XLA options other than
+    those of the jit the call ran (``ParallelBranches._dispatch``): the call looks the
+    signature's plan up first instead, and so does every later call with its key."""
+
+
+# The jit options a call expects its trace to confirm: (function, key, options).
+_expected = threading.local()
+# At most this many interned keys, settings and remembered jits per decorated function
+# (a program changing its XLA_FLAGS or arguments' structure at every call must not grow
+# them without end).
+_MEMO_SIZE = 256
+
+
+def _bounded(memo: dict[Any, Any]) -> dict[Any, Any]:
+    """``memo``, emptied first when full."""
+    if len(memo) >= _MEMO_SIZE:
+        memo.clear()
+    return memo
+
+
+def _options_key(options: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(options.items()))
+
 
 class _MeasureFirst(Exception):
     """Raised from a concrete call's trace that finds no decision: ``_call`` measures
@@ -264,6 +317,17 @@ class ParallelBranches:
         self._jitted_with: dict[tuple[tuple[str, str], ...], Any] = {}
         self._stages_with: dict[tuple[tuple[str, str], ...], Any] = {}
         self._stages: Any = None
+        # A call's key, once per distinct value (interned: jax.jit compares it by
+        # identity then), and the settings it holds, once per distinct environment.
+        self._call_keys: dict[tuple[Any, ...], _CallKey] = {}
+        self._settings: dict[ResolveInputs, Settings] = {}
+        # Per top-level GPU key, the jit (and its XLA options) every signature planned
+        # under it so far chose: a call runs it without computing its signature's plan
+        # first, and a signature whose plan chooses other options is sent back
+        # (``_WrongOptions``); keys that saw two choices (``_mixed_keys``) always look
+        # their signature's plan up first.
+        self._key_jits: dict[_CallKey, tuple[Any, tuple[tuple[str, str], ...]]] = {}
+        self._mixed_keys: set[_CallKey] = set()
         self._saw_traced_consts = threading.local()
         # nnx.jit's update context is keyed by a tag: one per decorated function (not
         # self, which the traced function would then keep alive in a cycle).
@@ -326,10 +390,19 @@ class ParallelBranches:
         return self._call(layout, leaves, nnx)
 
     def _call_key(self, layout: Layout, nnx: bool, leaves: Sequence[Any] = ()) -> _CallKey:
-        return _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
-                        self.options.resolve(**self._planned_for),
-                        next(_call_sites) if _compat.staging() else 0,
-                        _compat.vmap_axis_names(leaves))
+        inputs = self.options.resolve_inputs(**self._planned_for)
+        settings = self._settings.get(inputs)
+        if settings is None:
+            settings = _bounded(self._settings)[inputs] = self.options.settings_from(inputs)
+        parts = (layout, nnx, not inside_stream_call(), not disabled_by_environment(),
+                 settings, next(_call_sites) if _compat.staging() else 0,
+                 _compat.vmap_axis_names(leaves))
+        if parts[5]:  # a call site of a staged program: a key of its own, never again
+            return _CallKey(*parts)
+        key = self._call_keys.get(parts)
+        if key is None:
+            key = _bounded(self._call_keys)[parts] = _CallKey(*parts)
+        return key
 
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
         key = self._call_key(layout, nnx, leaves)
@@ -339,10 +412,9 @@ class ParallelBranches:
             concrete = not key.call_site and not any(map(_compat.is_tracer, leaves))
             key = dataclasses.replace(key, tune="measure" if concrete else "reuse",
                                       tune_generation=self._tune_generation)
-        jitted = _jit_for(self, key, leaves)
         self._saw_traced_consts.value = False
         try:
-            dynamic, outputs = jitted(key, *leaves)
+            dynamic, outputs = self._dispatch(key, leaves)
         except _MeasureFirst:
             _tuning(self, dataclasses.replace(key, tune="", tune_generation=0), leaves)
             self._tune_generation += 1
@@ -352,6 +424,27 @@ class ParallelBranches:
             # The trace closed over another trace's tracers: jit must not reuse it.
             self._jitted.clear_cache()
         return outputs.rebuild(dynamic)
+
+    def _dispatch(self, key: _CallKey, leaves: Sequence[Any]) -> Any:
+        """``jitted(key, *leaves)`` for the jit ``_jit_for`` picks; where every signature
+        planned under ``key`` chose one jit (``_key_jits``), that jit, and its trace of
+        a new signature checks the choice (``_call_traced``)."""
+        known = self._key_jits.get(key)
+        # Remembered only where ``_jit_for`` picks by the plan (target "gpu", rewriting,
+        # streams on, not tuning): it does so at the top level, outside ``lower``.
+        if known is not None and _compat.top_level() \
+                and getattr(_lowering, "owner", None) is not self:
+            jitted, options = known
+            _expected.value = (self, key, options)
+            try:
+                return jitted(key, *leaves)
+            except _WrongOptions:
+                self._key_jits.pop(key, None)
+                self._mixed_keys.add(key)
+            finally:
+                _expected.value = None
+        jitted = _jit_for(self, key, leaves)
+        return jitted(key, *leaves)
 
     def tuning(self, *args: Any, **kwargs: Any) -> Tuning | None:
         """The tuner's decision for these arguments (``tune=True`` only), as a call makes
@@ -378,6 +471,11 @@ class ParallelBranches:
             return split_outputs(out, key.layout.static_scalars)
         rewrite = self._prepare(Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
                                 key.settings, key.nnx, key.local_axes)
+        expected = getattr(_expected, "value", None)
+        if expected is not None and expected[0] is self and expected[1] is key:
+            _expected.value = None  # this trace's: not a nested call's
+            if _options_key(rewrite.xla_options) != expected[2]:
+                raise _WrongOptions
         if rewrite.traced.consts_are_tracers:
             self._saw_traced_consts.value = True
         return _run(rewrite, leaves, key.emit_streams), rewrite.traced.outputs
@@ -419,6 +517,8 @@ class ParallelBranches:
     def clear_cache(self) -> None:
         """Forgets every rewrite and compiled program of this function."""
         self._cache.cache_clear()
+        self._key_jits.clear()
+        self._mixed_keys.clear()
         self._scalars_made_static.clear()
         self._tunings.clear()
         self._jitted.clear_cache()
@@ -557,11 +657,13 @@ def _jit_for(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Any:
     if lowering:
         _lowering.options = options
         return pb._jitted
-    if not options:
-        return pb._jitted
-    return _cached_jit(pb._jitted_with, options, lambda given: jax.jit(
-        _weak_method(pb, "_call_traced", pb.__wrapped__), static_argnums=0,
-        compiler_options=given))
+    jitted = pb._jitted if not options else _cached_jit(
+        pb._jitted_with, options, lambda given: jax.jit(
+            _weak_method(pb, "_call_traced", pb.__wrapped__), static_argnums=0,
+            compiler_options=given))
+    if not key.tune and key not in pb._mixed_keys:
+        _bounded(pb._key_jits)[key] = (jitted, _options_key(options))
+    return jitted
 
 
 def _cached_jit(cache: dict[tuple[tuple[str, str], ...], Any], options: dict[str, str],

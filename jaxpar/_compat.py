@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 from jax._src import core as _core
 from jax._src import sharding_impls as _sharding_impls
 from jax._src import source_info_util as _source_info_util
+from jax._src.array import ArrayImpl as _ArrayImpl
 from jax._src.lax import lax as _lax_internal
 
 __all__ = [
@@ -174,6 +175,11 @@ def ordering_effects(eqn: JaxprEqn) -> frozenset[Any]:
 def is_tracer(value: Any) -> bool:
     """Whether ``value`` is a JAX tracer (we are inside jit, grad, vmap, ...)."""
     return isinstance(value, jax.core.Tracer)
+
+
+# The type of a concrete ``jax.Array`` (never a tracer): a decorated function's call
+# checks each argument leaf, and most are of this exact type.
+ARRAY_IMPL: type = _ArrayImpl
 
 
 def trace_context() -> Any:

@@ -29,6 +29,7 @@ Sharp edges:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import warnings
@@ -52,7 +53,13 @@ def xla_flags_text() -> str:
 
 def async_compute_limit(flags: str | None = None) -> int:
     """XLA's cap on annotated async calls in flight (default 2), from ``XLA_FLAGS``."""
-    text = xla_flags_text() if flags is None else flags
+    return _async_compute_limit(xla_flags_text() if flags is None else flags)
+
+
+# The readers below run on every call of a decorated function (its settings follow
+# XLA_FLAGS): each text is parsed once.
+@functools.lru_cache(maxsize=64)
+def _async_compute_limit(text: str) -> int:
     match = re.search(r"--xla_gpu_experimental_parallel_async_compute_limit=(\d+)", text)
     return max(int(match.group(1)), 1) if match else 2
 
@@ -64,7 +71,11 @@ def command_buffer_mode(flags: str | None = None) -> CommandBufferMode:
     ``--xla_gpu_command_buffer_scheduling_mode`` (or the older
     ``--xla_gpu_graph_enable_concurrent_region``); ``LHS``, XLA's default, otherwise.
     """
-    text = xla_flags_text() if flags is None else flags
+    return _command_buffer_mode(xla_flags_text() if flags is None else flags)
+
+
+@functools.lru_cache(maxsize=64)
+def _command_buffer_mode(text: str) -> CommandBufferMode:
     enabled = re.findall(r"--xla_gpu_enable_command_buffer=(\S*)", text)
     if enabled and enabled[-1].strip("'\"") == "":
         return CommandBufferMode.OFF
@@ -81,7 +92,11 @@ def command_buffer_mode(flags: str | None = None) -> CommandBufferMode:
 def command_buffer_mode_set(flags: str | None = None) -> bool:
     """Whether ``XLA_FLAGS`` (or ``flags``) sets the CUDA-graph mode explicitly: command
     buffers on or off, their scheduling mode, or the older concurrent-region switch."""
-    text = xla_flags_text() if flags is None else flags
+    return _command_buffer_mode_set(xla_flags_text() if flags is None else flags)
+
+
+@functools.lru_cache(maxsize=64)
+def _command_buffer_mode_set(text: str) -> bool:
     return re.search(r"--xla_gpu_(enable_command_buffer|command_buffer_scheduling_mode|"
                      r"graph_enable_concurrent_region)=", text) is not None
 

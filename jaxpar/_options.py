@@ -17,7 +17,7 @@ import dataclasses
 import difflib
 import math
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 
@@ -49,6 +49,20 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
             "batch_matmuls": False, "unroll": None, "share_common": False,
             "group_collectives": False},
 }
+
+
+class ResolveInputs(NamedTuple):
+    """What ``Options.resolve`` read: the target, ``XLA_FLAGS``' async compute limit and
+    CUDA-graph mode (the user's), the GPU profile (target ``"gpu"``), and the mode planned
+    in, compiled in (a mode named by the options) and whether jaxpar chooses one."""
+
+    target: str
+    async_limit: int
+    user_mode: CommandBufferMode
+    profile: GpuProfile | None
+    mode: CommandBufferMode
+    compile_mode: CommandBufferMode | None
+    choose: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,8 +145,17 @@ class Options:
             ``_gpu_model.gpu_profile`` takes); default this machine's GPU, or the generic
             ``"gpu"`` profile without one (``_gpu_model.local_gpu_profile()``).
         """
+        return self.settings_from(self.resolve_inputs(target, async_limit, command_buffers,
+                                                      gpu))
+
+    def resolve_inputs(self, target: str | None = None, async_limit: int | None = None,
+                       command_buffers: CommandBufferMode | str | None = None,
+                       gpu: GpuProfile | str | None = None) -> ResolveInputs:
+        """What ``resolve`` reads from its arguments and the process (the target,
+        ``XLA_FLAGS``, the GPU profile), checked: ``settings_from`` of it is ``resolve``'s
+        answer. A decorated function reads it on every call and builds its settings once
+        per distinct value (``ParallelBranches``)."""
         target = self.resolve_target(target)
-        defaults = TARGET_DEFAULTS[target]
         limit = async_compute_limit() if async_limit is None else async_limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"async_limit must be an int >= 1, got {limit!r}")
@@ -149,6 +172,12 @@ class Options:
                 explicit = command_buffers is not None or command_buffer_mode_set()
                 choose = (self.command_buffers == "auto" and not explicit
                           and not self.force_streams)
+        return ResolveInputs(target, limit, user_mode, profile, mode, compile_mode, choose)
+
+    def settings_from(self, inputs: ResolveInputs) -> Settings:
+        """The ``Settings`` of these options for ``inputs`` (``resolve_inputs``)."""
+        target, limit, user_mode, profile, mode, compile_mode, choose = inputs
+        defaults = TARGET_DEFAULTS[target]
 
         def switch(name: str) -> bool:
             value = getattr(self, name)

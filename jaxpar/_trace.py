@@ -220,6 +220,8 @@ class OutputStatics:
         self.statics = statics
 
     def rebuild(self, dynamic: Sequence[Any]) -> Any:
+        if not self.statics:
+            return jax.tree_util.tree_unflatten(self.tree, dynamic)
         static = dict(self.statics)
         values = iter(dynamic)
         leaves = [static[i] if i in static else next(values)
@@ -343,8 +345,11 @@ def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         and not any(_compat.is_tracer(leaf) for leaf in leaves)))
     traced: list[Any] = []
     static: list[tuple[int, type, Any]] = []
+    array_impl = _compat.ARRAY_IMPL
     for index, leaf in enumerate(leaves):
-        if isinstance(leaf, _ARRAYS) or _compat.is_tracer(leaf):
+        if type(leaf) is array_impl:  # most leaves of most calls
+            traced.append(leaf)
+        elif isinstance(leaf, _ARRAYS) or _compat.is_tracer(leaf):
             if not isinstance(leaf, jax.Array) and not _compat.is_tracer(leaf):
                 _check_traceable(fun, marked, index, leaf, is_graph_node, api)
             traced.append(leaf)
@@ -580,7 +585,9 @@ def needs_python_values(error: TraceError) -> bool:
 
 
 def has_python_scalars(leaves: Sequence[Any]) -> bool:
-    return any(isinstance(leaf, _PYTHON_SCALARS) for leaf in leaves)
+    array_impl = _compat.ARRAY_IMPL
+    return any(type(leaf) is not array_impl and isinstance(leaf, _PYTHON_SCALARS)
+               for leaf in leaves)
 
 
 _tracing = threading.local()

@@ -646,3 +646,31 @@ def test_repr_of_the_function_is_never_called():
     assert jaxpar.inspect(Callable(), target="cpu")(jnp.ones(3)).num_eqns == 1
     del g.__wrapped__
     assert repr(g).startswith("parallel_branches(")
+
+
+def test_calls_pass_jit_one_key_per_environment(monkeypatch):
+    """Equal calls hand jax.jit the very key object its cache holds (compared by identity,
+    hashed once); a call in another environment (XLA_FLAGS) gets another key, and back in
+    the first environment the first key again."""
+    from jaxpar._api import ParallelBranches
+
+    seen = []
+    dispatch = ParallelBranches._dispatch
+    monkeypatch.setattr(ParallelBranches, "_dispatch",
+                        lambda self, key, leaves: seen.append(key) or dispatch(self, key, leaves))
+    g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
+    a, b = small_args()
+    want = jax.jit(small)(a, b)
+    for _ in range(2):
+        np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
+    flags = os.environ.get("XLA_FLAGS", "")
+    monkeypatch.setenv("XLA_FLAGS",
+                       flags + " --xla_gpu_experimental_parallel_async_compute_limit=1")
+    np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
+    assert seen[0] is seen[1] is seen[3] and seen[2] != seen[0]
+    assert seen[2].settings.streams_per_section == 1 != seen[0].settings.streams_per_section
+    assert hash(seen[0]) == hash(dataclasses.replace(seen[0]))
+    assert seen[0] == dataclasses.replace(seen[0])
+    assert g.analyses == 2

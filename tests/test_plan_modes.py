@@ -275,3 +275,49 @@ def test_suite_programs_gain_real_concurrency(suite_results: dict[str, dict[str,
             assert result["xla_options"], name
     assert len(gaining) >= 6, {n: (r["chosen_mode"], r["chosen_ratio"])
                                for n, r in suite_results.items()}
+
+
+def towers_or_chain(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
+    """``towers`` where the arguments' widths differ, a chain of ``a`` where they agree:
+    one function whose signatures' plans choose different XLA options."""
+    if a.shape == b.shape == c.shape:
+        return chain(a + b * c).sum()
+    return towers(a, b, c)
+
+
+@pytest.mark.parametrize("first", ["towers", "chain"])
+def test_each_signature_runs_under_the_options_its_plan_chose(
+        first: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call runs the jit its key's earlier signatures chose without looking its own plan
+    up first (``_jit_for``); a new signature whose plan chooses other options is sent to
+    its own jit, and from then on the key's calls look their plan up first."""
+    from jaxpar import _api
+
+    towers_in = towers_args()
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    chain_in = tuple(jax.random.normal(k, (128, 128)) / 128 for k in keys)
+    inputs = {"towers": towers_in, "chain": chain_in}
+    assert jaxpar.inspect(towers_or_chain, target="gpu")(*towers_in).xla_options \
+        == CONCURRENT_OPTIONS
+    assert jaxpar.inspect(towers_or_chain, target="gpu")(*chain_in).xla_options == {}
+    looked_up: list[int] = []
+    jit_for = _api._jit_for
+    monkeypatch.setattr(_api, "_jit_for", lambda *a: looked_up.append(1) or jit_for(*a))
+    fn = jaxpar.parallel_branches(towers_or_chain, target="gpu")
+    want = {name: jax.jit(towers_or_chain)(*args) for name, args in inputs.items()}
+    second = "chain" if first == "towers" else "towers"
+    np.testing.assert_allclose(fn(*inputs[first]), want[first], rtol=1e-5)
+    assert len(looked_up) == 1
+    np.testing.assert_allclose(fn(*inputs[first]), want[first], rtol=1e-5)
+    assert len(looked_up) == 1  # the remembered jit, run without a lookup
+    np.testing.assert_allclose(fn(*inputs[second]), want[second], rtol=1e-5)
+    assert len(looked_up) == 2  # sent back from the first signature's jit
+    for name in (first, second, first, second):
+        np.testing.assert_allclose(fn(*inputs[name]), want[name], rtol=1e-5)
+    assert len(looked_up) == 6  # a key that saw two choices looks up every call
+    # One entry per signature in each jit it ran in: the jit carrying its plan's
+    # options, and the first signature's jit for the one sent back from it.
+    concurrent = fn._jitted_with[tuple(CONCURRENT_OPTIONS.items())]
+    assert (fn._jitted._cache_size(), concurrent._cache_size()) == (
+        (1, 2) if first == "towers" else (2, 1))
+    assert fn.analyses == 2
