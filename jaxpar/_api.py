@@ -798,14 +798,18 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       command_buffers: str = "auto",
                       static_argnums: _Argnums = None, static_argnames: _Argnames = None,
                       **unknown: Any) -> Any:
-    """Rewrites ``fun`` so independent work runs on separate CUDA streams.
+    """Rewrites ``fun`` so XLA:GPU runs its independent work concurrently.
 
-    The function is traced to a jaxpr (per argument signature, cached), the
-    equations that do not depend on each other are grouped into regions, and
-    each region of a parallel section is emitted as one non-inlined call with
-    ``_xla_stream_annotation`` (stream ids 1..k) and a shared
-    ``_scheduling_group_id``. The result computes the same values and composes
-    with ``jax.jit``, ``jax.grad``, ``jax.vmap`` and ``shard_map``.
+    The function is traced to a jaxpr (per argument signature, cached). On target
+    ``"gpu"`` independent loops are fused, batched and unrolled, identical branches
+    and same-shaped matmuls batched and independent collectives grouped where the
+    cost model says it pays; the function is compiled in the CUDA-graph mode its GPU
+    model estimates fastest (``command_buffers``); and independent regions that the
+    GPU pricing says pay (or every one, with ``force_streams``) are emitted as
+    non-inlined calls with ``_xla_stream_annotation`` (stream ids 1..k) and a shared
+    ``_scheduling_group_id``. On other targets the program is re-emitted unchanged.
+    The result computes the same values and composes with ``jax.jit``, ``jax.grad``,
+    ``jax.vmap`` and ``shard_map``.
 
     Args:
       fun: the function to rewrite. Its arguments are pytrees: array leaves are
@@ -873,11 +877,12 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
 
     Raises:
       TypeError: ``fun`` is not callable or is a Flax NNX or Linen module (with what
-        to write instead), an option is unknown (with the closest valid name),
-        belongs to an outer ``jax.jit`` (``donate_argnums``...) or has the wrong
-        type; at call time, an argument leaf that is neither an array nor hashable
-        (naming it).
-      ValueError: an option value is out of range, or a static argument number or
+        to write instead), an option is unknown (with the closest valid name) or
+        belongs to an outer ``jax.jit`` (``donate_argnums``...), ``max_streams``,
+        ``force_streams`` or ``tune`` has the wrong type; at call time, an argument
+        leaf that is neither an array nor hashable (naming it).
+      ValueError: any other bad option value (out of range, or of the wrong type:
+        ``min_cost_us="5"``, ``fuse_scans="yes"``), or a static argument number or
         name ``fun`` does not take.
       jaxpar.TraceError: ``fun`` cannot be traced (at call time).
 
