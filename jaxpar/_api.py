@@ -1071,8 +1071,10 @@ def on_stream(stream: int, *misplaced: Any, scheduling_group: int | None = None
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int >= 1, got {value!r}")
         if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}: XLA's stream id 0 means the "
-                             "main stream on older versions and a side stream on newer ones")
+            why = ("XLA's stream id 0 means the main stream on older versions and a side "
+                   "stream on newer ones" if name == "stream" else
+                   "give the calls meant to overlap one shared id, an int >= 1")
+            raise ValueError(f"{name} must be >= 1, got {value}: {why}")
 
     group = GroupIds(fixed=scheduling_group) if scheduling_group is not None else None
 
