@@ -682,7 +682,8 @@ def _priced(traced: Traced, settings: Settings, baseline: bool
         kept = explicit or settings.command_buffers or settings.user_command_buffers
         if kept is not None:
             choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
-                               estimate_seconds(plan, analysis.costs, kept, estimates))
+                               estimate_seconds(plan, analysis.costs, kept, estimates),
+                               forced=settings.force_streams)
     if baseline:
         plain_us, choice = _plain_figures(traced.jaxpr, analysis, choice)
     return jaxpr, plan, loops, plain_us, choice
@@ -857,7 +858,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         nodes) and with graphs ``"off"`` (stream regions holding loops keep their
         overlap), and compiles it in the mode the GPU model estimates at least 5%
         faster than the process's, else in the process's; a mode set in ``XLA_FLAGS``
-        is kept. ``"keep"``: always the process's mode. ``"lhs"``, ``"concurrent"``,
+        is kept, and so is the process's mode with ``force_streams=True``. ``"keep"``:
+        always the process's mode. ``"lhs"``, ``"concurrent"``,
         ``"serialize"`` or ``"off"``: that mode. The choice goes into this function's
         own ``jax.jit`` as ``compiler_options`` (``Plan.xla_options``; other functions
         keep the process's flags); under an outer ``jax.jit``, ``grad`` or ``vmap`` the
