@@ -1,9 +1,10 @@
 """An ensemble of MLPs: every member is independent of the others.
 
-jaxpar can put members of different widths on streams of their own (where its GPU
-pricing says that pays) and batch members of one width into one vmapped member
-(``batch_branches``). What it does with each ensemble is printed: computed from the
-plan, not claimed.
+On a GPU jaxpar can compile the ensemble with concurrent CUDA graphs (its members'
+kernels then run side by side), put members on streams of their own, or batch members
+of one width into one vmapped member (``batch_branches``), each where its GPU model
+says that pays. What it does with each ensemble is printed: computed from the plan,
+not claimed.
 
 Run: python examples/ensemble.py
 """

@@ -1,8 +1,11 @@
 """jaxpar: run independent parts of a JAX program concurrently on a GPU.
 
-``parallel_branches`` finds work that does not depend on each other and tags
-it with CUDA stream ids through XLA frontend attributes; ``inspect`` shows the
-partition; ``on_stream`` places a function on a stream by hand.
+``parallel_branches`` finds work that does not depend on each other and rewrites the
+program so XLA:GPU runs it concurrently (loops fused, batched and unrolled, branches
+and matmuls batched, collectives grouped, a CUDA-graph mode chosen per function, CUDA
+stream regions where they pay); ``inspect`` shows the plan and why; ``gpu_preview``
+compiles both programs for a GPU without one; ``on_stream`` places a function on a
+stream by hand.
 """
 
 from ._api import ParallelBranches as ParallelBranches

@@ -784,7 +784,8 @@ def _priced(traced: Traced, settings: Settings, baseline: bool
         kept = explicit or settings.command_buffers or settings.user_command_buffers
         if kept is not None:
             choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
-                               estimate_seconds(plan, analysis.costs, kept, estimates))
+                               estimate_seconds(plan, analysis.costs, kept, estimates),
+                               forced=settings.force_streams)
     if baseline:
         plain_us, choice = _plain_figures(traced.jaxpr, analysis, choice)
     return jaxpr, plan, loops, plain_us, choice
@@ -900,14 +901,18 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       command_buffers: str = "auto",
                       static_argnums: _Argnums = None, static_argnames: _Argnames = None,
                       **unknown: Any) -> Any:
-    """Rewrites ``fun`` so independent work runs on separate CUDA streams.
+    """Rewrites ``fun`` so XLA:GPU runs its independent work concurrently.
 
-    The function is traced to a jaxpr (per argument signature, cached), the
-    equations that do not depend on each other are grouped into regions, and
-    each region of a parallel section is emitted as one non-inlined call with
-    ``_xla_stream_annotation`` (stream ids 1..k) and a shared
-    ``_scheduling_group_id``. The result computes the same values and composes
-    with ``jax.jit``, ``jax.grad``, ``jax.vmap`` and ``shard_map``.
+    The function is traced to a jaxpr (per argument signature, cached). On target
+    ``"gpu"`` independent loops are fused, batched and unrolled, identical branches
+    and same-shaped matmuls batched and independent collectives grouped where the
+    cost model says it pays; the function is compiled in the CUDA-graph mode its GPU
+    model estimates fastest (``command_buffers``); and independent regions that the
+    GPU pricing says pay (or every one, with ``force_streams``) are emitted as
+    non-inlined calls with ``_xla_stream_annotation`` (stream ids 1..k) and a shared
+    ``_scheduling_group_id``. On other targets the program is re-emitted unchanged.
+    The result computes the same values and composes with ``jax.jit``, ``jax.grad``,
+    ``jax.vmap`` and ``shard_map``.
 
     Args:
       fun: the function to rewrite. Its arguments are pytrees: array leaves are
@@ -955,7 +960,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         nodes) and with graphs ``"off"`` (stream regions holding loops keep their
         overlap), and compiles it in the mode the GPU model estimates at least 5%
         faster than the process's, else in the process's; a mode set in ``XLA_FLAGS``
-        is kept. ``"keep"``: always the process's mode. ``"lhs"``, ``"concurrent"``,
+        is kept, and so is the process's mode with ``force_streams=True``. ``"keep"``:
+        always the process's mode. ``"lhs"``, ``"concurrent"``,
         ``"serialize"`` or ``"off"``: that mode. The choice goes into this function's
         own ``jax.jit`` as ``compiler_options`` (``Plan.xla_options``; other functions
         keep the process's flags); under an outer ``jax.jit``, ``grad`` or ``vmap`` the
@@ -975,11 +981,12 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
 
     Raises:
       TypeError: ``fun`` is not callable or is a Flax NNX or Linen module (with what
-        to write instead), an option is unknown (with the closest valid name),
-        belongs to an outer ``jax.jit`` (``donate_argnums``...) or has the wrong
-        type; at call time, an argument leaf that is neither an array nor hashable
-        (naming it).
-      ValueError: an option value is out of range, or a static argument number or
+        to write instead), an option is unknown (with the closest valid name) or
+        belongs to an outer ``jax.jit`` (``donate_argnums``...), ``max_streams``,
+        ``force_streams`` or ``tune`` has the wrong type; at call time, an argument
+        leaf that is neither an array nor hashable (naming it).
+      ValueError: any other bad option value (out of range, or of the wrong type:
+        ``min_cost_us="5"``, ``fuse_scans="yes"``), or a static argument number or
         name ``fun`` does not take.
       jaxpar.TraceError: ``fun`` cannot be traced (at call time).
 
@@ -1168,8 +1175,10 @@ def on_stream(stream: int, *misplaced: Any, scheduling_group: int | None = None
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int >= 1, got {value!r}")
         if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}: XLA's stream id 0 means the "
-                             "main stream on older versions and a side stream on newer ones")
+            why = ("XLA's stream id 0 means the main stream on older versions and a side "
+                   "stream on newer ones" if name == "stream" else
+                   "give the calls meant to overlap one shared id, an int >= 1")
+            raise ValueError(f"{name} must be >= 1, got {value}: {why}")
 
     group = GroupIds(fixed=scheduling_group) if scheduling_group is not None else None
 

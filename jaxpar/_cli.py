@@ -199,6 +199,14 @@ def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: An
     return same
 
 
+# The demo's multi-device story runs on this machine's devices; a deviceless preview needs
+# the program built on a deviceless GPU mesh instead.
+MULTI_DEVICE_PREVIEW = (
+    "(no GPU preview here: a multi-device program is previewed when built on a deviceless "
+    "mesh, jaxpar.gpu_preview(fn, *args, mesh=jaxpar._compiled.make_gpu_mesh('h200', 8)), "
+    "with its arguments sharded on that mesh)")
+
+
 def _demo_preview(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, str]:
     """``gpu_preview`` of one story, or None and why it was skipped."""
     ok, why = plugin_status()
@@ -207,7 +215,7 @@ def _demo_preview(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, str
     specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
     if any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree_util.tree_leaves(args)
            if hasattr(leaf, "sharding")):
-        return None, "(GPU preview of multi-device programs: see benchmarks/run.py)"
+        return None, MULTI_DEVICE_PREVIEW
     try:
         return gpu_preview(fn, *specs, gpu="h200"), ""
     except RuntimeError as error:

@@ -197,6 +197,9 @@ def test_demo_runs_end_to_end():
     from jaxpar._compiled import plugin_status
 
     assert len(verdicts) == (2 if plugin_status()[0] else 0)  # the single-device stories
+    if plugin_status()[0]:
+        # The multi-device story is not previewed; the line says how to preview it.
+        assert "make_gpu_mesh('h200', 8)" in out and "benchmarks/run.py" not in out
 
 
 def test_timing_report_shows_noise_or_says_there_is_nothing_to_time():

@@ -166,6 +166,12 @@ def test_bad_scheduling_group(bad):
         jaxpar.on_stream(1, scheduling_group=bad)
 
 
+def test_bad_scheduling_group_error_is_about_groups_not_stream_ids():
+    with pytest.raises(ValueError, match="scheduling_group must be >= 1") as error:
+        jaxpar.on_stream(1, scheduling_group=0)
+    assert "stream id" not in str(error.value)
+
+
 def test_bad_stream_types():
     with pytest.raises(TypeError, match="stream"):
         jaxpar.on_stream(True)

@@ -176,6 +176,14 @@ def test_users_mode_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     assert off.mode.mode is OFF
 
 
+def test_forced_streams_keep_the_users_mode_and_say_so() -> None:
+    # force_streams plans the sections in the process's mode, with "auto" too: the reason
+    # names it (it named only XLA_FLAGS and command_buffers='keep', neither of them set).
+    plan = jaxpar.inspect(towers, target="gpu", force_streams=True)(*specs(towers_args()))
+    assert plan.xla_options == {} and not plan.mode.chosen
+    assert "force_streams=True" in plan.mode.reason
+
+
 @pytest.mark.parametrize("value", ["fast", "CONCURRENT", None, 1])
 def test_bad_mode_is_refused(value: Any) -> None:
     with pytest.raises(ValueError, match=r"command_buffers must be one of 'auto', 'keep'"):

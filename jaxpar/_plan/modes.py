@@ -392,12 +392,14 @@ def choose_mode(estimates: Mapping[CommandBufferMode, float], user_mode: Command
 
 
 def kept_mode(mode: CommandBufferMode, user_mode: CommandBufferMode | None,
-              explicit: bool, seconds: float | None = None) -> ModeChoice:
+              explicit: bool, seconds: float | None = None,
+              forced: bool = False) -> ModeChoice:
     """No choice: the option's ``mode`` (``explicit``) or the process's; ``seconds`` its
-    estimate."""
+    estimate; ``forced``: ``force_streams`` is on (it plans in the process's mode too)."""
     user = user_mode or mode
+    why = ("set in XLA_FLAGS, command_buffers='keep', or force_streams=True" if forced
+           else "set in XLA_FLAGS, or command_buffers='keep'")
     reason = (f"compiled in {mode.value} mode, as the command_buffers option says"
-              if explicit else f"kept the process's {mode.value} mode (set in XLA_FLAGS, or "
-              "command_buffers='keep')")
+              if explicit else f"kept the process's {mode.value} mode ({why})")
     return ModeChoice(mode, user, ((mode, seconds),) if seconds is not None else (),
                       explicit, reason)
