@@ -48,7 +48,12 @@ from . import _compat, _primitives
 from ._analysis import Analysis, jaxpr_has_placement
 from ._cost import launch_pricing
 from ._emit import Emitter, GroupIds, region_call
-from ._frameworks import NnxCall, nnx_arguments, refuse_module_as_function
+from ._frameworks import (
+    NnxCall,
+    holds_nnx_object,
+    nnx_arguments,
+    refuse_module_as_function,
+)
 from ._gpu_model import CommandBufferMode, GpuProfile
 from ._options import (
     Options,
@@ -357,6 +362,8 @@ class ParallelBranches:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _compat.jit_disabled():  # jax.disable_jit(): run the original, eagerly
             return self.__wrapped__(*args, **kwargs)
+        if not holds_nnx_object((args, kwargs)):  # most calls: no context to enter
+            return self._call_with_scalars(self.__wrapped__, args, kwargs, False)
         # Flax NNX objects among the arguments: split, call, write the new state back.
         with nnx_arguments(self._nnx_tag, self.__wrapped__, args, kwargs) as (
                 fun, args, kwargs, nnx_call):

@@ -21,7 +21,12 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 
-from ._flags import async_compute_limit, command_buffer_mode, command_buffer_mode_set
+from ._flags import (
+    async_compute_limit,
+    command_buffer_mode,
+    command_buffer_mode_set,
+    xla_flags_text,
+)
 from ._gpu_model import CommandBufferMode, GpuProfile, gpu_profile, local_gpu_profile
 
 Target = Literal["auto", "gpu", "cpu", "tpu"]
@@ -156,10 +161,11 @@ class Options:
         answer. A decorated function reads it on every call and builds its settings once
         per distinct value (``ParallelBranches``)."""
         target = self.resolve_target(target)
-        limit = async_compute_limit() if async_limit is None else async_limit
+        flags = xla_flags_text()
+        limit = async_compute_limit(flags) if async_limit is None else async_limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"async_limit must be an int >= 1, got {limit!r}")
-        user_mode = (command_buffer_mode() if command_buffers is None
+        user_mode = (command_buffer_mode(flags) if command_buffers is None
                      else CommandBufferMode.parse(command_buffers))
         profile = None
         mode, compile_mode, choose = user_mode, None, False
@@ -169,7 +175,7 @@ class Options:
                 mode = compile_mode = CommandBufferMode.parse(self.command_buffers)
             else:
                 # A mode the user set (XLA_FLAGS, or the caller's argument) is kept.
-                explicit = command_buffers is not None or command_buffer_mode_set()
+                explicit = command_buffers is not None or command_buffer_mode_set(flags)
                 choose = (self.command_buffers == "auto" and not explicit
                           and not self.force_streams)
         return ResolveInputs(target, limit, user_mode, profile, mode, compile_mode, choose)

@@ -112,3 +112,17 @@ def test_overhead_floor_accounts_for_each_call(tmp_path: Any) -> None:
         assert sum(parts.values()) <= row["total"] * 1.02 + 1e-3
         assert parts["trace"] + parts["first visits"] + parts[own] <= row["floor"] <= row["total"]
         assert row["floor_over_lower"] == row["floor"] / entry["lower"]
+
+
+def test_dispatch_times_every_variant_of_every_program(tmp_path: Any) -> None:
+    """benchmarks/dispatch.py, a few calls: each program's variants compute jax.jit's
+    numbers, and the JSON holds a time and a ratio per variant (values unchecked)."""
+    dispatch = load_benchmark("dispatch")
+    path = tmp_path / "dispatch.json"
+    returned = dispatch.main(["--calls", "3", "--repeats", "1", "--json", str(path)])
+    written = json.loads(path.read_text())
+    assert list(written["programs"]) == list(returned["programs"]) == list(dispatch.PROGRAMS)
+    for entry in written["programs"].values():
+        assert set(entry["us_per_call"]) == set(entry["ratio_vs_jit"]) == set(dispatch.VARIANTS)
+        assert all(diff < 1e-5 for diff in entry["max_abs_diff"].values()), entry
+        assert entry["ratio_vs_jit"]["jax.jit"] == 1.0
