@@ -10,7 +10,7 @@ them, and reports per-call microseconds (the minimum over ``--repeats`` rounds o
 
 * ``two_arrays``: ``tanh(x @ y) + 1`` on two 16x16 arrays;
 * ``optimizer_state``: an identity-like step over 12 layers' parameters and their
-  ``optax.adam`` state (68 leaves), the shape of a training step's arguments;
+  ``optax.adam`` state (74 leaves), the shape of a training step's arguments;
 * ``python_scalar``: a step taking an array and a Python float (traced, as jax.jit
   traces it).
 
