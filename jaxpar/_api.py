@@ -193,25 +193,6 @@ class _CallKey:
     # stays off jax.jit's fast C++ path, so the calls after it use a new key.
     tune_generation: int = 0
 
-    # jax.jit hashes its static argument and compares it with its cache's on every call:
-    # the hash is computed once, and a call passing the key it was traced with (keys are
-    # interned, ``ParallelBranches._call_key``) compares by identity.
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash(self._fields()))
-
-    def _fields(self) -> tuple[Any, ...]:
-        return (self.layout, self.nnx, self.emit_streams, self.rewrite, self.settings,
-                self.call_site, self.local_axes, self.tune, self.tune_generation)
-
-    def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined,no-any-return]
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if type(other) is not _CallKey:
-            return NotImplemented
-        return self._hash == other._hash and self._fields() == other._fields()  # type: ignore[attr-defined]
 
 
 class _WrongOptions(Exception):
@@ -222,9 +203,9 @@ class _WrongOptions(Exception):
 
 # The jit options a call expects its trace to confirm: (function, key, options).
 _expected = threading.local()
-# At most this many interned keys, settings and remembered jits per decorated function
-# (a program changing its XLA_FLAGS or arguments' structure at every call must not grow
-# them without end).
+# At most this many settings and remembered jits per decorated function (a program
+# changing its XLA_FLAGS or arguments' structure at every call must not grow them
+# without end).
 _MEMO_SIZE = 256
 
 
@@ -233,6 +214,32 @@ def _bounded(memo: dict[Any, Any]) -> dict[Any, Any]:
     if len(memo) >= _MEMO_SIZE:
         memo.clear()
     return memo
+
+
+class _CallMemos:
+    """What a decorated function's calls remember beyond its plans: the settings of each
+    environment (``Options.resolve_inputs``), and per top-level GPU key the jit its
+    signatures chose with that jit's options (``key_jits``), or that they chose two
+    (``mixed_keys``). Emptied by ``clear_cache()`` and ``jax.clear_caches()``, as the
+    jits' caches are; each holds at most ``_MEMO_SIZE`` entries."""
+
+    __slots__ = ("__weakref__", "key_jits", "mixed_keys", "settings")
+
+    def __init__(self) -> None:
+        self.settings: dict[ResolveInputs, Settings] = {}
+        self.key_jits: dict[_CallKey, tuple[Any, tuple[tuple[str, str], ...]]] = {}
+        self.mixed_keys: dict[_CallKey, None] = {}
+
+    def cache_clear(self) -> None:
+        self.settings.clear()
+        self.key_jits.clear()
+        self.mixed_keys.clear()
+
+    def cache_info(self) -> tuple[int, int]:  # what jax's cache registry asks of a cache
+        return len(self.settings) + len(self.key_jits) + len(self.mixed_keys), _MEMO_SIZE
+
+    def cache_keys(self) -> list[Any]:
+        return [*self.settings, *self.key_jits, *self.mixed_keys]
 
 
 def _options_key(options: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -322,17 +329,11 @@ class ParallelBranches:
         self._jitted_with: dict[tuple[tuple[str, str], ...], Any] = {}
         self._stages_with: dict[tuple[tuple[str, str], ...], Any] = {}
         self._stages: Any = None
-        # A call's key, once per distinct value (interned: jax.jit compares it by
-        # identity then), and the settings it holds, once per distinct environment.
-        self._call_keys: dict[tuple[Any, ...], _CallKey] = {}
-        self._settings: dict[ResolveInputs, Settings] = {}
-        # Per top-level GPU key, the jit (and its XLA options) every signature planned
-        # under it so far chose: a call runs it without computing its signature's plan
-        # first, and a signature whose plan chooses other options is sent back
-        # (``_WrongOptions``); keys that saw two choices (``_mixed_keys``) always look
-        # their signature's plan up first.
-        self._key_jits: dict[_CallKey, tuple[Any, tuple[tuple[str, str], ...]]] = {}
-        self._mixed_keys: set[_CallKey] = set()
+        # What calls remember (``_CallMemos``): settings per environment, and per key
+        # the jit its signatures chose.
+        self._memos = _CallMemos()
+        _compat.register_for_clear_caches(self._memos,
+                                          f"jaxpar call keys of {function_name(fun)}")
         self._saw_traced_consts = threading.local()
         # nnx.jit's update context is keyed by a tag: one per decorated function (not
         # self, which the traced function would then keep alive in a cycle).
@@ -398,18 +399,13 @@ class ParallelBranches:
 
     def _call_key(self, layout: Layout, nnx: bool, leaves: Sequence[Any] = ()) -> _CallKey:
         inputs = self.options.resolve_inputs(**self._planned_for)
-        settings = self._settings.get(inputs)
+        settings = self._memos.settings.get(inputs)
         if settings is None:
-            settings = _bounded(self._settings)[inputs] = self.options.settings_from(inputs)
-        parts = (layout, nnx, not inside_stream_call(), not disabled_by_environment(),
-                 settings, next(_call_sites) if _compat.staging() else 0,
-                 _compat.vmap_axis_names(leaves))
-        if parts[5]:  # a call site of a staged program: a key of its own, never again
-            return _CallKey(*parts)
-        key = self._call_keys.get(parts)
-        if key is None:
-            key = _bounded(self._call_keys)[parts] = _CallKey(*parts)
-        return key
+            settings = self.options.settings_from(inputs)
+            _bounded(self._memos.settings)[inputs] = settings
+        return _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
+                        settings, next(_call_sites) if _compat.staging() else 0,
+                        _compat.vmap_axis_names(leaves))
 
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
         key = self._call_key(layout, nnx, leaves)
@@ -436,7 +432,8 @@ class ParallelBranches:
         """``jitted(key, *leaves)`` for the jit ``_jit_for`` picks; where every signature
         planned under ``key`` chose one jit (``_key_jits``), that jit, and its trace of
         a new signature checks the choice (``_call_traced``)."""
-        known = self._key_jits.get(key)
+        memos = self._memos
+        known = memos.key_jits.get(key)
         # Remembered only where ``_jit_for`` picks by the plan (target "gpu", rewriting,
         # streams on, not tuning): it does so at the top level, outside ``lower``.
         if known is not None and _compat.top_level() \
@@ -446,11 +443,11 @@ class ParallelBranches:
             try:
                 return jitted(key, *leaves)
             except _WrongOptions:
-                self._key_jits.pop(key, None)
-                self._mixed_keys.add(key)
+                memos.key_jits.pop(key, None)
+                _bounded(memos.mixed_keys)[key] = None
             finally:
                 _expected.value = None
-        jitted = _jit_for(self, key, leaves)
+        jitted = _jit_for(self, key, leaves, remember=True)
         return jitted(key, *leaves)
 
     def tuning(self, *args: Any, **kwargs: Any) -> Tuning | None:
@@ -479,7 +476,7 @@ class ParallelBranches:
         rewrite = self._prepare(Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
                                 key.settings, key.nnx, key.local_axes)
         expected = getattr(_expected, "value", None)
-        if expected is not None and expected[0] is self and expected[1] is key:
+        if expected is not None and expected[0] is self and expected[1] == key:
             _expected.value = None  # this trace's: not a nested call's
             if _options_key(rewrite.xla_options) != expected[2]:
                 raise _WrongOptions
@@ -524,8 +521,7 @@ class ParallelBranches:
     def clear_cache(self) -> None:
         """Forgets every rewrite and compiled program of this function."""
         self._cache.cache_clear()
-        self._key_jits.clear()
-        self._mixed_keys.clear()
+        self._memos.cache_clear()
         self._scalars_made_static.clear()
         self._tunings.clear()
         self._jitted.clear_cache()
@@ -639,9 +635,13 @@ def _staged_jit(pb: ParallelBranches, options: dict[str, str] | None) -> Any:
     return pb._stages
 
 
-def _jit_for(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Any:
+def _jit_for(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any],
+             remember: bool = False) -> Any:
     """The jit a call with ``key`` runs under: on the GPU at the top level, one carrying
-    the XLA options (the CUDA-graph mode) its plan chose, else ``_jitted``."""
+    the XLA options (the CUDA-graph mode) its plan chose (``{}`` included: these jits
+    trace only top-level calls, never one under a transformation, whose trace ``_jitted``
+    keeps), else ``_jitted``. With ``remember``, a top-level GPU pick is remembered for
+    ``key`` (``ParallelBranches._dispatch``)."""
     lowering = getattr(_lowering, "owner", None) is pb
     if not (key.settings.target == "gpu" and key.rewrite and key.emit_streams and (
             lowering or _compat.top_level())):
@@ -664,12 +664,11 @@ def _jit_for(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Any:
     if lowering:
         _lowering.options = options
         return pb._jitted
-    jitted = pb._jitted if not options else _cached_jit(
-        pb._jitted_with, options, lambda given: jax.jit(
-            _weak_method(pb, "_call_traced", pb.__wrapped__), static_argnums=0,
-            compiler_options=given))
-    if not key.tune and key not in pb._mixed_keys:
-        _bounded(pb._key_jits)[key] = (jitted, _options_key(options))
+    jitted = _cached_jit(pb._jitted_with, options, lambda given: jax.jit(
+        _weak_method(pb, "_call_traced", pb.__wrapped__), static_argnums=0,
+        compiler_options=given or None))
+    if remember and not key.tune and key not in pb._memos.mixed_keys:
+        _bounded(pb._memos.key_jits)[key] = (jitted, _options_key(options))
     return jitted
 
 
@@ -689,8 +688,12 @@ def _lower_with_options(function: ParallelBranches, args: tuple[Any, ...],
     if not _compat.top_level():
         return function._staged().lower(*args, **kwargs)
     _lowering.owner, _lowering.options = function, {}
+    staged = function._staged()
+    # The options are learnt from the trace: a trace this jit cached (an earlier lower
+    # of the same signature) would not run it, and the options would stay {}.
+    staged.clear_cache()
     try:
-        traced = function._staged().trace(*args, **kwargs)
+        traced = staged.trace(*args, **kwargs)
         options = _lowering.options
     finally:
         _lowering.owner = _lowering.options = None

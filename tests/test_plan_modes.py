@@ -310,7 +310,8 @@ def test_each_signature_runs_under_the_options_its_plan_chose(
     assert jaxpar.inspect(towers_or_chain, target="gpu")(*chain_in).xla_options == {}
     looked_up: list[int] = []
     jit_for = _api._jit_for
-    monkeypatch.setattr(_api, "_jit_for", lambda *a: looked_up.append(1) or jit_for(*a))
+    monkeypatch.setattr(_api, "_jit_for",
+                        lambda *a, **k: looked_up.append(1) or jit_for(*a, **k))
     fn = jaxpar.parallel_branches(towers_or_chain, target="gpu")
     want = {name: jax.jit(towers_or_chain)(*args) for name, args in inputs.items()}
     second = "chain" if first == "towers" else "towers"
@@ -324,8 +325,56 @@ def test_each_signature_runs_under_the_options_its_plan_chose(
         np.testing.assert_allclose(fn(*inputs[name]), want[name], rtol=1e-5)
     assert len(looked_up) == 6  # a key that saw two choices looks up every call
     # One entry per signature in each jit it ran in: the jit carrying its plan's
-    # options, and the first signature's jit for the one sent back from it.
+    # options, and the first signature's jit for the one sent back from it. Top-level
+    # calls never run in the jit that transformations trace into.
     concurrent = fn._jitted_with[tuple(CONCURRENT_OPTIONS.items())]
-    assert (fn._jitted._cache_size(), concurrent._cache_size()) == (
+    plain = fn._jitted_with[()]
+    assert (plain._cache_size(), concurrent._cache_size()) == (
         (1, 2) if first == "towers" else (2, 1))
+    assert fn._jitted._cache_size() == 0
     assert fn.analyses == 2
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_a_trace_under_a_transformation_is_not_taken_for_a_top_level_one(
+        transform: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signature traced under grad or vmap (in the jit transformations run, with the
+    same key as a top-level call) and then called at the top level runs under its plan's
+    options, though the key's earlier top-level signature chose none (found by review:
+    jax's trace cache answered the top-level call without a trace to check)."""
+    from jaxpar import _api
+
+    towers_in = towers_args()
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    chain_in = tuple(jax.random.normal(k, (128, 128)) / 128 for k in keys)
+    fn = jaxpar.parallel_branches(towers_or_chain, target="gpu")
+    fn(*chain_in)  # the key remembers the jit with no options
+    if transform == "grad":
+        jax.grad(fn)(*towers_in)
+    else:
+        jax.vmap(fn)(*[x[None] for x in towers_in])
+    staged: list[Any] = []
+    cached_jit = _api._cached_jit
+    monkeypatch.setattr(_api, "_cached_jit",
+                        lambda cache, options, make: staged.append(options)
+                        or cached_jit(cache, options, make))
+    np.testing.assert_allclose(fn(*towers_in), jax.jit(towers_or_chain)(*towers_in),
+                               rtol=1e-5)
+    assert staged == [CONCURRENT_OPTIONS]  # sent back, then run in the concurrent jit
+    assert fn._jitted_with[tuple(CONCURRENT_OPTIONS.items())]._cache_size() == 1
+
+
+def test_lowering_twice_keeps_the_plans_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lower`` learns the options from a trace; a second ``lower`` of the same
+    signature lowers with them too (its trace was cached, so it lowered without)."""
+    from jaxpar._api import ParallelBranches
+
+    fn = jaxpar.parallel_branches(towers, target="gpu")
+    asked: list[Any] = []
+    staged = ParallelBranches._staged
+    monkeypatch.setattr(ParallelBranches, "_staged",
+                        lambda self, options=None: asked.append(options)
+                        or staged(self, options))
+    for _ in range(2):
+        fn.lower(*specs(towers_args()))
+    assert asked == [None, CONCURRENT_OPTIONS] * 2
