@@ -197,7 +197,7 @@ class _CallKey:
 
 class _WrongOptions(Exception):
     """Raised from the trace of a signature whose plan chooses XLA options other than
-    those of the jit the call ran (``ParallelBranches._dispatch``): the call looks the
+    those of the jit the call ran (``_dispatch``): the call looks the
     signature's plan up first instead, and so does every later call with its key."""
 
 
@@ -225,10 +225,11 @@ class _CallMemos:
 
     __slots__ = ("__weakref__", "key_jits", "mixed_keys", "settings")
 
-    def __init__(self) -> None:
+    def __init__(self, function: str) -> None:
         self.settings: dict[ResolveInputs, Settings] = {}
         self.key_jits: dict[_CallKey, tuple[Any, tuple[tuple[str, str], ...]]] = {}
         self.mixed_keys: dict[_CallKey, None] = {}
+        _compat.register_for_clear_caches(self, f"jaxpar call memos of {function}")
 
     def cache_clear(self) -> None:
         self.settings.clear()
@@ -324,16 +325,12 @@ class ParallelBranches:
         # jit -> call -> self) that keeps the function's closed-over arrays alive after
         # ``del`` until the cyclic collector runs, where ``jax.jit`` frees them at once.
         self._jitted: Any = jax.jit(_weak_method(self, "_call_traced", fun), static_argnums=0)
-        # The same jit with a plan's XLA options (its CUDA-graph mode), by options; and
-        # the staged jits of ``lower``, by options too.
+        # Top-level GPU calls' jits, by the XLA options (CUDA-graph mode) their plans
+        # chose, {} included; and the staged jits of ``lower``, by options too.
         self._jitted_with: dict[tuple[tuple[str, str], ...], Any] = {}
         self._stages_with: dict[tuple[tuple[str, str], ...], Any] = {}
         self._stages: Any = None
-        # What calls remember (``_CallMemos``): settings per environment, and per key
-        # the jit its signatures chose.
-        self._memos = _CallMemos()
-        _compat.register_for_clear_caches(self._memos,
-                                          f"jaxpar call keys of {function_name(fun)}")
+        self._memos = _CallMemos(function_name(fun))  # settings, jits picked per key
         self._saw_traced_consts = threading.local()
         # nnx.jit's update context is keyed by a tag: one per decorated function (not
         # self, which the traced function would then keep alive in a cycle).
@@ -381,34 +378,18 @@ class ParallelBranches:
         # to use static_argnums.
         retry = has_python_scalars(leaves) and any(map(_compat.is_tracer, leaves))
         if retry and layout in self._scalars_made_static:
-            return self._call_with_static_scalars(fun, args, kwargs, nnx)
+            return _call_with_static_scalars(self, fun, args, kwargs, nnx)
         try:
             return self._call(layout, leaves, nnx)
         except TraceError as error:
             if not (retry and needs_python_values(error)):
                 raise
-        out = self._call_with_static_scalars(fun, args, kwargs, nnx)
+        out = _call_with_static_scalars(self, fun, args, kwargs, nnx)
         self._scalars_made_static.add(layout)
         return out
 
-    def _call_with_static_scalars(self, fun: Callable[..., Any], args: tuple[Any, ...],
-                                  kwargs: dict[str, Any], nnx: bool) -> Any:
-        layout, leaves = split_arguments(fun, args, kwargs, self._static_args,
-                                         scalars=Scalars.STATIC)
-        return self._call(layout, leaves, nnx)
-
-    def _call_key(self, layout: Layout, nnx: bool, leaves: Sequence[Any] = ()) -> _CallKey:
-        inputs = self.options.resolve_inputs(**self._planned_for)
-        settings = self._memos.settings.get(inputs)
-        if settings is None:
-            settings = self.options.settings_from(inputs)
-            _bounded(self._memos.settings)[inputs] = settings
-        return _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
-                        settings, next(_call_sites) if _compat.staging() else 0,
-                        _compat.vmap_axis_names(leaves))
-
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
-        key = self._call_key(layout, nnx, leaves)
+        key = _call_key(self, layout, nnx, leaves)
         if self.tune is not None and key.rewrite and key.emit_streams:
             # The decision is looked up when jax.jit traces (once per signature), so a
             # call that hits jit's cache pays nothing for the tuner.
@@ -417,7 +398,7 @@ class ParallelBranches:
                                       tune_generation=self._tune_generation)
         self._saw_traced_consts.value = False
         try:
-            dynamic, outputs = self._dispatch(key, leaves)
+            dynamic, outputs = _dispatch(self, key, leaves)
         except _MeasureFirst:
             _tuning(self, dataclasses.replace(key, tune="", tune_generation=0), leaves)
             self._tune_generation += 1
@@ -427,28 +408,6 @@ class ParallelBranches:
             # The trace closed over another trace's tracers: jit must not reuse it.
             self._jitted.clear_cache()
         return outputs.rebuild(dynamic)
-
-    def _dispatch(self, key: _CallKey, leaves: Sequence[Any]) -> Any:
-        """``jitted(key, *leaves)`` for the jit ``_jit_for`` picks; where every signature
-        planned under ``key`` chose one jit (``_key_jits``), that jit, and its trace of
-        a new signature checks the choice (``_call_traced``)."""
-        memos = self._memos
-        known = memos.key_jits.get(key)
-        # Remembered only where ``_jit_for`` picks by the plan (target "gpu", rewriting,
-        # streams on, not tuning): it does so at the top level, outside ``lower``.
-        if known is not None and _compat.top_level() \
-                and getattr(_lowering, "owner", None) is not self:
-            jitted, options = known
-            _expected.value = (self, key, options)
-            try:
-                return jitted(key, *leaves)
-            except _WrongOptions:
-                memos.key_jits.pop(key, None)
-                _bounded(memos.mixed_keys)[key] = None
-            finally:
-                _expected.value = None
-        jitted = _jit_for(self, key, leaves, remember=True)
-        return jitted(key, *leaves)
 
     def tuning(self, *args: Any, **kwargs: Any) -> Tuning | None:
         """The tuner's decision for these arguments (``tune=True`` only), as a call makes
@@ -616,7 +575,7 @@ def _tuning_of_call(pb: ParallelBranches, args: tuple[Any, ...], kwargs: dict[st
     with nnx_arguments(object(), pb.__wrapped__, args, kwargs) as (fun, args, kwargs, nnx_call):
         layout, leaves = split_arguments(fun, args, kwargs, pb._static_args,
                                          allow_abstract=True, api="tuning")
-        return _tuning(pb, pb._call_key(layout, nnx_call is not None, leaves), leaves)
+        return _tuning(pb, _call_key(pb, layout, nnx_call is not None, leaves), leaves)
 
 
 def _staged_jit(pb: ParallelBranches, options: dict[str, str] | None) -> Any:
@@ -635,13 +594,59 @@ def _staged_jit(pb: ParallelBranches, options: dict[str, str] | None) -> Any:
     return pb._stages
 
 
+def _call_with_static_scalars(pb: ParallelBranches, fun: Callable[..., Any],
+                              args: tuple[Any, ...], kwargs: dict[str, Any], nnx: bool) -> Any:
+    """A call of ``pb`` with its Python scalars static (``_call_with_scalars``)."""
+    layout, leaves = split_arguments(fun, args, kwargs, pb._static_args,
+                                     scalars=Scalars.STATIC)
+    return pb._call(layout, leaves, nnx)
+
+
+def _call_key(pb: ParallelBranches, layout: Layout, nnx: bool, leaves: Sequence[Any] = ()
+              ) -> _CallKey:
+    """The key of a call of ``pb`` (its settings built once per environment)."""
+    inputs = pb.options.resolve_inputs(**pb._planned_for)
+    settings = pb._memos.settings.get(inputs)
+    if settings is None:
+        settings = pb.options.settings_from(inputs)
+        _bounded(pb._memos.settings)[inputs] = settings
+    return _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
+                    settings, next(_call_sites) if _compat.staging() else 0,
+                    _compat.vmap_axis_names(leaves))
+
+
+
+def _dispatch(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Any:
+    """A call of ``pb``: ``jitted(key, *leaves)`` for the jit ``_jit_for`` picks; where
+    every signature planned under ``key`` chose one jit (``_CallMemos.key_jits``), that
+    jit, whose trace of a new signature checks the choice (``_call_traced``)."""
+    memos = pb._memos
+    known = memos.key_jits.get(key)
+    # Remembered only where ``_jit_for`` picks by the plan (target "gpu", rewriting,
+    # streams on, not tuning): it does so at the top level, outside ``lower``.
+    if known is not None and _compat.top_level() \
+            and getattr(_lowering, "owner", None) is not pb:
+        jitted, options = known
+        _expected.value = (pb, key, options)
+        try:
+            return jitted(key, *leaves)
+        except _WrongOptions:
+            memos.key_jits.pop(key, None)
+            _bounded(memos.mixed_keys)[key] = None
+        finally:
+            _expected.value = None
+    jitted = _jit_for(pb, key, leaves, remember=True)
+    return jitted(key, *leaves)
+
+
+
 def _jit_for(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any],
              remember: bool = False) -> Any:
     """The jit a call with ``key`` runs under: on the GPU at the top level, one carrying
     the XLA options (the CUDA-graph mode) its plan chose (``{}`` included: these jits
     trace only top-level calls, never one under a transformation, whose trace ``_jitted``
     keeps), else ``_jitted``. With ``remember``, a top-level GPU pick is remembered for
-    ``key`` (``ParallelBranches._dispatch``)."""
+    ``key`` (``_dispatch``)."""
     lowering = getattr(_lowering, "owner", None) is pb
     if not (key.settings.target == "gpu" and key.rewrite and key.emit_streams and (
             lowering or _compat.top_level())):

@@ -652,12 +652,12 @@ def test_calls_build_their_settings_once_per_environment(monkeypatch):
     """Equal calls hand jax.jit equal keys holding the very settings object (built once
     per environment); a call in another environment (XLA_FLAGS) gets other settings,
     and back in the first environment the first ones again."""
-    from jaxpar._api import ParallelBranches
+    from jaxpar import _api
 
     seen = []
-    dispatch = ParallelBranches._dispatch
-    monkeypatch.setattr(ParallelBranches, "_dispatch",
-                        lambda self, key, leaves: seen.append(key) or dispatch(self, key, leaves))
+    dispatch = _api._dispatch
+    monkeypatch.setattr(_api, "_dispatch",
+                        lambda pb, key, leaves: seen.append(key) or dispatch(pb, key, leaves))
     g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
     a, b = small_args()
     want = jax.jit(small)(a, b)
