@@ -194,7 +194,6 @@ class _CallKey:
     tune_generation: int = 0
 
 
-
 class _WrongOptions(Exception):
     """Raised from the trace of a signature whose plan chooses XLA options other than
     those of the jit the call ran (``_dispatch``): the call looks the
@@ -615,7 +614,6 @@ def _call_key(pb: ParallelBranches, layout: Layout, nnx: bool, leaves: Sequence[
                     _compat.vmap_axis_names(leaves))
 
 
-
 def _dispatch(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Any:
     """A call of ``pb``: ``jitted(key, *leaves)`` for the jit ``_jit_for`` picks; where
     every signature planned under ``key`` chose one jit (``_CallMemos.key_jits``), that
@@ -637,7 +635,6 @@ def _dispatch(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Any
             _expected.value = None
     jitted = _jit_for(pb, key, leaves, remember=True)
     return jitted(key, *leaves)
-
 
 
 def _jit_for(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any],
