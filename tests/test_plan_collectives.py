@@ -387,3 +387,20 @@ assert overlapped == 3, [(e.kind, e.collective, e.phase, e.name) for e in events
 print("OK")
 """, "deviceless overlap")
     assert "OK" in out
+
+
+def test_only_a_ppermute_has_a_direction_in_the_report() -> None:
+    """A reduction or gather has no permutation: the report names no direction for it
+    (it read "psum over 'x' (general)", the word for a ppermute that is no ring shift)."""
+    from jaxpar._report.types import Collective
+
+    def entry(primitives: tuple[str, ...], shifts: tuple[int | None, ...]) -> Collective:
+        return Collective("/shard_map#0.jaxpr", primitives, "x", shifts, len(shifts) > 1,
+                          (), ())
+
+    assert entry(("psum",), (None,)).directions == ""
+    assert entry(("all_gather",), (None,)).directions == ""
+    assert entry(("ppermute",), (None,)).directions == "general"
+    assert entry(("ppermute", "ppermute"), (1, -1)).directions == "forward, backward"
+    assert entry(("ppermute", "psum"), (2, None)).directions == "shift +2"
+    assert entry(("psum",), (None,)).to_dict()["directions"] == ""

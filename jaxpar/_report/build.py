@@ -75,9 +75,11 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
             overlaps = ""
             if section.collectives is not None:
                 group = level.collective_groups[section.collectives]
-                names = " + ".join(eqns[i].primitive.name for i in group.eqns)
-                overlaps = (f"collectives group: {names} over {_axis_text(group.axis_name)!r} "
-                            f"({directions_text(group.shifts)})")
+                prims = [eqns[i].primitive.name for i in group.eqns]
+                directions = directions_text(group.shifts, prims)
+                overlaps = (f"collectives group: {' + '.join(prims)} over "
+                            f"{_axis_text(group.axis_name)!r}"
+                            + (f" ({directions})" if directions else ""))
                 overlapped[section.collectives] = regions[0].primitives
             sections.append(Section(
                 level.path, section.group, regions, overlaps,

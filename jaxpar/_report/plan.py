@@ -212,7 +212,8 @@ def _report_lines(plan: Plan, verbose: bool) -> list[str]:
         for c in plan.collectives:
             beside = ", ".join(f"{name} x{count}" for name, count in c.overlapped_by)
             lines.append(f"    {'grouped' if c.grouped else 'alone'}{_where(c.location)}: "
-                         f"{' + '.join(c.primitives)} over {c.axis!r} ({c.directions})"
+                         f"{' + '.join(c.primitives)} over {c.axis!r}"
+                         + (f" ({c.directions})" if c.directions else "")
                          + (f", overlapped by [{beside}]" if beside and verbose else ""))
     describe = decision_text if verbose else decision_summary
     for title, decisions in (("loops", plan.loops), ("subgraphs", plan.subgraphs)):

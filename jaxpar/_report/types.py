@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from .._plan.modes import ModeChoice
@@ -78,7 +79,8 @@ class Collective:
 
     @property
     def directions(self) -> str:
-        return directions_text(self.shifts)
+        """The ``ppermute`` s' directions (empty when there is none: a ``psum``...)."""
+        return directions_text(self.shifts, self.primitives)
 
     def to_dict(self) -> dict[str, Any]:
         return {"location": self.location, "primitives": list(self.primitives),
@@ -218,11 +220,17 @@ class PlanRecord:
         return sum(len(s.regions) for s in self.sections)
 
 
-def directions_text(shifts: Any) -> str:
-    """``(1, -1)`` -> ``"forward, backward"``; other shifts by value, None as general."""
+def directions_text(shifts: Any, primitives: Sequence[str] | None = None) -> str:
+    """``(1, -1)`` -> ``"forward, backward"``; other shifts by value, None as general (a
+    ``ppermute`` whose permutation is no ring shift). With ``primitives`` (one per
+    shift), only the ``ppermute`` s are named: a reduction or gather has no direction
+    (empty when none is a ``ppermute``)."""
     def name(shift: int | None) -> str:
         if shift is None:
             return "general"
         return {1: "forward", -1: "backward"}.get(shift, f"shift {shift:+d}")
 
-    return ", ".join(name(s) for s in shifts)
+    if primitives is None:
+        return ", ".join(name(s) for s in shifts)
+    return ", ".join(name(s) for s, p in zip(shifts, primitives, strict=True)
+                     if p == "ppermute")
