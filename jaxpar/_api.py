@@ -677,7 +677,7 @@ def _jit_for(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any],
 def _cached_jit(cache: dict[tuple[tuple[str, str], ...], Any], options: dict[str, str],
                 make: Callable[[dict[str, str]], Any]) -> Any:
     """The jit ``make(options)`` made once per distinct ``options``, kept in ``cache``."""
-    key = tuple(sorted(options.items()))
+    key = _options_key(options)
     if key not in cache:
         cache[key] = make(dict(options))
     return cache[key]

@@ -293,6 +293,12 @@ def towers_or_chain(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
     return towers(a, b, c)
 
 
+def chain_args() -> tuple[jax.Array, ...]:
+    """Three arrays of one width: ``towers_or_chain`` runs the chain on them."""
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    return tuple(jax.random.normal(k, (128, 128)) / 128 for k in keys)
+
+
 @pytest.mark.parametrize("first", ["towers", "chain"])
 def test_each_signature_runs_under_the_options_its_plan_chose(
         first: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -302,8 +308,7 @@ def test_each_signature_runs_under_the_options_its_plan_chose(
     from jaxpar import _api
 
     towers_in = towers_args()
-    keys = jax.random.split(jax.random.PRNGKey(1), 3)
-    chain_in = tuple(jax.random.normal(k, (128, 128)) / 128 for k in keys)
+    chain_in = chain_args()
     inputs = {"towers": towers_in, "chain": chain_in}
     assert jaxpar.inspect(towers_or_chain, target="gpu")(*towers_in).xla_options \
         == CONCURRENT_OPTIONS
@@ -345,8 +350,7 @@ def test_a_trace_under_a_transformation_is_not_taken_for_a_top_level_one(
     from jaxpar import _api
 
     towers_in = towers_args()
-    keys = jax.random.split(jax.random.PRNGKey(1), 3)
-    chain_in = tuple(jax.random.normal(k, (128, 128)) / 128 for k in keys)
+    chain_in = chain_args()
     fn = jaxpar.parallel_branches(towers_or_chain, target="gpu")
     fn(*chain_in)  # the key remembers the jit with no options
     if transform == "grad":
