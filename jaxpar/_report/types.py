@@ -220,17 +220,15 @@ class PlanRecord:
         return sum(len(s.regions) for s in self.sections)
 
 
-def directions_text(shifts: Any, primitives: Sequence[str] | None = None) -> str:
+def directions_text(shifts: Any, primitives: Sequence[str]) -> str:
     """``(1, -1)`` -> ``"forward, backward"``; other shifts by value, None as general (a
-    ``ppermute`` whose permutation is no ring shift). With ``primitives`` (one per
-    shift), only the ``ppermute`` s are named: a reduction or gather has no direction
+    ``ppermute`` whose permutation is no ring shift). Only the ``ppermute`` s among
+    ``primitives`` (one per shift) are named: a reduction or gather has no direction
     (empty when none is a ``ppermute``)."""
     def name(shift: int | None) -> str:
         if shift is None:
             return "general"
         return {1: "forward", -1: "backward"}.get(shift, f"shift {shift:+d}")
 
-    if primitives is None:
-        return ", ".join(name(s) for s in shifts)
     return ", ".join(name(s) for s, p in zip(shifts, primitives, strict=True)
                      if p == "ppermute")
