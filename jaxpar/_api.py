@@ -68,12 +68,18 @@ from ._plan import LevelPlan, plan_jaxpr
 from ._plan.modes import (
     CANDIDATES as MODE_CANDIDATES,
 )
+from ._memory import MemoryModel
+from ._plan.budget import LADDER, MemoryFigures, mode_memory_reason, over_budget
 from ._plan.modes import (
+    MIN_GAIN,
     ModeChoice,
+    ModeEnds,
     choose_mode,
     estimate_plain_seconds,
     estimate_seconds,
     kept_mode,
+    optimistic,
+    pessimistic,
     regions_hold_loops,
 )
 from ._report.build import build_report
@@ -132,6 +138,8 @@ class _Prepared:
     # The program as traced, where the figures of the plain program only a report shows
     # (``plain_us``, ``mode.plain_seconds``) are left for its first report (``_plain``).
     unpriced: _compat.ClosedJaxpr | None = None
+    # The memory model's temporary bytes of jaxpar's program against the plain one.
+    memory: MemoryFigures | None = None
 
     @property
     def target(self) -> str:
@@ -162,7 +170,7 @@ class _Prepared:
                                 loops=self.loops, plain_us=plain_us,
                                 priced_in=(settings.command_buffers.value
                                            if settings.command_buffers else None),
-                                tuning=tuning, mode=mode)
+                                tuning=tuning, mode=mode, memory=self.memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -728,17 +736,16 @@ def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
              ) -> tuple[Traced, LevelPlan, tuple[PassDecision, ...]]:
     """Trace, loop passes, stream plan: everything up to emission, with one ``Analysis``
     (settings, cost model, memos) that dies when this returns."""
-    traced, plan, loops, _, _, _ = _analyse_priced(fun, sig, settings, baseline=False)
-    return traced, plan, loops
+    traced, priced, _ = _analyse_priced(fun, sig, settings, baseline=False)
+    return traced, priced.plan, priced.loops
 
 
 def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
-                    baseline: bool = True
-                    ) -> tuple[Traced, LevelPlan, tuple[PassDecision, ...], float | None,
-                               ModeChoice | None, _compat.ClosedJaxpr | None]:
+                    baseline: bool = True) -> tuple[Traced, _Priced, _compat.ClosedJaxpr | None]:
     """``_analyse``, and on the GPU the CUDA-graph mode the function is compiled in: with
-    ``choose_command_buffers``, the program is planned in each candidate mode and the plan
-    of the mode the GPU model estimates fastest is kept (``_plan.modes``).
+    ``choose_command_buffers``, the program is planned in each candidate mode and the
+    mode the GPU model estimates fastest at every end of its ranges, within the memory
+    budget, is kept (``_plan.modes``, ``_plan.budget``).
 
     With ``baseline``, also the figures of the plain program a report shows
     (``_plain_figures``); without, the program as traced (the last item), from which a
@@ -746,61 +753,168 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
     traced = trace(fun, sig)
     unpriced = None if baseline else traced.jaxpr
     with _collector_paused():
-        jaxpr, plan, loops, plain_us, choice = _priced(traced, settings, baseline)
-    if jaxpr is not traced.jaxpr:
-        traced = dataclasses.replace(traced, jaxpr=jaxpr)
-    return traced, plan, loops, plain_us, choice, unpriced
+        priced = _priced(traced, settings, baseline)
+    if priced.jaxpr is not traced.jaxpr:
+        traced = dataclasses.replace(traced, jaxpr=priced.jaxpr)
+    return traced, priced, unpriced
 
 
-def _priced(traced: Traced, settings: Settings, baseline: bool
-            ) -> tuple[_compat.ClosedJaxpr, LevelPlan, tuple[PassDecision, ...], float | None,
-                       ModeChoice | None]:
+@dataclasses.dataclass(frozen=True)
+class _Priced:
+    """What the analysis of one signature decided (``_priced``)."""
+
+    jaxpr: _compat.ClosedJaxpr  # the rewritten program
+    plan: LevelPlan
+    loops: tuple[PassDecision, ...]
+    plain_us: float | None
+    mode: ModeChoice | None
+    memory: MemoryFigures | None
+
+
+def _within_budget(traced: Traced, analysis: Analysis, memory: MemoryModel,
+                   plain_bytes: float, allowed: float | None
+                   ) -> tuple[Analysis, _compat.ClosedJaxpr, LevelPlan,
+                              tuple[PassDecision, ...], float, tuple[str, ...]]:
+    """The passes and the plan of ``traced`` with ``analysis``'s settings; while the
+    program the memory model sees needs more than ``allowed`` bytes beyond the plain
+    program's, the fewest kinds of rewrite left out that bring it within
+    (``_plan.budget.LADDER``, the first kinds first): the analysis used, the program,
+    its plan, the passes' decisions, its bytes, and what was left out."""
+    settings = analysis.settings
+    mode = settings.command_buffers
+    passed: dict[Settings, tuple[_compat.ClosedJaxpr, tuple[PassDecision, ...]]] = {}
+
+    def attempt(dropped: tuple[tuple[str, tuple[str, ...]], ...]
+                ) -> tuple[Analysis, _compat.ClosedJaxpr, LevelPlan,
+                           tuple[PassDecision, ...], float]:
+        changes: dict[str, Any] = {}
+        for _, switches in dropped:
+            for name in switches:
+                if name == "streams":
+                    changes["streams_per_section"] = 1
+                else:
+                    changes[name] = None if name == "unroll" else False
+        planned = dataclasses.replace(settings, **changes) if changes else settings
+        level = analysis if planned == settings else analysis.with_settings(planned)
+        # Sections are the planner's: the passes' results serve every rung alike.
+        key = dataclasses.replace(planned, streams_per_section=settings.streams_per_section)
+        if key not in passed:
+            passed[key] = run_passes(traced.jaxpr, analysis=level)
+        jaxpr, loops = passed[key]
+        plan = plan_jaxpr(jaxpr, level)
+        return level, jaxpr, plan, loops, memory.temp_bytes(plan.jaxpr, mode,
+                                                            _section_eqns(plan))
+
+    first = attempt(())
+    why = over_budget(plain_bytes, first[4], allowed, "jaxpar's program")
+    if why is None:
+        return (*first, ())
+    for count in range(1, len(LADDER) + 1):
+        for dropped in itertools.combinations(LADDER, count):
+            found = attempt(dropped)
+            if over_budget(plain_bytes, found[4], allowed, "") is None:
+                names = " and ".join(what for what, _ in dropped)
+                return (*found, (f"{why}: {names} left out",))
+    return (*found, (f"{why}: every rewrite left out",))
+
+
+def _section_eqns(plan: LevelPlan) -> list[list[int]]:
+    """The top-level equations of each stream section ``plan`` emits."""
+    return [[i for region in section.regions for i in region.eqns]
+            for section in plan.sections if section.pays is not False]
+
+
+def _priced(traced: Traced, settings: Settings, baseline: bool) -> _Priced:
     """``_analyse_priced`` after the trace. Its ``Analysis`` objects (and their memos,
     which keep hundreds of thousands of small objects alive) die when it returns,
     inside ``_collector_paused``: the collection that follows then scans only what
     the call keeps."""
     choice = None
     analysis = Analysis(settings)
-    plain_us = None
-    jaxpr, loops = run_passes(traced.jaxpr, analysis=analysis)
-    plan = plan_jaxpr(jaxpr, analysis)
+    memory = MemoryModel(analysis.costs, analysis.shared_memo("memory"))
+    # The plain program in the mode it is compared in: the user's, or the one the
+    # command_buffers option names (not jaxpar's choice, so not counted against it).
+    base_mode = settings.compile_command_buffers or settings.user_command_buffers
+    plain_bytes = memory.temp_bytes(traced.jaxpr, base_mode)
+    allowed = settings.memory.allowed(plain_bytes) if settings.memory is not None else None
+    analysis, jaxpr, plan, loops, ours, left_out = _within_budget(
+        traced, analysis, memory, plain_bytes, allowed)
+    settings = analysis.settings
     # What the GPU model's estimates of every mode and of the plain program share.
     estimates = analysis.shared_memo("mode_estimates")
     if settings.target == "gpu" and settings.choose_command_buffers \
             and settings.command_buffers is not None:
-        user = settings.command_buffers
-        plans = {user: (plan, estimate_seconds(plan, analysis.costs, user, estimates),
-                        jaxpr, loops)}
-        batched = any(d.kind in (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS)
-                      for d in loops)
-        for mode in MODE_CANDIDATES:
-            if mode not in plans:
-                other = analysis.with_settings(
-                    dataclasses.replace(settings, command_buffers=mode))
-                # The batching passes price launches in the mode (a concurrent graph
-                # already overlaps a stage's members): where they batched something
-                # and the mode prices a launch otherwise, they run again in it.
-                mode_jaxpr, mode_loops = jaxpr, loops
-                if batched and launch_pricing(mode) != launch_pricing(user):
-                    mode_jaxpr, mode_loops = run_passes(traced.jaxpr, analysis=other)
-                planned = plan_jaxpr(mode_jaxpr, other)
-                if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
-                    continue  # graphs off only for regions' loops (_plan.modes)
-                plans[mode] = (planned, estimate_seconds(planned, other.costs, mode,
-                                                         estimates),
-                               mode_jaxpr, mode_loops)
-        choice = choose_mode({mode: entry[1] for mode, entry in plans.items()}, user)
-        plan, _, jaxpr, loops = plans[choice.mode]
+        choice, plan, jaxpr, loops, ours = _choose_mode(
+            traced, analysis, jaxpr, plan, loops, ours, memory, plain_bytes, allowed)
     elif settings.target == "gpu":
         explicit = settings.compile_command_buffers
         kept = explicit or settings.command_buffers or settings.user_command_buffers
         if kept is not None:
             choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
                                estimate_seconds(plan, analysis.costs, kept, estimates),
-                               forced=settings.force_streams)
+                               forced=settings.force_streams,
+                               measured=_measured(settings))
+    figures = MemoryFigures(plain_bytes, ours, allowed, left_out)
+    plain_us = None
     if baseline:
         plain_us, choice = _plain_figures(traced.jaxpr, analysis, choice)
-    return jaxpr, plan, loops, plain_us, choice
+    return _Priced(jaxpr, plan, loops, plain_us, choice, figures)
+
+
+def _measured(settings: Settings) -> bool:
+    return settings.gpu is not None and settings.gpu.calibrated
+
+
+def _choose_mode(traced: Traced, analysis: Analysis, jaxpr: _compat.ClosedJaxpr,
+                 plan: LevelPlan, loops: tuple[PassDecision, ...], ours: float,
+                 memory: MemoryModel, plain_bytes: float, allowed: float | None
+                 ) -> tuple[ModeChoice, LevelPlan, _compat.ClosedJaxpr,
+                            tuple[PassDecision, ...], float]:
+    """The program planned in each candidate mode (``_plan.modes.CANDIDATES``), and the
+    mode ``choose_mode`` keeps: the choice, and the plan, program, decisions and bytes
+    of the mode kept."""
+    settings = analysis.settings
+    user = settings.command_buffers
+    assert user is not None and settings.gpu is not None
+    estimates = analysis.shared_memo("mode_estimates")
+    costs = analysis.costs
+    plans = {user: (plan, estimate_seconds(plan, costs, user, estimates), jaxpr, loops, ours)}
+    batched = any(d.kind in (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS)
+                  for d in loops)
+    refused: dict[CommandBufferMode, str] = {}
+    for mode in MODE_CANDIDATES:
+        if mode in plans:
+            continue
+        other = analysis.with_settings(dataclasses.replace(settings, command_buffers=mode))
+        # The batching passes price launches in the mode (a concurrent graph already
+        # overlaps a stage's members): where they batched something and the mode prices
+        # a launch otherwise, they run again in it.
+        mode_jaxpr, mode_loops = jaxpr, loops
+        if batched and launch_pricing(mode) != launch_pricing(user):
+            mode_jaxpr, mode_loops = run_passes(traced.jaxpr, analysis=other)
+        planned = plan_jaxpr(mode_jaxpr, other)
+        if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
+            continue  # graphs off only for regions' loops (_plan.modes)
+        mode_bytes = memory.temp_bytes(planned.jaxpr, mode, _section_eqns(planned))
+        why = mode_memory_reason(mode, plain_bytes, mode_bytes, allowed)
+        if why is not None:
+            refused[mode] = why
+        plans[mode] = (planned, estimate_seconds(planned, costs, mode, estimates),
+                       mode_jaxpr, mode_loops, mode_bytes)
+    nominal = {mode: entry[1] for mode, entry in plans.items()}
+    ends = []
+    for mode, seconds in nominal.items():
+        # The ends of the ranges only for a candidate that wins at the nominal figures.
+        if mode is user or seconds > nominal[user] * (1 - MIN_GAIN):
+            continue
+        pair = []
+        for gpu in (pessimistic(settings.gpu, mode), optimistic(settings.gpu, mode)):
+            pair.append((estimate_seconds(plans[mode][0], costs, mode, estimates, gpu),
+                         estimate_seconds(plan, costs, user, estimates, gpu)))
+        ends.append(ModeEnds(mode, pair[0], pair[1]))
+    choice = choose_mode(nominal, user, ends, refused, measured=_measured(settings))
+    plan, _, jaxpr, loops, ours = plans[choice.mode]
+    return choice, plan, jaxpr, loops, ours
 
 
 def _plain_figures(jaxpr: _compat.ClosedJaxpr, analysis: Analysis, choice: ModeChoice | None
@@ -844,11 +958,10 @@ def _build(fun: Callable[..., Any], sig: Signature, settings: Settings,
     shows are priced in the analysis when ``report_now`` (``inspect``: its memos are
     warm then), else by the first report, if one is ever asked for (a call lowers
     without them)."""
-    traced, plan, loops, plain_us, choice, unpriced = _analyse_priced(
-        fun, sig, settings, baseline=report_now)
-    return _Prepared(traced, plan, loops, settings,
-                     Emitter(plan, emit_streams=(settings.target == "gpu")), choice, plain_us,
-                     unpriced)
+    traced, priced, unpriced = _analyse_priced(fun, sig, settings, baseline=report_now)
+    return _Prepared(traced, priced.plan, priced.loops, settings,
+                     Emitter(priced.plan, emit_streams=(settings.target == "gpu")),
+                     priced.mode, priced.plain_us, unpriced, priced.memory)
 
 
 def analysed_report(pb: ParallelBranches) -> tuple[Plan, LevelPlan]:

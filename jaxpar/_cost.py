@@ -117,6 +117,13 @@ class LaunchPrices:
     serial: float
 
 
+# The figures a launch's price reads, and the ends a batching decision must win at: the
+# GPU model's figures are uncertain (``GpuProfile.ranges``), so a rewrite that trades
+# launches for bytes is made only where it pays at both ends of their ranges.
+PRICED_FIGURES = ("kernel_floor_s", "graph_floor_s", "chain_node_s", "dag_node_s")
+ENDS = ("low", "high")
+
+
 def launch_pricing(mode: CommandBufferMode | None) -> str:
     """How ``mode`` prices launches: ``"beside"`` (a concurrent graph's members overlap)
     or ``"serial"``; two modes of one pricing batch the same."""
@@ -124,16 +131,24 @@ def launch_pricing(mode: CommandBufferMode | None) -> str:
 
 
 def launch_prices(profile: DeviceProfile, mode: CommandBufferMode | None,
-                  level_kernels: float) -> LaunchPrices:
+                  level_kernels: float, end: str | None = None) -> LaunchPrices:
     """The ``LaunchPrices`` of a level launching ``level_kernels`` kernels compiled in
-    ``mode`` (None: no CUDA graphs to speak of, off the GPU). Only a ``concurrent``
-    graph (at least ``MIN_GRAPH_SIZE`` kernels) runs a stage's members side by side."""
-    floor = profile.min_kernel_seconds
+    ``mode`` (None: no CUDA graphs to speak of, off the GPU), with the GPU's uncertain
+    figures at ``end`` (``"low"``, ``"high"``; None: their nominal values). A kernel in a
+    CUDA graph (any mode but ``off``) costs the graph's floor, one launched alone the
+    device's; only a ``concurrent`` graph (at least ``MIN_GRAPH_SIZE`` kernels) runs a
+    stage's members side by side."""
     gpu = profile.gpu
-    if gpu is None or mode is not CommandBufferMode.CONCURRENT \
-            or level_kernels < MIN_GRAPH_SIZE:
+    if gpu is None or mode is None:
+        floor = profile.min_kernel_seconds
         return LaunchPrices(floor, floor)
-    return LaunchPrices(gpu.graph_node_s, floor + gpu.graph_node_s)
+    if end is not None:
+        gpu = gpu.at(dict.fromkeys(PRICED_FIGURES, end))
+    floor = gpu.floor_s(graphs=mode is not CommandBufferMode.OFF)
+    if mode is not CommandBufferMode.CONCURRENT or level_kernels < MIN_GRAPH_SIZE:
+        return LaunchPrices(floor, floor)
+    node = gpu.node_s(mode)
+    return LaunchPrices(node, floor + node)
 
 
 CostRule = Callable[["CostModel", Any], Cost]
@@ -311,15 +326,17 @@ class CostModel:
         return cost.seconds(self.profile)
 
     def launch_prices(self, eqns: Sequence[JaxprEqn], mode: CommandBufferMode | None,
-                      in_loop_body: bool = False) -> LaunchPrices:
-        """``launch_prices`` of the level made of ``eqns`` in ``mode``: its graph holds
-        the kernels of every equation but loops and conds (never captured).
-        A loop body's kernels (``in_loop_body``) are launched on every trip as a serial
-        chain: deviceless H200 compiles of the crossed pair in ``concurrent`` mode launch
-        its 1000-trip body's kernels one by one (14.5 launches a trip), so there a saved
-        launch is worth a whole launch."""
-        if mode is not CommandBufferMode.CONCURRENT or in_loop_body or self.profile.gpu is None:
-            return launch_prices(self.profile, mode, 0.0)  # no graph's kernels to count
+                      in_loop_body: bool = False, end: str | None = None) -> LaunchPrices:
+        """``launch_prices`` of the level made of ``eqns`` in ``mode``, the uncertain
+        figures at ``end``: its graph holds the kernels of every equation but loops and
+        conds (never captured). A loop body's kernels (``in_loop_body``) are launched on
+        every trip as a serial chain: deviceless H200 compiles of the crossed pair in
+        ``concurrent`` mode launch its 1000-trip body's kernels one by one (14.5 launches
+        a trip), so there a saved launch is worth a whole launch."""
+        if mode is not CommandBufferMode.CONCURRENT or self.profile.gpu is None:
+            return launch_prices(self.profile, mode, 0.0, end)
+        if in_loop_body:  # launched one by one, in series
+            return launch_prices(self.profile, CommandBufferMode.OFF, 0.0, end)
         # The prices only ask whether the graph holds ``MIN_GRAPH_SIZE`` kernels, so the
         # count stops there (kernels are never negative) instead of costing every equation.
         uncaptured = (_primitives.SCAN, _primitives.WHILE, _primitives.COND)
@@ -329,4 +346,4 @@ class CostModel:
                 kernels += self.eqn_cost(e).kernels
                 if kernels >= MIN_GRAPH_SIZE:
                     break
-        return launch_prices(self.profile, mode, kernels)
+        return launch_prices(self.profile, mode, kernels, end)

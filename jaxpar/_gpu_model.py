@@ -62,13 +62,24 @@ class CommandBufferMode(enum.Enum):
 
     ``LHS`` is XLA's default (``xla_gpu_command_buffer_scheduling_mode=LHS``): a graph is
     one serial chain, captured stream regions included. ``CONCURRENT``: graph edges come
-    from buffer conflicts only, so independent kernels overlap inside a graph.
+    from buffer conflicts only, so independent kernels overlap inside a graph, and buffer
+    assignment follows a dependency ordering (independent temporaries are never packed
+    together: more memory). ``CONCURRENT_REGIONS`` (jax >= 0.10): only small,
+    latency-bound kernels run concurrently (no dot, convolution, library call, fusion
+    of more than 100 instructions or kernel moving more than 20 MB), in runs of such
+    kernels; everything else is serial, and buffers are packed except within a run.
     ``SERIALIZE``: one serial chain too. ``OFF`` (``--xla_gpu_enable_command_buffer=``
     empty): every kernel is launched alone.
+
+    Sources (``docs/gpu_evidence.md``): ``xla/xla.proto`` (the modes; CONCURRENT "may lead
+    to OOMs and less predictable performance"), ``xla/service/gpu/gpu_hlo_ordering.cc``
+    (what CONCURRENT_REGIONS lets overlap), a public measurement of 75 independent tiny
+    kernels (4.8x faster in CONCURRENT, 2.2x the peak memory, RTX 5090).
     """
 
     LHS = "lhs"
     CONCURRENT = "concurrent"
+    CONCURRENT_REGIONS = "concurrent_regions"
     SERIALIZE = "serialize"
     OFF = "off"
 
@@ -90,18 +101,22 @@ class CommandBufferMode(enum.Enum):
 
     @classmethod
     def from_xla_scheduling_mode(cls, name: str) -> CommandBufferMode:
-        """The mode of ``--xla_gpu_command_buffer_scheduling_mode=<name>``.
-
-        ``CONCURRENT_REGIONS`` never runs dots concurrently, so it counts as ``LHS``, as
-        does any name XLA may add later.
-        """
-        return {cls.CONCURRENT.xla_scheduling_mode: cls.CONCURRENT,
-                cls.SERIALIZE.xla_scheduling_mode: cls.SERIALIZE}.get(name.upper(), cls.LHS)
+        """The mode of ``--xla_gpu_command_buffer_scheduling_mode=<name>`` (a name XLA may
+        add later counts as its default, ``LHS``)."""
+        by_name = {mode.xla_scheduling_mode: mode for mode in cls
+                   if mode.xla_scheduling_mode is not None}
+        return by_name.get(name.upper(), cls.LHS)
 
     @property
     def xla_scheduling_mode(self) -> str | None:
         """The value of ``xla_gpu_command_buffer_scheduling_mode`` (None for ``OFF``)."""
         return None if self is CommandBufferMode.OFF else self.value.upper()
+
+    @property
+    def branching(self) -> bool:
+        """Whether its CUDA graphs branch (independent kernels as parallel nodes), or are
+        one chain."""
+        return self in (CommandBufferMode.CONCURRENT, CommandBufferMode.CONCURRENT_REGIONS)
 
 
 # Consecutive capturable thunks XLA needs to form a CUDA graph (the default of
@@ -111,7 +126,12 @@ MIN_GRAPH_SIZE = 5
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuProfile:
-    """The figures of one GPU kind (built-in sources in the comments of ``GPU_PROFILES``).
+    """The figures of one GPU kind (built-in sources in the comments of ``_H200``).
+
+    The host-side and kernel-floor figures are uncertain (none was measured on a Hopper
+    GPU by this project): each has a ``(low, high)`` range in ``ranges``, and a choice
+    jaxpar makes from this model alone must win at every end of them (``at``). A figure
+    a calibration measured on the GPU (``measured``) keeps a narrow range around it.
 
     Attributes:
       name: ``"h200"``, ``"h100"``, ``"gpu"`` (the generic default) or a device kind's
@@ -124,10 +144,20 @@ class GpuProfile:
         pairs; ``"f32"`` is JAX's default precision (TF32 tensor cores on Hopper).
       launch_s: host cost of launching one kernel outside a CUDA graph.
       graph_launch_s: host cost of launching one CUDA graph.
-      graph_node_s: host cost of each kernel node of a launched graph.
-      kernel_floor_s: shortest a launched kernel takes on the device.
+      chain_node_s: host cost of each kernel node of a straight-line graph (``lhs``,
+        ``serialize``: drivers launch those in about constant time).
+      dag_node_s: host cost of each kernel node of a branching graph (``concurrent``,
+        ``concurrent_regions``).
+      kernel_floor_s: shortest a kernel launched on its own takes on the device.
+      graph_floor_s: shortest a dependent kernel inside a CUDA graph takes on the device
+        (launch and teardown between two graph nodes).
       sync_s: a predicate copied to the host plus a stream synchronise.
       event_s: one event record or stream wait on the host.
+      hardware_queues: kernels that can run concurrently from independent streams or
+        graph branches (``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by default).
+      ranges: ``(figure, low, high)`` of every uncertain figure.
+      measured: the figures a calibration measured on this GPU (empty: none, every
+        figure is a public third-party figure or an assumption).
       source: where the figures come from (``"built-in"`` or a calibration file).
     """
 
@@ -139,16 +169,58 @@ class GpuProfile:
     tensor_flops: tuple[tuple[str, float], ...]
     launch_s: float
     graph_launch_s: float
-    graph_node_s: float
+    chain_node_s: float
+    dag_node_s: float
     kernel_floor_s: float
+    graph_floor_s: float
     sync_s: float
     event_s: float
+    hardware_queues: int = 8
+    ranges: tuple[tuple[str, float, float], ...] = ()
+    measured: frozenset[str] = frozenset()
     source: str = "built-in"
 
     def dot_flops(self, element_type: str) -> float:
         """Tensor-core flop/s of a dot or convolution on ``element_type`` (default f32's)."""
         peaks = dict(self.tensor_flops)
         return peaks.get(element_type, peaks["f32"])
+
+    def node_s(self, mode: CommandBufferMode) -> float:
+        """Host cost of each kernel node of a graph run in ``mode``."""
+        return self.dag_node_s if mode.branching else self.chain_node_s
+
+    def floor_s(self, graphs: bool) -> float:
+        """Shortest a kernel takes on the device: inside a CUDA graph, or launched alone."""
+        return self.graph_floor_s if graphs else self.kernel_floor_s
+
+    def span(self, figure: str) -> tuple[float, float]:
+        """``(low, high)`` of ``figure`` (its value twice when it has no range)."""
+        for name, low, high in self.ranges:
+            if name == figure:
+                return low, high
+        value = float(getattr(self, figure))
+        return value, value
+
+    def at(self, ends: Mapping[str, str]) -> GpuProfile:
+        """This profile with each figure of ``ends`` at its ``"low"`` or ``"high"`` end.
+
+        Raises:
+          ValueError: a figure without a range, or an end that is neither.
+        """
+        uncertain = {name for name, _, _ in self.ranges}
+        changes = {}
+        for figure, end in ends.items():
+            if figure not in uncertain or end not in ("low", "high"):
+                raise ValueError(f"{figure}={end!r}: the uncertain figures are "
+                                 f"{sorted(uncertain)}, each at 'low' or 'high'")
+            low, high = self.span(figure)
+            changes[figure] = low if end == "low" else high
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether a calibration on this GPU measured the figures plans depend on."""
+        return bool(self.measured)
 
 
 # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM5) and H200 Tensor Core GPU datasheet
@@ -161,29 +233,49 @@ _HOPPER_TENSOR_FLOPS = (
     ("f8e4m3fn", 1979e12), ("f8e5m2", 1979e12),
 )
 
+# The host-side and floor figures below are public third-party measurements, none on
+# an H100 or H200 host by this project; docs/gpu_evidence.md gives each source (L1-L10,
+# X1-X2, C1-C4 there) with the GPU it was measured on. Their ranges span that evidence.
 _H200 = GpuProfile(
     name="h200", device_kind="NVIDIA H200",
     sm_count=132,  # H200 datasheet; core_count in jaxpar/_compiled/targets/h200.txtpb
     bandwidth=4.8e12,  # HBM3e, H200 datasheet; memory_bandwidth in targets/h200.txtpb
     vector_flops=67e12,  # FP32 (non-tensor), datasheet
     tensor_flops=_HOPPER_TENSOR_FLOPS,
-    # About 8 us per lax.scan trip of 3 tiny kernels through XLA (QuantEcon
-    # lecture-python-programming PRs #437/#440; shared/XLA_CONCURRENCY.md section 4).
-    # The pricing once assumed 5.0 us, rounded from the 6.4 us of a laptop GPU outside
-    # XLA (below); the figure measured through XLA is the one kept.
+    # Host enqueue of one kernel: 8.05 us per lax.scan trip of 3 tiny kernels on a Tesla
+    # T4, jax 0.8.1 (L1, QuantEcon lecture-python-programming #437/#440, XLA's loop
+    # overhead included); 2.62-2.81 us async enqueue on an RTX 5070 Ti laptop, WSL2 (L2,
+    # ahrefs/ocannl #488); "2.6 us at the minimum" (L7); 4-6 us claimed (L9). A Hopper
+    # host may be faster.
     launch_s=2.7e-6,
-    # A graph replay cost 15 us + 0.58 us per node against 6.4 us per individual launch
-    # (ahrefs/ocannl #488, RTX 5070 Ti laptop); scaled by 2.7 / 6.4 to launch_s above,
-    # keeping that measured ratio (the pricing once took the unscaled 0.6 us per node).
-    graph_launch_s=6.3e-6,
-    graph_node_s=0.25e-6,
-    # The order of a Hopper kernel's launch-to-finish latency: "a tiny kernel still takes
-    # about 2 us" (what the planner's cost model and the estimate always assumed).
+    # Host cost of one graph launch: a one-node graph launches no slower than one kernel
+    # (L8, B200); straight-line graphs launch in constant time (L6, NVIDIA). Plausibly
+    # 2-5 us for a small graph; 6.3 us was this model's earlier, scaled figure.
+    graph_launch_s=3.0e-6,
+    # Per node of a straight-line graph (LHS, SERIALIZE): about constant launch time on
+    # current drivers (L6); up to this model's earlier 0.25 us.
+    chain_node_s=0.1e-6,
+    # Per node of a branching graph (CONCURRENT, CONCURRENT_REGIONS): 0.91-0.98 us per
+    # node of cudaGraphLaunch for large captured graphs on Blackwell (L4, sglang #29960).
+    dag_node_s=0.5e-6,
+    # Device floor of a kernel launched alone: "a tiny kernel still takes about 2 us";
+    # outside graphs a dependent chain runs at the host's launch rate anyway.
     kernel_floor_s=2.0e-6,
-    # Assumptions, no measurement at hand: one small device-to-host copy plus a stream
-    # synchronise, and one cudaEventRecord / cudaStreamWaitEvent call.
+    # Device time between two dependent kernels inside a CUDA graph: about 1.3 us on an
+    # H100 (L3, Hazy Research, batch-1 Llama decode); 0.58 us per node of a chain graph
+    # on sm_120 (L2); this model's earlier 2.0 us as the high end.
+    graph_floor_s=1.3e-6,
+    # Assumptions, no public measurement at hand: one small device-to-host copy plus a
+    # stream synchronise; one cudaEventRecord / cudaStreamWaitEvent call (a stream wait on
+    # a value takes ~150 ns, L7).
     sync_s=10.0e-6,
     event_s=1.0e-6,
+    # Only 8 streams ran concurrently by default (NVIDIA/cutlass #354, RTX 3090).
+    hardware_queues=8,
+    ranges=(("launch_s", 2.0e-6, 5.0e-6), ("graph_launch_s", 2.0e-6, 6.3e-6),
+            ("chain_node_s", 0.0, 0.25e-6), ("dag_node_s", 0.25e-6, 1.0e-6),
+            ("kernel_floor_s", 1.3e-6, 2.7e-6), ("graph_floor_s", 0.6e-6, 2.0e-6),
+            ("sync_s", 5.0e-6, 20.0e-6), ("event_s", 0.15e-6, 1.0e-6)),
 )
 
 #: Built-in profiles by the names ``compile_for_gpu`` and ``gpu_preview`` accept, and the
@@ -205,10 +297,18 @@ _BY_DEVICE_KIND = {p.device_kind: p for p in GPU_PROFILES.values() if p.device_k
 
 PROFILE_DIR_VARIABLE = "JAXPAR_PROFILE_DIR"
 PROFILE_FORMAT = "jaxpar-gpu-profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 # What a calibration file may set (GpuProfile fields; tensor_flops as an object).
 CALIBRATED = ("sm_count", "bandwidth", "vector_flops", "tensor_flops", "launch_s",
-              "graph_launch_s", "graph_node_s", "kernel_floor_s", "sync_s", "event_s")
+              "graph_launch_s", "chain_node_s", "dag_node_s", "kernel_floor_s",
+              "graph_floor_s", "sync_s", "event_s", "hardware_queues")
+# Figures a calibration may measure as zero (a host cost per graph node).
+_MAY_BE_ZERO = frozenset({"chain_node_s", "dag_node_s"})
+# A measured figure's range: timing noise and what one measurement cannot tell apart.
+MEASURED_SPREAD = 0.2
+# Version 1 files named the in-graph kernel figure ``graph_node_s`` (it was measured as
+# a dependent kernel's time inside a graph, the device floor ``graph_floor_s`` is now).
+_VERSION_1_NAMES = {"graph_node_s": "graph_floor_s"}
 
 
 class GpuProfileError(ValueError):
@@ -238,11 +338,12 @@ def profile_document(profile: GpuProfile, measurements: Mapping[str, Any] | None
 
 
 def _positive(path: Path, name: str, value: Any) -> float:
+    zero = name in _MAY_BE_ZERO
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
-        raise GpuProfileError(f"{path}: figure {name!r} must be a finite number > 0, got "
-                              f"{value!r}; re-run benchmarks/calibrate.py on this GPU or "
-                              "delete the file")
+            or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise GpuProfileError(f"{path}: figure {name!r} must be a finite number "
+                              f"{'>= 0' if zero else '> 0'}, got {value!r}; re-run "
+                              "benchmarks/calibrate.py on this GPU or delete the file")
     return float(value)
 
 
@@ -254,7 +355,7 @@ def _calibrated(path: Path, base: GpuProfile, device_kind: str) -> GpuProfile:
                               "re-run benchmarks/calibrate.py on this GPU or delete the "
                               "file") from None
     if not isinstance(document, dict) or document.get("format") != PROFILE_FORMAT \
-            or document.get("version") != PROFILE_VERSION:
+            or document.get("version") not in (1, PROFILE_VERSION):
         raise GpuProfileError(f"{path}: not a {PROFILE_FORMAT} version {PROFILE_VERSION} "
                               "file (the 'format' and 'version' keys); re-run "
                               "benchmarks/calibrate.py on this GPU or delete the file")
@@ -265,6 +366,8 @@ def _calibrated(path: Path, base: GpuProfile, device_kind: str) -> GpuProfile:
     figures = document.get("figures")
     if not isinstance(figures, dict):
         raise GpuProfileError(f"{path}: 'figures' must be an object of GPU figures")
+    if document["version"] == 1:
+        figures = {_VERSION_1_NAMES.get(name, name): value for name, value in figures.items()}
     unknown = sorted(set(figures) - set(CALIBRATED))
     if unknown:
         raise GpuProfileError(f"{path}: unknown figures {unknown}; valid ones are "
@@ -279,13 +382,18 @@ def _calibrated(path: Path, base: GpuProfile, device_kind: str) -> GpuProfile:
             peaks.update({str(k): _positive(path, f"tensor_flops.{k}", v)
                           for k, v in value.items()})
             changes[name] = tuple(sorted(peaks.items()))
-        elif name == "sm_count":
+        elif name in ("sm_count", "hardware_queues"):
             changes[name] = round(_positive(path, name, value))
         else:
             changes[name] = _positive(path, name, value)
+    # A measured figure keeps a narrow range around its value; the others keep theirs.
+    ranges = tuple((figure, changes[figure] * (1 - MEASURED_SPREAD),
+                    changes[figure] * (1 + MEASURED_SPREAD)) if figure in changes
+                   else (figure, low, high) for figure, low, high in base.ranges)
+    measured = frozenset(changes) & {figure for figure, _, _ in base.ranges}
     name = base.name if base.device_kind else _file_name(device_kind).removesuffix(".json")
     return dataclasses.replace(base, **changes, name=name, device_kind=device_kind,
-                               source=str(path))
+                               ranges=ranges, measured=measured, source=str(path))
 
 
 def builtin_gpu_profile(device_kind: str) -> GpuProfile:

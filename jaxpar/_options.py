@@ -56,6 +56,23 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    """How many more temporary bytes than the plain program jaxpar's program may need
+    (``_plan.budget``): the more of ``fraction`` of the plain program's and
+    ``extra_bytes``."""
+
+    fraction: float = 0.10
+    extra_bytes: float = float(2**20)
+
+    def allowed(self, plain_bytes: float) -> float:
+        return max(self.fraction * plain_bytes, self.extra_bytes)
+
+
+# The default budget: 10% or 1 MiB more than the plain program, whichever is more.
+DEFAULT_BUDGET = MemoryBudget()
+
+
 class ResolveInputs(NamedTuple):
     """What ``Options.resolve`` read: the target, ``XLA_FLAGS``' async compute limit and
     CUDA-graph mode (the user's), the GPU profile (target ``"gpu"``), and the mode planned
@@ -85,6 +102,7 @@ class Options:
     group_collectives: Switch = "auto"
     force_streams: bool = False
     command_buffers: str = "auto"
+    memory: str | float = "auto"
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -118,6 +136,7 @@ class Options:
         if not isinstance(self.force_streams, bool):
             raise TypeError(f"force_streams must be True or False, got {self.force_streams!r}")
         unroll_setting(self.unroll, "gpu")
+        memory_budget(self.memory)
         if not isinstance(self.command_buffers, str) \
                 or self.command_buffers not in COMMAND_BUFFER_CHOICES:
             raise ValueError(
@@ -205,7 +224,7 @@ class Options:
             command_buffers=mode if target == "gpu" else None,
             gpu=profile, choose_command_buffers=choose,
             user_command_buffers=user_mode if target == "gpu" else None,
-            compile_command_buffers=compile_mode)
+            compile_command_buffers=compile_mode, memory=memory_budget(self.memory))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -243,6 +262,8 @@ class Settings:
         process's, from ``XLA_FLAGS``); None off the GPU.
       compile_command_buffers: the mode the ``command_buffers`` option sets for this
         function's compile; None keeps the process's.
+      memory: how many more temporary bytes than the plain program jaxpar's program may
+        need (``_plan.budget``); None: any.
     """
 
     target: str
@@ -262,6 +283,7 @@ class Settings:
     choose_command_buffers: bool = False
     user_command_buffers: CommandBufferMode | None = None
     compile_command_buffers: CommandBufferMode | None = None
+    memory: MemoryBudget | None = DEFAULT_BUDGET
 
     def loop_switches(self) -> dict[str, Any]:
         """The keyword arguments of ``passes.apply_loop_passes`` (its public names)."""
@@ -269,6 +291,26 @@ class Settings:
                 "batch_branches": self.batch_branches, "batch_matmuls": self.batch_matmuls,
                 "unroll": self.unroll,
                 "share_common": self.share_common}
+
+
+def memory_budget(memory: Any) -> MemoryBudget | None:
+    """The ``Settings.memory`` of a ``memory`` argument: ``"auto"`` (the default budget:
+    10% or 1 MiB more than the plain program, whichever is more), ``"any"`` (no budget)
+    or a number of bytes jaxpar's program may need beyond the plain program's.
+
+    Raises:
+      ValueError: none of those.
+    """
+    if memory == "auto":
+        return DEFAULT_BUDGET
+    if memory == "any":
+        return None
+    if isinstance(memory, (int, float)) and not isinstance(memory, bool) \
+            and math.isfinite(memory) and memory >= 0:
+        return MemoryBudget(fraction=0.0, extra_bytes=float(memory))
+    raise ValueError(f"memory must be 'auto' (at most 10% or 1 MiB more temporary memory "
+                     f"than the plain program), 'any' (no budget) or a number of bytes >= 0 "
+                     f"jaxpar may add, got {memory!r}")
 
 
 def unroll_setting(unroll: Any, target: str, api: str = "unroll") -> UnrollSetting:

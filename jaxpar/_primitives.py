@@ -184,6 +184,15 @@ MAY_FUSE_AWAY = _family(
     "MAY_FUSE_AWAY", "concatenate_p", "pad_p", "transpose_p", "rev_p", "select_n_p",
     "dynamic_slice_p", "gather_p", "reduce_precision_p")
 
+# Kernels that fill the GPU or call a library: XLA's ``CONCURRENT_REGIONS`` mode runs
+# them serially (``CanRunConcurrently`` in xla/service/gpu/gpu_hlo_ordering.cc keeps dots,
+# convolutions and library calls out of its concurrent regions; collectives use their
+# own streams), and so do jaxpar's models of the branching CUDA-graph modes
+# (``_plan.modes``, ``_memory``).
+SERIAL_KERNELS = frozenset({DOT_GENERAL, CONV}) | COLLECTIVE | _family(
+    "SERIAL_KERNELS", "sort_p", "fft_p", "cholesky_p", "lu_p", "qr_p", "eigh_p", "svd_p",
+    "triangular_solve_p", "householder_product_p")
+
 # The heavy ops batch_matmuls stacks: one kernel each, whose batched form is one kernel.
 BATCHED_MATMULS = frozenset({DOT_GENERAL, CONV})
 

@@ -8,7 +8,7 @@ known to do with stream-annotated calls (``shared/XLA_FACTS.md`` section 6,
 * **Overlap won.** Streams share one device: running two regions side by side
   hides the fixed latency of their kernels (the cost model's per-kernel floor),
   never their work (flops at peak, bytes at full bandwidth), and one host thread
-  still launches every kernel (``launch_s`` each, ``graph_node_s`` in a CUDA graph).
+  still launches every kernel (``launch_s`` each, ``node_s`` in a CUDA graph).
   The pair takes ``max(longest region, total work, total launches)`` instead of the
   sum, the same model as the compiled-schedule estimate (``jaxpar._compiled.estimate``) that
   judges it.
@@ -153,7 +153,7 @@ def _gpu(costs: CostModel) -> GpuProfile:
 def _launch_penalty(eqn: JaxprEqn, costs: CostModel) -> float:
     """Device time lost when ``eqn``'s kernels launch one by one instead of from a graph.
 
-    A launch costs the host the GPU's ``launch_s`` (a graph node ``graph_node_s``); the
+    A launch costs the host the GPU's ``launch_s`` (a chain graph's node ``chain_node_s``); the
     device waits only for the part a kernel does not cover by running. Loop bodies
     count once per trip.
     """
@@ -178,7 +178,7 @@ def _launch_penalty(eqn: JaxprEqn, costs: CostModel) -> float:
         return 0.0
     each = costs.seconds(cost) / cost.kernels
     gpu = _gpu(costs)
-    return cost.kernels * (max(gpu.launch_s - each, 0.0) - max(gpu.graph_node_s - each, 0.0))
+    return cost.kernels * (max(gpu.launch_s - each, 0.0) - max(gpu.chain_node_s - each, 0.0))
 
 
 def _is_light(eqn: JaxprEqn, costs: CostModel) -> bool:
@@ -324,11 +324,11 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
                         for i in members for inner in _walk_eqns(eqns[i]))
                 for members in regions]
     # One host thread enqueues the kernels of every region: a kernel launched on its own
-    # costs it launch_s (a graph node graph_node_s), so a region takes at least its
+    # costs it launch_s (a graph node node_s), so a region takes at least its
     # launches, and side by side the regions never finish before all their launches are
     # made (the estimate's host model, jaxpar/_compiled/estimate.py).
     gpu = _gpu(costs)
-    per_launch = [gpu.graph_node_s if graphs_on and is_captured else gpu.launch_s
+    per_launch = [gpu.node_s(mode) if graphs_on and is_captured else gpu.launch_s
                   for is_captured in captured]
     launches = [sum(costs.eqn_cost(eqns[i]).kernels for i in members) * host
                 for members, host in zip(regions, per_launch, strict=True)]

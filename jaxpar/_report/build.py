@@ -19,6 +19,7 @@ from .. import _compat
 from .._compat import JaxprEqn
 from .._graph import CollectivesUnit, EqnUnit, RegionUnit
 from .._plan import REASON_TOO_CHEAP, LevelPlan
+from .._plan.budget import MemoryFigures
 from .._plan.modes import ModeChoice
 from .._primitives import LOOPS
 from .._tune import Tuning
@@ -36,14 +37,16 @@ _DRAWN_LOOP_KINDS = (DecisionKind.FUSED, DecisionKind.BATCHED, DecisionKind.UNRO
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                  options: dict[str, Any], loops: tuple[PassDecision, ...] = (),
                  plain_us: float | None = None, priced_in: str | None = None,
-                 tuning: Tuning | None = None, mode: ModeChoice | None = None) -> Plan:
+                 tuning: Tuning | None = None, mode: ModeChoice | None = None,
+                 memory: MemoryFigures | None = None) -> Plan:
     """Turns the internal plan tree into the public ``Plan`` report.
 
     ``loops`` holds every decision of the passes run before planning; those of the
     subgraph batching pass are reported apart, as ``Plan.subgraphs``. ``plain_us`` is
     the cost model's time of the program as traced, ``priced_in`` the CUDA-graph mode
     stream sections were priced in (None: not priced). ``tuning``: the tuner's table,
-    for a function decorated with ``tune=True``.
+    for a function decorated with ``tune=True``. ``memory``: the memory model's figures
+    of the plan against the plain program.
     """
     sections: list[Section] = []
     notes: list[LeftAlone] = []
@@ -114,7 +117,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 loops=loop_decisions, collectives=tuple(collectives),
                 subgraphs=subgraph_decisions,
                 steps=tuple(steps), plain_cost_us=plain_us, priced_in=priced_in,
-                tuning=tuning, mode=mode)
+                tuning=tuning, mode=mode, memory=memory)
 
 
 def _rewritten_loops(path: str, eqns: Sequence[JaxprEqn], loops: tuple[PassDecision, ...]

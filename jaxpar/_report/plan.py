@@ -68,7 +68,8 @@ class Plan(PlanRecord):
                              "rejected": list(self.estimate.rejected)},
                 "tuning": None if self.tuning is None else self.tuning.to_dict(),
                 "xla_options": self.xla_options,
-                "mode": self.mode.to_dict() if self.mode is not None else None}
+                "mode": self.mode.to_dict() if self.mode is not None else None,
+                "memory": self.memory.to_dict() if self.memory is not None else None}
 
     def __str__(self) -> str:
         return self.text()
@@ -122,6 +123,9 @@ class Plan(PlanRecord):
             shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
                      else "none (the process's XLA_FLAGS)")
             lines.append(f"  XLA options: {shown}: {self.mode.reason}")
+        if self.memory is not None:
+            lines.append(f"  {self.memory.line()}")
+            lines.extend(f"    {why}" for why in self.memory.left_out)
         lines.extend(f"  forced: the GPU pricing would not emit this section: {why}"
                      for why in figure.rejected)
         if verbose:

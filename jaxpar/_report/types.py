@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from .._plan.budget import MemoryFigures
 from .._plan.modes import ModeChoice
 from .._tune import Tuning
 from ..passes import PassDecision
@@ -203,6 +204,9 @@ class PlanRecord:
     tuning: Tuning | None = None
     # The CUDA-graph mode the function is compiled in, and why (target "gpu" only).
     mode: ModeChoice | None = None
+    # The memory model's temporary bytes of this plan against the plain program's, and
+    # the rewrites left out to keep to the budget (``_plan.budget``).
+    memory: MemoryFigures | None = None
 
     @property
     def xla_options(self) -> dict[str, str]:

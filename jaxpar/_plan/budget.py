@@ -1,0 +1,106 @@
+"""Stage 7 (every target): the memory budget jaxpar's program must keep to.
+
+jaxpar's rewrites and CUDA-graph modes can raise a program's temporary memory
+(``_memory``). By default the program jaxpar runs may need at most 10% (or 1 MiB,
+whichever is more) more temporary bytes than the plain program in the user's mode, as
+the memory model estimates both; ``parallel_branches(memory=...)`` states another budget
+(``"any"``, or a number of extra bytes). A candidate over budget is not chosen: a mode is
+refused, and the fewest kinds of rewrite (``LADDER``: stream sections, batching, loop
+rewrites) are left out that bring the program within the budget.
+
+Example::
+
+    allowed = settings.memory.allowed(plain_bytes)   # _options.MemoryBudget: 10% or 1 MiB
+    figures = MemoryFigures(plain_bytes, ours, allowed)
+    figures.fits, figures.line()
+
+Sharp edges:
+  * Both figures are the memory model's, not XLA's (``gpu_preview`` shows what the
+    compile says, ``Compiled.memory_analysis()``): a budget is kept as the model sees it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from .._gpu_model import CommandBufferMode
+
+__all__ = ["LADDER", "MemoryFigures", "format_bytes", "mode_memory_reason", "over_budget"]
+
+MIB = 2**20
+
+
+# What may be left out while jaxpar's program needs more than the budget, the first
+# first: each kind names the ``Settings`` switches it turns off (``"streams"``: no stream
+# sections). The fewest kinds that bring the program within the budget are left out.
+LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("stream sections", ("streams",)),
+    ("batching", ("batch_scans", "batch_branches", "batch_matmuls")),
+    ("loop rewrites", ("fuse_scans", "unroll", "share_common")),
+)
+
+
+def format_bytes(count: float) -> str:
+    """``"1.5 MiB"``, ``"12 KiB"``, ``"300 B"``."""
+    if not math.isfinite(count):
+        return str(count)
+    sign = "-" if count < 0 else ""
+    count = abs(count)
+    for unit, size in (("GiB", 2**30), ("MiB", MIB), ("KiB", 2**10)):
+        if count >= size:
+            return f"{sign}{count / size:.1f} {unit}"
+    return f"{sign}{count:.0f} B"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryFigures:
+    """Estimated temporary memory of one plan against the plain program.
+
+    Attributes:
+      plain_bytes: the plain program (the function as traced) in the user's mode.
+      jaxpar_bytes: jaxpar's program in the mode it is compiled in.
+      allowed_bytes: how many more bytes the budget allows (None: any).
+      left_out: the rewrites left out to keep to the budget, with what they would
+        have needed, one line each.
+    """
+
+    plain_bytes: float
+    jaxpar_bytes: float
+    allowed_bytes: float | None
+    left_out: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return self.allowed_bytes is None or \
+            self.jaxpar_bytes <= self.plain_bytes + self.allowed_bytes
+
+    def line(self) -> str:
+        """``memory: est. temporaries A against B for the plain program (budget +C)``."""
+        budget = ("no budget" if self.allowed_bytes is None
+                  else f"budget +{format_bytes(self.allowed_bytes)}")
+        ratio = (f", x{self.jaxpar_bytes / self.plain_bytes:.2f}" if self.plain_bytes > 0
+                 else "")
+        return (f"memory: est. temporaries {format_bytes(self.jaxpar_bytes)} against "
+                f"{format_bytes(self.plain_bytes)} for the plain program ({budget}{ratio})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plain_bytes": self.plain_bytes, "jaxpar_bytes": self.jaxpar_bytes,
+                "allowed_bytes": self.allowed_bytes, "fits": self.fits,
+                "left_out": list(self.left_out)}
+
+
+def over_budget(plain_bytes: float, ours: float, allowed: float | None,
+                what: str) -> str | None:
+    """Why ``what`` is over budget (None when it fits)."""
+    if allowed is None or ours <= plain_bytes + allowed:
+        return None
+    return (f"{what} would need est. {format_bytes(ours - plain_bytes)} more temporary "
+            f"memory than the plain program (budget +{format_bytes(allowed)})")
+
+
+def mode_memory_reason(mode: CommandBufferMode, plain_bytes: float, ours: float,
+                       allowed: float | None) -> str | None:
+    """Why ``mode`` is refused for its memory (None when it fits)."""
+    return over_budget(plain_bytes, ours, allowed, f"{mode.value} mode")
