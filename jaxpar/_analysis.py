@@ -41,6 +41,10 @@ class Analysis:
                             f"{type(settings).__name__}")
         self.settings = settings
         self.costs = CostModel(device_profile(settings.target, settings.gpu))
+        # How many more temporary bytes than the plain program jaxpar's may need (the
+        # memory budget's allowance, ``_plan.budget``), for the passes that stack copies;
+        # None: no budget, or not known yet.
+        self.memory_allowance: float | None = None
         # Structural keys of jaxprs, equations and parameters, shared by every pass.
         self.structural_keys = StructuralKeys()
         self._graphs: IdentityMemo[_compat.Jaxpr, Graph] = IdentityMemo()
@@ -63,6 +67,7 @@ class Analysis:
         other = Analysis.__new__(Analysis)
         other.settings = settings
         other.costs = self.costs
+        other.memory_allowance = self.memory_allowance
         other.structural_keys = self.structural_keys
         other._graphs, other._placement = self._graphs, self._placement
         other._writers = self._writers

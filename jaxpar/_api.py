@@ -55,6 +55,7 @@ from ._frameworks import (
     refuse_module_as_function,
 )
 from ._gpu_model import CommandBufferMode, GpuProfile
+from ._memory import MemoryModel
 from ._options import (
     Options,
     ResolveInputs,
@@ -65,11 +66,10 @@ from ._options import (
     check_known,
 )
 from ._plan import LevelPlan, plan_jaxpr
+from ._plan.budget import LADDER, MemoryFigures, mode_memory_reason, over_budget
 from ._plan.modes import (
     CANDIDATES as MODE_CANDIDATES,
 )
-from ._memory import MemoryModel
-from ._plan.budget import LADDER, MemoryFigures, mode_memory_reason, over_budget
 from ._plan.modes import (
     MIN_GAIN,
     ModeChoice,
@@ -837,6 +837,7 @@ def _priced(traced: Traced, settings: Settings, baseline: bool) -> _Priced:
     base_mode = settings.compile_command_buffers or settings.user_command_buffers
     plain_bytes = memory.temp_bytes(traced.jaxpr, base_mode)
     allowed = settings.memory.allowed(plain_bytes) if settings.memory is not None else None
+    analysis.memory_allowance = allowed  # for the passes that stack copies
     analysis, jaxpr, plan, loops, ours, left_out = _within_budget(
         traced, analysis, memory, plain_bytes, allowed)
     settings = analysis.settings

@@ -44,6 +44,7 @@ import jax
 __all__ = [
     "GENERIC_GPU",
     "GPU_PROFILES",
+    "CONCURRENT_REGION_BYTES",
     "MIN_GRAPH_SIZE",
     "PROFILE_DIR_VARIABLE",
     "CommandBufferMode",
@@ -122,6 +123,12 @@ class CommandBufferMode(enum.Enum):
 # Consecutive capturable thunks XLA needs to form a CUDA graph (the default of
 # ``xla_gpu_graph_min_graph_size``).
 MIN_GRAPH_SIZE = 5
+
+# The most bytes a kernel may read and write and still run concurrently in
+# ``CONCURRENT_REGIONS`` mode (``kMaxBytesForConcurrentExecution`` in
+# ``xla/service/gpu/gpu_hlo_ordering.cc``: more "may increase memory usage and lead to
+# OOMs").
+CONCURRENT_REGION_BYTES = 20_000_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -208,7 +215,7 @@ class GpuProfile:
           ValueError: a figure without a range, or an end that is neither.
         """
         uncertain = {name for name, _, _ in self.ranges}
-        changes = {}
+        changes: dict[str, Any] = {}
         for figure, end in ends.items():
             if figure not in uncertain or end not in ("low", "high"):
                 raise ValueError(f"{figure}={end!r}: the uncertain figures are "

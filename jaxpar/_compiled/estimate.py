@@ -28,7 +28,8 @@ its source there; a calibration profile measured on the GPU replaces them):
   type, other flops (one per element of every other instruction) at the FP32 peak;
   bytes of the operands read (only the slice a ``dynamic-slice``/``slice``/``gather``
   takes of a parameter; nothing for the buffer a ``dynamic-update-slice`` updates in
-  place) plus the result written. A kernel lasts at least ``kernel_floor_s``.
+  place) plus the result written. A kernel lasts at least ``kernel_floor_s`` launched
+  alone, ``graph_floor_s`` inside a CUDA graph.
 * **Host.** Without CUDA graphs the host thread pays ``launch_s`` per kernel, and a
   kernel starts when both the host has enqueued it and its stream is free.
   ``call-start`` makes the region's stream wait for everything enqueued on the caller's
@@ -52,7 +53,8 @@ its source there; a calibration profile measured on the GPU replaces them):
   runs of at least 5 consecutive capturable thunks (fusions, cuBLAS/cuDNN/Triton custom
   calls, copies, conditionals whose branches are capturable, stream regions whose
   kernels all are, plain calls) in ENTRY, in ``while`` bodies and in conditional branches
-  become one graph launch (``graph_launch_s + graph_node_s`` per kernel on the host). A
+  become one graph launch (``graph_launch_s`` plus ``node_s`` per kernel on the host:
+  ``chain_node_s`` for a chain, ``dag_node_s`` for a branching graph). A
   ``while`` is never captured (WHILE is not a default command type), nor is anything
   inside a stream region that holds one (the conversion pass does not recurse into
   it). Modes (``_gpu_model.CommandBufferMode``):
@@ -61,7 +63,12 @@ its source there; a calibration profile measured on the GPU replaces them):
     graph is one serial chain, **regions inlined into it included**, so a captured
     region's overlap is lost (open XLA PR #48900 describes exactly this).
   - ``"concurrent"`` (``=CONCURRENT``): graph nodes depend only on the data they read,
-    so independent kernels (annotated or not) overlap inside a graph.
+    so independent kernels (annotated or not) overlap inside a graph, at most
+    ``hardware_queues`` at once; a kernel that fills the GPU or calls a library (a dot
+    or convolution inside, a custom call, more than ``CONCURRENT_REGION_BYTES``) overlaps
+    nothing (no public evidence that overlapping them pays).
+  - ``"concurrent_regions"`` (``=CONCURRENT_REGIONS``): the same, as XLA defines it:
+    only small kernels run concurrently, the rest serially.
   - ``"serialize"`` (``=SERIALIZE``): a serial chain, as ``"lhs"``.
   - ``"off"`` (``--xla_gpu_enable_command_buffer=``): every kernel is launched alone.
 
@@ -71,7 +78,8 @@ collectives across devices (costed by bytes, on the caller's stream), graph upda
 when argument addresses change, and cuSOLVER internals (costed by bytes).
 
 The figures (peaks by element type, bandwidth, ``launch_s``, ``graph_launch_s``,
-``graph_node_s``, ``kernel_floor_s``, ``sync_s``, ``event_s``) and their sources are in
+``chain_node_s``, ``dag_node_s``, ``kernel_floor_s``, ``graph_floor_s``, ``sync_s``,
+``event_s``, ``hardware_queues``) and their sources are in
 ``jaxpar._gpu_model`` (``GPU_PROFILES``), shared with the planner's cost model and the
 pricing of stream sections.
 
@@ -86,12 +94,19 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile, gpu_profile
+from .._gpu_model import (
+    CONCURRENT_REGION_BYTES,
+    MIN_GRAPH_SIZE,
+    CommandBufferMode,
+    GpuProfile,
+    gpu_profile,
+)
 from . import schedule
 from .schedule import _Instruction, _Module
 
@@ -151,18 +166,22 @@ def _int_list(text: str | None) -> list[int]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KernelCost:
-    """Work of one launched kernel."""
+    """Work of one launched kernel; ``serial``: a library call, a kernel holding a dot or
+    a convolution, or one moving more than ``CONCURRENT_REGION_BYTES`` (XLA's
+    ``CONCURRENT_REGIONS`` rule: such kernels fill the GPU, and nothing overlaps them
+    in the model of either branching mode)."""
 
     tensor_seconds: float
     vector_flops: float
     bytes: float
+    serial: bool = False
 
     def work(self, profile: GpuProfile) -> float:
         compute = self.tensor_seconds + self.vector_flops / profile.vector_flops
         return max(compute, self.bytes / profile.bandwidth)
 
-    def duration(self, profile: GpuProfile) -> float:
-        return max(self.work(profile), profile.kernel_floor_s)
+    def duration(self, profile: GpuProfile, graphs: bool = False) -> float:
+        return max(self.work(profile), profile.floor_s(graphs))
 
 
 _SLICING = frozenset({"dynamic-slice", "slice", "gather"})
@@ -210,7 +229,9 @@ class _Costs:
             arrays = _arrays(instruction.shape)
             if tensor and len(arrays) > 1:  # (result, workspace): the workspace is scratch
                 written = _ELEMENT_BYTES.get(arrays[0][0], 4.0) * arrays[0][1]
-        return KernelCost(tensor, 0.0, read + written)
+        return KernelCost(tensor, 0.0, read + written,
+                          serial=instruction.opcode == "custom-call"
+                          or read + written > CONCURRENT_REGION_BYTES)
 
     def _custom_call_seconds(self, instruction: _Instruction, shapes: dict[str, str]) -> float:
         target = schedule._attribute_group(instruction.attributes, "custom_call_target") or ""
@@ -293,7 +314,8 @@ class _Costs:
                 read += sum(_bytes(u.shape) for u in uses)
             else:
                 read += _bytes(instruction.shape)
-        return KernelCost(tensor, vector, read + written)
+        return KernelCost(tensor, vector, read + written,
+                          serial=tensor > 0 or read + written > CONCURRENT_REGION_BYTES)
 
 
 # --------------------------------------------------------------------------- thunk items
@@ -587,9 +609,9 @@ class _Replay:
         self.unknown_loops: set[str] = set()
 
     # -- the device
-    def _run(self, start: float, cost: KernelCost) -> float:
+    def _run(self, start: float, cost: KernelCost, graphs: bool = False) -> float:
         work = cost.work(self.profile)
-        duration = max(work, self.profile.kernel_floor_s)
+        duration = max(work, self.profile.floor_s(graphs))
         begin_work = max(start, self.clock["device_free"])
         self.clock["device_free"] = begin_work + work
         self.clock["device_seconds"] += duration
@@ -700,24 +722,39 @@ class _Replay:
         nodes: list[tuple[_Instruction, str, tuple[str, ...]]] = []
         self._flatten(item.members, computation, nodes, {})
         kernels = sum(instruction.opcode != "__value__" for instruction, _, _ in nodes)
-        self.clock["host"] += self.profile.graph_launch_s + self.profile.graph_node_s * kernels
+        mode = self.program.mode
+        self.clock["host"] += self.profile.graph_launch_s + self.profile.node_s(mode) * kernels
         self.clock["graph_launches"] += 1
         self.clock["launches"] += kernels
         begin = max(self.clock["host"], self.streams.setdefault(stream, 0.0))
-        concurrent = self.program.mode is CommandBufferMode.CONCURRENT
+        branching = mode.branching
+        queues = max(1, self.profile.hardware_queues)
         ready: dict[str, float] = {}
-        end = chain = begin
+        end = chain = barrier = begin
+        in_flight: list[float] = []  # small nodes still running beside others
         for instruction, where, inputs in nodes:
             if instruction.opcode == "__value__":
                 ready[instruction.name] = max((ready.get(i, begin) for i in inputs),
                                               default=begin)
                 continue
-            start = max([begin, *(ready.get(i, begin) for i in inputs)]) if concurrent \
-                else chain
-            if concurrent and start < end:  # beside a node still running
+            cost = self.program.costs.kernel(instruction, where)
+            if branching and not cost.serial:
+                start = max([barrier, *(ready.get(i, begin) for i in inputs)])
+                while in_flight and in_flight[0] <= start:
+                    heapq.heappop(in_flight)
+                if len(in_flight) >= queues:  # every hardware queue busy
+                    start = max(start, heapq.heappop(in_flight))
+            else:  # a chain, or a kernel that fills the GPU: after everything before
+                start = end if branching else chain
+            if branching and start < end:  # beside a node still running
                 self.clock["concurrent_kernels"] += 1
-            finish = self._run(start, self.program.costs.kernel(instruction, where))
+            finish = self._run(start, cost, graphs=True)
             ready[instruction.name] = chain = finish
+            if branching and not cost.serial:
+                heapq.heappush(in_flight, finish)
+            else:
+                barrier = finish
+                in_flight.clear()
             end = max(end, finish)
         self.streams[stream] = end
 

@@ -5,8 +5,8 @@ jaxpar's rewrites and CUDA-graph modes can raise a program's temporary memory
 whichever is more) more temporary bytes than the plain program in the user's mode, as
 the memory model estimates both; ``parallel_branches(memory=...)`` states another budget
 (``"any"``, or a number of extra bytes). A candidate over budget is not chosen: a mode is
-refused, and the fewest kinds of rewrite (``LADDER``: stream sections, batching, loop
-rewrites) are left out that bring the program within the budget.
+refused, and the fewest kinds of rewrite (``LADDER``: stream sections, unrolling,
+batching, loop fusion) are left out that bring the program within the budget.
 
 Example::
 
@@ -22,10 +22,10 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from .._gpu_model import CommandBufferMode
+from .._memory import format_bytes
 
 __all__ = ["LADDER", "MemoryFigures", "format_bytes", "mode_memory_reason", "over_budget"]
 
@@ -37,21 +37,10 @@ MIB = 2**20
 # sections). The fewest kinds that bring the program within the budget are left out.
 LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stream sections", ("streams",)),
+    ("unrolling", ("unroll",)),
     ("batching", ("batch_scans", "batch_branches", "batch_matmuls")),
-    ("loop rewrites", ("fuse_scans", "unroll", "share_common")),
+    ("loop fusion", ("fuse_scans", "share_common")),
 )
-
-
-def format_bytes(count: float) -> str:
-    """``"1.5 MiB"``, ``"12 KiB"``, ``"300 B"``."""
-    if not math.isfinite(count):
-        return str(count)
-    sign = "-" if count < 0 else ""
-    count = abs(count)
-    for unit, size in (("GiB", 2**30), ("MiB", MIB), ("KiB", 2**10)):
-        if count >= size:
-            return f"{sign}{count / size:.1f} {unit}"
-    return f"{sign}{count:.0f} B"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -73,10 +73,11 @@ from typing import Any
 from .. import _compat
 from .._analysis import Analysis
 from .._compat import Jaxpr, JaxprEqn, Primitive
-from .._cost import ZERO, Cost, CostModel, LaunchPrices
+from .._cost import ENDS, ZERO, Cost, CostModel, LaunchPrices
 from .._gpu_model import CommandBufferMode
 from .._graph import Graph
 from .._memo import IdentityMemo
+from .._memory import stacking_refusal
 from .._primitives import COLLECTIVE, is_collective
 from .._structure import StructuralKeys, literal_key
 from ._shared import (
@@ -143,7 +144,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         level, analysis.costs, analysis.shared_memo("batch_branches"),
         analysis.structural_keys, analysis.shared_memo("emission_order"),
         analysis.settings.command_buffers,
-        analysis.shared_state("batch_branches_values", _Numbering))
+        analysis.shared_state("batch_branches_values", _Numbering), analysis.memory_allowance)
     remember_search(analysis, "batch_branches", level.jaxpr, rewrites)
     if alike:
         decided_alike(analysis, level)
@@ -177,10 +178,12 @@ class _Numbering:
 def _batch_level(level: Level, costs: CostModel,
                  memo: _OwnerMemo, structure: StructuralKeys,
                  orders: OrderMemo, mode: CommandBufferMode | None = None,
-                 carried: _Numbering | None = None
+                 carried: _Numbering | None = None, allowance: float | None = None
                  ) -> tuple[list[Rewrite], list[PassDecision], bool]:
     """The rewrites and decisions, and whether every verdict would be the same in a mode
-    pricing launches otherwise (``CostModel.launch_prices``)."""
+    pricing launches otherwise (``CostModel.launch_prices``). A group is batched only
+    where it pays at both ends of the GPU model's ranges (``_cost.ENDS``) and its stacked
+    copies fit the memory budget's ``allowance``."""
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
     if len(eqns) < 2:
@@ -206,10 +209,11 @@ def _batch_level(level: Level, costs: CostModel,
     # Only the equations of candidate groups are costed; the stages need only which
     # equations launch a kernel.
     heavy = _heavy(eqns, records, costs)
-    prices = costs.launch_prices(eqns, mode, level.in_loop_body)
+    prices = [costs.launch_prices(eqns, mode, level.in_loop_body, end) for end in ENDS]
     other_mode = (CommandBufferMode.LHS if mode is CommandBufferMode.CONCURRENT
                   else CommandBufferMode.CONCURRENT)
-    other_prices = costs.launch_prices(eqns, other_mode, level.in_loop_body)
+    other_prices = [costs.launch_prices(eqns, other_mode, level.in_loop_body, end)
+                    for end in ENDS]
     alike = True
     depth, height = _stages(graph, heavy)
     claimed: set[int] = set()
@@ -241,20 +245,21 @@ def _batch_level(level: Level, costs: CostModel,
                    "kernels before or after them), so batching would hold the earlier ones "
                    "back or join stages the planner can overlap")
         else:
-            before, after = _before_after(eqns, group, member_cost, heavy, graph,
-                                          level_outputs)
+            before, after, stacked = _before_after(eqns, group, member_cost, heavy, graph,
+                                                   level_outputs)
             # In a concurrent graph the members' launches run side by side: one
             # member's are in series with the rest, the others' beside them.
             beside = member_cost.kernels * (group.members - 1)
-            loses = _seconds(after, costs, prices) >= _seconds(before, costs, prices, beside)
-            if other_prices != prices and loses != (
-                    _seconds(after, costs, other_prices)
-                    >= _seconds(before, costs, other_prices, beside)):
+            loses = _loses(before, after, beside, costs, prices)
+            if other_prices != prices and loses != _loses(before, after, beside, costs,
+                                                          other_prices):
                 alike = False
             if loses:
                 why = (f"stacking their differing inputs costs more than the "
                        f"{int(member_cost.kernels) * (group.members - 1)} kernel launches "
-                       "batching would save")
+                       "batching would save (at one end of the GPU model's ranges)")
+            else:
+                why = stacking_refusal(stacked, allowance)
         if why is not None:
             # Reported when worth a line: members launching a kernel or two are not.
             if member_cost.kernels >= 2 and not set(group.eqns) <= reported:
@@ -641,8 +646,10 @@ def _shared_column(eqns: Sequence[JaxprEqn], group: _Group, slot: tuple[int, int
 
 
 def _before_after(eqns: Sequence[JaxprEqn], group: _Group, member: Cost, heavy: Sequence[bool],
-                  graph: Graph, level_outputs: set[Any]) -> tuple[Cost, Cost]:
-    """Modelled cost of the members as they are, and batched (with stacking and slicing).
+                  graph: Graph, level_outputs: set[Any]) -> tuple[Cost, Cost, float]:
+    """Modelled cost of the members as they are, and batched (with stacking and slicing),
+    and the bytes of the stacked copies (the stacked inputs and the batched results, on
+    top of what the members use).
 
     A stacked input is one more kernel when a kernel-launching equation (a matmul) reads
     it; stacking an input only elementwise work reads fuses into that work. Likewise a
@@ -653,6 +660,7 @@ def _before_after(eqns: Sequence[JaxprEqn], group: _Group, member: Cost, heavy: 
     count = group.members
     before = member.scale(count)
     after = Cost(flops=before.flops, bytes=before.bytes, kernels=member.kernels)
+    stacked = 0.0
     launched = {source[1] for row, sources in zip(group.rows, group.wiring, strict=True)
                 if heavy[row[0]] for source in sources if source[0] == "slot"}
     for index, slot in enumerate(group.slots):
@@ -661,6 +669,7 @@ def _before_after(eqns: Sequence[JaxprEqn], group: _Group, member: Cost, heavy: 
             nbytes = _compat.aval_nbytes(eqns[group.rows[row][0]].invars[position].aval)
             after = after + Cost(bytes=2.0 * count * nbytes,
                                  kernels=1.0 if index in launched else 0.0)
+            stacked += count * nbytes
     inside = set(group.eqns)
     for row, out in group.outputs:
         nbytes = _compat.aval_nbytes(eqns[group.rows[row][0]].outvars[out].aval)
@@ -670,7 +679,15 @@ def _before_after(eqns: Sequence[JaxprEqn], group: _Group, member: Cost, heavy: 
                             for r in graph.succs[i])
                      for i in group.rows[row])
         after = after + Cost(bytes=2.0 * count * nbytes, kernels=float(sliced))
-    return before, after
+        stacked += count * nbytes
+    return before, after, stacked
+
+
+def _loses(before: Cost, after: Cost, beside: float, costs: CostModel,
+           ends: Sequence[LaunchPrices]) -> bool:
+    """Whether batching (``after``) is no cheaper than the members as they are
+    (``before``) at some end of the GPU model's ranges (``ends``: their prices)."""
+    return any(_seconds(after, costs, p) >= _seconds(before, costs, p, beside) for p in ends)
 
 
 def _seconds(cost: Cost, costs: CostModel, prices: LaunchPrices, beside: float = 0.0

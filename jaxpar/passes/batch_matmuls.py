@@ -75,10 +75,11 @@ from jax import lax
 from .. import _compat
 from .._analysis import Analysis
 from .._compat import Atom, JaxprEqn, JaxprLike, ShapedArray
-from .._cost import CostModel, LaunchPrices, launch_prices
+from .._cost import ENDS, CostModel, LaunchPrices, launch_prices
 from .._gpu_model import CommandBufferMode
 from .._graph import Graph
 from .._memo import IdentityMemo
+from .._memory import stacking_refusal
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
 from .._structure import StructuralKeys
 from ._shared import stage_depths
@@ -187,7 +188,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         return [], []
     rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers,
                                        analysis.shared_state("batch_matmuls", _Carried),
-                                       analysis.structural_keys)
+                                       analysis.structural_keys, analysis.memory_allowance)
     remember_search(analysis, "batch_matmuls", level.jaxpr, rewrites)
     return rewrites, decisions
 
@@ -200,7 +201,7 @@ def _batchable(eqn: JaxprEqn) -> bool:
 
 def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
                  carried: _Carried | None = None,
-                 structure: StructuralKeys | None = None
+                 structure: StructuralKeys | None = None, allowance: float | None = None
                  ) -> tuple[list[Rewrite], list[PassDecision]]:
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path
@@ -214,9 +215,9 @@ def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
     if not groups:
         return [], []
     level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
-    prices = costs.launch_prices(eqns, mode, level.in_loop_body)
+    prices = [costs.launch_prices(eqns, mode, level.in_loop_body, end) for end in ENDS]
     accepted, rejected, priced = _choose(eqns, graph, groups, launches, costs, level_outputs,
-                                         prices)
+                                         prices, allowance)
     decisions = [_left_alone(path, eqns, g, launches[g], priced[g]) for g in rejected]
     if not accepted:
         return [], decisions
@@ -612,12 +613,19 @@ def _stack_bytes(column: _Column) -> float:
     return 2.0 * sum(_compat.aval_nbytes(a.aval) for a in column)
 
 
+# What one round of ``_choose`` knows of its accepted groups: each unshared column's first
+# user and user count, the stacked results other groups read, the columns made by a
+# batched op, and the batched equations.
+_Round = tuple[dict[Any, Any], dict[Any, int], dict[Any, int], set[Any], set[int]]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Price:
     """The cost model's view of one group, in seconds per run of the level."""
 
     saved: float  # launches saved (and the stacking its chained readers are spared)
     cost: float  # stacking kernel, stacking and transposing bytes
+    memory: str | None = None  # why its stacked copies are over the memory budget
 
     @property
     def worth(self) -> float:
@@ -627,7 +635,8 @@ class _Price:
 def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
             launches: dict[_Group, int], costs: CostModel,
             level_outputs: set[Any] | frozenset[Any] = frozenset(),
-            prices: LaunchPrices | None = None
+            prices: LaunchPrices | Sequence[LaunchPrices] | None = None,
+            allowance: float | None = None
             ) -> tuple[list[_Group], list[_Group], dict[_Group, _Price]]:
     """The groups worth batching, the rest, and each one's price (a dropped group's as
     it was when dropped), by the kernels they save and the kernels they add.
@@ -652,7 +661,11 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
     (``prices``, ``CostModel.launch_prices``; default a serial chain's): a member's
     launch saved is worth ``prices.beside`` (its kernel floor in a serial chain, only its
     graph node in a ``concurrent`` graph, where the members already overlap), a stacking
-    or slicing kernel added costs ``prices.serial``.
+    or slicing kernel added costs ``prices.serial``. Given several ``prices`` (the ends
+    of the GPU model's ranges, ``_cost.ENDS``), a group must pay at each; its price is
+    the one at the end where it pays least. A group whose stacked copies (its stacked
+    operands and its batched result) need more than ``allowance`` bytes (the memory
+    budget's) is left alone.
 
     Only the groups' operands and results are looked at (their producers and readers,
     through ``graph``), so a visit costs in proportion to the groups, not the level.
@@ -660,11 +673,7 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
     profile = costs.profile
     if prices is None:
         prices = launch_prices(profile, None, 0.0)
-    launch, beside = prices.serial, prices.beside
-    # Where the model cannot tell, leave the program alone: a group must win at least half
-    # a launch more than it costs (a siamese network's backward pass, priced +0.69 us,
-    # launched one kernel more once compiled).
-    margin = launch / 2
+    ends = [prices] if isinstance(prices, LaunchPrices) else list(prices)
     made_at = {eqns[i].outvars[0]: i for g in groups for i in g.members}
     launching: dict[int, bool] = {}
 
@@ -705,8 +714,43 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
     transposes = {g: sum(2.0 * _compat.aval_nbytes(eqns[i].outvars[0].aval)
                          for i, s in zip(g.members, g.swapped, strict=True) if s)
                   for g in groups}
-    accepted = list(groups)  # in stage order
+    def price_of(g: _Group, launch: float, beside: float, rounds: _Round) -> _Price:
+        """``g``'s price with a launch at ``launch`` (a member's at ``beside``), given
+        the groups accepted this round (``rounds``)."""
+        first_user, users, chained, produced, batched = rounds
+        new = [c for c in dict.fromkeys(columns[g]) if first_user.get(c) is g]
+        saved = (launches[g] - 1) * beside
+        cost = transposes[g] / profile.bandwidth
+        if new and not any(replaces_producer(a, i) for c in new
+                           for a, i in zip(c, g.members, strict=True)):
+            cost += launch
+        cost += sum(_stack_bytes(c) for c in new if users[c] == 1) / profile.bandwidth
+        read_chained = chained.get(outputs[g], 0) if outputs[g] in produced else 0
+        sliced = sum(out in level_outputs or any(
+            launches_kernel(r) and not (read_chained and r in batched)
+            for r in readers(out, made_at[out]))
+            for out in (eqns[i].outvars[0] for i in g.members))
+        cost += sliced * launch
+        if read_chained:
+            saved += launch  # its readers would otherwise stack its results
+        if any(c in produced for c in columns[g] if not _shared(c)):
+            # Its producer's result would otherwise be sliced apart for it: a chained
+            # reader's worth, like its producer's, counts the link (crossed_pair's third
+            # matmuls, left alone without it, launched three kernels more per trip).
+            saved += launch
+        return _Price(saved, cost)
+
     priced: dict[_Group, _Price] = {}
+    accepted = []  # in stage order
+    for g in groups:
+        stacked = sum(_stack_bytes(c) / 2 for c in dict.fromkeys(columns[g])
+                      if not _shared(c)) + sum(
+            _compat.aval_nbytes(eqns[i].outvars[0].aval) for i in g.members)
+        refusal = stacking_refusal(stacked, allowance)
+        if refusal is None:
+            accepted.append(g)
+        else:
+            priced[g] = _Price(0.0, 0.0, refusal)
     batched: set[int] = set()
     for _ in range(len(groups) + 1):
         batched.clear()
@@ -724,31 +768,22 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
                     continue
                 first_user.setdefault(column, g)
                 users[column] = users.get(column, 0) + 1
+        pays: dict[_Group, bool] = {}
+        least: dict[_Group, float] = {}
         for g in accepted:
-            new = [c for c in dict.fromkeys(columns[g]) if first_user.get(c) is g]
-            saved = (launches[g] - 1) * beside
-            cost = transposes[g] / profile.bandwidth
-            if new and not any(replaces_producer(a, i) for c in new
-                               for a, i in zip(c, g.members, strict=True)):
-                cost += launch
-            cost += sum(_stack_bytes(c) for c in new if users[c] == 1) / profile.bandwidth
-            read_chained = chained.get(outputs[g], 0) if outputs[g] in produced else 0
-            sliced = sum(out in level_outputs or any(
-                launches_kernel(r) and not (read_chained and r in batched)
-                for r in readers(out, made_at[out]))
-                for out in (eqns[i].outvars[0] for i in g.members))
-            cost += sliced * launch
-            if read_chained:
-                saved += launch  # its readers would otherwise stack its results
-            if any(c in produced for c in columns[g] if not _shared(c)):
-                # Its producer's result would otherwise be sliced apart for it: a chained
-                # reader's worth, like its producer's, counts the link (crossed_pair's
-                # third matmuls, left alone without it, launched three kernels more per trip).
-                saved += launch
-            priced[g] = _Price(saved, cost)
-        if all(priced[g].worth > margin for g in accepted):
+            for end in ends:
+                price = price_of(g, end.serial, end.beside,
+                                 (first_user, users, chained, produced, batched))
+                # Where the model cannot tell, leave the program alone: a group must win
+                # at least half a launch more than it costs (a siamese network's backward
+                # pass, priced +0.69 us, launched one kernel more once compiled).
+                slack = price.worth - end.serial / 2
+                if g not in least or slack < least[g]:
+                    priced[g], least[g] = price, slack
+                pays[g] = pays.get(g, True) and slack > 0
+        if all(pays.values()):
             break
-        accepted = [g for g in accepted if priced[g].worth > margin]
+        accepted = [g for g in accepted if pays[g]]
     else:  # pragma: no cover - each round removes a group or stops
         raise RuntimeError("jaxpar batch_matmuls: choosing groups did not settle; please "
                            "report it with the program")
@@ -936,10 +971,12 @@ def _batched(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: int,
 def _left_alone(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: int, price: _Price
                 ) -> PassDecision:
     saves = f"{launches - 1} kernel launch{'es' * (launches > 2)}"
-    why = (f"would save {saves} but add at least as much in stacking and slicing kernels"
+    why = (f"would save {saves}, but {price.memory}" if price.memory is not None else
+           f"would save {saves} but add at least as much in stacking and slicing kernels"
            if price.worth <= 0 else
            f"would save {saves}, less than half a launch more than its stacking and slicing "
-           "kernels cost: the cost model cannot tell it pays")
+           "kernels cost at one end of the GPU model's ranges: the cost model cannot tell "
+           "it pays")
     reason = f"batching {why}: {_describe(eqns, group)}; {_price_text(price)}"
     return decision(path, DecisionKind.MATMULS_LEFT_ALONE, eqns, list(group.members),
                     trips_before=None, trips_after=None, unroll=None, reason=reason,

@@ -4,11 +4,15 @@ Two scans of one level with no path between them in the dependency graph,
 whose bodies compute the same thing (compared structurally, parameters and
 constants by value: ``_structure``), with the same length, direction, unroll
 factor and operand types, and whose body ``vmap`` batches faithfully and cheaply
-given the operands they share (``_shared``), become one ``lax.scan`` under
-``jax.vmap``: carries, xs and consts are stacked
-along a new leading axis (an operand that is the same variable in every member
-is shared, not stacked). Each body's ``k`` kernels per trip become ``k`` bigger
-kernels, and the two loops one loop: what the seed story's ``test3`` does by hand.
+given the operands they share (``_shared``), become one ``lax.scan`` whose body runs
+the members' body under ``jax.vmap``: carries and consts are stacked once along a new
+leading axis (an operand that is the same variable in every member is shared, not
+stacked), and each member's scanned inputs are scanned as they are, each trip stacking
+its slices, so no stacked copy of inputs the user passed apart (or broadcast) is ever
+made. Each body's ``k`` kernels per trip become ``k`` bigger kernels, and the two loops
+one loop: what a hand-written ``jax.vmap`` over the scan does. A group whose stacked copies
+(consts, carries, results) would need more than the memory budget allows
+(``Analysis.memory_allowance``) is left alone.
 
 Example::
 
@@ -27,8 +31,9 @@ Sharp edges:
     operands whose body holds what must not be merged (``_shared.merge_refusal``);
     equal scans refused so are reported as left alone, and ``fuse_scans`` may fuse
     them.
-  * Stacking copies the operands once per call; for large xs and few trips that
-    copy can cost more than the loop overhead it saves.
+  * Stacking copies the consts and carries once per call, and each trip's slices of the
+    scanned inputs: for large slices and few trips that copying can cost more than the
+    loop overhead it saves.
 """
 
 from __future__ import annotations
@@ -37,12 +42,14 @@ from collections.abc import Hashable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprEqn
+from .._memory import stacking_refusal
 from .._structure import StructuralKeys
-from ._shared import batch_refusal, body_key, group_independent, static_refusal, vmap_members
+from ._shared import batch_refusal, body_key, group_independent, shared_column, static_refusal
 from ._walk import (
     DecisionKind,
     Level,
@@ -89,6 +96,15 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
                                     f"not batch them faithfully and cheaply: {why}"))
     for group in groups:
         infos = [_compat.scan_info(eqns[i]) for i in group]
+        too_big = stacking_refusal(_stacked_bytes([eqns[i] for i in group], infos[0]),
+                                   analysis.memory_allowance)
+        if too_big is not None:
+            decisions.append(decision(
+                path, DecisionKind.LEFT_ALONE, eqns, group, trips_before=None,
+                trips_after=None, unroll=None,
+                reason=f"{len(group)} scans run the same body, but batching them: "
+                       f"{too_big}"))
+            continue
         rewrites.append(Rewrite(tuple(group), _batched_emitter([eqns[i] for i in group])))
         decisions.append(decision(
             path, DecisionKind.BATCHED, eqns, group,
@@ -97,6 +113,21 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             reason=f"{len(group)} independent scans run the same body: one vmapped scan with "
                    "stacked operands, so each trip launches the same kernels, batched"))
     return rewrites, decisions
+
+
+def _stacked_bytes(members: list[JaxprEqn], info: Any) -> float:
+    """Bytes of what the batched scan stacks (``_batched_emitter``): the consts the
+    members do not share and the carries, once; each trip's slices of the scanned inputs
+    (small); and the scan's stacked results, before each member's is sliced out."""
+    count = len(members)
+    carried = info.num_consts + info.num_carry
+    total = 0.0
+    for position, atom in enumerate(members[0].invars[:carried]):
+        column = [m.invars[position] for m in members]
+        if position >= info.num_consts or not shared_column(column):
+            total += count * _compat.aval_nbytes(atom.aval)
+    total += count * sum(_compat.aval_nbytes(v.aval) for v in members[0].outvars)
+    return total
 
 
 def _refusals(eqns: list[JaxprEqn], refused: list[int], structure: StructuralKeys
@@ -113,26 +144,46 @@ def _refusals(eqns: list[JaxprEqn], refused: list[int], structure: StructuralKey
 
 def _batched_emitter(members: list[Any]) -> Any:
     info = _compat.scan_info(members[0])
+    count = len(members)
+    carried = info.num_consts + info.num_carry
 
     def emit(invals: list[list[Any]]) -> list[list[Any]]:
         columns = [[vals[position] for vals in invals] for position in range(len(invals[0]))]
-        return vmap_members(lambda *flat: _run_scan(info, flat), columns, len(invals),
-                            members[0])
+        consts, carry, xs = columns[:info.num_consts], columns[info.num_consts:carried], \
+            columns[carried:]
+        # Consts are stacked once (or passed once, where every member reads the same);
+        # carries are stacked (they part ways after a trip). The scanned inputs are not
+        # stacked: each member's are scanned as they are, and the trip stacks its slices
+        # (no stacked copy of what the user passed apart, or broadcast).
+        const_values: list[Any] = []
+        const_axes: list[int | None] = []
+        for column in consts:
+            if shared_column(column):
+                const_values.append(column[0])
+                const_axes.append(None)
+            else:
+                const_values.append(jnp.stack([jnp.asarray(v) for v in column]))
+                const_axes.append(0)
+        init = [jnp.stack([jnp.asarray(v) for v in column]) for column in carry]
+        scanned = [column[:1] if shared_column(column) else column for column in xs]
+        flat_xs = [v for column in scanned for v in column]
+
+        def step(state: list[Any], slices: list[Any]) -> tuple[list[Any], list[Any]]:
+            trip, start = [], 0
+            for column in scanned:
+                part = slices[start:start + len(column)]
+                start += len(column)
+                trip.append(part[0] if len(part) == 1 else jnp.stack(part))
+            outs = jax.vmap(
+                lambda *flat: evaluate(info.jaxpr, *flat),
+                in_axes=(*const_axes, *[0] * len(state),
+                         *[None if len(column) == 1 else 0 for column in scanned]),
+            )(*const_values, *state, *trip)
+            return list(outs[:info.num_carry]), list(outs[info.num_carry:])
+
+        with _compat.eqn_context(members[0]):
+            final, ys = jax.lax.scan(step, init, flat_xs, length=info.length,
+                                     reverse=info.reverse, unroll=info.unroll)
+            return [[*(c[m] for c in final), *(y[:, m] for y in ys)] for m in range(count)]
 
     return emit
-
-
-def _run_scan(info: Any, operands: Any) -> list[Any]:
-    consts = operands[:info.num_consts]
-    carry = list(operands[info.num_consts:info.num_consts + info.num_carry])
-    xs = list(operands[info.num_consts + info.num_carry:])
-
-    def step(c: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
-        outs = evaluate(info.jaxpr, *consts, *c, *x)
-        return outs[:info.num_carry], outs[info.num_carry:]
-
-    final, ys = jax.lax.scan(step, carry, xs, length=info.length, reverse=info.reverse,
-                             unroll=info.unroll)
-    return [*final, *ys]
-
-

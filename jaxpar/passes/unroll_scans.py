@@ -13,7 +13,10 @@ count stays known to XLA (no ``while`` without a trip count is ever made).
 * otherwise ``k = ceil(KERNELS_PER_TRIP / max(K, 1))``, capped so that
   ``k * E <= MAX_UNROLLED_EQNS`` and ``k <= L``;
 * a scan whose unroll factor is already not 1 was chosen by someone (the user,
-  or an earlier run of this pass) and is left alone.
+  or an earlier run of this pass) and is left alone;
+* at most as many copies as the memory budget allows (``Analysis.memory_allowance``):
+  XLA's scheduler may interleave unrolled copies, each keeping its buffers and carries
+  alive (``_memory.MemoryModel.unrolled_copy_bytes``).
 
 ``unroll=k`` sets every scan's factor to ``min(k, L)``; ``unroll=None`` leaves
 every scan alone.
@@ -34,6 +37,7 @@ from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._cost import CostModel
+from .._memory import MemoryModel, format_bytes
 from .._options import UNROLL_BY_COST
 from ._walk import (
     MAX_UNROLLED_EQNS,
@@ -87,6 +91,11 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
                 continue
             factor = auto_unroll_factor(info, costs)
             why = "auto: body cost and length"
+            most = _most_copies(eqn, analysis)
+            if most < factor:
+                factor = most
+                why = (f"auto: body cost and length, and at most {most} copies of the body "
+                       f"within the memory budget (+{format_bytes(analysis.memory_allowance or 0)})")
         else:
             factor = max(1, min(int(unroll), info.length))
             why = f"unroll={unroll} requested"
@@ -102,6 +111,17 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             trips_before=loop_trips(info.length, info.unroll), trips_after=trips,
             unroll=factor, reason=f"{why}: unroll by {factor}"))
     return rewrites, decisions
+
+
+def _most_copies(eqn: JaxprEqn, analysis: Analysis) -> int:
+    """The most unrolled copies of the ``scan`` ``eqn``'s body the memory budget allows
+    (``Analysis.memory_allowance``): each copy may keep its buffers and carries alive
+    (``_memory.MemoryModel.unrolled_copy_bytes``)."""
+    allowance = analysis.memory_allowance
+    if allowance is None:
+        return _compat.scan_info(eqn).length
+    each = MemoryModel(analysis.costs, analysis.shared_memo("memory")).unrolled_copy_bytes(eqn)
+    return max(1, 1 + int(allowance // each)) if each > 0 else _compat.scan_info(eqn).length
 
 
 def _unroll_emitter(eqn: JaxprEqn, factor: int) -> EmitFn:
