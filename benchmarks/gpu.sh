@@ -32,7 +32,8 @@
 #     CUDA-graph setting -- XLA's default (LHS scheduling mode), CONCURRENT mode, and graphs
 #     off -- each row with "estimated_ratio", jaxpar._compiled.estimate's figure for the same
 #     compiled programs under that mode: where measured and estimated ratios disagree, the
-#     estimate's constants or its CUDA-graph assumptions are wrong (XLA_FACTS.md section 6).
+#     estimate's constants or its CUDA-graph assumptions are wrong (docs/gpu_evidence.md,
+#     section 1.7).
 #     xla-dump-<mode>/ holds XLA's dumps (--xla_dump_to), among them
 #     *thunk_sequence_after_thunk_passes.txt: which thunks became CommandBufferThunks, i.e.
 #     whether stream regions were captured into graphs.

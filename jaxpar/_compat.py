@@ -902,7 +902,8 @@ def while_info(eqn: JaxprEqn) -> WhileInfo:
 
 # --------------------------------------------------------------------------- shard_map
 # Reading a ``shard_map`` equation and re-emitting it with a new body (issue 4:
-# grouping collectives inside shard_map bodies). Layouts (XLA_FACTS section 5):
+# grouping collectives inside shard_map bodies). Layouts (docs/gpu_evidence.md,
+# section 1.4):
 #   * jax <= 0.6.0: ``jax.experimental.shard_map.shard_map``; params ``mesh,
 #     in_names, out_names, check_rep, auto, rewrite, jaxpr`` where a "names" entry
 #     is a ``{dim: (axis, ...)}`` dict.

@@ -35,11 +35,11 @@ its source there; a calibration profile measured on the GPU replaces them):
   ``call-start`` makes the region's stream wait for everything enqueued on the caller's
   stream, then the *same* host thread enqueues the whole region, then goes on;
   ``call-done`` makes the caller's stream wait for the region (``async_thunk.cc``,
-  XLA_CONCURRENCY.md section 2.1). Each costs ``event_s`` on the host.
+  docs/gpu_evidence.md, section 1.2). Each costs ``event_s`` on the host.
 * **Host syncs.** A ``conditional`` that is not in a CUDA graph, and every trip of a
   ``while`` without ``known_trip_count``, copy a predicate to the host and block it
   until its stream is idle, plus ``sync_s`` (``while_thunk.cc``/``conditional_thunk.cc``,
-  XLA_CONCURRENCY.md section 4). An unknown trip count is taken as ``unknown_trips``
+  docs/gpu_evidence.md, section 1.6). An unknown trip count is taken as ``unknown_trips``
   (default 1) and flagged.
 * **Sharing the GPU.** Kernels on different streams overlap, but the roofline work of
   all of them goes through one device: ``end = max(start + duration, max(start,
@@ -48,8 +48,8 @@ its source there; a calibration profile measured on the GPU replaces them):
 * **Loops.** A ``while`` with ``known_trip_count`` replays its body that many times from
   a host loop with no condition (``WhileThunk``). The replay runs three trips and
   extrapolates the steady per-trip step to the rest, so 10,000 trips cost three.
-* **CUDA graphs** (``command_buffers``), after XLA_FACTS.md section 6 and
-  XLA_CONCURRENCY.md section 1 (**inferred from XLA's source, not seen on a GPU yet**):
+* **CUDA graphs** (``command_buffers``), after docs/gpu_evidence.md,
+  section 1.7 (**inferred from XLA's source, not seen on a GPU yet**):
   runs of at least 5 consecutive capturable thunks (fusions, cuBLAS/cuDNN/Triton custom
   calls, copies, conditionals whose branches are capturable, stream regions whose
   kernels all are, plain calls) in ENTRY, in ``while`` bodies and in conditional branches
@@ -86,8 +86,8 @@ pricing of stream sections.
 Sharp edges:
   * An estimate, not a measurement: good for comparing two compiles of one program
     (plain against jaxpar), not for predicting wall time. The CUDA-graph behaviour
-    is read from XLA's source; the first GPU run must confirm it (XLA_FACTS.md
-    section 6, "Only a real GPU can settle these").
+    is read from XLA's source; the first GPU run must confirm it (docs/gpu_evidence.md,
+    section 5).
   * Reads the HLO text format of jaxlib 0.10.2 to 0.12 (see ``schedule``).
 """
 

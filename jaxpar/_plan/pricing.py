@@ -2,8 +2,8 @@
 
 The planner proposes sections (regions meant to overlap); this module says what
 one is expected to win or cost on the compiled GPU program, from what XLA:GPU is
-known to do with stream-annotated calls (``shared/XLA_FACTS.md`` section 6,
-``XLA_CONCURRENCY.md``):
+known to do with stream-annotated calls (``docs/gpu_evidence.md``, sections
+1.2 to 1.7):
 
 * **Overlap won.** Streams share one device: running two regions side by side
   hides the fixed latency of their kernels (the cost model's per-kernel floor),
@@ -45,7 +45,7 @@ Example::
 
 Sharp edges:
   * The graph-capture rules are read from XLA's source, not yet confirmed on a
-    GPU (``XLA_CONCURRENCY.md`` section 7); ``benchmarks/gpu.sh`` measures them.
+    GPU (``docs/gpu_evidence.md``, section 5); ``benchmarks/gpu.sh`` measures them.
   * Convolutions count as capturable (cuDNN calls are a default command type), as
     the compiled-schedule estimate assumes.
 
