@@ -9,6 +9,7 @@ stream by hand.
 """
 
 from ._api import ParallelBranches as ParallelBranches
+from ._api import XlaOptionsNotAppliedWarning as XlaOptionsNotAppliedWarning
 from ._api import inspect as inspect
 from ._api import on_stream as on_stream
 from ._api import parallel_branches as parallel_branches
@@ -39,6 +40,7 @@ __all__ = [
     "Region",
     "Section",
     "TraceError",
+    "XlaOptionsNotAppliedWarning",
     "__version__",
     "check_flags_applied",
     "flags_as_options",

@@ -38,6 +38,7 @@ import gc
 import itertools
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, overload
@@ -448,6 +449,7 @@ class ParallelBranches:
                 raise _WrongOptions
         if rewrite.traced.consts_are_tracers:
             self._saw_traced_consts.value = True
+        _warn_if_options_lost(self, key, rewrite)
         return _run(rewrite, leaves, key.emit_streams), rewrite.traced.outputs
 
     def _prepare(self, sig: Signature, settings: Settings, nnx: bool = False,
@@ -498,6 +500,41 @@ class ParallelBranches:
 
     def __repr__(self) -> str:
         return f"parallel_branches({function_name(getattr(self, '__wrapped__', None))})"
+
+
+class XlaOptionsNotAppliedWarning(UserWarning):
+    """A decorated function whose plan chose XLA options (a CUDA-graph mode) was traced
+    inside another jit or transformation, whose compile decides the options."""
+
+
+# The decorated function whose options-carrying top-level jit is tracing (``_jit_for``).
+_top_trace = threading.local()
+# The functions warned about with ``XlaOptionsNotAppliedWarning`` (once each).
+_warned_options_lost: weakref.WeakSet[ParallelBranches] = weakref.WeakSet()
+
+
+def _warn_if_options_lost(pb: ParallelBranches, key: _CallKey, rewrite: _Prepared) -> None:
+    """Warns, once per function, when ``pb``'s plan chose XLA options for another
+    CUDA-graph mode than the process's but this trace is not the top-level jit that
+    applies them (nor ``lower``'s): an outer ``jax.jit``, or ``grad``/``vmap`` of the
+    call, compiles it with the outer program's options."""
+    options = rewrite.xla_options
+    mode = rewrite.mode
+    if not options or mode is None or mode.mode is mode.user_mode or not key.emit_streams \
+            or pb in _warned_options_lost \
+            or getattr(_top_trace, "owner", None) is pb \
+            or getattr(_lowering, "owner", None) is pb:
+        return
+    _warned_options_lost.add(pb)
+    name = function_name(pb.__wrapped__)
+    shown = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    warnings.warn(
+        f"jaxpar: the plan of `{name}` compiles it with XLA options {{{shown}}}, but it is "
+        "traced inside another jit or transformation, whose compile decides the options, "
+        "so they are not applied. Pass them to the outermost jit, e.g. "
+        f"jax.jit(train_step, compiler_options=jaxpar.inspect({name})(*args).xla_options), "
+        f"or call `{name}` at the top level (warned once per function).",
+        XlaOptionsNotAppliedWarning, stacklevel=2)
 
 
 def _decided_key(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> _CallKey:
@@ -675,7 +712,7 @@ def _jit_for(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any],
         _lowering.options = options
         return pb._jitted
     jitted = _cached_jit(pb._jitted_with, options, lambda given: jax.jit(
-        _weak_method(pb, "_call_traced", pb.__wrapped__), static_argnums=0,
+        _weak_method(pb, "_call_traced", pb.__wrapped__, top=True), static_argnums=0,
         compiler_options=given or None))
     if remember and not key.tune and key not in pb._memos.mixed_keys:
         _bounded(pb._memos.key_jits)[key] = (jitted, _options_key(options))
@@ -712,18 +749,26 @@ def _lower_with_options(function: ParallelBranches, args: tuple[Any, ...],
     return function._staged(options).lower(*args, **kwargs)
 
 
-def _weak_method(owner: Any, method: str, fun: Callable[..., Any] | None
-                 ) -> Callable[..., Any]:
+def _weak_method(owner: Any, method: str, fun: Callable[..., Any] | None,
+                 top: bool = False) -> Callable[..., Any]:
     """A function calling ``owner.<method>`` through a weak reference to ``owner``,
     named after ``fun`` (lowered programs and profiles name the user's function, as
-    ``jax.jit`` does)."""
+    ``jax.jit`` does). ``top``: the trace of a jit carrying the XLA options of
+    ``owner``'s plan (``_jit_for``), which ``_top_trace`` tells the trace."""
     ref = weakref.ref(owner)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         target = ref()
         if target is None:  # only a jit captured elsewhere can outlive its owner
             raise ReferenceError("jaxpar: this parallel_branches function was deleted")
-        return getattr(target, method)(*args, **kwargs)
+        if not top:
+            return getattr(target, method)(*args, **kwargs)
+        before = getattr(_top_trace, "owner", None)
+        _top_trace.owner = target
+        try:
+            return getattr(target, method)(*args, **kwargs)
+        finally:
+            _top_trace.owner = before
 
     if fun is not None:
         name, qualname = getattr(fun, "__name__", None), getattr(fun, "__qualname__", None)
@@ -873,47 +918,58 @@ def _choose_mode(traced: Traced, analysis: Analysis, jaxpr: _compat.ClosedJaxpr,
                             tuple[PassDecision, ...], float]:
     """The program planned in each candidate mode (``_plan.modes.CANDIDATES``), and the
     mode ``choose_mode`` keeps: the choice, and the plan, program, decisions and bytes
-    of the mode kept."""
+    of the mode kept.
+
+    A candidate is planned on the passes' program of the user's mode first; only one
+    that wins there at every end of the GPU model's ranges has the passes run again in
+    its own launch pricing (``_cost.launch_pricing``: the batching passes price launches
+    otherwise in a branching graph), and is judged again on that program."""
     settings = analysis.settings
     user = settings.command_buffers
-    assert user is not None and settings.gpu is not None
+    gpu = settings.gpu
+    assert user is not None and gpu is not None
     estimates = analysis.shared_memo("mode_estimates")
     costs = analysis.costs
-    plans = {user: (plan, estimate_seconds(plan, costs, user, estimates), jaxpr, loops, ours)}
     batched = any(d.kind in (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS)
                   for d in loops)
-    refused: dict[CommandBufferMode, str] = {}
+    plans = {user: (plan, estimate_seconds(plan, costs, user, estimates), jaxpr, loops, ours)}
+
+    def judged(mode: CommandBufferMode, other: Analysis, mode_jaxpr: Any, mode_loops: Any
+               ) -> tuple[tuple[Any, ...], ModeEnds | None] | None:
+        planned = plan_jaxpr(mode_jaxpr, other)
+        if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
+            return None  # graphs off only for regions' loops (_plan.modes)
+        seconds = estimate_seconds(planned, costs, mode, estimates)
+        entry = (planned, seconds, mode_jaxpr, mode_loops,
+                 memory.temp_bytes(planned.jaxpr, mode, _section_eqns(planned)))
+        if seconds > plans[user][1] * (1 - MIN_GAIN):
+            return entry, None  # no gain at the nominal figures: the ends are not asked
+        pair = [(estimate_seconds(planned, costs, mode, estimates, at),
+                 estimate_seconds(plan, costs, user, estimates, at))
+                for at in (pessimistic(gpu, mode), optimistic(gpu, mode))]
+        return entry, ModeEnds(mode, pair[0], pair[1])
+
+    ends: dict[CommandBufferMode, ModeEnds] = {}
     for mode in MODE_CANDIDATES:
         if mode in plans:
             continue
         other = analysis.with_settings(dataclasses.replace(settings, command_buffers=mode))
-        # The batching passes price launches in the mode (a concurrent graph already
-        # overlaps a stage's members): where they batched something and the mode prices
-        # a launch otherwise, they run again in it.
-        mode_jaxpr, mode_loops = jaxpr, loops
-        if batched and launch_pricing(mode) != launch_pricing(user):
-            mode_jaxpr, mode_loops = run_passes(traced.jaxpr, analysis=other)
-        planned = plan_jaxpr(mode_jaxpr, other)
-        if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
-            continue  # graphs off only for regions' loops (_plan.modes)
-        mode_bytes = memory.temp_bytes(planned.jaxpr, mode, _section_eqns(planned))
-        why = mode_memory_reason(mode, plain_bytes, mode_bytes, allowed)
-        if why is not None:
-            refused[mode] = why
-        plans[mode] = (planned, estimate_seconds(planned, costs, mode, estimates),
-                       mode_jaxpr, mode_loops, mode_bytes)
-    nominal = {mode: entry[1] for mode, entry in plans.items()}
-    ends = []
-    for mode, seconds in nominal.items():
-        # The ends of the ranges only for a candidate that wins at the nominal figures.
-        if mode is user or seconds > nominal[user] * (1 - MIN_GAIN):
+        found = judged(mode, other, jaxpr, loops)
+        if found is None:
             continue
-        pair = []
-        for gpu in (pessimistic(settings.gpu, mode), optimistic(settings.gpu, mode)):
-            pair.append((estimate_seconds(plans[mode][0], costs, mode, estimates, gpu),
-                         estimate_seconds(plan, costs, user, estimates, gpu)))
-        ends.append(ModeEnds(mode, pair[0], pair[1]))
-    choice = choose_mode(nominal, user, ends, refused, measured=_measured(settings))
+        entry, mode_ends = found
+        if mode_ends is not None and mode_ends.pessimistic_ratio <= 1 - MIN_GAIN \
+                and batched and launch_pricing(mode) != launch_pricing(user):
+            found = judged(mode, other, *run_passes(traced.jaxpr, analysis=other))
+            assert found is not None
+            entry, mode_ends = found
+        plans[mode] = entry
+        if mode_ends is not None:
+            ends[mode] = mode_ends
+    refused = {mode: why for mode, entry in plans.items() if mode is not user
+               and (why := mode_memory_reason(mode, plain_bytes, entry[4], allowed))}
+    choice = choose_mode({mode: entry[1] for mode, entry in plans.items()}, user,
+                         tuple(ends.values()), refused, measured=_measured(settings))
     plan, _, jaxpr, loops, ours = plans[choice.mode]
     return choice, plan, jaxpr, loops, ours
 
@@ -1007,6 +1063,7 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool = ..., command_buffers: str = ...,
+                      memory: str | float = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       ) -> F: ...
 @overload
@@ -1024,7 +1081,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       batch_matmuls: Switch = "auto",
                       unroll: Unroll = "auto", group_collectives: Switch = "auto",
                       force_streams: bool = False, tune: bool = False,
-                      command_buffers: str = "auto",
+                      command_buffers: str = "auto", memory: str | float = "auto",
                       static_argnums: _Argnums = None, static_argnames: _Argnames = None,
                       **unknown: Any) -> Any:
     """Rewrites ``fun`` so XLA:GPU runs its independent work concurrently.
@@ -1082,16 +1139,24 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         it reuses a decision made at the same shapes, else runs the plan.
       command_buffers: XLA's CUDA-graph mode for this function's compile, on target
         ``"gpu"``: ``"auto"`` (default) plans the function in XLA's default ``"lhs"``
-        mode, in ``"concurrent"`` mode (independent kernels become parallel graph
-        nodes) and with graphs ``"off"`` (stream regions holding loops keep their
-        overlap), and compiles it in the mode the GPU model estimates at least 5%
-        faster than the process's, else in the process's; a mode set in ``XLA_FLAGS``
-        is kept, and so is the process's mode with ``force_streams=True``. ``"keep"``:
-        always the process's mode. ``"lhs"``, ``"concurrent"``,
+        mode, in ``"concurrent_regions"`` mode (small independent kernels become
+        parallel graph nodes) and with graphs ``"off"`` (stream regions holding loops
+        keep their overlap), and compiles it in another mode than the process's only
+        where the GPU model estimates it at least 5% faster at the nominal figures and
+        at the pessimistic end of every uncertain figure's range, within the memory
+        budget (with the built-in, unmeasured figures no mode change holds there; a
+        calibration on the GPU narrows them); a mode set in ``XLA_FLAGS`` is kept, and
+        so is the process's mode with ``force_streams=True``. ``"keep"``: always the
+        process's mode. ``"lhs"``, ``"concurrent"``, ``"concurrent_regions"``,
         ``"serialize"`` or ``"off"``: that mode. The choice goes into this function's
         own ``jax.jit`` as ``compiler_options`` (``Plan.xla_options``; other functions
         keep the process's flags); under an outer ``jax.jit``, ``grad`` or ``vmap`` the
-        outer compile's options apply. Ignored on other targets.
+        outer compile's options apply (jaxpar warns once,
+        ``XlaOptionsNotAppliedWarning``). Ignored on other targets.
+      memory: how much more temporary memory than the plain program jaxpar's program
+        may need, as its memory model estimates both: ``"auto"`` (default) at most 10%
+        or 1 MiB more, whichever is more; ``"any"``; or a number of bytes. Rewrites
+        and modes beyond it are left out, and ``inspect`` says which.
       static_argnums: positional arguments that are static (hashable Python
         values that key the cache and may steer tracing), as in ``jax.jit``;
         negative numbers count from the end.
@@ -1130,7 +1195,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                              batch_branches=batch_branches, batch_matmuls=batch_matmuls,
                              unroll=unroll,
                              group_collectives=group_collectives, force_streams=force_streams,
-                             command_buffers=command_buffers)
+                             command_buffers=command_buffers, memory=memory)
 
     def decorate(f: Any) -> ParallelBranches:
         check_function(f, "parallel_branches")

@@ -125,19 +125,22 @@ ENDS = ("low", "high")
 
 
 def launch_pricing(mode: CommandBufferMode | None) -> str:
-    """How ``mode`` prices launches: ``"beside"`` (a concurrent graph's members overlap)
-    or ``"serial"``; two modes of one pricing batch the same."""
-    return "beside" if mode is CommandBufferMode.CONCURRENT else "serial"
+    """How ``mode`` prices launches: ``"beside"`` (a branching graph's small members
+    overlap) or ``"serial"``; two modes of one pricing batch the same."""
+    return "beside" if mode is not None and mode.branching else "serial"
 
 
 def launch_prices(profile: DeviceProfile, mode: CommandBufferMode | None,
-                  level_kernels: float, end: str | None = None) -> LaunchPrices:
+                  level_kernels: float, end: str | None = None,
+                  serial_kernels: bool = False) -> LaunchPrices:
     """The ``LaunchPrices`` of a level launching ``level_kernels`` kernels compiled in
     ``mode`` (None: no CUDA graphs to speak of, off the GPU), with the GPU's uncertain
     figures at ``end`` (``"low"``, ``"high"``; None: their nominal values). A kernel in a
     CUDA graph (any mode but ``off``) costs the graph's floor, one launched alone the
-    device's; only a ``concurrent`` graph (at least ``MIN_GRAPH_SIZE`` kernels) runs a
-    stage's members side by side."""
+    device's; only a branching graph (``concurrent``, ``concurrent_regions``; at least
+    ``MIN_GRAPH_SIZE`` kernels) runs a stage's members side by side, and only the small
+    ones: ``serial_kernels`` (dots, convolutions: ``_primitives.SERIAL_KERNELS``) never
+    overlap, so each costs its floor and its node there."""
     gpu = profile.gpu
     if gpu is None or mode is None:
         floor = profile.min_kernel_seconds
@@ -145,10 +148,10 @@ def launch_prices(profile: DeviceProfile, mode: CommandBufferMode | None,
     if end is not None:
         gpu = gpu.at(dict.fromkeys(PRICED_FIGURES, end))
     floor = gpu.floor_s(graphs=mode is not CommandBufferMode.OFF)
-    if mode is not CommandBufferMode.CONCURRENT or level_kernels < MIN_GRAPH_SIZE:
+    if not mode.branching or level_kernels < MIN_GRAPH_SIZE:
         return LaunchPrices(floor, floor)
     node = gpu.node_s(mode)
-    return LaunchPrices(node, floor + node)
+    return LaunchPrices(floor + node if serial_kernels else node, floor + node)
 
 
 CostRule = Callable[["CostModel", Any], Cost]
@@ -326,14 +329,16 @@ class CostModel:
         return cost.seconds(self.profile)
 
     def launch_prices(self, eqns: Sequence[JaxprEqn], mode: CommandBufferMode | None,
-                      in_loop_body: bool = False, end: str | None = None) -> LaunchPrices:
+                      in_loop_body: bool = False, end: str | None = None,
+                      serial_kernels: bool = False) -> LaunchPrices:
         """``launch_prices`` of the level made of ``eqns`` in ``mode``, the uncertain
         figures at ``end``: its graph holds the kernels of every equation but loops and
         conds (never captured). A loop body's kernels (``in_loop_body``) are launched on
         every trip as a serial chain: deviceless H200 compiles of the crossed pair in
         ``concurrent`` mode launch its 1000-trip body's kernels one by one (14.5 launches
-        a trip), so there a saved launch is worth a whole launch."""
-        if mode is not CommandBufferMode.CONCURRENT or self.profile.gpu is None:
+        a trip), so there a saved launch is worth a whole launch. ``serial_kernels``:
+        as ``launch_prices``'s."""
+        if mode is None or not mode.branching or self.profile.gpu is None:
             return launch_prices(self.profile, mode, 0.0, end)
         if in_loop_body:  # launched one by one, in series
             return launch_prices(self.profile, CommandBufferMode.OFF, 0.0, end)
@@ -346,4 +351,4 @@ class CostModel:
                 kernels += self.eqn_cost(e).kernels
                 if kernels >= MIN_GRAPH_SIZE:
                     break
-        return launch_prices(self.profile, mode, kernels, end)
+        return launch_prices(self.profile, mode, kernels, end, serial_kernels)

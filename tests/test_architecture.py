@@ -164,7 +164,7 @@ def test_no_pass_imports_a_sibling_pass() -> None:
 LAYERS = (
     ("_memo",), ("_compat",), ("_primitives",), ("_gpu_model",), ("_flags",), ("_options",),
     ("_structure",), ("_loops",),
-    ("_interp",), ("_graph",), ("_cost",), ("_analysis",), ("passes",),
+    ("_interp",), ("_graph",), ("_cost",), ("_memory",), ("_analysis",), ("passes",),
     ("_plan",), ("_emit",), ("_tune",),
     ("_report.types",), ("_report.timeline",), ("_report.render",), ("_report.plan",),
     ("_report.build", "_report"),

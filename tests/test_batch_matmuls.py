@@ -548,32 +548,43 @@ def test_launches_are_priced_in_the_functions_mode() -> None:
     profile = device_profile("gpu")
     gpu = profile.gpu
     assert gpu is not None
-    floor = profile.min_kernel_seconds
-    for mode in (None, CommandBufferMode.LHS, CommandBufferMode.OFF):
+    # Off the GPU, and with graphs off: the device's floor for a kernel launched alone;
+    # in a chain graph, the graph's floor for a dependent kernel.
+    for mode, floor in ((None, profile.min_kernel_seconds),
+                        (CommandBufferMode.OFF, gpu.kernel_floor_s),
+                        (CommandBufferMode.LHS, gpu.graph_floor_s)):
         prices = launch_prices(profile, mode, 100)
         assert (prices.beside, prices.serial) == (floor, floor)
-    concurrent = launch_prices(profile, CommandBufferMode.CONCURRENT, 100)
-    assert concurrent.beside == gpu.graph_node_s < floor
-    assert concurrent.serial == floor + gpu.graph_node_s
-    # Too few kernels for a graph: launched one by one, in series.
-    few = launch_prices(profile, CommandBufferMode.CONCURRENT, 4)
-    assert (few.beside, few.serial) == (floor, floor)
+    assert gpu.graph_floor_s < gpu.kernel_floor_s
+    floor = gpu.graph_floor_s
+    for mode in (CommandBufferMode.CONCURRENT, CommandBufferMode.CONCURRENT_REGIONS):
+        branching = launch_prices(profile, mode, 100)
+        assert branching.beside == gpu.dag_node_s
+        assert branching.serial == floor + gpu.dag_node_s
+        # A dot or a convolution fills the GPU: it never runs beside its stage's others.
+        heavy = launch_prices(profile, mode, 100, serial_kernels=True)
+        assert heavy.beside == heavy.serial == floor + gpu.dag_node_s
+        # Too few kernels for a graph: launched one by one, in series.
+        few = launch_prices(profile, mode, 4)
+        assert (few.beside, few.serial) == (floor, floor)
+    # The ends of the GPU model's ranges: a launch is worth less at the low end.
+    low, high = (launch_prices(profile, CommandBufferMode.LHS, 100, end) for end in ("low", "high"))
+    assert (low.serial, high.serial) == gpu.span("graph_floor_s")
+    assert low.serial < floor < high.serial
 
 
-def test_towers_batched_in_lhs_left_alone_in_concurrent_graphs() -> None:
-    # In a serial chain the towers' matmuls save two launches a stage; in a concurrent
-    # graph they already run side by side and the stacking only adds (the GPU guard's
-    # three_towers in concurrent mode was est. x1.243 batched).
+def test_towers_are_batched_in_every_mode() -> None:
+    # Dots fill the GPU: none runs beside another in any mode (XLA's own
+    # CONCURRENT_REGIONS rule, and no public evidence that overlapping them pays), so a
+    # concurrent graph does not make the matmuls' saved launches worth less, and they are
+    # batched there as in a serial chain.
     args = _towers_args()
     kinds = {}
-    for mode in ("lhs", "concurrent"):
+    for mode in ("lhs", "concurrent", "concurrent_regions"):
         plan = jaxpar.inspect(_towers, target="gpu", command_buffers=mode)(*args)
         kinds[mode] = [d.kind for d in plan.subgraphs]
     assert kinds["lhs"].count(DecisionKind.BATCHED_MATMULS) == 2
-    assert DecisionKind.BATCHED_MATMULS not in kinds["concurrent"]
-    assert kinds["concurrent"].count(DecisionKind.MATMULS_LEFT_ALONE) == 2
+    assert kinds["concurrent"] == kinds["concurrent_regions"] == kinds["lhs"]
     auto = jaxpar.inspect(_towers, target="gpu")(*args)
-    assert auto.mode is not None
-    assert (DecisionKind.BATCHED_MATMULS in [d.kind for d in auto.subgraphs]) == (
-        auto.mode.mode.value != "concurrent")
+    assert [d.kind for d in auto.subgraphs] == kinds["lhs"]
     _check_values_and_grads(_towers, *args)

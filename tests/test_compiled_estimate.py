@@ -59,8 +59,10 @@ def test_five_kernels_become_one_graph_launch_by_default():
     off = estimate_hlo(_module(_chain(5)), command_buffers="off")
     lhs = estimate_hlo(_module(_chain(5)))
     assert lhs.command_buffers == "lhs" and lhs.graph_launches == 1 and lhs.launches == 5
-    assert lhs.seconds == pytest.approx(PROFILE.graph_launch_s + 5 * PROFILE.graph_node_s
-                                        + 5 * PROFILE.kernel_floor_s)
+    # A chain graph: one launch, a (cheap) node each on the host, the graph's floor per
+    # dependent kernel on the device.
+    assert lhs.seconds == pytest.approx(PROFILE.graph_launch_s + 5 * PROFILE.chain_node_s
+                                        + 5 * PROFILE.graph_floor_s)
     assert off.graph_launches == 0
     # Four kernels stay below xla_gpu_graph_min_graph_size.
     assert estimate_hlo(_module(_chain(4))).graph_launches == 0
@@ -229,7 +231,7 @@ def test_lhs_graphs_chain_captured_regions_serially():
 
 def test_region_holding_a_loop_is_never_captured():
     # A body of 5 kernels: captured as one graph per trip at top level, launched kernel
-    # by kernel inside a region (XLA_FACTS.md section 6, "the opposite trap").
+    # by kernel inside a region (docs/gpu_evidence.md: "the opposite trap").
     body5 = LOOP.replace("%body (", "%body5 (").replace(
         "  ROOT %r = (s32[], f32[8]{0}) tuple(%i, %b1)",
         "".join(f"  %b{k} = f32[8]{{0}} fusion(%b{k - 1}), kind=kLoop, calls=%fused_neg\n"
@@ -251,9 +253,9 @@ backend_config={"known_trip_count":{"n":"100"}}
     (info,) = inside.regions
     assert not info.capturable
     assert at_top.graph_launches == 100 and inside.graph_launches == 0
-    per_trip_graph = PROFILE.graph_launch_s + 5 * PROFILE.graph_node_s
+    per_trip_graph = PROFILE.graph_launch_s + 5 * PROFILE.chain_node_s
     assert at_top.seconds == pytest.approx(
-        100 * max(per_trip_graph, 5 * PROFILE.kernel_floor_s) + per_trip_graph, rel=0.05)
+        100 * max(per_trip_graph, 5 * PROFILE.graph_floor_s) + per_trip_graph, rel=0.05)
     assert inside.seconds == pytest.approx(500 * PROFILE.launch_s + PROFILE.kernel_floor_s
                                            + PROFILE.event_s, rel=1e-6)
     # Without graphs the two are the same program, give or take the region's events.

@@ -673,11 +673,7 @@ class _Replay:
         self.clock["host_syncs"] += 1
 
     def _dearest(self, branches: Iterable[str]) -> str | None:
-        def serial(name: str) -> float:
-            return sum(self.profile.launch_s + self.program.costs.kernel(
-                i.instruction, name).duration(self.profile)
-                for i in self.program.items(name, False) if i.kind == "kernel")
-        return max(branches, key=serial, default=None)
+        return _dearest(self.program, self.profile, branches)
 
     def _state(self) -> dict[Any, float]:
         return {**self.clock, **{("stream", k): v for k, v in self.streams.items()}}
@@ -797,6 +793,14 @@ class _Replay:
                     value(instruction.name, params[instruction.name])
                 else:
                     value(instruction.name, inputs(instruction))
+
+
+def _dearest(program: _Program, profile: GpuProfile, branches: Iterable[str]) -> str | None:
+    """The branch whose kernels, launched one by one, take longest."""
+    def serial(name: str) -> float:
+        return sum(profile.launch_s + program.costs.kernel(i.instruction, name)
+                   .duration(profile) for i in program.items(name, False) if i.kind == "kernel")
+    return max(branches, key=serial, default=None)
 
 
 def _parameters(module: _Module, computation: str) -> list[tuple[int, _Instruction]]:

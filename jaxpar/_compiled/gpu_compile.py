@@ -49,9 +49,11 @@ from .._flags import xla_flags_text
 
 __all__ = [
     "GPU_TARGETS",
+    "CompiledProgram",
     "clear_compile_cache",
     "compile_for_gpu",
     "compiled_hlo",
+    "compiled_program",
     "gpu_target_config",
     "lower_for_gpu",
     "make_gpu_mesh",
@@ -309,7 +311,7 @@ def _check_gpu_text(text: str, device_platforms: Iterable[str]) -> None:
 # The scheduled HLO of recent compiles, by what XLA compiled (``_compile_key``); a deviceless
 # compile takes seconds, its text a few hundred KB at most.
 _CACHE_SIZE = 64
-_COMPILED: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+_COMPILED: OrderedDict[tuple[Any, ...], CompiledProgram] = OrderedDict()
 
 
 def clear_compile_cache() -> None:
@@ -420,10 +422,21 @@ def lower_for_gpu(
     return GpuLowering(lowered, mesh)
 
 
-def compiled_hlo(lowering: GpuLowering,
-                 compiler_options: Mapping[str, Any] | None = None) -> str:
-    """Compiles a program from ``lower_for_gpu``; returns its scheduled HLO text (from the
-    compile cache when XLA compiled the same program before).
+class CompiledProgram(NamedTuple):
+    """What a deviceless GPU compile says of one program: its scheduled HLO text, and
+    the bytes of its buffers from ``Compiled.memory_analysis()`` (temporaries: what XLA
+    allocates beyond the arguments and results)."""
+
+    hlo: str
+    temp_bytes: int
+    argument_bytes: int
+    output_bytes: int
+
+
+def compiled_program(lowering: GpuLowering,
+                     compiler_options: Mapping[str, Any] | None = None) -> CompiledProgram:
+    """Compiles a program from ``lower_for_gpu``; returns its scheduled HLO text and its
+    memory figures (from the compile cache when XLA compiled the same program before).
 
     Raises:
         RuntimeError: the result is not GPU HLO.
@@ -448,10 +461,24 @@ def compiled_hlo(lowering: GpuLowering,
     ):
         platforms.extend(device.platform for device in getattr(sharding, "device_set", ()))
     _check_gpu_text(text, platforms)
-    _COMPILED[key] = text
+    memory = compiled.memory_analysis()
+    program = CompiledProgram(text, int(getattr(memory, "temp_size_in_bytes", 0)),
+                              int(getattr(memory, "argument_size_in_bytes", 0)),
+                              int(getattr(memory, "output_size_in_bytes", 0)))
+    _COMPILED[key] = program
     while len(_COMPILED) > _CACHE_SIZE:
         _COMPILED.popitem(last=False)
-    return text
+    return program
+
+
+def compiled_hlo(lowering: GpuLowering,
+                 compiler_options: Mapping[str, Any] | None = None) -> str:
+    """``compiled_program``'s HLO text.
+
+    Raises:
+        RuntimeError: the result is not GPU HLO.
+    """
+    return compiled_program(lowering, compiler_options).hlo
 
 
 def _check_mesh(mesh: Any, gpu: str, devices: int | None) -> None:

@@ -45,8 +45,9 @@ import jax
 
 from .. import _compat
 from .._api import ParallelBranches, analysed_report, array_function
-from .._flags import command_buffer_mode
+from .._flags import command_buffer_mode, command_buffer_options
 from .._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
+from .._memory import format_bytes
 from .._options import Options, check_known
 from .._plan import LevelPlan
 from .._primitives import MAY_HOLD_LOOPS
@@ -86,6 +87,9 @@ class ScheduleFigures:
     estimate: Estimate | None = dataclasses.field(default=None, repr=False)
     # Estimated microseconds per run under each CUDA-graph mode, ("lhs", 12.3), ...
     estimated_us_by_mode: tuple[tuple[str, float], ...] = ()
+    # Temporary bytes the compile allocates (``Compiled.memory_analysis()``), in the mode
+    # the program was compiled for (buffer assignment depends on it).
+    temp_bytes: int | None = None
 
     @property
     def launches(self) -> int:
@@ -143,6 +147,7 @@ class ScheduleFigures:
                 "concurrent_kernels": self.concurrent_kernels,
                 "runs_concurrently": self.runs_concurrently,
                 "estimated_us_by_mode": dict(self.estimated_us_by_mode),
+                "temp_bytes": self.temp_bytes,
                 "estimate": self.estimate.to_dict() if self.estimate else None}
 
 
@@ -169,6 +174,23 @@ class GpuPreview:
         """Estimated jaxpar time over plain time (< 1: jaxpar expected faster)."""
         plain, fast = self.plain.estimated_us, self.jaxpar.estimated_us
         return fast / plain if plain > 0 else 1.0
+
+    @property
+    def memory_line(self) -> str:
+        """``memory: temporaries A against B for plain jit (compile); the plan estimated
+        C against D``: what the compiles' ``memory_analysis()`` says, beside the memory
+        model's estimate the plan was made with."""
+        plain, ours = self.plain.temp_bytes, self.jaxpar.temp_bytes
+        if plain is None or ours is None:
+            return "memory: not reported by this compile"
+        ratio = f" (x{ours / plain:.2f})" if plain > 0 else ""
+        line = (f"memory: temporaries {format_bytes(ours)} against {format_bytes(plain)} "
+                f"for plain jit{ratio}, from the compiles' memory_analysis()")
+        model = self.plan.memory
+        if model is not None:
+            line += (f"; the plan estimated {format_bytes(model.jaxpar_bytes)} against "
+                     f"{format_bytes(model.plain_bytes)}")
+        return line
 
     @property
     def verdict(self) -> str:
@@ -205,7 +227,8 @@ class GpuPreview:
                 "xla_options": dict(self.xla_options),
                 "plain": self.plain.to_dict(),
                 "jaxpar": self.jaxpar.to_dict(), "plan": self.plan.to_dict(),
-                "time_ratio": self.time_ratio, "verdict": self.verdict}
+                "time_ratio": self.time_ratio, "verdict": self.verdict,
+                "memory": self.memory_line}
 
     def __str__(self) -> str:
         rows = [
@@ -222,6 +245,7 @@ class GpuPreview:
             ("regions overlapping work", "overlapping_regions"),
             ("parallel graph nodes", "concurrent_kernels"),
             ("est. time (us)", "estimated_us"),
+            ("temporary memory", "temp_bytes"),
             ("collectives in flight", "collectives_in_flight"),
             ("matmuls during collectives", "matmuls_during_collectives"),
         ]
@@ -236,6 +260,8 @@ class GpuPreview:
             value = getattr(figures, key)
             if key == "estimated_us":
                 return f"{value:,.1f}"
+            if key == "temp_bytes" and value is not None:
+                return format_bytes(value)
             return "unknown" if value is None else str(value)
 
         width = max(len(label) for label, _ in rows)
@@ -252,10 +278,13 @@ class GpuPreview:
             lines.append(f"  {label:{width}}  {cell(self.plain, key):>12}  "
                          f"{cell(self.jaxpar, key):>12}")
         lines.append(f"  verdict: {self.verdict}")
+        lines.append(f"  {self.memory_line}")
         return "\n".join(lines)
 
 
-def _figures(hlo: str, gpu: GpuProfile, mode: CommandBufferMode) -> ScheduleFigures:
+def _figures(program: gpu_compile.CompiledProgram, gpu: GpuProfile, mode: CommandBufferMode
+             ) -> ScheduleFigures:
+    hlo = program.hlo
     schedule = parse_schedule(hlo)
     loops = tuple(LoopFigures(loop.name, loop.known_trip_count, loop.body_kernels)
                   for loop in schedule.while_loops)
@@ -265,7 +294,8 @@ def _figures(hlo: str, gpu: GpuProfile, mode: CommandBufferMode) -> ScheduleFigu
                            loops, schedule.max_collectives_in_flight,
                            schedule.dot_kernels_during_collectives, hlo, schedule.kernels,
                            schedule.dot_kernels, by_mode[mode],
-                           tuple((each.value, e.microseconds) for each, e in by_mode.items()))
+                           tuple((each.value, e.microseconds) for each, e in by_mode.items()),
+                           program.temp_bytes)
 
 
 def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: int = 1,
@@ -353,11 +383,13 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
             "deviceless; this plan has such regions. Preview with jaxlib 0.10.2, or pass "
             "allow_known_crashes=True to try anyway.")
     chosen = plan.mode.mode if plan.mode is not None else mode
-    # Compiled as jaxpar's own jit would: with the XLA options its plan chose.
-    fast = _figures(gpu_compile.compiled_hlo(lowered, plan.xla_options), profile, chosen)
+    # Compiled as jaxpar's own jit would: with the XLA options its plan chose; plain in
+    # the user's mode (the mode decides buffer assignment, so the memory figures).
+    fast = _figures(gpu_compile.compiled_program(lowered, plan.xla_options), profile, chosen)
     with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
-        plain = _figures(gpu_compile.compile_for_gpu(flat, *leaves, **compile_options),
-                         profile, mode)
+        plain_lowered = gpu_compile.lower_for_gpu(flat, *leaves, **compile_options)
+    plain = _figures(gpu_compile.compiled_program(plain_lowered, command_buffer_options(mode)),
+                     profile, mode)
     count = mesh.devices.size if mesh is not None else devices
     # The plan shows the compiled estimate too: its header, its picture and this preview
     # give one figure (jaxpar in its chosen mode against plain in the user's).

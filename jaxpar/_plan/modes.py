@@ -387,7 +387,7 @@ class _Model:
         # rolled operands: 6 kernels here, 3 launches once compiled).
         graphs = self.mode is not CommandBufferMode.OFF and sure_captured >= MIN_GRAPH_SIZE
         branching = graphs and self.mode.branching
-        end, alone_seconds, work_total = self._timeline(planned, lanes, graphs, branching)
+        end, alone_seconds, work_total = _timeline(self.gpu, planned, lanes, graphs, branching)
         # A region's kernels are launched one by one (captured ones are refused by the
         # pricing in the graph modes); each region adds a start and a done event.
         host = self.gpu.launch_s * in_regions + 2 * self.gpu.event_s * len(set(lanes.values()))
@@ -400,66 +400,66 @@ class _Model:
         return _Span(end, host + alone_seconds, work_total, kernels, captured, alone_seconds,
                      lead, sure_captured)
 
-    def _timeline(self, planned: Sequence[_Entry], lanes: Mapping[int, int], graphs: bool,
-                  branching: bool) -> tuple[float, float, float]:
-        """When the level's last node finishes on the device, the seconds of its loops
-        and conds, and its work: nodes in order, each after its inputs and (serial modes,
-        serial kernels) everything before it."""
-        floor_each = self.gpu.floor_s(graphs)
-        queues = max(1, self.gpu.hardware_queues)
-        ready: dict[Any, float] = {}
-        lane_end: dict[int, float] = {}
-        barrier = end = device_free = work_total = alone_seconds = 0.0
-        in_flight: list[float] = []  # finish times of the small nodes running beside others
-        literal = _compat.Literal
-        ready_get = ready.get
-        for index, (eqn, work, kernels, _, serial, alone, device) in enumerate(planned):
-            duration = device if (alone is not None or device) else max(
-                work, kernels * floor_each)
-            inputs = 0.0  # finish times are never negative
-            for v in eqn.invars:
-                if not isinstance(v, literal):
-                    at = ready_get(v)
-                    if at is not None and at > inputs:
-                        inputs = at
-            lane = lanes.get(index) if lanes else None
-            if lane is not None:  # in a stream region: after its inputs and its lane
-                start = max(lane_end.get(lane, 0.0), inputs)
-                begin_work = max(start, device_free)
-                device_free = begin_work + work
-                finish = lane_end[lane] = max(start + duration, begin_work + work)
-                if alone is not None:
-                    alone_seconds += duration
-            elif alone is not None:  # on the stream after everything before it
-                start = max(end, inputs)
-                finish = barrier = start + duration
-                device_free = max(device_free, finish)
+def _timeline(gpu: GpuProfile, planned: Sequence[_Entry], lanes: Mapping[int, int],
+              graphs: bool, branching: bool) -> tuple[float, float, float]:
+    """When the level's last node finishes on the device, the seconds of its loops
+    and conds, and its work: nodes in order, each after its inputs and (serial modes,
+    serial kernels) everything before it."""
+    floor_each = gpu.floor_s(graphs)
+    queues = max(1, gpu.hardware_queues)
+    ready: dict[Any, float] = {}
+    lane_end: dict[int, float] = {}
+    barrier = end = device_free = work_total = alone_seconds = 0.0
+    in_flight: list[float] = []  # finish times of the small nodes running beside others
+    literal = _compat.Literal
+    ready_get = ready.get
+    for index, (eqn, work, kernels, _, serial, alone, device) in enumerate(planned):
+        duration = device if (alone is not None or device) else max(
+            work, kernels * floor_each)
+        inputs = 0.0  # finish times are never negative
+        for v in eqn.invars:
+            if not isinstance(v, literal):
+                at = ready_get(v)
+                if at is not None and at > inputs:
+                    inputs = at
+        lane = lanes.get(index) if lanes else None
+        if lane is not None:  # in a stream region: after its inputs and its lane
+            start = max(lane_end.get(lane, 0.0), inputs)
+            begin_work = max(start, device_free)
+            device_free = begin_work + work
+            finish = lane_end[lane] = max(start + duration, begin_work + work)
+            if alone is not None:
                 alone_seconds += duration
-            elif duration > 0:
-                if branching and not serial:
-                    start = max(barrier, inputs)
-                    while in_flight and in_flight[0] <= start:
-                        heapq.heappop(in_flight)
-                    if len(in_flight) >= queues:  # every hardware queue busy
-                        start = max(start, heapq.heappop(in_flight))
-                else:  # a serial mode, or a kernel that fills the GPU
-                    start = max(end, inputs)
-                begin_work = max(start, device_free)
-                device_free = begin_work + work
-                finish = max(start + duration, begin_work + work)
-                if branching and not serial:
-                    heapq.heappush(in_flight, finish)
-                else:
-                    barrier = finish
-                    in_flight.clear()
+        elif alone is not None:  # on the stream after everything before it
+            start = max(end, inputs)
+            finish = barrier = start + duration
+            device_free = max(device_free, finish)
+            alone_seconds += duration
+        elif duration > 0:
+            if branching and not serial:
+                start = max(barrier, inputs)
+                while in_flight and in_flight[0] <= start:
+                    heapq.heappop(in_flight)
+                if len(in_flight) >= queues:  # every hardware queue busy
+                    start = max(start, heapq.heappop(in_flight))
+            else:  # a serial mode, or a kernel that fills the GPU
+                start = max(end, inputs)
+            begin_work = max(start, device_free)
+            device_free = begin_work + work
+            finish = max(start + duration, begin_work + work)
+            if branching and not serial:
+                heapq.heappush(in_flight, finish)
             else:
-                finish = inputs
-            work_total += work
-            if finish > end:
-                end = finish
-            for v in eqn.outvars:
-                ready[v] = finish
-        return end, alone_seconds, work_total
+                barrier = finish
+                in_flight.clear()
+        else:
+            finish = inputs
+        work_total += work
+        if finish > end:
+            end = finish
+        for v in eqn.outvars:
+            ready[v] = finish
+    return end, alone_seconds, work_total
 
 
 def estimate_plain_seconds(jaxpr: JaxprLike, costs: CostModel, mode: CommandBufferMode,

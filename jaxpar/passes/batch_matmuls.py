@@ -215,7 +215,10 @@ def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
     if not groups:
         return [], []
     level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
-    prices = [costs.launch_prices(eqns, mode, level.in_loop_body, end) for end in ENDS]
+    # Dots and convolutions fill the GPU: none overlaps another in any mode, so a member's
+    # launch saved is worth its floor in a branching graph too.
+    prices = [costs.launch_prices(eqns, mode, level.in_loop_body, end, serial_kernels=True)
+              for end in ENDS]
     accepted, rejected, priced = _choose(eqns, graph, groups, launches, costs, level_outputs,
                                          prices, allowance)
     decisions = [_left_alone(path, eqns, g, launches[g], priced[g]) for g in rejected]

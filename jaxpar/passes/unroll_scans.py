@@ -94,8 +94,9 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             most = _most_copies(eqn, analysis)
             if most < factor:
                 factor = most
+                budget = format_bytes(analysis.memory_allowance or 0.0)
                 why = (f"auto: body cost and length, and at most {most} copies of the body "
-                       f"within the memory budget (+{format_bytes(analysis.memory_allowance or 0)})")
+                       f"within the memory budget (+{budget})")
         else:
             factor = max(1, min(int(unroll), info.length))
             why = f"unroll={unroll} requested"
