@@ -19,7 +19,9 @@ Run::
     python benchmarks/gpu_suite.py --list
 
 On a machine with a GPU, ``--measure`` times both variants there instead of (as well
-as) estimating: ``benchmarks/gpu.sh`` does that with three CUDA-graph settings.
+as) estimating, beside the estimate of the same compiled executables with this GPU's
+profile (calibrated where ``benchmarks/calibrate.py`` wrote one): ``benchmarks/gpu.sh``
+does that for a handful of programs after calibrating.
 
 ``tests/test_gpu_guard.py`` runs a few of these programs in-process (``evaluate``).
 """
@@ -786,19 +788,19 @@ def measure(name: str, size: str = "full", repeats: int = 20,
 
     fn, args = PROGRAMS[name].build(size)
     args = jax.device_put(args)
-    variants = {"plain": jax.jit(fn), "jaxpar": jax.jit(jaxpar.parallel_branches(fn))}
     gpu = local_gpu_profile()  # this GPU's figures: calibrated, built-in, or generic
     profile = gpu.name
-    estimated = {}
-    for key, compiled in variants.items():
-        text = compiled.lower(*args).compile().as_text()
-        estimated[key] = estimate_hlo(text, gpu=gpu,
-                                      command_buffers=command_buffers).microseconds
-    first = {}
-    for key, compiled in variants.items():
+    # The executables estimated are the ones timed, each compiled once; first_call_s is
+    # trace, plan, compile and the first run.
+    variants, first = {}, {}
+    for key, function in (("plain", fn), ("jaxpar", jaxpar.parallel_branches(fn))):
         started = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
+        variants[key] = jax.jit(function).lower(*args).compile()
+        jax.block_until_ready(variants[key](*args))
         first[key] = time.perf_counter() - started
+    estimated = {key: estimate_hlo(compiled.as_text() or "", gpu=gpu,
+                                   command_buffers=command_buffers).microseconds
+                 for key, compiled in variants.items()}
     samples: dict[str, list[float]] = {key: [] for key in variants}
     for _ in range(repeats):
         for key, compiled in variants.items():
@@ -809,7 +811,7 @@ def measure(name: str, size: str = "full", repeats: int = 20,
     return {"median_us": {k: statistics.median(v) * 1e6 for k, v in samples.items()},
             "ratio": statistics.median(ratios), "first_call_s": first,
             "command_buffers": command_buffers, "profile": profile,
-            "profile_source": gpu.source,
+            "profile_source": gpu.source, "calibrated": sorted(gpu.measured),
             "device_kind": jax.devices()[0].device_kind, "estimated_us": estimated,
             "estimated_ratio": estimated["jaxpar"] / estimated["plain"]}
 
@@ -879,6 +881,25 @@ def modes_table(results: Sequence[Mapping[str, Any]]) -> str:
         lines.append(f"| {r['name']} | {r['chosen_mode']} | {plain:,} -> {fast:,} | "
                      f"{r['concurrent_kernels']:,} | {r['kept_overlaps']} | "
                      f"x{r['chosen_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def measured_table(results: Sequence[Mapping[str, Any]]) -> str:
+    """``--measure`` results: measured time ratio jaxpar / plain against the estimate of
+    the same compiled programs (a quotient far from 1 means the model is wrong there)."""
+    lines = ["| program | mode | plain us | jaxpar us | measured ratio | estimated ratio | "
+             "estimated / measured | profile |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        m = r.get("measured")
+        if not m:
+            lines.append(f"| {r['name']} | - | - | - | - | - | - | {r.get('compile')} |")
+            continue
+        calibrated = f"calibrated ({len(m['calibrated'])} figures)" if m.get("calibrated") \
+            else "built-in"
+        lines.append(f"| {r['name']} | {m['command_buffers']} | {m['median_us']['plain']:,.1f} | "
+                     f"{m['median_us']['jaxpar']:,.1f} | x{m['ratio']:.3f} | "
+                     f"x{m['estimated_ratio']:.3f} | {m['estimated_ratio'] / m['ratio']:.2f} | "
+                     f"{m['profile']}, {calibrated} |")
     return "\n".join(lines)
 
 
@@ -969,7 +990,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "meta": {"jax": jax.__version__, "jaxpar": jaxpar.__version__, "size": options.size,
                  "backend": jax.default_backend(), "wall_s": time.perf_counter() - started},
         "results": results}
-    if not options.measure:
+    if options.measure:
+        print()
+        print(measured_table(results))
+    else:
         report["summary"] = summary(results)
         print()
         print(table(results))

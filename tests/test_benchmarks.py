@@ -126,3 +126,33 @@ def test_dispatch_times_every_variant_of_every_program(tmp_path: Any) -> None:
         assert set(entry["us_per_call"]) == set(entry["ratio_vs_jit"]) == set(dispatch.VARIANTS)
         assert all(diff < 1e-5 for diff in entry["max_abs_diff"].values()), entry
         assert entry["ratio_vs_jit"]["jax.jit"] == 1.0
+
+
+def test_gpu_script_dry_run(tmp_path: Any) -> None:
+    """``benchmarks/gpu.sh --dry-run`` on the CPU: calibration and one measured suite
+    program at tiny sizes, the GPU-only steps skipped with a message, nothing installed
+    where jaxpar looks for a GPU's profile."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    results, profiles = tmp_path / "results", tmp_path / "profiles"
+    env = {**os.environ, "PYTHON": sys.executable, "JAXPAR_PROFILE_DIR": str(profiles)}
+    done = subprocess.run(["bash", str(root / "benchmarks" / "gpu.sh"), "--dry-run",
+                           str(results)], env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "skipped (they need a GPU)" in done.stdout
+    calibration = json.loads((results / "calibration.json").read_text())
+    assert calibration["version"] == 2 and calibration["device_kind"] == "NVIDIA H200"
+    assert calibration["measurements"]["dry_run"] is True
+    assert "bandwidth" in calibration["figures"]
+    (row,) = json.loads((results / "suite-lhs.json").read_text())["results"]
+    measured = row["measured"]
+    assert measured["command_buffers"] == "lhs" and measured["ratio"] > 0
+    assert measured["estimated_ratio"] > 0
+    assert "| three_towers | lhs |" in (results / "suite-lhs.txt").read_text()
+    assert not profiles.exists()
+    assert {"env.txt", "calibrate.txt"} <= {p.name for p in results.iterdir()}

@@ -12,18 +12,19 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import load_benchmark
+from helpers import load_benchmark, needs_plugin
 
 import jaxpar
 import jaxpar._compiled.estimate as _estimate
 import jaxpar._compiled.gpu_compile as _gpu_compile
-from jaxpar import _gpu_model
+from jaxpar import _flags, _gpu_model
 from jaxpar._analysis import Analysis
 from jaxpar._api import ParallelBranches
 from jaxpar._gpu_model import GPU_PROFILES, CommandBufferMode, GpuProfileError, gpu_profile
@@ -252,32 +253,158 @@ def profile_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_calibration_writes_a_profile_the_model_loads(profile_dir: Path) -> None:
+HOST_FIGURES = ("launch_s", "graph_floor_s", "chain_node_s", "dag_node_s", "graph_launch_s")
+
+
+def _assert_measured(loaded: _gpu_model.GpuProfile, figures: dict) -> None:
+    """Every figure of a calibration file is in the loaded profile, finite; those with a
+    built-in range are marked measured and their range narrowed around the value."""
+    ranged = {name for name, _, _ in GPU_PROFILES["h200"].ranges}
+    for name, value in figures.items():
+        if name == "tensor_flops":
+            for element_type, flops in value.items():
+                assert loaded.dot_flops(element_type) == flops > 0
+            continue
+        assert getattr(loaded, name) == value and math.isfinite(value), name
+        if name in ranged:
+            assert name in loaded.measured, name
+            assert loaded.span(name) == pytest.approx(
+                (value * (1 - _gpu_model.MEASURED_SPREAD),
+                 value * (1 + _gpu_model.MEASURED_SPREAD))), name
+    assert loaded.measured == frozenset(figures) & ranged
+
+
+def test_calibration_writes_a_profile_the_model_loads(profile_dir: Path, tmp_path: Path
+                                                      ) -> None:
     text = _estimate_text()
     before = _estimate.estimate_hlo(text, gpu="h200")
+    dump = tmp_path / "dump"
     out = calibrate.main(["--dry-run", "--repeats", "1", "--device-kind", KIND,
-                          "--out", str(_gpu_model.profile_path(KIND))])
+                          "--dump-dir", str(dump), "--out", str(_gpu_model.profile_path(KIND))])
     assert out == profile_dir / "nvidia_h200.json"
     document = json.loads(out.read_text())
-    assert document["device_kind"] == KIND and document["measurements"]["matmuls"]["bf16"]
+    assert document["version"] == _gpu_model.PROFILE_VERSION
+    assert document["device_kind"] == KIND
+    measurements = document["measurements"]
+    assert measurements["stages_done"] == ["floors and launches", "concurrency", "throughput"]
+    # Only what was measured is written: each host figure is a figure or, lost in the
+    # CPU's noise, an unresolved measurement; nothing else of the built-in profile.
+    figures = document["figures"]
+    floors = measurements["floors"]
+    for name in HOST_FIGURES:
+        assert (name in figures) != (name in floors["unresolved"]), name
+    assert set(figures) <= set(HOST_FIGURES) | {"bandwidth", "tensor_flops", "sm_count"}
+    assert set(figures["tensor_flops"]) == {"f32", "bf16", "f16"}
+    for kind in ("elementwise", "gemm"):
+        modes = measurements["concurrency"][kind]["modes"]
+        assert set(modes) == {"lhs", "concurrent", "concurrent_regions"}
+        assert modes["lhs"]["ratio_to_lhs"]["depth1_blocked_s"] == 1.0
+    # The graph-mode programs were compiled with XLA's dumps on (the CPU writes no thunk
+    # sequence, XLA:GPU does: test_calibration_programs_compile_to_the_graphs_meant).
+    assert {p.name for p in dump.iterdir()} >= {"chain6-lhs", "fanout6-concurrent",
+                                                "gemm8x2-concurrent_regions"}
+    assert set(measurements["graphs"]) >= {"chain6-lhs", "elementwise8x2-concurrent"}
+
     loaded = gpu_profile("h200")
-    built_in = GPU_PROFILES["h200"]
     assert loaded.source == str(out) and loaded.name == "h200"
-    for figure in ("launch_s", "graph_node_s", "bandwidth"):
-        assert getattr(loaded, figure) == document["figures"][figure] != getattr(built_in,
-                                                                                 figure)
-    assert loaded.dot_flops("bf16") == document["figures"]["tensor_flops"]["bf16"]
+    _assert_measured(loaded, figures)
+    built_in = GPU_PROFILES["h200"]
     assert loaded.dot_flops("f64") == built_in.dot_flops("f64")  # not measured: kept
+    assert loaded.sync_s == built_in.sync_s and "sync_s" not in loaded.measured
     # What the model returns changes what jaxpar estimates (here: a CPU's figures).
     after = _estimate.estimate_hlo(text, gpu="h200")
     assert after.seconds != before.seconds and after.launches == before.launches
     assert Options().resolve("gpu", gpu=KIND).gpu == loaded
 
 
+class _LinearTimer:
+    """Times the calibration programs by a known model of the GPU, so that the figures
+    ``floors_and_launches`` derives can be checked exactly."""
+
+    dispatch, host_launch, kernel_floor = 10e-6, 2.5e-6, 1.5e-6
+    graph_launch, chain_node, dag_node, graph_floor = 4e-6, 0.1e-6, 0.6e-6, 1.2e-6
+
+    def __init__(self) -> None:
+        self.sizes = calibrate.DRY_RUN_SIZES
+        self.graphs: dict = {}
+
+    def run(self, program, mode: CommandBufferMode, dump: bool = False) -> dict:
+        kernels = program.kernels
+        if mode is CommandBufferMode.OFF:
+            returned = self.dispatch + kernels * self.host_launch
+            device = kernels * max(self.host_launch, self.kernel_floor)
+            blocked = self.dispatch + device
+        else:
+            returned = self.dispatch + self.graph_launch + kernels * (
+                self.dag_node if mode.branching else self.chain_node)
+            blocked = returned + kernels * self.graph_floor
+        return {"program": program.name, "mode": mode.value, "kernels": kernels,
+                "hlo_kernels": kernels, "return_s": returned, "blocked_s": blocked,
+                "pipelined_s": blocked}
+
+
+def test_the_figures_derived_from_the_timings(profile_dir: Path) -> None:
+    timer = _LinearTimer()
+    figures, measurements = calibrate.floors_and_launches(timer)
+    assert figures == pytest.approx({
+        "launch_s": timer.host_launch, "graph_floor_s": timer.graph_floor,
+        "chain_node_s": timer.chain_node, "dag_node_s": timer.dag_node,
+        "graph_launch_s": timer.graph_launch})
+    assert measurements["launch_host_s"] == pytest.approx(timer.host_launch)
+    assert measurements["kernel_floor_upper_bound_s"] == figures["launch_s"]
+    assert not measurements["unresolved"]
+    # Written and loaded back: exactly these are measured, their ranges narrowed.
+    document = calibrate.document(GPU_PROFILES["h200"], KIND, figures, measurements)
+    assert document["figures"] == figures
+    _write(profile_dir, document)
+    _assert_measured(gpu_profile("h200"), figures)
+
+
+def test_a_figure_lost_in_noise_is_left_out(profile_dir: Path) -> None:
+    timer = _LinearTimer()
+    timer.chain_node = -0.05e-6  # the chain's return time falls with its length: noise
+    figures, measurements = calibrate.floors_and_launches(timer)
+    assert "chain_node_s" not in figures and "chain_node_s" in measurements["unresolved"]
+    # graph_floor_s then takes the blocked slope whole (no host share to subtract).
+    assert figures["graph_floor_s"] == pytest.approx(timer.graph_floor + timer.chain_node)
+    _write(profile_dir, calibrate.document(GPU_PROFILES["h200"], KIND, figures, measurements))
+    loaded = gpu_profile("h200")
+    _assert_measured(loaded, figures)
+    assert loaded.chain_node_s == GPU_PROFILES["h200"].chain_node_s
+    assert loaded.span("chain_node_s") == GPU_PROFILES["h200"].span("chain_node_s")
+
+
 def test_a_dry_run_must_not_write_where_jaxpar_looks(profile_dir: Path) -> None:
-    with pytest.raises(SystemExit):
-        calibrate.main(["--dry-run", "--device-kind", KIND])
+    for argv in (["--dry-run", "--device-kind", KIND],
+                 ["--dry-run", "--device-kind", KIND, "--install", "--out",
+                  str(profile_dir / "elsewhere.json")]):
+        with pytest.raises(SystemExit):
+            calibrate.main(argv)
     assert not list(profile_dir.iterdir())
+
+
+@needs_plugin
+def test_calibration_programs_compile_to_the_graphs_meant(tmp_path: Path) -> None:
+    """Compiled deviceless for an H200 as calibrate.py compiles them (carry donated, the
+    mode a compile option): one kernel per step, no copies, one CUDA graph holding them
+    all, its independent kernels printed as parallel sources where buffers allow."""
+    mesh = _gpu_compile.make_gpu_mesh("h200", 1)
+    cases = [(calibrate.chain(6), "lhs", 1), (calibrate.fan_out(6), "concurrent", 6),
+             (calibrate.gemms(8, 2, 64), "concurrent", 8),
+             (calibrate.elementwise(8, 2, 8), "concurrent_regions", 8)]
+    for program, mode, sources in cases:
+        args = jax.tree_util.tree_map(
+            lambda a: _gpu_compile._place_leaf(jax.ShapeDtypeStruct(a.shape, a.dtype), mesh),
+            (program.carry, *program.constants))
+        directory = tmp_path / f"{program.name}-{mode}"
+        options = {**_flags.command_buffer_options(mode), "xla_dump_to": str(directory)}
+        text = jax.jit(program.fn, donate_argnums=0).trace(*args).lower().compile(
+            compiler_options=options).as_text()
+        assert calibrate._kernels(text) == program.kernels, program.name
+        assert " copy(" not in text, program.name
+        shape = calibrate.graph_shapes(directory)
+        assert shape["command_buffers"] == [{"nodes": program.kernels, "sources": sources}], \
+            (program.name, shape)
 
 
 def _write(profile_dir: Path, document: object) -> Path:
@@ -293,7 +420,7 @@ def _document(**figures: object) -> dict:
 
 @pytest.mark.parametrize(("document", "message"), [
     ("{not json", "not a readable JSON"),
-    ({"format": "other"}, "not a jaxpar-gpu-profile version 1"),
+    ({"format": "other"}, "not a jaxpar-gpu-profile version 2"),
     ({**_document(), "device_kind": "NVIDIA H100 80GB HBM3"}, "measured on 'NVIDIA H100"),
     (_document(launch_us=3.0), r"unknown figures \['launch_us'\]"),
     (_document(launch_s=-1.0), "'launch_s' must be a finite number > 0"),
