@@ -513,6 +513,18 @@ _top_trace = threading.local()
 _warned_options_lost: weakref.WeakSet[ParallelBranches] = weakref.WeakSet()
 
 
+@contextlib.contextmanager
+def options_applied(pb: ParallelBranches) -> Iterator[None]:
+    """Within: traces of ``pb`` are compiled with its plan's XLA options by whoever
+    traces them (``lower`` with the options, ``gpu_preview``), so no warning is due."""
+    before = getattr(_top_trace, "owner", None)
+    _top_trace.owner = pb
+    try:
+        yield
+    finally:
+        _top_trace.owner = before
+
+
 def _warn_if_options_lost(pb: ParallelBranches, key: _CallKey, rewrite: _Prepared) -> None:
     """Warns, once per function, when ``pb``'s plan chose XLA options for another
     CUDA-graph mode than the process's but this trace is not the top-level jit that
@@ -746,7 +758,8 @@ def _lower_with_options(function: ParallelBranches, args: tuple[Any, ...],
         _lowering.owner = _lowering.options = None
     if not options:
         return traced.lower()
-    return function._staged(options).lower(*args, **kwargs)
+    with options_applied(function):
+        return function._staged(options).lower(*args, **kwargs)
 
 
 def _weak_method(owner: Any, method: str, fun: Callable[..., Any] | None,

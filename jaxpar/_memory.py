@@ -284,6 +284,16 @@ class MemoryModel:
             return "fused"
         return "buffer"
 
+    def _small(self, eqn: JaxprEqn) -> bool:
+        """Whether ``eqn`` launches only kernels XLA may run concurrently: none that fills
+        the GPU (``_primitives.SERIAL_KERNELS``), no loop or cond; a call by its body."""
+        name = eqn.primitive.name
+        if name in _primitives.SERIAL_KERNELS or name in _primitives.MAY_BRANCH_OR_LOOP:
+            return False
+        return all(self._memo.lookup(sub, lambda sub=sub: all(
+            self._small(inner) for inner in _compat.open_jaxpr(sub)[0].eqns), extra="small")
+            for _, _, sub in self.costs.subjaxprs(eqn))
+
     @staticmethod
     def _fuses_operands(eqn: JaxprEqn) -> bool:
         return eqn.primitive.name in _FUSING_READERS
@@ -297,10 +307,8 @@ class MemoryModel:
             kind = self._kind(eqn)
             if kind != "buffer":
                 continue  # views and fused work join whatever kernel reads them
-            cost = self.costs.eqn_cost(eqn)
-            small = (eqn.primitive.name not in _primitives.SERIAL_KERNELS
-                     and not self.costs.subjaxprs(eqn)
-                     and cost.bytes <= CONCURRENT_REGION_BYTES)
+            small = (self._small(eqn)
+                     and self.costs.eqn_cost(eqn).bytes <= CONCURRENT_REGION_BYTES)
             if small:
                 if start < 0:
                     start = index

@@ -96,6 +96,8 @@ CUSTOM_VJP_CALL = _name("custom_vjp_call_p")
 
 # Loops, as the report lists them.
 LOOPS = frozenset({SCAN, WHILE})
+# Loops and conds: control flow a CUDA graph does not capture by default.
+MAY_BRANCH_OR_LOOP = frozenset({SCAN, WHILE, COND})
 
 # Cross-device communication: grouped, never moved onto a compute stream.
 COLLECTIVE = _family(

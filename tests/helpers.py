@@ -19,6 +19,7 @@ Sharp edges:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable
@@ -447,3 +448,34 @@ def suite_evaluation(name: str, size: str = "small", command_buffers: str | None
             name, size=size, values=values, command_buffers=command_buffers)
         _EVALUATED[key] = result
     return result
+
+
+def calibrated_gpu(tmp_path: Any, **figures: float) -> Any:
+    """An H200 profile as ``benchmarks/calibrate.py`` would leave it after measuring
+    ``figures`` on a GPU (loaded back through ``_gpu_model.gpu_profile`` from a profile
+    file under ``tmp_path``): those figures measured, their ranges narrowed."""
+    import json
+
+    from jaxpar import _gpu_model
+
+    base = _gpu_model.GPU_PROFILES["h200"]
+    document = _gpu_model.profile_document(dataclasses.replace(base, **figures))
+    document["figures"] = {name: value for name, value in document["figures"].items()
+                           if name in figures}
+    (tmp_path / "nvidia_h200.json").write_text(json.dumps(document))
+    before = os.environ.get(_gpu_model.PROFILE_DIR_VARIABLE)
+    os.environ[_gpu_model.PROFILE_DIR_VARIABLE] = str(tmp_path)
+    try:
+        return _gpu_model.gpu_profile(base.device_kind)
+    finally:
+        if before is None:
+            del os.environ[_gpu_model.PROFILE_DIR_VARIABLE]
+        else:
+            os.environ[_gpu_model.PROFILE_DIR_VARIABLE] = before
+
+
+# Figures under which small independent kernels pay off as parallel CUDA-graph nodes at
+# every end of their (measured, narrow) ranges: a dependent kernel's floor in a graph well
+# above a branching graph's host cost per node.
+CONCURRENCY_PAYS = {"graph_floor_s": 2.0e-6, "dag_node_s": 0.2e-6, "chain_node_s": 0.1e-6,
+                    "graph_launch_s": 3.0e-6}

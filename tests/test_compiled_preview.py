@@ -47,7 +47,7 @@ def test_seed_002_preview_shows_fewer_loop_trips():
     assert preview.plain.host_syncs == preview.jaxpar.host_syncs == 0
     assert preview.plain.estimated_us > 0 and preview.jaxpar.estimated_us > 0
     assert set(dict(preview.plain.estimated_us_by_mode)) == {
-        "lhs", "concurrent", "serialize", "off"}
+        "lhs", "concurrent", "concurrent_regions", "serialize", "off"}
     assert preview.time_ratio == preview.jaxpar.estimated_us / preview.plain.estimated_us
     assert preview.verdict in text and "launches per run" in text
 
@@ -113,22 +113,25 @@ def test_bad_gpu_name_is_an_error():
 
 
 def two_chains(a, wa, b, wb):
-    """Two independent matmul chains: a section pays with CUDA graphs off, not in LHS."""
+    """Two independent matmul chains: a section pays with CUDA graphs off, not in LHS
+    (its regions' temporaries then live side by side: 4 -> 8 MiB once compiled, so the
+    default memory budget leaves it out; these tests are about the mode, so ``ANY``)."""
     return jnp.tanh(jnp.tanh(a @ wa) @ wa), jnp.sin(jnp.sin(b @ wb) @ wb)
 
 
 TWO_CHAINS = [jax.ShapeDtypeStruct((1024, 1024), jnp.float32)] * 4
+ANY = {"memory": "any"}
 
 
 @needs_plugin
 def test_preview_judges_and_plans_in_the_mode_xla_flags_sets(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
-    default = jaxpar.gpu_preview(two_chains, *TWO_CHAINS)
+    default = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, **ANY)
     assert default.command_buffers is CommandBufferMode.LHS
     assert default.jaxpar.estimate.command_buffers == "lhs" and not default.plan.sections
     assert "CUDA graphs: lhs, from XLA_FLAGS" in str(default)
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
-    off = jaxpar.gpu_preview(two_chains, *TWO_CHAINS)
+    off = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, **ANY)
     assert off.command_buffers is CommandBufferMode.OFF and off.mode_source == "XLA_FLAGS"
     assert off.jaxpar.estimate.command_buffers == "off" and "off graphs" in off.verdict
     assert len(off.plan.sections) == 1 and off.jaxpar.async_in_flight == 2
@@ -138,13 +141,35 @@ def test_preview_judges_and_plans_in_the_mode_xla_flags_sets(monkeypatch):
 
 
 @needs_plugin
+def test_preview_shows_the_compiles_memory_beside_the_plans(monkeypatch):
+    # The section's regions keep their temporaries side by side: the compile's
+    # memory_analysis() shows it, and so does the plan's memory model; within the default
+    # budget the plan leaves the section out, and the compile shows plain's memory.
+    monkeypatch.setenv("XLA_FLAGS", "")
+    kept = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, command_buffers="off", **ANY)
+    assert kept.plan.sections and kept.plan.memory is not None
+    assert kept.jaxpar.temp_bytes > 1.5 * kept.plain.temp_bytes > 0
+    assert kept.plan.memory.jaxpar_bytes > 1.5 * kept.plan.memory.plain_bytes
+    text = str(kept)
+    assert "temporary memory" in text and kept.memory_line in text
+    assert "from the compiles' memory_analysis(); the plan estimated" in kept.memory_line
+    safe = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, command_buffers="off")
+    assert not safe.plan.sections
+    assert safe.jaxpar.temp_bytes == safe.plain.temp_bytes
+    assert safe.plan.memory is not None and safe.plan.memory.left_out
+    assert "stream sections left out" in safe.plan.memory.left_out[0]
+    assert safe.to_dict()["jaxpar"]["temp_bytes"] == safe.jaxpar.temp_bytes
+
+
+@needs_plugin
 def test_an_explicit_mode_wins_over_xla_flags(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
-    off = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, command_buffers="off")
+    off = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, command_buffers="off", **ANY)
     assert off.command_buffers is CommandBufferMode.OFF and off.mode_source == "argument"
     assert len(off.plan.sections) == 1 and "off graphs" in off.verdict
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
-    lhs = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, command_buffers=CommandBufferMode.LHS)
+    lhs = jaxpar.gpu_preview(two_chains, *TWO_CHAINS, command_buffers=CommandBufferMode.LHS,
+                             **ANY)
     assert lhs.command_buffers is CommandBufferMode.LHS and not lhs.plan.sections
     assert "CUDA graphs: lhs, from argument" in str(lhs)
 

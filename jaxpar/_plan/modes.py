@@ -31,8 +31,8 @@ The model of one jaxpr level, in a mode:
   runs alone on the stream, its body priced per trip in the same mode (a body of at
   least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``scan`` runs as XLA
   runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip with one kernel
-  bumping the counter and one slicing each distinct scanned input per body, then the
-  left-over bodies once (so fusing scans and unrolling them save kernels and launches
+  bumping the counter, one slicing each distinct scanned input and one writing each
+  stacked result (for the trip's bodies at once), then the left-over bodies once (so fusing scans and unrolling them save kernels and launches
   here, as in the compiled program); a ``cond`` costs its dearest branch; other calls
   their body;
 * the other nodes of the level form one graph when at least ``MIN_GRAPH_SIZE`` of their
@@ -237,6 +237,7 @@ class _Span:
     alone: float = 0.0  # seconds of loops and conds in the level, run outside graphs
     lead: float = 0.0  # host time before the first kernel can start (its launch, a graph's)
     sure: float = 0.0  # of the captured ones, those XLA cannot fuse away (``MAY_FUSE_AWAY``)
+    serial: bool = False  # holds a kernel that fills the GPU, or a loop or cond
 
     @property
     def seconds(self) -> float:
@@ -278,12 +279,15 @@ class _Model:
         # same in every mode and at every end.
         self._memo: IdentityMemo[Any, Any] = IdentityMemo() if memo is None else memo
 
-    def jaxpr(self, jaxpr: JaxprLike, top: bool = False) -> _Span:
+    def jaxpr(self, jaxpr: JaxprLike, top: bool = False, graphs: bool | None = None
+              ) -> _Span:
+        """The span of a level; ``graphs``: whether it runs in a CUDA graph (a loop body
+        repeated by unrolling may, where it alone would not), default as it would alone."""
         if top:  # its lanes are the plan's: never remembered
             return self._level(_compat.open_jaxpr(jaxpr)[0].eqns, self.lanes)
         return self._memo.lookup(  # type: ignore[no-any-return]
-            jaxpr, lambda: self._level(_compat.open_jaxpr(jaxpr)[0].eqns, {}),
-            extra=(self.mode, self.gpu))
+            jaxpr, lambda: self._level(_compat.open_jaxpr(jaxpr)[0].eqns, {}, graphs),
+            extra=(self.mode, self.gpu, graphs))
 
     def _alone(self, eqn: JaxprEqn) -> _Span | None:
         """A loop or cond: runs outside any graph, with its own host cost inside."""
@@ -309,9 +313,9 @@ class _Model:
 
     def _scan(self, eqn: JaxprEqn) -> _Span:
         """A scan as XLA runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip
-        also bumping the counter and slicing every distinct scanned input a kernel reads
-        once per body (one kernel each), then the ``length % unroll`` left-over bodies
-        once."""
+        also bumping the counter, slicing every distinct scanned input a kernel reads and
+        writing every stacked result (one kernel each, for the trip's bodies at once),
+        then the ``length % unroll`` left-over bodies once."""
         info = _compat.scan_info(eqn)
         body = self.jaxpr(info.jaxpr)
         unroll = max(1, min(info.unroll, info.length))
@@ -324,19 +328,27 @@ class _Model:
                                             inner.invars[info.num_consts + info.num_carry:],
                                             strict=True)
               if not _compat.is_literal(outer) and id(v) in sliced}
+        ys = len(eqn.outvars) - info.num_carry
         if trips <= 1 and not left:  # one trip: XLA inlines the loop into its caller
-            return self._repeated(body, info.length, 0.0)
-        per_trip = self._repeated(body, unroll, 1.0 + unroll * len(xs))
-        rest = self._repeated(body, left, 0.0) if left else _Span(0.0, 0.0, 0.0)
+            return self._repeated(info.jaxpr, body, info.length, 0.0)
+        # JAX slices a trip's ``unroll`` bodies' inputs at once, and writes their stacked
+        # results at once.
+        per_trip = self._repeated(info.jaxpr, body, unroll, 1.0 + len(xs) + ys)
+        rest = (self._repeated(info.jaxpr, body, left, 0.0) if left
+                else _Span(0.0, 0.0, 0.0))
         return _Span(trips * per_trip.seconds + rest.seconds, 0.0,
                      trips * per_trip.work + rest.work)
 
-    def _repeated(self, body: _Span, times: int, extra_kernels: float) -> _Span:
-        """``times`` copies of a level one after the other, plus ``extra_kernels`` tiny
-        kernels, as one launch sequence: one graph if they are enough to form one."""
+    def _repeated(self, jaxpr: JaxprLike, body: _Span, times: int, extra_kernels: float
+                  ) -> _Span:
+        """``times`` copies of the level ``jaxpr`` (span ``body`` alone) one after the
+        other, plus ``extra_kernels`` tiny kernels, as one launch sequence: one graph if
+        they are enough to form one (its kernels then at a graph's floor)."""
         captured = body.captured * times + extra_kernels
         sure = body.sure * times + extra_kernels
         graphs = self.mode is not CommandBufferMode.OFF and sure >= MIN_GRAPH_SIZE
+        if graphs != (self.mode is not CommandBufferMode.OFF and body.sure >= MIN_GRAPH_SIZE):
+            body = self.jaxpr(jaxpr, graphs=graphs)
         host = (self.gpu.graph_launch_s + self.gpu.node_s(self.mode) * captured if graphs
                 else self.gpu.launch_s * captured)
         host += body.alone * times  # a body's level has no stream regions
@@ -355,10 +367,13 @@ class _Model:
                 return eqn, alone.work, 0.0, 0.0, True, alone, alone.seconds
         subs = self.costs.subjaxprs(eqn)
         if subs:
+            # A call: XLA inlines its body into the caller, whose graph and floor its
+            # kernels then share; a node of that many kernels, which runs beside others
+            # like it unless it holds one that fills the GPU.
             body = self.jaxpr(subs[0][2])
-            if body.device > 0:
+            if body.alone > 0:  # it holds a loop or a cond: timed as it runs
                 return eqn, body.work, body.kernels, body.sure, True, None, body.device
-            return eqn, 0.0, 0.0, 0.0, False, None, 0.0
+            return eqn, body.work, body.kernels, body.sure, body.serial, None, 0.0
         cost = self.costs.eqn_cost(eqn)
         if cost.kernels <= 0:
             entry: _Entry = (eqn, 0.0, 0.0, 0.0, False, None, 0.0)
@@ -371,7 +386,8 @@ class _Model:
         self._memo.set(eqn, entry)
         return entry
 
-    def _level(self, eqns: Sequence[JaxprEqn], lanes: Mapping[int, int]) -> _Span:
+    def _level(self, eqns: Sequence[JaxprEqn], lanes: Mapping[int, int],
+               in_graph: bool | None = None) -> _Span:
         remembered = self._memo.get
         planned = [remembered(eqn) or self._entry(eqn) for eqn in eqns]
         # Free and alone entries add zeros: the sums are those of the capturable nodes.
@@ -386,8 +402,9 @@ class _Model:
         # is chosen for a graph the compiled program does not have (three matmuls of
         # rolled operands: 6 kernels here, 3 launches once compiled).
         graphs = self.mode is not CommandBufferMode.OFF and sure_captured >= MIN_GRAPH_SIZE
-        branching = graphs and self.mode.branching
-        end, alone_seconds, work_total = _timeline(self.gpu, planned, lanes, graphs, branching)
+        timed = graphs if in_graph is None else in_graph
+        end, alone_seconds, work_total = _timeline(self.gpu, planned, lanes, timed,
+                                                   timed and self.mode.branching)
         # A region's kernels are launched one by one (captured ones are refused by the
         # pricing in the graph modes); each region adds a start and a done event.
         host = self.gpu.launch_s * in_regions + 2 * self.gpu.event_s * len(set(lanes.values()))
@@ -397,8 +414,9 @@ class _Model:
         else:
             lead = self.gpu.launch_s if captured > 0 else 0.0
             host += self.gpu.launch_s * captured
+        serial = any(entry[4] for entry in planned)
         return _Span(end, host + alone_seconds, work_total, kernels, captured, alone_seconds,
-                     lead, sure_captured)
+                     lead, sure_captured, serial)
 
 def _timeline(gpu: GpuProfile, planned: Sequence[_Entry], lanes: Mapping[int, int],
               graphs: bool, branching: bool) -> tuple[float, float, float]:
