@@ -1,35 +1,36 @@
 """Memory model: the temporary bytes XLA:GPU allocates for a program, in a CUDA-graph mode.
 
-jaxpar's rewrites and modes can raise a program's memory: a ``concurrent`` CUDA graph
-makes XLA assign buffers by a dependency ordering, so independent temporaries are never
-packed together (``xla/xla.proto``: the mode "may lead to OOMs"); batching stacks the
-members' inputs into new arrays; unrolling keeps more of a loop body alive at once. The
-planner compares the estimate of jaxpar's program in its mode with the plain program's in
-the user's (``_plan.memory``) and keeps nothing that needs more than its budget.
+jaxpar's rewrites and modes can raise a program's memory: in the branching CUDA-graph
+modes XLA assigns buffers by a dependency ordering, so independent temporaries are
+never packed together (``xla/xla.proto``: CONCURRENT "may lead to OOMs"); batching
+stacks the members' inputs into new arrays; unrolling keeps more of a loop body alive at
+once; stream sections keep their regions' buffers apart. The planner compares the
+estimate of jaxpar's program in its mode with the plain program's in the user's
+(``_plan.budget``) and keeps nothing that needs more than its budget.
 
 The model of one jaxpr level, in the order of its equations (a program's equations
 run in about that order; XLA's scheduler may reorder them):
 
 * a **buffer** is a value XLA writes to memory: the result of an equation launching a
   kernel of its own that cannot take its operands' computation in (a dot, a convolution,
-  a collective, a sort, a loop, a call), and of elementwise work read by such an equation.
-  Elementwise work read only by other elementwise work or by a reduction is fused into
-  its reader (no buffer; its reader reads its operands instead). Shape-only equations
-  (reshape, broadcast, convert...) are views: they read their operand's buffers;
+  a collective, a sort, a loop, a call), of elementwise work read by such an equation,
+  and of a broadcast a loop holds as its state (written right before the loop). Other
+  elementwise work is fused into its reader (no buffer; its reader reads its operands
+  instead); shape-only equations (reshape, broadcast, convert...) are views of their
+  operand's buffers;
 * the level's inputs and outputs are not temporaries (the program's arguments and
   results, or a loop's state, which its caller holds);
 * **sequential** orderings (XLA's ``lhs`` and ``serialize`` modes, graphs ``off``): a
   buffer is live from its equation to its last reader; the peak is the most bytes live
   at once, plus what a nested computation needs while it runs (a loop's body, a call's
-  body, a ``cond``'s dearest branch), plus a copy of each loop carry;
-* **concurrent_regions**: kernels that XLA may run concurrently (small ones: no dot,
-  convolution, library call or loop, at most ``CONCURRENT_REGION_BYTES`` read and written) form
-  regions of consecutive equations, and the buffers of a region live from its first
-  equation to its last (XLA's ``ConcurrentRegionsHloOrdering`` packs none of them
-  together);
-* **concurrent**: independent buffers are never packed, so the bound is the sum of every
-  buffer of the level and of what its nested computations need (a loop body's buffers
-  once per unrolled copy);
+  body, a ``cond``'s dearest branch), plus a copy of each loop carry; an unrolled scan
+  body's copies may each keep all their buffers (XLA's scheduler may interleave them),
+  and a factor that does not divide the length copies the scanned inputs;
+* the **branching** orderings (``concurrent``, ``concurrent_regions``): independent
+  buffers may never be packed, so the bound is the sum of every buffer of the level and
+  of what its nested computations need (a loop body's buffers once per unrolled copy).
+  ``concurrent_regions`` packs more than ``concurrent``, but its regions follow XLA's
+  schedule, which the model does not know: the bound holds for both;
 * the stream sections of a plan (``sections``: groups of equations running on other
   streams at once) keep their buffers live from the section's first equation to its last.
 
@@ -40,11 +41,14 @@ Example::
 
 Sharp edges:
   * A model of buffer assignment, not XLA's: it does not know XLA's schedule, its layout
-    copies, library workspaces or which producers XLA fuses into a GEMM. It is meant to
-    compare two programs of the same function (plain and jaxpar's), whose errors are
-    alike; ``gpu_preview`` reports what the compile says (``memory_analysis()``).
-  * ``concurrent`` is an upper bound (XLA may still pack buffers whose lifetimes are
-    ordered by dependencies).
+    copies, library workspaces, split-K partial sums or which producers XLA fuses into a
+    GEMM. It is meant to compare two programs of the same function (plain and jaxpar's),
+    whose errors are alike; ``gpu_preview`` reports what the compile says
+    (``memory_analysis()``), and ``benchmarks/gpu_suite.py`` compares the two over the
+    GPU suite (``docs/benchmarks.md``).
+  * The branching orderings' figure is an upper bound, far above the compiles' for
+    large programs (a 12-layer transformer step: several times): a mode change is then
+    refused for memory it might not have needed.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from typing import Any
 from . import _compat, _primitives
 from ._compat import JaxprEqn, JaxprLike
 from ._cost import CostModel
-from ._gpu_model import CONCURRENT_REGION_BYTES, CommandBufferMode
+from ._gpu_model import CommandBufferMode
 from ._memo import IdentityMemo
 
 __all__ = ["MemoryModel", "format_bytes", "stacking_refusal"]
@@ -75,6 +79,12 @@ def format_bytes(count: float) -> str:
     return f"{sign}{count:.0f} B"
 
 
+def xs_total(eqn: JaxprEqn, info: _compat.ScanInfo) -> float:
+    """Bytes of the ``scan`` ``eqn``'s scanned inputs, whole."""
+    return float(sum(_compat.aval_nbytes(v.aval)
+                     for v in eqn.invars[info.num_consts + info.num_carry:]))
+
+
 def stacking_refusal(stacked_bytes: float, allowance: float | None) -> str | None:
     """Why a batching rewrite whose stacked copies take ``stacked_bytes`` is over the
     memory budget's ``allowance`` (``Analysis.memory_allowance``; None: any), or None."""
@@ -89,15 +99,26 @@ _FUSING_READERS = frozenset(
     name for name in _primitives.COST_ONE_KERNEL
     if name.startswith(("reduce_", "argmax", "argmin"))) | _primitives.MAY_FUSE_AWAY
 
+# Views that make more elements than they read: written to memory where a loop holds them.
+_EXPANDING = frozenset({_primitives.BROADCAST_IN_DIM, _primitives.IOTA})
+
+
+def _primitive_name(eqn: JaxprEqn) -> str:
+    return str(eqn.primitive.name)
+
+
 # How XLA orders buffers for assignment in a CUDA-graph mode (``_ordering``).
-_SEQUENTIAL, _REGIONS, _CONCURRENT = "sequential", "regions", "dependency"
+_SEQUENTIAL, _CONCURRENT = "sequential", "dependency"
 
 
 def _ordering(mode: CommandBufferMode | None) -> str:
-    if mode is CommandBufferMode.CONCURRENT:
+    # CONCURRENT_REGIONS packs more than CONCURRENT, but its regions follow XLA's
+    # schedule, which the model does not know: runs of small kernels in this order gave
+    # 0 MiB more where deviceless H200 compiles gave up to 8 MiB (an attention block),
+    # 24 MiB (a mixture of experts' gradient). The dependency ordering's bound holds for
+    # both (above the compiles' figure for each of the 28 programs of the GPU suite).
+    if mode is not None and mode.branching:
         return _CONCURRENT
-    if mode is CommandBufferMode.CONCURRENT_REGIONS:
-        return _REGIONS
     return _SEQUENTIAL
 
 
@@ -112,6 +133,124 @@ class _Need:
     @property
     def total(self) -> float:
         return self.peak + self.carried
+
+
+def _materialized(eqns: Sequence[JaxprEqn], kinds: Sequence[str],
+                  fuses_operands: Any) -> tuple[set[Any], set[Any]]:
+    """Which results of a level XLA writes to memory beyond kernels' and nested
+    computations' (decided last reader first): fused work some reader needs in memory
+    (``needed``), and broadcasts a loop holds as its state (``expanded``)."""
+    literal = _compat.Literal
+    needed: set[Any] = set()
+    expanded: set[Any] = set()
+    for index in range(len(eqns) - 1, -1, -1):
+        eqn, kind = eqns[index], kinds[index]
+        reads = [v for v in eqn.invars if not isinstance(v, literal)]
+        if kind == "view":
+            # A view reads its operand's memory where its own readers need it; one that
+            # does not expand (a reshape) passes a loop's holding on, too.
+            if any(v in needed for v in eqn.outvars):
+                needed.update(reads)
+            if _primitive_name(eqn) not in _EXPANDING and any(
+                    v in expanded for v in eqn.outvars):
+                expanded.update(reads)
+            continue
+        if _primitive_name(eqn) in _primitives.MAY_BRANCH_OR_LOOP:
+            # A loop's (or cond's) operands are its state: XLA writes what it reads to
+            # memory, a broadcast included (a scan over ``broadcast_to(x, (n, ...))``
+            # materialises it, 381 MiB at 10,000 x 100 x 100, deviceless H200).
+            expanded.update(reads)
+        if kind == "buffer" and not fuses_operands(eqn):
+            needed.update(reads)
+        elif kind == "fused" and any(v in needed for v in eqn.outvars):
+            needed.update(reads)  # materialized itself: its kernel reads its operands
+    return needed, expanded
+
+
+class _Buffers:
+    """The buffers of one level: each one's bytes and the equations it is live from
+    (``begin``) and to (``end``), and what each equation needs while it runs."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.size: dict[Any, float] = {}
+        self.begin: dict[Any, int] = {}
+        self.end: dict[Any, int] = {}
+        self.transient = [0.0] * count
+
+    def trace(self, jaxpr: Any, kinds: Sequence[str], needed: set[Any], expanded: set[Any],
+              transient: Any) -> None:
+        """Walks the level in order: a buffer is live from its equation to its last
+        reader; a view or fused work passes its reader on to the buffers it reads."""
+        literal = _compat.Literal
+        eqns = jaxpr.eqns
+        outputs = {v for v in jaxpr.outvars if not isinstance(v, literal)}
+        first_read: dict[Any, int] = {}
+        for index, eqn in enumerate(eqns):
+            for v in eqn.invars:
+                if not isinstance(v, literal):
+                    first_read.setdefault(v, index)
+        roots: dict[Any, frozenset[Any]] = {}  # the buffers reading v reads
+        empty: frozenset[Any] = frozenset()
+        for index, (eqn, kind) in enumerate(zip(eqns, kinds, strict=True)):
+            reads: frozenset[Any] = empty
+            for v in eqn.invars:
+                if not isinstance(v, literal):
+                    found = roots.get(v, empty)
+                    if found:
+                        reads = reads | found
+            for r in reads:
+                self.end[r] = index
+            late = kind == "view" and _primitive_name(eqn) in _EXPANDING and any(
+                v in expanded for v in eqn.outvars)
+            if not (kind == "buffer" or ((kind == "fused" or late) and any(
+                    v in needed or v in expanded for v in eqn.outvars))):
+                for v in eqn.outvars:  # a view or fused work: its reader reads its reads
+                    roots[v] = reads
+                continue
+            if kind == "buffer":
+                self.transient[index] = transient(eqn)
+            for v in eqn.outvars:
+                if _compat.is_drop_var(v):
+                    continue
+                if v in outputs:
+                    roots[v] = empty
+                    continue
+                roots[v] = frozenset((v,))
+                self.size[v] = float(_compat.aval_nbytes(v.aval))
+                # A broadcast a loop holds is written right before the loop (it reads only
+                # its operand, which outlives it: XLA schedules it there).
+                self.begin[v] = self.end[v] = first_read.get(v, index) if late else index
+        for v in jaxpr.outvars:  # an output computed by fused work reads its roots last
+            if not isinstance(v, literal):
+                for r in roots.get(v, empty):
+                    self.end[r] = max(self.end.get(r, 0), self.begin.get(r, 0))
+
+    def peak(self, windows: Sequence[tuple[int, int]]) -> float:
+        """The most bytes live at once, in the level's order, each buffer made in one of
+        ``windows`` (equations run side by side) live across the whole window."""
+        begin, end = dict(self.begin), dict(self.end)
+        window_of = {}
+        for first, final in windows:
+            for index in range(first, final + 1):
+                window_of[index] = (first, final)
+        if window_of:
+            for v, at in self.begin.items():
+                window = window_of.get(at)
+                if window is not None:
+                    begin[v] = min(begin[v], window[0])
+                    end[v] = max(end[v], window[1])
+        allocated = [0.0] * (self.count + 1)
+        freed = [0.0] * (self.count + 1)
+        for v, nbytes in self.size.items():
+            allocated[begin[v]] += nbytes
+            freed[end[v]] += nbytes
+        live = peak = 0.0
+        for index in range(self.count):
+            live += allocated[index]
+            peak = max(peak, live + self.transient[index])
+            live -= freed[index]
+        return peak
 
 
 class MemoryModel:
@@ -135,11 +274,15 @@ class MemoryModel:
         return self._level(inner, _ordering(mode), tuple(spans)).total
 
     def unrolled_copy_bytes(self, eqn: JaxprEqn) -> float:
-        """Temporary bytes each unrolled copy of the ``scan`` ``eqn``'s body may add
-        (its buffers and its carries), in a sequential ordering."""
+        """Temporary bytes each unrolled copy of the ``scan`` ``eqn``'s body may add: the
+        copies are one straight-line body to XLA's scheduler, which may interleave them,
+        so a copy keeps every buffer of its body (not only its peak) and its carries.
+        (Deviceless H200 compiles, jaxlib 0.10.2, each extra copy: a 256x256 tanh/sin
+        body 1.0 MiB, all its buffers and carry 1.0 MiB, its peak 0.75 MiB; the GPU
+        suite's GRU 1.25 MiB, all its buffers 1.4 MiB, its peak 0.66 MiB.)"""
         info = _compat.scan_info(eqn)
         carries = sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars[:info.num_carry])
-        return self._nested(info.jaxpr, _SEQUENTIAL).total + carries
+        return self._nested(info.jaxpr, _CONCURRENT).total + carries
 
     def _nested(self, jaxpr: JaxprLike, ordering: str) -> _Need:
         return self._memo.lookup(  # type: ignore[no-any-return]
@@ -161,10 +304,11 @@ class MemoryModel:
             if ordering == _CONCURRENT:
                 return copies * (body.total + xs) + carries
             # Unrolled copies are one straight-line body to XLA's scheduler, which may
-            # interleave them: each copy may keep its buffers and carries (deviceless H200
-            # compiles of two fused 256x256 scans: 1.3 MB plain, 2.6 MB unrolled twice,
-            # 3.1 MB four times).
-            return body.total + xs + carries + (copies - 1) * (body.total + carries)
+            # interleave them (``unrolled_copy_bytes``). A length the factor does not
+            # divide makes JAX slice the scanned inputs apart: a copy of them.
+            uneven = xs_total(eqn, info) if info.length % copies else 0.0
+            return (body.total + xs + carries + uneven
+                    + (copies - 1) * self.unrolled_copy_bytes(eqn))
         if name == _primitives.WHILE:
             body = self._nested(eqn.params["body_jaxpr"], ordering)
             condition = self._nested(eqn.params["cond_jaxpr"], ordering)
@@ -184,93 +328,14 @@ class MemoryModel:
 
     def _level(self, jaxpr: Any, ordering: str, spans: tuple[tuple[int, int], ...]) -> _Need:
         eqns = jaxpr.eqns
-        literal = _compat.Literal
-        count = len(eqns)
-        # Which results are buffers: kernels' and nested computations' results, and
-        # fusible results some reader needs in memory (decided last reader first).
-        needed: set[Any] = set()
-        buffer_of_eqn: list[bool] = []
-        for eqn in eqns:
-            kind = self._kind(eqn)
-            buffer_of_eqn.append(kind == "buffer")
-        for index in range(count - 1, -1, -1):
-            eqn = eqns[index]
-            kind = self._kind(eqn)
-            if kind == "view":
-                # A view reads its operand's memory where its own readers need it.
-                if any(v in needed for v in eqn.outvars):
-                    needed.update(v for v in eqn.invars if not isinstance(v, literal))
-                continue
-            if kind == "buffer" and not self._fuses_operands(eqn):
-                needed.update(v for v in eqn.invars if not isinstance(v, literal))
-            elif kind == "fused" and any(v in needed for v in eqn.outvars):
-                # Materialized itself; its operands are read by its kernel.
-                needed.update(v for v in eqn.invars if not isinstance(v, literal))
-        outputs = {v for v in jaxpr.outvars if not isinstance(v, literal)}
-        # roots[v]: the buffers reading v reads (v itself for a buffer).
-        roots: dict[Any, frozenset[Any]] = {}
-        size: dict[Any, float] = {}
-        defined_at: dict[Any, int] = {}
-        last: dict[Any, int] = {}
-        transient = [0.0] * count
-        empty: frozenset[Any] = frozenset()
-        for index, eqn in enumerate(eqns):
-            kind = self._kind(eqn)
-            reads: frozenset[Any] = empty
-            for v in eqn.invars:
-                if not isinstance(v, literal):
-                    found = roots.get(v, empty)
-                    if found:
-                        reads = reads | found
-            for r in reads:
-                last[r] = index
-            if kind == "buffer" or (kind == "fused" and
-                                    any(v in needed for v in eqn.outvars)):
-                transient[index] = self._transient(eqn, ordering) if kind == "buffer" else 0.0
-                for v in eqn.outvars:
-                    if _compat.is_drop_var(v):
-                        continue
-                    if v in outputs:
-                        roots[v] = empty
-                        continue
-                    roots[v] = frozenset((v,))
-                    size[v] = float(_compat.aval_nbytes(v.aval))
-                    defined_at[v] = last[v] = index
-            else:  # a view or fused elementwise work: its reader reads its operands
-                for v in eqn.outvars:
-                    roots[v] = reads
-        for v in jaxpr.outvars:  # an output computed by fused work reads its roots last
-            if not isinstance(v, literal):
-                for r in roots.get(v, empty):
-                    last[r] = max(last.get(r, 0), defined_at.get(r, 0))
+        kinds = [self._kind(eqn) for eqn in eqns]
+        needed, expanded = _materialized(eqns, kinds, self._fuses_operands)
+        buffers = _Buffers(len(eqns))
+        buffers.trace(jaxpr, kinds, needed, expanded,
+                      lambda eqn: self._transient(eqn, ordering))
         if ordering == _CONCURRENT:
-            return _Need(sum(size.values()) + sum(transient))
-        begin = dict(defined_at)
-        end = dict(last)
-        windows = list(spans)
-        if ordering == _REGIONS:
-            windows += self._regions(eqns)
-        if windows:
-            window_of = {}
-            for first, final in windows:
-                for index in range(first, final + 1):
-                    window_of[index] = (first, final)
-            for v, at in defined_at.items():
-                window = window_of.get(at)
-                if window is not None:
-                    begin[v] = min(begin[v], window[0])
-                    end[v] = max(end[v], window[1])
-        allocated = [0.0] * (count + 1)
-        freed = [0.0] * (count + 1)
-        for v, nbytes in size.items():
-            allocated[begin[v]] += nbytes
-            freed[end[v]] += nbytes
-        live = peak = 0.0
-        for index in range(count):
-            live += allocated[index]
-            peak = max(peak, live + transient[index])
-            live -= freed[index]
-        return _Need(peak)
+            return _Need(sum(buffers.size.values()) + sum(buffers.transient))
+        return _Need(buffers.peak(spans))
 
     def _kind(self, eqn: JaxprEqn) -> str:
         """``"view"`` (shape only), ``"fused"`` (elementwise: fused into its reader) or
@@ -284,39 +349,6 @@ class MemoryModel:
             return "fused"
         return "buffer"
 
-    def _small(self, eqn: JaxprEqn) -> bool:
-        """Whether ``eqn`` launches only kernels XLA may run concurrently: none that fills
-        the GPU (``_primitives.SERIAL_KERNELS``), no loop or cond; a call by its body."""
-        name = eqn.primitive.name
-        if name in _primitives.SERIAL_KERNELS or name in _primitives.MAY_BRANCH_OR_LOOP:
-            return False
-        return all(self._memo.lookup(sub, lambda sub=sub: all(
-            self._small(inner) for inner in _compat.open_jaxpr(sub)[0].eqns), extra="small")
-            for _, _, sub in self.costs.subjaxprs(eqn))
-
     @staticmethod
     def _fuses_operands(eqn: JaxprEqn) -> bool:
         return eqn.primitive.name in _FUSING_READERS
-
-    def _regions(self, eqns: Sequence[JaxprEqn]) -> list[tuple[int, int]]:
-        """Runs of consecutive small kernels XLA's ``CONCURRENT_REGIONS`` ordering keeps
-        apart (see the module docstring), as ``(first, last)`` equation indices."""
-        found: list[tuple[int, int]] = []
-        start = previous = -1
-        for index, eqn in enumerate(eqns):
-            kind = self._kind(eqn)
-            if kind != "buffer":
-                continue  # views and fused work join whatever kernel reads them
-            small = (self._small(eqn)
-                     and self.costs.eqn_cost(eqn).bytes <= CONCURRENT_REGION_BYTES)
-            if small:
-                if start < 0:
-                    start = index
-                previous = index
-            else:
-                if start >= 0 and previous > start:
-                    found.append((start, previous))
-                start = -1
-        if start >= 0 and previous > start:
-            found.append((start, previous))
-        return found

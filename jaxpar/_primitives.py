@@ -93,6 +93,8 @@ ADD = _name("add_p")
 CONVERT_ELEMENT_TYPE = _name("convert_element_type_p")
 CUSTOM_JVP_CALL = _name("custom_jvp_call_p")
 CUSTOM_VJP_CALL = _name("custom_vjp_call_p")
+BROADCAST_IN_DIM = _name("broadcast_in_dim_p")
+IOTA = _name("iota_p")
 
 # Loops, as the report lists them.
 LOOPS = frozenset({SCAN, WHILE})

@@ -149,7 +149,8 @@ def test_choose_mode_needs_the_gain_at_the_pessimistic_end() -> None:
     assert kept.mode is LHS and not kept.chosen
     assert "x0.980 at the pessimistic end" in kept.reason
     assert "x0.600 at the optimistic end" in kept.reason
-    assert kept.ends_of(REGIONS) is fails and kept.to_dict()["ends"][0]["mode"] == "concurrent_regions"
+    assert kept.ends_of(REGIONS) is fails
+    assert kept.to_dict()["ends"][0]["mode"] == "concurrent_regions"
 
 
 def test_choose_mode_refuses_a_mode_over_the_memory_budget() -> None:
@@ -217,7 +218,8 @@ def test_where_a_candidate_wins_its_pessimistic_end_is_the_worst_corner(
             continue
         checked += 1
         for corner in corners[seed::5]:
-            assert ratio(calibrated.at(corner)) <= worst * (1 + 1e-9), (seed, sorted(corner.items()))
+            assert ratio(calibrated.at(corner)) <= worst * (1 + 1e-9), (
+                seed, sorted(corner.items()))
         assert ratio(optimistic(calibrated, REGIONS)) <= worst
     assert checked >= 4
 

@@ -32,8 +32,9 @@ The model of one jaxpr level, in a mode:
   least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``scan`` runs as XLA
   runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip with one kernel
   bumping the counter, one slicing each distinct scanned input and one writing each
-  stacked result (for the trip's bodies at once), then the left-over bodies once (so fusing scans and unrolling them save kernels and launches
-  here, as in the compiled program); a ``cond`` costs its dearest branch; other calls
+  stacked result (for the trip's bodies at once), then the left-over bodies once (so
+  fusing scans and unrolling them save kernels and launches here, as in the compiled
+  program); a ``cond`` costs its dearest branch; other calls
   their body;
 * the other nodes of the level form one graph when at least ``MIN_GRAPH_SIZE`` of their
   kernels are ones XLA cannot fuse away (not ``_primitives.MAY_FUSE_AWAY``: a
