@@ -26,11 +26,14 @@ run in about that order; XLA's scheduler may reorder them):
   body, a ``cond``'s dearest branch), plus a copy of each loop carry; an unrolled scan
   body's copies may each keep all their buffers (XLA's scheduler may interleave them),
   and a factor that does not divide the length copies the scanned inputs;
-* the **branching** orderings (``concurrent``, ``concurrent_regions``): independent
-  buffers may never be packed, so the bound is the sum of every buffer of the level and
-  of what its nested computations need (a loop body's buffers once per unrolled copy).
-  ``concurrent_regions`` packs more than ``concurrent``, but its regions follow XLA's
-  schedule, which the model does not know: the bound holds for both;
+* ``concurrent`` (a dependency ordering): independent buffers are never packed, so the
+  bound is the sum of every buffer of the level and of what its nested computations
+  need (a loop body's buffers once per unrolled copy);
+* ``concurrent_regions``: XLA's regions of small kernels follow its schedule, which the
+  model does not know, so any small kernel's buffer may be kept apart: the sequential
+  peak plus every buffer of a kernel that does not fill the GPU (those that do, dots and
+  convolutions, run and are packed one after another), nested computations as in
+  ``concurrent``;
 * the stream sections of a plan (``sections``: groups of equations running on other
   streams at once) keep their buffers live from the section's first equation to its last.
 
@@ -46,9 +49,11 @@ Sharp edges:
     whose errors are alike; ``gpu_preview`` reports what the compile says
     (``memory_analysis()``), and ``benchmarks/gpu_suite.py`` compares the two over the
     GPU suite (``docs/benchmarks.md``).
-  * The branching orderings' figure is an upper bound, far above the compiles' for
-    large programs (a 12-layer transformer step: several times): a mode change is then
-    refused for memory it might not have needed.
+  * The branching orderings' figures are meant as upper bounds (above the compiles' for
+    each program of the GPU suite), far above them for large programs: a mode change is
+    then refused for memory it might not have needed. They leave out XLA's split-K
+    partial sums (a GEMM XLA splits along its contraction writes up to 64 times its
+    result, deviceless H200), which ``concurrent`` mode keeps apart too.
 """
 
 from __future__ import annotations
@@ -85,6 +90,18 @@ def xs_total(eqn: JaxprEqn, info: _compat.ScanInfo) -> float:
                      for v in eqn.invars[info.num_consts + info.num_carry:]))
 
 
+def _transposed_xs(eqn: JaxprEqn, info: _compat.ScanInfo) -> float:
+    """Bytes of the ``scan`` ``eqn``'s scanned inputs its body reads transposed: XLA moves
+    the transpose of the slice out of the loop, over the whole input (a deviceless H200
+    compile of two 1,000-trip cells over 100 x 100 slices: 38 MiB more)."""
+    inner = _compat.open_jaxpr(info.jaxpr)[0]
+    slices = inner.invars[info.num_consts + info.num_carry:]
+    read = {v for e in inner.eqns if e.primitive.name == _primitives.TRANSPOSE
+            for v in e.invars if not isinstance(v, _compat.Literal)}
+    return float(sum(_compat.aval_nbytes(outer.aval) for outer, v in zip(
+        eqn.invars[info.num_consts + info.num_carry:], slices, strict=True) if v in read))
+
+
 def stacking_refusal(stacked_bytes: float, allowance: float | None) -> str | None:
     """Why a batching rewrite whose stacked copies take ``stacked_bytes`` is over the
     memory budget's ``allowance`` (``Analysis.memory_allowance``; None: any), or None."""
@@ -99,6 +116,9 @@ _FUSING_READERS = frozenset(
     name for name in _primitives.COST_ONE_KERNEL
     if name.startswith(("reduce_", "argmax", "argmin"))) | _primitives.MAY_FUSE_AWAY
 
+# Kernels that fill the GPU: packed one after another even in ``concurrent_regions``.
+_SERIAL = _primitives.SERIAL_KERNELS | _primitives.MAY_BRANCH_OR_LOOP
+
 # Views that make more elements than they read: written to memory where a loop holds them.
 _EXPANDING = frozenset({_primitives.BROADCAST_IN_DIM, _primitives.IOTA})
 
@@ -108,17 +128,14 @@ def _primitive_name(eqn: JaxprEqn) -> str:
 
 
 # How XLA orders buffers for assignment in a CUDA-graph mode (``_ordering``).
-_SEQUENTIAL, _CONCURRENT = "sequential", "dependency"
+_SEQUENTIAL, _REGIONS, _CONCURRENT = "sequential", "regions", "dependency"
 
 
 def _ordering(mode: CommandBufferMode | None) -> str:
-    # CONCURRENT_REGIONS packs more than CONCURRENT, but its regions follow XLA's
-    # schedule, which the model does not know: runs of small kernels in this order gave
-    # 0 MiB more where deviceless H200 compiles gave up to 8 MiB (an attention block),
-    # 24 MiB (a mixture of experts' gradient). The dependency ordering's bound holds for
-    # both (above the compiles' figure for each of the 28 programs of the GPU suite).
-    if mode is not None and mode.branching:
+    if mode is CommandBufferMode.CONCURRENT:
         return _CONCURRENT
+    if mode is CommandBufferMode.CONCURRENT_REGIONS:
+        return _REGIONS
     return _SEQUENTIAL
 
 
@@ -301,19 +318,20 @@ class MemoryModel:
                      for v in _compat.open_jaxpr(info.jaxpr)[0].invars[
                          info.num_consts + info.num_carry:])
             copies = max(1, min(info.unroll, info.length))
-            if ordering == _CONCURRENT:
-                return copies * (body.total + xs) + carries
+            hoisted = _transposed_xs(eqn, info)
+            if ordering != _SEQUENTIAL:  # a branching mode's body keeps its buffers apart
+                return copies * (body.total + xs) + carries + hoisted
             # Unrolled copies are one straight-line body to XLA's scheduler, which may
             # interleave them (``unrolled_copy_bytes``). A length the factor does not
             # divide makes JAX slice the scanned inputs apart: a copy of them.
             uneven = xs_total(eqn, info) if info.length % copies else 0.0
-            return (body.total + xs + carries + uneven
+            return (body.total + xs + carries + uneven + hoisted
                     + (copies - 1) * self.unrolled_copy_bytes(eqn))
         if name == _primitives.WHILE:
             body = self._nested(eqn.params["body_jaxpr"], ordering)
             condition = self._nested(eqn.params["cond_jaxpr"], ordering)
             carries = sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars)
-            if ordering == _CONCURRENT:
+            if ordering != _SEQUENTIAL:
                 return body.total + condition.total + carries
             return max(body.total, condition.total) + carries
         subs = self.costs.subjaxprs(eqn)
@@ -322,7 +340,7 @@ class MemoryModel:
         if name.startswith("custom_"):  # the primal computation runs, not the rules
             subs = subs[:1]
         needs = [self._nested(sub, ordering).total for _, _, sub in subs]
-        if ordering == _CONCURRENT:
+        if ordering != _SEQUENTIAL:
             return sum(needs)
         return max(needs)
 
@@ -335,7 +353,15 @@ class MemoryModel:
                       lambda eqn: self._transient(eqn, ordering))
         if ordering == _CONCURRENT:
             return _Need(sum(buffers.size.values()) + sum(buffers.transient))
-        return _Need(buffers.peak(spans))
+        peak = buffers.peak(spans)
+        if ordering == _REGIONS:
+            # XLA's regions follow its schedule, which the model does not know: any small
+            # kernel's buffer may be kept apart from the others; the kernels that fill
+            # the GPU (dots...) run and are packed one after another.
+            peak += sum(buffers.size[v] for eqn, kind in zip(eqns, kinds, strict=True)
+                        if kind != "view" and eqn.primitive.name not in _SERIAL
+                        for v in eqn.outvars if v in buffers.size)
+        return _Need(peak)
 
     def _kind(self, eqn: JaxprEqn) -> str:
         """``"view"`` (shape only), ``"fused"`` (elementwise: fused into its reader) or

@@ -385,30 +385,61 @@ def test_random_pairs_of_bodies_keep_values_and_grads(spec_a: Any, spec_b: Any,
 # --------------------------------------------------------------------------- deviceless
 
 
+def _launches_and_temps(fn: Any, args: Any) -> tuple[dict[str, Any], int]:
+    """``bench.count`` of ``fn``'s deviceless H200 compile, and its temporary bytes."""
+    from jaxpar._compiled.gpu_compile import compiled_program, lower_for_gpu
+
+    program = compiled_program(lower_for_gpu(fn, *args))
+    return bench.launches_per_run(program.hlo), program.temp_bytes
+
+
 @needs_plugin
-def test_seed_002_launches_at_most_the_hand_vmap() -> None:
-    args = jax.eval_shape(lambda: bench.program_args("seed_002", "full"))
-    counted = bench.count(jaxpar.parallel_branches(bench.seed_002, target="gpu"), args)
+@pytest.mark.parametrize("name", ["seed_002", "seed_002_identical"])
+def test_seed_002_launches_at_most_100_000_within_the_memory_budget(name: str) -> None:
+    """The seed's two scans (100 x 100 matrices, 10,000 steps), bodies different and
+    identical: at most 100,000 launches a run, at most the hand-vmapped program's, and
+    no more temporary memory than plain jit's beyond the budget (no stacked copy of the
+    scanned inputs: 763 MiB once)."""
+    fn = getattr(bench, name)
+    args = jax.eval_shape(lambda: bench.program_args(name, "full"))
+    plain, plain_temp = _launches_and_temps(fn, args)
+    counted, temp = _launches_and_temps(jaxpar.parallel_branches(fn, target="gpu"), args)
     assert counted["loops"] == 1
-    assert counted["launches"] <= 100_003
+    assert counted["launches"] <= 100_000 < plain["launches"]
     hand = bench.count(bench.seed_002_hand_vmap, args)
     assert counted["launches"] <= hand["launches"]
+    assert temp <= plain_temp + max(0.1 * plain_temp, 2**20), (plain_temp, temp)
 
 
 @needs_plugin
-def test_crossed_pair_launches_at_most_six_tenths_of_plain() -> None:
-    args = jax.eval_shape(lambda: bench.program_args("crossed_pair", "quick"))
-    plain = bench.count(bench.crossed_pair, args)
-    counted = bench.count(jaxpar.parallel_branches(bench.crossed_pair, target="gpu"), args)
+@pytest.mark.parametrize("size", ["quick", "full"])
+def test_crossed_pair_launches_at_most_six_tenths_of_plain(size: str) -> None:
+    args = jax.eval_shape(lambda: bench.program_args("crossed_pair", size))
+    plain, plain_temp = _launches_and_temps(bench.crossed_pair, args)
+    counted, temp = _launches_and_temps(
+        jaxpar.parallel_branches(bench.crossed_pair, target="gpu"), args)
     assert counted["launches"] <= 0.6 * plain["launches"]
+    assert temp <= plain_temp + max(0.1 * plain_temp, 2**20), (plain_temp, temp)
 
 
 @needs_plugin
-def test_crossed_cells_chain_through_transposed_reads() -> None:
-    args = jax.eval_shape(lambda: bench.program_args("crossed_cells", "quick"))
-    plain = bench.count(bench.crossed_cells, args)
-    counted = bench.count(jaxpar.parallel_branches(bench.crossed_cells, target="gpu"), args)
-    assert counted["launches"] <= 0.62 * plain["launches"]
+@pytest.mark.parametrize("name", ["crossed_cells", "rnn_pair"])
+def test_reading_a_scanned_input_transposed_is_left_alone(name: str) -> None:
+    """Batching ``h @ x`` beside ``x @ h`` reads one member's slice of the scanned input
+    transposed; XLA moves that transpose out of the loop, over the whole input (0.3 MiB
+    plain, 38 MiB batched, once compiled): such groups are left alone, within the memory
+    budget, and the scans still fuse."""
+    fn = getattr(bench, name)
+    args = jax.eval_shape(lambda: bench.program_args(name, "quick"))
+    plain, plain_temp = _launches_and_temps(fn, args)
+    counted, temp = _launches_and_temps(jaxpar.parallel_branches(fn, target="gpu"), args)
+    assert counted["loops"] == 1 and counted["launches"] <= 0.85 * plain["launches"]
+    assert temp <= plain_temp + max(0.1 * plain_temp, 2**20), (plain_temp, temp)
+    plan = jaxpar.inspect(fn, target="gpu")(*args)
+    assert "fused" in {str(d.kind) for d in plan.loops}
+    assert DecisionKind.BATCHED_MATMULS not in {d.kind for d in plan.subgraphs}
+    anything = jaxpar.inspect(fn, target="gpu", memory="any")(*args)
+    assert DecisionKind.BATCHED_MATMULS in {d.kind for d in anything.subgraphs}
 
 
 _GUARD_PAIRS = [
@@ -512,7 +543,10 @@ def test_copied_units_carry_the_source_info_of_their_own_trace(
                 for module in passes:
                     patch.setattr(module, "Rewrite",
                                   lambda eqns, emit, key=None: _walk.Rewrite(eqns, emit))
-            return jax.jit(jaxpar.parallel_branches(fn, target="gpu", command_buffers="lhs")
+            # (memory="any": crossed_cells' groups read a scanned input transposed, which
+            # the default memory budget leaves alone; the copies are what is checked.)
+            return jax.jit(jaxpar.parallel_branches(fn, target="gpu", command_buffers="lhs",
+                                                    memory="any")
                            ).lower(*args).as_text(debug_info=True)
 
     # One line, so the two lowerings' call sites (in their locations) are the same.

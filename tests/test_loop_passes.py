@@ -313,6 +313,22 @@ def test_batching_shares_common_operands() -> None:
     check(batch_scans, f, jnp.ones((4, 4)), jnp.eye(4), xs, expect=shared_xs)
 
 
+def test_batching_stacks_no_scanned_input() -> None:
+    """The members' scanned inputs are scanned as they are, each trip stacking its slices:
+    no stacked copy of inputs passed apart is made (carries, which part ways, are)."""
+    def no_stacked_xs(r: PassResult) -> None:
+        (scan,) = scans(r.new)
+        shapes = [v.aval.shape for v in scan.invars]
+        # Two members' 6 x 8 x 8 inputs, each scanned as it is; one stacked carry.
+        assert shapes.count((6, 8, 8)) == 2 and (2, 6, 8, 8) not in shapes
+        assert (2, 8, 8) in shapes
+        made = [e for e in _compat.open_jaxpr(r.new)[0].eqns if e.primitive.name != "scan"]
+        assert all(v.aval.shape != (2, 6, 8, 8) for e in made for v in e.outvars)
+
+    check(batch_scans, seed_identical, *seed_args(n=8, steps=6), kinds=["batched"],
+          expect=no_stacked_xs)
+
+
 def test_batching_inside_jit_and_scan_bodies() -> None:
     args = seed_args(n=8, steps=6)
 

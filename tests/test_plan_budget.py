@@ -1,0 +1,154 @@
+"""The memory budget (``jaxpar/_plan/budget.py``, the ``memory`` option).
+
+By default jaxpar's program may need at most 10% or 1 MiB (whichever is more) more
+temporary memory than the plain program, as the memory model estimates both; over it, a
+mode is refused and the fewest kinds of rewrite are left out. Checked here: the option
+and its errors, the figures ``inspect`` shows, each kind left out on a program where it
+is the one over budget, ``memory="any"`` keeping them, and, compiled deviceless for an
+H200, that the programs jaxpar runs by default stay within the budget where the
+rewrites it left out would not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import needs_plugin
+from jax import lax
+
+import jaxpar
+from jaxpar._options import DEFAULT_BUDGET, MemoryBudget, Options, memory_budget
+from jaxpar._plan.budget import LADDER, MemoryFigures, over_budget
+
+MIB = 2**20
+S = jax.ShapeDtypeStruct
+F32 = jnp.float32
+
+
+def test_the_option_and_its_errors() -> None:
+    assert memory_budget("auto") is DEFAULT_BUDGET
+    assert DEFAULT_BUDGET.allowed(100 * MIB) == 10 * MIB
+    assert DEFAULT_BUDGET.allowed(1 * MIB) == MIB  # 1 MiB at the least
+    assert memory_budget("any") is None
+    assert memory_budget(0) == MemoryBudget(0.0, 0.0)
+    assert memory_budget(3e6).allowed(10**12) == 3e6  # type: ignore[union-attr]
+    assert Options.create(memory=5 * MIB).resolve("gpu").memory == MemoryBudget(0.0, 5 * MIB)
+    for bad in (-1, True, "lots", None, float("inf")):
+        with pytest.raises(ValueError, match="memory must be 'auto'"):
+            jaxpar.parallel_branches(lambda x: x, memory=bad)
+    with pytest.raises(ValueError, match="memory must be 'auto'"):
+        jaxpar.inspect(lambda x: x, memory="none")
+
+
+def test_memory_figures_say_what_they_compare() -> None:
+    fits = MemoryFigures(10 * MIB, 10.5 * MIB, MIB)
+    assert fits.fits and "10.5 MiB against 10.0 MiB for the plain program" in fits.line()
+    assert "budget +1.0 MiB, x1.05" in fits.line()
+    over = MemoryFigures(10 * MIB, 12 * MIB, MIB, ("left out",))
+    assert not over.fits and over.to_dict()["left_out"] == ["left out"]
+    assert MemoryFigures(MIB, 100 * MIB, None).fits  # memory="any"
+    why = over_budget(10 * MIB, 12 * MIB, MIB, "jaxpar's batching")
+    assert why == ("jaxpar's batching would need est. 2.0 MiB more temporary memory than "
+                   "the plain program (budget +1.0 MiB)")
+    assert over_budget(10 * MIB, 10.5 * MIB, MIB, "x") is None
+    assert [kind for kind, _ in LADDER] == ["stream sections", "unrolling", "batching",
+                                            "loop fusion"]
+
+
+# --------------------------------------------------------------------------- left out
+
+
+def two_chains(a: jax.Array, wa: jax.Array, b: jax.Array, wb: jax.Array) -> Any:
+    """Two matmul chains: a stream section pays with graphs off, but side by side the
+    regions keep their temporaries apart (4 -> 8 MiB once compiled at 1024)."""
+    return jnp.tanh(jnp.tanh(a @ wa) @ wa), jnp.sin(jnp.sin(b @ wb) @ wb)
+
+
+def two_scans(a: jax.Array, b: jax.Array, xs: jax.Array) -> Any:
+    """The README's two scans: fused, and unrolled where memory allows."""
+    r1, _ = lax.scan(lambda c, x: (jnp.tanh(c @ x), None), a, xs)
+    r2, _ = lax.scan(lambda c, x: (jnp.sin(x @ c) + c, None), b, xs)
+    return r1, r2
+
+
+def broadcast_scans(a: jax.Array, b: jax.Array) -> Any:
+    """Two identical scans over inputs broadcast inside the function: XLA writes each
+    broadcast right before its loop, one at a time; batched or fused, both at once."""
+    step = lambda c, x: (c @ x @ x + c, None)  # noqa: E731
+    xs_a, xs_b = (jnp.broadcast_to(v, (2000, *v.shape)) for v in (a, b))
+    return lax.scan(step, a, xs_a)[0], lax.scan(step, b, xs_b)[0]
+
+
+def _kinds(plan: Any) -> set[str]:
+    return {str(d.kind) for d in (*plan.loops, *plan.subgraphs)}
+
+
+def test_stream_sections_over_budget_are_left_out() -> None:
+    args = [S((1024, 1024), F32)] * 4
+    kept = jaxpar.inspect(two_chains, target="gpu", command_buffers="off")(*args)
+    assert not kept.sections and kept.memory is not None and kept.memory.fits
+    assert kept.memory.left_out
+    assert kept.memory.left_out[0].endswith("stream sections left out")
+    assert "memory: est. temporaries" in kept.text() and kept.memory.left_out[0] in kept.text()
+    anything = jaxpar.inspect(two_chains, target="gpu", command_buffers="off",
+                              memory="any")(*args)
+    assert len(anything.sections) == 1 and anything.memory is not None
+    assert anything.memory.allowed_bytes is None and not anything.memory.left_out
+    assert anything.memory.jaxpar_bytes > anything.memory.plain_bytes + MIB
+
+
+def test_unrolling_over_budget_is_left_out_and_fusion_kept() -> None:
+    args = (S((256, 256), F32),) * 2 + (S((100, 256, 256), F32),)
+    plan = jaxpar.inspect(two_scans, target="gpu")(*args)
+    assert "fused" in _kinds(plan)
+    assert plan.memory is not None and plan.memory.fits
+    small = jaxpar.inspect(two_scans, target="gpu")(S((64, 64), F32), S((64, 64), F32),
+                                                     S((100, 64, 64), F32))
+    assert {"fused", "unrolled"} <= _kinds(small)  # the same program, small: both
+
+
+def test_batching_and_fusion_over_budget_are_left_out() -> None:
+    args = (S((100, 100), F32),) * 2
+    plan = jaxpar.inspect(broadcast_scans, target="gpu")(*args)
+    assert plan.memory is not None and plan.memory.left_out
+    assert "batching and loop fusion left out" in plan.memory.left_out[0]
+    assert not {"batched", "fused"} & _kinds(plan)
+    assert plan.memory.fits
+    anything = jaxpar.inspect(broadcast_scans, target="gpu", memory="any")(*args)
+    assert "batched" in _kinds(anything)
+    x = jax.random.normal(jax.random.PRNGKey(0), (100, 100)) / 100
+    np.testing.assert_allclose(jaxpar.parallel_branches(broadcast_scans, target="gpu")(x, x),
+                               jax.jit(broadcast_scans)(x, x), rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- deviceless
+
+
+def _temps(fn: Any, args: Any, **options: Any) -> tuple[int, int]:
+    preview = jaxpar.gpu_preview(fn, *args, **options)
+    assert preview.plain.temp_bytes is not None and preview.jaxpar.temp_bytes is not None
+    return preview.plain.temp_bytes, preview.jaxpar.temp_bytes
+
+
+def _within(plain: int, ours: int) -> bool:
+    return ours <= plain + max(0.1 * plain, MIB)
+
+
+@needs_plugin
+@pytest.mark.parametrize(("name", "fn", "args"), [
+    ("sections", two_chains, [S((1024, 1024), F32)] * 4),
+    ("unrolling", two_scans, (S((256, 256), F32),) * 2 + (S((100, 256, 256), F32),)),
+    ("batching", broadcast_scans, (S((100, 100), F32),) * 2),
+])
+def test_the_compiled_program_keeps_to_the_budget_the_rewrites_would_break(
+        name: str, fn: Any, args: Any) -> None:
+    options = {"command_buffers": "off"} if name == "sections" else {}
+    plain, ours = _temps(fn, args, **options)
+    assert _within(plain, ours), (plain, ours)
+    # Without a budget the rewrite jaxpar left out is made, and the compile shows why.
+    _, anything = _temps(fn, args, memory="any", **options)
+    assert not _within(plain, anything), (plain, anything)
