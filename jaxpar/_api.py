@@ -543,9 +543,10 @@ def _warn_if_options_lost(pb: ParallelBranches, key: _CallKey, rewrite: _Prepare
     warnings.warn(
         f"jaxpar: the plan of `{name}` compiles it with XLA options {{{shown}}}, but it is "
         "traced inside another jit or transformation, whose compile decides the options, "
-        "so they are not applied. Pass them to the outermost jit, e.g. "
-        f"jax.jit(train_step, compiler_options=jaxpar.inspect({name})(*args).xla_options), "
-        f"or call `{name}` at the top level (warned once per function).",
+        "so they are not applied. Pass them to the outermost jit: jax.jit(<the function "
+        f"that calls {name}>, compiler_options=jaxpar.inspect({name})(*args).xla_options), "
+        f"or call `{name}` at the top level (warned once per function; a warnings filter "
+        "silences it where the outer jit has them).",
         XlaOptionsNotAppliedWarning, stacklevel=2)
 
 

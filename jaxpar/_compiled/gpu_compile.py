@@ -428,9 +428,9 @@ class CompiledProgram(NamedTuple):
     allocates beyond the arguments and results)."""
 
     hlo: str
-    temp_bytes: int
-    argument_bytes: int
-    output_bytes: int
+    temp_bytes: int | None  # None: the compile reports no memory figures
+    argument_bytes: int | None
+    output_bytes: int | None
 
 
 def compiled_program(lowering: GpuLowering,
@@ -462,9 +462,10 @@ def compiled_program(lowering: GpuLowering,
         platforms.extend(device.platform for device in getattr(sharding, "device_set", ()))
     _check_gpu_text(text, platforms)
     memory = compiled.memory_analysis()
-    program = CompiledProgram(text, int(getattr(memory, "temp_size_in_bytes", 0)),
-                              int(getattr(memory, "argument_size_in_bytes", 0)),
-                              int(getattr(memory, "output_size_in_bytes", 0)))
+    program = CompiledProgram(
+        text, *(None if memory is None else int(getattr(memory, field))
+                for field in ("temp_size_in_bytes", "argument_size_in_bytes",
+                              "output_size_in_bytes")))
     _COMPILED[key] = program
     while len(_COMPILED) > _CACHE_SIZE:
         _COMPILED.popitem(last=False)

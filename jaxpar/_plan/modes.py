@@ -18,7 +18,8 @@ The GPU's host-side figures and kernel floors are third-party measurements, none
 Hopper GPU by this project (``docs/gpu_evidence.md``), so with the built-in figures the
 pessimistic end decides: a branching graph's host cost per node (up to 1 us) is then more
 than the floor it hides (down to 0.6 us), and no mode change pays. A calibration measured
-on the GPU (``benchmarks/calibrate.py``) narrows the ranges; ``tune=True`` measures.
+on the GPU (``benchmarks/calibrate.py``) narrows the ranges. (``tune=True`` times the
+plan's choice against the process's mode, not other modes.)
 
 The model of one jaxpr level, in a mode:
 

@@ -342,6 +342,9 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
         default = "XLA's default " if mode is CommandBufferMode.LHS else ""
         why = ("CUDA graphs in CONCURRENT mode already overlap independent kernels"
                if mode is CommandBufferMode.CONCURRENT else
+               "CUDA graphs in CONCURRENT_REGIONS mode already overlap independent small "
+               "kernels, and run the rest one after another"
+               if mode is CommandBufferMode.CONCURRENT_REGIONS else
                f"CUDA graphs in {default}{mode.xla_scheduling_mode} mode chain a captured "
                "region serially with everything else")
         gain = 0.0

@@ -102,7 +102,8 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             # A factor that does not divide the length makes JAX slice the scanned inputs
             # apart, a copy of them all (deviceless H200: 10,000 trips unrolled by 3
             # copied two 381 MiB inputs): the largest factor that divides it.
-            factor = max(k for k in range(1, factor + 1) if info.length % k == 0)
+            factor = max(k for k in range(1, max(factor, 1) + 1)
+                         if k == 1 or info.length % k == 0)
         else:
             factor = max(1, min(int(unroll), info.length))
             why = f"unroll={unroll} requested"
