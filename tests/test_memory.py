@@ -128,7 +128,7 @@ def test_a_broadcast_a_loop_holds_is_written_right_before_the_loop() -> None:
     def two_loops(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
         xs_a = jnp.broadcast_to(a, (100, 64, 64))
         xs_b = jnp.broadcast_to(b, (100, 64, 64))
-        step = lambda c, x: (c @ x, None)  # noqa: E731
+        step = lambda c, x: (c @ x, None)
         return lax.scan(step, a, xs_a)[0], lax.scan(step, b, xs_b)[0]
 
     # XLA writes each broadcast into the loop's state, just before that loop: one at a

@@ -78,7 +78,7 @@ def two_scans(a: jax.Array, b: jax.Array, xs: jax.Array) -> Any:
 def broadcast_scans(a: jax.Array, b: jax.Array) -> Any:
     """Two identical scans over inputs broadcast inside the function: XLA writes each
     broadcast right before its loop, one at a time; batched or fused, both at once."""
-    step = lambda c, x: (c @ x @ x + c, None)  # noqa: E731
+    step = lambda c, x: (c @ x @ x + c, None)
     xs_a, xs_b = (jnp.broadcast_to(v, (2000, *v.shape)) for v in (a, b))
     return lax.scan(step, a, xs_a)[0], lax.scan(step, b, xs_b)[0]
 

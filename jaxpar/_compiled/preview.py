@@ -320,8 +320,9 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
       command_buffers: the user's CUDA-graph mode, in which the plain program is judged:
         ``"lhs"`` (XLA's default), ``"concurrent"``, ``"concurrent_regions"``,
         ``"serialize"`` or ``"off"`` (or a ``CommandBufferMode``); default the mode
-        ``XLA_FLAGS`` sets, as a program of this process would run. Given here, it counts as set by the user, so jaxpar keeps it
-        (as it keeps a mode set in ``XLA_FLAGS``); otherwise jaxpar compiles in the mode
+        ``XLA_FLAGS`` sets, as a program of this process would run. Given here, it counts
+        as set by the user, so jaxpar keeps it (as it keeps a mode set in ``XLA_FLAGS``);
+        otherwise jaxpar compiles in the mode
         its plan chose (``plan.xla_options``, ``jaxpar_command_buffers``) and is judged in
         that mode. Every mode's time is in ``estimated_us_by_mode``.
       kwargs: ``fn``'s keyword arguments, like ``args``.
