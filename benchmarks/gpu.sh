@@ -28,8 +28,9 @@
 #      XLA formed for the calibration programs (kCommandBuffer and its nodes; calibrate.txt
 #      sums them up: nodes and source nodes of each graph).
 #   2. benchmarks/gpu_suite.py --measure for a handful of programs, first with graphs in
-#      lhs mode (set explicitly, so jaxpar keeps it), then in concurrent mode while time
-#      is left: suite-<mode>.json / .txt, one row per program with the measured ratio
+#      lhs mode (set explicitly, so jaxpar keeps it), then in concurrent_regions and
+#      concurrent mode while time is left: suite-<mode>.json / .txt, one row per program
+#      with the measured ratio
 #      jaxpar / plain (medians of 20 interleaved calls in one process) and the estimated
 #      ratio of the same compiled executables with the calibrated profile. Where the two
 #      disagree, the model's figures or its CUDA-graph assumptions are wrong
@@ -60,7 +61,7 @@ else
   export JAX_PLATFORMS=cuda
   calibrate_flags=(--install --dump-dir "$results/xla-dump")
   suite_flags=()
-  modes=(lhs concurrent)
+  modes=(lhs concurrent_regions concurrent)
 fi
 started=$SECONDS
 status=0
