@@ -185,29 +185,26 @@ def _materialized(eqns: Sequence[JaxprEqn], kinds: Sequence[str],
 
 
 class _Buffers:
-    """The buffers of one level: each one's bytes and the equations it is live from
-    (``begin``) and to (``end``), and what each equation needs while it runs."""
+    """The buffers of one level: each one's bytes, the equation that makes it and those
+    that read it, and what each equation needs while it runs."""
 
     def __init__(self, count: int):
         self.count = count
         self.size: dict[Any, float] = {}
-        self.begin: dict[Any, int] = {}
-        self.end: dict[Any, int] = {}
+        self.made_at: dict[Any, int] = {}
+        self.read_at: dict[Any, set[int]] = {}
+        self.late: set[Any] = set()  # written right before their first reader
         self.transient = [0.0] * count
 
     def trace(self, jaxpr: Any, kinds: Sequence[str], needed: set[Any], expanded: set[Any],
               transient: Any) -> None:
-        """Walks the level in order: a buffer is live from its equation to its last
-        reader; a view or fused work passes its reader on to the buffers it reads."""
+        """Walks the level: a buffer is live from its equation to its last reader; a
+        view or fused work passes its readers on to the buffers it reads."""
         literal = _compat.Literal
         eqns = jaxpr.eqns
         outputs = {v for v in jaxpr.outvars if not isinstance(v, literal)}
-        first_read: dict[Any, int] = {}
-        for index, eqn in enumerate(eqns):
-            for v in eqn.invars:
-                if not isinstance(v, literal):
-                    first_read.setdefault(v, index)
         roots: dict[Any, frozenset[Any]] = {}  # the buffers reading v reads
+        made_by: dict[Any, int] = {}  # the equation making v
         empty: frozenset[Any] = frozenset()
         for index, (eqn, kind) in enumerate(zip(eqns, kinds, strict=True)):
             reads: frozenset[Any] = empty
@@ -217,7 +214,9 @@ class _Buffers:
                     if found:
                         reads = reads | found
             for r in reads:
-                self.end[r] = index
+                self.read_at[r].add(index)
+            for v in eqn.outvars:
+                made_by[v] = index
             late = kind == "view" and _primitive_name(eqn) in _EXPANDING and any(
                 v in expanded for v in eqn.outvars)
             if not (kind == "buffer" or ((kind == "fused" or late) and any(
@@ -235,25 +234,39 @@ class _Buffers:
                     continue
                 roots[v] = frozenset((v,))
                 self.size[v] = float(_compat.aval_nbytes(v.aval))
-                # A broadcast a loop holds is written right before the loop (it reads only
-                # its operand, which outlives it: XLA schedules it there).
-                self.begin[v] = self.end[v] = first_read.get(v, index) if late else index
-        for v in jaxpr.outvars:  # an output computed by fused work reads its roots last
-            if not isinstance(v, literal):
+                self.made_at[v] = index
+                self.read_at[v] = set()
+                if late:
+                    # A broadcast a loop holds is written right before the loop (it reads
+                    # only its operand, which outlives it: XLA schedules it there).
+                    self.late.add(v)
+        for v in jaxpr.outvars:  # an output computed by fused work reads its roots there
+            if not isinstance(v, literal) and v in made_by:
                 for r in roots.get(v, empty):
-                    self.end[r] = max(self.end.get(r, 0), self.begin.get(r, 0))
+                    self.read_at[r].add(made_by[v])
 
-    def peak(self, windows: Sequence[tuple[int, int]]) -> float:
-        """The most bytes live at once, in the level's order, each buffer made in one of
-        ``windows`` (equations run side by side) live across the whole window."""
-        begin, end = dict(self.begin), dict(self.end)
+    def peak(self, windows: Sequence[tuple[int, int]] = (),
+             order: Sequence[int] | None = None) -> float:
+        """The most bytes live at once with the equations run in ``order`` (default the
+        level's), each buffer made in one of ``windows`` (equations run side by side, in
+        the level's order) live across the whole window."""
+        position = list(range(self.count))
+        if order is not None:
+            for at, index in enumerate(order):
+                position[index] = at
+        begin: dict[Any, int] = {}
+        end: dict[Any, int] = {}
+        for v, made in self.made_at.items():
+            reads = [position[r] for r in self.read_at[v]]
+            begin[v] = min(reads) if v in self.late and reads else position[made]
+            end[v] = max([begin[v], *reads])
         window_of = {}
         for first, final in windows:
             for index in range(first, final + 1):
                 window_of[index] = (first, final)
         if window_of:
-            for v, at in self.begin.items():
-                window = window_of.get(at)
+            for v, made in self.made_at.items():
+                window = window_of.get(made)
                 if window is not None:
                     begin[v] = min(begin[v], window[0])
                     end[v] = max(end[v], window[1])
@@ -262,12 +275,44 @@ class _Buffers:
         for v, nbytes in self.size.items():
             allocated[begin[v]] += nbytes
             freed[end[v]] += nbytes
+        transient = [0.0] * self.count
+        for index, needs in enumerate(self.transient):
+            transient[position[index]] = needs
         live = peak = 0.0
-        for index in range(self.count):
-            live += allocated[index]
-            peak = max(peak, live + self.transient[index])
-            live -= freed[index]
+        for at in range(self.count):
+            live += allocated[at]
+            peak = max(peak, live + transient[at])
+            live -= freed[at]
         return peak
+
+
+def _late_order(eqns: Sequence[JaxprEqn], outvars: Sequence[Any]) -> list[int] | None:
+    """The level's equations in a depth-first order from its outputs, each made right
+    before its first reader (how XLA's DFS memory scheduler orders a program), or None
+    where equations with effects must keep the level's order."""
+    if any(eqn.effects for eqn in eqns):
+        return None
+    literal = _compat.Literal
+    made_by = {v: index for index, eqn in enumerate(eqns) for v in eqn.outvars}
+    order: list[int] = []
+    seen: set[int] = set()
+    roots = [made_by[v] for v in outvars if not isinstance(v, literal) and v in made_by]
+    roots += range(len(eqns))  # what no output reads, where it stood
+    for root in roots:
+        stack = [(root, False)]
+        while stack:
+            index, expanded = stack.pop()
+            if expanded:
+                order.append(index)
+                continue
+            if index in seen:
+                continue
+            seen.add(index)
+            stack.append((index, True))
+            producers = [made_by[v] for v in eqns[index].invars
+                         if not isinstance(v, literal) and v in made_by]
+            stack.extend((p, False) for p in reversed(producers) if p not in seen)
+    return order
 
 
 class MemoryModel:
@@ -353,7 +398,13 @@ class MemoryModel:
                       lambda eqn: self._transient(eqn, ordering))
         if ordering == _CONCURRENT:
             return _Need(sum(buffers.size.values()) + sum(buffers.transient))
+        # XLA schedules for memory (it keeps the best of its schedulers, a depth-first one
+        # among them): the level's order or a depth-first one from its outputs, whichever
+        # needs less. (Stream sections keep the level's order: they are emitted so.)
         peak = buffers.peak(spans)
+        late = None if spans else _late_order(eqns, jaxpr.outvars)
+        if late is not None:
+            peak = min(peak, buffers.peak(order=late))
         if ordering == _REGIONS:
             # XLA's regions follow its schedule, which the model does not know: any small
             # kernel's buffer may be kept apart from the others; the kernels that fill
