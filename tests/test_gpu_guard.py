@@ -1,11 +1,12 @@
-"""Guard (issues 11 and 19): jaxpar must never make a program worse on the GPU.
+"""Guard: jaxpar must never make a program worse on the GPU.
 
 Programs of ``benchmarks/gpu_suite.py``, compiled deviceless for an H200 plain and with
 ``parallel_branches(target="gpu")``, planned for and judged in one CUDA-graph mode
-(``gpu_preview(..., command_buffers=mode)``). Each case fails on what the issues forbid:
+(``gpu_preview(..., command_buffers=mode)``). Each case fails on what must not happen:
 a compile error, more kernel launches per run without a stream region that really
 overlaps other work, an estimated slowdown above 1% (``jaxpar._compiled.estimate``) in that mode,
-or (small size, default mode) different values on the CPU.
+more temporary memory once compiled than the budget allows (10% or 1 MiB over plain's,
+``gpu_suite.memory_failure``), or (small size, default mode) different values on the CPU.
 
 What runs:
 
@@ -15,7 +16,8 @@ What runs:
   with its values compared on the CPU;
   ``optax_two_branch_step``, ``three_towers`` and ``moe_4_experts`` (``EVERY_MODE``) at
   the ``small`` size in the chosen configuration and in each mode jaxpar can choose,
-  set for plain and jaxpar alike (``MODES``: chosen; lhs, concurrent, off); and these and
+  set for plain and jaxpar alike (``MODES``: chosen; lhs, concurrent_regions, concurrent,
+  off); and these and
   ``siamese_grad``,
   ``seed_002_two_scans`` and ``flax_vae_step`` (``FULL_SIZE``) at the ``full`` size in
   the chosen configuration. The other programs' ``full`` size is not covered
@@ -54,7 +56,7 @@ suite = load_benchmark("gpu_suite")
 # The modes jaxpar plans for and is judged in: "chosen" is the default configuration
 # (plain in the user's mode, lhs here; jaxpar in the mode its plan chose), the others
 # one mode for both programs.
-MODES = ("chosen", "lhs", "concurrent", "off")
+MODES = ("chosen", "lhs", "concurrent_regions", "concurrent", "off")
 DEFAULT_MODE = "chosen"
 USER_MODE = "lhs"  # XLA's default, which these tests' XLA_FLAGS keep
 SIZES = ("small", "full")
