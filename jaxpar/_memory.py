@@ -69,7 +69,7 @@ from ._cost import CostModel
 from ._gpu_model import CommandBufferMode
 from ._memo import IdentityMemo
 
-__all__ = ["MemoryModel", "format_bytes", "stacking_refusal"]
+__all__ = ["MemoryModel", "format_bytes", "split_k_bytes", "stacking_refusal"]
 
 
 def format_bytes(count: float) -> str:
@@ -88,6 +88,30 @@ def xs_total(eqn: JaxprEqn, info: _compat.ScanInfo) -> float:
     """Bytes of the ``scan`` ``eqn``'s scanned inputs, whole."""
     return float(sum(_compat.aval_nbytes(v.aval)
                      for v in eqn.invars[info.num_consts + info.num_carry:]))
+
+
+# XLA:GPU splits a GEMM along its contraction when its result has too few tiles to fill
+# the GPU, and writes the partial sums (in float32) before adding them up. Seen in
+# deviceless H200 compiles (jaxlib 0.10.2), (m, k, n): (256, 256, 256) split 4 ways,
+# (16, 1024, 4096) 4, (128, 4096, 128) 32, (32, 8192, 32) 64; (1024, 1024, 1024),
+# (512, 64, 512) and (64, 64, 64) not at all. The bound below covers each: a result of
+# fewer than ``SPLIT_K_TILES`` 64 x 64 tiles with a contraction of at least 256 may be
+# split up to min(64, k / 64) ways.
+SPLIT_K_TILES = 132  # the H100's and H200's streaming multiprocessors
+
+
+def split_k_bytes(eqn: JaxprEqn) -> float:
+    """Bytes of the partial sums XLA may write for the ``dot_general`` ``eqn``."""
+    (lhs_contract, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
+    lhs = _compat.array_aval(eqn.invars[0]).shape
+    out = _compat.array_aval(eqn.outvars[0]).shape
+    contracted = math.prod(lhs[d] for d in lhs_contract)
+    batch = math.prod(lhs[d] for d in lhs_batch)
+    rows_cols = out[len(lhs_batch):]
+    tiles = batch * math.prod(-(-d // 64) for d in rows_cols)
+    if tiles >= SPLIT_K_TILES or contracted < 256:
+        return 0.0
+    return float(min(64, contracted // 64) * math.prod(out) * 4)
 
 
 def _transposed_xs(eqn: JaxprEqn, info: _compat.ScanInfo) -> float:
@@ -343,8 +367,13 @@ class MemoryModel:
         body 1.0 MiB, all its buffers and carry 1.0 MiB, its peak 0.75 MiB; the GPU
         suite's GRU 1.25 MiB, all its buffers 1.4 MiB, its peak 0.66 MiB.)"""
         info = _compat.scan_info(eqn)
+        inner = _compat.open_jaxpr(info.jaxpr)[0]
         carries = sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars[:info.num_carry])
-        return self._nested(info.jaxpr, _CONCURRENT).total + carries
+        # and its slices of the trip's blocks of inputs and results
+        slices = sum(_compat.aval_nbytes(v.aval) for v in inner.invars[
+            info.num_consts + info.num_carry:]) + sum(
+            _compat.aval_nbytes(v.aval) for v in inner.outvars[info.num_carry:])
+        return self._nested(info.jaxpr, _CONCURRENT).total + carries + slices
 
     def _nested(self, jaxpr: JaxprLike, ordering: str) -> _Need:
         return self._memo.lookup(  # type: ignore[no-any-return]
@@ -354,6 +383,8 @@ class MemoryModel:
     def _transient(self, eqn: JaxprEqn, ordering: str) -> float:
         """Bytes ``eqn`` needs while it runs, beyond its operands and results."""
         name = eqn.primitive.name
+        if name == _primitives.DOT_GENERAL:
+            return split_k_bytes(eqn)
         if name == _primitives.SCAN:
             info = _compat.scan_info(eqn)
             body = self._nested(info.jaxpr, ordering)
@@ -364,13 +395,18 @@ class MemoryModel:
                          info.num_consts + info.num_carry:])
             copies = max(1, min(info.unroll, info.length))
             hoisted = _transposed_xs(eqn, info)
+            # JAX slices a trip's block of inputs at once and writes its block of stacked
+            # results at once: both ``copies`` slices deep.
+            ys = sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars[info.num_carry:]) \
+                / max(info.length, 1)
+            blocks = copies * (xs + ys)
             if ordering != _SEQUENTIAL:  # a branching mode's body keeps its buffers apart
-                return copies * (body.total + xs) + carries + hoisted
+                return copies * body.total + blocks + carries + hoisted
             # Unrolled copies are one straight-line body to XLA's scheduler, which may
             # interleave them (``unrolled_copy_bytes``). A length the factor does not
             # divide makes JAX slice the scanned inputs apart: a copy of them.
             uneven = xs_total(eqn, info) if info.length % copies else 0.0
-            return (body.total + xs + carries + uneven + hoisted
+            return (body.total + blocks + carries + uneven + hoisted
                     + (copies - 1) * self.unrolled_copy_bytes(eqn))
         if name == _primitives.WHILE:
             body = self._nested(eqn.params["body_jaxpr"], ordering)
