@@ -104,12 +104,22 @@ def test_unrolled_copies_may_each_keep_their_buffers() -> None:
     once = _bytes(scan, (64, 64), (10, 64, 64))
     twice = _bytes(lambda c, xs: scan(c, xs, 2), (64, 64), (10, 64, 64))
     five = _bytes(lambda c, xs: scan(c, xs, 5), (64, 64), (10, 64, 64))
-    # Each extra copy: every buffer of its body (the dot's result and its tanh) and its
-    # carry.
-    assert twice - once == 3 * MATRIX and five - once == 4 * 3 * MATRIX
+    # Each extra copy: every buffer of its body (the dot's result and its tanh), its
+    # carry and its slice of the input, and one slice more in the trip's block of inputs.
+    assert twice - once == 5 * MATRIX and five - once == 4 * 5 * MATRIX
     # An unroll factor that does not divide the length copies the scanned inputs.
     uneven = _bytes(lambda c, xs: scan(c, xs, 3), (64, 64), (10, 64, 64))
-    assert uneven - once == 2 * 3 * MATRIX + 10 * MATRIX
+    assert uneven - once == 2 * 5 * MATRIX + 10 * MATRIX
+
+
+def test_a_small_gemm_may_write_split_k_partial_sums() -> None:
+    # XLA splits a GEMM whose result fills few tiles along its contraction: (256, 256,
+    # 256) four ways once compiled, its partial sums a buffer of four results.
+    assert _bytes(lambda a, b: (a @ b) @ b, (256, 256), (256, 256)) \
+        == 256 * 256 * 4 + 4 * 256 * 256 * 4
+    # A result of enough tiles, or a short contraction, is not split.
+    assert _bytes(lambda a, b: (a @ b) @ b, (1024, 1024), (1024, 1024)) == 1024 * 1024 * 4
+    assert _bytes(lambda a, b: (a @ b) @ b, (512, 64), (64, 64)) == 512 * 64 * 4
 
 
 def test_a_scanned_input_read_transposed_is_copied_whole() -> None:
