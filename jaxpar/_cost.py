@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _compat, _primitives
@@ -278,6 +278,21 @@ class CostModel:
         # Parameter dicts by identity: the jaxprs they hold (``subjaxprs``).
         self._nested: IdentityMemo[dict[str, Any],
                                    tuple[tuple[str, int | None, JaxprLike], ...]] = IdentityMemo()
+        # The same model with the GPU's figures at ends of their ranges (``at``).
+        self._ends: dict[tuple[tuple[str, str], ...], CostModel] = {}
+
+    def at(self, ends: Mapping[str, str]) -> CostModel:
+        """This cost model with the GPU's uncertain figures at ``ends``
+        (``GpuProfile.at``), made once per ``ends`` and remembered (its own memos)."""
+        key = tuple(sorted(ends.items()))
+        found = self._ends.get(key)
+        if found is None:
+            gpu = self.profile.gpu
+            if gpu is None:
+                raise ValueError("CostModel.at moves the GPU's figures; this cost model is "
+                                 f"for {self.profile.name!r}")
+            found = self._ends[key] = CostModel(DeviceProfile.for_gpu(gpu.at(ends)))
+        return found
 
     def eqn_cost(self, eqn: JaxprEqn) -> Cost:
         cost = self._eqn_costs.get(eqn)

@@ -254,9 +254,6 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
     eqns = jaxpr.eqns
     owner = {i: r for r, members in enumerate(regions) for i in members}
 
-    def seconds(i: int) -> float:
-        return costs.seconds(costs.eqn_cost(eqns[i]))
-
     # What XLA would have done that the cut forbids, and host syncs: refuse outright.
     producer = {v: i for i, eqn in enumerate(eqns) for v in eqn.outvars
                 if not _compat.is_drop_var(v)}
@@ -319,6 +316,55 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
                        "schedules each region's start right before its done: they would "
                        "not overlap")
 
+    net, gain, cost, added, why, host_bound = _overlap(eqns, graph, regions, owner, costs, mode)
+    if net > max(min_gain_seconds, 0.0):
+        # A cut must pay at the pessimistic end of the GPU model's ranges too.
+        low = _overlap(eqns, graph, regions, owner, costs.at(PESSIMISTIC), mode)
+        if low[0] > max(min_gain_seconds, 0.0):
+            return Verdict(True, gain, cost, added,
+                           f"overlap wins est. {gain * 1e6:.1f} us against {cost * 1e6:.1f} "
+                           f"us for {added} kernels the cut adds (est. {low[1] * 1e6:.1f} "
+                           f"against {low[2] * 1e6:.1f} us at the pessimistic end of the "
+                           "GPU model's ranges)")
+        _, gain, cost, added, _, _ = low
+        return Verdict(False, gain, cost, added,
+                       f"overlap would win est. {gain * 1e6:.1f} us against "
+                       f"{cost * 1e6:.1f} us at the pessimistic end of the GPU model's "
+                       "ranges (dear launches, cheap kernel floors): it cannot be told to "
+                       "pay")
+    if why:
+        reason = (f"{why}, so it would win nothing and cost est. {cost * 1e6:.1f} us "
+                  f"({added} kernels the cut adds); with command buffers off "
+                  "(XLA_FLAGS=--xla_gpu_enable_command_buffer=) the overlap could pay")
+    elif gain <= 0.0 and host_bound is not None:
+        reason = (f"one host thread launches the regions' kernels one by one (est. "
+                  f"{host_bound * 1e6:.1f} us of launches), so running them side by side "
+                  "wins nothing")
+    elif gain <= 0.0:
+        reason = ("the regions' work already fills the GPU (their kernels' fixed latency is "
+                  "all overlap could hide), so running them side by side wins nothing")
+    else:
+        reason = (f"overlap would win est. {gain * 1e6:.1f} us but the cut costs "
+                  f"{cost * 1e6:.1f} us ({added} kernels it adds, launches outside graphs)")
+    return Verdict(False, gain, cost, added, reason)
+
+
+# The end of each uncertain GPU figure (``GpuProfile.ranges``) that favours leaving a
+# section alone: dear launches and graph nodes, cheap kernel floors (less to hide).
+PESSIMISTIC = {"launch_s": "high", "chain_node_s": "high", "dag_node_s": "high",
+               "graph_launch_s": "high", "event_s": "high", "sync_s": "high",
+               "kernel_floor_s": "low", "graph_floor_s": "low"}
+
+
+def _overlap(eqns: Sequence[JaxprEqn], graph: Graph, regions: Sequence[Sequence[int]],
+             owner: dict[int, int], costs: CostModel, mode: CommandBufferMode
+             ) -> tuple[float, float, float, int, str, float | None]:
+    """What running ``regions`` side by side wins and costs with ``costs``' figures: the
+    net, the gain, the cost, the kernels the cut adds, why a captured section wins
+    nothing (or ""), and the host's launching time where it bounds the section."""
+    def seconds(i: int) -> float:
+        return costs.seconds(costs.eqn_cost(eqns[i]))
+
     graphs_on = mode is not CommandBufferMode.OFF
     captured = [not any(inner.primitive.name in NOT_CAPTURED
                         for i in members for inner in _walk_eqns(eqns[i]))
@@ -338,6 +384,7 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
     launching = sum(launches)
     overlapped = max(max(times), sum(busy), launching)
     gain = max(sum(times) - overlapped, 0.0)
+    why = ""
     if graphs_on and all(captured):
         default = "XLA's default " if mode is CommandBufferMode.LHS else ""
         why = ("CUDA graphs in CONCURRENT mode already overlap independent kernels"
@@ -348,13 +395,11 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
                f"CUDA graphs in {default}{mode.xla_scheduling_mode} mode chain a captured "
                "region serially with everything else")
         gain = 0.0
-    else:
-        why = ""
 
     # What the cut adds: XLA fuses each connected cluster of light (elementwise and
     # layout) equations into one kernel; a cluster the cut divides becomes one kernel
     # per side.
-    added = _split_clusters(eqns, graph, owner, costs)
+    added = _split_clusters(list(eqns), graph, owner, costs)
     if _compat.PACK_MULTI_RESULT_CALLS:
         for members in regions:
             inside = set(members)
@@ -367,26 +412,8 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
         for members, is_captured in zip(regions, captured, strict=True):
             if not is_captured:  # launched kernel by kernel, loop bodies on every trip
                 cost += sum(_launch_penalty(eqns[i], costs) for i in members)
-    net = gain - cost
-    if net > max(min_gain_seconds, 0.0):
-        return Verdict(True, gain, cost, added,
-                       f"overlap wins est. {gain * 1e6:.1f} us against {cost * 1e6:.1f} us "
-                       f"for {added} kernels the cut adds")
-    if why:
-        reason = (f"{why}, so it would win nothing and cost est. {cost * 1e6:.1f} us "
-                  f"({added} kernels the cut adds); with command buffers off "
-                  "(XLA_FLAGS=--xla_gpu_enable_command_buffer=) the overlap could pay")
-    elif gain <= 0.0 and launching >= max(max(times), sum(busy)):
-        reason = (f"one host thread launches the regions' kernels one by one (est. "
-                  f"{launching * 1e6:.1f} us of launches), so running them side by side "
-                  "wins nothing")
-    elif gain <= 0.0:
-        reason = ("the regions' work already fills the GPU (their kernels' fixed latency is "
-                  "all overlap could hide), so running them side by side wins nothing")
-    else:
-        reason = (f"overlap would win est. {gain * 1e6:.1f} us but the cut costs "
-                  f"{cost * 1e6:.1f} us ({added} kernels it adds, launches outside graphs)")
-    return Verdict(False, gain, cost, added, reason)
+    host_bound = launching if launching >= max(max(times), sum(busy)) else None
+    return gain - cost, gain, cost, added, why, host_bound
 
 
 def price_regions(jaxpr: Jaxpr, graph: Graph, order: HeavyOrder, regions: RegionSet,
