@@ -895,7 +895,11 @@ def _priced(traced: Traced, settings: Settings, baseline: bool) -> _Priced:
     # command_buffers option names (not jaxpar's choice, so not counted against it).
     base_mode = settings.compile_command_buffers or settings.user_command_buffers
     plain_bytes = memory.temp_bytes(traced.jaxpr, base_mode)
-    allowed = settings.memory.allowed(plain_bytes) if settings.memory is not None else None
+    # The budget's share of the plain program is taken of what it surely needs: the model
+    # may overestimate a program (a bidirectional LSTM: 288 MiB, 194.5 once compiled),
+    # and a share of that would allow more than the budget means.
+    allowed = (settings.memory.allowed(min(plain_bytes, memory.least_bytes(traced.jaxpr)))
+               if settings.memory is not None else None)
     analysis.memory_allowance = allowed  # for the passes that stack copies
     analysis, jaxpr, plan, loops, ours, left_out = _within_budget(
         traced, analysis, memory, plain_bytes, allowed)

@@ -107,8 +107,9 @@ def split_k_bytes(eqn: JaxprEqn) -> float:
     out = _compat.array_aval(eqn.outvars[0]).shape
     contracted = math.prod(lhs[d] for d in lhs_contract)
     batch = math.prod(lhs[d] for d in lhs_batch)
-    rows_cols = out[len(lhs_batch):]
-    tiles = batch * math.prod(-(-d // 64) for d in rows_cols)
+    rows = math.prod(n for d, n in enumerate(lhs) if d not in lhs_contract and d not in lhs_batch)
+    cols = math.prod(out) // max(batch * rows, 1)  # the GEMM is (rows, k) x (k, cols)
+    tiles = batch * -(-rows // 64) * -(-cols // 64)
     if tiles >= SPLIT_K_TILES or contracted < 256:
         return 0.0
     return float(min(64, contracted // 64) * math.prod(out) * 4)
@@ -228,13 +229,18 @@ class _Buffers:
         eqns = jaxpr.eqns
         outputs = {v for v in jaxpr.outvars if not isinstance(v, literal)}
         roots: dict[Any, frozenset[Any]] = {}  # the buffers reading v reads
+        # A broadcast a loop holds: what a reader other than a loop reads instead of its
+        # buffer (it takes the broadcast into its own kernel, reading the operand).
+        recomputed: dict[Any, frozenset[Any]] = {}
         made_by: dict[Any, int] = {}  # the equation making v
         empty: frozenset[Any] = frozenset()
         for index, (eqn, kind) in enumerate(zip(eqns, kinds, strict=True)):
             reads: frozenset[Any] = empty
+            loop = _primitive_name(eqn) in _primitives.MAY_BRANCH_OR_LOOP
             for v in eqn.invars:
                 if not isinstance(v, literal):
-                    found = roots.get(v, empty)
+                    found = roots.get(v, empty) if loop or v not in recomputed \
+                        else recomputed[v]
                     if found:
                         reads = reads | found
             for r in reads:
@@ -264,6 +270,7 @@ class _Buffers:
                     # A broadcast a loop holds is written right before the loop (it reads
                     # only its operand, which outlives it: XLA schedules it there).
                     self.late.add(v)
+                    recomputed[v] = reads
         for v in jaxpr.outvars:  # an output computed by fused work reads its roots there
             if not isinstance(v, literal) and v in made_by:
                 for r in roots.get(v, empty):
@@ -358,6 +365,17 @@ class MemoryModel:
             if members:
                 spans.append((members[0], members[-1]))
         return self._level(inner, _ordering(mode), tuple(spans)).total
+
+    def least_bytes(self, jaxpr: JaxprLike) -> float:
+        """Temporary bytes any compile of ``jaxpr`` surely holds at some point: its top
+        level's largest buffer (a lower bound of ``temp_bytes``, which may overestimate
+        a program: it does not know every producer XLA fuses into its reader)."""
+        inner, _ = _compat.open_jaxpr(jaxpr)
+        kinds = [self._kind(eqn) for eqn in inner.eqns]
+        needed, expanded = _materialized(inner.eqns, kinds, self._fuses_operands)
+        buffers = _Buffers(len(inner.eqns))
+        buffers.trace(inner, kinds, needed, expanded, lambda eqn: 0.0)
+        return max(buffers.size.values(), default=0.0)
 
     def unrolled_copy_bytes(self, eqn: JaxprEqn) -> float:
         """Temporary bytes each unrolled copy of the ``scan`` ``eqn``'s body may add: the
