@@ -58,11 +58,12 @@ def _batched_dots(jaxpr: Any) -> int:
                for e in all_eqns(jaxpr))
 
 
-def _check_values_and_grads(fn: Callable[..., Any], *args: Any) -> None:
+def _check_values_and_grads(fn: Callable[..., Any], *args: Any,
+                            grad_tolerance: dict[str, float] = GRAD_TOLERANCE) -> None:
     """The whole pipeline keeps values and gradients (both under ``jax.jit``)."""
     rewritten = jaxpar.parallel_branches(fn, target="gpu")
     assert_same_outputs(rewritten, fn, args, tolerance=VALUE_TOLERANCE, jit=True)
-    assert_same_gradients(rewritten, fn, args, tolerance=GRAD_TOLERANCE, jit=True)
+    assert_same_gradients(rewritten, fn, args, tolerance=grad_tolerance, jit=True)
 
 
 SEED_SMALL = seed_002_small_args()
@@ -621,4 +622,7 @@ def test_towers_are_batched_in_every_mode() -> None:
     assert kinds["concurrent"] == kinds["concurrent_regions"] == kinds["lhs"]
     auto = jaxpar.inspect(_towers, target="gpu")(*args)
     assert [d.kind for d in auto.subgraphs] == kinds["lhs"]
-    _check_values_and_grads(_towers, *args)
+    # The towers' weight gradients reach 30 and the plain program's own float32 error
+    # against float64 is up to 1.2e-4 there; jax 0.12's CPU dots put one element of the
+    # batched program 1.4e-5 from the plain one's, so the absolute bound is 5e-5.
+    _check_values_and_grads(_towers, *args, grad_tolerance={"rtol": 1e-4, "atol": 5e-5})
