@@ -340,6 +340,44 @@ class CostModel:
             self._jaxpr_costs.set(jaxpr, total)
         return total
 
+    def scan_trip_kernels(self, eqn: JaxprEqn) -> float:
+        """The tiny kernels one trip of the ``scan`` ``eqn`` adds to its body's, at most:
+        the counter's bump, a slice of every distinct scanned input a kernel of the body
+        reads (one read only by elementwise work fuses into it) and a write of every
+        stacked result. (XLA often fuses them into the body's kernels: deviceless H200
+        compiles of a three-layer GRU stack launch 7 kernels a trip, its body's own.)"""
+        info = _compat.scan_info(eqn)
+        inner = _compat.open_jaxpr(info.jaxpr)[0]
+        start = info.num_consts + info.num_carry
+        sliced = {id(v) for e in inner.eqns if self.launches(e) for v in e.invars}
+        xs = {id(outer) for outer, v in zip(eqn.invars[start:], inner.invars[start:],
+                                            strict=True)
+              if not _compat.is_literal(outer) and id(v) in sliced}
+        return 1.0 + len(xs) + len(eqn.outvars) - info.num_carry
+
+    def invariant_prologues(self, eqn: JaxprEqn) -> int:
+        """How many of the ``scan`` ``eqn``'s body equations compute, from loop-invariant
+        values only (its constants, literals), an operand of a kernel (a weight's slice or
+        transpose read by a dot), shape-only ones aside. XLA computes them once for the
+        rolled loop (hoisted or merged into the kernel: ``x @ w[:, :n]`` and
+        ``x @ w[:, n:]`` become one dot), and not always for unrolled copies: deviceless H200
+        compiles of a three-layer GRU stack whose cells slice their weights launch 17
+        kernels a trip unrolled by 2, against 7 a trip rolled."""
+        info = _compat.scan_info(eqn)
+        inner = _compat.open_jaxpr(info.jaxpr)[0]
+        invariant = {id(v) for v in inner.invars[:info.num_consts]}
+        made: set[int] = set()
+        for e in inner.eqns:
+            if all(_compat.is_literal(v) or id(v) in invariant for v in e.invars):
+                invariant.update(id(v) for v in e.outvars)
+                if e.primitive.name not in _primitives.COST_FREE and not self.subjaxprs(e):
+                    made.update(id(v) for v in e.outvars)
+        read = {id(v) for e in inner.eqns
+                if self.launches(e) and not any(id(o) in made for o in e.outvars)
+                for v in e.invars}
+        return sum(1 for e in inner.eqns
+                   if any(id(v) in made and id(v) in read for v in e.outvars))
+
     def seconds(self, cost: Cost) -> float:
         return cost.seconds(self.profile)
 

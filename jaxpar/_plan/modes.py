@@ -322,20 +322,12 @@ class _Model:
         body = self.jaxpr(info.jaxpr)
         unroll = max(1, min(info.unroll, info.length))
         trips, left = divmod(info.length, unroll)
-        # A slice read only by elementwise work fuses into it; one read by a kernel of its
-        # own (a dot) is a kernel.
-        inner = _compat.open_jaxpr(info.jaxpr)[0]
-        sliced = {id(v) for e in inner.eqns if self.costs.launches(e) for v in e.invars}
-        xs = {id(outer) for outer, v in zip(eqn.invars[info.num_consts + info.num_carry:],
-                                            inner.invars[info.num_consts + info.num_carry:],
-                                            strict=True)
-              if not _compat.is_literal(outer) and id(v) in sliced}
-        ys = len(eqn.outvars) - info.num_carry
         if trips <= 1 and not left:  # one trip: XLA inlines the loop into its caller
             return self._repeated(info.jaxpr, body, info.length, 0.0)
         # JAX slices a trip's ``unroll`` bodies' inputs at once, and writes their stacked
         # results at once.
-        per_trip = self._repeated(info.jaxpr, body, unroll, 1.0 + len(xs) + ys)
+        per_trip = self._repeated(info.jaxpr, body, unroll,
+                                  self.costs.scan_trip_kernels(eqn))
         rest = (self._repeated(info.jaxpr, body, left, 0.0) if left
                 else _Span(0.0, 0.0, 0.0))
         return _Span(trips * per_trip.seconds + rest.seconds, 0.0,

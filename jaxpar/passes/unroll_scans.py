@@ -12,6 +12,12 @@ count stays known to XLA (no ``while`` without a trip count is ever made).
 * ``L <= FULL_UNROLL_LENGTH`` and ``L * E <= MAX_UNROLLED_EQNS``: unroll fully;
 * otherwise ``k = ceil(KERNELS_PER_TRIP / max(K, 1))``, capped so that
   ``k * E <= MAX_UNROLLED_EQNS`` and ``k <= L``;
+* kept rolled where its copies may cost more kernels than its trips save: with ``P``
+  loop-invariant operands of the body's kernels computed in the body
+  (``CostModel.invariant_prologues``: a weight's slice read by a dot, which XLA computes
+  once for the rolled loop and not always for unrolled copies) and ``T`` tiny kernels a
+  trip adds (``CostModel.scan_trip_kernels``), ``k`` copies pay only while
+  ``P < (1 - 1/k) * T``;
 * a scan whose unroll factor is already not 1 was chosen by someone (the user,
   or an earlier run of this pass) and is left alone;
 * at most as many copies as three quarters of the memory budget allow
@@ -61,7 +67,8 @@ UNROLL_SHARE = 0.75
 
 
 def auto_unroll_factor(info: _compat.ScanInfo, costs: CostModel) -> int:
-    """The unroll factor ``unroll="auto"`` picks for one scan (see the module docstring)."""
+    """The unroll factor ``unroll="auto"`` picks for one scan from its body's cost and
+    length (see the module docstring; ``_kept_rolled`` and the memory budget may lower it)."""
     length = info.length
     if length <= 1:
         return 1
@@ -73,6 +80,24 @@ def auto_unroll_factor(info: _compat.ScanInfo, costs: CostModel) -> int:
     factor = -(-KERNELS_PER_TRIP // max(round(kernels), 1))
     factor = min(factor, MAX_UNROLLED_EQNS // body_eqns, length)
     return max(factor, 1)
+
+
+def _kept_rolled(eqn: JaxprEqn, factor: int, costs: CostModel) -> str | None:
+    """Why ``factor`` copies of the ``scan`` ``eqn``'s body would cost more kernels than
+    its saved trips, or None: rolled, a run launches ``L * (K + T)`` kernels; unrolled,
+    at worst ``L * (K + P) + (L / k) * T`` (``P`` its invariant prologues, ``T`` a trip's
+    own kernels; see the module docstring). Since ``1 - 1/k`` grows with ``k``, no smaller
+    factor pays where ``factor`` does not."""
+    prologues = costs.invariant_prologues(eqn)
+    if factor <= 1 or not prologues:
+        return None
+    trip = costs.scan_trip_kernels(eqn)
+    if prologues < (1.0 - 1.0 / factor) * trip:
+        return None
+    return (f"auto: kept rolled: its {factor} copies may each recompute {prologues} "
+            f"loop-invariant operand(s) of its kernels (a weight's slice or transpose) "
+            f"that the rolled loop computes once, more kernels than the "
+            f"{(1.0 - 1.0 / factor) * trip:g} a trip's bookkeeping saves per copy")
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
@@ -96,6 +121,9 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
                 continue
             factor = auto_unroll_factor(info, costs)
             why = "auto: body cost and length"
+            rolled = _kept_rolled(eqn, factor, costs)
+            if rolled is not None:
+                factor, why = 1, rolled
             most = _most_copies(eqn, analysis)
             if most < factor:
                 factor = most
