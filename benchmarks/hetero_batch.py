@@ -50,7 +50,8 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxpar
-from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
+from jaxpar._compiled import parse_schedule, plugin_status
+from jaxpar._compiled.gpu_compile import compiled_program, lower_for_gpu
 
 SIZES = ("full", "quick", "smoke")
 VARIANTS = ("plain", "jaxpar_before", "jaxpar")
@@ -93,6 +94,17 @@ def seed_args(n: int, steps: int) -> tuple[jax.Array, ...]:
 
 
 # --------------------------------------------------------------------------- own pairs
+
+
+def readme_two_scans(a: jax.Array, b: jax.Array, xs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The README's example: two scans with different bodies over the same inputs."""
+    r1, _ = lax.scan(lambda c, x: (jnp.tanh(c @ x), None), a, xs)
+    r2, _ = lax.scan(lambda c, x: (jnp.sin(x @ c) + c, None), b, xs)
+    return r1, r2
+
+
+def readme_args(n: int, steps: int) -> tuple[jax.Array, ...]:
+    return (jnp.eye(n) * 0.5, jnp.eye(n) * 0.5, jnp.ones((steps, n, n)) * 0.01)
 
 
 def _relu_cell(c: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
@@ -249,6 +261,9 @@ PROGRAMS: dict[str, tuple[Callable[..., Any], Callable[..., tuple[Any, ...]],
         "full": {"tokens": 256, "width": 256, "head": 64},
         "quick": {"tokens": 128, "width": 256, "head": 64},
         "smoke": {"tokens": 8, "width": 8, "head": 4}}),
+    "readme_two_scans": (readme_two_scans, readme_args, {
+        "full": {"n": 256, "steps": 100}, "quick": {"n": 64, "steps": 100},
+        "smoke": {"n": 8, "steps": 5}}),
 }
 
 
@@ -284,8 +299,11 @@ def launches_per_run(hlo_text: str) -> dict[str, Any]:
 
 
 def count(fn: Callable[..., Any], args: Sequence[Any]) -> dict[str, Any]:
+    """``launches_per_run`` of ``fn``'s deviceless H200 compile, with its temporary bytes
+    (``temp_bytes``, the compile's ``memory_analysis()``)."""
     specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
-    return launches_per_run(compile_for_gpu(fn, *specs, gpu="h200"))
+    program = compiled_program(lower_for_gpu(fn, *specs, gpu="h200"))
+    return {**launches_per_run(program.hlo), "temp_bytes": program.temp_bytes}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -303,7 +321,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"unknown program(s) {unknown}; choose from {list(PROGRAMS)}")
     results: dict[str, Any] = {"size": ns.size, "jax": jax.__version__, "programs": {}}
     print(f"kernel launches per run, deviceless H200, jax {jax.__version__}, size {ns.size}")
-    print(f"{'program':20s} {'plain':>10s} {'jaxpar before':>14s} {'jaxpar':>10s}  loops")
+    print(f"{'program':20s} {'plain':>10s} {'jaxpar before':>14s} {'jaxpar':>10s}  "
+          f"{'temp MiB plain -> jaxpar':>24s}  loops")
     for name in names:
         fn = PROGRAMS[name][0]
         args = jax.eval_shape(lambda name=name: program_args(name, ns.size))
@@ -311,6 +330,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["programs"][name] = entry
         print(f"{name:20s} {entry['plain']['launches']:>10,d} "
               f"{entry['jaxpar_before']['launches']:>14,d} {entry['jaxpar']['launches']:>10,d}"
+              f"  {entry['plain']['temp_bytes'] / 2**20:>10.3f} -> "
+              f"{entry['jaxpar']['temp_bytes'] / 2**20:>10.3f}"
               f"  {entry['jaxpar']['loops']} x {entry['jaxpar']['kernels_per_trip']}")
     if ns.json:
         with open(ns.json, "w") as handle:
