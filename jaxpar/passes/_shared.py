@@ -385,6 +385,21 @@ def _where(eqn: JaxprEqn) -> str:
     return f" at {source}" if source and source != "<unknown>" else ""
 
 
+def stack_columns(columns: Sequence[Sequence[Any]]) -> tuple[list[Any], list[int | None]]:
+    """Per column of the members' values: the one value of a shared column (axis None),
+    or the values stacked along a new leading axis (axis 0)."""
+    values: list[Any] = []
+    axes: list[int | None] = []
+    for column in columns:
+        if shared_column(column):
+            values.append(column[0])
+            axes.append(None)
+        else:
+            values.append(jnp.stack([jnp.asarray(v) for v in column]))
+            axes.append(0)
+    return values, axes
+
+
 def vmap_members(fn: Callable[..., Sequence[Any]], columns: list[list[Any]], count: int,
                  context: Any) -> list[list[Any]]:
     """Runs ``fn`` once for ``count`` members, batched: what batching passes emit.
@@ -394,15 +409,7 @@ def vmap_members(fn: Callable[..., Sequence[Any]], columns: list[list[Any]], cou
     stacked along a new leading axis and ``fn`` runs under ``jax.vmap``. New equations
     get ``context``'s (an equation's) source info. Returns, per member, ``fn``'s results.
     """
-    operands: list[Any] = []
-    in_axes: list[int | None] = []
-    for column in columns:
-        if shared_column(column):
-            operands.append(column[0])
-            in_axes.append(None)
-        else:
-            operands.append(jnp.stack([jnp.asarray(v) for v in column]))
-            in_axes.append(0)
+    operands, in_axes = stack_columns(columns)
     with _compat.eqn_context(context):
         if any(axis == 0 for axis in in_axes):
             outs = jax.vmap(fn, in_axes=tuple(in_axes))(*operands)

@@ -49,7 +49,14 @@ from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._memory import stacking_refusal
 from .._structure import StructuralKeys
-from ._shared import batch_refusal, body_key, group_independent, shared_column, static_refusal
+from ._shared import (
+    batch_refusal,
+    body_key,
+    group_independent,
+    shared_column,
+    stack_columns,
+    static_refusal,
+)
 from ._walk import (
     DecisionKind,
     Level,
@@ -155,15 +162,7 @@ def _batched_emitter(members: list[Any]) -> Any:
         # carries are stacked (they part ways after a trip). The scanned inputs are not
         # stacked: each member's are scanned as they are, and the trip stacks its slices
         # (no stacked copy of what the user passed apart, or broadcast).
-        const_values: list[Any] = []
-        const_axes: list[int | None] = []
-        for column in consts:
-            if shared_column(column):
-                const_values.append(column[0])
-                const_axes.append(None)
-            else:
-                const_values.append(jnp.stack([jnp.asarray(v) for v in column]))
-                const_axes.append(0)
+        const_values, const_axes = stack_columns(consts)
         init = [jnp.stack([jnp.asarray(v) for v in column]) for column in carry]
         scanned = [column[:1] if shared_column(column) else column for column in xs]
         flat_xs = [v for column in scanned for v in column]
