@@ -365,12 +365,14 @@ class CostModel:
         kernels a trip unrolled by 2, against 7 a trip rolled."""
         info = _compat.scan_info(eqn)
         inner = _compat.open_jaxpr(info.jaxpr)[0]
-        invariant = {id(v) for v in inner.invars[:info.num_consts]}
+        invariant = {id(v) for v in (*inner.constvars, *inner.invars[:info.num_consts])}
         made: set[int] = set()
         for e in inner.eqns:
             if all(_compat.is_literal(v) or id(v) in invariant for v in e.invars):
                 invariant.update(id(v) for v in e.outvars)
-                if e.primitive.name not in _primitives.COST_FREE and not self.subjaxprs(e):
+                # Shape-only equations make nothing, but pass on what they reshape.
+                if ((e.primitive.name not in _primitives.COST_FREE and not self.subjaxprs(e))
+                        or any(id(v) in made for v in e.invars)):
                     made.update(id(v) for v in e.outvars)
         read = {id(v) for e in inner.eqns
                 if self.launches(e) and not any(id(o) in made for o in e.outvars)

@@ -454,6 +454,13 @@ def test_unroll_auto_keeps_rolled_a_body_that_slices_its_weights() -> None:
     ws = (wx[:, :2 * n], wh[:, :2 * n], wx[:, 2 * n:], wh[:, 2 * n:])
     (plain,) = scans(jax.make_jaxpr(pre_sliced)(ws, xs))
     assert costs.invariant_prologues(plain) == 0
+    # A slice cast before its dot is one prologue (the cast passes it on); a weight read
+    # as it is, cast or not, is none.
+    cast = scans(jax.make_jaxpr(lambda w, sq, xs: lax.scan(
+        lambda h, x: (jnp.tanh(h @ w[:, :n].astype(jnp.bfloat16).astype(jnp.float32)
+                               + x @ sq.astype(jnp.float16).astype(jnp.float32)), None),
+        xs[0], xs))(wh, ws[1][:, :n], xs))
+    assert costs.invariant_prologues(cast[0]) == 1
     check(partial(unroll_scans, unroll="auto"), pre_sliced, ws, xs,
           grad_tolerance=LONG_SCAN_GRAD_TOLERANCE,
           expect=lambda r: _compat.scan_info(scans(r.new)[0]).unroll > 1)
