@@ -66,7 +66,7 @@ from ._options import (
     Unroll,
     check_known,
 )
-from ._plan import LevelPlan, plan_jaxpr
+from ._plan import LevelPlan, plan_jaxpr, symbolic_plan
 from ._plan.budget import LADDER, MemoryFigures, mode_memory_reason, over_budget
 from ._plan.modes import (
     CANDIDATES as MODE_CANDIDATES,
@@ -810,6 +810,10 @@ def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
     (``_plain_figures``); without, the program as traced (the last item), from which a
     report prices them when it needs them (``_Prepared``)."""
     traced = trace(fun, sig)
+    symbolic = _compat.symbolic_dimensions(traced.jaxpr)
+    if symbolic:  # nothing can be priced: the program as jax.jit runs it
+        return traced, _Priced(traced.jaxpr, symbolic_plan(traced.jaxpr, symbolic), (), None,
+                               None, None), None
     unpriced = None if baseline else traced.jaxpr
     with _collector_paused():
         priced = _priced(traced, settings, baseline)

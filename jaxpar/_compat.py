@@ -336,6 +336,19 @@ def splice_jaxpr(original: JaxprLike, eqns: Sequence[JaxprEqn], outvars: Sequenc
     return ClosedJaxpr(new_inner, all_consts) if isinstance(original, ClosedJaxpr) else new_inner
 
 
+def symbolic_dimensions(jaxpr: JaxprLike) -> tuple[str, ...]:
+    """The symbolic dimensions (``jax.export.symbolic_shape``) of ``jaxpr``'s inputs and
+    constants, as text, in first-seen order; ``()`` where every size is a number. A
+    program's symbolic sizes all derive from its inputs'."""
+    inner = jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+    found: dict[str, None] = {}
+    for var in (*inner.constvars, *inner.invars):
+        for dim in getattr(var.aval, "shape", ()):
+            if not isinstance(dim, (int, np.integer)):
+                found[str(dim)] = None
+    return tuple(found)
+
+
 def eqn_subjaxprs(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, JaxprLike]]:
     """Yields ``(param_name, index_or_None, jaxpr)`` for every jaxpr parameter.
 

@@ -29,6 +29,7 @@ from .collectives import (
 from .collectives import group_collectives as group_collectives
 from .level import order_units as order_units
 from .level import plan_jaxpr as plan_jaxpr
+from .level import symbolic_plan as symbolic_plan
 from .plans import COLLECTIVE_PRIMITIVES as COLLECTIVE_PRIMITIVES
 from .plans import MAX_HEAVY as MAX_HEAVY
 from .plans import REASON_ANNOTATED as REASON_ANNOTATED
@@ -37,6 +38,7 @@ from .plans import REASON_DEPENDENT as REASON_DEPENDENT
 from .plans import REASON_EFFECTFUL as REASON_EFFECTFUL
 from .plans import REASON_NO_GAIN as REASON_NO_GAIN
 from .plans import REASON_OPAQUE as REASON_OPAQUE
+from .plans import REASON_SYMBOLIC as REASON_SYMBOLIC
 from .plans import REASON_TOO_CHEAP as REASON_TOO_CHEAP
 from .plans import RECURSIVE_PRIMITIVES as RECURSIVE_PRIMITIVES
 from .plans import CollectiveGroup as CollectiveGroup

@@ -39,9 +39,11 @@ from .._graph import (
     CollectivesUnit,
     ContractionCycle,
     DependentUnits,
+    EqnUnit,
     Graph,
     RegionUnit,
     Unit,
+    build_graph,
     contract,
 )
 from .._options import Settings
@@ -56,6 +58,7 @@ from .plans import (
     REASON_EFFECTFUL,
     REASON_NO_GAIN,
     REASON_OPAQUE,
+    REASON_SYMBOLIC,
     REASON_TOO_CHEAP,
     RECURSIVE_PRIMITIVES,
     CollectiveGroup,
@@ -78,6 +81,22 @@ def plan_jaxpr(jaxpr: JaxprLike, analysis: Analysis, path: str = "") -> LevelPla
     """
     plan, _ = _plan_level(jaxpr, analysis, path, {}, 1)
     return plan
+
+
+def symbolic_plan(jaxpr: JaxprLike, dimensions: Sequence[str]) -> LevelPlan:
+    """The plan of a program whose sizes ``dimensions`` are symbolic (``jax.export``'s
+    shape polymorphism): every equation as it is, nothing priced. The cost model, the
+    memory model and the loop passes need sizes; a representative size would decide
+    for programs the user never runs, so the program runs as ``jax.jit`` runs it."""
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    count = len(inner.eqns)
+    sizes = ", ".join(dimensions)
+    note = Note(tuple(range(count)), REASON_SYMBOLIC,
+                f"its sizes {sizes} are symbolic, so it runs as jax.jit runs it; jaxpar "
+                "prices and rewrites programs of known sizes (trace, call or export it with "
+                "concrete shapes for a plan)")
+    return LevelPlan("/", jaxpr, build_graph(inner), (0.0,) * count, (), (note,) if count else (),
+                     (), tuple(EqnUnit(i) for i in range(count)))
 
 
 def _plan_level(jaxpr: JaxprLike, analysis: Analysis, path: str, axis_sizes: Mapping[Any, int],

@@ -35,6 +35,7 @@ REASON_ANNOTATED = "already annotated"
 REASON_COLLECTIVE = "collective"
 REASON_OPAQUE = "opaque"
 REASON_NO_GAIN = "does not pay"
+REASON_SYMBOLIC = "symbolic shapes"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ import html
 import os
 from typing import Any
 
+from .._plan import REASON_SYMBOLIC
 from ..passes import NEW_LOOP_KINDS, UNCHANGED_KINDS, PassDecision
 from .render import (
     decision_summary,
@@ -117,7 +118,10 @@ class Plan(PlanRecord):
                 f"is emitted, and the {self.target} cost model chose what is shown. For the "
                 "GPU plan: jaxpar.inspect(f, target='gpu')(...)")
         figure = self.estimate
-        lines.append(f"  {figure.line()}")
+        if any(note.reason == REASON_SYMBOLIC for note in self.left_alone):
+            lines.append("  no estimate: the program's sizes are symbolic")
+        else:
+            lines.append(f"  {figure.line()}")
         if self.mode is not None:
             options = self.xla_options
             shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
