@@ -62,6 +62,8 @@ Sharp edges:
     equal equations refused so are reported (the first of each chain).
   * Results agree with the unbatched program to float rounding: XLA may pick a
     different algorithm for a batched matmul.
+  * Members of one matmul (or convolution) each are left to ``batch_matmuls``, which
+    orients their operands and prices the transposes a vmapped dot may need.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ from .._gpu_model import CommandBufferMode
 from .._graph import Graph
 from .._memo import IdentityMemo
 from .._memory import stacking_refusal
-from .._primitives import COLLECTIVE, is_collective
+from .._primitives import BATCHED_MATMULS, COLLECTIVE, is_collective
 from .._structure import StructuralKeys, literal_key
 from ._shared import (
     equations_refusal,
@@ -236,6 +238,11 @@ def _batch_level(level: Level, costs: CostModel,
         member_cost = sum((costs.eqn_cost(eqns[row[0]]) for row in group.rows), ZERO)
         if member_cost.kernels < 1:
             continue  # nothing launched: XLA fuses it anyway
+        if len(group.rows) == 1 and eqns[group.rows[0][0]].primitive.name in BATCHED_MATMULS:
+            # One matmul per member is ``batch_matmuls``'s to weigh: it orients the
+            # operands and prices the transposes a vmapped dot may need (a GRU cell's
+            # three ``h @ w`` batched here launched one kernel more a trip, deviceless H200).
+            continue
         why = _vmap_refusal(eqns, group)
         if why is not None:
             why = f"vmap would not batch them faithfully and cheaply: {why}"
