@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import needs_plugin
 from jax import export, lax
 
 import jaxpar
@@ -90,3 +91,10 @@ def test_concrete_calls_after_a_symbolic_trace_are_still_planned() -> None:
     want = jax.jit(branches_and_scan)(*_args(16))
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
+@needs_plugin
+def test_gpu_preview_names_the_symbolic_sizes() -> None:
+    """A deviceless compile needs known sizes (as jax.jit's compile does): a clear error."""
+    with pytest.raises(ValueError, match="sizes b are symbolic"):
+        jaxpar.gpu_preview(jaxpar.parallel_branches(branches_and_scan), *_specs())

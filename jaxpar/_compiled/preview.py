@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from .. import _compat
 from .._api import ParallelBranches, analysed_report, array_function, options_applied
@@ -339,7 +340,7 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         message has the exact ``pip install`` line), or this jaxlib is known to
         crash on the program.
       ValueError: unknown ``gpu``, ``command_buffers`` or ``devices < 1``; bad options; a
-        malformed calibration profile for ``gpu`` (``GpuProfileError``).
+        malformed calibration profile for ``gpu`` (``GpuProfileError``); symbolic sizes.
       TypeError: an unknown option (with the closest valid name).
     """
     # Options.names() holds command_buffers, which gpu_preview takes as its own argument.
@@ -372,6 +373,14 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
     # jaxpar's is lowered first: its trace is the one analysis of the function, and the
     # plan reported is the one compiled.
     with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
+        symbolic = sorted({str(d) for leaf in leaves for d in getattr(leaf, "shape", ())
+                           if not isinstance(d, (int, np.integer))})
+        if symbolic:
+            raise ValueError(
+                f"gpu_preview compiles programs of known sizes; the arguments' sizes "
+                f"{', '.join(symbolic)} are symbolic. Pass jax.ShapeDtypeStruct(s) or arrays "
+                "with the sizes to preview (jax.jit cannot compile symbolic sizes either; "
+                "jax.export lowers them)")
         rewritten = ParallelBranches(flat, Options.create(**options),
                                      command_buffers=planned_mode, gpu=profile)
         with options_applied(rewritten):  # compiled below with the plan's options
