@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from helpers import load_benchmark
+from helpers import load_benchmark, needs_plugin
 
 bench = load_benchmark("run")
 
@@ -156,3 +156,31 @@ def test_gpu_script_dry_run(tmp_path: Any) -> None:
     assert "| three_towers | lhs |" in (results / "suite-lhs.txt").read_text()
     assert not profiles.exists()
     assert {"env.txt", "calibrate.txt"} <= {p.name for p in results.iterdir()}
+
+
+@needs_plugin
+def test_battery_runs_one_program_and_sums_up(tmp_path: Any) -> None:
+    """``benchmarks/battery/run.sh`` on one program: its JSON (deviceless compiles both ways,
+    values against plain jit), and ``summarize.py``'s totals; a row launching more kernels
+    than plain is flagged."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHON": sys.executable, "RESULTS": str(tmp_path)}
+    done = subprocess.run(["bash", str(root / "benchmarks" / "battery" / "run.sh"), "s",
+                           "typed_keys_dropout_members"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = json.loads((tmp_path / "typed_keys_dropout_members@s.json").read_text())
+    assert row["values_ok"] and row["jaxpar_launches"] <= row["plain_launches"]
+    summarize = [sys.executable, str(root / "benchmarks" / "battery" / "summarize.py"),
+                 str(tmp_path)]
+    summed = subprocess.run(summarize, capture_output=True, text=True, timeout=60)
+    assert summed.returncode == 0 and "1 programs, 1 compiled both ways; 0 flagged" in summed.stdout
+    (tmp_path / "worse@s.json").write_text(json.dumps(
+        {**row, "name": "worse", "jaxpar_launches": row["plain_launches"] + 1}))
+    summed = subprocess.run(summarize, capture_output=True, text=True, timeout=60)
+    assert summed.returncode == 1 and "worse: launches" in summed.stdout
