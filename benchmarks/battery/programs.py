@@ -66,6 +66,19 @@ def lstm_cell(p, carry, x):
     return (h, c), h
 
 
+def hoisted_lstm_step(wh):
+    """An LSTM step whose input projection ``g`` was computed before the loop."""
+
+    def step(carry, g):
+        h, c = carry
+        i, f, gg, o = jnp.split(g + h @ wh, 4, -1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(gg)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+
+    return step
+
+
 def lstm_params(seed, fin, hid):
     return {
         "wx": N(seed, (fin, 4 * hid)),
@@ -974,18 +987,8 @@ def _(size):
         gx_b = xs @ ps[1]["wx"] + ps[1]["b"]
         z = jnp.zeros((B, H))
 
-        def cell(wh):
-            def step(carry, g):
-                h, c = carry
-                i, f, gg, o = jnp.split(g + h @ wh, 4, -1)
-                c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(gg)
-                h = jax.nn.sigmoid(o) * jnp.tanh(c)
-                return (h, c), h
-
-            return step
-
-        _, f = lax.scan(cell(ps[0]["wh"]), (z, z), gx_f)
-        _, b = lax.scan(cell(ps[1]["wh"]), (z, z), gx_b, reverse=True)
+        _, f = lax.scan(hoisted_lstm_step(ps[0]["wh"]), (z, z), gx_f)
+        _, b = lax.scan(hoisted_lstm_step(ps[1]["wh"]), (z, z), gx_b, reverse=True)
         return (f * b).mean(-1)
 
     return fn, (ps, N(1410, (T, B, F), 1.0)), {}
@@ -999,18 +1002,10 @@ def _(size):
     def fn(ps, xs):
         z = jnp.zeros((B, H))
 
-        def cell(wh):
-            def step(carry, g):
-                h, c = carry
-                i, f, gg, o = jnp.split(g + h @ wh, 4, -1)
-                c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(gg)
-                h = jax.nn.sigmoid(o) * jnp.tanh(c)
-                return (h, c), h
-
-            return step
-
-        _, f = lax.scan(cell(ps[0]["wh"]), (z, z), xs @ ps[0]["wx"] + ps[0]["b"])
-        _, b = lax.scan(cell(ps[1]["wh"]), (z, z), xs @ ps[1]["wx"] + ps[1]["b"], reverse=True)
+        _, f = lax.scan(hoisted_lstm_step(ps[0]["wh"]), (z, z), xs @ ps[0]["wx"] + ps[0]["b"])
+        _, b = lax.scan(
+            hoisted_lstm_step(ps[1]["wh"]), (z, z), xs @ ps[1]["wx"] + ps[1]["b"], reverse=True
+        )
         return (f * b).mean(-1)
 
     return fn, (ps, N(1430, (T, B, F), 1.0)), {}
@@ -1350,23 +1345,13 @@ def _(size):
         for k in range(2)
     ]
 
-    def step(wh):
-        def s(carry, g):
-            h, c = carry
-            i, f, gg, o = jnp.split(g + h @ wh, 4, -1)
-            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(gg)
-            h = jax.nn.sigmoid(o) * jnp.tanh(c)
-            return (h, c), h
-
-        return s
-
     def loss(ps, xs):
         z = jnp.zeros((B, H))
         for pf, pb in ps:
             gf = xs @ pf["wx"] + pf["b"]
             gb = xs @ pb["wx"] + pb["b"]
-            _, f = lax.scan(step(pf["wh"]), (z, z), gf)
-            _, b = lax.scan(step(pb["wh"]), (z, z), gb, reverse=True)
+            _, f = lax.scan(hoisted_lstm_step(pf["wh"]), (z, z), gf)
+            _, b = lax.scan(hoisted_lstm_step(pb["wh"]), (z, z), gb, reverse=True)
             xs = jnp.concatenate([f, b], -1)
         return (xs**2).mean()
 
