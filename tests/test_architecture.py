@@ -304,6 +304,7 @@ CROSS_MODULE_SUBJECTS = {
     "grad": "parallel_branches composed with jax.grad and the other autodiff entry points",
     "vmap": "parallel_branches composed with jax.vmap",
     "shard_map": "parallel_branches composed with shard_map",
+    "export": "parallel_branches under jax.export, with symbolic sizes",
     "dtypes": "weak types and extended dtypes through the rewrites, emitter and cost model",
     "custom_rules": "custom_jvp/custom_vjp rules, effects and callbacks through every pass",
     "errors": "the errors of every public entry point",
