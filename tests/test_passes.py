@@ -214,6 +214,7 @@ def test_revisits_of_barren_levels_change_nothing(monkeypatch):
 
 def _fused_with_remainder(a, b):
     def body(c, _):  # three inner scans of one length: fused, then their matmuls batched
+        # (one matmul per member: by batch_matmuls)
         outs = [lax.scan(lambda s, _, f=f: (f(s @ s), None), c, None, length=2)[0]
                 for f in (jnp.tanh, jnp.sin, jnp.cos)]
         return sum(outs), None
@@ -249,6 +250,7 @@ def test_produced_reaches_into_bodies_traced_afresh(monkeypatch):
         assert str(new) == str(new_again) and decisions == decisions_again
         # The first body's batched matmuls are in the remainder scan's body (equation
         # 1's), below an inner scan that trace bound afresh.
-        batched = [d for d in decisions if d.kind == DecisionKind.BATCHED_SUBGRAPHS]
+        batched = [d for d in decisions if d.kind in (DecisionKind.BATCHED_SUBGRAPHS,
+                                                      DecisionKind.BATCHED_MATMULS)]
         assert "/scan#1.jaxpr/scan#0.jaxpr" in {p.location for d in batched
                                                 for p in d.produced}
