@@ -28,7 +28,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import jax
@@ -336,17 +336,23 @@ def splice_jaxpr(original: JaxprLike, eqns: Sequence[JaxprEqn], outvars: Sequenc
     return ClosedJaxpr(new_inner, all_consts) if isinstance(original, ClosedJaxpr) else new_inner
 
 
-def symbolic_dimensions(jaxpr: JaxprLike) -> tuple[str, ...]:
-    """The symbolic dimensions (``jax.export.symbolic_shape``) of ``jaxpr``'s inputs and
-    constants, as text, in first-seen order; ``()`` where every size is a number. A
-    program's symbolic sizes all derive from its inputs'."""
-    inner = jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+def symbolic_sizes(values: Iterable[Any]) -> tuple[str, ...]:
+    """The symbolic dimensions (``jax.export.symbolic_shape``) in the shapes of ``values``
+    (arrays, avals, shape structs), as text, in first-seen order; ``()`` where every
+    size is a number."""
     found: dict[str, None] = {}
-    for var in (*inner.constvars, *inner.invars):
-        for dim in getattr(var.aval, "shape", ()):
+    for value in values:
+        for dim in getattr(value, "shape", ()):
             if not isinstance(dim, (int, np.integer)):
                 found[str(dim)] = None
     return tuple(found)
+
+
+def symbolic_dimensions(jaxpr: JaxprLike) -> tuple[str, ...]:
+    """``symbolic_sizes`` of ``jaxpr``'s inputs and constants: a program's symbolic sizes
+    all derive from its inputs'."""
+    inner = jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+    return symbolic_sizes(var.aval for var in (*inner.constvars, *inner.invars))
 
 
 def eqn_subjaxprs(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, JaxprLike]]:

@@ -42,7 +42,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 
 from .. import _compat
 from .._api import ParallelBranches, analysed_report, array_function, options_applied
@@ -373,8 +372,7 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
     # jaxpar's is lowered first: its trace is the one analysis of the function, and the
     # plan reported is the one compiled.
     with array_function(fn, args, fn_kwargs, statics, "gpu_preview") as (flat, leaves):
-        symbolic = sorted({str(d) for leaf in leaves for d in getattr(leaf, "shape", ())
-                           if not isinstance(d, (int, np.integer))})
+        symbolic = _compat.symbolic_sizes(leaves)
         if symbolic:
             raise ValueError(
                 f"gpu_preview compiles programs of known sizes; the arguments' sizes "
