@@ -90,6 +90,17 @@ def xs_total(eqn: JaxprEqn, info: _compat.ScanInfo) -> float:
                      for v in eqn.invars[info.num_consts + info.num_carry:]))
 
 
+def _trip_bytes(eqn: JaxprEqn, info: _compat.ScanInfo) -> tuple[float, float, float]:
+    """Bytes of the ``scan`` ``eqn``'s carries, and of one trip's slice of its scanned
+    inputs and of its stacked results."""
+    carries = sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars[:info.num_carry])
+    xs = sum(_compat.aval_nbytes(v.aval) for v in _compat.open_jaxpr(info.jaxpr)[0].invars[
+        info.num_consts + info.num_carry:])
+    ys = sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars[info.num_carry:]) \
+        / max(info.length, 1)
+    return float(carries), float(xs), ys
+
+
 # XLA:GPU splits a GEMM along its contraction when its result has too few tiles to fill
 # the GPU, and writes the partial sums (in float32) before adding them up. Seen in
 # deviceless H200 compiles (jaxlib 0.10.2), (m, k, n): (256, 256, 256) split 4 ways,
@@ -385,13 +396,8 @@ class MemoryModel:
         body 1.0 MiB, all its buffers and carry 1.0 MiB, its peak 0.75 MiB; the GPU
         suite's GRU 1.25 MiB, all its buffers 1.4 MiB, its peak 0.66 MiB.)"""
         info = _compat.scan_info(eqn)
-        inner = _compat.open_jaxpr(info.jaxpr)[0]
-        carries = sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars[:info.num_carry])
-        # and its slices of the trip's blocks of inputs and results
-        slices = sum(_compat.aval_nbytes(v.aval) for v in inner.invars[
-            info.num_consts + info.num_carry:]) + sum(
-            _compat.aval_nbytes(v.aval) for v in inner.outvars[info.num_carry:])
-        return self._nested(info.jaxpr, _CONCURRENT).total + carries + slices
+        carries, xs, ys = _trip_bytes(eqn, info)  # and its slices of the trip's blocks
+        return self._nested(info.jaxpr, _CONCURRENT).total + carries + xs + ys
 
     def _nested(self, jaxpr: JaxprLike, ordering: str) -> _Need:
         return self._memo.lookup(  # type: ignore[no-any-return]
@@ -406,17 +412,11 @@ class MemoryModel:
         if name == _primitives.SCAN:
             info = _compat.scan_info(eqn)
             body = self._nested(info.jaxpr, ordering)
-            carries = sum(_compat.aval_nbytes(v.aval)
-                          for v in eqn.outvars[:info.num_carry])
-            xs = sum(_compat.aval_nbytes(v.aval)
-                     for v in _compat.open_jaxpr(info.jaxpr)[0].invars[
-                         info.num_consts + info.num_carry:])
+            carries, xs, ys = _trip_bytes(eqn, info)
             copies = max(1, min(info.unroll, info.length))
             hoisted = _transposed_xs(eqn, info)
             # JAX slices a trip's block of inputs at once and writes its block of stacked
             # results at once: both ``copies`` slices deep.
-            ys = sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars[info.num_carry:]) \
-                / max(info.length, 1)
             blocks = copies * (xs + ys)
             if ordering != _SEQUENTIAL:  # a branching mode's body keeps its buffers apart
                 return copies * body.total + blocks + carries + hoisted
