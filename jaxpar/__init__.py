@@ -19,12 +19,16 @@ from ._flags import FlagsNotAppliedWarning as FlagsNotAppliedWarning
 from ._flags import check_flags_applied as check_flags_applied
 from ._flags import flags_as_options as flags_as_options
 from ._flags import xla_flags as xla_flags
+from ._processes import ProcessMismatchError as ProcessMismatchError
 from ._report.plan import Plan as Plan
 from ._report.types import Collective as Collective
 from ._report.types import LeftAlone as LeftAlone
 from ._report.types import Region as Region
 from ._report.types import Section as Section
 from ._trace import TraceError as TraceError
+from ._tune import TuneBudget as TuneBudget
+from ._tune import TuneCacheWarning as TuneCacheWarning
+from ._tune import Tuning as Tuning
 from .passes import PassDecision as PassDecision
 
 __version__ = "0.1.0"
@@ -35,11 +39,15 @@ __all__ = [
     "GpuPreview",
     "LeftAlone",
     "PassDecision",
+    "ProcessMismatchError",
     "ParallelBranches",
     "Plan",
     "Region",
     "Section",
     "TraceError",
+    "TuneBudget",
+    "TuneCacheWarning",
+    "Tuning",
     "XlaOptionsNotAppliedWarning",
     "__version__",
     "check_flags_applied",

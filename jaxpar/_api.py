@@ -45,10 +45,11 @@ from typing import Any, TypeVar, overload
 
 import jax
 
-from . import _compat, _primitives
+from . import _compat, _primitives, _processes
 from ._analysis import Analysis, jaxpr_has_placement
 from ._cost import launch_pricing
 from ._emit import Emitter, GroupIds, region_call
+from ._flags import xla_flags_text
 from ._frameworks import (
     NnxCall,
     holds_nnx_object,
@@ -104,10 +105,20 @@ from ._trace import (
     trace,
     tracing_for_a_plan,
 )
-from ._tune import CANDIDATES, Candidate, TuneBudget, Tuning
+from ._tune import (
+    CANDIDATES,
+    Program,
+    TuneBudget,
+    Tuning,
+    program_flags,
+    undecided,
+    unmeasured,
+    versions,
+)
 from ._tune import decide as decide_candidate
 from ._tune import decision_key as tuning_key
 from ._tune import fingerprint as program_fingerprint
+from ._tune import load as load_decision
 from .passes import DecisionKind, PassDecision, run_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -231,24 +242,28 @@ class _CallMemos:
     (``mixed_keys``). Emptied by ``clear_cache()`` and ``jax.clear_caches()``, as the
     jits' caches are; each holds at most ``_MEMO_SIZE`` entries."""
 
-    __slots__ = ("__weakref__", "key_jits", "mixed_keys", "settings")
+    __slots__ = ("__weakref__", "agreed", "key_jits", "mixed_keys", "settings")
 
     def __init__(self, function: str) -> None:
         self.settings: dict[ResolveInputs, Settings] = {}
         self.key_jits: dict[_CallKey, tuple[Any, tuple[tuple[str, str], ...]]] = {}
         self.mixed_keys: dict[_CallKey, None] = {}
+        # Signatures whose program the processes compared (``_agree_across_processes``).
+        self.agreed: dict[Any, None] = {}
         _compat.register_for_clear_caches(self, f"jaxpar call memos of {function}")
 
     def cache_clear(self) -> None:
         self.settings.clear()
         self.key_jits.clear()
         self.mixed_keys.clear()
+        self.agreed.clear()
 
     def cache_info(self) -> tuple[int, int]:  # what jax's cache registry asks of a cache
-        return len(self.settings) + len(self.key_jits) + len(self.mixed_keys), _MEMO_SIZE
+        return (len(self.settings) + len(self.key_jits) + len(self.mixed_keys)
+                + len(self.agreed), _MEMO_SIZE)
 
     def cache_keys(self) -> list[Any]:
-        return [*self.settings, *self.key_jits, *self.mixed_keys]
+        return [*self.settings, *self.key_jits, *self.mixed_keys, *self.agreed]
 
 
 def _options_key(options: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -398,6 +413,8 @@ class ParallelBranches:
 
     def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
         key = _call_key(self, layout, nnx, leaves)
+        if jax.process_count() > 1:
+            _agree_across_processes(self, key, leaves)
         if self.tune is not None and key.rewrite and key.emit_streams:
             # The decision is looked up when jax.jit traces (once per signature), so a
             # call that hits jit's cache pays nothing for the tuner.
@@ -408,7 +425,8 @@ class ParallelBranches:
         try:
             dynamic, outputs = _dispatch(self, key, leaves)
         except _MeasureFirst:
-            _tuning(self, dataclasses.replace(key, tune="", tune_generation=0), leaves)
+            _tuning(self, dataclasses.replace(key, tune="", tune_generation=0), leaves,
+                    first_call=True)
             self._tune_generation += 1
             key = dataclasses.replace(key, tune_generation=self._tune_generation)
             dynamic, outputs = _jit_for(self, key, leaves)(key, *leaves)
@@ -550,6 +568,36 @@ def _warn_if_options_lost(pb: ParallelBranches, key: _CallKey, rewrite: _Prepare
         XlaOptionsNotAppliedWarning, stacklevel=2)
 
 
+def _agree_across_processes(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]
+                            ) -> None:
+    """At the first top-level call of a signature whose arguments span every process:
+    the processes compare what decides jaxpar's program for it (``_processes.agree``: a
+    collective, which every process reaches there as it reaches the program).
+
+    Raises:
+      ProcessMismatchError: on every process, where they would compile different
+        programs (another ``XLA_FLAGS``, GPU calibration, options or version).
+    """
+    if key.call_site or not key.rewrite or not _compat.top_level():
+        return
+    avals = tuple(abstract(leaf) for leaf in leaves)
+    checked = (key, avals, _compat.trace_context())
+    if checked in pb._memos.agreed:
+        return
+    if _processes.span(leaves) == _processes.ALL:
+        prepared = pb._prepare(Signature(key.layout, avals), key.settings, key.nnx,
+                               key.local_axes)
+        levels = [(level.path, level.order, level.collective_groups)
+                  for level in prepared.plan.walk()]
+        loops = [(d.location, d.kind, d.eqns, d.unroll, d.pass_name) for d in prepared.loops]
+        _processes.agree(_call_text(pb, avals), {
+            "versions": versions(), "xla_flags": program_flags(xla_flags_text()),
+            "settings": repr(key.settings),
+            "decisions": program_fingerprint(repr((levels, loops))),
+            "xla_options": sorted(prepared.xla_options.items())})
+    _bounded(pb._memos.agreed)[checked] = None
+
+
 def _decided_key(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> _CallKey:
     """At trace time: the key of the candidate this signature's decision chose (the plan's
     own key without a decision under a transformation).
@@ -566,9 +614,16 @@ def _decided_key(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> 
     return key if tuning is None else _candidate_key(pb, key, tuning.chosen)
 
 
-def _tuning(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Tuning | None:
+def _tuning(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any],
+            first_call: bool = False) -> Tuning | None:
     """The decision for one signature (``ParallelBranches.tune`` set): this process's, the
-    stored one, or measured now; at traced or abstract arguments only this process's."""
+    stored one, or measured now; at traced or abstract arguments only this process's.
+
+    Under several processes only ``first_call`` (the first real call of the signature,
+    which every process makes) decides, with the others where the arguments span them
+    (``_tune.decide``'s collective); any other read (``tuning()``, ``inspect``) is
+    local: this process's decision or the stored file, never measured.
+    """
     assert pb.tune is not None
     avals = tuple(abstract(leaf) for leaf in leaves)
     by_shape = (key.layout, avals, key.nnx, key.settings, _compat.trace_context())
@@ -579,20 +634,40 @@ def _tuning(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Tunin
         for leaf in leaves)
     if hit is not None or not concrete:
         return hit
+    span = _processes.span(leaves)
+    name, fields = _tuning_key(pb, key, leaves, avals)
+    if jax.process_count() > 1 and not first_call:
+        # Local: the stored file or nothing, not remembered (the first call decides).
+        return load_decision(name) or undecided(name, pb.tune)
+    if span == _processes.SOME:
+        tuning = unmeasured(name, pb.tune, "the arguments span some processes but not all, "
+                                           "which cannot time together")
+    else:
+        tuning = decide_candidate(name, fields, lambda: _candidates(pb, key, leaves),
+                                  pb.tune, together=span == _processes.ALL,
+                                  what=_call_text(pb, avals))
+    pb._tunings[by_shape] = tuning
+    return tuning
+
+
+def _tuning_key(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any],
+                avals: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
+    """``_tune.decision_key`` of one signature (traces the function to fingerprint it)."""
     shardings = tuple(getattr(leaf, "sharding", None) for leaf in leaves)
     traced = trace(pb._traced_function(key.nnx), Signature(key.layout, avals))
-    name, fields = tuning_key(
+    return tuning_key(
         program=program_fingerprint(str(traced.jaxpr)),
         arguments=[f"{aval} {sharding!r}" for aval, sharding in zip(avals, shardings,
                                                                     strict=True)],
         statics=f"{key.layout.in_tree} {key.layout.statics!r}",
         options={**pb.options.to_dict(), **pb._planned_for, "nnx": key.nnx,
                  "settings": key.settings})
-    del traced
-    tuning = decide_candidate(name, fields, lambda: _candidates(pb, key, leaves),
-                              pb.tune)
-    pb._tunings[by_shape] = tuning
-    return tuning
+
+
+def _call_text(pb: ParallelBranches, avals: Sequence[Any]) -> str:
+    """``f(f32[8,4], ...)``: a call, for messages."""
+    shown = ", ".join(str(aval) for aval in avals[:4]) + (", ..." if len(avals) > 4 else "")
+    return f"{function_name(pb.__wrapped__)}({shown})"
 
 
 def _candidate_key(pb: ParallelBranches, key: _CallKey, label: str) -> _CallKey:
@@ -603,23 +678,28 @@ def _candidate_key(pb: ParallelBranches, key: _CallKey, label: str) -> _CallKey:
     return dataclasses.replace(key, settings=options.resolve(**pb._planned_for))
 
 
-def _candidates(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]
-                ) -> list[tuple[Candidate, Callable[[], Any] | str]]:
+def _candidates(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> list[Program]:
     """Each candidate's program, or the label of an earlier candidate whose lowered
     program is the same text (timed once)."""
-    out: list[tuple[Candidate, Callable[[], Any] | str]] = []
+    out: list[Program] = []
     seen: dict[str, str] = {}
     for candidate in CANDIDATES:
         candidate_key = _candidate_key(pb, key, candidate.label)
         jitted = _jit_for(pb, candidate_key, leaves)
+        options = {} if not candidate_key.rewrite else pb._prepare(
+            Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
+            candidate_key.settings, key.nnx, key.local_axes).xla_options
+        # What decides the program on jaxpar's side, which processes compare.
+        digest = program_fingerprint(repr((candidate_key.rewrite, candidate_key.settings,
+                                           sorted(options.items()))))
         # The XLA options (the CUDA-graph mode) are not in the lowered text.
         text = f"{jitted.lower(candidate_key, *leaves).as_text()}\n{id(jitted)}"
         if text in seen:
-            out.append((candidate, seen[text]))
+            out.append(Program(candidate, None, seen[text], digest))
             continue
         seen[text] = candidate.label
-        out.append((candidate, functools.partial(_run_candidate, pb, candidate_key,
-                                                 tuple(leaves))))
+        out.append(Program(candidate, functools.partial(_run_candidate, pb, candidate_key,
+                                                        tuple(leaves)), None, digest))
     return out
 
 
@@ -1084,7 +1164,8 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
-                      force_streams: bool = ..., tune: bool = ..., command_buffers: str = ...,
+                      force_streams: bool = ..., tune: bool | TuneBudget = ...,
+                      command_buffers: str = ...,
                       memory: str | float = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       ) -> F: ...
@@ -1094,7 +1175,8 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
-                      force_streams: bool = ..., tune: bool = ..., command_buffers: str = ...,
+                      force_streams: bool = ..., tune: bool | TuneBudget = ...,
+                      command_buffers: str = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       ) -> Callable[[F], F]: ...
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
@@ -1102,7 +1184,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       batch_scans: Switch = "auto", batch_branches: Switch = "auto",
                       batch_matmuls: Switch = "auto",
                       unroll: Unroll = "auto", group_collectives: Switch = "auto",
-                      force_streams: bool = False, tune: bool = False,
+                      force_streams: bool = False, tune: bool | TuneBudget = False,
                       command_buffers: str = "auto", memory: str | float = "auto",
                       static_argnums: _Argnums = None, static_argnames: _Argnames = None,
                       **unknown: Any) -> Any:
@@ -1210,8 +1292,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     """
     _refuse_outer_jit_options(unknown, "parallel_branches")
     check_known(unknown, (*Options.names(), *_CALL_OPTIONS))
-    if not isinstance(tune, bool):
-        raise TypeError(f"tune must be True or False, got {tune!r}")
+    if not isinstance(tune, (bool, TuneBudget)):
+        raise TypeError(f"tune must be True, False or a jaxpar.TuneBudget, got {tune!r}")
     options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
                              fuse_scans=fuse_scans, batch_scans=batch_scans,
                              batch_branches=batch_branches, batch_matmuls=batch_matmuls,
@@ -1223,7 +1305,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         check_function(f, "parallel_branches")
         return ParallelBranches(f, options, StaticArgs.resolve(f, static_argnums,
                                                                static_argnames),
-                                tune=TuneBudget() if tune else None)
+                                tune=tune if isinstance(tune, TuneBudget)
+                                else TuneBudget() if tune else None)
 
     return decorate if fun is None else decorate(fun)
 

@@ -24,9 +24,19 @@ Sharp edges:
     the options, the device kind and count, jax/jaxlib/jaxpar versions and
     ``XLA_FLAGS``. A static argument whose ``repr`` differs between processes (one
     with an address in it) gives a new key, and so a new measurement, each process.
-  * Under several processes (``jax.process_count() > 1``) every process runs the same
-    fixed schedule (no early stop), and process 0's choice is broadcast: SPMD programs
-    must all run the same candidate.
+  * Under several processes, a program whose arguments span every process's devices
+    (``_processes.span``) is tuned together, at its first call: the processes exchange
+    what keys the decision (a mismatch, such as a host's other ``XLA_FLAGS``, raises
+    ``ProcessMismatchError`` on every process), take process 0's stored decision if it
+    has one, else exchange the schedule (each candidate's program) and time the same
+    number of rounds each; their ratios combine as ``TuneBudget.combine`` says and every
+    process computes the same choice. Only process 0 writes the file. These exchanges
+    are collectives: only the first real call of a signature enters them, never
+    ``inspect`` or ``tuning()``, which read what this process knows or the stored file.
+    A program over this process's devices alone is tuned by this process alone.
+  * ``TuneBudget(read_only=True)`` (or ``JAXPAR_TUNE_READ_ONLY=1``) never measures: a
+    stored decision runs, and without one the plan does (a ``TuneCacheWarning`` says
+    so). Copy a decision file into ``$JAXPAR_TUNE_DIR`` to ship it.
 """
 
 from __future__ import annotations
@@ -37,19 +47,21 @@ import json
 import os
 import re
 import statistics
-import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 
+from . import _processes
 from ._flags import xla_flags_text
 
 TUNE_DIR_VARIABLE = "JAXPAR_TUNE_DIR"
+READ_ONLY_VARIABLE = "JAXPAR_TUNE_READ_ONLY"
+FILE_MODE = 0o644  # a decision file's mode, less the umask
 DECISION_FORMAT = "jaxpar-tune-decision"
 DECISION_VERSION = 1
 
@@ -83,9 +95,15 @@ CANDIDATES: tuple[Candidate, ...] = (
 )
 
 
+# How the processes' timings of a program tuned together combine (``TuneBudget.combine``).
+COMBINE = ("slowest", "median", "process 0")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TuneBudget:
-    """How long the tuner measures and how it decides.
+    """How long the tuner measures, how it decides and whether it may measure at all
+    (``parallel_branches(f, tune=jaxpar.TuneBudget(...))``; ``tune=True`` is the
+    default budget).
 
     Attributes:
       margin: a rewrite must beat plain ``jax.jit`` by more than this fraction (the
@@ -93,10 +111,22 @@ class TuneBudget:
         (plain wins ties and near-ties).
       loser_margin: after ``min_repeats`` rounds, a candidate whose median ratio is this
         fraction above the best so far, and that was slower than the best in each of the
-        last ``min_repeats`` rounds, stops being timed (a clear loser; never chosen).
+        last ``min_repeats`` rounds, stops being timed (a clear loser; never chosen). In
+        one process only: processes tuning together time every round.
       min_repeats, max_repeats: timed runs per candidate, after one warm-up run.
       seconds: the timed runs of one candidate aim at about this much wall time
-        (between ``min_repeats`` and ``max_repeats`` runs).
+        (between ``min_repeats`` and ``max_repeats`` runs); processes tuning together
+        run the most rounds any of them aims at.
+      combine: how the ratios of processes tuning together combine into the one the
+        decision compares: ``"slowest"`` (default; each candidate's largest ratio over
+        the processes: a rewrite must pay on every host, as the step waits for the
+        slowest), ``"median"``, or ``"process 0"`` (process 0's timings alone).
+      read_only: never measure: run the stored decision, or without one the plan as
+        without tuning (with a ``TuneCacheWarning``). ``JAXPAR_TUNE_READ_ONLY=1`` in
+        the environment does the same for every tuned function.
+
+    Raises:
+      ValueError: a figure out of range or an unknown ``combine``, naming it.
     """
 
     margin: float = MARGIN
@@ -104,6 +134,27 @@ class TuneBudget:
     min_repeats: int = 5
     max_repeats: int = 50
     seconds: float = 0.5
+    combine: str = "slowest"
+    read_only: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"TuneBudget(margin={self.margin!r}): a fraction in [0, 1)")
+        if self.loser_margin < 0:
+            raise ValueError(f"TuneBudget(loser_margin={self.loser_margin!r}): at least 0")
+        if not 1 <= self.min_repeats <= self.max_repeats:
+            raise ValueError(f"TuneBudget(min_repeats={self.min_repeats!r}, max_repeats="
+                             f"{self.max_repeats!r}): need 1 <= min_repeats <= max_repeats")
+        if self.seconds < 0:
+            raise ValueError(f"TuneBudget(seconds={self.seconds!r}): at least 0")
+        if self.combine not in COMBINE:
+            raise ValueError(f"TuneBudget(combine={self.combine!r}): one of {COMBINE}")
+
+    @property
+    def reads_only(self) -> bool:
+        """``read_only``, or ``JAXPAR_TUNE_READ_ONLY`` set in the environment."""
+        return self.read_only or os.environ.get(READ_ONLY_VARIABLE, "").strip().lower() in (
+            "1", "true", "yes", "on")
 
 
 class Measured(NamedTuple):
@@ -123,18 +174,34 @@ class Measured(NamedTuple):
     ratio: float | None = None
 
 
+# Where a decision came from (``Tuning.source``).
+MEASURED = "measured"  # timed by this process alone
+STORED = "stored"  # read from this process's decision file
+FROM_PROCESS_0 = "process 0"  # process 0's stored decision, or its timings alone
+TOGETHER = "all processes"  # timed by every process, combined (``TuneBudget.combine``)
+UNMEASURED = "not measured"  # read-only, no stored decision: the plan runs
+UNDECIDED = "not decided yet"  # several processes, read before the first call decided
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tuning:
     """The tuner's decision for one function at one signature, and how it was reached.
 
     Attributes:
       chosen: the label of the candidate that runs.
-      rows: the measured table, one row per candidate (``CANDIDATES`` order).
-      source: ``"measured"`` (in this process), ``"stored"`` (read from ``path``) or
-        ``"process 0"`` (broadcast by process 0 under several processes).
+      rows: the measured table, one row per candidate (``CANDIDATES`` order); for a
+        decision made together, the combined figures.
+      source: ``"measured"`` (in this process), ``"stored"`` (read from ``path``),
+        ``"process 0"`` (process 0's stored decision, or its timings where
+        ``combine="process 0"``), ``"all processes"`` (every process's timings,
+        combined), ``"not measured"`` (read-only without a stored decision) or ``"not
+        decided yet"`` (``chosen`` empty: read under several processes before the first
+        call, which decides together, and with no stored decision).
       key: the decision's key (a hash of everything that keys it).
-      path: the decision's file, or None where it could not be written.
+      path: the decision's file, or None where this process did not write or read one.
       margin: the noise margin the decision was made with.
+      processes: how many processes' timings the table combines (1 in one process).
+      combine: how they were combined (``TuneBudget.combine``), None for one process.
     """
 
     chosen: str
@@ -143,6 +210,8 @@ class Tuning:
     key: str
     path: str | None = None
     margin: float = MARGIN
+    processes: int = 1
+    combine: str | None = None
 
     def row(self, label: str) -> Measured:
         for row in self.rows:
@@ -169,7 +238,13 @@ class Tuning:
 
     def lines(self) -> list[str]:
         """The table as report lines (``Plan.text`` shows them)."""
-        where = f" ({self.path})" if self.source == "stored" and self.path else ""
+        if self.source == UNDECIDED:
+            return ["  tuned: not decided yet (several processes: the first call of these "
+                    "shapes measures, on every process together; no stored decision "
+                    f"{decision_path(self.key)})"]
+        where = f" ({self.path})" if self.source == STORED and self.path else ""
+        if self.combine is not None and self.processes > 1:
+            where += f", {self.processes} processes' timings combined: {self.combine}"
         out = [f"  tuned: runs {self.chosen!r} ({self.source}{where}; a rewrite must beat "
                f"jax.jit by {self.margin:.0%})"]
         for row in self.rows:
@@ -193,33 +268,116 @@ class Tuning:
 
     def to_dict(self) -> dict[str, Any]:
         return {"chosen": self.chosen, "source": self.source, "key": self.key,
-                "path": self.path, "margin": self.margin,
-                "rows": [row._asdict() for row in self.rows]}
+                "path": self.path, "margin": self.margin, "processes": self.processes,
+                "combine": self.combine, "rows": [row._asdict() for row in self.rows]}
 
 
-def decide(key: str, fields: Mapping[str, Any],
-           programs: Callable[[], Sequence[tuple[Candidate, Callable[[], Any] | str]]],
-           budget: TuneBudget = TuneBudget()) -> Tuning:
+class Program(NamedTuple):
+    """One candidate's program, as ``measure`` times it.
+
+    Attributes:
+      candidate: the row of ``CANDIDATES``.
+      run: runs the program (None where ``same_as`` names the candidate whose program
+        it is: timed once).
+      same_as: that candidate's label, or None.
+      digest: what decides the program on jaxpar's side (its settings and XLA options),
+        hashed: processes tuning together must have the same.
+    """
+
+    candidate: Candidate
+    run: Callable[[], Any] | None
+    same_as: str | None = None
+    digest: str = ""
+
+
+def decide(key: str, fields: Mapping[str, Any], programs: Callable[[], Sequence[Program]],
+           budget: TuneBudget = TuneBudget(), *, together: bool = False,
+           what: str = "a tuned function") -> Tuning:
     """The decision for ``key``: the stored one, else measured (and stored).
-
-    Under several processes, process 0's stored choice (or, where it has none, its
-    measured one) is what every process runs.
 
     Args:
       key, fields: from ``decision_key``.
       programs: builds the candidates' programs (``measure``'s argument); called only
-        when there is no stored decision.
-      budget: as for ``measure``.
+        when there is a decision to measure.
+      budget: as for ``measure``; ``budget.reads_only`` never measures.
+      together: the program spans every process (``_processes.span``): decide with
+        them (``_decide_together``; a collective).
+      what: the call, for a mismatch's message.
+
+    Raises:
+      ProcessMismatchError: (``together``) the processes' keys or schedules differ.
     """
-    labels = [c.label for c in CANDIDATES]
     stored = load(key)
-    index = agree(labels.index(stored.chosen) if stored is not None else -1)
-    if index >= 0:
-        if stored is not None and stored.chosen == labels[index]:
-            return stored
-        return Tuning(labels[index], tuple(Measured(label, None, 0) for label in labels),
-                      "process 0", key, margin=budget.margin)
+    if together:
+        return _decide_together(key, fields, programs, budget, stored, what)
+    if stored is not None:
+        return stored
+    if budget.reads_only:
+        return unmeasured(key, budget)
     return store(measure(programs(), key, budget), fields)
+
+
+# The decision's fields every process tuning together must share (the rest, such as the
+# traced program's text or a static argument's repr, are the user's to differ as under
+# jax.jit).
+_SHARED_FIELDS = ("options", "candidates", "platform", "device_kind", "device_count",
+                  "process_count", "arguments")
+
+
+def _decide_together(key: str, fields: Mapping[str, Any],
+                     programs: Callable[[], Sequence[Program]], budget: TuneBudget,
+                     stored: Tuning | None, what: str) -> Tuning:
+    """``decide`` for a program that spans every process: process 0's stored decision,
+    else every process's timings of one agreed schedule, combined."""
+    shared = {name: fields.get(name) for name in _SHARED_FIELDS}
+    everyone = _processes.agree(what, {
+        "tune": repr(dataclasses.replace(budget, read_only=budget.reads_only)),
+        "versions": [str(fields.get(name)) for name in ("jax", "jaxlib", "jaxpar")],
+        "xla_flags": program_flags(str(fields.get("xla_flags", ""))),
+        "decision": json.dumps(shared, sort_keys=True, default=str),
+        "key": key, "stored": None if stored is None else stored.chosen,
+    }, compared=("tune", "versions", "xla_flags", "decision"))
+    first = jax.process_index() == 0
+    chosen = everyone[0]["stored"]
+    if chosen is not None:  # process 0's stored decision runs everywhere
+        if stored is not None and stored.chosen == chosen:
+            return stored
+        return Tuning(chosen, tuple(Measured(c.label, None, 0) for c in CANDIDATES),
+                      FROM_PROCESS_0, key, margin=budget.margin)
+    if budget.reads_only:
+        return unmeasured(key, budget)
+    built = programs()
+    _processes.agree(what, {"schedule": [[p.candidate.label, p.same_as, p.digest]
+                                         for p in built]})
+    tuning = measure(built, key, budget, together=True)
+    return store(tuning, fields) if first else tuning
+
+
+def undecided(key: str, budget: TuneBudget) -> Tuning:
+    """What a read of a decision not yet made says (``UNDECIDED``)."""
+    return Tuning("", tuple(Measured(c.label, None, 0) for c in CANDIDATES), UNDECIDED, key,
+                  margin=budget.margin)
+
+
+def unmeasured(key: str, budget: TuneBudget, why: str | None = None) -> Tuning:
+    """A decision not measured: the plan (``"jaxpar (chosen options)"``) runs, as
+    without ``tune``; a ``TuneCacheWarning`` says ``why`` (default: read-only without a
+    stored decision)."""
+    why = why or (f"read-only and no stored decision {decision_path(key)} (copy a "
+                  "decision file there, or let one run measure without read_only)")
+    warnings.warn(f"jaxpar tuner: {why}; running the plan unmeasured", TuneCacheWarning,
+                  stacklevel=4)
+    return Tuning(CANDIDATES[1].label, tuple(Measured(c.label, None, 0) for c in CANDIDATES),
+                  UNMEASURED, key, margin=budget.margin)
+
+
+_HARMLESS_FLAGS = re.compile(r"^--xla_(dump|gpu_dump|log|enable_dumping)")
+
+
+def program_flags(text: str) -> str:
+    """``XLA_FLAGS`` without the flags that only dump or log (the ones that may differ
+    between the hosts of one program)."""
+    return " ".join(flag for flag in text.split() if not _HARMLESS_FLAGS.match(flag))
 
 
 # --------------------------------------------------------------------------- timing
@@ -238,31 +396,62 @@ def _time_call(label: str, run: Callable[[], Any]) -> float:
 _timer: Callable[[str, Callable[[], Any]], float] = _time_call
 
 
-def measure(programs: Sequence[tuple[Candidate, Callable[[], Any] | str]], key: str,
-            budget: TuneBudget = TuneBudget()) -> Tuning:
+def measure(programs: Sequence[Program], key: str, budget: TuneBudget = TuneBudget(), *,
+            together: bool = False) -> Tuning:
     """Times the programs and decides.
 
     Args:
-      programs: each candidate with a function running its program, or the label of an
-        earlier candidate whose program it is (timed once, shown as ``same_as``). The
-        first must be plain ``jax.jit`` (``PLAIN``).
+      programs: each candidate's ``Program``; the first must be plain ``jax.jit``
+        (``PLAIN``).
       key: the decision's key (``decision_key``).
       budget: repeats, margins and the time to aim at.
+      together: every process times the same schedule now (a collective): the rounds
+        are the most any process aims at, no candidate stops early, and the ratios
+        combine as ``budget.combine`` says.
 
     Returns:
-      A ``Tuning`` with source ``"measured"``; under several processes its ``chosen``
-      is process 0's.
+      A ``Tuning`` with source ``"measured"`` (``together``: ``"all processes"``, or
+      ``"process 0"`` / ``"measured"`` with ``combine="process 0"``).
     """
-    if not programs or programs[0][0].label != PLAIN:
+    if not programs or programs[0].candidate.label != PLAIN:
         raise ValueError("the first candidate must be plain jax.jit (the baseline)")
-    runs = {c.label: program for c, program in programs if not isinstance(program, str)}
-    together = jax.process_count() > 1
+    runs = {p.candidate.label: p.run for p in programs if p.run is not None}
     for run in runs.values():  # compile, then one warm-up run
         jax.block_until_ready(run())
     first = {label: _timer(label, run) for label, run in runs.items()}
-    repeats = budget.min_repeats if together else max(
-        budget.min_repeats,
-        min(budget.max_repeats, int(budget.seconds / max(first[PLAIN], 1e-9))))
+    repeats = max(budget.min_repeats,
+                  min(budget.max_repeats, int(budget.seconds / max(first[PLAIN], 1e-9))))
+    if together:
+        repeats = max(int(r) for r in _processes.gather(str(repeats)))
+    samples, ratios, stopped = _rounds(runs, repeats, budget, early_stop=not together)
+    medians = {label: statistics.median(times) for label, times in samples.items()}
+    paired = {label: statistics.median(values) for label, values in ratios.items()}
+    source, processes, combine = MEASURED, 1, None
+    if together:
+        medians, paired = _combined(medians, paired, budget.combine)
+        processes, combine = jax.process_count(), budget.combine
+        source = TOGETHER if combine != "process 0" else (
+            MEASURED if jax.process_index() == 0 else FROM_PROCESS_0)
+    # A candidate stopped as a clear loser is not chosen, whatever later rounds did to
+    # the others.
+    chosen = choose({label: paired[label] for label in runs if label not in stopped},
+                    budget.margin)
+    rows = tuple(
+        Measured(p.candidate.label, None, 0, same_as=p.same_as) if p.run is None
+        else Measured(p.candidate.label, medians[p.candidate.label],
+                      len(samples[p.candidate.label]),
+                      stopped_early=p.candidate.label in stopped,
+                      ratio=paired[p.candidate.label])
+        for p in programs)
+    return Tuning(chosen, rows, source, key, margin=budget.margin, processes=processes,
+                  combine=combine)
+
+
+def _rounds(runs: Mapping[str, Callable[[], Any]], repeats: int, budget: TuneBudget,
+            early_stop: bool) -> tuple[dict[str, list[float]], dict[str, list[float]],
+                                       set[str]]:
+    """``repeats`` rounds of timing: each candidate's times, its per-round ratios to
+    plain's, and the candidates stopped early as clear losers (``early_stop`` only)."""
     samples: dict[str, list[float]] = {label: [] for label in runs}
     # Each candidate's time over plain's in the same round: load that drifts between
     # rounds cancels, which it does not in a ratio of two medians.
@@ -276,7 +465,7 @@ def measure(programs: Sequence[tuple[Candidate, Callable[[], Any] | str]], key: 
         for label, seconds in times.items():
             samples[label].append(seconds)
             ratios[label].append(seconds / max(times[PLAIN], 1e-12))
-        if together or round_ + 1 < budget.min_repeats:
+        if not early_stop or round_ + 1 < budget.min_repeats:
             continue
         best = min(alive, key=lambda label: statistics.median(ratios[label]))
         best_ratio = statistics.median(ratios[best])
@@ -291,19 +480,24 @@ def measure(programs: Sequence[tuple[Candidate, Callable[[], Any] | str]], key: 
                         samples[label][-recent:], samples[best][-recent:], strict=True)):
                 alive.remove(label)
                 stopped.add(label)
-    medians = {label: statistics.median(times) for label, times in samples.items()}
-    paired = {label: statistics.median(values) for label, values in ratios.items()}
-    # A candidate stopped as a clear loser is not chosen, whatever later rounds did to
-    # the others.
-    chosen = choose({label: paired[label] for label in alive}, budget.margin)
-    labels = [c.label for c, _ in programs]
-    chosen = labels[agree(labels.index(chosen))]
-    rows = tuple(
-        Measured(c.label, None, 0, same_as=program) if isinstance(program, str)
-        else Measured(c.label, medians[c.label], len(samples[c.label]),
-                      stopped_early=c.label in stopped, ratio=paired[c.label])
-        for c, program in programs)
-    return Tuning(chosen, rows, "measured", key, margin=budget.margin)
+    return samples, ratios, stopped
+
+
+def _combined(medians: Mapping[str, float], ratios: Mapping[str, float], combine: str
+              ) -> tuple[dict[str, float], dict[str, float]]:
+    """Every process's medians and ratios, combined as ``combine`` says (a collective;
+    every process gets the same figures, so every process chooses the same)."""
+    everyone = [json.loads(text) for text in _processes.gather(
+        json.dumps({"medians": dict(medians), "ratios": dict(ratios)}))]
+
+    def merged(field: str) -> dict[str, float]:
+        columns = {label: [doc[field][label] for doc in everyone] for label in everyone[0][field]}
+        if combine == "process 0":
+            return {label: values[0] for label, values in columns.items()}
+        pick = max if combine == "slowest" else statistics.median
+        return {label: float(pick(values)) for label, values in columns.items()}
+
+    return merged("medians"), merged("ratios")
 
 
 def choose(times: Mapping[str, float], margin: float) -> str:
@@ -322,17 +516,6 @@ def choose(times: Mapping[str, float], margin: float) -> str:
     if fastest != PLAIN and times[fastest] >= times[PLAIN] * (1 - margin):
         return PLAIN
     return fastest
-
-
-def agree(index: int) -> int:
-    """Process 0's ``index`` on every process (the identity in a single process).
-
-    Every process must call it at the same point: it is a collective.
-    """
-    if jax.process_count() == 1:
-        return index
-    from jax.experimental import multihost_utils
-    return int(multihost_utils.broadcast_one_to_all(np.int32(index)))
 
 
 # --------------------------------------------------------------------------- the key
@@ -371,6 +554,11 @@ def decision_key(*, program: str, arguments: Sequence[Any], statics: str,
     }
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32], fields
+
+
+def versions() -> list[str]:
+    """jax's, jaxlib's and jaxpar's versions (what processes of one program must share)."""
+    return [jax.__version__, _jaxlib_version(), _jaxpar_version()]
 
 
 def _jaxlib_version() -> str:
@@ -430,7 +618,10 @@ def load(key: str) -> Tuning | None:
         chosen = document["chosen"]
         if chosen not in labels or [row.label for row in rows] != labels:
             raise ValueError(f"its candidates are not this jaxpar's {labels}")
-        return Tuning(chosen, rows, "stored", key, str(path), float(document["margin"]))
+        combine = document.get("combine")
+        return Tuning(chosen, rows, STORED, key, str(path), float(document["margin"]),
+                      int(document.get("processes", 1)),
+                      None if combine is None else str(combine))
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         warnings.warn(f"jaxpar tuner: ignoring the corrupt decision file {path} ({error}); "
                       "measuring again and replacing it", TuneCacheWarning, stacklevel=3)
@@ -438,16 +629,20 @@ def load(key: str) -> Tuning | None:
 
 
 def store(tuning: Tuning, fields: Mapping[str, Any]) -> Tuning:
-    """Writes the decision (atomically: a whole file or none) and returns it with its
-    path; a directory that cannot be written gives a ``TuneCacheWarning``, not an error."""
+    """Writes the decision (atomically: a whole file or none; mode ``FILE_MODE`` less the
+    umask) and returns it with its path; a directory that cannot be written gives a
+    ``TuneCacheWarning``, not an error."""
     path = decision_path(tuning.key)
     document = {"format": DECISION_FORMAT, "version": DECISION_VERSION, "key": tuning.key,
                 "chosen": tuning.chosen, "margin": tuning.margin,
+                "processes": tuning.processes, "combine": tuning.combine,
                 "rows": [row._asdict() for row in tuning.rows], "keyed_by": dict(fields)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{tuning.key}.",
-                                             suffix=".tmp")
+        # Readable as a file the user creates is (0644 less the umask): a team's shared
+        # directory, or a decision shipped to a cluster, is read by other users.
+        temporary = str(path.parent / f".{tuning.key}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         try:
             with os.fdopen(handle, "w") as file:
                 json.dump(document, file, indent=1, default=str)

@@ -165,7 +165,7 @@ LAYERS = (
     ("_memo",), ("_compat",), ("_primitives",), ("_gpu_model",), ("_flags",), ("_options",),
     ("_structure",), ("_loops",),
     ("_interp",), ("_graph",), ("_cost",), ("_memory",), ("_analysis",), ("passes",),
-    ("_plan",), ("_emit",), ("_tune",),
+    ("_plan",), ("_emit",), ("_processes",), ("_tune",),
     ("_report.types",), ("_report.timeline",), ("_report.render",), ("_report.plan",),
     ("_report.build", "_report"),
     ("_trace", "_frameworks", "_api"),

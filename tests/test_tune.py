@@ -291,27 +291,67 @@ def test_an_unwritable_directory_warns_and_still_runs(monkeypatch, tmp_path):
     assert f.tuning(C, XS).path is None
 
 
-def test_processes_run_process_0s_choice(monkeypatch):
-    """Under several processes: a fixed schedule (no early stop), then process 0's choice."""
-    from jax.experimental import multihost_utils
-    timed = fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 3.0})
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
-    shared: list[int] = []
+def test_a_budget_is_an_option_and_checks_its_figures(monkeypatch):
+    """``tune=jaxpar.TuneBudget(...)``: its rounds are what the decision used."""
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 3.0})
+    budget = jaxpar.TuneBudget(min_repeats=3, max_repeats=3, loser_margin=100.0)
+    f = jaxpar.parallel_branches(loop, target="cpu", unroll=4, tune=budget)
+    assert f.tune is budget
+    assert f.tuning(C, XS).row("jax.jit").runs == 3
+    for bad, field in [({"combine": "mean"}, "combine"), ({"margin": 1.5}, "margin"),
+                       ({"min_repeats": 5, "max_repeats": 2}, "min_repeats"),
+                       ({"seconds": -1.0}, "seconds"), ({"loser_margin": -0.1}, "loser_margin")]:
+        with pytest.raises(ValueError, match=field):
+            jaxpar.TuneBudget(**bad)
 
-    def broadcast(value):
-        shared.append(int(value))
-        # Process 0 had no stored decision either, then measured the rewrite as faster.
-        return np.int32(-1 if value < 0 else 1)
 
-    monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", broadcast)
-    tuning = tuned_loop().tuning(C, XS)
-    assert tuning.chosen == REWRITE
-    assert shared == [-1, 0]  # no stored decision anywhere; this process would run plain
-    assert timed.count(REWRITE) == _tune.TuneBudget().min_repeats + 1  # not stopped early
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_read_only_without_a_stored_decision_runs_the_plan_unmeasured(monkeypatch, how,
+                                                                      tune_dir):
+    no_timing(monkeypatch)
+    if how == "environment":
+        monkeypatch.setenv(_tune.READ_ONLY_VARIABLE, "1")
+    f = jaxpar.parallel_branches(loop, target="cpu", unroll=4,
+                                 tune=jaxpar.TuneBudget(read_only=how == "option"))
+    with pytest.warns(jaxpar.TuneCacheWarning, match="read-only and no stored decision"):
+        got = f(C, XS)
+    assert_tree_equal(got, jaxpar.parallel_branches(loop, target="cpu", unroll=4)(C, XS))
+    tuning = f.tuning(C, XS)
+    assert (tuning.source, tuning.chosen) == (_tune.UNMEASURED, REWRITE)
+    assert not tune_dir.exists() or list(tune_dir.iterdir()) == []
+    assert "not measured" in jaxpar.inspect(f)(C, XS).text()
+
+
+def test_read_only_runs_a_shipped_decision(monkeypatch, tune_dir):
+    """Measured once, the file copied elsewhere, then only read there."""
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
+    tuned_loop()(C, XS)
+    shipped = tune_dir.parent / "shipped"
+    shipped.mkdir()
+    for path in tune_dir.glob("*.json"):
+        (shipped / path.name).write_text(path.read_text())
+    monkeypatch.setenv(_tune.TUNE_DIR_VARIABLE, str(shipped))
+    no_timing(monkeypatch)
+    f = jaxpar.parallel_branches(loop, target="cpu", unroll=4,
+                                 tune=jaxpar.TuneBudget(read_only=True))
+    f(C, XS)
+    tuning = f.tuning(C, XS)
+    assert (tuning.source, tuning.chosen) == (_tune.STORED, REWRITE)
+
+
+def test_decision_files_are_readable_as_the_users_files_are(monkeypatch, tune_dir):
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
+    umask = os.umask(0o022)
+    try:
+        path = Path(tuned_loop().tuning(C, XS).path)
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert json.loads(path.read_text())["processes"] == 1
 
 
 def test_tune_must_be_a_bool():
-    with pytest.raises(TypeError, match="tune must be True or False"):
+    with pytest.raises(TypeError, match="tune must be True, False or a jaxpar.TuneBudget"):
         jaxpar.parallel_branches(loop, tune="yes")
 
 
