@@ -166,7 +166,7 @@ def scanned_steps(params, batch, moments):
 
 def tuned_step(**budget):
     return jaxpar.parallel_branches(scanned_steps, target="cpu", unroll=4,
-                                    tune=jaxpar.TuneBudget(seconds=0.2, **budget))
+                                    tune=jaxpar.TuneBudget(**{"seconds": 0.2, **budget}))
 
 
 @case
@@ -247,6 +247,17 @@ def a_host_with_other_flags_is_refused():
 def a_tuning_host_with_other_flags_is_refused():
     step = jaxpar.parallel_branches(adam_step, target="gpu", tune=True)
     return other_flags(lambda: step(PARAMS, BATCH, MOMENTS, 1.0))
+
+
+@case
+def a_host_with_another_tune_budget_is_refused():
+    """The plans agree, the tuners' budgets do not: the tuner's own exchange refuses."""
+    step = tuned_step(seconds=0.3 if PROCESS == COUNT - 1 else 0.2)
+    try:
+        step(PARAMS, BATCH, MOMENTS)
+        return {"error": None}
+    except jaxpar.ProcessMismatchError as error:
+        return {"error": type(error).__name__, "message": str(error)}
 
 
 @case

@@ -144,6 +144,15 @@ def test_a_host_with_other_xla_flags_is_refused_on_every_process(together, name)
     assert len({json.dumps(r["still_in_step_after_a_refusal"]) for r in results}) == 1
 
 
+def test_a_host_with_another_tune_budget_is_refused_by_the_tuner(together):
+    _, results, _ = together
+    for result in results:
+        refused = result["a_host_with_another_tune_budget_is_refused"]
+        assert refused["error"] == "ProcessMismatchError"
+        assert "tune:" in refused["message"] and "seconds=0.3" in refused["message"]
+        assert "the same tune= budget" in refused["message"]
+
+
 # --------------------------------------------------------------------------- in-process
 
 
