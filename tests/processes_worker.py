@@ -34,9 +34,9 @@ jax.distributed.initialize(f"localhost:{PORT}", num_processes=COUNT, process_id=
                            initialization_timeout=60)
 
 import jax.numpy as jnp  # noqa: E402
-from jax import lax  # noqa: E402
 import numpy as np  # noqa: E402
 from collective_matmul import AXIS, make_collective_matmul  # noqa: E402
+from jax import lax  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -51,7 +51,7 @@ def case(function):
     """Runs ``function`` as a case: its result, or its error's class and message."""
     try:
         RESULTS[function.__name__] = function()
-    except Exception as error:  # noqa: BLE001 - recorded for the test to judge
+    except Exception as error:  # recorded for the test to judge
         RESULTS[function.__name__] = {"error": type(error).__name__, "message": str(error),
                                       "trace": traceback.format_exc()[-2000:]}
     return function

@@ -8,8 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import needs_plugin
+from helpers import fraction_of_examples, needs_plugin
+from hypothesis import event, given
+from hypothesis import strategies as st
 from jax import export, lax
+from programs import feature_programs, programs, scan_programs, stacked_batch
 
 import jaxpar
 from jaxpar._plan import REASON_SYMBOLIC
@@ -98,3 +101,30 @@ def test_gpu_preview_names_the_symbolic_sizes() -> None:
     """A deviceless compile needs known sizes (as jax.jit's compile does): a clear error."""
     with pytest.raises(ValueError, match="sizes b are symbolic"):
         jaxpar.gpu_preview(jaxpar.parallel_branches(branches_and_scan), *_specs())
+
+
+# Random programs (``tests/programs.py``) with a symbolic batch axis: ``vmap`` of the
+# program over ``b``, exported through jaxpar and through jax.jit alike.
+@fraction_of_examples(0.5)
+@given(program=st.one_of(programs(), scan_programs(), feature_programs()),
+       options=st.sampled_from([{"target": "gpu"}, {"target": "cpu"},
+                                {"target": "gpu", "min_cost_us": 0.0, "force_streams": True}]))
+def test_random_programs_export_with_a_symbolic_batch_like_jax_jit(program, options) -> None:
+    batched = jax.vmap(program.fn)
+    (b,) = export.symbolic_shape("b")  # one scope for every argument's shape
+    specs = [jax.ShapeDtypeStruct((b, *arg.shape), arg.dtype) for arg in program.args]
+    try:
+        reference = export.export(jax.jit(batched))(*specs)
+    except Exception as error:
+        event(f"jax.jit refuses: {type(error).__name__}")
+        with pytest.raises(type(error)):
+            export.export(jax.jit(jaxpar.parallel_branches(batched, **options)))(*specs)
+        return
+    exported = export.export(jax.jit(jaxpar.parallel_branches(batched, **options)))(*specs)
+    restored = export.deserialize(exported.serialize())
+    event("exported")
+    args = stacked_batch(program.args)
+    got, want = restored.call(*args), reference.call(*args)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

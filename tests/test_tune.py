@@ -351,7 +351,7 @@ def test_decision_files_are_readable_as_the_users_files_are(monkeypatch, tune_di
 
 
 def test_tune_must_be_a_bool():
-    with pytest.raises(TypeError, match="tune must be True, False or a jaxpar.TuneBudget"):
+    with pytest.raises(TypeError, match=r"tune must be True, False or a jaxpar\.TuneBudget"):
         jaxpar.parallel_branches(loop, tune="yes")
 
 
