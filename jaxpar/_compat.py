@@ -1172,7 +1172,8 @@ def staging() -> bool:
 # into the emitter (``register_stream_region_ad``) so that every derived computation is
 # again a region with these same rules. Parameters: ``call_jaxpr`` (closed, no consts)
 # and ``region``, an object of the emitter's with ``.attributes`` (a tuple of string
-# pairs) that compares by value.
+# pairs), ``.packs_results`` (whether the lowering may pack results, below) and
+# ``.derived(role)`` (the region of a derived computation), that compares by value.
 
 from jax._src import checkify as _checkify  # noqa: E402
 from jax._src import dispatch as _dispatch  # noqa: E402
@@ -1263,7 +1264,7 @@ def _region_lowering(*args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> list[A
     # Packed here, when lowering, and not when emitting: a transformation (``vmap``) then
     # sees each result on its own, batched or not as the body makes it.
     avals = list(call_jaxpr.out_avals)
-    if not (PACK_MULTI_RESULT_CALLS and packable(avals)):
+    if not (PACK_MULTI_RESULT_CALLS and region.packs_results and packable(avals)):
         call = stream_call(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)), dict(region.attributes))
         return list(call(*args))
 

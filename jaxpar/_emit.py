@@ -32,7 +32,8 @@ Sharp edges:
 A collectives group is ONE non-inlined call XLA launches as a group
 (``emit_collective_group``): it carries ``{_collectives_group="", inlineable="false"}``
 (``COLLECTIVES_GROUP_ATTRIBUTES``), which XLA's ``ExplicitCollectivesGroupAsyncWrapper``
-needs (jax >= 0.6).
+needs (jax >= 0.6). It is a ``stream_region_p`` equation too (a ``CollectivesGroup``), so
+its derivatives are groups with the same attributes.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -124,6 +125,9 @@ class Region:
 
     stream: int
     group: GroupIds | None
+    # Several same-dtype results travel as one array where XLA would not overlap a call
+    # returning a tuple (``_compat.PACK_MULTI_RESULT_CALLS``).
+    packs_results: ClassVar[bool] = True
 
     @property
     def attributes(self) -> tuple[tuple[str, str], ...]:
@@ -133,6 +137,25 @@ class Region:
     def derived(self, role: str) -> Region:
         """The region a derivative computation of this one runs as (see ``GroupIds``)."""
         return Region(self.stream, self.group.derived(role) if self.group is not None else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectivesGroup:
+    """What a collectives group's equation carries (``_compat.stream_region_p``'s
+    ``region``): the call's frontend attributes (``COLLECTIVES_GROUP_ATTRIBUTES``).
+
+    The derivatives of a group of collectives are collectives again (a ``ppermute``'s
+    tangent is a ``ppermute``, its transpose the inverse one), launched as a group too.
+    """
+
+    attributes: tuple[tuple[str, str], ...]
+    # The group's call holds the collectives alone: XLA groups a call's collectives
+    # only when nothing else (a concatenation of the results) is in it.
+    packs_results: ClassVar[bool] = False
+
+    def derived(self, role: str) -> CollectivesGroup:
+        del role
+        return self
 
 
 def _inexact(aval: Any) -> bool:
@@ -520,10 +543,11 @@ def emit_collective_group(eqns: Sequence[JaxprEqn], invals: Sequence[Sequence[An
                           ) -> list[list[Any]]:
     """Emits ``eqns`` (collectives) as ONE non-inlined call launched as a group.
 
-    Each equation is re-bound with its source info and context inside a
-    ``_compat.stream_call`` carrying ``{_collectives_group="",
-    inlineable="false"}``. Works under any trace (jit, grad, vmap, inside a
-    ``shard_map`` body or a scan body).
+    Each equation is re-bound with its source info and context inside one
+    ``_compat.stream_region_p`` equation (a ``CollectivesGroup``) that lowers to a call
+    carrying ``{_collectives_group="", inlineable="false"}``. Works under any trace
+    (jit, grad, vmap, inside a ``shard_map`` body or a scan body); its derivatives are
+    groups again.
 
     Args:
       eqns: the group's equations, e.g. ``[jaxpr.eqns[i] for i in group.eqns]``.
@@ -550,8 +574,13 @@ def emit_collective_group(eqns: Sequence[JaxprEqn], invals: Sequence[Sequence[An
             start += count
         return tuple(outs)
 
-    call: Callable[..., Any] = _compat.stream_call(body, dict(attributes))
-    flat_out = list(call(*[v for vals in invals for v in vals]))
+    # One equation of jaxpar's region primitive, not a bare ``xla_metadata_call``: JAX
+    # differentiates that by its body whole, one call taking primals and tangents
+    # together, whose primal results reverse mode's partial evaluation then cannot
+    # know (jax.grad of a decorated shard_map body raised "Linearization failed to
+    # produce known values"). A region's JVP is a forward and a linear group.
+    region = CollectivesGroup(tuple(attributes.items()))
+    flat_out = _compat.bind_stream_region(body, [v for vals in invals for v in vals], region)
     result, start = [], 0
     for count in out_counts:
         result.append(flat_out[start:start + count])
