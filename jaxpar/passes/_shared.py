@@ -77,8 +77,8 @@ from ._walk import emission_order
 # worth; batched, their stacking (one operand each) and the slices of their results
 # (one offset each) are a thousand distinct kernels. Deviceless H200, jaxlib 0.10.2,
 # 1,000 members ``tanh(x_i @ w_i)`` of 8x16 @ 16x16: plain ``jax.jit`` compiled in
-# 1.3-2.3 s, one batch of 1,000 in 5.8 s with its results kept stacked and over 60 s
-# sliced out one by one; batches of 32 in about twice plain (``benchmarks/compile_time.py``).
+# 1.3-2.3 s, one batch of 1,000 in 5.8 s with its results kept stacked and 31.7 s sliced
+# out one by one; batches of 32 in under twice plain (``benchmarks/compile_time.py``).
 MAX_BATCH_MEMBERS = 32
 
 # Families whose batching rule adds a batch dimension and nothing else.
