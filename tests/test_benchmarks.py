@@ -184,3 +184,18 @@ def test_battery_runs_one_program_and_sums_up(tmp_path: Any) -> None:
         {**row, "name": "worse", "jaxpar_launches": row["plain_launches"] + 1}))
     summed = subprocess.run(summarize, capture_output=True, text=True, timeout=60)
     assert summed.returncode == 1 and "worse: launches" in summed.stdout
+
+
+def test_compile_time_quick_compares_plain_and_jaxpar(tmp_path: Any) -> None:
+    """benchmarks/compile_time.py, four members, CPU: a row per consumer with both
+    variants' lowering and compile seconds and their ratio (values unchecked)."""
+    compile_time = load_benchmark("compile_time")
+    path = tmp_path / "compile_time.json"
+    returned = compile_time.main(["--quick", "--counts", "4", "--json", str(path)])
+    written = json.loads(path.read_text())
+    assert written["rows"] == returned["rows"]
+    assert [(r["backend"], r["form"], r["members"]) for r in written["rows"]] == [
+        ("cpu", form, 4) for form in compile_time.FORMS]
+    for row in written["rows"]:
+        assert set(row["plain"]) == set(row["jaxpar"]) == {"lower_s", "compile_s"}
+        assert row["ratio"] == row["jaxpar"]["compile_s"] / row["plain"]["compile_s"]

@@ -39,7 +39,7 @@ from pass_checker import (
 )
 
 import jaxpar
-from jaxpar.passes import DecisionKind, apply_loop_passes, batch_branches, batch_scans
+from jaxpar.passes import DecisionKind, _shared, apply_loop_passes, batch_branches, batch_scans
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 F32 = jax.ShapeDtypeStruct((8,), jnp.float32)
@@ -352,3 +352,20 @@ def test_psum_batches_only_over_positional_axes() -> None:
     assert _shared.equation_refusal(local.jaxpr.eqns[0], [True]) is None
     why = _shared.equation_refusal(named.jaxpr.eqns[0], [True])
     assert why is not None and "named axis" in why
+
+
+# --- member_chunks ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 31, 32, 33, 70, 1000])
+def test_member_chunks_bound_the_batches_in_order(count: int) -> None:
+    """At most MAX_BATCH_MEMBERS members a batch, in their order, of at most two sizes:
+    the distinct kernels a batched form adds stay bounded however many members."""
+    limit = _shared.MAX_BATCH_MEMBERS
+    chunks = _shared.member_chunks(list(range(count)))
+    assert [m for chunk in chunks for m in chunk] == list(range(count))
+    assert all(len(chunk) <= limit for chunk in chunks)
+    assert len({len(chunk) for chunk in chunks}) <= 2
+    assert len(chunks) == max(1, -(-count // limit))
+    assert _shared.member_chunks(list(range(70)), limit=32) == [
+        list(range(24)), list(range(24, 47)), list(range(47, 70))]

@@ -59,7 +59,7 @@ Sharp edges:
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +71,15 @@ from .._graph import Graph
 from .._memo import IdentityMemo
 from .._structure import StructuralKeys
 from ._walk import emission_order
+
+# Most members one batched computation takes (``member_chunks``). XLA compiles each
+# distinct kernel once, so a thousand identical members compile about one kernel's
+# worth; batched, their stacking (one operand each) and the slices of their results
+# (one offset each) are a thousand distinct kernels. Deviceless H200, jaxlib 0.10.2,
+# 1,000 members ``tanh(x_i @ w_i)`` of 8x16 @ 16x16: plain ``jax.jit`` compiled in
+# 1.3-2.3 s, one batch of 1,000 in 5.8 s with its results kept stacked and 31.7 s sliced
+# out one by one; batches of 32 in under twice plain (``benchmarks/compile_time.py``).
+MAX_BATCH_MEMBERS = 32
 
 # Families whose batching rule adds a batch dimension and nothing else.
 FAITHFUL_PRIMITIVES: frozenset[str] = _primitives.BATCH_FAITHFUL
@@ -417,6 +426,49 @@ def vmap_members(fn: Callable[..., Sequence[Any]], columns: list[list[Any]], cou
                     for m in range(count)]
         shared = list(fn(*operands))  # the very same computation, repeated
     return [shared] * count
+
+
+_Member = TypeVar("_Member")
+
+
+def member_chunks(members: Sequence[_Member], limit: int = MAX_BATCH_MEMBERS
+                  ) -> list[list[_Member]]:
+    """``members`` in consecutive chunks of at most ``limit``, as even as can be: the
+    batches a batching pass makes of them.
+
+    This is what bounds XLA's compile time: every chunk stacks at most ``limit``
+    operands and slices its results out at ``limit`` offsets at most, and chunks of
+    one size compile to the same kernels, so the distinct kernels the batched form
+    adds stay bounded however many members there are (at most two sizes of chunk).
+
+    Example::
+
+        member_chunks(list(range(70)))  # three chunks of 24, 23 and 23 members
+    """
+    count = len(members)
+    if count <= limit:
+        return [list(members)]
+    parts = -(-count // limit)
+    size, extra = divmod(count, parts)
+    chunks, start = [], 0
+    for part in range(parts):
+        end = start + size + (part < extra)
+        chunks.append(list(members[start:end]))
+        start = end
+    return chunks
+
+
+def stacked_width(eqns: Sequence[JaxprEqn], graph: Graph, members: Sequence[int]) -> int:
+    """How many values each of ``members`` already batches: the most operands of a
+    ``stack`` among them or feeding them (1: none). Batching batches again nests the
+    stacks, and XLA then compiles a slice per value at every offset of the outer and the
+    inner stack together, so a batch of these counts ``width`` members each."""
+    width = 1
+    for i in members:
+        for j in (i, *graph.preds[i]):
+            if eqns[j].primitive.name == _primitives.STACK:
+                width = max(width, len(eqns[j].invars))
+    return width
 
 
 def shared_column(column: Sequence[Any]) -> bool:

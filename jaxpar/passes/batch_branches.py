@@ -69,7 +69,7 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 from .. import _compat
@@ -83,9 +83,12 @@ from .._memory import stacking_refusal
 from .._primitives import BATCHED_MATMULS, COLLECTIVE, is_collective
 from .._structure import StructuralKeys, literal_key
 from ._shared import (
+    MAX_BATCH_MEMBERS,
     equations_refusal,
+    member_chunks,
     refusal_reads_operand_types,
     shared_column,
+    stacked_width,
     stage_depths,
     static_refusal,
     vmap_members,
@@ -226,8 +229,7 @@ def _batch_level(level: Level, costs: CostModel,
     # Rejected subgraphs are tried again from their inner equations (a part may pay where
     # the whole does not); the budget keeps that near-linear in the level's size.
     budget = [_ALIGN_BUDGET_PER_EQN * len(eqns)]
-    for members in candidates:
-        roots = [m for m in members if m not in claimed]
+    for roots in _chunks(candidates, claimed):
         if len(roots) < 2:
             continue
         if budget[0] <= 0:
@@ -235,6 +237,8 @@ def _batch_level(level: Level, costs: CostModel,
         group = _align(eqns, roots, producer, claimed, graph, level_outputs, budget)
         if group is None or not _contractible(graph, set(group.eqns)):
             continue
+        if group.members * stacked_width(eqns, graph, group.eqns) > MAX_BATCH_MEMBERS:
+            continue  # batches of batches: more distinct slices than XLA compiles quickly
         member_cost = sum((costs.eqn_cost(eqns[row[0]]) for row in group.rows), ZERO)
         if member_cost.kernels < 1:
             continue  # nothing launched: XLA fuses it anyway
@@ -295,6 +299,14 @@ def _batch_level(level: Level, costs: CostModel,
                    f"and {len(group.slots) - stacked} shared inputs, {kernels} kernel "
                    f"launches instead of {kernels * group.members}"))
     return rewrites, taken + decisions, alike
+
+
+def _chunks(candidates: list[list[int]], claimed: set[int]) -> Iterator[list[int]]:
+    """Per class of equal-keyed equations, its unclaimed members in batches of at most
+    ``MAX_BATCH_MEMBERS`` (``member_chunks``: what keeps XLA's compile time near plain
+    ``jax.jit``'s however many members there are)."""
+    for members in candidates:
+        yield from member_chunks([m for m in members if m not in claimed])
 
 
 def _rewrite_key(eqns: Sequence[JaxprEqn], records: list[list[Any] | None],

@@ -82,7 +82,7 @@ from .._memo import IdentityMemo
 from .._memory import stacking_refusal
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
 from .._structure import StructuralKeys
-from ._shared import stage_depths
+from ._shared import MAX_BATCH_MEMBERS, member_chunks, stacked_width, stage_depths
 from ._walk import (
     DecisionKind,
     EmitFn,
@@ -258,7 +258,8 @@ def _groups(eqns: Sequence[JaxprEqn], graph: Graph, costs: CostModel, carried: _
     # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
     stage = stage_depths(graph, [costs.launches(e) and e.primitive.name != TRANSPOSE
                             for e in eqns])
-    groups = _group(eqns, candidates, stage, carried)
+    groups = [g for g in _group(eqns, candidates, stage, carried)  # not batches of batches
+              if len(g.members) * stacked_width(eqns, graph, g.members) <= MAX_BATCH_MEMBERS]
     if not groups:
         return [], {}
     groups.sort(key=lambda g: (g.stage, g.members))
@@ -302,17 +303,25 @@ def _group(eqns: Sequence[JaxprEqn], candidates: list[int], stage: list[int],
                       else (partner, key))
         joined[big] += [(i, 1) for i, _ in joined.pop(small)]
     groups = []
-    for found in joined.values():
-        if len(found) < 2:
-            continue
-        found.sort()
-        chosen = tuple(readings[i][r] for i, r in found)
-        alternatives = tuple(
-            readings[i][1 - r] if len(readings[i]) > 1
-            and readings[i][1 - r].form == readings[i][r].form else None for i, r in found)
-        groups.append(_Group(tuple(i for i, _ in found), chosen, alternatives,
-                             stage[found[0][0]], chosen[0].params))
+    for joined_class in joined.values():
+        # In batches of at most ``MAX_BATCH_MEMBERS``: XLA compiles every distinct
+        # stacking and slice once (``_shared.member_chunks``).
+        for found in member_chunks(sorted(joined_class)):
+            if len(found) < 2:
+                continue
+            groups.append(_class_group(found, readings, stage))
     return groups
+
+
+def _class_group(found: list[tuple[int, int]], readings: dict[int, list[_Reading]],
+                 stage: list[int]) -> _Group:
+    """The group of ``found``: (equation, which reading) pairs of one class, sorted."""
+    chosen = tuple(readings[i][r] for i, r in found)
+    alternatives = tuple(
+        readings[i][1 - r] if len(readings[i]) > 1
+        and readings[i][1 - r].form == readings[i][r].form else None for i, r in found)
+    return _Group(tuple(i for i, _ in found), chosen, alternatives,
+                  stage[found[0][0]], chosen[0].params)
 
 
 class _Carried:
