@@ -470,6 +470,29 @@ def _vjp_pair(bwd_scale: float) -> Any:
 
 
 _SIN_VJPS = (_vjp_pair(1.0), _vjp_pair(-0.5))
+
+
+# A custom_vjp whose first argument is a function (not differentiable: nondiff_argnums)
+# and whose residuals hold an integer array and None beside a float one.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _act_vjp(act: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+    return act(x)
+
+
+def _act_vjp_fwd(act: Callable[[jax.Array], jax.Array], x: jax.Array) -> Any:
+    return act(x), (jnp.argmax(x, axis=-1).astype(jnp.int32), None, x)
+
+
+def _act_vjp_bwd(act: Callable[[jax.Array], jax.Array], residuals: Any, g: jax.Array) -> Any:
+    index, nothing, x = residuals
+    assert nothing is None
+    (grad,) = jax.vjp(act, x)[1](g)
+    # The integer residual is read: the gradient at each row's largest entry is doubled.
+    return (grad * (1.0 + (jnp.arange(x.shape[-1]) == index[..., None])),)
+
+
+_act_vjp.defvjp(_act_vjp_fwd, _act_vjp_bwd)
+_ACTIVATIONS = (jnp.sin, jnp.tanh)
 _SIN_JVPS = (_sin_jvp_a, _sin_jvp_b)
 
 
@@ -482,6 +505,8 @@ def _eval_custom(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Arra
         return [_sin_vjp_scaled(value, x)]
     if variant == "jvp_rule":
         return [_SIN_JVPS[value](x)]
+    if variant == "vjp_residuals":
+        return [_act_vjp(_ACTIVATIONS[value], x)]
     return [_SIN_VJPS[value](x)]  # "vjp_rule"
 
 
@@ -1500,7 +1525,8 @@ class _Drawer:
         return node, [_TAME + 2.0, _TAME]
 
     def _custom(self, scope: _Scope) -> tuple[Spec, list[float]]:
-        variant = self.draw(st.sampled_from(("jvp_nondiff", "vjp_nondiff", "jvp_rule", "vjp_rule")))
+        variant = self.draw(st.sampled_from(("jvp_nondiff", "vjp_nondiff", "jvp_rule", "vjp_rule",
+                                             "vjp_residuals")))
         options = (0.5, 1.0, 2.0, -1.0) if variant.endswith("nondiff") else (0, 1)
         return ("custom", variant, self._per_member(options), self._operand(scope)), [1.0]
 

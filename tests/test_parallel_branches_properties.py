@@ -334,6 +334,20 @@ def test_feature_vmap_matches(program: Program, options: dict[str, Any]) -> None
 
 
 @_examples(0.1)
+@given(program=feature_programs(), options=configurations)
+def test_feature_vmap_of_grad_matches(program: Program, options: dict[str, Any]) -> None:
+    """Per-example gradients (``vmap(grad(...))``): custom rules with functions among
+    their arguments and integer or None residuals, inside regions that vmap batches."""
+    g = jaxpar.parallel_branches(program.fn, **options)
+    argnums = tuple(range(len(program.args)))
+    batch = stacked_batch(program.args)
+    assert_same_outcome(
+        lambda: jax.vmap(jax.grad(scalar_loss(g), argnums))(*batch),
+        lambda: jax.vmap(jax.grad(scalar_loss(jax.jit(program.fn)), argnums))(*batch),
+        may_succeed=True, **GRAD_TOLERANCE)
+
+
+@_examples(0.1)
 @given(program=any_feature_program)
 def test_feature_idempotent(program: Program) -> None:
     check_idempotent(program)
