@@ -1555,9 +1555,19 @@ def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr:
         outs = jaxpr_eval(call_jaxpr, *primals)
         return outs, [zero(o) for o in outs]
     if not any(is_shard_map(eqn) for eqn in open_jaxpr(call_jaxpr)[0].eqns):
-        dense = tuple(_ad.instantiate_zeros(t) for t in tangents)
-        outs, out_tangents = jax.jvp(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)),
-                                     tuple(primals), dense)
+        # Only the operands with a tangent are differentiated; the others are closed over.
+        # A zero tangent made dense would be a known value: the tangent computation fed by
+        # it alone (a region's linear half, a ``custom_vjp``'s ``custom_lin``) would then
+        # run as primal work, where ``vmap`` batches ``custom_lin`` and fails ("can't
+        # apply forward-mode autodiff (jvp) to a custom_vjp function").
+        def of_diff(*diff_primals: Any) -> tuple[Any, ...]:
+            given = iter(diff_primals)
+            return tuple(jaxpr_eval(call_jaxpr, *[next(given) if d else p
+                                                  for p, d in zip(primals, diff, strict=True)]))
+
+        outs, out_tangents = jax.jvp(
+            of_diff, tuple(p for p, d in zip(primals, diff, strict=True) if d),
+            tuple(t for t, d in zip(tangents, diff, strict=True) if d))
         return list(outs), list(out_tangents)
     lin = linearize_split(lambda *a: jaxpr_eval(call_jaxpr, *a), avals, diff)
     forward = jaxpr_eval(lin.forward, *primals)
