@@ -1170,9 +1170,9 @@ def staging() -> bool:
 # partial eval for ``jax.checkpoint`` (JAX's closed-call rule, as for
 # ``xla_metadata_call``), ``checkify``, ``jet``, and JVP and transpose, which call back
 # into the emitter (``register_stream_region_ad``) so that every derived computation is
-# again a region with these same rules. Parameters: ``call_jaxpr`` (closed, no consts)
-# and ``region``, an object of the emitter's with ``.attributes`` (a tuple of string
-# pairs) that compares by value.
+# again a region with these same rules, and a state discharge rule (``_call_discharge``).
+# Parameters: ``call_jaxpr`` (closed, no consts) and ``region``, an object of the
+# emitter's with ``.attributes`` (a tuple of string pairs) that compares by value.
 
 from jax._src import checkify as _checkify  # noqa: E402
 from jax._src import dispatch as _dispatch  # noqa: E402
@@ -1180,6 +1180,7 @@ from jax._src.interpreters import ad as _ad  # noqa: E402
 from jax._src.interpreters import batching as _batching  # noqa: E402
 from jax._src.interpreters import mlir as _mlir  # noqa: E402
 from jax._src.interpreters import partial_eval as _pe  # noqa: E402
+from jax._src.state import discharge as _state_discharge  # noqa: E402
 from jax.experimental import jet as _jet  # noqa: E402
 
 STREAM_REGION = "jaxpar_stream_region"
@@ -1352,8 +1353,50 @@ def _call_jet(primals_in: Sequence[Any], series_in: Sequence[Any], call_jaxpr: C
     return outs, [terms[i * order:(i + 1) * order] for i in range(num_out)]
 
 
+def _call_discharge(rebind: Callable[..., Sequence[Any]]) -> Callable[..., Any]:
+    """The state discharge rule of a call-like primitive, as ``jax.jit``'s.
+
+    JAX discharges mutable arrays (``jax.new_ref``, ``r[...] += x``) before lowering a
+    program that creates them, equation by equation, and a call whose body creates or
+    touches one needs a rule. Its body is discharged (each discharged ``Ref`` operand
+    becomes a value and its final value one more output) and run again through
+    ``rebind(body, operands, **params)``: the same call, or inline. jax <= 0.10 passes
+    which operands to discharge and the avals first, jax >= 0.11 a ``DischargeContext``.
+    """
+    def discharge(should_discharge: Sequence[bool], args: Sequence[Any],
+                  call_jaxpr: ClosedJaxpr, params: dict[str, Any]
+                  ) -> tuple[list[Any], list[Any]]:
+        discharged = _state_discharge.discharge_state(call_jaxpr,
+                                                      should_discharge=list(should_discharge))
+        flat = list(rebind(lambda *a: jaxpr_eval(discharged, *a), list(args), **params))
+        num_out = len(call_jaxpr.out_avals)
+        outs, ref_values = flat[:num_out], iter(flat[num_out:])
+        return [next(ref_values) if d else None for d in should_discharge], outs
+
+    if hasattr(_state_discharge, "DischargeContext"):
+        def rule(ctx: Any, *args: Any, call_jaxpr: ClosedJaxpr, **params: Any
+                 ) -> tuple[list[Any], list[Any]]:
+            return discharge(ctx.should_discharge, args, call_jaxpr, params)
+        return rule
+
+    def partial_rule(should_discharge: Sequence[bool], in_avals: Sequence[Any],
+                     out_avals: Sequence[Any], *args: Any, call_jaxpr: ClosedJaxpr,
+                     **params: Any) -> tuple[list[Any], list[Any]]:
+        del in_avals, out_avals
+        return discharge(should_discharge, args, call_jaxpr, params)
+    return partial_rule
+
+
+def _register_discharge_rule(prim: Any, rule: Callable[..., Any]) -> None:
+    register = getattr(_state_discharge, "register_partial_discharge_rule", None)
+    if register is None or hasattr(_state_discharge, "DischargeContext"):
+        register = _state_discharge.register_discharge_rule
+    register(prim)(rule)
+
+
 def _register_call_rules(prim: Any, *, lowering: Callable[..., Any], batcher: Any, jvp: Any,
                          transpose: Any, dce: Any, checkify: Any, jet: Any,
+                         discharge: Callable[..., Any],
                          lowering_rule: Callable[..., Any] | None = None) -> None:
     """The rules of one of jaxpar's call-like primitives (a ``call_jaxpr`` and one more
     parameter): stream regions and the rewritten program. ``lowering`` is traced when
@@ -1372,6 +1415,7 @@ def _register_call_rules(prim: Any, *, lowering: Callable[..., Any], batcher: An
         lambda *args: (args[-2], args[-1]))
     _checkify.error_checks[prim] = checkify
     _jet.jet_rules[prim] = jet
+    _register_discharge_rule(prim, discharge)
     # jax >= 0.12: a body holding "high" types (refs, hi-level avals) is lowered to low
     # types before staging, as jax.jit and xla_metadata_call do.
     lower_and_eval = getattr(_pe, "_lower_and_eval", None)
@@ -1387,7 +1431,9 @@ def _register_stream_region_rules() -> None:
     _register_call_rules(stream_region_p, lowering=_region_lowering, batcher=_region_batcher,
                          jvp=_region_jvp, transpose=_region_transpose,
                          dce=_pe.dce_jaxpr_closed_call_rule, checkify=_region_checkify,
-                         jet=_region_jet)
+                         jet=_region_jet,
+                         discharge=_call_discharge(
+                             lambda body, args, region: bind_stream_region(body, args, region)))
 
 
 _register_stream_region_rules()
@@ -1625,7 +1671,10 @@ def _register_program_rules() -> None:
     _register_call_rules(program_p, lowering=_program_eval, lowering_rule=_program_lowering,
                          batcher=_program_batcher,
                          jvp=_program_jvp, transpose=_program_transpose, dce=_program_dce,
-                         checkify=_program_checkify, jet=_program_jet)
+                         checkify=_program_checkify, jet=_program_jet,
+                         # Inline: the program lowers inline, and JAX discharges state
+                         # only when lowering, after every transformation it would check.
+                         discharge=_call_discharge(lambda body, args, source: body(*args)))
 
 
 _register_program_rules()
