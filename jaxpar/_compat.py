@@ -1257,27 +1257,52 @@ def packable(avals: Sequence[Any]) -> bool:
     return bool(np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_))
 
 
-def _region_lowering(*args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> list[Any]:
+def _partitioned_by_xla(ctx: Any) -> bool:
+    """Whether XLA's sharding propagation lays out the values of the program being lowered
+    (more than one device, outside the manual axes of a ``shard_map``)."""
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, _sharding_impls.ShardingContext):
+        return axis_context.num_devices > 1
+    if isinstance(axis_context, _sharding_impls.SPMDAxisContext):
+        return any(size > 1 and name not in axis_context.manual_axes
+                   for name, size in axis_context.mesh.shape.items())
+    return False
+
+
+def _region_lowering(ctx: Any, *args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> Any:
     # The body evaluated inside JAX's own ``xla_metadata_call``: the same call, the same
     # attributes, on every supported jax. Where XLA would not overlap a call returning a
     # tuple (``PACK_MULTI_RESULT_CALLS``) the call returns its results as one flat array.
     # Packed here, when lowering, and not when emitting: a transformation (``vmap``) then
-    # sees each result on its own, batched or not as the body makes it.
-    avals = list(call_jaxpr.out_avals)
-    if not (PACK_MULTI_RESULT_CALLS and packable(avals)):
-        call = stream_call(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)), dict(region.attributes))
-        return list(call(*args))
+    # sees each result on its own, batched or not as the body makes it. Not where XLA
+    # shards the program: the slices of one flat array would all be sharded as that
+    # array, where ``jax.jit`` shards each result as its own computation makes it.
+    pack = (PACK_MULTI_RESULT_CALLS and packable(call_jaxpr.out_avals)
+            and not _partitioned_by_xla(ctx))
+    lowering = _region_packed_lowering if pack else _region_call_lowering
+    return lowering(ctx, *args, call_jaxpr=call_jaxpr, region=region)
 
+
+def _region_call(*args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> list[Any]:
+    call = stream_call(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)), dict(region.attributes))
+    return list(call(*args))
+
+
+def _region_packed_call(*args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> list[Any]:
     def packed(*a: Any) -> tuple[Any]:
         return (jax.numpy.concatenate([jax.numpy.ravel(r) for r in jaxpr_eval(call_jaxpr, *a)]),)
 
     (flat,) = stream_call(packed, dict(region.attributes))(*args)
     results, offset = [], 0
-    for aval in avals:
+    for aval in call_jaxpr.out_avals:
         size = aval_size(aval)
         results.append(jax.numpy.reshape(flat[offset:offset + size], aval.shape))
         offset += size
     return results
+
+
+_region_call_lowering = _mlir.lower_fun(_region_call, multiple_results=True)
+_region_packed_lowering = _mlir.lower_fun(_region_packed_call, multiple_results=True)
 
 
 def _region_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[Any], *,
@@ -1428,7 +1453,8 @@ def _register_call_rules(prim: Any, *, lowering: Callable[..., Any], batcher: An
 
 def _register_stream_region_rules() -> None:
     _dispatch.simple_impl(stream_region_p)  # eagerly: compiled alone, as a stream call
-    _register_call_rules(stream_region_p, lowering=_region_lowering, batcher=_region_batcher,
+    _register_call_rules(stream_region_p, lowering=_region_call, lowering_rule=_region_lowering,
+                         batcher=_region_batcher,
                          jvp=_region_jvp, transpose=_region_transpose,
                          dce=_pe.dce_jaxpr_closed_call_rule, checkify=_region_checkify,
                          jet=_region_jet,
