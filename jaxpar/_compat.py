@@ -1171,8 +1171,9 @@ def staging() -> bool:
 # ``xla_metadata_call``), ``checkify``, ``jet``, and JVP and transpose, which call back
 # into the emitter (``register_stream_region_ad``) so that every derived computation is
 # again a region with these same rules, and a state discharge rule (``_call_discharge``).
-# Parameters: ``call_jaxpr`` (closed, no consts) and ``region``, an object of the
-# emitter's with ``.attributes`` (a tuple of string pairs) that compares by value.
+# Parameters: ``call_jaxpr`` (closed; its consts are concrete constants, which stay in
+# the call, see ``bind_stream_region``) and ``region``, an object of the emitter's with
+# ``.attributes`` (a tuple of string pairs) that compares by value.
 
 from jax._src import checkify as _checkify  # noqa: E402
 from jax._src import dispatch as _dispatch  # noqa: E402
@@ -1205,8 +1206,19 @@ def _region_jaxpr(fn: Callable[..., Sequence[Any]], avals: Sequence[Any]
 
 def bind_stream_region(fn: Callable[..., Sequence[Any]], args: Sequence[Any],
                        region: Any) -> list[Any]:
-    """``fn(*args)`` as one stream region (a ``stream_region_p`` equation)."""
-    jaxpr, consts = _region_jaxpr(fn, [jax.typeof(a) for a in args])
+    """``fn(*args)`` as one stream region (a ``stream_region_p`` equation).
+
+    The constants ``fn`` closes over stay in the region's body, as ``jax.jit`` keeps
+    them in its program, unless one is a tracer of an outer trace (then all are
+    operands). A constant passed into the non-inlined call is an operand of unknown
+    sharding, and XLA's sharding propagation, which does not see through such a call,
+    then shards the call's results otherwise than ``jax.jit`` shards the same values
+    (``P(None, "y")`` where ``jax.jit`` gives ``P()``).
+    """
+    closed = jax.make_jaxpr(lambda *a: tuple(fn(*a)))(*[jax.typeof(a) for a in args])
+    if not any(is_tracer(c) for c in open_jaxpr(closed)[1]):
+        return list(stream_region_p.bind(*args, call_jaxpr=closed, region=region))
+    jaxpr, consts = _pe.separate_consts(closed)
     return list(stream_region_p.bind(*consts, *args, call_jaxpr=jaxpr, region=region))
 
 

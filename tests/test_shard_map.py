@@ -171,6 +171,20 @@ def test_loop_and_subgraph_passes_inside_shard_map_body():
 W8 = jnp.linspace(-0.2, 0.2, 64).reshape(8, 8)
 
 
+def reductions(a, b):
+    return (jnp.tanh(a * 2.0).sum(axis=1), jnp.sin(b + 1.0).sum(), jnp.cos(a) * 3.0,
+            jnp.exp(b).sum(axis=0))
+
+
+def matmuls(a, b):
+    return jnp.tanh(a @ W8) @ W8, jnp.sin(b @ W8) @ W8.T, (a @ b.T).sum()
+
+
+def mixed(a, b):
+    u, v = jnp.tanh(a @ W8), jnp.sin(b @ W8)
+    return u.T, v[0], u + 1.0, (u @ v.T).sum(axis=0)
+
+
 def members(a, b):
     """Independent members, each with results of two shardings (a region with several
     results of one dtype, which jax 0.10 packs into one flat array)."""
@@ -212,3 +226,25 @@ def test_members_on_an_explicit_mesh(target):
             assert len(stream_calls(lower_for_gpu(g, *args))) >= 2
     assert_tree_equal(jax.jit(members)(*args),
                       jaxpar.parallel_branches(members, target=target)(*args))
+
+
+SHARDED_PROGRAMS = {"reductions": reductions, "matmuls": matmuls, "mixed": mixed}
+SPECS = {"x_by_y": (P("x", None), P(None, "y")), "y_by_x": (P(None, "x"), P("y", None)),
+         "x_replicated": (P("x", None), P())}
+
+
+@pytest.mark.cpu_devices(MESH_DEVICES)
+@pytest.mark.parametrize("specs", sorted(SPECS))
+@pytest.mark.parametrize("program", sorted(SHARDED_PROGRAMS))
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_forced_regions_keep_the_output_shardings_of_jit(target, program, specs):
+    # A constant passed into a region's non-inlined call, or results packed into one flat
+    # array (jax 0.10), made XLA shard a result across devices where jax.jit replicates it.
+    fn = SHARDED_PROGRAMS[program]
+    mesh = _mesh_4x2(AxisType.Auto)
+    args = _sharded(mesh, *SPECS[specs])
+    want = jax.jit(fn)(*args)
+    g = jaxpar.parallel_branches(fn, target=target, force_streams=True, min_cost_us=0.0)
+    _assert_like_jit(g(*args), want, target)
+    if target == "gpu":
+        assert len(stream_calls(lower_for_gpu(g, *args))) >= 2
