@@ -1146,12 +1146,14 @@ def _run(rewrite: _Prepared, leaves: Any, emit_streams: bool) -> list[Any]:
             return emitter.run(consts, *leaves, emit_streams=emit_streams)
         # One equation that lowers inline and remembers the original program, so
         # checkify reports what jax.jit reports (``_compat.program_p``). Inside another
-        # decorated function's trace the outer program's equation does that.
-        count = len(consts)
+        # decorated function's trace the outer program's equation does that. Closed
+        # over, the program's constants are concrete while it is emitted, so a region
+        # keeps the ones it reads in its body, as jax.jit keeps them in its program
+        # (``_compat.bind_stream_region`` says why that matters for output shardings).
         return _compat.bind_program(
-            lambda *a: emitter.run(a[:count], *a[count:]),
-            lambda *a: jax.core.eval_jaxpr(jaxpr, a[:count], *a[count:]),
-            [*consts, *leaves])
+            lambda *a: emitter.run(consts, *a),
+            lambda *a: jax.core.eval_jaxpr(jaxpr, consts, *a),
+            list(leaves))
 
 
 _Argnums = int | Sequence[int] | None

@@ -1170,10 +1170,12 @@ def staging() -> bool:
 # partial eval for ``jax.checkpoint`` (JAX's closed-call rule, as for
 # ``xla_metadata_call``), ``checkify``, ``jet``, and JVP and transpose, which call back
 # into the emitter (``register_stream_region_ad``) so that every derived computation is
-# again a region with these same rules. Parameters: ``call_jaxpr`` (closed, no consts)
-# and ``region``, an object of the emitter's with ``.attributes`` (a tuple of string
-# pairs), ``.packs_results`` (whether the lowering may pack results, below) and
-# ``.derived(role)`` (the region of a derived computation), that compares by value.
+# again a region with these same rules, and a state discharge rule (``_call_discharge``).
+# Parameters: ``call_jaxpr`` (closed; its consts are concrete constants, which stay in
+# the call, see ``bind_stream_region``) and ``region``, an object of the emitter's with
+# ``.attributes`` (a tuple of string pairs), ``.packs_results`` (whether the lowering may
+# pack results, below) and ``.derived(role)`` (the region of a derived computation),
+# that compares by value.
 
 from jax._src import checkify as _checkify  # noqa: E402
 from jax._src import dispatch as _dispatch  # noqa: E402
@@ -1181,6 +1183,7 @@ from jax._src.interpreters import ad as _ad  # noqa: E402
 from jax._src.interpreters import batching as _batching  # noqa: E402
 from jax._src.interpreters import mlir as _mlir  # noqa: E402
 from jax._src.interpreters import partial_eval as _pe  # noqa: E402
+from jax._src.state import discharge as _state_discharge  # noqa: E402
 from jax.experimental import jet as _jet  # noqa: E402
 
 STREAM_REGION = "jaxpar_stream_region"
@@ -1205,8 +1208,19 @@ def _region_jaxpr(fn: Callable[..., Sequence[Any]], avals: Sequence[Any]
 
 def bind_stream_region(fn: Callable[..., Sequence[Any]], args: Sequence[Any],
                        region: Any) -> list[Any]:
-    """``fn(*args)`` as one stream region (a ``stream_region_p`` equation)."""
-    jaxpr, consts = _region_jaxpr(fn, [jax.typeof(a) for a in args])
+    """``fn(*args)`` as one stream region (a ``stream_region_p`` equation).
+
+    The constants ``fn`` closes over stay in the region's body, as ``jax.jit`` keeps
+    them in its program, unless one is a tracer of an outer trace (then all are
+    operands). A constant passed into the non-inlined call is an operand of unknown
+    sharding, and XLA's sharding propagation, which does not see through such a call,
+    then shards the call's results otherwise than ``jax.jit`` shards the same values
+    (``P(None, "y")`` where ``jax.jit`` gives ``P()``).
+    """
+    closed = jax.make_jaxpr(lambda *a: tuple(fn(*a)))(*[jax.typeof(a) for a in args])
+    if not any(is_tracer(c) for c in open_jaxpr(closed)[1]):
+        return list(stream_region_p.bind(*args, call_jaxpr=closed, region=region))
+    jaxpr, consts = _pe.separate_consts(closed)
     return list(stream_region_p.bind(*consts, *args, call_jaxpr=jaxpr, region=region))
 
 
@@ -1257,27 +1271,53 @@ def packable(avals: Sequence[Any]) -> bool:
     return bool(np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_))
 
 
-def _region_lowering(*args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> list[Any]:
+def _partitioned_by_xla(ctx: Any) -> bool:
+    """Whether XLA's sharding propagation lays out the values of the program being lowered
+    (more than one device, outside the manual axes of a ``shard_map``)."""
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, _sharding_impls.ShardingContext):
+        return axis_context.num_devices > 1
+    if isinstance(axis_context, _sharding_impls.SPMDAxisContext):
+        return any(size > 1 and name not in axis_context.manual_axes
+                   for name, size in axis_context.mesh.shape.items())
+    return False
+
+
+def _region_lowering(ctx: Any, *args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> Any:
     # The body evaluated inside JAX's own ``xla_metadata_call``: the same call, the same
     # attributes, on every supported jax. Where XLA would not overlap a call returning a
     # tuple (``PACK_MULTI_RESULT_CALLS``) the call returns its results as one flat array.
     # Packed here, when lowering, and not when emitting: a transformation (``vmap``) then
-    # sees each result on its own, batched or not as the body makes it.
-    avals = list(call_jaxpr.out_avals)
-    if not (PACK_MULTI_RESULT_CALLS and region.packs_results and packable(avals)):
-        call = stream_call(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)), dict(region.attributes))
-        return list(call(*args))
+    # sees each result on its own, batched or not as the body makes it. Not where XLA
+    # shards the program: the slices of one flat array would all be sharded as that
+    # array, where ``jax.jit`` shards each result as its own computation makes it; nor
+    # for a region that must hold its collectives alone (``region.packs_results``).
+    pack = (PACK_MULTI_RESULT_CALLS and region.packs_results
+            and packable(call_jaxpr.out_avals) and not _partitioned_by_xla(ctx))
+    lowering = _region_packed_lowering if pack else _region_call_lowering
+    return lowering(ctx, *args, call_jaxpr=call_jaxpr, region=region)
 
+
+def _region_call(*args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> list[Any]:
+    call = stream_call(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)), dict(region.attributes))
+    return list(call(*args))
+
+
+def _region_packed_call(*args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> list[Any]:
     def packed(*a: Any) -> tuple[Any]:
         return (jax.numpy.concatenate([jax.numpy.ravel(r) for r in jaxpr_eval(call_jaxpr, *a)]),)
 
     (flat,) = stream_call(packed, dict(region.attributes))(*args)
     results, offset = [], 0
-    for aval in avals:
+    for aval in call_jaxpr.out_avals:
         size = aval_size(aval)
         results.append(jax.numpy.reshape(flat[offset:offset + size], aval.shape))
         offset += size
     return results
+
+
+_region_call_lowering = _mlir.lower_fun(_region_call, multiple_results=True)
+_region_packed_lowering = _mlir.lower_fun(_region_packed_call, multiple_results=True)
 
 
 def _region_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[Any], *,
@@ -1353,8 +1393,50 @@ def _call_jet(primals_in: Sequence[Any], series_in: Sequence[Any], call_jaxpr: C
     return outs, [terms[i * order:(i + 1) * order] for i in range(num_out)]
 
 
+def _call_discharge(rebind: Callable[..., Sequence[Any]]) -> Callable[..., Any]:
+    """The state discharge rule of a call-like primitive, as ``jax.jit``'s.
+
+    JAX discharges mutable arrays (``jax.new_ref``, ``r[...] += x``) before lowering a
+    program that creates them, equation by equation, and a call whose body creates or
+    touches one needs a rule. Its body is discharged (each discharged ``Ref`` operand
+    becomes a value and its final value one more output) and run again through
+    ``rebind(body, operands, **params)``: the same call, or inline. jax <= 0.10 passes
+    which operands to discharge and the avals first, jax >= 0.11 a ``DischargeContext``.
+    """
+    def discharge(should_discharge: Sequence[bool], args: Sequence[Any],
+                  call_jaxpr: ClosedJaxpr, params: dict[str, Any]
+                  ) -> tuple[list[Any], list[Any]]:
+        discharged = _state_discharge.discharge_state(call_jaxpr,
+                                                      should_discharge=list(should_discharge))
+        flat = list(rebind(lambda *a: jaxpr_eval(discharged, *a), list(args), **params))
+        num_out = len(call_jaxpr.out_avals)
+        outs, ref_values = flat[:num_out], iter(flat[num_out:])
+        return [next(ref_values) if d else None for d in should_discharge], outs
+
+    if hasattr(_state_discharge, "DischargeContext"):
+        def rule(ctx: Any, *args: Any, call_jaxpr: ClosedJaxpr, **params: Any
+                 ) -> tuple[list[Any], list[Any]]:
+            return discharge(ctx.should_discharge, args, call_jaxpr, params)
+        return rule
+
+    def partial_rule(should_discharge: Sequence[bool], in_avals: Sequence[Any],
+                     out_avals: Sequence[Any], *args: Any, call_jaxpr: ClosedJaxpr,
+                     **params: Any) -> tuple[list[Any], list[Any]]:
+        del in_avals, out_avals
+        return discharge(should_discharge, args, call_jaxpr, params)
+    return partial_rule
+
+
+def _register_discharge_rule(prim: Any, rule: Callable[..., Any]) -> None:
+    register = getattr(_state_discharge, "register_partial_discharge_rule", None)
+    if register is None or hasattr(_state_discharge, "DischargeContext"):
+        register = _state_discharge.register_discharge_rule
+    register(prim)(rule)
+
+
 def _register_call_rules(prim: Any, *, lowering: Callable[..., Any], batcher: Any, jvp: Any,
                          transpose: Any, dce: Any, checkify: Any, jet: Any,
+                         discharge: Callable[..., Any],
                          lowering_rule: Callable[..., Any] | None = None) -> None:
     """The rules of one of jaxpar's call-like primitives (a ``call_jaxpr`` and one more
     parameter): stream regions and the rewritten program. ``lowering`` is traced when
@@ -1373,6 +1455,7 @@ def _register_call_rules(prim: Any, *, lowering: Callable[..., Any], batcher: An
         lambda *args: (args[-2], args[-1]))
     _checkify.error_checks[prim] = checkify
     _jet.jet_rules[prim] = jet
+    _register_discharge_rule(prim, discharge)
     # jax >= 0.12: a body holding "high" types (refs, hi-level avals) is lowered to low
     # types before staging, as jax.jit and xla_metadata_call do.
     lower_and_eval = getattr(_pe, "_lower_and_eval", None)
@@ -1385,10 +1468,13 @@ def _register_call_rules(prim: Any, *, lowering: Callable[..., Any], batcher: An
 
 def _register_stream_region_rules() -> None:
     _dispatch.simple_impl(stream_region_p)  # eagerly: compiled alone, as a stream call
-    _register_call_rules(stream_region_p, lowering=_region_lowering, batcher=_region_batcher,
+    _register_call_rules(stream_region_p, lowering=_region_call, lowering_rule=_region_lowering,
+                         batcher=_region_batcher,
                          jvp=_region_jvp, transpose=_region_transpose,
                          dce=_pe.dce_jaxpr_closed_call_rule, checkify=_region_checkify,
-                         jet=_region_jet)
+                         jet=_region_jet,
+                         discharge=_call_discharge(
+                             lambda body, args, region: bind_stream_region(body, args, region)))
 
 
 _register_stream_region_rules()
@@ -1556,9 +1642,19 @@ def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr:
         outs = jaxpr_eval(call_jaxpr, *primals)
         return outs, [zero(o) for o in outs]
     if not any(is_shard_map(eqn) for eqn in open_jaxpr(call_jaxpr)[0].eqns):
-        dense = tuple(_ad.instantiate_zeros(t) for t in tangents)
-        outs, out_tangents = jax.jvp(lambda *a: tuple(jaxpr_eval(call_jaxpr, *a)),
-                                     tuple(primals), dense)
+        # Only the operands with a tangent are differentiated; the others are closed over.
+        # A zero tangent made dense would be a known value: the tangent computation fed by
+        # it alone (a region's linear half, a ``custom_vjp``'s ``custom_lin``) would then
+        # run as primal work, where ``vmap`` batches ``custom_lin`` and fails ("can't
+        # apply forward-mode autodiff (jvp) to a custom_vjp function").
+        def of_diff(*diff_primals: Any) -> tuple[Any, ...]:
+            given = iter(diff_primals)
+            return tuple(jaxpr_eval(call_jaxpr, *[next(given) if d else p
+                                                  for p, d in zip(primals, diff, strict=True)]))
+
+        outs, out_tangents = jax.jvp(
+            of_diff, tuple(p for p, d in zip(primals, diff, strict=True) if d),
+            tuple(t for t, d in zip(tangents, diff, strict=True) if d))
         return list(outs), list(out_tangents)
     lin = linearize_split(lambda *a: jaxpr_eval(call_jaxpr, *a), avals, diff)
     forward = jaxpr_eval(lin.forward, *primals)
@@ -1616,7 +1712,10 @@ def _register_program_rules() -> None:
     _register_call_rules(program_p, lowering=_program_eval, lowering_rule=_program_lowering,
                          batcher=_program_batcher,
                          jvp=_program_jvp, transpose=_program_transpose, dce=_program_dce,
-                         checkify=_program_checkify, jet=_program_jet)
+                         checkify=_program_checkify, jet=_program_jet,
+                         # Inline: the program lowers inline, and JAX discharges state
+                         # only when lowering, after every transformation it would check.
+                         discharge=_call_discharge(lambda body, args, source: body(*args)))
 
 
 _register_program_rules()

@@ -28,6 +28,9 @@ Sharp edges:
     region again (see ``_region_jvp``, ``_region_transpose``).
   * A scan with ``unroll > 1`` whose body has regions is unrolled here, one
     evaluation (and so one set of groups) per copy (see ``unrolled_scan``).
+  * The program's constants a region reads (up to ``CLOSED_OVER_BYTES``) stay in its
+    body, as ``jax.jit`` keeps them in its program: passed into the non-inlined call,
+    they made XLA shard some of its results otherwise than ``jax.jit`` does.
 
 A collectives group is ONE non-inlined call XLA launches as a group
 (``emit_collective_group``): it carries ``{_collectives_group="", inlineable="false"}``
@@ -326,6 +329,7 @@ class Emitter:
         env = Env()
         read, write = env.read, env.write
         write(inner.constvars, consts)
+        constvars = frozenset(inner.constvars)
         env.write_inputs(inner.invars, args)
         nested = {index: subs for index, subs in level.nested
                   if any(sub.changes_anything for _, sub in subs)}
@@ -367,12 +371,17 @@ class Emitter:
             section = level.sections[s]
             region = section.regions[r]
             in_vars, out_vars = self._io(level, s, r)
-            body = _region_body([eqns[i] for i in region.eqns], in_vars, out_vars)
             if s not in groups:
                 groups[s] = (GroupIds(derive=not self._unrolling)
                              if section.group is not None else None)
+            # The program's constants a region reads stay in its body (see
+            # ``_compat.bind_stream_region``); the other inputs are its operands.
+            constants = {v: value for v, value in zip(in_vars, env.read_all(in_vars), strict=True)
+                         if v in constvars and _closed_over(value)}
+            operands = [v for v in in_vars if v not in constants]
+            body = _region_body([eqns[i] for i in region.eqns], operands, out_vars, constants)
             call = region_call(body, region.stream, groups[s])
-            write(out_vars, list(call(*env.read_all(in_vars))))
+            write(out_vars, list(call(*env.read_all(operands))))
         return [read(v) for v in inner.outvars]
 
     def _io(self, level: LevelPlan, s: int, r: int) -> tuple[list[Any], list[Any]]:
@@ -527,10 +536,23 @@ def region_io(level: LevelPlan, region_eqns: Sequence[int],
     return list(inputs), outputs
 
 
-def _region_body(eqns: list[JaxprEqn], in_vars: list[Any], out_vars: list[Any]
-                 ) -> Callable[..., Any]:
+# The program's constants up to this size that a region reads stay in its body; larger
+# ones stay operands, so that the program does not hold a large constant twice.
+CLOSED_OVER_BYTES = 1 << 20
+
+
+def _closed_over(value: Any) -> bool:
+    """Whether a region keeps ``value`` (a program constant) in its body."""
+    return (not _compat.is_tracer(value) and isinstance(value, (jax.Array, np.ndarray))
+            and _compat.aval_nbytes(jax.typeof(value)) <= CLOSED_OVER_BYTES)
+
+
+def _region_body(eqns: list[JaxprEqn], in_vars: list[Any], out_vars: list[Any],
+                 constants: Mapping[Any, Any] | None = None) -> Callable[..., Any]:
     def body(*values: Any) -> tuple[Any, ...]:
         env = Env()
+        if constants:
+            env.write(list(constants), list(constants.values()))
         env.write(in_vars, values)
         for eqn in eqns:
             env.write(eqn.outvars, _compat.bind_eqn(eqn, env.read_all(eqn.invars)))

@@ -20,6 +20,7 @@ from helpers import (
     GROUP_ATTRIBUTE,
     STREAM_ATTRIBUTE,
     assert_tree_close,
+    assert_tree_equal,
     lower_for_gpu,
     stream_calls,
 )
@@ -165,6 +166,51 @@ def test_vmap_of_grad_matches_jax():
     want = jax.vmap(jax.grad(loss_of(two_scans), argnums=(0, 1)), in_axes=(0, None, None))
     assert_tree_close(jax.jit(jax.vmap(grad, in_axes=(0, None, None)))(batch, b, xs),
                       want(batch, b, xs), rtol=RTOL, atol=ATOL)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _scaled(act, x, scale):
+    return act(x) * scale
+
+
+def _scaled_fwd(act, x, scale):
+    # Residuals holding an integer array and None: the linear half of a region gets both.
+    return act(x) * scale, (x, jnp.arange(x.shape[-1]), None)
+
+
+def _scaled_bwd(act, residuals, g):
+    x, index, nothing = residuals
+    assert nothing is None
+    return g * jnp.cos(x) * (index + 1.0), jnp.zeros(())
+
+
+_scaled.defvjp(_scaled_fwd, _scaled_bwd)
+
+
+def custom_vjp_branches(x, y):
+    """Two independent branches through a custom_vjp with a function argument."""
+    return _scaled(jnp.sin, x @ x, 3.0).sum() + _scaled(jnp.tanh, y * 2.0, 2.0).sum()
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_vmap_of_grad_through_custom_vjp_with_a_function_argument(target):
+    # jax.grad differentiates x only: y's tangent is zero. The rewritten program's JVP
+    # made it a dense zero, a known value, so the linear half of y's region (a
+    # custom_vjp's ``custom_lin``) ran as primal work, and vmap, batching it, failed
+    # with "can't apply forward-mode autodiff (jvp) to a custom_vjp function".
+    g = jaxpar.parallel_branches(custom_vjp_branches, target=target, min_cost_us=0.0,
+                                 force_streams=True)
+    x, y, _ = args()
+    xs, ys = jnp.stack([x, 0.5 * x, -x]), jnp.stack([y, -y, 2.0 * y])
+    for argnums in (0, (0, 1)):
+        want = jax.jit(jax.vmap(jax.grad(custom_vjp_branches, argnums)))(xs, ys)
+        got = jax.jit(jax.vmap(jax.grad(g, argnums)))(xs, ys)
+        if target == "gpu":
+            assert_tree_close(got, want, rtol=RTOL, atol=ATOL)
+        else:
+            assert_tree_equal(got, want)
+    if target == "gpu":
+        assert stream_calls(lower_for_gpu(g, x, y))
 
 
 # --- scheduling groups -------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """`parallel_branches` composed with `shard_map` over 4 fake CPU devices: a decorated
-function inside a shard_map body, and a shard_map'ed function decorated.
+function inside a shard_map body, and a shard_map'ed function decorated; and decorated
+functions of inputs sharded over a (4, 2) mesh of 8 devices, with `Auto` and `Explicit` axes.
 
-The module asks for 4 CPU devices before JAX's backend starts. When an earlier test module
+The module asks for 8 CPU devices before JAX's backend starts. When an earlier test module
 already started it with fewer devices, the tests (marked `cpu_devices`) run in one fresh
 pytest process that has them (tests/conftest.py).
 """
@@ -10,22 +11,29 @@ from __future__ import annotations
 
 import jax
 
-try:  # 4 devices, or more where a process started for the device tests asks for more
-    if jax.config.jax_num_cpu_devices < 4:
-        jax.config.update("jax_num_cpu_devices", 4)
+try:  # 8 devices, or more where a process started for the device tests asks for more
+    if jax.config.jax_num_cpu_devices < 8:  # MESH_DEVICES
+        jax.config.update("jax_num_cpu_devices", 8)
 except RuntimeError:  # the backend is already up: conftest runs the tests in a subprocess
     pass
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_same_values, lower_for_gpu, nested_stream_calls, stream_calls
-from jax.sharding import Mesh
+from helpers import (
+    assert_same_values,
+    assert_tree_equal,
+    lower_for_gpu,
+    nested_stream_calls,
+    stream_calls,
+)
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpar
 
 NUM_DEVICES = 4
+MESH_DEVICES = 8  # the (4, 2) meshes of the tests of sharded inputs
 pytestmark = pytest.mark.cpu_devices(NUM_DEVICES)
 
 
@@ -236,3 +244,87 @@ def test_reverse_mode_of_decorated_shard_map_with_grouped_collectives(target):
         want = jax.jit(transform(lambda *a: jnp.sum(jnp.sin(sharded(*a)))))(*args)
         got = transform(lambda *a: jnp.sum(jnp.sin(g(*a))))(*args)
         _assert_same_gradients(got, want, target)
+
+
+# --- inputs sharded over a (4, 2) mesh ---------------------------------------------------
+
+W8 = jnp.linspace(-0.2, 0.2, 64).reshape(8, 8)
+
+
+def reductions(a, b):
+    return (jnp.tanh(a * 2.0).sum(axis=1), jnp.sin(b + 1.0).sum(), jnp.cos(a) * 3.0,
+            jnp.exp(b).sum(axis=0))
+
+
+def matmuls(a, b):
+    return jnp.tanh(a @ W8) @ W8, jnp.sin(b @ W8) @ W8.T, (a @ b.T).sum()
+
+
+def mixed(a, b):
+    u, v = jnp.tanh(a @ W8), jnp.sin(b @ W8)
+    return u.T, v[0], u + 1.0, (u @ v.T).sum(axis=0)
+
+
+def members(a, b):
+    """Independent members, each with results of two shardings (a region with several
+    results of one dtype, which jax 0.10 packs into one flat array)."""
+    return (jnp.tanh(a * 2.0).sum(axis=1), jnp.cos(a) * 3.0, jnp.sin(b + 1.0).sum(axis=1),
+            jnp.exp(b) * 2.0, (W8 @ W8).sum(axis=0))
+
+
+def _mesh_4x2(axis_type):
+    return jax.make_mesh((4, 2), ("x", "y"), axis_types=(axis_type, axis_type),
+                         devices=jax.devices("cpu")[:MESH_DEVICES])
+
+
+def _sharded(mesh, a_spec, b_spec):
+    a = jnp.linspace(-1.0, 1.0, 64).reshape(8, 8)
+    b = jnp.linspace(0.0, 2.0, 64).reshape(8, 8)
+    return (jax.device_put(a, NamedSharding(mesh, a_spec)),
+            jax.device_put(b, NamedSharding(mesh, b_spec)))
+
+
+def _assert_like_jit(got, want, target):
+    assert_same_values(got, want, target)
+    for index, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.sharding.is_equivalent_to(w.sharding, g.ndim), (index, g.sharding, w.sharding)
+
+
+@pytest.mark.cpu_devices(MESH_DEVICES)
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_members_on_an_explicit_mesh(target):
+    # jax 0.10 packs a region's results into one flat array: a concatenate of values of
+    # different explicit shardings is a ShardingTypeError.
+    mesh = _mesh_4x2(AxisType.Explicit)
+    g = jaxpar.parallel_branches(members, target=target, force_streams=True, min_cost_us=0.0)
+    with jax.set_mesh(mesh):
+        args = _sharded(mesh, P("x", None), P())
+        want = jax.jit(members)(*args)
+        _assert_like_jit(g(*args), want, target)
+        _assert_like_jit(jax.jit(g)(*args), want, target)
+        if target == "gpu":
+            assert len(stream_calls(lower_for_gpu(g, *args))) >= 2
+    assert_tree_equal(jax.jit(members)(*args),
+                      jaxpar.parallel_branches(members, target=target)(*args))
+
+
+SHARDED_PROGRAMS = {"reductions": reductions, "matmuls": matmuls, "mixed": mixed}
+SPECS = {"x_by_y": (P("x", None), P(None, "y")), "y_by_x": (P(None, "x"), P("y", None)),
+         "x_replicated": (P("x", None), P())}
+
+
+@pytest.mark.cpu_devices(MESH_DEVICES)
+@pytest.mark.parametrize("specs", sorted(SPECS))
+@pytest.mark.parametrize("program", sorted(SHARDED_PROGRAMS))
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_forced_regions_keep_the_output_shardings_of_jit(target, program, specs):
+    # A constant passed into a region's non-inlined call, or results packed into one flat
+    # array (jax 0.10), made XLA shard a result across devices where jax.jit replicates it.
+    fn = SHARDED_PROGRAMS[program]
+    mesh = _mesh_4x2(AxisType.Auto)
+    args = _sharded(mesh, *SPECS[specs])
+    want = jax.jit(fn)(*args)
+    g = jaxpar.parallel_branches(fn, target=target, force_streams=True, min_cost_us=0.0)
+    _assert_like_jit(g(*args), want, target)
+    if target == "gpu":
+        assert len(stream_calls(lower_for_gpu(g, *args))) >= 2
