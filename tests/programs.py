@@ -589,9 +589,32 @@ def _eval_context(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Arr
     return [x + jnp.mean(x, axis=0)]  # "rank": implicit rank promotion (n,) -> (n, n)
 
 
+def _eval_ref(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
+    """A mutable array (``jax.new_ref``) updated in place, read back with ``jax.freeze``:
+    twice in straight-line code ("branches"), or made and updated in each trip of a
+    scan ("scan")."""
+    _, mode, v = node
+    x = env[v]
+    if mode == "branches":
+        ref = jax.new_ref(jnp.zeros_like(x))
+        ref[...] += jnp.sin(x)
+        ref[...] += jnp.tanh(x.T)
+        return [jax.freeze(ref)]
+
+    def step(carry: jax.Array, row: jax.Array) -> tuple[jax.Array, None]:
+        ref = jax.new_ref(jnp.zeros_like(row))
+        ref[...] += jnp.sin(row)
+        ref[...] += carry
+        return jnp.tanh(jax.freeze(ref)), None
+
+    carry, _ = lax.scan(step, x[0], x)
+    return [jnp.broadcast_to(carry, x.shape)]
+
+
 # Single-operand feature nodes: the index in the node of their operand (the last field).
 _FEATURE_OPERAND = {
     "custom": 3, "callback": 4, "random": 4, "member_cond": 3, "cast": 2, "context": 2,
+    "ref": 2,
 }
 
 _node_rules.update({
@@ -603,6 +626,7 @@ _node_rules.update({
     "member_cond": _eval_member_cond,
     "cast": _eval_cast,
     "context": _eval_context,
+    "ref": _eval_ref,
 })
 
 
@@ -1091,9 +1115,10 @@ _MEMBERS = _Flavor(
 )
 _FEATURES = _Flavor(
     kinds=(*_SIMPLE, "while", "while", "counted_scan", "custom", "callback", "random",
-           "member_cond", "cast", "context", "checkpoint_loops", "scan", "parallel", "parallel"),
+           "member_cond", "cast", "context", "checkpoint_loops", "scan", "parallel", "parallel",
+           "ref"),
     nested_kinds=(*_SIMPLE, "while", "counted_scan", "custom", "callback", "random",
-                  "member_cond", "cast", "checkpoint", "cond", "scan"),
+                  "member_cond", "cast", "checkpoint", "cond", "scan", "ref"),
     max_nodes=6,
     max_body_nodes=3,
     chain_flavor=_MEMBERS,
@@ -1559,6 +1584,10 @@ class _Drawer:
         bound = scope.bounds[v]
         out = {"complex64": bound * bound + 2.0, "int32": bound}.get(dtype, 1.0)
         return ("cast", dtype, v), [out]
+
+    def _ref(self, scope: _Scope) -> tuple[Spec, list[float]]:
+        mode = self.draw(st.sampled_from(("branches", "scan")))
+        return ("ref", mode, self._operand(scope)), [2.0 if mode == "branches" else 1.0]
 
     def _context(self, scope: _Scope) -> tuple[Spec, list[float]]:
         kind = self.draw(st.sampled_from(("arange", "rank")))

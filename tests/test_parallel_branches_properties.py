@@ -35,7 +35,7 @@ import pytest
 from helpers import needs_plugin
 from hypothesis import event, given
 from hypothesis import strategies as st
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxpar
@@ -130,7 +130,8 @@ def test_grad_matches(program: Program, options: dict[str, Any]) -> None:
 def test_vmap_matches(program: Program, options: dict[str, Any]) -> None:
     g = jaxpar.parallel_branches(program.fn, **options)
     batch = stacked_batch(program.args)
-    expected = jax.vmap(program.fn)(*batch)
+    # Against jit under vmap: eager bfloat16 ops round after each op, XLA's fusions once.
+    expected = jax.vmap(jax.jit(program.fn))(*batch)
     assert_trees_equal(jax.vmap(g)(*batch), expected, **VALUE_TOLERANCE)
 
 
@@ -329,7 +330,8 @@ def test_feature_grad_matches(program: Program, options: dict[str, Any]) -> None
 def test_feature_vmap_matches(program: Program, options: dict[str, Any]) -> None:
     g = jaxpar.parallel_branches(program.fn, **options)
     batch = stacked_batch(program.args)
-    assert_same_outcome(lambda: jax.vmap(g)(*batch), lambda: jax.vmap(program.fn)(*batch),
+    assert_same_outcome(lambda: jax.vmap(g)(*batch),
+                        lambda: jax.vmap(jax.jit(program.fn))(*batch),
                         **VALUE_TOLERANCE)
 
 
@@ -446,6 +448,30 @@ def test_programs_inside_shard_map(program: Program, options: dict[str, Any]) ->
     assert_same_outcome(lambda: jax.jit(_sharded(g, mesh, n))(*stacked), want, **tolerance)
     outer = jaxpar.parallel_branches(_sharded(program.fn, mesh, n), **options)
     assert_same_outcome(lambda: outer(*stacked), want, **tolerance)
+
+
+@pytest.mark.cpu_devices(SHARD_MAP_DEVICES)
+@_examples(0.1)
+@given(program=st.one_of(feature_programs(), programs()), options=configurations)
+def test_programs_on_an_explicit_mesh(program: Program, options: dict[str, Any]) -> None:
+    """Arguments sharded over a (4, 2) mesh of ``AxisType.Explicit`` axes (sharding in the
+    types): the same values as `jax.jit` (or the same failure), and its output shardings."""
+    explicit = jax.sharding.AxisType.Explicit
+    mesh = jax.make_mesh((4, 2), ("x", "y"), axis_types=(explicit, explicit),
+                         devices=jax.devices("cpu")[:SHARD_MAP_DEVICES])
+    g = jaxpar.parallel_branches(program.fn, **options)
+    with jax.set_mesh(mesh):
+        args = tuple(jax.device_put(a, NamedSharding(
+            mesh, P("x", None) if k % 2 == 0 and a.shape[0] % 4 == 0 else P()))
+            for k, a in enumerate(program.args))
+        tolerance = _value_tolerance(options)
+        assert_same_outcome(lambda: g(*args), lambda: jax.jit(program.fn)(*args),
+                            **tolerance)
+        if _outcome(lambda: jax.jit(program.fn)(*args))[0] == "ok":
+            for got, want in zip(jax.tree.leaves(g(*args)),
+                                 jax.tree.leaves(jax.jit(program.fn)(*args)), strict=True):
+                assert got.sharding.is_equivalent_to(want.sharding, got.ndim), (
+                    got.sharding, want.sharding)
 
 
 # ---- Every emitted program compiles for the GPU (deviceless) --------------------------------
