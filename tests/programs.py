@@ -42,8 +42,11 @@ Sharp edges:
     program round differently, a predicate sitting within rounding of its threshold can pick
     another branch (rare, but then no tolerance helps).
     XLA:CPU (jax 0.10.2) runs a `while` whose integer counter starts past its constant bound
-    by less than one step (`i = 5; while i < 4: i += 5`) once instead of zero times, so
-    `jax.jit` is wrong there; the drawer does not make such loops (`_xla_miscounts`).
+    by less than one step (`i = 5; while i < 4: i += 5`) once instead of zero times, and an
+    `i < stop` loop whose distance is not a multiple of its step one time short
+    (`i = 0; while i < 1: i += 2` never runs), so `jax.jit` is wrong there (jaxpar, which
+    makes such loops static, is right); the drawer does not make such loops
+    (`_xla_miscounts`).
     Some gradients cancel badly, e.g. that of `x - max(x)` at the maximum: eager and jitted
     gradients of the same program can differ by 1e-4 there (jax 0.12), so compare
     gradients computed the same way.
@@ -1175,13 +1178,17 @@ _COUNTER_DTYPES_X64 = (*_COUNTER_DTYPES, "int64", "uint64")
 _MAX_TRIPS = 40
 
 
-def _xla_miscounts(dtype: str, start: Any, stop: Any, step: Any) -> bool:
-    """Whether XLA:CPU (jax 0.10.2) runs this zero-trip counter loop once: an integer counter
-    starting past its bound by less than one step (see the module's Sharp edges)."""
+def _xla_miscounts(dtype: str, start: Any, stop: Any, step: Any, form: str) -> bool:
+    """Whether XLA:CPU (jax 0.10.2) runs this counter loop a wrong number of times: an
+    integer counter starting past its bound by less than one step runs once instead of
+    never, and an ``i < stop`` loop whose distance is not a multiple of its step runs
+    ``(stop - start) // step`` times, one short (see the module's Sharp edges)."""
     if np.dtype(dtype).kind == "f" or abs(step) <= 1:
         return False
     past = start - stop if step > 0 else stop - start
-    return 0 < past < abs(step)
+    if 0 < past < abs(step):
+        return True
+    return form in ("lt", "swapped") and step > 0 and start < stop and (stop - start) % step != 0
 
 
 def _count_trips(dtype: str, start: Any, stop: Any, step: Any, form: str) -> int | None:
@@ -1528,7 +1535,7 @@ class _Drawer:
                 bound = "carried" if bound == "literal" else bound
         if _count_trips(dtype, start, stop, step, form) is None:
             start, stop, step, form = 0, 3, 1, "lt"  # would run too long: a tame loop instead
-        if _xla_miscounts(dtype, start, stop, step):
+        if _xla_miscounts(dtype, start, stop, step, form):
             start = stop  # zero trips, which XLA gets right (see Sharp edges)
         n_carry = draw(st.integers(1, 2))
         carries = tuple(self._operand(scope, first=i == 0) for i in range(n_carry))
