@@ -25,6 +25,7 @@ from ._report.types import Collective as Collective
 from ._report.types import LeftAlone as LeftAlone
 from ._report.types import Region as Region
 from ._report.types import Section as Section
+from ._trace import StaticArgumentWarning as StaticArgumentWarning
 from ._trace import TraceError as TraceError
 from ._tune import TuneBudget as TuneBudget
 from ._tune import TuneCacheWarning as TuneCacheWarning
@@ -44,6 +45,7 @@ __all__ = [
     "Plan",
     "Region",
     "Section",
+    "StaticArgumentWarning",
     "TraceError",
     "TuneBudget",
     "TuneCacheWarning",

@@ -27,7 +27,9 @@ Example::
 Sharp edges:
   * A module passed as the *function* (``parallel_branches(model)``) is refused for NNX
     (its state would be frozen into the first trace) and for Linen (it needs
-    ``model.apply``): ``refuse_module_as_function`` says what to write instead.
+    ``model.apply``): ``refuse_module_as_function`` says what to write instead. So is a
+    Flax NNX, Linen or Equinox module *class* (``@parallel_branches`` on ``class
+    MLP(nnx.Module)``): only its constructor would be traced.
 """
 
 from __future__ import annotations
@@ -150,7 +152,12 @@ def nnx_arguments(tag: Any, fun: Callable[..., Any], args: tuple[Any, ...],
 def refuse_module_as_function(fun: Any, api: str) -> None:
     """Raises ``TypeError`` for a Flax NNX or Linen module (or its bound method) passed as
     the function: an NNX module's state would be frozen into the first trace, and a
-    Linen module needs ``apply``. Short: never the module's repr."""
+    Linen module needs ``apply``; and for a Flax or Equinox module class (a decorated
+    ``class MLP(nnx.Module)``), which would trace only the constructor. Short: never
+    the module's repr."""
+    if isinstance(fun, type):
+        _refuse_module_class(fun, api)
+        return
     owner = getattr(fun, "__self__", fun)
     is_graph_node = nnx_graph_node_check()
     kind = type(owner).__name__
@@ -168,3 +175,36 @@ def refuse_module_as_function(fun: Any, api: str) -> None:
             f"{api} got a Flax Linen {kind} as the function; a Linen module is called "
             "through its apply method with its variables:\n"
             f"    {result} = jaxpar.{api}(model.apply)(variables, x)")
+
+
+def _refuse_module_class(cls: type, api: str) -> None:
+    """Raises ``TypeError`` for a Flax NNX, Flax Linen or Equinox module class: decorated,
+    the class becomes a function object (``isinstance`` and subclassing break) and only
+    its constructor is traced (and planned, by ``inspect``)."""
+    nnx_module = getattr(sys.modules.get("flax.nnx"), "Module", None)
+    linen_module = getattr(sys.modules.get("flax.linen"), "Module", None)
+    equinox_module = equinox_module_type()
+    name = cls.__name__
+    result = "plan" if api == "inspect" else "y"
+    if isinstance(linen_module, type) and issubclass(cls, linen_module):
+        kind, advice, recipe = "Flax Linen", "construct it and decorate its apply method", (
+            f"    model = {name}(...)\n"
+            "    variables = model.init(jax.random.key(0), x)\n"
+            f"    {result} = jaxpar.{api}(model.apply)(variables, x)")
+    elif isinstance(nnx_module, type) and issubclass(cls, nnx_module):
+        kind, advice, recipe = "Flax NNX", _PASS_THE_MODULE, (
+            f"    model = {name}(..., rngs=nnx.Rngs(0))\n"
+            f"    {result} = jaxpar.{api}(lambda model, x: model(x))(model, x)")
+    elif equinox_module is not None and issubclass(cls, equinox_module):
+        kind, advice, recipe = "Equinox", _PASS_THE_MODULE, (
+            f"    model = {name}(...)\n"
+            f"    {result} = jaxpar.{api}(lambda model, x: model(x))(model, x)")
+    else:
+        return
+    decorated = "" if api == "inspect" else ", and the decorated name would not be a class"
+    raise TypeError(
+        f"{api} got the {kind} module class {name}, not a function: only its constructor "
+        f"would be traced{decorated}. Instead {advice}:\n{recipe}")
+
+
+_PASS_THE_MODULE = "construct it and pass it as an argument of a decorated function"

@@ -195,16 +195,22 @@ class NotAPytree:
 
 
 def test_decorated_method_on_plain_class_self_is_static():
-    # A plain object is a hashable non-array leaf: static, keyed by identity, as
-    # eqx.filter_jit and jax.jit's static_argnums treat it.
+    # A plain object is a non-array leaf: static, as eqx.filter_jit treats it, keyed by a
+    # snapshot of its attributes (a JAX array by identity: arrays are immutable), and
+    # warned about once.
     obj = NotAPytree()
     x = jnp.ones((2, 4))
-    assert_tree_equal(obj.apply(x), jax.jit(lambda x: x @ obj.w)(x))
+    with pytest.warns(jaxpar.StaticArgumentWarning, match="argument `self` of "
+                                                          "`NotAPytree.apply`"):
+        assert_tree_equal(obj.apply(x), jax.jit(lambda x: x @ obj.w)(x))
     assert NotAPytree.apply.analyses == 1
     obj.apply(x + 1.0)
     assert NotAPytree.apply.analyses == 1
-    NotAPytree().apply(x)  # another object: another static value
+    NotAPytree().apply(x)  # another object, with another array: another static value
     assert NotAPytree.apply.analyses == 2
+    obj.w = jnp.eye(4) * 2.0  # seen: traced again
+    assert_tree_equal(obj.apply(x), x * 2.0)
+    assert NotAPytree.apply.analyses == 3
 
 
 # --- metadata ------------------------------------------------------------------------------

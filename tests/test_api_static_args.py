@@ -4,7 +4,10 @@ point 1)."""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -204,3 +207,203 @@ def test_gpu_preview_takes_static_and_keyword_arguments():
     again = jaxpar.gpu_preview(decorated, X, W, kwargs={"n": 3, "scale": 2.0})
     assert again.plan.num_eqns == want.num_eqns
     assert again.plain.kernels == preview.plain.kernels
+
+
+# --- plain objects: static, keyed by their state, warned once (issue 33, point 3) ---------
+
+
+class Config:
+    """A plain config object: neither an array nor a pytree."""
+
+    def __init__(self, scale, shift=0.0):
+        self.scale = scale
+        self.shift = shift
+
+
+class SlottedConfig:
+    __slots__ = ("scale",)
+
+    def __init__(self, scale):
+        self.scale = scale
+
+
+def fresh_scaled():
+    """A new function each time: warnings are once per function and argument."""
+    def scaled(x, cfg):
+        return x * cfg.scale
+    return scaled
+
+
+def _static_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category,
+                                                         jaxpar.StaticArgumentWarning)]
+
+
+def test_mutated_config_object_gives_the_new_result():
+    # Keyed by identity, the second call reused the trace of scale=2.0 and returned 2.0s.
+    g = jaxpar.parallel_branches(fresh_scaled(), target="cpu")
+    cfg = Config(2.0)
+    with pytest.warns(jaxpar.StaticArgumentWarning):
+        assert_tree_equal(g(X, cfg), X * 2.0)
+    cfg.scale = 5.0
+    assert_tree_equal(g(X, cfg), X * 5.0)
+    assert g.analyses == 2
+    cfg.scale = 2.0  # back to a value seen before: that trace again
+    assert_tree_equal(g(X, cfg), X * 2.0)
+    assert g.analyses == 2
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_dataclass_config_is_keyed_by_its_fields(frozen):
+    @dataclasses.dataclass(frozen=frozen)
+    class Settings:
+        scale: float
+        layers: tuple[int, ...] = (2,)
+
+    g = jaxpar.parallel_branches(fresh_scaled(), target="cpu")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert_tree_equal(g(X, Settings(2.0)), X * 2.0)
+        assert_tree_equal(g(X, Settings(2.0)), X * 2.0)  # an equal one: the same trace
+        assert g.analyses == 1
+        settings = Settings(3.0)
+        assert_tree_equal(g(X, settings), X * 3.0)
+        if not frozen:  # a mutable dataclass (unhashable) used to be refused
+            settings.scale = 4.0
+            assert_tree_equal(g(X, settings), X * 4.0)
+    # A frozen dataclass hashes its fields itself: no warning; a mutable one is warned.
+    assert len(_static_warnings(record)) == (0 if frozen else 1)
+
+
+def test_equal_config_objects_share_one_trace():
+    traces = []
+
+    def counted(x, cfg):
+        traces.append(cfg.scale)
+        return x * cfg.scale
+
+    g = jaxpar.parallel_branches(counted, target="cpu")
+    with pytest.warns(jaxpar.StaticArgumentWarning):
+        for _ in range(3):
+            assert_tree_equal(g(X, Config(2.0)), X * 2.0)
+    assert g.analyses == 1 and traces == [2.0]
+    g(X, Config(3.0))
+    # 1 and 1.0 are equal in Python, but not the same constant: their own traces.
+    g(X, Config(1.0))
+    g(X, Config(1))
+    assert g.analyses == 4 and traces == [2.0, 3.0, 1.0, 1]
+
+
+def test_static_object_warning_names_the_argument_its_type_and_the_fix_once():
+    def two(x, cfg, *, other):
+        return x * cfg.scale + other.scale
+
+    g = jaxpar.parallel_branches(two, target="cpu")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for scale in (1.0, 2.0, 2.0):
+            g(X, Config(scale), other=Config(0.5))
+    messages = _static_warnings(record)
+    assert len(messages) == 2, messages  # one per argument, not one per call or trace
+    first, second = messages
+    assert "argument `cfg` of `test_static_object_warning_names_the_argument_its_type_and_the_" \
+           "fix_once.<locals>.two` is an object of type Config" in first
+    assert "static_argnames=('cfg',)" in first and "as arrays" in first
+    assert "snapshot of its attributes, so a change to them is seen" in first
+    assert "argument `other`" in second and "static_argnames=('other',)" in second
+    assert all(w.filename == __file__ for w in record)  # the user's call, not jaxpar's line
+    # Another decorated function warns for its own arguments.
+    with pytest.warns(jaxpar.StaticArgumentWarning, match="argument `cfg` of `fresh_scaled"):
+        jaxpar.parallel_branches(fresh_scaled(), target="cpu")(X, Config(1.0))
+
+
+def test_static_argnames_takes_the_object_as_jax_jit_does_without_a_warning():
+    scaled = fresh_scaled()
+    g = jaxpar.parallel_branches(scaled, target="cpu", static_argnames="cfg")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jaxpar.StaticArgumentWarning)
+        cfg = Config(2.0)
+        assert_tree_equal(g(X, cfg), jax.jit(scaled, static_argnames="cfg")(X, cfg))
+        assert_tree_equal(g(X, cfg), X * 2.0)
+    assert g.analyses == 1
+
+
+def test_object_that_cannot_be_compared_by_value_warns_that_changes_are_not_seen():
+    g = jaxpar.parallel_branches(fresh_scaled(), target="cpu")
+    cfg = SlottedConfig(2.0)
+    with pytest.warns(jaxpar.StaticArgumentWarning) as record:
+        assert_tree_equal(g(X, cfg), X * 2.0)
+    (message,) = _static_warnings(record)
+    assert "object of type SlottedConfig" in message
+    assert "keyed by identity: a change to it after a call is NOT seen" in message
+    cfg.scale = 5.0
+    assert_tree_equal(g(X, cfg), X * 2.0)  # as the warning says: the trace of its old state
+    assert g.analyses == 1
+    # A large NumPy array cannot be compared either (a small one is, by its bytes).
+    big = Config(np.ones(4096, np.float32))
+    with pytest.warns(jaxpar.StaticArgumentWarning, match="NOT seen"):
+        jaxpar.parallel_branches(lambda x, cfg: x + cfg.scale[0], target="cpu")(X, big)
+
+
+def test_changes_inside_a_config_are_seen():
+    g = jaxpar.parallel_branches(lambda x, cfg: x * cfg.inner.scale * sum(cfg.sizes)
+                                 + cfg.table[0] + cfg.weights, target="cpu")
+    cfg = Config(1.0)
+    cfg.inner = Config(2.0)
+    cfg.sizes = [1, 2]
+    cfg.table = np.zeros(3, np.float32)
+    cfg.weights = jnp.zeros(4)
+    def check(got, want):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+    with pytest.warns(jaxpar.StaticArgumentWarning):
+        check(g(X, cfg), X * 2.0 * 3)
+    cfg.inner.scale = 3.0  # a nested object
+    check(g(X, cfg), X * 3.0 * 3)
+    cfg.sizes.append(1)  # a list, in place
+    check(g(X, cfg), X * 3.0 * 4)
+    cfg.table[0] = 1.0  # a small NumPy array, in place
+    check(g(X, cfg), X * 3.0 * 4 + 1.0)
+    cfg.weights = jnp.ones(4)  # a JAX array (immutable), replaced
+    check(g(X, cfg), X * 3.0 * 4 + 1.0 + 1.0)
+    assert g.analyses == 5
+    cfg.cycle = cfg  # a cycle cannot be compared by value: identity, and a second warning
+    with pytest.warns(jaxpar.StaticArgumentWarning, match="NOT seen"):
+        g(X, cfg)
+
+
+def test_values_with_their_own_equality_are_static_without_a_warning():
+    eqx = pytest.importorskip("equinox")
+
+    class Mode(enum.Enum):
+        DOUBLE = 2
+
+    def apply(x, act, name, mode, model):
+        return act(model(x[0]) if name == "mlp" else x) * mode.value
+
+    model = eqx.nn.MLP(4, 4, 8, depth=1, activation=jax.nn.relu, key=jax.random.key(0))
+    g = jaxpar.parallel_branches(apply, target="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jaxpar.StaticArgumentWarning)
+        g(X, jax.nn.relu, "mlp", Mode.DOUBLE, model)  # relu: a custom_jvp object
+        g(X, functools.partial(jnp.clip, min=0.0), "id", Mode.DOUBLE, model)
+        g(X, jnp.tanh, "id", Mode.DOUBLE, model)
+
+
+def test_inspect_and_nnx_calls_key_config_objects_by_state():
+    nnx = pytest.importorskip("flax.nnx")
+    cfg = Config(2.0)
+    with pytest.warns(jaxpar.StaticArgumentWarning, match="inspect passes it"):
+        assert jaxpar.inspect(fresh_scaled(), target="cpu")(X, cfg).num_eqns > 0
+    model = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
+
+    def step(model, x, cfg):
+        return model(x) * cfg.scale
+
+    g = jaxpar.parallel_branches(step, target="cpu")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        first = g(model, X, cfg)
+        cfg.scale = 3.0
+        np.testing.assert_allclose(g(model, X, cfg), first * 1.5, rtol=1e-6)
+    assert len(_static_warnings(record)) == 1  # once, although NNX wraps the function

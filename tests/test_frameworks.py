@@ -322,6 +322,62 @@ def test_linen_module_as_the_function_suggests_apply():
         variables, jnp.ones(2)), dense.apply(variables, jnp.ones(2)), rtol=RTOL)
 
 
+def test_module_classes_as_the_function_are_refused_with_a_recipe():
+    # Decorated, a module class became a ParallelBranches that traced only its constructor
+    # (and inspect planned the initialisation); now each is refused as an instance is.
+    nnx = pytest.importorskip("flax.nnx")
+    nn = pytest.importorskip("flax.linen")
+    eqx = pytest.importorskip("equinox")
+
+    class NnxMlp(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(2, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.linear(x)
+
+    class LinenMlp(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    class EqxMlp(eqx.Module):
+        weight: jax.Array
+
+        def __call__(self, x):
+            return self.weight @ x
+
+    cases = [(NnxMlp, "Flax NNX", "lambda model, x: model(x))(model, x)"),
+             (nnx.Linear, "Flax NNX", "rngs=nnx.Rngs(0)"),
+             (LinenMlp, "Flax Linen", "(model.apply)(variables, x)"),
+             (nn.Dense, "Flax Linen", "model.init("),
+             (EqxMlp, "Equinox", "lambda model, x: model(x))(model, x)"),
+             (eqx.nn.Linear, "Equinox", "lambda model, x: model(x))(model, x)")]
+    for cls, kind, recipe in cases:
+        for decorate in (jaxpar.parallel_branches, jaxpar.parallel_branches(target="cpu")):
+            with pytest.raises(TypeError) as info:
+                decorate(cls)
+            message = str(info.value)
+            assert message.startswith(
+                f"parallel_branches got the {kind} module class {cls.__name__}, not a "
+                "function: only its constructor would be traced"), message
+            assert recipe in message and "jaxpar.parallel_branches(" in message
+        with pytest.raises(TypeError, match=rf"inspect got the {kind} module class "
+                                            rf"{cls.__name__}(.|\n)*plan = jaxpar\.inspect\("):
+            jaxpar.inspect(cls)
+    # A class decorated with @parallel_branches fails at the class statement.
+    with pytest.raises(TypeError, match="module class Decorated"):
+        @jaxpar.parallel_branches
+        class Decorated(nnx.Module):
+            pass
+
+    # Other classes are callables as jax.jit takes them (a constructor of arrays).
+    class Pair(tuple):
+        pass
+
+    assert isinstance(jaxpar.parallel_branches(Pair), jaxpar.ParallelBranches)
+
+
 # ---------------------------------------------------------------------------------------------
 # Options that belong to jax.jit, and inspect's calling convention
 
