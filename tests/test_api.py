@@ -649,32 +649,32 @@ def test_repr_of_the_function_is_never_called():
 
 
 def test_calls_build_their_settings_once_per_environment(monkeypatch):
-    """Equal calls hand jax.jit equal keys holding the very settings object (built once
-    per environment); a call in another environment (XLA_FLAGS) gets other settings,
-    and back in the first environment the first ones again."""
+    """Top-level calls read their environment on every call but build its settings and
+    jits once: equal calls run the same jits; a call in another environment (XLA_FLAGS)
+    gets other settings, and back in the first environment the first ones again."""
     from jaxpar import _api
 
-    seen = []
-    dispatch = _api._dispatch
-    monkeypatch.setattr(_api, "_dispatch",
-                        lambda pb, key, leaves: seen.append(key) or dispatch(pb, key, leaves))
+    built = []
+    top_level = _api._top_level
+    monkeypatch.setattr(_api, "_top_level", lambda pb: built.append(top_level(pb)) or built[-1])
     g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
     a, b = small_args()
     want = jax.jit(small)(a, b)
     for _ in range(2):
         np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
+    assert len(built) == 1
     flags = os.environ.get("XLA_FLAGS", "")
     monkeypatch.setenv("XLA_FLAGS",
                        flags + " --xla_gpu_experimental_parallel_async_compute_limit=1")
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
     monkeypatch.setenv("XLA_FLAGS", flags)
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
-    assert seen[0] == seen[1] == seen[3] != seen[2]
-    assert seen[0].settings is seen[1].settings is seen[3].settings
-    assert seen[2].settings.streams_per_section == 1 != seen[0].settings.streams_per_section
+    assert len(built) == 2  # back in the first environment: its jits, not built again
+    first, other = (top.mode.settings for top in built)
+    assert other.streams_per_section == 1 != first.streams_per_section
     assert g.analyses == 2
     g.clear_cache()  # and jax.clear_caches(): the settings are built afresh
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
-    assert seen[4] == seen[0] and seen[4].settings is not seen[0].settings
+    assert built[2].mode == built[0].mode and built[2].mode.settings is not first
     jax.clear_caches()
-    assert not g._memos.settings
+    assert not g._memos.settings and not g._memos.top
