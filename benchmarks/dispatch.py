@@ -44,7 +44,6 @@ import optax
 
 import jaxpar
 
-
 Program = tuple[Callable[..., Any], tuple[Any, ...], tuple[str, ...]]
 
 

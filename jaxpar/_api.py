@@ -58,7 +58,13 @@ from ._frameworks import (
     nnx_arguments,
     refuse_module_as_function,
 )
-from ._gpu_model import PROFILE_DIR_VARIABLE, CommandBufferMode, GpuProfile
+from ._gpu_model import (
+    PROFILE_DIR_VARIABLE,
+    CommandBufferMode,
+    GpuProfile,
+    local_gpu_kind,
+    local_profile_stamp,
+)
 from ._memory import MemoryModel
 from ._options import (
     Options,
@@ -343,6 +349,14 @@ class _Retarget(Exception):
 # The variables a top-level call's environment is read from, on every call.
 _read_environment = environment_reader((XLA_FLAGS_VARIABLE, DISABLE_VARIABLE,
                                         PROFILE_DIR_VARIABLE))
+
+
+def _read_gpu_environment() -> tuple[Any, ...]:
+    """``_read_environment`` and this GPU's calibration file: a function planned for the
+    machine's own GPU reads its figures from that file."""
+    return *_read_environment(), local_profile_stamp()
+
+
 # Whether the last exception out of a top-level jit was raised in its trace (by jaxpar or
 # the user's function) rather than by jax.jit refusing an argument first.
 _top_level_state = threading.local()
@@ -441,6 +455,8 @@ class ParallelBranches:
         self._stages_with: dict[tuple[tuple[str, str], ...], Any] = {}
         self._stages: Any = None
         self._memos = _CallMemos(function_name(fun))  # settings, jits picked per key
+        # What a top-level call reads its environment with (``_top_level`` chooses).
+        self._read_environment: Callable[[], tuple[Any, ...]] = _read_environment
         self._saw_traced_consts = threading.local()
         # nnx.jit's update context is keyed by a tag: one per decorated function (not
         # self, which the traced function would then keep alive in a cycle).
@@ -473,7 +489,7 @@ class ParallelBranches:
         if context == _compat.EAGER:
             # Most calls: JAX's C++ dispatch once compiled (``_TopLevel``). What follows
             # runs on every call, so it is spelt out here rather than in helpers.
-            top = self._memos.top.get(_read_environment(), _INDIRECT)
+            top = self._memos.top.get(self._read_environment(), _INDIRECT)
             if top is _INDIRECT:
                 top = _top_level(self)
             if top is not None and top.direct is not None:
@@ -644,12 +660,16 @@ def _top_level(pb: ParallelBranches) -> _TopLevel | None:
     signature's first call first)."""
     memos = pb._memos
     top = None
+    settings = _settings(pb)
+    if settings.target == "gpu" and pb._planned_for["gpu"] is None \
+            and local_gpu_kind() is not None:
+        pb._read_environment = _read_gpu_environment
     if pb.tune is None and jax.process_count() == 1:
-        mode = _Mode(_settings(pb), not disabled_by_environment())
+        mode = _Mode(settings, not disabled_by_environment())
         top = memos.top_modes.get(mode)
         if top is None:
             top = _bounded(memos.top_modes)[mode] = _TopLevel(pb, mode)
-    _bounded(memos.top)[_read_environment()] = top
+    _bounded(memos.top)[pb._read_environment()] = top
     return top
 
 

@@ -797,3 +797,29 @@ def test_arguments_jax_jit_refuses_get_jaxpars_error(monkeypatch):
     g(jnp.ones(2), 3)
     with pytest.raises(OverflowError, match=r"argument `n` of .*static_argnums"):
         g(jnp.ones(2), 2**70)
+
+
+def test_a_calibration_written_between_calls_is_read(monkeypatch):
+    """On a GPU, a function planned for the machine's own GPU compares its calibration
+    file at each call too: a calibration written meanwhile changes its settings, as
+    ``local_gpu_profile`` reads it (checked here with the file's stamp and the GPU
+    faked)."""
+    from jaxpar import _api
+
+    stamp = [None]
+    monkeypatch.setattr(_api, "local_gpu_kind", lambda: "NVIDIA H200")
+    monkeypatch.setattr(_api, "local_profile_stamp", lambda: stamp[0])
+    counts = _count_python_paths(monkeypatch)
+    g = jaxpar.parallel_branches(small, target="gpu")
+    cpu = jaxpar.parallel_branches(small, target="cpu")
+    a, b = small_args()
+    for _ in range(2):
+        g(a, b)
+        cpu(a, b)
+    assert counts["_top_level"] == 2
+    assert g._read_environment is _api._read_gpu_environment
+    assert cpu._read_environment is _api._read_environment
+    stamp[0] = (1, 2)  # a calibration file appears
+    g(a, b)
+    cpu(a, b)
+    assert counts["_top_level"] == 3
