@@ -50,7 +50,7 @@ from . import _compat, _primitives, _processes
 from ._analysis import Analysis, jaxpr_has_placement
 from ._cost import launch_pricing
 from ._emit import Emitter, GroupIds, region_call
-from ._flags import XLA_FLAGS_VARIABLE, environment_reader, xla_flags_text
+from ._flags import environment_reader, xla_flags_text
 from ._frameworks import (
     NnxCall,
     holds_equinox_module,
@@ -346,9 +346,9 @@ class _Retarget(Exception):
         self.options = options
 
 
-# The variables a top-level call's environment is read from, on every call.
-_read_environment = environment_reader((XLA_FLAGS_VARIABLE, DISABLE_VARIABLE,
-                                        PROFILE_DIR_VARIABLE))
+# The variables a top-level call's environment is read from, on every call (XLA_FLAGS
+# and these).
+_read_environment = environment_reader((DISABLE_VARIABLE, PROFILE_DIR_VARIABLE))
 
 
 def _read_gpu_environment() -> tuple[Any, ...]:
