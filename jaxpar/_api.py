@@ -9,8 +9,12 @@ Example::
     print(jaxpar.inspect(two_scans)(a, b))
 
 Sharp edges:
-  * Every call runs under one ``jax.jit`` (eager calls, and calls under grad,
-    vmap or jvp, stay compiled; under another jit it is inlined). Its
+  * Every call runs under a ``jax.jit`` (eager calls, and calls under grad,
+    vmap or jvp, stay compiled; under another jit it is inlined). At the top level
+    it is one made per environment (``XLA_FLAGS``, ``JAXPAR_DISABLE``) that takes the
+    call's arguments as they are and rewrites inside its trace (``_TopLevel``), so a
+    compiled signature costs a call what ``jax.jit`` costs plus reading the
+    environment variables and checking the arguments' types. The function's
     ``trace``/``lower``/``eval_shape`` are ``jax.jit``'s on the decorated
     function, so there every non-static leaf must be an array, in the arguments
     and in the outputs (Equinox's and NNX's splits apply to calls only).
@@ -329,7 +333,7 @@ class _TopLevel:
 
     def retarget(self, pb: ParallelBranches, options: tuple[tuple[str, str], ...]) -> bool:
         """Moves the jits to ``options`` (True), or gives them up (False)."""
-        if self.accepted[0] or self.direct is None:
+        if self.accepted[0] or self.direct is None or options == self.options:
             self.direct = self.flat = None
             return False
         self.options = options
@@ -625,6 +629,7 @@ def _split_call(pb: ParallelBranches, fun: Callable[..., Any], args: tuple[Any, 
     out = _call_with_static_scalars(pb, fun, args, kwargs, nnx)
     pb._scalars_made_static.add(layout)
     return out
+
 
 def _keyed_call(pb: ParallelBranches, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
     """A call under a transformation, with ``tune=True``, under several processes, or
