@@ -312,6 +312,10 @@ class _TopLevel:
     ``_call_traced`` traces for a top-level call; neither holds the decorated function
     but weakly, nor this object.
 
+    With ``tune=True`` a trace runs the candidate this process decided for its signature;
+    without a decision it raises ``_MeasureFirst``: the call takes ``_keyed_call``'s
+    path, which decides, and the jits are made anew (``renew``).
+
     On target ``"gpu"`` both compile with the XLA options (CUDA-graph mode) ``options``:
     none at first; the first signature whose plan chose others moves them (``retarget``)
     while no signature ran in them yet (``accepted``). Once a signature's plan chose
@@ -330,6 +334,11 @@ class _TopLevel:
         self.direct: Any
         self.flat: Any
         self.direct, self.flat = _top_level_jits(pb, mode, (), self.accepted)
+
+    def renew(self, pb: ParallelBranches) -> None:
+        """New jits with the same options: the tuner decided a signature whose trace
+        raised, and jax.jit keeps such a signature off its C++ path."""
+        self.direct, self.flat = _top_level_jits(pb, self.mode, self.options, self.accepted)
 
     def retarget(self, pb: ParallelBranches, options: tuple[tuple[str, str], ...]) -> bool:
         """Moves the jits to ``options`` (True), or gives them up (False)."""
@@ -632,8 +641,9 @@ def _split_call(pb: ParallelBranches, fun: Callable[..., Any], args: tuple[Any, 
 
 
 def _keyed_call(pb: ParallelBranches, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
-    """A call under a transformation, with ``tune=True``, under several processes, or
-    in an environment whose signatures chose different XLA options (``_TopLevel``)."""
+    """A call under a transformation, the tuner's deciding call, a call under several
+    processes, or in an environment whose signatures chose different XLA options
+    (``_TopLevel``)."""
     key = _call_key(pb, layout, nnx, leaves)
     if jax.process_count() > 1:
         _agree_across_processes(pb, key, leaves)
@@ -660,16 +670,15 @@ def _keyed_call(pb: ParallelBranches, layout: Layout, leaves: list[Any], nnx: bo
 
 def _top_level(pb: ParallelBranches) -> _TopLevel | None:
     """The jits of top-level calls of ``pb`` in this environment (``_CallMemos.top``
-    missed), None where calls take ``_keyed_call``'s path: with ``tune=True`` (the tuner
-    measures outside the trace), and under several processes (they agree at each
-    signature's first call first)."""
+    missed), None where calls take ``_keyed_call``'s path: under several processes (they
+    agree at each signature's first call first)."""
     memos = pb._memos
     top = None
     settings = _settings(pb)
     if settings.target == "gpu" and pb._planned_for["gpu"] is None \
             and local_gpu_kind() is not None:
         pb._read_environment = _read_gpu_environment
-    if pb.tune is None and jax.process_count() == 1:
+    if jax.process_count() == 1:
         mode = _Mode(settings, not disabled_by_environment())
         top = memos.top_modes.get(mode)
         if top is None:
@@ -708,6 +717,9 @@ def _direct_failed(pb: ParallelBranches, top: _TopLevel, error: BaseException,
     tracing (jaxpar's path then says what is wrong in its words), or ``error`` again."""
     traced = getattr(_top_level_state, "raised", False)
     _top_level_state.raised = False
+    if isinstance(error, _MeasureFirst):
+        top.renew(pb)
+        return _INDIRECT
     if isinstance(error, _Retarget):
         if not top.retarget(pb, error.options):
             return _INDIRECT
@@ -727,6 +739,10 @@ def _flat_call(pb: ParallelBranches, top: _TopLevel, layout: Layout, nnx: bool,
         return _INDIRECT
     try:
         return top.flat((layout, nnx), *leaves)
+    except _MeasureFirst:
+        _top_level_state.raised = False
+        top.renew(pb)
+        return _INDIRECT
     except _Retarget as error:
         _top_level_state.raised = False
         if top.retarget(pb, error.options):
@@ -779,6 +795,7 @@ def _top_level_trace(ref: weakref.ref[ParallelBranches], mode: _Mode,
 
     Raises:
       _Retarget: the plan chose XLA options other than ``options``.
+      _MeasureFirst: ``tune=True`` and no decision for this signature in this process.
     """
     try:
         pb = ref()
@@ -790,16 +807,19 @@ def _top_level_trace(ref: weakref.ref[ParallelBranches], mode: _Mode,
             nnx = False
         else:
             (layout, nnx), leaves = split, list(args)
-        if not mode.rewrite:
-            full_args, full_kwargs = layout.rebuild(leaves)
-            out = pb._traced_function(nnx)(*full_args, **full_kwargs)
-            return packed_outputs(*split_outputs(out, layout.static_scalars))
-        rewrite = pb._prepare(Signature(layout, tuple(abstract(leaf) for leaf in leaves)),
-                              mode.settings, nnx)
-        chosen = _options_key(rewrite.xla_options)
+        key = _CallKey(layout, nnx, True, mode.rewrite, mode.settings, 0)
+        if pb.tune is not None and key.rewrite:
+            key = _decided_key(pb, dataclasses.replace(key, tune="measure"), leaves)
+        rewrite = None if not key.rewrite else pb._prepare(
+            Signature(layout, tuple(abstract(leaf) for leaf in leaves)), key.settings, nnx)
+        chosen = () if rewrite is None else _options_key(rewrite.xla_options)
         if chosen != options:
             raise _Retarget(chosen)
         accepted[0] = True
+        if rewrite is None:
+            full_args, full_kwargs = layout.rebuild(leaves)
+            out = pb._traced_function(nnx)(*full_args, **full_kwargs)
+            return packed_outputs(*split_outputs(out, layout.static_scalars))
         with options_applied(pb):  # this jit compiles with them: no warning is due
             return packed_outputs(_run(rewrite, leaves, True), rewrite.traced.outputs)
     except BaseException:
