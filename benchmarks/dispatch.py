@@ -2,17 +2,21 @@
 
 A training loop calls its step thousands of times: every microsecond the decorator adds
 to a call is paid on each. For each call shape below this times, in one process, the
-call of ``jax.jit(f)``, of ``parallel_branches(f, target="cpu")`` and of
-``parallel_branches(f, target="gpu")`` (on this CPU the GPU rewrite runs too, and its
-calls take the path that picks the jit carrying the plan's XLA options), alternating
-them, and reports per-call microseconds (the minimum over ``--repeats`` rounds of
-``--calls`` calls each) and the ratio to ``jax.jit`` measured beside it:
+call of ``jax.jit(f)``, of ``eqx.filter_jit(f)``, of ``parallel_branches(f,
+target="cpu")`` and of ``parallel_branches(f, target="gpu")`` (on this CPU the GPU
+rewrite runs too, and its calls run the jit carrying the plan's XLA options),
+alternating them, and reports per-call microseconds (the minimum over ``--repeats``
+rounds of ``--calls`` calls each) and the ratios to ``jax.jit`` and to
+``eqx.filter_jit`` measured beside them:
 
 * ``two_arrays``: ``tanh(x @ y) + 1`` on two 16x16 arrays;
 * ``optimizer_state``: an identity-like step over 12 layers' parameters and their
   ``optax.adam`` state (74 leaves), the shape of a training step's arguments;
 * ``python_scalar``: a step taking an array and a Python float (traced, as jax.jit
-  traces it).
+  traces it; static under ``eqx.filter_jit``);
+* ``mixed``: two arrays, a Python float and a string naming the activation (a static
+  leaf: ``jax.jit`` takes it with ``static_argnames``, jaxpar and ``eqx.filter_jit``
+  as it comes).
 
 The work in each program is tiny on purpose: the figures are the dispatch, not the math.
 
@@ -33,21 +37,24 @@ from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
 
 import jaxpar
 
+Program = tuple[Callable[..., Any], tuple[Any, ...], tuple[str, ...]]
 
-def _two_arrays() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+
+def _two_arrays() -> Program:
     def f(x: jax.Array, y: jax.Array) -> jax.Array:
         return jnp.tanh(x @ y) + 1.0
 
-    return f, (jnp.ones((16, 16)), jnp.eye(16))
+    return f, (jnp.ones((16, 16)), jnp.eye(16)), ()
 
 
-def _optimizer_state() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def _optimizer_state() -> Program:
     widths = [32] * 13
     key = jax.random.key(0)
     params = [{"w": jax.random.normal(key, (a, b)) * 0.1, "b": jnp.zeros(b)}
@@ -57,21 +64,28 @@ def _optimizer_state() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     def step(params: Any, state: Any, x: jax.Array) -> Any:
         return jax.tree_util.tree_map(lambda a: a + 1, (params, state)), x * 2
 
-    return step, (params, state, jnp.ones((16, 32)))
+    return step, (params, state, jnp.ones((16, 32))), ()
 
 
-def _python_scalar() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def _python_scalar() -> Program:
     def f(x: jax.Array, scale: float) -> jax.Array:
         return jnp.tanh(x) * scale
 
-    return f, (jnp.ones((16, 16)), 0.5)
+    return f, (jnp.ones((16, 16)), 0.5), ()
 
 
-PROGRAMS: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]] = {
+def _mixed() -> Program:
+    def f(x: jax.Array, y: jax.Array, scale: float, activation: str) -> jax.Array:
+        return {"tanh": jnp.tanh, "relu": jax.nn.relu}[activation](x @ y) * scale
+
+    return f, (jnp.ones((16, 16)), jnp.eye(16), 0.5, "tanh"), ("activation",)
+
+
+PROGRAMS: dict[str, Callable[[], Program]] = {
     "two_arrays": _two_arrays, "optimizer_state": _optimizer_state,
-    "python_scalar": _python_scalar,
+    "python_scalar": _python_scalar, "mixed": _mixed,
 }
-VARIANTS = ("jax.jit", "pb cpu", "pb gpu")
+VARIANTS = ("jax.jit", "eqx.filter_jit", "pb cpu", "pb gpu")
 
 
 def _per_call_us(fn: Callable[..., Any], args: tuple[Any, ...], calls: int) -> float:
@@ -83,8 +97,9 @@ def _per_call_us(fn: Callable[..., Any], args: tuple[Any, ...], calls: int) -> f
 
 
 def measure(name: str, calls: int, repeats: int) -> dict[str, Any]:
-    fun, args = PROGRAMS[name]()
-    fns = {"jax.jit": jax.jit(fun),
+    fun, args, static_argnames = PROGRAMS[name]()
+    fns = {"jax.jit": jax.jit(fun, static_argnames=static_argnames or None),
+           "eqx.filter_jit": eqx.filter_jit(fun),
            "pb cpu": jaxpar.parallel_branches(fun, target="cpu"),
            "pb gpu": jaxpar.parallel_branches(fun, target="gpu")}
     outs = {variant: jax.block_until_ready(fn(*args))  # compiles; not timed
@@ -101,6 +116,7 @@ def measure(name: str, calls: int, repeats: int) -> dict[str, Any]:
     return {"leaves": len(jax.tree_util.tree_leaves(args)), "max_abs_diff": diff,
             "us_per_call": best,
             "ratio_vs_jit": {v: best[v] / best["jax.jit"] for v in VARIANTS},
+            "ratio_vs_filter_jit": {v: best[v] / best["eqx.filter_jit"] for v in VARIANTS},
             "overhead_us": {v: best[v] - best["jax.jit"] for v in VARIANTS},
             "samples": samples}
 
@@ -115,15 +131,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "programs": {}}
     print(f"per-call cost, jax {jax.__version__}, load {os.getloadavg()[0]:.2f} "
           f"(min of {ns.repeats} rounds of {ns.calls} calls)")
-    print(f"  {'program':16s} {'leaves':>6s} " + " ".join(f"{v:>9s} us" for v in VARIANTS)
-          + " " + " ".join(f"{v:>9s} x" for v in VARIANTS[1:]))
+    ratios = [(v, base) for base in ("jit", "eqx") for v in VARIANTS[2:]]
+    print(f"  {'program':16s} {'leaves':>6s} " + " ".join(f"{v:>14s} us" for v in VARIANTS)
+          + " " + " ".join(f"{v + ' x ' + base:>13s}" for v, base in ratios))
     for name in PROGRAMS:
         entry = measure(name, ns.calls, ns.repeats)
         results["programs"][name] = entry
-        us, ratio = entry["us_per_call"], entry["ratio_vs_jit"]
+        us = entry["us_per_call"]
+        against = {"jit": entry["ratio_vs_jit"], "eqx": entry["ratio_vs_filter_jit"]}
         print(f"  {name:16s} {entry['leaves']:6d} "
-              + " ".join(f"{us[v]:12.1f}" for v in VARIANTS) + " "
-              + " ".join(f"{ratio[v]:11.2f}" for v in VARIANTS[1:]), flush=True)
+              + " ".join(f"{us[v]:17.1f}" for v in VARIANTS) + " "
+              + " ".join(f"{against[base][v]:13.2f}" for v, base in ratios), flush=True)
     results["load_1min_end"] = os.getloadavg()[0]
     if ns.json:
         with open(ns.json, "w") as handle:

@@ -9,8 +9,12 @@ Example::
     print(jaxpar.inspect(two_scans)(a, b))
 
 Sharp edges:
-  * Every call runs under one ``jax.jit`` (eager calls, and calls under grad,
-    vmap or jvp, stay compiled; under another jit it is inlined). Its
+  * Every call runs under a ``jax.jit`` (eager calls, and calls under grad,
+    vmap or jvp, stay compiled; under another jit it is inlined). At the top level
+    it is one made per environment (``XLA_FLAGS``, ``JAXPAR_DISABLE``) that takes the
+    call's arguments as they are and rewrites inside its trace (``_TopLevel``), so a
+    compiled signature costs a call what ``jax.jit`` costs plus reading the
+    environment variables and checking the arguments' types. The function's
     ``trace``/``lower``/``eval_shape`` are ``jax.jit``'s on the decorated
     function, so there every non-static leaf must be an array, in the arguments
     and in the outputs (Equinox's and NNX's splits apply to calls only).
@@ -44,19 +48,27 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
 import jax
+import numpy as np
 
 from . import _compat, _primitives, _processes
 from ._analysis import Analysis, jaxpr_has_placement
 from ._cost import launch_pricing
 from ._emit import Emitter, GroupIds, region_call
-from ._flags import xla_flags_text
+from ._flags import environment_reader, xla_flags_text
 from ._frameworks import (
     NnxCall,
+    holds_equinox_module,
     holds_nnx_object,
     nnx_arguments,
     refuse_module_as_function,
 )
-from ._gpu_model import CommandBufferMode, GpuProfile
+from ._gpu_model import (
+    PROFILE_DIR_VARIABLE,
+    CommandBufferMode,
+    GpuProfile,
+    local_gpu_kind,
+    local_profile_stamp,
+)
 from ._memory import MemoryModel
 from ._options import (
     Options,
@@ -99,6 +111,7 @@ from ._trace import (
     function_name,
     has_python_scalars,
     needs_python_values,
+    packed_outputs,
     short_repr,
     split_arguments,
     split_outputs,
@@ -237,41 +250,141 @@ def _bounded(memo: dict[Any, Any]) -> dict[Any, Any]:
 
 class _CallMemos:
     """What a decorated function's calls remember beyond its plans: the settings of each
-    environment (``Options.resolve_inputs``), and per top-level GPU key the jit its
-    signatures chose with that jit's options (``key_jits``), or that they chose two
-    (``mixed_keys``). Emptied by ``clear_cache()`` and ``jax.clear_caches()``, as the
-    jits' caches are; each holds at most ``_MEMO_SIZE`` entries."""
+    environment (``Options.resolve_inputs``); the jits of top-level calls by environment
+    (``top``: by the variables read, ``top_modes``: by what they decide) and what the
+    argument trees hold (``tree_kinds``, ``_direct_tree``); and per top-level GPU key of
+    ``_keyed_call``'s path the jit its signatures chose with that jit's options
+    (``key_jits``), or that they chose two (``mixed_keys``). Emptied by ``clear_cache()`` and
+    ``jax.clear_caches()``, as the jits' caches are; each holds at most ``_MEMO_SIZE``
+    entries."""
 
-    __slots__ = ("__weakref__", "agreed", "key_jits", "mixed_keys", "settings")
+    __slots__ = ("__weakref__", "agreed", "key_jits", "mixed_keys", "settings", "top",
+                 "top_modes", "tree_kinds")
 
     def __init__(self, function: str) -> None:
         self.settings: dict[ResolveInputs, Settings] = {}
+        self.top: dict[tuple[Any, ...], _TopLevel | None] = {}
+        self.top_modes: dict[_Mode, _TopLevel] = {}
+        self.tree_kinds: dict[Any, int] = {}
         self.key_jits: dict[_CallKey, tuple[Any, tuple[tuple[str, str], ...]]] = {}
         self.mixed_keys: dict[_CallKey, None] = {}
         # Signatures whose program the processes compared (``_agree_across_processes``).
         self.agreed: dict[Any, None] = {}
         _compat.register_for_clear_caches(self, f"jaxpar call memos of {function}")
 
+    def _memos(self) -> tuple[dict[Any, Any], ...]:
+        return (self.settings, self.top, self.top_modes, self.tree_kinds, self.key_jits,
+                self.mixed_keys, self.agreed)
+
     def cache_clear(self) -> None:
-        self.settings.clear()
-        self.key_jits.clear()
-        self.mixed_keys.clear()
-        self.agreed.clear()
+        for memo in self._memos():
+            memo.clear()
 
     def cache_info(self) -> tuple[int, int]:  # what jax's cache registry asks of a cache
-        return (len(self.settings) + len(self.key_jits) + len(self.mixed_keys)
-                + len(self.agreed), _MEMO_SIZE)
+        return sum(map(len, self._memos())), _MEMO_SIZE
 
     def cache_keys(self) -> list[Any]:
-        return [*self.settings, *self.key_jits, *self.mixed_keys, *self.agreed]
+        return [key for memo in self._memos() for key in memo]
 
 
 def _options_key(options: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(options.items()))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Mode:
+    """What a top-level call reads from its environment: the settings (``XLA_FLAGS``) and
+    whether to rewrite at all (``JAXPAR_DISABLE``)."""
+
+    settings: Settings
+    rewrite: bool
+
+
+class _TopLevel:
+    """The jits that serve top-level calls in one environment (``_Mode``).
+
+    ``direct`` takes the call's own arguments (with ``static_argnums``/``static_argnames``
+    as ``jax.jit`` takes them) and splits them in its trace, so once a signature is
+    compiled JAX's C++ dispatch alone runs the call, as it runs a ``jax.jit`` function:
+    for calls whose leaves are arrays and Python scalars (``ParallelBranches.__call__``).
+    ``flat`` takes them split, ``(layout, nnx), *leaves``: calls with static leaves,
+    Equinox modules holding Python scalars, Flax NNX objects. Both trace what
+    ``_call_traced`` traces for a top-level call; neither holds the decorated function
+    but weakly, nor this object.
+
+    With ``tune=True`` a trace runs the candidate this process decided for its signature;
+    without a decision it raises ``_MeasureFirst``: the call takes ``_keyed_call``'s
+    path, which decides, and the jits are made anew (``renew``).
+
+    On target ``"gpu"`` both compile with the XLA options (CUDA-graph mode) ``options``:
+    none at first; the first signature whose plan chose others moves them (``retarget``)
+    while no signature ran in them yet (``accepted``). Once a signature's plan chose
+    options other than those of the signatures run, ``direct`` and ``flat`` become
+    None: the environment's calls take ``_keyed_call``'s path, which picks a jit per
+    signature.
+    """
+
+    __slots__ = ("accepted", "direct", "flat", "mode", "options")
+
+    def __init__(self, pb: ParallelBranches, mode: _Mode):
+        self.mode = mode
+        self.options: tuple[tuple[str, str], ...] = ()
+        # Set by the jits' traces when a signature's plan chose ``options``.
+        self.accepted = [False]
+        self.direct: Any
+        self.flat: Any
+        self.direct, self.flat = _top_level_jits(pb, mode, (), self.accepted)
+
+    def renew(self, pb: ParallelBranches) -> None:
+        """New jits with the same options: the tuner decided a signature whose trace
+        raised, and jax.jit keeps such a signature off its C++ path."""
+        self.direct, self.flat = _top_level_jits(pb, self.mode, self.options, self.accepted)
+
+    def retarget(self, pb: ParallelBranches, options: tuple[tuple[str, str], ...]) -> bool:
+        """Moves the jits to ``options`` (True), or gives them up (False)."""
+        if self.accepted[0] or self.direct is None or options == self.options:
+            self.direct = self.flat = None
+            return False
+        self.options = options
+        self.direct, self.flat = _top_level_jits(pb, self.mode, options, self.accepted)
+        return True
+
+
+class _Retarget(Exception):
+    """Raised from a top-level jit's trace whose plan chose other XLA options than the
+    jit's (``_TopLevel``)."""
+
+    def __init__(self, options: tuple[tuple[str, str], ...]):
+        super().__init__(options)
+        self.options = options
+
+
+# The variables a top-level call's environment is read from, on every call (XLA_FLAGS
+# and these).
+_read_environment = environment_reader((DISABLE_VARIABLE, PROFILE_DIR_VARIABLE))
+
+
+def _read_gpu_environment() -> tuple[Any, ...]:
+    """``_read_environment`` and this GPU's calibration file: a function planned for the
+    machine's own GPU reads its figures from that file."""
+    return *_read_environment(), local_profile_stamp()
+
+
+# Whether the last exception out of a top-level jit was raised in its trace (by jaxpar or
+# the user's function) rather than by jax.jit refusing an argument first.
+_top_level_state = threading.local()
+# Leaf types ``direct`` takes as jax.jit does: arrays, then Python scalars (traced).
+_DIRECT_ARRAYS = frozenset({_compat.ARRAY_IMPL, np.ndarray})
+_DIRECT_LEAVES = _DIRECT_ARRAYS | {bool, int, float, complex}
+# What an argument tree holds (``_CallMemos.tree_kinds``): no framework object, an
+# Equinox module (its Python scalars are static), a Flax NNX object.
+_PLAIN_TREE, _EQUINOX_TREE, _NNX_TREE = 0, 1, 2
+# ``_direct_failed``/``_flat_call``: not served there, take the next path.
+_INDIRECT: Any = object()
+
+
 class _MeasureFirst(Exception):
-    """Raised from a concrete call's trace that finds no decision: ``_call`` measures
+    """Raised from a concrete call's trace that finds no decision: ``_keyed_call`` measures
     outside the trace, then calls again. Only traces (a new signature) pay for it."""
 
 
@@ -338,6 +451,7 @@ class ParallelBranches:
         # GPU: gpu_preview plans for the GPU and the mode it judges in.
         self._planned_for: dict[str, Any] = {"command_buffers": command_buffers, "gpu": gpu}
         self._static_args = static_args or StaticArgs()
+        self._has_statics = bool(self._static_args.nums or self._static_args.names)
         self._cache = _PlanCache(_CACHE_SIZE)
         _compat.register_for_clear_caches(self._cache,
                                           f"jaxpar rewrites of {function_name(fun)}")
@@ -354,6 +468,8 @@ class ParallelBranches:
         self._stages_with: dict[tuple[tuple[str, str], ...], Any] = {}
         self._stages: Any = None
         self._memos = _CallMemos(function_name(fun))  # settings, jits picked per key
+        # What a top-level call reads its environment with (``_top_level`` chooses).
+        self._read_environment: Callable[[], tuple[Any, ...]] = _read_environment
         self._saw_traced_consts = threading.local()
         # nnx.jit's update context is keyed by a tag: one per decorated function (not
         # self, which the traced function would then keep alive in a cycle).
@@ -381,59 +497,36 @@ class ParallelBranches:
         return functools.partial(self, instance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _compat.jit_disabled():  # jax.disable_jit(): run the original, eagerly
+        top = None
+        context = _compat.call_context()
+        if context == _compat.EAGER:
+            # Most calls: JAX's C++ dispatch once compiled (``_TopLevel``). What follows
+            # runs on every call, so it is spelt out here rather than in helpers.
+            top = self._memos.top.get(self._read_environment(), _INDIRECT)
+            if top is _INDIRECT:
+                top = _top_level(self)
+            if top is not None and top.direct is not None:
+                # Arrays and Python scalars only, not in containers: no flattening needed.
+                types = set(map(type, args))
+                if kwargs:
+                    types.update(map(type, kwargs.values()))
+                if (types <= _DIRECT_LEAVES and not self._has_statics) \
+                        or _direct_tree(self, args, kwargs):
+                    try:
+                        return top.direct(*args, **kwargs)
+                    except BaseException as error:
+                        out = _direct_failed(self, top, error, args, kwargs)
+                    if out is not _INDIRECT:
+                        return out
+        elif context == _compat.JIT_DISABLED:  # jax.disable_jit(): the original, eagerly
             return self.__wrapped__(*args, **kwargs)
-        if not holds_nnx_object((args, kwargs)):  # most calls: no context to enter
-            return self._call_with_scalars(self.__wrapped__, args, kwargs, False)
+        if not holds_nnx_object((args, kwargs)):  # no context to enter
+            return _split_call(self, self.__wrapped__, args, kwargs, False, top)
         # Flax NNX objects among the arguments: split, call, write the new state back.
         with nnx_arguments(self._nnx_tag, self.__wrapped__, args, kwargs) as (
                 fun, args, kwargs, nnx_call):
-            out = self._call_with_scalars(fun, args, kwargs, nnx_call is not None)
+            out = _split_call(self, fun, args, kwargs, nnx_call is not None, top)
             return out if nnx_call is None else nnx_call.from_pure(out)
-
-    def _call_with_scalars(self, fun: Callable[..., Any], args: tuple[Any, ...],
-                           kwargs: dict[str, Any], nnx: bool) -> Any:
-        layout, leaves = split_arguments(fun, args, kwargs, self._static_args)
-        # Python scalars are traced as jax.jit traces them, so results match it bit for
-        # bit. Under a transformation a function that needs one as a Python value
-        # (range(n), an outer jit's static argument passed on) is traced again with them
-        # static, where jax.jit would raise; at the top level the error stands, and says
-        # to use static_argnums.
-        retry = has_python_scalars(leaves) and any(map(_compat.is_tracer, leaves))
-        if retry and layout in self._scalars_made_static:
-            return _call_with_static_scalars(self, fun, args, kwargs, nnx)
-        try:
-            return self._call(layout, leaves, nnx)
-        except TraceError as error:
-            if not (retry and needs_python_values(error)):
-                raise
-        out = _call_with_static_scalars(self, fun, args, kwargs, nnx)
-        self._scalars_made_static.add(layout)
-        return out
-
-    def _call(self, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
-        key = _call_key(self, layout, nnx, leaves)
-        if jax.process_count() > 1:
-            _agree_across_processes(self, key, leaves)
-        if self.tune is not None and key.rewrite and key.emit_streams:
-            # The decision is looked up when jax.jit traces (once per signature), so a
-            # call that hits jit's cache pays nothing for the tuner.
-            concrete = not key.call_site and not any(map(_compat.is_tracer, leaves))
-            key = dataclasses.replace(key, tune="measure" if concrete else "reuse",
-                                      tune_generation=self._tune_generation)
-        self._saw_traced_consts.value = False
-        try:
-            dynamic, outputs = _dispatch(self, key, leaves)
-        except _MeasureFirst:
-            _tuning(self, dataclasses.replace(key, tune="", tune_generation=0), leaves,
-                    first_call=True)
-            self._tune_generation += 1
-            key = dataclasses.replace(key, tune_generation=self._tune_generation)
-            dynamic, outputs = _jit_for(self, key, leaves)(key, *leaves)
-        if self._saw_traced_consts.value:
-            # The trace closed over another trace's tracers: jit must not reuse it.
-            self._jitted.clear_cache()
-        return outputs.rebuild(dynamic)
 
     def tuning(self, *args: Any, **kwargs: Any) -> Tuning | None:
         """The tuner's decision for these arguments (``tune=True`` only), as a call makes
@@ -518,6 +611,220 @@ class ParallelBranches:
 
     def __repr__(self) -> str:
         return f"parallel_branches({function_name(getattr(self, '__wrapped__', None))})"
+
+
+def _split_call(pb: ParallelBranches, fun: Callable[..., Any], args: tuple[Any, ...],
+                kwargs: dict[str, Any], nnx: bool, top: _TopLevel | None = None) -> Any:
+    """A call of ``pb`` not served by ``_TopLevel.direct``: its arguments split by jaxpar,
+    run by ``_TopLevel.flat`` at the top level, else with ``_keyed_call``."""
+    layout, leaves = split_arguments(fun, args, kwargs, pb._static_args)
+    if top is not None:  # at the top level: no tracers, no retrying
+        out = _flat_call(pb, top, layout, nnx, leaves)
+        if out is not _INDIRECT:
+            return out
+    # Python scalars are traced as jax.jit traces them, so results match it bit for
+    # bit. Under a transformation a function that needs one as a Python value
+    # (range(n), an outer jit's static argument passed on) is traced again with them
+    # static, where jax.jit would raise; at the top level the error stands, and says
+    # to use static_argnums.
+    retry = has_python_scalars(leaves) and any(map(_compat.is_tracer, leaves))
+    if retry and layout in pb._scalars_made_static:
+        return _call_with_static_scalars(pb, fun, args, kwargs, nnx)
+    try:
+        return _keyed_call(pb, layout, leaves, nnx)
+    except TraceError as error:
+        if not (retry and needs_python_values(error)):
+            raise
+    out = _call_with_static_scalars(pb, fun, args, kwargs, nnx)
+    pb._scalars_made_static.add(layout)
+    return out
+
+
+def _keyed_call(pb: ParallelBranches, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
+    """A call under a transformation, the tuner's deciding call, a call under several
+    processes, or in an environment whose signatures chose different XLA options
+    (``_TopLevel``)."""
+    key = _call_key(pb, layout, nnx, leaves)
+    if jax.process_count() > 1:
+        _agree_across_processes(pb, key, leaves)
+    if pb.tune is not None and key.rewrite and key.emit_streams:
+        # The decision is looked up when jax.jit traces (once per signature), so a
+        # call that hits jit's cache pays nothing for the tuner.
+        concrete = not key.call_site and not any(map(_compat.is_tracer, leaves))
+        key = dataclasses.replace(key, tune="measure" if concrete else "reuse",
+                                  tune_generation=pb._tune_generation)
+    pb._saw_traced_consts.value = False
+    try:
+        dynamic, outputs = _dispatch(pb, key, leaves)
+    except _MeasureFirst:
+        _tuning(pb, dataclasses.replace(key, tune="", tune_generation=0), leaves,
+                first_call=True)
+        pb._tune_generation += 1
+        key = dataclasses.replace(key, tune_generation=pb._tune_generation)
+        dynamic, outputs = _jit_for(pb, key, leaves)(key, *leaves)
+    if pb._saw_traced_consts.value:
+        # The trace closed over another trace's tracers: jit must not reuse it.
+        pb._jitted.clear_cache()
+    return outputs.rebuild(dynamic)
+
+
+def _top_level(pb: ParallelBranches) -> _TopLevel | None:
+    """The jits of top-level calls of ``pb`` in this environment (``_CallMemos.top``
+    missed), None where calls take ``_keyed_call``'s path: under several processes (they
+    agree at each signature's first call first)."""
+    memos = pb._memos
+    top = None
+    settings = _settings(pb)
+    if settings.target == "gpu" and pb._planned_for["gpu"] is None \
+            and local_gpu_kind() is not None:
+        pb._read_environment = _read_gpu_environment
+    if jax.process_count() == 1:
+        mode = _Mode(settings, not disabled_by_environment())
+        top = memos.top_modes.get(mode)
+        if top is None:
+            top = _bounded(memos.top_modes)[mode] = _TopLevel(pb, mode)
+    _bounded(memos.top)[pb._read_environment()] = top
+    return top
+
+
+def _direct_tree(pb: ParallelBranches, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``_TopLevel.direct`` takes this call: where its arguments (less the static
+    ones) have only arrays and Python scalars as leaves, and ``jax.jit`` splits them as
+    ``split_arguments`` does: no Flax NNX object among them, and no Equinox module with a
+    Python scalar (Equinox makes them static)."""
+    statics = pb._static_args
+    dynamic = _dynamic_arguments(statics, args, kwargs) if pb._has_statics else (args, kwargs)
+    leaves, tree = jax.tree_util.tree_flatten(dynamic)
+    types = set(map(type, leaves))
+    if not types <= _DIRECT_LEAVES:
+        return False
+    kinds = pb._memos.tree_kinds
+    try:
+        kind = kinds.get(tree)
+    except TypeError:  # a node's unhashable data: jaxpar's path says what to do
+        return False
+    if kind is None:
+        kind = _NNX_TREE if holds_nnx_object(dynamic) else \
+            _EQUINOX_TREE if holds_equinox_module(dynamic) else _PLAIN_TREE
+        _bounded(kinds)[tree] = kind
+    return kind == _PLAIN_TREE or (kind == _EQUINOX_TREE and types <= _DIRECT_ARRAYS)
+
+
+def _direct_failed(pb: ParallelBranches, top: _TopLevel, error: BaseException,
+                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """After ``top.direct(*args, **kwargs)`` raised ``error``: the call in the jit its plan
+    chose (``_Retarget``), or ``_INDIRECT`` where ``jax.jit`` refused an argument before
+    tracing (jaxpar's path then says what is wrong in its words), or ``error`` again."""
+    traced = getattr(_top_level_state, "raised", False)
+    _top_level_state.raised = False
+    if isinstance(error, _MeasureFirst):
+        top.renew(pb)
+        return _INDIRECT
+    if isinstance(error, _Retarget):
+        if not top.retarget(pb, error.options):
+            return _INDIRECT
+        try:
+            return top.direct(*args, **kwargs)
+        except BaseException as again:
+            return _direct_failed(pb, top, again, args, kwargs)
+    if traced or not isinstance(error, (TypeError, ValueError, OverflowError)):
+        raise error
+    return _INDIRECT
+
+
+def _flat_call(pb: ParallelBranches, top: _TopLevel, layout: Layout, nnx: bool,
+               leaves: list[Any]) -> Any:
+    """``top.flat((layout, nnx), *leaves)``, or ``_INDIRECT`` once ``top`` gave up."""
+    if top.flat is None:
+        return _INDIRECT
+    try:
+        return top.flat((layout, nnx), *leaves)
+    except _MeasureFirst:
+        _top_level_state.raised = False
+        top.renew(pb)
+        return _INDIRECT
+    except _Retarget as error:
+        _top_level_state.raised = False
+        if top.retarget(pb, error.options):
+            return _flat_call(pb, top, layout, nnx, leaves)
+        return _INDIRECT
+    except BaseException:
+        _top_level_state.raised = False
+        raise
+
+
+def _dynamic_arguments(statics: StaticArgs, args: tuple[Any, ...], kwargs: dict[str, Any]
+                       ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` without the static arguments."""
+    nums = {i if i >= 0 else i + len(args) for i in statics.nums}
+    return (tuple(a for i, a in enumerate(args) if i not in nums),
+            {k: v for k, v in kwargs.items() if k not in statics.names})
+
+
+def _top_level_jits(pb: ParallelBranches, mode: _Mode, options: tuple[tuple[str, str], ...],
+                    accepted: list[bool]) -> tuple[Any, Any]:
+    """``_TopLevel``'s two jits, compiling with ``options``. Their functions reach ``pb``
+    through a weak reference and hold ``mode``, ``options`` and ``accepted`` only, never
+    the ``_TopLevel`` holding them (no cycle keeps a dead function's programs alive)."""
+    ref = weakref.ref(pb)
+    statics = pb._static_args
+
+    def direct(*args: Any, **kwargs: Any) -> Any:
+        return _top_level_trace(ref, mode, options, accepted, None, args, kwargs)
+
+    def flat(split: tuple[Layout, bool], *leaves: Any) -> Any:
+        return _top_level_trace(ref, mode, options, accepted, split, leaves, {})
+
+    # Named as the user's function (lowered programs and profiles name it, as jax.jit's
+    # do), with its signature, which jax.jit reads static_argnames by.
+    fun = pb.__wrapped__
+    direct = functools.wraps(fun)(direct)
+    flat.__name__ = flat.__qualname__ = direct.__name__
+    given = dict(options) or None
+    return (jax.jit(direct, static_argnums=statics.nums, static_argnames=statics.names,
+                    compiler_options=given),
+            jax.jit(flat, static_argnums=0, compiler_options=given))
+
+
+def _top_level_trace(ref: weakref.ref[ParallelBranches], mode: _Mode,
+                     options: tuple[tuple[str, str], ...], accepted: list[bool],
+                     split: tuple[Layout, bool] | None, args: Sequence[Any],
+                     kwargs: dict[str, Any]) -> Any:
+    """The trace of a top-level call (``_TopLevel``): the program ``_call_traced`` gives a
+    top-level call, returning the call's output itself (``packed_outputs``).
+
+    Raises:
+      _Retarget: the plan chose XLA options other than ``options``.
+      _MeasureFirst: ``tune=True`` and no decision for this signature in this process.
+    """
+    try:
+        pb = ref()
+        if pb is None:  # only a jit captured elsewhere can outlive its owner
+            raise ReferenceError("jaxpar: this parallel_branches function was deleted")
+        if split is None:
+            layout, leaves = split_arguments(pb.__wrapped__, tuple(args), kwargs,
+                                             pb._static_args)
+            nnx = False
+        else:
+            (layout, nnx), leaves = split, list(args)
+        key = _CallKey(layout, nnx, True, mode.rewrite, mode.settings, 0)
+        if pb.tune is not None and key.rewrite:
+            key = _decided_key(pb, dataclasses.replace(key, tune="measure"), leaves)
+        rewrite = None if not key.rewrite else pb._prepare(
+            Signature(layout, tuple(abstract(leaf) for leaf in leaves)), key.settings, nnx)
+        chosen = () if rewrite is None else _options_key(rewrite.xla_options)
+        if chosen != options:
+            raise _Retarget(chosen)
+        accepted[0] = True
+        if rewrite is None:
+            full_args, full_kwargs = layout.rebuild(leaves)
+            out = pb._traced_function(nnx)(*full_args, **full_kwargs)
+            return packed_outputs(*split_outputs(out, layout.static_scalars))
+        with options_applied(pb):  # this jit compiles with them: no warning is due
+            return packed_outputs(_run(rewrite, leaves, True), rewrite.traced.outputs)
+    except BaseException:
+        _top_level_state.raised = True
+        raise
 
 
 class XlaOptionsNotAppliedWarning(UserWarning):
@@ -733,23 +1040,28 @@ def _staged_jit(pb: ParallelBranches, options: dict[str, str] | None) -> Any:
 
 def _call_with_static_scalars(pb: ParallelBranches, fun: Callable[..., Any],
                               args: tuple[Any, ...], kwargs: dict[str, Any], nnx: bool) -> Any:
-    """A call of ``pb`` with its Python scalars static (``_call_with_scalars``)."""
+    """A call of ``pb`` with its Python scalars static (``_split_call``)."""
     layout, leaves = split_arguments(fun, args, kwargs, pb._static_args,
                                      scalars=Scalars.STATIC)
-    return pb._call(layout, leaves, nnx)
+    return _keyed_call(pb, layout, leaves, nnx)
 
 
 def _call_key(pb: ParallelBranches, layout: Layout, nnx: bool, leaves: Sequence[Any] = ()
               ) -> _CallKey:
     """The key of a call of ``pb`` (its settings built once per environment)."""
+    return _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
+                    _settings(pb), next(_call_sites) if _compat.staging() else 0,
+                    _compat.vmap_axis_names(leaves))
+
+
+def _settings(pb: ParallelBranches) -> Settings:
+    """``pb``'s settings in this environment, built once per environment."""
     inputs = pb.options.resolve_inputs(**pb._planned_for)
     settings = pb._memos.settings.get(inputs)
     if settings is None:
         settings = pb.options.settings_from(inputs)
         _bounded(pb._memos.settings)[inputs] = settings
-    return _CallKey(layout, nnx, not inside_stream_call(), not disabled_by_environment(),
-                    settings, next(_call_sites) if _compat.staging() else 0,
-                    _compat.vmap_axis_names(leaves))
+    return settings
 
 
 def _dispatch(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any]) -> Any:

@@ -33,15 +33,16 @@ import functools
 import os
 import re
 import warnings
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from . import _compat
 from ._gpu_model import CommandBufferMode
 
 __all__ = ["FlagsNotAppliedWarning", "async_compute_limit", "check_flags_applied",
            "command_buffer_flags", "command_buffer_mode", "command_buffer_mode_set",
-           "command_buffer_options", "flags_as_options", "xla_flags", "xla_flags_text"]
+           "command_buffer_options", "environment_reader", "flags_as_options", "xla_flags",
+           "xla_flags_text"]
 
 _VARIABLE = "XLA_FLAGS"
 
@@ -49,6 +50,29 @@ _VARIABLE = "XLA_FLAGS"
 def xla_flags_text() -> str:
     """The process's ``XLA_FLAGS`` (empty when unset)."""
     return os.environ.get(_VARIABLE, "")
+
+
+def environment_reader(names: Sequence[str]) -> Callable[[], tuple[Any, ...]]:
+    """A function returning the values of ``XLA_FLAGS`` and of the environment variables
+    ``names`` (None where unset), to compare with an earlier reading: a decorated
+    function reads its environment at every call, so that its settings follow
+    ``XLA_FLAGS``.
+
+    ``os.environ.get`` encodes the name and decodes the value at every read (0.7 us
+    each); this reads the encoded mapping behind ``os.environ`` (CPython's ``_data``,
+    which ``os.environ[...] = ...`` and ``del`` keep current) where it is a dict, and
+    ``os.environ.get`` elsewhere. The values are for comparing, not for reading."""
+    every = (_VARIABLE, *names)
+    data = getattr(os.environ, "_data", None)
+    encode = getattr(os.environ, "encodekey", None)
+    if isinstance(data, dict) and callable(encode):
+        get = data.get
+        if len(every) == 3:  # what calls read: spelt out, twice as fast as map
+            first, second, third = (encode(name) for name in every)
+            return lambda: (get(first), get(second), get(third))
+        keys = tuple(encode(name) for name in every)
+        return lambda: tuple(map(get, keys))
+    return lambda: tuple(map(os.environ.get, every))
 
 
 def async_compute_limit(flags: str | None = None) -> int:

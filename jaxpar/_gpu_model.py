@@ -52,7 +52,9 @@ __all__ = [
     "GpuProfileError",
     "builtin_gpu_profile",
     "gpu_profile",
+    "local_gpu_kind",
     "local_gpu_profile",
+    "local_profile_stamp",
     "profile_document",
     "profile_path",
 ]
@@ -455,6 +457,38 @@ def gpu_profile(gpu: str | GpuProfile = "h200") -> GpuProfile:
     except OSError:
         return base
     return _load(path, (stat.st_mtime_ns, stat.st_size), base, kind)
+
+
+@functools.cache
+def local_gpu_kind() -> str | None:
+    """The device kind whose calibration file ``local_gpu_profile`` reads, None without
+    a GPU (a process's backend does not change once started)."""
+    if jax.default_backend() != "gpu":
+        return None
+    kind = jax.devices()[0].device_kind
+    base = GPU_PROFILES.get(kind.lower())
+    return (base.device_kind if base is not None else kind) or None
+
+
+@functools.lru_cache(maxsize=8)
+def _profile_file(directory: str, device_kind: str) -> str:
+    del directory  # keys the cache: profile_path reads it
+    return str(profile_path(device_kind))
+
+
+def local_profile_stamp() -> tuple[int, int] | None:
+    """What ``local_gpu_profile`` reads from the file system: the ``(mtime, size)`` of
+    this machine's GPU's calibration file; None without one, or without a GPU. A
+    decorated function compares it at each call (a calibration written meanwhile
+    changes its settings, as it changes ``local_gpu_profile``)."""
+    kind = local_gpu_kind()
+    if kind is None:
+        return None
+    try:
+        stat = os.stat(_profile_file(os.environ.get(PROFILE_DIR_VARIABLE, ""), kind))
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
 
 
 def local_gpu_profile() -> GpuProfile:

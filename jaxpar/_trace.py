@@ -264,6 +264,30 @@ jax.tree_util.register_pytree_node(OutputStatics, lambda node: ((), node),
                                    lambda node, _: node)
 
 
+class _Packed:
+    """A call's array outputs with its ``OutputStatics``: a pytree node whose unflattening
+    rebuilds the call's output, so a ``jax.jit`` returning it hands back that output."""
+
+    __slots__ = ("dynamic", "outputs")
+
+    def __init__(self, dynamic: Sequence[Any], outputs: OutputStatics):
+        self.dynamic = dynamic
+        self.outputs = outputs
+
+
+jax.tree_util.register_pytree_node(_Packed, lambda node: (node.dynamic, node.outputs),
+                                   lambda outputs, dynamic: outputs.rebuild(dynamic))
+
+
+def packed_outputs(dynamic: Sequence[Any], outputs: OutputStatics) -> Any:
+    """What a ``jax.jit`` returns to hand back the call's output itself (no rebuilding after
+    the call): the output's own tree when every leaf is an array, else a node that
+    ``jax.jit``'s unflattening turns into it (``OutputStatics.rebuild``)."""
+    if not outputs.statics:
+        return jax.tree_util.tree_unflatten(outputs.tree, dynamic)
+    return _Packed(list(dynamic), outputs)
+
+
 def split_outputs(out: Any, static_scalars: bool) -> tuple[list[Any], OutputStatics]:
     """The array leaves of ``out`` and the rest, as ``eqx.filter_jit`` partitions its
     output: leaves that are not arrays (functions, strings, a module's static fields)

@@ -655,32 +655,177 @@ def test_repr_of_the_function_is_never_called():
 
 
 def test_calls_build_their_settings_once_per_environment(monkeypatch):
-    """Equal calls hand jax.jit equal keys holding the very settings object (built once
-    per environment); a call in another environment (XLA_FLAGS) gets other settings,
-    and back in the first environment the first ones again."""
+    """Top-level calls read their environment on every call but build its settings and
+    jits once: equal calls run the same jits; a call in another environment (XLA_FLAGS)
+    gets other settings, and back in the first environment the first ones again."""
     from jaxpar import _api
 
-    seen = []
-    dispatch = _api._dispatch
-    monkeypatch.setattr(_api, "_dispatch",
-                        lambda pb, key, leaves: seen.append(key) or dispatch(pb, key, leaves))
+    built = []
+    top_level = _api._top_level
+    monkeypatch.setattr(_api, "_top_level", lambda pb: built.append(top_level(pb)) or built[-1])
     g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
     a, b = small_args()
     want = jax.jit(small)(a, b)
     for _ in range(2):
         np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
+    assert len(built) == 1
     flags = os.environ.get("XLA_FLAGS", "")
     monkeypatch.setenv("XLA_FLAGS",
                        flags + " --xla_gpu_experimental_parallel_async_compute_limit=1")
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
     monkeypatch.setenv("XLA_FLAGS", flags)
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
-    assert seen[0] == seen[1] == seen[3] != seen[2]
-    assert seen[0].settings is seen[1].settings is seen[3].settings
-    assert seen[2].settings.streams_per_section == 1 != seen[0].settings.streams_per_section
+    assert len(built) == 2  # back in the first environment: its jits, not built again
+    first, other = (top.mode.settings for top in built)
+    assert other.streams_per_section == 1 != first.streams_per_section
     assert g.analyses == 2
     g.clear_cache()  # and jax.clear_caches(): the settings are built afresh
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
-    assert seen[4] == seen[0] and seen[4].settings is not seen[0].settings
+    assert built[2].mode == built[0].mode and built[2].mode.settings is not first
     jax.clear_caches()
-    assert not g._memos.settings
+    assert not g._memos.settings and not g._memos.top
+
+
+# --- the per-call path: JAX's own dispatch after the first call of a signature ------------
+
+
+def _count_python_paths(monkeypatch):
+    """Counts, per name, the calls of jaxpar's Python per-call and planning routines."""
+    from jaxpar import _api
+
+    counts = dict.fromkeys(("split_arguments", "_call_key", "_top_level", "_direct_tree",
+                            "_prepare"), 0)
+
+    def spy(owner, name):
+        real = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            counts[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    for name in ("split_arguments", "_call_key", "_top_level", "_direct_tree"):
+        spy(_api, name)
+    spy(_api.ParallelBranches, "_prepare")
+    return counts
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_a_second_call_does_not_enter_jaxpars_python(monkeypatch, target):
+    """After the first call of a signature, arrays and Python scalars go straight into
+    jax.jit's dispatch: no splitting, key, settings or plan lookup; a new scalar value is
+    no new signature (traced, as jax.jit traces it), a new dtype or shape is."""
+    counts = _count_python_paths(monkeypatch)
+    g = jaxpar.parallel_branches(lambda a, b, s: (jnp.sin(a @ a) * s, jnp.cos(b @ b)),
+                                 target=target)
+    a, b = small_args()
+    want = jax.jit(lambda a, b, s: (jnp.sin(a @ a) * s, jnp.cos(b @ b)))
+    assert_tree_equal(g(a, b, 2.0), want(a, b, 2.0))
+    first = dict(counts)
+    assert first["_top_level"] == first["_prepare"] == 1 and first["_call_key"] == 0
+    for scale in (2.0, 3.0, 0.5):
+        assert_tree_equal(g(a, b, scale), want(a, b, scale))
+    assert counts == first
+    assert g.analyses == 1
+    assert_tree_equal(g(a, b, 4), want(a, b, 4))  # an int: another dtype, as for jax.jit
+    g(a[:4, :4], b, 2.0)
+    assert counts["_prepare"] == 3 and g.analyses == 3
+
+
+def test_nested_arguments_are_checked_not_split(monkeypatch):
+    """Containers of arrays (a training step's parameters and optimizer state) are only
+    flattened to check their leaves' types; jax.jit splits them, as it does for jax.jit."""
+    counts = _count_python_paths(monkeypatch)
+    g = jaxpar.parallel_branches(lambda p, x: jax.tree_util.tree_map(lambda v: v * x, p),
+                                 target="cpu")
+    params = {"w": [jnp.ones(3), jnp.zeros(2)], "b": (jnp.ones(1),)}
+    x = jnp.float32(2.0)
+    g(params, x)
+    first = dict(counts)
+    assert_tree_equal(g(params, x), jax.tree_util.tree_map(lambda v: v * x, params))
+    assert counts == {**first, "_direct_tree": first["_direct_tree"] + 1}
+
+
+def test_static_leaves_are_split_without_a_key_or_plan_lookup(monkeypatch):
+    """A call holding a static leaf (a string) is split by jaxpar, then runs in its
+    environment's jit taking the split arguments: no key, settings or plan lookup."""
+    counts = _count_python_paths(monkeypatch)
+
+    def f(x, scale, activation):
+        return {"tanh": jnp.tanh, "sin": jnp.sin}[activation](x) * scale
+
+    g = jaxpar.parallel_branches(f, target="cpu")
+    x = jnp.linspace(0.0, 1.0, 8)
+    assert_tree_equal(g(x, 0.5, "tanh"), jax.jit(f, static_argnums=2)(x, 0.5, "tanh"))
+    first = dict(counts)
+    assert_tree_equal(g(x, 1.5, "tanh"), jax.jit(f, static_argnums=2)(x, 1.5, "tanh"))
+    assert counts == {**first, "split_arguments": first["split_arguments"] + 1,
+                      "_direct_tree": first["_direct_tree"] + 1}
+    assert_tree_equal(g(x, 0.5, "sin"), jax.jit(f, static_argnums=2)(x, 0.5, "sin"))
+    assert g.analyses == 2 and counts["_call_key"] == 0
+
+
+def test_changes_to_the_environment_between_calls_are_followed(monkeypatch):
+    """The environment is read at every call: XLA_FLAGS (the async compute limit) plans
+    anew, JAXPAR_DISABLE runs the original function, and back again the first jits
+    answer without planning."""
+    counts = _count_python_paths(monkeypatch)
+    g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0, force_streams=True)
+    a, b = small_args()
+    lowered = []
+    real_run = jaxpar._api._run
+    monkeypatch.setattr(jaxpar._api, "_run",
+                        lambda rewrite, *rest: lowered.append(rewrite.settings)
+                        or real_run(rewrite, *rest))
+    want = jax.jit(small)(a, b)
+    np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
+    flags = os.environ.get("XLA_FLAGS", "")
+    monkeypatch.setenv("XLA_FLAGS",
+                       flags + " --xla_gpu_experimental_parallel_async_compute_limit=1")
+    np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
+    assert g.analyses == 2 and len(lowered) == 2
+    assert lowered[1].streams_per_section == 1 != lowered[0].streams_per_section
+    monkeypatch.setenv("JAXPAR_DISABLE", "1")
+    np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
+    assert g.analyses == 2 and len(lowered) == 2  # the original function, not planned
+    monkeypatch.delenv("JAXPAR_DISABLE")
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    before = dict(counts)
+    np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
+    assert counts == before and len(lowered) == 2  # the first environment's jits
+
+
+def test_arguments_jax_jit_refuses_get_jaxpars_error(monkeypatch):
+    """What jax.jit refuses before tracing (a Python int too large) takes jaxpar's path,
+    whose error names the argument, not jax.jit's."""
+    g = jaxpar.parallel_branches(lambda x, n: x * n, target="cpu")
+    g(jnp.ones(2), 3)
+    with pytest.raises(OverflowError, match=r"argument `n` of .*static_argnums"):
+        g(jnp.ones(2), 2**70)
+
+
+def test_a_calibration_written_between_calls_is_read(monkeypatch):
+    """On a GPU, a function planned for the machine's own GPU compares its calibration
+    file at each call too: a calibration written meanwhile changes its settings, as
+    ``local_gpu_profile`` reads it (checked here with the file's stamp and the GPU
+    faked)."""
+    from jaxpar import _api
+
+    stamp = [None]
+    monkeypatch.setattr(_api, "local_gpu_kind", lambda: "NVIDIA H200")
+    monkeypatch.setattr(_api, "local_profile_stamp", lambda: stamp[0])
+    counts = _count_python_paths(monkeypatch)
+    g = jaxpar.parallel_branches(small, target="gpu")
+    cpu = jaxpar.parallel_branches(small, target="cpu")
+    a, b = small_args()
+    for _ in range(2):
+        g(a, b)
+        cpu(a, b)
+    assert counts["_top_level"] == 2
+    assert g._read_environment is _api._read_gpu_environment
+    assert cpu._read_environment is _api._read_environment
+    stamp[0] = (1, 2)  # a calibration file appears
+    g(a, b)
+    cpu(a, b)
+    assert counts["_top_level"] == 3

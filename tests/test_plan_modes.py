@@ -373,7 +373,10 @@ def test_calls_use_the_chosen_options_and_stay_exact(calibrated: Any) -> None:
     args = fan_args()
     fn = jaxpar.parallel_branches(fan, target="gpu")
     np.testing.assert_array_equal(fn(*args), jax.jit(fan)(*args))
-    assert list(fn._jitted_with) == [tuple(REGIONS_OPTIONS.items())]
+    # Top-level calls run in their environment's jits, which carry the plan's options.
+    assert [top.options for top in fn._memos.top_modes.values()] == [
+        tuple(REGIONS_OPTIONS.items())]
+    assert fn._jitted_with == {}
     # Under grad the call is a nested jit, which takes no compiler options (jax 0.10).
     with pytest.warns(jaxpar.XlaOptionsNotAppliedWarning):
         got = jax.grad(lambda a: fn(a, *args[1:]))(args[0])
@@ -496,39 +499,48 @@ def chain_args() -> tuple[jax.Array, ...]:
 @pytest.mark.parametrize("first", ["fan", "chain"])
 def test_each_signature_runs_under_the_options_its_plan_chose(
         first: str, monkeypatch: pytest.MonkeyPatch, calibrated: Any) -> None:
-    """A call runs the jit its key's earlier signatures chose without looking its own plan
-    up first (``_jit_for``); a new signature whose plan chooses other options is sent to
-    its own jit, and from then on the key's calls look their plan up first."""
+    """Top-level calls run in their environment's jits (``_TopLevel``), which compile with
+    the options of the first signature's plan (moved there from none before any signature
+    ran in them), without looking a plan up (``_jit_for``). A signature whose plan chooses
+    other options sends the environment's calls to the path that runs each signature in
+    the jit carrying its plan's options, looking the plan up where a key's signatures
+    chose two."""
     from jaxpar import _api
 
     fan_in = fan_args()
     chain_in = chain_args()
     inputs = {"fan": fan_in, "chain": chain_in}
+    options = {"fan": tuple(REGIONS_OPTIONS.items()), "chain": ()}
     assert jaxpar.inspect(fan_or_chain, target="gpu")(*fan_in).xla_options == REGIONS_OPTIONS
     assert jaxpar.inspect(fan_or_chain, target="gpu")(*chain_in).xla_options == {}
     looked_up: list[int] = []
     jit_for = _api._jit_for
     monkeypatch.setattr(_api, "_jit_for",
                         lambda *a, **k: looked_up.append(1) or jit_for(*a, **k))
+    made: list[tuple[Any, ...]] = []  # (options, direct jit, flat jit) of each _TopLevel
+    top_level_jits = _api._top_level_jits
+    monkeypatch.setattr(_api, "_top_level_jits", lambda pb, mode, given, accepted: made.append(
+        (given, *top_level_jits(pb, mode, given, accepted))) or made[-1][1:])
     fn = jaxpar.parallel_branches(fan_or_chain, target="gpu")
     want = {name: jax.jit(fan_or_chain)(*args) for name, args in inputs.items()}
     second = "chain" if first == "fan" else "fan"
-    np.testing.assert_allclose(fn(*inputs[first]), want[first], rtol=1e-5)
-    assert len(looked_up) == 1
-    np.testing.assert_allclose(fn(*inputs[first]), want[first], rtol=1e-5)
-    assert len(looked_up) == 1  # the remembered jit, run without a lookup
+    for _ in range(2):
+        np.testing.assert_allclose(fn(*inputs[first]), want[first], rtol=1e-5)
+    assert looked_up == []
+    assert [given for given, _, _ in made] == [(), options[first]][:1 + (first == "fan")]
+    assert made[-1][1]._cache_size() == 1  # compiled once, in the jits carrying its options
     np.testing.assert_allclose(fn(*inputs[second]), want[second], rtol=1e-5)
-    assert len(looked_up) == 2  # sent back from the first signature's jit
+    assert len(looked_up) == 1  # sent back from the environment's jits, given up
+    assert [top.direct for top in fn._memos.top_modes.values()] == [None]
     for name in (first, second, first, second):
         np.testing.assert_allclose(fn(*inputs[name]), want[name], rtol=1e-5)
-    assert len(looked_up) == 6  # a key that saw two choices looks up every call
-    # One entry per signature in each jit it ran in: the jit carrying its plan's
-    # options, and the first signature's jit for the one sent back from it. Top-level
-    # calls never run in the jit that transformations trace into.
+    assert len(looked_up) == 5  # a key that saw two choices looks up every call
+    # One entry per signature in the jit carrying its plan's options, and one for the
+    # signature sent back from the other's jit (the key remembered the other's first).
     regions = fn._jitted_with[tuple(REGIONS_OPTIONS.items())]
     plain = fn._jitted_with[()]
     assert (plain._cache_size(), regions._cache_size()) == (
-        (1, 2) if first == "fan" else (2, 1))
+        (2, 1) if first == "fan" else (1, 2))
     assert fn._jitted._cache_size() == 0
     assert fn.analyses == 2
 

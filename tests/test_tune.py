@@ -101,6 +101,35 @@ def test_a_faster_rewrite_is_chosen_and_runs(monkeypatch):
     assert plan.to_dict()["tuning"]["chosen"] == REWRITE
 
 
+@pytest.mark.parametrize("chosen", ["jax.jit", REWRITE])
+def test_a_decided_signature_runs_in_jax_jits_own_dispatch(monkeypatch, chosen):
+    """After the call that decides, the signature's calls run in its environment's jit
+    (``_api._TopLevel``): the decided program, with no key built and no decision looked
+    up per call, and nothing measured again."""
+    from jaxpar import _api
+
+    timed = fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5 if chosen == REWRITE
+                                     else 1.0})
+    f = tuned_loop()
+    want = jax.jit(loop)(C, XS)
+    assert_tree_close(f(C, XS), want)
+    measured = list(timed)
+    looked_up: list[str] = []
+
+    def spy(name: str) -> None:
+        real = getattr(_api, name)
+        monkeypatch.setattr(_api, name, lambda *a, **k: looked_up.append(name) or real(*a, **k))
+
+    spy("_call_key")
+    spy("_tuning")
+    for _ in range(3):
+        assert_tree_close(f(C, XS), want)
+    assert looked_up == [] and timed == measured
+    (top,) = f._memos.top_modes.values()
+    assert top.direct._cache_size() == 1
+    assert f.tuning(C, XS).chosen == chosen
+
+
 def test_a_clear_loser_stops_early(monkeypatch):
     # Short times, so the budget's seconds buy plain the most repeats.
     timed = fake_timer(monkeypatch, {"jax.jit": 1e-3, REWRITE: 2e-3})
