@@ -203,7 +203,7 @@ def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: An
 # the program built on a deviceless GPU mesh instead.
 MULTI_DEVICE_PREVIEW = (
     "(no GPU preview here: a multi-device program is previewed when built on a deviceless "
-    "mesh, jaxpar.gpu_preview(fn, *args, mesh=jaxpar._compiled.make_gpu_mesh('h200', 8)), "
+    "mesh, jaxpar.gpu_preview(fn, *args, mesh=jaxpar.make_gpu_mesh('h200', 8)), "
     "with its arguments sharded on that mesh)")
 
 

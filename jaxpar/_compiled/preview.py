@@ -315,7 +315,7 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         devices), pytrees, Equinox modules, Flax NNX objects, static values.
       gpu: ``"h200"`` or ``"h100"`` (target descriptions shipped with jaxpar).
       devices: GPUs on a 1-D mesh ``("x",)`` when ``mesh`` is not given.
-      mesh: a mesh from ``jaxpar._compiled.gpu_compile.make_gpu_mesh`` for sharded arguments.
+      mesh: a mesh from ``jaxpar.make_gpu_mesh`` for sharded arguments.
       allow_known_crashes: compile even where this jaxlib is known to crash.
       command_buffers: the user's CUDA-graph mode, in which the plain program is judged:
         ``"lhs"`` (XLA's default), ``"concurrent"``, ``"concurrent_regions"``,
