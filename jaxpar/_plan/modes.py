@@ -502,7 +502,18 @@ def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode,
     model = _Model(costs, mode, {i: numbered[key] for i, key in lanes.items()}, memo, gpu)
     forced = sum(section.cost_seconds or 0.0 for section in plan.sections
                  if section.pays is False)
-    return model.jaxpr(plan.jaxpr, top=True).run_seconds + forced
+    return model.jaxpr(plan.jaxpr, top=True).run_seconds + forced - _grouped_seconds(
+        plan, model.gpu)
+
+
+def _grouped_seconds(plan: LevelPlan, gpu: GpuProfile) -> float:
+    """What launching each collectives group as one NCCL group saves: its members are
+    launched once (one call, not one launch each), as the compiled schedule counts them.
+    (Their transfers side by side are not credited: the model does not serialise
+    collectives in jax.jit's program either.) Each level counts once (a group in a loop
+    body, once a run, not once a trip)."""
+    return sum(gpu.launch_s * (len(group.eqns) - 1) for level in plan.walk()
+               for group in level.collective_groups)
 
 
 def regions_hold_loops(plan: LevelPlan) -> bool:
