@@ -148,8 +148,8 @@ class PlanEstimate:
     """One run of the program as ``jax.jit`` compiles it and as jaxpar does, in us.
 
     ``source`` says where the figures come from: jaxpar's planning model (a plan's one
-    pair, ``Plan.estimate``) or a deviceless compile (``GpuPreview.compiled``). ``rejected`` sums up, per stream section
-    the GPU pricing would not have emitted (``force_streams``), its gain and cost; the
+    pair, ``Plan.estimate``) or a deviceless compile (``GpuPreview.compiled``).
+    ``rejected`` sums up, per stream section the GPU pricing would not have emitted (``force_streams``), its gain and cost; the
     pricing's reasoning is ``Section.verdict``.
     """
 
