@@ -149,8 +149,9 @@ class PlanEstimate:
 
     ``source`` says where the figures come from: jaxpar's planning model (a plan's one
     pair, ``Plan.estimate``) or a deviceless compile (``GpuPreview.compiled``).
-    ``rejected`` sums up, per stream section the GPU pricing would not have emitted (``force_streams``), its gain and cost; the
-    pricing's reasoning is ``Section.verdict``.
+    ``rejected`` sums up, per stream section the GPU pricing would not have emitted
+    (``force_streams``), its gain and cost; the pricing's reasoning is
+    ``Section.verdict``.
     """
 
     plain_us: float
