@@ -130,7 +130,8 @@ class Plan(PlanRecord):
             options = self.xla_options
             shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
                      else "none (the process's XLA_FLAGS)")
-            lines.append(f"  XLA options: {shown}: {self.mode.reason}")
+            lines.append(f"  XLA options: {shown}: "
+                         f"{self.mode.line(figure.plain_us, figure.jaxpar_us)}")
         if self.memory is not None:
             lines.append(f"  {self.memory.line()}")
             lines.extend(f"    {why}" for why in self.memory.left_out)
