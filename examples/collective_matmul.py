@@ -104,6 +104,17 @@ def story(devices: int = 8):
             make_collective_matmul(mesh), (x, w))
 
 
+def gpu_story(mesh: Mesh):
+    """For ``python -m jaxpar demo``'s GPU preview: ``story``'s function and argument specs
+    built on ``mesh`` (deviceless GPUs, ``jaxpar._compiled.make_gpu_mesh``)."""
+    devices = mesh.shape[AXIS]
+    x = jax.ShapeDtypeStruct((devices * 16, 64), jnp.float32,
+                             sharding=NamedSharding(mesh, P(AXIS, None)))
+    w = jax.ShapeDtypeStruct((64, devices * 8), jnp.float32,
+                             sharding=NamedSharding(mesh, P(None, AXIS)))
+    return make_collective_matmul(mesh), (x, w)
+
+
 def main(devices: int = 8) -> None:
     """Runs the collective matmul on ``devices`` fake CPU devices and checks it."""
     if not jax.config.jax_platforms:

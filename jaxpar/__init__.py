@@ -13,6 +13,7 @@ from ._api import XlaOptionsNotAppliedWarning as XlaOptionsNotAppliedWarning
 from ._api import inspect as inspect
 from ._api import on_stream as on_stream
 from ._api import parallel_branches as parallel_branches
+from ._compiled.gpu_compile import make_gpu_mesh as make_gpu_mesh
 from ._compiled.preview import GpuPreview as GpuPreview
 from ._compiled.preview import gpu_preview as gpu_preview
 from ._flags import FlagsNotAppliedWarning as FlagsNotAppliedWarning
@@ -56,6 +57,7 @@ __all__ = [
     "flags_as_options",
     "gpu_preview",
     "inspect",
+    "make_gpu_mesh",
     "on_stream",
     "parallel_branches",
     "xla_flags",

@@ -40,7 +40,6 @@ import dataclasses
 import functools
 import gc
 import itertools
-import os
 import threading
 import warnings
 import weakref
@@ -78,6 +77,7 @@ from ._options import (
     Target,
     Unroll,
     check_known,
+    disabled_by_environment,
 )
 from ._plan import LevelPlan, plan_jaxpr, symbolic_plan
 from ._plan.budget import LADDER, MemoryFigures, mode_memory_reason, over_budget
@@ -138,13 +138,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _CACHE_SIZE = 64
 
-DISABLE_VARIABLE = "JAXPAR_DISABLE"
 
-
-def disabled_by_environment() -> bool:
-    """Whether ``JAXPAR_DISABLE`` is set (``1``, ``true``, ``yes`` or ``on``): decorated
-    functions then run as plain ``jax.jit`` of the original function."""
-    return os.environ.get(DISABLE_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1605,7 +1599,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       ...   return jnp.tanh(a @ a) + jnp.tanh(b @ b)
     """
     _refuse_outer_jit_options(unknown, "parallel_branches")
-    check_known(unknown, (*Options.names(), *_CALL_OPTIONS))
+    check_known(unknown, (*Options.names(), "tune", *_CALL_OPTIONS))
     if not isinstance(tune, (bool, TuneBudget)):
         raise TypeError(f"tune must be True, False or a jaxpar.TuneBudget, got {tune!r}")
     options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,

@@ -182,11 +182,12 @@ def _same(expected: Any, got: Any) -> bool:
                                jax.tree_util.tree_leaves(got), strict=True))
 
 
-def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: Any) -> bool:
+def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: Any,
+                gpu_story: Callable[[Any], Any] | None = None) -> bool:
     print(f"\n== {title} ==", file=out)
-    # With the CUDA plugin, the plan shown is gpu_preview's, whose header carries the
-    # compiled estimate: one figure for the plan and the preview table below it.
-    preview, skipped = _demo_preview(fn, args)
+    # The plan (inspect's one pair of figures), then, with the CUDA plugin, gpu_preview:
+    # the same pair beside the compile's, and which one decided.
+    preview, skipped = _demo_preview(fn, args, gpu_story)
     print(preview.plan if preview is not None else inspect(fn, target="gpu")(*args), file=out)
     plain = jax.jit(fn)
     here = jax.jit(parallel_branches(fn))  # target "auto": this machine's backend
@@ -203,20 +204,31 @@ def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: An
 # the program built on a deviceless GPU mesh instead.
 MULTI_DEVICE_PREVIEW = (
     "(no GPU preview here: a multi-device program is previewed when built on a deviceless "
-    "mesh, jaxpar.gpu_preview(fn, *args, mesh=jaxpar._compiled.make_gpu_mesh('h200', 8)), "
+    "mesh, jaxpar.gpu_preview(fn, *args, mesh=jaxpar.make_gpu_mesh('h200', 8)), "
     "with its arguments sharded on that mesh)")
 
 
-def _demo_preview(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, str]:
-    """``gpu_preview`` of one story, or None and why it was skipped."""
+def _demo_preview(fn: Callable[..., Any], args: Sequence[Any],
+                  gpu_story: Callable[[Any], Any] | None = None) -> tuple[Any, str]:
+    """``gpu_preview`` of one story, or None and why it was skipped. A multi-device story
+    is previewed where its example rebuilds it on a deviceless mesh (``gpu_story(mesh)``:
+    the function and its argument specs)."""
     ok, why = plugin_status()
     if not ok:
         return None, f"(GPU preview skipped: {why})"
     specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    mesh = None
     if any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree_util.tree_leaves(args)
            if hasattr(leaf, "sharding")):
-        return None, MULTI_DEVICE_PREVIEW
+        if gpu_story is None:
+            return None, MULTI_DEVICE_PREVIEW
+        from ._compiled.gpu_compile import make_gpu_mesh
+
+        mesh = make_gpu_mesh("h200", len(jax.tree_util.tree_leaves(args)[0].sharding.device_set))
+        fn, specs = gpu_story(mesh)
     try:
+        if mesh is not None:
+            return gpu_preview(fn, *specs, gpu="h200", mesh=mesh), ""
         return gpu_preview(fn, *specs, gpu="h200"), ""
     except RuntimeError as error:
         return None, f"(GPU preview skipped: {error})"
@@ -260,7 +272,7 @@ def demo(out: Any = sys.stdout) -> int:
             print(f"\n(skipped {module.__name__}: needs 8 devices)", file=out)
             continue
         title, fn, args = story
-        ok &= _demo_story(title, fn, args, out)
+        ok &= _demo_story(title, fn, args, out, getattr(module, "gpu_story", None))
     print("\nall results equal the plain versions" if ok else "\nMISMATCH", file=out)
     return 0 if ok else 1
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 from collections.abc import Iterable
 from typing import Any, Literal, NamedTuple
 
@@ -372,6 +373,15 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str:
     """`` (did you mean 'max_streams'?)`` for a misspelled name, or ``""``."""
     close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+DISABLE_VARIABLE = "JAXPAR_DISABLE"
+
+
+def disabled_by_environment() -> bool:
+    """Whether ``JAXPAR_DISABLE`` is set (``1``, ``true``, ``yes`` or ``on``): decorated
+    functions then run as plain ``jax.jit`` of the original function."""
+    return os.environ.get(DISABLE_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def check_known(given: Iterable[str], valid: Iterable[str], api: str = "jaxpar") -> None:

@@ -600,6 +600,20 @@ def test_environment_variable_turns_jaxpar_off(monkeypatch):
     assert g.analyses == 1
 
 
+def test_inspect_says_when_the_environment_turns_jaxpar_off(monkeypatch):
+    args = two_scans_args()
+    assert "JAXPAR_DISABLE" not in jaxpar.inspect(two_scans, target="gpu")(*args).text()
+    monkeypatch.setenv("JAXPAR_DISABLE", "1")
+    text = jaxpar.inspect(two_scans, target="gpu")(*args).text()
+    assert "JAXPAR_DISABLE is set: calls run plain jax.jit" in text.splitlines()[1]
+
+
+def test_make_gpu_mesh_is_public():
+    from jaxpar._compiled import gpu_compile
+    assert jaxpar.make_gpu_mesh is gpu_compile.make_gpu_mesh
+    assert "make_gpu_mesh" in jaxpar.__all__
+
+
 # --- lifetime: nothing keeps the function's arrays alive (as jax.jit) ---------------------------
 
 

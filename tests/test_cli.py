@@ -189,17 +189,19 @@ def test_demo_runs_end_to_end():
     assert len(timings) == 3
     assert all("same compiled program as jax.jit" in line or "middle half of" in line
                for line in timings)
-    # One estimate per story: a previewed story's plan header shows the preview's figure.
-    verdicts = re.findall(r"verdict: .*\(est\. ([\d,.]+) us -> ([\d,.]+) us", out)
-    headers = re.findall(r"est\. jax\.jit ([\d,.]+) us -> jaxpar ([\d,.]+) us .*, from "
-                         r"gpu_preview's deviceless", out)
-    assert verdicts == headers
+    # One pair per story: the plan's header (inspect's figures) is the preview's "plan:"
+    # line, the compile's pair is beside it, and the preview says which one decided. The
+    # collective matmul is previewed too (rebuilt on a deviceless mesh), and agrees.
+    pair = r"est\. jax\.jit ([\d,.]+) us -> jaxpar ([\d,.]+) us"
+    headers = re.findall(r"^  " + pair + r" .*, from jaxpar's planning model", out, re.M)
+    plans = re.findall(r"^  plan: " + pair, out, re.M)
     from jaxpar._compiled import plugin_status
 
-    assert len(verdicts) == (2 if plugin_status()[0] else 0)  # the single-device stories
+    assert len(plans) == (3 if plugin_status()[0] else 0)
     if plugin_status()[0]:
-        # The multi-device story is not previewed; the line says how to preview it.
-        assert "make_gpu_mesh('h200', 8)" in out and "benchmarks/run.py" not in out
+        assert plans == headers
+        assert out.count("decision: by the planning model") == 3, out
+        assert "make_gpu_mesh('h200', 8)" not in out
 
 
 def test_timing_report_shows_noise_or_says_there_is_nothing_to_time():

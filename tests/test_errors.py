@@ -101,6 +101,14 @@ def test_unknown_option_in_parallel_branches():
         jaxpar.parallel_branches(f, max_stream=2)
 
 
+def test_unknown_option_lists_every_option_parallel_branches_takes():
+    with pytest.raises(TypeError) as error:
+        jaxpar.parallel_branches(f, tunes=True)
+    valid = str(error.value).split("valid options are: ")[1].split(", ")
+    assert "tune" in valid and "static_argnums" in valid and "memory" in valid
+    assert "did you mean 'tune'" in str(error.value)
+
+
 def test_unknown_option_in_inspect_lists_the_valid_ones():
     with pytest.raises(TypeError, match=r"unknown jaxpar option.*'max_stream'.*max_streams"):
         jaxpar.inspect(f, max_stream=2)

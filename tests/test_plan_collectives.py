@@ -365,6 +365,9 @@ print("OK")
 
 @pytest.mark.cpu_devices(N)
 def test_deviceless_h200_every_group_overlaps_a_compute_region():
+    """The GPU pricing drops the compute regions beside the groups (XLA already overlaps
+    that compute in jax.jit's program, and merges the per-step matmuls); force_streams
+    keeps them, and XLA then starts each one while its group is in flight."""
     reason = _deviceless_ready()
     if reason:
         pytest.skip(reason)
@@ -372,8 +375,13 @@ def test_deviceless_h200_every_group_overlaps_a_compute_region():
 plan = jaxpar.inspect(grouped(f))(x, w)
 groups = [c for c in plan.collectives if c.grouped]
 assert len(groups) == 3 and all(c.directions == "forward, backward" for c in groups), plan
-assert all(c.overlapped_by for c in groups), plan
-schedule = parse_schedule(compile_for_gpu(grouped(f), x, w, mesh=mesh))
+assert not plan.sections and not any(c.overlapped_by for c in groups), plan
+assert sum("already overlaps this compute" in n.detail for n in plan.left_alone) == 3, plan
+forced = jaxpar.parallel_branches(f, target="gpu", force_streams=True)
+plan = jaxpar.inspect(forced)(x, w)
+groups = [c for c in plan.collectives if c.grouped]
+assert all(c.overlapped_by for c in groups) and all(s.pays is False for s in plan.sections), plan
+schedule = parse_schedule(compile_for_gpu(forced, x, w, mesh=mesh))
 events = schedule.entry_schedule.events
 # Every collectives group has a compute region started while it is in flight.
 open_groups, overlapped = {}, 0

@@ -170,6 +170,46 @@ class GpuPreview:
     xla_options: tuple[tuple[str, str], ...] = ()
 
     @property
+    def compiled(self) -> PlanEstimate:
+        """The compile's pair of figures: plain ``jax.jit`` in the user's mode against
+        jaxpar in its chosen mode, from the deviceless compiles (``Plan.estimate`` is the
+        planning model's pair, the one ``inspect`` shows)."""
+        chosen, mode = self.jaxpar_command_buffers, self.command_buffers
+        source = (f"gpu_preview's deviceless {self.gpu.upper()} compile (jaxpar in "
+                  f"{chosen.value} graphs, plain in {mode.value})" if chosen is not mode else
+                  f"gpu_preview's deviceless {self.gpu.upper()} compile ({mode.value} graphs)")
+        return PlanEstimate(self.plain.estimated_us, self.jaxpar.estimated_us, source)
+
+    @property
+    def decided_by(self) -> str:
+        """``"planning model"`` where the compile agrees with the plan on direction
+        (faster, slower or the same within 1%), else ``"compile"``: its verdict wins."""
+        agree = direction(self.plan.estimate.ratio) == direction(self.compiled.ratio)
+        return "planning model" if agree else "compile"
+
+    @property
+    def recommendation(self) -> str:
+        """``"plain"`` where the decision's figures say jaxpar's program is slower than
+        ``jax.jit``'s (then use ``jax.jit`` for this function), else ``"jaxpar"``."""
+        figure = self.plan.estimate if self.decided_by == "planning model" else self.compiled
+        return "plain" if direction(figure.ratio) == "slower" else "jaxpar"
+
+    @property
+    def decision(self) -> str:
+        """One line: which pair of figures decides, and what it recommends."""
+        model, compiled = direction(self.plan.estimate.ratio), direction(self.compiled.ratio)
+        if self.decided_by == "planning model":
+            line = (f"decision: by the planning model (the plan's figures); the compile "
+                    f"agrees: {model}")
+        else:
+            line = (f"decision: by the compile, which disagrees with the planning model "
+                    f"(the plan's figures say {model}, the compile {compiled})")
+        if self.recommendation == "plain":
+            return (f"{line}: use plain jax.jit for this function (jaxpar's program is "
+                    "estimated slower)")
+        return f"{line}: use jaxpar's program"
+
+    @property
     def time_ratio(self) -> float:
         """Estimated jaxpar time over plain time (< 1: jaxpar expected faster)."""
         plain, fast = self.plain.estimated_us, self.jaxpar.estimated_us
@@ -228,6 +268,11 @@ class GpuPreview:
                 "plain": self.plain.to_dict(),
                 "jaxpar": self.jaxpar.to_dict(), "plan": self.plan.to_dict(),
                 "time_ratio": self.time_ratio, "verdict": self.verdict,
+                "estimate": dataclasses.asdict(self.plan.estimate) | {
+                    "rejected": list(self.plan.estimate.rejected)},
+                "compiled_estimate": dataclasses.asdict(self.compiled) | {"rejected": []},
+                "decided_by": self.decided_by, "recommendation": self.recommendation,
+                "decision": self.decision,
                 "memory": self.memory_line}
 
     def __str__(self) -> str:
@@ -271,8 +316,14 @@ class GpuPreview:
                  f"{self.mode_source})",
                  f"  plain jit in the user's {self.command_buffers.value} mode; jaxpar in "
                  f"{self.jaxpar_command_buffers.value} mode (XLA options: {options})"]
+        figure = self.plan.estimate
         if self.plan.mode is not None:
-            lines.append(f"  why: {self.plan.mode.reason}")
+            lines.append(f"  why: {self.plan.mode.line(figure.plain_us, figure.jaxpar_us)}")
+        lines.append(f"  plan: {figure.line()}")
+        compiled = self.compiled
+        if abs(compiled.ratio - figure.ratio) > _VERDICT_TOLERANCE * figure.ratio:
+            lines.append(f"  compile: {compiled.line()}")
+        lines.append(f"  {self.decision}")
         lines.append(f"  {'':{width}}  {'plain jit':>12}  {'jaxpar':>12}")
         for label, key in rows:
             lines.append(f"  {label:{width}}  {cell(self.plain, key):>12}  "
@@ -315,7 +366,7 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
         devices), pytrees, Equinox modules, Flax NNX objects, static values.
       gpu: ``"h200"`` or ``"h100"`` (target descriptions shipped with jaxpar).
       devices: GPUs on a 1-D mesh ``("x",)`` when ``mesh`` is not given.
-      mesh: a mesh from ``jaxpar._compiled.gpu_compile.make_gpu_mesh`` for sharded arguments.
+      mesh: a mesh from ``jaxpar.make_gpu_mesh`` for sharded arguments.
       allow_known_crashes: compile even where this jaxlib is known to crash.
       command_buffers: the user's CUDA-graph mode, in which the plain program is judged:
         ``"lhs"`` (XLA's default), ``"concurrent"``, ``"concurrent_regions"``,
@@ -400,13 +451,8 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
     plain = _figures(gpu_compile.compiled_program(plain_lowered, command_buffer_options(mode)),
                      profile, mode)
     count = mesh.devices.size if mesh is not None else devices
-    # The plan shows the compiled estimate too: its header, its picture and this preview
-    # give one figure (jaxpar in its chosen mode against plain in the user's).
-    source_text = (f"gpu_preview's deviceless {gpu.upper()} compile (jaxpar in {chosen.value} "
-                   f"graphs, plain in {mode.value})" if chosen is not mode else
-                   f"gpu_preview's deviceless {gpu.upper()} compile ({mode.value} graphs)")
-    plan = dataclasses.replace(plan, compiled_estimate=PlanEstimate(
-        plain.estimated_us, fast.estimated_us, source_text, plan.estimate.rejected))
+    # The plan keeps its one pair of figures (``inspect``'s); the compile's pair is shown
+    # beside it (``GpuPreview.compiled``), and decides where the two disagree.
     return GpuPreview(gpu, count, plain, fast, plan, mode, source, chosen,
                       tuple(sorted(plan.xla_options.items())))
 
@@ -414,6 +460,14 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
 # Relative difference below which the verdict calls both programs the same
 # (``estimate.verdict``'s default).
 _VERDICT_TOLERANCE = 0.01
+
+
+def direction(ratio: float) -> str:
+    """``"faster"``, ``"slower"`` or ``"the same"``: a jaxpar/plain time ratio's direction,
+    the same within ``_VERDICT_TOLERANCE``."""
+    if ratio < 1 - _VERDICT_TOLERANCE:
+        return "faster"
+    return "slower" if ratio > 1 + _VERDICT_TOLERANCE else "the same"
 _BATCHING_KINDS = (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS,
                    DecisionKind.BATCHED)
 

@@ -66,7 +66,7 @@ from .plans import (
     Note,
     SectionPlan,
 )
-from .pricing import price_regions
+from .pricing import price_collective_section, price_regions
 from .regions import build_regions
 from .sections import SectionChoice, choose_sections, decompose
 
@@ -116,7 +116,9 @@ def _plan_level(jaxpr: JaxprLike, analysis: Analysis, path: str, axis_sizes: Map
     if groups:
         grouped = {i for g in groups for i in g.eqns}
         notes = [n for n in notes if not (n.reason == REASON_COLLECTIVE and n.eqns[0] in grouped)]
-        sections = list(overlap_collectives(graph, groups, heavy, blocked, seconds))
+        sections = _priced_collective_sections(
+            inner, graph, overlap_collectives(graph, groups, heavy, blocked, seconds),
+            analysis, notes)
     elif collective_plan.collectives and len(heavy) >= 2:
         # Stream regions spanning several steps would only fit around the collectives;
         # on the main stream XLA's scheduler overlaps each matmul with a transfer.
@@ -330,6 +332,29 @@ def _build_section(jaxpr: Jaxpr, graph: Graph, order: HeavyOrder, seconds: tuple
     return SectionPlan(group=group, regions=regions.region_plans(),
                        gain_seconds=verdict.gain_seconds, cost_seconds=verdict.cost_seconds,
                        verdict=verdict.reason, pays=verdict.pays)
+
+
+def _priced_collective_sections(jaxpr: Jaxpr, graph: Graph, found: Sequence[SectionPlan],
+                                analysis: Analysis, notes: list[Note]) -> list[SectionPlan]:
+    """The collectives sections ``found`` at the GPU pricing's verdict (every one, as it
+    is, off a GPU): one that does not pay is dropped, with a note, unless
+    ``force_streams`` keeps it (with its verdict, for the report and the estimate)."""
+    settings = analysis.settings
+    if settings.command_buffers is None:
+        return list(found)
+    kept = []
+    for section in found:
+        region = section.regions[0].eqns
+        verdict = price_collective_section(jaxpr, graph, region, analysis.costs,
+                                           mode=settings.command_buffers)
+        if verdict.pays or settings.force_streams:
+            kept.append(dataclasses.replace(
+                section, gain_seconds=verdict.gain_seconds, cost_seconds=verdict.cost_seconds,
+                verdict=verdict.reason, pays=verdict.pays))
+        else:
+            heavy = tuple(i for i in region if analysis.costs.eqn_cost(jaxpr.eqns[i]).kernels > 0)
+            notes.append(Note(heavy or tuple(region), REASON_NO_GAIN, verdict.reason))
+    return kept
 
 
 def _plan_nested(eqns: Sequence[JaxprEqn], sections: Sequence[SectionPlan],

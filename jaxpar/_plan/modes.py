@@ -196,6 +196,25 @@ class ModeChoice:
     plain_seconds: float | None = None
     ends: tuple[ModeEnds, ...] = ()
     measured: bool = False
+    why: str = ""  # a chosen mode: what it does for this program, without figures
+
+    def line(self, plain_us: float, jaxpar_us: float) -> str:
+        """The reason with the plan's one pair of figures (``Plan.estimate``): for a chosen
+        mode, jaxpar's time against jax.jit's (not against jaxpar's program in the user's
+        mode, which ``reason`` compares, and which follows in brackets); else ``reason``."""
+        base = self.estimate(self.user_mode)
+        if not (self.chosen and self.why and plain_us > 0):
+            return self.reason
+        found = self.ends_of(self.mode)
+        own = (f"; jaxpar's program in the process's {self.user_mode.value} mode "
+               f"{base * 1e6:.1f} us" if base is not None else "")
+        if found is not None:
+            own += (f", x{found.pessimistic_ratio:.3f} to x{found.optimistic_ratio:.3f} of "
+                    "it over the model's ranges")
+        label = "" if self.measured else "; estimated, not measured on this GPU"
+        return (f"compiled in {self.mode.value} mode: {self.why}; est. jax.jit "
+                f"{plain_us:,.1f} us -> jaxpar {jaxpar_us:,.1f} us "
+                f"(x{jaxpar_us / plain_us:.3f}, the plan's estimate{own}){label}")
 
     def against_plain(self) -> str:
         """``est. A us in <mode> mode against B us for the plain program in <user's> (xR)``."""
@@ -502,7 +521,18 @@ def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode,
     model = _Model(costs, mode, {i: numbered[key] for i, key in lanes.items()}, memo, gpu)
     forced = sum(section.cost_seconds or 0.0 for section in plan.sections
                  if section.pays is False)
-    return model.jaxpr(plan.jaxpr, top=True).run_seconds + forced
+    return model.jaxpr(plan.jaxpr, top=True).run_seconds + forced - _grouped_seconds(
+        plan, model.gpu)
+
+
+def _grouped_seconds(plan: LevelPlan, gpu: GpuProfile) -> float:
+    """What launching each collectives group as one NCCL group saves: its members are
+    launched once (one call, not one launch each), as the compiled schedule counts them.
+    (Their transfers side by side are not credited: the model does not serialise
+    collectives in jax.jit's program either.) Each level counts once (a group in a loop
+    body, once a run, not once a trip)."""
+    return sum(gpu.launch_s * (len(group.eqns) - 1) for level in plan.walk()
+               for group in level.collective_groups)
 
 
 def regions_hold_loops(plan: LevelPlan) -> bool:
@@ -561,7 +591,7 @@ def choose_mode(estimates: Mapping[CommandBufferMode, float], user_mode: Command
               f"against {base * 1e6:.1f} us in the process's {user_mode.value} mode "
               f"(x{best_seconds / base:.3f}{span})")
     return ModeChoice(best, user_mode, ordered, True, reason + label, ends=tuple(ends),
-                      measured=measured)
+                      measured=measured, why=why)
 
 
 def kept_mode(mode: CommandBufferMode, user_mode: CommandBufferMode | None,

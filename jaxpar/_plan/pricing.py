@@ -349,6 +349,62 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
     return Verdict(False, gain, cost, added, reason)
 
 
+def price_collective_section(jaxpr: Jaxpr, graph: Graph, region: Sequence[int],
+                             costs: CostModel, *, mode: CommandBufferMode) -> Verdict:
+    """The expected effect of running ``region`` on a stream beside a collectives group.
+
+    It wins nothing against ``jax.jit``'s program: XLA:GPU's collectives are
+    asynchronous, and its latency-hiding scheduler already places main-stream compute
+    independent of a transfer between the transfer's start and its done (the plain
+    collective matmul compiled deviceless for 8 H200s: every matmul beside a
+    transfer). What the cut costs is priced as for any section, and where the region's
+    matmuls share an operand with independent matmuls outside it (a collective matmul's
+    per-step matmuls all read the local block of ``w``), XLA's ``DotMerger`` merges
+    them into one GEMM in ``jax.jit``'s program, which the cut splits (1 matmul kernel
+    there, 4 in jaxpar's).
+    """
+    _gpu(costs)
+    mode = CommandBufferMode.parse(mode, "mode")
+    eqns = jaxpr.eqns
+    inside = set(region)
+    _, _, cost, added, _, _ = _overlap(eqns, graph, [list(region)], dict.fromkeys(region, 0),
+                                       costs, mode)
+    reason = ("XLA's latency-hiding scheduler already overlaps this compute with the "
+              "group's transfers in jax.jit's program (asynchronous collectives), so a "
+              "stream region wins nothing")
+    related = _reachable(graph, region, True) | _reachable(graph, region, False)
+    producer = {v: i for i, eqn in enumerate(eqns) for v in eqn.outvars
+                if not _compat.is_drop_var(v)}
+    own = {_dot_source(eqns, producer, v) for i in region
+           if eqns[i].primitive.name == DOT_GENERAL for v in eqns[i].invars}
+    merged = sorted(i for i in graph.live if i not in inside and i not in related
+                    and eqns[i].primitive.name == DOT_GENERAL
+                    and _dot_bytes(eqns[i]) <= DOT_MERGER_BYTES
+                    and any(not _compat.is_literal(source) and source in own
+                            for source in (_dot_source(eqns, producer, v)
+                                           for v in eqns[i].invars)))
+    if merged:
+        reason += (f"; its matmuls share an operand with {len(merged)} independent "
+                   f"matmul{'s' * (len(merged) != 1)} outside it (first: equation "
+                   f"{merged[0]}), which XLA merges into one GEMM (DotMerger) in jax.jit's "
+                   "program: the cut would split them")
+    reason += f"; the cut costs est. {cost * 1e6:.1f} us ({added} kernels it adds)"
+    return Verdict(False, 0.0, cost, added, reason)
+
+
+def _reachable(graph: Graph, start: Sequence[int], forward: bool) -> set[int]:
+    """Equations reachable from ``start`` (excluded), following edges one way."""
+    edges = graph.succs if forward else graph.preds
+    seen: set[int] = set()
+    stack = list(start)
+    while stack:
+        for j in edges[stack.pop()]:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return seen - set(start)
+
+
 # The end of each uncertain GPU figure (``GpuProfile.ranges``) that favours leaving a
 # section alone: dear launches and graph nodes, cheap kernel floors (less to hide).
 PESSIMISTIC = {"launch_s": "high", "chain_node_s": "high", "dag_node_s": "high",

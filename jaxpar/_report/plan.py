@@ -22,6 +22,7 @@ import html
 import os
 from typing import Any
 
+from .._options import DISABLE_VARIABLE, disabled_by_environment
 from .._plan import REASON_SYMBOLIC
 from ..passes import NEW_LOOP_KINDS, UNCHANGED_KINDS, PassDecision
 from .render import (
@@ -110,6 +111,9 @@ class Plan(PlanRecord):
         """
         lines = [f"jaxpar plan for `{self.function}` (target={self.target}, "
                  f"{self.num_eqns} equations)"]
+        if disabled_by_environment():
+            lines.append(f"  {DISABLE_VARIABLE} is set: calls run plain jax.jit of the "
+                         "function, not this plan (unset it to run the plan)")
         if self.target != "gpu":
             how = ("target='auto' on this machine's backend"
                    if dict(self.options).get("target") == "auto" else f"target={self.target!r}")
@@ -126,7 +130,8 @@ class Plan(PlanRecord):
             options = self.xla_options
             shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
                      else "none (the process's XLA_FLAGS)")
-            lines.append(f"  XLA options: {shown}: {self.mode.reason}")
+            lines.append(f"  XLA options: {shown}: "
+                         f"{self.mode.line(figure.plain_us, figure.jaxpar_us)}")
         if self.memory is not None:
             lines.append(f"  {self.memory.line()}")
             lines.extend(f"    {why}" for why in self.memory.left_out)

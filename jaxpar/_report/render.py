@@ -266,10 +266,12 @@ def _level_svg(plan: PlanRecord, level: LevelTimeline, y0: float, patterns_used:
     # The lanes show what may run side by side; the plan's one figure is in the title.
     title = ("top level" if level.location == "/"
              else f"inside {level.location} (one run of this body)")
+    scaled = (f", times x{level.scale:.2f} to end at the plan's estimate"
+              if abs(level.scale - 1.0) > 1e-3 else "")
     parts.append(
         f'<text class="level-title" x="8" y="{y0 + 14:.0f}" font-size="12" '
         f'font-weight="bold">{_escape(title)}: work as the planner\'s cost model places '
-        "it</text>")
+        f"it{_escape(scaled)}</text>")
     scale = _CHART_WIDTH / level.makespan_us if level.makespan_us > 0 else 0.0
     lanes_top = y0 + 22
     lane_y = {lane: lanes_top + i * _LANE_HEIGHT for i, lane in enumerate(level.lanes)}
@@ -371,9 +373,16 @@ def plan_to_svg(plan: PlanRecord) -> str:
              for i, line in enumerate([figure.line(), *verdicts])]
     y = 30.0 + 14 * (1 + len(verdicts))
     patterns_used: set[str] = set()
+    mode_line = graph_mode_line(plan)
+    if mode_line:
+        parts.append(f'<text class="mode" x="8" y="{y + 4:.0f}" font-size="12" '
+                     f'fill="#205">{_escape(mode_line)}</text>')
+        y += 14
     if not plan.sections:
-        parts.append(f'<text x="8" y="{y + 4:.0f}" font-size="12" fill="#555">no parallel '
-                     "sections: everything stays on the main stream</text>")
+        rest = ("jaxpar's change here is the CUDA-graph mode and the rewrites below"
+                if mode_line else "everything stays on the main stream")
+        parts.append(f'<text x="8" y="{y + 4:.0f}" font-size="12" fill="#555">no stream '
+                     f"sections: {_escape(rest)}</text>")
         y += 14
     for level in timeline.levels:
         level_parts, y = _level_svg(plan, level, y, patterns_used)
@@ -399,6 +408,17 @@ def plan_to_svg(plan: PlanRecord) -> str:
             + "".join(parts) + "</svg>")
 
 
+def graph_mode_line(plan: PlanRecord) -> str:
+    """The CUDA-graph mode jaxpar compiles the function in, where it chose one (else
+    empty): ``"CUDA graphs: concurrent_regions (the process: lhs), est. ..."``."""
+    mode = plan.mode
+    if mode is None or not mode.chosen:
+        return ""
+    figure = plan_estimate(plan)
+    return (f"CUDA graphs: compiled in {mode.mode.value} mode (the process: "
+            f"{mode.user_mode.value}); {mode.line(figure.plain_us, figure.jaxpar_us)}")
+
+
 def plan_to_html(plan: PlanRecord) -> str:
     """A standalone HTML page: the timeline, then the text report."""
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
@@ -417,13 +437,18 @@ def plan_to_chrome_trace(plan: PlanRecord) -> dict[str, Any]:
     (``ph: "X"``) with ``ts`` and ``dur`` in estimated microseconds.
     """
     events: list[dict[str, Any]] = []
+    figure = plan_estimate(plan)
+    graphs = (f" ({plan.mode.mode.value} CUDA graphs)" if plan.mode is not None
+              and plan.mode.chosen else "")
     for pid, level in enumerate(estimate(plan).levels, start=1):
-        name = "top level" if level.location == "/" else f"inside {level.location}"
+        name = (f"top level, {figure.line()}" if level.location == "/"
+                else f"inside {level.location}")
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
                        "args": {"name": f"jaxpar estimate: {plan.function}, {name}"}})
         for lane in level.lanes:
+            shown = f"{lane}{graphs}" if lane == "main" and level.location == "/" else lane
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": _tid(lane),
-                           "args": {"name": lane}})
+                           "args": {"name": shown}})
         for span in level.spans:
             step = plan.steps[span.step]
             events.append({
@@ -440,7 +465,9 @@ def plan_to_chrome_trace(plan: PlanRecord) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"source": "jaxpar.Plan.save: cost-model estimates, not a "
                                     "measurement", "function": plan.function,
-                          "target": plan.target}}
+                          "target": plan.target, "plain_us": figure.plain_us,
+                          "jaxpar_us": figure.jaxpar_us, "estimate": figure.line(),
+                          "cuda_graphs": graph_mode_line(plan)}}
 
 
 def _tid(lane: str) -> int:

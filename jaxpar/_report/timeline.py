@@ -11,7 +11,8 @@ Example::
 
     timeline = estimate(plan)
     top = timeline.levels[0]
-    top.serial_us, top.makespan_us      # one stream vs. the critical path
+    top.makespan_us                     # == plan.estimate.jaxpar_us: the header's figure
+    top.serial_us                       # one stream, at the same scale
     [(span.lane, span.start_us, span.duration_us) for span in top.spans]
 
 ``plan_estimate(plan)`` is the one figure a plan shows (its header, the picture's title
@@ -22,6 +23,9 @@ Sharp edges:
   * It is the cost model's picture, good for seeing what overlaps what; not a
     prediction of wall time. A nested level (a loop body with sections of its own)
     is one run of that body.
+  * The top level's step times are scaled (``LevelTimeline.scale``) so it ends at the
+    plan's estimate: the steps' own costs leave out launches, CUDA graphs and loop trips
+    as XLA runs them, which the estimate counts; the proportions are the steps'.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class LevelTimeline:
     spans: tuple[Span, ...]
     serial_us: float  # every step one after the other
     makespan_us: float  # with the streams: the critical path of the timeline
+    # The factor the steps' times were scaled by to end at the plan's estimate (1: not).
+    scale: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,7 +77,7 @@ class Timeline:
 def plan_estimate(plan: PlanRecord) -> PlanEstimate:
     """The plan's one estimate (see the module docstring).
 
-    A compiled estimate attached by ``gpu_preview`` wins. On a GPU, the figures the
+    On a GPU, the figures the
     CUDA-graph mode was chosen by (``_plan.modes``): the rewritten program (loop and
     batching rewrites included: launches per trip, unrolled trips, graphs, stacking
     kernels) in jaxpar's mode against the traced one in the user's, each stream section
@@ -81,8 +87,6 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
     cut cost as the pricing judged them, or the timeline's critical path; where nothing is
     emitted (``target="cpu"``/``"tpu"``), its equations one after another too.
     """
-    if plan.compiled_estimate is not None:
-        return plan.compiled_estimate
     rejected = tuple(
         f"{len(s.regions)} regions win est. {s.gain_us:.1f} us of overlap and the cut costs "
         f"est. {s.cut_cost_us or 0.0:.1f} us"
@@ -98,7 +102,7 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
                   if mode.mode is not mode.user_mode else
                   f"jaxpar's planning model ({mode.mode.value} graphs), not a compile")
         return PlanEstimate(mode.plain_seconds * 1e6, seconds * 1e6, source, rejected)
-    levels = estimate(plan).levels if plan.steps else ()
+    levels = estimate(plan, fit=False).levels if plan.steps else ()
     serial = levels[0].serial_us if levels else plan.total_cost_us
     makespan = levels[0].makespan_us if levels else serial
     top = [s for s in plan.sections if s.location == "/"]
@@ -118,9 +122,33 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
     return PlanEstimate(plain, fast, source, rejected)
 
 
-def estimate(plan: PlanRecord, duration_us: Callable[[PlanRecord, Step], float] = step_duration_us
-             ) -> Timeline:
-    """Lays ``plan.steps`` out level by level (see the module docstring)."""
+def estimate(plan: PlanRecord, duration_us: Callable[[PlanRecord, Step], float] = step_duration_us,
+             fit: bool = True) -> Timeline:
+    """Lays ``plan.steps`` out level by level (see the module docstring).
+
+    ``fit``: the top level's times scaled so that it ends at the plan's one estimate
+    (``plan_estimate(plan).jaxpar_us``), which also counts what its steps do not (launches,
+    CUDA graphs, loop trips as XLA runs them, each section at its pricing's verdict): the
+    picture's length is then the header's figure. Nested levels keep the steps' times.
+    """
+    timeline = _laid_out(plan, duration_us)
+    if not fit or not timeline.levels or timeline.levels[0].location != "/":
+        return timeline
+    top = timeline.levels[0]
+    target = plan_estimate(plan).jaxpar_us
+    if top.makespan_us <= 0 or target <= 0:
+        return timeline
+    factor = target / top.makespan_us
+    spans = tuple(dataclasses.replace(span, start_us=span.start_us * factor,
+                                      duration_us=span.duration_us * factor)
+                  for span in top.spans)
+    scaled = dataclasses.replace(top, spans=spans, serial_us=top.serial_us * factor,
+                                 makespan_us=target, scale=factor)
+    return Timeline((scaled, *timeline.levels[1:]))
+
+
+def _laid_out(plan: PlanRecord, duration_us: Callable[[PlanRecord, Step], float]) -> Timeline:
+    """``estimate`` with the steps' own times."""
     by_level: dict[str, list[int]] = {}
     for index, step in enumerate(plan.steps):
         by_level.setdefault(step.location, []).append(index)

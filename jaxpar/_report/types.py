@@ -147,10 +147,11 @@ class Step:
 class PlanEstimate:
     """One run of the program as ``jax.jit`` compiles it and as jaxpar does, in us.
 
-    ``source`` says where the figures come from: jaxpar's planning model (``inspect``)
-    or a deviceless compile (``gpu_preview``). ``rejected`` sums up, per stream section
-    the GPU pricing would not have emitted (``force_streams``), its gain and cost; the
-    pricing's reasoning is ``Section.verdict``.
+    ``source`` says where the figures come from: jaxpar's planning model (a plan's one
+    pair, ``Plan.estimate``) or a deviceless compile (``GpuPreview.compiled``).
+    ``rejected`` sums up, per stream section the GPU pricing would not have emitted
+    (``force_streams``), its gain and cost; the pricing's reasoning is
+    ``Section.verdict``.
     """
 
     plain_us: float
@@ -195,11 +196,10 @@ class PlanRecord:
     collectives: tuple[Collective, ...] = ()
     subgraphs: tuple[PassDecision, ...] = ()
     steps: tuple[Step, ...] = ()
-    # The cost model's time of the program as traced (jax.jit's), the CUDA-graph mode
-    # sections were priced in, and a compiled estimate gpu_preview attaches.
+    # The cost model's time of the program as traced (jax.jit's), and the CUDA-graph mode
+    # sections were priced in.
     plain_cost_us: float | None = None
     priced_in: str | None = None
-    compiled_estimate: PlanEstimate | None = None
 
     tuning: Tuning | None = None
     # The CUDA-graph mode the function is compiled in, and why (target "gpu" only).
