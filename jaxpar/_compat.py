@@ -519,6 +519,49 @@ def source_summary(eqn: JaxprEqn) -> str:
             f"{frame.start_line}{column} ({frame.function_name})")
 
 
+def user_source(eqn: JaxprEqn) -> str:
+    """``file:line (function)`` of the first frame of ``eqn``'s traceback in the user's
+    own code: outside JAX, jaxpar and installed packages (a Flax or Equinox layer's
+    ``__call__``), so a Flax ``nnx.Linear`` is placed where the user's model calls it.
+    The first frame outside JAX when every frame is in a package; ``""`` without one.
+    """
+    try:
+        frames = list(_source_info_util.user_frames(eqn.source_info.traceback))
+    except Exception:
+        return ""
+    own = next((f for f in frames if not _in_a_package(f.file_name)), None)
+    frame = own or next(iter(frames), None)
+    if frame is None or frame.file_name.startswith(_JAXPAR_DIR):
+        return ""
+    return f"{_display_path(frame.file_name)}:{frame.start_line} ({frame.function_name})"
+
+
+def _in_a_package(path: str) -> bool:
+    """Whether ``path`` is a module of an installed package (or of jaxpar)."""
+    return path.startswith(_JAXPAR_DIR) or any(path.startswith(folder)
+                                               for folder in _site_packages())
+
+
+def backward(eqn: JaxprEqn) -> bool:
+    """Whether ``eqn`` belongs to a transposed (reverse-mode) computation: its name stack
+    holds a ``transpose(...)`` wrapper."""
+    try:
+        return "transpose(" in str(eqn.source_info.name_stack)
+    except Exception:
+        return False
+
+
+def argument_names(jaxpr: JaxprLike) -> tuple[str | None, ...]:
+    """Per input of a traced jaxpr, the name JAX gave it from the traced function's
+    parameters (``model.towers[0]['kernel']``, ``x``); None where it has none, and
+    empty when the jaxpr records no names (or not one per input)."""
+    inner, _ = open_jaxpr(jaxpr)
+    names = getattr(getattr(inner, "debug_info", None), "arg_names", None)
+    if names is None or len(names) != len(inner.invars):
+        return ()
+    return tuple(name if isinstance(name, str) and name else None for name in names)
+
+
 def source_key(eqn: JaxprEqn) -> Hashable:
     """What ``source_summary(eqn)`` is made from: the traceback (jaxlib compares and
     hashes one frame by frame, so the equations a Python loop makes on one line share

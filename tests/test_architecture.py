@@ -167,7 +167,7 @@ LAYERS = (
     ("_interp",), ("_graph",), ("_cost",), ("_memory",), ("_analysis",), ("passes",),
     ("_plan",), ("_emit",), ("_processes",), ("_tune",),
     ("_report.types",), ("_report.timeline",), ("_report.render",), ("_report.plan",),
-    ("_report.build", "_report"),
+    ("_report.places", "_report.build", "_report"),
     ("_trace", "_frameworks", "_api"),
     ("_compiled.gpu_compile",), ("_compiled.schedule", "_compiled"), ("_compiled.estimate",),
     ("_compiled.preview",),

@@ -11,6 +11,7 @@ passes recorded as they rewrote (``passes._walk.EqnOrigins``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from .._plan.modes import ModeChoice
 from .._primitives import LOOPS
 from .._tune import Tuning
 from ..passes import NEW_LOOP_KINDS, SUBGRAPH_KINDS, DecisionKind, PassDecision
+from .places import Places
 from .plan import Plan
 from .types import Collective, LeftAlone, Region, Section, Step, directions_text
 
@@ -60,6 +62,7 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                                for level in plan.walk() if level.path in drawn},
                               subgraph_decisions)
     summaries = _SourceSummaries()
+    places = Places(plan)
     num_eqns = 0
     for level in plan.walk():
         inner, _ = _compat.open_jaxpr(level.jaxpr)
@@ -73,7 +76,8 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                        primitives=_top_primitives(eqns, r.eqns, level.seconds),
                        cost_us=r.seconds * 1e6,
                        source_lines=_sources(eqns, r.eqns, level.seconds, summaries),
-                       eqn_indices=r.eqns)
+                       eqn_indices=r.eqns,
+                       places=places.ranked(eqns, r.eqns, level.seconds))
                 for r in section.regions)
             overlaps = ""
             if section.collectives is not None:
@@ -109,7 +113,10 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 location=level.path, reason=note.reason, detail=detail,
                 primitives=tuple(dict.fromkeys(eqns[i].primitive.name for i in kept)),
                 cost_us=sum(level.seconds[i] for i in kept) * 1e6,
-                source_lines=_sources(eqns, kept, level.seconds, summaries)))
+                source_lines=_sources(eqns, kept, level.seconds, summaries),
+                places=places.ranked(eqns, kept, level.seconds)))
+    loop_decisions = tuple(_placed(d, places) for d in loop_decisions)
+    subgraph_decisions = tuple(_placed(d, places) for d in subgraph_decisions)
     total = sum(plan.seconds) * 1e6
     return Plan(function=function, target=target, emitted=emitted,
                 options=tuple(sorted(options.items())), num_eqns=num_eqns,
@@ -118,6 +125,28 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 subgraphs=subgraph_decisions,
                 steps=tuple(steps), plain_cost_us=plain_us, priced_in=priced_in,
                 tuning=tuning, mode=mode, memory=memory)
+
+
+def _placed(decision: PassDecision, places: Places) -> PassDecision:
+    """``decision`` with its ``places``: of the equations its rewrite made, else of its
+    own equations where the planned program still holds them (the same primitives at
+    the same indices of its level); unchanged where neither is found."""
+    found: list[str] = []
+    made = [p for p in decision.produced if not p.holds]
+    if made:
+        for place in made:
+            eqns = places.level_eqns(place.location)
+            if eqns is not None and place.eqn < len(eqns):
+                found.extend(places.ranked(eqns, (place.eqn,)))
+    else:
+        eqns = places.level_eqns(decision.location)
+        if eqns is not None and all(
+                i < len(eqns) and eqns[i].primitive.name == name
+                for i, name in zip(decision.eqns, decision.primitives, strict=True)):
+            found.extend(places.ranked(eqns, decision.eqns))
+    if not found:
+        return decision
+    return dataclasses.replace(decision, places=tuple(dict.fromkeys(found)))
 
 
 def _rewritten_loops(path: str, eqns: Sequence[JaxprEqn], loops: tuple[PassDecision, ...]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import os
+from collections import Counter
 from typing import Any
 
 from .._options import DISABLE_VARIABLE, disabled_by_environment
@@ -29,6 +30,7 @@ from .render import (
     decision_summary,
     decision_text,
     first_clause,
+    place_list,
     plan_to_chrome_trace,
     plan_to_dot,
     plan_to_html,
@@ -191,6 +193,15 @@ def _where(location: str) -> str:
     return f" {place}" if place else ""
 
 
+def _in(places: tuple[str, ...]) -> str:
+    return f" in {place_list(places)}" if places else ""
+
+
+def _places(places: tuple[str, ...], sources: tuple[str, ...]) -> str:
+    """The places of a row for people: its ``places``, else its short source lines."""
+    return place_list(places) if places else short_places(sources)
+
+
 def _report_lines(plan: Plan, verbose: bool) -> list[str]:
     """The report below the header: sections, collectives, rewrites, what was left alone.
 
@@ -214,11 +225,12 @@ def _report_lines(plan: Plan, verbose: bool) -> list[str]:
                 prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
                 where = "; ".join(region.source_lines) or "<unknown>"
                 lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
-                             f"est. {region.cost_us:.1f} us [{prims}] at {where}")
+                             f"est. {region.cost_us:.1f} us [{prims}]{_in(region.places)} "
+                             f"at {where}")
             else:
                 prims = ", ".join(name for name, _ in region.primitives)
                 lines.append(f"    stream {region.stream}: {prims} in "
-                             f"{short_places(region.source_lines)}, "
+                             f"{_places(region.places, region.source_lines)}, "
                              f"est. {region.cost_us:.1f} us")
     if plan.collectives:
         lines.append("  collectives:")
@@ -233,21 +245,32 @@ def _report_lines(plan: Plan, verbose: bool) -> list[str]:
         if decisions:
             lines.append(f"  {title}:")
             lines.extend(f"    {describe(d)}" for d in decisions)
-    if plan.left_alone:
+    if plan.left_alone and verbose:
         lines.append("  left alone:")
         for note in plan.left_alone:
-            if verbose:
-                where = "; ".join(note.source_lines) or "<unknown>"
-                lines.append(f"    {note.reason}{_where(note.location)} "
-                             f"[{', '.join(note.primitives)}, est. {note.cost_us:.1f} us]: "
-                             f"{note.detail} ({where})")
-            else:
-                lines.append(f"    {note.reason}: {', '.join(note.primitives)} in "
-                             f"{short_places(note.source_lines)}: "
-                             f"{first_clause(note.detail)}")
+            where = "; ".join(note.source_lines) or "<unknown>"
+            lines.append(f"    {note.reason}{_where(note.location)} "
+                         f"[{', '.join(note.primitives)}, est. {note.cost_us:.1f} us]: "
+                         f"{note.detail} ({_in(note.places).strip()}{'; ' if note.places else ''}"
+                         f"{where})")
+    elif plan.left_alone:
+        # Sizes JAX only knows symbolically leave the whole program alone: said in full.
+        for note in plan.left_alone:
+            if note.reason == REASON_SYMBOLIC:
+                lines.append(f"  left alone: {note.reason}: {first_clause(note.detail)}")
+        if any(note.reason != REASON_SYMBOLIC for note in plan.left_alone):
+            lines.append(f"  {_left_alone_count(plan)}")
     if not verbose and (plan.loops or plan.subgraphs or plan.left_alone):
         lines.append("  (why, in full: print(plan.text(verbose=True)) or plan.to_dict())")
     return lines
+
+
+def _left_alone_count(plan: Plan) -> str:
+    """``left alone: 3 (2 too cheap, 1 dependent; verbose=True lists them)``."""
+    reasons = Counter(note.reason for note in plan.left_alone
+                      if note.reason != REASON_SYMBOLIC)
+    counts = ", ".join(f"{n} {reason}" for reason, n in reasons.items())
+    return f"left alone: {sum(reasons.values())} ({counts}; verbose=True lists them)"
 
 
 def _loop_dict(loop: PassDecision) -> dict[str, Any]:
@@ -257,4 +280,4 @@ def _loop_dict(loop: PassDecision) -> dict[str, Any]:
             "trips_before": loop.trips_before, "trips_after": loop.trips_after,
             "unroll": loop.unroll, "reason": loop.reason,
             "members": [list(m) for m in loop.members], "stage": loop.stage,
-            "saving_us": loop.saving_us}
+            "saving_us": loop.saving_us, "places": list(loop.places)}

@@ -33,11 +33,15 @@ class Region:
     cost_us: float
     source_lines: tuple[str, ...]
     eqn_indices: tuple[int, ...]
+    # Where in the user's model its equations are (``_report.places``), heaviest first:
+    # ``model.towers[1].linear1``, ``TwoTowers/query/dense0``, ``model.py:12``.
+    places: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"stream": self.stream, "num_eqns": self.num_eqns,
                 "primitives": [list(p) for p in self.primitives], "cost_us": self.cost_us,
-                "source_lines": list(self.source_lines), "eqn_indices": list(self.eqn_indices)}
+                "source_lines": list(self.source_lines), "eqn_indices": list(self.eqn_indices),
+                "places": list(self.places)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,11 +104,12 @@ class LeftAlone:
     primitives: tuple[str, ...]
     cost_us: float
     source_lines: tuple[str, ...]
+    places: tuple[str, ...] = ()  # as ``Region.places``
 
     def to_dict(self) -> dict[str, Any]:
         return {"location": self.location, "reason": self.reason, "detail": self.detail,
                 "primitives": list(self.primitives), "cost_us": self.cost_us,
-                "source_lines": list(self.source_lines)}
+                "source_lines": list(self.source_lines), "places": list(self.places)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

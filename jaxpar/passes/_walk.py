@@ -145,6 +145,9 @@ class PassDecision:
         produced: where the equations its rewrite emitted are in the program the passes
             return (``Product``s, program order); empty for a decision that changed
             nothing, and for one whose equations a later rewrite removed.
+        places: where in the user's model its equations are, in the user's words
+            (``model.towers[1].linear1``), its equations' order; the report fills it in
+            (``jaxpar._report.places``), empty as the passes make it.
     """
 
     location: str
@@ -161,6 +164,7 @@ class PassDecision:
     saving_us: float | None = None
     pass_name: str = ""
     produced: tuple[Product, ...] = ()
+    places: tuple[str, ...] = ()
 
 
 def decision(path: str, kind: DecisionKind, eqns: Sequence[JaxprEqn], indices: Sequence[int], *,
