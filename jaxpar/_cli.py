@@ -216,7 +216,10 @@ def _demo_preview(fn: Callable[..., Any], args: Sequence[Any],
     ok, why = plugin_status()
     if not ok:
         return None, f"(GPU preview skipped: {why})"
-    specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    # Weak types kept: the preview then traces the program inspect(fn)(*args) traces.
+    specs = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                       weak_type=bool(getattr(a, "weak_type", False))), args)
     mesh = None
     if any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree_util.tree_leaves(args)
            if hasattr(leaf, "sharding")):
