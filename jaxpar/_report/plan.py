@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import os
+import re
 from typing import Any
 
 from .._options import DISABLE_VARIABLE, disabled_by_environment
@@ -119,8 +120,9 @@ class Plan(PlanRecord):
                    if dict(self.options).get("target") == "auto" else f"target={self.target!r}")
             lines.append(
                 f"  planned for {self.target} ({how}): streams exist only on GPUs, so nothing "
-                f"is emitted, and the {self.target} cost model chose what is shown. For the "
-                "GPU plan: jaxpar.inspect(f, target='gpu')(...)")
+                f"is emitted; a section here is independent work the {self.target} cost model "
+                "found, and its parts run one after another. For the GPU plan: "
+                "jaxpar.inspect(f, target='gpu')(...)")
         figure = self.estimate
         if any(note.reason == REASON_SYMBOLIC for note in self.left_alone):
             lines.append("  no estimate: the program's sizes are symbolic")
@@ -140,7 +142,8 @@ class Plan(PlanRecord):
         if verbose:
             lines.extend(f"    why: {section.verdict}" for section in self.sections
                          if section.verdict)
-        lines += _report_lines(self, verbose)
+        report = _report_lines(self, verbose)
+        lines += report if self.target == "gpu" else _off_gpu_wording(report, self.target)
         if self.tuning is not None:
             lines += self.tuning.lines()
         return "\n".join(lines)
@@ -189,6 +192,23 @@ class Plan(PlanRecord):
 def _where(location: str) -> str:
     place = readable_location(location)
     return f" {place}" if place else ""
+
+
+# Off a GPU a section is work that could run side by side, not streams: nothing is emitted.
+_SECTION_LINE = re.compile(r"^(  section\b.*: )(\d+) concurrent regions$")
+_STREAM_LINE = re.compile(r"^(    )stream (\d+): ")
+
+
+def _off_gpu_wording(lines: list[str], target: str) -> list[str]:
+    """``_report_lines`` for a target without streams: a section's regions are its
+    independent parts, not streams (kept apart from ``_report_lines``, which words the
+    GPU plan)."""
+    worded = []
+    for line in lines:
+        line = _SECTION_LINE.sub(rf"\g<1>\g<2> independent parts (work that could run side "
+                                 rf"by side; no streams on {target})", line)
+        worded.append(_STREAM_LINE.sub(r"\g<1>part \g<2>: ", line))
+    return worded
 
 
 def _report_lines(plan: Plan, verbose: bool) -> list[str]:
