@@ -94,7 +94,8 @@ PICTURE_KEY = "jaxpar plan"
 def picture_caption(plan: jaxpar.Plan) -> str:
     """The figures the picture's title shows: function, size, estimate, forced verdicts."""
     figure = plan.estimate
-    return "\n".join([f"{plan.function}: {plan.num_eqns} equations, {plan.num_streams} streams",
+    return "\n".join([f"drawn with jax {jax.__version__}",
+                      f"{plan.function}: {plan.num_eqns} equations, {plan.num_streams} streams",
                       figure.line(), *(f"forced: {why}" for why in figure.rejected)])
 
 

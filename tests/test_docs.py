@@ -40,6 +40,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 from helpers import load_benchmark
 
@@ -97,6 +98,10 @@ def test_plan_picture_shows_what_the_code_plans():
     tables = load_benchmark("docs_tables")
     caption = tables.read_caption((ROOT / "docs" / "plan.png").read_bytes())
     assert caption is not None, "docs/plan.png has no caption: run docs_tables.py --picture"
+    drawn_with = caption.splitlines()[0]
+    if drawn_with != f"drawn with jax {jax.__version__}":
+        # The forced plan's pricing differs between jax versions; one lane checks it.
+        pytest.skip(f"docs/plan.png was {drawn_with}; this run has jax {jax.__version__}")
     assert caption == tables.picture_caption(tables.picture_plan()), (
         "docs/plan.png is stale: run python benchmarks/docs_tables.py --picture")
     header = b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + b"IHDR" + bytes(17)
