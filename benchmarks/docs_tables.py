@@ -5,7 +5,9 @@
   size, shapes only, nothing run), what jaxpar's GPU plan does by default and with
   ``force_streams=True``. ``tests/test_docs.py`` fails when a row disagrees with the code.
 * ``--picture``: ``docs/plan.png``, a forced plan (the README says so), drawn with the
-  GPU pricing's verdict, through headless Chromium.
+  GPU pricing's verdict, through headless Chromium. The PNG carries its plan's figures as
+  text (a ``tEXt`` chunk, ``picture_caption``), so ``tests/test_docs.py`` fails when the
+  picture's figures are no longer what the code plans.
 
 Run::
 
@@ -19,9 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +88,38 @@ def picture_plan() -> jaxpar.Plan:
                           force_streams=True)(params, x)
 
 
+PICTURE_KEY = "jaxpar plan"
+
+
+def picture_caption(plan: jaxpar.Plan) -> str:
+    """The figures the picture's title shows: function, size, estimate, forced verdicts."""
+    figure = plan.estimate
+    return "\n".join([f"drawn with jax {jax.__version__}",
+                      f"{plan.function}: {plan.num_eqns} equations, {plan.num_streams} streams",
+                      figure.line(), *(f"forced: {why}" for why in figure.rejected)])
+
+
+def with_caption(png: bytes, caption: str) -> bytes:
+    """``png`` with ``caption`` in a ``tEXt`` chunk (keyword ``PICTURE_KEY``) after IHDR."""
+    data = PICTURE_KEY.encode("latin-1") + b"\0" + caption.encode("ascii")
+    chunk = (struct.pack(">I", len(data)) + b"tEXt" + data
+             + struct.pack(">I", zlib.crc32(b"tEXt" + data)))
+    end_of_header = 8 + 4 + 4 + 13 + 4  # signature, then IHDR's length, type, data, CRC
+    return png[:end_of_header] + chunk + png[end_of_header:]
+
+
+def read_caption(png: bytes) -> str | None:
+    """The ``tEXt`` caption ``with_caption`` wrote, or None."""
+    position = 8
+    while position + 8 <= len(png):
+        length, kind = struct.unpack(">I4s", png[position:position + 8])
+        data = png[position + 8:position + 8 + length]
+        if kind == b"tEXt" and data.startswith(PICTURE_KEY.encode("latin-1") + b"\0"):
+            return data.split(b"\0", 1)[1].decode("ascii")
+        position += 12 + length
+    return None
+
+
 def draw_picture(path: Path) -> None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -98,6 +134,7 @@ def draw_picture(path: Path) -> None:
                         "--hide-scrollbars", f"--screenshot={path}",
                         f"--window-size=1000,{height}", page.as_uri()],
                        check=True, capture_output=True, timeout=120)
+    path.write_bytes(with_caption(path.read_bytes(), picture_caption(plan)))
     print(f"wrote {path}")
 
 

@@ -70,6 +70,7 @@ from ._gpu_model import (
 )
 from ._memory import MemoryModel
 from ._options import (
+    DISABLE_VARIABLE,
     Options,
     ResolveInputs,
     Settings,

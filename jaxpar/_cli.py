@@ -216,7 +216,10 @@ def _demo_preview(fn: Callable[..., Any], args: Sequence[Any],
     ok, why = plugin_status()
     if not ok:
         return None, f"(GPU preview skipped: {why})"
-    specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    # Weak types kept: the preview then traces the program inspect(fn)(*args) traces.
+    specs = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                       weak_type=bool(getattr(a, "weak_type", False))), args)
     mesh = None
     if any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree_util.tree_leaves(args)
            if hasattr(leaf, "sharding")):
@@ -255,6 +258,20 @@ def _load_examples() -> list[Any]:
     return modules
 
 
+def demo_intro() -> str:
+    """What each story of the demo prints, as it will print it on this machine."""
+    backend = jax.default_backend()
+    ok, why = plugin_status()
+    timing = ("a timing on this machine where jaxpar's program differs from jax.jit's here"
+              + (" (on a CPU it does not: the rewrites target GPUs, and the story says so "
+                 "instead of timing noise)" if backend == "cpu" else ""))
+    preview = ("the GPU preview: a deviceless H200 compile of both programs, its estimate "
+               "beside the plan's and which one decided" if ok
+               else f"no GPU preview ({why})")
+    return ("Each story prints jaxpar's GPU plan with its planning model's estimate, "
+            f"whether jaxpar's program computes jax.jit's values, {timing}, and {preview}.")
+
+
 def demo(out: Any = sys.stdout) -> int:
     """Runs the user stories end to end and reports."""
     try:  # eight fake CPU devices for the collective story, before the backend starts
@@ -265,6 +282,7 @@ def demo(out: Any = sys.stdout) -> int:
         pass
     print(f"jaxpar demo on jax {jax.__version__}, backend {jax.default_backend()}, "
           f"{len(jax.devices())} devices", file=out)
+    print(demo_intro(), file=out)
     ok = True
     for module in _load_examples():
         story = module.story()
@@ -379,7 +397,8 @@ def _main(argv: Sequence[str] | None) -> int:
         epilog=_EPILOG)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run the user stories: plans, equality checks, timings")
+    sub.add_parser("demo", help="run the user stories: GPU plans, equality checks, "
+                   "timings where the programs differ here, GPU previews with the CUDA plugin")
     insp = sub.add_parser("inspect", help="print the plan of MODULE:FUNCTION")
     insp.add_argument("function", help="MODULE:FUNCTION or FILE.py:FUNCTION, e.g. "
                                        "examples.two_scans:two_scans or ./model.py:step")

@@ -11,10 +11,10 @@
 # Then pytest on both jax versions side by side (one job a core; ruff and mypy before the
 # shorter job), a line per test file as it finishes, each job's full log in
 # .ci-venv/<job>.log, and one summary with the slowest tests and files.
-# Took 11.2 minutes (672 s) from a fresh clone on a quiet 2-core machine, installs included
-# (2026-12-02 08:40: installs 63 s, lint and tests 609 s; the jax 0.10.2 job, with the
-# deviceless GPU compiles and the GPU guard, 602 s). The same machine under other load took
-# up to 21 minutes for the earlier suite.
+# On a quiet 2-core machine, installed: 9 min 14 s wall, 16 min of CPU time (user)
+# (2026-12-04, 2244 tests); from a fresh clone the installs add about a minute (63 s,
+# 2026-12-02). Under other load the wall time grows; docs/benchmarks.md ("The test
+# command's time") keeps every measurement.
 #
 # Usage: bash scripts/test.sh [extra pytest args]
 # The full matrices (longer): JAXPAR_FULL=1 bash scripts/test.sh

@@ -183,6 +183,13 @@ def test_demo_runs_end_to_end():
         assert story in out
     assert out.count("same values as jax.jit: yes") == 3
     assert "all results equal the plain versions" in out
+    # The intro promises what the stories print here: timings only where the programs
+    # differ (never on this CPU), the preview only with the plugin.
+    intro = out.splitlines()[1]
+    assert intro.startswith("Each story prints jaxpar's GPU plan")
+    assert "on a CPU it does not" in intro
+    assert ("the GPU preview: a deviceless H200 compile" in intro) == (
+        "GPU preview for `" in out)
     # Every story states its timing honestly: on the CPU the stories compile to jax.jit's
     # program, so no ratio (which would be noise) is printed.
     timings = [line for line in out.splitlines() if line.startswith(("on this", "time on"))]

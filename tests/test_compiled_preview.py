@@ -223,3 +223,35 @@ def test_crash_guard_reads_every_equation_of_the_regions():
     # The report lists each region's four dearest primitives; the scan is not among them.
     assert not any(name == "scan" for r in regions for name, _ in r.primitives)
     assert _preview._regions_hold_loops(level)
+
+
+def _scaled_step(x, w, gamma, tau):
+    y = jnp.tanh(x @ w) * gamma
+    return y + tau * x, (x @ w).sum() * gamma
+
+
+_X = jnp.ones((8, 8))
+
+
+@needs_plugin
+@pytest.mark.parametrize("case", ["python scalars", "numpy scalars", "weak arrays",
+                                  "shape structs"])
+def test_preview_plans_the_program_inspect_plans(case):
+    # gpu_preview traces each argument as jax.jit does (jax.typeof): a Python scalar weak,
+    # np.float64 (a float subclass) strong, a weak array weak. It made np.float64 weak and
+    # weak arrays strong, so its plan had one equation more or fewer than inspect's (an RL
+    # step: 582 against 581).
+    import numpy as np
+
+    weak = jax.device_put(0.5)
+    assert weak.weak_type
+    args = {"python scalars": (_X, _X, 0.99, 2),
+            "numpy scalars": (_X, _X, np.float64(0.99), np.float32(0.5)),
+            "weak arrays": (_X, _X, weak, weak),
+            "shape structs": (jax.ShapeDtypeStruct((8, 8), jnp.float32), _X,
+                              jax.ShapeDtypeStruct((), jnp.float32, weak_type=True),
+                              np.float64(0.5))}[case]
+    planned = jaxpar.inspect(_scaled_step, target="gpu")(*args)
+    preview = jaxpar.gpu_preview(_scaled_step, *args)
+    assert preview.plan.num_eqns == planned.num_eqns
+    assert preview.plan.estimate == planned.estimate

@@ -420,3 +420,30 @@ def test_equinox_module_returned_with_jaxpar_disabled(monkeypatch):
     got = jaxpar.parallel_branches(scale)(model, 2)
     assert_same_pytree(got, eqx.filter_jit(scale)(model, 2))
     assert got[1] == 2 and type(got[1]) is int
+
+
+def test_nnx_ensemble_plan_says_what_it_batched_and_why_it_left_the_rest():
+    # The README's claim for ensembles: identical members are batched where stacking pays,
+    # and the plan says why the rest is left apart; one already vmapped has nothing to batch.
+    nnx = pytest.importorskip("flax.nnx")
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs: Any) -> None:
+            self.hidden = nnx.Linear(64, 128, rngs=rngs)
+            self.out = nnx.Linear(128, 10, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.out(jax.nn.gelu(self.hidden(x)))
+
+    members = [MLP(nnx.Rngs(i)) for i in range(4)]
+    x = jnp.ones((64, 64))
+
+    def predict(members: Any, x: Any) -> Any:
+        return jnp.mean(jnp.stack([m(x) for m in members]), axis=0)
+
+    plan = jaxpar.inspect(predict, target="gpu")(members, x)
+    kinds = [str(d.kind) for d in plan.subgraphs]
+    assert "batched subgraphs" in kinds, str(plan)
+    left = [d for d in plan.subgraphs if str(d.kind) == "subgraphs left alone"]
+    assert left and all("costs more than" in d.reason for d in left), str(plan)
+    assert "subgraphs left alone: 4 identical independent subgraphs" in str(plan)

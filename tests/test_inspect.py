@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -145,6 +146,22 @@ def test_default_target_says_which_backend_it_planned_for():
     assert "planned for cpu (target='auto' on this machine's backend)" in text
     assert "target='gpu'" in text and "would run concurrently on a GPU" not in text
     assert "planned for" not in str(jaxpar.inspect(local_two_scans, target="gpu")(*scan_args()))
+
+
+def test_cpu_plan_names_independent_parts_not_streams():
+    # Off a GPU nothing is emitted: the report, short and verbose, and the picture's title
+    # call a section's regions independent parts, never streams.
+    plan = jaxpar.inspect(local_two_scans, target="cpu")(*scan_args())
+    assert plan.num_regions == 2
+    for text in (str(plan), plan.text(verbose=True)):
+        assert "nothing is emitted" in text
+        assert not re.search(r"^\s*stream \d+:", text, re.M), text
+        assert "2 independent parts (work that could run side by side; no streams on cpu)" \
+            in text
+        assert re.search(r"^    part 1: ", text, re.M) and re.search(r"^    part 2: ", text, re.M)
+    assert "2 independent parts, nothing emitted" in plan.to_svg()
+    gpu = jaxpar.inspect(local_two_scans, target="gpu", **LOOPS_OFF)(*scan_args())
+    assert re.search(r"^    stream 1: ", str(gpu), re.M) and "part 1:" not in str(gpu)
 
 
 def test_too_cheap_note_gives_the_threshold_and_how_to_lower_it():

@@ -273,18 +273,21 @@ def _place_leaf(leaf: Any, mesh: Any) -> Any:
             sharding=NamedSharding(mesh, spec),
             weak_type=leaf.weak_type,
         )
-    if isinstance(leaf, (bool, int, float, complex)):
-        return jax.ShapeDtypeStruct(
-            (),
-            jax.dtypes.canonicalize_dtype(type(leaf)),
-            sharding=NamedSharding(mesh, spec),
-            weak_type=True,
-        )
-    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-        return jax.ShapeDtypeStruct(
-            tuple(np.shape(leaf)), leaf.dtype, sharding=NamedSharding(mesh, spec)
-        )
-    return leaf  # not an array: let jax.jit raise its own, precise error
+    # The type jax.jit traces a value as (``jax.typeof``): a Python scalar weak, a NumPy
+    # scalar (``np.float64`` is a ``float`` too) strong and of the canonical dtype, an
+    # array weak where it is (``jax.device_put(0.5)``). Another type here would trace
+    # another program than ``inspect``'s: a weak scalar made strong drops the
+    # ``convert_element_type`` jax.jit keeps, a strong one made weak adds one.
+    try:
+        aval = jax.typeof(leaf)
+    except TypeError:
+        return leaf  # not an array: let jax.jit raise its own, precise error
+    return jax.ShapeDtypeStruct(
+        tuple(np.shape(leaf)),
+        aval.dtype,
+        sharding=NamedSharding(mesh, spec),
+        weak_type=aval.weak_type,
+    )
 
 
 _CPU_MARKERS = ('"outer_dimension_partitions"', "__ynn_fusion", "__onednn", "xla_cpu")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import os
+import re
 from collections import Counter
 from typing import Any
 
@@ -121,8 +122,9 @@ class Plan(PlanRecord):
                    if dict(self.options).get("target") == "auto" else f"target={self.target!r}")
             lines.append(
                 f"  planned for {self.target} ({how}): streams exist only on GPUs, so nothing "
-                f"is emitted, and the {self.target} cost model chose what is shown. For the "
-                "GPU plan: jaxpar.inspect(f, target='gpu')(...)")
+                f"is emitted; a section here is independent work the {self.target} cost model "
+                "found, and its parts run one after another. For the GPU plan: "
+                "jaxpar.inspect(f, target='gpu')(...)")
         figure = self.estimate
         if any(note.reason == REASON_SYMBOLIC for note in self.left_alone):
             lines.append("  no estimate: the program's sizes are symbolic")
@@ -142,7 +144,8 @@ class Plan(PlanRecord):
         if verbose:
             lines.extend(f"    why: {section.verdict}" for section in self.sections
                          if section.verdict)
-        lines += _report_lines(self, verbose)
+        report = _report_lines(self, verbose)
+        lines += report if self.target == "gpu" else _off_gpu_wording(report, self.target)
         if self.tuning is not None:
             lines += self.tuning.lines()
         return "\n".join(lines)
@@ -200,6 +203,23 @@ def _in(places: tuple[str, ...]) -> str:
 def _places(places: tuple[str, ...], sources: tuple[str, ...]) -> str:
     """The places of a row for people: its ``places``, else its short source lines."""
     return place_list(places) if places else short_places(sources)
+
+
+# Off a GPU a section is work that could run side by side, not streams: nothing is emitted.
+_SECTION_LINE = re.compile(r"^(  section\b.*: )(\d+) concurrent regions$")
+_STREAM_LINE = re.compile(r"^(    )stream (\d+): ")
+
+
+def _off_gpu_wording(lines: list[str], target: str) -> list[str]:
+    """``_report_lines`` for a target without streams: a section's regions are its
+    independent parts, not streams (kept apart from ``_report_lines``, which words the
+    GPU plan)."""
+    worded = []
+    for line in lines:
+        line = _SECTION_LINE.sub(rf"\g<1>\g<2> independent parts (work that could run side "
+                                 rf"by side; no streams on {target})", line)
+        worded.append(_STREAM_LINE.sub(r"\g<1>part \g<2>: ", line))
+    return worded
 
 
 def _report_lines(plan: Plan, verbose: bool) -> list[str]:

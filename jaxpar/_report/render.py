@@ -395,7 +395,8 @@ def plan_to_svg(plan: PlanRecord) -> str:
     """The plan's estimated timeline as a standalone ``<svg>`` element."""
     timeline = estimate(plan)
     title = (f"{plan.function}: planned for {plan.target}, {plan.num_eqns} equations, "
-             f"{plan.num_streams} streams")
+             + (f"{plan.num_streams} streams" if plan.target == "gpu" else
+                f"{plan.num_regions} independent parts, nothing emitted (no streams off a GPU)"))
     figure = plan_estimate(plan)
     verdicts = [f"forced: the GPU pricing would not emit this section: {why}"
                 for why in figure.rejected]
