@@ -13,10 +13,6 @@ Usage::
     JAX_PLATFORMS=cpu python benchmarks/first_executable.py --repeats 5
     JAX_PLATFORMS=cpu python benchmarks/first_executable.py --size small --repeats 1
 
-jaxpar's analysis cache (``JAXPAR_ANALYSIS_DIR``) is pointed at a fresh directory per
-measurement unless ``--warm-cache``: then every jaxpar process after the first finds
-the decisions of the first (a second process of the same program).
-
 Needs the CUDA PJRT plugin (``jaxpar._compiled.gpu_compile.plugin_status``).
 """
 
@@ -28,7 +24,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -68,9 +63,8 @@ def measure_once(which: str, size: str, program: str) -> dict[str, float]:
             "analysis_s": analysis[0], "compile_s": done - lowered_at}
 
 
-def _in_subprocess(which: str, size: str, program: str, cache_dir: str) -> dict[str, float]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-               JAXPAR_ANALYSIS_DIR=cache_dir)
+def _in_subprocess(which: str, size: str, program: str) -> dict[str, float]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(HERE),
                                                       env.get("PYTHONPATH")]))
     out = subprocess.run([sys.executable, __file__, "--child", which, "--size", size,
@@ -84,8 +78,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--size", default="full", choices=("full", "small"))
     parser.add_argument("--program", default="transformer_train_step")
-    parser.add_argument("--warm-cache", action="store_true",
-                        help="one analysis cache for every jaxpar process")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--child", choices=("plain", "jaxpar"), help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
@@ -93,14 +85,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(measure_once(ns.child, ns.size, ns.program)))
         return {}
     rows: dict[str, list[dict[str, float]]] = {"plain": [], "jaxpar": []}
-    with tempfile.TemporaryDirectory() as shared:
-        for repeat in range(ns.repeats):
-            for which in ("plain", "jaxpar") if repeat % 2 == 0 else ("jaxpar", "plain"):
-                cache = shared if ns.warm_cache else tempfile.mkdtemp(dir=shared)
-                row = _in_subprocess(which, ns.size, ns.program, cache)
-                rows[which].append(row)
-                print(f"{repeat} {which:6s} " + " ".join(f"{k} {v:6.2f}"
-                                                        for k, v in row.items()), flush=True)
+    for repeat in range(ns.repeats):
+        for which in ("plain", "jaxpar") if repeat % 2 == 0 else ("jaxpar", "plain"):
+            row = _in_subprocess(which, ns.size, ns.program)
+            rows[which].append(row)
+            print(f"{repeat} {which:6s} " + " ".join(f"{k} {v:6.2f}"
+                                                    for k, v in row.items()), flush=True)
     medians = {which: {k: statistics.median(r[k] for r in entries) for k in entries[0]}
                for which, entries in rows.items()}
     ratio = medians["jaxpar"]["total_s"] / medians["plain"]["total_s"]
