@@ -60,6 +60,20 @@ _LITERAL, _DROP_VAR = _compat.Literal, _compat.DropVar
 Writers = dict[Any, int]
 
 
+def reachable(graph: Graph, start: Sequence[int], forward: bool) -> set[int]:
+    """Equations reachable from ``start`` following edges one way (``forward``: to
+    consumers); a start equation is in it only where another start reaches it."""
+    edges = graph.succs if forward else graph.preds
+    seen: set[int] = set()
+    stack = list(start)
+    while stack:
+        for j in edges[stack.pop()]:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return seen
+
+
 def build_graph(jaxpr: JaxprLike) -> Graph:
     """The dependency graph of an open jaxpr's equations.
 

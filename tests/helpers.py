@@ -42,6 +42,8 @@ if not PLUGIN_OK and os.environ.get("JAXPAR_PLUGIN_LEFT_OUT"):
                       "compiles run in scripts/test.sh's jax 0.10.2 lane")
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 __all__ = [
+    "fan",
+    "fan_args",
     "FOUR_BRANCHES_OPTIONS",
     "FULL",
     "LOOPS_OFF",
@@ -481,5 +483,23 @@ def calibrated_gpu(tmp_path: Any, **figures: float) -> Any:
 # Figures under which small independent kernels pay off as parallel CUDA-graph nodes at
 # every end of their (measured, narrow) ranges: a dependent kernel's floor in a graph well
 # above a branching graph's host cost per node.
+def fan(*xs: jax.Array) -> jax.Array:
+    """Eight independent chains of small, latency-bound kernels (cumulative sums and a
+    reduction), of different heights so that nothing batches them: what XLA's
+    ``CONCURRENT_REGIONS`` mode runs as parallel graph nodes."""
+    outs = []
+    for x in xs:
+        for _ in range(3):
+            x = jnp.cumsum(x, axis=0) * 0.5
+        outs.append(x.sum())
+    return sum(outs)
+
+
+def fan_args() -> tuple[jax.Array, ...]:
+    """``fan``'s eight arguments, of heights 64 to 120."""
+    keys = jax.random.split(jax.random.PRNGKey(3), 8)
+    return tuple(jax.random.normal(k, (64 + 8 * n, 64)) / 8 for n, k in enumerate(keys))
+
+
 CONCURRENCY_PAYS = {"graph_floor_s": 2.0e-6, "dag_node_s": 0.2e-6, "chain_node_s": 0.1e-6,
                     "graph_launch_s": 3.0e-6}

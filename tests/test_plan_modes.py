@@ -29,6 +29,8 @@ from helpers import (
     PLUGIN_MESSAGE,
     PLUGIN_OK,
     calibrated_gpu,
+    fan,
+    fan_args,
     needs_plugin,
     suite_evaluation,
 )
@@ -56,23 +58,6 @@ LHS, CONCURRENT, OFF = CommandBufferMode.LHS, CommandBufferMode.CONCURRENT, Comm
 REGIONS = CommandBufferMode.CONCURRENT_REGIONS
 CONCURRENT_OPTIONS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
 REGIONS_OPTIONS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT_REGIONS"}
-
-
-def fan(*xs: jax.Array) -> jax.Array:
-    """Eight independent chains of small, latency-bound kernels (cumulative sums and a
-    reduction), of different heights so that nothing batches them: what XLA's
-    ``CONCURRENT_REGIONS`` mode runs as parallel graph nodes."""
-    outs = []
-    for x in xs:
-        for _ in range(3):
-            x = jnp.cumsum(x, axis=0) * 0.5
-        outs.append(x.sum())
-    return sum(outs)
-
-
-def fan_args() -> tuple[jax.Array, ...]:
-    keys = jax.random.split(jax.random.PRNGKey(3), 8)
-    return tuple(jax.random.normal(k, (64 + 8 * n, 64)) / 8 for n, k in enumerate(keys))
 
 
 @pytest.fixture

@@ -108,25 +108,16 @@ def test_a_mode_only_change_draws_the_mode_and_its_figure(calibrated_fan: Any) -
 
 @pytest.fixture
 def calibrated_fan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """test_plan_modes' ``fan`` (a copy) on a GPU whose calibration makes CONCURRENT_REGIONS pay."""
+    """``helpers.fan`` on a GPU whose calibration makes CONCURRENT_REGIONS pay."""
     import dataclasses
 
-    from helpers import CONCURRENCY_PAYS, calibrated_gpu
+    from helpers import CONCURRENCY_PAYS, calibrated_gpu, fan
 
     from jaxpar import _gpu_model
 
     profile = dataclasses.replace(calibrated_gpu(tmp_path, **CONCURRENCY_PAYS), name="gpu",
                                   device_kind="")
     monkeypatch.setitem(_gpu_model.GPU_PROFILES, _gpu_model.GENERIC_GPU, profile)  # type: ignore[index]
-
-    def fan(*xs: jax.Array) -> jax.Array:  # eight chains of small, latency-bound kernels
-        outs = []
-        for x in xs:
-            for _ in range(3):
-                x = jnp.cumsum(x, axis=0) * 0.5
-            outs.append(x.sum())
-        return sum(outs)
-
     return fan, [jax.ShapeDtypeStruct((64 + 8 * n, 64), jnp.float32) for n in range(8)]
 
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from .. import _compat, _primitives
 from .._compat import JaxprEqn, JaxprLike
-from .._graph import Graph, build_graph
+from .._graph import Graph, build_graph, reachable
 from .._primitives import is_collective
 from .plans import CollectiveGroup, CollectiveInfo, CollectivePlan, RegionPlan, SectionPlan
 
@@ -220,11 +220,11 @@ def overlap_collectives(graph: Graph, groups: Sequence[CollectiveGroup], heavy: 
     sections = []
     for index, group in enumerate(groups):
         members = set(group.eqns)
-        related = members | _closure(graph, group.eqns, True) | _closure(graph, group.eqns, False)
+        related = members | reachable(graph, group.eqns, True) | reachable(graph, group.eqns, False)
         picked = [i for i in heavy if i not in related and i not in taken]
         if not picked:
             continue
-        hull = (_closure(graph, picked, True) & _closure(graph, picked, False)) | set(picked)
+        hull = (reachable(graph, picked, True) & reachable(graph, picked, False)) | set(picked)
         if any(i in blocked or i in taken for i in hull):
             continue
         region = set(hull)
@@ -241,14 +241,3 @@ def overlap_collectives(graph: Graph, groups: Sequence[CollectiveGroup], heavy: 
     return tuple(sections)
 
 
-def _closure(graph: Graph, start: Sequence[int], forward: bool) -> set[int]:
-    """Equations reachable from ``start`` (excluded), following edges one way."""
-    edges = graph.succs if forward else graph.preds
-    seen: set[int] = set()
-    stack = list(start)
-    while stack:
-        for j in edges[stack.pop()]:
-            if j not in seen:
-                seen.add(j)
-                stack.append(j)
-    return seen

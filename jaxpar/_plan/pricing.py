@@ -64,7 +64,7 @@ from .. import _compat
 from .._compat import Atom, Jaxpr, JaxprEqn
 from .._cost import CostModel
 from .._gpu_model import CommandBufferMode, GpuProfile
-from .._graph import Graph
+from .._graph import Graph, reachable
 from .._primitives import (
     COND,
     DOT_GENERAL,
@@ -372,7 +372,7 @@ def price_collective_section(jaxpr: Jaxpr, graph: Graph, region: Sequence[int],
     reason = ("XLA's latency-hiding scheduler already overlaps this compute with the "
               "group's transfers in jax.jit's program (asynchronous collectives), so a "
               "stream region wins nothing")
-    related = _reachable(graph, region, True) | _reachable(graph, region, False)
+    related = reachable(graph, region, True) | reachable(graph, region, False)
     producer = {v: i for i, eqn in enumerate(eqns) for v in eqn.outvars
                 if not _compat.is_drop_var(v)}
     own = {_dot_source(eqns, producer, v) for i in region
@@ -390,19 +390,6 @@ def price_collective_section(jaxpr: Jaxpr, graph: Graph, region: Sequence[int],
                    "program: the cut would split them")
     reason += f"; the cut costs est. {cost * 1e6:.1f} us ({added} kernels it adds)"
     return Verdict(False, 0.0, cost, added, reason)
-
-
-def _reachable(graph: Graph, start: Sequence[int], forward: bool) -> set[int]:
-    """Equations reachable from ``start`` (excluded), following edges one way."""
-    edges = graph.succs if forward else graph.preds
-    seen: set[int] = set()
-    stack = list(start)
-    while stack:
-        for j in edges[stack.pop()]:
-            if j not in seen:
-                seen.add(j)
-                stack.append(j)
-    return seen - set(start)
 
 
 # The end of each uncertain GPU figure (``GpuProfile.ranges``) that favours leaving a
