@@ -106,7 +106,6 @@ from ._trace import (
     Signature,
     StaticArgs,
     Traced,
-    TraceError,
     abstract,
     check_function,
     function_name,
@@ -627,7 +626,7 @@ def _split_call(pb: ParallelBranches, fun: Callable[..., Any], args: tuple[Any, 
         return _call_with_static_scalars(pb, fun, args, kwargs, nnx)
     try:
         return _keyed_call(pb, layout, leaves, nnx)
-    except TraceError as error:
+    except Exception as error:
         if not (retry and needs_python_values(error)):
             raise
     out = _call_with_static_scalars(pb, fun, args, kwargs, nnx)
@@ -1592,7 +1591,9 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       ValueError: any other bad option value (out of range, or of the wrong type:
         ``min_cost_us="5"``, ``fuse_scans="yes"``), or a static argument number or
         name ``fun`` does not take.
-      jaxpar.TraceError: ``fun`` cannot be traced (at call time).
+      Exception: at call time, an error raised tracing ``fun`` keeps its class, as under
+        ``jax.jit`` (the function's own ``ValueError``, JAX's ``ConcretizationTypeError``,
+        ...), with jaxpar's context (function, arguments, advice) added as a note.
 
     Example:
       >>> @jaxpar.parallel_branches(target="gpu")

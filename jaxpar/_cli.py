@@ -41,7 +41,7 @@ from . import __version__
 from ._api import inspect, parallel_branches
 from ._compiled.gpu_compile import plugin_status
 from ._compiled.preview import gpu_preview
-from ._trace import TraceError
+from ._trace import error_text, raised_while_tracing
 
 _DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
            "i8": "int8", "i32": "int32", "i64": "int64", "u8": "uint8", "u32": "uint32",
@@ -446,8 +446,11 @@ def _main(argv: Sequence[str] | None) -> int:
     given_text = f"--args-from {ns.args_from}" if ns.args_from else f"--args {ns.args!r}"
     try:
         plan = planner(*args)
-    except (TraceError, TypeError) as error:
-        parser.error(f"{ns.function} does not take {given_text}: {error}")
+    except Exception as error:
+        if not (isinstance(error, TypeError) or raised_while_tracing(error)):
+            raise
+        parser.error(f"{ns.function} does not take {given_text}: "
+                     f"{type(error).__name__}: {error_text(error)}")
     if ns.json:
         import json
 

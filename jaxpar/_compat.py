@@ -755,7 +755,7 @@ def itemsize(dtype: Any) -> int:
     except (KeyError, TypeError):  # a new dtype, or an unhashable one
         pass
     if is_extended_dtype(dtype):
-        size = int(dtype.itemsize)  # every extended dtype defines it (0.4.16 - 0.12)
+        size = _extended_itemsize(dtype)
     else:
         size = int(np.dtype(dtype).itemsize)
     try:
@@ -763,6 +763,23 @@ def itemsize(dtype: Any) -> int:
     except TypeError:
         pass
     return size
+
+
+def _extended_itemsize(dtype: Any) -> int:
+    """Bytes per element of an extended dtype: its ``itemsize`` where it has one (PRNG
+    key types, 0.10.2 - 0.12), else its physical element's (``ExtendedDType`` requires
+    only ``type`` and ``_rules``; ``_rules.physical_element_aval`` gives the physical
+    representation), else 0 (priced as free, as an unknown type is)."""
+    size = getattr(dtype, "itemsize", None)
+    if isinstance(size, int):
+        return size
+    try:
+        physical = dtype._rules.physical_element_aval(dtype)
+        if is_extended_dtype(physical.dtype):  # no recursion through a strange rule
+            return 0
+        return math.prod(physical.shape) * itemsize(physical.dtype)
+    except Exception:  # a rule that cannot answer for the type alone
+        return 0
 
 
 # dtype -> bytes per element: the cost model asks for every operand and result of every

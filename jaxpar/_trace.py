@@ -65,7 +65,12 @@ from ._options import did_you_mean
 
 
 class TraceError(RuntimeError):
-    """The decorated function could not be traced to a jaxpr."""
+    """Kept for compatibility: jaxpar raises it no more.
+
+    An error raised while tracing the decorated function reaches the caller with its own
+    class, as under ``jax.jit`` (a ``ValueError`` of the function, JAX's
+    ``ConcretizationTypeError``), with jaxpar's context as a note (``raised_while_tracing``).
+    """
 
 
 class StaticArg:
@@ -715,27 +720,34 @@ def short_repr(value: Any) -> str:
 
 
 def check_function(fun: Any, api: str) -> None:
-    """Refuses at decoration time what ``jax.jit`` refuses (same exception type: TypeError).
+    """Refuses at decoration time what ``jax.jit`` refuses, with its exception type
+    (TypeError) and its words, then what to do.
 
-    ``jax.jit`` (0.10.2 - 0.12) refuses a ``staticmethod`` object (it cannot be weakly
-    referenced), anything not callable (a ``classmethod`` object included) and a generator
-    function (calling it runs nothing: it returns a generator, which cannot be traced).
+    ``jax.jit`` (0.10.2 - 0.12) refuses a ``staticmethod`` object ("staticmethod arguments
+    are not supported"), anything not callable, a ``classmethod`` object included
+    ("Expected a callable value"), and a generator function ("Expected a function, got a
+    generator function"; calling it runs nothing: it returns a generator).
     """
+    def refuse(jax_words: str, advice: str) -> TypeError:
+        return TypeError(f"{api} refuses what jax.jit refuses; jax.jit says: {jax_words}. "
+                         f"{advice}")
+
     if isinstance(fun, (staticmethod, classmethod)):
         kind = type(fun).__name__
-        raise TypeError(
-            f"{api} does not take a {kind} object (got {short_repr(fun)}), as jax.jit does "
-            f"not: pass the function itself, and on a method apply @{kind} outermost "
-            f"(above @{api}).")
+        jax_words = ("staticmethod arguments are not supported" if kind == "staticmethod"
+                     else "Expected a callable value")
+        raise refuse(f"{jax_words}, got {short_repr(fun)}",
+                     f"Pass the function itself, and on a method apply @{kind} outermost "
+                     f"(above @{api}).")
     if not callable(fun):
         call = "on_stream(stream)(fun)" if api == "on_stream" else f"{api}(fun, ...)"
-        raise TypeError(f"{api} expects a callable as `fun`, got {type(fun).__name__}: "
-                        f"{short_repr(fun)}. Decorate a function, or call {call}.")
+        raise refuse(f"Expected a callable value, got {short_repr(fun)}",
+                     f"A value of type {type(fun).__name__} is not callable: decorate a "
+                     f"function, or call {call}.")
     if _pyinspect.isgeneratorfunction(fun):
-        raise TypeError(
-            f"{api} expects a function that returns arrays, got a generator function: "
-            f"{_name(fun)}. Calling it only creates a generator, so there is nothing to "
-            "trace (jax.jit refuses it too); return the values instead of yielding them.")
+        raise refuse(f"Expected a function, got a generator function: {_name(fun)}",
+                     "Calling it only creates a generator, so there is nothing to trace; "
+                     "return the values instead of yielding them.")
 
 
 def _leaf_paths(fun: Callable[..., Any], layout: Layout) -> list[str] | None:
@@ -811,10 +823,10 @@ _ARGUMENT_IN_ERROR = re.compile(r"depends on the values? of the arguments? (.+?)
 _SHOWN_ARGUMENTS = 8
 
 
-def _trace_error_message(fun: Callable[..., Any], sig: Signature, error: Exception) -> str:
-    """The cause first, with the argument JAX blames; the arguments last, shortened."""
-    text = str(error)
-    blamed = _ARGUMENT_IN_ERROR.search(text)
+def trace_error_note(fun: Callable[..., Any], sig: Signature, error: BaseException) -> str:
+    """jaxpar's context for an error raised tracing ``fun``, added to it as a note: the
+    function and the argument JAX blames first, advice, then the arguments, shortened."""
+    blamed = _ARGUMENT_IN_ERROR.search(str(error))
     where = f" (argument {blamed.group(1)})" if blamed else ""
     hint = ""
     if isinstance(error, _CONVERSION_ERRORS):
@@ -827,16 +839,30 @@ def _trace_error_message(fun: Callable[..., Any], sig: Signature, error: Excepti
             hint += (" In an Equinox module, Python values (int, float, bool, functions) "
                      "are static as in eqx.filter_jit; a field holding an array is traced: "
                      "hold a Python value there, or declare it eqx.field(static=True).")
-    return (f"jaxpar could not trace {_name(fun)}{where}: {type(error).__name__}: {text}{hint}"
-            f"{_static_leaves_hint(fun, sig)}"
+    return (f"{_NOTE_START}{_name(fun)}{where}: the {type(error).__name__} above "
+            f"was raised while tracing it.{hint}{_static_leaves_hint(fun, sig)}"
             f"\nTraced with {sig.layout.in_tree.num_leaves} argument(s): "
             f"{describe_arguments(fun, sig, _SHOWN_ARGUMENTS)}.")
 
 
-def needs_python_values(error: TraceError) -> bool:
+_NOTE_START = "jaxpar could not trace "
+
+
+def raised_while_tracing(error: BaseException) -> bool:
+    """Whether ``error`` was raised tracing a function (``trace`` gave it a note)."""
+    return any(isinstance(note, str) and note.startswith(_NOTE_START)
+               for note in getattr(error, "__notes__", ()))
+
+
+def error_text(error: BaseException) -> str:
+    """An error's message and its notes (jaxpar's context), as a traceback shows them."""
+    return "\n".join([str(error), *getattr(error, "__notes__", ())])
+
+
+def needs_python_values(error: BaseException) -> bool:
     """Whether tracing failed converting a traced value to a Python value (``range(n)``
     of a traced ``n``), so the same call with Python scalars static might trace."""
-    return isinstance(error.__cause__, _CONVERSION_ERRORS)
+    return isinstance(error, _CONVERSION_ERRORS)
 
 
 def has_python_scalars(leaves: Sequence[Any]) -> bool:
@@ -873,7 +899,12 @@ def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
     try:
         jaxpr = jax.make_jaxpr(call)(*args, **kwargs)
     except Exception as error:
-        raise TraceError(_trace_error_message(fun, sig, error)) from error
+        # The error keeps its class (a user's ValueError, JAX's ConcretizationTypeError),
+        # as under jax.jit; jaxpar's context travels as a note.
+        note = trace_error_note(fun, sig, error)
+        if note not in getattr(error, "__notes__", ()):  # one exception object raised again
+            error.add_note(note)
+        raise
     finally:
         _tracing.depth -= 1
     _, consts = _compat.open_jaxpr(jaxpr)

@@ -122,7 +122,7 @@ def test_static_argument_traced_by_an_outer_jit_says_to_make_it_static_there():
 
 def test_python_int_without_static_argnums_names_it():
     g = jaxpar.parallel_branches(layers, target="cpu")
-    with pytest.raises(jaxpar.TraceError, match=r"argument n"):
+    with pytest.raises(jax.errors.TracerIntegerConversionError, match=r"argument n"):
         g(X, W, 3)
 
 

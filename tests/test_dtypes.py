@@ -182,3 +182,63 @@ def test_key_arrays_are_costed_by_their_bytes(impl: str, itemsize: int) -> None:
     jaxpr = jax.make_jaxpr(lambda k: jax.vmap(jax.random.fold_in, (0, None))(k, 3))(keys)
     cost = Analysis(Options().resolve("gpu")).costs.jaxpr_cost(jaxpr)
     assert cost.bytes > 0
+
+
+# --- extended dtypes other than PRNG keys ----------------------------------------------------
+# JAX's ExtendedDType requires only `type` and `_rules`: no `itemsize`, which NumPy-minded
+# code assumes. jaxpar prices one by its physical representation, as it prices key types.
+
+
+def _foo_dtype():
+    from jax._src import core
+    from jax._src import dtypes as jax_dtypes
+
+    class foo(jax_dtypes.extended):  # lower case, as JAX names its scalar types
+        pass
+
+    class FooTyRules:
+        @staticmethod
+        def physical_element_aval(dtype):
+            return core.ShapedArray((2,), jnp.dtype("uint32"))
+
+    class FooTy(jax_dtypes.ExtendedDType):
+        type = foo
+        name = "foo"
+        _rules = FooTyRules
+
+        def __hash__(self):
+            return hash(FooTy)
+
+        def __eq__(self, other):
+            return type(other) is FooTy
+
+        def __repr__(self):
+            return self.name
+
+        __str__ = __repr__
+
+    make_p = core.Primitive("make_foo")
+    make_p.def_abstract_eval(lambda x: core.ShapedArray(x.shape, FooTy()))
+    take_p = core.Primitive("take_foo")
+    take_p.def_abstract_eval(lambda k: core.ShapedArray(k.shape, jnp.dtype("uint32")))
+    return FooTy(), core.ShapedArray, make_p, take_p
+
+
+def test_extended_dtype_without_itemsize_is_priced_by_its_physical_element():
+    foo, shaped_array, _, _ = _foo_dtype()
+    assert not hasattr(foo, "itemsize")
+    assert _compat.is_extended_dtype(foo)
+    assert _compat.itemsize(foo) == 8  # uint32[2] per element
+    assert _compat.aval_nbytes(shaped_array((3,), foo)) == 24
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_extended_dtype_without_itemsize_is_planned(target):
+    _, _, make_p, take_p = _foo_dtype()
+
+    def two_branches(x, y):
+        return take_p.bind(make_p.bind(x @ x)) + take_p.bind(make_p.bind(y @ y))
+
+    x = jnp.ones((64, 64))
+    plan = jaxpar.inspect(two_branches, target=target)(x, x)
+    assert plan.to_dict()["function"].endswith("two_branches")
