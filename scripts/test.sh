@@ -11,8 +11,8 @@
 # Then pytest on both jax versions side by side (one job a core; ruff and mypy before the
 # shorter job), a line per test file as it finishes, each job's full log in
 # .ci-venv/<job>.log, and one summary with the slowest tests and files.
-# On a quiet 2-core machine, installed: 9 min 14 s wall, 16 min of CPU time (user)
-# (2026-12-04, 2244 tests); from a fresh clone the installs add about a minute (63 s,
+# On a quiet 2-core machine, installed: 9 min 51 s wall, about 18 min of CPU time
+# (2026-12-05, 2544 tests); from a fresh clone the installs add about a minute (63 s,
 # 2026-12-02). Under other load the wall time grows; docs/benchmarks.md ("The test
 # command's time") keeps every measurement.
 #
