@@ -935,11 +935,11 @@ def _tuning(pb: ParallelBranches, key: _CallKey, leaves: Sequence[Any],
         for leaf in leaves)
     if hit is not None or not concrete:
         return hit
-    span = _processes.span(leaves)
     name, fields = _tuning_key(pb, key, leaves, avals)
     if jax.process_count() > 1 and not first_call:
         # Local: the stored file or nothing, not remembered (the first call decides).
         return load_decision(name) or undecided(name, pb.tune)
+    span = _processes.span(leaves)
     if span == _processes.SOME:
         tuning = unmeasured(name, pb.tune, "the arguments span some processes but not all, "
                                            "which cannot time together")

@@ -342,8 +342,7 @@ def _decide_together(key: str, fields: Mapping[str, Any],
     if chosen is not None:  # process 0's stored decision runs everywhere
         if stored is not None and stored.chosen == chosen:
             return stored
-        return Tuning(chosen, tuple(Measured(c.label, None, 0) for c in CANDIDATES),
-                      FROM_PROCESS_0, key, margin=budget.margin)
+        return _untimed(chosen, FROM_PROCESS_0, key, budget)
     if budget.reads_only:
         return unmeasured(key, budget)
     built = programs()
@@ -353,10 +352,15 @@ def _decide_together(key: str, fields: Mapping[str, Any],
     return store(tuning, fields) if first else tuning
 
 
+def _untimed(chosen: str, source: str, key: str, budget: TuneBudget) -> Tuning:
+    """A decision without timings of this process: every row not timed."""
+    return Tuning(chosen, tuple(Measured(c.label, None, 0) for c in CANDIDATES), source, key,
+                  margin=budget.margin)
+
+
 def undecided(key: str, budget: TuneBudget) -> Tuning:
     """What a read of a decision not yet made says (``UNDECIDED``)."""
-    return Tuning("", tuple(Measured(c.label, None, 0) for c in CANDIDATES), UNDECIDED, key,
-                  margin=budget.margin)
+    return _untimed("", UNDECIDED, key, budget)
 
 
 def unmeasured(key: str, budget: TuneBudget, why: str | None = None) -> Tuning:
@@ -367,8 +371,7 @@ def unmeasured(key: str, budget: TuneBudget, why: str | None = None) -> Tuning:
                   "decision file there, or let one run measure without read_only)")
     warnings.warn(f"jaxpar tuner: {why}; running the plan unmeasured", TuneCacheWarning,
                   stacklevel=4)
-    return Tuning(CANDIDATES[1].label, tuple(Measured(c.label, None, 0) for c in CANDIDATES),
-                  UNMEASURED, key, margin=budget.margin)
+    return _untimed(CANDIDATES[1].label, UNMEASURED, key, budget)
 
 
 _HARMLESS_FLAGS = re.compile(r"^--xla_(dump|gpu_dump|log|enable_dumping)")
