@@ -220,6 +220,12 @@ def _dot_source(eqns: Sequence[JaxprEqn], producer: dict[Any, int], var: Atom) -
     return var
 
 
+def _writers(eqns: Sequence[JaxprEqn]) -> dict[Any, int]:
+    """Which equation writes each variable of a level (``_dot_source`` reads it)."""
+    return {v: i for i, eqn in enumerate(eqns) for v in eqn.outvars
+            if not _compat.is_drop_var(v)}
+
+
 def _dot_bytes(eqn: JaxprEqn) -> int:
     return sum(_compat.aval_nbytes(v.aval) for v in [*eqn.invars, *eqn.outvars]
                if not _compat.is_literal(v))
@@ -255,8 +261,7 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
     owner = {i: r for r, members in enumerate(regions) for i in members}
 
     # What XLA would have done that the cut forbids, and host syncs: refuse outright.
-    producer = {v: i for i, eqn in enumerate(eqns) for v in eqn.outvars
-                if not _compat.is_drop_var(v)}
+    producer = _writers(eqns)
     sources: dict[Any, tuple[int, int]] = {}  # operand source -> (dot, region or -1)
     placed = [(i, r) for r, members in enumerate(regions) for i in members]
     for i, r in [*placed, *((i, -1) for i in independent_dots)]:
@@ -373,8 +378,7 @@ def price_collective_section(jaxpr: Jaxpr, graph: Graph, region: Sequence[int],
               "group's transfers in jax.jit's program (asynchronous collectives), so a "
               "stream region wins nothing")
     related = reachable(graph, region, True) | reachable(graph, region, False)
-    producer = {v: i for i, eqn in enumerate(eqns) for v in eqn.outvars
-                if not _compat.is_drop_var(v)}
+    producer = _writers(eqns)
     own = {_dot_source(eqns, producer, v) for i in region
            if eqns[i].primitive.name == DOT_GENERAL for v in eqns[i].invars}
     merged = sorted(i for i in graph.live if i not in inside and i not in related
