@@ -219,6 +219,13 @@ LAYOUT_ONLY = _family(
     "LAYOUT_ONLY", "reshape_p", "squeeze_p", "convert_element_type_p", "bitcast_convert_type_p",
     "transpose_p", "broadcast_in_dim_p", "copy_p")
 
+# The report's places: ops that only move a parameter's numbers, so their result still is
+# the parameter (``_report.places``).
+PARAMETER_VIEWS = _family(
+    "PARAMETER_VIEWS", "transpose_p", "reshape_p", "broadcast_in_dim_p",
+    "convert_element_type_p", "squeeze_p", "copy_p", "slice_p", "concatenate_p",
+    "reduce_precision_p")
+
 # Pricing: identities XLA drops, so a value read through one is the value itself.
 IDENTITIES = _family("IDENTITIES", "stop_gradient_p", "copy_p")
 

@@ -32,11 +32,8 @@ from collections.abc import Hashable, Sequence
 from .. import _compat
 from .._compat import JaxprEqn, JaxprLike, Var
 from .._plan import LevelPlan
+from .._primitives import PARAMETER_VIEWS
 
-# Operations that only move a parameter's numbers: their result still is the parameter.
-_LAYOUT = frozenset({"transpose", "reshape", "broadcast_in_dim", "convert_element_type",
-                     "squeeze", "expand_dims", "copy", "copy_p", "slice", "concatenate",
-                     "reduce_precision"})
 # Name-stack scopes a library adds by itself: a layer's class, not the user's attribute.
 _LIBRARY_SCOPE = re.compile(r"^eqx\.")
 _MAX_PLACES = 16
@@ -92,7 +89,7 @@ class Places:
             read = self._read(eqn)
             if not read:
                 continue
-            if eqn.primitive.name in _LAYOUT:
+            if eqn.primitive.name in PARAMETER_VIEWS:
                 for out in eqn.outvars:
                     owner[out] = read
             for param, _, sub in _compat.eqn_subjaxprs(eqn):
