@@ -242,3 +242,80 @@ def test_extended_dtype_without_itemsize_is_planned(target):
     x = jnp.ones((64, 64))
     plan = jaxpar.inspect(two_branches, target=target)(x, x)
     assert plan.to_dict()["function"].endswith("two_branches")
+
+
+# An extended dtype with lowerings, run (not only planned) through gather, scatter,
+# select, transpose, reverse, scan and vmap on both targets (issue 35). Its physical
+# element is (bits of a float32, bits + 1): ``take`` reads the bits back, so results
+# depend on the data and compare with ``jax.jit``'s value for value.
+
+
+@pytest.fixture
+def foo_ops():
+    from jax._src import core
+    from jax._src.interpreters import batching, mlir
+
+    foo, _, make_p, take_p = _foo_dtype()
+
+    def make_physical(x):
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+        return jnp.stack([bits, bits + 1], axis=-1)
+
+    def take_physical(k):  # the first word: a float32's bits
+        return k[..., 0]
+
+    def make_rule(ctx, x):
+        out = ctx.replace(avals_out=[core.physical_aval(ctx.avals_out[0])])
+        return mlir.lower_fun(make_physical, multiple_results=False)(out, x)
+
+    def take_rule(ctx, k):
+        phys = ctx.replace(avals_in=[core.physical_aval(ctx.avals_in[0])])
+        return mlir.lower_fun(take_physical, multiple_results=False)(phys, k)
+
+    mlir.register_lowering(make_p, make_rule)
+    mlir.register_lowering(take_p, take_rule)
+    batching.defvectorized(make_p)
+    batching.defvectorized(take_p)
+    yield foo, make_p.bind, take_p.bind
+    del mlir._lowerings[make_p], mlir._lowerings[take_p]
+    del batching.primitive_batchers[make_p], batching.primitive_batchers[take_p]
+
+
+def _foo_program(make, take_bits):
+    def take(k):
+        return jax.lax.bitcast_convert_type(take_bits(k), jnp.float32)
+
+    def program(x, y, idx):
+        k, other = make(x), make(y)                       # foo[6,4] each
+        gathered = k[idx]                                 # gather
+        scattered = k.at[idx].set(other[idx])             # scatter
+        chosen = jax.lax.select(x > 0, k, other)          # select
+        _, rows = jax.lax.scan(lambda c, row: (c, jax.lax.rev(row, (0,))), 0.0,
+                               scattered)                 # scan over foo rows
+        flipped = jax.lax.transpose(k, (1, 0))
+        return (take(gathered).sum(0) * 2.0 + take(rows).sum(0),
+                take(chosen).sum(0) - take(flipped).sum(1))
+    return program
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_extended_dtype_runs_through_gather_scatter_scan_and_vmap(foo_ops, target):
+    _, make, take = foo_ops
+    program = _foo_program(make, take)
+    x = jax.random.normal(jax.random.PRNGKey(0), (6, 4))
+    y = jax.random.normal(jax.random.PRNGKey(1), (6, 4))
+    idx = jnp.array([4, 0, 2])
+    fn = jaxpar.parallel_branches(program, target=target)
+    want = jax.jit(program)(x, y, idx)
+    got = fn(x, y, idx)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    # The rows the take reads back are the data: not a constant.
+    assert float(jnp.abs(want[0]).sum()) > 0
+    batched_x = jnp.stack([x, -x, x * 0.5])
+    got_v = jax.vmap(fn, in_axes=(0, None, None))(batched_x, y, idx)
+    want_v = jax.vmap(jax.jit(program), in_axes=(0, None, None))(batched_x, y, idx)
+    for g, w in zip(got_v, want_v, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    plan = jaxpar.inspect(program, target=target)(x, y, idx)
+    assert plan.to_dict()["function"].endswith("program")
