@@ -72,6 +72,7 @@ def measure(fn: Callable[..., Any], args: Sequence[Any], backend: str, repeats: 
     for repeat in range(repeats):
         if repeat:
             lowered = lower(fn, args, backend)
+        jax.clear_caches()  # else a repeat is JAX's in-memory cache hit, not a compile
         start = time.perf_counter()
         lowered.compile()
         compiles.append(time.perf_counter() - start)

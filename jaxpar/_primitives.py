@@ -96,6 +96,8 @@ CUSTOM_JVP_CALL = _name("custom_jvp_call_p")
 CUSTOM_VJP_CALL = _name("custom_vjp_call_p")
 BROADCAST_IN_DIM = _name("broadcast_in_dim_p")
 IOTA = _name("iota_p")
+SLICE = _name("slice_p")
+OPTIMIZATION_BARRIER = _name("optimization_barrier_p")
 
 # Loops, as the report lists them.
 LOOPS = frozenset({SCAN, WHILE})
@@ -244,12 +246,10 @@ MAY_HOLD_LOOPS = _family(
     "MAY_HOLD_LOOPS", "scan_p", "while_p", "jit_p", "closed_call_p", "eval_jaxpr_p", "remat_p",
     "cond_p", "custom_jvp_call_p", "custom_vjp_call_p")
 
-# Batching passes: primitives whose vmap rule adds a batch dimension and nothing else
-# (see passes/_shared.py for why this is an allow-list). ``add_any`` (JAX keeps it as
-# ``add_jaxvals_p``) is not on it: the list has always missed it.
-BATCH_FAITHFUL = _family(
-    "BATCH_FAITHFUL",
-    # elementwise arithmetic, comparisons, bit ops, casts
+# Elementwise arithmetic, comparisons, bit ops and casts: what XLA fuses into one loop
+# kernel with the values it reads (``passes/bound_fusions``).
+ELEMENTWISE = _family(
+    "ELEMENTWISE",
     "abs_p", "acos_p", "acosh_p", "add_p", "and_p", "asin_p", "asinh_p", "atan_p",
     "atan2_p", "atanh_p", "bessel_i0e_p", "bessel_i1e_p", "bitcast_convert_type_p", "cbrt_p",
     "ceil_p", "clamp_p", "clz_p", "complex_p", "conj_p", "convert_element_type_p", "copy_p",
@@ -261,7 +261,13 @@ BATCH_FAITHFUL = _family(
     "regularized_incomplete_beta_p", "rem_p", "round_p", "rsqrt_p", "select_n_p",
     "shift_left_p", "shift_right_arithmetic_p", "shift_right_logical_p", "sign_p", "sin_p",
     "sinh_p", "sqrt_p", "square_p", "stop_gradient_p", "sub_p", "tan_p", "tanh_p", "xor_p",
-    "zeta_p", "log2_p", "one_minus_square_p", "polynomial_p", "mulhi_p",
+    "zeta_p", "log2_p", "one_minus_square_p", "polynomial_p", "mulhi_p")
+
+# Batching passes: primitives whose vmap rule adds a batch dimension and nothing else
+# (see passes/_shared.py for why this is an allow-list). ``add_any`` (JAX keeps it as
+# ``add_jaxvals_p``) is not on it: the list has always missed it.
+BATCH_FAITHFUL = ELEMENTWISE | _family(
+    "BATCH_FAITHFUL",
     # identities under vmap: placement, checkpoint names, barriers, shard_map's type cast
     "device_put_p", "name_p", "optimization_barrier_p", "pvary_p",
     # structure: shapes, slicing, indexing

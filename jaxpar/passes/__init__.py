@@ -18,6 +18,9 @@ and a ``DecisionKind``):
   become one ``vmap``ped subgraph, where the target's cost model says it pays.
 * ``batch_matmuls``: same-shaped matmuls and convolutions of one stage in *different*
   members (the halves of a fused scan body, experts, towers) run as one batched op.
+* ``bound_fusions``: after the batching passes, an ``optimization_barrier`` wherever an
+  elementwise chain has read ``MAX_FUSED_SLICES`` of the members' results they sliced
+  out, so XLA never fuses a thousand slices into one kernel (its compile time).
 * ``unroll_scans``: an unroll factor per static scan.
 
 * ``share_common``: equal equations computed once (on by default on GPUs only).
@@ -52,6 +55,7 @@ from .._options import Options, Settings, check_target, loop_defaults, unroll_se
 from . import batch_branches as _batch_branches
 from . import batch_matmuls as _batch_matmuls
 from . import batch_scans as _batch_scans
+from . import bound_fusions as _bound_fusions
 from . import fuse_scans as _fuse_scans
 from . import inline_twin_calls as _inline_twin_calls
 from . import make_loops_static as _make_loops_static
@@ -83,6 +87,7 @@ __all__ = [
     "batch_branches",
     "batch_matmuls",
     "batch_scans",
+    "bound_fusions",
     "fuse_scans",
     "inline_twin_calls",
     "loop_defaults",
@@ -113,6 +118,10 @@ PASSES: tuple[Pass, ...] = (
     Pass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
              "same-shaped matmuls of one stage in different members become one op",
              prices_launches=True),
+    Pass("bound_fusions", _bound_fusions.run,
+             lambda s: s.batch_branches or s.batch_matmuls or s.batch_scans,
+             "a barrier where a chain has read 32 batched members' results (XLA compile time)",
+             after=("batch_scans", "batch_branches", "batch_matmuls")),
     Pass("unroll_scans", _unroll_scans.run, lambda s: s.unroll is not None,
              "an unroll factor per static scan"),
 )
@@ -289,6 +298,28 @@ def batch_matmuls(jaxpr: ClosedJaxpr, target: str = "gpu"
         new, decisions = batch_matmuls(jax.make_jaxpr(f)(a, b, x), target="gpu")
     """
     return run_pass("batch_matmuls", jaxpr, settings=_settings(target, batch_matmuls=True))
+
+
+def bound_fusions(jaxpr: ClosedJaxpr, target: str = "gpu"
+                  ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+    """Runs the three batching passes, then ``bound_fusions`` on what they made, at
+    every level of ``jaxpr`` (never mutated): alone it has nothing to bound.
+
+    Args:
+        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``).
+        target: the cost model that decides whether batching pays: ``"gpu"``,
+            ``"cpu"`` or ``"tpu"``.
+
+    Returns:
+        ``(new_jaxpr, decisions)`` (the batching passes' and this one's); ``new_jaxpr is
+        jaxpr`` when nothing changed.
+
+    Raises:
+        ValueError: unknown ``target``.
+    """
+    row = _BY_NAME["bound_fusions"]
+    return run_passes(jaxpr, [*row.after, row.name], analysis=Analysis(_settings(
+        target, batch_scans=True, batch_branches=True, batch_matmuls=True)))
 
 
 def unroll_scans(jaxpr: ClosedJaxpr, *, unroll: Any = "auto", target: str = "gpu"

@@ -80,6 +80,7 @@ class DecisionKind(enum.StrEnum):
     BATCHED_MATMULS = "batched matmuls"
     MATMULS_LEFT_ALONE = "matmuls left alone"
     INLINED = "inlined calls"
+    FUSIONS_BOUNDED = "fusions bounded"
 
 
 # Decisions that only report: the program is left as it was.
@@ -88,10 +89,10 @@ UNCHANGED_KINDS = frozenset({DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC,
 # Decisions that make a new loop out of several (so it is never "left alone").
 NEW_LOOP_KINDS = frozenset({DecisionKind.FUSED, DecisionKind.BATCHED})
 # Decisions of the subgraph and matmul batching passes (``inline_twin_calls``,
-# ``batch_branches``, ``batch_matmuls``); the rest are about loops.
+# ``batch_branches``, ``batch_matmuls``, ``bound_fusions``); the rest are about loops.
 SUBGRAPH_KINDS = (DecisionKind.INLINED, DecisionKind.BATCHED_SUBGRAPHS,
                   DecisionKind.SUBGRAPHS_LEFT_ALONE, DecisionKind.BATCHED_MATMULS,
-                  DecisionKind.MATMULS_LEFT_ALONE)
+                  DecisionKind.MATMULS_LEFT_ALONE, DecisionKind.FUSIONS_BOUNDED)
 
 # Bound on the rounds of level passes at one level (each productive round removes a loop,
 # loop trips, or a unit unroll factor, so real programs settle in a few).
@@ -335,6 +336,8 @@ class Pass:
             (``settings.command_buffers``, through ``CostModel.launch_prices``); the
             other passes decide the same in every mode, so planning the program in
             another mode reuses what they did (``_pass_step``).
+        after: the passes whose rewrites this one works on: run alone, it changes
+            nothing (``bound_fusions`` bounds what the batching passes made).
     """
 
     name: str
@@ -342,6 +345,7 @@ class Pass:
     enabled: Callable[[Settings], bool]
     summary: str
     prices_launches: bool = False
+    after: tuple[str, ...] = ()
 
 
 def evaluate(jaxpr: JaxprLike, *args: Any) -> list[Any]:
