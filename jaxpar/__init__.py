@@ -8,30 +8,78 @@ compiles both programs for a GPU without one; ``on_stream`` places a function on
 stream by hand.
 """
 
-from ._api import ParallelBranches as ParallelBranches
-from ._api import XlaOptionsNotAppliedWarning as XlaOptionsNotAppliedWarning
-from ._api import inspect as inspect
-from ._api import on_stream as on_stream
-from ._api import parallel_branches as parallel_branches
-from ._compiled.gpu_compile import make_gpu_mesh as make_gpu_mesh
-from ._compiled.preview import GpuPreview as GpuPreview
-from ._compiled.preview import gpu_preview as gpu_preview
-from ._flags import FlagsNotAppliedWarning as FlagsNotAppliedWarning
-from ._flags import check_flags_applied as check_flags_applied
-from ._flags import flags_as_options as flags_as_options
-from ._flags import xla_flags as xla_flags
-from ._processes import ProcessMismatchError as ProcessMismatchError
-from ._report.plan import Plan as Plan
-from ._report.types import Collective as Collective
-from ._report.types import LeftAlone as LeftAlone
-from ._report.types import Region as Region
-from ._report.types import Section as Section
-from ._trace import StaticArgumentWarning as StaticArgumentWarning
-from ._trace import TraceError as TraceError
-from ._tune import TuneBudget as TuneBudget
-from ._tune import TuneCacheWarning as TuneCacheWarning
-from ._tune import Tuning as Tuning
-from .passes import PassDecision as PassDecision
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._api import ParallelBranches as ParallelBranches
+    from ._api import XlaOptionsNotAppliedWarning as XlaOptionsNotAppliedWarning
+    from ._api import inspect as inspect
+    from ._api import on_stream as on_stream
+    from ._api import parallel_branches as parallel_branches
+    from ._compiled.gpu_compile import make_gpu_mesh as make_gpu_mesh
+    from ._compiled.preview import GpuPreview as GpuPreview
+    from ._compiled.preview import gpu_preview as gpu_preview
+    from ._flags import FlagsNotAppliedWarning as FlagsNotAppliedWarning
+    from ._flags import check_flags_applied as check_flags_applied
+    from ._flags import flags_as_options as flags_as_options
+    from ._flags import xla_flags as xla_flags
+    from ._processes import ProcessMismatchError as ProcessMismatchError
+    from ._report.plan import Plan as Plan
+    from ._report.types import Collective as Collective
+    from ._report.types import LeftAlone as LeftAlone
+    from ._report.types import Region as Region
+    from ._report.types import Section as Section
+    from ._trace import StaticArgumentWarning as StaticArgumentWarning
+    from ._trace import TraceError as TraceError
+    from ._tune import TuneBudget as TuneBudget
+    from ._tune import TuneCacheWarning as TuneCacheWarning
+    from ._tune import Tuning as Tuning
+    from .passes import PassDecision as PassDecision
+
+# The public names, imported on first use (PEP 562): ``import jaxpar`` and
+# ``python -m jaxpar --help`` do not import jax; the first name used does.
+_LAZY = {
+    "ParallelBranches": "._api",
+    "XlaOptionsNotAppliedWarning": "._api",
+    "inspect": "._api",
+    "on_stream": "._api",
+    "parallel_branches": "._api",
+    "make_gpu_mesh": "._compiled.gpu_compile",
+    "GpuPreview": "._compiled.preview",
+    "gpu_preview": "._compiled.preview",
+    "FlagsNotAppliedWarning": "._flags",
+    "check_flags_applied": "._flags",
+    "flags_as_options": "._flags",
+    "xla_flags": "._flags",
+    "ProcessMismatchError": "._processes",
+    "Plan": "._report.plan",
+    "Collective": "._report.types",
+    "LeftAlone": "._report.types",
+    "Region": "._report.types",
+    "Section": "._report.types",
+    "StaticArgumentWarning": "._trace",
+    "TraceError": "._trace",
+    "TuneBudget": "._tune",
+    "TuneCacheWarning": "._tune",
+    "Tuning": "._tune",
+    "PassDecision": ".passes",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxpar' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 

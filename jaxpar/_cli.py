@@ -32,16 +32,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
-
-import jax
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from ._api import inspect, parallel_branches
-from ._compiled.gpu_compile import plugin_status
-from ._compiled.preview import gpu_preview
-from ._trace import error_text, raised_while_tracing
+
+if TYPE_CHECKING:
+    import jax
+
+# jax is imported where a command needs it: ``python -m jaxpar --help`` and ``--version``
+# answer without it (importing jax takes seconds, more with the CUDA plugin).
 
 _DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
            "i8": "int8", "i32": "int32", "i64": "int64", "u8": "uint8", "u32": "uint32",
@@ -50,6 +49,7 @@ _DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float
 
 def parse_arg_specs(text: str) -> list[jax.ShapeDtypeStruct]:
     """Parses ``"f32[100,100] i32[]"`` into ShapeDtypeStructs."""
+    import jax
     specs = []
     for token in text.split():
         match = re.fullmatch(r"([a-z]+\d*)\[([\d,\s]*)\]", token)
@@ -120,6 +120,7 @@ def _time_rounds(plain: Callable[[], Any], rewritten: Callable[[], Any],
 
     Which one runs first alternates, so running second (warmer caches) favours neither.
     """
+    import jax
     jax.block_until_ready(plain())
     jax.block_until_ready(rewritten())
     times = []
@@ -161,6 +162,7 @@ def timing_report(plain: Callable[..., Any], rewritten: Callable[..., Any],
     they often change nothing), there is nothing to time and the line says so instead of
     printing a ratio that is only noise.
     """
+    import jax
     backend = jax.default_backend()
     if _compiled_text(plain, args) == _compiled_text(rewritten, args):
         return (f"on this {backend}: the same compiled program as jax.jit (jaxpar's rewrites "
@@ -177,6 +179,8 @@ def timing_report(plain: Callable[..., Any], rewritten: Callable[..., Any],
 
 
 def _same(expected: Any, got: Any) -> bool:
+    import jax
+    import numpy as np
     return all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
                for a, b in zip(jax.tree_util.tree_leaves(expected),
                                jax.tree_util.tree_leaves(got), strict=True))
@@ -184,6 +188,9 @@ def _same(expected: Any, got: Any) -> bool:
 
 def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: Any,
                 gpu_story: Callable[[Any], Any] | None = None) -> bool:
+    import jax
+
+    from ._api import inspect, parallel_branches
     print(f"\n== {title} ==", file=out)
     # The plan (inspect's one pair of figures), then, with the CUDA plugin, gpu_preview:
     # the same pair beside the compile's, and which one decided.
@@ -213,6 +220,10 @@ def _demo_preview(fn: Callable[..., Any], args: Sequence[Any],
     """``gpu_preview`` of one story, or None and why it was skipped. A multi-device story
     is previewed where its example rebuilds it on a deviceless mesh (``gpu_story(mesh)``:
     the function and its argument specs)."""
+    import jax
+
+    from ._compiled.gpu_compile import plugin_status
+    from ._compiled.preview import gpu_preview
     ok, why = plugin_status()
     if not ok:
         return None, f"(GPU preview skipped: {why})"
@@ -260,6 +271,9 @@ def _load_examples() -> list[Any]:
 
 def demo_intro() -> str:
     """What each story of the demo prints, as it will print it on this machine."""
+    import jax
+
+    from ._compiled.gpu_compile import plugin_status
     backend = jax.default_backend()
     ok, why = plugin_status()
     timing = ("a timing on this machine where jaxpar's program differs from jax.jit's here"
@@ -274,6 +288,7 @@ def demo_intro() -> str:
 
 def demo(out: Any = sys.stdout) -> int:
     """Runs the user stories end to end and reports."""
+    import jax
     try:  # eight fake CPU devices for the collective story, before the backend starts
         platforms = os.environ.get("JAX_PLATFORMS", "")
         if not platforms or "cpu" in platforms:
@@ -341,6 +356,7 @@ def switch_value(text: str) -> bool:
 
 def _option_flags() -> dict[str, _pyinspect.Parameter]:
     """Every keyword-only option of ``parallel_branches``, by name."""
+    from ._api import parallel_branches
     return {name: p for name, p in _pyinspect.signature(parallel_branches).parameters.items()
             if p.kind is _pyinspect.Parameter.KEYWORD_ONLY}
 
@@ -373,7 +389,9 @@ Every option of parallel_branches is a flag (--max-streams 2, --unroll none,
 
 
 def _version() -> str:
-    return f"jaxpar {__version__} (jax {jax.__version__})"
+    from importlib.metadata import version  # the installed jax's, without importing it
+
+    return f"jaxpar {__version__} (jax {version('jax')})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -416,7 +434,9 @@ def _main(argv: Sequence[str] | None) -> int:
     options = insp.add_argument_group(
         "options of parallel_branches", "values: numbers, true/false, auto, none, or a "
         "comma list; see docs/guide.md")
-    for name, param in _option_flags().items():
+    given_argv = list(sys.argv[1:] if argv is None else argv)
+    # The flags come from parallel_branches's signature (importing jax): only for inspect.
+    for name, param in (_option_flags() if "inspect" in given_argv else {}).items():
         default = "gpu" if name == "target" else param.default
         switch = isinstance(param.default, bool)  # --force-streams alone means true
         options.add_argument(f"--{name.replace('_', '-')}", dest=f"option_{name}",
@@ -425,9 +445,12 @@ def _main(argv: Sequence[str] | None) -> int:
                              const=True if switch else None,
                              default="gpu" if name == "target" else argparse.SUPPRESS,
                              help=f"default: {default!r}" + (" (alone: true)" if switch else ""))
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(given_argv)
     if ns.command == "demo":
         return demo()
+    from ._api import inspect
+    from ._trace import error_text, raised_while_tracing
+
     for flag, path, suffixes in (("--html", ns.html, (".html", ".htm")),
                                  ("--trace", ns.trace, (".json",))):
         if path:  # checked before the (slow) analysis, not after printing the plan

@@ -305,3 +305,44 @@ def test_help_is_plain_text(capsys):
 def test_xla_flags_refuses_what_is_not_a_plan():
     with pytest.raises(TypeError, match=r"takes the Plan of your program .* got a str"):
         jaxpar.xla_flags(plan="x")
+
+
+# --- help without jax (issue 33): importing jax takes seconds, more with the CUDA plugin --
+
+
+_PROBE = """
+import runpy, sys
+sys.argv = ["jaxpar", *sys.argv[1:]]
+try:
+    runpy.run_module("jaxpar", run_name="__main__")
+except SystemExit:
+    pass
+print("JAX IMPORTED" if "jax" in sys.modules else "NO JAX", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_do_not_import_jax(flag):
+    done = subprocess.run([sys.executable, "-c", _PROBE, flag], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.stderr.strip().endswith("NO JAX"), done.stderr
+    assert ("{demo,inspect}" in done.stdout) if flag == "--help" else (
+        f"jax {jax.__version__}" in done.stdout), done.stdout
+
+
+def test_inspect_help_lists_every_option_flag():
+    done = run("inspect", "--help", timeout=120)
+    assert done.returncode == 0, done.stderr
+    for flag in ("--max-streams", "--unroll", "--force-streams", "--target"):
+        assert flag in done.stdout
+
+
+def test_import_jaxpar_is_lazy_and_every_public_name_resolves():
+    probe = ("import sys, jaxpar; before = 'jax' in sys.modules; "
+             "names = [getattr(jaxpar, n) for n in jaxpar.__all__]; "
+             "print(before, 'jax' in sys.modules, set(jaxpar.__all__) <= set(dir(jaxpar)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.stdout.split() == ["False", "True", "True"], done.stderr
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        jaxpar.nope  # noqa: B018
