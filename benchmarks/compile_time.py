@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--backends", help="comma-separated: cpu,gpu (default: cpu, and gpu "
                                            "where the CUDA plugin is installed)")
     parser.add_argument("--repeats", type=int, default=1, help="compiles per variant")
+    parser.add_argument("--target", default="gpu",
+                        help="jaxpar's target (default gpu; cpu, the CPU's default, batches "
+                             "nothing)")
     parser.add_argument("--json", help="write the results here")
     ns = parser.parse_args(argv)
     counts = ([int(c) for c in ns.counts.split(",")] if ns.counts
@@ -97,8 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         backends = ns.backends.split(",")
     else:
         backends = ["cpu"] if ns.quick or not plugin_status()[0] else ["cpu", "gpu"]
-    results: dict[str, Any] = {"jax": jax.__version__, "rows": []}
-    print(f"compile time, plain jax.jit vs jaxpar target=gpu, jax {jax.__version__}; "
+    results: dict[str, Any] = {"jax": jax.__version__, "target": ns.target, "rows": []}
+    print(f"compile time, plain jax.jit vs jaxpar target={ns.target}, jax {jax.__version__}; "
           f"members tanh(x @ w), {ROWS}x{WIDTH} @ {WIDTH}x{WIDTH} float32")
     print(f"{'backend':8s} {'form':6s} {'members':>7s} {'lower plain':>12s} "
           f"{'lower jaxpar':>13s} {'compile plain':>14s} {'compile jaxpar':>15s} {'ratio':>7s}")
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for form in forms:
                 fn, args = members(form), arguments(count)
                 plain = measure(fn, args, backend, ns.repeats)
-                batched = measure(jaxpar.parallel_branches(fn, target="gpu"), args, backend,
+                batched = measure(jaxpar.parallel_branches(fn, target=ns.target), args, backend,
                                   ns.repeats)
                 ratio = batched["compile_s"] / plain["compile_s"]
                 results["rows"].append({"backend": backend, "form": form, "members": count,
