@@ -477,12 +477,13 @@ def test_many_members_compute_what_jax_jit_does(consumer: str) -> None:
 
 
 def test_many_single_matmul_members_are_batched_in_bounded_batches() -> None:
-    """batch_matmuls likewise: 1,000 members ``tanh(x @ w)`` returned as a list (the
-    issue's program) become batched dots of at most MAX_BATCH_MEMBERS members."""
+    """batch_matmuls likewise: 1,000 members ``tanh(x @ w)`` summed become batched dots
+    of at most MAX_BATCH_MEMBERS members (returned as a list, their tails would each be
+    a kernel of their own: test_batch_matmuls.test_tails_returned_apart_are_left_alone)."""
     limit = importlib.import_module("jaxpar.passes._shared").MAX_BATCH_MEMBERS
     spec = ([jax.ShapeDtypeStruct((8, 16), jnp.float32)] * 1000,
             [jax.ShapeDtypeStruct((16, 16), jnp.float32)] * 1000)
-    closed = jax.make_jaxpr(lambda xs, ws: [jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True)]
+    closed = jax.make_jaxpr(lambda xs, ws: sum(jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True))
                             )(*spec)
     new, decisions = jaxpar.passes.batch_matmuls(closed, target="gpu")
     assert decisions and all(d.kind == DecisionKind.BATCHED_MATMULS for d in decisions)

@@ -151,7 +151,9 @@ def test_swapped_operand_order_is_matched() -> None:
         a = jnp.tanh(h @ x) @ x  # h @ x
         b = jnp.einsum("ij,bi->jb", y, g)  # (g @ y).T: the same form, operands swapped
         c = jax.nn.relu(b).T @ y
-        return jnp.tanh(a), jnp.tanh(c)  # elementwise readers: the slices fuse into them
+        # Reduced, not returned apart: a matmul's elementwise tail returned apart costs a
+        # kernel of its own once batched (test_tails_returned_apart_are_left_alone).
+        return jnp.tanh(a).sum(0), jnp.tanh(c).sum(0)
 
     args = _square(1, 4)
     after, decisions = _passes(f, *args)
@@ -166,9 +168,10 @@ def test_crossed_operand_order_stays_stacked() -> None:
     """``h @ x`` beside ``y @ h``: one member reads its operands transposed throughout,
     so the chain stays stacked and the ``x`` column is stacked once."""
     def f(a: Any, b: Any, x: Any, y: Any) -> Any:
-        # Elementwise readers: the slices fuse into them (results leaving as they are
-        # would each cost a slicing kernel: test_results_sliced_out_...).
-        return jnp.tanh((jnp.tanh(a) @ x) @ x), jnp.tanh(y @ (y @ jnp.sin(b)))
+        # Elementwise readers: the slices fuse into them; reduced, since tails returned
+        # apart cost a kernel each (test_tails_returned_apart_are_left_alone).
+        return (jnp.tanh((jnp.tanh(a) @ x) @ x).sum(0),
+                jnp.tanh(y @ (y @ jnp.sin(b))).sum(0))
 
     args = _square(5, 4)
     after, decisions = _passes(f, *args)
@@ -256,7 +259,7 @@ def test_matmuls_sharing_an_operand_are_left_to_xla() -> None:
 
 def test_different_stages_are_not_batched_together() -> None:
     def f(a: Any, b: Any, c: Any, d: Any) -> Any:
-        first = jnp.tanh(jnp.sin(a) @ b)  # stage 1; elementwise work reads its slice
+        first = jnp.tanh(jnp.sin(a) @ b).sum(0)  # stage 1; elementwise work reads its slice
         second = jnp.cos(jnp.sin(c) @ d) @ b  # stages 1 and 2
         return first, second
 
@@ -489,7 +492,7 @@ def _deep_towers(ws: Any, xs: Any) -> Any:
         for stage in range(4):
             precision = lax.Precision.HIGHEST if stage == 3 else None
             x = act(jnp.matmul(x, w[stage], precision=precision))
-        outs.append(x)
+        outs.append(x.sum(0))  # reduced: tails returned apart would not batch
     return outs
 
 
@@ -636,3 +639,41 @@ def test_towers_are_batched_in_every_mode() -> None:
     # against float64 is up to 1.2e-4 there; jax 0.12's CPU dots put one element of the
     # batched program 1.4e-5 from the plain one's, so the absolute bound is 5e-5.
     _check_values_and_grads(_towers, *args, grad_tolerance={"rtol": 1e-4, "atol": 5e-5})
+
+
+def _members_apart(xs: Any, ws: Any) -> Any:
+    return [jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True)]
+
+
+def _members_summed(xs: Any, ws: Any) -> Any:
+    return sum(jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True))
+
+
+def _members_args(count: int) -> tuple[list[Any], list[Any]]:
+    return ([jax.ShapeDtypeStruct((8, 16), jnp.float32)] * count,
+            [jax.ShapeDtypeStruct((16, 16), jnp.float32)] * count)
+
+
+def test_tails_returned_apart_are_left_alone() -> None:
+    """Unbatched, XLA:GPU fuses ``tanh`` into each member's matmul (a Triton GEMM's
+    epilogue); batched, each member's ``tanh`` of its slice is a kernel of its own, so
+    ten members returned apart save nothing. Summed, the tails are one kernel for all."""
+    apart, apart_decisions = _passes(_members_apart, *jax.tree.map(
+        lambda s: jnp.zeros(s.shape, s.dtype), _members_args(10)))
+    assert _batched_dots(apart) == 0
+    (left,) = [d for d in apart_decisions if d.kind == DecisionKind.MATMULS_LEFT_ALONE]
+    assert "saves" in left.reason
+    summed, _ = _passes(_members_summed, *jax.tree.map(
+        lambda s: jnp.zeros(s.shape, s.dtype), _members_args(10)))
+    assert _batched_dots(summed) == 1
+
+
+@needs_plugin
+def test_tails_returned_apart_launch_no_more_than_plain() -> None:
+    """Deviceless H200: the members returned apart launch no more kernels than plain
+    (batched, they launched 13 against 10); summed, far fewer."""
+    args = _members_args(10)
+    for fn, most in ((_members_apart, 1.0), (_members_summed, 0.5)):
+        plain, _ = _launches_and_temps(fn, args)
+        counted, _ = _launches_and_temps(jaxpar.parallel_branches(fn, target="gpu"), args)
+        assert counted["launches"] <= most * plain["launches"], (fn.__name__, counted, plain)

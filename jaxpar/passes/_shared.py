@@ -58,7 +58,8 @@ Sharp edges:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+import heapq
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import jax
@@ -560,3 +561,46 @@ def stage_depths(graph: Graph, heavy: Sequence[bool]) -> list[int]:
         depth[i] = heavy[i] + (0 if not preds else depth[preds[0]] if len(preds) == 1
                                else max([depth[p] for p in preds]))
     return depth
+
+
+_MERGED = object()  # a value computed from more than one member's results
+
+
+def private_tails_leave(eqns: Sequence[JaxprEqn], graph: Graph, results: Mapping[Any, int],
+                        launches: Callable[[int], bool], outputs: Collection[Any]
+                        ) -> set[Any]:
+    """The member results (``results``: variable -> the equation writing it) whose
+    elementwise tail, computed from that member's result alone, is one of ``outputs``.
+
+    Unbatched, XLA:GPU fuses such a tail into the member's matmul (a Triton GEMM's
+    epilogue: 100 members ``tanh(x @ w)`` returned apart compile to 100 kernels); batched,
+    each is a kernel of its own, reading its slice of the batched result (112 kernels).
+    The walk follows elementwise equations (not ``launches``) forward from each result
+    and stops where a value mixes several members' results (a sum of the members is
+    made once for them all).
+    """
+    origin: dict[Any, Any] = {v: v for v in results}
+    leaving = {v for v in results if v in outputs}
+    heap = sorted({r for i in results.values() for r in graph.succs[i]})
+    seen = set(heap)
+    while heap:
+        j = heapq.heappop(heap)
+        eqn = eqns[j]
+        if launches(j):
+            continue
+        keys = {origin[v] for v in eqn.invars if not _compat.is_literal(v) and v in origin}
+        if not keys:
+            continue  # an effect edge
+        key = keys.pop() if len(keys) == 1 else _MERGED
+        for out in eqn.outvars:
+            if not _compat.is_drop_var(out):
+                origin[out] = key
+                if key is not _MERGED and out in outputs:
+                    leaving.add(key)
+        if key is _MERGED:
+            continue
+        for r in graph.succs[j]:
+            if r not in seen:
+                seen.add(r)
+                heapq.heappush(heap, r)
+    return leaving

@@ -82,7 +82,13 @@ from .._memo import IdentityMemo
 from .._memory import stacking_refusal
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
 from .._structure import StructuralKeys
-from ._shared import MAX_BATCH_MEMBERS, member_chunks, stacked_width, stage_depths
+from ._shared import (
+    MAX_BATCH_MEMBERS,
+    member_chunks,
+    private_tails_leave,
+    stacked_width,
+    stage_depths,
+)
 from ._walk import (
     DecisionKind,
     EmitFn,
@@ -223,7 +229,8 @@ def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
     # transposes whole, outside the loop, when the body reads it transposed.
     loop_inputs = frozenset(inner.invars) if level.in_loop_body else frozenset()
     accepted, rejected, priced = _choose(eqns, graph, groups, launches, costs, level_outputs,
-                                         prices, allowance, loop_inputs)
+                                         prices, allowance, loop_inputs,
+                                         program_outputs=not path)
     decisions = [_left_alone(path, eqns, g, launches[g], priced[g]) for g in rejected]
     if not accepted:
         return [], decisions
@@ -651,7 +658,8 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
             launches: dict[_Group, int], costs: CostModel,
             level_outputs: set[Any] | frozenset[Any] = frozenset(),
             prices: LaunchPrices | Sequence[LaunchPrices] | None = None,
-            allowance: float | None = None, loop_inputs: frozenset[Any] = frozenset()
+            allowance: float | None = None, loop_inputs: frozenset[Any] = frozenset(),
+            program_outputs: bool = False
             ) -> tuple[list[_Group], list[_Group], dict[_Group, _Price]]:
     """The groups worth batching, the rest, and each one's price (a dropped group's as
     it was when dropped), by the kernels they save and the kernels they add.
@@ -666,7 +674,11 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
     leaves the level, or that an equation launching a kernel outside the rewrite reads (a
     matmul, a reduction, a loop), is sliced out of the batched result by a kernel of its
     own; slices that only elementwise work reads fuse into it (``sin(a) @ b`` beside
-    ``cos(sin(c) @ d) @ b``, both results leaving: 5 -> 6 launches once compiled). A
+    ``cos(sin(c) @ d) @ b``, both results leaving: 5 -> 6 launches once compiled). At the
+    top level, a matmul whose elementwise tail, computed from its result alone, is
+    returned counts the same (``_shared.private_tails_leave``): unbatched, XLA fuses the
+    tail into the matmul's Triton GEMM; batched, the tail of each slice is a kernel of
+    its own (ten ``tanh(x @ w)`` returned apart: 10 launches plain, 13 batched). A
     group whose stacked result another accepted group reads, and that reader, each count
     a launch more: dropping either one slices the result apart or stacks it again. Groups
     are dropped, least worth first, until each one wins at least half a launch more than
@@ -728,6 +740,14 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
         return (cost.kernels == 0 and cost.flops > 0
                 and all(r in batched for r in readers(atom, source)))
 
+    # Matmuls' elementwise tails returned apart (the program's outputs): see
+    # ``_shared.private_tails_leave``. A convolution's tail stays a kernel of its own
+    # either way (cuDNN takes no such epilogue), and a loop body's carries are not
+    # returned apart.
+    tails_leave = private_tails_leave(
+        eqns, graph, {v: i for v, i in made_at.items()
+                      if eqns[i].primitive.name == DOT_GENERAL},
+        launches_kernel, level_outputs) if program_outputs else set()
     columns = {g: g.columns(eqns) for g in groups}
     outputs = {g: g.outputs(eqns) for g in groups}
     transposes = {g: sum(2.0 * _compat.aval_nbytes(eqns[i].outvars[0].aval)
@@ -745,7 +765,7 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
             cost += launch
         cost += sum(_stack_bytes(c) for c in new if users[c] == 1) / profile.bandwidth
         read_chained = chained.get(outputs[g], 0) if outputs[g] in produced else 0
-        sliced = sum(out in level_outputs or any(
+        sliced = sum(out in level_outputs or out in tails_leave or any(
             launches_kernel(r) and not (read_chained and r in batched)
             for r in readers(out, made_at[out]))
             for out in (eqns[i].outvars[0] for i in g.members))
