@@ -39,8 +39,8 @@ its source there; a calibration profile measured on the GPU replaces them):
 * **Host syncs.** A ``conditional`` that is not in a CUDA graph, and every trip of a
   ``while`` without ``known_trip_count``, copy a predicate to the host and block it
   until its stream is idle, plus ``sync_s`` (``while_thunk.cc``/``conditional_thunk.cc``,
-  docs/xla.md, "Loops, trip counts, unrolling and fusion"). An unknown trip count is taken as ``unknown_trips``
-  (default 1) and flagged.
+  docs/xla.md, "Loops, trip counts, unrolling and fusion"). An unknown trip count is
+  taken as ``unknown_trips`` (default 1) and flagged.
 * **Sharing the GPU.** Kernels on different streams overlap, but the roofline work of
   all of them goes through one device: ``end = max(start + duration, max(start,
   device_free) + work)``. Overlap therefore hides kernel floors and launch latency,
