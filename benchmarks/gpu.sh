@@ -34,7 +34,7 @@
 #      jaxpar / plain (medians of 20 interleaved calls in one process) and the estimated
 #      ratio of the same compiled executables with the calibrated profile. Where the two
 #      disagree, the model's figures or its CUDA-graph assumptions are wrong
-#      (docs/gpu_evidence.md, section 1.7).
+#      (docs/xla.md, "CUDA graphs (command buffers)").
 set -uo pipefail
 
 dry_run=0

@@ -1823,7 +1823,7 @@ def on_stream(stream: int, *misplaced: Any, scheduling_group: int | None = None
                 return out_leaves
 
             # A region like parallel_branches' own (not a bare xla_metadata_call), so
-            # checkify and higher-order autodiff see its body (issue 18); its derived
+            # checkify and higher-order autodiff see its body; its derived
             # calls keep the user's attributes, as xla_metadata_call's do.
             outs = region_call(flat_body, stream, group)(*leaves)
             return jax.tree_util.tree_unflatten(out_tree[-1], outs)

@@ -74,10 +74,11 @@ class CommandBufferMode(enum.Enum):
     ``SERIALIZE``: one serial chain too. ``OFF`` (``--xla_gpu_enable_command_buffer=``
     empty): every kernel is launched alone.
 
-    Sources (``docs/gpu_evidence.md``): ``xla/xla.proto`` (the modes; CONCURRENT "may lead
-    to OOMs and less predictable performance"), ``xla/service/gpu/gpu_hlo_ordering.cc``
-    (what CONCURRENT_REGIONS lets overlap), a public measurement of 75 independent tiny
-    kernels (4.8x faster in CONCURRENT, 2.2x the peak memory, RTX 5090).
+    Sources (``docs/xla.md``, ``docs/gpu_evidence.md``): ``xla/xla.proto`` (the modes;
+    CONCURRENT "may lead to OOMs and less predictable performance"),
+    ``xla/service/gpu/gpu_hlo_ordering.cc`` (what CONCURRENT_REGIONS lets overlap), a public
+    measurement of 75 independent tiny kernels (4.8x faster in CONCURRENT, 2.2x the peak
+    memory, RTX 5090).
     """
 
     LHS = "lhs"

@@ -84,7 +84,7 @@ LOSER_MARGIN = 0.25  # this much slower than the best: stop timing it
 # The programs the tuner compares, in the order ties are broken (earlier wins). "chosen
 # options" is jaxpar with the XLA options its plan chooses per function; "user's mode"
 # is jaxpar compiled with the process's own XLA options. Until the plan chooses XLA
-# options (issue 19 point 2) the two are one program, and on the CPU target they always
+# options per function the two are one program, and on the CPU target they always
 # are: the tuner then compiles and times it once.
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate(PLAIN, None),

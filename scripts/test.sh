@@ -78,7 +78,7 @@ run_lint() {  # ruff and mypy; their output only when they find something
   local log=.ci-venv/lint.log
   rm -f .ci-venv/lint.failed
   if { .ci-venv/lint/bin/ruff check jaxpar tests examples benchmarks && \
-       .ci-venv/lint/bin/mypy jaxpar; } > "$log" 2>&1; then
+       .ci-venv/lint/bin/mypy jaxpar tests; } > "$log" 2>&1; then
     echo "[lint] ruff and mypy: clean"
   else
     sed 's/^/[lint] /' "$log"; echo "[lint] ruff or mypy failed (log: $log)"
@@ -108,7 +108,7 @@ install_chromium() {  # Debian's headless Chromium, for the browser test of the 
     > .ci-venv/apt.log 2>&1 || { tail -n 40 .ci-venv/apt.log; echo "installing chromium failed"; exit 1; }
 }
 
-install_lint() {  # ruff and mypy (mypy checks jaxpar against jax 0.10.2's types)
+install_lint() {  # ruff and mypy (mypy checks jaxpar and tests against jax 0.10.2's types)
   .ci-venv/lint/bin/ruff --version >/dev/null 2>&1 && return 0
   echo "--- installing into .ci-venv/lint: ruff, mypy, jax 0.10.2"
   { python3 -m venv .ci-venv/lint && .ci-venv/lint/bin/pip install -q ruff mypy "jax==0.10.2" \

@@ -215,7 +215,7 @@ def test_bidirectional_ppermute_on_eight_gpus():
     assert all(e.opcode == "collective-permute-start" for e in starts)
     # Both directions are there: async starts, or (XLA >= 0.12) one made synchronous.
     assert len(starts) + len(entry.synchronous_collectives) == 2
-    # XLA's default keeps one collective in flight (XLA_FACTS section 2).
+    # XLA's default keeps one collective in flight (docs/xla.md, "Collectives and their streams").
     assert schedule.max_collectives_in_flight == 1
     assert schedule.dot_kernels_during_collectives >= 1
 

@@ -231,7 +231,7 @@ def test_lhs_graphs_chain_captured_regions_serially():
 
 def test_region_holding_a_loop_is_never_captured():
     # A body of 5 kernels: captured as one graph per trip at top level, launched kernel
-    # by kernel inside a region (docs/gpu_evidence.md: "the opposite trap").
+    # by kernel inside a region (docs/xla.md, "Stream regions inside graphs").
     body5 = LOOP.replace("%body (", "%body5 (").replace(
         "  ROOT %r = (s32[], f32[8]{0}) tuple(%i, %b1)",
         "".join(f"  %b{k} = f32[8]{{0}} fusion(%b{k - 1}), kind=kLoop, calls=%fused_neg\n"

@@ -35,12 +35,12 @@ its source there; a calibration profile measured on the GPU replaces them):
   ``call-start`` makes the region's stream wait for everything enqueued on the caller's
   stream, then the *same* host thread enqueues the whole region, then goes on;
   ``call-done`` makes the caller's stream wait for the region (``async_thunk.cc``,
-  docs/gpu_evidence.md, section 1.2). Each costs ``event_s`` on the host.
+  docs/xla.md, "Stream-annotated calls"). Each costs ``event_s`` on the host.
 * **Host syncs.** A ``conditional`` that is not in a CUDA graph, and every trip of a
   ``while`` without ``known_trip_count``, copy a predicate to the host and block it
   until its stream is idle, plus ``sync_s`` (``while_thunk.cc``/``conditional_thunk.cc``,
-  docs/gpu_evidence.md, section 1.6). An unknown trip count is taken as ``unknown_trips``
-  (default 1) and flagged.
+  docs/xla.md, "Loops, trip counts, unrolling and fusion"). An unknown trip count is
+  taken as ``unknown_trips`` (default 1) and flagged.
 * **Sharing the GPU.** Kernels on different streams overlap, but the roofline work of
   all of them goes through one device: ``end = max(start + duration, max(start,
   device_free) + work)``. Overlap therefore hides kernel floors and launch latency,

@@ -2,8 +2,8 @@
 
 The planner proposes sections (regions meant to overlap); this module says what
 one is expected to win or cost on the compiled GPU program, from what XLA:GPU is
-known to do with stream-annotated calls (``docs/gpu_evidence.md``, sections
-1.2 to 1.7):
+known to do with stream-annotated calls (``docs/xla.md``, from
+"Stream-annotated calls" to "CUDA graphs"):
 
 * **Overlap won.** Streams share one device: running two regions side by side
   hides the fixed latency of their kernels (the cost model's per-kernel floor),
