@@ -1,4 +1,4 @@
-"""``jaxpar/_compat.py``: the shortcuts the hot paths take must agree with the full
+"""``jaxpar/_compat/``: the shortcuts the hot paths take must agree with the full
 answers they stand for, on the jax this runs."""
 
 from __future__ import annotations
@@ -109,8 +109,13 @@ def test_eqn_stager_stages_what_a_bind_stages(monkeypatch) -> None:
 
     binds: list[list[str]] = []
     real = _compat.bind_eqn
-    monkeypatch.setattr(_compat, "bind_eqn",
-                        lambda eqn, *a: binds[-1].append(eqn.primitive.name) or real(eqn, *a))
+    def recorded(eqn: Any, *a: Any) -> list[Any]:
+        binds[-1].append(eqn.primitive.name)
+        return real(eqn, *a)
+
+    # The binder calls the package's name; the stager its module's.
+    monkeypatch.setattr(_compat, "bind_eqn", recorded)
+    monkeypatch.setattr(_compat.tracing, "bind_eqn", recorded)
 
     def lowered(stage: Any) -> str:
         binds.append([])
