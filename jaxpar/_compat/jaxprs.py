@@ -43,14 +43,13 @@ Atom: TypeAlias = Var | Literal
 # From jax 0.11 ``ClosedJaxpr`` is ``Jaxpr``: "closed" then means "has consts".
 _UNIFIED_JAXPR = ClosedJaxpr is Jaxpr
 
-
 # Where JAX keeps the primitive objects that ``jax.extend.core.primitives`` and
 # ``jax.lax`` do not export (their homes move between releases).
 PRIMITIVE_HOMES = ("jax._src.core", "jax._src.lax.parallel", "jax._src.shard_map",
-                    "jax._src.callback", "jax._src.debugging", "jax._src.random.prng",
-                    "jax._src.prng", "jax._src.pjit", "jax._src.compute_on",
-                    "jax._src.xla_metadata", "jax.experimental.scheduling_groups",
-                    "jax._src.lax.eval_jaxpr", "jax._src.ad_checkpoint")
+                   "jax._src.callback", "jax._src.debugging", "jax._src.random.prng",
+                   "jax._src.prng", "jax._src.pjit", "jax._src.compute_on",
+                   "jax._src.xla_metadata", "jax.experimental.scheduling_groups",
+                   "jax._src.lax.eval_jaxpr", "jax._src.ad_checkpoint")
 
 
 def internal_primitive(attribute: str) -> Any | None:

@@ -261,7 +261,7 @@ def _program_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_ja
     return call_jet(primals_in, series_in, call_jaxpr, lambda body, args: body(*args))
 
 
-# ------------------------------------------------------------------------ program_p's rules
+# ------------------------------------------------ registering program_p's rules
 program_p.def_impl(_program_eval)
 program_p.def_effectful_abstract_eval(call_abstract_eval)
 _mlir.register_lowering(program_p, _program_lowering)

@@ -94,6 +94,18 @@ def stream_call(fn: Callable[..., Any], attributes: dict[str, str]) -> Callable[
     return _xla_metadata_call(fn, **attributes)
 
 
+# ---------------------------------------------------------------------- stream_region_p
+STREAM_REGION = "jaxpar_stream_region"
+stream_region_p = jex_core.Primitive(STREAM_REGION)
+stream_region_p.multiple_results = True
+# Some releases also ask the primitive whether an equation has effects.
+setattr(stream_region_p, "is_effectful",  # noqa: B010
+        lambda params: bool(params["call_jaxpr"].effects))
+
+# The emitter's JVP and transpose of a region (see ``register_stream_region_ad``).
+_region_ad: dict[str, Callable[..., Any]] = {}
+
+# ---------------------------------------------------------------- frontend attributes
 _XLA_METADATA_CALL = internal_primitive_name("xla_metadata_call_p", "xla_metadata_call")
 
 
@@ -131,7 +143,7 @@ def has_frontend_attributes(eqn: JaxprEqn) -> bool:
 def all_primitive_names() -> frozenset[str]:
     """Names of every primitive the running jax defines at module level (for tests).
 
-    Imports JAX's public modules and the internal homes above, then collects the
+    Imports JAX's public modules and its internal homes (``PRIMITIVE_HOMES``), then collects the
     ``Primitive`` attributes of every loaded ``jax`` module, and jaxpar's own
     (``stream_region_p``).
     """
@@ -153,18 +165,6 @@ def all_primitive_names() -> frozenset[str]:
                 names.add(value.name)
     names.add(stream_region_p.name)
     return frozenset(names)
-
-
-# ---------------------------------------------------------------------- stream_region_p
-STREAM_REGION = "jaxpar_stream_region"
-stream_region_p = jex_core.Primitive(STREAM_REGION)
-stream_region_p.multiple_results = True
-# Some releases also ask the primitive whether an equation has effects.
-setattr(stream_region_p, "is_effectful",  # noqa: B010
-        lambda params: bool(params["call_jaxpr"].effects))
-
-# The emitter's JVP and transpose of a region (see ``register_stream_region_ad``).
-_region_ad: dict[str, Callable[..., Any]] = {}
 
 
 def bind_stream_region(fn: Callable[..., Sequence[Any]], args: Sequence[Any],
@@ -211,6 +211,7 @@ def packable(avals: Sequence[Any]) -> bool:
     return bool(np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_))
 
 
+# ---------------------------------------- the rules (registered in one block at the end)
 def _partitioned_by_xla(ctx: Any) -> bool:
     """Whether XLA's sharding propagation lays out the values of the program being lowered
     (more than one device, outside the manual axes of a ``shard_map``)."""
@@ -303,7 +304,7 @@ def _region_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_jax
                      lambda body, args: bind_stream_region(body, args, region))
 
 
-# ------------------------------------------------------------------- stream_region_p's rules
+# ------------------------------------------------ registering stream_region_p's rules
 _dispatch.simple_impl(stream_region_p)  # eagerly: compiled alone, as a stream call
 stream_region_p.def_effectful_abstract_eval(call_abstract_eval)
 _mlir.register_lowering(stream_region_p, _region_lowering)
