@@ -129,8 +129,12 @@ def test_no_definition_longer_than_200_lines() -> None:
 
 
 def test_only_compat_touches_jax_internals() -> None:
-    offenders = [name for name, path in _modules().items()
-                 if name != "jaxpar._compat" and "jax._src" in path.read_text()]
+    """Only the ``_compat`` package (its face and its submodules) reads ``jax._src``."""
+    modules = _modules()
+    assert "jaxpar._compat" in modules  # the package the rule exempts exists
+    offenders = [name for name, path in modules.items()
+                 if name != "jaxpar._compat" and not name.startswith("jaxpar._compat.")
+                 and "jax._src" in path.read_text()]
     assert offenders == []
 
 
@@ -162,7 +166,11 @@ def test_no_pass_imports_a_sibling_pass() -> None:
 # docs/design.md's drawing, top to bottom: a module imports only modules of its own
 # layer or above. Every module must be placed (a new module needs a place in both).
 LAYERS = (
-    ("_memo",), ("_compat",), ("_primitives",), ("_gpu_model",), ("_flags",), ("_options",),
+    ("_memo",),
+    ("_compat.jaxprs",), ("_compat.avals",), ("_compat.sources",), ("_compat.tracing",),
+    ("_compat.loops",), ("_compat.shard_map",), ("_compat.call_rules",),
+    ("_compat.stream_region",), ("_compat.program",), ("_compat",),
+    ("_primitives",), ("_gpu_model",), ("_flags",), ("_options",),
     ("_structure",), ("_loops",),
     ("_interp",), ("_graph",), ("_cost",), ("_memory",), ("_analysis",), ("passes",),
     ("_plan",), ("_emit",), ("_processes",), ("_tune",),

@@ -1,10 +1,13 @@
-"""``jaxpar/_compat.py``: the shortcuts the hot paths take must agree with the full
+"""``jaxpar/_compat/``: the shortcuts the hot paths take must agree with the full
 answers they stand for, on the jax this runs."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -109,8 +112,13 @@ def test_eqn_stager_stages_what_a_bind_stages(monkeypatch) -> None:
 
     binds: list[list[str]] = []
     real = _compat.bind_eqn
-    monkeypatch.setattr(_compat, "bind_eqn",
-                        lambda eqn, *a: binds[-1].append(eqn.primitive.name) or real(eqn, *a))
+    def recorded(eqn: Any, *a: Any) -> list[Any]:
+        binds[-1].append(eqn.primitive.name)
+        return real(eqn, *a)
+
+    # The binder calls the package's name; the stager its module's.
+    monkeypatch.setattr(_compat, "bind_eqn", recorded)
+    monkeypatch.setattr(_compat.tracing, "bind_eqn", recorded)
 
     def lowered(stage: Any) -> str:
         binds.append([])
@@ -139,3 +147,28 @@ def test_eqn_stager_binds_in_an_xla_metadata_scope() -> None:
     bound, staged = [_staged(stage, _mixed, *args, scope=set_xla_metadata(note="outer"))
                      .as_text() for stage in (Binder, _compat.EqnStager)]
     assert 'note = "outer"' in bound and staged == bound
+
+
+def _names_used_outside_the_package() -> set[str]:
+    """Every ``_compat.<name>`` and ``from ..._compat import <name>`` in jaxpar's other
+    modules."""
+    used: set[str] = set()
+    for path in Path(jaxpar.__file__).parent.rglob("*.py"):
+        if "_compat" in path.parts:
+            continue
+        text = path.read_text()
+        used.update(re.findall(r"\b_compat\.(\w+)", text))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("_compat"):
+                used.update(alias.name for alias in node.names)
+    return used
+
+
+def test_the_face_exports_every_name_the_package_uses() -> None:
+    """``jaxpar._compat`` re-exports from its submodules every name the rest of jaxpar
+    reads, each listed in ``__all__``, and every listed name resolves."""
+    used = _names_used_outside_the_package()
+    assert {"open_jaxpr", "JaxprEqn", "stream_region_p", "program_p"} <= used  # sees uses
+    assert sorted(used - set(_compat.__all__)) == []
+    assert [name for name in _compat.__all__ if not hasattr(_compat, name)] == []
+    assert len(set(_compat.__all__)) == len(_compat.__all__)
