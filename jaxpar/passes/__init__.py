@@ -61,16 +61,18 @@ from . import inline_twin_calls as _inline_twin_calls
 from . import make_loops_static as _make_loops_static
 from . import share_common as _share_common
 from . import unroll_scans as _unroll_scans
-from ._walk import (
+from ._protocol import (
     NEW_LOOP_KINDS,
     SUBGRAPH_KINDS,
     UNCHANGED_KINDS,
     DecisionKind,
     Level,
+    LevelResult,
     Pass,
     PassDecision,
-    walk_levels,
+    Rewrite,
 )
+from ._walk import walk_levels
 
 __all__ = [
     "NEW_LOOP_KINDS",
@@ -79,7 +81,9 @@ __all__ = [
     "UNCHANGED_KINDS",
     "DecisionKind",
     "Level",
+    "LevelResult",
     "PassDecision",
+    "Rewrite",
     "Pass",
     "LoopDecision",
     "LoopPass",
@@ -102,10 +106,11 @@ __all__ = [
 # The passes, in the order they run at each level.
 PASSES: tuple[Pass, ...] = (
     Pass("share_common", _share_common.run, lambda s: s.share_common,
-             "equal equations computed once"),
+             "equal equations computed once", remembers_search=True),
     Pass("inline_twin_calls", _inline_twin_calls.run,
              lambda s: s.batch_branches or s.batch_matmuls,
-             "independent nested jit calls running one body are inlined for batching"),
+             "independent nested jit calls running one body are inlined for batching",
+             remembers_search=True),
     Pass("make_loops_static", _make_loops_static.run, lambda s: True,
              "counting whiles with static bounds become scans"),
     Pass("batch_scans", _batch_scans.run, lambda s: s.batch_scans,
@@ -114,10 +119,10 @@ PASSES: tuple[Pass, ...] = (
              "independent scans run side by side in one scan"),
     Pass("batch_branches", _batch_branches.run, lambda s: s.batch_branches,
              "identical independent subgraphs become one vmapped subgraph",
-             prices_launches=True),
+             prices_launches=True, remembers_search=True),
     Pass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
              "same-shaped matmuls of one stage in different members become one op",
-             prices_launches=True),
+             prices_launches=True, remembers_search=True),
     Pass("bound_fusions", _bound_fusions.run,
              lambda s: s.batch_branches or s.batch_matmuls or s.batch_scans,
              "a barrier where a chain has read 32 batched members' results (XLA compile time)",
