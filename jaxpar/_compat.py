@@ -1802,3 +1802,12 @@ def _register_program_rules() -> None:
 
 
 _register_program_rules()
+
+
+# --------------------------------------------------------------------- check_jaxpr
+# (issue 34: ``JAXPAR_CHECKS=1`` checks every level the passes rebuild; kept apart at the
+# end of the file, to be re-applied as it is wherever ``_compat`` lives.)
+def check_jaxpr(jaxpr: JaxprLike) -> None:
+    """Checks ``jaxpr`` (closed or open) with JAX's own checker: types, variables bound
+    before use, effects, nested jaxprs. Raises JAX's ``JaxprTypeError`` if malformed."""
+    jex_core.check_jaxpr(open_jaxpr(jaxpr)[0])
