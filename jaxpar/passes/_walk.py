@@ -12,6 +12,11 @@ is in ``_protocol``; what the walker does for a row:
 * a row that ``prices_launches``: its result is shared with the walks of the modes
   that price launches alike, or, where it says so (``LevelResult.decided_alike``), with
   every mode (``_first_step``);
+* an exception a pass raises keeps its class and gets a note naming the pass, the
+  level's path and the passes run before it at that level;
+* with ``JAXPAR_CHECKS=1`` in the environment, every level the walker rebuilds is
+  checked with JAX's own jaxpr checker (``_compat.check_jaxpr``), and a malformed one
+  raises naming the pass that made it.
 
 Example::
 
@@ -30,11 +35,14 @@ Sharp edges:
   * A nested open jaxpr (``remat`` bodies up to jax 0.10) whose rewrite would
     capture constants cannot be replaced; it is kept as it was and the
     decisions made inside it are reported as "left alone".
+  * ``JAXPAR_CHECKS`` is read at every rebuild. Each check reads the whole level,
+    nested levels included, so the checks are for tests and bug reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +58,9 @@ from ._splice import EqnOrigins, eqn_origins, rebuild_level
 # Bound on the rounds of level passes at one level (each productive round removes a loop,
 # loop trips, or a unit unroll factor, so real programs settle in a few).
 MAX_ROUNDS = 64
+
+# The environment variable that turns on the checks of every rebuilt level.
+CHECKS_VARIABLE = "JAXPAR_CHECKS"
 
 
 def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysis,
@@ -104,6 +115,13 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
     current = jaxpr
     if params:
         rebuilt = rebuild_level(jaxpr, [], params, origins=origins)
+        if rebuilt is not None and _checks_on():
+            try:
+                _check_level(rebuilt)
+            except Exception as error:
+                _note(error, f"jaxpar: at level {path or '/'!r}, rebuilt with its nested "
+                             "levels as the passes rewrote them")
+                raise
         if rebuilt is None:
             return jaxpr, _as_left_alone(decisions, "the enclosing jaxpr cannot take new "
                                                     "constants, so its rewrite was dropped"), False
@@ -118,10 +136,16 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
     changes: list[PassDecision] = []
     kept: list[PassDecision] = []
     level_changed = False
+    ran: list[str] = []  # the passes run at this level so far, in order (for errors)
     for round_index in range(MAX_ROUNDS):
         changed = False
         for level_pass in level_passes:
-            step = _rebuilt_step(level_pass, current, path, analysis, origins)
+            try:
+                step = _rebuilt_step(level_pass, current, path, analysis, origins)
+            except Exception as error:
+                _note(error, _pass_note(level_pass.name, path, round_index, ran))
+                raise
+            ran.append(level_pass.name)
             level_decisions = step.decisions
             if round_index > 0:
                 level_decisions = [d for d in level_decisions
@@ -149,7 +173,8 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
 def _rebuilt_step(level_pass: Pass, jaxpr: Any, path: str, analysis: Analysis,
                   origins: EqnOrigins) -> _Step:
     """``level_pass``'s step on the level ``jaxpr`` (``_pass_step``), with the level its
-    rewrites make (``rebuilt``; None where the level cannot take them)."""
+    rewrites make (``rebuilt``; None where the level cannot take them), checked with
+    JAX's jaxpr checker when ``JAXPAR_CHECKS`` asks for it."""
     graph = analysis.graph(jaxpr)
     step = _pass_step(level_pass, jaxpr, path, graph, analysis)
     if step.rewrites and step.rebuilt is None:
@@ -159,7 +184,49 @@ def _rebuilt_step(level_pass: Pass, jaxpr: Any, path: str, analysis: Analysis,
             owners=_owners(step.rewrites, step.decisions, origins),
             traces=None if path else analysis.shared_state("top_level_traces", dict),
             derive_graph=analysis.derive_graph)
+        if step.rebuilt is not None and _checks_on():
+            _check_level(step.rebuilt)
     return step
+
+
+def _checks_on() -> bool:
+    """Whether ``JAXPAR_CHECKS`` asks for the checks (set, and not ``0``/``false``)."""
+    return os.environ.get(CHECKS_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _check_level(jaxpr: JaxprLike) -> None:
+    """Checks a rebuilt level with JAX's own jaxpr checker (types, bindings, effects,
+    nested jaxprs).
+
+    Raises:
+        JAX's ``JaxprTypeError`` (with a note) where the level is malformed;
+        RuntimeError where this JAX has no checker jaxpar can reach.
+    """
+    checker = getattr(_compat, "check_jaxpr", None)
+    if checker is None:
+        raise RuntimeError(f"{CHECKS_VARIABLE}=1: jaxpar._compat has no check_jaxpr for "
+                           "this version of JAX; unset it to run without the checks")
+    try:
+        checker(jaxpr)
+    except Exception as error:
+        _note(error, f"jaxpar: {CHECKS_VARIABLE}=1: a level rebuilt with a pass's rewrites "
+                     "is malformed (a jaxpar bug: please report it with the program)")
+        raise
+
+
+def _pass_note(name: str, path: str, round_index: int, ran: Sequence[str]) -> str:
+    """The note an exception raised in the pass ``name`` gets: the pass, the level's
+    path, and the passes run before it at that level (in this walk of it)."""
+    before = ", ".join(ran) if ran else "none"
+    return (f"jaxpar: raised in pass {name!r} at level {path or '/'!r} (round "
+            f"{round_index + 1}; passes run before it at this level: {before})")
+
+
+def _note(error: BaseException, note: str) -> None:
+    """Adds ``note`` to ``error`` once (the class stays, so ``except ValueError`` still
+    catches a pass's ``ValueError``)."""
+    if note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
 
 
 @dataclasses.dataclass(slots=True)
