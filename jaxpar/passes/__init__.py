@@ -106,7 +106,8 @@ __all__ = [
 # The passes, in the order they run at each level.
 PASSES: tuple[Pass, ...] = (
     Pass("share_common", _share_common.run, lambda s: s.share_common,
-             "equal equations computed once", remembers_search=True),
+             "equal equations computed once", remembers_search=True,
+             state=_share_common.State),
     Pass("inline_twin_calls", _inline_twin_calls.run,
              lambda s: s.batch_branches or s.batch_matmuls,
              "independent nested jit calls running one body are inlined for batching",
@@ -119,10 +120,10 @@ PASSES: tuple[Pass, ...] = (
              "independent scans run side by side in one scan"),
     Pass("batch_branches", _batch_branches.run, lambda s: s.batch_branches,
              "identical independent subgraphs become one vmapped subgraph",
-             prices_launches=True, remembers_search=True),
+             prices_launches=True, remembers_search=True, state=_batch_branches.State),
     Pass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
              "same-shaped matmuls of one stage in different members become one op",
-             prices_launches=True, remembers_search=True),
+             prices_launches=True, remembers_search=True, state=_batch_matmuls.State),
     Pass("bound_fusions", _bound_fusions.run,
              lambda s: s.batch_branches or s.batch_matmuls or s.batch_scans,
              "a barrier where a chain has read 32 batched members' results (XLA compile time)",

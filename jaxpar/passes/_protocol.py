@@ -177,11 +177,14 @@ class Level:
         jaxpr: the level as found (a closed or open jaxpr); never mutated.
         path: where it is (``""`` the top level, ``"/scan#3.jaxpr"`` a body).
         graph: its dependency graph.
+        state: the running pass's own state for the call (what its row's ``state``
+            makes, kept by the walker); None for a pass without, or run by hand.
     """
 
     jaxpr: JaxprLike
     path: str
     graph: Graph
+    state: Any = None
 
     @property
     def eqns(self) -> list[JaxprEqn]:
@@ -235,6 +238,11 @@ class Pass:
             nothing to rewrite on a level it found nothing on before (what it finds is
             a function of the level and the settings), and its decisions there (only
             "left alone" ones) are dropped after a level's first round anyway.
+        state: makes the pass's own state for a call (memos of what it found on
+            equations and levels), on its first visit; the walker keeps it in the
+            call's ``Analysis`` (shared by the analyses of every CUDA-graph mode, so it
+            must hold only what does not depend on the mode) and hands it to ``run`` as
+            ``Level.state``.
     """
 
     name: str
@@ -244,3 +252,4 @@ class Pass:
     prices_launches: bool = False
     after: tuple[str, ...] = ()
     remembers_search: bool = False
+    state: Callable[[], Any] | None = None

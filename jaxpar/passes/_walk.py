@@ -9,6 +9,8 @@ is in ``_protocol``; what the walker does for a row:
 * a row that ``remembers_search``: a level the pass searched in vain (no rewrite)
   earlier in the call is not searched again (the ``"searched_in_vain"`` memo, keyed by
   the row's name);
+* a row with a ``state``: the state it makes on its first visit is kept for the call
+  (shared by every mode) and handed to each run as ``Level.state``;
 * a row that ``prices_launches``: its result is shared with the walks of the modes
   that price launches alike, or, where it says so (``LevelResult.decided_alike``), with
   every mode (``_first_step``);
@@ -328,7 +330,9 @@ def _run_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
     remembers = level_pass.remembers_search
     if remembers and searched_in_vain(analysis, level_pass.name, jaxpr):
         return _Step(jaxpr, [], []), False
-    result = level_pass.run(Level(jaxpr, path, graph), analysis)
+    state = (None if level_pass.state is None
+             else analysis.shared_state(f"pass_state:{level_pass.name}", level_pass.state))
+    result = level_pass.run(Level(jaxpr, path, graph, state), analysis)
     if remembers:
         remember_search(analysis, level_pass.name, jaxpr, result.rewrites)
     return _Step(jaxpr, result.rewrites, [dataclasses.replace(d, pass_name=level_pass.name)

@@ -131,12 +131,26 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     they launch a kernel. Where every verdict would be the same in a mode pricing
     launches otherwise, the result says so (``LevelResult.decided_alike``).
     """
+    own: State = level.state if level.state is not None else State()
     rewrites, decisions, alike = _batch_level(
-        level, analysis.costs, analysis.shared_memo("batch_branches"),
+        level, analysis.costs, own.params,
         analysis.structural_keys, analysis.shared_memo("emission_order"),
-        analysis.settings.command_buffers,
-        analysis.shared_state("batch_branches_values", _Numbering), analysis.memory_allowance)
+        analysis.settings.command_buffers, own.values, analysis.memory_allowance)
     return LevelResult(rewrites, decisions, decided_alike=alike)
+
+
+@dataclasses.dataclass(slots=True)
+class State:
+    """The pass's state for a call (its row's ``state``, shared by every mode).
+
+    Attributes:
+        params: per parameter dict (or equation), its structural key and vmap verdict
+            (``_ParamKeys``' memo).
+        values: each equation's record (``_Numbering``).
+    """
+
+    params: IdentityMemo[Any, Any] = dataclasses.field(default_factory=IdentityMemo)
+    values: _Numbering = dataclasses.field(default_factory=lambda: _Numbering())
 
 
 # Per parameter dict (or equation): its structural key, the primitive, context and operand

@@ -177,13 +177,13 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
     A level found to offer nothing is not searched again (the row
     ``remembers_search``: jaxprs are immutable and the passes see the same ones round
-    after round); the shared ``"batch_matmuls"`` state (``_Carried``) keeps each heavy
-    equation's readings and each level's groups, for the later rounds and the other
-    modes.
+    after round); the pass's state (``State``, its row's) keeps each heavy equation's
+    readings and each level's groups, for the later rounds and the other modes.
     """
+    carried = level.state if level.state is not None else State()
     rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers,
-                                       analysis.shared_state("batch_matmuls", _Carried),
-                                       analysis.structural_keys, analysis.memory_allowance)
+                                       carried, analysis.structural_keys,
+                                       analysis.memory_allowance)
     return LevelResult(rewrites, decisions)
 
 
@@ -1014,3 +1014,7 @@ def _left_alone(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: in
                     trips_before=None, trips_after=None, unroll=None, reason=reason,
                     members=[(i,) for i in group.members], stage=group.stage,
                     saving_us=price.worth * 1e6)
+
+
+# The pass's state for a call (its row's ``state``, shared by every mode).
+State = _Carried
