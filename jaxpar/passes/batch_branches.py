@@ -123,10 +123,10 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 
     A level found to offer nothing is not searched again (the row
     ``remembers_search``: jaxprs and equations are immutable, and the passes see the
-    same ones round after round); the shared ``"batch_branches"`` memo keeps equations'
-    parameter keys and the shared ``"batch_branches_values"`` state each equation's
-    record (``_Numbering``), so a level rebuilt by a rewrite checks and hashes only the
-    equations the rewrite made, in this mode or another; those it kept are renumbered
+    same ones round after round); the pass's ``State`` (its row's, shared by every
+    mode) keeps equations' parameter keys and each equation's record (``_Numbering``),
+    so a level rebuilt by a rewrite checks and hashes only the equations the rewrite
+    made, in this mode or another; those it kept are renumbered
     from their inputs' numbers where a rewrite upstream changed them, and keep whether
     they launch a kernel. Where every verdict would be the same in a mode pricing
     launches otherwise, the result says so (``LevelResult.decided_alike``).
