@@ -4,11 +4,12 @@ equations, before planning.
 Each pass has one name, used by its row of ``PASSES`` (a ``Pass``), its module, its
 one-pass function here, its option where it has one, and its test file
 (``tests/test_<name>.py``; ``tests/test_loop_passes.py`` for the four loop passes). A row
-holds the name, one ``run(level, analysis)`` function with the same signature for every
-pass, and the setting that turns it on. ``run_passes`` runs any of them, in table
-order, at every nesting level of a closed jaxpr, and returns a new one (or the same
-object when nothing changed) and the ``PassDecision``s made (each with the pass's name
-and a ``DecisionKind``):
+holds the name, one ``run(level, analysis) -> LevelResult`` function with the same
+signature for every pass, the setting that turns it on, and what the walker does for
+it (``remembers_search``, ``state``, ``prices_launches``; see ``_protocol.Pass``).
+``run_passes`` runs any of them, in table order, at every nesting level of a closed
+jaxpr, and returns a new one (or the same object when nothing changed) and the
+``PassDecision``s made (each with the pass's name and a ``DecisionKind``):
 
 * ``make_loops_static``: ``fori_loop`` ``while``s with literal bounds become
   static scans; other ``while``s are reported as host-sync loops.
