@@ -154,7 +154,8 @@ def test_the_import_reader_counts_late_and_type_checking_imports(
 
 
 def test_no_pass_imports_a_sibling_pass() -> None:
-    """Passes share code through ``passes/_shared`` and ``passes/_walk`` only."""
+    """Passes share code through ``passes/_protocol``, ``passes/_splice`` and
+    ``passes/_shared`` only (the private modules)."""
     edges = _imports(_modules())
     passes = {name for name in edges if name.startswith("jaxpar.passes.")}
     offenders = [f"{name} imports {target}" for name in sorted(passes)

@@ -323,7 +323,8 @@ def test_numbering_carried_from_an_earlier_round_finds_what_a_fresh_one_finds() 
     from jaxpar._graph import build_graph
     from jaxpar._memo import IdentityMemo
     from jaxpar._structure import StructuralKeys
-    from jaxpar.passes._walk import Level, rebuild_level
+    from jaxpar.passes._protocol import Level
+    from jaxpar.passes._splice import rebuild_level
 
     def f(xs: list[jax.Array], ys: list[jax.Array], w: jax.Array, v: jax.Array) -> Any:
         a = [jnp.tanh(jnp.tanh(x @ w) * 2.0 @ w) for x in xs]

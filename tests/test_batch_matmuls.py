@@ -499,19 +499,19 @@ def _deep_towers(ws: Any, xs: Any) -> Any:
 def test_equal_units_are_traced_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rewrites of one form and layout share a trace (``Rewrite.key``); the one whose
     parameters differ (its precision) is traced on its own, and keeps them."""
-    from jaxpar.passes import _walk
+    from jaxpar.passes import _splice
 
     keys = iter(jax.random.split(jax.random.PRNGKey(3), 15))
     ws = [[jax.random.normal(next(keys), (64, 64)) / 8 for _ in range(4)] for _ in range(3)]
     xs = [jax.random.normal(next(keys), (16, 64)) for _ in range(3)]
     traced = []
-    trace = _walk._trace_rewrite
+    trace = _splice._trace_rewrite
 
     def counting(rewrite: Any, operands: Any) -> Any:
         traced.append(rewrite.emit.__module__)
         return trace(rewrite, operands)
 
-    monkeypatch.setattr(_walk, "_trace_rewrite", counting)
+    monkeypatch.setattr(_splice, "_trace_rewrite", counting)
     plan = jaxpar.inspect(_deep_towers, target="gpu", command_buffers="lhs")(ws, xs)
     assert [d.kind for d in plan.subgraphs].count(DecisionKind.BATCHED_MATMULS) == 4
     assert traced.count("jaxpar.passes.batch_matmuls") == 2
@@ -532,7 +532,7 @@ def test_copied_units_carry_the_source_info_of_their_own_trace(
     of a run whose rewrites carry no key (every unit traced alone)."""
     import importlib
 
-    from jaxpar.passes import _walk
+    from jaxpar.passes import _protocol, _splice
 
     passes = [importlib.import_module(f"jaxpar.passes.{name}")
               for name in ("batch_matmuls", "batch_branches")]
@@ -546,8 +546,8 @@ def test_copied_units_carry_the_source_info_of_their_own_trace(
         fn, args = bench.crossed_cells, jax.eval_shape(
             lambda: bench.program_args("crossed_cells", "quick"))
     traced: list[list[int]] = []
-    trace = _walk._trace_rewrite
-    monkeypatch.setattr(_walk, "_trace_rewrite",
+    trace = _splice._trace_rewrite
+    monkeypatch.setattr(_splice, "_trace_rewrite",
                         lambda *a: traced[-1].append(1) or trace(*a))
 
     def lowered(keyed: bool) -> str:
@@ -556,7 +556,7 @@ def test_copied_units_carry_the_source_info_of_their_own_trace(
             if not keyed:
                 for module in passes:
                     patch.setattr(module, "Rewrite",
-                                  lambda eqns, emit, key=None: _walk.Rewrite(eqns, emit))
+                                  lambda eqns, emit, key=None: _protocol.Rewrite(eqns, emit))
             # (memory="any": crossed_cells' groups read a scanned input transposed, which
             # the default memory budget leaves alone; the copies are what is checked.)
             return jax.jit(jaxpar.parallel_branches(fn, target="gpu", command_buffers="lhs",

@@ -42,7 +42,7 @@ from jaxpar.passes import (
     make_loops_static,
     unroll_scans,
 )
-from jaxpar.passes._walk import MAX_UNROLLED_EQNS
+from jaxpar.passes._shared import MAX_UNROLLED_EQNS
 
 ALL_ON = {"fuse": True, "batch": True, "unroll": None, "target": "gpu"}
 

@@ -241,13 +241,13 @@ def test_produced_reaches_into_bodies_traced_afresh(monkeypatch):
     afresh (no records of their own) around the inner scan bodies already rewritten.
     Reference: the records read at every nested level."""
     from jaxpar import _compat
-    from jaxpar.passes import _walk
+    from jaxpar.passes import _protocol, _splice
 
     def every_level(self, jaxpr, path, found):
         inner, _ = _compat.open_jaxpr(jaxpr)
         for index, eqn in enumerate(inner.eqns):
             for number, holds in sorted(self.get(eqn)):
-                found.setdefault(number, []).append(_walk.Product(path or "/", index, holds))
+                found.setdefault(number, []).append(_protocol.Product(path or "/", index, holds))
             for name, item, sub in _compat.eqn_subjaxprs(eqn):
                 label = f"{name}[{item}]" if item is not None else name
                 every_level(self, sub, f"{path}/{eqn.primitive.name}#{index}.{label}", found)
@@ -257,7 +257,7 @@ def test_produced_reaches_into_bodies_traced_afresh(monkeypatch):
     for mode in ("lhs", "concurrent"):
         new, decisions = run_passes(closed, target="gpu", command_buffers=mode)
         with monkeypatch.context() as patch:
-            patch.setattr(_walk.EqnOrigins, "_collect", every_level)
+            patch.setattr(_splice.EqnOrigins, "_collect", every_level)
             new_again, decisions_again = run_passes(closed, target="gpu", command_buffers=mode)
         assert str(new) == str(new_again) and decisions == decisions_again
         # The first body's batched matmuls are in the remainder scan's body (equation

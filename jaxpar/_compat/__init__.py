@@ -45,6 +45,7 @@ from .jaxprs import (
     Var,
     all_invars,
     array_aval,
+    check_jaxpr,
     eqn_replace_subjaxprs,
     eqn_subjaxprs,
     fresh_var,
@@ -138,6 +139,7 @@ from .tracing import (
 )
 
 __all__ = [
+    "check_jaxpr",
     "ARRAY_IMPL",
     "Atom",
     "ClosedJaxpr",

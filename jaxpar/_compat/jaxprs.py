@@ -188,6 +188,12 @@ def splice_jaxpr(original: JaxprLike, eqns: Sequence[JaxprEqn], outvars: Sequenc
     return ClosedJaxpr(new_inner, all_consts) if isinstance(original, ClosedJaxpr) else new_inner
 
 
+def check_jaxpr(jaxpr: JaxprLike) -> None:
+    """Checks ``jaxpr`` (closed or open) with JAX's own checker: types, variables bound
+    before use, effects, nested jaxprs. Raises JAX's ``JaxprTypeError`` if malformed."""
+    jex_core.check_jaxpr(open_jaxpr(jaxpr)[0])
+
+
 def symbolic_sizes(values: Iterable[Any]) -> tuple[str, ...]:
     """The symbolic dimensions (``jax.export.symbolic_shape``) in the shapes of ``values``
     (arrays, avals, shape structs), as text, in first-seen order; ``()`` where every

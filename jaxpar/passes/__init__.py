@@ -4,11 +4,12 @@ equations, before planning.
 Each pass has one name, used by its row of ``PASSES`` (a ``Pass``), its module, its
 one-pass function here, its option where it has one, and its test file
 (``tests/test_<name>.py``; ``tests/test_loop_passes.py`` for the four loop passes). A row
-holds the name, one ``run(level, analysis)`` function with the same signature for every
-pass, and the setting that turns it on. ``run_passes`` runs any of them, in table
-order, at every nesting level of a closed jaxpr, and returns a new one (or the same
-object when nothing changed) and the ``PassDecision``s made (each with the pass's name
-and a ``DecisionKind``):
+holds the name, one ``run(level, analysis) -> LevelResult`` function with the same
+signature for every pass, the setting that turns it on, and what the walker does for
+it (``remembers_search``, ``state``, ``prices_launches``; see ``_protocol.Pass``).
+``run_passes`` runs any of them, in table order, at every nesting level of a closed
+jaxpr, and returns a new one (or the same object when nothing changed) and the
+``PassDecision``s made (each with the pass's name and a ``DecisionKind``):
 
 * ``make_loops_static``: ``fori_loop`` ``while``s with literal bounds become
   static scans; other ``while``s are reported as host-sync loops.
@@ -61,16 +62,18 @@ from . import inline_twin_calls as _inline_twin_calls
 from . import make_loops_static as _make_loops_static
 from . import share_common as _share_common
 from . import unroll_scans as _unroll_scans
-from ._walk import (
+from ._protocol import (
     NEW_LOOP_KINDS,
     SUBGRAPH_KINDS,
     UNCHANGED_KINDS,
     DecisionKind,
     Level,
+    LevelResult,
     Pass,
     PassDecision,
-    walk_levels,
+    Rewrite,
 )
+from ._walk import walk_levels
 
 __all__ = [
     "NEW_LOOP_KINDS",
@@ -79,7 +82,9 @@ __all__ = [
     "UNCHANGED_KINDS",
     "DecisionKind",
     "Level",
+    "LevelResult",
     "PassDecision",
+    "Rewrite",
     "Pass",
     "LoopDecision",
     "LoopPass",
@@ -102,10 +107,12 @@ __all__ = [
 # The passes, in the order they run at each level.
 PASSES: tuple[Pass, ...] = (
     Pass("share_common", _share_common.run, lambda s: s.share_common,
-             "equal equations computed once"),
+             "equal equations computed once", remembers_search=True,
+             state=_share_common.State),
     Pass("inline_twin_calls", _inline_twin_calls.run,
              lambda s: s.batch_branches or s.batch_matmuls,
-             "independent nested jit calls running one body are inlined for batching"),
+             "independent nested jit calls running one body are inlined for batching",
+             remembers_search=True),
     Pass("make_loops_static", _make_loops_static.run, lambda s: True,
              "counting whiles with static bounds become scans"),
     Pass("batch_scans", _batch_scans.run, lambda s: s.batch_scans,
@@ -114,10 +121,10 @@ PASSES: tuple[Pass, ...] = (
              "independent scans run side by side in one scan"),
     Pass("batch_branches", _batch_branches.run, lambda s: s.batch_branches,
              "identical independent subgraphs become one vmapped subgraph",
-             prices_launches=True),
+             prices_launches=True, remembers_search=True, state=_batch_branches.State),
     Pass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
              "same-shaped matmuls of one stage in different members become one op",
-             prices_launches=True),
+             prices_launches=True, remembers_search=True, state=_batch_matmuls.State),
     Pass("bound_fusions", _bound_fusions.run,
              lambda s: s.batch_branches or s.batch_matmuls or s.batch_scans,
              "a barrier where a chain has read 32 batched members' results (XLA compile time)",

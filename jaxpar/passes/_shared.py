@@ -70,8 +70,9 @@ from .. import _compat, _primitives
 from .._compat import Atom, JaxprEqn, JaxprLike
 from .._graph import Graph
 from .._memo import IdentityMemo
+from .._primitives import SCAN
 from .._structure import StructuralKeys
-from ._walk import emission_order
+from ._splice import emission_order
 
 # Most members one batched computation takes (``member_chunks``). XLA compiles each
 # distinct kernel once, so a thousand identical members compile about one kernel's
@@ -604,3 +605,28 @@ def private_tails_leave(eqns: Sequence[JaxprEqn], graph: Graph, results: Mapping
                 seen.add(r)
                 heapq.heappush(heap, r)
     return leaving
+
+
+# Most equations an unrolled loop body may hold: ``unroll_scans`` unrolls within it, and
+# ``fuse_scans`` keeps a member's unroll factor for the fused scan only within it.
+MAX_UNROLLED_EQNS = 512
+
+
+def loop_trips(length: int, unroll: int) -> int:
+    """The trips of a scan of ``length`` steps unrolled by ``unroll``: each trip of
+    XLA's loop runs ``unroll`` steps, and the remainder takes one more (what
+    ``PassDecision.trips_before``/``trips_after`` count)."""
+    return -(-length // max(unroll, 1))
+
+
+def loop_candidate(eqn: JaxprEqn) -> bool:
+    """Whether a scan may be merged or re-emitted: no effects, no user placement."""
+    return (eqn.primitive.name == SCAN and not eqn.effects
+            and not _compat.has_frontend_attributes(eqn))
+
+
+def loop_candidates(eqns: Sequence[JaxprEqn]) -> list[int]:
+    """The indices of ``eqns`` that are ``loop_candidate`` s (the primitive's name is
+    read inline first: the passes ask this of every equation of every level they
+    visit, and most are not scans)."""
+    return [i for i, e in enumerate(eqns) if e.primitive.name == SCAN and loop_candidate(e)]

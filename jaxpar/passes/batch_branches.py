@@ -82,6 +82,7 @@ from .._memo import IdentityMemo
 from .._memory import stacking_refusal
 from .._primitives import BATCHED_MATMULS, COLLECTIVE, is_collective
 from .._structure import StructuralKeys, literal_key
+from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
 from ._shared import (
     MAX_BATCH_MEMBERS,
     equations_refusal,
@@ -93,20 +94,7 @@ from ._shared import (
     static_refusal,
     vmap_members,
 )
-from ._walk import (
-    DecisionKind,
-    EmitFn,
-    Level,
-    LevelResult,
-    OrderMemo,
-    PassDecision,
-    Rewrite,
-    decided_alike,
-    decision,
-    emission_order,
-    remember_search,
-    searched_in_vain,
-)
+from ._splice import OrderMemo, emission_order
 
 # Equations the lockstep walks may visit per equation of the level, over all their tries.
 _ALIGN_BUDGET_PER_EQN = 8
@@ -133,27 +121,36 @@ class _Group:
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one vmapped subgraph per group of identical independent subgraphs.
 
-    A level found to offer nothing is not searched again (``searched_in_vain``: jaxprs
-    and equations are immutable, and the passes see the same ones round after round);
-    the shared ``"batch_branches"`` memo keeps equations' parameter keys and the shared
-    ``"batch_branches_values"`` state each equation's record (``_Numbering``), so a level
-    rebuilt by a rewrite checks and hashes only the equations the rewrite made, in this
-    mode or another; those it kept are renumbered from their inputs' numbers where a
-    rewrite upstream changed them, and keep whether they launch a kernel. Where every
-    verdict would be the same in a mode pricing launches otherwise, the walk is told
-    (``decided_alike``).
+    A level found to offer nothing is not searched again (the row
+    ``remembers_search``: jaxprs and equations are immutable, and the passes see the
+    same ones round after round); the pass's ``State`` (its row's, shared by every
+    mode) keeps equations' parameter keys and each equation's record (``_Numbering``),
+    so a level rebuilt by a rewrite checks and hashes only the equations the rewrite
+    made, in this mode or another; those it kept are renumbered
+    from their inputs' numbers where a rewrite upstream changed them, and keep whether
+    they launch a kernel. Where every verdict would be the same in a mode pricing
+    launches otherwise, the result says so (``LevelResult.decided_alike``).
     """
-    if searched_in_vain(analysis, "batch_branches", level.jaxpr):
-        return [], []  # this very level was searched and offered nothing
+    own: State = level.state if level.state is not None else State()
     rewrites, decisions, alike = _batch_level(
-        level, analysis.costs, analysis.shared_memo("batch_branches"),
+        level, analysis.costs, own.params,
         analysis.structural_keys, analysis.shared_memo("emission_order"),
-        analysis.settings.command_buffers,
-        analysis.shared_state("batch_branches_values", _Numbering), analysis.memory_allowance)
-    remember_search(analysis, "batch_branches", level.jaxpr, rewrites)
-    if alike:
-        decided_alike(analysis, level)
-    return rewrites, decisions
+        analysis.settings.command_buffers, own.values, analysis.memory_allowance)
+    return LevelResult(rewrites, decisions, decided_alike=alike)
+
+
+@dataclasses.dataclass(slots=True)
+class State:
+    """The pass's state for a call (its row's ``state``, shared by every mode).
+
+    Attributes:
+        params: per parameter dict (or equation), its structural key and vmap verdict
+            (``_ParamKeys``' memo).
+        values: each equation's record (``_Numbering``).
+    """
+
+    params: IdentityMemo[Any, Any] = dataclasses.field(default_factory=IdentityMemo)
+    values: _Numbering = dataclasses.field(default_factory=lambda: _Numbering())
 
 
 # Per parameter dict (or equation): its structural key, the primitive, context and operand

@@ -82,6 +82,7 @@ from .._memo import IdentityMemo
 from .._memory import stacking_refusal
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
 from .._structure import StructuralKeys
+from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
 from ._shared import (
     MAX_BATCH_MEMBERS,
     member_chunks,
@@ -89,18 +90,7 @@ from ._shared import (
     stacked_width,
     stage_depths,
 )
-from ._walk import (
-    DecisionKind,
-    EmitFn,
-    Level,
-    LevelResult,
-    PassDecision,
-    Rewrite,
-    decision,
-    emission_order,
-    remember_search,
-    searched_in_vain,
-)
+from ._splice import emission_order
 
 # The heavy ops this pass batches: one kernel each, whose batched form is one kernel.
 BATCHED_PRIMITIVES = BATCHED_MATMULS
@@ -185,18 +175,16 @@ class _Group:
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: batched ops for same-shaped heavy ops of one stage.
 
-    A level found to offer nothing is not searched again (``searched_in_vain``: jaxprs
-    are immutable and the passes see the same ones round after round); the shared
-    ``"batch_matmuls"`` state (``_Carried``) keeps each heavy equation's readings and
-    each level's groups, for the later rounds and the other modes.
+    A level found to offer nothing is not searched again (the row
+    ``remembers_search``: jaxprs are immutable and the passes see the same ones round
+    after round); the pass's state (``State``, its row's) keeps each heavy equation's
+    readings and each level's groups, for the later rounds and the other modes.
     """
-    if searched_in_vain(analysis, "batch_matmuls", level.jaxpr):
-        return [], []
+    carried = level.state if level.state is not None else State()
     rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers,
-                                       analysis.shared_state("batch_matmuls", _Carried),
-                                       analysis.structural_keys, analysis.memory_allowance)
-    remember_search(analysis, "batch_matmuls", level.jaxpr, rewrites)
-    return rewrites, decisions
+                                       carried, analysis.structural_keys,
+                                       analysis.memory_allowance)
+    return LevelResult(rewrites, decisions)
 
 
 def _batchable(eqn: JaxprEqn) -> bool:
@@ -1026,3 +1014,7 @@ def _left_alone(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: in
                     trips_before=None, trips_after=None, unroll=None, reason=reason,
                     members=[(i,) for i in group.members], stage=group.stage,
                     saving_us=price.worth * 1e6)
+
+
+# The pass's state for a call (its row's ``state``, shared by every mode).
+State = _Carried

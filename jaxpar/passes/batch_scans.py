@@ -49,25 +49,18 @@ from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._memory import stacking_refusal
 from .._structure import StructuralKeys
+from ._protocol import DecisionKind, Level, LevelResult, PassDecision, Rewrite, decision
 from ._shared import (
     batch_refusal,
     body_key,
     group_independent,
+    loop_candidates,
+    loop_trips,
     shared_column,
     stack_columns,
     static_refusal,
 )
-from ._walk import (
-    DecisionKind,
-    Level,
-    LevelResult,
-    PassDecision,
-    Rewrite,
-    decision,
-    evaluate,
-    loop_candidates,
-    loop_trips,
-)
+from ._splice import evaluate
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
@@ -75,7 +68,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     eqns, path = level.eqns, level.path
     candidates = loop_candidates(eqns)
     if len(candidates) < 2:
-        return [], []
+        return LevelResult()
     structure = analysis.structural_keys
     keys = {i: body_key(eqns[i], structure) for i in candidates}
     refusals = _refusals(eqns, [i for i in candidates if keys[i] is None], structure)
@@ -119,7 +112,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             trips_after=loop_trips(infos[0].length, infos[0].unroll), unroll=infos[0].unroll,
             reason=f"{len(group)} independent scans run the same body: one vmapped scan with "
                    "stacked operands, so each trip launches the same kernels, batched"))
-    return rewrites, decisions
+    return LevelResult(rewrites, decisions)
 
 
 def _stacked_bytes(members: list[JaxprEqn], info: Any) -> float:

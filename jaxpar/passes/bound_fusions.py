@@ -46,15 +46,8 @@ from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._primitives import ELEMENTWISE, LAYOUT_ONLY, OPTIMIZATION_BARRIER, SLICE
-from ._walk import (
-    DecisionKind,
-    EmitFn,
-    Level,
-    LevelResult,
-    Rewrite,
-    decision,
-    eqn_origins,
-)
+from ._protocol import DecisionKind, EmitFn, Level, LevelResult, Rewrite, decision
+from ._splice import eqn_origins
 
 # Most slices of batched results one XLA kernel may read (the batching passes' own
 # bound on the members of one batch, ``_shared.MAX_BATCH_MEMBERS``, is the same).
@@ -70,16 +63,16 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     eqns = inner.eqns
     barred = _barred(eqns, analysis)
     if not barred:
-        return [], []
+        return LevelResult()
     rewrites = [Rewrite((index,), _emit(eqns[index])) for index in barred]
     made = sum(1 for eqn in eqns if eqn.primitive.name == SLICE and eqn_origins(analysis).get(eqn))
-    return rewrites, [decision(
+    return LevelResult(rewrites, [decision(
         level.path, DecisionKind.FUSIONS_BOUNDED, eqns, barred, trips_before=None,
         trips_after=None, unroll=None,
         reason=(f"{len(barred)} XLA fusion barrier(s) on chains reading the {made} member "
                 f"results jaxpar sliced out here: no kernel reads more than "
                 f"{MAX_FUSED_SLICES} of them (XLA's compile time grows with the slices one "
-                "kernel reads; values unchanged)"))]
+                "kernel reads; values unchanged)"))])
 
 
 def _barred(eqns: Sequence[JaxprEqn], analysis: Analysis) -> list[int]:

@@ -44,18 +44,16 @@ from jax import lax
 
 from .. import _compat
 from .._analysis import Analysis
-from ._shared import batch_refusal, body_key, group_independent
-from ._walk import (
+from ._protocol import DecisionKind, Level, LevelResult, Rewrite, decision
+from ._shared import (
     MAX_UNROLLED_EQNS,
-    DecisionKind,
-    Level,
-    LevelResult,
-    Rewrite,
-    decision,
-    evaluate,
+    batch_refusal,
+    body_key,
+    group_independent,
     loop_candidates,
     loop_trips,
 )
+from ._splice import evaluate
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
@@ -67,7 +65,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     leave_identical = analysis.settings.batch_scans
     candidates = [i for i in loop_candidates(eqns) if _compat.scan_info(eqns[i]).length > 0]
     if len(candidates) < 2:
-        return [], []
+        return LevelResult()
     infos = {i: _compat.scan_info(eqns[i]) for i in candidates}
     structure = analysis.structural_keys
     keys = {i: body_key(eqns[i], structure) for i in candidates} if leave_identical else {}
@@ -112,7 +110,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             trips_after=sum(loop_trips(end - start, min(unroll, end - start))
                             for start, end in segments),
             unroll=unroll, reason=detail))
-    return rewrites, decisions
+    return LevelResult(rewrites, decisions)
 
 
 def _segments(lengths: list[int]) -> list[tuple[int, int]]:

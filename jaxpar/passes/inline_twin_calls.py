@@ -42,31 +42,18 @@ from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprLike
 from .._memo import IdentityMemo
+from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
 from ._shared import ancestor_masks, independent
-from ._walk import (
-    DecisionKind,
-    EmitFn,
-    Level,
-    LevelResult,
-    PassDecision,
-    Rewrite,
-    decision,
-    evaluate,
-    remember_search,
-    searched_in_vain,
-)
+from ._splice import evaluate
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one rewrite per inlined call (see the module docstring).
 
-    A level found to have no twins is not searched again (``searched_in_vain``).
+    A level found to have no twins is not searched again (the row
+    ``remembers_search``).
     """
-    if searched_in_vain(analysis, "inline_twin_calls", level.jaxpr):
-        return [], []
-    rewrites, decisions = _inline_level(level, analysis)
-    remember_search(analysis, "inline_twin_calls", level.jaxpr, rewrites)
-    return rewrites, decisions
+    return LevelResult(*_inline_level(level, analysis))
 
 
 def _inline_level(level: Level, analysis: Analysis) -> tuple[list[Rewrite], list[PassDecision]]:

@@ -34,16 +34,8 @@ from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._loops import static_trip_count
 from .._primitives import WHILE
-from ._walk import (
-    DecisionKind,
-    EmitFn,
-    Level,
-    LevelResult,
-    PassDecision,
-    Rewrite,
-    decision,
-    evaluate,
-)
+from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
+from ._splice import evaluate
 
 HOST_SYNC_HINT = ("XLA cannot see this loop's trip count, so on a GPU every iteration waits "
                   "for the host; if the trip count is known when tracing, pass Python int "
@@ -74,7 +66,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             path, DecisionKind.MADE_STATIC, eqns, [index], trips_before=trips, trips_after=trips,
             unroll=1, reason=f"counting loop with constant bounds ({count.reason}): now a scan "
                              "whose trip count XLA knows, so it runs without host syncs"))
-    return rewrites, decisions
+    return LevelResult(rewrites, decisions)
 
 
 def _static_scan_emitter(eqn: JaxprEqn, trips: int) -> EmitFn:

@@ -28,6 +28,7 @@ Sharp edges:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Hashable
 from typing import Any
@@ -38,17 +39,8 @@ from .._compat import JaxprEqn
 from .._memo import IdentityMemo
 from .._primitives import NEVER_SHARED
 from .._structure import StructuralKeys
+from ._protocol import DecisionKind, Level, LevelResult, PassDecision, Rewrite, decision
 from ._shared import MergeMemo, merge_refusal
-from ._walk import (
-    DecisionKind,
-    Level,
-    LevelResult,
-    PassDecision,
-    Rewrite,
-    decision,
-    remember_search,
-    searched_in_vain,
-)
 
 
 def _eqn_key(eqn: JaxprEqn, keys: StructuralKeys, aval_text: dict[Any, str] | None = None
@@ -78,19 +70,26 @@ def _eqn_key(eqn: JaxprEqn, keys: StructuralKeys, aval_text: dict[Any, str] | No
 def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: one rewrite per class of equal equations (more than one member).
 
-    A level found to have nothing to share is not searched again
-    (``searched_in_vain``): the pass is a function of the level alone, and later rounds
+    A level found to have nothing to share is not searched again (the row
+    ``remembers_search``): the pass is a function of the level alone, and later rounds
     see the same level objects again. Equation keys, their buckets and merge refusals
-    are kept in shared memos (functions of the equation alone).
+    are kept in the pass's ``State`` (its row's; functions of the equation alone).
     """
-    if searched_in_vain(analysis, "share_common", level.jaxpr):
-        return [], []
-    rewrites, decisions = _share_level(level, analysis.structural_keys,
-                                       analysis.shared_memo("merge_refusal"),
-                                       analysis.shared_memo("share_common_keys"),
-                                       analysis.shared_memo("share_common_buckets"))
-    remember_search(analysis, "share_common", level.jaxpr, rewrites)
-    return rewrites, decisions
+    own: State = level.state if level.state is not None else State()
+    rewrites, decisions = _share_level(level, analysis.structural_keys, own.merges,
+                                       own.keys, own.buckets)
+    return LevelResult(rewrites, decisions)
+
+
+@dataclasses.dataclass(slots=True)
+class State:
+    """The pass's state for a call (its row's ``state``, shared by every mode): per
+    equation its key and bucket, and the merge refusals (functions of the equation)."""
+
+    merges: MergeMemo = dataclasses.field(default_factory=IdentityMemo)
+    keys: IdentityMemo[JaxprEqn, Hashable | None] = dataclasses.field(
+        default_factory=IdentityMemo)
+    buckets: IdentityMemo[JaxprEqn, Hashable] = dataclasses.field(default_factory=IdentityMemo)
 
 
 def _share_level(level: Level, keys: StructuralKeys,

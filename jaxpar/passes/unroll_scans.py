@@ -48,17 +48,8 @@ from .._compat import JaxprEqn
 from .._cost import CostModel
 from .._memory import MemoryModel, format_bytes
 from .._options import UNROLL_BY_COST
-from ._walk import (
-    MAX_UNROLLED_EQNS,
-    DecisionKind,
-    EmitFn,
-    Level,
-    LevelResult,
-    Rewrite,
-    decision,
-    loop_candidates,
-    loop_trips,
-)
+from ._protocol import DecisionKind, EmitFn, Level, LevelResult, Rewrite, decision
+from ._shared import MAX_UNROLLED_EQNS, loop_candidates, loop_trips
 
 KERNELS_PER_TRIP = 8
 FULL_UNROLL_LENGTH = 8
@@ -105,7 +96,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     (``settings.unroll``: a factor, or ``"cost"`` for one per scan from the cost model)."""
     unroll = analysis.settings.unroll
     if unroll is None:
-        return [], []
+        return LevelResult()
     eqns, path, costs = level.eqns, level.path, analysis.costs
     rewrites, decisions = [], []
     for index in loop_candidates(eqns):
@@ -149,7 +140,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             path, DecisionKind.UNROLLED, eqns, [index],
             trips_before=loop_trips(info.length, info.unroll), trips_after=trips,
             unroll=factor, reason=f"{why}: unroll by {factor}"))
-    return rewrites, decisions
+    return LevelResult(rewrites, decisions)
 
 
 def _most_copies(eqn: JaxprEqn, analysis: Analysis) -> int:
