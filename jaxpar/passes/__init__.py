@@ -371,7 +371,7 @@ def inline_twin_calls(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecisi
                     settings=_settings("gpu", batch_branches=True))
 
 
-# The names before this round's vocabulary (issue 21), kept for existing code.
+# The names the passes had before they outgrew loops, kept for existing code.
 share_common_subexpressions = share_common
 LoopPass = Pass
 LoopDecision = PassDecision

@@ -2,7 +2,7 @@
 
 ``batch_scans`` and ``batch_branches`` batch members that run the *same*
 computation. This pass batches members that differ: the two halves of a fused
-scan body with different step functions (seed 002), the branches of a
+scan body with different step functions (two scans of different bodies), the branches of a
 multi-branch block, the experts of a mixture, the towers of a model. Wherever
 independent equations of one level run a heavy op of the same shape -- a
 ``dot_general`` or ``conv_general_dilated`` with equal operand types, dimension
