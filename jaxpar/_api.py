@@ -48,7 +48,7 @@ from typing import Any, TypeVar, overload
 import jax
 import numpy as np
 
-from . import _compat, _primitives, _processes
+from . import _compat, _pipeline, _primitives, _processes
 from ._analysis import jaxpr_has_placement
 from ._emit import GroupIds, region_call
 from ._flags import environment_reader, xla_flags_text
@@ -77,7 +77,7 @@ from ._options import (
     check_known,
     disabled_by_environment,
 )
-from ._pipeline import Prepared, analyse
+from ._pipeline import Prepared
 from ._plan import LevelPlan
 from ._report.plan import Plan
 from ._trace import (
@@ -491,7 +491,7 @@ class ParallelBranches:
         if hit is not None:
             return hit
         with _primitives.local_axes(local_axes):
-            rewrite = analyse(self._traced_function(nnx), sig, settings)
+            rewrite = _pipeline.analyse(self._traced_function(nnx), sig, settings)
         self.analyses += 1
         if not rewrite.traced.consts_are_tracers:
             self._cache.put(key, rewrite)
@@ -1350,7 +1350,7 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             layout, leaves = split_arguments(traced_fun, args, kwargs, statics,
                                              allow_abstract=True, api="inspect")
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
-            prepared = analyse(traced_fun, sig, settings, report_now=True)
+            prepared = _pipeline.analyse(traced_fun, sig, settings, report_now=True)
         tuning = None if tuned is None else tuned.tuning(*args, **kwargs)
         return prepared.report(function_name(inner), resolved, tuning)
 
