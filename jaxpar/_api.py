@@ -8,6 +8,10 @@ Example::
 
     print(jaxpar.inspect(two_scans)(a, b))
 
+The analysis of one signature (trace, passes, plan, CUDA-graph mode, emitter) is
+``_pipeline.analyse``; this module keys, caches and dispatches it (``_PlanCache``, the
+jits), emits its ``Prepared`` in each trace (``Prepared.run``) and reports it.
+
 Sharp edges:
   * Every call runs under a ``jax.jit`` (eager calls, and calls under grad,
     vmap or jvp, stay compiled; under another jit it is inlined). At the top level
