@@ -273,8 +273,7 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> 
     passed: dict[Settings, tuple[_compat.ClosedJaxpr, tuple[PassDecision, ...]]] = {}
     plain_bytes, allowed = budget.plain_bytes, budget.allowed
 
-    def attempt(dropped: tuple[tuple[str, tuple[str, ...]], ...]
-                ) -> tuple[Analysis, Planned]:
+    def attempt(dropped: tuple[tuple[str, tuple[str, ...]], ...]) -> WithinBudget:
         changes: dict[str, Any] = {}
         for _, switches in dropped:
             for name in switches:
@@ -290,20 +289,20 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> 
             passed[key] = run_passes(traced.jaxpr, analysis=level)
         jaxpr, loops = passed[key]
         plan = plan_jaxpr(jaxpr, level)
-        return level, Planned(jaxpr, plan, loops,
-                              budget.model.temp_bytes(plan.jaxpr, mode, _section_eqns(plan)))
+        bytes_needed = budget.model.temp_bytes(plan.jaxpr, mode, _section_eqns(plan))
+        return WithinBudget(level, Planned(jaxpr, plan, loops, bytes_needed), ())
 
     first = attempt(())
-    why = over_budget(plain_bytes, first[1].temp_bytes, allowed, "jaxpar's program")
+    why = over_budget(plain_bytes, first.planned.temp_bytes, allowed, "jaxpar's program")
     if why is None:
-        return WithinBudget(*first, ())
+        return first
     for count in range(1, len(LADDER) + 1):
         for dropped in itertools.combinations(LADDER, count):
             found = attempt(dropped)
-            if over_budget(plain_bytes, found[1].temp_bytes, allowed, "") is None:
+            if over_budget(plain_bytes, found.planned.temp_bytes, allowed, "") is None:
                 names = " and ".join(what for what, _ in dropped)
-                return WithinBudget(*found, (f"{why}: {names} left out",))
-    return WithinBudget(*found, (f"{why}: every rewrite left out",))
+                return dataclasses.replace(found, left_out=(f"{why}: {names} left out",))
+    return dataclasses.replace(found, left_out=(f"{why}: every rewrite left out",))
 
 
 def _section_eqns(plan: LevelPlan) -> list[list[int]]:
