@@ -388,8 +388,7 @@ class ParallelBranches:
         # Top-level GPU calls' jits, by the XLA options (CUDA-graph mode) their plans
         # chose, {} included; and the staged jits of ``lower``, by options too.
         self._jitted_with: dict[tuple[tuple[str, str], ...], Any] = {}
-        self._stages_with: dict[tuple[tuple[str, str], ...], Any] = {}
-        self._stages: Any = None
+        self._stages = _StagedJits(self)
         self._memos = _CallMemos(function_name(fun))  # settings, jits picked per key
         # What a top-level call reads its environment with (``_top_level`` chooses).
         self._read_environment: Callable[[], tuple[Any, ...]] = _read_environment
@@ -502,7 +501,7 @@ class ParallelBranches:
         return rewrite
 
     def _staged(self, options: dict[str, str] | None = None) -> Any:
-        return _staged_jit(self, options)
+        return self._stages.get(options)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """``jax.jit(f).trace(...)`` of the rewritten function: a ``jax.stages.Traced``."""
@@ -527,10 +526,9 @@ class ParallelBranches:
         self._scalars_made_static.clear()
         self._tunings.clear()
         self._jitted.clear_cache()
-        for jitted in [*self._jitted_with.values(), *self._stages_with.values()]:
+        for jitted in self._jitted_with.values():
             jitted.clear_cache()
-        if self._stages is not None:
-            self._stages.clear_cache()
+        self._stages.clear_cache()
 
     def __repr__(self) -> str:
         return f"parallel_branches({function_name(getattr(self, '__wrapped__', None))})"
@@ -945,20 +943,40 @@ def _tuning_of_call(pb: ParallelBranches, args: tuple[Any, ...], kwargs: dict[st
         return _tuning(pb, _call_key(pb, layout, nnx_call is not None, leaves), leaves)
 
 
-def _staged_jit(pb: ParallelBranches, options: dict[str, str] | None) -> Any:
-    """The ``jax.jit`` of the decorated function that ``trace``/``lower`` use (with the
-    XLA options its plan chose, when given)."""
-    def make(given: dict[str, str] | None) -> Any:
-        # Weakly, as ``_jitted``: ``jax.jit(pb)`` kept here would be a cycle.
+class _StagedJits:
+    """The ``jax.jit`` s of a decorated function that its ``trace``/``lower``/``eval_shape``
+    use: one without XLA options, made at first use, and one per distinct options its
+    plans chose (``lower`` compiles with them). They reach the function through a weak
+    reference, as ``_jitted`` does: ``jax.jit(pb)`` kept here would be a cycle."""
+
+    __slots__ = ("_owner", "_plain", "_with_options")
+
+    def __init__(self, owner: ParallelBranches):
+        self._owner = weakref.ref(owner)
+        self._plain: Any = None
+        self._with_options: dict[tuple[tuple[str, str], ...], Any] = {}
+
+    def get(self, options: dict[str, str] | None) -> Any:
+        """The jit compiling with ``options`` (none: the plain one)."""
+        if options:
+            return _cached_jit(self._with_options, options, self._make)
+        if self._plain is None:
+            self._plain = self._make(None)
+        return self._plain
+
+    def clear_cache(self) -> None:
+        for jitted in self._with_options.values():
+            jitted.clear_cache()
+        if self._plain is not None:
+            self._plain.clear_cache()
+
+    def _make(self, given: dict[str, str] | None) -> Any:
+        pb = self._owner()
+        if pb is None:  # only a jit captured elsewhere can outlive its owner
+            raise ReferenceError("jaxpar: this parallel_branches function was deleted")
         call = functools.wraps(pb.__wrapped__)(_weak_method(pb, "__call__", None))
         return jax.jit(call, static_argnums=pb.static_argnums,
                        static_argnames=pb.static_argnames, compiler_options=given)
-
-    if options:
-        return _cached_jit(pb._stages_with, options, make)
-    if pb._stages is None:
-        pb._stages = make(None)
-    return pb._stages
 
 
 def _call_with_static_scalars(pb: ParallelBranches, fun: Callable[..., Any],
