@@ -250,7 +250,7 @@ _FLOOR_PARTS = ("trace", "first visits", "revisits", "other modes' walks", "walk
 
 def floor(target_eqns: int, repeats: int) -> dict[str, Any]:
     """``inspect`` and ``lower_pb`` split into ``_FLOOR_PARTS`` (see the module doc)."""
-    from jaxpar import _api  # private: the parts are timed by wrapping its functions
+    from jaxpar import _pipeline  # private: the parts are timed by wrapping its functions
     from jaxpar.passes import _walk
 
     parts: dict[str, float] = {}
@@ -292,24 +292,24 @@ def floor(target_eqns: int, repeats: int) -> dict[str, Any]:
         state["plans"] = state.get("plans", 0) + 1
         return "plan, first mode" if state["plans"] == 1 else "plans, other modes"
 
-    timed(_api, "trace", lambda *a, **k: "trace")
-    timed(_api, "run_passes", walk)
+    timed(_pipeline, "trace", lambda *a, **k: "trace")
+    timed(_pipeline, "run_passes", walk)
     timed(_walk, "_pass_step", step)
     # A rebuild belongs with the visit that asked for it (one holding rewritten nested
     # levels, with the first visits).
     timed(_walk, "rebuild_level", lambda jaxpr, rewrites, *a, **k: (
         state.get("last", "first visits") if rewrites else (
             "other modes' walks" if state["walks"] > 1 else "first visits")))
-    timed(_api, "plan_jaxpr", plan)
+    timed(_pipeline, "plan_jaxpr", plan)
     def estimate(*args: Any, **kwargs: Any) -> str:
         state["estimates"] = state.get("estimates", 0) + 1
         return "estimates"
 
-    timed(_api, "estimate_seconds", estimate)
-    timed(_api, "_plain_figures", lambda *a, **k: "report figures")
-    timed(_api, "build_report", lambda *a, **k: "report figures")
-    timed(_api, "_priced", lambda *a, **k: "analysis")
-    timed(_api, "_analyse_priced", lambda *a, **k: "traced analysis")
+    timed(_pipeline, "estimate_seconds", estimate)
+    timed(_pipeline, "_plain_figures", lambda *a, **k: "report figures")
+    timed(_pipeline, "build_report", lambda *a, **k: "report figures")
+    timed(_pipeline, "_decide", lambda *a, **k: "analysis")
+    timed(_pipeline, "analyse", lambda *a, **k: "traced analysis")
     run = stages(target_eqns)
     run["inspect"](), run["lower_pb"]()  # warm
     best: dict[str, dict[str, float]] = {}

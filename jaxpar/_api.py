@@ -8,6 +8,10 @@ Example::
 
     print(jaxpar.inspect(two_scans)(a, b))
 
+The analysis of one signature (trace, passes, plan, CUDA-graph mode, emitter) is
+``_pipeline.analyse``; this module keys, caches and dispatches it (``_PlanCache``, the
+jits), emits its ``Prepared`` in each trace (``Prepared.run``) and reports it.
+
 Sharp edges:
   * Every call runs under a ``jax.jit`` (eager calls, and calls under grad,
     vmap or jvp, stay compiled; under another jit it is inlined). At the top level
@@ -38,7 +42,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import gc
 import itertools
 import threading
 import warnings
@@ -49,10 +52,9 @@ from typing import Any, TypeVar, overload
 import jax
 import numpy as np
 
-from . import _compat, _primitives, _processes
-from ._analysis import Analysis, jaxpr_has_placement
-from ._cost import launch_pricing
-from ._emit import Emitter, GroupIds, region_call
+from . import _compat, _pipeline, _primitives, _processes
+from ._analysis import jaxpr_has_placement
+from ._emit import GroupIds, region_call
 from ._flags import environment_reader, xla_flags_text
 from ._frameworks import (
     NnxCall,
@@ -68,7 +70,6 @@ from ._gpu_model import (
     local_gpu_kind,
     local_profile_stamp,
 )
-from ._memory import MemoryModel
 from ._options import (
     DISABLE_VARIABLE,
     Options,
@@ -80,24 +81,8 @@ from ._options import (
     check_known,
     disabled_by_environment,
 )
-from ._plan import LevelPlan, plan_jaxpr, symbolic_plan
-from ._plan.budget import LADDER, MemoryFigures, mode_memory_reason, over_budget
-from ._plan.modes import (
-    CANDIDATES as MODE_CANDIDATES,
-)
-from ._plan.modes import (
-    MIN_GAIN,
-    ModeChoice,
-    ModeEnds,
-    choose_mode,
-    estimate_plain_seconds,
-    estimate_seconds,
-    kept_mode,
-    optimistic,
-    pessimistic,
-    regions_hold_loops,
-)
-from ._report.build import build_report
+from ._pipeline import Prepared
+from ._plan import LevelPlan
 from ._report.plan import Plan
 from ._trace import (
     Layout,
@@ -105,7 +90,6 @@ from ._trace import (
     Scalars,
     Signature,
     StaticArgs,
-    Traced,
     abstract,
     check_function,
     function_name,
@@ -116,7 +100,6 @@ from ._trace import (
     split_arguments,
     split_outputs,
     trace,
-    tracing_for_a_plan,
 )
 from ._tune import (
     CANDIDATES,
@@ -132,64 +115,10 @@ from ._tune import decide as decide_candidate
 from ._tune import decision_key as tuning_key
 from ._tune import fingerprint as program_fingerprint
 from ._tune import load as load_decision
-from .passes import DecisionKind, PassDecision, run_passes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _CACHE_SIZE = 64
-
-
-
-
-@dataclasses.dataclass(frozen=True)
-class _Prepared:
-    """Everything derived from one signature: plan and emitter, and what the report adds."""
-
-    traced: Traced
-    plan: LevelPlan
-    loops: tuple[PassDecision, ...]
-    settings: Settings
-    emitter: Emitter
-    # The CUDA-graph mode the function is compiled in (target "gpu"), and why.
-    mode: ModeChoice | None = None
-    # The cost model's time of the program as traced (``_plain_figures``).
-    plain_us: float | None = None
-    # The program as traced, where the figures of the plain program only a report shows
-    # (``plain_us``, ``mode.plain_seconds``) are left for its first report (``_plain``).
-    unpriced: _compat.ClosedJaxpr | None = None
-    # The memory model's temporary bytes of jaxpar's program against the plain one.
-    memory: MemoryFigures | None = None
-
-    @property
-    def target(self) -> str:
-        return self.settings.target
-
-    @functools.cached_property
-    def _plain(self) -> tuple[float | None, ModeChoice | None]:
-        """``plain_us`` and ``mode`` with ``plain_seconds``: as the analysis gave them, or
-        (``unpriced``) priced now, by a fresh ``Analysis`` of the same settings: the cost
-        model and the GPU model are pure functions of the settings and the equations, so
-        the figures equal those the analysis would have given."""
-        if self.unpriced is None:
-            return self.plain_us, self.mode
-        with _collector_paused():
-            return _plain_figures(self.unpriced, Analysis(self.settings), self.mode)
-
-    @property
-    def xla_options(self) -> dict[str, str]:
-        return self.mode.xla_options if self.mode is not None else {}
-
-    def report(self, function: str, options: Options, tuning: Tuning | None = None) -> Plan:
-        """The public ``Plan`` of this analysis (``options``: as the user gave them)."""
-        settings = self.settings
-        plain_us, mode = self._plain
-        with _collector_paused():
-            return build_report(self.plan, function, settings.target,
-                                emitted=(settings.target == "gpu"), options=options.to_dict(),
-                                loops=self.loops, plain_us=plain_us,
-                                priced_in=(settings.command_buffers.value
-                                           if settings.command_buffers else None),
-                                tuning=tuning, mode=mode, memory=self.memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,17 +323,17 @@ class _PlanCache:
 
     def __init__(self, size: int):
         self._size = size
-        self._entries: collections.OrderedDict[Any, _Prepared] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[Any, Prepared] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Any) -> _Prepared | None:
+    def get(self, key: Any) -> Prepared | None:
         with self._lock:
             hit = self._entries.get(key)
             if hit is not None:
                 self._entries.move_to_end(key)
             return hit
 
-    def put(self, key: Any, rewrite: _Prepared) -> None:
+    def put(self, key: Any, rewrite: Prepared) -> None:
         with self._lock:
             self._entries[key] = rewrite
             while len(self._entries) > self._size:
@@ -459,8 +388,7 @@ class ParallelBranches:
         # Top-level GPU calls' jits, by the XLA options (CUDA-graph mode) their plans
         # chose, {} included; and the staged jits of ``lower``, by options too.
         self._jitted_with: dict[tuple[tuple[str, str], ...], Any] = {}
-        self._stages_with: dict[tuple[tuple[str, str], ...], Any] = {}
-        self._stages: Any = None
+        self._stages = _StagedJits(self)
         self._memos = _CallMemos(function_name(fun))  # settings, jits picked per key
         # What a top-level call reads its environment with (``_top_level`` chooses).
         self._read_environment: Callable[[], tuple[Any, ...]] = _read_environment
@@ -555,10 +483,10 @@ class ParallelBranches:
         if rewrite.traced.consts_are_tracers:
             self._saw_traced_consts.value = True
         _warn_if_options_lost(self, key, rewrite)
-        return _run(rewrite, leaves, key.emit_streams), rewrite.traced.outputs
+        return rewrite.run(leaves, key.emit_streams), rewrite.traced.outputs
 
     def _prepare(self, sig: Signature, settings: Settings, nnx: bool = False,
-                 local_axes: frozenset[Any] = frozenset()) -> _Prepared:
+                 local_axes: frozenset[Any] = frozenset()) -> Prepared:
         # JAX's trace context (x64, promotion rules, matmul precision, default device,
         # mesh...) changes what tracing produces, so it keys the plan as it keys jax.jit.
         key = (sig, settings, _compat.trace_context(), nnx, local_axes)
@@ -566,14 +494,14 @@ class ParallelBranches:
         if hit is not None:
             return hit
         with _primitives.local_axes(local_axes):
-            rewrite = _build(self._traced_function(nnx), sig, settings)
+            rewrite = _pipeline.analyse(self._traced_function(nnx), sig, settings)
         self.analyses += 1
         if not rewrite.traced.consts_are_tracers:
             self._cache.put(key, rewrite)
         return rewrite
 
     def _staged(self, options: dict[str, str] | None = None) -> Any:
-        return _staged_jit(self, options)
+        return self._stages.get(options)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """``jax.jit(f).trace(...)`` of the rewritten function: a ``jax.stages.Traced``."""
@@ -598,10 +526,9 @@ class ParallelBranches:
         self._scalars_made_static.clear()
         self._tunings.clear()
         self._jitted.clear_cache()
-        for jitted in [*self._jitted_with.values(), *self._stages_with.values()]:
+        for jitted in self._jitted_with.values():
             jitted.clear_cache()
-        if self._stages is not None:
-            self._stages.clear_cache()
+        self._stages.clear_cache()
 
     def __repr__(self) -> str:
         return f"parallel_branches({function_name(getattr(self, '__wrapped__', None))})"
@@ -815,7 +742,7 @@ def _top_level_trace(ref: weakref.ref[ParallelBranches], mode: _Mode,
             out = pb._traced_function(nnx)(*full_args, **full_kwargs)
             return packed_outputs(*split_outputs(out, layout.static_scalars))
         with options_applied(pb):  # this jit compiles with them: no warning is due
-            return packed_outputs(_run(rewrite, leaves, True), rewrite.traced.outputs)
+            return packed_outputs(rewrite.run(leaves, True), rewrite.traced.outputs)
     except BaseException:
         _top_level_state.raised = True
         raise
@@ -844,7 +771,7 @@ def options_applied(pb: ParallelBranches) -> Iterator[None]:
         _top_trace.owner = before
 
 
-def _warn_if_options_lost(pb: ParallelBranches, key: _CallKey, rewrite: _Prepared) -> None:
+def _warn_if_options_lost(pb: ParallelBranches, key: _CallKey, rewrite: Prepared) -> None:
     """Warns, once per function, when ``pb``'s plan chose XLA options for another
     CUDA-graph mode than the process's but this trace is not the top-level jit that
     applies them (nor ``lower``'s): an outer ``jax.jit``, or ``grad``/``vmap`` of the
@@ -1016,20 +943,40 @@ def _tuning_of_call(pb: ParallelBranches, args: tuple[Any, ...], kwargs: dict[st
         return _tuning(pb, _call_key(pb, layout, nnx_call is not None, leaves), leaves)
 
 
-def _staged_jit(pb: ParallelBranches, options: dict[str, str] | None) -> Any:
-    """The ``jax.jit`` of the decorated function that ``trace``/``lower`` use (with the
-    XLA options its plan chose, when given)."""
-    def make(given: dict[str, str] | None) -> Any:
-        # Weakly, as ``_jitted``: ``jax.jit(pb)`` kept here would be a cycle.
+class _StagedJits:
+    """The ``jax.jit`` s of a decorated function that its ``trace``/``lower``/``eval_shape``
+    use: one without XLA options, made at first use, and one per distinct options its
+    plans chose (``lower`` compiles with them). They reach the function through a weak
+    reference, as ``_jitted`` does: ``jax.jit(pb)`` kept here would be a cycle."""
+
+    __slots__ = ("_owner", "_plain", "_with_options")
+
+    def __init__(self, owner: ParallelBranches):
+        self._owner = weakref.ref(owner)
+        self._plain: Any = None
+        self._with_options: dict[tuple[tuple[str, str], ...], Any] = {}
+
+    def get(self, options: dict[str, str] | None) -> Any:
+        """The jit compiling with ``options`` (none: the plain one)."""
+        if options:
+            return _cached_jit(self._with_options, options, self._make)
+        if self._plain is None:
+            self._plain = self._make(None)
+        return self._plain
+
+    def clear_cache(self) -> None:
+        for jitted in self._with_options.values():
+            jitted.clear_cache()
+        if self._plain is not None:
+            self._plain.clear_cache()
+
+    def _make(self, given: dict[str, str] | None) -> Any:
+        pb = self._owner()
+        if pb is None:  # only a jit captured elsewhere can outlive its owner
+            raise ReferenceError("jaxpar: this parallel_branches function was deleted")
         call = functools.wraps(pb.__wrapped__)(_weak_method(pb, "__call__", None))
         return jax.jit(call, static_argnums=pb.static_argnums,
                        static_argnames=pb.static_argnames, compiler_options=given)
-
-    if options:
-        return _cached_jit(pb._stages_with, options, make)
-    if pb._stages is None:
-        pb._stages = make(None)
-    return pb._stages
 
 
 def _call_with_static_scalars(pb: ParallelBranches, fun: Callable[..., Any],
@@ -1177,258 +1124,6 @@ def _weak_method(owner: Any, method: str, fun: Callable[..., Any] | None,
     return call
 
 
-def _analyse(fun: Callable[..., Any], sig: Signature, settings: Settings
-             ) -> tuple[Traced, LevelPlan, tuple[PassDecision, ...]]:
-    """Trace, loop passes, stream plan: everything up to emission, with one ``Analysis``
-    (settings, cost model, memos) that dies when this returns."""
-    traced, priced, _ = _analyse_priced(fun, sig, settings, baseline=False)
-    return traced, priced.plan, priced.loops
-
-
-def _analyse_priced(fun: Callable[..., Any], sig: Signature, settings: Settings,
-                    baseline: bool = True) -> tuple[Traced, _Priced, _compat.ClosedJaxpr | None]:
-    """``_analyse``, and on the GPU the CUDA-graph mode the function is compiled in: with
-    ``choose_command_buffers``, the program is planned in each candidate mode and the
-    mode the GPU model estimates fastest at every end of its ranges, within the memory
-    budget, is kept (``_plan.modes``, ``_plan.budget``).
-
-    With ``baseline``, also the figures of the plain program a report shows
-    (``_plain_figures``); without, the program as traced (the last item), from which a
-    report prices them when it needs them (``_Prepared``)."""
-    traced = trace(fun, sig)
-    symbolic = _compat.symbolic_dimensions(traced.jaxpr)
-    if symbolic:  # nothing can be priced: the program as jax.jit runs it
-        return traced, _Priced(traced.jaxpr, symbolic_plan(traced.jaxpr, symbolic), (), None,
-                               None, None), None
-    unpriced = None if baseline else traced.jaxpr
-    with _collector_paused():
-        priced = _priced(traced, settings, baseline)
-    if priced.jaxpr is not traced.jaxpr:
-        traced = dataclasses.replace(traced, jaxpr=priced.jaxpr)
-    return traced, priced, unpriced
-
-
-@dataclasses.dataclass(frozen=True)
-class _Priced:
-    """What the analysis of one signature decided (``_priced``)."""
-
-    jaxpr: _compat.ClosedJaxpr  # the rewritten program
-    plan: LevelPlan
-    loops: tuple[PassDecision, ...]
-    plain_us: float | None
-    mode: ModeChoice | None
-    memory: MemoryFigures | None
-
-
-def _within_budget(traced: Traced, analysis: Analysis, memory: MemoryModel,
-                   plain_bytes: float, allowed: float | None
-                   ) -> tuple[Analysis, _compat.ClosedJaxpr, LevelPlan,
-                              tuple[PassDecision, ...], float, tuple[str, ...]]:
-    """The passes and the plan of ``traced`` with ``analysis``'s settings; while the
-    program the memory model sees needs more than ``allowed`` bytes beyond the plain
-    program's, the fewest kinds of rewrite left out that bring it within
-    (``_plan.budget.LADDER``, the first kinds first): the analysis used, the program,
-    its plan, the passes' decisions, its bytes, and what was left out."""
-    settings = analysis.settings
-    mode = settings.command_buffers
-    passed: dict[Settings, tuple[_compat.ClosedJaxpr, tuple[PassDecision, ...]]] = {}
-
-    def attempt(dropped: tuple[tuple[str, tuple[str, ...]], ...]
-                ) -> tuple[Analysis, _compat.ClosedJaxpr, LevelPlan,
-                           tuple[PassDecision, ...], float]:
-        changes: dict[str, Any] = {}
-        for _, switches in dropped:
-            for name in switches:
-                if name == "streams":
-                    changes["streams_per_section"] = 1
-                else:
-                    changes[name] = None if name == "unroll" else False
-        planned = dataclasses.replace(settings, **changes) if changes else settings
-        level = analysis if planned == settings else analysis.with_settings(planned)
-        # Sections are the planner's: the passes' results serve every rung alike.
-        key = dataclasses.replace(planned, streams_per_section=settings.streams_per_section)
-        if key not in passed:
-            passed[key] = run_passes(traced.jaxpr, analysis=level)
-        jaxpr, loops = passed[key]
-        plan = plan_jaxpr(jaxpr, level)
-        return level, jaxpr, plan, loops, memory.temp_bytes(plan.jaxpr, mode,
-                                                            _section_eqns(plan))
-
-    first = attempt(())
-    why = over_budget(plain_bytes, first[4], allowed, "jaxpar's program")
-    if why is None:
-        return (*first, ())
-    for count in range(1, len(LADDER) + 1):
-        for dropped in itertools.combinations(LADDER, count):
-            found = attempt(dropped)
-            if over_budget(plain_bytes, found[4], allowed, "") is None:
-                names = " and ".join(what for what, _ in dropped)
-                return (*found, (f"{why}: {names} left out",))
-    return (*found, (f"{why}: every rewrite left out",))
-
-
-def _section_eqns(plan: LevelPlan) -> list[list[int]]:
-    """The top-level equations of each stream section ``plan`` emits."""
-    return [[i for region in section.regions for i in region.eqns]
-            for section in plan.sections if section.pays is not False]
-
-
-def _priced(traced: Traced, settings: Settings, baseline: bool) -> _Priced:
-    """``_analyse_priced`` after the trace. Its ``Analysis`` objects (and their memos,
-    which keep hundreds of thousands of small objects alive) die when it returns,
-    inside ``_collector_paused``: the collection that follows then scans only what
-    the call keeps."""
-    choice = None
-    analysis = Analysis(settings)
-    memory = MemoryModel(analysis.costs, analysis.shared_memo("memory"))
-    # The plain program in the mode it is compared in: the user's, or the one the
-    # command_buffers option names (not jaxpar's choice, so not counted against it).
-    base_mode = settings.compile_command_buffers or settings.user_command_buffers
-    plain_bytes = memory.temp_bytes(traced.jaxpr, base_mode)
-    # The budget's share of the plain program is taken of what it surely needs: the model
-    # may overestimate a program (a bidirectional LSTM: 288 MiB, 194.5 once compiled),
-    # and a share of that would allow more than the budget means.
-    allowed = (settings.memory.allowed(min(plain_bytes, memory.least_bytes(traced.jaxpr)))
-               if settings.memory is not None else None)
-    analysis.memory_allowance = allowed  # for the passes that stack copies
-    analysis, jaxpr, plan, loops, ours, left_out = _within_budget(
-        traced, analysis, memory, plain_bytes, allowed)
-    settings = analysis.settings
-    # What the GPU model's estimates of every mode and of the plain program share.
-    estimates = analysis.shared_memo("mode_estimates")
-    if settings.target == "gpu" and settings.choose_command_buffers \
-            and settings.command_buffers is not None:
-        choice, plan, jaxpr, loops, ours = _choose_mode(
-            traced, analysis, jaxpr, plan, loops, ours, memory, plain_bytes, allowed)
-    elif settings.target == "gpu":
-        explicit = settings.compile_command_buffers
-        kept = explicit or settings.command_buffers or settings.user_command_buffers
-        if kept is not None:
-            choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
-                               estimate_seconds(plan, analysis.costs, kept, estimates),
-                               forced=settings.force_streams,
-                               measured=_measured(settings))
-    figures = MemoryFigures(plain_bytes, ours, allowed, left_out)
-    plain_us = None
-    if baseline:
-        plain_us, choice = _plain_figures(traced.jaxpr, analysis, choice)
-    return _Priced(jaxpr, plan, loops, plain_us, choice, figures)
-
-
-def _measured(settings: Settings) -> bool:
-    return settings.gpu is not None and settings.gpu.calibrated
-
-
-def _choose_mode(traced: Traced, analysis: Analysis, jaxpr: _compat.ClosedJaxpr,
-                 plan: LevelPlan, loops: tuple[PassDecision, ...], ours: float,
-                 memory: MemoryModel, plain_bytes: float, allowed: float | None
-                 ) -> tuple[ModeChoice, LevelPlan, _compat.ClosedJaxpr,
-                            tuple[PassDecision, ...], float]:
-    """The program planned in each candidate mode (``_plan.modes.CANDIDATES``), and the
-    mode ``choose_mode`` keeps: the choice, and the plan, program, decisions and bytes
-    of the mode kept.
-
-    A candidate is planned on the passes' program of the user's mode first; only one
-    that wins there at every end of the GPU model's ranges has the passes run again in
-    its own launch pricing (``_cost.launch_pricing``: the batching passes price launches
-    otherwise in a branching graph), and is judged again on that program."""
-    settings = analysis.settings
-    user = settings.command_buffers
-    gpu = settings.gpu
-    assert user is not None and gpu is not None
-    estimates = analysis.shared_memo("mode_estimates")
-    costs = analysis.costs
-    batched = any(d.kind in (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS)
-                  for d in loops)
-    plans = {user: (plan, estimate_seconds(plan, costs, user, estimates), jaxpr, loops, ours)}
-
-    def judged(mode: CommandBufferMode, other: Analysis, mode_jaxpr: Any, mode_loops: Any
-               ) -> tuple[tuple[Any, ...], ModeEnds | None] | None:
-        planned = plan_jaxpr(mode_jaxpr, other)
-        if mode is CommandBufferMode.OFF and not regions_hold_loops(planned):
-            return None  # graphs off only for regions' loops (_plan.modes)
-        seconds = estimate_seconds(planned, costs, mode, estimates)
-        entry = (planned, seconds, mode_jaxpr, mode_loops,
-                 memory.temp_bytes(planned.jaxpr, mode, _section_eqns(planned)))
-        if seconds > plans[user][1] * (1 - MIN_GAIN):
-            return entry, None  # no gain at the nominal figures: the ends are not asked
-        pair = [(estimate_seconds(planned, costs, mode, estimates, at),
-                 estimate_seconds(plan, costs, user, estimates, at))
-                for at in (pessimistic(gpu, mode), optimistic(gpu, mode))]
-        return entry, ModeEnds(mode, pair[0], pair[1])
-
-    ends: dict[CommandBufferMode, ModeEnds] = {}
-    for mode in MODE_CANDIDATES:
-        if mode in plans:
-            continue
-        other = analysis.with_settings(dataclasses.replace(settings, command_buffers=mode))
-        found = judged(mode, other, jaxpr, loops)
-        if found is None:
-            continue
-        entry, mode_ends = found
-        if mode_ends is not None and mode_ends.pessimistic_ratio <= 1 - MIN_GAIN \
-                and batched and launch_pricing(mode) != launch_pricing(user):
-            found = judged(mode, other, *run_passes(traced.jaxpr, analysis=other))
-            assert found is not None
-            entry, mode_ends = found
-        plans[mode] = entry
-        if mode_ends is not None:
-            ends[mode] = mode_ends
-    refused = {mode: why for mode, entry in plans.items() if mode is not user
-               and (why := mode_memory_reason(mode, plain_bytes, entry[4], allowed))}
-    choice = choose_mode({mode: entry[1] for mode, entry in plans.items()}, user,
-                         tuple(ends.values()), refused, measured=_measured(settings))
-    plan, _, jaxpr, loops, ours = plans[choice.mode]
-    return choice, plan, jaxpr, loops, ours
-
-
-def _plain_figures(jaxpr: _compat.ClosedJaxpr, analysis: Analysis, choice: ModeChoice | None
-                   ) -> tuple[float, ModeChoice | None]:
-    """What a report compares the plan with, for ``jaxpr`` as traced: the cost model's
-    time of its top level, one equation after another (``jax.jit``'s program as the
-    planner sees it), in microseconds; and ``choice`` with the GPU model's time of it in
-    the user's mode (``ModeChoice.plain_seconds``)."""
-    inner, _ = _compat.open_jaxpr(jaxpr)
-    costs = analysis.costs
-    plain_us = sum(costs.seconds(costs.eqn_cost(eqn)) for eqn in inner.eqns) * 1e6
-    if choice is not None:
-        choice = dataclasses.replace(choice, plain_seconds=estimate_plain_seconds(
-            jaxpr, costs, choice.user_mode, analysis.shared_memo("mode_estimates")))
-    return plain_us, choice
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pauses Python's cyclic garbage collector (if it was on) while jaxpar analyses,
-    reports or emits (not while the user's function itself is traced).
-
-    The analysis allocates many small, short-lived objects among the large object
-    graphs of JAX's jaxprs; collections triggered by those allocations re-scan the jaxprs
-    and took a third of the analysis time of a 10k-equation program. Nothing the analysis
-    makes needs the collector (reference counting frees it), and it is back on, with its
-    usual thresholds, the moment the analysis ends or raises.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _build(fun: Callable[..., Any], sig: Signature, settings: Settings,
-           report_now: bool = False) -> _Prepared:
-    """The analysis of one signature. The figures of the plain program only a report
-    shows are priced in the analysis when ``report_now`` (``inspect``: its memos are
-    warm then), else by the first report, if one is ever asked for (a call lowers
-    without them)."""
-    traced, priced, unpriced = _analyse_priced(fun, sig, settings, baseline=report_now)
-    return _Prepared(traced, priced.plan, priced.loops, settings,
-                     Emitter(priced.plan, emit_streams=(settings.target == "gpu")),
-                     priced.mode, priced.plain_us, unpriced, priced.memory)
-
-
 def analysed_report(pb: ParallelBranches) -> tuple[Plan, LevelPlan]:
     """The report and plan of the one signature ``pb`` has analysed (``gpu_preview``
     compiles a fresh ``ParallelBranches`` once and reports what that compile analysed).
@@ -1442,24 +1137,6 @@ def analysed_report(pb: ParallelBranches) -> tuple[Plan, LevelPlan]:
     prepared = pb._cache.get(entries[0])
     assert prepared is not None
     return prepared.report(function_name(pb.__wrapped__), pb.options), prepared.plan
-
-
-def _run(rewrite: _Prepared, leaves: Any, emit_streams: bool) -> list[Any]:
-    jaxpr, consts = _compat.open_jaxpr(rewrite.traced.jaxpr)
-    emitter = rewrite.emitter
-    with _collector_paused():
-        if not (emit_streams and emitter.plan.changes_anything) or tracing_for_a_plan():
-            return emitter.run(consts, *leaves, emit_streams=emit_streams)
-        # One equation that lowers inline and remembers the original program, so
-        # checkify reports what jax.jit reports (``_compat.program_p``). Inside another
-        # decorated function's trace the outer program's equation does that. Closed
-        # over, the program's constants are concrete while it is emitted, so a region
-        # keeps the ones it reads in its body, as jax.jit keeps them in its program
-        # (``_compat.bind_stream_region`` says why that matters for output shardings).
-        return _compat.bind_program(
-            lambda *a: emitter.run(consts, *a),
-            lambda *a: jax.core.eval_jaxpr(jaxpr, consts, *a),
-            list(leaves))
 
 
 _Argnums = int | Sequence[int] | None
@@ -1695,7 +1372,7 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             layout, leaves = split_arguments(traced_fun, args, kwargs, statics,
                                              allow_abstract=True, api="inspect")
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
-            prepared = _build(traced_fun, sig, settings, report_now=True)
+            prepared = _pipeline.analyse(traced_fun, sig, settings, report_now=True)
         tuning = None if tuned is None else tuned.tuning(*args, **kwargs)
         return prepared.report(function_name(inner), resolved, tuning)
 

@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import jaxpar
-from jaxpar import _analysis, _api, _cost
+from jaxpar import _analysis, _cost, _pipeline
 from jaxpar._options import Options
 
 
@@ -64,14 +64,14 @@ def test_the_analysis_dies_with_the_call(monkeypatch):
 
     monkeypatch.setattr(_analysis.Analysis, "__init__", record)
     traced = []
-    original_trace = _api.trace
+    original_trace = _pipeline.trace
 
     def trace(fun, sig):
         out = original_trace(fun, sig)
         traced.append(weakref.ref(out.jaxpr))
         return out
 
-    monkeypatch.setattr(_api, "trace", trace)
+    monkeypatch.setattr(_pipeline, "trace", trace)
     plan = jaxpar.inspect(_two_scans, target="gpu")(*_args())
     assert plan.sections is not None
     gc.collect()

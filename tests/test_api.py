@@ -36,7 +36,7 @@ from helpers import (
 )
 
 import jaxpar
-from jaxpar._api import _collector_paused
+from jaxpar._pipeline import Prepared, _collector_paused
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -468,7 +468,7 @@ def test_analysis_leaves_the_garbage_collector_as_it_found_it():
         raise RuntimeError("boom")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(jaxpar._api, "plan_jaxpr", bad_plan)
+        patch.setattr(jaxpar._pipeline, "plan_jaxpr", bad_plan)
         with pytest.raises(RuntimeError, match="boom"):
             jaxpar.inspect(f, target="gpu")(x, x)
     assert gc.isenabled()
@@ -482,7 +482,7 @@ def test_emission_and_report_run_with_the_collector_paused_and_restore_it():
 
     x = jnp.ones((8, 8))
     seen: list[bool] = []
-    real_run, real_report = jaxpar._api.Emitter.run, jaxpar._api.build_report
+    real_run, real_report = jaxpar._pipeline.Emitter.run, jaxpar._pipeline.build_report
 
     def spy_run(self, *args, **kwargs):
         seen.append(gc.isenabled())
@@ -493,8 +493,8 @@ def test_emission_and_report_run_with_the_collector_paused_and_restore_it():
         return real_report(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(jaxpar._api.Emitter, "run", spy_run)
-        patch.setattr(jaxpar._api, "build_report", spy_report)
+        patch.setattr(jaxpar._pipeline.Emitter, "run", spy_run)
+        patch.setattr(jaxpar._pipeline, "build_report", spy_report)
         assert gc.isenabled()
         jaxpar.inspect(f, target="gpu")(x, x)
         out = jaxpar.parallel_branches(f, target="gpu")(x, x)
@@ -506,7 +506,7 @@ def test_emission_and_report_run_with_the_collector_paused_and_restore_it():
         raise RuntimeError("boom")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(jaxpar._api.Emitter, "run", bad_run)
+        patch.setattr(jaxpar._pipeline.Emitter, "run", bad_run)
         with pytest.raises(RuntimeError, match="boom"):
             jaxpar.parallel_branches(f, target="gpu")(x, x)
     assert gc.isenabled()
@@ -788,8 +788,8 @@ def test_changes_to_the_environment_between_calls_are_followed(monkeypatch):
     g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0, force_streams=True)
     a, b = small_args()
     lowered = []
-    real_run = jaxpar._api._run
-    monkeypatch.setattr(jaxpar._api, "_run",
+    real_run = Prepared.run
+    monkeypatch.setattr(Prepared, "run",
                         lambda rewrite, *rest: lowered.append(rewrite.settings)
                         or real_run(rewrite, *rest))
     want = jax.jit(small)(a, b)

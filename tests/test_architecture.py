@@ -3,7 +3,7 @@ the test suite's: test modules share code only through helper modules, and each 
 after what it tests.
 
 The pipeline is ``_compat -> _graph -> _cost -> passes/ -> _plan -> _emit -> _report
--> _api -> _compiled``: a module may import modules earlier in it, never later ones.
+-> _pipeline -> _api -> _compiled``: a module may import modules earlier in it, never later ones.
 Every import counts: function-level ones (a late import only hides a circle) and
 ``if TYPE_CHECKING:`` ones (a type-only circle is still two modules that cannot be read
 apart).
@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "jaxpar"
 TESTS = Path(__file__).resolve().parent
 
 PIPELINE = ("jaxpar._compat", "jaxpar._graph", "jaxpar._cost", "jaxpar.passes", "jaxpar._plan",
-            "jaxpar._emit", "jaxpar._report.plan", "jaxpar._api")
+            "jaxpar._emit", "jaxpar._report.plan", "jaxpar._pipeline", "jaxpar._api")
 MAX_DEFINITION_LINES = 200
 
 
@@ -177,7 +177,7 @@ LAYERS = (
     ("_plan",), ("_emit",), ("_processes",), ("_tune",),
     ("_report.types",), ("_report.timeline",), ("_report.render",), ("_report.plan",),
     ("_report.places", "_report.build", "_report"),
-    ("_trace", "_frameworks", "_api"),
+    ("_trace", "_frameworks"), ("_pipeline",), ("_api",),
     ("_compiled.gpu_compile",), ("_compiled.schedule", "_compiled"), ("_compiled.estimate",),
     ("_compiled.preview",),
     ("", "_cli", "__main__"),

@@ -95,13 +95,14 @@ def test_overhead_floor_accounts_for_each_call(tmp_path: Any) -> None:
     """``overhead.py --floor`` at a tiny size: the parts of each call are disjoint (they
     add up to no more than the call), the floor is made of them, and jaxpar's functions
     are themselves again afterwards."""
-    from jaxpar import _api
+    from jaxpar import _pipeline
     from jaxpar.passes import _walk
 
     overhead = load_benchmark("overhead")
-    originals = (_api.trace, _api.run_passes, _walk._pass_step, _walk.rebuild_level)
+    originals = (_pipeline.trace, _pipeline.run_passes, _walk._pass_step, _walk.rebuild_level)
     returned = overhead.main(["--sizes", "200", "--repeats", "1", "--floor"])
-    assert (_api.trace, _api.run_passes, _walk._pass_step, _walk.rebuild_level) == originals
+    assert (_pipeline.trace, _pipeline.run_passes, _walk._pass_step,
+            _walk.rebuild_level) == originals
     (entry,) = returned["floors"]
     for stage, own in (("inspect", "report figures"), ("lower_pb", "emission and lowering")):
         row = entry[stage]

@@ -178,11 +178,11 @@ def test_an_explicit_mode_wins_over_xla_flags(monkeypatch):
 def test_preview_traces_and_analyses_the_function_once(monkeypatch):
     """One jaxpar analysis (its report and its compile share it) and one trace each for
     the plain and the jaxpar program."""
-    import jaxpar._api as api
+    import jaxpar._pipeline as pipeline
 
     analyses = []
-    real = api._analyse_priced
-    monkeypatch.setattr(api, "_analyse_priced",
+    real = pipeline.analyse
+    monkeypatch.setattr(pipeline, "analyse",
                         lambda *a, **k: analyses.append(1) or real(*a, **k))
     traces = []
 

@@ -16,8 +16,8 @@ import pytest
 from jax import lax
 
 from jaxpar import _compat
-from jaxpar._api import _analyse
 from jaxpar._options import Options
+from jaxpar._pipeline import analyse
 from jaxpar._plan import RegionPlan, SectionPlan, order_units
 from jaxpar._trace import Signature, StaticArgs, abstract, split_arguments
 
@@ -68,8 +68,7 @@ def plan_of(fn, *args, **options):
     sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
     # The planner's sections are what is checked: forced past the GPU pricing.
     options = Options.create(target="gpu", min_cost_us=0.0, force_streams=True, **options)
-    _, plan, _ = _analyse(fn, sig, options.resolve("gpu"))
-    return plan
+    return analyse(fn, sig, options.resolve("gpu")).plan
 
 
 @pytest.mark.parametrize("unroll", [None, 2])

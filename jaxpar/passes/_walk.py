@@ -252,7 +252,7 @@ def _pass_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
     another CUDA-graph mode (the ``"pass_steps"`` shared memo).
 
     The program is analysed again in each mode that prices launches otherwise
-    (``_api._analyse_priced``). A pass's first visit of a level in a walk is a
+    (``_pipeline.analyse``). A pass's first visit of a level in a walk is a
     deterministic function of the level, the path and the settings, so the first visit
     in another mode (the same settings but the mode) gets the same step: its decisions
     (the same objects, so ``EqnOrigins``' records of the equations made hold for both)
