@@ -141,10 +141,12 @@ class StaticArgs:
                 raise ValueError(f"static_argnums={nums} for {label}, which takes "
                                  f"{positional} positional argument(s): {bad} out of range. "
                                  "Count from 0 (negative numbers count from the end).")
-        positional_only = {p.name for p in params if p.kind is p.POSITIONAL_ONLY}
+        # jax.jit refuses the names of positional-only parameters and of ``*args``.
+        positional_only = {p.name for p in params
+                           if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)}
         if bad_names := sorted(positional_only & set(names)):
             raise ValueError(f"static_argnames={names} for {label}: {bad_names} are "
-                             "positional-only; use static_argnums for them.")
+                             "positional-only (or *args); use static_argnums for them.")
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             valid = [p.name for p in params if p.kind in _KEYWORD]
             if bad_names := sorted(set(names) - set(valid)):
@@ -220,6 +222,11 @@ class Signature:
 
 
 _ARRAYS = (jax.Array, np.ndarray, np.generic)
+
+
+class NonHashableStaticArgument(ValueError, TypeError):
+    """An unhashable static argument: a ``ValueError``, as ``jax.jit`` raises, and a
+    ``TypeError``, as jaxpar raised before."""
 _PYTHON_SCALARS = (bool, int, float, complex)
 
 
@@ -398,6 +405,8 @@ def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         elif isinstance(leaf, _PYTHON_SCALARS) and trace_scalars:
             _check_traceable(fun, marked, index, leaf, is_graph_node, api)
             traced.append(leaf)
+        elif not isinstance(leaf, _PYTHON_SCALARS) and _compat.jax_value_type(leaf):
+            traced.append(leaf)  # a token, a library's extended-dtype array: as jax.jit
         elif isinstance(leaf, jax.ShapeDtypeStruct) and allow_abstract:
             traced.append(leaf)
         elif isinstance(leaf, jax.ShapeDtypeStruct):
@@ -431,7 +440,8 @@ def split_arguments(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
                         "static_argnums=...) with the same numbers or names, or close over "
                         "it.") from None
                 if isinstance(leaf, StaticArg):
-                    raise TypeError(
+                    raise NonHashableStaticArgument(
+                        "Non-hashable static arguments are not supported (as in jax.jit): "
                         f"static argument `{where}` of {_name(fun)} is an unhashable "
                         f"{type(value).__name__}: static values key the compilation cache, "
                         "as in jax.jit. Pass a hashable value (a tuple rather than a list, a "

@@ -108,6 +108,21 @@ def test_unhashable_static_value_names_the_argument():
     g = jaxpar.parallel_branches(layers, static_argnums=2)
     with pytest.raises(TypeError, match=r"static argument `n` of `layers` is an unhashable list"):
         g(X, W, [1, 2])
+    # jax.jit raises ValueError for it: the error is both, with jax.jit's words first.
+    with pytest.raises(ValueError, match=r"^Non-hashable static arguments are not supported"):
+        g(X, W, [1, 2])
+    with pytest.raises(ValueError, match="Non-hashable static arguments are not supported"):
+        jax.jit(layers, static_argnums=2)(X, W, [1, 2])
+
+
+def test_static_argnames_naming_star_args_is_refused_at_decoration_as_by_jax_jit():
+    def h(a, /, b, c, *args, **kwargs):
+        return b
+
+    for decorate in (jax.jit, jaxpar.parallel_branches):
+        with pytest.raises(ValueError):
+            decorate(h, static_argnames=("args", "c"))
+        decorate(h, static_argnames=("b", "c", "not_defined"))  # **kwargs takes it
 
 
 def test_static_argument_traced_by_an_outer_jit_says_to_make_it_static_there():

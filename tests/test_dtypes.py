@@ -3,6 +3,7 @@ emitter and the cost model: every result keeps ``jax.jit``'s type and values."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -319,3 +320,21 @@ def test_extended_dtype_runs_through_gather_scatter_scan_and_vmap(foo_ops, targe
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     plan = jaxpar.inspect(program, target=target)(x, y, idx)
     assert plan.to_dict()["function"].endswith("program")
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_a_token_argument_is_traced_as_by_jax_jit(target):
+    # A token is not an array, but JAX gives it an abstract value: jax.jit traces it (a
+    # new token comes back), it is not a static value (which came back as the same object).
+    def f(token, x):
+        return token, x + 1
+
+    token = jax.lax.create_token()
+    fn = jaxpar.parallel_branches(f, target=target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no StaticArgumentWarning
+        got = fn(token, jnp.ones(2))
+    want = jax.jit(f)(token, jnp.ones(2))
+    assert type(got[0]) is type(want[0]) and got[0] is not token
+    np.testing.assert_array_equal(got[1], want[1])
+    assert fn.lower(token, jnp.ones(2)).as_text().count("!stablehlo.token") >= 1

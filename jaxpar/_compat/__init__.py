@@ -28,6 +28,7 @@ from .avals import (
     aval_size,
     is_extended_dtype,
     itemsize,
+    jax_value_type,
     prng_impl_name,
     with_weak_type,
 )
@@ -190,6 +191,7 @@ __all__ = [
     "internal_primitive",
     "is_drop_var",
     "is_extended_dtype",
+    "jax_value_type",
     "is_jaxpr_like",
     "is_literal",
     "is_shard_map",

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import core as _core
 from jax._src.lax import lax as _lax_internal
 
 
@@ -37,6 +38,23 @@ def with_weak_type(value: Any, aval: Any) -> Any:
             or getattr(current, "dtype", None) != aval.dtype):
         return value
     return _lax_internal._convert_element_type(value, aval.dtype, weak_type=weak)
+
+
+def jax_value_type(value: Any) -> bool:
+    """Whether ``jax.jit`` traces ``value`` though it is no array: a token, or an array
+    type a library registers for its extended dtype (``core.pytype_aval_mappings``, 0.4 -
+    0.12). The table also holds types ``jax.jit`` refuses or jaxpar handles elsewhere
+    (``str``, scalars, ``ShapeDtypeStruct``, refs), so only those two kinds of value
+    count."""
+    to_aval = _core.pytype_aval_mappings.get(type(value))
+    if to_aval is None or isinstance(value, (str, type, jax.ShapeDtypeStruct)):
+        return False
+    try:
+        aval = to_aval(value)
+    except Exception:  # a type JAX maps only to refuse it
+        return False
+    return (isinstance(aval, _core.AbstractToken)
+            or is_extended_dtype(getattr(aval, "dtype", None)))
 
 
 def is_extended_dtype(dtype: Any) -> bool:
