@@ -538,7 +538,9 @@ def _split_call(pb: ParallelBranches, fun: Callable[..., Any], args: tuple[Any, 
                 kwargs: dict[str, Any], nnx: bool, top: _TopLevel | None = None) -> Any:
     """A call of ``pb`` not served by ``_TopLevel.direct``: its arguments split by jaxpar,
     run by ``_TopLevel.flat`` at the top level, else with ``_keyed_call``."""
-    layout, leaves = split_arguments(fun, args, kwargs, pb._static_args)
+    # Under a trace (eval_shape), jax.jit takes a ShapeDtypeStruct as an abstract argument.
+    layout, leaves = split_arguments(fun, args, kwargs, pb._static_args,
+                                     allow_abstract=top is None and not _compat.top_level())
     if top is not None:  # at the top level: no tracers, no retrying
         out = _flat_call(pb, top, layout, nnx, leaves)
         if out is not _INDIRECT:

@@ -542,3 +542,14 @@ def test_decoration_errors_match_jax_jit(api):
         got = _raised(decorate, fun)
         assert type(got) is type(want) is TypeError, (fun, got, want)
         assert str(want).split(",")[0] in str(got), (got, want)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_shape_dtype_struct_under_eval_shape_is_abstract_as_for_jax_jit(target):
+    # Called under a trace, jax.jit takes a ShapeDtypeStruct as an abstract argument; so
+    # does a decorated function. At the top level it is still refused (above).
+    inner = jaxpar.parallel_branches(lambda x: x * 2.0, target=target)
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+    got = jax.eval_shape(lambda: inner(spec))
+    want = jax.eval_shape(lambda: jax.jit(lambda x: x * 2.0)(spec))
+    assert (got.shape, got.dtype) == (want.shape, want.dtype) == ((3,), jnp.float32)
