@@ -328,7 +328,12 @@ class _PlanCache:
 
     def get(self, key: Any) -> Prepared | None:
         with self._lock:
-            hit = self._entries.get(key)
+            try:
+                hit = self._entries.get(key)
+            except Exception as error:  # a static value's __eq__ raised, as jax.jit says
+                raise ValueError(
+                    "static arguments should be comparable using __eq__ (as in jax.jit): "
+                    f"comparing one raised {type(error).__name__}: {error}") from error
             if hit is not None:
                 self._entries.move_to_end(key)
             return hit

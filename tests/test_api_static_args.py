@@ -422,3 +422,17 @@ def test_inspect_and_nnx_calls_key_config_objects_by_state():
         cfg.scale = 3.0
         np.testing.assert_allclose(g(model, X, cfg), first * 1.5, rtol=1e-6)
     assert len(_static_warnings(record)) == 1  # once, although NNX wraps the function
+
+
+def test_a_static_value_whose_eq_raises_is_a_value_error_as_in_jax_jit():
+    class HashableWithoutEq:
+        def __hash__(self):
+            return 1
+
+        def __eq__(self, other):
+            raise NotImplementedError("no comparison")
+
+    g = jaxpar.parallel_branches(lambda x, y: x + 3, static_argnums=1)
+    with pytest.raises(ValueError, match=r"static arguments should be comparable using __eq__"):
+        g(1, HashableWithoutEq())
+        g(1, HashableWithoutEq())  # compared with the first call's entry
