@@ -61,11 +61,14 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     docstring), and one decision for the level naming them."""
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns = inner.eqns
+    origins = eqn_origins(analysis)
+    made = sum(1 for eqn in eqns if eqn.primitive.name == SLICE and origins.get(eqn))
+    if made < MAX_FUSED_SLICES:  # no chain can read enough of them (most levels)
+        return LevelResult()
     barred = _barred(eqns, analysis)
     if not barred:
         return LevelResult()
     rewrites = [Rewrite((index,), _emit(eqns[index])) for index in barred]
-    made = sum(1 for eqn in eqns if eqn.primitive.name == SLICE and eqn_origins(analysis).get(eqn))
     return LevelResult(rewrites, [decision(
         level.path, DecisionKind.FUSIONS_BOUNDED, eqns, barred, trips_before=None,
         trips_after=None, unroll=None,
