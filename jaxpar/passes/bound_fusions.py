@@ -47,7 +47,7 @@ from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._primitives import ELEMENTWISE, LAYOUT_ONLY, OPTIMIZATION_BARRIER, SLICE
 from ._protocol import DecisionKind, EmitFn, Level, LevelResult, Rewrite, decision
-from ._splice import eqn_origins
+from ._splice import EqnOrigins, eqn_origins
 
 # Most slices of batched results one XLA kernel may read (the batching passes' own
 # bound on the members of one batch, ``_shared.MAX_BATCH_MEMBERS``, is the same).
@@ -65,7 +65,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     made = sum(1 for eqn in eqns if eqn.primitive.name == SLICE and origins.get(eqn))
     if made < MAX_FUSED_SLICES:  # no chain can read enough of them (most levels)
         return LevelResult()
-    barred = _barred(eqns, analysis)
+    barred = _barred(eqns, origins)
     if not barred:
         return LevelResult()
     rewrites = [Rewrite((index,), _emit(eqns[index])) for index in barred]
@@ -78,10 +78,10 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
                 "kernel reads; values unchanged)"))])
 
 
-def _barred(eqns: Sequence[JaxprEqn], analysis: Analysis) -> list[int]:
+def _barred(eqns: Sequence[JaxprEqn], origins: EqnOrigins) -> list[int]:
     """Indices of the equations a barrier must follow: where a chain's count of
-    slices jaxpar made reaches ``MAX_FUSED_SLICES`` (counts restart after a barrier)."""
-    origins = eqn_origins(analysis)
+    slices jaxpar made (``origins`` knows which) reaches ``MAX_FUSED_SLICES`` (counts
+    restart after a barrier)."""
     count: dict[Any, int] = {}  # variable -> slices jaxpar made it read since a barrier
     barred: list[int] = []
     only_barriers: dict[Any, bool] = {}  # variable -> whether every reader is a barrier
