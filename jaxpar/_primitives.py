@@ -97,6 +97,7 @@ CUSTOM_VJP_CALL = _name("custom_vjp_call_p")
 BROADCAST_IN_DIM = _name("broadcast_in_dim_p")
 IOTA = _name("iota_p")
 SLICE = _name("slice_p")
+SQUEEZE = _name("squeeze_p")
 OPTIMIZATION_BARRIER = _name("optimization_barrier_p")
 
 # Loops, as the report lists them.

@@ -1,19 +1,24 @@
-"""bound_fusions: barriers on chains over batched members' results (issue 32, compile time).
+"""bound_fusions: what XLA compiles of chains over batched members' results.
 
-What it must do: after the batching passes slice members' results out, no elementwise
-chain reads more than ``MAX_FUSED_SLICES`` of those slices between barriers; values and
-derivatives are those of the batched program without barriers, bit for bit; a user's
-own slices are never touched; a second run changes nothing; the plan reports it.
+What it must do: after the batching passes slice members' results out, on target
+"gpu" a sum over consecutive members of one batch is one reduction over the stacked
+array (values to float rounding, integers exact, half precision and other targets left
+to barriers); elsewhere no elementwise chain reads more than ``MAX_FUSED_SLICES`` of
+those slices between barriers, with values and derivatives those of the batched
+program without barriers, bit for bit; a user's own slices are never touched; a second
+run changes nothing; the plan reports it.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
 import jax.extend
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from helpers import needs_plugin
 
 import jaxpar
@@ -25,6 +30,10 @@ MEMBERS = 80  # three batches of the batching passes, 80 slices into one sum
 
 def _summed(xs, ws):
     return sum(jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True))
+
+
+def _maxed(xs, ws):  # a chain no reduction replaces: barriers on every target
+    return functools.reduce(jnp.maximum, [jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True)])
 
 
 def _listed(xs, ws):
@@ -61,31 +70,121 @@ def _most_slices_between_barriers(closed):
     return most
 
 
-def test_a_sum_over_many_members_reads_at_most_the_bound_between_barriers():
-    closed = jax.make_jaxpr(_summed)(*_args())
-    unbounded, _ = run_passes(closed, ["batch_branches", "batch_matmuls"], target="gpu")
+@pytest.mark.parametrize("fn, target", [(_summed, "cpu"), (_maxed, "gpu")])
+def test_a_chain_over_many_members_reads_at_most_the_bound_between_barriers(fn, target):
+    closed = jax.make_jaxpr(fn)(*_args())
+    unbounded, _ = run_passes(closed, ["batch_branches", "batch_matmuls"], target=target,
+                              batch_branches=True, batch_matmuls=True)
     assert _barriers(unbounded) == 0
     assert _most_slices_between_barriers(unbounded) == MEMBERS  # the chain it bounds
-    bounded, decisions = bound_fusions(closed)
+    bounded, decisions = bound_fusions(closed, target=target)
     assert 0 < _barriers(bounded) <= MEMBERS // MAX_FUSED_SLICES + 1
     assert _most_slices_between_barriers(bounded) <= MAX_FUSED_SLICES
     made = [d for d in decisions if d.kind == DecisionKind.FUSIONS_BOUNDED]
     assert len(made) == 1 and made[0].pass_name == "bound_fusions"
     assert f"{MEMBERS} member results" in made[0].reason
+    assert not [d for d in decisions if d.kind == DecisionKind.SUMS_REDUCED]
     # A barrier is the identity: the same numbers as the batched program without one.
-    run = lambda c: jax.jit(jax.extend.core.jaxpr_as_fun(c))(*jax.tree.leaves(_args()))[0]
-    np.testing.assert_array_equal(np.asarray(run(bounded)), np.asarray(run(unbounded)))
+    np.testing.assert_array_equal(_run(bounded), _run(unbounded))
+
+
+def _run(closed, args=None):
+    leaves = jax.tree.leaves(_args() if args is None else args)
+    return np.asarray(jax.jit(jax.extend.core.jaxpr_as_fun(closed))(*leaves)[0])
+
+
+def _count(closed, primitive):
+    return sum(e.primitive.name == primitive for e in closed.jaxpr.eqns)
+
+
+def test_a_sum_over_batched_members_is_one_reduction_per_batch_on_gpu():
+    closed = jax.make_jaxpr(_summed)(*_args())
+    unbounded, batched = run_passes(closed, ["batch_branches", "batch_matmuls"], target="gpu")
+    batches = len([d for d in batched if d.kind == DecisionKind.BATCHED_SUBGRAPHS])
+    assert batches == 3  # 80 members in batches of at most MAX_FUSED_SLICES
+    reduced, decisions = bound_fusions(closed)
+    assert _count(reduced, "slice") == 0 and _barriers(reduced) == 0
+    assert _count(reduced, "reduce_sum") == batches
+    made = [d for d in decisions if d.kind == DecisionKind.SUMS_REDUCED]
+    assert len(made) == 1 and made[0].pass_name == "bound_fusions"
+    assert len(made[0].members) == batches and f"{MEMBERS} member results" in made[0].reason
+    # A reordered float32 sum: float rounding from the batched program and jax.jit's.
+    np.testing.assert_allclose(_run(reduced), _run(unbounded), rtol=1e-5, atol=1e-5)
+    want = jax.jit(_summed)(*_args())
+    np.testing.assert_allclose(_run(reduced), want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_integer_sum_is_reduced_and_exact():
+    def summed(xs, ws):
+        return sum(x @ w + 3 for x, w in zip(xs, ws, strict=True))
+
+    xs = [jnp.full((4, 8), i % 7 - 3, jnp.int32) for i in range(MEMBERS)]
+    ws = [jnp.full((8, 8), i % 5 - 2, jnp.int32) for i in range(MEMBERS)]
+    reduced, decisions = bound_fusions(jax.make_jaxpr(summed)(xs, ws))
+    assert any(d.kind == DecisionKind.SUMS_REDUCED for d in decisions)
+    got = _run(reduced, (xs, ws))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, jax.jit(summed)(xs, ws))
+
+
+def test_half_precision_and_the_cpu_target_keep_the_chain():
+    xs, ws = _args()
+    half = ([x.astype(jnp.bfloat16) for x in xs], [w.astype(jnp.bfloat16) for w in ws])
+    for args, target in ((half, "gpu"), ((xs, ws), "cpu")):
+        closed = jax.make_jaxpr(_summed)(*args)
+        unbounded, _ = run_passes(closed, ["batch_branches", "batch_matmuls"], target=target,
+                                  batch_branches=True, batch_matmuls=True)
+        bounded, decisions = bound_fusions(closed, target=target)
+        assert not [d for d in decisions if d.kind == DecisionKind.SUMS_REDUCED], target
+        assert _count(bounded, "reduce_sum") == 0 and _barriers(bounded) > 0
+        np.testing.assert_array_equal(_run(bounded, args), _run(unbounded, args))
+
+
+def test_a_partial_sum_read_elsewhere_ends_a_run():
+    def two_sums(xs, ws):
+        outs = [jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True)]
+        head = outs[0] + outs[1] + outs[2]  # read below and returned: a run of 3
+        return sum(outs[3:], head), head, outs[5] * 2  # outs[5] read twice: left out
+
+    args = _args()
+    reduced, decisions = bound_fusions(jax.make_jaxpr(two_sums)(*args))
+    made = [d for d in decisions if d.kind == DecisionKind.SUMS_REDUCED]
+    assert len(made) == 1 and len(made[0].members) == 5
+    leaves = jax.tree.leaves(args)
+    got = jax.jit(jax.extend.core.jaxpr_as_fun(reduced))(*leaves)
+    for g, w in zip(got, jax.jit(two_sums)(*args), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    # One member is left a one-row slice (outs[5], read twice); the runs around it
+    # (rows 0-2, 3-4 and 6-26 of the first batch, the other batches whole) are reduced.
+    rows = [e.outvars[0].aval.shape[0] for e in reduced.jaxpr.eqns if e.primitive.name == "slice"]
+    assert sorted(rows) == [1, 2, 3, 21]
+    # a slice and a squeeze per member; an add per member but the first of `head`
+    assert sum(len(m) for m in made[0].members) == 2 * 79 + 78
+
+
+def test_members_summed_out_of_order_or_apart_keep_their_values():
+    def reordered(xs, ws):
+        outs = [jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True)]
+        return sum(reversed(outs)), sum(outs[::2])  # the evens are read twice
+
+    args = _args()
+    reduced, decisions = bound_fusions(jax.make_jaxpr(reordered)(*args))
+    got = jax.jit(jax.extend.core.jaxpr_as_fun(reduced))(*jax.tree.leaves(args))
+    for g, w in zip(got, jax.jit(reordered)(*args), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_a_second_run_changes_nothing():
-    bounded, _ = bound_fusions(jax.make_jaxpr(_summed)(*_args()))
-    again, decisions = bound_fusions(bounded)
-    assert again is bounded
-    assert not [d for d in decisions if d.kind == DecisionKind.FUSIONS_BOUNDED]
+    for fn, target in ((_summed, "cpu"), (_summed, "gpu"), (_maxed, "gpu")):
+        bounded, _ = bound_fusions(jax.make_jaxpr(fn)(*_args()), target=target)
+        again, decisions = bound_fusions(bounded, target=target)
+        assert again is bounded
+        assert not [d for d in decisions if d.kind in (DecisionKind.FUSIONS_BOUNDED,
+                                                       DecisionKind.SUMS_REDUCED)]
 
 
 def test_results_returned_apart_and_few_members_get_no_barrier():
-    for fn, count in ((_listed, MEMBERS), (_summed, MAX_FUSED_SLICES - 2)):
+    for fn, count in ((_listed, MEMBERS), (_maxed, MAX_FUSED_SLICES - 2)):
         bounded, decisions = bound_fusions(jax.make_jaxpr(fn)(*_args(count)))
         assert _barriers(bounded) == 0, fn.__name__
         assert not [d for d in decisions if d.kind == DecisionKind.FUSIONS_BOUNDED]
@@ -96,42 +195,60 @@ def test_a_users_own_slices_are_left_alone():
         return sum(y[i] for i in range(MEMBERS))
 
     closed = jax.make_jaxpr(own)(jnp.ones((MEMBERS, 4, 8)))
-    bounded, decisions = bound_fusions(closed)
-    assert bounded is closed and decisions == ()
+    for target in ("gpu", "cpu"):
+        bounded, decisions = bound_fusions(closed, target=target)
+        assert bounded is closed and decisions == ()
 
 
-def test_the_decorated_function_keeps_values_gradients_and_vmap():
+@pytest.mark.parametrize("body", [_summed, _maxed])
+def test_the_decorated_function_keeps_values_gradients_and_vmap(body):
     xs, ws = _args()
-    fn = jaxpar.parallel_branches(_summed, target="gpu")
+    fn = jaxpar.parallel_branches(body, target="gpu")
     tol = {"rtol": 1e-5, "atol": 1e-5}
-    np.testing.assert_allclose(fn(xs, ws), jax.jit(_summed)(xs, ws), **tol)
+    np.testing.assert_allclose(fn(xs, ws), jax.jit(body)(xs, ws), **tol)
     loss = lambda f: lambda xs, ws: f(xs, ws).sum()
     got = jax.grad(loss(fn), argnums=1)(xs, ws)
-    want = jax.grad(loss(_summed), argnums=1)(xs, ws)
+    want = jax.grad(loss(body), argnums=1)(xs, ws)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, **tol)
     stacked = [jnp.stack([x, x * 0.5]) for x in xs]
     np.testing.assert_allclose(jax.vmap(fn, in_axes=(0, None))(stacked, ws),
-                               jax.vmap(_summed, in_axes=(0, None))(stacked, ws), **tol)
+                               jax.vmap(body, in_axes=(0, None))(stacked, ws), **tol)
     text = jax.jit(fn).lower(xs, ws).as_text()
-    assert text.count("optimization_barrier") >= MEMBERS // MAX_FUSED_SLICES
+    if body is _maxed:
+        assert text.count("optimization_barrier") >= MEMBERS // MAX_FUSED_SLICES
+    else:
+        assert "optimization_barrier" not in text and "stablehlo.reduce" in text
 
 
-def test_inspect_reports_the_barriers():
-    plan = jaxpar.inspect(_summed, target="gpu")(*_args())
-    assert any(d.kind == DecisionKind.FUSIONS_BOUNDED for d in plan.subgraphs)
-    assert "fusions bounded" in plan.text(verbose=True)
+@pytest.mark.parametrize("body, kind", [(_summed, DecisionKind.SUMS_REDUCED),
+                                        (_maxed, DecisionKind.FUSIONS_BOUNDED)])
+def test_inspect_reports_what_it_did(body, kind):
+    plan = jaxpar.inspect(body, target="gpu")(*_args())
+    assert any(d.kind == kind for d in plan.subgraphs)
+    assert str(kind) in plan.text(verbose=True)
 
 
 @needs_plugin
 def test_no_compiled_gpu_kernel_reads_more_than_the_bound():
-    # Deviceless H200: each fusion of the sum reads at most MAX_FUSED_SLICES slices
+    # Deviceless H200: each fusion of the max chain reads at most MAX_FUSED_SLICES slices
     # (without the pass, one fusion read all of them).
     from jaxpar._compiled import compile_for_gpu
 
     xs, ws = _args()
-    hlo = compile_for_gpu(jaxpar.parallel_branches(_summed, target="gpu"), xs, ws)
+    hlo = compile_for_gpu(jaxpar.parallel_branches(_maxed, target="gpu"), xs, ws)
     bodies = re.split(r"\n(?=%?\S+ \{|\S+ \(.*\) -> .* \{)", hlo)
     slices = [body.count(" slice(") for body in bodies if "fused" in body.split("\n", 1)[0]]
     assert slices and max(slices) <= MAX_FUSED_SLICES
     assert sum(slices) >= MEMBERS - MEMBERS // MAX_FUSED_SLICES - 1
+
+
+@needs_plugin
+def test_the_compiled_gpu_sum_reads_no_slice():
+    # Deviceless H200: the sum of 80 members is three reductions over the stacked
+    # results, and XLA compiles no slice of them.
+    from jaxpar._compiled import compile_for_gpu
+
+    xs, ws = _args()
+    hlo = compile_for_gpu(jaxpar.parallel_branches(_summed, target="gpu"), xs, ws)
+    assert " slice(" not in hlo and " reduce(" in hlo

@@ -52,6 +52,7 @@ class DecisionKind(enum.StrEnum):
     MATMULS_LEFT_ALONE = "matmuls left alone"
     INLINED = "inlined calls"
     FUSIONS_BOUNDED = "fusions bounded"
+    SUMS_REDUCED = "sums reduced"
 
 
 # Decisions that only report: the program is left as it was.
@@ -63,7 +64,8 @@ NEW_LOOP_KINDS = frozenset({DecisionKind.FUSED, DecisionKind.BATCHED})
 # ``batch_branches``, ``batch_matmuls``, ``bound_fusions``); the rest are about loops.
 SUBGRAPH_KINDS = (DecisionKind.INLINED, DecisionKind.BATCHED_SUBGRAPHS,
                   DecisionKind.SUBGRAPHS_LEFT_ALONE, DecisionKind.BATCHED_MATMULS,
-                  DecisionKind.MATMULS_LEFT_ALONE, DecisionKind.FUSIONS_BOUNDED)
+                  DecisionKind.MATMULS_LEFT_ALONE, DecisionKind.FUSIONS_BOUNDED,
+                  DecisionKind.SUMS_REDUCED)
 
 
 class Product(NamedTuple):
