@@ -162,16 +162,22 @@ def test_a_partial_sum_read_elsewhere_ends_a_run():
     assert sum(len(m) for m in made[0].members) == 2 * 79 + 78
 
 
-def test_members_summed_out_of_order_or_apart_keep_their_values():
-    def reordered(xs, ws):
+def test_members_summed_in_reverse_are_reduced_and_every_other_one_is_not():
+    def reversed_sum(xs, ws):
+        return sum(reversed([jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True)]))
+
+    def evens(xs, ws):  # rows 0, 2, 4, ... of each batch: no consecutive run
         outs = [jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True)]
-        return sum(reversed(outs)), sum(outs[::2])  # the evens are read twice
+        return sum(outs[::2]), outs[1::2]
 
     args = _args()
-    reduced, decisions = bound_fusions(jax.make_jaxpr(reordered)(*args))
-    got = jax.jit(jax.extend.core.jaxpr_as_fun(reduced))(*jax.tree.leaves(args))
-    for g, w in zip(got, jax.jit(reordered)(*args), strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    for fn, runs in ((reversed_sum, 3), (evens, 0)):
+        reduced, decisions = bound_fusions(jax.make_jaxpr(fn)(*args))
+        made = [d for d in decisions if d.kind == DecisionKind.SUMS_REDUCED]
+        assert sum(len(d.members) for d in made) == runs, fn.__name__
+        got = jax.jit(jax.extend.core.jaxpr_as_fun(reduced))(*jax.tree.leaves(args))
+        for g, w in zip(got, jax.tree.leaves(jax.jit(fn)(*args)), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_a_second_run_changes_nothing():

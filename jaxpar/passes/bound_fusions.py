@@ -133,7 +133,7 @@ class _Run:
         first_row, stacked_row = order.index(self.adds[0]), order.index(self.members[0][1])
         rows_of = sorted(m[0] for m in self.members)
         lo, hi = rows_of[0], rows_of[-1] + 1
-        size = eqns[self.members[0][1]].invars[0].aval.shape[0]
+        size = _compat.array_aval(eqns[self.members[0][1]].invars[0]).shape[0]
         acc_at, last = self.acc_at, order.index(self.adds[-1])
 
         def emit(rows: list[list[Any]]) -> list[list[Any]]:
@@ -183,7 +183,7 @@ def _summed_runs(eqns: Sequence[JaxprEqn], outvars: Sequence[Any],
 
 def _member_row(eqn: JaxprEqn) -> int | None:
     """The row a slice takes out of its operand's leading axis, whole otherwise."""
-    shape = eqn.invars[0].aval.shape
+    shape = _compat.array_aval(eqn.invars[0]).shape
     start, limit = eqn.params["start_indices"], eqn.params["limit_indices"]
     strides = eqn.params["strides"]
     if not shape or (strides is not None and any(s != 1 for s in strides)):
@@ -195,9 +195,9 @@ def _member_row(eqn: JaxprEqn) -> int | None:
 
 
 def _reducible(eqn: JaxprEqn) -> bool:
-    aval = eqn.outvars[0].aval
-    dtype = np.dtype(aval.dtype)
-    return not getattr(aval, "weak_type", False) and (
+    aval = _compat.array_aval(eqn.outvars[0])
+    dtype = aval.dtype
+    return isinstance(dtype, np.dtype) and not getattr(aval, "weak_type", False) and (
         dtype.kind in _REDUCED_KINDS or dtype in _REDUCED_FLOATS)
 
 
@@ -205,10 +205,10 @@ def _extend(runs: dict[Any, _Run], eqn: JaxprEqn, index: int,
             members: dict[Any, tuple[Any, int, int, int]], readers: dict[Any, int]) -> None:
     """Adds ``eqn`` (an ``add``) to the run it continues, or starts one with it."""
     x, y = eqn.invars
-    aval = eqn.outvars[0].aval
+    aval = _compat.array_aval(eqn.outvars[0])
     for acc_at, acc, member in ((0, x, y), (1, y, x)):
         found = None if _compat.is_literal(member) else members.get(member)
-        if found is None or found[0].aval.shape[1:] != aval.shape:
+        if found is None or _compat.array_aval(found[0]).shape[1:] != aval.shape:
             continue
         stacked, row, at, squeeze = found
         run = None if _compat.is_literal(acc) else runs.get(acc)
@@ -219,7 +219,7 @@ def _extend(runs: dict[Any, _Run], eqn: JaxprEqn, index: int,
             first = None if _compat.is_literal(acc) else members.get(acc)
             run = _Run(stacked, [], [], acc_at)
             if first is not None and first[0] is stacked and first[1] != row \
-                    and first[0].aval.shape[1:] == aval.shape:
+                    and _compat.array_aval(first[0]).shape[1:] == aval.shape:
                 run.members.append(first[1:])
                 run.acc_at = None
         run.adds.append(index)
