@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_equal, needs_plugin
+from helpers.environment import needs_plugin
+from helpers.trees import assert_tree_equal
 
 import jaxpar
 

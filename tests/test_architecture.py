@@ -262,8 +262,8 @@ def test_the_memo_reader_finds_id_keys(source: str, found: list[int]) -> None:
 #
 # A test module that imports another runs (or at least imports, with its module-level
 # set-up) that module's programs, and couples two files that should change on their own.
-# Shared programs live in tests/helpers.py, the pass checker in tests/pass_checker.py, and
-# the random-program strategies in tests/programs.py.
+# Shared code lives in the tests/helpers/ package (one module a subject), the pass checker
+# in tests/pass_checker.py, and the random-program strategies in tests/programs.py.
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -278,7 +278,8 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_modules_import_no_test_module() -> None:
-    modules = sorted(TESTS.glob("*.py"))
+    modules = sorted(TESTS.glob("*.py")) + sorted(TESTS.glob("helpers/*.py"))
+    assert TESTS / "helpers" / "programs.py" in modules  # the shared code is read, too
     test_modules = {p.stem for p in modules if p.stem.startswith("test_")}
     assert len(test_modules) > 10  # the glob sees the suite
     offenders = {p.name: sorted(imported_modules(p) & test_modules) for p in modules}
@@ -292,7 +293,7 @@ def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
 
 
 def test_one_skip_mark_for_tests_that_need_the_cuda_plugin() -> None:
-    """``helpers.needs_plugin`` is the one mark; no test module builds its own."""
+    """``helpers.environment.needs_plugin`` is the one mark; no test module builds its own."""
     own = re.compile(r"skipif\(\s*not\s+(_?PLUGIN_OK|[\w.]*plugin_status\(\)\[0\])")
     offenders = sorted(p.name for p in TESTS.glob("test_*.py") if own.search(p.read_text()))
     assert offenders == []

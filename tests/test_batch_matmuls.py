@@ -16,7 +16,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import hetero_batch_benchmark, needs_plugin, seed_002_small_args
+from helpers.benchmarks import hetero_batch_benchmark, seed_002_small_args
+from helpers.environment import needs_plugin
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax

@@ -14,7 +14,7 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 import numpy as np
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 
 import jaxpar
 from jaxpar.passes import DecisionKind, bound_fusions, run_passes

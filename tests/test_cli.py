@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from helpers import chain
+from helpers.programs import chain
 
 import jaxpar
 from jaxpar._cli import load_args, load_function, option_value, parse_arg_specs

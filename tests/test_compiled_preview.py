@@ -8,13 +8,11 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import (
+from helpers.environment import PLUGIN_MESSAGE, PLUGIN_OK, needs_plugin
+from helpers.programs import (
     LOOPS_OFF,
-    PLUGIN_MESSAGE,
-    PLUGIN_OK,
     four_matmul_branches,
     four_matmul_branches_args,
-    needs_plugin,
     seed_002,
     seed_002_specs,
 )

@@ -38,10 +38,10 @@ from jax.experimental import checkify
 import jaxpar
 
 try:
-    from helpers import fraction_of_examples
+    from helpers.environment import fraction_of_examples
     from programs import Program, checkify_programs, collect_effects, rule_programs
 except ImportError:  # tests/ imported as a package
-    from tests.helpers import fraction_of_examples
+    from tests.helpers.environment import fraction_of_examples
     from tests.programs import Program, checkify_programs, collect_effects, rule_programs
 
 VALUE_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}

@@ -16,14 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
-    GROUP_ATTRIBUTE,
-    STREAM_ATTRIBUTE,
-    assert_tree_close,
-    assert_tree_equal,
-    lower_for_gpu,
-    stream_calls,
-)
+from helpers.lowered import GROUP_ATTRIBUTE, STREAM_ATTRIBUTE, lower_for_gpu, stream_calls
+from helpers.trees import assert_tree_close, assert_tree_equal
 from jax import lax
 
 import jaxpar

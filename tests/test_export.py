@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import fraction_of_examples, needs_plugin
+from helpers.environment import fraction_of_examples, needs_plugin
 from hypothesis import event, given
 from hypothesis import strategies as st
 from jax import export, lax

@@ -10,19 +10,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
+from helpers.lowered import STREAM_ATTRIBUTE, lower_for_gpu, nested_stream_calls, stream_calls
+from helpers.programs import (
     FOUR_BRANCHES_OPTIONS,
     LOOPS_OFF,
-    STREAM_ATTRIBUTE,
-    assert_tree_close,
     four_branches,
     four_branches_args,
-    lower_for_gpu,
-    nested_stream_calls,
-    stream_calls,
     two_scans,
     two_scans_args,
 )
+from helpers.trees import assert_tree_close
 from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P

@@ -123,7 +123,7 @@ def test_rebuilt_graph_is_the_graph_built_afresh(monkeypatch: Any) -> None:
     rebuilt from; a level with ordering effects is built afresh."""
     import jax
     import jax.numpy as jnp
-    from helpers import load_benchmark
+    from helpers.benchmarks import load_benchmark
 
     import jaxpar
     from jaxpar import _analysis

@@ -9,15 +9,14 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import (
+from helpers.benchmarks import hetero_batch_benchmark, seed_002_small_args
+from helpers.programs import (
     FOUR_BRANCHES_OPTIONS,
     LOOPS_OFF,
     four_branches,
     four_branches_args,
-    hetero_batch_benchmark,
     pure_chain,
     pure_chain_args,
-    seed_002_small_args,
 )
 from jax import lax
 

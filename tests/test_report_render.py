@@ -21,7 +21,8 @@ from pathlib import Path
 
 import jax
 import pytest
-from helpers import cnn_args, cnn_loss, hetero_batch_benchmark, seed_002_small_args
+from helpers.benchmarks import hetero_batch_benchmark, seed_002_small_args
+from helpers.programs import cnn_args, cnn_loss
 from jax import lax
 
 import jaxpar

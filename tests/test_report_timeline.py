@@ -19,7 +19,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 from jax import lax
 
 import jaxpar

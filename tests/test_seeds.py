@@ -13,18 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
-    LOOPS_OFF,
-    assert_tree_close,
-    assert_tree_equal,
-    four_matmul_branches,
-    four_matmul_branches_args,
-    function_bodies,
-    lower_for_gpu,
-    needs_plugin,
-    seed_002,
-    stream_calls,
-)
+from helpers.environment import needs_plugin
+from helpers.lowered import function_bodies, lower_for_gpu, stream_calls
+from helpers.programs import LOOPS_OFF, four_matmul_branches, four_matmul_branches_args, seed_002
+from helpers.trees import assert_tree_close, assert_tree_equal
 
 import jaxpar
 import jaxpar._compiled.preview as _preview
@@ -37,7 +29,7 @@ crashes_on_annotated_loops = pytest.mark.skipif(
     reason=f"XLA in jaxlib {jax.lib.__version__} segfaults compiling annotated loops")
 
 # Stream tests force their sections past the GPU pricing (jaxpar/_plan/pricing.py), which refuses
-# them under XLA's default CUDA-graph mode (LOOPS_OFF, from tests/helpers.py, forces them
+# them under XLA's default CUDA-graph mode (LOOPS_OFF, from helpers.programs, forces them
 # too); tests/test_plan_pricing.py covers that choice.
 # The four branches are identical, so by default the GPU target batches them into one vmapped
 # chain (tests/test_batch_branches.py); here streams are what is tested.

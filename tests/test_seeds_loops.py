@@ -11,13 +11,8 @@ import re
 
 import jax
 import jax.numpy as jnp
-from helpers import (
-    needs_plugin,
-    seed_002,
-    seed_002_specs,
-    seed_002_step_sin,
-    seed_002_step_tanh,
-)
+from helpers.environment import needs_plugin
+from helpers.programs import seed_002, seed_002_specs, seed_002_step_sin, seed_002_step_tanh
 from jax import lax
 from pass_checker import assert_same_gradients, assert_same_outputs, sum_loss
 

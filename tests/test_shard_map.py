@@ -20,13 +20,8 @@ except RuntimeError:  # the backend is already up: conftest runs the tests in a 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
-    assert_same_values,
-    assert_tree_equal,
-    lower_for_gpu,
-    nested_stream_calls,
-    stream_calls,
-)
+from helpers.lowered import lower_for_gpu, nested_stream_calls, stream_calls
+from helpers.trees import assert_same_values, assert_tree_equal
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 

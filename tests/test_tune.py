@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_close, assert_tree_equal
+from helpers.trees import assert_tree_close, assert_tree_equal
 from jax import lax
 
 import jaxpar

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_close, lower_for_gpu, stream_calls
+from helpers.lowered import lower_for_gpu, stream_calls
+from helpers.trees import assert_tree_close
 
 import jaxpar
 from jaxpar import _compat, _primitives
