@@ -178,7 +178,8 @@ LAYERS = (
     ("_report.types",), ("_report.timeline",), ("_report.render",), ("_report.plan",),
     ("_report.places", "_report.build", "_report"),
     ("_trace", "_frameworks"), ("_pipeline",), ("_api",),
-    ("_compiled.gpu_compile",), ("_compiled.schedule", "_compiled"), ("_compiled.estimate",),
+    ("_compiled.gpu_compile",), ("_compiled.hlo",), ("_compiled.schedule", "_compiled"),
+    ("_compiled.estimate",),
     ("_compiled.preview",),
     ("", "_cli", "__main__"),
 )
