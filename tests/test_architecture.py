@@ -212,6 +212,48 @@ def test_imports_follow_the_drawing_in_design_md() -> None:
     assert missing == []
 
 
+def _type_checking_imports(tree: ast.Module) -> dict[str, str]:
+    """Name -> relative module of every ``from .m import X as X`` under ``if TYPE_CHECKING:``;
+    an import that does not re-export its name as itself is returned under ``"!" + name``."""
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) \
+                and node.test.id == "TYPE_CHECKING":
+            for statement in node.body:
+                assert isinstance(statement, ast.ImportFrom), ast.unparse(statement)
+                for alias in statement.names:
+                    key = alias.name if alias.asname == alias.name else "!" + alias.name
+                    found[key] = "." * statement.level + (statement.module or "")
+    return found
+
+
+def _lazy_table(tree: ast.Module) -> dict[str, str]:
+    (table,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and [ast.unparse(t) for t in node.targets] == ["_LAZY"]]
+    return ast.literal_eval(table)
+
+
+def test_the_public_names_are_listed_once() -> None:
+    """``jaxpar/__init__.py``: the ``TYPE_CHECKING`` imports (what type checkers read) name
+    exactly the lazy table's names, each from the table's module; ``__all__`` is the table's
+    names and ``__version__``."""
+    import jaxpar
+
+    lazy = _lazy_table(ast.parse((PACKAGE / "__init__.py").read_text()))
+    assert lazy == jaxpar._LAZY and len(lazy) > 10  # the reader found the table
+    assert _type_checking_imports(ast.parse((PACKAGE / "__init__.py").read_text())) == lazy
+    assert sorted(jaxpar.__all__) == sorted([*lazy, "__version__"])
+
+
+def test_the_public_names_reader_sees_a_drift() -> None:
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                     "    from ._api import inspect as inspect\n"
+                     "    from ._flags import xla_flags\n"
+                     "_LAZY = {'inspect': '._api', 'Plan': '._report.plan'}\n")
+    assert _type_checking_imports(tree) == {"inspect": "._api", "!xla_flags": "._flags"}
+    assert _lazy_table(tree) == {"inspect": "._api", "Plan": "._report.plan"}
+
+
 def _hand_written_identity_memos(source: str) -> list[int]:
     """Lines where ``id(...)`` is a dict key: ``d[id(x)]``, ``d.get(id(x))`` (also
     ``setdefault``, ``pop`` and a hoisted ``d_get = d.get``), directly or inside a tuple
