@@ -507,7 +507,7 @@ def test_emission_and_report_run_with_the_collector_paused_and_restore_it():
             jaxpar.parallel_branches(f, target="gpu")(x, x)
     assert gc.isenabled()
 
-# --- jit's stages and caches (issue 13, point 3) ------------------------------------------
+# --- jit's stages and caches ------------------------------------------------------------
 
 
 def test_trace_lower_compile_and_eval_shape_like_jax_jit():
@@ -562,7 +562,7 @@ def test_donation_through_an_outer_jit():
     assert donated.is_deleted()
 
 
-# --- off switches (issue 13, point 4) --------------------------------------------------------
+# --- off switches ---------------------------------------------------------------------------
 
 
 def test_disable_jit_calls_the_original_function_eagerly():

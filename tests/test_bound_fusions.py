@@ -1,4 +1,4 @@
-"""bound_fusions: barriers on chains over batched members' results (issue 32, compile time).
+"""bound_fusions: barriers on chains over batched members' results (for compile time).
 
 What it must do: after the batching passes slice members' results out, no elementwise
 chain reads more than ``MAX_FUSED_SLICES`` of those slices between barriers; values and

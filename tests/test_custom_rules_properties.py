@@ -1,6 +1,6 @@
 """Property-based tests of `jaxpar.parallel_branches` on programs of custom rules, effects,
 host callbacks, weak and key types, and checkify hazards (`programs.rule_programs`,
-`programs.checkify_programs`; issue 18's mechanisms and their neighbours).
+`programs.checkify_programs`: what broke the rewrites before, and its neighbours).
 
 For a random program `f`, a drawn target, and `g = parallel_branches(f, **options)` with both
 the target's default options and every section forced into streams (`FORCED`, with

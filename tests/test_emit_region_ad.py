@@ -87,8 +87,9 @@ def test_checkpoint_around_the_rewritten_function():
                       rtol=RTOL, atol=ATOL)
 
 
-def test_issue_repro_lowers_with_streams():
-    """The exact program of the issue (512x512, lowered with ShapeDtypeStructs)."""
+def test_checkpointed_two_scans_at_512_lower_with_streams():
+    """The gradient of the two scans under jax.checkpoint at 512x512 (lowered with
+    ShapeDtypeStructs)."""
     g = jaxpar.parallel_branches(jax.checkpoint(two_scans), target="gpu", fuse_scans=False,
                                  batch_scans=False, force_streams=True)
     a = jax.ShapeDtypeStruct((512, 512), jnp.float32)

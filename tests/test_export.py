@@ -1,6 +1,6 @@
 """Symbolic shapes (``jax.export``'s shape polymorphism): a decorated function traces,
 lowers, exports, serializes and runs on every target, with jax.jit's values, and its plan
-says why nothing was rewritten (issue 32, point 3)."""
+says why nothing was rewritten."""
 
 from __future__ import annotations
 

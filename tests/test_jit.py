@@ -138,7 +138,7 @@ def test_jit_static_argnums_around_decorated():
     assert_same_values(jitted(args, 2), jax.jit(lambda a: four_branches(*a) ** 2)(args), "gpu")
 
 
-# --- JAX's trace context flipped between calls (issue 10, point 6) ---------------------------
+# --- JAX's trace context flipped between calls ------------------------------------------------
 # jax.jit keys its caches on the trace context; the plan cache must too, or a plan traced under
 # one configuration is reused under another.
 

@@ -262,7 +262,7 @@ def check_stream_annotations(text: str, options: dict[str, Any]) -> None:
             )
 
 
-# ---- Feature programs: the families that broke jaxpar before (issue 10) ---------------------
+# ---- Feature programs: the families that broke jaxpar before ---------------------------------
 #
 # Loops with counters of every dtype and step, custom rules with nondiff args, callbacks,
 # random keys, per-member conds, checkpoints around loops, other dtypes, outputs with None

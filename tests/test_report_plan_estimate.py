@@ -1,4 +1,4 @@
-"""The plan's one estimate, everywhere (issue 33): a plan has one pair of figures, jax.jit's time in
+"""The plan's one estimate, everywhere: a plan has one pair of figures, jax.jit's time in
 the user's CUDA-graph mode against jaxpar's as it will run, and every surface shows it.
 
 Parsed from what each surface prints: ``Plan.text()``'s header and its ``XLA options``

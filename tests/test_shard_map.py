@@ -107,7 +107,7 @@ def test_grad_through_shard_map_with_decorated_body():
 
 # --- loop and subgraph passes inside a shard_map body ---------------------------------------
 # Their rewrites are traced on the body's values, whose types name the mesh axes: JAX only
-# traces such values with those axes bound (issue 10, point 5).
+# traces such values with those axes bound.
 
 
 def _ensemble_body(x, w1, w2, w3, w4):
@@ -161,7 +161,7 @@ def test_loop_and_subgraph_passes_inside_shard_map_body():
         assert_same_values(jax.jit(g)(*args), want, "gpu")
 
 
-# --- reverse mode of a body with grouped collectives (issue 32, point 6) ---------------------
+# --- reverse mode of a body with grouped collectives -----------------------------------------
 
 
 def _collective_matmul_body(x, w1, w2):

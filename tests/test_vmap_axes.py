@@ -1,4 +1,4 @@
-"""A `psum`/`pmean` over a `jax.vmap` axis name is a reduction on this device (issue 19.5).
+"""A `psum`/`pmean` over a `jax.vmap` axis name is a reduction on this device.
 
 `jax.vmap(f, axis_name="batch")` with `pmean(x, "batch")` inside is what Equinox's and
 Flax's BatchNorm with `axis_name` produce. Traced at the unbatched shapes, `f` holds a
