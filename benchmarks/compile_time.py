@@ -1,4 +1,4 @@
-"""Compile time of many identical members: plain ``jax.jit`` against jaxpar (issue 32).
+"""Compile time of many identical members: plain ``jax.jit`` against jaxpar.
 
 A function of ``n`` independent members ``tanh(x_i @ w_i)`` (8x16 @ 16x16, float32),
 their results returned as a list, summed, or stacked with ``jnp.stack``, is lowered and

@@ -1,4 +1,4 @@
-"""The planner's figure against the compile's, per program of the GPU suite (issue 20.2).
+"""The planner's figure against the compile's, per program of the GPU suite.
 
 For each program of ``benchmarks/gpu_suite.py``: ``jaxpar.inspect(f, target="gpu")``'s
 ``Plan.estimate`` (jaxpar's planning model, nothing compiled) and ``gpu_preview``'s

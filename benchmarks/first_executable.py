@@ -1,5 +1,5 @@
 """Time to the first executable: trace, lower and compile a 12-layer transformer
-training step for a deviceless H200, plain ``jax.jit`` against jaxpar (issue 33).
+training step for a deviceless H200, plain ``jax.jit`` against jaxpar.
 
 Each measurement runs in a fresh process (a first executable: no warm tracing caches,
 no compiled executables, jaxpar's in-process memos empty), plain and jaxpar

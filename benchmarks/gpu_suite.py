@@ -1,6 +1,6 @@
 """The GPU suite: realistic programs, plain ``jax.jit`` against ``parallel_branches(target="gpu")``.
 
-For every program it reports what decides whether jaxpar helps on a GPU (issue 11):
+For every program it reports what decides whether jaxpar helps on a GPU:
 
 * **launches** per run, plain -> jaxpar (loop bodies times their trip counts);
 * **overlap**: stream regions in flight beside other work with no host-blocking op
@@ -700,21 +700,21 @@ def _seed_args(size: str) -> tuple[jax.Array, ...]:
             _normal(502, (steps, n, n), 0.3), _normal(503, (steps, n, n), 0.3))
 
 
-@program("seed_002_two_scans", "seed 002: two independent scans with different bodies",
+@program("seed_002_two_scans", "the two-scan story: two independent scans, different bodies",
          rtol=1e-3, atol=1e-3)
 def _seed_two(size: str) -> Any:
     return (lambda a, b, xs1, xs2: (lax.scan(_seed_step1, a, xs1)[0],
                                     lax.scan(_seed_step2, b, xs2)[0])), _seed_args(size)
 
 
-@program("seed_002_identical_scans", "seed 002: two independent scans, identical bodies",
+@program("seed_002_identical_scans", "the two-scan story: two independent scans, identical bodies",
          rtol=1e-3, atol=1e-3)
 def _seed_identical(size: str) -> Any:
     return (lambda a, b, xs1, xs2: (lax.scan(_seed_step1, a, xs1)[0],
                                     lax.scan(_seed_step1, b, xs2)[0])), _seed_args(size)
 
 
-@program("seed_000_bidirectional_matmul", "seed 000: a collective-matmul step, forward "
+@program("seed_000_bidirectional_matmul", "the collective matmul: one step, forward "
          "and backward ring shifts of two blocks, each with a matmul (one device: the "
          "ppermutes are local rolls)")
 def _seed_000(size: str) -> Any:

@@ -1,6 +1,6 @@
-"""Different members, batched kernels: kernel launches per run, deviceless H200 (issue 12).
+"""Different members, batched kernels: kernel launches per run, deviceless H200.
 
-Seed 002 asks how to run two scans with *different* step functions as fast as the
+A user asked how to run two scans with *different* step functions as fast as the
 hand-written ``vmap`` of two identical ones. This script compiles each program three ways
 for an H200, deviceless (the CUDA PJRT plugin, no GPU): ``plain`` ``jax.jit``, jaxpar with
 ``batch_matmuls=False`` (what jaxpar did before the pass) and jaxpar's GPU defaults, and
@@ -57,7 +57,7 @@ SIZES = ("full", "quick", "smoke")
 VARIANTS = ("plain", "jaxpar_before", "jaxpar")
 
 
-# --------------------------------------------------------------------------- seed 002
+# ------------------------------------------------------ two scans with different bodies
 
 
 def seed_body(val: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:

@@ -75,15 +75,16 @@ def _examples() -> Iterator[Entry]:
 
 
 def _hand_written() -> Iterator[Entry]:
-    import helpers
+    from helpers import benchmarks as loaded
+    from helpers import programs as hand_written
 
-    yield "helpers/two_scans", helpers.two_scans, helpers.two_scans_args()
-    yield "helpers/four_branches", helpers.four_branches, helpers.four_branches_args()
-    yield "helpers/pure_chain", helpers.pure_chain, helpers.pure_chain_args()
-    yield "helpers/seed_002_small", helpers.seed_002, helpers.seed_002_small_args()
-    yield ("helpers/four_matmul_branches", helpers.four_matmul_branches,
-           helpers.four_matmul_branches_args())
-    yield "helpers/cnn_loss_grad", jax.grad(helpers.cnn_loss), helpers.cnn_args()
+    yield "helpers/two_scans", hand_written.two_scans, hand_written.two_scans_args()
+    yield "helpers/four_branches", hand_written.four_branches, hand_written.four_branches_args()
+    yield "helpers/pure_chain", hand_written.pure_chain, hand_written.pure_chain_args()
+    yield "helpers/seed_002_small", hand_written.seed_002, loaded.seed_002_small_args()
+    yield ("helpers/four_matmul_branches", hand_written.four_matmul_branches,
+           hand_written.four_matmul_branches_args())
+    yield "helpers/cnn_loss_grad", jax.grad(hand_written.cnn_loss), hand_written.cnn_args()
 
 
 def _drawn() -> Iterator[Entry]:

@@ -66,7 +66,8 @@ def _normal(key: Any, shape: Sequence[int], scale: float = 1.0) -> jax.Array:
     return jax.random.normal(key, tuple(shape), jnp.float32) * scale
 
 
-# seed 002 (the same program as benchmarks/seed_002.py: ``different_bodies``)
+# two scans with different bodies (the same program as benchmarks/seed_002.py:
+# ``different_bodies``)
 
 
 def _seed_step(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
@@ -78,7 +79,7 @@ def _seed_other_step(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
 
 
 def seed_two_scans(a: Any, b: Any, xs1: Any, xs2: Any) -> Any:
-    """Two independent scans with different bodies (seed 002)."""
+    """Two independent scans with different bodies (the two-scan user story)."""
     return lax.scan(_seed_step, a, xs1)[0], lax.scan(_seed_other_step, b, xs2)[0]
 
 

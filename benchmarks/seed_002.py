@@ -1,4 +1,5 @@
-"""Seed 002 side by side: plain jax.jit, jaxpar, and the hand-vmapped identical-body version.
+"""Two scans with different bodies side by side: plain jax.jit, jaxpar, and the hand-vmapped
+identical-body version.
 
 Runs the user's two scans (100x100 matrices, 10,000 steps; ``--quick``: 1,000) on this
 machine's CPU, interleaving the variants so drift hits all alike, and reports medians and
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     results: dict[str, Any] = {"steps": steps, "jax": jax.__version__,
                                "backend": jax.default_backend(), "programs": {}}
-    print(f"seed 002: two scans over 100x100, {steps} steps, jax {jax.__version__}, "
+    print(f"two scans with different bodies over 100x100, {steps} steps, jax {jax.__version__}, "
           f"{jax.default_backend()}, median of {ns.repeats}")
     for name, fn in programs.items():
         variants: dict[str, Callable[..., Any]] = {

@@ -1,4 +1,4 @@
-"""The tuner on the CPU (issue 19 point 3): ``parallel_branches(f, tune=True)`` vs ``jax.jit``.
+"""The tuner on the CPU: ``parallel_branches(f, tune=True)`` vs ``jax.jit``.
 
 Three parts, each with the figure that decides it:
 

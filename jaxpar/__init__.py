@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from .passes import PassDecision as PassDecision
 
 # The public names, imported on first use (PEP 562): ``import jaxpar`` and
-# ``python -m jaxpar --help`` do not import jax; the first name used does.
+# ``python -m jaxpar --help`` do not import jax; the first name used does. The one list
+# of them: ``__all__`` is built from it.
 _LAZY = {
     "ParallelBranches": "._api",
     "XlaOptionsNotAppliedWarning": "._api",
@@ -83,30 +84,6 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Collective",
-    "FlagsNotAppliedWarning",
-    "GpuPreview",
-    "LeftAlone",
-    "PassDecision",
-    "ProcessMismatchError",
-    "ParallelBranches",
-    "Plan",
-    "Region",
-    "Section",
-    "StaticArgumentWarning",
-    "TraceError",
-    "TuneBudget",
-    "TuneCacheWarning",
-    "Tuning",
-    "XlaOptionsNotAppliedWarning",
-    "__version__",
-    "check_flags_applied",
-    "flags_as_options",
-    "gpu_preview",
-    "inspect",
-    "make_gpu_mesh",
-    "on_stream",
-    "parallel_branches",
-    "xla_flags",
-]
+# The public names: the lazy table's (the ``TYPE_CHECKING`` imports above name the same,
+# for type checkers; tests/test_architecture.py keeps the two equal) and the version.
+__all__ = sorted([*_LAZY, "__version__"])

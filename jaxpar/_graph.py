@@ -13,7 +13,7 @@ Emission *units* are typed: an equation (``EqnUnit``), a stream region
 (``RegionUnit``), a group of collectives launched together (``CollectivesUnit``) or a
 loop pass's rewrite (``RewriteUnit``). ``contract`` orders a level's units with some
 blocks of equations contracted to one unit each; the planner and the loop passes both
-emit in that order.
+emit in that order. ``DisjointSets`` is the union-find the planner and the passes share.
 
 Sharp edges:
   * The graph is per level: an equation holding nested jaxprs is one node.
@@ -72,6 +72,49 @@ def reachable(graph: Graph, start: Sequence[int], forward: bool) -> set[int]:
                 seen.add(j)
                 stack.append(j)
     return seen
+
+
+class DisjointSets:
+    """Disjoint sets of the positions ``0 .. size - 1`` (union-find), each named by a root.
+
+    ``union(k, into)`` joins ``k``'s set to ``into``'s, whose root stays the root: callers
+    that read roots as representatives (the planner's units) choose which one survives.
+    """
+
+    __slots__ = ("_parent",)
+
+    def __init__(self, size: int) -> None:
+        self._parent = list(range(size))
+
+    def find(self, k: int) -> int:
+        """The root of ``k``'s set (halving the path on the way)."""
+        parent = self._parent
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    def union(self, k: int, into: int) -> bool:
+        """Join ``k``'s set to ``into``'s under ``into``'s root; False if already one set."""
+        root, target = self.find(k), self.find(into)
+        if root == target:
+            return False
+        self._parent[root] = target
+        return True
+
+    def groups(self) -> list[list[int]]:
+        """Every set's positions in increasing order, the sets in order of their first
+        position."""
+        out: dict[int, list[int]] = {}
+        for k in range(len(self._parent)):
+            out.setdefault(self.find(k), []).append(k)
+        return list(out.values())
+
+    def copy(self) -> DisjointSets:
+        """The same sets, to be joined further without changing these."""
+        new = DisjointSets(0)
+        new._parent = list(self._parent)
+        return new
 
 
 def build_graph(jaxpr: JaxprLike) -> Graph:

@@ -21,7 +21,8 @@ the file whose test started it. With enough devices here (e.g. a lone `test_shar
 which asks for 4 before the backend starts) they run in this process.
 
 `JAXPAR_FULL=1` runs the full matrices the default run samples: the `full` profile here,
-and every target and call form of each model in `test_ecosystem.py` (see `helpers.FULL`).
+and every target and call form of each model in `test_ecosystem.py` (see
+`helpers.environment.FULL`).
 
 Compile time: XLA:CPU compiles are most of the suite's time. Unless `JAXPAR_FULL=1` (or
 `XLA_FLAGS` already names the flag), XLA compiles with `--xla_backend_optimization_level=0`,
@@ -55,7 +56,7 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from helpers import FULL, hypothesis_profile
+from helpers.environment import FULL, hypothesis_profile
 from hypothesis import HealthCheck, settings
 
 

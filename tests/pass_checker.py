@@ -49,7 +49,7 @@ import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
-from helpers import canonical_jaxpr_text
+from helpers.lowered import canonical_jaxpr_text
 
 from jaxpar import _compat
 from jaxpar.passes import DecisionKind

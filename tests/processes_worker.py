@@ -88,7 +88,7 @@ W = global_array(RNG.standard_normal((16, SIZE * 2)).astype(np.float32), P(None,
 
 @case
 def collective_matmul():
-    """Seed 000's collective matmul: values and gradients equal plain jax.jit's."""
+    """The bidirectional collective matmul: values and gradients equal plain jax.jit's."""
     matmul = make_collective_matmul(MESH)
 
     def loss(x, w):

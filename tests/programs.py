@@ -314,7 +314,7 @@ _MEMBER: list[int] = []
 
 # --------------------------------------------------------------------------------------------
 # Feature nodes: loops with counters, custom rules, callbacks, random keys, per-member conds,
-# other dtypes and trace-context-sensitive ops (what issue 10's programs were made of).
+# other dtypes and trace-context-sensitive ops (what the programs that broke jaxpar were made of).
 # --------------------------------------------------------------------------------------------
 
 
@@ -634,7 +634,7 @@ _node_rules.update({
 
 
 # --------------------------------------------------------------------------------------------
-# Mechanism nodes (issue 18): custom rules that are nonlinear, effectful or call the host, their
+# Mechanism nodes: custom rules that are nonlinear, effectful or call the host, their
 # twins and batched members; host callbacks only right for their own shape; weak-typed and
 # key-typed scan carries and ys; checkify hazards. Effects are recorded in `EFFECTS` (debug
 # callbacks) or printed as lines starting with `EFFECT_PREFIX` (debug prints).
@@ -848,7 +848,7 @@ def _eval_key_scan(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Ar
 
 
 def _eval_key_branch(node: Spec, env: list[jax.Array], raw_ys: Any) -> list[jax.Array]:
-    """Two keys, each drawn from the data and the one before (issue 18's fifth repro);
+    """Two keys, each drawn from the data and the one before (a key chain that broke regions);
     "raw": both keys are outputs of the program, so they leave any region holding them."""
     _, impl, seed, raw, v = node
     x = env[v]
@@ -1135,7 +1135,7 @@ _LOOPS = _Flavor(
     max_body_nodes=3,
     independent_scans=True,
 )
-# Programs of custom rules, effects, host callbacks, weak and key types (issue 18), and the
+# Programs of custom rules, effects, host callbacks, weak and key types, and the
 # members of their ensembles; scans with rules in their bodies are drawn at the top level and
 # as `shared_scans` (bodies of chains are too deep for anything but simple nodes).
 _RULE_MEMBERS = _Flavor(
@@ -1602,7 +1602,7 @@ class _Drawer:
         bound = scope.bounds[v]
         return ("context", kind, v), [bound + 1.0 if kind == "arange" else 2.0 * bound]
 
-    # ---- mechanism node kinds (issue 18) --------------------------------------------------------
+    # ---- mechanism node kinds -------------------------------------------------------------------
 
     def _raw_allowed(self, scope: _Scope) -> bool:
         return scope.top_level or (self.raw_ok and scope.depth == 1)
@@ -1775,7 +1775,7 @@ def scan_programs() -> st.SearchStrategy[Program]:
 @st.composite
 def feature_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any],
                           x64: bool = False) -> Spec:
-    """Specs of programs made of what broke jaxpar before (issue 10): `while` loops with
+    """Specs of programs made of what broke jaxpar before: `while` loops with
     counters of every dtype and step (literal and traced bounds, fori-shaped and not), scans
     with int and bool carries (zero-length, reversed, unrolled), custom_jvp/custom_vjp with
     nondiff args, pure/io callbacks, rbg/unsafe_rbg/threefry keys, per-member conds with a
@@ -1813,15 +1813,15 @@ def loop_programs(x64: bool = False) -> st.SearchStrategy[Program]:
 
 @st.composite
 def rule_program_specs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Spec:
-    """Specs of programs made of what issue 18 found: helpers with custom_vjp/custom_jvp rules
-    that are nonlinear (a clipped cotangent), effectful (debug prints, debug callbacks, ordered
-    ones), host-calling (`pure_callback` with and without `vmap_method`) or random (rbg bits),
-    called as is, through `jax.jit` or under `jax.checkpoint`, once or twice on the same
+    """Specs of programs made of what broke the rewrites before: helpers with custom_vjp/custom_jvp
+    rules that are nonlinear (a clipped cotangent), effectful (debug prints, debug callbacks,
+    ordered ones), host-calling (`pure_callback` with and without `vmap_method`) or random (rbg
+    bits), called as is, through `jax.jit` or under `jax.checkpoint`, once or twice on the same
     operand (twins); ensembles whose members hold such helpers, and scans sharing one step
-    function through one; host callbacks only right for their own shape; scans with weakly
-    typed (Python scalar) carries and ys, with key-typed carries and ys, and key chains, whose
-    ys and keys are sometimes outputs of the program (also from the members of ensembles, so
-    they leave regions). Effects are seen with `collect_effects`; outputs may hold keys."""
+    function through one; host callbacks only right for their own shape; scans with weakly typed
+    (Python scalar) carries and ys, with key-typed carries and ys, and key chains, whose ys and
+    keys are sometimes outputs of the program (also from the members of ensembles, so they leave
+    regions). Effects are seen with `collect_effects`; outputs may hold keys."""
     common = draw(st.integers(1, 5))
     other = draw(st.integers(1, 5))
     flavor = dataclasses.replace(_RULES, scan_lengths=(common, common, other))

@@ -17,23 +17,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
+from helpers.benchmarks import hetero_batch_benchmark
+from helpers.lowered import GROUP_ATTRIBUTE, STREAM_ATTRIBUTE, lower_for_gpu, stream_calls
+from helpers.programs import (
     FOUR_BRANCHES_OPTIONS,
-    GROUP_ATTRIBUTE,
     LOOPS_OFF,
-    STREAM_ATTRIBUTE,
-    assert_same_values,
-    assert_tree_equal,
     four_branches,
     four_branches_args,
-    hetero_batch_benchmark,
-    lower_for_gpu,
     pure_chain,
     pure_chain_args,
-    stream_calls,
     two_scans,
     two_scans_args,
 )
+from helpers.trees import assert_same_values, assert_tree_equal
 
 import jaxpar
 from jaxpar._pipeline import Prepared, _collector_paused
@@ -414,8 +410,8 @@ _PLAN_SCRIPT = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests_dir!r})
     import jaxpar
-    from helpers import (FOUR_BRANCHES_OPTIONS, LOOPS_OFF, four_branches, four_branches_args,
-                         two_scans, two_scans_args)
+    from helpers.programs import (FOUR_BRANCHES_OPTIONS, LOOPS_OFF, four_branches,
+                                  four_branches_args, two_scans, two_scans_args)
     plans = [
         jaxpar.inspect(two_scans, target="gpu", **LOOPS_OFF)(*two_scans_args()).to_dict(),
         jaxpar.inspect(two_scans, target="gpu")(*two_scans_args()).to_dict(),
@@ -511,7 +507,7 @@ def test_emission_and_report_run_with_the_collector_paused_and_restore_it():
             jaxpar.parallel_branches(f, target="gpu")(x, x)
     assert gc.isenabled()
 
-# --- jit's stages and caches (issue 13, point 3) ------------------------------------------
+# --- jit's stages and caches ------------------------------------------------------------
 
 
 def test_trace_lower_compile_and_eval_shape_like_jax_jit():
@@ -566,7 +562,7 @@ def test_donation_through_an_outer_jit():
     assert donated.is_deleted()
 
 
-# --- off switches (issue 13, point 4) --------------------------------------------------------
+# --- off switches ---------------------------------------------------------------------------
 
 
 def test_disable_jit_calls_the_original_function_eagerly():

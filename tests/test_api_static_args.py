@@ -1,6 +1,5 @@
 """Static arguments of ``parallel_branches`` (``jaxpar._api``), as `jax.jit` has them
-(`static_argnums`/`static_argnames`) and as `eqx.filter_jit` treats non-array leaves (issue 13,
-point 1)."""
+(`static_argnums`/`static_argnames`) and as `eqx.filter_jit` treats non-array leaves."""
 
 from __future__ import annotations
 
@@ -13,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_equal, needs_plugin
+from helpers.environment import needs_plugin
+from helpers.trees import assert_tree_equal
 
 import jaxpar
 
@@ -224,7 +224,7 @@ def test_gpu_preview_takes_static_and_keyword_arguments():
     assert again.plain.kernels == preview.plain.kernels
 
 
-# --- plain objects: static, keyed by their state, warned once (issue 33, point 3) ---------
+# --- plain objects: static, keyed by their state, warned once ----------------------------
 
 
 class Config:

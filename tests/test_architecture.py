@@ -178,7 +178,8 @@ LAYERS = (
     ("_report.types",), ("_report.timeline",), ("_report.render",), ("_report.plan",),
     ("_report.places", "_report.build", "_report"),
     ("_trace", "_frameworks"), ("_pipeline",), ("_api",),
-    ("_compiled.gpu_compile",), ("_compiled.schedule", "_compiled"), ("_compiled.estimate",),
+    ("_compiled.gpu_compile",), ("_compiled.hlo",), ("_compiled.schedule", "_compiled"),
+    ("_compiled.estimate",),
     ("_compiled.preview",),
     ("", "_cli", "__main__"),
 )
@@ -209,6 +210,48 @@ def test_imports_follow_the_drawing_in_design_md() -> None:
     missing = [name for layer in LAYERS for name in layer if name not in ("", "__main__")
                and not all(part in drawing for part in name.split("."))]
     assert missing == []
+
+
+def _type_checking_imports(tree: ast.Module) -> dict[str, str]:
+    """Name -> relative module of every ``from .m import X as X`` under ``if TYPE_CHECKING:``;
+    an import that does not re-export its name as itself is returned under ``"!" + name``."""
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) \
+                and node.test.id == "TYPE_CHECKING":
+            for statement in node.body:
+                assert isinstance(statement, ast.ImportFrom), ast.unparse(statement)
+                for alias in statement.names:
+                    key = alias.name if alias.asname == alias.name else "!" + alias.name
+                    found[key] = "." * statement.level + (statement.module or "")
+    return found
+
+
+def _lazy_table(tree: ast.Module) -> dict[str, str]:
+    (table,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and [ast.unparse(t) for t in node.targets] == ["_LAZY"]]
+    return ast.literal_eval(table)
+
+
+def test_the_public_names_are_listed_once() -> None:
+    """``jaxpar/__init__.py``: the ``TYPE_CHECKING`` imports (what type checkers read) name
+    exactly the lazy table's names, each from the table's module; ``__all__`` is the table's
+    names and ``__version__``."""
+    import jaxpar
+
+    lazy = _lazy_table(ast.parse((PACKAGE / "__init__.py").read_text()))
+    assert lazy == jaxpar._LAZY and len(lazy) > 10  # the reader found the table
+    assert _type_checking_imports(ast.parse((PACKAGE / "__init__.py").read_text())) == lazy
+    assert sorted(jaxpar.__all__) == sorted([*lazy, "__version__"])
+
+
+def test_the_public_names_reader_sees_a_drift() -> None:
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                     "    from ._api import inspect as inspect\n"
+                     "    from ._flags import xla_flags\n"
+                     "_LAZY = {'inspect': '._api', 'Plan': '._report.plan'}\n")
+    assert _type_checking_imports(tree) == {"inspect": "._api", "!xla_flags": "._flags"}
+    assert _lazy_table(tree) == {"inspect": "._api", "Plan": "._report.plan"}
 
 
 def _hand_written_identity_memos(source: str) -> list[int]:
@@ -262,8 +305,8 @@ def test_the_memo_reader_finds_id_keys(source: str, found: list[int]) -> None:
 #
 # A test module that imports another runs (or at least imports, with its module-level
 # set-up) that module's programs, and couples two files that should change on their own.
-# Shared programs live in tests/helpers.py, the pass checker in tests/pass_checker.py, and
-# the random-program strategies in tests/programs.py.
+# Shared code lives in the tests/helpers/ package (one module a subject), the pass checker
+# in tests/pass_checker.py, and the random-program strategies in tests/programs.py.
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -278,7 +321,8 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_modules_import_no_test_module() -> None:
-    modules = sorted(TESTS.glob("*.py"))
+    modules = sorted(TESTS.glob("*.py")) + sorted(TESTS.glob("helpers/*.py"))
+    assert TESTS / "helpers" / "programs.py" in modules  # the shared code is read, too
     test_modules = {p.stem for p in modules if p.stem.startswith("test_")}
     assert len(test_modules) > 10  # the glob sees the suite
     offenders = {p.name: sorted(imported_modules(p) & test_modules) for p in modules}
@@ -292,7 +336,7 @@ def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
 
 
 def test_one_skip_mark_for_tests_that_need_the_cuda_plugin() -> None:
-    """``helpers.needs_plugin`` is the one mark; no test module builds its own."""
+    """``helpers.environment.needs_plugin`` is the one mark; no test module builds its own."""
     own = re.compile(r"skipif\(\s*not\s+(_?PLUGIN_OK|[\w.]*plugin_status\(\)\[0\])")
     offenders = sorted(p.name for p in TESTS.glob("test_*.py") if own.search(p.read_text()))
     assert offenders == []

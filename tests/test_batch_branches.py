@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 from jax import lax
 from pass_checker import PassResult, assert_matches, check_pass, eqns_of
 
@@ -404,7 +404,7 @@ def test_flax_gru_launches_no_more_than_plain_jit() -> None:
     H200: no more kernel launches than plain ``jax.jit`` (its three ``h @ w`` batched as one
     vmapped matmul here launched 261 against plain's 197)."""
     import flax.linen as nn
-    from helpers import hetero_batch_benchmark
+    from helpers.benchmarks import hetero_batch_benchmark
 
     class Model(nn.Module):
         @nn.compact

@@ -3,7 +3,7 @@
 Structure is checked on the rewritten jaxprs (how many ``dot_general``s, ``concatenate``s
 and batch dimensions), values and gradients against plain ``jax.jit`` of the original,
 and, where the CUDA PJRT plugin is installed, kernel launches per run on the deviceless
-H200 compile (seed 002 with different bodies at most the hand-written ``vmap``'s launches;
+H200 compile (two scans with different bodies at most the hand-written ``vmap``'s launches;
 no program here launching more than without the pass).
 """
 
@@ -16,7 +16,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import hetero_batch_benchmark, needs_plugin, seed_002_small_args
+from helpers.benchmarks import hetero_batch_benchmark, seed_002_small_args
+from helpers.environment import needs_plugin
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -69,10 +70,10 @@ def _check_values_and_grads(fn: Callable[..., Any], *args: Any,
 SEED_SMALL = seed_002_small_args()
 
 
-# --------------------------------------------------------------------------- seed 002
+# ------------------------------------------------------ two scans with different bodies
 
 
-def test_seed_002_different_bodies_run_batched_matmuls_in_one_loop() -> None:
+def test_two_scans_with_different_bodies_run_batched_matmuls_in_one_loop() -> None:
     before, _ = _passes(bench.seed_002, *SEED_SMALL, matmuls=False)
     after, decisions = _passes(bench.seed_002, *SEED_SMALL)
     assert _count(before, "scan") == _count(after, "scan") == 1
@@ -397,7 +398,7 @@ def _launches_and_temps(fn: Any, args: Any) -> tuple[dict[str, Any], int]:
 
 @needs_plugin
 @pytest.mark.parametrize("name", ["seed_002", "seed_002_identical"])
-def test_seed_002_launches_at_most_100_000_within_the_memory_budget(name: str) -> None:
+def test_two_scans_launch_at_most_100_000_within_the_memory_budget(name: str) -> None:
     """The seed's two scans (100 x 100 matrices, 10,000 steps), bodies different and
     identical: at most 100,000 launches a run, at most the hand-vmapped program's, and
     no more temporary memory than plain jit's beyond the budget (no stacked copy of the

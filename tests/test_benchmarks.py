@@ -10,7 +10,8 @@ import json
 from typing import Any
 
 import pytest
-from helpers import load_benchmark, needs_plugin
+from helpers.benchmarks import load_benchmark
+from helpers.environment import needs_plugin
 
 bench = load_benchmark("run")
 

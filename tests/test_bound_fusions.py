@@ -19,7 +19,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 
 import jaxpar
 from jaxpar.passes import DecisionKind, bound_fusions, run_passes

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from helpers import chain
+from helpers.programs import chain
 
 import jaxpar
 from jaxpar._cli import load_args, load_function, option_value, parse_arg_specs
@@ -179,7 +179,8 @@ def test_demo_runs_end_to_end():
     result = run("demo")
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    for story in ("seed 002", "multi-branch", "seed 000"):
+    for story in ("two scans with different bodies", "multi-branch",
+                  "bidirectional collective matmul"):
         assert story in out
     assert out.count("same values as jax.jit: yes") == 3
     assert "all results equal the plain versions" in out
@@ -223,7 +224,7 @@ def test_timing_report_shows_noise_or_says_there_is_nothing_to_time():
     assert any(word in other for word in ("within the noise", "faster", "slower"))
 
 
-# Issue 20: the rough edges of the command line, called in-process (no JAX start-up each).
+# The rough edges of the command line, called in-process (no JAX start-up each).
 _TWO_CHAINS = ("import jax.numpy as jnp\n"
                "def f(a, b):\n"
                "    return jnp.tanh(a @ a) @ a, jnp.sin(b @ b) @ b\n")
@@ -307,7 +308,7 @@ def test_xla_flags_refuses_what_is_not_a_plan():
         jaxpar.xla_flags(plan="x")
 
 
-# --- help without jax (issue 33): importing jax takes seconds, more with the CUDA plugin --
+# --- help without jax: importing jax takes seconds, more with the CUDA plugin ------------
 
 
 _PROBE = """

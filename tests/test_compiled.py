@@ -23,7 +23,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 

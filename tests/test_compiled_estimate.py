@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 import jaxpar._compiled.estimate as _estimate
+from jaxpar._compiled import hlo
 from jaxpar._compiled.estimate import estimate_hlo, verdict
 from jaxpar._gpu_model import GPU_PROFILES, CommandBufferMode
 
@@ -273,8 +274,7 @@ def test_dynamic_slice_of_a_parameter_reads_only_the_slice():
 dynamic_slice_sizes={1,100,100}
 }
 """
-    module = _estimate._Module(_estimate.schedule._split_computations(
-        _module([], fused))[1])
+    module = hlo.Module(hlo.parse_computations(_module([], fused))[1])
     cost = _estimate._Costs(module, PROFILE)._fusion("fused_slice")
     assert cost.bytes == pytest.approx(2 * 100 * 100 * 4 + 4)
 
@@ -286,8 +286,7 @@ def test_dot_flops_from_a_gemm_fusion_use_the_tf32_peak():
   ROOT %dot = f32[512,1024]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 """
-    module = _estimate._Module(_estimate.schedule._split_computations(
-        _module([], fused))[1])
+    module = hlo.Module(hlo.parse_computations(_module([], fused))[1])
     cost = _estimate._Costs(module, PROFILE)._fusion("gemm")
     assert cost.tensor_seconds == pytest.approx(2 * 512 * 1024 * 256 / 494.5e12)
 

@@ -8,13 +8,11 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import (
+from helpers.environment import PLUGIN_MESSAGE, PLUGIN_OK, needs_plugin
+from helpers.programs import (
     LOOPS_OFF,
-    PLUGIN_MESSAGE,
-    PLUGIN_OK,
     four_matmul_branches,
     four_matmul_branches_args,
-    needs_plugin,
     seed_002,
     seed_002_specs,
 )
@@ -30,7 +28,7 @@ def branch_specs():
 
 
 @needs_plugin
-def test_seed_002_preview_shows_fewer_loop_trips():
+def test_two_scans_preview_shows_fewer_loop_trips():
     preview = jaxpar.gpu_preview(seed_002, *seed_002_specs(), gpu="h200")
     assert preview.plain.total_trips == 20_000 and len(preview.plain.loops) == 2
     assert len(preview.jaxpar.loops) == 1 and preview.jaxpar.total_trips <= 10_000
@@ -39,7 +37,7 @@ def test_seed_002_preview_shows_fewer_loop_trips():
     text = str(preview)
     assert "loop trips (total)" in text and "20000" in text
     json.dumps(preview.to_dict())
-    # Launches per run: loop bodies times their trips (issue 11), not bodies once.
+    # Launches per run: loop bodies times their trips, not bodies once.
     for figures in (preview.plain, preview.jaxpar):
         per_run = sum(loop.kernels_per_trip * loop.known_trip_count for loop in figures.loops)
         assert figures.launches >= per_run > figures.kernels
@@ -53,7 +51,7 @@ def test_seed_002_preview_shows_fewer_loop_trips():
 
 
 @needs_plugin
-def test_seed_002_with_loops_off_previews_two_streams():
+def test_two_scans_with_loops_off_preview_two_streams():
     if jax.lib.__version__ in _preview._CRASHES_ON_ANNOTATED_LOOPS:
         with pytest.raises(RuntimeError, match="crashed the process"):
             jaxpar.gpu_preview(seed_002, *seed_002_specs(steps=100), **LOOPS_OFF)

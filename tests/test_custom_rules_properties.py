@@ -1,6 +1,6 @@
 """Property-based tests of `jaxpar.parallel_branches` on programs of custom rules, effects,
 host callbacks, weak and key types, and checkify hazards (`programs.rule_programs`,
-`programs.checkify_programs`; issue 18's mechanisms and their neighbours).
+`programs.checkify_programs`: what broke the rewrites before, and its neighbours).
 
 For a random program `f`, a drawn target, and `g = parallel_branches(f, **options)` with both
 the target's default options and every section forced into streams (`FORCED`, with
@@ -38,10 +38,10 @@ from jax.experimental import checkify
 import jaxpar
 
 try:
-    from helpers import fraction_of_examples
+    from helpers.environment import fraction_of_examples
     from programs import Program, checkify_programs, collect_effects, rule_programs
 except ImportError:  # tests/ imported as a package
-    from tests.helpers import fraction_of_examples
+    from tests.helpers.environment import fraction_of_examples
     from tests.programs import Program, checkify_programs, collect_effects, rule_programs
 
 VALUE_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from helpers import load_benchmark
+from helpers.benchmarks import load_benchmark
 
 import jaxpar
 

@@ -45,7 +45,7 @@ def assert_like_jit(f: Any, args: tuple[Any, ...], **options: Any) -> None:
 def fused_unequal_lengths(xs: jax.Array) -> Any:
     # A Python-scalar carry comes in weak and goes out strong (``+ x``); the ys read the
     # carry coming in, so they are weak. The later segments of the fused scan start from
-    # a strong carry and must still give weak ys (issue 18, mechanism 4).
+    # a strong carry and must still give weak ys.
     r1 = lax.scan(lambda c, x: (c * 0.5 + x, c), 1.0, xs)
     r2 = lax.scan(lambda c, x: (c * 1.5, c), 3.0, xs[:4])
     r3 = lax.scan(lambda c, x: (c * 2.5 + x, c), 2.0, xs[:2], reverse=True)
@@ -246,7 +246,7 @@ def test_extended_dtype_without_itemsize_is_planned(target):
 
 
 # An extended dtype with lowerings, run (not only planned) through gather, scatter,
-# select, transpose, reverse, scan and vmap on both targets (issue 35). Its physical
+# select, transpose, reverse, scan and vmap on both targets. Its physical
 # element is (bits of a float32, bits + 1): ``take`` reads the bits back, so results
 # depend on the data and compare with ``jax.jit``'s value for value.
 

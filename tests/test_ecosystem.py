@@ -46,9 +46,11 @@ from jax import lax
 import jaxpar
 
 try:
-    from helpers import FULL, run_optimized
+    from helpers.environment import FULL
+    from helpers.programs import run_optimized
 except ImportError:  # tests/ imported as a package
-    from tests.helpers import FULL, run_optimized
+    from tests.helpers.environment import FULL
+    from tests.helpers.programs import run_optimized
 
 TARGETS = ("gpu", "cpu")
 GRAD_RTOL = 1e-5
@@ -149,7 +151,7 @@ def check_against_jit(
 
     decorated = jaxpar.parallel_branches(f, target="gpu", **options)
     # Compiled at XLA's default level: forced regions around convolutions crawl at the
-    # suite's level 0 on the CPU (helpers.run_optimized says why).
+    # suite's level 0 on the CPU (helpers.programs.run_optimized says why).
     _assert_trees_close(run_optimized(decorated, *args), want)
     hlo = jax.jit(decorated).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     if plan.num_streams >= 2:

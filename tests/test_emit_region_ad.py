@@ -16,14 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
-    GROUP_ATTRIBUTE,
-    STREAM_ATTRIBUTE,
-    assert_tree_close,
-    assert_tree_equal,
-    lower_for_gpu,
-    stream_calls,
-)
+from helpers.lowered import GROUP_ATTRIBUTE, STREAM_ATTRIBUTE, lower_for_gpu, stream_calls
+from helpers.trees import assert_tree_close, assert_tree_equal
 from jax import lax
 
 import jaxpar
@@ -93,8 +87,9 @@ def test_checkpoint_around_the_rewritten_function():
                       rtol=RTOL, atol=ATOL)
 
 
-def test_issue_repro_lowers_with_streams():
-    """The exact program of the issue (512x512, lowered with ShapeDtypeStructs)."""
+def test_checkpointed_two_scans_at_512_lower_with_streams():
+    """The gradient of the two scans under jax.checkpoint at 512x512 (lowered with
+    ShapeDtypeStructs)."""
     g = jaxpar.parallel_branches(jax.checkpoint(two_scans), target="gpu", fuse_scans=False,
                                  batch_scans=False, force_streams=True)
     a = jax.ShapeDtypeStruct((512, 512), jnp.float32)

@@ -19,7 +19,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import STREAM_ATTRIBUTE, assert_tree_close, lower_for_gpu, stream_calls
+from helpers.lowered import STREAM_ATTRIBUTE, lower_for_gpu, stream_calls
+from helpers.trees import assert_tree_close
 from jax import lax
 from jax.experimental import checkify, jet
 

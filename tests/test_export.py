@@ -1,6 +1,6 @@
 """Symbolic shapes (``jax.export``'s shape polymorphism): a decorated function traces,
 lowers, exports, serializes and runs on every target, with jax.jit's values, and its plan
-says why nothing was rewritten (issue 32, point 3)."""
+says why nothing was rewritten."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import fraction_of_examples, needs_plugin
+from helpers.environment import fraction_of_examples, needs_plugin
 from hypothesis import event, given
 from hypothesis import strategies as st
 from jax import export, lax

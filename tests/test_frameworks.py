@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 
 import jaxpar
 

@@ -41,7 +41,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import load_benchmark, needs_plugin, suite_evaluation
+from helpers.benchmarks import load_benchmark, suite_evaluation
+from helpers.environment import needs_plugin
 from jax import lax
 
 import jaxpar

@@ -19,7 +19,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import load_benchmark, needs_plugin
+from helpers.benchmarks import load_benchmark
+from helpers.environment import needs_plugin
 
 import jaxpar
 import jaxpar._compiled.estimate as _estimate

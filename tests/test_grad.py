@@ -10,19 +10,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
+from helpers.lowered import STREAM_ATTRIBUTE, lower_for_gpu, nested_stream_calls, stream_calls
+from helpers.programs import (
     FOUR_BRANCHES_OPTIONS,
     LOOPS_OFF,
-    STREAM_ATTRIBUTE,
-    assert_tree_close,
     four_branches,
     four_branches_args,
-    lower_for_gpu,
-    nested_stream_calls,
-    stream_calls,
     two_scans,
     two_scans_args,
 )
+from helpers.trees import assert_tree_close
 from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -131,7 +128,7 @@ def test_jvp_and_vjp():
                       RTOL, ATOL)
 
 
-# --- eager transformations stay compiled (issue 10, point 7) ---------------------------------
+# --- eager transformations stay compiled ---------------------------------------------------
 # Without an outer jit, grad of the decorated function must be one jitted call, as grad of a
 # jax.jit function is, not one compile and dispatch per primitive. Counted with
 # jax.log_compiles after jax.clear_caches(), never timed.
@@ -260,7 +257,7 @@ def _nestings(inner, scalar, decorate):
 def test_nested_cpu_target_is_bit_exact(nesting, inner, scalar):
     # A Python scalar passed to a nested decorated function is traced, as jax.jit traces
     # it; folded into the trace as a constant, XLA fused the program differently and the
-    # gradients moved by an ulp (issue 18, mechanism 7).
+    # gradients moved by an ulp.
     decorate = functools.partial(jaxpar.parallel_branches, target="cpu")
     want_fn = _nestings(jax.jit(inner), scalar, jax.jit)[nesting]
     got_fn = _nestings(decorate(inner), scalar, decorate)[nesting]
@@ -274,7 +271,7 @@ def test_nested_cpu_target_is_bit_exact(nesting, inner, scalar):
         jax.make_jaxpr(want_fn)(x), name)
 
 
-# --- nested on the CPU target, a program with independent branches (issue 32, point 6) ---------
+# --- nested on the CPU target, a program with independent branches ----------------------------
 # The promise (docs/guide.md, "Same values"): bit for bit what jax.jit computes with jax.jit in
 # each decoration's place, at every nesting, eager or jitted. Against the undecorated function
 # inlined, values are bit for bit and gradients within a few ulps: JAX differentiates a nested

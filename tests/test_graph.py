@@ -123,7 +123,7 @@ def test_rebuilt_graph_is_the_graph_built_afresh(monkeypatch: Any) -> None:
     rebuilt from; a level with ordering effects is built afresh."""
     import jax
     import jax.numpy as jnp
-    from helpers import load_benchmark
+    from helpers.benchmarks import load_benchmark
 
     import jaxpar
     from jaxpar import _analysis
@@ -162,3 +162,57 @@ def test_rebuilt_graph_is_the_graph_built_afresh(monkeypatch: Any) -> None:
     plan = jaxpar.inspect(scans, target="gpu")(x, x)
     assert "fused" in [d.kind for d in plan.loops]
     assert calls and all(calls)  # the effects' chain: built afresh
+
+
+# --------------------------------------------------------------------------- DisjointSets
+
+
+def test_disjoint_sets_join_under_the_second_root() -> None:
+    sets = _graph.DisjointSets(6)
+    assert sets.groups() == [[0], [1], [2], [3], [4], [5]]
+    assert sets.union(4, 1) is True
+    assert sets.union(1, 4) is False  # already one set
+    assert sets.find(4) == sets.find(1) == 1  # ``into``'s root represents the set
+    assert sets.union(1, 5) is True
+    assert [sets.find(k) for k in range(6)] == [0, 5, 2, 3, 5, 5]
+    assert sets.union(0, 2) is True
+    # Each set's positions ascending, the sets in order of their first position, whatever
+    # the roots.
+    assert sets.groups() == [[0, 2], [1, 4, 5], [3]]
+
+
+def test_disjoint_sets_copy_joins_apart_from_the_original() -> None:
+    sets = _graph.DisjointSets(4)
+    sets.union(0, 1)
+    trial = sets.copy()
+    assert trial.union(2, 3) is True
+    assert trial.groups() == [[0, 1], [2, 3]]
+    assert sets.groups() == [[0, 1], [2], [3]]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda n: st.tuples(
+    st.just(n), st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=20))))
+def test_disjoint_sets_are_the_connected_components(case: Any) -> None:
+    size, pairs = case
+    sets = _graph.DisjointSets(size)
+    for a, b in pairs:
+        sets.union(a, b)
+    # The components of the undirected graph of ``pairs``, by a plain search.
+    neighbours: dict[int, set[int]] = {k: set() for k in range(size)}
+    for a, b in pairs:
+        neighbours[a].add(b)
+        neighbours[b].add(a)
+    components: list[list[int]] = []
+    seen: set[int] = set()
+    for k in range(size):
+        if k not in seen:
+            found, stack = {k}, [k]
+            while stack:
+                for j in neighbours[stack.pop()] - found:
+                    found.add(j)
+                    stack.append(j)
+            seen |= found
+            components.append(sorted(found))
+    assert sets.groups() == components
+    assert all(sets.find(k) in group for group in components for k in group)

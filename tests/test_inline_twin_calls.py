@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 from pass_checker import assert_same_gradients, assert_same_outputs, check_pass
 
 import jaxpar

@@ -9,15 +9,14 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import (
+from helpers.benchmarks import hetero_batch_benchmark, seed_002_small_args
+from helpers.programs import (
     FOUR_BRANCHES_OPTIONS,
     LOOPS_OFF,
     four_branches,
     four_branches_args,
-    hetero_batch_benchmark,
     pure_chain,
     pure_chain_args,
-    seed_002_small_args,
 )
 from jax import lax
 
@@ -321,7 +320,7 @@ def test_inspect_keeps_function_metadata():
 
 
 def test_batched_matmul_groups_name_their_members_stage_and_price():
-    """Seed 002 with different bodies: each batched group names its ops, the member each
+    """Two scans with different bodies: each batched group names its ops, the member each
     comes from (source line and step function), its stage and the cost model's numbers."""
     bench = hetero_batch_benchmark()
     plan = jaxpar.inspect(bench.seed_002, target="gpu")(*seed_002_small_args())
@@ -349,7 +348,7 @@ def test_batched_matmul_groups_name_their_members_stage_and_price():
 
 
 def test_a_flax_two_tower_plan_names_its_towers():
-    """Issue 20: a Flax Linen user can tell which tower a line means: layer paths from
+    """A Flax Linen user can tell which tower a line means: layer paths from
     JAX's name stack, no site-packages path, no equation numbers or jaxpr paths, relu by
     name, one short line per decision (the reasoning behind verbose=True)."""
     linen = pytest.importorskip("flax.linen")

@@ -7,24 +7,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
-    FOUR_BRANCHES_OPTIONS,
+from helpers.lowered import (
     GROUP_ATTRIBUTE,
-    LOOPS_OFF,
     STREAM_ATTRIBUTE,
-    assert_same_values,
-    assert_tree_equal,
-    four_branches,
-    four_branches_args,
     function_bodies,
     lower_for_gpu,
     nested_stream_calls,
+    stream_calls,
+)
+from helpers.programs import (
+    FOUR_BRANCHES_OPTIONS,
+    LOOPS_OFF,
+    four_branches,
+    four_branches_args,
     pure_chain,
     pure_chain_args,
-    stream_calls,
     two_scans,
     two_scans_args,
 )
+from helpers.trees import assert_same_values, assert_tree_equal
 
 import jaxpar
 
@@ -137,7 +138,7 @@ def test_jit_static_argnums_around_decorated():
     assert_same_values(jitted(args, 2), jax.jit(lambda a: four_branches(*a) ** 2)(args), "gpu")
 
 
-# --- JAX's trace context flipped between calls (issue 10, point 6) ---------------------------
+# --- JAX's trace context flipped between calls ------------------------------------------------
 # jax.jit keys its caches on the trace context; the plan cache must too, or a plan traced under
 # one configuration is reused under another.
 

@@ -17,7 +17,7 @@ import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 from jax import lax
 from pass_checker import (
     PassResult,
@@ -471,7 +471,7 @@ def test_gru_stack_never_launches_more_than_plain_jit() -> None:
     """The default plan of a three-layer GRU stack whose cells slice their weights, compiled
     deviceless for an H200: no more kernel launches per run than plain ``jax.jit`` (it
     once launched 413 against 341, its scans unrolled by 2)."""
-    from helpers import hetero_batch_benchmark
+    from helpers.benchmarks import hetero_batch_benchmark
 
     bench = hetero_batch_benchmark()  # its launch counter, from the benchmarks
     params, xs = _gru_args()

@@ -24,7 +24,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 from jax import lax
 
 import jaxpar
@@ -40,7 +40,7 @@ def S(*shape):
 
 
 def birnn(W, U, V, R, xs):
-    """Issue 10, point 8: a forward LSTM scan and a reverse GRU scan (Flax's bidirectional RNN)."""
+    """A forward LSTM scan and a reverse GRU scan (Flax's bidirectional RNN)."""
     def lstm(ch, x):
         c, h = ch
         i, fg, g, o = jnp.split(x @ W + h @ U, 4, -1)
@@ -134,8 +134,8 @@ def test_every_loop_pass_combination_compiles(name, backward):
     assert streamed  # regions were emitted (and compiled) in some combinations
 
 
-def test_issue_repro_overlaps_two_regions():
-    """The issue's program: fused, unrolled, regions in the body (forced past the pricing,
+def test_bidirectional_rnn_overlaps_two_regions():
+    """The bidirectional RNN: fused, unrolled, regions in the body (forced past the pricing,
     which by default keeps them out under XLA's CUDA-graph mode), compiles and overlaps."""
     assert jaxpar.gpu_preview(birnn, *BIRNN_ARGS).jaxpar.async_in_flight == 0
     preview = jaxpar.gpu_preview(birnn, *BIRNN_ARGS, force_streams=True)

@@ -16,7 +16,7 @@ import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
 import pytest
-from helpers import fraction_of_examples
+from helpers.environment import fraction_of_examples
 from hypothesis import given
 from hypothesis import strategies as st
 from pass_checker import (

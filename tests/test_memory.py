@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 from jax import lax
 
 from jaxpar._analysis import Analysis

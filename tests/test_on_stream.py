@@ -5,18 +5,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import (
+from helpers.lowered import (
     GROUP_ATTRIBUTE,
-    LOOPS_OFF,
     STREAM_ATTRIBUTE,
-    assert_tree_close,
-    assert_tree_equal,
     lower_for_gpu,
     nested_stream_calls,
     stream_calls,
-    two_scans,
-    two_scans_args,
 )
+from helpers.programs import LOOPS_OFF, two_scans, two_scans_args
+from helpers.trees import assert_tree_close, assert_tree_equal
 
 import jaxpar
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 from hypothesis import event, given
 from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding
@@ -42,7 +42,8 @@ import jaxpar
 from jaxpar import _compiled
 
 try:
-    from helpers import canonical_jaxpr_text, fraction_of_examples
+    from helpers.environment import fraction_of_examples
+    from helpers.lowered import canonical_jaxpr_text
     from programs import (
         Program,
         feature_programs,
@@ -52,7 +53,8 @@ try:
         stacked_batch,
     )
 except ImportError:  # tests/ imported as a package
-    from tests.helpers import canonical_jaxpr_text, fraction_of_examples
+    from tests.helpers.environment import fraction_of_examples
+    from tests.helpers.lowered import canonical_jaxpr_text
     from tests.programs import (
         Program,
         feature_programs,
@@ -260,7 +262,7 @@ def check_stream_annotations(text: str, options: dict[str, Any]) -> None:
             )
 
 
-# ---- Feature programs: the families that broke jaxpar before (issue 10) ---------------------
+# ---- Feature programs: the families that broke jaxpar before ---------------------------------
 #
 # Loops with counters of every dtype and step, custom rules with nondiff args, callbacks,
 # random keys, per-member conds, checkpoints around loops, other dtypes, outputs with None

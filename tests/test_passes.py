@@ -192,7 +192,7 @@ def test_revisits_of_barren_levels_change_nothing(monkeypatch):
     """A pass that changed nothing at a level (and reported only what it left alone) is
     not run again on that very level and path in the walk: the rewritten program and
     the decisions are exactly those of a walk that runs it again, in every mode."""
-    from helpers import load_benchmark
+    from helpers.benchmarks import load_benchmark
 
     from jaxpar.passes import _walk
 

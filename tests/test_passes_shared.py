@@ -1,13 +1,13 @@
 """``jaxpar.passes._shared``: the batching passes merge only what is the same, and batch only
 what vmap maps faithfully.
 
-Issue 10, points 2 and 3. ``batch_scans`` and ``batch_branches`` run several members as one
-``vmap``ped copy of the first member, so
+``batch_scans`` and ``batch_branches`` run several members as one ``vmap``ped copy of the
+first member, so
 
 * "the same" must compare parameters by value (a callback's function, a ``custom_jvp`` rule, a
   ``custom_vjp``'s non-differentiable arguments, constants), not the printed jaxpr; and
 * the batched form must compute what each member computes alone, at the members' cost: no
-  ``rbg`` random bits under ``vmap``, no host callback (issue 18: not even with a
+  ``rbg`` random bits under ``vmap``, no host callback (not even with a
   ``vmap_method``), no unchecked custom rule, no ``cond`` or
   ``while`` whose predicate differs per member (``jaxpar.passes._shared``).
 
@@ -235,7 +235,7 @@ def test_random_bits_in_scan_bodies_follow_the_key_type() -> None:
 
 
 def test_pure_callbacks_are_never_batched() -> None:
-    """Not even with a vmap_method: the program never vmapped them (issue 18)."""
+    """Not even with a vmap_method: the program never vmapped them."""
     def f(x: jax.Array, ws: list[jax.Array], vmap_method: str | None) -> Any:
         outs = []
         for w in ws:

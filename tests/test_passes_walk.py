@@ -167,15 +167,6 @@ def test_checks_run_on_every_rebuilt_level(monkeypatch: pytest.MonkeyPatch) -> N
     assert checked and checked[-1] is new
 
 
-def test_checks_need_the_compat_checker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where ``_compat`` has no ``check_jaxpr``, asking for the checks says so."""
-    monkeypatch.delattr(_compat, "check_jaxpr")
-    monkeypatch.setenv(CHECKS_VARIABLE, "1")
-    closed = jax.make_jaxpr(_two_scans)(jnp.ones((4, 4)), jnp.ones((4, 4)))
-    with pytest.raises(RuntimeError, match="no check_jaxpr"):
-        run_passes(closed, target="gpu", fuse_scans=True)
-
-
 @given(st.one_of(programs(), scan_programs(), loop_programs(), feature_programs()))
 def test_the_passes_pass_the_checks_on_random_programs(program: Program) -> None:
     """Every pass on (the GPU's loop settings and the batching passes) under

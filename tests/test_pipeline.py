@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import LOOPS_OFF, two_scans, two_scans_args
+from helpers.programs import LOOPS_OFF, two_scans, two_scans_args
 from jax import export
 
 from jaxpar import _compat, _pipeline

@@ -5,14 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import (
-    assert_tree_close,
-    assert_tree_equal,
-    cnn_args,
-    cnn_loss,
-    run_optimized,
-    two_tower_cnn,
-)
+from helpers.programs import cnn_args, cnn_loss, run_optimized, two_tower_cnn
+from helpers.trees import assert_tree_close, assert_tree_equal
 
 import jaxpar
 

@@ -1,4 +1,4 @@
-"""``jaxpar._plan.collectives``: collective grouping (issue 4): the group finder, its emission,
+"""``jaxpar._plan.collectives``: collective grouping: the group finder, its emission,
 shard_map re-emission and the bidirectional collective matmul example.
 
 Multi-device checks need 8 fake CPU devices (marked `cpu_devices(8)`): other test modules

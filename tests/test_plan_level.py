@@ -9,20 +9,22 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import (
-    FOUR_BRANCHES_OPTIONS,
+from helpers.lowered import (
     STREAM_ATTRIBUTE,
-    assert_same_values,
     canonical_jaxpr_text,
-    chain,
-    four_branches,
-    four_branches_args,
     lower_for_gpu,
     nested_stream_calls,
     stream_calls,
+)
+from helpers.programs import (
+    FOUR_BRANCHES_OPTIONS,
+    chain,
+    four_branches,
+    four_branches_args,
     two_scans,
     two_scans_args,
 )
+from helpers.trees import assert_same_values
 from jax import lax
 from jax.experimental import io_callback
 from jax.experimental.xla_metadata import set_xla_metadata

@@ -24,16 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
-    CONCURRENCY_PAYS,
-    PLUGIN_MESSAGE,
-    PLUGIN_OK,
-    calibrated_gpu,
-    fan,
-    fan_args,
-    needs_plugin,
-    suite_evaluation,
-)
+from helpers.benchmarks import CONCURRENCY_PAYS, calibrated_gpu, suite_evaluation
+from helpers.environment import PLUGIN_MESSAGE, PLUGIN_OK, needs_plugin
+from helpers.programs import fan, fan_args
 
 import jaxpar
 from jaxpar import _compiled
@@ -64,7 +57,8 @@ REGIONS_OPTIONS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT_REGIONS
 def calibrated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """This machine planning for a GPU whose figures were measured (``calibrate.py``) and
     under which small independent kernels pay off as parallel graph nodes at every end
-    (``helpers.CONCURRENCY_PAYS``): the profile target ``"gpu"`` plans with off a GPU."""
+    (``helpers.benchmarks.CONCURRENCY_PAYS``): the profile target ``"gpu"`` plans with off a
+    GPU."""
     from jaxpar import _gpu_model
 
     profile = dataclasses.replace(calibrated_gpu(tmp_path, **CONCURRENCY_PAYS), name="gpu",

@@ -9,7 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import assert_tree_close, assert_tree_equal, lower_for_gpu, stream_calls
+from helpers.lowered import lower_for_gpu, stream_calls
+from helpers.trees import assert_tree_close, assert_tree_equal
 from jax import lax
 
 import jaxpar

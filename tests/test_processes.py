@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import FULL
+from helpers.environment import FULL
 
 import jaxpar
 from jaxpar import _processes, _tune

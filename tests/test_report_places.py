@@ -1,6 +1,6 @@
 """The short report names places in the user's model (``jaxpar._report.places``).
 
-Issue 33: a Flax NNX row said ``flax/nnx/nn/linear.py:422`` (the library's line), an
+A Flax NNX row once said ``flax/nnx/nn/linear.py:422`` (the library's line), an
 Equinox row ``eqx.nn.Linear`` (not which tower), and the short text showed equation
 numbers and unlabelled signed figures. Rows now name the attribute path of the
 module whose parameters they read (``m.towers[1].linear1``), figures say what they

@@ -1,4 +1,4 @@
-"""The plan's one estimate, everywhere (issue 33): a plan has one pair of figures, jax.jit's time in
+"""The plan's one estimate, everywhere: a plan has one pair of figures, jax.jit's time in
 the user's CUDA-graph mode against jaxpar's as it will run, and every surface shows it.
 
 Parsed from what each surface prints: ``Plan.text()``'s header and its ``XLA options``
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 
 import jaxpar
 from jaxpar._report.render import plan_to_chrome_trace
@@ -108,10 +108,11 @@ def test_a_mode_only_change_draws_the_mode_and_its_figure(calibrated_fan: Any) -
 
 @pytest.fixture
 def calibrated_fan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """``helpers.fan`` on a GPU whose calibration makes CONCURRENT_REGIONS pay."""
+    """``helpers.programs.fan`` on a GPU whose calibration makes CONCURRENT_REGIONS pay."""
     import dataclasses
 
-    from helpers import CONCURRENCY_PAYS, calibrated_gpu, fan
+    from helpers.benchmarks import CONCURRENCY_PAYS, calibrated_gpu
+    from helpers.programs import fan
 
     from jaxpar import _gpu_model
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import jax
 import pytest
-from helpers import cnn_args, cnn_loss, hetero_batch_benchmark, seed_002_small_args
+from helpers.benchmarks import hetero_batch_benchmark, seed_002_small_args
+from helpers.programs import cnn_args, cnn_loss
 from jax import lax
 
 import jaxpar
@@ -143,7 +144,7 @@ def seed_002_plan():
 
 
 def test_batched_matmul_groups_are_drawn_on_their_loop():
-    """Seed 002 with different bodies: the fused loop's box holds a box per batched
+    """Two scans with different bodies: the fused loop's box holds a box per batched
     matmul group, labelled with its member count, and the legend explains it."""
     plan = seed_002_plan()
     groups = [k for k, d in enumerate(plan.subgraphs) if d.kind == "batched matmuls"]

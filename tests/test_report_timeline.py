@@ -1,4 +1,4 @@
-"""One estimate per plan (``jaxpar._report.timeline``, issue 20, item 2): the text header, the
+"""One estimate per plan (``jaxpar._report.timeline``): the text header, the
 picture's title and ``gpu_preview`` show the same figure for the same program and CUDA-graph
 mode, say where it comes from, count the loop rewrites, and draw a forced section with the GPU
 pricing's verdict.
@@ -19,7 +19,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import needs_plugin
+from helpers.environment import needs_plugin
 from jax import lax
 
 import jaxpar
@@ -183,7 +183,7 @@ def _direction(ratio: float) -> int:
     ("inception", {"force_streams": True})])
 def test_gpu_preview_shows_the_same_figure_as_its_plan(name, options):
     fn, args = PROGRAMS[name]
-    # Issue 33: the preview's plan keeps inspect's pair; the compile's is beside it.
+    # The preview's plan keeps inspect's pair; the compile's is beside it.
     preview = jaxpar.gpu_preview(fn, *args(), **options)
     figure = preview.compiled
     assert (figure.plain_us, figure.jaxpar_us) == (preview.plain.estimated_us,
@@ -213,7 +213,7 @@ def test_gpu_preview_shows_the_same_figure_as_its_plan(name, options):
 
 @needs_plugin
 def test_graphs_off_forced_plan_and_preview_agree(monkeypatch):
-    # Issue 20: with CUDA graphs off in XLA_FLAGS the forced plan was drawn 2x shorter
+    # With CUDA graphs off in XLA_FLAGS the forced plan was once drawn 2x shorter
     # while gpu_preview said x1.000. Now the pricing's verdict (no net gain worth a
     # stream) and the compile (not faster) agree, and the plan says it is forced.
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")

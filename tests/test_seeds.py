@@ -1,8 +1,9 @@
-"""The core issue's acceptance checks on the user stories, down to the compiled GPU schedule.
+"""The user stories (seed programs), checked down to the compiled GPU schedule.
 
-Seed 002 (two scans with different bodies) must become two stream-annotated calls, one per
-loop, in one scheduling group, and XLA:GPU (compiled deviceless for an H200) must have both
-in flight at once. A four-branch block gets at least two streams; a pure chain gets none.
+The two-scan program (two scans with different bodies) must become two stream-annotated
+calls, one per loop, in one scheduling group, and XLA:GPU (compiled deviceless for an H200)
+must have both in flight at once. A four-branch block gets at least two streams; a pure
+chain gets none.
 """
 
 from __future__ import annotations
@@ -13,18 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
-    LOOPS_OFF,
-    assert_tree_close,
-    assert_tree_equal,
-    four_matmul_branches,
-    four_matmul_branches_args,
-    function_bodies,
-    lower_for_gpu,
-    needs_plugin,
-    seed_002,
-    stream_calls,
-)
+from helpers.environment import needs_plugin
+from helpers.lowered import function_bodies, lower_for_gpu, stream_calls
+from helpers.programs import LOOPS_OFF, four_matmul_branches, four_matmul_branches_args, seed_002
+from helpers.trees import assert_tree_close, assert_tree_equal
 
 import jaxpar
 import jaxpar._compiled.preview as _preview
@@ -37,7 +30,7 @@ crashes_on_annotated_loops = pytest.mark.skipif(
     reason=f"XLA in jaxlib {jax.lib.__version__} segfaults compiling annotated loops")
 
 # Stream tests force their sections past the GPU pricing (jaxpar/_plan/pricing.py), which refuses
-# them under XLA's default CUDA-graph mode (LOOPS_OFF, from tests/helpers.py, forces them
+# them under XLA's default CUDA-graph mode (LOOPS_OFF, from helpers.programs, forces them
 # too); tests/test_plan_pricing.py covers that choice.
 # The four branches are identical, so by default the GPU target batches them into one vmapped
 # chain (tests/test_batch_branches.py); here streams are what is tested.
@@ -59,7 +52,7 @@ def pure_chain(x, w):
     return x
 
 
-def test_seed_002_lowers_to_two_annotated_loops_in_one_group():
+def test_two_scans_lower_to_two_annotated_loops_in_one_group():
     args = seed_002_args()
     fast = jaxpar.parallel_branches(seed_002, target="gpu", **LOOPS_OFF)
     assert_tree_equal(fast(*args), jax.jit(seed_002)(*args))
@@ -73,7 +66,7 @@ def test_seed_002_lowers_to_two_annotated_loops_in_one_group():
         assert sum("stablehlo.while" in line for line in bodies[callee]) == 1
 
 
-def test_seed_002_gradients_match():
+def test_two_scans_gradients_match():
     args = seed_002_args(steps=5)
     fast = jaxpar.parallel_branches(seed_002, target="gpu", **LOOPS_OFF)
 
@@ -86,7 +79,7 @@ def test_seed_002_gradients_match():
 
 @needs_plugin
 @crashes_on_annotated_loops
-def test_seed_002_both_loops_in_flight_on_h200():
+def test_two_scans_both_loops_in_flight_on_h200():
     fast = jaxpar.parallel_branches(seed_002, target="gpu", **LOOPS_OFF)
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in seed_002_args()]
     schedule = parse_schedule(compile_for_gpu(fast, *specs, gpu="h200"))
@@ -100,7 +93,7 @@ def test_seed_002_both_loops_in_flight_on_h200():
 
 
 @needs_plugin
-def test_unannotated_seed_002_runs_loops_back_to_back_on_h200():
+def test_unannotated_two_scans_run_loops_back_to_back_on_h200():
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in seed_002_args()]
     schedule = parse_schedule(compile_for_gpu(seed_002, *specs, gpu="h200"))
     assert schedule.max_async_calls_in_flight == 0

@@ -1,4 +1,4 @@
-"""The loop issue's acceptance checks on seed 002, down to the compiled H200 loops.
+"""The loop rewrites on the two-scan program, checked down to the compiled H200 loops.
 
 Plain: two `while` loops of 10,000 trips each. jaxpar with target="gpu" and default
 options: one loop with a known trip count of at most 10,000. Identical bodies: one loop
@@ -11,13 +11,8 @@ import re
 
 import jax
 import jax.numpy as jnp
-from helpers import (
-    needs_plugin,
-    seed_002,
-    seed_002_specs,
-    seed_002_step_sin,
-    seed_002_step_tanh,
-)
+from helpers.environment import needs_plugin
+from helpers.programs import seed_002, seed_002_specs, seed_002_step_sin, seed_002_step_tanh
 from jax import lax
 from pass_checker import assert_same_gradients, assert_same_outputs, sum_loss
 
@@ -41,7 +36,7 @@ def total_trips(schedule):
 
 
 @needs_plugin
-def test_plain_seed_002_is_two_loops_of_10000_trips():
+def test_plain_two_scans_are_two_loops_of_10000_trips():
     schedule = parse_schedule(compile_for_gpu(seed_002, *seed_002_specs()))
     assert sorted(loop.known_trip_count for loop in schedule.while_loops) == [10_000, 10_000]
 

@@ -20,13 +20,8 @@ except RuntimeError:  # the backend is already up: conftest runs the tests in a 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import (
-    assert_same_values,
-    assert_tree_equal,
-    lower_for_gpu,
-    nested_stream_calls,
-    stream_calls,
-)
+from helpers.lowered import lower_for_gpu, nested_stream_calls, stream_calls
+from helpers.trees import assert_same_values, assert_tree_equal
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -112,7 +107,7 @@ def test_grad_through_shard_map_with_decorated_body():
 
 # --- loop and subgraph passes inside a shard_map body ---------------------------------------
 # Their rewrites are traced on the body's values, whose types name the mesh axes: JAX only
-# traces such values with those axes bound (issue 10, point 5).
+# traces such values with those axes bound.
 
 
 def _ensemble_body(x, w1, w2, w3, w4):
@@ -166,7 +161,7 @@ def test_loop_and_subgraph_passes_inside_shard_map_body():
         assert_same_values(jax.jit(g)(*args), want, "gpu")
 
 
-# --- reverse mode of a body with grouped collectives (issue 32, point 6) ---------------------
+# --- reverse mode of a body with grouped collectives -----------------------------------------
 
 
 def _collective_matmul_body(x, w1, w2):

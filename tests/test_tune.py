@@ -1,6 +1,6 @@
 """The tuner (``parallel_branches(f, tune=True)``, ``jaxpar/_tune.py``): the decision rule
 under a deterministic fake timer, the stored decision and its key, and a second process
-that compiles only the winner (issue 19, point 3)."""
+that compiles only the winner."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_close, assert_tree_equal
+from helpers.trees import assert_tree_close, assert_tree_equal
 from jax import lax
 
 import jaxpar

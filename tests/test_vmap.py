@@ -6,16 +6,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import (
-    LOOPS_OFF,
-    STREAM_ATTRIBUTE,
-    assert_same_values,
-    assert_tree_close,
-    lower_for_gpu,
-    stream_calls,
-    two_scans,
-    two_scans_args,
-)
+from helpers.lowered import STREAM_ATTRIBUTE, lower_for_gpu, stream_calls
+from helpers.programs import LOOPS_OFF, two_scans, two_scans_args
+from helpers.trees import assert_same_values, assert_tree_close
 
 import jaxpar
 

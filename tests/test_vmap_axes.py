@@ -1,4 +1,4 @@
-"""A `psum`/`pmean` over a `jax.vmap` axis name is a reduction on this device (issue 19.5).
+"""A `psum`/`pmean` over a `jax.vmap` axis name is a reduction on this device.
 
 `jax.vmap(f, axis_name="batch")` with `pmean(x, "batch")` inside is what Equinox's and
 Flax's BatchNorm with `axis_name` produce. Traced at the unbatched shapes, `f` holds a
@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_close, lower_for_gpu, stream_calls
+from helpers.lowered import lower_for_gpu, stream_calls
+from helpers.trees import assert_tree_close
 
 import jaxpar
 from jaxpar import _compat, _primitives

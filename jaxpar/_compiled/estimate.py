@@ -107,8 +107,8 @@ from .._gpu_model import (
     GpuProfile,
     gpu_profile,
 )
-from . import schedule
-from .schedule import _Instruction, _Module
+from . import hlo
+from .hlo import Instruction, Module
 
 __all__ = [
     "Estimate",
@@ -116,49 +116,6 @@ __all__ = [
     "estimate_hlo",
     "verdict",
 ]
-
-
-# --------------------------------------------------------------------------- shapes
-
-_ELEMENT_BYTES = {
-    "pred": 1.0, "s2": 0.25, "u2": 0.25, "s4": 0.5, "u4": 0.5, "s8": 1.0, "u8": 1.0,
-    "s16": 2.0, "u16": 2.0, "f16": 2.0, "bf16": 2.0, "s32": 4.0, "u32": 4.0, "f32": 4.0,
-    "s64": 8.0, "u64": 8.0, "f64": 8.0, "c64": 8.0, "c128": 16.0, "token": 0.0,
-}
-_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
-
-
-def _arrays(shape: str) -> list[tuple[str, int]]:
-    """``(element type, elements)`` of every array in a (possibly tuple) shape text."""
-    found = []
-    for element_type, dims in _ARRAY.findall(shape):
-        if element_type not in _ELEMENT_BYTES and not element_type.startswith("f8"):
-            continue
-        found.append((element_type, math.prod(int(d) for d in dims.split(",") if d)))
-    return found
-
-
-def _bytes(shape: str) -> float:
-    return sum(_ELEMENT_BYTES.get(t, 1.0) * n for t, n in _arrays(shape))
-
-
-def _elements(shape: str) -> int:
-    arrays = _arrays(shape)
-    return arrays[0][1] if arrays else 0
-
-
-def _dims(shape: str) -> list[int]:
-    match = _ARRAY.search(shape)
-    return [int(d) for d in match.group(2).split(",") if d] if match else []
-
-
-def _element_type(shape: str) -> str:
-    match = _ARRAY.search(shape)
-    return match.group(1) if match else "f32"
-
-
-def _int_list(text: str | None) -> list[int]:
-    return [int(v) for v in re.findall(r"-?\d+", text or "")]
 
 
 # --------------------------------------------------------------------------- kernel cost
@@ -189,13 +146,13 @@ _FREE_OPCODES = frozenset({"parameter", "constant", "bitcast", "get-tuple-elemen
                            "reshape", "broadcast", "iota", "after-all", "partition-id",
                            "replica-id", "opt-barrier", "add-dependency"})
 _CAPTURABLE_CUSTOM_CALL = re.compile(r"cublas|cudnn|triton|gemm", re.IGNORECASE)
-_KERNEL_OPCODES = frozenset({"fusion", "custom-call", "copy"})
+_LAUNCHED_OPCODES = frozenset({"fusion", "custom-call", "copy"})
 
 
 class _Costs:
     """Kernel costs of one module, memoised per instruction name."""
 
-    def __init__(self, module: _Module, profile: GpuProfile):
+    def __init__(self, module: Module, profile: GpuProfile):
         self.module = module
         self.profile = profile
         self._shapes: dict[str, dict[str, str]] = {}
@@ -208,61 +165,61 @@ class _Costs:
                 if found else {}
         return self._shapes[computation]
 
-    def kernel(self, instruction: _Instruction, computation: str) -> KernelCost:
+    def kernel(self, instruction: Instruction, computation: str) -> KernelCost:
         cost = self._memo.get(instruction.name)
         if cost is None:
             cost = self._kernel(instruction, computation)
             self._memo[instruction.name] = cost
         return cost
 
-    def _kernel(self, instruction: _Instruction, computation: str) -> KernelCost:
+    def _kernel(self, instruction: Instruction, computation: str) -> KernelCost:
         shapes = self.shapes(computation)
         if instruction.opcode == "fusion":
-            called = schedule._called(instruction.attributes, "calls")
+            called = hlo.called(instruction.attributes, "calls")
             if called and called[0] in self.module.by_name:
                 return self._fusion(called[0])
-        read = sum(_bytes(shapes.get(o, "")) for o in instruction.operands)
-        written = _bytes(instruction.shape)
+        read = sum(hlo.shape_bytes(shapes.get(o, "")) for o in instruction.operands)
+        written = hlo.shape_bytes(instruction.shape)
         tensor = 0.0
         if instruction.opcode == "custom-call":
             tensor = self._custom_call_seconds(instruction, shapes)
-            arrays = _arrays(instruction.shape)
+            arrays = hlo.arrays(instruction.shape)
             if tensor and len(arrays) > 1:  # (result, workspace): the workspace is scratch
-                written = _ELEMENT_BYTES.get(arrays[0][0], 4.0) * arrays[0][1]
+                written = hlo.ELEMENT_BYTES.get(arrays[0][0], 4.0) * arrays[0][1]
         return KernelCost(tensor, 0.0, read + written,
                           serial=instruction.opcode == "custom-call"
                           or read + written > CONCURRENT_REGION_BYTES)
 
-    def _custom_call_seconds(self, instruction: _Instruction, shapes: dict[str, str]) -> float:
-        target = schedule._attribute_group(instruction.attributes, "custom_call_target") or ""
+    def _custom_call_seconds(self, instruction: Instruction, shapes: dict[str, str]) -> float:
+        target = hlo.attribute(instruction.attributes, "custom_call_target") or ""
         operands = [shapes.get(o, "") for o in instruction.operands]
         out = instruction.shape
         if "cudnn" in target.lower() and "conv" in target.lower() and len(operands) > 1:
             return self._conv_seconds(instruction.attributes, operands[1], out)
         if _CAPTURABLE_CUSTOM_CALL.search(target) and operands:
-            config = schedule._backend_config(instruction).get("gemm_backend_config", {})
+            config = hlo.backend_config(instruction).get("gemm_backend_config", {})
             numbers = config.get("dot_dimension_numbers", {}) if isinstance(config, dict) else {}
             contracting = [int(d) for d in numbers.get("lhs_contracting_dimensions", [])]
-            lhs = _dims(operands[0])
+            lhs = hlo.dims(operands[0])
             size = math.prod(lhs[d] for d in contracting if d < len(lhs)) if contracting else 1
-            flops = 2.0 * _elements(out) * size
-            return flops / self.profile.dot_flops(_element_type(operands[0]))
+            flops = 2.0 * hlo.elements(out) * size
+            return flops / self.profile.dot_flops(hlo.element_type(operands[0]))
         return 0.0
 
     def _conv_seconds(self, attributes: str, rhs_shape: str, out: str) -> float:
-        labels = schedule._attribute_group(attributes, "dim_labels") or ""
-        rhs = _dims(rhs_shape)
+        labels = hlo.attribute(attributes, "dim_labels") or ""
+        rhs = hlo.dims(rhs_shape)
         parts = labels.split("->")[0].split("_")
         out_feature = parts[1].find("o") if len(parts) == 2 else 0
         per_output = math.prod(rhs) / max(rhs[out_feature] if 0 <= out_feature < len(rhs)
                                           else 1, 1)
-        flops = 2.0 * _elements(out) * per_output
-        return flops / self.profile.dot_flops(_element_type(rhs_shape))
+        flops = 2.0 * hlo.elements(out) * per_output
+        return flops / self.profile.dot_flops(hlo.element_type(rhs_shape))
 
     def _fusion(self, name: str) -> KernelCost:
         computation = self.module.by_name[name]
         shapes = self.shapes(name)
-        users: dict[str, list[_Instruction]] = {}
+        users: dict[str, list[Instruction]] = {}
         for instruction in computation.instructions:
             for operand in instruction.operands:
                 users.setdefault(operand, []).append(instruction)
@@ -270,25 +227,25 @@ class _Costs:
         for instruction in computation.instructions:
             opcode = instruction.opcode
             if opcode in ("dot", "ragged-dot", "scaled-dot") and instruction.operands:
-                lhs = _dims(shapes.get(instruction.operands[0], ""))
-                contracting = _int_list(schedule._attribute_group(
+                lhs = hlo.dims(shapes.get(instruction.operands[0], ""))
+                contracting = hlo.int_list(hlo.attribute(
                     instruction.attributes, "lhs_contracting_dims"))
                 size = math.prod(lhs[d] for d in contracting if d < len(lhs))
-                flops = 2.0 * _elements(instruction.shape) * size
+                flops = 2.0 * hlo.elements(instruction.shape) * size
                 tensor += flops / self.profile.dot_flops(
-                    _element_type(shapes.get(instruction.operands[0], "")))
+                    hlo.element_type(shapes.get(instruction.operands[0], "")))
             elif opcode == "convolution" and len(instruction.operands) > 1:
                 tensor += self._conv_seconds(instruction.attributes,
                                              shapes.get(instruction.operands[1], ""),
                                              instruction.shape)
             elif opcode == "fusion":  # nested fusions (Triton): count their work too
-                inner = schedule._called(instruction.attributes, "calls")
+                inner = hlo.called(instruction.attributes, "calls")
                 if inner and inner[0] in self.module.by_name:
                     nested = self._fusion(inner[0])
                     tensor += nested.tensor_seconds
                     vector += nested.vector_flops
             elif opcode not in _FREE_OPCODES:
-                vector += _elements(instruction.shape)
+                vector += hlo.elements(instruction.shape)
         read = 0.0
         in_place: set[str] = set()
         root = computation.instructions[-1] if computation.instructions else None
@@ -300,9 +257,9 @@ class _Costs:
         for output in outputs:
             if output.opcode == "dynamic-update-slice" and len(output.operands) > 1:
                 in_place.add(output.operands[0])
-                written += _bytes(shapes.get(output.operands[1], ""))
+                written += hlo.shape_bytes(shapes.get(output.operands[1], ""))
             else:
-                written += _bytes(output.shape)
+                written += hlo.shape_bytes(output.shape)
         for instruction in computation.instructions:
             if instruction.opcode != "parameter":
                 continue
@@ -311,9 +268,9 @@ class _Costs:
                 continue
             if uses and all(u.opcode in _SLICING and u.operands[0] == instruction.name
                             for u in uses):
-                read += sum(_bytes(u.shape) for u in uses)
+                read += sum(hlo.shape_bytes(u.shape) for u in uses)
             else:
-                read += _bytes(instruction.shape)
+                read += hlo.shape_bytes(instruction.shape)
         return KernelCost(tensor, vector, read + written,
                           serial=tensor > 0 or read + written > CONCURRENT_REGION_BYTES)
 
@@ -326,51 +283,51 @@ class _Item:
     """One step of a computation's thunk sequence."""
 
     kind: str  # kernel | start | done | while | conditional | call | graph | value
-    instruction: _Instruction
+    instruction: Instruction
     callees: tuple[str, ...] = ()
     stream: int = 0
     trips: int | None = None
     members: tuple[_Item, ...] = ()  # for "graph": the captured items
 
 
-def _region_of(instruction: _Instruction, module: _Module) -> str | None:
-    called = schedule._called(instruction.attributes, "to_apply", "calls")
+def _region_of(instruction: Instruction, module: Module) -> str | None:
+    called = hlo.called(instruction.attributes, "to_apply", "calls")
     if not called:
         return None
     if instruction.opcode == "async-start":
         root = module.root(called[0])
         if root is not None and root.opcode == "call":
-            inner = schedule._called(root.attributes, "to_apply")
+            inner = hlo.called(root.attributes, "to_apply")
             return inner[0] if inner else called[0]
     return called[0]
 
 
-def _stream_of(instruction: _Instruction, module: _Module) -> int:
-    attributes = schedule._frontend_attributes(instruction)
+def _stream_of(instruction: Instruction, module: Module) -> int:
+    attributes = hlo.frontend_attributes(instruction)
     if instruction.opcode == "async-start":
-        called = schedule._called(instruction.attributes, "calls")
+        called = hlo.called(instruction.attributes, "calls")
         root = module.root(called[0]) if called else None
         if root is not None:
-            attributes = {**schedule._frontend_attributes(root), **attributes}
+            attributes = {**hlo.frontend_attributes(root), **attributes}
     try:
         return 1 + int(attributes.get("_xla_stream_annotation", ""))
     except ValueError:
         return 1000  # unannotated async compute: a stream of XLA's own pool
 
 
-def _is_compute_start(instruction: _Instruction, module: _Module) -> bool:
+def _is_compute_start(instruction: Instruction, module: Module) -> bool:
     if instruction.opcode == "call-start":
         return True
     if instruction.opcode != "async-start":
         return False
-    kind, _ = schedule._refine_async(instruction, module)
+    kind, _ = hlo.async_kind(instruction, module)
     return kind == "compute"
 
 
 class _Program:
     """Thunk sequences of a module, with CUDA-graph capture decided per sequence."""
 
-    def __init__(self, module: _Module, costs: _Costs, mode: CommandBufferMode):
+    def __init__(self, module: Module, costs: _Costs, mode: CommandBufferMode):
         self.module = module
         self.costs = costs
         self.mode = mode
@@ -391,7 +348,7 @@ class _Program:
         items = []
         for instruction in computation.instructions:
             opcode = instruction.opcode
-            if opcode in _KERNEL_OPCODES:
+            if opcode in _LAUNCHED_OPCODES:
                 items.append(_Item("kernel", instruction))
             elif _is_compute_start(instruction, self.module):
                 region = _region_of(instruction, self.module)
@@ -400,19 +357,19 @@ class _Program:
             elif opcode in ("call-done", "async-done"):
                 items.append(_Item("done", instruction))
             elif opcode == "while":
-                body = schedule._called(instruction.attributes, "body")
-                condition = schedule._called(instruction.attributes, "condition")
+                body = hlo.called(instruction.attributes, "body")
+                condition = hlo.called(instruction.attributes, "condition")
                 items.append(_Item("while", instruction, (body[0] if body else "",
                                                           condition[0] if condition else ""),
-                                   trips=schedule._known_trip_count(instruction)))
+                                   trips=hlo.known_trip_count(instruction)))
             elif opcode == "conditional":
-                branches = schedule._called(instruction.attributes, "branch_computations",
+                branches = hlo.called(instruction.attributes, "branch_computations",
                                                "true_computation", "false_computation")
                 items.append(_Item("conditional", instruction, branches))
             elif opcode == "call":
-                items.append(_Item("call", instruction, schedule._called(
+                items.append(_Item("call", instruction, hlo.called(
                     instruction.attributes, "to_apply")))
-            elif (opcode in schedule._COLLECTIVES or opcode.endswith("-start")) \
+            elif (opcode in hlo.COLLECTIVES or opcode.endswith("-start")) \
                     and opcode not in ("send", "recv"):
                 items.append(_Item("kernel", instruction))  # costed by bytes, in order
             else:
@@ -433,7 +390,7 @@ class _Program:
             if opcode in ("fusion", "copy"):
                 return True
             if opcode == "custom-call":
-                target = schedule._attribute_group(item.instruction.attributes,
+                target = hlo.attribute(item.instruction.attributes,
                                                       "custom_call_target") or ""
                 return bool(_CAPTURABLE_CUSTOM_CALL.search(target))
             return False  # collectives are not a default command type
@@ -617,7 +574,7 @@ class _Replay:
         self.clock["device_seconds"] += duration
         return max(start + duration, begin_work + work)
 
-    def _operands_ready(self, instruction: _Instruction) -> float:
+    def _operands_ready(self, instruction: Instruction) -> float:
         return max((self.ready.get(o, 0.0) for o in instruction.operands), default=0.0)
 
     # -- sequences on streams, one kernel launched at a time
@@ -715,7 +672,7 @@ class _Replay:
 
     # -- one CUDA graph
     def _graph(self, item: _Item, computation: str, stream: int) -> None:
-        nodes: list[tuple[_Instruction, str, tuple[str, ...]]] = []
+        nodes: list[tuple[Instruction, str, tuple[str, ...]]] = []
         self._flatten(item.members, computation, nodes, {})
         kernels = sum(instruction.opcode != "__value__" for instruction, _, _ in nodes)
         mode = self.program.mode
@@ -755,18 +712,18 @@ class _Replay:
         self.streams[stream] = end
 
     def _flatten(self, items: Sequence[_Item], computation: str,
-                 nodes: list[tuple[_Instruction, str, tuple[str, ...]]],
+                 nodes: list[tuple[Instruction, str, tuple[str, ...]]],
                  params: dict[str, tuple[str, ...]]) -> None:
         """Kernel nodes of captured items, each with the values it waits for."""
 
-        def inputs(instruction: _Instruction) -> tuple[str, ...]:
+        def inputs(instruction: Instruction) -> tuple[str, ...]:
             found: list[str] = []
             for operand in instruction.operands:
                 found.extend(params.get(operand, (operand,)))
             return tuple(found)
 
         def value(name: str, waits: tuple[str, ...]) -> None:
-            nodes.append((_Instruction(name, "__value__", (), ""), computation, waits))
+            nodes.append((Instruction(name, "__value__", (), ""), computation, waits))
 
         for item in items:
             instruction = item.instruction
@@ -781,7 +738,7 @@ class _Replay:
                     index = list(item.callees).index(branch) if branch else 0
                     args = args[index + 1:index + 2]
                 for callee in callees:
-                    inner = {p.name: inputs(_Instruction("", "", tuple(args[k:k + 1]), ""))
+                    inner = {p.name: inputs(Instruction("", "", tuple(args[k:k + 1]), ""))
                              for k, p in _parameters(self.program.module, callee)}
                     self._flatten(self.program.items(callee, False), callee, nodes, inner)
                     root = self.program.module.root(callee)
@@ -803,18 +760,18 @@ def _dearest(program: _Program, profile: GpuProfile, branches: Iterable[str]) ->
     return max(branches, key=serial, default=None)
 
 
-def _parameters(module: _Module, computation: str) -> list[tuple[int, _Instruction]]:
+def _parameters(module: Module, computation: str) -> list[tuple[int, Instruction]]:
     found = module.by_name.get(computation)
     if found is None:
         return []
-    return [(int(_int_list(i.arguments)[0]) if _int_list(i.arguments) else 0, i)
+    return [(int(hlo.int_list(i.arguments)[0]) if hlo.int_list(i.arguments) else 0, i)
             for i in found.instructions if i.opcode == "parameter"]
 
 
 # --------------------------------------------------------------------------- regions
 
 
-def _regions(module: _Module, program: _Program, entry: str) -> tuple[RegionFigures, ...]:
+def _regions(module: Module, program: _Program, entry: str) -> tuple[RegionFigures, ...]:
     found = []
     for name in sorted(module.control_computations()):
         computation = module.by_name[name]
@@ -832,7 +789,7 @@ def _regions(module: _Module, program: _Program, entry: str) -> tuple[RegionFigu
             beside = sum(_kernels(program, items[j:j + 1]) for j in range(k + 1, done))
             beside += sum(_kernels(program, items[j:j + 1]) for j, other in spans.items()
                           if j < k < other)
-            attributes = schedule._frontend_attributes(item.instruction)
+            attributes = hlo.frontend_attributes(item.instruction)
             found.append(RegionFigures(
                 name=item.instruction.name, computation=computation.name, stream=item.stream,
                 scheduling_group=attributes.get("_scheduling_group_id"),
@@ -910,11 +867,11 @@ def estimate_hlo(hlo_text: str, gpu: str | GpuProfile = "h200",
     if isinstance(unknown_trips, bool) or not isinstance(unknown_trips, int) \
             or unknown_trips < 1:
         raise ValueError(f"unknown_trips={unknown_trips!r} must be an integer >= 1.")
-    _, computations = schedule._split_computations(hlo_text)
+    _, computations = hlo.parse_computations(hlo_text)
     entries = [c.name for c in computations if c.is_entry]
     if not entries:
         raise ValueError("hlo_text holds no ENTRY computation; pass a whole HLO module's text.")
-    module = _Module(computations)
+    module = Module(computations)
     program = _Program(module, _Costs(module, profile), mode)
     replay = _Replay(program, profile, unknown_trips)
     replay.sequence(entries[0], 0, graphs=True)

@@ -27,11 +27,10 @@ Sharp edges:
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from . import hlo
+from .hlo import Computation, Instruction, Module
 
 __all__ = [
     "AsyncEvent",
@@ -197,247 +196,7 @@ class Schedule:
         return tuple(event for c in self.computations for event in c.events)
 
 
-@dataclass(frozen=True, slots=True)
-class _Instruction:
-    name: str
-    opcode: str
-    operands: tuple[str, ...]
-    attributes: str  # the text after the operand list
-    shape: str = ""  # the result shape, e.g. ``f32[8,128]{1,0}`` or a parenthesised tuple
-    arguments: str = ""  # the text inside the operand list, e.g. ``0`` for ``parameter(0)``
-
-
-@dataclass(frozen=True, slots=True)
-class _Computation:
-    name: str
-    is_entry: bool
-    execution_thread: str | None
-    instructions: tuple[_Instruction, ...]
-
-
-_COMPUTATION_HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s+\(.*\{\s*$")
-_COMPUTATION_END = re.compile(r'^\}(?:,\s*execution_thread="([^"]*)")?')
-_INSTRUCTION_HEAD = re.compile(r"^\s+(?:ROOT\s+)?%?([^\s=]+)\s+=\s+")
-_OPERAND_NAME = re.compile(r"%([^\s,()]+)")
-_ATTRIBUTE_PAIR = re.compile(r'([\w.$-]+)="((?:[^"\\]|\\.)*)"')
-
-_COLLECTIVES = frozenset(
-    {
-        "all-gather",
-        "all-reduce",
-        "all-to-all",
-        "collective-broadcast",
-        "collective-permute",
-        "ragged-all-to-all",
-        "reduce-scatter",
-        "send",
-        "recv",
-    }
-)
-_KERNEL_OPCODES = frozenset({"fusion", "custom-call"})
-_GEMM_TARGET = re.compile(r"gemm|matmul|cublas|conv", re.IGNORECASE)
-
-
-def _skip_balanced(text: str, start: int) -> int:
-    """Index just past the bracket group opening at ``text[start]``; honours quotes."""
-    pairs = {"(": ")", "{": "}", "[": "]"}
-    stack = [pairs[text[start]]]
-    position = start + 1
-    in_string = False
-    while position < len(text) and stack:
-        char = text[position]
-        if in_string:
-            if char == "\\":
-                position += 1
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in pairs:
-            stack.append(pairs[char])
-        elif char == stack[-1]:
-            stack.pop()
-        position += 1
-    return position
-
-
-def _parse_instruction(line: str) -> _Instruction | None:
-    head = _INSTRUCTION_HEAD.match(line)
-    if head is None:
-        return None
-    position = head.end()
-    shape_start = position
-    # The shape: a tuple shape is parenthesised and may hold spaces.
-    if line.startswith("(", position):
-        position = _skip_balanced(line, position)
-    else:
-        while position < len(line) and not line[position].isspace():
-            position = _skip_balanced(line, position) if line[position] in "{[" else position + 1
-    shape = line[shape_start:position].strip()
-    position += 1
-    paren = line.find("(", position)
-    if paren < 0:
-        return None
-    opcode = line[position:paren].strip()
-    end = _skip_balanced(line, paren)
-    operands = tuple(_OPERAND_NAME.findall(line[paren + 1 : end - 1]))
-    return _Instruction(
-        head.group(1), opcode, operands, line[end:], shape, line[paren + 1 : end - 1]
-    )
-
-
-def _attribute_group(attributes: str, key: str) -> str | None:
-    """The bracketed value of ``key=`` (e.g. ``frontend_attributes={...}``), without brackets."""
-    match = re.search(rf"(?:^|[\s,]){re.escape(key)}=", attributes)
-    if match is None:
-        return None
-    start = match.end()
-    if start < len(attributes) and attributes[start] in "{(":
-        return attributes[start + 1 : _skip_balanced(attributes, start) - 1]
-    value = re.match(r'"((?:[^"\\]|\\.)*)"|([^\s,]+)', attributes[start:])
-    if value is None:
-        return None
-    return value.group(1) if value.group(1) is not None else value.group(2)
-
-
-def _called(attributes: str, *keys: str) -> tuple[str, ...]:
-    names: list[str] = []
-    for key in keys:
-        value = _attribute_group(attributes, key)
-        if value:
-            names.extend(name.lstrip("%") for name in re.split(r"[\s,]+", value) if name)
-    return tuple(names)
-
-
-def _frontend_attributes(instruction: _Instruction) -> dict[str, str]:
-    group = _attribute_group(instruction.attributes, "frontend_attributes")
-    return dict(_ATTRIBUTE_PAIR.findall(group)) if group else {}
-
-
-def _backend_config(instruction: _Instruction) -> dict[str, Any]:
-    group = _attribute_group(instruction.attributes, "backend_config")
-    if not group:
-        return {}
-    try:
-        parsed = json.loads("{" + group + "}")
-    except json.JSONDecodeError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
-def _split_computations(hlo_text: str) -> tuple[str, list[_Computation]]:
-    module_name = ""
-    computations: list[_Computation] = []
-    current: tuple[str, bool, list[_Instruction]] | None = None
-    for line in hlo_text.splitlines():
-        if line.startswith("HloModule "):
-            module_name = line.split()[1].rstrip(",")
-            continue
-        if current is None:
-            header = _COMPUTATION_HEADER.match(line)
-            if header:
-                current = (header.group(2), bool(header.group(1)), [])
-            continue
-        end = _COMPUTATION_END.match(line)
-        if end:
-            name, is_entry, instructions = current
-            computations.append(_Computation(name, is_entry, end.group(1), tuple(instructions)))
-            current = None
-            continue
-        instruction = _parse_instruction(line)
-        if instruction is not None:
-            current[2].append(instruction)
-    return module_name, computations
-
-
-class _Module:
-    """Index over parsed computations, for the recursive questions the schedule asks."""
-
-    def __init__(self, computations: Sequence[_Computation]) -> None:
-        self.by_name = {c.name: c for c in computations}
-
-    def root(self, name: str | None) -> _Instruction | None:
-        computation = self.by_name.get(name or "")
-        return computation.instructions[-1] if computation and computation.instructions else None
-
-    def contains_dot(self, name: str, seen: frozenset[str] = frozenset()) -> bool:
-        computation = self.by_name.get(name)
-        if computation is None or name in seen:
-            return False
-        for instruction in computation.instructions:
-            if instruction.opcode in ("dot", "convolution", "ragged-dot", "scaled-dot"):
-                return True
-            if self._is_gemm_custom_call(instruction):
-                return True
-            for callee in _called(instruction.attributes, "calls"):
-                if self.contains_dot(callee, seen | {name}):
-                    return True
-        return False
-
-    @staticmethod
-    def _is_gemm_custom_call(instruction: _Instruction) -> bool:
-        if instruction.opcode != "custom-call":
-            return False
-        target = _attribute_group(instruction.attributes, "custom_call_target") or ""
-        return bool(_GEMM_TARGET.search(target))
-
-    def is_dot_kernel(self, instruction: _Instruction) -> bool:
-        if instruction.opcode == "custom-call":
-            return self._is_gemm_custom_call(instruction) or any(
-                self.contains_dot(callee)
-                for callee in _called(instruction.attributes, "called_computations", "calls")
-            )
-        if instruction.opcode == "fusion":
-            return any(
-                self.contains_dot(callee) for callee in _called(instruction.attributes, "calls")
-            )
-        return False
-
-    def _control_callees(self, instruction: _Instruction) -> tuple[str, ...]:
-        """Computations run as separate launches (not fused into one kernel)."""
-        if instruction.opcode in ("call", "call-start", "async-start"):
-            return _called(instruction.attributes, "to_apply", "calls")
-        if instruction.opcode == "while":
-            return _called(instruction.attributes, "condition", "body")
-        if instruction.opcode == "conditional":
-            return _called(
-                instruction.attributes,
-                "branch_computations",
-                "true_computation",
-                "false_computation",
-            )
-        return ()
-
-    def count_kernels(
-        self, name: str, dots_only: bool = False, seen: frozenset[str] = frozenset()
-    ) -> int:
-        computation = self.by_name.get(name)
-        if computation is None or name in seen:
-            return 0
-        total = 0
-        for instruction in computation.instructions:
-            if instruction.opcode in _KERNEL_OPCODES:
-                total += 1 if not dots_only or self.is_dot_kernel(instruction) else 0
-            for callee in self._control_callees(instruction):
-                total += self.count_kernels(callee, dots_only, seen | {name})
-        return total
-
-    def control_computations(self) -> set[str]:
-        """ENTRY plus everything reachable through control flow (not fusion bodies)."""
-        entries = [c.name for c in self.by_name.values() if c.is_entry]
-        reachable: set[str] = set()
-        pending = list(entries)
-        while pending:
-            name = pending.pop()
-            if name in reachable or name not in self.by_name:
-                continue
-            reachable.add(name)
-            for instruction in self.by_name[name].instructions:
-                pending.extend(self._control_callees(instruction))
-        return reachable
-
-
-def _classify(instruction: _Instruction) -> tuple[str, str, str | None] | None:
+def _classify(instruction: Instruction) -> tuple[str, str, str | None] | None:
     """``(kind, phase, collective)`` for async start/done instructions, else ``None``."""
     opcode = instruction.opcode
     if opcode in ("send", "recv"):
@@ -454,41 +213,24 @@ def _classify(instruction: _Instruction) -> tuple[str, str, str | None] | None:
         return "compute", phase, None
     if base == "copy":
         return "copy", phase, None
-    if base in _COLLECTIVES:
+    if base in hlo.COLLECTIVES:
         return "collective", phase, base
-    return "compute", phase, None  # async-start: refined by _refine_async
+    return "compute", phase, None  # async-start: refined by hlo.async_kind
 
 
-def _refine_async(start: _Instruction, module: _Module) -> tuple[str, str | None]:
-    attributes = _frontend_attributes(start)
-    wrapped = _called(start.attributes, "calls")
-    root = module.root(wrapped[0]) if wrapped else None
-    if root is not None:
-        attributes = {**_frontend_attributes(root), **attributes}
-    if "_collectives_group" in attributes:
-        return "collective", "collectives-group"
-    if root is not None and root.opcode in _COLLECTIVES:
-        return "collective", root.opcode
-    if root is not None and root.opcode.removesuffix("-start") in _COLLECTIVES:
-        return "collective", root.opcode.removesuffix("-start")
-    if root is not None and root.opcode == "copy":
-        return "copy", None
-    return "compute", None
-
-
-def _schedule_computation(computation: _Computation, module: _Module) -> ComputationSchedule:
+def _schedule_computation(computation: Computation, module: Module) -> ComputationSchedule:
     events: list[AsyncEvent] = []
     starts: dict[str, AsyncEvent] = {}
     in_flight: dict[str, str] = {}  # start name -> kind
     max_compute = max_collectives = dots_during = kernels = 0
     synchronous: list[str] = []
     for index, instruction in enumerate(computation.instructions):
-        if instruction.opcode in _KERNEL_OPCODES:
+        if instruction.opcode in hlo.KERNEL_OPCODES:
             kernels += 1
         collectives_now = sum(kind == "collective" for kind in in_flight.values())
         if collectives_now and module.is_dot_kernel(instruction):
             dots_during += 1
-        if instruction.opcode in _COLLECTIVES and instruction.opcode not in ("send", "recv"):
+        if instruction.opcode in hlo.COLLECTIVES and instruction.opcode not in ("send", "recv"):
             synchronous.append(instruction.name)
         classified = _classify(instruction)
         if classified is None or instruction.opcode == "async-update":
@@ -503,16 +245,16 @@ def _schedule_computation(computation: _Computation, module: _Module) -> Computa
         else:
             start_name = instruction.name
             if instruction.opcode == "async-start":
-                kind, collective = _refine_async(instruction, module)
-        attributes = _frontend_attributes(instruction)
-        called = _called(instruction.attributes, "to_apply", "calls")
+                kind, collective = hlo.async_kind(instruction, module)
+        attributes = hlo.frontend_attributes(instruction)
+        called = hlo.called(instruction.attributes, "to_apply", "calls")
         if instruction.opcode == "async-start" and called:
             root = module.root(called[0])
             if root is not None and root.opcode == "call":
-                inner = _called(root.attributes, "to_apply")
+                inner = hlo.called(root.attributes, "to_apply")
                 called = inner or called
-                attributes = {**_frontend_attributes(root), **attributes}
-        collective_config = _backend_config(instruction).get("collective_backend_config", {})
+                attributes = {**hlo.frontend_attributes(root), **attributes}
+        collective_config = hlo.backend_config(instruction).get("collective_backend_config", {})
         is_sync = collective_config.get("is_sync") if isinstance(collective_config, dict) else None
         event = AsyncEvent(
             index=index,
@@ -552,16 +294,6 @@ def _schedule_computation(computation: _Computation, module: _Module) -> Computa
     )
 
 
-def _known_trip_count(instruction: _Instruction) -> int | None:
-    trip = _backend_config(instruction).get("known_trip_count")
-    if isinstance(trip, dict) and "n" in trip:
-        try:
-            return int(trip["n"])
-        except (TypeError, ValueError):
-            return None
-    return None
-
-
 def parse_schedule(hlo_text: str) -> Schedule:
     """Reads the async regions, collectives and loops out of scheduled HLO text.
 
@@ -582,11 +314,11 @@ def parse_schedule(hlo_text: str) -> Schedule:
         >>> schedule.max_async_calls_in_flight, sorted(schedule.stream_ids)
         (2, [1, 2])
     """
-    module_name, computations = _split_computations(hlo_text)
+    module_name, computations = hlo.parse_computations(hlo_text)
     entries = [c.name for c in computations if c.is_entry]
     if not entries:
         raise ValueError("hlo_text holds no ENTRY computation; pass a whole HLO module's text.")
-    module = _Module(computations)
+    module = Module(computations)
     control = module.control_computations()
     scheduled = tuple(_schedule_computation(c, module) for c in computations if c.name in control)
     loops = []
@@ -596,15 +328,15 @@ def parse_schedule(hlo_text: str) -> Schedule:
         for instruction in computation.instructions:
             if instruction.opcode != "while":
                 continue
-            body = (_called(instruction.attributes, "body") or ("",))[0]
-            condition = (_called(instruction.attributes, "condition") or ("",))[0]
+            body = (hlo.called(instruction.attributes, "body") or ("",))[0]
+            condition = (hlo.called(instruction.attributes, "condition") or ("",))[0]
             loops.append(
                 WhileLoop(
                     name=instruction.name,
                     computation=computation.name,
                     body=body,
                     condition=condition,
-                    known_trip_count=_known_trip_count(instruction),
+                    known_trip_count=hlo.known_trip_count(instruction),
                     body_kernels=module.count_kernels(body),
                     condition_kernels=module.count_kernels(condition),
                 )

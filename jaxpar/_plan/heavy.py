@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from .._graph import Graph
+from .._graph import DisjointSets, Graph
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -156,12 +156,7 @@ def attach_loose_ends(heavy_anc: Sequence[int], heavy_desc: Sequence[int],
     worth a stream by itself. It joins its neighbour's unit.
     """
     count = len(heavy_anc)
-    rep = list(range(count))
-
-    def find(k: int) -> int:
-        while rep[k] != k:
-            k = rep[k]
-        return k
+    units = DisjointSets(count)
 
     def only(mask: int, related: Sequence[int]) -> int | None:
         """The single element of ``mask`` minimal (or maximal) w.r.t. ``related``."""
@@ -187,9 +182,9 @@ def attach_loose_ends(heavy_anc: Sequence[int], heavy_desc: Sequence[int],
             target = only(heavy_anc[k] & ~own, heavy_desc)
         else:
             continue
-        if target is not None and find(target) != k:
-            rep[k] = find(target)
-    return [find(k) for k in range(count)]
+        if target is not None:
+            units.union(k, target)  # k is still its own root: target's root represents both
+    return [units.find(k) for k in range(count)]
 
 
 def _or(masks: Sequence[int], positions: Iterable[int]) -> int:

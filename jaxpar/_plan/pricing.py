@@ -64,7 +64,7 @@ from .. import _compat
 from .._compat import Atom, Jaxpr, JaxprEqn
 from .._cost import CostModel
 from .._gpu_model import CommandBufferMode, GpuProfile
-from .._graph import Graph, reachable
+from .._graph import DisjointSets, Graph, reachable
 from .._primitives import (
     COND,
     DOT_GENERAL,
@@ -190,21 +190,14 @@ def _split_clusters(eqns: Sequence[JaxprEqn], graph: Graph, owner: dict[int, int
                     costs: CostModel) -> int:
     """Kernels added by cutting fusion clusters: per cluster, its sides minus one."""
     light = {i for i in graph.live if _is_light(eqns[i], costs)}
-    parent = {i: i for i in light}
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    clusters = DisjointSets(graph.size)
     for i in light:
         for p in graph.preds[i]:
             if p in light:
-                parent[find(p)] = find(i)
+                clusters.union(p, i)
     sides: dict[int, set[int]] = {}
     for i in light:
-        sides.setdefault(find(i), set()).add(owner.get(i, -1))
+        sides.setdefault(clusters.find(i), set()).add(owner.get(i, -1))
     return sum(len(owners) - 1 for owners in sides.values() if len(owners) > 1)
 
 

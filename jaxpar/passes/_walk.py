@@ -201,15 +201,10 @@ def _check_level(jaxpr: JaxprLike) -> None:
     nested jaxprs).
 
     Raises:
-        JAX's ``JaxprTypeError`` (with a note) where the level is malformed;
-        RuntimeError where this JAX has no checker jaxpar can reach.
+        JAX's ``JaxprTypeError`` (with a note) where the level is malformed.
     """
-    checker = getattr(_compat, "check_jaxpr", None)
-    if checker is None:
-        raise RuntimeError(f"{CHECKS_VARIABLE}=1: jaxpar._compat has no check_jaxpr for "
-                           "this version of JAX; unset it to run without the checks")
     try:
-        checker(jaxpr)
+        _compat.check_jaxpr(jaxpr)
     except Exception as error:
         _note(error, f"jaxpar: {CHECKS_VARIABLE}=1: a level rebuilt with a pass's rewrites "
                      "is malformed (a jaxpar bug: please report it with the program)")

@@ -77,7 +77,7 @@ from .._analysis import Analysis
 from .._compat import Atom, JaxprEqn, JaxprLike, ShapedArray
 from .._cost import ENDS, CostModel, LaunchPrices, launch_prices
 from .._gpu_model import CommandBufferMode
-from .._graph import Graph
+from .._graph import DisjointSets, Graph
 from .._memo import IdentityMemo
 from .._memory import stacking_refusal
 from .._primitives import BATCHED_MATMULS, DOT_GENERAL, TRANSPOSE, is_collective
@@ -523,25 +523,15 @@ def _chains(eqns: Sequence[JaxprEqn], groups: list[_Group], free: list[tuple[int
             ) -> list[list[tuple[int, int]]]:
     """The free members joined where one reads another's result, in first-seen order."""
     index = {x: k for k, x in enumerate(free)}
-    parent = list(range(len(free)))
-
-    def find(k: int) -> int:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
+    chains = DisjointSets(len(free))
     made = {eqns[groups[g].members[m]].outvars[0]: (g, m) for g, m in free}
     for x in free:
         g, m = x
         for atom in eqns[groups[g].members[m]].invars:
             source = made.get(atom) if not _compat.is_literal(atom) else None
             if source is not None:
-                parent[find(index[x])] = find(index[source])
-    chains: dict[int, list[tuple[int, int]]] = {}
-    for k, x in enumerate(free):
-        chains.setdefault(find(k), []).append(x)
-    return list(chains.values())
+                chains.union(index[x], index[source])
+    return [[free[k] for k in chain] for chain in chains.groups()]
 
 
 def _form_key(name: str, avals: Sequence[Any], outs: Sequence[Any], params: Any) -> Hashable:
@@ -586,14 +576,7 @@ def _transposed_aval(eqn: JaxprEqn) -> ShapedArray:
 def _launches_unbatched(eqns: Sequence[JaxprEqn], group: _Group) -> int:
     """Kernels the members launch as they are: XLA's ``DotMerger`` already merges
     matmuls that share an operand, so members linked by shared operands count once."""
-    parent = list(range(len(group.members)))
-
-    def find(m: int) -> int:
-        while parent[m] != m:
-            parent[m] = parent[parent[m]]
-            m = parent[m]
-        return m
-
+    merged = DisjointSets(len(group.members))
     if group.members and eqns[group.members[0]].primitive.name == DOT_GENERAL:
         for position in range(2):  # as written: what DotMerger sees
             column = [eqns[i].invars[position] for i in group.members]
@@ -602,10 +585,10 @@ def _launches_unbatched(eqns: Sequence[JaxprEqn], group: _Group) -> int:
                 if _compat.is_literal(atom):
                     continue
                 if atom in first:
-                    parent[find(m)] = find(first[atom])
+                    merged.union(m, first[atom])
                 else:
                     first[atom] = m
-    return len({find(m) for m in range(len(group.members))})
+    return len(merged.groups())
 
 
 # --------------------------------------------------------------------------- cost
@@ -835,36 +818,23 @@ def _units(eqns: Sequence[JaxprEqn], graph: Graph, accepted: list[_Group]) -> li
     joins its rewrite, where contracting the two into one unit makes no cycle."""
     index = {g: k for k, g in enumerate(accepted)}
     produced = {g.outputs(eqns): g for g in accepted if g.chainable(eqns)}
-    parent = list(range(len(accepted)))
+    joined = DisjointSets(len(accepted))
 
-    def find(k: int) -> int:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    def members(units: dict[int, list[_Group]]) -> list[list[int]]:
-        return [[i for g in unit for i in g.members] for unit in units.values()]
-
-    def units_of() -> dict[int, list[_Group]]:
-        out: dict[int, list[_Group]] = {}
-        for k, g in enumerate(accepted):
-            out.setdefault(find(k), []).append(g)
-        return out
+    def members(sets: DisjointSets) -> list[list[int]]:
+        return [[i for k in unit for i in accepted[k].members] for unit in sets.groups()]
 
     for g in accepted:  # stage order: each source is placed before its readers
         for column in g.columns(eqns):
             source = produced.get(column)
             if source is None or _shared(column):
                 continue
-            a, b = find(index[source]), find(index[g])
-            if a == b:
+            trial = joined.copy()
+            if not trial.union(index[g], index[source]):
                 continue
-            saved = list(parent)
-            parent[b] = a
-            if emission_order(graph, members(units_of())) is None:
-                parent[:] = saved  # a path leaves the pair and comes back: keep them apart
-    return [sorted(unit, key=lambda g: (g.stage, g.members)) for unit in units_of().values()]
+            if emission_order(graph, members(trial)) is not None:
+                joined = trial  # else a path leaves the pair and comes back: keep them apart
+    return [sorted((accepted[k] for k in unit), key=lambda g: (g.stage, g.members))
+            for unit in joined.groups()]
 
 
 def _needed(eqns: Sequence[JaxprEqn], order: Sequence[int], graph: Graph,
