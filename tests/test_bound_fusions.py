@@ -23,7 +23,7 @@ from helpers.environment import needs_plugin
 
 import jaxpar
 from jaxpar.passes import DecisionKind, bound_fusions, run_passes
-from jaxpar.passes.bound_fusions import MAX_FUSED_SLICES
+from jaxpar.passes.bound_fusions import MAX_FUSED_SLICES, MIN_REDUCED_MEMBERS
 
 MEMBERS = 80  # three batches of the batching passes, 80 slices into one sum
 
@@ -140,7 +140,7 @@ def test_half_precision_and_the_cpu_target_keep_the_chain():
         np.testing.assert_array_equal(_run(bounded, args), _run(unbounded, args))
 
 
-def test_a_partial_sum_read_elsewhere_ends_a_run():
+def test_a_partial_sum_read_elsewhere_ends_a_run_and_short_runs_are_left():
     def two_sums(xs, ws):
         outs = [jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True)]
         head = outs[0] + outs[1] + outs[2]  # read below and returned: a run of 3
@@ -149,17 +149,15 @@ def test_a_partial_sum_read_elsewhere_ends_a_run():
     args = _args()
     reduced, decisions = bound_fusions(jax.make_jaxpr(two_sums)(*args))
     made = [d for d in decisions if d.kind == DecisionKind.SUMS_REDUCED]
-    assert len(made) == 1 and len(made[0].members) == 5
+    # Runs: rows 0-2 (head) and 3-4 are shorter than MIN_REDUCED_MEMBERS and stay
+    # adds; rows 6-26 of the first batch and the two other batches are reduced.
+    assert len(made) == 1 and [len(m) for m in made[0].members] == [3 * 21, 3 * 27, 3 * 26]
     leaves = jax.tree.leaves(args)
     got = jax.jit(jax.extend.core.jaxpr_as_fun(reduced))(*leaves)
     for g, w in zip(got, jax.jit(two_sums)(*args), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-    # One member is left a one-row slice (outs[5], read twice); the runs around it
-    # (rows 0-2, 3-4 and 6-26 of the first batch, the other batches whole) are reduced.
     rows = [e.outvars[0].aval.shape[0] for e in reduced.jaxpr.eqns if e.primitive.name == "slice"]
-    assert sorted(rows) == [1, 2, 3, 21]
-    # a slice and a squeeze per member; an add per member but the first of `head`
-    assert sum(len(m) for m in made[0].members) == 2 * 79 + 78
+    assert sorted(rows) == [1] * 6 + [21]
 
 
 def test_members_summed_in_reverse_are_reduced_and_every_other_one_is_not():
@@ -258,3 +256,17 @@ def test_the_compiled_gpu_sum_reads_no_slice():
     xs, ws = _args()
     hlo = compile_for_gpu(jaxpar.parallel_branches(_summed, target="gpu"), xs, ws)
     assert " slice(" not in hlo and " reduce(" in hlo
+
+
+def test_short_sums_stay_adds_xla_fuses_with_their_readers():
+    def quads(xs, ws):  # twenty sums of four members each, each scaled after
+        outs = [jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True)]
+        return [sum(outs[i:i + 4]) * 0.5 for i in range(0, MEMBERS, 4)]
+
+    closed = jax.make_jaxpr(quads)(*_args())
+    bounded, decisions = bound_fusions(closed)
+    assert 4 < MIN_REDUCED_MEMBERS
+    assert not [d for d in decisions if d.kind == DecisionKind.SUMS_REDUCED]
+    assert _count(bounded, "reduce_sum") == 0
+    unbounded, _ = run_passes(closed, ["batch_branches", "batch_matmuls"], target="gpu")
+    np.testing.assert_array_equal(_run(bounded), _run(unbounded))

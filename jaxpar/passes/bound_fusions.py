@@ -42,7 +42,11 @@ Sharp edges:
     come early, never late.
   * Only slices a decision made count: a user's own slices are the user's program.
   * A run is reduced only where its slices are read by nothing else, cover
-    consecutive members of one stacked array, and are at least two.
+    consecutive members of one stacked array, and are at least
+    ``MIN_REDUCED_MEMBERS``: a reduction ends an XLA fusion, which a short sum, fused
+    with what reads it, would pay for with a launch.
+  * Like the barriers, reductions are made only on a level where jaxpar sliced at
+    least ``MAX_FUSED_SLICES`` members' results out.
   * Barriers split XLA fusions, so a chain they cut launches a few more kernels than
     the batching pass priced (one per ``MAX_FUSED_SLICES`` slices).
 """
@@ -66,6 +70,10 @@ from ._splice import EqnOrigins, eqn_origins
 # Most slices of batched results one XLA kernel may read (the batching passes' own
 # bound on the members of one batch, ``_shared.MAX_BATCH_MEMBERS``, is the same).
 MAX_FUSED_SLICES = 32
+# Fewest members a sum's run must add for a reduction to replace it. A reduction ends
+# an XLA fusion (its result is a kernel's root), so a short run, which XLA fuses with
+# what reads the sum, would cost a launch; a long one costs a kernel either way.
+MIN_REDUCED_MEMBERS = MAX_FUSED_SLICES // 2
 
 _CHAINED = ELEMENTWISE | LAYOUT_ONLY
 # Dtypes whose sums are reduced on target "gpu": integers (any order gives the same
@@ -83,12 +91,12 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     eqns = inner.eqns
     origins = eqn_origins(analysis)
     made = sum(1 for eqn in eqns if eqn.primitive.name == SLICE and origins.get(eqn))
-    reduce = analysis.settings.target == "gpu"
-    if made < (2 if reduce else MAX_FUSED_SLICES):  # nothing to do (most levels)
+    if made < MAX_FUSED_SLICES:  # no chain can read enough of them (most levels)
         return LevelResult()
-    runs = _summed_runs(eqns, inner.outvars, origins) if reduce else []
+    runs = (_summed_runs(eqns, inner.outvars, origins)
+            if analysis.settings.target == "gpu" else [])
     reduced = {i for r in runs for i in r.eqns}
-    barred = _barred(eqns, origins, reduced) if made >= MAX_FUSED_SLICES else []
+    barred = _barred(eqns, origins, reduced)
     rewrites = [Rewrite(r.eqns, r.emit(eqns)) for r in runs]
     rewrites += [Rewrite((index,), _emit(eqns[index])) for index in barred]
     decisions = []
@@ -153,7 +161,8 @@ def _summed_runs(eqns: Sequence[JaxprEqn], outvars: Sequence[Any],
                  origins: EqnOrigins) -> list[_Run]:
     """The runs of adds a reduction replaces: each add reads a member (the squeezed
     one-row slice, made by jaxpar, of a stacked array, read by that add alone) and the
-    run so far; a run's members are at least two consecutive rows of its array."""
+    run so far; a run's members are at least ``MIN_REDUCED_MEMBERS`` consecutive rows
+    of its array."""
     readers: dict[Any, int] = {}
     for eqn in eqns:
         for v in eqn.invars:
@@ -177,7 +186,8 @@ def _summed_runs(eqns: Sequence[JaxprEqn], outvars: Sequence[Any],
             members[eqn.outvars[0]] = (eqns[at].invars[0], row, at, index)
         elif name == ADD and _reducible(eqn):
             _extend(runs, eqn, index, members, readers)
-    found = [r for r in {id(r): r for r in runs.values()}.values() if len(r.members) >= 2]
+    found = [r for r in {id(r): r for r in runs.values()}.values()
+             if len(r.members) >= MIN_REDUCED_MEMBERS]
     return [r for r in found if _consecutive(r)]
 
 
