@@ -4,7 +4,7 @@ training step for a deviceless H200, plain ``jax.jit`` against jaxpar.
 Each measurement runs in a fresh process (a first executable: no warm tracing caches,
 no compiled executables, jaxpar's in-process memos empty), plain and jaxpar
 alternating, ``--repeats`` times; the table gives each one's median and jaxpar's over
-plain's. jaxpar's process also reports its stages: jaxpar's analysis (``_prepare``:
+plain's. jaxpar's process also reports its stages: jaxpar's analysis (``CallState.prepare``:
 its trace of the function, the passes, the plan, the mode and memory model), the rest
 of the trace and lowering, and XLA's compile.
 
@@ -37,13 +37,13 @@ def measure_once(which: str, size: str, program: str) -> dict[str, float]:
     import jax
 
     import jaxpar
-    from jaxpar import _api
+    from jaxpar import _dispatch
     from jaxpar._compiled.gpu_compile import lower_for_gpu
 
     fn, args = gpu_suite.PROGRAMS[program].build(size)
     args = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
     analysis = [0.0]
-    prepare = _api.ParallelBranches._prepare
+    prepare = _dispatch.CallState.prepare
 
     def timed_prepare(*a: Any, **k: Any) -> Any:
         start = time.perf_counter()
@@ -52,7 +52,7 @@ def measure_once(which: str, size: str, program: str) -> dict[str, float]:
         finally:
             analysis[0] += time.perf_counter() - start
 
-    _api.ParallelBranches._prepare = timed_prepare  # type: ignore[method-assign]
+    _dispatch.CallState.prepare = timed_prepare  # type: ignore[method-assign]
     function = jaxpar.parallel_branches(fn, target="gpu") if which == "jaxpar" else fn
     start = time.perf_counter()
     lowered = lower_for_gpu(function, *args, gpu="h200").lowered

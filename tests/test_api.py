@@ -304,21 +304,19 @@ def test_cache_does_not_replan_under_jit_for_same_signature():
 def test_a_call_leaves_the_plain_programs_figures_to_its_first_report():
     """A call lowers without pricing the program as traced (only a report shows those
     figures); its first report prices them, and says exactly what ``inspect`` says."""
-    from jaxpar._api import analysed_report
-
     bench = hetero_batch_benchmark()
     args = jax.eval_shape(lambda: bench.program_args("crossed_cells", "quick"))
     pb = jaxpar.parallel_branches(bench.crossed_cells, target="gpu")
     pb.lower(*args)
-    (key,) = pb._cache.cache_keys()
-    prepared = pb._cache.get(key)
+    (key,) = pb._state.plans.cache_keys()
+    prepared = pb._state.plans.get(key)
     assert prepared.plain_us is None and prepared.unpriced is not None
     assert prepared.mode is not None and prepared.mode.plain_seconds is None
-    report, _ = analysed_report(pb)
+    report, _ = pb._analysed_report()
     assert report.plain_cost_us > 0 and report.mode.plain_seconds > 0
     inspected = jaxpar.inspect(bench.crossed_cells, target="gpu")(*args)
     assert report.to_dict() == inspected.to_dict()
-    assert analysed_report(pb)[0].to_dict() == inspected.to_dict()  # priced once, kept
+    assert pb._analysed_report()[0].to_dict() == inspected.to_dict()  # priced once, kept
 
 # --- targets -------------------------------------------------------------------------------
 
@@ -671,8 +669,9 @@ def test_calls_build_their_settings_once_per_environment(monkeypatch):
     from jaxpar import _api
 
     built = []
-    top_level = _api._top_level
-    monkeypatch.setattr(_api, "_top_level", lambda pb: built.append(top_level(pb)) or built[-1])
+    top_level = _api.top_level
+    monkeypatch.setattr(_api, "top_level",
+                        lambda state: built.append(top_level(state)) or built[-1])
     g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
     a, b = small_args()
     want = jax.jit(small)(a, b)
@@ -693,7 +692,7 @@ def test_calls_build_their_settings_once_per_environment(monkeypatch):
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
     assert built[2].mode == built[0].mode and built[2].mode.settings is not first
     jax.clear_caches()
-    assert not g._memos.settings and not g._memos.top
+    assert not g._state.memos.settings and not g._state.memos.top
 
 
 # --- the per-call path: JAX's own dispatch after the first call of a signature ------------
@@ -701,10 +700,10 @@ def test_calls_build_their_settings_once_per_environment(monkeypatch):
 
 def _count_python_paths(monkeypatch):
     """Counts, per name, the calls of jaxpar's Python per-call and planning routines."""
-    from jaxpar import _api
+    from jaxpar import _api, _dispatch
 
-    counts = dict.fromkeys(("split_arguments", "_call_key", "_top_level", "_direct_tree",
-                            "_prepare"), 0)
+    counts = dict.fromkeys(("split_arguments", "call_key", "top_level", "direct_tree",
+                            "prepare"), 0)
 
     def spy(owner, name):
         real = getattr(owner, name)
@@ -715,9 +714,11 @@ def _count_python_paths(monkeypatch):
 
         monkeypatch.setattr(owner, name, counted)
 
-    for name in ("split_arguments", "_call_key", "_top_level", "_direct_tree"):
-        spy(_api, name)
-    spy(_api.ParallelBranches, "_prepare")
+    spy(_dispatch, "split_arguments")
+    spy(_api, "top_level")  # the names ParallelBranches.__call__ reads
+    spy(_api, "direct_tree")
+    spy(_dispatch.CallState, "call_key")
+    spy(_dispatch.CallState, "prepare")
     return counts
 
 
@@ -733,14 +734,14 @@ def test_a_second_call_does_not_enter_jaxpars_python(monkeypatch, target):
     want = jax.jit(lambda a, b, s: (jnp.sin(a @ a) * s, jnp.cos(b @ b)))
     assert_tree_equal(g(a, b, 2.0), want(a, b, 2.0))
     first = dict(counts)
-    assert first["_top_level"] == first["_prepare"] == 1 and first["_call_key"] == 0
+    assert first["top_level"] == first["prepare"] == 1 and first["call_key"] == 0
     for scale in (2.0, 3.0, 0.5):
         assert_tree_equal(g(a, b, scale), want(a, b, scale))
     assert counts == first
     assert g.analyses == 1
     assert_tree_equal(g(a, b, 4), want(a, b, 4))  # an int: another dtype, as for jax.jit
     g(a[:4, :4], b, 2.0)
-    assert counts["_prepare"] == 3 and g.analyses == 3
+    assert counts["prepare"] == 3 and g.analyses == 3
 
 
 def test_nested_arguments_are_checked_not_split(monkeypatch):
@@ -754,7 +755,7 @@ def test_nested_arguments_are_checked_not_split(monkeypatch):
     g(params, x)
     first = dict(counts)
     assert_tree_equal(g(params, x), jax.tree_util.tree_map(lambda v: v * x, params))
-    assert counts == {**first, "_direct_tree": first["_direct_tree"] + 1}
+    assert counts == {**first, "direct_tree": first["direct_tree"] + 1}
 
 
 def test_static_leaves_are_split_without_a_key_or_plan_lookup(monkeypatch):
@@ -771,9 +772,9 @@ def test_static_leaves_are_split_without_a_key_or_plan_lookup(monkeypatch):
     first = dict(counts)
     assert_tree_equal(g(x, 1.5, "tanh"), jax.jit(f, static_argnums=2)(x, 1.5, "tanh"))
     assert counts == {**first, "split_arguments": first["split_arguments"] + 1,
-                      "_direct_tree": first["_direct_tree"] + 1}
+                      "direct_tree": first["direct_tree"] + 1}
     assert_tree_equal(g(x, 0.5, "sin"), jax.jit(f, static_argnums=2)(x, 0.5, "sin"))
-    assert g.analyses == 2 and counts["_call_key"] == 0
+    assert g.analyses == 2 and counts["call_key"] == 0
 
 
 def test_changes_to_the_environment_between_calls_are_followed(monkeypatch):
@@ -820,11 +821,11 @@ def test_a_calibration_written_between_calls_is_read(monkeypatch):
     file at each call too: a calibration written meanwhile changes its settings, as
     ``local_gpu_profile`` reads it (checked here with the file's stamp and the GPU
     faked)."""
-    from jaxpar import _api
+    from jaxpar import _dispatch
 
     stamp = [None]
-    monkeypatch.setattr(_api, "local_gpu_kind", lambda: "NVIDIA H200")
-    monkeypatch.setattr(_api, "local_profile_stamp", lambda: stamp[0])
+    monkeypatch.setattr(_dispatch, "local_gpu_kind", lambda: "NVIDIA H200")
+    monkeypatch.setattr(_dispatch, "local_profile_stamp", lambda: stamp[0])
     counts = _count_python_paths(monkeypatch)
     g = jaxpar.parallel_branches(small, target="gpu")
     cpu = jaxpar.parallel_branches(small, target="cpu")
@@ -832,10 +833,10 @@ def test_a_calibration_written_between_calls_is_read(monkeypatch):
     for _ in range(2):
         g(a, b)
         cpu(a, b)
-    assert counts["_top_level"] == 2
-    assert g._read_environment is _api._read_gpu_environment
-    assert cpu._read_environment is _api._read_environment
+    assert counts["top_level"] == 2
+    assert g._state.read_environment is _dispatch.read_gpu_environment
+    assert cpu._state.read_environment is _dispatch.read_environment
     stamp[0] = (1, 2)  # a calibration file appears
     g(a, b)
     cpu(a, b)
-    assert counts["_top_level"] == 3
+    assert counts["top_level"] == 3

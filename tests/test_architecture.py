@@ -128,6 +128,81 @@ def test_no_definition_longer_than_200_lines() -> None:
     assert long == []
 
 
+def _methods(source: str, owner: str = "ParallelBranches") -> set[str]:
+    """The names of the methods ``class <owner>`` defines in ``source``."""
+    return {node.name for cls in ast.walk(ast.parse(source))
+            if isinstance(cls, ast.ClassDef) and cls.name == owner for node in cls.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _private_state_reads(source: str, methods: Collection[str],
+                         owner: str = "ParallelBranches") -> list[str]:
+    """``function:line: name._attribute`` wherever code outside ``class <owner>``'s body
+    reads a private attribute of an ``<owner>`` that is not one of its ``methods`` (its
+    state, which it owns through collaborators). An ``<owner>`` is a parameter annotated
+    with it, a name an ``isinstance(name, <owner>)`` test narrowed, or a name assigned
+    ``<owner>(...)``. Its methods, private ones included, are how other code asks it."""
+    tree = ast.parse(source)
+    inside = {id(node) for cls in ast.walk(tree)
+              if isinstance(cls, ast.ClassDef) and cls.name == owner for node in ast.walk(cls)}
+    typed = re.compile(rf"\b{owner}\b")
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                or id(function) in inside:
+            continue
+        arguments = function.args
+        names = {a.arg for a in (*arguments.posonlyargs, *arguments.args,
+                                 *arguments.kwonlyargs)
+                 if a.annotation is not None and typed.search(ast.unparse(a.annotation))}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id == "isinstance" and len(node.args) == 2 \
+                    and isinstance(node.args[0], ast.Name) \
+                    and typed.search(ast.unparse(node.args[1])):
+                names.add(node.args[0].id)
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                    and ast.unparse(node.value.func) == owner:
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        found += [f"{function.name}:{node.lineno}: {node.value.id}.{node.attr}"
+                  for node in ast.walk(function)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in names and node.attr.startswith("_")
+                  and not node.attr.startswith("__") and node.attr not in methods]
+    return found
+
+
+def test_parallel_branches_state_is_read_only_in_its_class() -> None:
+    """``ParallelBranches`` owns its state through collaborators (``_dispatch.CallState``,
+    ``_call_tuner.CallTuner``, ``_dispatch.StagedJits``) and hands them to the functions
+    that need them: no function outside the class reads its private attributes."""
+    modules = _modules()
+    methods = _methods(modules["jaxpar._api"].read_text())
+    assert {"__call__", "lower"} <= methods  # the reader sees the class
+    offenders = [f"{name}.{found}" for name, path in modules.items()
+                 for found in _private_state_reads(path.read_text(), methods)]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("source, found", [
+    # The shape this rule replaced: module functions taking the object.
+    ("def keyed(pb: ParallelBranches, key):\n    return pb._memos.top\n",
+     ["keyed:2: pb._memos"]),
+    ("def keyed(pb: 'ParallelBranches | None'):\n    return pb._cache\n", ["keyed:2: pb._cache"]),
+    ("def report(fun):\n    if isinstance(fun, ParallelBranches):\n        return fun._cache\n",
+     ["report:3: fun._cache"]),
+    ("def preview(f):\n    pb = ParallelBranches(f)\n    return pb._state.plans\n",
+     ["preview:3: pb._state"]),
+    # Inside the class, its methods, public attributes, and other objects' are fine.
+    ("class ParallelBranches:\n    def _report(self):\n        return self._state\n"
+     "    def other(self, pb: ParallelBranches):\n        return pb._state\n"
+     "def preview(pb: ParallelBranches, state):\n"
+     "    return pb._report(), pb.options, pb.__wrapped__, state._memos\n", []),
+])
+def test_the_state_reader(source: str, found: list[str]) -> None:
+    assert _private_state_reads(source, _methods(source)) == found
+
+
 def test_only_compat_touches_jax_internals() -> None:
     """Only the ``_compat`` package (its face and its submodules) reads ``jax._src``."""
     modules = _modules()
@@ -177,7 +252,7 @@ LAYERS = (
     ("_plan",), ("_emit",), ("_processes",), ("_tune",),
     ("_report.types",), ("_report.timeline",), ("_report.render",), ("_report.plan",),
     ("_report.places", "_report.build", "_report"),
-    ("_trace", "_frameworks"), ("_pipeline",), ("_api",),
+    ("_trace", "_frameworks"), ("_pipeline",), ("_dispatch",), ("_call_tuner",), ("_api",),
     ("_compiled.gpu_compile",), ("_compiled.hlo",), ("_compiled.schedule", "_compiled"),
     ("_compiled.estimate",),
     ("_compiled.preview",),

@@ -206,7 +206,7 @@ def region_with_a_small_loop(x, w):
 
 
 def test_crash_guard_reads_every_equation_of_the_regions():
-    from jaxpar._api import ParallelBranches, analysed_report
+    from jaxpar._api import ParallelBranches
     from jaxpar._options import Options
 
     def f(a, wa, b, wb):
@@ -215,7 +215,7 @@ def test_crash_guard_reads_every_equation_of_the_regions():
     specs = [jax.ShapeDtypeStruct((512, 512), jnp.float32)] * 4
     fast = ParallelBranches(f, Options.create(target="gpu", **LOOPS_OFF))
     jax.make_jaxpr(fast)(*specs)
-    plan, level = analysed_report(fast)
+    plan, level = fast._analysed_report()
     regions = [r for s in plan.sections for r in s.regions]
     assert len(regions) == 2
     # The report lists each region's four dearest primitives; the scan is not among them.

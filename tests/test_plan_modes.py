@@ -308,7 +308,7 @@ def test_cpu_target_is_unchanged() -> None:
     assert "XLA options" not in plan.text()
     fn = jaxpar.parallel_branches(towers, target="cpu")
     np.testing.assert_array_equal(fn(*args), jax.jit(towers)(*args))
-    assert fn._jitted_with == {}
+    assert fn._state.jitted_with == {}
 
 
 # --------------------------------------------------------------------------- the option
@@ -353,9 +353,9 @@ def test_calls_use_the_chosen_options_and_stay_exact(calibrated: Any) -> None:
     fn = jaxpar.parallel_branches(fan, target="gpu")
     np.testing.assert_array_equal(fn(*args), jax.jit(fan)(*args))
     # Top-level calls run in their environment's jits, which carry the plan's options.
-    assert [top.options for top in fn._memos.top_modes.values()] == [
+    assert [top.options for top in fn._state.memos.top_modes.values()] == [
         tuple(REGIONS_OPTIONS.items())]
-    assert fn._jitted_with == {}
+    assert fn._state.jitted_with == {}
     # Under grad the call is a nested jit, which takes no compiler options (jax 0.10).
     with pytest.warns(jaxpar.XlaOptionsNotAppliedWarning):
         got = jax.grad(lambda a: fn(a, *args[1:]))(args[0])
@@ -478,13 +478,13 @@ def chain_args() -> tuple[jax.Array, ...]:
 @pytest.mark.parametrize("first", ["fan", "chain"])
 def test_each_signature_runs_under_the_options_its_plan_chose(
         first: str, monkeypatch: pytest.MonkeyPatch, calibrated: Any) -> None:
-    """Top-level calls run in their environment's jits (``_TopLevel``), which compile with
+    """Top-level calls run in their environment's jits (``_dispatch.TopLevel``), which compile with
     the options of the first signature's plan (moved there from none before any signature
-    ran in them), without looking a plan up (``_jit_for``). A signature whose plan chooses
+    ran in them), without looking a plan up (``_dispatch.jit_for``). A signature whose plan chooses
     other options sends the environment's calls to the path that runs each signature in
     the jit carrying its plan's options, looking the plan up where a key's signatures
     chose two."""
-    from jaxpar import _api
+    from jaxpar import _dispatch
 
     fan_in = fan_args()
     chain_in = chain_args()
@@ -493,13 +493,15 @@ def test_each_signature_runs_under_the_options_its_plan_chose(
     assert jaxpar.inspect(fan_or_chain, target="gpu")(*fan_in).xla_options == REGIONS_OPTIONS
     assert jaxpar.inspect(fan_or_chain, target="gpu")(*chain_in).xla_options == {}
     looked_up: list[int] = []
-    jit_for = _api._jit_for
-    monkeypatch.setattr(_api, "_jit_for",
+    jit_for = _dispatch.jit_for
+    monkeypatch.setattr(_dispatch, "jit_for",
                         lambda *a, **k: looked_up.append(1) or jit_for(*a, **k))
-    made: list[tuple[Any, ...]] = []  # (options, direct jit, flat jit) of each _TopLevel
-    top_level_jits = _api._top_level_jits
-    monkeypatch.setattr(_api, "_top_level_jits", lambda pb, mode, given, accepted: made.append(
-        (given, *top_level_jits(pb, mode, given, accepted))) or made[-1][1:])
+    made: list[tuple[Any, ...]] = []  # (options, direct jit, flat jit) of each TopLevel
+    top_level_jits = _dispatch.top_level_jits
+    monkeypatch.setattr(_dispatch, "top_level_jits",
+                        lambda state, mode, given, accepted: made.append(
+                            (given, *top_level_jits(state, mode, given, accepted)))
+                        or made[-1][1:])
     fn = jaxpar.parallel_branches(fan_or_chain, target="gpu")
     want = {name: jax.jit(fan_or_chain)(*args) for name, args in inputs.items()}
     second = "chain" if first == "fan" else "fan"
@@ -510,17 +512,17 @@ def test_each_signature_runs_under_the_options_its_plan_chose(
     assert made[-1][1]._cache_size() == 1  # compiled once, in the jits carrying its options
     np.testing.assert_allclose(fn(*inputs[second]), want[second], rtol=1e-5)
     assert len(looked_up) == 1  # sent back from the environment's jits, given up
-    assert [top.direct for top in fn._memos.top_modes.values()] == [None]
+    assert [top.direct for top in fn._state.memos.top_modes.values()] == [None]
     for name in (first, second, first, second):
         np.testing.assert_allclose(fn(*inputs[name]), want[name], rtol=1e-5)
     assert len(looked_up) == 5  # a key that saw two choices looks up every call
     # One entry per signature in the jit carrying its plan's options, and one for the
     # signature sent back from the other's jit (the key remembered the other's first).
-    regions = fn._jitted_with[tuple(REGIONS_OPTIONS.items())]
-    plain = fn._jitted_with[()]
+    regions = fn._state.jitted_with[tuple(REGIONS_OPTIONS.items())]
+    plain = fn._state.jitted_with[()]
     assert (plain._cache_size(), regions._cache_size()) == (
         (2, 1) if first == "fan" else (1, 2))
-    assert fn._jitted._cache_size() == 0
+    assert fn._state.jitted._cache_size() == 0
     assert fn.analyses == 2
 
 
@@ -533,7 +535,7 @@ def test_a_trace_under_a_transformation_is_not_taken_for_a_top_level_one(
     jax's trace cache answered the top-level call without a trace to check)."""
     import warnings
 
-    from jaxpar import _api
+    from jaxpar import _dispatch
 
     fan_in = fan_args()
     chain_in = chain_args()
@@ -546,25 +548,25 @@ def test_a_trace_under_a_transformation_is_not_taken_for_a_top_level_one(
         else:
             jax.vmap(fn)(*[x[None] for x in fan_in])
     staged: list[Any] = []
-    cached_jit = _api._cached_jit
-    monkeypatch.setattr(_api, "_cached_jit",
+    cached_jit = _dispatch.cached_jit
+    monkeypatch.setattr(_dispatch, "cached_jit",
                         lambda cache, options, make: staged.append(options)
                         or cached_jit(cache, options, make))
     np.testing.assert_allclose(fn(*fan_in), jax.jit(fan_or_chain)(*fan_in), rtol=1e-5)
     assert staged == [REGIONS_OPTIONS]  # sent back, then run in the concurrent_regions jit
-    assert fn._jitted_with[tuple(REGIONS_OPTIONS.items())]._cache_size() == 1
+    assert fn._state.jitted_with[tuple(REGIONS_OPTIONS.items())]._cache_size() == 1
 
 
 def test_lowering_twice_keeps_the_plans_options(monkeypatch: pytest.MonkeyPatch,
                                                 calibrated: Any) -> None:
     """``lower`` learns the options from a trace; a second ``lower`` of the same
     signature lowers with them too (its trace was cached, so it lowered without)."""
-    from jaxpar._api import ParallelBranches
+    from jaxpar._dispatch import StagedJits
 
     fn = jaxpar.parallel_branches(fan, target="gpu")
     asked: list[Any] = []
-    staged = ParallelBranches._staged
-    monkeypatch.setattr(ParallelBranches, "_staged",
+    staged = StagedJits.get
+    monkeypatch.setattr(StagedJits, "get",
                         lambda self, options=None: asked.append(options)
                         or staged(self, options))
     for _ in range(2):

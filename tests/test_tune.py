@@ -104,9 +104,9 @@ def test_a_faster_rewrite_is_chosen_and_runs(monkeypatch):
 @pytest.mark.parametrize("chosen", ["jax.jit", REWRITE])
 def test_a_decided_signature_runs_in_jax_jits_own_dispatch(monkeypatch, chosen):
     """After the call that decides, the signature's calls run in its environment's jit
-    (``_api._TopLevel``): the decided program, with no key built and no decision looked
+    (``_dispatch.TopLevel``): the decided program, with no key built and no decision looked
     up per call, and nothing measured again."""
-    from jaxpar import _api
+    from jaxpar import _call_tuner, _dispatch
 
     timed = fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5 if chosen == REWRITE
                                      else 1.0})
@@ -116,16 +116,16 @@ def test_a_decided_signature_runs_in_jax_jits_own_dispatch(monkeypatch, chosen):
     measured = list(timed)
     looked_up: list[str] = []
 
-    def spy(name: str) -> None:
-        real = getattr(_api, name)
-        monkeypatch.setattr(_api, name, lambda *a, **k: looked_up.append(name) or real(*a, **k))
+    def spy(owner: object, name: str) -> None:
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, **k: looked_up.append(name) or real(*a, **k))
 
-    spy("_call_key")
-    spy("_tuning")
+    spy(_dispatch.CallState, "call_key")
+    spy(_call_tuner.CallTuner, "tuning")
     for _ in range(3):
         assert_tree_close(f(C, XS), want)
     assert looked_up == [] and timed == measured
-    (top,) = f._memos.top_modes.values()
+    (top,) = f._state.memos.top_modes.values()
     assert top.direct._cache_size() == 1
     assert f.tuning(C, XS).chosen == chosen
 

@@ -44,7 +44,7 @@ from typing import Any
 import jax
 
 from .. import _compat
-from .._api import ParallelBranches, analysed_report, array_function, options_applied
+from .._api import ParallelBranches, array_function
 from .._flags import command_buffer_mode, command_buffer_options
 from .._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
 from .._memory import format_bytes
@@ -432,9 +432,9 @@ def gpu_preview(fn: Callable[..., Any], *args: Any, gpu: str = "h200", devices: 
                 "jax.export lowers them)")
         rewritten = ParallelBranches(flat, Options.create(**options),
                                      command_buffers=planned_mode, gpu=profile)
-        with options_applied(rewritten):  # compiled below with the plan's options
+        with rewritten._options_applied():  # compiled below with the plan's options
             lowered = gpu_compile.lower_for_gpu(rewritten, *leaves, **compile_options)
-    plan, level_plan = analysed_report(rewritten)
+    plan, level_plan = rewritten._analysed_report()
     if (not allow_known_crashes and jax.lib.__version__ in _CRASHES_ON_ANNOTATED_LOOPS
             and _regions_hold_loops(level_plan)):
         raise RuntimeError(

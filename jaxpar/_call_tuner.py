@@ -1,0 +1,178 @@
+"""The tuner's hook into a decorated function's calls (``parallel_branches(tune=True)``).
+
+``_tune`` measures candidates and stores decisions; this module is what a function's calls
+ask of it: the decision for a signature (this process's, the stored one, or measured now),
+the key of the candidate it chose, and each candidate's program to time. The dispatcher
+(``_dispatch``) holds a ``CallTuner`` as its ``TuneHook`` and consults it only when jax.jit
+traces a signature, so a compiled call pays nothing for the tuner.
+
+Example::
+
+    tuner = CallTuner(TuneBudget())
+    state = CallState(fun, options, StaticArgs(), planned_for, tuner)
+    tuner.tuning_of_call(state, args, kwargs)  # measures at concrete arguments
+
+Sharp edges:
+  * Decisions are kept per signature and trace context in this process; under several
+    processes only a signature's first real call decides (``tuning``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from . import _compat, _processes
+from ._dispatch import CallKey, CallState, MeasureFirst, jit_for
+from ._frameworks import nnx_arguments
+from ._trace import Signature, abstract, split_arguments, trace
+from ._tune import CANDIDATES, Program, TuneBudget, Tuning, undecided, unmeasured
+from ._tune import decide as decide_candidate
+from ._tune import decision_key as tuning_key
+from ._tune import fingerprint as program_fingerprint
+from ._tune import load as load_decision
+
+
+class CallTuner:
+    """A decorated function's tuner: how it measures (``budget``), its decisions in this
+    process by signature (what jax.jit traces anew), which traced calls reuse, and the
+    generation of measurements (``CallKey.tune_generation``)."""
+
+    __slots__ = ("budget", "decisions", "generation")
+
+    def __init__(self, budget: TuneBudget):
+        self.budget = budget
+        self.decisions: dict[Any, Tuning] = {}
+        self.generation = 0
+
+    def clear(self) -> None:
+        self.decisions.clear()
+
+    def decided_key(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> CallKey:
+        """At trace time: the key of the candidate this signature's decision chose (the
+        plan's own key without a decision under a transformation).
+
+        Raises:
+          MeasureFirst: a concrete call (``key.tune == "measure"``) without a decision.
+        """
+        by_shape = (key.layout, tuple(abstract(leaf) for leaf in leaves), key.nnx,
+                    key.settings, _compat.trace_context())
+        tuning = self.decisions.get(by_shape)
+        if tuning is None and key.tune == "measure":
+            raise MeasureFirst
+        key = dataclasses.replace(key, tune="", tune_generation=0)
+        return key if tuning is None else _candidate_key(state, key, tuning.chosen)
+
+    def decided_candidate(self, state: CallState, key: CallKey, avals: tuple[Any, ...]
+                          ) -> CallKey | None:
+        """The key of the candidate decided for this signature, None without a decision."""
+        tuning = self.decisions.get((key.layout, avals, key.nnx, key.settings,
+                                     _compat.trace_context()))
+        return None if tuning is None else _candidate_key(state, key, tuning.chosen)
+
+    def measure(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> CallKey:
+        """Decides ``key``'s signature (its first call, after its trace raised
+        ``MeasureFirst``): the key to call again with, in a new generation."""
+        self.tuning(state, dataclasses.replace(key, tune="", tune_generation=0), leaves,
+                    first_call=True)
+        self.generation += 1
+        return dataclasses.replace(key, tune_generation=self.generation)
+
+    def tuning(self, state: CallState, key: CallKey, leaves: Sequence[Any],
+               first_call: bool = False) -> Tuning | None:
+        """The decision for one signature: this process's, the stored one, or measured
+        now; at traced or abstract arguments only this process's.
+
+        Under several processes only ``first_call`` (the first real call of the signature,
+        which every process makes) decides, with the others where the arguments span them
+        (``_tune.decide``'s collective); any other read (``tuning()``, ``inspect``) is
+        local: this process's decision or the stored file, never measured.
+        """
+        avals = tuple(abstract(leaf) for leaf in leaves)
+        by_shape = (key.layout, avals, key.nnx, key.settings, _compat.trace_context())
+        hit = self.decisions.get(by_shape)
+        # Concrete values at the top level (not ShapeDtypeStructs, not tracers).
+        concrete = not _compat.staging() and not any(map(_compat.is_tracer, leaves)) and all(
+            isinstance(leaf, (jax.Array, int, float, complex)) or hasattr(leaf, "__array__")
+            for leaf in leaves)
+        if hit is not None or not concrete:
+            return hit
+        name, fields = _decision_key(state, key, leaves, avals)
+        if jax.process_count() > 1 and not first_call:
+            # Local: the stored file or nothing, not remembered (the first call decides).
+            return load_decision(name) or undecided(name, self.budget)
+        span = _processes.span(leaves)
+        if span == _processes.SOME:
+            tuning = unmeasured(name, self.budget, "the arguments span some processes but "
+                                                   "not all, which cannot time together")
+        else:
+            tuning = decide_candidate(name, fields, lambda: _candidates(state, key, leaves),
+                                      self.budget, together=span == _processes.ALL,
+                                      what=state.call_text(avals))
+        self.decisions[by_shape] = tuning
+        return tuning
+
+    def tuning_of_call(self, state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any]
+                       ) -> Tuning | None:
+        """``ParallelBranches.tuning``: the decision for these arguments, as a call makes
+        it."""
+        with nnx_arguments(object(), state.fun, args, kwargs) as (fun, args, kwargs, nnx_call):
+            layout, leaves = split_arguments(fun, args, kwargs, state.static_args,
+                                             allow_abstract=True, api="tuning")
+            return self.tuning(state, state.call_key(layout, nnx_call is not None, leaves),
+                               leaves)
+
+
+def _decision_key(state: CallState, key: CallKey, leaves: Sequence[Any],
+                  avals: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
+    """``_tune.decision_key`` of one signature (traces the function to fingerprint it)."""
+    shardings = tuple(getattr(leaf, "sharding", None) for leaf in leaves)
+    traced = trace(state.traced_function(key.nnx), Signature(key.layout, avals))
+    return tuning_key(
+        program=program_fingerprint(str(traced.jaxpr)),
+        arguments=[f"{aval} {sharding!r}" for aval, sharding in zip(avals, shardings,
+                                                                    strict=True)],
+        statics=f"{key.layout.in_tree} {key.layout.statics!r}",
+        options={**state.options.to_dict(), **state.planned_for, "nnx": key.nnx,
+                 "settings": key.settings})
+
+
+def _candidate_key(state: CallState, key: CallKey, label: str) -> CallKey:
+    overrides = next(c.overrides for c in CANDIDATES if c.label == label)
+    if overrides is None:
+        return dataclasses.replace(key, rewrite=False)
+    options = dataclasses.replace(state.options, **overrides)
+    return dataclasses.replace(key, settings=options.resolve(**state.planned_for))
+
+
+def _candidates(state: CallState, key: CallKey, leaves: Sequence[Any]) -> list[Program]:
+    """Each candidate's program, or the label of an earlier candidate whose lowered
+    program is the same text (timed once)."""
+    out: list[Program] = []
+    seen: dict[str, str] = {}
+    for candidate in CANDIDATES:
+        candidate_key = _candidate_key(state, key, candidate.label)
+        jitted = jit_for(state, candidate_key, leaves)
+        options = {} if not candidate_key.rewrite else state.prepare(
+            Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
+            candidate_key.settings, key.nnx, key.local_axes).xla_options
+        # What decides the program on jaxpar's side, which processes compare.
+        digest = program_fingerprint(repr((candidate_key.rewrite, candidate_key.settings,
+                                           sorted(options.items()))))
+        # The XLA options (the CUDA-graph mode) are not in the lowered text.
+        text = f"{jitted.lower(candidate_key, *leaves).as_text()}\n{id(jitted)}"
+        if text in seen:
+            out.append(Program(candidate, None, seen[text], digest))
+            continue
+        seen[text] = candidate.label
+        out.append(Program(candidate, functools.partial(_run_candidate, state, candidate_key,
+                                                        tuple(leaves)), None, digest))
+    return out
+
+
+def _run_candidate(state: CallState, key: CallKey, leaves: tuple[Any, ...]) -> Any:
+    return jit_for(state, key, leaves)(key, *leaves)[0]
