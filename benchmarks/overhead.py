@@ -15,7 +15,7 @@ repetition (no trace cache can help):
 * ``lower_pb``: ``jax.jit(parallel_branches(f, target="gpu")).lower(*args)`` -- what a
   user pays to lower the rewritten program: trace + analysis + emission + lowering;
 * ``analysis``: ``inspect`` minus ``make_jaxpr`` of the same repetition -- what jaxpar's
-  loop passes and planner cost beyond the trace JAX does anyway;
+  passes and planner cost beyond the trace JAX does anyway;
 
 and reports each against ``lower``, and the growth exponent of each (the slope of
 log(time) against log(equations) from the smallest to the largest size; 1.0 is linear).

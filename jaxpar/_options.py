@@ -351,7 +351,7 @@ def check_target(target: Any, concrete: bool = False) -> str:
 
 
 def loop_defaults(target: str) -> dict[str, Any]:
-    """The loop pass settings jaxpar uses by default on ``target``.
+    """The pass settings jaxpar uses by default on ``target``.
 
     Args:
         target: ``"gpu"``, ``"cpu"`` or ``"tpu"``.

@@ -43,7 +43,7 @@ def _loop_passes(matmuls: bool) -> Callable[[Any], Any]:
 
 
 def _passes(fn: Callable[..., Any], *args: Any, matmuls: bool = True) -> tuple[Any, Any]:
-    """The loop passes' output (checked by ``check_pass`` but for values, which
+    """The passes' output (checked by ``check_pass`` but for values, which
     ``_check_values_and_grads`` compares through ``jaxpar.parallel_branches``)."""
     result = check_pass(_loop_passes(matmuls), fn, *args, values=False, grads=False)
     return result.new, result.decisions

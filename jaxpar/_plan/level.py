@@ -86,7 +86,7 @@ def plan_jaxpr(jaxpr: JaxprLike, analysis: Analysis, path: str = "") -> LevelPla
 def symbolic_plan(jaxpr: JaxprLike, dimensions: Sequence[str]) -> LevelPlan:
     """The plan of a program whose sizes ``dimensions`` are symbolic (``jax.export``'s
     shape polymorphism): every equation as it is, nothing priced. The cost model, the
-    memory model and the loop passes need sizes; a representative size would decide
+    memory model and the passes need sizes; a representative size would decide
     for programs the user never runs, so the program runs as ``jax.jit`` runs it."""
     inner, _ = _compat.open_jaxpr(jaxpr)
     count = len(inner.eqns)

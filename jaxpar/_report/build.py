@@ -151,7 +151,7 @@ def _placed(decision: PassDecision, places: Places) -> PassDecision:
 
 def _rewritten_loops(path: str, eqns: Sequence[JaxprEqn], loops: tuple[PassDecision, ...]
                      ) -> dict[int, tuple[int, ...]]:
-    """Loop equations of one level that a loop pass produced or changed: the indices
+    """Loop equations of one level that a pass produced or changed: the indices
     of those decisions in ``loops``, read from each decision's ``produced``."""
     marked: dict[int, list[int]] = {}
     for k, decision in enumerate(loops):

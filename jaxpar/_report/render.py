@@ -5,7 +5,7 @@ The timeline is the plan's estimated schedule (``jaxpar._report.timeline``), one
 (the main stream on top, then stream 1..k, then the collectives), a linear time axis
 in estimated microseconds, and every step as a box as wide as its estimated time:
 main-stream work too, regions in their stream's lane, collectives groups in theirs.
-Loops the loop passes rewrote are drawn as such: a band per member of a fused or
+Loops the passes rewrote are drawn as such: a band per member of a fused or
 batched loop, ticks for the trips of an unrolled one, an outlined box per group of
 matmuls that ``batch_matmuls`` runs as one batched op (in the step, or in the body of
 its loop), spanning the box's height with a dot per member. A legend explains the colours;
@@ -197,7 +197,7 @@ def _lane_color(lane: str) -> str:
 
 
 def _step_label(plan: PlanRecord, step: Step) -> str:
-    """Short text for a box: its heaviest primitives, or what the loop passes did."""
+    """Short text for a box: its heaviest primitives, or what the passes did to its loop."""
     if step.loop_rewrites:
         return "⟳ " + ", ".join(dict.fromkeys(plan.loops[k].kind for k in step.loop_rewrites))
     names = ", ".join(name for name, _ in step.primitives[:2])
@@ -237,7 +237,7 @@ def _group_label(plan: PlanRecord, k: int) -> str:
 
 def _loop_glyphs(plan: PlanRecord, step: Step, x: float, y: float, width: float, height: float,
                  used: set[str], left: float = 0.0) -> str:
-    """What the loop passes did, drawn on the loop's box: bands for fused or batched
+    """What the passes did, drawn on the loop's box: bands for fused or batched
     members, ticks for the trips of an unrolled loop; and a box per batched matmul
     group, side by side in stage order right of ``left`` pixels (the box's label)."""
     out = []

@@ -3,7 +3,7 @@ equations, before planning.
 
 Each pass has one name, used by its row of ``PASSES`` (a ``Pass``), its module, its
 one-pass function here, its option where it has one, and its test file
-(``tests/test_<name>.py``; ``tests/test_loop_passes.py`` for the four loop passes). A row
+(``tests/test_<name>.py``; ``tests/test_loop_passes.py`` for the four passes that rewrite loops). A row
 holds the name, one ``run(level, analysis) -> LevelResult`` function with the same
 signature for every pass, the setting that turns it on, and what the walker does for
 it (``remembers_search``, ``state``, ``prices_launches``; see ``_protocol.Pass``).
@@ -138,7 +138,7 @@ _BY_NAME = {p.name: p for p in PASSES}
 def run_passes(closed_jaxpr: ClosedJaxpr, names: Sequence[str] | None = None, *,
                analysis: Analysis | None = None, target: str = "gpu",
                **options: Any) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
-    """Runs loop passes at every nesting level of ``closed_jaxpr`` (never mutated).
+    """Runs the passes at every nesting level of ``closed_jaxpr`` (never mutated).
 
     Args:
         closed_jaxpr: the program, as from ``jax.make_jaxpr``.

@@ -84,7 +84,7 @@ class Product(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PassDecision:
-    """What a loop pass did (or declined to do) with some loops of one level.
+    """What a pass did (or declined to do) with some equations of one level.
 
     Attributes:
         location: the level, as a path like the planner's (``"/"`` is the top level,

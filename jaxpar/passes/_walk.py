@@ -86,7 +86,7 @@ def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analys
             if not path:  # the top level: where each decision's equations ended up
                 decisions = eqn_origins(analysis).with_products(current, decisions)
             return current, decisions
-    raise RuntimeError(f"jaxpar loop passes did not settle after {MAX_ROUNDS} walks at "
+    raise RuntimeError(f"jaxpar's passes did not settle after {MAX_ROUNDS} walks at "
                        f"{path or '/'}; please report it with the program")
 
 
@@ -165,7 +165,7 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
         if not changed:
             break
     else:
-        raise RuntimeError(f"jaxpar loop passes did not settle after {MAX_ROUNDS} rounds at "
+        raise RuntimeError(f"jaxpar's passes did not settle after {MAX_ROUNDS} rounds at "
                            f"{path or '/'}; please report it with the program")
     decisions.extend(changes)
     decisions.extend(kept)
