@@ -26,7 +26,7 @@ from jax import lax
 
 import jaxpar
 from jaxpar._report.render import plan_to_chrome_trace
-from jaxpar._report.timeline import estimate
+from jaxpar._report.timeline import lay_out
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -103,7 +103,7 @@ def test_svg_draws_every_step_of_the_top_level_on_its_lane():
 
 def test_timeline_schedules_regions_side_by_side_and_dependents_after():
     plan = grad_plan()
-    (top,) = estimate(plan).levels
+    (top,) = lay_out(plan).levels
     by_step = {span.step: span for span in top.spans}
     for index, step in enumerate(plan.steps):
         for before in step.after:  # nothing starts before what it reads has finished
@@ -121,9 +121,9 @@ def test_timeline_schedules_regions_side_by_side_and_dependents_after():
 
 def test_timeline_time_source_is_one_function():
     plan = grad_plan()
-    doubled = estimate(plan, duration_us=lambda p, step: 2 * step.cost_us, fit=False)
+    doubled = lay_out(plan, duration_us=lambda p, step: 2 * step.cost_us, fit=False)
     assert doubled.levels[0].makespan_us == pytest.approx(
-        2 * estimate(plan, fit=False).levels[0].makespan_us)
+        2 * lay_out(plan, fit=False).levels[0].makespan_us)
 
 
 def test_fused_and_unrolled_loops_are_drawn():
@@ -178,7 +178,7 @@ def test_chrome_trace_has_complete_events_for_every_step(tmp_path):
              if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {(e["pid"], e["tid"]) for e in complete} <= set(names)  # every lane is named
     assert sorted(set(names.values())) == ["main", "stream 1", "stream 2"]
-    (top,) = estimate(plan).levels
+    (top,) = lay_out(plan).levels
     assert max(e["ts"] + e["dur"] for e in complete) == pytest.approx(top.makespan_us)
 
 

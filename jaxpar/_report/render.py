@@ -36,7 +36,7 @@ import re
 from typing import Any
 
 from ..passes import UNCHANGED_KINDS, PassDecision
-from .timeline import LevelTimeline, estimate, plan_estimate
+from .timeline import LevelTimeline, lay_out, plan_estimate
 from .types import PlanRecord, Step
 
 _LANE_HEIGHT = 34
@@ -393,7 +393,7 @@ def _legend(plan: PlanRecord, levels: tuple[LevelTimeline, ...], patterns_used: 
 
 def plan_to_svg(plan: PlanRecord) -> str:
     """The plan's estimated timeline as a standalone ``<svg>`` element."""
-    timeline = estimate(plan)
+    timeline = lay_out(plan)
     title = (f"{plan.function}: planned for {plan.target}, {plan.num_eqns} equations, "
              + (f"{plan.num_streams} streams" if plan.target == "gpu" else
                 f"{plan.num_regions} independent parts, nothing emitted (no streams off a GPU)"))
@@ -472,7 +472,7 @@ def plan_to_chrome_trace(plan: PlanRecord) -> dict[str, Any]:
     figure = plan_estimate(plan)
     graphs = (f" ({plan.mode.mode.value} CUDA graphs)" if plan.mode is not None
               and plan.mode.chosen else "")
-    for pid, level in enumerate(estimate(plan).levels, start=1):
+    for pid, level in enumerate(lay_out(plan).levels, start=1):
         name = (f"top level, {figure.line()}" if level.location == "/"
                 else f"inside {level.location}")
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
