@@ -824,7 +824,7 @@ def _agree_across_processes(pb: ParallelBranches, key: _CallKey, leaves: Sequenc
                                key.local_axes)
         levels = [(level.path, level.order, level.collective_groups)
                   for level in prepared.plan.walk()]
-        loops = [(d.location, d.kind, d.eqns, d.unroll, d.pass_name) for d in prepared.loops]
+        loops = [(d.location, d.kind, d.eqns, d.unroll, d.pass_name) for d in prepared.decisions]
         _processes.agree(_call_text(pb, avals), {
             "versions": versions(), "xla_flags": program_flags(xla_flags_text()),
             "settings": repr(key.settings),

@@ -119,7 +119,7 @@ def test_the_decorated_function_keeps_values_gradients_and_vmap():
 
 def test_inspect_reports_the_barriers():
     plan = jaxpar.inspect(_summed, target="gpu")(*_args())
-    assert any(d.kind == DecisionKind.FUSIONS_BOUNDED for d in plan.subgraphs)
+    assert any(d.kind == DecisionKind.FUSIONS_BOUNDED for d in plan.decisions)
     assert "fusions bounded" in plan.text(verbose=True)
 
 

@@ -128,10 +128,10 @@ def test_timeline_time_source_is_one_function():
 
 def test_fused_and_unrolled_loops_are_drawn():
     plan = jaxpar.inspect(two_scans, target="gpu")(*two_scans_args())
-    kinds = {d.kind for d in plan.loops}
+    kinds = {d.kind for d in plan.decisions}
     assert {"fused", "unrolled"} <= kinds, str(plan)
     (loop,) = [s for s in plan.steps if s.kind == "loop"]
-    assert {plan.loops[k].kind for k in loop.loop_rewrites} == {"fused", "unrolled"}
+    assert {plan.decisions[k].kind for k in loop.loop_rewrites} == {"fused", "unrolled"}
     svg = plan.to_svg()
     assert 'data-rewrite="fused"' in svg and 'data-rewrite="unrolled"' in svg
     assert 'data-key="rewrite:fused"' in svg and 'data-key="rewrite:unrolled"' in svg
@@ -146,14 +146,14 @@ def test_batched_matmul_groups_are_drawn_on_their_loop():
     """Seed 002 with different bodies: the fused loop's box holds a box per batched
     matmul group, labelled with its member count, and the legend explains it."""
     plan = seed_002_plan()
-    groups = [k for k, d in enumerate(plan.subgraphs) if d.kind == "batched matmuls"]
+    groups = [k for k, d in enumerate(plan.decisions) if d.kind == "batched matmuls"]
     assert len(groups) == 4, str(plan)
     (loop,) = [s for s in plan.steps if s.kind == "loop"]
     assert loop.batched_groups == tuple(groups)
     svg = plan.to_svg()
     drawn = re.findall(r'<g class="loop-rewrite batched-group" data-rewrite="batched matmuls" '
-                       r'data-members="(\d+)" data-stage="(\d+)">', svg)
-    assert sorted(drawn) == sorted(("2", str(plan.subgraphs[k].stage)) for k in groups)
+                       r'data-members="(\d+)" data-depth="(\d+)">', svg)
+    assert sorted(drawn) == sorted(("2", str(plan.decisions[k].depth)) for k in groups)
     assert svg.count("batched matmuls: 2 members</text>") == len(groups)
     assert 'data-key="rewrite:batched matmuls"' in svg
     trace = plan_to_chrome_trace(plan)
@@ -274,7 +274,7 @@ def test_browser_draws_batched_matmul_groups_inside_the_picture(tmp_path):
             group["x"] + group["width"] <= picture["x"] + picture["width"]
         assert picture["y"] <= group["y"] and \
             group["y"] + group["height"] <= picture["y"] + picture["height"]
-    # Side by side in stage order, not overlapping.
+    # Side by side in launch-depth order, not overlapping.
     lefts = [g["x"] for g in groups]
     assert lefts == sorted(lefts)
     assert all(a["x"] + a["width"] <= b["x"] + 0.5 for a, b in itertools.pairwise(groups))

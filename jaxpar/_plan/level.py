@@ -317,10 +317,10 @@ def _build_section(jaxpr: Jaxpr, graph: Graph, order: HeavyOrder, seconds: tuple
         return None
     assignment = regions.assignment(section_index)
     region_of.update(assignment)
-    if settings.command_buffers is None:
+    if settings.modes.priced is None:
         return SectionPlan(group=group, regions=regions.region_plans())
     verdict = price_regions(jaxpr, graph, order, regions, analysis.costs,
-                            mode=settings.command_buffers, min_seconds=settings.min_seconds,
+                            mode=settings.modes.priced, min_seconds=settings.min_seconds,
                             keys=analysis.structural_keys)
     # force_streams keeps a section the pricing rejects, with the verdict for the report.
     if not verdict.pays and not settings.force_streams:
@@ -340,13 +340,13 @@ def _priced_collective_sections(jaxpr: Jaxpr, graph: Graph, found: Sequence[Sect
     is, off a GPU): one that does not pay is dropped, with a note, unless
     ``force_streams`` keeps it (with its verdict, for the report and the estimate)."""
     settings = analysis.settings
-    if settings.command_buffers is None:
+    if settings.modes.priced is None:
         return list(found)
     kept = []
     for section in found:
         region = section.regions[0].eqns
         verdict = price_collective_section(jaxpr, graph, region, analysis.costs,
-                                           mode=settings.command_buffers)
+                                           mode=settings.modes.priced)
         if verdict.pays or settings.force_streams:
             kept.append(dataclasses.replace(
                 section, gain_seconds=verdict.gain_seconds, cost_seconds=verdict.cost_seconds,

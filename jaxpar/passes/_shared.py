@@ -554,10 +554,10 @@ def group_independent(graph: Graph, candidates: list[int],
     return [sorted(g) for g in groups]
 
 
-def stage_depths(graph: Graph, heavy: Sequence[bool]) -> list[int]:
+def launch_depths(graph: Graph, heavy: Sequence[bool]) -> list[int]:
     """Per equation: most kernel-launching (``heavy``) equations on a path from the
-    level's inputs to it, itself included: the *stage* the batching passes align
-    members by."""
+    level's inputs to it, itself included: the *launch depth* the batching passes
+    align members by."""
     depth = [0] * graph.size
     for i, preds in enumerate(graph.preds):  # most equations have one predecessor
         depth[i] = heavy[i] + (0 if not preds else depth[preds[0]] if len(preds) == 1

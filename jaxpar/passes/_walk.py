@@ -295,8 +295,8 @@ def _first_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
     """``_pass_step`` for the pass's first visit of the level in this walk."""
     steps: IdentityMemo[JaxprLike, _Step] = analysis.shared_memo("pass_steps")
     settings = analysis.settings
-    base = (path, level_pass.name, dataclasses.replace(settings, command_buffers=None))
-    pricing = launch_pricing(settings.command_buffers) if level_pass.prices_launches else None
+    base = (path, level_pass.name, settings.priced_in(None))
+    pricing = launch_pricing(settings.modes.priced) if level_pass.prices_launches else None
     hit = steps.get(jaxpr, extra=(*base, pricing))
     if hit is not None:
         if level_pass.remembers_search:  # what the walk remembers of a visit, as if it ran
