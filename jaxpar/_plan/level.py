@@ -1,17 +1,22 @@
-"""Planning one level: the stages in order, the notes, recursion and emission order.
+"""Planning one level: the phases in order, the notes, recursion and emission order.
 
-For one level of a jaxpr (nested jaxprs get plans of their own):
+For one level of a jaxpr (nested jaxprs get plans of their own), the phases of
+docs/design.md ("Planning"):
 
 1. Effectful, collective and already-annotated equations never move (``blocked``);
-   the others that launch a kernel of their own are *heavy*.
-2. With collectives groups (``collectives.group_collectives``), each group gets the
-   compute that overlaps its transfers (``collectives.overlap_collectives``).
-3. Otherwise, per window of ``MAX_HEAVY`` heavy equations: ``heavy.heavy_order``
-   (masks, units), ``sections.decompose`` and ``sections.choose_sections`` (the
-   series-parallel tree and the dynamic programme), ``regions.build_regions`` (hull,
-   balance, private neighbours) and, for the GPU, ``pricing.price_regions``.
-4. ``order_units`` contracts regions and groups to one unit each and checks that
+   the others that launch a kernel of their own are *heavy* (``heavy.heavy_order``:
+   masks, units), per window of ``MAX_HEAVY`` heavy equations.
+2. and 3. ``sections.decompose`` and ``sections.choose_sections`` (the series-parallel
+   tree and the dynamic programme).
+4. ``regions.build_regions`` (hull, balance, private neighbours).
+   A level with collectives groups (``collectives.group_collectives``) takes, in
+   place of phases 2 to 4, the compute that overlaps each group's transfers
+   (``collectives.overlap_collectives``).
+5. For the GPU, ``pricing.price_regions`` (``price_collective_section`` for a
+   collectives group's section).
+6. ``order_units`` contracts regions and groups to one unit each and checks that
    regions are convex and those of one section independent.
+7. Equations outside regions with nested jaxprs get plans of their own.
 
 Example::
 
