@@ -52,6 +52,7 @@ from jax import lax
 
 import jaxpar
 from jaxpar._gpu_model import CommandBufferMode
+from jaxpar.passes import SUBGRAPH_KINDS
 
 SIZES = ("full", "small")
 
@@ -818,7 +819,8 @@ def evaluate(name: str, size: str = "full", values: bool = True,
             "configuration": "chosen" if command_buffers is None else command_buffers,
             "judged_ratio": preview.time_ratio,
             "plan": {"sections": len(preview.plan.sections), "regions": preview.plan.num_regions,
-                     "loops": len(preview.plan.loops), "subgraphs": len(preview.plan.subgraphs)},
+                     "loops": sum(d.kind not in SUBGRAPH_KINDS for d in preview.plan.decisions),
+                     "subgraphs": sum(d.kind in SUBGRAPH_KINDS for d in preview.plan.decisions)},
         })
     result["compile_s"] = time.perf_counter() - started
     if values:

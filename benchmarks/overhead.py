@@ -15,7 +15,7 @@ repetition (no trace cache can help):
 * ``lower_pb``: ``jax.jit(parallel_branches(f, target="gpu")).lower(*args)`` -- what a
   user pays to lower the rewritten program: trace + analysis + emission + lowering;
 * ``analysis``: ``inspect`` minus ``make_jaxpr`` of the same repetition -- what jaxpar's
-  loop passes and planner cost beyond the trace JAX does anyway;
+  passes and planner cost beyond the trace JAX does anyway;
 
 and reports each against ``lower``, and the growth exponent of each (the slope of
 log(time) against log(equations) from the smallest to the largest size; 1.0 is linear).
@@ -64,6 +64,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxpar
+from jaxpar.passes import SUBGRAPH_KINDS
 
 CHAINS = 8
 SEGMENT = 6  # chain steps between joins
@@ -162,9 +163,10 @@ def measure(target_eqns: int, repeats: int) -> dict[str, Any]:
         "target_eqns": target_eqns, "top_level_eqns": len(closed.jaxpr.eqns),
         "total_eqns": count_eqns(closed.jaxpr),
         "plan_gpu": {"sections": len(plan.sections), "regions": plan.num_regions,
-                     "streams": plan.num_streams, "loops": len(plan.loops),
+                     "streams": plan.num_streams,
+                     "loops": sum(d.kind not in SUBGRAPH_KINDS for d in plan.decisions),
                      "batched_subgraphs": sum(d.kind == "batched subgraphs"
-                                              for d in plan.subgraphs),
+                                              for d in plan.decisions),
                      "left_alone": len(plan.left_alone)},
         "load_1min": os.getloadavg()[0], "seconds": {}, "samples": {},
     }

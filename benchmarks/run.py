@@ -54,6 +54,7 @@ from jax import lax
 
 import jaxpar
 from jaxpar._compiled import compile_for_gpu, parse_schedule, plugin_status
+from jaxpar.passes import SUBGRAPH_KINDS
 
 VARIANTS = ("plain", "jaxpar_auto", "jaxpar_gpu")
 SIZES = ("full", "quick", "smoke")
@@ -359,8 +360,10 @@ def plan_summary(fn: Callable[..., Any], args: tuple[Any, ...], target: str) -> 
     plan = jaxpar.inspect(fn, target=target)(*args)
     return {"target": plan.target, "sections": len(plan.sections), "regions": plan.num_regions,
             "streams": plan.num_streams,
-            "loops": [f"{loop.kind}: {loop.reason}" for loop in plan.loops],
-            "subgraphs": [f"{batch.kind}: {batch.reason}" for batch in plan.subgraphs]}
+            "loops": [f"{d.kind}: {d.reason}" for d in plan.decisions
+                      if d.kind not in SUBGRAPH_KINDS],
+            "subgraphs": [f"{d.kind}: {d.reason}" for d in plan.decisions
+                          if d.kind in SUBGRAPH_KINDS]}
 
 
 def schedule_figures(text: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """One analysis of one program: its settings, one cost model and the per-call memos.
 
-The loop passes and the planner of one call share an ``Analysis``: every equation is
+The passes and the planner of one call share an ``Analysis``: every equation is
 costed once, every level's dependency graph built once, and the memos die with the
 call (nothing module-global keeps a jaxpr alive).
 

@@ -104,8 +104,8 @@ class LaunchPrices:
     read as ``jaxpar._plan.modes`` and ``jaxpar._compiled.estimate`` read them.
 
     Attributes:
-      beside: a kernel that runs beside the other members of its stage (a batched
-        group's member). In a serial chain (``lhs``, ``serialize``, no graph) it costs
+      beside: a kernel that runs beside the other members of its batched group (at
+        one launch depth). In a serial chain (``lhs``, ``serialize``, no graph) it costs
         its kernel floor; in a ``concurrent`` graph the members' floors overlap, and it
         costs its graph node on the host only.
       serial: a kernel in series with the rest (the stacking before a batched op, the
@@ -138,7 +138,7 @@ def launch_prices(profile: DeviceProfile, mode: CommandBufferMode | None,
     figures at ``end`` (``"low"``, ``"high"``; None: their nominal values). A kernel in a
     CUDA graph (any mode but ``off``) costs the graph's floor, one launched alone the
     device's; only a branching graph (``concurrent``, ``concurrent_regions``; at least
-    ``MIN_GRAPH_SIZE`` kernels) runs a stage's members side by side, and only the small
+    ``MIN_GRAPH_SIZE`` kernels) runs a batched group's members side by side, and only the small
     ones: ``serial_kernels`` (dots, convolutions: ``_primitives.SERIAL_KERNELS``) never
     overlap, so each costs its floor and its node there."""
     gpu = profile.gpu

@@ -790,7 +790,7 @@ def agree_across_processes(state: CallState, key: CallKey, leaves: Sequence[Any]
                                  key.local_axes)
         levels = [(level.path, level.order, level.collective_groups)
                   for level in prepared.plan.walk()]
-        loops = [(d.location, d.kind, d.eqns, d.unroll, d.pass_name) for d in prepared.loops]
+        loops = [(d.location, d.kind, d.eqns, d.unroll, d.pass_name) for d in prepared.decisions]
         _processes.agree(state.call_text(avals), {
             "versions": versions(), "xla_flags": program_flags(xla_flags_text()),
             "settings": repr(key.settings),

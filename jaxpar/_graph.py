@@ -11,8 +11,8 @@ Example::
 
 Emission *units* are typed: an equation (``EqnUnit``), a stream region
 (``RegionUnit``), a group of collectives launched together (``CollectivesUnit``) or a
-loop pass's rewrite (``RewriteUnit``). ``contract`` orders a level's units with some
-blocks of equations contracted to one unit each; the planner and the loop passes both
+pass's rewrite (``RewriteUnit``). ``contract`` orders a level's units with some
+blocks of equations contracted to one unit each; the planner and the passes both
 emit in that order. ``DisjointSets`` is the union-find the planner and the passes share.
 
 Sharp edges:
@@ -261,7 +261,7 @@ class CollectivesUnit:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RewriteUnit:
-    """Rewrite ``rewrite`` of a loop pass: its equations replaced together."""
+    """Rewrite ``rewrite`` of a pass: its equations replaced together."""
 
     rewrite: int
 

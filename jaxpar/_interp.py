@@ -1,6 +1,6 @@
 """The variable environment of a jaxpr interpreter.
 
-The emitter and the loop passes both evaluate jaxprs equation by equation;
+The emitter and the passes both evaluate jaxprs equation by equation;
 this is the environment they share: literals read as their values, dropped
 outputs (``_``) are not stored.
 

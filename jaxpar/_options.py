@@ -222,10 +222,10 @@ class Options:
             # Sections are priced against the compiled GPU program (force_streams keeps
             # those the pricing rejects, with its verdict); other targets emit no streams,
             # so their plans only show independence.
-            command_buffers=mode if target == "gpu" else None,
-            gpu=profile, choose_command_buffers=choose,
-            user_command_buffers=user_mode if target == "gpu" else None,
-            compile_command_buffers=compile_mode, memory=memory_budget(self.memory))
+            gpu=profile,
+            modes=ModePolicy(priced=mode, choose=choose, user=user_mode,
+                             compile=compile_mode) if target == "gpu" else ModePolicy(),
+            memory=memory_budget(self.memory))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -233,6 +233,32 @@ class Options:
 
 UnrollSetting = int | Literal["cost"] | None
 UNROLL_BY_COST: Literal["cost"] = "cost"  # Settings.unroll: a factor per scan from the cost model
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModePolicy:
+    """The CUDA-graph mode policy of one analysis: which of XLA's modes (``_gpu_model.
+    CommandBufferMode``) the plan is priced in, chosen among, compared with and compiled in.
+
+    Off the GPU it is ``ModePolicy()``: nothing priced, nothing chosen. Hashable, as part
+    of ``Settings`` (the rewrite cache's key).
+
+    Attributes:
+      priced: the mode stream sections and the batching passes' launches are priced in
+        (the user's mode, the one the ``command_buffers`` option names, or the candidate
+        being planned); None: priced in none (targets other than ``"gpu"``).
+      choose: plan in each mode jaxpar can choose and keep the one the GPU model estimates
+        fastest (``_plan.modes``); ``priced`` is then the user's mode, the one to beat.
+      user: the mode the user's program runs in without jaxpar (the process's, from
+        ``XLA_FLAGS``, or ``Options.resolve``'s argument); None off the GPU.
+      compile: the mode the ``command_buffers`` option sets for this function's compile;
+        None keeps the process's.
+    """
+
+    priced: CommandBufferMode | None = None
+    choose: bool = False
+    user: CommandBufferMode | None = None
+    compile: CommandBufferMode | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -253,16 +279,9 @@ class Settings:
       group_collectives: launch independent collectives together.
       force_streams: keep stream sections the GPU pricing rejects (priced all the same,
         so the report shows the verdict).
-      command_buffers: XLA's CUDA-graph mode the sections are priced for; None on targets
-        other than ``"gpu"``.
       gpu: the GPU's figures (``_gpu_model``) on target ``"gpu"``; None elsewhere.
-      choose_command_buffers: plan in each CUDA-graph mode jaxpar can choose and keep the
-        one the GPU model estimates fastest (``_plan.modes``); ``command_buffers`` is then
-        the user's mode, the one to beat.
-      user_command_buffers: the mode the user's program runs in without jaxpar (the
-        process's, from ``XLA_FLAGS``); None off the GPU.
-      compile_command_buffers: the mode the ``command_buffers`` option sets for this
-        function's compile; None keeps the process's.
+      modes: the CUDA-graph mode policy (``ModePolicy``): the mode sections and launches
+        are priced in, whether jaxpar chooses one, the user's, the one compiled in.
       memory: how many more temporary bytes than the plain program jaxpar's program may
         need (``_plan.budget``); None: any.
     """
@@ -279,12 +298,14 @@ class Settings:
     share_common: bool = False
     group_collectives: bool = False
     force_streams: bool = False
-    command_buffers: CommandBufferMode | None = None
     gpu: GpuProfile | None = None
-    choose_command_buffers: bool = False
-    user_command_buffers: CommandBufferMode | None = None
-    compile_command_buffers: CommandBufferMode | None = None
+    modes: ModePolicy = ModePolicy()
     memory: MemoryBudget | None = DEFAULT_BUDGET
+
+    def priced_in(self, mode: CommandBufferMode | None) -> Settings:
+        """These settings with sections and launches priced in ``mode`` (a candidate
+        mode, or None: priced in none)."""
+        return dataclasses.replace(self, modes=dataclasses.replace(self.modes, priced=mode))
 
     def loop_switches(self) -> dict[str, Any]:
         """The keyword arguments of ``passes.apply_loop_passes`` (its public names)."""
@@ -351,7 +372,7 @@ def check_target(target: Any, concrete: bool = False) -> str:
 
 
 def loop_defaults(target: str) -> dict[str, Any]:
-    """The loop pass settings jaxpar uses by default on ``target``.
+    """The pass settings jaxpar uses by default on ``target``.
 
     Args:
         target: ``"gpu"``, ``"cpu"`` or ``"tpu"``.

@@ -88,7 +88,7 @@ class Prepared:
 
     traced: Traced  # the trace, its jaxpr the rewritten program (the passes' output)
     plan: LevelPlan
-    loops: tuple[PassDecision, ...]  # the passes' decisions
+    decisions: tuple[PassDecision, ...]  # the passes' decisions, in their order
     settings: Settings
     emitter: Emitter
     # The CUDA-graph mode the function is compiled in (target "gpu"), and why.
@@ -127,9 +127,9 @@ class Prepared:
         with _collector_paused():
             return build_report(self.plan, function, settings.target,
                                 emitted=(settings.target == "gpu"), options=options.to_dict(),
-                                loops=self.loops, plain_us=plain.plain_us,
-                                priced_in=(settings.command_buffers.value
-                                           if settings.command_buffers else None),
+                                decisions=self.decisions, plain_us=plain.plain_us,
+                                priced_in=(settings.modes.priced.value
+                                           if settings.modes.priced else None),
                                 tuning=tuning, mode=plain.mode, memory=self.memory)
 
     def run(self, leaves: Any, emit_streams: bool) -> list[Any]:
@@ -171,7 +171,7 @@ def analyse(fun: Callable[..., Any], signature: Signature, settings: Settings,
         if decided.jaxpr is not traced.jaxpr:
             traced = dataclasses.replace(traced, jaxpr=decided.jaxpr)
     emitter = Emitter(decided.plan, emit_streams=(settings.target == "gpu"))  # 6. emit
-    return Prepared(traced, decided.plan, decided.loops, settings, emitter, decided.mode,
+    return Prepared(traced, decided.plan, decided.decisions, settings, emitter, decided.mode,
                     decided.plain_us, unpriced, decided.memory)
 
 
@@ -181,7 +181,7 @@ class Decided:
 
     jaxpr: _compat.ClosedJaxpr  # the rewritten program
     plan: LevelPlan
-    loops: tuple[PassDecision, ...]
+    decisions: tuple[PassDecision, ...]
     plain_us: float | None
     mode: ModeChoice | None
     memory: MemoryFigures | None
@@ -204,7 +204,7 @@ class Planned:
 
     jaxpr: _compat.ClosedJaxpr
     plan: LevelPlan
-    loops: tuple[PassDecision, ...]
+    decisions: tuple[PassDecision, ...]
     temp_bytes: float
 
 
@@ -243,7 +243,7 @@ def _decide(traced: Traced, settings: Settings, baseline: bool) -> Decided:
     if baseline:  # 5. report figures
         plain = _plain_figures(traced.jaxpr, within.analysis, search.choice)
     planned = search.planned
-    return Decided(planned.jaxpr, planned.plan, planned.loops, plain.plain_us, plain.mode,
+    return Decided(planned.jaxpr, planned.plan, planned.decisions, plain.plain_us, plain.mode,
                    figures)
 
 
@@ -253,7 +253,7 @@ def _memory_budget(traced: Traced, analysis: Analysis) -> MemoryBudget:
     memory = MemoryModel(analysis.costs, analysis.shared_memo("memory"))
     # The plain program in the mode it is compared in: the user's, or the one the
     # command_buffers option names (not jaxpar's choice, so not counted against it).
-    base_mode = settings.compile_command_buffers or settings.user_command_buffers
+    base_mode = settings.modes.compile or settings.modes.user
     plain_bytes = memory.temp_bytes(traced.jaxpr, base_mode)
     # The budget's share of the plain program is taken of what it surely needs: the model
     # may overestimate a program (a bidirectional LSTM: 288 MiB, 194.5 once compiled),
@@ -269,7 +269,7 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> 
     plain program's, the fewest kinds of rewrite left out that bring it within
     (``_plan.budget.LADDER``, the first kinds first)."""
     settings = analysis.settings
-    mode = settings.command_buffers
+    mode = settings.modes.priced
     passed: dict[Settings, tuple[_compat.ClosedJaxpr, tuple[PassDecision, ...]]] = {}
     plain_bytes, allowed = budget.plain_bytes, budget.allowed
 
@@ -287,10 +287,10 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> 
         key = dataclasses.replace(planned, streams_per_section=settings.streams_per_section)
         if key not in passed:
             passed[key] = run_passes(traced.jaxpr, analysis=level)
-        jaxpr, loops = passed[key]
+        jaxpr, decisions = passed[key]
         plan = plan_jaxpr(jaxpr, level)
         bytes_needed = budget.model.temp_bytes(plan.jaxpr, mode, _section_eqns(plan))
-        return WithinBudget(level, Planned(jaxpr, plan, loops, bytes_needed), ())
+        return WithinBudget(level, Planned(jaxpr, plan, decisions, bytes_needed), ())
 
     first = attempt(())
     why = over_budget(plain_bytes, first.planned.temp_bytes, allowed, "jaxpar's program")
@@ -318,17 +318,17 @@ def _mode_search(traced: Traced, within: WithinBudget, budget: MemoryBudget) -> 
     analysis = within.analysis
     settings = analysis.settings
     planned = within.planned
-    if settings.target == "gpu" and settings.choose_command_buffers \
-            and settings.command_buffers is not None:
+    if settings.target == "gpu" and settings.modes.choose \
+            and settings.modes.priced is not None:
         return _choose_mode(traced, analysis, planned, budget)
     choice = None
     if settings.target == "gpu":
         # What the GPU model's estimates of every mode and of the plain program share.
         estimates = analysis.shared_memo("mode_estimates")
-        explicit = settings.compile_command_buffers
-        kept = explicit or settings.command_buffers or settings.user_command_buffers
+        explicit = settings.modes.compile
+        kept = explicit or settings.modes.priced or settings.modes.user
         if kept is not None:
-            choice = kept_mode(kept, settings.user_command_buffers, explicit is not None,
+            choice = kept_mode(kept, settings.modes.user, explicit is not None,
                                estimate_seconds(planned.plan, analysis.costs, kept, estimates),
                                forced=settings.force_streams,
                                measured=_measured(settings))
@@ -360,23 +360,23 @@ def _choose_mode(traced: Traced, analysis: Analysis, planned: Planned, budget: M
     its own launch pricing (``_cost.launch_pricing``: the batching passes price launches
     otherwise in a branching graph), and is judged again on that program."""
     settings = analysis.settings
-    user = settings.command_buffers
+    user = settings.modes.priced
     gpu = settings.gpu
     assert user is not None and gpu is not None
     estimates = analysis.shared_memo("mode_estimates")
     costs = analysis.costs
     plan = planned.plan
     batched = any(d.kind in (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS)
-                  for d in planned.loops)
+                  for d in planned.decisions)
     plans = {user: _Judged(planned, estimate_seconds(plan, costs, user, estimates))}
 
-    def judged(mode: CommandBufferMode, other: Analysis, mode_jaxpr: Any, mode_loops: Any
+    def judged(mode: CommandBufferMode, other: Analysis, mode_jaxpr: Any, mode_decisions: Any
                ) -> _Judged | None:
         mode_plan = plan_jaxpr(mode_jaxpr, other)
         if mode is CommandBufferMode.OFF and not regions_hold_loops(mode_plan):
             return None  # graphs off only for regions' loops (_plan.modes)
         seconds = estimate_seconds(mode_plan, costs, mode, estimates)
-        entry = Planned(mode_jaxpr, mode_plan, mode_loops,
+        entry = Planned(mode_jaxpr, mode_plan, mode_decisions,
                         budget.model.temp_bytes(mode_plan.jaxpr, mode, _section_eqns(mode_plan)))
         if seconds > plans[user].seconds * (1 - MIN_GAIN):
             return _Judged(entry, seconds)  # no gain at the nominal figures
@@ -389,8 +389,8 @@ def _choose_mode(traced: Traced, analysis: Analysis, planned: Planned, budget: M
     for mode in MODE_CANDIDATES:
         if mode in plans:
             continue
-        other = analysis.with_settings(dataclasses.replace(settings, command_buffers=mode))
-        found = judged(mode, other, planned.jaxpr, planned.loops)
+        other = analysis.with_settings(settings.priced_in(mode))
+        found = judged(mode, other, planned.jaxpr, planned.decisions)
         if found is None:
             continue
         if found.ends is not None and found.ends.pessimistic_ratio <= 1 - MIN_GAIN \

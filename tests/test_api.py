@@ -435,7 +435,7 @@ def test_plan_is_deterministic_across_processes():
     assert first == second
     plans = json.loads(first)
     assert plans[0]["num_streams"] == 2
-    assert [loop["kind"] for loop in plans[1]["loops"]][:1] == ["fused"]
+    assert [loop["kind"] for loop in plans[1]["decisions"]][:1] == ["fused"]
     assert plans[2]["num_streams"] >= 2
 
 

@@ -178,7 +178,7 @@ def test_members_at_different_stages_are_left_alone() -> None:
         second = jnp.tanh(jnp.tanh(b @ w) @ w)
         return jnp.tanh(jnp.tanh(first @ w) @ w), second
 
-    assert_left_alone_once(f, tuple(jnp.eye(32) * 0.3 for _ in range(3)), "different stages")
+    assert_left_alone_once(f, tuple(jnp.eye(32) * 0.3 for _ in range(3)), "different launch depths")
 
 
 def test_long_chains_at_different_stages_are_reported_once_within_the_budget() -> None:
@@ -273,10 +273,9 @@ def test_parallel_branches_batches_identical_members_on_gpu_only() -> None:
     # XLA's default CUDA-graph mode (lhs): a concurrent graph overlaps the members instead.
     fast = jaxpar.parallel_branches(ensemble, target="gpu", command_buffers="lhs")
     plan = jaxpar.inspect(fast)(*args)
-    assert [d.kind for d in plan.subgraphs] == [DecisionKind.BATCHED_SUBGRAPHS]
-    assert "subgraphs:" in str(plan) and plan.to_dict()["subgraphs"][0]["kind"] == \
+    assert [d.kind for d in plan.decisions] == [DecisionKind.BATCHED_SUBGRAPHS]
+    assert "subgraphs:" in str(plan) and plan.to_dict()["decisions"][0]["kind"] == \
         DecisionKind.BATCHED_SUBGRAPHS
-    assert plan.loops == ()
     assert_matches(fast(*args), want, tolerance=TOLERANCE)
     got = jax.grad(lambda m: jnp.sum(fast(m, args[1]) ** 2))(args[0])
     expected = jax.grad(lambda m: jnp.sum(ensemble(m, args[1]) ** 2))(args[0])
@@ -286,9 +285,9 @@ def test_parallel_branches_batches_identical_members_on_gpu_only() -> None:
     assert_matches(jax.jit(jax.vmap(fast, in_axes=(None, 0)))(args[0], xs),
                    jax.vmap(ensemble, in_axes=(None, 0))(args[0], xs), tolerance=TOLERANCE)
     # Off on the CPU by default, and off when asked.
-    assert jaxpar.inspect(ensemble, target="cpu")(*args).subgraphs == ()
+    assert jaxpar.inspect(ensemble, target="cpu")(*args).decisions == ()
     assert jaxpar.inspect(ensemble, target="gpu", batch_branches=False,
-                          batch_matmuls=False)(*args).subgraphs == ()
+                          batch_matmuls=False)(*args).decisions == ()
 
 
 def test_bad_batch_branches_option_names_it() -> None:

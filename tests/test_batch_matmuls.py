@@ -30,7 +30,13 @@ from pass_checker import (
 )
 
 import jaxpar
-from jaxpar.passes import DecisionKind, apply_loop_passes, batch_matmuls, loop_defaults
+from jaxpar.passes import (
+    SUBGRAPH_KINDS,
+    DecisionKind,
+    apply_loop_passes,
+    batch_matmuls,
+    loop_defaults,
+)
 
 bench = hetero_batch_benchmark()
 
@@ -44,7 +50,7 @@ def _loop_passes(matmuls: bool) -> Callable[[Any], Any]:
 
 
 def _passes(fn: Callable[..., Any], *args: Any, matmuls: bool = True) -> tuple[Any, Any]:
-    """The loop passes' output (checked by ``check_pass`` but for values, which
+    """The passes' output (checked by ``check_pass`` but for values, which
     ``_check_values_and_grads`` compares through ``jaxpar.parallel_branches``)."""
     result = check_pass(_loop_passes(matmuls), fn, *args, values=False, grads=False)
     return result.new, result.decisions
@@ -104,8 +110,10 @@ def test_inspect_reports_each_batched_group() -> None:
     assert text.count("batched matmuls in scan body [") == 4
     assert "2 kernel launches -> 1" in text
     assert str(plan).count("batched matmuls in scan body: ") == 4
-    assert all(d.kind == DecisionKind.BATCHED_MATMULS for d in plan.subgraphs)
-    assert [d["kind"] for d in plan.to_dict()["subgraphs"]] == [DecisionKind.BATCHED_MATMULS] * 4
+    assert [d.kind for d in plan.decisions if d.kind in SUBGRAPH_KINDS] == \
+        [DecisionKind.BATCHED_MATMULS] * 4
+    assert [d["kind"] for d in plan.to_dict()["decisions"]
+            if d["kind"] in SUBGRAPH_KINDS] == [DecisionKind.BATCHED_MATMULS] * 4
     assert "batched matmuls: dot_general, dot_general" in plan.to_svg()
 
 
@@ -198,7 +206,7 @@ def test_level_inputs_only_left_alone_by_cost() -> None:
     assert left.reason.startswith("batching would save 1 kernel launch but add at least as much")
     # The cost model's numbers, also as fields: the group does not pay.
     assert left.saving_us is not None and left.saving_us <= 0
-    assert "cost model: saves" in left.reason and left.stage == 1
+    assert "cost model: saves" in left.reason and left.depth == 1
     assert left.members == tuple((i,) for i in left.eqns)
 
 
@@ -207,7 +215,7 @@ def _leaving(a: Any, b: Any, c: Any, d: Any) -> Any:
 
 
 def test_results_sliced_out_for_the_outputs_cost_a_kernel() -> None:
-    """Two stage-1 matmuls whose results leave the level: slicing them out of the batched
+    """Two depth-1 matmuls whose results leave the level: slicing them out of the batched
     result is a kernel, as many as batching saves, so they are left alone."""
     result = check_pass(batch_matmuls, _leaving, *_square(4, 4), unchanged=True,
                         kinds=[DecisionKind.MATMULS_LEFT_ALONE])
@@ -260,16 +268,16 @@ def test_matmuls_sharing_an_operand_are_left_to_xla() -> None:
 
 def test_different_stages_are_not_batched_together() -> None:
     def f(a: Any, b: Any, c: Any, d: Any) -> Any:
-        first = jnp.tanh(jnp.sin(a) @ b).sum(0)  # stage 1; elementwise work reads its slice
-        second = jnp.cos(jnp.sin(c) @ d) @ b  # stages 1 and 2
+        first = jnp.tanh(jnp.sin(a) @ b).sum(0)  # launch depth 1; elementwise work reads its slice
+        second = jnp.cos(jnp.sin(c) @ d) @ b  # launch depths 1 and 2
         return first, second
 
     result = check_pass(batch_matmuls, f, *_square(4, 4), values=False, grads=False,
                         counts={"dot_general": 2})
     new, decisions = result.new, result.decisions
-    # Only the two stage-1 matmuls batch; the stage-2 one stays alone.
+    # Only the two depth-1 matmuls batch; the depth-2 one stays alone.
     (batched,) = [d for d in decisions if d.kind == DecisionKind.BATCHED_MATMULS]
-    assert "at stage 1" in batched.reason
+    assert "at launch depth 1" in batched.reason
     assert _batched_dots(new) == 1
 
 
@@ -330,9 +338,9 @@ def test_defaults_and_option() -> None:
     with pytest.raises(ValueError, match="batch_matmuls"):
         jaxpar.parallel_branches(bench.seed_002, batch_matmuls="yes")  # type: ignore[arg-type]
     off = jaxpar.inspect(bench.seed_002, target="gpu", batch_matmuls=False)(*SEED_SMALL)
-    assert not [d for d in off.subgraphs if d.kind == DecisionKind.BATCHED_MATMULS]
+    assert not [d for d in off.decisions if d.kind == DecisionKind.BATCHED_MATMULS]
     cpu = jaxpar.inspect(bench.seed_002, target="cpu")(*SEED_SMALL)
-    assert not cpu.subgraphs
+    assert not [d for d in cpu.decisions if d.kind in SUBGRAPH_KINDS]
 
 
 # --------------------------------------------------------------------------- properties
@@ -451,10 +459,10 @@ def test_reading_a_scanned_input_transposed_is_left_alone(name: str) -> None:
     assert counted["loops"] == 1 and counted["launches"] <= 0.85 * plain["launches"]
     assert temp <= plain_temp + max(0.1 * plain_temp, 2**20), (plain_temp, temp)
     plan = jaxpar.inspect(fn, target="gpu")(*args)
-    assert "fused" in {str(d.kind) for d in plan.loops}
-    assert DecisionKind.BATCHED_MATMULS not in {d.kind for d in plan.subgraphs}
+    assert "fused" in {str(d.kind) for d in plan.decisions}
+    assert DecisionKind.BATCHED_MATMULS not in {d.kind for d in plan.decisions}
     anything = jaxpar.inspect(fn, target="gpu", memory="any")(*args)
-    assert DecisionKind.BATCHED_MATMULS in {d.kind for d in anything.subgraphs}
+    assert DecisionKind.BATCHED_MATMULS in {d.kind for d in anything.decisions}
 
 
 _GUARD_PAIRS = [
@@ -514,7 +522,7 @@ def test_equal_units_are_traced_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(_splice, "_trace_rewrite", counting)
     plan = jaxpar.inspect(_deep_towers, target="gpu", command_buffers="lhs")(ws, xs)
-    assert [d.kind for d in plan.subgraphs].count(DecisionKind.BATCHED_MATMULS) == 4
+    assert [d.kind for d in plan.decisions].count(DecisionKind.BATCHED_MATMULS) == 4
     assert traced.count("jaxpar.passes.batch_matmuls") == 2
     text = jax.jit(jaxpar.parallel_branches(_deep_towers, target="gpu", command_buffers="lhs")
                    ).lower(ws, xs).as_text()
@@ -610,7 +618,7 @@ def test_launches_are_priced_in_the_functions_mode() -> None:
         branching = launch_prices(profile, mode, 100)
         assert branching.beside == gpu.dag_node_s
         assert branching.serial == floor + gpu.dag_node_s
-        # A dot or a convolution fills the GPU: it never runs beside its stage's others.
+        # A dot or a convolution fills the GPU: it never runs beside its group's others.
         heavy = launch_prices(profile, mode, 100, serial_kernels=True)
         assert heavy.beside == heavy.serial == floor + gpu.dag_node_s
         # Too few kernels for a graph: launched one by one, in series.
@@ -631,11 +639,11 @@ def test_towers_are_batched_in_every_mode() -> None:
     kinds = {}
     for mode in ("lhs", "concurrent", "concurrent_regions"):
         plan = jaxpar.inspect(_towers, target="gpu", command_buffers=mode)(*args)
-        kinds[mode] = [d.kind for d in plan.subgraphs]
+        kinds[mode] = [d.kind for d in plan.decisions if d.kind in SUBGRAPH_KINDS]
     assert kinds["lhs"].count(DecisionKind.BATCHED_MATMULS) == 2
     assert kinds["concurrent"] == kinds["concurrent_regions"] == kinds["lhs"]
     auto = jaxpar.inspect(_towers, target="gpu")(*args)
-    assert [d.kind for d in auto.subgraphs] == kinds["lhs"]
+    assert [d.kind for d in auto.decisions if d.kind in SUBGRAPH_KINDS] == kinds["lhs"]
     # The towers' weight gradients reach 30 and the plain program's own float32 error
     # against float64 is up to 1.2e-4 there; jax 0.12's CPU dots put one element of the
     # batched program 1.4e-5 from the plain one's, so the absolute bound is 5e-5.

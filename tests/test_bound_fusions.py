@@ -229,7 +229,7 @@ def test_the_decorated_function_keeps_values_gradients_and_vmap(body):
                                         (_maxed, DecisionKind.FUSIONS_BOUNDED)])
 def test_inspect_reports_what_it_did(body, kind):
     plan = jaxpar.inspect(body, target="gpu")(*_args())
-    assert any(d.kind == kind for d in plan.subgraphs)
+    assert any(d.kind == kind for d in plan.decisions)
     assert str(kind) in plan.text(verbose=True)
 
 

@@ -59,7 +59,7 @@ def assert_like_jit(fn: Callable[..., Any], args: tuple[Any, ...], target: str,
 def decisions(fn: Callable[..., Any], args: tuple[Any, ...], target: str,
               **options: Any) -> list[Any]:
     plan = jaxpar.inspect(fn, target=target, **options)(*args)
-    return [*plan.loops, *plan.subgraphs]
+    return list(plan.decisions)
 
 
 def targets() -> list[tuple[str, dict[str, Any]]]:

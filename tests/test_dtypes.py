@@ -80,7 +80,7 @@ def test_rewrites_keep_weak_types(program: Any, options: dict[str, Any]) -> None
 
 def test_fused_scans_with_weak_ys_are_fused() -> None:
     plan = jaxpar.inspect(fused_unequal_lengths, target="gpu")(jnp.arange(7.0))
-    assert any(d.pass_name == "fuse_scans" and d.kind == "fused" for d in plan.loops)
+    assert any(d.pass_name == "fuse_scans" and d.kind == "fused" for d in plan.decisions)
 
 
 def test_with_weak_type_only_changes_the_weak_flag() -> None:
@@ -152,7 +152,7 @@ def key_scans(ka: jax.Array, kb: jax.Array, a: jax.Array, b: jax.Array) -> Any:
 def test_key_carries_and_ys_through_scan_passes(options: dict[str, Any]) -> None:
     args = _key_args()
     plan = jaxpar.inspect(key_scans, **options)(*args)
-    assert {"fuse_scans"} <= {d.pass_name for d in plan.loops if d.kind != "left alone"}
+    assert {"fuse_scans"} <= {d.pass_name for d in plan.decisions if d.kind != "left alone"}
     assert_like_jit(key_scans, args, **options)
 
 

@@ -203,10 +203,10 @@ def test_flax_nnx_multibranch_mlp():
     # so by default it leaves them, and says so; without a budget it batches them;
     # without batching, streams.
     default = check_against_jit(forward, (state, x), grad_argnums=(0, 1))
-    assert not [d for d in default.subgraphs if d.kind == "batched subgraphs"], str(default)
+    assert not [d for d in default.decisions if d.kind == "batched subgraphs"], str(default)
     assert default.memory is not None and "batching left out" in default.memory.left_out[0]
     plan = check_against_jit(forward, (state, x), grad_argnums=(0, 1), memory="any")
-    assert [d.kind for d in plan.subgraphs if d.kind == "batched subgraphs"], str(plan)
+    assert [d.kind for d in plan.decisions if d.kind == "batched subgraphs"], str(plan)
     check_against_jit(forward, (state, x), grad_argnums=(0, 1), min_streams=2,
                       batch_branches=False, batch_matmuls=False, memory="any")
 
@@ -506,7 +506,7 @@ def test_bidirectional_rnn_two_scans():
     plan = check_against_jit(bidirectional_rnn, args, grad_argnums=(0, 1, 2))
     # Two long, independent scans: either they run on two streams or jaxpar fused them into
     # one loop (which runs both directions in the same kernels); either way not left serial.
-    fused = [d for d in plan.loops if d.kind == "fused" and d.primitives == ("scan", "scan")]
+    fused = [d for d in plan.decisions if d.kind == "fused" and d.primitives == ("scan", "scan")]
     assert plan.num_streams >= 2 or fused, str(plan)
 
 

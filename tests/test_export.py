@@ -74,7 +74,7 @@ def test_eval_shape_trace_and_lower_with_symbolic_sizes(target: str) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 def test_inspect_says_the_sizes_are_symbolic(target: str) -> None:
     plan = jaxpar.inspect(branches_and_scan, target=target)(*_specs())
-    assert not plan.sections and not plan.loops and not plan.subgraphs
+    assert not plan.sections and not plan.decisions
     (note,) = plan.left_alone
     assert note.reason == REASON_SYMBOLIC
     assert "sizes b are symbolic" in note.detail

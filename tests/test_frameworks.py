@@ -442,8 +442,8 @@ def test_nnx_ensemble_plan_says_what_it_batched_and_why_it_left_the_rest():
         return jnp.mean(jnp.stack([m(x) for m in members]), axis=0)
 
     plan = jaxpar.inspect(predict, target="gpu")(members, x)
-    kinds = [str(d.kind) for d in plan.subgraphs]
+    kinds = [str(d.kind) for d in plan.decisions]
     assert "batched subgraphs" in kinds, str(plan)
-    left = [d for d in plan.subgraphs if str(d.kind) == "subgraphs left alone"]
+    left = [d for d in plan.decisions if str(d.kind) == "subgraphs left alone"]
     assert left and all("costs more than" in d.reason for d in left), str(plan)
     assert "subgraphs left alone: 4 identical independent subgraphs" in str(plan)

@@ -150,7 +150,7 @@ def test_guard_catches_each_kind_of_regression() -> None:
 def test_verdict_names_the_batching_rewrite_when_one_costs_time() -> None:
     fn, args = suite.PROGRAMS["moe_4_experts"].build("small")
     preview = jaxpar.gpu_preview(fn, *args, command_buffers="lhs")
-    batched = [d for d in preview.plan.subgraphs
+    batched = [d for d in preview.plan.decisions
                if d.kind in ("batched matmuls", "batched subgraphs")]
     assert batched, "moe_4_experts batches its experts"
     assert "responsible" not in preview.verdict  # faster: nothing to blame

@@ -160,7 +160,7 @@ def test_rebuilt_graph_is_the_graph_built_afresh(monkeypatch: Any) -> None:
     x = jnp.ones((16, 16))
     calls.clear()
     plan = jaxpar.inspect(scans, target="gpu")(x, x)
-    assert "fused" in [d.kind for d in plan.loops]
+    assert "fused" in [d.kind for d in plan.decisions]
     assert calls and all(calls)  # the effects' chain: built afresh
 
 

@@ -21,6 +21,7 @@ from helpers.programs import (
 from jax import lax
 
 import jaxpar
+from jaxpar.passes import SUBGRAPH_KINDS
 
 THIS_FILE = os.path.basename(__file__)
 
@@ -188,11 +189,11 @@ def same_body_args():
 ])
 def test_a_loop_jaxpar_made_is_not_left_alone(program, args, kind):
     plan = jaxpar.inspect(program, target="gpu")(*args)
-    assert kind in {d.kind for d in plan.loops}, str(plan)
+    assert kind in {d.kind for d in plan.decisions}, str(plan)
     top_notes = [n for n in plan.left_alone if n.location == "/"]
     assert not any("scan" in n.primitives for n in top_notes), str(plan)
     (loop,) = [s for s in plan.steps if s.kind == "loop" and s.location == "/"]
-    assert kind in {plan.loops[k].kind for k in loop.loop_rewrites}
+    assert kind in {plan.decisions[k].kind for k in loop.loop_rewrites}
     # A scan jaxpar did not make is still reported when nothing overlaps it.
     def one_scan(a, xs):
         return lax.scan(lambda c, x: (jnp.tanh(c @ x), None), a, xs)[0]
@@ -206,7 +207,7 @@ def _every_source_line(plan):
     yield from (line for s in plan.sections for r in s.regions for line in r.source_lines)
     yield from (line for n in plan.left_alone for line in n.source_lines)
     yield from (line for s in plan.steps for line in s.source_lines)
-    yield from (line for d in (*plan.loops, *plan.subgraphs) for line in d.sources)
+    yield from (line for d in plan.decisions for line in d.sources)
 
 
 def test_source_lines_hide_jaxpar_frames_and_are_relative(monkeypatch, tmp_path):
@@ -319,20 +320,20 @@ def test_inspect_keeps_function_metadata():
     assert planner.__name__ == "local_two_scans"
 
 
-def test_batched_matmul_groups_name_their_members_stage_and_price():
+def test_batched_matmul_groups_name_their_members_depth_and_price():
     """Two scans with different bodies: each batched group names its ops, the member each
-    comes from (source line and step function), its stage and the cost model's numbers."""
+    comes from (source line and step function), its launch depth and the cost model's numbers."""
     bench = hetero_batch_benchmark()
     plan = jaxpar.inspect(bench.seed_002, target="gpu")(*seed_002_small_args())
-    groups = [d for d in plan.subgraphs if d.kind == "batched matmuls"]
-    assert sorted(d.stage for d in groups) == [1, 2, 3, 4], str(plan)
+    groups = [d for d in plan.decisions if d.kind == "batched matmuls"]
+    assert sorted(d.depth for d in groups) == [1, 2, 3, 4], str(plan)
     lines = [line for line in plan.text(verbose=True).splitlines()
              if "batched matmuls in scan body [" in line]
     assert len(lines) == len(groups)
     for d, line in zip(groups, lines, strict=True):
         assert len(d.members) == 2
         assert sorted(i for member in d.members for i in member) == sorted(d.eqns)
-        assert f"stage {d.stage}]" in line
+        assert f"launch depth {d.depth}]" in line
         first, second = (f"#{member[0]}" for member in d.members)
         # Member by member: its op, its equation and its step function, in order.
         assert line.index(f"1) dot_general {first} at ") < line.index("(seed_body)") \
@@ -340,11 +341,34 @@ def test_batched_matmul_groups_name_their_members_stage_and_price():
         assert d.saving_us is not None and d.saving_us > 0
         assert f"worth {d.saving_us:+.3g} us" in line
     loaded = json.loads(json.dumps(plan.to_dict()))
-    assert [g["stage"] for g in loaded["subgraphs"]] == [d.stage for d in groups]
-    assert [g["members"] for g in loaded["subgraphs"]] == [
+    loaded_groups = [g for g in loaded["decisions"] if g["kind"] == "batched matmuls"]
+    assert [g["depth"] for g in loaded_groups] == [d.depth for d in groups]
+    assert [g["members"] for g in loaded_groups] == [
         [list(m) for m in d.members] for d in groups]
     (loop,) = loaded["steps"]
-    assert loop["batched_groups"] == list(range(len(groups)))
+    assert loop["batched_groups"] == [k for k, d in enumerate(plan.decisions)
+                                      if d.kind == "batched matmuls"]
+
+
+def test_plan_loops_and_subgraphs_are_deprecated_views_of_decisions():
+    """``Plan.decisions`` holds every decision of the passes; the old ``loops`` and
+    ``subgraphs`` (one release more) warn and split it by kind, as ``to_dict`` does."""
+    bench = hetero_batch_benchmark()
+    plan = jaxpar.inspect(bench.seed_002, target="gpu")(*seed_002_small_args())
+    kinds = {str(d.kind) for d in plan.decisions}
+    assert {"fused", "batched matmuls"} <= kinds, str(plan)
+    with pytest.warns(DeprecationWarning, match=r"Plan\.loops .*Plan\.decisions"):
+        loops = plan.loops
+    with pytest.warns(DeprecationWarning, match=r"Plan\.subgraphs .*Plan\.decisions"):
+        subgraphs = plan.subgraphs
+    assert loops == tuple(d for d in plan.decisions if d.kind not in SUBGRAPH_KINDS)
+    assert subgraphs == tuple(d for d in plan.decisions if d.kind in SUBGRAPH_KINDS)
+    assert loops and subgraphs and len(loops) + len(subgraphs) == len(plan.decisions)
+    as_dict = plan.to_dict()
+    assert as_dict["loops"] == [d for d in as_dict["decisions"]
+                                if d["kind"] not in SUBGRAPH_KINDS]
+    assert as_dict["subgraphs"] == [d for d in as_dict["decisions"]
+                                    if d["kind"] in SUBGRAPH_KINDS]
 
 
 def test_a_flax_two_tower_plan_names_its_towers():
@@ -436,7 +460,7 @@ def test_rewrites_are_drawn_on_the_loops_they_made_not_on_a_shared_line():
     matching by source line put the batched scans' mark on the first scan of the line."""
     a, b, xs = same_body_args()
     plan = jaxpar.inspect(scans_on_one_line, target="gpu", unroll=None)(a, b, b * 2.0, xs)
-    (batched,) = [k for k, d in enumerate(plan.loops) if d.kind == "batched"]
-    assert plan.loops[batched].produced
+    (batched,) = [k for k, d in enumerate(plan.decisions) if d.kind == "batched"]
+    assert plan.decisions[batched].produced
     loops = [s for s in plan.steps if s.kind == "loop" and s.location == "/"]
     assert [s.loop_rewrites for s in loops] == [(), (batched,)], str(plan)

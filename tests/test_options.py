@@ -13,7 +13,7 @@ from jax import lax
 import jaxpar
 from jaxpar._flags import command_buffer_mode
 from jaxpar._gpu_model import CommandBufferMode
-from jaxpar._options import TARGET_DEFAULTS, Options, Settings
+from jaxpar._options import TARGET_DEFAULTS, ModePolicy, Options, Settings
 from jaxpar.passes import loop_defaults
 
 # ---------------------------------------------------------------- Options.resolve
@@ -40,11 +40,11 @@ def test_resolve_keeps_explicit_switches_and_limits_streams():
         "gpu", async_limit=3, command_buffers="off")
     assert settings.fuse_scans is False and settings.unroll == 3
     assert settings.streams_per_section == 3
-    assert settings.command_buffers is CommandBufferMode.OFF
+    assert settings.modes.priced is CommandBufferMode.OFF
     forced = Options.create(force_streams=True).resolve("gpu", command_buffers="lhs")
     # Forced sections are still priced (the report shows the verdict), never refused.
-    assert forced.command_buffers is CommandBufferMode.LHS and forced.force_streams
-    assert Options().resolve("cpu", command_buffers="lhs").command_buffers is None
+    assert forced.modes.priced is CommandBufferMode.LHS and forced.force_streams
+    assert Options().resolve("cpu", command_buffers="lhs").modes == ModePolicy()
 
 
 def test_resolve_reads_xla_flags(monkeypatch):
@@ -52,7 +52,26 @@ def test_resolve_reads_xla_flags(monkeypatch):
                                     "--xla_gpu_enable_command_buffer=")
     settings = Options.create(max_streams=8).resolve("gpu")
     assert settings.streams_per_section == 4
-    assert settings.command_buffers is CommandBufferMode.OFF is command_buffer_mode()
+    assert settings.modes.priced is CommandBufferMode.OFF is command_buffer_mode()
+
+
+def test_resolve_makes_one_mode_policy(monkeypatch):
+    """The ``command_buffers`` option and the user's mode become one ``ModePolicy``:
+    priced, chosen, the user's, compiled in."""
+    monkeypatch.setenv("XLA_FLAGS", "")
+    lhs, concurrent = CommandBufferMode.LHS, CommandBufferMode.CONCURRENT
+    assert Options().resolve("gpu").modes == ModePolicy(lhs, choose=True, user=lhs)
+    assert Options().resolve("gpu", command_buffers="lhs").modes == ModePolicy(lhs, user=lhs)
+    assert Options.create(command_buffers="keep").resolve("gpu").modes == \
+        ModePolicy(lhs, user=lhs)
+    named = Options.create(command_buffers="concurrent").resolve("gpu")
+    assert named.modes == ModePolicy(concurrent, user=lhs, compile=concurrent)
+    assert Options().resolve("cpu").modes == ModePolicy()
+    # Priced in another mode: only ``priced`` changes, and equal settings hash alike.
+    moved = named.priced_in(lhs)
+    assert moved.modes == ModePolicy(lhs, user=lhs, compile=concurrent)
+    assert moved == Options.create(command_buffers="concurrent").resolve("gpu").priced_in(lhs)
+    assert hash(moved) == hash(named.priced_in(lhs)) and moved != named
 
 
 def test_resolve_rejects_bad_values():
@@ -101,8 +120,8 @@ def test_auto_means_the_targets_default_at_every_level():
     assert unroll_of(loop_passes(target="gpu")[0]) == \
         unroll_of(jaxpar.passes.unroll_scans(closed)[0])
     plan = jaxpar.inspect(loop, target="cpu", unroll="cost")(jnp.ones(4), jnp.ones((1000, 4)))
-    assert [d.unroll for d in plan.loops if d.kind == "unrolled"] == [by_cost_cpu]
+    assert [d.unroll for d in plan.decisions if d.kind == "unrolled"] == [by_cost_cpu]
     assert not [d for d in jaxpar.inspect(loop, target="cpu")(jnp.ones(4), jnp.ones((1000, 4)))
-                .loops if d.kind == "unrolled"]
+                .decisions if d.kind == "unrolled"]
     with pytest.raises(ValueError, match="'cost'"):
         jaxpar.parallel_branches(loop, unroll="by cost")

@@ -168,11 +168,27 @@ def _many_members_program(ws, x, h):
 
 def test_plan_dicts_hold_plain_strings_and_the_pass_name():
     plan = jaxpar.inspect(_two_scans, target="gpu")(*_args())
-    loops = plan.to_dict()["loops"]
-    assert loops
-    for loop in loops:
-        assert type(loop["kind"]) is str
-        assert loop["pass"] in {p.name for p in PASSES}
+    decisions = plan.to_dict()["decisions"]
+    assert decisions
+    for decision in decisions:
+        assert type(decision["kind"]) is str
+        assert decision["pass"] in {p.name for p in PASSES}
+
+
+def test_stage_is_the_deprecated_name_of_a_decisions_launch_depth():
+    """``PassDecision.depth`` is a matmul group's launch depth; the old name ``stage``
+    (one release more) warns and reads it, and ``to_dict`` carries both keys."""
+    ws = jnp.stack([jnp.eye(8) * (1.0 + 0.1 * i) for i in range(4)])
+    plan = jaxpar.inspect(_many_members_program, target="gpu", command_buffers="lhs")(
+        ws, jnp.ones((8, 8)), jnp.ones((8, 8)))
+    groups = [d for d in plan.decisions if d.kind == DecisionKind.BATCHED_MATMULS]
+    assert groups and all(d.depth == 1 for d in groups), str(plan)
+    for d in groups:
+        with pytest.warns(DeprecationWarning, match=r"PassDecision\.stage .*PassDecision\.depth"):
+            assert d.stage == d.depth
+    for entry in plan.to_dict()["decisions"]:
+        assert entry["stage"] == entry["depth"]
+    assert PassDecision("/", DecisionKind.FUSED, (), (), (), None, None, None, "").depth is None
 
 
 # ---------------------------------------------------------------- the walk's revisits

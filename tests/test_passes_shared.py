@@ -256,7 +256,7 @@ def test_pure_callbacks_are_never_batched() -> None:
 
         check(batch_for_gpu, fn, args, expect=matmuls_batched)  # the pass never raises
         plan = jaxpar.inspect(fn, target="gpu")(*args)  # raised NotImplementedError
-        assert any(d.kind == DecisionKind.BATCHED_SUBGRAPHS for d in plan.subgraphs)
+        assert any(d.kind == DecisionKind.BATCHED_SUBGRAPHS for d in plan.decisions)
         assert_matches(jaxpar.parallel_branches(fn, target="gpu")(*args), jax.jit(fn)(*args),
                        tolerance=TOLERANCE)
     # Scans calling it are not batched either (and batch_scans does not raise).

@@ -42,7 +42,7 @@ def test_analyse_returns_the_plan_and_the_rewritten_program() -> None:
     assert isinstance(prepared, Prepared)
     traced = jax.make_jaxpr(two_scans)(*args)
     assert scans(traced) == 2 and scans(prepared.traced.jaxpr) == 1
-    assert any(d.kind.value == "fused" for d in prepared.loops)
+    assert any(d.kind.value == "fused" for d in prepared.decisions)
     assert prepared.plan.jaxpr is prepared.traced.jaxpr  # the plan is of that program
     assert prepared.target == "gpu" and prepared.mode is not None
     assert prepared.xla_options == prepared.mode.xla_options
@@ -123,7 +123,7 @@ def test_symbolic_sizes_stop_after_the_trace(target: str) -> None:
 
     spec = jax.ShapeDtypeStruct(export.symbolic_shape("n, 8"), jnp.float32)
     prepared = analyse(f, signature_of(f, spec), settings_of(target), report_now=True)
-    assert prepared.loops == () and prepared.mode is None and prepared.memory is None
+    assert prepared.decisions == () and prepared.mode is None and prepared.memory is None
     assert prepared.plain_us is None and prepared.unpriced is None
     assert not prepared.plan.changes_anything
 

@@ -84,7 +84,7 @@ def broadcast_scans(a: jax.Array, b: jax.Array) -> Any:
 
 
 def _kinds(plan: Any) -> set[str]:
-    return {str(d.kind) for d in (*plan.loops, *plan.subgraphs)}
+    return {str(d.kind) for d in plan.decisions}
 
 
 def test_stream_sections_over_budget_are_left_out() -> None:

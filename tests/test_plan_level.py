@@ -4,8 +4,6 @@ and idempotence."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -395,13 +393,13 @@ def test_plans_sharing_a_call_equal_fresh_ones():
         plan = plan_jaxpr(closed, analysis)
         return build_report(plan, "f", "gpu", emitted=True, options={}).to_dict(), plan.order
 
-    fresh = {mode: report(Analysis(dataclasses.replace(settings, command_buffers=mode)))
+    fresh = {mode: report(Analysis(settings.priced_in(mode)))
              for mode in modes}
     assert all(fresh[mode][0]["sections"] for mode in modes)
     # Pricing differs between the modes here, so a plan leaking from one to another shows.
     assert fresh[CommandBufferMode.OFF] != fresh[CommandBufferMode.LHS]
     for order in (modes, modes[::-1]):
-        first = Analysis(dataclasses.replace(settings, command_buffers=order[0]))
+        first = Analysis(settings.priced_in(order[0]))
         for mode in order:
-            shared = first.with_settings(dataclasses.replace(settings, command_buffers=mode))
+            shared = first.with_settings(settings.priced_in(mode))
             assert report(shared) == fresh[mode]

@@ -186,7 +186,7 @@ def test_where_a_candidate_wins_its_pessimistic_end_is_the_worst_corner(
         assert settings.gpu is calibrated
         analysis = Analysis(settings)
         plans = {mode: plan_jaxpr(closed, analysis.with_settings(
-            dataclasses.replace(settings, command_buffers=mode))) for mode in (LHS, REGIONS)}
+            settings.priced_in(mode))) for mode in (LHS, REGIONS)}
 
         def ratio(at: Any, plans: Any = plans, costs: Any = analysis.costs) -> float:
             return (estimate_seconds(plans[REGIONS], costs, REGIONS, gpu=at)
@@ -230,7 +230,7 @@ def test_estimates_sharing_a_memo_equal_fresh_ones() -> None:
     jaxpr, _ = run_passes(closed, analysis=analysis)
     costs = analysis.costs
     plans = {mode: plan_jaxpr(jaxpr, analysis.with_settings(
-        dataclasses.replace(settings, command_buffers=mode))) for mode in (LHS, CONCURRENT, OFF)}
+        settings.priced_in(mode))) for mode in (LHS, CONCURRENT, OFF)}
     fresh = {mode: estimate_seconds(plan, costs, mode) for mode, plan in plans.items()}
     plain = {mode: estimate_plain_seconds(closed, costs, mode) for mode in plans}
     # The modes price this program differently, so a memo mixing them up would show.

@@ -1,5 +1,5 @@
 """``jaxpar._plan.regions``: regions (hull, private producers and consumers, absorption up to
-the window's end), and that every planner stage's value, regions last, is frozen."""
+the window's end), and that every planning phase's value, regions last, is frozen."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_hull_and_a_blocked_equation_inside_it():
 # ------------------------------------------------------------------ frozen values
 
 
-def test_stage_values_are_frozen():
+def test_phase_values_are_frozen():
     jaxpr = open_level(two_towers, (8, 8), (8, 8))
     graph = build_graph(jaxpr)
     seconds = [1.0] * len(jaxpr.eqns)

@@ -27,7 +27,7 @@ from jax import lax
 
 import jaxpar
 from jaxpar._report.render import plan_to_chrome_trace
-from jaxpar._report.timeline import estimate
+from jaxpar._report.timeline import lay_out
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -104,7 +104,7 @@ def test_svg_draws_every_step_of_the_top_level_on_its_lane():
 
 def test_timeline_schedules_regions_side_by_side_and_dependents_after():
     plan = grad_plan()
-    (top,) = estimate(plan).levels
+    (top,) = lay_out(plan).levels
     by_step = {span.step: span for span in top.spans}
     for index, step in enumerate(plan.steps):
         for before in step.after:  # nothing starts before what it reads has finished
@@ -122,17 +122,17 @@ def test_timeline_schedules_regions_side_by_side_and_dependents_after():
 
 def test_timeline_time_source_is_one_function():
     plan = grad_plan()
-    doubled = estimate(plan, duration_us=lambda p, step: 2 * step.cost_us, fit=False)
+    doubled = lay_out(plan, duration_us=lambda p, step: 2 * step.cost_us, fit=False)
     assert doubled.levels[0].makespan_us == pytest.approx(
-        2 * estimate(plan, fit=False).levels[0].makespan_us)
+        2 * lay_out(plan, fit=False).levels[0].makespan_us)
 
 
 def test_fused_and_unrolled_loops_are_drawn():
     plan = jaxpar.inspect(two_scans, target="gpu")(*two_scans_args())
-    kinds = {d.kind for d in plan.loops}
+    kinds = {d.kind for d in plan.decisions}
     assert {"fused", "unrolled"} <= kinds, str(plan)
     (loop,) = [s for s in plan.steps if s.kind == "loop"]
-    assert {plan.loops[k].kind for k in loop.loop_rewrites} == {"fused", "unrolled"}
+    assert {plan.decisions[k].kind for k in loop.loop_rewrites} == {"fused", "unrolled"}
     svg = plan.to_svg()
     assert 'data-rewrite="fused"' in svg and 'data-rewrite="unrolled"' in svg
     assert 'data-key="rewrite:fused"' in svg and 'data-key="rewrite:unrolled"' in svg
@@ -147,14 +147,14 @@ def test_batched_matmul_groups_are_drawn_on_their_loop():
     """Two scans with different bodies: the fused loop's box holds a box per batched
     matmul group, labelled with its member count, and the legend explains it."""
     plan = seed_002_plan()
-    groups = [k for k, d in enumerate(plan.subgraphs) if d.kind == "batched matmuls"]
+    groups = [k for k, d in enumerate(plan.decisions) if d.kind == "batched matmuls"]
     assert len(groups) == 4, str(plan)
     (loop,) = [s for s in plan.steps if s.kind == "loop"]
     assert loop.batched_groups == tuple(groups)
     svg = plan.to_svg()
     drawn = re.findall(r'<g class="loop-rewrite batched-group" data-rewrite="batched matmuls" '
-                       r'data-members="(\d+)" data-stage="(\d+)">', svg)
-    assert sorted(drawn) == sorted(("2", str(plan.subgraphs[k].stage)) for k in groups)
+                       r'data-members="(\d+)" data-depth="(\d+)">', svg)
+    assert sorted(drawn) == sorted(("2", str(plan.decisions[k].depth)) for k in groups)
     assert svg.count("batched matmuls: 2 members</text>") == len(groups)
     assert 'data-key="rewrite:batched matmuls"' in svg
     trace = plan_to_chrome_trace(plan)
@@ -179,7 +179,7 @@ def test_chrome_trace_has_complete_events_for_every_step(tmp_path):
              if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {(e["pid"], e["tid"]) for e in complete} <= set(names)  # every lane is named
     assert sorted(set(names.values())) == ["main", "stream 1", "stream 2"]
-    (top,) = estimate(plan).levels
+    (top,) = lay_out(plan).levels
     assert max(e["ts"] + e["dur"] for e in complete) == pytest.approx(top.makespan_us)
 
 
@@ -275,7 +275,7 @@ def test_browser_draws_batched_matmul_groups_inside_the_picture(tmp_path):
             group["x"] + group["width"] <= picture["x"] + picture["width"]
         assert picture["y"] <= group["y"] and \
             group["y"] + group["height"] <= picture["y"] + picture["height"]
-    # Side by side in stage order, not overlapping.
+    # Side by side in launch-depth order, not overlapping.
     lefts = [g["x"] for g in groups]
     assert lefts == sorted(lefts)
     assert all(a["x"] + a["width"] <= b["x"] + 0.5 for a, b in itertools.pairwise(groups))

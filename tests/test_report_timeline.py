@@ -137,12 +137,12 @@ def test_loop_rewrites_are_counted_without_a_compile(name):
     # planner's own model.
     fn, args = PROGRAMS[name]
     plan = jaxpar.inspect(fn, target="gpu")(*args())
-    assert plan.sections == () and any(d.kind == "fused" for d in plan.loops)
+    assert plan.sections == () and any(d.kind == "fused" for d in plan.decisions)
     assert plan.estimate.ratio < 0.8, plan.estimate.line()
     assert "gpu_preview" not in plan.estimate.source
     _shown_everywhere(plan)
     off = jaxpar.inspect(fn, target="gpu", fuse_scans=False, unroll=None)(*args())
-    assert all(d.kind not in ("fused", "unrolled") for d in off.loops)
+    assert all(d.kind not in ("fused", "unrolled") for d in off.decisions)
     assert off.estimate.ratio == pytest.approx(1.0)
     assert off.estimate.plain_us == pytest.approx(plan.estimate.plain_us)
 

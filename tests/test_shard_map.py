@@ -137,7 +137,7 @@ def _weights():
 
 def _decisions_inside_body(fn, args, kind, **options):
     plan = jaxpar.inspect(fn, target="gpu", **options)(*args)
-    return [d for d in (*plan.loops, *plan.subgraphs)
+    return [d for d in plan.decisions
             if d.kind == kind and d.location.startswith("/shard_map#")]
 
 

@@ -155,7 +155,7 @@ def test_towers_with_vmap_axis_psums_are_batched():
     # In XLA's default CUDA-graph mode (lhs), where batching the towers saves launches (the
     # mode jaxpar would choose, concurrent, overlaps them unbatched instead).
     plan = jaxpar.inspect(_two_towers, target="gpu", command_buffers="lhs")(*args)
-    assert [s.kind for s in plan.subgraphs] == ["batched subgraphs"]
+    assert [d.kind for d in plan.decisions] == ["batched subgraphs"]
     g = jaxpar.parallel_branches(_two_towers, target="gpu", command_buffers="lhs")
     assert_tree_close(g(*args), jax.jit(_two_towers)(*args), rtol=1e-5, atol=1e-5)
     assert_tree_close(jax.grad(g, argnums=(0, 1))(*args),

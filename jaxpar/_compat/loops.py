@@ -57,7 +57,7 @@ def scan_info(eqn: JaxprEqn) -> ScanInfo:
         raise NotImplementedError(
             f"jaxpar: scan at {source_summary(eqn)} has {len(eqn.invars)} operands but its "
             f"body takes {len(in_avals(body))}; this jax version's scan layout is not "
-            "supported by jaxpar's loop passes")
+            "supported by jaxpar's loop rewrites")
     return ScanInfo(length=length, reverse=bool(params["reverse"]), unroll=int(unroll),
                     num_consts=num_consts, num_carry=num_carry, jaxpr=body)
 

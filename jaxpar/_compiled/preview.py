@@ -53,6 +53,7 @@ from .._plan import LevelPlan
 from .._primitives import MAY_HOLD_LOOPS
 from .._report.plan import Plan
 from .._report.timeline import PlanEstimate
+from .._report.types import loop_decisions, subgraph_decisions
 from .._trace import StaticArgs
 from ..passes import DecisionKind
 from . import gpu_compile
@@ -476,7 +477,7 @@ def _batching_rewrites(plan: Plan) -> list[str]:
     """The plan's applied batching rewrites, one phrase per kind and place: what they
     joined and the user's first source line."""
     found: dict[tuple[str, str], list[Any]] = {}
-    for d in (*plan.subgraphs, *plan.loops):
+    for d in (*subgraph_decisions(plan.decisions), *loop_decisions(plan.decisions)):
         if d.kind in _BATCHING_KINDS:
             found.setdefault((str(d.kind), d.location), []).append(d)
     phrases = []

@@ -1,21 +1,24 @@
 """Planning: which equations run together on which CUDA stream.
 
-The planner is a sequence of stages, one module each, every one returning a frozen
-value that can be tested alone:
+The planner is a sequence of phases (numbered as in docs/design.md, "Planning"), one
+module each, every one returning a frozen value that can be tested alone:
 
 * ``plans``: the results (``LevelPlan``, ``SectionPlan``, ``RegionPlan``, ``Note``)
   and the reasons and primitive families they use.
-* ``heavy``: which equations of a window are heavy, their ancestor/descendant bit
+* ``heavy`` (phase 1): which equations of a window are heavy, their ancestor/descendant bit
   masks, and cheap loose ends attached into units (``HeavyOrder``).
-* ``sections``: the series-parallel tree over units and the dynamic programme that
+* ``sections`` (phases 2 and 3): the series-parallel tree over units and the dynamic programme that
   chooses sections (``SPNode``, ``choose_sections``).
-* ``regions``: hull, longest-first balance onto streams, private producers and
+* ``regions`` (phase 4): hull, longest-first balance onto streams, private producers and
   consumers (``RegionSet``).
-* ``pricing``: the GPU pricing of a candidate section (``price_regions``).
+* ``pricing`` (phase 5): the GPU pricing of a candidate section (``price_regions``).
 * ``collectives``: groups of collectives launched together, and the compute that
-  overlaps each group.
-* ``level``: ``plan_jaxpr`` runs the stages for one level, writes the notes,
-  recurses into nested jaxprs and orders the units (``order_units``).
+  overlaps each group (in place of phases 2 to 4 where a level has such groups).
+* ``level``: ``plan_jaxpr`` runs the phases for one level, writes the notes, orders and
+  checks the units (``order_units``, phase 6) and recurses into nested jaxprs (phase 7).
+
+Two modules decide for a whole function, in the pipeline's stages (``_pipeline``)
+rather than per level: ``budget`` (stages 2 and 3) and ``modes`` (stage 4).
 
 Example::
 

@@ -1,4 +1,5 @@
-"""Stage 7 (every target): the memory budget jaxpar's program must keep to.
+"""Pipeline stages 2 and 3 (``_pipeline``, every target): the memory budget jaxpar's
+program must keep to.
 
 jaxpar's rewrites and CUDA-graph modes can raise a program's temporary memory
 (``_memory``). By default the program jaxpar runs may need at most 10% (or 1 MiB,

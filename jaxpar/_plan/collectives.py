@@ -7,7 +7,8 @@ the frontend attributes ``{_collectives_group="", inlineable="false"}`` makes
 XLA (``ExplicitCollectivesGroupAsyncWrapper``, jax >= 0.6) launch them as one
 asynchronous NCCL group, so both directions are in flight together.
 
-This module is the planner's collectives stage: ``group_collectives`` finds which
+This module is the planner's collectives phase (a level's phases 2 to 4 where it has
+groups of collectives): ``group_collectives`` finds which
 equations of one open jaxpr level form groups, and ``overlap_collectives`` pairs each
 group with the compute that can run while it transfers (one stream region). The level
 (``_plan.level``) contracts each group to one unit of its emission order; the emitter

@@ -1,4 +1,4 @@
-"""Stage 1: the heavy equations of one window, their reachability masks and units.
+"""Planning phase 1: the heavy equations of one window, their reachability masks and units.
 
 Heavy positions ``0..n-1`` number a window's heavy equations in program order. Bit
 ``k`` of an equation's ancestor (descendant) mask says heavy position ``k`` reaches

@@ -1,17 +1,22 @@
-"""Planning one level: the stages in order, the notes, recursion and emission order.
+"""Planning one level: the phases in order, the notes, recursion and emission order.
 
-For one level of a jaxpr (nested jaxprs get plans of their own):
+For one level of a jaxpr (nested jaxprs get plans of their own), the phases of
+docs/design.md ("Planning"):
 
 1. Effectful, collective and already-annotated equations never move (``blocked``);
-   the others that launch a kernel of their own are *heavy*.
-2. With collectives groups (``collectives.group_collectives``), each group gets the
-   compute that overlaps its transfers (``collectives.overlap_collectives``).
-3. Otherwise, per window of ``MAX_HEAVY`` heavy equations: ``heavy.heavy_order``
-   (masks, units), ``sections.decompose`` and ``sections.choose_sections`` (the
-   series-parallel tree and the dynamic programme), ``regions.build_regions`` (hull,
-   balance, private neighbours) and, for the GPU, ``pricing.price_regions``.
-4. ``order_units`` contracts regions and groups to one unit each and checks that
+   the others that launch a kernel of their own are *heavy* (``heavy.heavy_order``:
+   masks, units), per window of ``MAX_HEAVY`` heavy equations.
+2. and 3. ``sections.decompose`` and ``sections.choose_sections`` (the series-parallel
+   tree and the dynamic programme).
+4. ``regions.build_regions`` (hull, balance, private neighbours).
+   A level with collectives groups (``collectives.group_collectives``) takes, in
+   place of phases 2 to 4, the compute that overlaps each group's transfers
+   (``collectives.overlap_collectives``).
+5. For the GPU, ``pricing.price_regions`` (``price_collective_section`` for a
+   collectives group's section).
+6. ``order_units`` contracts regions and groups to one unit each and checks that
    regions are convex and those of one section independent.
+7. Equations outside regions with nested jaxprs get plans of their own.
 
 Example::
 
@@ -86,7 +91,7 @@ def plan_jaxpr(jaxpr: JaxprLike, analysis: Analysis, path: str = "") -> LevelPla
 def symbolic_plan(jaxpr: JaxprLike, dimensions: Sequence[str]) -> LevelPlan:
     """The plan of a program whose sizes ``dimensions`` are symbolic (``jax.export``'s
     shape polymorphism): every equation as it is, nothing priced. The cost model, the
-    memory model and the loop passes need sizes; a representative size would decide
+    memory model and the passes need sizes; a representative size would decide
     for programs the user never runs, so the program runs as ``jax.jit`` runs it."""
     inner, _ = _compat.open_jaxpr(jaxpr)
     count = len(inner.eqns)
@@ -317,10 +322,10 @@ def _build_section(jaxpr: Jaxpr, graph: Graph, order: HeavyOrder, seconds: tuple
         return None
     assignment = regions.assignment(section_index)
     region_of.update(assignment)
-    if settings.command_buffers is None:
+    if settings.modes.priced is None:
         return SectionPlan(group=group, regions=regions.region_plans())
     verdict = price_regions(jaxpr, graph, order, regions, analysis.costs,
-                            mode=settings.command_buffers, min_seconds=settings.min_seconds,
+                            mode=settings.modes.priced, min_seconds=settings.min_seconds,
                             keys=analysis.structural_keys)
     # force_streams keeps a section the pricing rejects, with the verdict for the report.
     if not verdict.pays and not settings.force_streams:
@@ -340,13 +345,13 @@ def _priced_collective_sections(jaxpr: Jaxpr, graph: Graph, found: Sequence[Sect
     is, off a GPU): one that does not pay is dropped, with a note, unless
     ``force_streams`` keeps it (with its verdict, for the report and the estimate)."""
     settings = analysis.settings
-    if settings.command_buffers is None:
+    if settings.modes.priced is None:
         return list(found)
     kept = []
     for section in found:
         region = section.regions[0].eqns
         verdict = price_collective_section(jaxpr, graph, region, analysis.costs,
-                                           mode=settings.command_buffers)
+                                           mode=settings.modes.priced)
         if verdict.pays or settings.force_streams:
             kept.append(dataclasses.replace(
                 section, gain_seconds=verdict.gain_seconds, cost_seconds=verdict.cost_seconds,

@@ -1,4 +1,5 @@
-"""Stage 6 (target ``"gpu"``): the CUDA-graph mode a function is compiled in.
+"""Pipeline stage 4 (``_pipeline``, target ``"gpu"``): the CUDA-graph mode a function is
+compiled in.
 
 XLA:GPU runs captured kernels as CUDA graphs (command buffers). In its default ``LHS``
 mode a graph is one serial chain; in ``CONCURRENT_REGIONS`` mode runs of small,

@@ -110,7 +110,7 @@ class LevelPlan:
                 yield from sub.walk()
 
 
-# The collectives stage's results (``_plan.collectives`` computes them).
+# The collectives phase's results (``_plan.collectives`` computes them).
 @dataclasses.dataclass(frozen=True, slots=True)
 class CollectiveInfo:
     """One collective equation of the level, for reporting.

@@ -1,4 +1,5 @@
-"""Stage 4 (target ``"gpu"``): pricing a stream section: does cutting the program here pay?
+"""Planning phase 5 (target ``"gpu"``): pricing a stream section: does cutting the program
+here pay?
 
 The planner proposes sections (regions meant to overlap); this module says what
 one is expected to win or cost on the compiled GPU program, from what XLA:GPU is
@@ -49,7 +50,7 @@ Sharp edges:
   * Convolutions count as capturable (cuDNN calls are a default command type), as
     the compiled-schedule estimate assumes.
 
-The stage's entry is ``price_regions``: it names the dots outside the section that
+The phase's entry is ``price_regions``: it names the dots outside the section that
 XLA's ``DotMerger`` could merge with a region's dot (heavy equations neither in,
 feeding, nor fed by the section) and hands the regions to ``price_section``.
 """

@@ -1,4 +1,5 @@
-"""Stage 3: a chosen section's regions: hull, balance onto streams, private neighbours.
+"""Planning phase 4: a chosen section's regions: hull, balance onto streams, private
+neighbours.
 
 Each branch's heavy equations grow into their convex hull (every equation between two
 of them); branches are balanced longest-first onto the streams; then each stream's set

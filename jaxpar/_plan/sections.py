@@ -1,4 +1,5 @@
-"""Stage 2: the series-parallel tree of a window's units and the sections it affords.
+"""Planning phases 2 and 3: the series-parallel tree of a window's units, and the sections
+it affords.
 
 ``decompose`` splits the units' reachability order into a tree: the comparability
 graph's connected components are parallel branches; a cut that every earlier node

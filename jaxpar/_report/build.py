@@ -24,7 +24,7 @@ from .._plan.budget import MemoryFigures
 from .._plan.modes import ModeChoice
 from .._primitives import LOOPS
 from .._tune import Tuning
-from ..passes import NEW_LOOP_KINDS, SUBGRAPH_KINDS, DecisionKind, PassDecision
+from ..passes import NEW_LOOP_KINDS, DecisionKind, PassDecision
 from .places import Places
 from .plan import Plan
 from .types import Collective, LeftAlone, Region, Section, Step, directions_text
@@ -37,14 +37,14 @@ _DRAWN_LOOP_KINDS = (DecisionKind.FUSED, DecisionKind.BATCHED, DecisionKind.UNRO
 
 
 def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
-                 options: dict[str, Any], loops: tuple[PassDecision, ...] = (),
+                 options: dict[str, Any], decisions: tuple[PassDecision, ...] = (),
                  plain_us: float | None = None, priced_in: str | None = None,
                  tuning: Tuning | None = None, mode: ModeChoice | None = None,
                  memory: MemoryFigures | None = None) -> Plan:
     """Turns the internal plan tree into the public ``Plan`` report.
 
-    ``loops`` holds every decision of the passes run before planning; those of the
-    subgraph batching pass are reported apart, as ``Plan.subgraphs``. ``plain_us`` is
+    ``decisions`` holds every decision of the passes run before planning, in the order
+    they made them (``Plan.decisions``). ``plain_us`` is
     the cost model's time of the program as traced, ``priced_in`` the CUDA-graph mode
     stream sections were priced in (None: not priced). ``tuning``: the tuner's table,
     for a function decorated with ``tune=True``. ``memory``: the memory model's figures
@@ -54,13 +54,11 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
     notes: list[LeftAlone] = []
     collectives: list[Collective] = []
     steps: list[Step] = []
-    loop_decisions = tuple(d for d in loops if d.kind not in SUBGRAPH_KINDS)
-    subgraph_decisions = tuple(d for d in loops if d.kind in SUBGRAPH_KINDS)
     drawn = {level.path for level in plan.walk()
              if level.path == "/" or level.sections or level.collective_groups}
     batched = _batched_groups({level.path: _compat.open_jaxpr(level.jaxpr)[0].eqns
                                for level in plan.walk() if level.path in drawn},
-                              subgraph_decisions)
+                              decisions)
     summaries = _SourceSummaries()
     places = Places(plan)
     num_eqns = 0
@@ -94,15 +92,15 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 cut_cost_us=None if section.cost_seconds is None else section.cost_seconds * 1e6,
                 verdict=section.verdict, pays=section.pays))
         collectives.extend(_collectives(level, eqns, overlapped))
-        rewritten = _rewritten_loops(level.path, eqns, loop_decisions)
+        rewritten = _rewritten_loops(level.path, eqns, decisions)
         if level.path in drawn:
             steps.extend(_steps(level, eqns, first_section, len(steps), rewritten,
                                 batched.get(level.path, {}), summaries))
         made_here = {i for i, marks in rewritten.items()
-                     if any(loop_decisions[k].kind in NEW_LOOP_KINDS for k in marks)}
+                     if any(decisions[k].kind in NEW_LOOP_KINDS for k in marks)}
         for note in level.notes:
             kept = tuple(i for i in note.eqns if i not in made_here)
-            if not kept:  # a loop jaxpar made: reported under "loops", not left alone
+            if not kept:  # a loop jaxpar made: reported as a decision, not left alone
                 continue
             detail = note.detail
             if note.reason == REASON_TOO_CHEAP:
@@ -115,14 +113,12 @@ def build_report(plan: LevelPlan, function: str, target: str, emitted: bool,
                 cost_us=sum(level.seconds[i] for i in kept) * 1e6,
                 source_lines=_sources(eqns, kept, level.seconds, summaries),
                 places=places.ranked(eqns, kept, level.seconds)))
-    loop_decisions = tuple(_placed(d, places) for d in loop_decisions)
-    subgraph_decisions = tuple(_placed(d, places) for d in subgraph_decisions)
+    placed = tuple(_placed(d, places) for d in decisions)
     total = sum(plan.seconds) * 1e6
     return Plan(function=function, target=target, emitted=emitted,
                 options=tuple(sorted(options.items())), num_eqns=num_eqns,
                 total_cost_us=total, sections=tuple(sections), left_alone=tuple(notes),
-                loops=loop_decisions, collectives=tuple(collectives),
-                subgraphs=subgraph_decisions,
+                decisions=placed, collectives=tuple(collectives),
                 steps=tuple(steps), plain_cost_us=plain_us, priced_in=priced_in,
                 tuning=tuning, mode=mode, memory=memory)
 
@@ -149,12 +145,12 @@ def _placed(decision: PassDecision, places: Places) -> PassDecision:
     return dataclasses.replace(decision, places=tuple(dict.fromkeys(found)))
 
 
-def _rewritten_loops(path: str, eqns: Sequence[JaxprEqn], loops: tuple[PassDecision, ...]
+def _rewritten_loops(path: str, eqns: Sequence[JaxprEqn], decisions: tuple[PassDecision, ...]
                      ) -> dict[int, tuple[int, ...]]:
-    """Loop equations of one level that a loop pass produced or changed: the indices
-    of those decisions in ``loops``, read from each decision's ``produced``."""
+    """Loop equations of one level that a pass produced or changed: the indices
+    of those decisions in ``decisions``, read from each decision's ``produced``."""
     marked: dict[int, list[int]] = {}
-    for k, decision in enumerate(loops):
+    for k, decision in enumerate(decisions):
         if decision.kind not in _DRAWN_LOOP_KINDS:
             continue
         for place in decision.produced:

@@ -40,7 +40,7 @@ from .render import (
     short_places,
 )
 from .timeline import plan_estimate
-from .types import PlanEstimate, PlanRecord
+from .types import PlanEstimate, PlanRecord, loop_decisions, subgraph_decisions
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,8 +65,10 @@ class Plan(PlanRecord):
                 "total_cost_us": self.total_cost_us, "num_streams": self.num_streams,
                 "sections": [s.to_dict() for s in self.sections],
                 "left_alone": [n.to_dict() for n in self.left_alone],
-                "loops": [_loop_dict(d) for d in self.loops],
-                "subgraphs": [_loop_dict(d) for d in self.subgraphs],
+                "decisions": [_decision_dict(d) for d in self.decisions],
+                # Deprecated (the next release drops them): "decisions" split by kind.
+                "loops": [_decision_dict(d) for d in loop_decisions(self.decisions)],
+                "subgraphs": [_decision_dict(d) for d in subgraph_decisions(self.decisions)],
                 "collectives": [c.to_dict() for c in self.collectives],
                 "steps": [step.to_dict() for step in self.steps],
                 "estimate": {**dataclasses.asdict(self.estimate),
@@ -85,7 +87,8 @@ class Plan(PlanRecord):
         Example: ``"fused: 1 (2 loops -> 1); batched matmuls: 4; no stream regions"``.
         """
         changed: dict[str, list[PassDecision]] = {}
-        for decision in (*self.loops, *self.subgraphs):
+        for decision in (*loop_decisions(self.decisions),
+                         *subgraph_decisions(self.decisions)):
             if decision.kind not in UNCHANGED_KINDS:
                 changed.setdefault(str(decision.kind), []).append(decision)
         parts = []
@@ -261,7 +264,8 @@ def _report_lines(plan: Plan, verbose: bool) -> list[str]:
                          + (f" ({c.directions})" if c.directions else "")
                          + (f", overlapped by [{beside}]" if beside and verbose else ""))
     describe = decision_text if verbose else decision_summary
-    for title, decisions in (("loops", plan.loops), ("subgraphs", plan.subgraphs)):
+    for title, decisions in (("loops", loop_decisions(plan.decisions)),
+                             ("subgraphs", subgraph_decisions(plan.decisions))):
         if decisions:
             lines.append(f"  {title}:")
             lines.extend(f"    {describe(d)}" for d in decisions)
@@ -280,7 +284,7 @@ def _report_lines(plan: Plan, verbose: bool) -> list[str]:
                 lines.append(f"  left alone: {note.reason}: {first_clause(note.detail)}")
         if any(note.reason != REASON_SYMBOLIC for note in plan.left_alone):
             lines.append(f"  {_left_alone_count(plan)}")
-    if not verbose and (plan.loops or plan.subgraphs or plan.left_alone):
+    if not verbose and (plan.decisions or plan.left_alone):
         lines.append("  (why, in full: print(plan.text(verbose=True)) or plan.to_dict())")
     return lines
 
@@ -293,11 +297,12 @@ def _left_alone_count(plan: Plan) -> str:
     return f"left alone: {sum(reasons.values())} ({counts}; verbose=True lists them)"
 
 
-def _loop_dict(loop: PassDecision) -> dict[str, Any]:
-    return {"location": loop.location, "kind": str(loop.kind.value), "pass": loop.pass_name,
-            "eqns": list(loop.eqns),
-            "primitives": list(loop.primitives), "sources": list(loop.sources),
-            "trips_before": loop.trips_before, "trips_after": loop.trips_after,
-            "unroll": loop.unroll, "reason": loop.reason,
-            "members": [list(m) for m in loop.members], "stage": loop.stage,
-            "saving_us": loop.saving_us, "places": list(loop.places)}
+def _decision_dict(decision: PassDecision) -> dict[str, Any]:
+    return {"location": decision.location, "kind": str(decision.kind.value),
+            "pass": decision.pass_name, "eqns": list(decision.eqns),
+            "primitives": list(decision.primitives), "sources": list(decision.sources),
+            "trips_before": decision.trips_before, "trips_after": decision.trips_after,
+            "unroll": decision.unroll, "reason": decision.reason,
+            "members": [list(m) for m in decision.members], "depth": decision.depth,
+            "stage": decision.depth,  # deprecated: "depth" (the next release drops it)
+            "saving_us": decision.saving_us, "places": list(decision.places)}

@@ -5,7 +5,7 @@ The timeline is the plan's estimated schedule (``jaxpar._report.timeline``), one
 (the main stream on top, then stream 1..k, then the collectives), a linear time axis
 in estimated microseconds, and every step as a box as wide as its estimated time:
 main-stream work too, regions in their stream's lane, collectives groups in theirs.
-Loops the loop passes rewrote are drawn as such: a band per member of a fused or
+Loops the passes rewrote are drawn as such: a band per member of a fused or
 batched loop, ticks for the trips of an unrolled one, an outlined box per group of
 matmuls that ``batch_matmuls`` runs as one batched op (in the step, or in the body of
 its loop), spanning the box's height with a dot per member. A legend explains the colours;
@@ -36,8 +36,8 @@ import re
 from typing import Any
 
 from ..passes import UNCHANGED_KINDS, PassDecision
-from .timeline import LevelTimeline, estimate, plan_estimate
-from .types import PlanRecord, Step
+from .timeline import LevelTimeline, lay_out, plan_estimate
+from .types import PlanRecord, Step, loop_decisions, subgraph_decisions
 
 _LANE_HEIGHT = 34
 _LABEL_WIDTH = 110
@@ -164,7 +164,7 @@ def decision_text(d: PassDecision) -> str:
     if d.trips_before is not None or d.trips_after is not None:
         trips = f", trips {d.trips_before} -> {d.trips_after}"
     unroll = f", unroll {d.unroll}" if d.unroll is not None else ""
-    stage = f", stage {d.stage}" if d.stage is not None else ""
+    depth = f", launch depth {d.depth}" if d.depth is not None else ""
     if d.members:
         where = "members: " + "; ".join(
             f"{m}) " + ", ".join(_member_op(d, i) for i in member)
@@ -173,7 +173,7 @@ def decision_text(d: PassDecision) -> str:
         where = "; ".join(dict.fromkeys(d.sources)) or "<unknown>"
     place = readable_location(d.location)
     return (f"{d.kind}{' ' + place if place else ''} [{', '.join(d.primitives)}{trips}{unroll}"
-            f"{stage}]: {d.reason} ({where})")
+            f"{depth}]: {d.reason} ({where})")
 
 
 def _member_op(d: PassDecision, eqn: int) -> str:
@@ -197,9 +197,9 @@ def _lane_color(lane: str) -> str:
 
 
 def _step_label(plan: PlanRecord, step: Step) -> str:
-    """Short text for a box: its heaviest primitives, or what the loop passes did."""
+    """Short text for a box: its heaviest primitives, or what the passes did to its loop."""
     if step.loop_rewrites:
-        return "⟳ " + ", ".join(dict.fromkeys(plan.loops[k].kind for k in step.loop_rewrites))
+        return "⟳ " + ", ".join(dict.fromkeys(plan.decisions[k].kind for k in step.loop_rewrites))
     names = ", ".join(name for name, _ in step.primitives[:2])
     return ("⟳ " + names) if step.kind == "loop" else names
 
@@ -215,8 +215,8 @@ def _step_title(plan: PlanRecord, step: Step, start: float, duration: float) -> 
         lines.append(f"section at {section.location}: " + (
             f"beside {section.overlaps}" if section.overlaps
             else f"scheduling group {section.scheduling_group}"))
-    lines += [decision_text(plan.loops[k]) for k in step.loop_rewrites]
-    lines += [decision_text(plan.subgraphs[k]) for k in step.batched_groups]
+    lines += [decision_text(plan.decisions[k]) for k in step.loop_rewrites]
+    lines += [decision_text(plan.decisions[k]) for k in step.batched_groups]
     lines += list(step.source_lines)
     return "\n".join(lines)
 
@@ -232,17 +232,17 @@ def _ticks(makespan: float) -> list[float]:
 
 
 def _group_label(plan: PlanRecord, k: int) -> str:
-    return f"batched matmuls: {len(plan.subgraphs[k].members)} members"
+    return f"batched matmuls: {len(plan.decisions[k].members)} members"
 
 
 def _loop_glyphs(plan: PlanRecord, step: Step, x: float, y: float, width: float, height: float,
                  used: set[str], left: float = 0.0) -> str:
-    """What the loop passes did, drawn on the loop's box: bands for fused or batched
+    """What the passes did, drawn on the loop's box: bands for fused or batched
     members, ticks for the trips of an unrolled loop; and a box per batched matmul
-    group, side by side in stage order right of ``left`` pixels (the box's label)."""
+    group, side by side in launch-depth order right of ``left`` pixels (the box's label)."""
     out = []
     for k in step.loop_rewrites:
-        decision = plan.loops[k]
+        decision = plan.decisions[k]
         used.add(decision.kind)
         marks = []
         if decision.kind in ("fused", "batched"):
@@ -262,11 +262,11 @@ def _loop_glyphs(plan: PlanRecord, step: Step, x: float, y: float, width: float,
         out.append(f'<g class="loop-rewrite" data-rewrite="{decision.kind}" '
                    f'pointer-events="none">{"".join(marks)}</g>')
     groups = sorted(step.batched_groups,
-                    key=lambda k: (plan.subgraphs[k].stage or 0, plan.subgraphs[k].eqns))
+                    key=lambda k: (plan.decisions[k].depth or 0, plan.decisions[k].eqns))
     left = min(left, width / 2)
     slot = (width - left) / len(groups) if groups else 0.0
     for j, k in enumerate(groups):
-        decision = plan.subgraphs[k]
+        decision = plan.decisions[k]
         used.add(decision.kind)
         members = max(len(decision.members), 1)
         gap = min(2.0, slot / 8)
@@ -282,7 +282,7 @@ def _loop_glyphs(plan: PlanRecord, step: Step, x: float, y: float, width: float,
                 if gw > 40 else "")
         out.append(
             f'<g class="loop-rewrite batched-group" data-rewrite="{decision.kind}" '
-            f'data-members="{len(decision.members)}" data-stage="{decision.stage}">'
+            f'data-members="{len(decision.members)}" data-depth="{decision.depth}">'
             f"<title>{_escape(label)}\n{_escape(decision_text(decision))}</title>"
             f'<rect class="group-box" x="{gx:.2f}" y="{y + 1:.1f}" width="{gw:.2f}" '
             f'height="{height - 2:.1f}" fill="none" stroke="{_GROUP_COLOR}" '
@@ -321,7 +321,7 @@ def _level_svg(plan: PlanRecord, level: LevelTimeline, y0: float, patterns_used:
         height = _LANE_HEIGHT - 8
         color = _LOOP_COLOR if step.kind == "loop" else _lane_color(span.lane)
         label = _step_label(plan, step)
-        banded = any(plan.loops[k].kind in ("fused", "batched") for k in step.loop_rewrites)
+        banded = any(plan.decisions[k].kind in ("fused", "batched") for k in step.loop_rewrites)
         text = (f'<text x="{x + 3:.1f}" y="{y + (10 if banded else 17):.1f}" font-size="10" '
                 'fill="#fff" '
                 f'pointer-events="none">{_escape(label[:int(width / 6)])}</text>'
@@ -393,7 +393,7 @@ def _legend(plan: PlanRecord, levels: tuple[LevelTimeline, ...], patterns_used: 
 
 def plan_to_svg(plan: PlanRecord) -> str:
     """The plan's estimated timeline as a standalone ``<svg>`` element."""
-    timeline = estimate(plan)
+    timeline = lay_out(plan)
     title = (f"{plan.function}: planned for {plan.target}, {plan.num_eqns} equations, "
              + (f"{plan.num_streams} streams" if plan.target == "gpu" else
                 f"{plan.num_regions} independent parts, nothing emitted (no streams off a GPU)"))
@@ -424,11 +424,11 @@ def plan_to_svg(plan: PlanRecord) -> str:
     decisions = [
         f"{d.kind}: {', '.join(d.primitives)}"
         + (f", {len(d.members)} members" if d.members else "")
-        + (f", stage {d.stage}" if d.stage is not None else "")
+        + (f", launch depth {d.depth}" if d.depth is not None else "")
         + (f", trips {d.trips_before} → {d.trips_after}"
            if d.trips_before is not None or d.trips_after is not None else "")
         + (f", unroll {d.unroll}" if d.unroll is not None else "")
-        for d in (*plan.loops, *plan.subgraphs)]
+        for d in (*loop_decisions(plan.decisions), *subgraph_decisions(plan.decisions))]
     for i, line in enumerate(decisions):
         parts.append(f'<text class="loop" x="8" y="{y + 14 * i + 10:.0f}" '
                      f'font-size="11" fill="#333">⟳ {_escape(line)}</text>')
@@ -472,7 +472,7 @@ def plan_to_chrome_trace(plan: PlanRecord) -> dict[str, Any]:
     figure = plan_estimate(plan)
     graphs = (f" ({plan.mode.mode.value} CUDA graphs)" if plan.mode is not None
               and plan.mode.chosen else "")
-    for pid, level in enumerate(estimate(plan).levels, start=1):
+    for pid, level in enumerate(lay_out(plan).levels, start=1):
         name = (f"top level, {figure.line()}" if level.location == "/"
                 else f"inside {level.location}")
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
@@ -490,9 +490,9 @@ def plan_to_chrome_trace(plan: PlanRecord) -> dict[str, Any]:
                 "args": {"location": step.location, "equations": step.num_eqns,
                          "primitives": {n: c for n, c in step.primitives},
                          "source_lines": list(step.source_lines),
-                         "loop_rewrites": [decision_text(plan.loops[k])
+                         "loop_rewrites": [decision_text(plan.decisions[k])
                                            for k in step.loop_rewrites],
-                         "batched_groups": [decision_text(plan.subgraphs[k])
+                         "batched_groups": [decision_text(plan.decisions[k])
                                             for k in step.batched_groups]}})
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"source": "jaxpar.Plan.save: cost-model estimates, not a "

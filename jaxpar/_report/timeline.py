@@ -5,11 +5,11 @@ the compiled *schedule*, see docs/design.md's glossary): each step starts once t
 steps it reads from have finished and its lane (the main stream, a stream, the
 collectives) is free. Durations come from one function, ``step_duration_us``, which
 reads the plan's costs (``jaxpar._cost``); a better device model plugs in
-there, or is passed to ``estimate`` as ``duration_us``.
+there, or is passed to ``lay_out`` as ``duration_us``.
 
 Example::
 
-    timeline = estimate(plan)
+    timeline = lay_out(plan)
     top = timeline.levels[0]
     top.makespan_us                     # == plan.estimate.jaxpar_us: the header's figure
     top.serial_us                       # one stream, at the same scale
@@ -102,7 +102,7 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
                   if mode.mode is not mode.user_mode else
                   f"jaxpar's planning model ({mode.mode.value} graphs), not a compile")
         return PlanEstimate(mode.plain_seconds * 1e6, seconds * 1e6, source, rejected)
-    levels = estimate(plan, fit=False).levels if plan.steps else ()
+    levels = lay_out(plan, fit=False).levels if plan.steps else ()
     serial = levels[0].serial_us if levels else plan.total_cost_us
     makespan = levels[0].makespan_us if levels else serial
     top = [s for s in plan.sections if s.location == "/"]
@@ -122,8 +122,8 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
     return PlanEstimate(plain, fast, source, rejected)
 
 
-def estimate(plan: PlanRecord, duration_us: Callable[[PlanRecord, Step], float] = step_duration_us,
-             fit: bool = True) -> Timeline:
+def lay_out(plan: PlanRecord, duration_us: Callable[[PlanRecord, Step], float] = step_duration_us,
+            fit: bool = True) -> Timeline:
     """Lays ``plan.steps`` out level by level (see the module docstring).
 
     ``fit``: the top level's times scaled so that it ends at the plan's one estimate
@@ -148,7 +148,7 @@ def estimate(plan: PlanRecord, duration_us: Callable[[PlanRecord, Step], float] 
 
 
 def _laid_out(plan: PlanRecord, duration_us: Callable[[PlanRecord, Step], float]) -> Timeline:
-    """``estimate`` with the steps' own times."""
+    """``lay_out`` with the steps' own times."""
     by_level: dict[str, list[int]] = {}
     for index, step in enumerate(plan.steps):
         by_level.setdefault(step.location, []).append(index)

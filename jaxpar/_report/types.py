@@ -14,13 +14,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from .._plan.budget import MemoryFigures
 from .._plan.modes import ModeChoice
 from .._tune import Tuning
-from ..passes import PassDecision
+from ..passes import SUBGRAPH_KINDS, PassDecision
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,11 +119,11 @@ class Step:
 
     ``lane`` is ``"main"``, ``"stream K"`` or ``"collectives"``; ``kind`` is ``"main"``
     (a run of equations on the main stream), ``"loop"`` (one scan or while loop on the
-    main stream; ``loop_rewrites`` holds the indices in ``Plan.loops`` of what the loop
+    main stream; ``loop_rewrites`` holds the indices in ``Plan.decisions`` of what the
     passes did to it), ``"region"``
     (a stream region of ``Plan.sections[section]``) or ``"collectives"`` (a group
     launched together). ``after`` holds the indices in ``Plan.steps`` of the steps
-    whose results it reads. ``batched_groups`` holds the indices in ``Plan.subgraphs``
+    whose results it reads. ``batched_groups`` holds the indices in ``Plan.decisions``
     of the batched matmul groups the step runs: in its own equations, or in the body of
     its loop (at any depth) when that body is not drawn as a level of its own.
     """
@@ -181,8 +182,8 @@ class PlanRecord:
 
     ``jaxpar.Plan`` adds the text, the pictures and the one estimate.
 
-    ``loops`` holds the loop passes' decisions, ``subgraphs`` those of the subgraph
-    batching pass (``batched subgraphs`` / ``subgraphs left alone``). ``steps`` is the
+    ``decisions`` holds every decision of the passes, in the order they made them
+    (``loops`` and ``subgraphs``, deprecated, split it by kind). ``steps`` is the
     program in emission order (the top level, and every level with sections), from
     which ``save("plan.html")`` and ``save("plan.json")`` draw the estimated timeline.
     ``tuning`` is the tuner's measured table for a function decorated with ``tune=True``
@@ -197,9 +198,8 @@ class PlanRecord:
     total_cost_us: float
     sections: tuple[Section, ...]
     left_alone: tuple[LeftAlone, ...]
-    loops: tuple[PassDecision, ...] = ()
+    decisions: tuple[PassDecision, ...] = ()
     collectives: tuple[Collective, ...] = ()
-    subgraphs: tuple[PassDecision, ...] = ()
     steps: tuple[Step, ...] = ()
     # The cost model's time of the program as traced (jax.jit's), and the CUDA-graph mode
     # sections were priced in.
@@ -220,6 +220,18 @@ class PlanRecord:
         return self.mode.xla_options if self.mode is not None else {}
 
     @property
+    def loops(self) -> tuple[PassDecision, ...]:
+        """Deprecated: ``decisions`` but those of the subgraph kinds (``loop_decisions``)."""
+        _deprecated("Plan.loops", "Plan.decisions (every decision, in the passes' order)")
+        return loop_decisions(self.decisions)
+
+    @property
+    def subgraphs(self) -> tuple[PassDecision, ...]:
+        """Deprecated: ``decisions`` of the subgraph kinds (``subgraph_decisions``)."""
+        _deprecated("Plan.subgraphs", "Plan.decisions (every decision, in the passes' order)")
+        return subgraph_decisions(self.decisions)
+
+    @property
     def num_streams(self) -> int:
         """Distinct stream ids used anywhere in the program."""
         return len({r.stream for s in self.sections for r in s.regions})
@@ -227,6 +239,23 @@ class PlanRecord:
     @property
     def num_regions(self) -> int:
         return sum(len(s.regions) for s in self.sections)
+
+
+def loop_decisions(decisions: Sequence[PassDecision]) -> tuple[PassDecision, ...]:
+    """The decisions not of a subgraph kind (``passes.SUBGRAPH_KINDS``): what the
+    deprecated ``Plan.loops`` holds, and the report's ``loops:`` lines."""
+    return tuple(d for d in decisions if d.kind not in SUBGRAPH_KINDS)
+
+
+def subgraph_decisions(decisions: Sequence[PassDecision]) -> tuple[PassDecision, ...]:
+    """The decisions of a subgraph kind: the deprecated ``Plan.subgraphs``, the report's
+    ``subgraphs:`` lines."""
+    return tuple(d for d in decisions if d.kind in SUBGRAPH_KINDS)
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated and goes in the next release; use {new}",
+                  DeprecationWarning, stacklevel=3)
 
 
 def directions_text(shifts: Any, primitives: Sequence[str]) -> str:

@@ -3,10 +3,10 @@ equations, before planning.
 
 Each pass has one name, used by its row of ``PASSES`` (a ``Pass``), its module, its
 one-pass function here, its option where it has one, and its test file
-(``tests/test_<name>.py``; ``tests/test_loop_passes.py`` for the four loop passes). A row
-holds the name, one ``run(level, analysis) -> LevelResult`` function with the same
-signature for every pass, the setting that turns it on, and what the walker does for
-it (``remembers_search``, ``state``, ``prices_launches``; see ``_protocol.Pass``).
+(``tests/test_<name>.py``; ``tests/test_loop_passes.py`` for the four passes that rewrite
+loops). A row holds the name, one ``run(level, analysis) -> LevelResult`` function with
+the same signature for every pass, the setting that turns it on, and what the walker
+does for it (``remembers_search``, ``state``, ``prices_launches``; see ``_protocol.Pass``).
 ``run_passes`` runs any of them, in table order, at every nesting level of a closed
 jaxpr, and returns a new one (or the same object when nothing changed) and the
 ``PassDecision``s made (each with the pass's name and a ``DecisionKind``):
@@ -17,7 +17,7 @@ jaxpr, and returns a new one (or the same object when nothing changed) and the
 * ``fuse_scans``: independent scans become one scan running their bodies side by side.
 * ``batch_branches``: identical independent straight-line subgraphs (ensemble members)
   become one ``vmap``ped subgraph, where the target's cost model says it pays.
-* ``batch_matmuls``: same-shaped matmuls and convolutions of one stage in *different*
+* ``batch_matmuls``: same-shaped matmuls and convolutions at one launch depth in *different*
   members (the halves of a fused scan body, experts, towers) run as one batched op.
 * ``bound_fusions``: after the batching passes, an ``optimization_barrier`` wherever an
   elementwise chain has read ``MAX_FUSED_SLICES`` of the members' results they sliced
@@ -123,7 +123,7 @@ PASSES: tuple[Pass, ...] = (
              "identical independent subgraphs become one vmapped subgraph",
              prices_launches=True, remembers_search=True, state=_batch_branches.State),
     Pass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
-             "same-shaped matmuls of one stage in different members become one op",
+             "same-shaped matmuls at one launch depth in different members become one op",
              prices_launches=True, remembers_search=True, state=_batch_matmuls.State),
     Pass("bound_fusions", _bound_fusions.run,
              lambda s: s.batch_branches or s.batch_matmuls or s.batch_scans,
@@ -138,7 +138,7 @@ _BY_NAME = {p.name: p for p in PASSES}
 def run_passes(closed_jaxpr: ClosedJaxpr, names: Sequence[str] | None = None, *,
                analysis: Analysis | None = None, target: str = "gpu",
                **options: Any) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
-    """Runs loop passes at every nesting level of ``closed_jaxpr`` (never mutated).
+    """Runs the passes at every nesting level of ``closed_jaxpr`` (never mutated).
 
     Args:
         closed_jaxpr: the program, as from ``jax.make_jaxpr``.
@@ -209,8 +209,8 @@ def apply_loop_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, unr
             ``unroll="cost"`` and the batching passes use).
         batch_branches: batch identical independent straight-line subgraphs into one
             vmapped subgraph where the cost model says it pays.
-        batch_matmuls: run same-shaped matmuls and convolutions of one stage in different
-            independent members as one batched op where the cost model says it pays.
+        batch_matmuls: run same-shaped matmuls and convolutions at one launch depth in
+            different independent members as one batched op where the cost model says it pays.
         share_common: merge equations that compute the same thing (XLA's CSE cannot
             see into the stream regions the planner may make).
 
@@ -286,7 +286,7 @@ def batch_branches(jaxpr: ClosedJaxpr, target: str = "gpu"
 
 def batch_matmuls(jaxpr: ClosedJaxpr, target: str = "gpu"
                   ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
-    """Batches same-shaped matmuls and convolutions of one stage at every level of
+    """Batches same-shaped matmuls and convolutions at one launch depth at every level of
     ``jaxpr`` (never mutated).
 
     Args:

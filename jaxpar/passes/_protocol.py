@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
@@ -86,7 +87,7 @@ class Product(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PassDecision:
-    """What a loop pass did (or declined to do) with some loops of one level.
+    """What a pass did (or declined to do) with some equations of one level.
 
     Attributes:
         location: the level, as a path like the planner's (``"/"`` is the top level,
@@ -102,8 +103,9 @@ class PassDecision:
         reason: why, in words.
         members: for the batching passes that join equations of different members (the
             matmul batching pass): per member, its equations in ``eqns``; empty otherwise.
-        stage: for the matmul batching pass, the group's stage (kernel-launching ops on
-            the longest path from the level's inputs, the op itself included).
+        depth: for the matmul batching pass, the group's launch depth (kernel-launching
+            ops on the longest path from the level's inputs, the op itself included).
+            ``stage`` is its deprecated name (one release more).
         saving_us: for the matmul batching pass, the cost model's estimated saving per
             run of the level, in microseconds (launches saved less stacking and
             transposing); at most zero for a group left alone.
@@ -126,16 +128,23 @@ class PassDecision:
     unroll: int | None
     reason: str
     members: tuple[tuple[int, ...], ...] = ()
-    stage: int | None = None
+    depth: int | None = None
     saving_us: float | None = None
     pass_name: str = ""
     produced: tuple[Product, ...] = ()
     places: tuple[str, ...] = ()
 
+    @property
+    def stage(self) -> int | None:
+        """Deprecated: ``depth`` (a launch depth, not a stage of the pipeline)."""
+        warnings.warn("PassDecision.stage is deprecated and goes in the next release; use "
+                      "PassDecision.depth (the launch depth)", DeprecationWarning, stacklevel=2)
+        return self.depth
+
 
 def decision(path: str, kind: DecisionKind, eqns: Sequence[JaxprEqn], indices: Sequence[int], *,
              trips_before: int | None, trips_after: int | None, unroll: int | None,
-             reason: str, members: Sequence[Sequence[int]] = (), stage: int | None = None,
+             reason: str, members: Sequence[Sequence[int]] = (), depth: int | None = None,
              saving_us: float | None = None) -> PassDecision:
     """Builds a ``PassDecision`` for equations ``eqns`` at ``indices`` of level ``path``."""
     return PassDecision(
@@ -143,7 +152,7 @@ def decision(path: str, kind: DecisionKind, eqns: Sequence[JaxprEqn], indices: S
         primitives=tuple(eqns[i].primitive.name for i in indices),
         sources=tuple(_compat.source_summary(eqns[i]) for i in indices),
         trips_before=trips_before, trips_after=trips_after, unroll=unroll, reason=reason,
-        members=tuple(tuple(m) for m in members), stage=stage, saving_us=saving_us)
+        members=tuple(tuple(m) for m in members), depth=depth, saving_us=saving_us)
 
 # emit(invals of each member equation) -> outvals of each member equation; an outval may
 # be None when nothing outside the rewrite reads it.
@@ -230,7 +239,7 @@ class Pass:
         enabled: whether ``settings`` ask for the pass.
         summary: one line for the docs and ``inspect``.
         prices_launches: whether ``run`` prices kernel launches in the CUDA-graph mode
-            (``settings.command_buffers``, through ``CostModel.launch_prices``); the
+            (``settings.modes.priced``, through ``CostModel.launch_prices``); the
             other passes decide the same in every mode, so planning the program in
             another mode reuses what they did (``_walk._pass_step``).
         after: the passes whose rewrites this one works on: run alone, it changes

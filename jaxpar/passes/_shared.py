@@ -86,10 +86,11 @@ MAX_BATCH_MEMBERS = 32
 # Families whose batching rule adds a batch dimension and nothing else.
 FAITHFUL_PRIMITIVES: frozenset[str] = _primitives.BATCH_FAITHFUL
 
-# A rule looks at one equation and which of its inputs are batched; it returns why
-# batching it is not faithful or cheap (None: it is) and which results are batched.
-Verdict = tuple[str | None, list[bool]]
-BatchingRule = Callable[["_Checker", Any, list[bool]], Verdict]
+# A rule looks at one equation and which of its inputs are batched; it returns its
+# ``Faithfulness``: why batching it is not faithful or cheap (None: it is) and which
+# results are batched.
+Faithfulness = tuple[str | None, list[bool]]
+BatchingRule = Callable[["_Checker", Any, list[bool]], Faithfulness]
 batching_rules: dict[str, BatchingRule] = {}
 
 
@@ -145,11 +146,11 @@ class _Checker:
     def __init__(self, static: bool = False) -> None:
         self.static = static
         # By jaxpr, with which inputs are batched and the rule depth.
-        self._memo: IdentityMemo[_compat.Jaxpr, Verdict] = IdentityMemo()
+        self._memo: IdentityMemo[_compat.Jaxpr, Faithfulness] = IdentityMemo()
         self._merges: MergeMemo = IdentityMemo()
         self.rule_depth = 0  # custom_jvp rules being checked, one inside the other
 
-    def jaxpr(self, inner: _compat.Jaxpr, batched: list[bool]) -> Verdict:
+    def jaxpr(self, inner: _compat.Jaxpr, batched: list[bool]) -> Faithfulness:
         extra = (tuple(batched), self.rule_depth)
         hit = self._memo.get(inner, extra=extra)
         if hit is not None:
@@ -172,7 +173,7 @@ class _Checker:
             flags.update(zip(eqn.outvars, outs, strict=True))
         return None, flags
 
-    def eqn(self, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
+    def eqn(self, eqn: JaxprEqn, batched: list[bool]) -> Faithfulness:
         if not any(batched):
             # vmap runs it once, outside the batch, for every member: as if merged.
             why = merge_refusal(eqn, self._merges)
@@ -202,7 +203,7 @@ _DYNAMIC = _primitives.BATCH_DYNAMIC
 RULE_DEPTH = 2
 
 
-def _elementwise_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
+def _elementwise_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Faithfulness:
     """A plain batch dimension: every result is batched; nested jaxprs checked."""
     for _, _, sub in _compat.eqn_subjaxprs(eqn):
         inner, _ = _compat.open_jaxpr(sub)
@@ -214,7 +215,7 @@ def _elementwise_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> 
     return None, [True] * len(eqn.outvars)
 
 
-def _static_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
+def _static_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Faithfulness:
     """Conds, whiles and scans before their operands are known: only their bodies'
     primitives are checked (every input batched, predicates not)."""
     for _, _, sub in _compat.eqn_subjaxprs(eqn):
@@ -226,14 +227,14 @@ def _static_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdi
 
 
 @_register(_primitives.CUSTOM_VJP_CALL)
-def _custom_vjp_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
+def _custom_vjp_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Faithfulness:
     return (f"`{eqn.primitive.name}`{_where(eqn)} is a custom_vjp: differentiating the "
             "batched program would run its backward rule, an opaque Python function "
             "jaxpar cannot check, under a vmap the program never had"), []
 
 
 @_register(_primitives.CUSTOM_JVP_CALL)
-def _custom_jvp_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
+def _custom_jvp_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Faithfulness:
     """The primal jaxpr, and the jvp rule that differentiating the batched program runs
     under the same vmap (a tangent is batched where its primal is)."""
     why, outs = _elementwise_rule(checker, eqn, batched)
@@ -257,14 +258,14 @@ def _custom_jvp_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> V
 
 
 @_register(*sorted(_primitives.AXES_REDUCTIONS))
-def _local_reduction_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
+def _local_reduction_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Faithfulness:
     if _primitives.is_collective(eqn):
         return (f"`{eqn.primitive.name}`{_where(eqn)} communicates over a named axis"), []
     return None, [True] * len(eqn.outvars)
 
 
 @_register(*sorted(_primitives.BATCH_KEYED_RANDOM))
-def _random_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
+def _random_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Faithfulness:
     for atom in [*eqn.invars, *eqn.outvars]:
         impl = _compat.prng_impl_name(atom.aval)
         if impl is not None and impl != "threefry2x32":
@@ -274,7 +275,7 @@ def _random_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdi
 
 
 @_register(_primitives.COND)
-def _cond_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
+def _cond_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Faithfulness:
     if batched[0]:
         return (f"the `cond`{_where(eqn)} takes a different branch per "
                 "member: batched, every member would run every branch"), []
@@ -289,7 +290,7 @@ def _cond_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict
 
 
 @_register(_primitives.WHILE)
-def _while_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
+def _while_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Faithfulness:
     info = _compat.while_info(eqn)
     cond_consts = batched[:info.cond_nconsts]
     body_consts = batched[info.cond_nconsts:info.cond_nconsts + info.body_nconsts]
@@ -314,7 +315,7 @@ def _while_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdic
 
 
 @_register(_primitives.SCAN)
-def _scan_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Verdict:
+def _scan_rule(checker: _Checker, eqn: JaxprEqn, batched: list[bool]) -> Faithfulness:
     info = _compat.scan_info(eqn)
     body, _ = _compat.open_jaxpr(info.jaxpr)
     consts = batched[:info.num_consts]
@@ -553,10 +554,10 @@ def group_independent(graph: Graph, candidates: list[int],
     return [sorted(g) for g in groups]
 
 
-def stage_depths(graph: Graph, heavy: Sequence[bool]) -> list[int]:
+def launch_depths(graph: Graph, heavy: Sequence[bool]) -> list[int]:
     """Per equation: most kernel-launching (``heavy``) equations on a path from the
-    level's inputs to it, itself included: the *stage* the batching passes align
-    members by."""
+    level's inputs to it, itself included: the *launch depth* the batching passes
+    align members by."""
     depth = [0] * graph.size
     for i, preds in enumerate(graph.preds):  # most equations have one predecessor
         depth[i] = heavy[i] + (0 if not preds else depth[preds[0]] if len(preds) == 1

@@ -216,7 +216,7 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
         graph = graph if graph is not None else build_graph(inner)
         order = emission_order(graph, [r.eqns for r in rewrites], orders)
         if order is None:
-            raise RuntimeError("jaxpar loop pass bug: merged loops depend on each other; "
+            raise RuntimeError("jaxpar pass bug: merged loops depend on each other; "
                                "please report it with the program that triggered it")
     else:
         order = eqn_units(0, len(eqns))

@@ -86,7 +86,7 @@ def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analys
             if not path:  # the top level: where each decision's equations ended up
                 decisions = eqn_origins(analysis).with_products(current, decisions)
             return current, decisions
-    raise RuntimeError(f"jaxpar loop passes did not settle after {MAX_ROUNDS} walks at "
+    raise RuntimeError(f"jaxpar's passes did not settle after {MAX_ROUNDS} walks at "
                        f"{path or '/'}; please report it with the program")
 
 
@@ -165,7 +165,7 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
         if not changed:
             break
     else:
-        raise RuntimeError(f"jaxpar loop passes did not settle after {MAX_ROUNDS} rounds at "
+        raise RuntimeError(f"jaxpar's passes did not settle after {MAX_ROUNDS} rounds at "
                            f"{path or '/'}; please report it with the program")
     decisions.extend(changes)
     decisions.extend(kept)
@@ -290,8 +290,8 @@ def _first_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
     """``_pass_step`` for the pass's first visit of the level in this walk."""
     steps: IdentityMemo[JaxprLike, _Step] = analysis.shared_memo("pass_steps")
     settings = analysis.settings
-    base = (path, level_pass.name, dataclasses.replace(settings, command_buffers=None))
-    pricing = launch_pricing(settings.command_buffers) if level_pass.prices_launches else None
+    base = (path, level_pass.name, settings.priced_in(None))
+    pricing = launch_pricing(settings.modes.priced) if level_pass.prices_launches else None
     hit = steps.get(jaxpr, extra=(*base, pricing))
     if hit is not None:
         if level_pass.remembers_search:  # what the walk remembers of a visit, as if it ran

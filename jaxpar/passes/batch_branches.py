@@ -29,10 +29,10 @@ How the subgraphs are found:
    leaves it and comes back), and no stacked input may be produced inside it.
    ``vmap`` must batch the members faithfully and cheaply given which inputs are
    stacked (no ``cond`` index or ``while`` predicate read from a stacked input). The
-   members must sit at the same stage of the program: aligned equations have the
+   members must sit at the same launch depth and height: aligned equations have the
    same number of kernel-launching equations before them and after them. (Batching
    the weight flips of three layers of a backward pass would hold the later
-   layers' work back and tie stages together that the stream planner overlaps.)
+   layers' work back and tie layers together that the stream planner overlaps.)
    And the cost model of the target must say the batched form is cheaper: stacking
    copies every differing input once per call, which for large weights can cost
    more than the kernel launches it saves. Launches are priced in the CUDA-graph mode
@@ -86,11 +86,11 @@ from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, R
 from ._shared import (
     MAX_BATCH_MEMBERS,
     equations_refusal,
+    launch_depths,
     member_chunks,
     refusal_reads_operand_types,
     shared_column,
     stacked_width,
-    stage_depths,
     static_refusal,
     vmap_members,
 )
@@ -135,7 +135,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     rewrites, decisions, alike = _batch_level(
         level, analysis.costs, own.params,
         analysis.structural_keys, analysis.shared_memo("emission_order"),
-        analysis.settings.command_buffers, own.values, analysis.memory_allowance)
+        analysis.settings.modes.priced, own.values, analysis.memory_allowance)
     return LevelResult(rewrites, decisions, decided_alike=alike)
 
 
@@ -208,7 +208,7 @@ def _batch_level(level: Level, costs: CostModel,
     candidates = sorted((m for m in classes.values() if len(m) > 1), key=lambda m: -m[-1])
     if not candidates:
         return [], decisions, True
-    # Only the equations of candidate groups are costed; the stages need only which
+    # Only the equations of candidate groups are costed; the depths need only which
     # equations launch a kernel.
     heavy = _heavy(eqns, records, costs)
     prices = [costs.launch_prices(eqns, mode, level.in_loop_body, end) for end in ENDS]
@@ -217,7 +217,7 @@ def _batch_level(level: Level, costs: CostModel,
     other_prices = [costs.launch_prices(eqns, other_mode, level.in_loop_body, end)
                     for end in ENDS]
     alike = True
-    depth, height = _stages(graph, heavy)
+    depth, height = _depths_and_heights(graph, heavy)
     claimed: set[int] = set()
     reported: set[int] = set()  # equations of subgraphs already reported as left alone
     level_outputs = {v for v in inner.outvars if not _compat.is_literal(v)}
@@ -249,9 +249,9 @@ def _batch_level(level: Level, costs: CostModel,
             why = f"vmap would not batch them faithfully and cheaply: {why}"
         elif any(len({depth[i] for i in row}) > 1 or len({height[i] for i in row}) > 1
                  for row in group.rows):
-            why = ("they sit at different stages of the program (different numbers of "
-                   "kernels before or after them), so batching would hold the earlier ones "
-                   "back or join stages the planner can overlap")
+            why = ("they sit at different launch depths of the program (different numbers "
+                   "of kernels before or after them), so batching would hold the earlier "
+                   "ones back or join layers the planner can overlap")
         else:
             before, after, stacked = _before_after(eqns, group, member_cost, heavy, graph,
                                                    level_outputs)
@@ -613,11 +613,11 @@ def _template(eqns: Sequence[JaxprEqn], rows: list[tuple[int, ...]], row_of: dic
                   tuple(sorted([i for row in rows_ for i in row])))
 
 
-def _stages(graph: Graph, heavy: list[bool]) -> tuple[list[int], list[int]]:
+def _depths_and_heights(graph: Graph, heavy: list[bool]) -> tuple[list[int], list[int]]:
     """Per equation: most kernel-launching equations on a path from the inputs to it
     (``depth``) and from it to the outputs (``height``), itself included."""
     size = graph.size
-    depth = stage_depths(graph, heavy)
+    depth = launch_depths(graph, heavy)
     height = [0] * size
     succs = graph.succs
     for i in range(size - 1, -1, -1):

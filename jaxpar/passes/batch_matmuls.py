@@ -6,16 +6,16 @@ scan body with different step functions (two scans of different bodies), the bra
 multi-branch block, the experts of a mixture, the towers of a model. Wherever
 independent equations of one level run a heavy op of the same shape -- a
 ``dot_general`` or ``conv_general_dilated`` with equal operand types, dimension
-numbers and other parameters -- at the same *stage*, they run as one op under
+numbers and other parameters -- at the same *launch depth*, they run as one op under
 ``jax.vmap`` over stacked operands, and each member's result is sliced back out.
 The members' light work (activations, scalings, residual adds) stays theirs:
 XLA fuses it into the neighbouring kernels, including the stacking copies.
 
-* *Stage*: the most kernel-launching equations on a path from the level's inputs
-  to the op, itself included. Two heavy ops at one stage cannot depend on each
+* *Launch depth*: the most kernel-launching equations on a path from the level's
+  inputs to the op, itself included. Two heavy ops at one depth cannot depend on each
   other (a path between them would add one), so any set of them can run as one;
   and contracting every group at once never makes a cycle (paths between groups
-  only climb stages).
+  only climb in depth).
 * *Operand order*: a ``dot_general`` also matches with its operands swapped
   (``c @ x`` against ``x.T @ c.T``): it is emitted in the group's form and its
   result transposed back, which XLA folds into the consumer. A 2-D matrix product
@@ -38,7 +38,7 @@ XLA fuses it into the neighbouring kernels, including the stacking copies.
   stacked result also spares that result being sliced apart for it (a launch), and
   the producer is spared stacking it. Groups are dropped, the least worth first,
   until each one pays for the stacks only it needs. Launches are priced in the
-  CUDA-graph mode the function is compiled in (``Settings.command_buffers``): in a
+  CUDA-graph mode the function is compiled in (``Settings.modes.priced``): in a
   ``concurrent`` graph the members already run side by side, so a saved launch is
   worth its graph node only, and most groups there are left alone.
 
@@ -85,10 +85,10 @@ from .._structure import StructuralKeys
 from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
 from ._shared import (
     MAX_BATCH_MEMBERS,
+    launch_depths,
     member_chunks,
     private_tails_leave,
     stacked_width,
-    stage_depths,
 )
 from ._splice import emission_order
 
@@ -140,7 +140,7 @@ class _Reading:
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class _Group:
-    """Same-shaped heavy ops of one stage, run as one batched op.
+    """Same-shaped heavy ops of one launch depth, run as one batched op.
 
     ``members`` are equation indices (sorted); ``readings[m]`` says how member ``m``
     runs in the group's form; ``alternatives[m]`` is its other reading of the same form,
@@ -150,7 +150,7 @@ class _Group:
     members: tuple[int, ...]
     readings: tuple[_Reading, ...]
     alternatives: tuple[_Reading | None, ...]
-    stage: int
+    depth: int  # launch depth
     params: Any  # the group's form: parameters of its members' readings
 
     @property
@@ -173,7 +173,7 @@ class _Group:
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
-    """The level pass: batched ops for same-shaped heavy ops of one stage.
+    """The level pass: batched ops for same-shaped heavy ops of one launch depth.
 
     A level found to offer nothing is not searched again (the row
     ``remembers_search``: jaxprs are immutable and the passes see the same ones round
@@ -181,7 +181,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     readings and each level's groups, for the later rounds and the other modes.
     """
     carried = level.state if level.state is not None else State()
-    rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.command_buffers,
+    rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.modes.priced,
                                        carried, analysis.structural_keys,
                                        analysis.memory_allowance)
     return LevelResult(rewrites, decisions)
@@ -241,7 +241,7 @@ def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
 
 def _groups(eqns: Sequence[JaxprEqn], graph: Graph, costs: CostModel, carried: _Carried
             ) -> tuple[list[_Group], dict[_Group, int]]:
-    """The level's groups worth a look (in stage order, oriented) and the kernels each
+    """The level's groups worth a look (in depth order, oriented) and the kernels each
     launches unbatched: a function of the level alone (the CUDA-graph mode only prices
     them), so ``_Carried.groups`` keeps it for the other modes."""
     # The primitive first: most equations are not heavy ops, and a call each costs more.
@@ -250,14 +250,14 @@ def _groups(eqns: Sequence[JaxprEqn], graph: Graph, costs: CostModel, carried: _
     if len(candidates) < 2:
         return [], {}
     candidates = [i for i in candidates if i in graph.live]
-    # A transpose XLA folds into the matmul reading it (or fuses): it starts no stage.
-    stage = stage_depths(graph, [costs.launches(e) and e.primitive.name != TRANSPOSE
+    # A transpose XLA folds into the matmul reading it (or fuses): it adds no launch depth.
+    depth = launch_depths(graph, [costs.launches(e) and e.primitive.name != TRANSPOSE
                             for e in eqns])
-    groups = [g for g in _group(eqns, candidates, stage, carried)  # not batches of batches
+    groups = [g for g in _group(eqns, candidates, depth, carried)  # not batches of batches
               if len(g.members) * stacked_width(eqns, graph, g.members) <= MAX_BATCH_MEMBERS]
     if not groups:
         return [], {}
-    groups.sort(key=lambda g: (g.stage, g.members))
+    groups.sort(key=lambda g: (g.depth, g.members))
     groups = _orient(eqns, groups)
     launches = {g: _launches_unbatched(eqns, g) for g in groups}
     groups = [g for g in groups if launches[g] > 1]  # else XLA's DotMerger does it already
@@ -272,9 +272,9 @@ def _hashable(value: Any) -> Hashable:
     return value
 
 
-def _group(eqns: Sequence[JaxprEqn], candidates: list[int], stage: list[int],
+def _group(eqns: Sequence[JaxprEqn], candidates: list[int], depth: list[int],
            known: _Carried | None = None) -> list[_Group]:
-    """Same-shaped heavy ops of one stage. A class whose swapped form is another class's
+    """Same-shaped heavy ops of one launch depth. A class whose swapped form is another class's
     form joins the larger one (the smaller one swapped), so operands are swapped only
     where that is what makes the members match; members that read the same either way
     are oriented afterwards (``_orient``). ``known``: readings kept across calls."""
@@ -284,10 +284,10 @@ def _group(eqns: Sequence[JaxprEqn], candidates: list[int], stage: list[int],
     known = _Carried() if known is None else known
     for index in candidates:
         options = readings[index] = known.readings(eqns[index])
-        key: Hashable = (options[0].form, stage[index])
+        key: Hashable = (options[0].form, depth[index])
         classes.setdefault(key, []).append(index)
         if len(options) > 1 and options[1].form != options[0].form:
-            swapped_keys.setdefault(key, (options[1].form, stage[index]))
+            swapped_keys.setdefault(key, (options[1].form, depth[index]))
     joined: dict[Hashable, list[tuple[int, int]]] = {
         key: [(i, 0) for i in found] for key, found in classes.items()}
     for key in list(joined):  # first-seen order: deterministic
@@ -304,19 +304,19 @@ def _group(eqns: Sequence[JaxprEqn], candidates: list[int], stage: list[int],
         for found in member_chunks(sorted(joined_class)):
             if len(found) < 2:
                 continue
-            groups.append(_class_group(found, readings, stage))
+            groups.append(_class_group(found, readings, depth))
     return groups
 
 
 def _class_group(found: list[tuple[int, int]], readings: dict[int, list[_Reading]],
-                 stage: list[int]) -> _Group:
+                 depth: list[int]) -> _Group:
     """The group of ``found``: (equation, which reading) pairs of one class, sorted."""
     chosen = tuple(readings[i][r] for i, r in found)
     alternatives = tuple(
         readings[i][1 - r] if len(readings[i]) > 1
         and readings[i][1 - r].form == readings[i][r].form else None for i, r in found)
     return _Group(tuple(i for i, _ in found), chosen, alternatives,
-                  stage[found[0][0]], chosen[0].params)
+                  depth[found[0][0]], chosen[0].params)
 
 
 class _Carried:
@@ -424,7 +424,7 @@ def _readings(eqn: JaxprEqn) -> list[_Reading]:
 
 
 def _orient(eqns: Sequence[JaxprEqn], groups: list[_Group]) -> list[_Group]:
-    """Groups (in stage order) with each member that reads the same either way
+    """Groups (in depth order) with each member that reads the same either way
     (``_Group.alternatives``) oriented so that the fewest operand columns need a stack
     of their own: a column all members share, or one an earlier group stacked or
     produced, costs nothing (``x @ W`` beside ``W @ x`` chained over three matmuls
@@ -751,7 +751,7 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
         return _Price(saved, cost)
 
     priced: dict[_Group, _Price] = {}
-    accepted = []  # in stage order
+    accepted = []  # in depth order
     for g in groups:
         stacked = sum(_stack_bytes(c) / 2 for c in dict.fromkeys(columns[g])
                       if not _shared(c)) + sum(
@@ -823,7 +823,7 @@ def _units(eqns: Sequence[JaxprEqn], graph: Graph, accepted: list[_Group]) -> li
     def members(sets: DisjointSets) -> list[list[int]]:
         return [[i for k in unit for i in accepted[k].members] for unit in sets.groups()]
 
-    for g in accepted:  # stage order: each source is placed before its readers
+    for g in accepted:  # depth order: each source is placed before its readers
         for column in g.columns(eqns):
             source = produced.get(column)
             if source is None or _shared(column):
@@ -833,7 +833,7 @@ def _units(eqns: Sequence[JaxprEqn], graph: Graph, accepted: list[_Group]) -> li
                 continue
             if emission_order(graph, members(trial)) is not None:
                 joined = trial  # else a path leaves the pair and comes back: keep them apart
-    return [sorted((accepted[k] for k in unit), key=lambda g: (g.stage, g.members))
+    return [sorted((accepted[k] for k in unit), key=lambda g: (g.depth, g.members))
             for unit in joined.groups()]
 
 
@@ -939,8 +939,8 @@ def _emitter(eqns: Sequence[JaxprEqn], unit: list[_Group], order: Sequence[int],
 def _describe(eqns: Sequence[JaxprEqn], group: _Group) -> str:
     eqn = eqns[group.members[0]]
     shapes = " x ".join(str(v.aval.str_short()) for v in eqn.invars)
-    return f"{len(group.members)} independent {eqn.primitive.name}s of {shapes} at stage " \
-           f"{group.stage} ({group.stage - 1} kernel-launching ops before each, no path " \
+    return f"{len(group.members)} independent {eqn.primitive.name}s of {shapes} at launch " \
+           f"depth {group.depth} ({group.depth - 1} kernel-launching ops before each, no path " \
            "between them)"
 
 
@@ -966,7 +966,7 @@ def _batched(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: int,
                  if transposed else "") + f"; {_price_text(price)}")
     return decision(path, DecisionKind.BATCHED_MATMULS, eqns, list(group.members),
                     trips_before=None, trips_after=None, unroll=None, reason=reason,
-                    members=[(i,) for i in group.members], stage=group.stage,
+                    members=[(i,) for i in group.members], depth=group.depth,
                     saving_us=price.worth * 1e6)
 
 
@@ -982,7 +982,7 @@ def _left_alone(path: str, eqns: Sequence[JaxprEqn], group: _Group, launches: in
     reason = f"batching {why}: {_describe(eqns, group)}; {_price_text(price)}"
     return decision(path, DecisionKind.MATMULS_LEFT_ALONE, eqns, list(group.members),
                     trips_before=None, trips_after=None, unroll=None, reason=reason,
-                    members=[(i,) for i in group.members], stage=group.stage,
+                    members=[(i,) for i in group.members], depth=group.depth,
                     saving_us=price.worth * 1e6)
 
 
