@@ -6,7 +6,7 @@ Example::
     settings = options.resolve()   # Settings for "gpu": nothing "auto" left
 
 Sharp edges:
-  * ``"auto"`` for the loop and collective switches means "the default for the
+  * ``"auto"`` for the pass and collective switches means "the default for the
     target", decided when the function is traced, not when it is decorated.
     ``Options.resolve`` is the only place that reads it.
 """
@@ -272,8 +272,8 @@ class Settings:
       max_streams: the user's cap on streams per section.
       streams_per_section: ``min(max_streams, XLA's async compute limit)``.
       min_seconds: ``min_cost_us`` in seconds.
-      fuse_scans, batch_scans, batch_branches, batch_matmuls, share_common: loop and
-        batching passes to run.
+      fuse_scans, batch_scans, batch_branches, batch_matmuls, share_common: the passes
+        to run.
       unroll: a fixed unroll factor, ``"cost"`` (a factor per scan from the cost
         model) or None (leave unroll factors alone).
       group_collectives: launch independent collectives together.
@@ -307,8 +307,8 @@ class Settings:
         mode, or None: priced in none)."""
         return dataclasses.replace(self, modes=dataclasses.replace(self.modes, priced=mode))
 
-    def loop_switches(self) -> dict[str, Any]:
-        """The keyword arguments of ``passes.apply_loop_passes`` (its public names)."""
+    def pass_switches(self) -> dict[str, Any]:
+        """The keyword arguments of ``passes.apply_passes`` (its public names)."""
         return {"fuse": self.fuse_scans, "batch": self.batch_scans,
                 "batch_branches": self.batch_branches, "batch_matmuls": self.batch_matmuls,
                 "unroll": self.unroll,
@@ -371,7 +371,7 @@ def check_target(target: Any, concrete: bool = False) -> str:
     return target
 
 
-def loop_defaults(target: str) -> dict[str, Any]:
+def pass_defaults(target: str) -> dict[str, Any]:
     """The pass settings jaxpar uses by default on ``target``.
 
     Args:
@@ -380,14 +380,14 @@ def loop_defaults(target: str) -> dict[str, Any]:
     Returns:
         ``{"fuse": bool, "batch": bool, "batch_branches": bool, "batch_matmuls": bool,
         "unroll": "cost" | int | None, "share_common": bool}``, ready to pass to
-        ``apply_loop_passes(closed, **loop_defaults(target), target=target)``.
+        ``apply_passes(closed, **pass_defaults(target), target=target)``.
 
     Raises:
         ValueError: unknown ``target``.
     """
     check_target(target, concrete=True)
     return Options().resolve(target, async_limit=2,
-                             command_buffers=CommandBufferMode.LHS).loop_switches()
+                             command_buffers=CommandBufferMode.LHS).pass_switches()
 
 
 def did_you_mean(name: str, valid: Iterable[str]) -> str:

@@ -1,5 +1,6 @@
 """``jaxpar.passes``: the pass table (``PASSES``, ``run_pass``, ``run_passes``), one name per pass,
-and every row through the pass checker."""
+every row through the pass checker, and the deprecated names from before the passes outgrew
+loops."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from jaxpar._options import Settings
 from jaxpar.passes import (
     PASSES,
     DecisionKind,
+    Pass,
     PassDecision,
-    apply_loop_passes,
+    apply_passes,
     batch_scans,
     fuse_scans,
+    pass_defaults,
     run_pass,
     run_passes,
     unroll_scans,
@@ -47,9 +50,58 @@ def test_each_pass_has_one_name():
         module = importlib.import_module(f"jaxpar.passes.{row.name}")
         assert row.run is module.run, row.name
         assert callable(getattr(jaxpar.passes, row.name)), row.name
-    assert jaxpar.passes.share_common_subexpressions is jaxpar.passes.share_common
-    assert jaxpar.passes.LoopPass is jaxpar.passes.Pass
-    assert jaxpar.passes.LoopDecision is jaxpar.passes.PassDecision
+
+
+# ---------------------------------------------------------------- deprecated names
+
+# The names from before the passes outgrew loops: each still works for one release, and
+# warns naming its replacement.
+DEPRECATED = {"LoopPass": "Pass", "LoopDecision": "PassDecision",
+              "apply_loop_passes": "apply_passes", "loop_defaults": "pass_defaults",
+              "share_common_subexpressions": "share_common"}
+
+
+@pytest.mark.parametrize("old", sorted(DEPRECATED))
+def test_old_names_warn_and_are_the_new_ones(old):
+    new = DEPRECATED[old]
+    with pytest.warns(DeprecationWarning, match=rf"jaxpar\.passes\.{old} is deprecated "
+                      rf"and goes in the next release; use jaxpar\.passes\.{new}$"):
+        value = getattr(jaxpar.passes, old)
+    assert value is getattr(jaxpar.passes, new)
+    assert old not in jaxpar.passes.__all__ and new in jaxpar.passes.__all__
+
+
+def test_importing_an_old_name_warns_at_the_import():
+    with pytest.warns(DeprecationWarning, match="use jaxpar.passes.Pass$") as caught:
+        from jaxpar.passes import LoopPass
+    assert LoopPass is Pass
+    assert caught[0].filename == __file__  # the warning points at the importing line
+
+
+def test_old_functions_give_the_new_ones_results():
+    closed = jax.make_jaxpr(_two_scans)(*_args())
+    with pytest.warns(DeprecationWarning, match="use jaxpar.passes.pass_defaults"):
+        old_defaults = jaxpar.passes.loop_defaults("gpu")
+    assert old_defaults == pass_defaults("gpu") and old_defaults["fuse"] is True
+    with pytest.warns(DeprecationWarning, match="use jaxpar.passes.apply_passes"):
+        old, old_decisions = jaxpar.passes.apply_loop_passes(closed, **old_defaults,
+                                                             target="gpu")
+    new, new_decisions = apply_passes(closed, **pass_defaults("gpu"), target="gpu")
+    assert new is not closed and str(old) == str(new)
+    assert [d.kind for d in old_decisions] == [d.kind for d in new_decisions]
+    assert DecisionKind.FUSED in [d.kind for d in new_decisions]
+    twins = jax.make_jaxpr(lambda x: jnp.sin(x) + jnp.sin(x))(jnp.ones(3))
+    with pytest.warns(DeprecationWarning, match="use jaxpar.passes.share_common"):
+        shared, _ = jaxpar.passes.share_common_subexpressions(twins)
+    assert [e.primitive.name for e in shared.jaxpr.eqns].count("sin") == 1
+    assert str(shared) == str(jaxpar.passes.share_common(twins)[0])
+    with pytest.warns(DeprecationWarning, match="use jaxpar.passes.PassDecision$"):
+        assert all(isinstance(d, jaxpar.passes.LoopDecision) for d in old_decisions)
+
+
+def test_unknown_names_still_raise_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'LoopPasses'"):
+        jaxpar.passes.LoopPasses  # noqa: B018
 
 
 # ---------------------------------------------------------------- the pass table
@@ -101,7 +153,7 @@ def test_run_passes_names_and_errors():
     with pytest.raises(TypeError, match="did you mean 'fuse_scans'"):
         run_passes(closed, target="gpu", fuse_scan=True)
     with pytest.raises(ValueError, match="unroll"):
-        apply_loop_passes(closed, fuse=False, batch=False, unroll=0, target="gpu")
+        apply_passes(closed, fuse=False, batch=False, unroll=0, target="gpu")
 
 
 def test_run_passes_keeps_values():

@@ -28,9 +28,14 @@ jaxpr, and returns a new one (or the same object when nothing changed) and the
 * ``inline_twin_calls``: independent nested ``jit`` calls running one body (twin critics
   behind ``jax.jit``) are inlined, so the two batching passes see their work.
 
-``apply_loop_passes`` (keyword switches) and the one-pass functions named above are
-the same entry with fixed settings. ``LoopPass`` and ``LoopDecision`` (the types' names
-before the passes outgrew loops) and ``share_common_subexpressions`` stay as aliases.
+``apply_passes`` (every switch a keyword; ``pass_defaults(target)`` gives the target's)
+and the one-pass functions named above run ``run_passes`` with fixed settings.
+
+Deprecated, going in the next release (reading one warns, naming its replacement):
+the names from before the passes outgrew loops, ``LoopPass`` (``Pass``),
+``LoopDecision`` (``PassDecision``), ``apply_loop_passes`` (``apply_passes``),
+``loop_defaults`` (``pass_defaults``), and ``share_common_subexpressions``
+(``share_common``).
 
 Example::
 
@@ -47,12 +52,13 @@ Sharp edges:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from .._analysis import Analysis
 from .._compat import ClosedJaxpr
-from .._options import Options, Settings, check_target, loop_defaults, unroll_setting
+from .._options import Options, Settings, check_target, pass_defaults, unroll_setting
 from . import batch_branches as _batch_branches
 from . import batch_matmuls as _batch_matmuls
 from . import batch_scans as _batch_scans
@@ -86,21 +92,18 @@ __all__ = [
     "PassDecision",
     "Rewrite",
     "Pass",
-    "LoopDecision",
-    "LoopPass",
-    "apply_loop_passes",
+    "apply_passes",
     "batch_branches",
     "batch_matmuls",
     "batch_scans",
     "bound_fusions",
     "fuse_scans",
     "inline_twin_calls",
-    "loop_defaults",
     "make_loops_static",
+    "pass_defaults",
     "run_pass",
     "run_passes",
     "share_common",
-    "share_common_subexpressions",
     "unroll_scans",
 ]
 
@@ -192,11 +195,14 @@ def _settings(target: str, **switches: Any) -> Settings:
     return Settings(target=check_target(target, concrete=True), **switches)
 
 
-def apply_loop_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, unroll: Any,
-                      target: str, batch_branches: bool = False, batch_matmuls: bool = False,
-                      share_common: bool = False) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
-    """Runs share_common -> make_loops_static -> batch -> fuse -> batch_branches -> batch_matmuls
-    -> unroll at every nesting level, with keyword switches.
+def apply_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, unroll: Any,
+                 target: str, batch_branches: bool = False, batch_matmuls: bool = False,
+                 share_common: bool = False) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+    """Runs the passes these switches turn on, in table order, at every nesting level.
+
+    Unlike ``run_passes``, every switch is explicit (an unset one is off, whatever the
+    target) and no GPU profile or CUDA-graph mode is read from the machine, so the result
+    depends on the arguments alone; ``pass_defaults(target)`` gives the target's switches.
 
     Args:
         closed_jaxpr: the program, as from ``jax.make_jaxpr``; never mutated.
@@ -222,8 +228,10 @@ def apply_loop_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, unr
 
     Example::
 
-        new, decisions = apply_loop_passes(jax.make_jaxpr(f)(x), fuse=True, batch=True,
-                                           unroll="auto", target="gpu")
+        new, decisions = apply_passes(jax.make_jaxpr(f)(x), fuse=True, batch=True,
+                                      unroll="auto", target="gpu")
+        new, decisions = apply_passes(jax.make_jaxpr(f)(x), **pass_defaults("gpu"),
+                                      target="gpu")
     """
     settings = _settings(target, fuse_scans=fuse, batch_scans=batch,
                          batch_branches=batch_branches, batch_matmuls=batch_matmuls,
@@ -371,7 +379,22 @@ def inline_twin_calls(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecisi
                     settings=_settings("gpu", batch_branches=True))
 
 
-# The names the passes had before they outgrew loops, kept for existing code.
-share_common_subexpressions = share_common
-LoopPass = Pass
-LoopDecision = PassDecision
+# The names from before the passes outgrew loops: old name -> its replacement here. Each
+# still works for one release and warns when read (``from jaxpar.passes import LoopPass``
+# too); none is in ``__all__``.
+_DEPRECATED = {
+    "LoopPass": "Pass",
+    "LoopDecision": "PassDecision",
+    "apply_loop_passes": "apply_passes",
+    "loop_defaults": "pass_defaults",
+    "share_common_subexpressions": "share_common",
+}
+
+
+def __getattr__(name: str) -> Any:
+    new = _DEPRECATED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"jaxpar.passes.{name} is deprecated and goes in the next release; use "
+                  f"jaxpar.passes.{new}", DeprecationWarning, stacklevel=2)
+    return globals()[new]

@@ -12,7 +12,7 @@ pricing (``_plan.pricing``) refuses a cut between such twins instead.
 
 Example::
 
-    new_jaxpr, _ = share_common_subexpressions(jax.make_jaxpr(f)(s))
+    new_jaxpr, _ = share_common(jax.make_jaxpr(f)(s))
 
 Sharp edges:
   * Equations with effects, callbacks, and equations holding nested jaxprs that are
