@@ -30,7 +30,7 @@ import jax.extend.core as jex_core
 import jax.numpy as jnp
 from jax import lax
 
-from jaxpar.passes import apply_loop_passes
+from jaxpar.passes import apply_passes
 
 
 def body_matmuls(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
@@ -124,7 +124,7 @@ def main() -> None:
         base = timed(jax.jit(fn), args, options.repeats)
         print(f"\n{name}\n  original            {base * 1e3:9.2f} ms")
         for label, settings in VARIANTS.items():
-            new, decisions = apply_loop_passes(closed, **settings)
+            new, decisions = apply_passes(closed, **settings)
             if new is closed:
                 print(f"  {label:<18}  (unchanged)")
                 continue

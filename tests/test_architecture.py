@@ -437,7 +437,7 @@ CROSS_MODULE_SUBJECTS = {
     "custom_rules": "custom_jvp/custom_vjp rules, effects and callbacks through every pass",
     "errors": "the errors of every public entry point",
     "loop_passes": "the loop passes together (fuse_scans, batch_scans, unroll_scans, "
-                   "make_loops_static through passes.apply_loop_passes)",
+                   "make_loops_static through passes.apply_passes)",
     "seeds": "the user stories (seed programs) down to the compiled H200 schedule",
     "ecosystem": "real Flax, Equinox, Optax and jax.example_libraries models, end to end",
     "gpu_guard": "benchmarks/gpu_suite.py compiled for an H200: never worse on the GPU",

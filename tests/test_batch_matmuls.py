@@ -33,9 +33,9 @@ import jaxpar
 from jaxpar.passes import (
     SUBGRAPH_KINDS,
     DecisionKind,
-    apply_loop_passes,
+    apply_passes,
     batch_matmuls,
-    loop_defaults,
+    pass_defaults,
 )
 
 bench = hetero_batch_benchmark()
@@ -45,7 +45,7 @@ GRAD_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def _loop_passes(matmuls: bool) -> Callable[[Any], Any]:
-    return partial(apply_loop_passes, fuse=True, batch=True, unroll=None, target="gpu",
+    return partial(apply_passes, fuse=True, batch=True, unroll=None, target="gpu",
                    batch_branches=True, batch_matmuls=matmuls)
 
 
@@ -313,7 +313,7 @@ def test_backward_pass_matmuls_batched() -> None:
     dots = _count(grad_of_rewritten, "dot_general")
     assert dots > 4 and _batched_dots(grad_of_rewritten) == dots  # backward batched too
     rewritten_grad = jaxpar.parallel_branches(jax.grad(loss, every), target="gpu")
-    result = check_pass(partial(apply_loop_passes, **loop_defaults("gpu"), target="gpu"),
+    result = check_pass(partial(apply_passes, **pass_defaults("gpu"), target="gpu"),
                         jax.grad(loss, every), *SEED_SMALL, values=False, grads=False)
     # Rewriting the gradient function leaves its matmuls unbatched: their results leave
     # the fused loop's body or feed other matmuls, and slicing them out costs what
@@ -332,9 +332,9 @@ def test_applying_twice_changes_nothing() -> None:
 
 
 def test_defaults_and_option() -> None:
-    assert loop_defaults("gpu")["batch_matmuls"] is True
-    assert loop_defaults("cpu")["batch_matmuls"] is False
-    assert loop_defaults("tpu")["batch_matmuls"] is False
+    assert pass_defaults("gpu")["batch_matmuls"] is True
+    assert pass_defaults("cpu")["batch_matmuls"] is False
+    assert pass_defaults("tpu")["batch_matmuls"] is False
     with pytest.raises(ValueError, match="batch_matmuls"):
         jaxpar.parallel_branches(bench.seed_002, batch_matmuls="yes")  # type: ignore[arg-type]
     off = jaxpar.inspect(bench.seed_002, target="gpu", batch_matmuls=False)(*SEED_SMALL)

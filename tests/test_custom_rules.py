@@ -101,7 +101,7 @@ def test_clean_twins_are_still_merged() -> None:
 
     x = jnp.arange(4.0)
     assert not [d for d in decisions(f, (x,), "gpu") if d.pass_name == "share_common"]
-    closed = jaxpar.passes.share_common_subexpressions(jax.make_jaxpr(f)(x))[0]
+    closed = jaxpar.passes.share_common(jax.make_jaxpr(f)(x))[0]
     assert sum(e.primitive.name in ("jit", "pjit") for e in closed.jaxpr.eqns) == 1
     assert_like_jit(f, (x,), "gpu")
 

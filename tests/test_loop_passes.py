@@ -35,11 +35,11 @@ import jaxpar
 from jaxpar import _compat
 from jaxpar._cost import CostModel, device_profile
 from jaxpar.passes import (
-    apply_loop_passes,
+    apply_passes,
     batch_scans,
     fuse_scans,
-    loop_defaults,
     make_loops_static,
+    pass_defaults,
     unroll_scans,
 )
 from jaxpar.passes._shared import MAX_UNROLLED_EQNS
@@ -63,7 +63,7 @@ def check(pass_fn: Callable[..., Any], program: Any, *args: Any, **checks: Any) 
 
 
 def loop_passes(**options: Any) -> Callable[[Any], Any]:
-    return partial(apply_loop_passes, **options)
+    return partial(apply_passes, **options)
 
 
 # Unrolling changes how XLA fuses the body, so float32 rounding differs over 1000 trips; the
@@ -489,9 +489,9 @@ def test_unroll_none_leaves_scans_alone() -> None:
 def test_unroll_rejects_bad_values() -> None:
     closed = jax.make_jaxpr(tiny)(jnp.ones((4,)), jnp.ones((10, 4)))
     with pytest.raises(ValueError, match="unroll"):
-        apply_loop_passes(closed, fuse=False, batch=False, unroll=0, target="gpu")
+        apply_passes(closed, fuse=False, batch=False, unroll=0, target="gpu")
     with pytest.raises(ValueError, match="target"):
-        apply_loop_passes(closed, fuse=False, batch=False, unroll=None, target="abacus")
+        apply_passes(closed, fuse=False, batch=False, unroll=None, target="abacus")
 
 
 # --- static loops ----------------------------------------------------------------------------
@@ -528,7 +528,7 @@ def test_traced_bound_while_is_reported() -> None:
     def f(n: jax.Array, x: jax.Array) -> jax.Array:
         return lax.fori_loop(0, n, lambda i, c: c * 2.0, x)
 
-    (report,) = check(loop_passes(**loop_defaults("gpu"), target="gpu"), f, 3, jnp.ones(2),
+    (report,) = check(loop_passes(**pass_defaults("gpu"), target="gpu"), f, 3, jnp.ones(2),
                       unchanged=True).decisions
     assert report.kind == "host-sync loop" and report.trips_before is None
     assert "Python int bounds" in report.reason and "test_loop_passes.py" in report.sources[0]
@@ -655,16 +655,16 @@ def test_untrusted_counting_loops_end_to_end(program: Callable[..., Any]) -> Non
 # --- the whole pipeline ----------------------------------------------------------------------
 
 
-def test_loop_defaults() -> None:
-    assert loop_defaults("gpu") == {"fuse": True, "batch": True, "batch_branches": True,
+def test_pass_defaults() -> None:
+    assert pass_defaults("gpu") == {"fuse": True, "batch": True, "batch_branches": True,
                                     "batch_matmuls": True, "unroll": "cost",
                                     "share_common": True}
     for target in ("cpu", "tpu"):
-        assert loop_defaults(target) == {"fuse": False, "batch": False,
+        assert pass_defaults(target) == {"fuse": False, "batch": False,
                                          "batch_branches": False, "batch_matmuls": False,
                                          "unroll": None, "share_common": False}
     with pytest.raises(ValueError):
-        loop_defaults("abacus")
+        pass_defaults("abacus")
 
 
 @pytest.mark.parametrize("program", [seed_different, seed_identical, bidirectional])
@@ -703,14 +703,14 @@ def test_nested_levels_cond_remat_custom_jvp() -> None:
         fused = [d for d in r.decisions if d.kind == "fused"]
         assert len(fused) == 2 and all(d.location != "/" for d in fused)
 
-    check(loop_passes(**loop_defaults("gpu"), target="gpu"), f, *args,
+    check(loop_passes(**pass_defaults("gpu"), target="gpu"), f, *args,
           expect=fused_below_the_top)
 
 
 def test_rewritten_program_composes_with_jit_vmap_grad() -> None:
     args = seed_args(n=8, steps=7, steps2=5)
     closed = jax.make_jaxpr(seed_different)(*args)
-    new, _ = apply_loop_passes(closed, **loop_defaults("gpu"), target="gpu")
+    new, _ = apply_passes(closed, **pass_defaults("gpu"), target="gpu")
     fn, ref = jex_core.jaxpr_as_fun(new), jex_core.jaxpr_as_fun(closed)
     assert_matches(jax.jit(fn)(*args), ref(*args), tolerance=TOLERANCE)
     batched = tuple(jnp.stack([a, 0.5 * a]) for a in args)

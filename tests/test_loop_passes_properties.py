@@ -1,6 +1,6 @@
 """Property tests of the loop passes on random scan-heavy programs (tests/programs.py).
 
-For every drawn program, ``apply_loop_passes`` with the GPU defaults (fuse, batch,
+For every drawn program, ``apply_passes`` with the GPU defaults (fuse, batch,
 unroll="auto") must give a well-formed jaxpr that computes the same values, gradients and
 ``vmap``ped values as the program, and applying the passes again must change nothing.
 The hypothesis profile comes from tests/conftest.py (``JAXPAR_HYPOTHESIS_PROFILE``; 10
@@ -30,7 +30,7 @@ from pass_checker import (
 from programs import Program, loop_programs, scan_programs, stacked_batch
 
 import jaxpar
-from jaxpar.passes import apply_loop_passes, loop_defaults
+from jaxpar.passes import apply_passes, pass_defaults
 
 # Fusion and unrolling change how XLA compiles the loop bodies, hence float32 rounding.
 VALUE_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
@@ -38,7 +38,7 @@ GRAD_TOLERANCE = {"rtol": 1e-3, "atol": 1e-4}
 
 
 def _loop_passes(target: str) -> Any:
-    return partial(apply_loop_passes, **loop_defaults(target), target=target)
+    return partial(apply_passes, **pass_defaults(target), target=target)
 
 
 def _rewrite(program: Program, target: str = "gpu") -> tuple[Any, Any]:

@@ -14,7 +14,7 @@ import jaxpar
 from jaxpar._flags import command_buffer_mode
 from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._options import TARGET_DEFAULTS, ModePolicy, Options, Settings
-from jaxpar.passes import loop_defaults
+from jaxpar.passes import pass_defaults
 
 # ---------------------------------------------------------------- Options.resolve
 
@@ -91,10 +91,10 @@ def test_settings_are_hashable_and_frozen():
         settings.target = "cpu"  # type: ignore[misc]
 
 
-def test_loop_defaults_come_from_the_options():
-    assert loop_defaults("gpu")["fuse"] is TARGET_DEFAULTS["gpu"]["fuse_scans"]
-    assert loop_defaults("cpu")["unroll"] is None
-    assert loop_defaults("gpu")["unroll"] == "cost"  # one spelling of "by cost" everywhere
+def test_pass_defaults_come_from_the_options():
+    assert pass_defaults("gpu")["fuse"] is TARGET_DEFAULTS["gpu"]["fuse_scans"]
+    assert pass_defaults("cpu")["unroll"] is None
+    assert pass_defaults("gpu")["unroll"] == "cost"  # one spelling of "by cost" everywhere
 
 
 def test_auto_means_the_targets_default_at_every_level():
@@ -114,7 +114,7 @@ def test_auto_means_the_targets_default_at_every_level():
     assert by_cost_cpu > 1
     assert unroll_of(jaxpar.passes.unroll_scans(closed, unroll="auto", target="gpu")[0]) == \
         unroll_of(jaxpar.passes.unroll_scans(closed, unroll="cost", target="gpu")[0]) > 1
-    loop_passes = functools.partial(jaxpar.passes.apply_loop_passes, closed, fuse=False,
+    loop_passes = functools.partial(jaxpar.passes.apply_passes, closed, fuse=False,
                                     batch=False, unroll="auto")
     assert loop_passes(target="cpu")[0] is closed
     assert unroll_of(loop_passes(target="gpu")[0]) == \

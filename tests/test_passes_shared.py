@@ -39,7 +39,7 @@ from pass_checker import (
 )
 
 import jaxpar
-from jaxpar.passes import DecisionKind, _shared, apply_loop_passes, batch_branches, batch_scans
+from jaxpar.passes import DecisionKind, _shared, apply_passes, batch_branches, batch_scans
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 F32 = jax.ShapeDtypeStruct((8,), jnp.float32)
@@ -230,7 +230,7 @@ def test_random_bits_in_scan_bodies_follow_the_key_type() -> None:
               kinds=[DecisionKind.BATCHED] if batched else [DecisionKind.LEFT_ALONE])
         # With fusion on, the scans left unbatched are fused instead.
         if not batched:
-            check(partial(apply_loop_passes, fuse=True, batch=True, unroll=None, target="gpu"),
+            check(partial(apply_passes, fuse=True, batch=True, unroll=None, target="gpu"),
                   f, args, jit=True, kinds=[DecisionKind.FUSED, DecisionKind.LEFT_ALONE])
 
 

@@ -25,7 +25,7 @@ import jaxpar.passes as passes
 from jaxpar import _compat
 from jaxpar._analysis import Analysis
 from jaxpar._options import Options
-from jaxpar.passes import Level, LevelResult, Pass, Rewrite, apply_loop_passes, run_passes
+from jaxpar.passes import Level, LevelResult, Pass, Rewrite, apply_passes, run_passes
 from jaxpar.passes._walk import CHECKS_VARIABLE, walk_levels
 
 
@@ -174,6 +174,6 @@ def test_the_passes_pass_the_checks_on_random_programs(program: Program) -> None
     closed = jax.make_jaxpr(program.fn)(*program.args)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CHECKS_VARIABLE, "1")
-        new, _ = apply_loop_passes(closed, fuse=True, batch=True, unroll="cost", target="gpu",
-                                   batch_branches=True, batch_matmuls=True, share_common=True)
+        new, _ = apply_passes(closed, fuse=True, batch=True, unroll="cost", target="gpu",
+                              batch_branches=True, batch_matmuls=True, share_common=True)
     assert_well_formed(new)

@@ -8,7 +8,7 @@ import numpy as np
 from pass_checker import assert_matches, assert_same_outputs, check_pass, count_primitive
 
 import jaxpar
-from jaxpar.passes import share_common_subexpressions
+from jaxpar.passes import share_common
 
 
 def slogdet_and_inv(s):
@@ -29,7 +29,7 @@ def two_factorisations(s):
 
 
 def test_equal_equations_of_one_level_are_merged():
-    check_pass(share_common_subexpressions, two_factorisations, spd(), exact=True, grads=False,
+    check_pass(share_common, two_factorisations, spd(), exact=True, grads=False,
                counts={"lu": 1}, expect=lambda r: count_primitive(r.closed, "lu") == 2)
 
 
@@ -62,7 +62,7 @@ def test_what_must_not_be_shared_is_kept():
         c = jax.pure_callback(np.cos, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
         d = jnp.tanh(x) + jnp.tanh(x * 1.0)     # different operands: two tanh
         return a + b + c + d
-    check_pass(share_common_subexpressions, f, jnp.ones(4), values=False, grads=False,
+    check_pass(share_common, f, jnp.ones(4), values=False, grads=False,
                counts={"pure_callback": 3, "tanh": 2})
 
 
@@ -70,7 +70,7 @@ def test_equal_parameters_by_value_different_ones_kept():
     def f(x):
         return (jnp.sum(x, axis=0), jnp.sum(x, axis=0), jnp.sum(x, axis=1),
                 jax.lax.cumsum(x, 0), jax.lax.cumsum(x, 0, reverse=True))
-    check_pass(share_common_subexpressions, f, jnp.arange(9.0).reshape(3, 3), exact=True,
+    check_pass(share_common, f, jnp.arange(9.0).reshape(3, 3), exact=True,
                grads=False, counts={"reduce_sum": 2, "cumsum": 2})
 
 
