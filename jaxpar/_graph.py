@@ -354,40 +354,12 @@ def contract(graph: Graph, blocks: Sequence[tuple[Unit, Sequence[int]]],
         if ordered is not None:
             return units[:low] + ordered + units[high:]
     live = sorted(set(unit_of[low:high]), key=lambda u: first[u])
-    count = size + len(block_units)
-    in_degree = [0] * count
-    # Successor units per unit id. An equation's predecessors are distinct, so only an
-    # edge from or to a block can repeat; those are deduplicated through ``block_edges``.
-    # (The order of a unit's successors does not matter: units pop by first index.)
-    edges: list[list[int]] = [[] for _ in range(count)]
-    block_edges: set[tuple[int, int]] = set()
-    for i in range(low, high):
-        target = unit_of[i]
-        for p in graph.preds[i]:
-            if p < low:
-                continue  # emitted before the span
-            source = unit_of[p]
-            if source == target:
-                continue
-            if source >= size or target >= size:
-                if (source, target) in block_edges:
-                    continue
-                block_edges.add((source, target))
-            edges[source].append(target)
-            in_degree[target] += 1
+    edges, in_degree = _unit_edges(graph, unit_of, size + len(block_units), size, low, high)
     block_index = {unit: size + k for k, unit in enumerate(block_units)}
-
-    def index_of(unit: Unit) -> int:
-        uid = block_index.get(unit)
-        if uid is None:
-            assert isinstance(unit, EqnUnit), unit
-            uid = unit.index
-        return uid
-
     bits: dict[int, int] = {}
     for chain in antichains:
         for unit in chain:
-            bits.setdefault(index_of(unit), 1 << len(bits))
+            bits.setdefault(_unit_id(block_index, unit), 1 << len(bits))
     ready = [(first[u], u) for u in live if in_degree[u] == 0]
     heapq.heapify(ready)
     order: list[int] = []
@@ -408,12 +380,57 @@ def contract(graph: Graph, blocks: Sequence[tuple[Unit, Sequence[int]]],
     ordered = tuple([block_units[u - size] if u >= size else units[u] for u in order])
     if low or high < size:
         return units[:low] + ordered + units[high:]
+    _check_antichains(antichains, block_index, bits, reach)
+    return ordered
+
+
+def _unit_edges(graph: Graph, unit_of: list[int], count: int, size: int, low: int, high: int
+                ) -> tuple[list[list[int]], list[int]]:
+    """``contract``'s successor units per unit id (of ``count``), and each one's in-degree,
+    over the span ``[low, high)`` of the level's ``size`` equations.
+
+    An equation's predecessors are distinct, so only an edge from or to a block can
+    repeat; those are deduplicated through ``block_edges``. (The order of a unit's
+    successors does not matter: units pop by first index.)
+    """
+    in_degree = [0] * count
+    edges: list[list[int]] = [[] for _ in range(count)]
+    block_edges: set[tuple[int, int]] = set()
+    for i in range(low, high):
+        target = unit_of[i]
+        for p in graph.preds[i]:
+            if p < low:
+                continue  # emitted before the span
+            source = unit_of[p]
+            if source == target:
+                continue
+            if source >= size or target >= size:
+                if (source, target) in block_edges:
+                    continue
+                block_edges.add((source, target))
+            edges[source].append(target)
+            in_degree[target] += 1
+    return edges, in_degree
+
+
+def _unit_id(block_index: dict[Unit, int], unit: Unit) -> int:
+    """``contract``'s id of ``unit``: its block's, or its equation's index."""
+    uid = block_index.get(unit)
+    if uid is None:
+        assert isinstance(unit, EqnUnit), unit
+        uid = unit.index
+    return uid
+
+
+def _check_antichains(antichains: Sequence[Sequence[Unit]], block_index: dict[Unit, int],
+                      bits: dict[int, int], reach: dict[int, int]) -> None:
+    """Raise ``DependentUnits`` where a unit of an antichain reaches another of it
+    (``reach``: the ``bits`` of the antichain units each unit id is reached from)."""
     for chain in antichains:
         chain_bits = 0
         for unit in chain:
-            chain_bits |= bits[index_of(unit)]
+            chain_bits |= bits[_unit_id(block_index, unit)]
         for unit in chain:
-            uid = index_of(unit)
+            uid = _unit_id(block_index, unit)
             if reach.get(uid, 0) & chain_bits & ~bits[uid]:
                 raise DependentUnits(f"{unit} depends on another unit it must not")
-    return ordered

@@ -267,25 +267,33 @@ class _Buffers:
                 continue
             if kind == "buffer":
                 self.transient[index] = transient(eqn)
-            for v in eqn.outvars:
-                if _compat.is_drop_var(v):
-                    continue
-                if v in outputs:
-                    roots[v] = empty
-                    continue
-                roots[v] = frozenset((v,))
-                self.size[v] = float(_compat.aval_nbytes(v.aval))
-                self.made_at[v] = index
-                self.read_at[v] = set()
-                if late:
-                    # A broadcast a loop holds is written right before the loop (it reads
-                    # only its operand, which outlives it: XLA schedules it there).
-                    self.late.add(v)
-                    recomputed[v] = reads
+            self._allocate(eqn, index, outputs, roots, recomputed, reads, late)
         for v in jaxpr.outvars:  # an output computed by fused work reads its roots there
             if not isinstance(v, literal) and v in made_by:
                 for r in roots.get(v, empty):
                     self.read_at[r].add(made_by[v])
+
+    def _allocate(self, eqn: Any, index: int, outputs: set[Any],
+                  roots: dict[Any, frozenset[Any]], recomputed: dict[Any, frozenset[Any]],
+                  reads: frozenset[Any], late: bool) -> None:
+        """``trace``'s buffers for the results of equation ``index``, which reads the
+        buffers ``reads`` (``late``: a broadcast a loop holds)."""
+        empty: frozenset[Any] = frozenset()
+        for v in eqn.outvars:
+            if _compat.is_drop_var(v):
+                continue
+            if v in outputs:
+                roots[v] = empty
+                continue
+            roots[v] = frozenset((v,))
+            self.size[v] = float(_compat.aval_nbytes(v.aval))
+            self.made_at[v] = index
+            self.read_at[v] = set()
+            if late:
+                # A broadcast a loop holds is written right before the loop (it reads
+                # only its operand, which outlives it: XLA schedules it there).
+                self.late.add(v)
+                recomputed[v] = reads
 
     def peak(self, windows: Sequence[tuple[int, int]] = (),
              order: Sequence[int] | None = None) -> float:

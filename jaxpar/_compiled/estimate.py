@@ -108,7 +108,7 @@ from .._gpu_model import (
     gpu_profile,
 )
 from . import hlo
-from .hlo import Instruction, Module
+from .hlo import Computation, Instruction, Module
 
 __all__ = [
     "Estimate",
@@ -223,29 +223,7 @@ class _Costs:
         for instruction in computation.instructions:
             for operand in instruction.operands:
                 users.setdefault(operand, []).append(instruction)
-        tensor = vector = 0.0
-        for instruction in computation.instructions:
-            opcode = instruction.opcode
-            if opcode in ("dot", "ragged-dot", "scaled-dot") and instruction.operands:
-                lhs = hlo.dims(shapes.get(instruction.operands[0], ""))
-                contracting = hlo.int_list(hlo.attribute(
-                    instruction.attributes, "lhs_contracting_dims"))
-                size = math.prod(lhs[d] for d in contracting if d < len(lhs))
-                flops = 2.0 * hlo.elements(instruction.shape) * size
-                tensor += flops / self.profile.dot_flops(
-                    hlo.element_type(shapes.get(instruction.operands[0], "")))
-            elif opcode == "convolution" and len(instruction.operands) > 1:
-                tensor += self._conv_seconds(instruction.attributes,
-                                             shapes.get(instruction.operands[1], ""),
-                                             instruction.shape)
-            elif opcode == "fusion":  # nested fusions (Triton): count their work too
-                inner = hlo.called(instruction.attributes, "calls")
-                if inner and inner[0] in self.module.by_name:
-                    nested = self._fusion(inner[0])
-                    tensor += nested.tensor_seconds
-                    vector += nested.vector_flops
-            elif opcode not in _FREE_OPCODES:
-                vector += hlo.elements(instruction.shape)
+        tensor, vector = self._fusion_work(computation, shapes)
         read = 0.0
         in_place: set[str] = set()
         root = computation.instructions[-1] if computation.instructions else None
@@ -273,6 +251,36 @@ class _Costs:
                 read += hlo.shape_bytes(instruction.shape)
         return KernelCost(tensor, vector, read + written,
                           serial=tensor > 0 or read + written > CONCURRENT_REGION_BYTES)
+
+
+    def _fusion_work(self, computation: Computation, shapes: dict[str, str]
+                     ) -> tuple[float, float]:
+        """A fusion's matmul and convolution seconds (its nested fusions' included) and
+        its vector flops."""
+        tensor = vector = 0.0
+        for instruction in computation.instructions:
+            opcode = instruction.opcode
+            if opcode in ("dot", "ragged-dot", "scaled-dot") and instruction.operands:
+                lhs = hlo.dims(shapes.get(instruction.operands[0], ""))
+                contracting = hlo.int_list(hlo.attribute(
+                    instruction.attributes, "lhs_contracting_dims"))
+                size = math.prod(lhs[d] for d in contracting if d < len(lhs))
+                flops = 2.0 * hlo.elements(instruction.shape) * size
+                tensor += flops / self.profile.dot_flops(
+                    hlo.element_type(shapes.get(instruction.operands[0], "")))
+            elif opcode == "convolution" and len(instruction.operands) > 1:
+                tensor += self._conv_seconds(instruction.attributes,
+                                             shapes.get(instruction.operands[1], ""),
+                                             instruction.shape)
+            elif opcode == "fusion":  # nested fusions (Triton): count their work too
+                inner = hlo.called(instruction.attributes, "calls")
+                if inner and inner[0] in self.module.by_name:
+                    nested = self._fusion(inner[0])
+                    tensor += nested.tensor_seconds
+                    vector += nested.vector_flops
+            elif opcode not in _FREE_OPCODES:
+                vector += hlo.elements(instruction.shape)
+        return tensor, vector
 
 
 # --------------------------------------------------------------------------- thunk items

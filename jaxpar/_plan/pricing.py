@@ -255,48 +255,14 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
     owner = {i: r for r, members in enumerate(regions) for i in members}
 
     # What XLA would have done that the cut forbids, and host syncs: refuse outright.
-    producer = _writers(eqns)
-    sources: dict[Any, tuple[int, int]] = {}  # operand source -> (dot, region or -1)
-    placed = [(i, r) for r, members in enumerate(regions) for i in members]
-    for i, r in [*placed, *((i, -1) for i in independent_dots)]:
-        eqn = eqns[i]
-        if eqn.primitive.name != DOT_GENERAL or _dot_bytes(eqn) > DOT_MERGER_BYTES:
-            continue
-        for operand in eqn.invars:
-            source = _dot_source(eqns, producer, operand)
-            if _compat.is_literal(source):
-                continue
-            seen = sources.setdefault(source, (i, r))
-            if seen[0] != i and seen[1] != r:
-                return Verdict(False, 0.0, 0.0, 0,
-                               f"equations {seen[0]} and {i} are matmuls sharing an operand, "
-                               "which XLA merges into one GEMM (DotMerger); a stream cut "
-                               "between them would split it")
-    twins: dict[tuple[Any, ...], tuple[int, int]] = {}
-    keys = StructuralKeys() if keys is None else keys
-    for r, members in enumerate(regions):
-        for i in members:
-            level_vars = {a: a for a in eqns[i].invars if not _compat.is_literal(a)}
-            for key in _heavy_work(eqns[i], costs, level_vars, keys):
-                seen = twins.setdefault(key, (i, r))
-                if seen[1] != r:
-                    return Verdict(False, 0.0, 0.0, 0,
-                                   f"equations {seen[0]} and {i} both compute `{key[0]}` of "
-                                   "the same operands, which XLA computes once (CSE); in two "
-                                   "stream regions each would run its own")
-    for members in regions:
-        for i in members:
-            for inner in _walk_eqns(eqns[i]):
-                name = inner.primitive.name
-                unknown_trips = name == WHILE and costs.eqn_cost(inner).unknown_trips
-                # A cond on the platform (jnp's per-backend lowerings) is resolved when
-                # compiling; only a cond on a traced value runs as a conditional.
-                on_platform = name == COND and inner.params.get("branches_platforms")
-                if (name in HOST_BLOCKING and not on_platform) or unknown_trips:
-                    return Verdict(False, 0.0, 0.0, 0,
-                                   f"equation {i} holds a `{name}` that blocks the host "
-                                   "thread, so the other region would be launched only "
-                                   "after it finishes")
+    refusal = _merged_dots_refusal(eqns, regions, independent_dots)
+    if refusal is None:
+        keys = StructuralKeys() if keys is None else keys
+        refusal = _twins_refusal(eqns, regions, costs, keys)
+    if refusal is None:
+        refusal = _host_blocking_refusal(eqns, regions, costs)
+    if refusal is not None:
+        return refusal
 
     # XLA's scheduler overlaps two regions only when one instruction consumes results of
     # both (a concatenate, a fused add, the program's outputs); read apart, each region's
@@ -346,6 +312,66 @@ def price_section(jaxpr: Jaxpr, graph: Graph, regions: Sequence[Sequence[int]],
         reason = (f"overlap would win est. {gain * 1e6:.1f} us but the cut costs "
                   f"{cost * 1e6:.1f} us ({added} kernels it adds, launches outside graphs)")
     return Verdict(False, gain, cost, added, reason)
+
+
+def _merged_dots_refusal(eqns: Sequence[JaxprEqn], regions: Sequence[Sequence[int]],
+                         independent_dots: Sequence[int]) -> Verdict | None:
+    """``price_section``'s refusal where a cut splits matmuls XLA merges (DotMerger)."""
+    producer = _writers(eqns)
+    sources: dict[Any, tuple[int, int]] = {}  # operand source -> (dot, region or -1)
+    placed = [(i, r) for r, members in enumerate(regions) for i in members]
+    for i, r in [*placed, *((i, -1) for i in independent_dots)]:
+        eqn = eqns[i]
+        if eqn.primitive.name != DOT_GENERAL or _dot_bytes(eqn) > DOT_MERGER_BYTES:
+            continue
+        for operand in eqn.invars:
+            source = _dot_source(eqns, producer, operand)
+            if _compat.is_literal(source):
+                continue
+            seen = sources.setdefault(source, (i, r))
+            if seen[0] != i and seen[1] != r:
+                return Verdict(False, 0.0, 0.0, 0,
+                               f"equations {seen[0]} and {i} are matmuls sharing an operand, "
+                               "which XLA merges into one GEMM (DotMerger); a stream cut "
+                               "between them would split it")
+    return None
+
+
+def _twins_refusal(eqns: Sequence[JaxprEqn], regions: Sequence[Sequence[int]],
+                   costs: CostModel, keys: StructuralKeys) -> Verdict | None:
+    """``price_section``'s refusal where two regions compute the same heavy work, which
+    XLA computes once (CSE)."""
+    twins: dict[tuple[Any, ...], tuple[int, int]] = {}
+    for r, members in enumerate(regions):
+        for i in members:
+            level_vars = {a: a for a in eqns[i].invars if not _compat.is_literal(a)}
+            for key in _heavy_work(eqns[i], costs, level_vars, keys):
+                seen = twins.setdefault(key, (i, r))
+                if seen[1] != r:
+                    return Verdict(False, 0.0, 0.0, 0,
+                                   f"equations {seen[0]} and {i} both compute `{key[0]}` of "
+                                   "the same operands, which XLA computes once (CSE); in two "
+                                   "stream regions each would run its own")
+    return None
+
+
+def _host_blocking_refusal(eqns: Sequence[JaxprEqn], regions: Sequence[Sequence[int]],
+                           costs: CostModel) -> Verdict | None:
+    """``price_section``'s refusal where a region holds work that blocks the host."""
+    for members in regions:
+        for i in members:
+            for inner in _walk_eqns(eqns[i]):
+                name = inner.primitive.name
+                unknown_trips = name == WHILE and costs.eqn_cost(inner).unknown_trips
+                # A cond on the platform (jnp's per-backend lowerings) is resolved when
+                # compiling; only a cond on a traced value runs as a conditional.
+                on_platform = name == COND and inner.params.get("branches_platforms")
+                if (name in HOST_BLOCKING and not on_platform) or unknown_trips:
+                    return Verdict(False, 0.0, 0.0, 0,
+                                   f"equation {i} holds a `{name}` that blocks the host "
+                                   "thread, so the other region would be launched only "
+                                   "after it finishes")
+    return None
 
 
 def price_collective_section(jaxpr: Jaxpr, graph: Graph, region: Sequence[int],

@@ -157,63 +157,87 @@ def absorb_neighbours(order: HeavyOrder, graph: Graph, blocked: Mapping[int, str
                       section_mask: int) -> None:
     """Grows ``members`` and ``local`` (equation -> (section, slot) of this section;
     ``taken`` holds earlier sections') by private producers, then private consumers."""
+    absorption = _Absorption(order, graph, blocked, members, local, taken, section_index,
+                             section_mask)
+    absorption.absorb_producers()
+    absorption.absorb_consumers()
 
-    def owner_of(i: int) -> tuple[int, int] | None:
-        return local[i] if i in local else taken.get(i)
 
-    def movable(i: int) -> bool:
-        return (i not in local and i not in taken and i not in blocked
-                and i not in order.heavy_set and i in graph.live)
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Absorption:
+    """``absorb_neighbours``'s arguments, for its two sweeps."""
 
-    # Private producers: light equations whose every consumer is in one region.
-    # Visited from the highest index down, so a candidate's consumers are settled.
-    pending = [-p for slot in members for i in slot for p in graph.preds[i]]
-    heapq.heapify(pending)
-    seen: set[int] = set()
-    while pending:
-        i = -heapq.heappop(pending)
-        if i in seen:
-            continue
-        seen.add(i)
-        if (not movable(i) or i in graph.feeds_output or not graph.succs[i]
-                or order.anc_of(i) & section_mask):
-            continue
-        consumers = {owner_of(s) for s in graph.succs[i]}
-        if len(consumers) != 1:
-            continue
-        (consumer,) = consumers
-        if consumer is None or consumer[0] != section_index:
-            continue
-        members[consumer[1]].add(i)
-        local[i] = consumer
-        for p in graph.preds[i]:
-            heapq.heappush(pending, -p)
-    # Private consumers: light equations reading only one region's results,
-    # visited from the lowest index up so their producers are settled.
-    pending = [s for slot in members for i in slot for s in graph.succs[i]]
-    heapq.heapify(pending)
-    seen.clear()
-    while pending:
-        i = heapq.heappop(pending)
-        if i in seen:
-            continue
-        seen.add(i)
-        if i >= order.end or not movable(i) or order.desc_of(i) & section_mask:
-            continue
-        owners: set[tuple[int, int]] = set()
-        for p in graph.preds[i]:
-            owner = owner_of(p)
-            if owner is None:
-                if order.anc_of(p) & section_mask:
+    order: HeavyOrder
+    graph: Graph
+    blocked: Mapping[int, str]
+    members: list[set[int]]
+    local: dict[int, tuple[int, int]]
+    taken: Mapping[int, tuple[int, int]]
+    section_index: int
+    section_mask: int
+
+    def owner_of(self, i: int) -> tuple[int, int] | None:
+        return self.local[i] if i in self.local else self.taken.get(i)
+
+    def movable(self, i: int) -> bool:
+        return (i not in self.local and i not in self.taken and i not in self.blocked
+                and i not in self.order.heavy_set and i in self.graph.live)
+
+    def absorb_producers(self) -> None:
+        """Private producers: light equations whose every consumer is in one region.
+        Visited from the highest index down, so a candidate's consumers are settled."""
+        order, graph, members, local = self.order, self.graph, self.members, self.local
+        pending = [-p for slot in members for i in slot for p in graph.preds[i]]
+        heapq.heapify(pending)
+        seen: set[int] = set()
+        while pending:
+            i = -heapq.heappop(pending)
+            if i in seen:
+                continue
+            seen.add(i)
+            if (not self.movable(i) or i in graph.feeds_output or not graph.succs[i]
+                    or order.anc_of(i) & self.section_mask):
+                continue
+            consumers = {self.owner_of(s) for s in graph.succs[i]}
+            if len(consumers) != 1:
+                continue
+            (consumer,) = consumers
+            if consumer is None or consumer[0] != self.section_index:
+                continue
+            members[consumer[1]].add(i)
+            local[i] = consumer
+            for p in graph.preds[i]:
+                heapq.heappush(pending, -p)
+
+    def absorb_consumers(self) -> None:
+        """Private consumers: light equations reading only one region's results,
+        visited from the lowest index up so their producers are settled."""
+        order, graph, members, local = self.order, self.graph, self.members, self.local
+        section_mask = self.section_mask
+        pending = [s for slot in members for i in slot for s in graph.succs[i]]
+        heapq.heapify(pending)
+        seen: set[int] = set()
+        while pending:
+            i = heapq.heappop(pending)
+            if i in seen:
+                continue
+            seen.add(i)
+            if i >= order.end or not self.movable(i) or order.desc_of(i) & section_mask:
+                continue
+            owners: set[tuple[int, int]] = set()
+            for p in graph.preds[i]:
+                owner = self.owner_of(p)
+                if owner is None:
+                    if order.anc_of(p) & section_mask:
+                        break
+                elif owner[0] == self.section_index:
+                    owners.add(owner)
+                else:
                     break
-            elif owner[0] == section_index:
-                owners.add(owner)
             else:
-                break
-        else:
-            if len(owners) == 1:
-                (owner,) = owners
-                members[owner[1]].add(i)
-                local[i] = owner
-                for s in graph.succs[i]:
-                    heapq.heappush(pending, s)
+                if len(owners) == 1:
+                    (owner,) = owners
+                    members[owner[1]].add(i)
+                    local[i] = owner
+                    for s in graph.succs[i]:
+                        heapq.heappush(pending, s)

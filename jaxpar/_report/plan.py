@@ -232,29 +232,7 @@ def _report_lines(plan: Plan, verbose: bool) -> list[str]:
     and the figure that decided it. Verbose: each decision's full reasoning, cost figures
     and source lines.
     """
-    lines = []
-    if not plan.sections:
-        lines.append("  no parallel sections: nothing independent is worth a stream" if verbose
-                     else "  streams: none (nothing independent is worth a stream here)")
-    for section in plan.sections:
-        if section.overlaps:
-            lines.append(f"  section{_where(section.location)}: beside {section.overlaps}")
-        else:
-            group = f" group={section.scheduling_group}" if verbose else ""
-            lines.append(f"  section{group}{_where(section.location)}: "
-                         f"{len(section.regions)} concurrent regions")
-        for region in section.regions:
-            if verbose:
-                prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
-                where = "; ".join(region.source_lines) or "<unknown>"
-                lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
-                             f"est. {region.cost_us:.1f} us [{prims}]{_in(region.places)} "
-                             f"at {where}")
-            else:
-                prims = ", ".join(name for name, _ in region.primitives)
-                lines.append(f"    stream {region.stream}: {prims} in "
-                             f"{_places(region.places, region.source_lines)}, "
-                             f"est. {region.cost_us:.1f} us")
+    lines = _section_lines(plan, verbose)
     if plan.collectives:
         lines.append("  collectives:")
         for c in plan.collectives:
@@ -286,6 +264,34 @@ def _report_lines(plan: Plan, verbose: bool) -> list[str]:
             lines.append(f"  {_left_alone_count(plan)}")
     if not verbose and (plan.decisions or plan.left_alone):
         lines.append("  (why, in full: print(plan.text(verbose=True)) or plan.to_dict())")
+    return lines
+
+
+def _section_lines(plan: Plan, verbose: bool) -> list[str]:
+    """``_report_lines``' first part: the stream sections and their regions."""
+    lines = []
+    if not plan.sections:
+        lines.append("  no parallel sections: nothing independent is worth a stream" if verbose
+                     else "  streams: none (nothing independent is worth a stream here)")
+    for section in plan.sections:
+        if section.overlaps:
+            lines.append(f"  section{_where(section.location)}: beside {section.overlaps}")
+        else:
+            group = f" group={section.scheduling_group}" if verbose else ""
+            lines.append(f"  section{group}{_where(section.location)}: "
+                         f"{len(section.regions)} concurrent regions")
+        for region in section.regions:
+            if verbose:
+                prims = ", ".join(f"{name} x{count}" for name, count in region.primitives)
+                where = "; ".join(region.source_lines) or "<unknown>"
+                lines.append(f"    stream {region.stream}: {region.num_eqns} eqns, "
+                             f"est. {region.cost_us:.1f} us [{prims}]{_in(region.places)} "
+                             f"at {where}")
+            else:
+                prims = ", ".join(name for name, _ in region.primitives)
+                lines.append(f"    stream {region.stream}: {prims} in "
+                             f"{_places(region.places, region.source_lines)}, "
+                             f"est. {region.cost_us:.1f} us")
     return lines
 
 

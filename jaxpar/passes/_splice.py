@@ -271,42 +271,56 @@ def rebuild_level(jaxpr: JaxprLike, rewrites: Sequence[Rewrite],
         members = [eqns[i] for i in rewrite.eqns]
         operands = [[atom(v) for v in m.invars] for m in members]
         out_counts = [len(m.outvars) for m in members]
-        cache_key = None if rewrite.key is None else (rewrite.key, _pattern(operands))
-        hit = traced.get(cache_key) if cache_key is not None else None
-        if hit is None:
-            hit = _trace_rewrite(rewrite, operands)
-            if cache_key is not None:
-                hit = traced[cache_key] = hit.with_sources(members)
-            constvars, body, flat_outs = hit.splice(operands, fresh=False)
-        else:
-            constvars, body, flat_outs = hit.splice(operands, fresh=True, members=members)
+        hit, (constvars, body, flat_outs) = _traced(rewrite, members, operands, traced)
         new_constvars += constvars
         new_consts += hit.consts
         new_eqns += body
         kept_from += [-1] * len(body)
         if origins is not None:
             origins.emitted(body, members, owners[unit.rewrite] if owners else ())
-        outs, start = [], 0
-        for count in out_counts:
-            outs.append(flat_outs[start:start + count])
-            start += count
-        for member, values in zip(members, outs, strict=True):
-            for var, value in zip(member.outvars, values, strict=True):
-                if value is None:
-                    dropped.add(var)
-                    continue
-                if value.aval != var.aval:
-                    raise RuntimeError(
-                        f"jaxpar pass bug: the rewrite of {member.primitive.name} returns "
-                        f"{value.aval} where it replaces {var.aval}; please report it with "
-                        "the program that triggered it")
-                if not _compat.is_drop_var(var):
-                    renamed[var] = value
+        _take_results(members, out_counts, flat_outs, renamed, dropped)
     rebuilt = _compat.splice_jaxpr(jaxpr, new_eqns, [atom(v) for v in inner.outvars],
                                    new_constvars, new_consts)
     if rebuilt is not None and derive_graph is not None:
         derive_graph(jaxpr, rebuilt, kept_from)
     return rebuilt
+
+
+def _traced(rewrite: Rewrite, members: list[JaxprEqn], operands: list[list[Any]],
+            traced: dict[Hashable, _TracedRewrite]
+            ) -> tuple[_TracedRewrite, tuple[list[Any], list[Any], list[Any]]]:
+    """``rebuild_level``'s trace of ``rewrite`` (copied from ``traced`` where its key and
+    operand pattern were traced before), and its splice (constvars, equations, results)."""
+    cache_key = None if rewrite.key is None else (rewrite.key, _pattern(operands))
+    hit = traced.get(cache_key) if cache_key is not None else None
+    if hit is None:
+        hit = _trace_rewrite(rewrite, operands)
+        if cache_key is not None:
+            hit = traced[cache_key] = hit.with_sources(members)
+        return hit, hit.splice(operands, fresh=False)
+    return hit, hit.splice(operands, fresh=True, members=members)
+
+
+def _take_results(members: list[JaxprEqn], out_counts: list[int], flat_outs: Sequence[Any],
+                  renamed: dict[Any, Any], dropped: set[Any]) -> None:
+    """Record which atoms now hold the replaced ``members``' results (``renamed``), and
+    which results their rewrite did not compute (``dropped``)."""
+    outs, start = [], 0
+    for count in out_counts:
+        outs.append(flat_outs[start:start + count])
+        start += count
+    for member, values in zip(members, outs, strict=True):
+        for var, value in zip(member.outvars, values, strict=True):
+            if value is None:
+                dropped.add(var)
+                continue
+            if value.aval != var.aval:
+                raise RuntimeError(
+                    f"jaxpar pass bug: the rewrite of {member.primitive.name} returns "
+                    f"{value.aval} where it replaces {var.aval}; please report it with "
+                    "the program that triggered it")
+            if not _compat.is_drop_var(var):
+                renamed[var] = value
 
 
 def _distinct_atoms(operands: list[list[Any]]) -> list[Any]:

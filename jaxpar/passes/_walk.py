@@ -92,28 +92,8 @@ def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analys
 
 def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysis, path: str
                ) -> tuple[Any, list[PassDecision], bool]:
-    inner, _ = _compat.open_jaxpr(jaxpr)
     origins = eqn_origins(analysis)
-    decisions: list[PassDecision] = []
-    params: dict[int, dict[str, Any]] = {}
-    holds: dict[int, set[tuple[int, bool]]] = {}  # equation -> what was made inside it
-    for index, eqn in enumerate(inner.eqns):
-        replacements = {}
-        for name, item, sub in analysis.subjaxprs(eqn):
-            label = f"{name}[{item}]" if item is not None else name
-            sub_path = f"{path}/{eqn.primitive.name}#{index}.{label}"
-            # Rewrites of a nested level are traced where JAX traced that level (a
-            # shard_map body with its mesh axes bound).
-            with _compat.nested_trace_context(eqn):
-                new_sub, sub_decisions = walk_levels(sub, level_passes, analysis, sub_path)
-            decisions.extend(sub_decisions)
-            if new_sub is not sub:
-                replacements[(name, item)] = new_sub
-                holds.setdefault(index, set()).update(
-                    (origins.number(d), True) for d in sub_decisions
-                    if d.kind not in UNCHANGED_KINDS)
-        if replacements:
-            params[index] = _compat.eqn_replace_subjaxprs(eqn, replacements)
+    decisions, params, holds = _walk_nested(jaxpr, level_passes, analysis, path, origins)
     current = jaxpr
     if params:
         rebuilt = rebuild_level(jaxpr, [], params, origins=origins)
@@ -170,6 +150,37 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
     decisions.extend(changes)
     decisions.extend(kept)
     return current, decisions, level_changed
+
+
+def _walk_nested(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysis,
+                 path: str, origins: EqnOrigins
+                 ) -> tuple[list[PassDecision], dict[int, dict[str, Any]],
+                            dict[int, set[tuple[int, bool]]]]:
+    """``_walk_once``'s walk of the levels nested in ``jaxpr``'s equations: their
+    decisions, the new parameters of the equations holding a rewritten level, and per
+    such equation what was made inside it."""
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    decisions: list[PassDecision] = []
+    params: dict[int, dict[str, Any]] = {}
+    holds: dict[int, set[tuple[int, bool]]] = {}  # equation -> what was made inside it
+    for index, eqn in enumerate(inner.eqns):
+        replacements = {}
+        for name, item, sub in analysis.subjaxprs(eqn):
+            label = f"{name}[{item}]" if item is not None else name
+            sub_path = f"{path}/{eqn.primitive.name}#{index}.{label}"
+            # Rewrites of a nested level are traced where JAX traced that level (a
+            # shard_map body with its mesh axes bound).
+            with _compat.nested_trace_context(eqn):
+                new_sub, sub_decisions = walk_levels(sub, level_passes, analysis, sub_path)
+            decisions.extend(sub_decisions)
+            if new_sub is not sub:
+                replacements[(name, item)] = new_sub
+                holds.setdefault(index, set()).update(
+                    (origins.number(d), True) for d in sub_decisions
+                    if d.kind not in UNCHANGED_KINDS)
+        if replacements:
+            params[index] = _compat.eqn_replace_subjaxprs(eqn, replacements)
+    return decisions, params, holds
 
 
 def _rebuilt_step(level_pass: Pass, jaxpr: Any, path: str, analysis: Analysis,

@@ -244,30 +244,10 @@ def _batch_level(level: Level, costs: CostModel,
             # operands and prices the transposes a vmapped dot may need (a GRU cell's
             # three ``h @ w`` batched here launched one kernel more a trip, deviceless H200).
             continue
-        why = _vmap_refusal(eqns, group)
-        if why is not None:
-            why = f"vmap would not batch them faithfully and cheaply: {why}"
-        elif any(len({depth[i] for i in row}) > 1 or len({height[i] for i in row}) > 1
-                 for row in group.rows):
-            why = ("they sit at different launch depths of the program (different numbers "
-                   "of kernels before or after them), so batching would hold the earlier "
-                   "ones back or join layers the planner can overlap")
-        else:
-            before, after, stacked = _before_after(eqns, group, member_cost, heavy, graph,
-                                                   level_outputs)
-            # In a concurrent graph the members' launches run side by side: one
-            # member's are in series with the rest, the others' beside them.
-            beside = member_cost.kernels * (group.members - 1)
-            loses = _loses(before, after, beside, costs, prices)
-            if other_prices != prices and loses != _loses(before, after, beside, costs,
-                                                          other_prices):
-                alike = False
-            if loses:
-                why = (f"stacking their differing inputs costs more than the "
-                       f"{int(member_cost.kernels) * (group.members - 1)} kernel launches "
-                       "batching would save (at one end of the GPU model's ranges)")
-            else:
-                why = stacking_refusal(stacked, allowance)
+        why, same = _refusal(eqns, group, member_cost, depth, height, heavy, graph,
+                             level_outputs, costs, prices, other_prices, allowance)
+        if not same:
+            alike = False
         if why is not None:
             # Reported when worth a line: members launching a kernel or two are not.
             if member_cost.kernels >= 2 and not set(group.eqns) <= reported:
@@ -282,6 +262,52 @@ def _batch_level(level: Level, costs: CostModel,
         groups.append(group)
         member_kernels[group.eqns] = int(member_cost.kernels)
     groups = _orderable(graph, groups, orders)
+    rewrites, taken = _rewrites(path, eqns, groups, records, carried, member_kernels)
+    return rewrites, taken + decisions, alike
+
+
+def _refusal(eqns: Sequence[JaxprEqn], group: _Group, member_cost: Cost,
+             depth: Sequence[int], height: Sequence[int], heavy: list[bool], graph: Graph,
+             level_outputs: set[Any], costs: CostModel,
+             prices: list[LaunchPrices], other_prices: list[LaunchPrices],
+             allowance: float | None
+             ) -> tuple[str | None, bool]:
+    """Why ``_batch_level`` leaves ``group`` alone (None: it batches it), and whether
+    that verdict would be the same at the other mode's launch prices (``other_prices``;
+    ``prices``: this mode's)."""
+    same = True
+    why = _vmap_refusal(eqns, group)
+    if why is not None:
+        why = f"vmap would not batch them faithfully and cheaply: {why}"
+    elif any(len({depth[i] for i in row}) > 1 or len({height[i] for i in row}) > 1
+             for row in group.rows):
+        why = ("they sit at different launch depths of the program (different numbers "
+               "of kernels before or after them), so batching would hold the earlier "
+               "ones back or join layers the planner can overlap")
+    else:
+        before, after, stacked = _before_after(eqns, group, member_cost, heavy, graph,
+                                               level_outputs)
+        # In a concurrent graph the members' launches run side by side: one
+        # member's are in series with the rest, the others' beside them.
+        beside = member_cost.kernels * (group.members - 1)
+        loses = _loses(before, after, beside, costs, prices)
+        if other_prices != prices and loses != _loses(before, after, beside, costs,
+                                                      other_prices):
+            same = False
+        if loses:
+            why = (f"stacking their differing inputs costs more than the "
+                   f"{int(member_cost.kernels) * (group.members - 1)} kernel launches "
+                   "batching would save (at one end of the GPU model's ranges)")
+        else:
+            why = stacking_refusal(stacked, allowance)
+    return why, same
+
+
+def _rewrites(path: str, eqns: Sequence[JaxprEqn], groups: list[_Group],
+              records: list[list[Any] | None], carried: _Numbering,
+              member_kernels: dict[tuple[int, ...], int]
+              ) -> tuple[list[Rewrite], list[PassDecision]]:
+    """``_batch_level``'s rewrites of the accepted ``groups``, and their decisions."""
     rewrites, taken = [], []
     for group in groups:
         rewrites.append(Rewrite(group.eqns, _emitter(eqns, group),
@@ -295,7 +321,7 @@ def _batch_level(level: Level, costs: CostModel,
                    f"{len(group.rows)} equations: one vmapped subgraph over {stacked} stacked "
                    f"and {len(group.slots) - stacked} shared inputs, {kernels} kernel "
                    f"launches instead of {kernels * group.members}"))
-    return rewrites, taken + decisions, alike
+    return rewrites, taken
 
 
 def _chunks(candidates: list[list[int]], claimed: set[int]) -> Iterator[list[int]]:
@@ -385,8 +411,8 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
     kept: list[list[Any] | None] = []
     refused_eqns: set[int] = set()
     # Hoisted: this runs once per equation of every level, every round.
-    live, literal = graph.live, _compat.Literal
-    memo_get, setdefault, producer_get = memo.get, intern.setdefault, producer.get
+    live = graph.live
+    setdefault = intern.setdefault
     eqns = inner.eqns
     found = records.get_all(eqns)
     made: list[tuple[JaxprEqn, list[Any]]] = []  # new records
@@ -395,28 +421,11 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
     # What reading each variable adds to a reader's key: ``(number of its producer, its
     # position)``, or ``("in", number of its type)`` for a level input (so numbering an
     # equation hashes no type: equal numbers, equal types). A variable not found here (a
-    # literal, or the result of an equation never batched) is read by ``read_slowly``.
+    # literal, or the result of an equation never batched) is read by ``_read_slowly``.
     read_of: dict[Any, Hashable] = {
         v: ("in", setdefault(("in", v.aval), len(intern)))
         for v in [*inner.constvars, *inner.invars]}
     read_get = read_of.get
-
-    def read_slowly(eqn: JaxprEqn) -> tuple[Hashable, ...] | None:
-        """What ``eqn`` reads, or None when it reads an equation never batched."""
-        inputs: list[Hashable] = []
-        for v in eqn.invars:
-            if isinstance(v, literal):
-                inputs.append(("lit", v.aval, literal_key(_compat.literal_value(v))))
-                continue
-            source = producer_get(v)
-            if source is None:
-                inputs.append(("in", setdefault(("in", v.aval), len(intern))))
-                continue
-            source_key = keys[source[0]]
-            if source_key is None:
-                return None
-            inputs.append((source_key, source[1]))
-        return tuple(inputs)
 
     for index, eqn in enumerate(eqns):
         if index not in live:
@@ -435,7 +444,7 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
         except TypeError:  # a literal: unhashable
             read = None
         if read is None or None in read:
-            read = read_slowly(eqn)
+            read = _read_slowly(eqn, producer, keys, intern)
         if read is not None:
             if record is not None:
                 if record[0] != read:  # a rewrite upstream: numbered afresh
@@ -450,23 +459,7 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
                 keys.append(key)
                 kept.append(record)
                 continue
-            # Keyed by the parameter dict when all the key reads is the primitive, the
-            # parameters, the context and the operand count: rebuilt levels keep the
-            # parameter dicts of the equations they copy, not the equations.
-            primitive = eqn.primitive
-            by_params = by_params_of.get(primitive)
-            if by_params is None:
-                by_params = by_params_of[primitive] = not refusal_reads_operand_types(eqn)
-            owner = eqn.params if by_params else eqn
-            hit = memo_get(owner)
-            if (hit is None
-                    or (by_params and (hit[1] is not primitive or hit[2] is not eqn.ctx
-                                       or hit[3] != len(eqn.invars)))):
-                # The last entry: why vmap does not batch it faithfully and cheaply,
-                # here or in a nested jaxpr (None: it does).
-                hit = (structure.equation(eqn), primitive, eqn.ctx, len(eqn.invars),
-                       static_refusal(eqn))
-                memo.set(owner, hit)
+            hit = _memo_entry(eqn, memo, structure, by_params_of)
             params = hit[0]
             outvars = eqn.outvars
             outs = ((outvars[0].aval,) if len(outvars) == 1  # most equations
@@ -475,7 +468,7 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
                 operation = setdefault(("op", params, outs), len(intern))
                 key = setdefault((operation, read), len(intern))
                 record = [read, key, operation, params, outs, None, None]
-                if primitive.name not in collectives:
+                if eqn.primitive.name not in collectives:
                     made.append((eqn, record))
                 if len(outvars) == 1:
                     read_of[outvars[0]] = (key, 0)
@@ -493,6 +486,54 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
         kept.append(None)
     records.set_all(made)
     return keys, kept
+
+
+def _read_slowly(eqn: JaxprEqn, producer: dict[Any, tuple[int, int]],
+                 keys: list[int | None], intern: dict[Hashable, int]
+                 ) -> tuple[Hashable, ...] | None:
+    """What ``eqn`` reads (``_value_numbers``, given the ``keys`` so far), or None when
+    it reads an equation never batched."""
+    literal, setdefault = _compat.Literal, intern.setdefault
+    inputs: list[Hashable] = []
+    for v in eqn.invars:
+        if isinstance(v, literal):
+            inputs.append(("lit", v.aval, literal_key(_compat.literal_value(v))))
+            continue
+        source = producer.get(v)
+        if source is None:
+            inputs.append(("in", setdefault(("in", v.aval), len(intern))))
+            continue
+        source_key = keys[source[0]]
+        if source_key is None:
+            return None
+        inputs.append((source_key, source[1]))
+    return tuple(inputs)
+
+
+def _memo_entry(eqn: JaxprEqn, memo: _OwnerMemo, structure: StructuralKeys,
+                by_params_of: dict[Primitive, bool]
+                ) -> tuple[Hashable, Primitive, Any, int, str | None]:
+    """``eqn``'s entry in ``memo``: its parameter key, primitive, context, operand
+    count and why vmap does not batch it faithfully and cheaply (None: it does).
+
+    Keyed by the parameter dict when all the key reads is the primitive, the
+    parameters, the context and the operand count: rebuilt levels keep the parameter
+    dicts of the equations they copy, not the equations."""
+    primitive = eqn.primitive
+    by_params = by_params_of.get(primitive)
+    if by_params is None:
+        by_params = by_params_of[primitive] = not refusal_reads_operand_types(eqn)
+    owner = eqn.params if by_params else eqn
+    hit = memo.get(owner)
+    if (hit is None
+            or (by_params and (hit[1] is not primitive or hit[2] is not eqn.ctx
+                               or hit[3] != len(eqn.invars)))):
+        # The last entry: why vmap does not batch it faithfully and cheaply,
+        # here or in a nested jaxpr (None: it does).
+        hit = (structure.equation(eqn), primitive, eqn.ctx, len(eqn.invars),
+               static_refusal(eqn))
+        memo.set(owner, hit)
+    return hit
 
 
 def _local_key(eqn: JaxprEqn, record: list[Any], intern: dict[Hashable, int]) -> int:

@@ -444,56 +444,8 @@ def _orient(eqns: Sequence[JaxprEqn], groups: list[_Group]) -> list[_Group]:
     if not free or len(free) > _MAX_ORIENTED:
         return groups  # the search grows with the square of the members: keep them as written
     chains = _chains(eqns, groups, free)
-
-    def turned_group(g: int, members: frozenset[int]) -> _Group:
-        group = groups[g]
-        if not members:
-            return group
-        readings, alternatives = list(group.readings), list(group.alternatives)
-        for m, alternative in enumerate(group.alternatives):
-            if m in members and alternative is not None:
-                readings[m], alternatives[m] = alternative, readings[m]
-        return dataclasses.replace(group, readings=tuple(readings),
-                                   alternatives=tuple(alternatives))
-
-    def turned_in(turned: frozenset[tuple[int, int]]) -> list[frozenset[int]]:
-        members: list[set[int]] = [set() for _ in groups]
-        for g, m in turned:
-            members[g].add(m)
-        return [frozenset(found) for found in members]
-
-    def build(turned: frozenset[tuple[int, int]]) -> list[_Group]:
-        return [turned_group(g, members) for g, members in enumerate(turned_in(turned))]
-
-    parts: dict[tuple[int, frozenset[int]], tuple[tuple[_Column, ...], int, _Column | None]] = {}
-
-    def part(g: int, members: frozenset[int]) -> tuple[tuple[_Column, ...], int, _Column | None]:
-        """Group ``g`` with ``members`` turned: its distinct operand columns, its reads
-        transposed or swapped, and its stacked result where others may read it."""
-        found = parts.get((g, members))
-        if found is None:
-            group = turned_group(g, members)
-            found = parts[(g, members)] = (
-                tuple(dict.fromkeys(group.columns(eqns))),
-                sum(r.swapped + sum(r.transposed) for r in group.readings),
-                group.outputs(eqns) if group.chainable(eqns) else None)
-        return found
-
-    def score(turned: frozenset[tuple[int, int]]) -> tuple[int, int]:
-        stacked: set[_Column] = set()
-        new = reads_turned = 0
-        for g, members in enumerate(turned_in(turned)):
-            columns, turns, output = part(g, members)
-            for column in columns:
-                if _shared(column) or column in stacked:
-                    continue
-                stacked.add(column)
-                new += 1
-            reads_turned += turns
-            if output is not None:
-                stacked.add(output)
-        return new, reads_turned
-
+    orientations = _Orientations(eqns, groups)
+    score = orientations.score
     best: frozenset[tuple[int, int]] = frozenset()
     best_score = score(best)
     if len(chains) <= _MAX_EXHAUSTIVE:
@@ -510,7 +462,66 @@ def _orient(eqns: Sequence[JaxprEqn], groups: list[_Group]) -> list[_Group]:
         if found >= best_score:
             break
         best, best_score = moves[k], found
-    return build(best)
+    return orientations.build(best)
+
+
+@dataclasses.dataclass(slots=True)
+class _Orientations:
+    """``_orient``'s tries: the groups with some members turned, and their scores (each
+    group's part kept by the members turned in it)."""
+
+    eqns: Sequence[JaxprEqn]
+    groups: list[_Group]
+    parts: dict[tuple[int, frozenset[int]], tuple[tuple[_Column, ...], int, _Column | None]] = (
+        dataclasses.field(default_factory=dict))
+
+    def turned_group(self, g: int, members: frozenset[int]) -> _Group:
+        group = self.groups[g]
+        if not members:
+            return group
+        readings, alternatives = list(group.readings), list(group.alternatives)
+        for m, alternative in enumerate(group.alternatives):
+            if m in members and alternative is not None:
+                readings[m], alternatives[m] = alternative, readings[m]
+        return dataclasses.replace(group, readings=tuple(readings),
+                                   alternatives=tuple(alternatives))
+
+    def turned_in(self, turned: frozenset[tuple[int, int]]) -> list[frozenset[int]]:
+        members: list[set[int]] = [set() for _ in self.groups]
+        for g, m in turned:
+            members[g].add(m)
+        return [frozenset(found) for found in members]
+
+    def build(self, turned: frozenset[tuple[int, int]]) -> list[_Group]:
+        return [self.turned_group(g, members) for g, members in enumerate(self.turned_in(turned))]
+
+    def part(self, g: int, members: frozenset[int]
+             ) -> tuple[tuple[_Column, ...], int, _Column | None]:
+        """Group ``g`` with ``members`` turned: its distinct operand columns, its reads
+        transposed or swapped, and its stacked result where others may read it."""
+        found = self.parts.get((g, members))
+        if found is None:
+            group = self.turned_group(g, members)
+            found = self.parts[(g, members)] = (
+                tuple(dict.fromkeys(group.columns(self.eqns))),
+                sum(r.swapped + sum(r.transposed) for r in group.readings),
+                group.outputs(self.eqns) if group.chainable(self.eqns) else None)
+        return found
+
+    def score(self, turned: frozenset[tuple[int, int]]) -> tuple[int, int]:
+        stacked: set[_Column] = set()
+        new = reads_turned = 0
+        for g, members in enumerate(self.turned_in(turned)):
+            columns, turns, output = self.part(g, members)
+            for column in columns:
+                if _shared(column) or column in stacked:
+                    continue
+                stacked.add(column)
+                new += 1
+            reads_turned += turns
+            if output is not None:
+                stacked.add(output)
+        return new, reads_turned
 
 
 # Chain combinations ``_orient`` tries exhaustively (2 ** this many at most), and the
@@ -672,84 +683,60 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
     Only the groups' operands and results are looked at (their producers and readers,
     through ``graph``), so a visit costs in proportion to the groups, not the level.
     """
-    profile = costs.profile
     if prices is None:
-        prices = launch_prices(profile, None, 0.0)
+        prices = launch_prices(costs.profile, None, 0.0)
     ends = [prices] if isinstance(prices, LaunchPrices) else list(prices)
-    made_at = {eqns[i].outvars[0]: i for g in groups for i in g.members}
-    launching: dict[int, bool] = {}
-
-    def producer(atom: Any, reader: int) -> int | None:
-        """The equation making ``atom``, which equation ``reader`` reads (None: an input
-        of the level, or a literal)."""
-        for p in graph.preds[reader]:
-            if any(v is atom for v in eqns[p].outvars):
-                return p
-        return None
-
-    def readers(atom: Any, source: int) -> list[int]:
-        """The equations reading ``atom``, made by equation ``source``."""
-        return [r for r in graph.succs[source] if any(a is atom for a in eqns[r].invars)]
-
-    def launches_kernel(index: int) -> bool:
-        found = launching.get(index)
-        if found is None:
-            found = launching[index] = costs.launches(eqns[index])
-        return found
-
-    def replaces_producer(read: Any, reader: int) -> bool:
-        """Whether stacking ``read`` (an operand of equation ``reader``) takes the place
-        of its producer's kernel: elementwise work that nothing but the batched ops
-        reads."""
-        atom = _atom(read)
-        if _compat.is_literal(atom) or atom in level_outputs:
-            return False
-        source = producer(atom, reader)
-        if source is None:
-            return False
-        cost = costs.eqn_cost(eqns[source])
-        return (cost.kernels == 0 and cost.flops > 0
-                and all(r in batched for r in readers(atom, source)))
-
+    pricing = _Pricing(eqns, graph, costs, level_outputs, launches,
+                       {eqns[i].outvars[0]: i for g in groups for i in g.members})
     # Matmuls' elementwise tails returned apart (the program's outputs): see
     # ``_shared.private_tails_leave``. A convolution's tail stays a kernel of its own
     # either way (cuDNN takes no such epilogue), and a loop body's carries are not
     # returned apart.
-    tails_leave = private_tails_leave(
-        eqns, graph, {v: i for v, i in made_at.items()
+    pricing.tails_leave = private_tails_leave(
+        eqns, graph, {v: i for v, i in pricing.made_at.items()
                       if eqns[i].primitive.name == DOT_GENERAL},
-        launches_kernel, level_outputs) if program_outputs else set()
-    columns = {g: g.columns(eqns) for g in groups}
-    outputs = {g: g.outputs(eqns) for g in groups}
-    transposes = {g: sum(2.0 * _compat.aval_nbytes(eqns[i].outvars[0].aval)
-                         for i, s in zip(g.members, g.swapped, strict=True) if s)
-                  for g in groups}
-    def price_of(g: _Group, launch: float, beside: float, rounds: _Round) -> _Price:
-        """``g``'s price with a launch at ``launch`` (a member's at ``beside``), given
-        the groups accepted this round (``rounds``)."""
-        first_user, users, chained, produced, batched = rounds
-        new = [c for c in dict.fromkeys(columns[g]) if first_user.get(c) is g]
-        saved = (launches[g] - 1) * beside
-        cost = transposes[g] / profile.bandwidth
-        if new and not any(replaces_producer(a, i) for c in new
-                           for a, i in zip(c, g.members, strict=True)):
-            cost += launch
-        cost += sum(_stack_bytes(c) for c in new if users[c] == 1) / profile.bandwidth
-        read_chained = chained.get(outputs[g], 0) if outputs[g] in produced else 0
-        sliced = sum(out in level_outputs or out in tails_leave or any(
-            launches_kernel(r) and not (read_chained and r in batched)
-            for r in readers(out, made_at[out]))
-            for out in (eqns[i].outvars[0] for i in g.members))
-        cost += sliced * launch
-        if read_chained:
-            saved += launch  # its readers would otherwise stack its results
-        if any(c in produced for c in columns[g] if not _shared(c)):
-            # Its producer's result would otherwise be sliced apart for it: a chained
-            # reader's worth, like its producer's, counts the link (crossed_pair's third
-            # matmuls, left alone without it, launched three kernels more per trip).
-            saved += launch
-        return _Price(saved, cost)
+        pricing.launches_kernel, level_outputs) if program_outputs else set()
+    columns = pricing.columns = {g: g.columns(eqns) for g in groups}
+    outputs = pricing.outputs = {g: g.outputs(eqns) for g in groups}
+    pricing.transposes = {g: sum(2.0 * _compat.aval_nbytes(eqns[i].outvars[0].aval)
+                                 for i, s in zip(g.members, g.swapped, strict=True) if s)
+                          for g in groups}
+    accepted, priced = _refuse_over_budget(eqns, groups, columns, allowance, loop_inputs)
+    batched: set[int] = set()
+    for _ in range(len(groups) + 1):
+        batched.clear()
+        batched.update(i for g in accepted for i in g.members)
+        produced = {outputs[g] for g in accepted if g.chainable(eqns)}
+        first_user, users, chained = _column_users(accepted, columns, produced)
+        pays: dict[_Group, bool] = {}
+        least: dict[_Group, float] = {}
+        for g in accepted:
+            for end in ends:
+                price = pricing.price_of(g, end.serial, end.beside,
+                                         (first_user, users, chained, produced, batched))
+                # Where the model cannot tell, leave the program alone: a group must win
+                # at least half a launch more than it costs (a siamese network's backward
+                # pass, priced +0.69 us, launched one kernel more once compiled).
+                slack = price.worth - end.serial / 2
+                if g not in least or slack < least[g]:
+                    priced[g], least[g] = price, slack
+                pays[g] = pays.get(g, True) and slack > 0
+        if all(pays.values()):
+            break
+        accepted = [g for g in accepted if pays[g]]
+    else:  # pragma: no cover - each round removes a group or stops
+        raise RuntimeError("jaxpar batch_matmuls: choosing groups did not settle; please "
+                           "report it with the program")
+    kept = set(accepted)
+    return accepted, [g for g in groups if g not in kept], priced
 
+
+def _refuse_over_budget(eqns: Sequence[JaxprEqn], groups: list[_Group],
+                        columns: dict[_Group, list[_Column]], allowance: float | None,
+                        loop_inputs: frozenset[Any]
+                        ) -> tuple[list[_Group], dict[_Group, _Price]]:
+    """``_choose``'s first step: the groups (in depth order) whose stacked copies fit
+    ``allowance`` and that read no loop input transposed, and the others' refusals."""
     priced: dict[_Group, _Price] = {}
     accepted = []  # in depth order
     for g in groups:
@@ -766,44 +753,106 @@ def _choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[_Group],
             accepted.append(g)
         else:
             priced[g] = _Price(0.0, 0.0, refusal)
-    batched: set[int] = set()
-    for _ in range(len(groups) + 1):
-        batched.clear()
-        batched.update(i for g in accepted for i in g.members)
-        produced = {outputs[g] for g in accepted if g.chainable(eqns)}
-        first_user: dict[_Column, _Group] = {}
-        users: dict[_Column, int] = {}
-        chained: dict[_Column, int] = {}
-        for g in accepted:
-            for column in dict.fromkeys(columns[g]):
-                if _shared(column):
-                    continue
-                if column in produced:
-                    chained[column] = chained.get(column, 0) + 1
-                    continue
-                first_user.setdefault(column, g)
-                users[column] = users.get(column, 0) + 1
-        pays: dict[_Group, bool] = {}
-        least: dict[_Group, float] = {}
-        for g in accepted:
-            for end in ends:
-                price = price_of(g, end.serial, end.beside,
-                                 (first_user, users, chained, produced, batched))
-                # Where the model cannot tell, leave the program alone: a group must win
-                # at least half a launch more than it costs (a siamese network's backward
-                # pass, priced +0.69 us, launched one kernel more once compiled).
-                slack = price.worth - end.serial / 2
-                if g not in least or slack < least[g]:
-                    priced[g], least[g] = price, slack
-                pays[g] = pays.get(g, True) and slack > 0
-        if all(pays.values()):
-            break
-        accepted = [g for g in accepted if pays[g]]
-    else:  # pragma: no cover - each round removes a group or stops
-        raise RuntimeError("jaxpar batch_matmuls: choosing groups did not settle; please "
-                           "report it with the program")
-    kept = set(accepted)
-    return accepted, [g for g in groups if g not in kept], priced
+    return accepted, priced
+
+
+def _column_users(accepted: list[_Group], columns: dict[_Group, list[_Column]],
+                  produced: set[Any]
+                  ) -> tuple[dict[_Column, _Group], dict[_Column, int], dict[_Column, int]]:
+    """Each unshared operand column's first user and user count among ``accepted``, and
+    how many of them read each stacked result of another group (``produced``)."""
+    first_user: dict[_Column, _Group] = {}
+    users: dict[_Column, int] = {}
+    chained: dict[_Column, int] = {}
+    for g in accepted:
+        for column in dict.fromkeys(columns[g]):
+            if _shared(column):
+                continue
+            if column in produced:
+                chained[column] = chained.get(column, 0) + 1
+                continue
+            first_user.setdefault(column, g)
+            users[column] = users.get(column, 0) + 1
+    return first_user, users, chained
+
+
+@dataclasses.dataclass(slots=True)
+class _Pricing:
+    """What ``_choose`` prices a group by: the level, the groups' operand columns,
+    results and transposes, and the kernels each equation launches (looked up once)."""
+
+    eqns: Sequence[JaxprEqn]
+    graph: Graph
+    costs: CostModel
+    level_outputs: set[Any] | frozenset[Any]
+    launches: dict[_Group, int]
+    made_at: dict[Any, int]
+    launching: dict[int, bool] = dataclasses.field(default_factory=dict)
+    tails_leave: set[Any] = dataclasses.field(default_factory=set)
+    columns: dict[_Group, list[_Column]] = dataclasses.field(default_factory=dict)
+    outputs: dict[_Group, _Column] = dataclasses.field(default_factory=dict)
+    transposes: dict[_Group, float] = dataclasses.field(default_factory=dict)
+
+    def producer(self, atom: Any, reader: int) -> int | None:
+        """The equation making ``atom``, which equation ``reader`` reads (None: an input
+        of the level, or a literal)."""
+        for p in self.graph.preds[reader]:
+            if any(v is atom for v in self.eqns[p].outvars):
+                return p
+        return None
+
+    def readers(self, atom: Any, source: int) -> list[int]:
+        """The equations reading ``atom``, made by equation ``source``."""
+        return [r for r in self.graph.succs[source]
+                if any(a is atom for a in self.eqns[r].invars)]
+
+    def launches_kernel(self, index: int) -> bool:
+        found = self.launching.get(index)
+        if found is None:
+            found = self.launching[index] = self.costs.launches(self.eqns[index])
+        return found
+
+    def replaces_producer(self, read: Any, reader: int, batched: set[int]) -> bool:
+        """Whether stacking ``read`` (an operand of equation ``reader``) takes the place
+        of its producer's kernel: elementwise work that nothing but the batched ops
+        (``batched``) reads."""
+        atom = _atom(read)
+        if _compat.is_literal(atom) or atom in self.level_outputs:
+            return False
+        source = self.producer(atom, reader)
+        if source is None:
+            return False
+        cost = self.costs.eqn_cost(self.eqns[source])
+        return (cost.kernels == 0 and cost.flops > 0
+                and all(r in batched for r in self.readers(atom, source)))
+
+    def price_of(self, g: _Group, launch: float, beside: float, rounds: _Round) -> _Price:
+        """``g``'s price with a launch at ``launch`` (a member's at ``beside``), given
+        the groups accepted this round (``rounds``)."""
+        first_user, users, chained, produced, batched = rounds
+        columns, outputs, eqns = self.columns, self.outputs, self.eqns
+        bandwidth = self.costs.profile.bandwidth
+        new = [c for c in dict.fromkeys(columns[g]) if first_user.get(c) is g]
+        saved = (self.launches[g] - 1) * beside
+        cost = self.transposes[g] / bandwidth
+        if new and not any(self.replaces_producer(a, i, batched) for c in new
+                           for a, i in zip(c, g.members, strict=True)):
+            cost += launch
+        cost += sum(_stack_bytes(c) for c in new if users[c] == 1) / bandwidth
+        read_chained = chained.get(outputs[g], 0) if outputs[g] in produced else 0
+        sliced = sum(out in self.level_outputs or out in self.tails_leave or any(
+            self.launches_kernel(r) and not (read_chained and r in batched)
+            for r in self.readers(out, self.made_at[out]))
+            for out in (eqns[i].outvars[0] for i in g.members))
+        cost += sliced * launch
+        if read_chained:
+            saved += launch  # its readers would otherwise stack its results
+        if any(c in produced for c in columns[g] if not _shared(c)):
+            # Its producer's result would otherwise be sliced apart for it: a chained
+            # reader's worth, like its producer's, counts the link (crossed_pair's third
+            # matmuls, left alone without it, launched three kernels more per trip).
+            saved += launch
+        return _Price(saved, cost)
 
 
 def _chained_columns(eqns: Sequence[JaxprEqn], accepted: list[_Group]) -> set[_Column]:
@@ -886,51 +935,66 @@ def _emitter(eqns: Sequence[JaxprEqn], unit: list[_Group], order: Sequence[int],
             for atom, given in zip(eqns[i].invars, invals[position[i]], strict=True):
                 if not _compat.is_literal(atom) and atom not in made_by:
                     env[atom] = given
-        stacked: dict[_Column, Any] = {}  # column of atoms -> their stacked value
-        results: dict[_Group, Any] = {}
-        sliced: dict[Any, Any] = {}
-
-        def value(atom: Atom) -> Any:
-            if isinstance(atom, _Transposed):
-                return lax.transpose(value(atom.atom), (1, 0))
-            if _compat.is_literal(atom):
-                return _compat.literal_value(atom)
-            if atom in env:
-                return env[atom]
-            if atom not in sliced:
-                group, m = made_by[atom]
-                eqn = eqns[group.members[m]]
-                with _compat.eqn_context(eqn):
-                    out = lax.index_in_dim(results[group], m, keepdims=False)
-                    if group.swapped[m]:
-                        out = lax.transpose(out, _swap_permutation(eqn))
-                sliced[atom] = out
-            return sliced[atom]
-
+        emission = _Emission(eqns, made_by, env)
         for g in unit:
-            template = templates[g]
-            operands: list[Any] = []
-            axes: list[int | None] = []
-            with _compat.eqn_context(eqns[g.members[-1]]):
-                for column in g.columns(eqns):
-                    if _shared(column) and not _compat.is_literal(column[0]):
-                        operands.append(value(column[0]))
-                        axes.append(None)
-                        continue
-                    if column not in stacked:
-                        stacked[column] = jnp.stack([jnp.asarray(value(a)) for a in column])
-                    operands.append(stacked[column])
-                    axes.append(0)
-
-                def one(*ops: Any, template: Any = template, params: Any = g.params) -> Any:
-                    return _compat.bind_eqn(template, ops, params)[0]
-
-                results[g] = jax.vmap(one, in_axes=tuple(axes))(*operands)
-            if g.chainable(eqns):
-                stacked[g.outputs(eqns)] = results[g]
-        return [[value(eqns[i].outvars[0]) if i in needed else None] for i in order]
+            emission.batch(g, templates[g])
+        return [[emission.value(eqns[i].outvars[0]) if i in needed else None] for i in order]
 
     return emit
+
+
+@dataclasses.dataclass(slots=True)
+class _Emission:
+    """One trace of ``_emitter``'s function: the level's values given (``env``), the
+    stacked columns, each group's batched result and the member results sliced out."""
+
+    eqns: Sequence[JaxprEqn]
+    made_by: dict[Any, tuple[_Group, int]]
+    env: dict[Any, Any]
+    stacked: dict[_Column, Any] = dataclasses.field(default_factory=dict)  # atoms -> stack
+    results: dict[_Group, Any] = dataclasses.field(default_factory=dict)
+    sliced: dict[Any, Any] = dataclasses.field(default_factory=dict)
+
+    def value(self, atom: Atom) -> Any:
+        if isinstance(atom, _Transposed):
+            return lax.transpose(self.value(atom.atom), (1, 0))
+        if _compat.is_literal(atom):
+            return _compat.literal_value(atom)
+        if atom in self.env:
+            return self.env[atom]
+        if atom not in self.sliced:
+            group, m = self.made_by[atom]
+            eqn = self.eqns[group.members[m]]
+            with _compat.eqn_context(eqn):
+                out = lax.index_in_dim(self.results[group], m, keepdims=False)
+                if group.swapped[m]:
+                    out = lax.transpose(out, _swap_permutation(eqn))
+            self.sliced[atom] = out
+        return self.sliced[atom]
+
+    def batch(self, g: _Group, template: JaxprEqn) -> None:
+        """Bind group ``g`` as one op over its stacked operands (``template`` is its
+        first member)."""
+        eqns, stacked = self.eqns, self.stacked
+        operands: list[Any] = []
+        axes: list[int | None] = []
+        with _compat.eqn_context(eqns[g.members[-1]]):
+            for column in g.columns(eqns):
+                if _shared(column) and not _compat.is_literal(column[0]):
+                    operands.append(self.value(column[0]))
+                    axes.append(None)
+                    continue
+                if column not in stacked:
+                    stacked[column] = jnp.stack([jnp.asarray(self.value(a)) for a in column])
+                operands.append(stacked[column])
+                axes.append(0)
+
+            def one(*ops: Any, template: Any = template, params: Any = g.params) -> Any:
+                return _compat.bind_eqn(template, ops, params)[0]
+
+            self.results[g] = jax.vmap(one, in_axes=tuple(axes))(*operands)
+        if g.chainable(eqns):
+            stacked[g.outputs(eqns)] = self.results[g]
 
 
 # --------------------------------------------------------------------------- reports
