@@ -270,3 +270,14 @@ def test_short_sums_stay_adds_xla_fuses_with_their_readers():
     assert _count(bounded, "reduce_sum") == 0
     unbounded, _ = run_passes(closed, ["batch_branches", "batch_matmuls"], target="gpu")
     np.testing.assert_array_equal(_run(bounded), _run(unbounded))
+
+
+def test_reduced_sums_pass_jaxs_checker(monkeypatch):
+    # JAXPAR_CHECKS=1: every level a pass rebuilds goes through JAX's jaxpr checker.
+    from jaxpar.passes._walk import CHECKS_VARIABLE
+
+    monkeypatch.setenv(CHECKS_VARIABLE, "1")
+    for fn in (_summed, _maxed):
+        rewritten, decisions = bound_fusions(jax.make_jaxpr(fn)(*_args()))
+        assert rewritten.jaxpr.eqns and decisions
+    jax.extend.core.check_jaxpr(rewritten.jaxpr)
