@@ -36,7 +36,7 @@ def make_args(n=100, steps=1000, seed=0):
 
 def story(steps=1000):
     """For ``python -m jaxpar demo``: (title, function, arguments)."""
-    return "seed 002: two scans with different bodies", two_scans, make_args(steps=steps)
+    return "two scans with different bodies", two_scans, make_args(steps=steps)
 
 
 def main():
