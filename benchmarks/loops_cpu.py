@@ -84,16 +84,16 @@ def ensemble_args(width: int, batch: int, members: int = 4) -> tuple[Any, jax.Ar
     return params, jax.random.normal(next(keys), (batch, width))
 
 
-OFF = {"fuse": False, "batch": False, "unroll": None, "batch_branches": False,
+OFF = {"fuse_scans": False, "batch_scans": False, "unroll": None, "batch_branches": False,
        "target": "cpu"}
 VARIANTS: dict[str, dict[str, Any]] = {
-    "fuse": {**OFF, "fuse": True},
-    "batch": {**OFF, "batch": True},
+    "fuse": {**OFF, "fuse_scans": True},
+    "batch": {**OFF, "batch_scans": True},
     "unroll=cost": {**OFF, "unroll": "cost"},
     "unroll=4": {**OFF, "unroll": 4},
     "batch_branches": {**OFF, "batch_branches": True, "target": "gpu"},
-    "gpu defaults": {"fuse": True, "batch": True, "unroll": "auto", "batch_branches": True,
-                     "target": "gpu"},
+    "gpu defaults": {"fuse_scans": True, "batch_scans": True, "unroll": "auto",
+                     "batch_branches": True, "target": "gpu"},
 }
 
 

@@ -309,7 +309,7 @@ class Settings:
 
     def pass_switches(self) -> dict[str, Any]:
         """The keyword arguments of ``passes.apply_passes`` (its public names)."""
-        return {"fuse": self.fuse_scans, "batch": self.batch_scans,
+        return {"fuse_scans": self.fuse_scans, "batch_scans": self.batch_scans,
                 "batch_branches": self.batch_branches, "batch_matmuls": self.batch_matmuls,
                 "unroll": self.unroll,
                 "share_common": self.share_common}
@@ -378,7 +378,7 @@ def pass_defaults(target: str) -> dict[str, Any]:
         target: ``"gpu"``, ``"cpu"`` or ``"tpu"``.
 
     Returns:
-        ``{"fuse": bool, "batch": bool, "batch_branches": bool, "batch_matmuls": bool,
+        ``{"fuse_scans": bool, "batch_scans": bool, "batch_branches": bool, "batch_matmuls": bool,
         "unroll": "cost" | int | None, "share_common": bool}``, ready to pass to
         ``apply_passes(closed, **pass_defaults(target), target=target)``.
 

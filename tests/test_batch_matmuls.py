@@ -45,7 +45,7 @@ GRAD_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def _loop_passes(matmuls: bool) -> Callable[[Any], Any]:
-    return partial(apply_passes, fuse=True, batch=True, unroll=None, target="gpu",
+    return partial(apply_passes, fuse_scans=True, batch_scans=True, unroll=None, target="gpu",
                    batch_branches=True, batch_matmuls=matmuls)
 
 

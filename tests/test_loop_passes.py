@@ -44,7 +44,7 @@ from jaxpar.passes import (
 )
 from jaxpar.passes._shared import MAX_UNROLLED_EQNS
 
-ALL_ON = {"fuse": True, "batch": True, "unroll": None, "target": "gpu"}
+ALL_ON = {"fuse_scans": True, "batch_scans": True, "unroll": None, "target": "gpu"}
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -489,9 +489,9 @@ def test_unroll_none_leaves_scans_alone() -> None:
 def test_unroll_rejects_bad_values() -> None:
     closed = jax.make_jaxpr(tiny)(jnp.ones((4,)), jnp.ones((10, 4)))
     with pytest.raises(ValueError, match="unroll"):
-        apply_passes(closed, fuse=False, batch=False, unroll=0, target="gpu")
+        apply_passes(closed, fuse_scans=False, batch_scans=False, unroll=0, target="gpu")
     with pytest.raises(ValueError, match="target"):
-        apply_passes(closed, fuse=False, batch=False, unroll=None, target="abacus")
+        apply_passes(closed, fuse_scans=False, batch_scans=False, unroll=None, target="abacus")
 
 
 # --- static loops ----------------------------------------------------------------------------
@@ -656,11 +656,11 @@ def test_untrusted_counting_loops_end_to_end(program: Callable[..., Any]) -> Non
 
 
 def test_pass_defaults() -> None:
-    assert pass_defaults("gpu") == {"fuse": True, "batch": True, "batch_branches": True,
+    assert pass_defaults("gpu") == {"fuse_scans": True, "batch_scans": True, "batch_branches": True,
                                     "batch_matmuls": True, "unroll": "cost",
                                     "share_common": True}
     for target in ("cpu", "tpu"):
-        assert pass_defaults(target) == {"fuse": False, "batch": False,
+        assert pass_defaults(target) == {"fuse_scans": False, "batch_scans": False,
                                          "batch_branches": False, "batch_matmuls": False,
                                          "unroll": None, "share_common": False}
     with pytest.raises(ValueError):
@@ -671,13 +671,13 @@ def test_pass_defaults() -> None:
 @pytest.mark.parametrize("unroll", [None, "auto", 3])
 def test_idempotent(program: Callable[..., Any], unroll: Any) -> None:
     # check_pass applies the passes to their output again: the same object comes back.
-    check(loop_passes(fuse=True, batch=True, unroll=unroll, target="gpu"), program,
+    check(loop_passes(fuse_scans=True, batch_scans=True, unroll=unroll, target="gpu"), program,
           *seed_args(n=8, steps=9, steps2=9), values=False, grads=False)
 
 
 def test_input_is_not_mutated() -> None:
     # check_pass compares the input's text before and after the passes.
-    result = check(loop_passes(fuse=True, batch=True, unroll="auto", target="gpu"),
+    result = check(loop_passes(fuse_scans=True, batch_scans=True, unroll="auto", target="gpu"),
                    seed_different, *seed_args(n=8, steps=9), values=False, grads=False)
     assert result.new is not result.closed
 

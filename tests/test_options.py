@@ -92,7 +92,7 @@ def test_settings_are_hashable_and_frozen():
 
 
 def test_pass_defaults_come_from_the_options():
-    assert pass_defaults("gpu")["fuse"] is TARGET_DEFAULTS["gpu"]["fuse_scans"]
+    assert pass_defaults("gpu")["fuse_scans"] is TARGET_DEFAULTS["gpu"]["fuse_scans"]
     assert pass_defaults("cpu")["unroll"] is None
     assert pass_defaults("gpu")["unroll"] == "cost"  # one spelling of "by cost" everywhere
 
@@ -114,8 +114,8 @@ def test_auto_means_the_targets_default_at_every_level():
     assert by_cost_cpu > 1
     assert unroll_of(jaxpar.passes.unroll_scans(closed, unroll="auto", target="gpu")[0]) == \
         unroll_of(jaxpar.passes.unroll_scans(closed, unroll="cost", target="gpu")[0]) > 1
-    loop_passes = functools.partial(jaxpar.passes.apply_passes, closed, fuse=False,
-                                    batch=False, unroll="auto")
+    loop_passes = functools.partial(jaxpar.passes.apply_passes, closed, fuse_scans=False,
+                                    batch_scans=False, unroll="auto")
     assert loop_passes(target="cpu")[0] is closed
     assert unroll_of(loop_passes(target="gpu")[0]) == \
         unroll_of(jaxpar.passes.unroll_scans(closed)[0])

@@ -230,8 +230,9 @@ def test_random_bits_in_scan_bodies_follow_the_key_type() -> None:
               kinds=[DecisionKind.BATCHED] if batched else [DecisionKind.LEFT_ALONE])
         # With fusion on, the scans left unbatched are fused instead.
         if not batched:
-            check(partial(apply_passes, fuse=True, batch=True, unroll=None, target="gpu"),
-                  f, args, jit=True, kinds=[DecisionKind.FUSED, DecisionKind.LEFT_ALONE])
+            check(partial(apply_passes, fuse_scans=True, batch_scans=True, unroll=None,
+                          target="gpu"), f, args, jit=True,
+                  kinds=[DecisionKind.FUSED, DecisionKind.LEFT_ALONE])
 
 
 def test_pure_callbacks_are_never_batched() -> None:

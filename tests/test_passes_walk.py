@@ -174,6 +174,7 @@ def test_the_passes_pass_the_checks_on_random_programs(program: Program) -> None
     closed = jax.make_jaxpr(program.fn)(*program.args)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CHECKS_VARIABLE, "1")
-        new, _ = apply_passes(closed, fuse=True, batch=True, unroll="cost", target="gpu",
-                              batch_branches=True, batch_matmuls=True, share_common=True)
+        new, _ = apply_passes(closed, fuse_scans=True, batch_scans=True, unroll="cost",
+                              target="gpu", batch_branches=True, batch_matmuls=True,
+                              share_common=True)
     assert_well_formed(new)

@@ -195,7 +195,7 @@ def _settings(target: str, **switches: Any) -> Settings:
     return Settings(target=check_target(target, concrete=True), **switches)
 
 
-def apply_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, unroll: Any,
+def apply_passes(closed_jaxpr: ClosedJaxpr, *, fuse_scans: bool, batch_scans: bool, unroll: Any,
                  target: str, batch_branches: bool = False, batch_matmuls: bool = False,
                  share_common: bool = False) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Runs the passes these switches turn on, in table order, at every nesting level.
@@ -206,8 +206,8 @@ def apply_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, unroll: 
 
     Args:
         closed_jaxpr: the program, as from ``jax.make_jaxpr``; never mutated.
-        fuse: fuse independent scans into one.
-        batch: batch independent scans with identical bodies into one vmapped scan.
+        fuse_scans: fuse independent scans into one.
+        batch_scans: batch independent scans with identical bodies into one vmapped scan.
         unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs, None elsewhere),
             ``"cost"`` (a factor per scan from the cost model), a positive int, or None
             (leave unroll factors alone), as in ``parallel_branches``.
@@ -228,12 +228,12 @@ def apply_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, unroll: 
 
     Example::
 
-        new, decisions = apply_passes(jax.make_jaxpr(f)(x), fuse=True, batch=True,
-                                      unroll="auto", target="gpu")
+        new, decisions = apply_passes(jax.make_jaxpr(f)(x), fuse_scans=True,
+                                      batch_scans=True, unroll="auto", target="gpu")
         new, decisions = apply_passes(jax.make_jaxpr(f)(x), **pass_defaults("gpu"),
                                       target="gpu")
     """
-    settings = _settings(target, fuse_scans=fuse, batch_scans=batch,
+    settings = _settings(target, fuse_scans=fuse_scans, batch_scans=batch_scans,
                          batch_branches=batch_branches, batch_matmuls=batch_matmuls,
                          unroll=unroll_setting(unroll, check_target(target, concrete=True)),
                          share_common=share_common)
@@ -379,22 +379,35 @@ def inline_twin_calls(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecisi
                     settings=_settings("gpu", batch_branches=True))
 
 
-# The names from before the passes outgrew loops: old name -> its replacement here. Each
-# still works for one release and warns when read (``from jaxpar.passes import LoopPass``
-# too); none is in ``__all__``.
-_DEPRECATED = {
-    "LoopPass": "Pass",
-    "LoopDecision": "PassDecision",
-    "apply_loop_passes": "apply_passes",
-    "loop_defaults": "pass_defaults",
-    "share_common_subexpressions": "share_common",
+def _apply_loop_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, **switches: Any
+                       ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+    """``apply_passes`` with its old keywords ``fuse`` and ``batch``."""
+    return apply_passes(closed_jaxpr, fuse_scans=fuse, batch_scans=batch, **switches)
+
+
+def _loop_defaults(target: str) -> dict[str, Any]:
+    """``pass_defaults`` with its old keys ``fuse`` and ``batch``."""
+    switches = pass_defaults(target)
+    return {"fuse": switches.pop("fuse_scans"), "batch": switches.pop("batch_scans"),
+            **switches}
+
+
+# The names from before the passes outgrew loops: old name -> (its replacement here,
+# what the old name gives). Each still works for one release and warns when read
+# (``from jaxpar.passes import LoopPass`` too); none is in ``__all__``.
+_DEPRECATED: dict[str, tuple[str, Any]] = {
+    "LoopPass": ("Pass", Pass),
+    "LoopDecision": ("PassDecision", PassDecision),
+    "apply_loop_passes": ("apply_passes", _apply_loop_passes),
+    "loop_defaults": ("pass_defaults", _loop_defaults),
+    "share_common_subexpressions": ("share_common", share_common),
 }
 
 
 def __getattr__(name: str) -> Any:
-    new = _DEPRECATED.get(name)
-    if new is None:
+    if name not in _DEPRECATED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    new, value = _DEPRECATED[name]
     warnings.warn(f"jaxpar.passes.{name} is deprecated and goes in the next release; use "
                   f"jaxpar.passes.{new}", DeprecationWarning, stacklevel=2)
-    return globals()[new]
+    return value
