@@ -126,8 +126,13 @@ class ParallelBranches:
 
     @property
     def analyses(self) -> int:
-        """How many times a signature was planned (for tests and tooling)."""
+        """How many times a signature was planned (for tests and tooling; settable, as
+        the plain attribute it was)."""
         return self._state.analyses
+
+    @analyses.setter
+    def analyses(self, count: int) -> None:
+        self._state.analyses = count
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:

@@ -12,7 +12,7 @@ emits the signature's plan (``_pipeline.Prepared``).
 
 Example::
 
-    state = CallState(owner, fun, options, StaticArgs(), planned_for, None)
+    state = CallState(fun, options, StaticArgs(), planned_for, None)
     out = split_call(state, fun, args, kwargs, False)
 
 Sharp edges:

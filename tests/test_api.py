@@ -240,6 +240,12 @@ def test_cache_same_signature_does_not_reanalyse():
     g(a + 1.0, b * 2.0)  # new values, same signature
     g(np.asarray(a), np.asarray(b))  # numpy arrays of the same shape and dtype
     assert g.analyses == 1
+    g.analyses = 0  # a counter tools may reset, as when it was a plain attribute
+    g(a, b)
+    assert g.analyses == 0
+    g.clear_cache()
+    g(a, b)
+    assert g.analyses == 1
 
 
 def test_cache_new_shape_dtype_structure_replans():

@@ -231,6 +231,9 @@ def test_inspect_reports_what_it_did(body, kind):
     plan = jaxpar.inspect(body, target="gpu")(*_args())
     assert any(d.kind == kind for d in plan.decisions)
     assert str(kind) in plan.text(verbose=True)
+    if kind == DecisionKind.SUMS_REDUCED:  # its members are the runs it reduced
+        line = next(x for x in plan.text(verbose=True).splitlines() if str(kind) in x)
+        assert "(runs: 1) " in line and "; 3) " in line and "members:" not in line
 
 
 @needs_plugin

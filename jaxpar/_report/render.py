@@ -35,7 +35,7 @@ import math
 import re
 from typing import Any
 
-from ..passes import UNCHANGED_KINDS, PassDecision
+from ..passes import UNCHANGED_KINDS, DecisionKind, PassDecision
 from .timeline import LevelTimeline, lay_out, plan_estimate
 from .types import PlanRecord, Step, loop_decisions, subgraph_decisions
 
@@ -157,6 +157,12 @@ def _places_of(d: PassDecision) -> str:
     return place_list(d.places) if d.places else short_places(d.sources)
 
 
+def _parts(d: PassDecision) -> str:
+    """What a decision's ``members`` are: the members it joins, or the runs of a sum it
+    reduced (``sums reduced``)."""
+    return "runs" if d.kind == DecisionKind.SUMS_REDUCED else "members"
+
+
 def decision_text(d: PassDecision) -> str:
     """One report line: kind, place, primitives, trips and unroll when known, reason, sources
     (member by member, with equation indices, where the decision joins members)."""
@@ -166,7 +172,7 @@ def decision_text(d: PassDecision) -> str:
     unroll = f", unroll {d.unroll}" if d.unroll is not None else ""
     depth = f", launch depth {d.depth}" if d.depth is not None else ""
     if d.members:
-        where = "members: " + "; ".join(
+        where = f"{_parts(d)}: " + "; ".join(
             f"{m}) " + ", ".join(_member_op(d, i) for i in member)
             for m, member in enumerate(d.members, start=1))
     else:
@@ -423,7 +429,7 @@ def plan_to_svg(plan: PlanRecord) -> str:
     parts += legend
     decisions = [
         f"{d.kind}: {', '.join(d.primitives)}"
-        + (f", {len(d.members)} members" if d.members else "")
+        + (f", {len(d.members)} {_parts(d)}" if d.members else "")
         + (f", launch depth {d.depth}" if d.depth is not None else "")
         + (f", trips {d.trips_before} → {d.trips_after}"
            if d.trips_before is not None or d.trips_after is not None else "")
