@@ -84,3 +84,41 @@ def test_pipeline_values_and_grads():
     assert_matches(jax.grad(g)(s), jax.grad(lambda s: sum(jnp.sum(o) for o in
                                                            slogdet_and_inv(s)))(s),
                    tolerance={"rtol": 1e-4, "atol": 1e-5})
+
+
+def _chain(x, links=70):
+    for _ in range(links):
+        x = jnp.sin(x) * 1.01
+    return x
+
+
+def test_a_chain_computed_twice_is_shared_in_one_sweep():
+    # Longer than the walker's rounds: shared one link per round, it never settled.
+    def twice(x):
+        return _chain(x) + _chain(x)
+
+    check_pass(share_common, twice, jnp.linspace(0.0, 1.0, 8), exact=True, grads=True,
+               counts={"sin": 70, "mul": 70})
+    for target in ("gpu", "cpu"):
+        x = jnp.linspace(0.0, 1.0, 8)
+        np.testing.assert_array_equal(jaxpar.parallel_branches(twice, target=target)(x),
+                                      jax.jit(twice)(x))
+
+
+def test_readers_of_twins_kept_apart_stay_apart():
+    # Two calls of one jitted function holding a custom_vjp are equal but not merged (its
+    # backward rule would see their cotangents summed), so the sins reading them read
+    # different values and stay two; the cos twins beside them are merged.
+    @jax.custom_vjp
+    def clipped(x):
+        return jnp.tanh(x)
+
+    clipped.defvjp(lambda x: (jnp.tanh(x), x), lambda x, ct: (jnp.clip(ct, -1.0, 1.0),))
+    inner = jax.jit(lambda x: clipped(x) * 2.0)
+
+    def f(x):
+        return jnp.sin(inner(x)) + jnp.sin(inner(x)), jnp.cos(x) * jnp.cos(x)
+
+    result = check_pass(share_common, f, jnp.ones(4), exact=True, grads=True,
+                        counts={"jit": 2, "sin": 2, "cos": 1})
+    assert [d.kind for d in result.decisions] == ["left alone"]

@@ -29,9 +29,8 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, cast
 
 from .. import _compat
 from .._analysis import Analysis
@@ -117,30 +116,15 @@ def _share_level(level: Level, keys: StructuralKeys,
                 tuple([None if isinstance(a, literal) else id(a) for a in eqn.invars]))
             made.append((eqn, cheap))
     eqn_buckets.set_all(made)
-    buckets: dict[Hashable, list[int]] = {}
-    counts = Counter(cheap_keys)
-    if len(counts) < len(cheap_keys):  # some bucket holds two or more
-        for index, cheap in enumerate(cheap_keys):
-            if counts[cheap] > 1:
-                buckets.setdefault(cheap, []).append(index)
-    classes: dict[Hashable, list[int]] = {}
-    aval_text: dict[Any, str] = {}
+    if len(set(cheap_keys)) == len(cheap_keys):  # no two alike (most levels)
+        return [], []
     # An equation's key is a function of the equation alone (it names its operands by
     # identity): kept across rounds, a rebuilt level keys only the equations it made.
     eqn_keys = IdentityMemo() if eqn_keys is None else eqn_keys
-    for bucket in buckets.values():
-        for index in bucket:
-            eqn = eqns[index]
-            if eqn in eqn_keys:
-                key = eqn_keys.get(eqn)
-            else:
-                key = _eqn_key(eqn, keys, aval_text)
-                eqn_keys.set(eqn, key)
-            if key is not None:
-                classes.setdefault(key, []).append(index)
+    classes = _classes(eqns, cheap_keys, _Keys(keys, eqn_keys), merges)
     rewrites: list[Rewrite] = []
     decisions: list[PassDecision] = []
-    # In order of each class's first equation, as a single keyed sweep would give.
+    # In order of each class's first equation, as a single keyed sweep gives them.
     for members in sorted(classes.values(), key=lambda m: m[0]):
         if len(members) < 2:
             continue
@@ -161,3 +145,68 @@ def _share_level(level: Level, keys: StructuralKeys,
 
         rewrites.append(Rewrite(tuple(members), emit))
     return rewrites, decisions
+
+
+class _Keys:
+    """Equations' keys for one level, memoised per equation (``_eqn_key``)."""
+
+    def __init__(self, keys: StructuralKeys, memo: IdentityMemo[JaxprEqn, Hashable | None]):
+        self.keys, self.memo = keys, memo
+        self.aval_text: dict[Any, str] = {}
+
+    def of(self, eqn: JaxprEqn) -> Hashable | None:
+        if eqn in self.memo:
+            return self.memo.get(eqn)
+        key = _eqn_key(eqn, self.keys, self.aval_text)
+        self.memo.set(eqn, key)
+        return key
+
+
+def _classes(eqns: Sequence[JaxprEqn], cheap_keys: Sequence[Hashable], keys: _Keys,
+             merges: MergeMemo) -> dict[Hashable, list[int]]:
+    """The classes of equal equations, found in one sweep in program order (value
+    numbering): an equation reading what a merged twin computes reads, once merged, what
+    the class's first member computes, so a chain computed twice is one class per link,
+    not one link per round. Twins a merge refusal keeps apart stay apart for their
+    readers too."""
+    canon: dict[int, int] = {}  # id of a merged twin's result -> id of the first's
+    first_of: dict[Hashable, int] = {}  # canonical cheap key -> its first equation
+    classes: dict[Hashable, list[int]] = {}
+    for index, eqn in enumerate(eqns):
+        cheap = cheap_keys[index]
+        if canon:
+            cheap = _canonical_cheap(cheap, canon)
+        other = first_of.setdefault(cheap, index)
+        if other == index:
+            continue
+        key = keys.of(eqn)
+        if key is None:
+            continue
+        key = _canonical_key(key, canon) if canon else key
+        members = classes.get(key)
+        if members is None:
+            first_key = keys.of(eqns[other])
+            if first_key is None or (
+                    _canonical_key(first_key, canon) if canon else first_key) != key:
+                classes[key] = [index]  # alike operands, not equal (another parameter)
+                continue
+            members = classes[key] = [other]
+        members.append(index)
+        if merge_refusal(eqns[members[0]], merges) is None:
+            for mine, theirs in zip(eqn.outvars, eqns[members[0]].outvars, strict=True):
+                canon[id(mine)] = id(theirs)
+    return classes
+
+
+def _canonical_cheap(cheap: Hashable, canon: dict[int, int]) -> Hashable:
+    """A bucket key (primitive, results, operand ids) reading merged twins' results as
+    their first's."""
+    primitive, outs, operands = cast(tuple[Any, int, tuple[Any, ...]], cheap)
+    return primitive, outs, tuple([canon.get(a, a) for a in operands])
+
+
+def _canonical_key(key: Hashable, canon: dict[int, int]) -> Hashable:
+    """An ``_eqn_key`` reading merged twins' results as their first's."""
+    equation, operands, outs = cast(tuple[Any, tuple[tuple[Any, ...], ...], Any], key)
+    return equation, tuple([("var", canon.get(a[1], a[1])) if a[0] == "var" else a
+                            for a in operands]), outs
