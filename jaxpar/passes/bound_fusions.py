@@ -49,6 +49,9 @@ Sharp edges:
     least ``MAX_FUSED_SLICES`` members' results out.
   * Barriers split XLA fusions, so a chain they cut launches a few more kernels than
     the batching pass priced (one per ``MAX_FUSED_SLICES`` slices).
+  * A reduced float sum differs from the chain beyond rounding only where the order
+    shows: the reduction starts from +0.0, so members that are all -0.0 sum to +0.0
+    (the chain: -0.0), and partial sums overflow to inf (or not) at other places.
 """
 
 from __future__ import annotations
