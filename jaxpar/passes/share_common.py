@@ -169,44 +169,42 @@ def _classes(eqns: Sequence[JaxprEqn], cheap_keys: Sequence[Hashable], keys: _Ke
     the class's first member computes, so a chain computed twice is one class per link,
     not one link per round. Twins a merge refusal keeps apart stay apart for their
     readers too."""
-    canon: dict[int, int] = {}  # id of a merged twin's result -> id of the first's
-    first_of: dict[Hashable, int] = {}  # canonical cheap key -> its first equation
+    canon: dict[Any, Any] = {}  # a merged twin's result -> the first member's
+    first_of: dict[Hashable, int] = {}  # canonical bucket key -> its first equation
     classes: dict[Hashable, list[int]] = {}
     for index, eqn in enumerate(eqns):
-        cheap = cheap_keys[index]
-        if canon:
-            cheap = _canonical_cheap(cheap, canon)
+        cheap = _canonical_cheap(eqn, canon) if canon else cheap_keys[index]
         other = first_of.setdefault(cheap, index)
         if other == index:
             continue
-        key = keys.of(eqn)
+        key = _canonical_key(keys.of(eqn), eqn, canon)
         if key is None:
             continue
-        key = _canonical_key(key, canon) if canon else key
         members = classes.get(key)
         if members is None:
-            first_key = keys.of(eqns[other])
-            if first_key is None or (
-                    _canonical_key(first_key, canon) if canon else first_key) != key:
+            if _canonical_key(keys.of(eqns[other]), eqns[other], canon) != key:
                 classes[key] = [index]  # alike operands, not equal (another parameter)
                 continue
             members = classes[key] = [other]
         members.append(index)
         if merge_refusal(eqns[members[0]], merges) is None:
-            for mine, theirs in zip(eqn.outvars, eqns[members[0]].outvars, strict=True):
-                canon[id(mine)] = id(theirs)
+            canon.update(zip(eqn.outvars, eqns[members[0]].outvars, strict=True))
     return classes
 
 
-def _canonical_cheap(cheap: Hashable, canon: dict[int, int]) -> Hashable:
-    """A bucket key (primitive, results, operand ids) reading merged twins' results as
-    their first's."""
-    primitive, outs, operands = cast(tuple[Any, int, tuple[Any, ...]], cheap)
-    return primitive, outs, tuple([canon.get(a, a) for a in operands])
+def _canonical_cheap(eqn: JaxprEqn, canon: dict[Any, Any]) -> Hashable:
+    """``eqn``'s bucket key (primitive, results, operand ids), reading merged twins'
+    results as their first member's."""
+    return (eqn.primitive, len(eqn.outvars),
+            tuple([None if _compat.is_literal(a) else id(canon.get(a, a))
+                   for a in eqn.invars]))
 
 
-def _canonical_key(key: Hashable, canon: dict[int, int]) -> Hashable:
-    """An ``_eqn_key`` reading merged twins' results as their first's."""
+def _canonical_key(key: Hashable | None, eqn: JaxprEqn, canon: dict[Any, Any]
+                   ) -> Hashable | None:
+    """``eqn``'s ``_eqn_key``, reading merged twins' results as their first member's."""
+    if key is None or not canon:
+        return key
     equation, operands, outs = cast(tuple[Any, tuple[tuple[Any, ...], ...], Any], key)
-    return equation, tuple([("var", canon.get(a[1], a[1])) if a[0] == "var" else a
-                            for a in operands]), outs
+    return equation, tuple([op if op[0] != "var" else ("var", id(canon.get(a, a)))
+                            for op, a in zip(operands, eqn.invars, strict=True)]), outs
