@@ -16,7 +16,8 @@ run is replaced by ``acc + reduce_sum(stacked[lo:hi], 0)``, one kernel that read
 stacked array once and no slice at all. That is the sum in another order (integers:
 the same value; floats: a reordered sum's rounding), and XLA compiles it as fast as
 the unbatched sum. Other dtypes (half precision, whose reductions XLA accumulates in
-float32) and other targets keep the chain and get barriers.
+float32), weak-typed sums (of Python scalars) and other targets keep the chain and get
+barriers.
 
 Then this pass follows elementwise chains (``_primitives.ELEMENTWISE``, and the layout
 ops XLA fuses with them, ``LAYOUT_ONLY``) from the slices jaxpar made, counting how
