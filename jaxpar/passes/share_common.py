@@ -170,10 +170,15 @@ def _classes(eqns: Sequence[JaxprEqn], cheap_keys: Sequence[Hashable], keys: _Ke
     not one link per round. Twins a merge refusal keeps apart stay apart for their
     readers too."""
     canon: dict[Any, Any] = {}  # a merged twin's result -> the first member's
+    # The ids of those twins' results (alive in ``eqns`` for the sweep): an equation
+    # whose bucket key names none of them keeps its memoised key as it is.
+    merged: set[int] = set()
     first_of: dict[Hashable, int] = {}  # canonical bucket key -> its first equation
     classes: dict[Hashable, list[int]] = {}
     for index, eqn in enumerate(eqns):
-        cheap = _canonical_cheap(eqn, canon) if canon else cheap_keys[index]
+        cheap = cheap_keys[index]
+        if merged and not merged.isdisjoint(cast(tuple[Any, int, tuple[Any, ...]], cheap)[2]):
+            cheap = _canonical_cheap(eqn, canon)
         other = first_of.setdefault(cheap, index)
         if other == index:
             continue
@@ -189,6 +194,7 @@ def _classes(eqns: Sequence[JaxprEqn], cheap_keys: Sequence[Hashable], keys: _Ke
         members.append(index)
         if merge_refusal(eqns[members[0]], merges) is None:
             canon.update(zip(eqn.outvars, eqns[members[0]].outvars, strict=True))
+            merged.update(map(id, eqn.outvars))
     return classes
 
 
