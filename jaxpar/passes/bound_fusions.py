@@ -190,8 +190,8 @@ def _summed_runs(eqns: Sequence[JaxprEqn], outvars: Sequence[Any],
             members[eqn.outvars[0]] = (eqns[at].invars[0], row, at, index)
         elif name == ADD and _reducible(eqn):
             _extend(runs, eqn, index, members, readers)
-    found = [r for r in {id(r): r for r in runs.values()}.values()
-             if len(r.members) >= MIN_REDUCED_MEMBERS]
+    # Each run is held once, under its last add's result (``_extend`` moves it on).
+    found = [r for r in runs.values() if len(r.members) >= MIN_REDUCED_MEMBERS]
     return [r for r in found if _consecutive(r)]
 
 
