@@ -50,7 +50,7 @@ import jax
 
 from . import _pipeline
 from ._analysis import jaxpr_has_placement
-from ._compat.jit import donated_arguments
+from ._compat import donated_arguments
 from ._dispatch import (
     CallState,
     CallTuner,

@@ -42,14 +42,16 @@ from typing import Any
 import jax
 
 from .. import _compat
-from .._compat.jit import Miss, RoutedJit, routed_jit
+from .._compat import Miss, RoutedJit, routed_jit
 from .._flags import environment_reader
-from .._frameworks import holds_nnx_object, nnx_arguments
+from .._frameworks import holds_nnx_object, is_nnx_object
 from .._gpu_model import PROFILE_DIR_VARIABLE, local_gpu_kind, local_profile_stamp
 from .._options import DISABLE_VARIABLE, Settings, disabled_by_environment
 from .._trace import (
     Layout,
     Signature,
+    StateKeyed,
+    StaticArg,
     abstract,
     function_name,
     packed_outputs,
@@ -92,13 +94,20 @@ class FastPath:
     ran in them (they no longer move to other options). Their functions hold the call
     state weakly, and never this object."""
 
-    __slots__ = ("accepted", "flat_jits", "mode", "options", "routed")
+    __slots__ = ("accepted", "flat_jits", "mode", "nnx_jitted", "options", "routed", "splits",
+                 "static_at")
 
     def __init__(self, state: CallState, mode: Mode, options: Options = ()):
         self.mode = mode
         self.options = options
         self.accepted = False
         self.flat_jits: dict[tuple[int, ...], Any] = {}
+        # How calls of one argument structure split (``memo_split``): the static leaves'
+        # positions by structure and leaf types, and the split by their values too.
+        self.static_at: dict[Any, tuple[int, ...] | None] = {}
+        self.splits: dict[Any, FlatSplit] = {}
+        # ``nnx.jit`` of the function's keyed path, for calls with Flax NNX objects.
+        self.nnx_jitted: Any = None
         ref = weakref.ref(state)
         self.routed: RoutedJit = routed_jit(
             _entry(ref, mode, state.fun), functools.partial(_miss, ref, mode, options),
@@ -121,6 +130,61 @@ class FastPath:
         self.routed.clear_cache()
         for jitted in self.flat_jits.values():
             jitted.clear_cache()
+        self.static_at.clear()
+        self.splits.clear()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FlatSplit:
+    """A remembered split of the calls of one argument structure, leaf types and static
+    values (``memo_split``): the layout, and the positions of the traced leaves among
+    the flattened arguments and of the donated ones among those."""
+
+    layout: Layout
+    traced: tuple[int, ...]
+    donated: tuple[int, ...]
+
+
+def memo_split(state: CallState, fast: FastPath, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> tuple[FlatSplit, list[Any]] | None:
+    """A call's split as an earlier call of the same structure, leaf types and static
+    values split (one flatten and two lookups, as ``eqx.filter_jit`` partitions), with its
+    flattened leaves; None where none was remembered."""
+    leaves, tree = jax.tree_util.tree_flatten(state.static_args.mark(args, kwargs))
+    shape_key = (tree, tuple(map(type, leaves)))
+    at = fast.static_at.get(shape_key)
+    if at is None:
+        return None
+    try:
+        found = fast.splits.get((shape_key, tuple(_static_value(leaves[i]) for i in at)))
+    except TypeError:  # an unhashable static value: the full split says what to do
+        return None
+    return None if found is None else (found, leaves)
+
+
+def _static_value(leaf: Any) -> Any:
+    return leaf.value if isinstance(leaf, StaticArg) else leaf
+
+
+def _remember_split(state: CallState, fast: FastPath, layout: Layout, args: tuple[Any, ...],
+                    kwargs: dict[str, Any], donated: tuple[int, ...]) -> None:
+    """Remembers the split of a call whose static leaves key it by their own values (not a
+    snapshot of an object's state, which must be taken at every call)."""
+    if any(isinstance(value, StateKeyed) for _, _, value in layout.statics):
+        return
+    leaves, tree = jax.tree_util.tree_flatten(state.static_args.mark(args, kwargs))
+    if tree != layout.in_tree:
+        return
+    static = tuple(index for index, _, _ in layout.statics)
+    shape_key = (tree, tuple(map(type, leaves)))
+    try:
+        key = (shape_key, tuple(_static_value(leaves[i]) for i in static))
+        hash(key)
+    except TypeError:
+        return
+    traced = tuple(i for i in range(len(leaves)) if i not in set(static))
+    bounded(fast.static_at)[shape_key] = static
+    bounded(fast.splits)[key] = FlatSplit(layout, traced, donated)
 
 
 def first_call(ref: weakref.ref[CallState], *args: Any, **kwargs: Any) -> Any:
@@ -228,6 +292,11 @@ def route(state: CallState, mode: Mode, options: Options, jax_miss: Miss,
     fast = current(state)
     if fast.mode != mode or fast.options != options:  # the environment changed since
         return _uncached(fast.routed.call(*args, **kwargs))
+    remembered = memo_split(state, fast, args, kwargs) if fast.splits else None
+    if remembered is not None:
+        split, flat_leaves = remembered
+        return _uncached(fast.flat(state, split.donated)(
+            (split.layout, False), *[flat_leaves[i] for i in split.traced]))
     if holds_nnx_object((args, kwargs)):
         return _uncached(_nnx_call(state, fast, args, kwargs))
     layout, leaves = split_arguments(state.fun, args, kwargs, state.static_args)
@@ -308,19 +377,67 @@ def flat_call(state: CallState, fast: FastPath, layout: Layout, nnx: bool,
     if chosen != fast.options:
         return keyed.call_with_options(state, key, leaves, dict(chosen))
     donated = donated_leaves(state, layout, args, kwargs) if state.jit_options.donates else ()
+    # Where nothing is decided per signature (a plan's XLA options, a tuner's decision, the
+    # processes' agreement), later calls of this structure skip the split (``memo_split``).
+    if not nnx and key.settings.target != "gpu" and state.tuner is None \
+            and jax.process_count() == 1:
+        _remember_split(state, fast, layout, args, kwargs, donated)
     return fast.flat(state, donated)((layout, nnx), *leaves)
 
 
 def _nnx_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Any:
-    """A top-level call with Flax NNX objects: split as ``nnx.jit`` splits them, run in the
-    flat jit, the state the call changed written back."""
-    with nnx_arguments(state.nnx_tag, state.fun, args, kwargs) as (fun, pure_args,
-                                                                     pure_kwargs, nnx_call):
-        layout, leaves = split_arguments(fun, pure_args, pure_kwargs, state.static_args)
-        out = flat_call(state, fast, layout, True, leaves, pure_args, pure_kwargs)
-        assert nnx_call is not None
-        return nnx_call.from_pure(out)
+    """A top-level call with Flax NNX objects: run by ``nnx.jit`` (which splits them, and
+    writes back the state the call changed) around the keyed path, so jaxpar's plan is
+    made in ``nnx.jit``'s trace and a call costs what ``nnx.jit``'s costs; the function's
+    call then sends calls whose arguments are NNX objects there directly
+    (``_nnx_router``)."""
+    if fast.nnx_jitted is None:
+        from flax import nnx
+
+        ref = weakref.ref(state)
+
+        def planned(*inner_args: Any, **inner_kwargs: Any) -> Any:
+            return keyed.transformed_call(_alive(ref), inner_args, inner_kwargs)
+
+        name_after(planned, state.fun)
+        fast.nnx_jitted = nnx.jit(planned, static_argnums=state.static_args.nums,
+                                  static_argnames=state.static_args.names,
+                                  **_nnx_jit_options(state))
+    kinds = frozenset(type(value) for value in (*args, *kwargs.values())
+                      if is_nnx_object(value))
+    if kinds:
+        state.call = functools.partial(_nnx_router, fast.routed.call, fast.nnx_jitted, kinds)
+    return fast.nnx_jitted(*args, **kwargs)
+
+
+def _nnx_router(call: Any, nnx_jitted: Any, kinds: frozenset[type], *args: Any,
+                **kwargs: Any) -> Any:
+    """The call of a function whose calls pass Flax NNX objects: ``nnx.jit``'s where an
+    argument is one (by its type), JAX's C++ dispatch otherwise."""
+    for value in args:
+        if type(value) in kinds:
+            return nnx_jitted(*args, **kwargs)
+    for value in kwargs.values():
+        if type(value) in kinds:
+            return nnx_jitted(*args, **kwargs)
+    return call(*args, **kwargs)
+
+
+def _nnx_jit_options(state: CallState) -> dict[str, Any]:
+    options = state.jit_options
+    out: dict[str, Any] = {}
+    if options.donate_argnums:
+        out["donate_argnums"] = options.donate_argnums
+    if options.donate_argnames:
+        out["donate_argnames"] = options.donate_argnames
+    if options.shardings:
+        raise TypeError(
+            f"{function_name(state.fun)} takes in_shardings/out_shardings, which jaxpar "
+            "applies to calls whose arguments are arrays and containers of arrays; this "
+            "call holds Flax NNX objects. Shard their state with nnx's own sharding "
+            "annotations, or call nnx.jit(..., in_shardings=...) around the function.")
+    return out
 
 
 def donated_leaves(state: CallState, layout: Layout, args: tuple[Any, ...],
