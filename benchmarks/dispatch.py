@@ -54,7 +54,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jaxpar
 
@@ -284,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             program = build()
             entry = measure(_variants(name, program, targets), program[1], ns.calls, ns.rounds)
-        except Exception as error:  # noqa: BLE001 - a program the backend cannot run
+        except Exception as error:
             results["programs"][name] = {"error": f"{type(error).__name__}: {error}"[:500]}
             print(f"  {name}: {type(error).__name__}: {str(error)[:200]}", flush=True)
             continue

@@ -51,17 +51,20 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
     "cpu": {"fuse_scans": False, "batch_scans": False, "batch_branches": False,
             "batch_matmuls": False, "unroll": None, "share_common": False,
             "group_collectives": False},
-    "tpu": {"fuse_scans": False, "batch_scans": False, "batch_branches": False,
-            "batch_matmuls": False, "unroll": None, "share_common": False,
+    # Measured on a TPU v5e (benchmarks/tpu.sh, docs/benchmarks.md): batching identical
+    # scans and reading small loops by blocks pay; fusing different loops, batching
+    # members and matmuls did not (x0.99-1.25), so they are off.
+    "tpu": {"fuse_scans": False, "batch_scans": True, "batch_branches": False,
+            "batch_matmuls": False, "unroll": "cost", "share_common": False,
             "group_collectives": False},
 }
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemoryBudget:
-    """How many more temporary bytes than the plain program jaxpar's program may need
-    (``_plan.budget``): the more of ``fraction`` of the plain program's and
-    ``extra_bytes``."""
+    """How many more bytes than the plain program jaxpar's program may need at its peak
+    (``_plan.budget``): the more of ``fraction`` of the plain program's footprint (its
+    arguments, outputs and temporaries) and ``extra_bytes``."""
 
     fraction: float = 0.10
     extra_bytes: float = float(2**20)
@@ -70,7 +73,7 @@ class MemoryBudget:
         return max(self.fraction * plain_bytes, self.extra_bytes)
 
 
-# The default budget: 10% or 1 MiB more than the plain program, whichever is more.
+# The default budget: 10% of the plain program's footprint or 1 MiB, whichever is more.
 DEFAULT_BUDGET = MemoryBudget()
 
 
@@ -210,6 +213,10 @@ class Options:
             return bool(defaults[name]) if value == "auto" else bool(value)
 
         unroll = unroll_setting(self.unroll, target)
+        # The rewrites the user asked for by name (not "auto"): the memory budget never
+        # leaves them out (``_plan.budget``).
+        explicit = frozenset(name for name in _SWITCHES if getattr(self, name) is True) | (
+            frozenset({"unroll"}) if self.unroll not in ("auto", "cost", None) else frozenset())
         return Settings(
             target=target, max_streams=self.max_streams,
             streams_per_section=min(self.max_streams, limit),
@@ -225,7 +232,7 @@ class Options:
             gpu=profile,
             modes=ModePolicy(priced=mode, choose=choose, user=user_mode,
                              compile=compile_mode) if target == "gpu" else ModePolicy(),
-            memory=memory_budget(self.memory))
+            memory=memory_budget(self.memory), explicit=explicit)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -284,6 +291,8 @@ class Settings:
         are priced in, whether jaxpar chooses one, the user's, the one compiled in.
       memory: how many more temporary bytes than the plain program jaxpar's program may
         need (``_plan.budget``); None: any.
+      explicit: the rewrites the user turned on by name (``batch_scans=True``, an
+        ``unroll`` factor): kept whatever the memory budget says, with their cost shown.
     """
 
     target: str
@@ -301,6 +310,7 @@ class Settings:
     gpu: GpuProfile | None = None
     modes: ModePolicy = ModePolicy()
     memory: MemoryBudget | None = DEFAULT_BUDGET
+    explicit: frozenset[str] = frozenset()
 
     def priced_in(self, mode: CommandBufferMode | None) -> Settings:
         """These settings with sections and launches priced in ``mode`` (a candidate
@@ -313,6 +323,9 @@ class Settings:
                 "batch_branches": self.batch_branches, "batch_matmuls": self.batch_matmuls,
                 "unroll": self.unroll,
                 "share_common": self.share_common}
+
+
+_SWITCHES = ("fuse_scans", "batch_scans", "batch_branches", "batch_matmuls")
 
 
 def memory_budget(memory: Any) -> MemoryBudget | None:

@@ -45,7 +45,7 @@ from ._analysis import Analysis
 from ._cost import launch_pricing
 from ._emit import Emitter
 from ._gpu_model import CommandBufferMode
-from ._memory import MemoryModel
+from ._memory import MemoryModel, format_bytes
 from ._options import Options, Settings
 from ._plan import LevelPlan, plan_jaxpr, symbolic_plan
 from ._plan.budget import LADDER, MemoryFigures, mode_memory_reason, over_budget
@@ -195,6 +195,7 @@ class MemoryBudget:
     model: MemoryModel
     plain_bytes: float
     allowed: float | None
+    footprint: float = 0.0  # the plain program's arguments, outputs and temporaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,12 +256,21 @@ def _memory_budget(traced: Traced, analysis: Analysis) -> MemoryBudget:
     # command_buffers option names (not jaxpar's choice, so not counted against it).
     base_mode = settings.modes.compile or settings.modes.user
     plain_bytes = memory.temp_bytes(traced.jaxpr, base_mode)
-    # The budget's share of the plain program is taken of what it surely needs: the model
-    # may overestimate a program (a bidirectional LSTM: 288 MiB, 194.5 once compiled),
-    # and a share of that would allow more than the budget means.
-    allowed = (settings.memory.allowed(min(plain_bytes, memory.least_bytes(traced.jaxpr)))
-               if settings.memory is not None else None)
-    return MemoryBudget(memory, plain_bytes, allowed)
+    # The budget's share is of the plain program's peak: its arguments and outputs, which
+    # both programs hold, and of its temporaries what it surely needs (the model may
+    # overestimate a program: a bidirectional LSTM, 288 MiB, 194.5 once compiled). Two
+    # scans over 800 MB of inputs may so use 80 MB more, where the temporaries alone (156
+    # KiB) allowed 1 MiB and left a user's unroll=8 out for 2.5 MiB.
+    footprint = _io_bytes(traced.jaxpr) + min(plain_bytes, memory.least_bytes(traced.jaxpr))
+    allowed = settings.memory.allowed(footprint) if settings.memory is not None else None
+    return MemoryBudget(memory, plain_bytes, allowed, footprint)
+
+
+def _io_bytes(jaxpr: _compat.ClosedJaxpr) -> float:
+    """Bytes of a program's arguments and outputs."""
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    return float(sum(_compat.aval_nbytes(v.aval) for v in (*inner.invars, *inner.outvars)
+                     if not _compat.is_literal(v)))
 
 
 def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> WithinBudget:
@@ -296,13 +306,34 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> 
     why = over_budget(plain_bytes, first.planned.temp_bytes, allowed, "jaxpar's program")
     if why is None:
         return first
-    for count in range(1, len(LADDER) + 1):
-        for dropped in itertools.combinations(LADDER, count):
+    # Only what jaxpar chose ("auto") is fitted to the budget: a rewrite the user asked for
+    # by name is kept, and the report says what it costs (``kept_over_budget``).
+    ladder = [(what, kept) for what, switches in LADDER
+              if (kept := tuple(n for n in switches if n not in settings.explicit))]
+    found = first
+    for count in range(1, len(ladder) + 1):
+        for dropped in itertools.combinations(ladder, count):
             found = attempt(dropped)
             if over_budget(plain_bytes, found.planned.temp_bytes, allowed, "") is None:
                 names = " and ".join(what for what, _ in dropped)
                 return dataclasses.replace(found, left_out=(f"{why}: {names} left out",))
+    if settings.explicit:
+        return dataclasses.replace(found, left_out=(kept_over_budget(
+            settings.explicit, found.planned.temp_bytes - plain_bytes, budget.footprint,
+            allowed, bool(ladder)),))
     return dataclasses.replace(found, left_out=(f"{why}: every rewrite left out",))
+
+
+def kept_over_budget(explicit: frozenset[str], extra: float, footprint: float,
+                     allowed: float | None, others_left_out: bool) -> str:
+    """What the rewrites the user asked for cost beyond the memory budget, kept."""
+    share = f", {100 * extra / footprint:.1f}% of the plain program's {format_bytes(footprint)}" \
+        if footprint > 0 else ""
+    budget = "" if allowed is None else f" (budget +{format_bytes(allowed)})"
+    names = ", ".join(sorted(explicit))
+    return (f"kept as you asked ({names}): jaxpar's program needs est. "
+            f"{format_bytes(extra)} more memory than the plain program{share}, over the "
+            f"budget{budget}" + ("; jaxpar's own choices left out" if others_left_out else ""))
 
 
 def _section_eqns(plan: LevelPlan) -> list[list[int]]:

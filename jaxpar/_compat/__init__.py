@@ -69,6 +69,7 @@ from .jaxprs import (
     symbolic_dimensions,
     symbolic_sizes,
 )
+from .jit import Miss, RoutedJit, donated_arguments, routed_jit
 from .loops import (
     ScanInfo,
     WhileInfo,
@@ -105,7 +106,6 @@ from .sources import (
     source_summary,
     user_source,
 )
-from .jit import Miss, RoutedJit, donated_arguments, routed_jit
 from .stream_region import (
     PACK_MULTI_RESULT_CALLS,
     STREAM_REGION,

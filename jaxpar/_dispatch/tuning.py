@@ -29,7 +29,7 @@ import jax
 from .. import _compat, _processes
 from .._frameworks import nnx_arguments
 from .._trace import Signature, abstract, split_arguments, trace
-from .._tune import CANDIDATES, Program, TuneBudget, Tuning, undecided, unmeasured
+from .._tune import CANDIDATES, CHOSEN, Program, TuneBudget, Tuning, undecided, unmeasured
 from .._tune import decide as decide_candidate
 from .._tune import decision_key as tuning_key
 from .._tune import fingerprint as program_fingerprint
@@ -155,6 +155,10 @@ def _candidates(state: CallState, key: CallKey, leaves: Sequence[Any]) -> list[P
     out: list[Program] = []
     seen: dict[str, str] = {}
     for candidate in CANDIDATES:
+        if candidate.targets is not None and key.settings.target not in candidate.targets:
+            chosen = next(p for p in out if p.candidate.label == CHOSEN)
+            out.append(Program(candidate, None, chosen.same_as or CHOSEN, chosen.digest))
+            continue
         candidate_key = _candidate_key(state, key, candidate.label)
         jitted = jit_for(state, candidate_key, leaves)
         options = {} if not candidate_key.rewrite else state.prepare(
