@@ -48,7 +48,7 @@ from ._gpu_model import CommandBufferMode
 from ._memory import MemoryModel
 from ._options import Options, Settings
 from ._plan import LevelPlan, plan_jaxpr, symbolic_plan
-from ._plan.budget import LADDER, MemoryFigures, mode_memory_reason, over_budget
+from ._plan.budget import LADDER, MemoryFigures, leave_out, mode_memory_reason, over_budget
 from ._plan.modes import CANDIDATES as MODE_CANDIDATES
 from ._plan.modes import (
     MIN_GAIN,
@@ -274,14 +274,7 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> 
     plain_bytes, allowed = budget.plain_bytes, budget.allowed
 
     def attempt(dropped: tuple[tuple[str, tuple[str, ...]], ...]) -> WithinBudget:
-        changes: dict[str, Any] = {}
-        for _, switches in dropped:
-            for name in switches:
-                if name == "streams":
-                    changes["streams_per_section"] = 1
-                else:
-                    changes[name] = None if name == "unroll" else False
-        planned = dataclasses.replace(settings, **changes) if changes else settings
+        planned = leave_out(settings, dropped)
         level = analysis if planned == settings else analysis.with_settings(planned)
         # Sections are the planner's: the passes' results serve every rung alike.
         key = dataclasses.replace(planned, streams_per_section=settings.streams_per_section)
