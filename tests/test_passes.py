@@ -54,8 +54,8 @@ def test_each_pass_has_one_name():
 
 # ---------------------------------------------------------------- deprecated names
 
-# The names from before the passes outgrew loops: each still works for one release, and
-# warns naming its replacement.
+# The names from before the passes outgrew loops: each still works until 0.3.0, and warns
+# naming its replacement.
 DEPRECATED = {"LoopPass": "Pass", "LoopDecision": "PassDecision",
               "apply_loop_passes": "apply_passes", "loop_defaults": "pass_defaults",
               "share_common_subexpressions": "share_common"}
@@ -68,7 +68,7 @@ KEYWORDS_RENAMED = {"apply_loop_passes", "loop_defaults"}
 def test_old_names_warn_and_are_the_new_ones(old):
     new = DEPRECATED[old]
     with pytest.warns(DeprecationWarning, match=rf"jaxpar\.passes\.{old} is deprecated "
-                      rf"and goes in the next release; use jaxpar\.passes\.{new}$"):
+                      rf"and goes in jaxpar 0\.3\.0; use jaxpar\.passes\.{new}$"):
         value = getattr(jaxpar.passes, old)
     if old in KEYWORDS_RENAMED:  # the old keywords: a wrapper, checked below
         assert value is not getattr(jaxpar.passes, new) and callable(value)

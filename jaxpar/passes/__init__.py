@@ -36,11 +36,11 @@ nothing changed) and the ``PassDecision``s made (each with the pass's name and a
 the target's) and the one-pass functions named above run ``run_passes`` with fixed
 settings.
 
-Deprecated, going in the next release (reading one warns, naming its replacement):
-the names from before the passes outgrew loops, ``LoopPass`` (``Pass``),
-``LoopDecision`` (``PassDecision``), ``apply_loop_passes`` (``apply_passes``),
-``loop_defaults`` (``pass_defaults``), and ``share_common_subexpressions``
-(``share_common``).
+Deprecated, going in jaxpar 0.3.0 (reading one warns, naming its replacement; the
+table is ``_deprecations.DEPRECATIONS``): the names from before the passes outgrew
+loops, ``LoopPass`` (``Pass``), ``LoopDecision`` (``PassDecision``),
+``apply_loop_passes`` (``apply_passes``), ``loop_defaults`` (``pass_defaults``), and
+``share_common_subexpressions`` (``share_common``).
 
 Example::
 
@@ -60,12 +60,12 @@ Sharp edges:
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from .._analysis import Analysis
 from .._compat import ClosedJaxpr
+from .._deprecations import deprecated_attributes
 from .._options import PASS_TABLE, Options, PassRow, Settings, check_target, pass_defaults
 from ._protocol import (
     NEW_LOOP_KINDS,
@@ -378,22 +378,12 @@ def _loop_defaults(target: str) -> dict[str, Any]:
             **switches}
 
 
-# The names from before the passes outgrew loops: old name -> (its replacement here,
-# what the old name gives). Each still works for one release and warns when read
-# (``from jaxpar.passes import LoopPass`` too); none is in ``__all__``.
-_DEPRECATED: dict[str, tuple[str, Any]] = {
-    "LoopPass": ("Pass", Pass),
-    "LoopDecision": ("PassDecision", PassDecision),
-    "apply_loop_passes": ("apply_passes", _apply_loop_passes),
-    "loop_defaults": ("pass_defaults", _loop_defaults),
-    "share_common_subexpressions": ("share_common", share_common),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _DEPRECATED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    new, value = _DEPRECATED[name]
-    warnings.warn(f"jaxpar.passes.{name} is deprecated and goes in the next release; use "
-                  f"jaxpar.passes.{new}", DeprecationWarning, stacklevel=2)
-    return value
+# The names from before the passes outgrew loops (rows of ``_deprecations.DEPRECATIONS``,
+# going in 0.3.0), each what it gives; none is in ``__all__``.
+__getattr__ = deprecated_attributes(__name__, {
+    "LoopPass": Pass,
+    "LoopDecision": PassDecision,
+    "apply_loop_passes": _apply_loop_passes,
+    "loop_defaults": _loop_defaults,
+    "share_common_subexpressions": share_common,
+})

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprEqn, JaxprLike
+from .._deprecations import warn_deprecated
 from .._graph import Graph
 from .._options import PassRow, Settings
 from .._primitives import LOOPS
@@ -108,7 +108,7 @@ class PassDecision:
             matmul batching pass): per member, its equations in ``eqns``; empty otherwise.
         depth: for the matmul batching pass, the group's launch depth (kernel-launching
             ops on the longest path from the level's inputs, the op itself included).
-            ``stage`` is its deprecated name (one release more).
+            ``stage`` is its deprecated name (until 0.3.0).
         saving_us: for the matmul batching pass, the cost model's estimated saving per
             run of the level, in microseconds (launches saved less stacking and
             transposing); at most zero for a group left alone.
@@ -140,8 +140,7 @@ class PassDecision:
     @property
     def stage(self) -> int | None:
         """Deprecated: ``depth`` (a launch depth, not a stage of the pipeline)."""
-        warnings.warn("PassDecision.stage is deprecated and goes in the next release; use "
-                      "PassDecision.depth (the launch depth)", DeprecationWarning, stacklevel=2)
+        warn_deprecated("PassDecision.stage")
         return self.depth
 
 
