@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 import jax
 
@@ -249,6 +249,7 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       unroll: Unroll = ..., group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
                       command_buffers: str = ...,
+                      memory: str | float = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       ) -> Callable[[F], F]: ...
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
@@ -364,16 +365,12 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       ... def f(a, b):
       ...   return jnp.tanh(a @ a) + jnp.tanh(b @ b)
     """
+    given = locals()  # the parameters: Options' fields by name (a test keeps them equal)
     _refuse_outer_jit_options(unknown, "parallel_branches")
-    check_known(unknown, (*Options.names(), "tune", *_CALL_OPTIONS))
+    check_known(unknown, (*Options.names(), "tune", *CALL_OPTIONS))
     if not isinstance(tune, (bool, TuneBudget)):
         raise TypeError(f"tune must be True, False or a jaxpar.TuneBudget, got {tune!r}")
-    options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
-                             fuse_scans=fuse_scans, batch_scans=batch_scans,
-                             batch_branches=batch_branches, batch_matmuls=batch_matmuls,
-                             unroll=unroll,
-                             group_collectives=group_collectives, force_streams=force_streams,
-                             command_buffers=command_buffers, memory=memory)
+    options = Options.create(**{name: given[name] for name in Options.names()})
 
     def decorate(f: Any) -> ParallelBranches:
         check_function(f, "parallel_branches")
@@ -385,8 +382,9 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     return decorate if fun is None else decorate(fun)
 
 
-# Options of a call rather than of the plan: accepted by parallel_branches and inspect.
-_CALL_OPTIONS = ("static_argnums", "static_argnames")
+# Options of a call rather than of the plan, as jax.jit takes them: accepted by
+# parallel_branches and inspect (their signatures name each; a test keeps them equal).
+CALL_OPTIONS = ("static_argnums", "static_argnames")
 
 # jax.jit's options that belong to a jit around the decorated function.
 _OUTER_JIT_OPTIONS = ("donate_argnums", "donate_argnames", "in_shardings", "out_shardings",
@@ -403,7 +401,28 @@ def _refuse_outer_jit_options(given: dict[str, Any], api: str) -> None:
             f"    step = jax.jit(jaxpar.parallel_branches(f), {settings})")
 
 
-def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[..., Plan]:
+class InspectOptions(TypedDict, total=False):
+    """The keywords of ``inspect``: ``Options``' fields and ``CALL_OPTIONS`` (a test keeps
+    them equal), typed as ``parallel_branches`` types them."""
+
+    max_streams: int
+    target: Target
+    min_cost_us: float
+    fuse_scans: Switch
+    batch_scans: Switch
+    batch_branches: Switch
+    batch_matmuls: Switch
+    unroll: Unroll
+    group_collectives: Switch
+    force_streams: bool
+    command_buffers: str
+    memory: str | float
+    static_argnums: _Argnums
+    static_argnames: _Argnames
+
+
+def inspect(fun: Callable[..., Any], *args: Any, **options: Unpack[InspectOptions]
+            ) -> Callable[..., Plan]:
     """Shows how ``parallel_branches`` would partition ``fun``, like ``jax.make_jaxpr``.
 
     Args:
@@ -435,10 +454,11 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             f"inspect takes the function and options, then the arguments in a second call, "
             f"like jax.make_jaxpr: write jaxpar.inspect(f, **options)(*args) (got {len(args)} "
             "argument(s) after the function).")
-    _refuse_outer_jit_options(options, "inspect")
-    check_known(options, (*Options.names(), *_CALL_OPTIONS))
+    given: dict[str, Any] = dict(options)
+    _refuse_outer_jit_options(given, "inspect")
+    check_known(given, (*Options.names(), *CALL_OPTIONS))
     planned_for: dict[str, Any] = {}
-    tuned = fun if isinstance(fun, ParallelBranches) and fun.tune is not None and not options \
+    tuned = fun if isinstance(fun, ParallelBranches) and fun.tune is not None and not given \
         else None
     if isinstance(fun, ParallelBranches):
         base, inner = fun.options.to_dict(), fun.__wrapped__
@@ -448,9 +468,9 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
         base, inner, given_nums, given_names = {}, fun, None, None
     check_function(inner, "inspect")
     refuse_module_as_function(inner, "inspect")
-    statics = StaticArgs.resolve(inner, options.pop("static_argnums", given_nums),
-                                 options.pop("static_argnames", given_names))
-    resolved = Options.create(**{**base, **options})
+    statics = StaticArgs.resolve(inner, given.pop("static_argnums", given_nums),
+                                 given.pop("static_argnames", given_names))
+    resolved = Options.create(**{**base, **given})
 
     @functools.wraps(inner)
     def make_plan(*args: Any, **kwargs: Any) -> Plan:

@@ -27,7 +27,7 @@ Derived from the tables: ``Options`` (a field per option, after ``min_cost_us``)
 the defaults (``pass_defaults``), validation (by the row's ``OptionKind``), the budget's
 ladder, the keywords of ``passes.apply_passes`` and the one-pass functions' settings.
 The public signatures (``parallel_branches``, ``inspect``) are written out for type
-checkers; ``tests/test_options_table.py`` fails when one drifts from ``Options``.
+checkers; ``tests/test_api_signatures.py`` fails when one drifts from ``Options``.
 
 Example::
 
