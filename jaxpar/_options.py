@@ -35,6 +35,12 @@ Example::
     settings = options.resolve()   # Settings for "gpu": nothing "auto" left
     "batch_matmuls" in settings.passes                     # True: the gpu row's default
 
+    # A new pass: jaxpar/passes/widen_loops.py (run) and its row in PASS_TABLE; it is
+    # then an option (off by default, as no target row names it) the budget may leave out.
+    PassRow("widen_loops", "what it does", option="widen_loops", rung=Rung.BATCHING)
+    # Batching matmuls by default on TPUs: the tpu row, and nothing else.
+    TargetRow("tpu", ("tpu",), {"batch_matmuls": True})
+
 Sharp edges:
   * ``"auto"`` for the pass and collective switches means "the default for the
     target", decided when the function is traced, not when it is decorated.
@@ -250,12 +256,6 @@ TARGETS: tuple[TargetRow, ...] = (
 
 # The target switches that are not passes (the planner's).
 PLAN_SWITCHES = ("group_collectives",)
-
-
-def target_columns(passes: Sequence[PassRow]) -> tuple[str, ...]:
-    """The columns of the target table for ``passes``: each pass's ``switch`` and the
-    planner's switches."""
-    return (*(row.switch for row in passes if row.switch is not None), *PLAN_SWITCHES)
 
 
 def check_tables(passes: Sequence[PassRow], targets: Sequence[TargetRow],
@@ -497,9 +497,9 @@ def _derive(declared: type[_T], passes: Sequence[PassRow], targets: Sequence[Tar
 class Options:
     """Validated options; hashable, so they can key the rewrite cache.
 
-    Besides the fields below, a field per option of ``pass_table`` (``fuse_scans``,
-    ``batch_scans``, ``batch_branches``, ``batch_matmuls``, ``unroll``), after
-    ``min_cost_us``, each ``"auto"`` by default.
+    Besides the fields below, a field per option of the pass table (``pass_table``),
+    after ``min_cost_us``, each ``"auto"`` by default: the passes' switches and
+    ``unroll`` (``names()`` lists every field).
     """
 
     max_streams: int = 4
@@ -674,22 +674,6 @@ def memory_budget(memory: Any) -> MemoryBudget | None:
     raise ValueError(f"memory must be 'auto' (at most 10% or 1 MiB more temporary memory "
                      f"than the plain program), 'any' (no budget) or a number of bytes >= 0 "
                      f"jaxpar may add, got {memory!r}")
-
-
-def unroll_setting(unroll: Any, target: str, api: str = "unroll") -> UnrollSetting:
-    """The ``Settings.unroll`` of an ``unroll`` argument, on ``target``.
-
-    ``"auto"`` means the target's default everywhere (``parallel_branches``, the passes):
-    ``"cost"`` on GPUs, None elsewhere. ``"cost"`` is a factor per scan from the target's
-    cost model; an int >= 1 a fixed factor; None leaves every scan alone.
-
-    Raises:
-      ValueError: none of those, or an unknown ``target``.
-    """
-    OptionKind.UNROLL.check(api, unroll)
-    resolved: UnrollSetting = OptionKind.UNROLL.resolve(
-        unroll, target_row(target).default("unroll", OptionKind.UNROLL))
-    return resolved
 
 
 def check_target(target: Any, concrete: bool = False,
