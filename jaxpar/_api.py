@@ -296,7 +296,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       batch_branches: batch identical independent straight-line subgraphs (the
         members of an ensemble) into one ``vmap``ped subgraph, where the target's
         cost model says the stacking copies cost less than the launches saved.
-      batch_matmuls: run same-shaped matmuls and convolutions of one stage in
+      batch_matmuls: run same-shaped matmuls and convolutions at one launch depth in
         different independent members (the halves of a fused scan body, experts,
         towers) as one batched op, where the target's cost model says it pays.
       unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs, None elsewhere),
