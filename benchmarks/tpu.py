@@ -141,9 +141,9 @@ def run_programs(programs: dict[str, Any], out_path: str, budget: float, rounds:
             print(f"  {name}: {type(error).__name__}: {str(error)[:300]}", flush=True)
             continue
         results[name] = entry
-        cells = "  ".join(f"{label} {entry['loop_us'][label] / 1e3:8.3f} ms x{entry['loop_ratio'][label]:.3f}"
-                          + ("" if entry["values_match"][label] else " VALUES DIFFER")
-                          for label in variants)
+        cells = "  ".join(
+            f"{label} {entry['loop_us'][label] / 1e3:8.3f} ms x{entry['loop_ratio'][label]:.3f}"
+            + ("" if entry["values_match"][label] else " VALUES DIFFER") for label in variants)
         print(f"  {name:40s} {cells}", flush=True)
         with open(out_path, "w") as handle:
             json.dump(results, handle, indent=1, default=str)

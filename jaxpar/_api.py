@@ -44,7 +44,7 @@ import contextlib
 import functools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, overload
 
 import jax
 
@@ -239,6 +239,7 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       unroll: Unroll = ..., group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
                       command_buffers: str = ...,
+                      memory: str | float = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
                       donate_argnums: _Argnums = ..., donate_argnames: _Argnames = ...,
                       in_shardings: Any = ..., out_shardings: Any = ...,
@@ -291,7 +292,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       batch_branches: batch identical independent straight-line subgraphs (the
         members of an ensemble) into one ``vmap``ped subgraph, where the target's
         cost model says the stacking copies cost less than the launches saved.
-      batch_matmuls: run same-shaped matmuls and convolutions of one stage in
+      batch_matmuls: run same-shaped matmuls and convolutions at one launch depth in
         different independent members (the halves of a fused scan body, experts,
         towers) as one batched op, where the target's cost model says it pays.
       unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs, None elsewhere),
@@ -368,16 +369,12 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       ... def f(a, b):
       ...   return jnp.tanh(a @ a) + jnp.tanh(b @ b)
     """
+    given = locals()  # the parameters: Options' fields by name (a test keeps them equal)
     _refuse_outer_jit_options(unknown, "parallel_branches")
-    check_known(unknown, (*Options.names(), "tune", *_CALL_OPTIONS, *_JIT_OPTIONS))
+    check_known(unknown, (*Options.names(), "tune", *CALL_OPTIONS, *JIT_OPTIONS))
     if not isinstance(tune, (bool, TuneBudget)):
         raise TypeError(f"tune must be True, False or a jaxpar.TuneBudget, got {tune!r}")
-    options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
-                             fuse_scans=fuse_scans, batch_scans=batch_scans,
-                             batch_branches=batch_branches, batch_matmuls=batch_matmuls,
-                             unroll=unroll,
-                             group_collectives=group_collectives, force_streams=force_streams,
-                             command_buffers=command_buffers, memory=memory)
+    options = Options.create(**{name: given[name] for name in Options.names()})
 
     def decorate(f: Any) -> ParallelBranches:
         check_function(f, "parallel_branches")
@@ -394,11 +391,13 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     return decorate if fun is None else decorate(fun)
 
 
-# Options of a call rather than of the plan: accepted by parallel_branches and inspect.
-_CALL_OPTIONS = ("static_argnums", "static_argnames")
+# Options of a call rather than of the plan, as jax.jit takes them: accepted by
+# parallel_branches and inspect (their signatures name each; a test keeps them equal).
+CALL_OPTIONS = ("static_argnums", "static_argnames")
 
-# jax.jit's options parallel_branches takes as jax.jit does (``JitOptions``).
-_JIT_OPTIONS = ("donate_argnums", "donate_argnames", "in_shardings", "out_shardings",
+# jax.jit's options parallel_branches takes as jax.jit does (``JitOptions``); inspect
+# takes none of them (they do not change the plan).
+JIT_OPTIONS = ("donate_argnums", "donate_argnames", "in_shardings", "out_shardings",
                 "keep_unused")
 # jax.jit's options it does not take: deprecated in jax (device, backend).
 _OUTER_JIT_OPTIONS = ("device", "backend")
@@ -413,7 +412,7 @@ def _refuse_outer_jit_options(given: dict[str, Any], api: str) -> None:
             "on the device with jax.device_put, or give in_shardings; or jit around the "
             f"decorated function:\n    step = jax.jit(jaxpar.parallel_branches(f), {settings})")
     if api == "inspect":
-        named = [name for name in _JIT_OPTIONS if name in given]
+        named = [name for name in JIT_OPTIONS if name in given]
         if named:
             raise TypeError(
                 f"inspect takes no {', '.join(named)}: they do not change jaxpar's plan. Give "
@@ -440,7 +439,28 @@ def jit_options_of(fun: Callable[..., Any], statics: StaticArgs, **given: Any) -
                       keep_unused=bool(given["keep_unused"]))
 
 
-def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[..., Plan]:
+class InspectOptions(TypedDict, total=False):
+    """The keywords of ``inspect``: ``Options``' fields and ``CALL_OPTIONS`` (a test keeps
+    them equal), typed as ``parallel_branches`` types them."""
+
+    max_streams: int
+    target: Target
+    min_cost_us: float
+    fuse_scans: Switch
+    batch_scans: Switch
+    batch_branches: Switch
+    batch_matmuls: Switch
+    unroll: Unroll
+    group_collectives: Switch
+    force_streams: bool
+    command_buffers: str
+    memory: str | float
+    static_argnums: _Argnums
+    static_argnames: _Argnames
+
+
+def inspect(fun: Callable[..., Any], *args: Any, **options: Unpack[InspectOptions]
+            ) -> Callable[..., Plan]:
     """Shows how ``parallel_branches`` would partition ``fun``, like ``jax.make_jaxpr``.
 
     Args:
@@ -472,10 +492,11 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             f"inspect takes the function and options, then the arguments in a second call, "
             f"like jax.make_jaxpr: write jaxpar.inspect(f, **options)(*args) (got {len(args)} "
             "argument(s) after the function).")
-    _refuse_outer_jit_options(options, "inspect")
-    check_known(options, (*Options.names(), *_CALL_OPTIONS))
+    given: dict[str, Any] = dict(options)
+    _refuse_outer_jit_options(given, "inspect")
+    check_known(given, (*Options.names(), *CALL_OPTIONS))
     planned_for: dict[str, Any] = {}
-    tuned = fun if isinstance(fun, ParallelBranches) and fun.tune is not None and not options \
+    tuned = fun if isinstance(fun, ParallelBranches) and fun.tune is not None and not given \
         else None
     if isinstance(fun, ParallelBranches):
         base, inner = fun.options.to_dict(), fun.__wrapped__
@@ -485,9 +506,9 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
         base, inner, given_nums, given_names = {}, fun, None, None
     check_function(inner, "inspect")
     refuse_module_as_function(inner, "inspect")
-    statics = StaticArgs.resolve(inner, options.pop("static_argnums", given_nums),
-                                 options.pop("static_argnames", given_names))
-    resolved = Options.create(**{**base, **options})
+    statics = StaticArgs.resolve(inner, given.pop("static_argnums", given_nums),
+                                 given.pop("static_argnames", given_names))
+    resolved = Options.create(**{**base, **given})
 
     @functools.wraps(inner)
     def make_plan(*args: Any, **kwargs: Any) -> Plan:

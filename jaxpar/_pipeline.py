@@ -46,9 +46,9 @@ from ._cost import launch_pricing
 from ._emit import Emitter
 from ._gpu_model import CommandBufferMode
 from ._memory import MemoryModel, format_bytes
-from ._options import Options, Settings
+from ._options import PASS_TABLE, Options, Settings
 from ._plan import LevelPlan, plan_jaxpr, symbolic_plan
-from ._plan.budget import LADDER, MemoryFigures, mode_memory_reason, over_budget
+from ._plan.budget import LADDER, MemoryFigures, leave_out, mode_memory_reason, over_budget
 from ._plan.modes import CANDIDATES as MODE_CANDIDATES
 from ._plan.modes import (
     MIN_GAIN,
@@ -284,14 +284,7 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> 
     plain_bytes, allowed = budget.plain_bytes, budget.allowed
 
     def attempt(dropped: tuple[tuple[str, tuple[str, ...]], ...]) -> WithinBudget:
-        changes: dict[str, Any] = {}
-        for _, switches in dropped:
-            for name in switches:
-                if name == "streams":
-                    changes["streams_per_section"] = 1
-                else:
-                    changes[name] = None if name == "unroll" else False
-        planned = dataclasses.replace(settings, **changes) if changes else settings
+        planned = leave_out(settings, dropped)
         level = analysis if planned == settings else analysis.with_settings(planned)
         # Sections are the planner's: the passes' results serve every rung alike.
         key = dataclasses.replace(planned, streams_per_section=settings.streams_per_section)
@@ -330,7 +323,8 @@ def kept_over_budget(explicit: frozenset[str], extra: float, footprint: float,
     share = f", {100 * extra / footprint:.1f}% of the plain program's {format_bytes(footprint)}" \
         if footprint > 0 else ""
     budget = "" if allowed is None else f" (budget +{format_bytes(allowed)})"
-    names = ", ".join(sorted(explicit))
+    options = {row.name: row.option for row in PASS_TABLE}
+    names = ", ".join(sorted(options.get(name) or name for name in explicit))
     return (f"kept as you asked ({names}): jaxpar's program needs est. "
             f"{format_bytes(extra)} more memory than the plain program{share}, over the "
             f"budget{budget}" + ("; jaxpar's own choices left out" if others_left_out else ""))

@@ -242,7 +242,7 @@ def test_no_pass_imports_a_sibling_pass() -> None:
 # docs/design.md's drawing, top to bottom: a module imports only modules of its own
 # layer or above. Every module must be placed (a new module needs a place in both).
 LAYERS = (
-    ("_memo",),
+    ("_memo", "_deprecations"),
     ("_compat.jaxprs",), ("_compat.avals",), ("_compat.sources",), ("_compat.tracing",),
     ("_compat.loops",), ("_compat.shard_map",), ("_compat.call_rules",),
     ("_compat.stream_region",), ("_compat.program",), ("_compat",),

@@ -7,13 +7,16 @@ whichever is more) more temporary bytes than the plain program in the user's mod
 the memory model estimates both; ``parallel_branches(memory=...)`` states another budget
 (``"any"``, or a number of extra bytes). A candidate over budget is not chosen: a mode is
 refused, and the fewest kinds of rewrite (``LADDER``: stream sections, unrolling,
-batching, loop fusion) are left out that bring the program within the budget.
+batching, loop fusion) are left out that bring the program within the budget. A pass's
+row of the pass table names its kind (``_options.PassRow.rung``); ``LADDER`` is made
+from the rows.
 
 Example::
 
     allowed = settings.memory.allowed(plain_bytes)   # _options.MemoryBudget: 10% or 1 MiB
     figures = MemoryFigures(plain_bytes, ours, allowed)
     figures.fits, figures.line()
+    leave_out(settings, LADDER[1:3])   # the settings without unrolling and batching
 
 Sharp edges:
   * Both figures are the memory model's, not XLA's (``gpu_preview`` shows what the
@@ -23,25 +26,41 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._gpu_model import CommandBufferMode
 from .._memory import format_bytes
+from .._options import PASS_TABLE, PassRow, Rung, Settings
 
-__all__ = ["LADDER", "MemoryFigures", "format_bytes", "mode_memory_reason", "over_budget"]
+__all__ = ["LADDER", "MemoryFigures", "format_bytes", "ladder", "leave_out",
+           "mode_memory_reason", "over_budget"]
 
 MIB = 2**20
+STREAMS = "streams"  # the first kind: stream sections (the planner's, not a pass)
 
 
-# What may be left out while jaxpar's program needs more than the budget, the first
-# first: each kind names the ``Settings`` switches it turns off (``"streams"``: no stream
-# sections). The fewest kinds that bring the program within the budget are left out.
-LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("stream sections", ("streams",)),
-    ("unrolling", ("unroll",)),
-    ("batching", ("batch_scans", "batch_branches", "batch_matmuls")),
-    ("loop fusion", ("fuse_scans", "share_common")),
-)
+def ladder(passes: Sequence[PassRow] = PASS_TABLE) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """What may be left out while jaxpar's program needs more than the budget, the first
+    first: stream sections (``STREAMS``), then each ``Rung`` with the passes whose rows
+    name it, in table order."""
+    return (("stream sections", (STREAMS,)),
+            *((rung.value, tuple(row.name for row in passes if row.rung is rung))
+              for rung in Rung))
+
+
+# The fewest kinds that bring the program within the budget are left out.
+LADDER = ladder()
+
+
+def leave_out(settings: Settings, kinds: Iterable[tuple[str, tuple[str, ...]]]) -> Settings:
+    """``settings`` without the kinds of rewrite ``kinds`` (steps of ``LADDER``); the same
+    object when they leave out nothing."""
+    names = {name for _, names in kinds for name in names}
+    planned = settings.without(names - {STREAMS})
+    if STREAMS in names and planned.streams_per_section != 1:
+        planned = dataclasses.replace(planned, streams_per_section=1)
+    return planned
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
