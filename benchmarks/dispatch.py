@@ -49,6 +49,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -256,6 +257,7 @@ def geomean(values: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    warnings.filterwarnings("ignore", category=DeprecationWarning)  # flax's .value
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="most calls per round")
     parser.add_argument("--rounds", type=int, default=7)

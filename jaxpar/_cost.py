@@ -266,6 +266,9 @@ def _default_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
         return total
     # Elementwise and everything unknown: fused into a neighbouring kernel.
     size, nbytes = _size_and_bytes(eqn)
+    if model.profile.name == "tpu" and eqn.primitive.name == _primitives.SLICE:
+        # A slice reads what it keeps: a trip of a scan read by blocks slices its block.
+        nbytes = 2.0 * sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars)
     return Cost(flops=size, bytes=nbytes, kernels=0.0)
 
 

@@ -116,6 +116,9 @@ TPU_V5E = TpuProfile(
 # gradient's accumulators); such loops stay rolled. On the chip a 2 MiB accumulator made
 # unrolling by 2 x1.5 slower, while loops carrying up to 80 KiB gained (seed: 40-60%).
 LARGE_CARRY_BYTES = 512 * 1024
+# What each slice after the first adds to a trip's latency, as a share of ``slice_s`` (an
+# assumption: the DMAs of one trip overlap).
+_FURTHER_SLICE = 0.15
 # At most this many equations in an unrolled body (``passes._shared.MAX_UNROLLED_EQNS``'s
 # role for the block form: compile time grows with the body).
 MAX_BLOCK_EQNS = 640
@@ -191,17 +194,29 @@ def _flops(eqn: JaxprEqn) -> float:
 
 def fixed_seconds(eqn: JaxprEqn, profile: TpuProfile) -> float:
     """The fixed part of one rolled trip of the ``scan`` ``eqn``: its control, each
-    scanned input's slice read and each output's slice written."""
+    scanned input's slice read and each output's slice written (their latency and their
+    bytes)."""
+    return fixed_latency(eqn, profile) + _slice_bytes(eqn) / profile.slice_bandwidth
+
+
+def fixed_latency(eqn: JaxprEqn, profile: TpuProfile) -> float:
+    """The part of a trip's fixed part that reading by blocks saves: the trip's control and
+    each slice's latency, not the bytes the slices move (those move either way)."""
+    info = _compat.scan_info(eqn)
+    ins = len(eqn.invars) - info.num_consts - info.num_carry
+    outs = len(eqn.outvars) - info.num_carry
+    # A trip's slices are fetched (and its outputs written) side by side: one latency
+    # each way, and a little more per further slice.
+    return (profile.trip_s + (profile.slice_s if ins else 0.0)
+            + (profile.write_s if outs else 0.0)
+            + _FURTHER_SLICE * profile.slice_s * (max(ins - 1, 0) + max(outs - 1, 0)))
+
+
+def _slice_bytes(eqn: JaxprEqn) -> float:
     info = _compat.scan_info(eqn)
     carried = info.num_consts + info.num_carry
-    fixed = profile.trip_s
-    for atom in eqn.invars[carried:]:
-        nbytes = _compat.aval_nbytes(atom.aval) / max(info.length, 1)
-        fixed += profile.slice_s + nbytes / profile.slice_bandwidth
-    for var in eqn.outvars[info.num_carry:]:
-        nbytes = _compat.aval_nbytes(var.aval) / max(info.length, 1)
-        fixed += profile.write_s + nbytes / profile.slice_bandwidth
-    return fixed
+    moved = [*eqn.invars[carried:], *eqn.outvars[info.num_carry:]]
+    return sum(_compat.aval_nbytes(a.aval) for a in moved) / max(info.length, 1)
 
 
 def carried_bytes(eqn: JaxprEqn) -> float:
@@ -215,8 +230,8 @@ def block_factor(eqn: JaxprEqn, profile: TpuProfile, most: int | None = None) ->
     ``most``: the most unrolled copies the memory budget allows."""
     info = _compat.scan_info(eqn)
     length = info.length
-    body = body_seconds(eqn, profile)
-    fixed = fixed_seconds(eqn, profile)
+    body = body_seconds(eqn, profile) + _slice_bytes(eqn) / profile.slice_bandwidth
+    fixed = fixed_latency(eqn, profile)
     rolled = body + fixed
     if length <= 1:
         return BlockChoice(1, False, rolled, rolled, "one trip")
@@ -227,8 +242,8 @@ def block_factor(eqn: JaxprEqn, profile: TpuProfile, most: int | None = None) ->
             f"copy (on a TPU v5e a 2 MiB accumulator made unrolling x1.5 slower)"))
     if body > fixed:
         return BlockChoice(1, False, rolled, rolled, (
-            f"kept rolled: its body (est. {body * 1e6:.2f} us) hides a trip's fixed part "
-            f"(est. {fixed * 1e6:.2f} us: control and slices)"))
+            f"kept rolled: its body (est. {body * 1e6:.2f} us, with its slices' bytes) hides "
+            f"a trip's control and slice latency (est. {fixed * 1e6:.2f} us)"))
     inner, _ = _compat.open_jaxpr(info.jaxpr)
     body_eqns = max(len(inner.eqns), 1)
     limit = min(profile.block_limit, max(1, MAX_BLOCK_EQNS // body_eqns), length)
@@ -251,8 +266,8 @@ def block_factor(eqn: JaxprEqn, profile: TpuProfile, most: int | None = None) ->
            else f"unrolled by {factor} (lax.scan's unroll: {length} has no divisor "
                 f"up to {limit})")
     return BlockChoice(factor, blocked, rolled, chosen, (
-        f"{how}: a trip's fixed part (est. {fixed * 1e6:.2f} us: control and slices) "
-        f"outweighs its body (est. {body * 1e6:.2f} us); est. {rolled * 1e6:.2f} -> "
+        f"{how}: a trip's control and slice latency (est. {fixed * 1e6:.2f} us) outweighs "
+        f"its body (est. {body * 1e6:.2f} us, with its slices' bytes); est. {rolled * 1e6:.2f} -> "
         f"{chosen * 1e6:.2f} us a trip, {profile.measured}"))
 
 
