@@ -6,9 +6,9 @@ control stays on the chip (jax#7024). What a loop trip costs beyond its body is 
 a fixed part: the trip's own control and, above all, fetching each scanned input's slice
 and writing each output's, whose latency a small body cannot hide. Measured on a TPU v5e
 (``benchmarks/calibrate_tpu.py``; figures and conditions in ``TPU_V5E``): a trip of a tiny
-body costs 1.5 us rolled, of which reading by blocks of ``K`` slices (``unroll_scans``'
-block form) saves most; a 100x100 matmul's latency is 0.12 us and a batched one of up to 8
-members costs about one.
+body with one input and one output costs 1.66 us rolled, 0.66 us read by blocks of 40
+(``unroll_scans``' block form); a 100x100 matmul's latency is 0.1 us and a batched one of
+8 members costs 0.27 us more.
 
 ``block_factor`` decides per ``scan`` whether to read its inputs by blocks and how many
 trips a block holds:
@@ -16,12 +16,14 @@ trips a block holds:
 * only where the body is small beside the trip's fixed part (``body <= fixed``): a
   larger body hides the slices' latency behind its own work, and unrolling it gained
   nothing on the chip (a bidirectional GRU, x0.98-1.04);
-* never where the loop carries large arrays (``LARGE_CARRY_BYTES``): a gradient's
-  accumulators (an LSTM's weight gradients, 2 MiB) are copied per unrolled trip, which
-  made unrolled loops x1.2-1.8 slower on the chip;
+* never where the loop carries large arrays (``LARGE_CARRY_BYTES``): unrolling LSTM
+  gradients, which carry 1-2 MiB of weight gradients, made them x1.2-1.8 slower on the
+  chip (a precaution: a synthetic 2 MiB accumulator alone did not slow down);
 * the largest factor up to ``TpuProfile.block_limit`` that divides the length (so no
-  input is copied apart) and keeps the unrolled body under ``MAX_UNROLLED_EQNS``
-  equations; a length with no such divisor is unrolled by ``lax.scan``'s own ``unroll``.
+  input is copied apart), keeps the unrolled body under ``MAX_BLOCK_EQNS`` equations
+  and the copies within the memory budget; a length with no such divisor is unrolled by
+  ``lax.scan``'s own ``unroll``; below ``MIN_FACTOR`` (8) the loop stays rolled (blocks of
+  2 and 4 gained little and made gradient loops x1.02-1.04 slower).
 
 Example::
 
@@ -91,31 +93,36 @@ class TpuProfile:
         return points[-1][1]
 
 
-# Measured on one TPU v5e chip (JAX reports "TPU v5 lite"), jax 0.10.2, 2026-12-05, by
-# benchmarks/calibrate_tpu.py (medians; the run's JSON is in docs/benchmarks.md, "The TPU
-# profile"). block_ratios: a scan of a 64-element carry over 10,000 trips with one scanned
-# input and one output, (time per trip read by blocks of K) / (rolled), less its body.
+# Measured on one TPU v5e chip (JAX reports "TPU v5 lite"), jax 0.10.2, 2026-12-06, by
+# benchmarks/calibrate_tpu.py in benchmarks/tpu.sh (medians of 5 calls of 4,000 trips;
+# the run's JSON: docs/measurements/tpu-v5e-2026-12-06/calibration.json). block_ratios: a
+# scan of a 64-element carry with one scanned input and one output, its time per trip read
+# by blocks of K over rolled.
 TPU_V5E = TpuProfile(
-    chip="TPU v5 lite",
-    measured="measured on TPU v5e (jax 0.10.2, 2026-12-05)",
-    trip_s=0.19e-6,
-    slice_s=0.60e-6,
-    slice_bandwidth=0.82e12,
-    write_s=0.60e-6,
-    dot_s=0.12e-6,
-    batched_dot_extra_s=0.02e-6,
-    transcendental_s_per_element=3.3e-11,
-    block_ratios=((2, 0.48), (8, 0.37), (16, 0.36), (25, 0.35), (40, 0.32), (80, 0.32)),
+    chip="TPU v5e",
+    measured="measured on TPU v5e (jax 0.10.2, 2026-12-06)",
+    trip_s=0.191e-6,
+    slice_s=0.657e-6,
+    slice_bandwidth=0.795e12,
+    write_s=1.285e-6,
+    dot_s=0.098e-6,
+    batched_dot_extra_s=0.023e-6,
+    transcendental_s_per_element=3.74e-11,
+    block_ratios=((2, 0.546), (8, 0.46), (16, 0.448), (25, 0.419), (40, 0.399), (80, 0.402)),
     block_limit=40,
-    copy_bandwidth=0.4e12,
-    peak_flops=1.65e14,
+    copy_bandwidth=0.355e12,
+    peak_flops=1.63e14,
     hbm_bandwidth=8.19e11,
 )
 
-# Carries above this many bytes in all make a loop's unrolled trips copy them (a
-# gradient's accumulators); such loops stay rolled. On the chip a 2 MiB accumulator made
-# unrolling by 2 x1.5 slower, while loops carrying up to 80 KiB gained (seed: 40-60%).
+# Loops carrying more than this many bytes (a gradient's accumulators) stay rolled, a
+# precaution: on the chip lax.scan's unroll by 2-8 made LSTM gradients (1-2 MiB of weight
+# gradients carried) x1.2-1.8 slower, though a synthetic 2 MiB accumulator alone ran
+# faster unrolled (calibration: 1.57 us a trip rolled, 0.75 read by blocks of 8); loops
+# carrying up to 80 KiB gained 40-70%.
 LARGE_CARRY_BYTES = 512 * 1024
+# The smallest factor read by blocks: smaller ones saved little and lost on the chip.
+MIN_FACTOR = 8
 # What each slice after the first adds to a trip's latency, as a share of ``slice_s`` (an
 # assumption: the DMAs of one trip overlap).
 _FURTHER_SLICE = 0.15
@@ -238,8 +245,9 @@ def block_factor(eqn: JaxprEqn, profile: TpuProfile, most: int | None = None) ->
     carried = carried_bytes(eqn)
     if carried > LARGE_CARRY_BYTES:
         return BlockChoice(1, False, rolled, rolled, (
-            f"kept rolled: it carries {carried / 2**20:.1f} MiB, which unrolled trips "
-            f"copy (on a TPU v5e a 2 MiB accumulator made unrolling x1.5 slower)"))
+            f"kept rolled: it carries {carried / 2**20:.1f} MiB, which unrolled trips may "
+            f"copy (on a TPU v5e unrolling LSTM gradients, which carry 1-2 MiB, made them "
+            f"x1.2-1.8 slower)"))
     if body > fixed:
         return BlockChoice(1, False, rolled, rolled, (
             f"kept rolled: its body (est. {body * 1e6:.2f} us, with its slices' bytes) hides "
@@ -259,8 +267,10 @@ def block_factor(eqn: JaxprEqn, profile: TpuProfile, most: int | None = None) ->
     # own unroll at the limit reads more trips per slice of control.
     if blocked and factor * 4 < limit:
         factor, blocked = limit, False
-    if factor <= 1:
-        return BlockChoice(1, False, rolled, rolled, f"kept rolled: no factor within {bound}")
+    if factor < MIN_FACTOR:
+        return BlockChoice(1, False, rolled, rolled, (
+            f"kept rolled: no factor of {MIN_FACTOR} or more within {bound} (on a TPU v5e "
+            "blocks of 2 and 4 made gradient loops x1.02-1.04 slower)"))
     chosen = body + fixed * profile.block_ratio(factor)
     how = (f"read by blocks of {factor} trips" if blocked
            else f"unrolled by {factor} (lax.scan's unroll: {length} has no divisor "
