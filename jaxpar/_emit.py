@@ -3,7 +3,7 @@
 The rewritten program is produced by *evaluating* the original jaxpr with an
 interpreter (like ``jax.core.eval_jaxpr``) under whatever trace is current:
 plain equations are re-bound as they were, each region becomes one
-``_compat.stream_region_p`` equation, lowered as an ``xla_metadata_call``
+``_ops.stream_region_p`` equation, lowered as an ``xla_metadata_call``
 carrying ``_xla_stream_annotation``, ``inlineable="false"`` and
 ``_scheduling_group_id``, and equations with planned nested jaxprs are
 re-bound with those jaxprs re-traced through the same interpreter. Because it
@@ -22,7 +22,7 @@ Sharp edges:
     taken from the plan: XLA rejects a group whose members are connected
     through work outside it ("annotation groups with gaps"), which two
     emissions of one plan in one program would otherwise be.
-  * Each region is one equation of jaxpar's own ``_compat.stream_region_p``,
+  * Each region is one equation of jaxpar's own ``_ops.stream_region_p``,
     lowered as the ``xla_metadata_call`` above; its JVP emits a forward region
     and a linear region with scheduling groups of their own, its transpose a
     region again (see ``_region_jvp``, ``_region_transpose``).
@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _compat
+from . import _compat, _ops
 from ._compat import JaxprEqn, JaxprLike
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._interp import Env
@@ -121,7 +121,7 @@ class GroupIds:
 
 @dataclasses.dataclass(frozen=True)
 class Region:
-    """What a stream region's equation carries (``_compat.stream_region_p``'s ``region``).
+    """What a stream region's equation carries (``_ops.stream_region_p``'s ``region``).
 
     Compares by value: the stream and the group object (by identity).
     """
@@ -144,7 +144,7 @@ class Region:
 
 @dataclasses.dataclass(frozen=True)
 class CollectivesGroup:
-    """What a collectives group's equation carries (``_compat.stream_region_p``'s
+    """What a collectives group's equation carries (``_ops.stream_region_p``'s
     ``region``): the call's frontend attributes (``COLLECTIVES_GROUP_ATTRIBUTES``).
 
     The derivatives of a group of collectives are collectives again (a ``ppermute``'s
@@ -168,14 +168,14 @@ def _inexact(aval: Any) -> bool:
 
 def region_call(body: Callable[..., Sequence[Any]], stream: int,
                 group: GroupIds | None) -> Callable[..., tuple[Any, ...]]:
-    """``body`` as one stream region: a ``_compat.stream_region_p`` equation.
+    """``body`` as one stream region: a ``_ops.stream_region_p`` equation.
 
     It lowers to one non-inlined call with the stream's attributes, and every JAX
     transformation has a rule for it (``_compat``). Its derivatives are regions
     again, on the same stream (``_region_jvp``, ``_region_transpose``).
     """
     region = Region(stream, group)
-    return lambda *args: tuple(_compat.bind_stream_region(body, args, region))
+    return lambda *args: tuple(_ops.bind_stream_region(body, args, region))
 
 
 def _region_jvp(call_jaxpr: JaxprLike, region: Region, primals: list[Any],
@@ -196,7 +196,7 @@ def _region_jvp(call_jaxpr: JaxprLike, region: Region, primals: list[Any],
     avals = [jax.typeof(p) for p in primals]
     diff = [_inexact(a) and t is not None for a, t in zip(avals, tangents, strict=True)]
     if not any(diff):
-        outs = _compat.bind_stream_region(
+        outs = _ops.bind_stream_region(
             lambda *a: _compat.jaxpr_eval(call_jaxpr, *a), primals, region)
         return outs, [None] * len(outs)
     lin = _compat.linearize_split(lambda *a: _compat.jaxpr_eval(call_jaxpr, *a), avals, diff)
@@ -267,7 +267,7 @@ def _zeros(aval: Any) -> Any:
         jnp.zeros(aval.shape, aval.dtype)
 
 
-_compat.register_stream_region_ad(_region_jvp, _region_transpose)
+_ops.register_stream_region_ad(_region_jvp, _region_transpose)
 
 
 def _lean_region(invars: Sequence[Any], outvars: Sequence[Any], consts: dict[Any, Any],
@@ -303,7 +303,7 @@ def _lean_region(invars: Sequence[Any], outvars: Sequence[Any], consts: dict[Any
             outs = evaluate(*values)
             return [outs[i] for i in picks]
 
-        computed = _compat.bind_stream_region(body, args, region)
+        computed = _ops.bind_stream_region(body, args, region)
     return [computed[ref] if is_computed else ref for is_computed, ref in sources]
 
 
@@ -375,7 +375,7 @@ class Emitter:
                 groups[s] = (GroupIds(derive=not self._unrolling)
                              if section.group is not None else None)
             # The program's constants a region reads stay in its body (see
-            # ``_compat.bind_stream_region``); the other inputs are its operands.
+            # ``_ops.bind_stream_region``); the other inputs are its operands.
             constants = {v: value for v, value in zip(in_vars, env.read_all(in_vars), strict=True)
                          if v in constvars and _closed_over(value)}
             operands = [v for v in in_vars if v not in constants]
@@ -566,7 +566,7 @@ def emit_collective_group(eqns: Sequence[JaxprEqn], invals: Sequence[Sequence[An
     """Emits ``eqns`` (collectives) as ONE non-inlined call launched as a group.
 
     Each equation is re-bound with its source info and context inside one
-    ``_compat.stream_region_p`` equation (a ``CollectivesGroup``) that lowers to a call
+    ``_ops.stream_region_p`` equation (a ``CollectivesGroup``) that lowers to a call
     carrying ``{_collectives_group="", inlineable="false"}``. Works under any trace
     (jit, grad, vmap, inside a ``shard_map`` body or a scan body); its derivatives are
     groups again.
@@ -602,7 +602,7 @@ def emit_collective_group(eqns: Sequence[JaxprEqn], invals: Sequence[Sequence[An
     # know (jax.grad of a decorated shard_map body raised "Linearization failed to
     # produce known values"). A region's JVP is a forward and a linear group.
     region = CollectivesGroup(tuple(attributes.items()))
-    flat_out = _compat.bind_stream_region(body, [v for vals in invals for v in vals], region)
+    flat_out = _ops.bind_stream_region(body, [v for vals in invals for v in vals], region)
     result, start = [], 0
     for count in out_counts:
         result.append(flat_out[start:start + count])

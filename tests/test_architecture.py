@@ -2,7 +2,7 @@
 the test suite's: test modules share code only through helper modules, and each is named
 after what it tests.
 
-The pipeline is ``_compat -> _graph -> _cost -> passes/ -> _plan -> _emit -> _report
+The pipeline is ``_compat -> _ops -> _graph -> _cost -> passes/ -> _plan -> _emit -> _report
 -> _pipeline -> _api -> _compiled``: a module may import modules earlier in it, never later ones.
 Every import counts: function-level ones (a late import only hides a circle) and
 ``if TYPE_CHECKING:`` ones (a type-only circle is still two modules that cannot be read
@@ -21,8 +21,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "jaxpar"
 TESTS = Path(__file__).resolve().parent
 
-PIPELINE = ("jaxpar._compat", "jaxpar._graph", "jaxpar._cost", "jaxpar.passes", "jaxpar._plan",
-            "jaxpar._emit", "jaxpar._report.plan", "jaxpar._pipeline", "jaxpar._api")
+PIPELINE = ("jaxpar._compat", "jaxpar._ops", "jaxpar._graph", "jaxpar._cost", "jaxpar.passes",
+            "jaxpar._plan", "jaxpar._emit", "jaxpar._report.plan", "jaxpar._pipeline",
+            "jaxpar._api")
 MAX_DEFINITION_LINES = 200
 
 
@@ -244,8 +245,10 @@ def test_no_pass_imports_a_sibling_pass() -> None:
 LAYERS = (
     ("_memo",),
     ("_compat.jaxprs",), ("_compat.avals",), ("_compat.sources",), ("_compat.tracing",),
-    ("_compat.loops",), ("_compat.shard_map",), ("_compat.call_rules",),
-    ("_compat.stream_region",), ("_compat.program",), ("_compat",),
+    ("_compat.loops",), ("_compat.shard_map",), ("_compat.xla_metadata",), ("_compat.rules",),
+    ("_compat",),
+    ("_ops.call_rules",), ("_ops.stream_region",), ("_ops.program",), ("_ops.equations",),
+    ("_ops",),
     ("_primitives",), ("_gpu_model",), ("_flags",), ("_options",),
     ("_structure",), ("_loops",),
     ("_interp",), ("_graph",), ("_cost",), ("_memory",), ("_analysis",), ("passes",),

@@ -72,7 +72,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import _compat
+from .. import _compat, _ops
 from .._analysis import Analysis
 from .._compat import Atom, JaxprEqn, JaxprLike, ShapedArray
 from .._cost import ENDS, CostModel, LaunchPrices, launch_prices
@@ -190,7 +190,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 def _batchable(eqn: JaxprEqn) -> bool:
     return (eqn.primitive.name in BATCHED_PRIMITIVES and not eqn.effects
             and not is_collective(eqn)
-            and not _compat.has_frontend_attributes(eqn))
+            and not _ops.has_frontend_attributes(eqn))
 
 
 def _batch_level(level: Level, costs: CostModel, mode: CommandBufferMode | None,
