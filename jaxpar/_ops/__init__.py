@@ -26,7 +26,6 @@ from .stream_region import (
     STREAM_REGION,
     bind_stream_region,
     packable,
-    register_stream_region_ad,
     stream_region_p,
 )
 
@@ -41,6 +40,5 @@ __all__ = [
     "has_frontend_attributes",
     "packable",
     "program_p",
-    "register_stream_region_ad",
     "stream_region_p",
 ]

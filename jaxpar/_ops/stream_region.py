@@ -18,9 +18,9 @@ jaxpar's own rather than JAX's ``xla_metadata_call``:
 
 Rules (named in one ``_compat.CallRules`` at the end): impl, abstract eval (with the
 body's effects), lowering, batching, DCE, partial eval for ``jax.checkpoint`` (JAX's
-closed-call rule, as for ``xla_metadata_call``), ``checkify``, ``jet``, JVP and
-transpose, which call back into the emitter (``register_stream_region_ad``) so that every
-derived computation is again a region with these same rules, and state discharge.
+closed-call rule, as for ``xla_metadata_call``), ``checkify``, ``jet``, state discharge,
+and JVP and transpose, under which every derived computation is again a region with
+these same rules (``_jvp_as_two_regions``, ``_transpose_as_a_region``).
 
 Parameters: ``call_jaxpr`` (closed; its consts are concrete constants, which stay in the
 call, see ``bind_stream_region``) and ``region``, an object of the emitter's with
@@ -40,10 +40,11 @@ from typing import Any
 
 import jax
 import jax.extend.core as jex_core
+import jax.numpy as jnp
 import numpy as np
 
 from .. import _compat
-from .._compat import ClosedJaxpr
+from .._compat import ClosedJaxpr, JaxprLike
 from .call_rules import call_abstract_eval, call_jet
 
 # ---------------------------------------------------------------------- stream_region_p
@@ -53,10 +54,6 @@ stream_region_p.multiple_results = True
 # Some releases also ask the primitive whether an equation has effects.
 setattr(stream_region_p, "is_effectful",  # noqa: B010
         lambda params: bool(params["call_jaxpr"].effects))
-
-# The emitter's JVP and transpose of a region (see ``register_stream_region_ad``).
-_region_ad: dict[str, Callable[..., Any]] = {}
-
 
 def bind_stream_region(fn: Callable[..., Sequence[Any]], args: Sequence[Any],
                        region: Any) -> list[Any]:
@@ -74,19 +71,6 @@ def bind_stream_region(fn: Callable[..., Sequence[Any]], args: Sequence[Any],
         return list(stream_region_p.bind(*args, call_jaxpr=closed, region=region))
     jaxpr, consts = _compat.separate_consts(closed)
     return list(stream_region_p.bind(*consts, *args, call_jaxpr=jaxpr, region=region))
-
-
-def register_stream_region_ad(jvp: Callable[..., Any], transpose: Callable[..., Any]) -> None:
-    """Installs the emitter's derivative rules for regions (called once, by ``_emit``).
-
-    ``jvp(call_jaxpr, region, primals, tangents)`` gets None for a zero tangent and
-    returns ``(outputs, output tangents)`` with None for zeros.
-    ``transpose(call_jaxpr, region, args, linear, cotangents)`` gets the non-linear
-    operands' values (None where ``linear``) and the outputs' cotangents (None for
-    zeros) and returns one cotangent (or None) per operand.
-    """
-    _region_ad["jvp"] = jvp
-    _region_ad["transpose"] = transpose
 
 
 def packable(avals: Sequence[Any]) -> bool:
@@ -152,7 +136,7 @@ def _region_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[An
 def _region_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr: ClosedJaxpr,
                 region: Any) -> tuple[list[Any], list[Any]]:
     given = [None if _compat.is_symbolic_zero(t) else t for t in tangents]
-    outs, out_tangents = _region_ad["jvp"](call_jaxpr, region, list(primals), given)
+    outs, out_tangents = _jvp_as_two_regions(call_jaxpr, region, list(primals), given)
     return list(outs), [_compat.symbolic_zero(o) if t is None else t
                         for o, t in zip(outs, out_tangents, strict=True)]
 
@@ -162,7 +146,140 @@ def _region_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: ClosedJaxpr,
     linear = [_compat.is_undefined_primal(a) for a in args]
     values = [None if lin else a for a, lin in zip(args, linear, strict=True)]
     given = [None if _compat.is_symbolic_zero(ct) else ct for ct in cts]
-    return list(_region_ad["transpose"](call_jaxpr, region, values, linear, given))
+    return list(_transpose_as_a_region(call_jaxpr, region, values, linear, given))
+
+
+def _inexact(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def _jvp_as_two_regions(call_jaxpr: JaxprLike, region: Any, primals: list[Any],
+                        tangents: list[Any | None]) -> tuple[list[Any], list[Any | None]]:
+    """The JVP of a region: what ``jax.linearize`` computes, as two regions.
+
+    JAX differentiates an ``xla_metadata_call`` by differentiating its body whole:
+    the JVP of a region holding a loop is one loop carrying primal and tangent values
+    together. Transposing that inside ``jax.checkpoint`` (which partially evaluates
+    the JVP without splitting the call) fails with an ``AssertionError`` in JAX's
+    transpose rule, and outside it the transposed regions inherit the forward
+    regions' scheduling group, which XLA:GPU rejects ("annotation groups with gaps").
+    So a region's JVP is a forward region returning the outputs and the residuals and
+    a linear region mapping input tangents to output tangents, each on the same
+    stream in a derived group, each a region again (higher derivatives work the same
+    way). ``tangents`` holds None for zero tangents; so do the returned ones.
+    """
+    avals = [jax.typeof(p) for p in primals]
+    diff = [_inexact(a) and t is not None for a, t in zip(avals, tangents, strict=True)]
+    if not any(diff):
+        outs = bind_stream_region(
+            lambda *a: _compat.jaxpr_eval(call_jaxpr, *a), primals, region)
+        return outs, [None] * len(outs)
+    lin = _compat.linearize_split(lambda *a: _compat.jaxpr_eval(call_jaxpr, *a), avals, diff)
+    forward_jaxpr, forward_consts = _compat.open_jaxpr(lin.forward)
+    forward = _lean_region(
+        forward_jaxpr.invars, forward_jaxpr.outvars,
+        dict(zip(forward_jaxpr.constvars, forward_consts, strict=True)),
+        lambda *p: _compat.jaxpr_eval(lin.forward, *p), primals, region.derived("forward"))
+    outs, residuals = forward[:lin.num_outputs], forward[lin.num_outputs:]
+    out_diff = [_inexact(jax.typeof(o)) for o in outs]
+    if not any(out_diff):
+        return list(outs), [None] * len(outs)
+    diff_tangents = [t for t, d in zip(tangents, diff, strict=True) if d]
+    linear = lin.linear
+    kept = [v for v, d in zip(linear.outvars, out_diff, strict=True) if d]
+
+    def evaluate_linear(*values: Any) -> list[Any]:
+        res, tans = values[:lin.num_residuals], values[lin.num_residuals:]
+        return [t for t, d in zip(_compat.eval_linear(lin, res, tans), out_diff, strict=True)
+                if d]
+
+    linear_outs = iter(_lean_region(
+        [*linear.constvars, *linear.invars], kept, {}, evaluate_linear,
+        [*residuals, *diff_tangents], region.derived("linear")))
+    return list(outs), [next(linear_outs) if d else None for d in out_diff]
+
+
+def _transpose_as_a_region(call_jaxpr: JaxprLike, region: Any, values: list[Any | None],
+                           linear: list[bool], cotangents: list[Any | None]
+                           ) -> list[Any | None]:
+    """The transpose of a (linear) region, as a region on the same stream and group.
+
+    JAX's transpose of an ``xla_metadata_call`` is a plain ``xla_metadata_call`` again,
+    which JAX then differentiates by its own rule: second-order reverse mode through
+    ``jax.checkpoint`` asserted there. Ours is a region with our rules.
+    """
+    in_avals = _compat.in_avals(call_jaxpr)
+    out_avals = list(call_jaxpr.out_avals)
+    transposed_in = [i for i, lin in enumerate(linear) if lin and _inexact(in_avals[i])]
+    given = [j for j, ct in enumerate(cotangents) if ct is not None and _inexact(out_avals[j])]
+    if not transposed_in or not given:
+        return [None] * len(values)
+    wanted = set(transposed_in)
+    residuals = [v for v, lin in zip(values, linear, strict=True) if not lin]
+
+    def transposed(*operands: Any) -> list[Any]:
+        res, cts = operands[:len(residuals)], list(operands[len(residuals):])
+
+        def linear_fn(*lin_values: Any) -> list[Any]:
+            lin_it, res_it = iter(lin_values), iter(res)
+            full = [next(res_it) if not lin else next(lin_it) if i in wanted
+                    else _zeros(in_avals[i]) for i, lin in enumerate(linear)]
+            outs = _compat.jaxpr_eval(call_jaxpr, *full)
+            return [outs[j] for j in given]
+
+        return list(jax.linear_transpose(linear_fn, *[in_avals[i] for i in transposed_in])(cts))
+
+    operands = [*residuals, *[cotangents[j] for j in given]]
+    closed = _compat.make_closed_jaxpr(transposed, [jax.typeof(o) for o in operands])
+    inner, consts = _compat.open_jaxpr(closed)
+    results = iter(_lean_region(inner.invars, inner.outvars,
+                                dict(zip(inner.constvars, consts, strict=True)),
+                                lambda *o: _compat.jaxpr_eval(closed, *o), operands, region))
+    return [next(results) if i in wanted else None for i in range(len(values))]
+
+
+def _zeros(aval: Any) -> Any:
+    return np.zeros(aval.shape, aval.dtype) if aval.dtype == jax.dtypes.float0 else \
+        jnp.zeros(aval.shape, aval.dtype)
+
+
+
+def _lean_region(invars: Sequence[Any], outvars: Sequence[Any], consts: dict[Any, Any],
+                 evaluate: Callable[..., Sequence[Any]], args: Sequence[Any],
+                 region: Any) -> list[Any]:
+    """``evaluate(*args)`` (a jaxpr's evaluation) as a region returning only new values.
+
+    ``invars``/``outvars`` are the jaxpr's, ``consts`` maps its constvars to values.
+    Outputs that are inputs, constants or literals are taken outside the region, and
+    each computed value is returned once. The forward half of a linearization
+    forwards primal inputs as residuals; returned from the call, they made XLA:GPU
+    find a cycle in a loop body (deviceless H200, jaxlib 0.10.2).
+    """
+    position = {v: i for i, v in enumerate(invars)}
+    first: dict[Any, int] = {}  # computed outvar -> its slot among the region's results
+    picks: list[int] = []  # output index of each slot
+    sources: list[tuple[bool, Any]] = []  # (computed?, slot or value) per output
+    for index, v in enumerate(outvars):
+        if _compat.is_literal(v):
+            sources.append((False, _compat.literal_value(v)))
+        elif v in position:
+            sources.append((False, args[position[v]]))
+        elif v in consts:
+            sources.append((False, consts[v]))
+        else:
+            if v not in first:
+                first[v] = len(picks)
+                picks.append(index)
+            sources.append((True, first[v]))
+    computed: list[Any] = []
+    if picks:
+        def body(*values: Any) -> list[Any]:
+            outs = evaluate(*values)
+            return [outs[i] for i in picks]
+
+        computed = bind_stream_region(body, args, region)
+    return [computed[ref] if is_computed else ref for is_computed, ref in sources]
 
 
 def _region_checkify(*args: Any, call_jaxpr: ClosedJaxpr, region: Any) -> tuple[Any, list[Any]]:
