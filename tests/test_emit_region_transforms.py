@@ -2,7 +2,8 @@
 autodiff's first order.
 
 A region is an equation of jaxpar's own primitive (`_ops.stream_region_p`), lowered
-like `xla_metadata_call`, with a rule for each transformation that can meet it. Before,
+like `xla_metadata_call`, with a rule for each transformation that can meet it
+(`jaxpar._ops.stream_region`). Before,
 regions were bare `xla_metadata_call`s: `checkify` has no rule for those and silently
 dropped every check in their bodies, `jet` failed, and JAX's own transpose of one made a
 plain `xla_metadata_call` whose derivative under `jax.checkpoint` asserted (second-order
