@@ -259,6 +259,7 @@ LAYERS = (
     ("_trace.outputs",), ("_trace.messages",), ("_trace.tracing",), ("_trace",),
     ("_pipeline",), ("_dispatch",), ("_call_tuner",), ("_api",),
     ("_compiled.gpu_compile",), ("_compiled.hlo",), ("_compiled.schedule", "_compiled"),
+    ("_compiled.kernels",), ("_compiled.thunks",), ("_compiled.replay",),
     ("_compiled.estimate",),
     ("_compiled.preview",),
     ("", "_cli", "__main__"),
