@@ -249,7 +249,7 @@ LAYERS = (
     ("_compat",),
     ("_ops.call_rules",), ("_ops.stream_region",), ("_ops.program",), ("_ops.equations",),
     ("_ops",),
-    ("_primitives",), ("_gpu_model",), ("_flags",), ("_options",),
+    ("_primitives",), ("_gpu_model",), ("_gpu_timeline",), ("_flags",), ("_options",),
     ("_structure",), ("_loops",),
     ("_interp",), ("_graph",), ("_cost",), ("_memory",), ("_analysis",), ("passes",),
     ("_plan",), ("_emit",), ("_processes",), ("_tune",),

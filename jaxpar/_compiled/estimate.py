@@ -326,14 +326,14 @@ def estimate_hlo(hlo_text: str, gpu: str | GpuProfile = "h200",
     program = Program(module, KernelCosts(module, profile), mode)
     replay = Replay(program, profile, unknown_trips)
     replay.sequence(entries[0], 0, graphs=True)
-    finish = max(replay.clock["host"], *replay.streams.values())
+    finish = max(replay.clock["host"], *replay.streams.ends.values())
     return Estimate(
         seconds=finish, launches=round(replay.clock["launches"]),
         graph_launches=round(replay.clock["graph_launches"]),
         concurrent_kernels=round(replay.clock["concurrent_kernels"]),
         host_syncs=round(replay.clock["host_syncs"]),
         unknown_trip_loops=len(replay.unknown_loops),
-        device_seconds=replay.clock["device_seconds"],
+        device_seconds=replay.device.busy,
         regions=_regions(module, program, entries[0]), command_buffers=mode.value,
         gpu=profile.name)
 

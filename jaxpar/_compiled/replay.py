@@ -1,30 +1,31 @@
 """The replay of a compiled program's thunk sequences on the GPU model (``estimate``'s
-engine): a host thread that enqueues kernels, CUDA streams that run them in order, CUDA
-graphs launched at once, host syncs, and loops replayed trip by trip (three trips, the
-rest extrapolated). ``estimate`` says what each step models and where its figures come
-from.
+engine): a host thread that enqueues kernels in XLA's order, and the one GPU simulator
+jaxpar has (``_gpu_timeline``: the device shared by CUDA streams that run kernels in
+order, and the node order of a CUDA graph), plus host syncs and loops replayed trip by
+trip (three trips, the rest extrapolated). ``estimate`` says what each step models and
+where its figures come from; ``_gpu_timeline`` says why the host is modelled here and
+not there (the planner, ``_plan.modes``, runs the same simulator on a jaxpr).
 
 Example::
 
     replay = Replay(program, profile, unknown_trips=1)
     replay.sequence(entry, 0, graphs=True)
-    max(replay.clock["host"], *replay.streams.values())   # seconds per run
+    max(replay.clock["host"], *replay.streams.ends.values())   # seconds per run
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .._gpu_model import GpuProfile
+from .._gpu_timeline import Device, LaunchSequence, Streams
 from . import hlo
 from .hlo import Instruction, Module
 from .kernels import KernelCost
 from .thunks import Item, Program
 
-_COUNTERS = ("host", "device_free", "launches", "graph_launches", "host_syncs",
-             "device_seconds", "concurrent_kernels")
+_COUNTERS = ("host", "launches", "graph_launches", "host_syncs", "concurrent_kernels")
 
 
 class Replay:
@@ -35,19 +36,16 @@ class Replay:
         self.profile = profile
         self.unknown_trips = unknown_trips
         self.clock = dict.fromkeys(_COUNTERS, 0.0)
-        self.streams: dict[int, float] = {0: 0.0}
+        self.device = Device()
+        self.streams = Streams({0: 0.0})
         self.ready: dict[str, float] = {}
         self.region_stream: dict[str, int] = {}
         self.unknown_loops: set[str] = set()
 
-    # -- the device
-    def _run(self, start: float, cost: KernelCost, graphs: bool = False) -> float:
+    # -- a kernel's work and floor
+    def _figures(self, cost: KernelCost, graphs: bool = False) -> tuple[float, float]:
         work = cost.work(self.profile)
-        duration = max(work, self.profile.floor_s(graphs))
-        begin_work = max(start, self.clock["device_free"])
-        self.clock["device_free"] = begin_work + work
-        self.clock["device_seconds"] += duration
-        return max(start + duration, begin_work + work)
+        return work, max(work, self.profile.floor_s(graphs))
 
     def _operands_ready(self, instruction: Instruction) -> float:
         return max((self.ready.get(o, 0.0) for o in instruction.operands), default=0.0)
@@ -65,42 +63,39 @@ class Replay:
         elif kind == "kernel":
             self.clock["host"] += self.profile.launch_s
             self.clock["launches"] += 1
-            begin = max(self.clock["host"], self.streams.setdefault(stream, 0.0))
-            end = self._run(begin, self.program.costs.kernel(instruction, computation))
-            self.streams[stream] = self.ready[instruction.name] = end
+            work, duration = self._figures(self.program.costs.kernel(instruction, computation))
+            self.ready[instruction.name] = self.streams.run(
+                self.device, stream, self.clock["host"], work, duration)
         elif kind == "start":
             self.clock["host"] += self.profile.event_s
             side = item.stream
             self.region_stream[instruction.name] = side
-            self.streams[side] = max(self.streams.get(side, 0.0),
-                                     self.streams.setdefault(stream, 0.0))
+            self.streams.wait(side, stream)
             for callee in item.callees:
                 self.sequence(callee, side, graphs=False)  # never captured inside
-            self.ready[instruction.name] = self.streams[side]
+            self.ready[instruction.name] = self.streams.ends[side]
         elif kind == "done":
             self.clock["host"] += self.profile.event_s
             side = self.region_stream.get(instruction.operands[0] if instruction.operands
                                           else "", stream)
-            self.streams[stream] = max(self.streams.setdefault(stream, 0.0),
-                                       self.streams.get(side, 0.0))
-            self.ready[instruction.name] = self.streams[stream]
+            self.ready[instruction.name] = self.streams.wait(stream, side)
         elif kind == "call":
             for callee in item.callees:
                 self.sequence(callee, stream, graphs)
-            self.ready[instruction.name] = self.streams.setdefault(stream, 0.0)
+            self.ready[instruction.name] = self.streams.at(stream)
         elif kind == "conditional":
             self._sync(stream)
             branch = self._dearest(item.callees)
             if branch:
                 self.sequence(branch, stream, graphs)
-            self.ready[instruction.name] = self.streams[stream]
+            self.ready[instruction.name] = self.streams.ends[stream]
         elif kind == "while":
             self._while(item, stream, graphs)
         elif kind == "graph":
             self._graph(item, computation, stream)
 
     def _sync(self, stream: int) -> None:
-        self.clock["host"] = max(self.clock["host"], self.streams.setdefault(stream, 0.0)) \
+        self.clock["host"] = max(self.clock["host"], self.streams.at(stream)) \
             + self.profile.sync_s
         self.clock["host_syncs"] += 1
 
@@ -108,12 +103,18 @@ class Replay:
         return _dearest(self.program, self.profile, branches)
 
     def _state(self) -> dict[Any, float]:
-        return {**self.clock, **{("stream", k): v for k, v in self.streams.items()}}
+        return {**self.clock, "device_free": self.device.free,
+                "device_seconds": self.device.busy,
+                **{("stream", k): v for k, v in self.streams.ends.items()}}
 
     def _set_state(self, state: Mapping[Any, float]) -> None:
         for key, value in state.items():
             if isinstance(key, tuple):
-                self.streams[key[1]] = value
+                self.streams.ends[key[1]] = value
+            elif key == "device_free":
+                self.device.free = value
+            elif key == "device_seconds":
+                self.device.busy = value
             else:
                 self.clock[key] = value
 
@@ -143,7 +144,7 @@ class Replay:
         if not known:  # the last condition, which says stop
             self.sequence(condition, stream, graphs)
             self._sync(stream)
-        self.ready[item.instruction.name] = self.streams.setdefault(stream, 0.0)
+        self.ready[item.instruction.name] = self.streams.at(stream)
 
     # -- one CUDA graph
     def _graph(self, item: Item, computation: str, stream: int) -> None:
@@ -154,37 +155,23 @@ class Replay:
         self.clock["host"] += self.profile.graph_launch_s + self.profile.node_s(mode) * kernels
         self.clock["graph_launches"] += 1
         self.clock["launches"] += kernels
-        begin = max(self.clock["host"], self.streams.setdefault(stream, 0.0))
+        begin = max(self.clock["host"], self.streams.at(stream))
         branching = mode.branching
-        queues = max(1, self.profile.hardware_queues)
+        sequence = LaunchSequence(branching, self.profile.hardware_queues, begin)
         ready: dict[str, float] = {}
-        end = chain = barrier = begin
-        in_flight: list[float] = []  # small nodes still running beside others
         for instruction, where, inputs in nodes:
+            at = max((ready.get(i, begin) for i in inputs), default=begin)
             if instruction.opcode == "__value__":
-                ready[instruction.name] = max((ready.get(i, begin) for i in inputs),
-                                              default=begin)
+                ready[instruction.name] = at
                 continue
             cost = self.program.costs.kernel(instruction, where)
-            if branching and not cost.serial:
-                start = max([barrier, *(ready.get(i, begin) for i in inputs)])
-                while in_flight and in_flight[0] <= start:
-                    heapq.heappop(in_flight)
-                if len(in_flight) >= queues:  # every hardware queue busy
-                    start = max(start, heapq.heappop(in_flight))
-            else:  # a chain, or a kernel that fills the GPU: after everything before
-                start = end if branching else chain
-            if branching and start < end:  # beside a node still running
+            start = sequence.start(at, cost.serial)
+            if branching and start < sequence.end:  # beside a node still running
                 self.clock["concurrent_kernels"] += 1
-            finish = self._run(start, cost, graphs=True)
-            ready[instruction.name] = chain = finish
-            if branching and not cost.serial:
-                heapq.heappush(in_flight, finish)
-            else:
-                barrier = finish
-                in_flight.clear()
-            end = max(end, finish)
-        self.streams[stream] = end
+            work, duration = self._figures(cost, graphs=True)
+            finish = ready[instruction.name] = self.device.run(start, work, duration)
+            sequence.finished(finish, cost.serial)
+        self.streams.ends[stream] = sequence.end
 
     def _flatten(self, items: Sequence[Item], computation: str,
                  nodes: list[tuple[Instruction, str, tuple[str, ...]]],

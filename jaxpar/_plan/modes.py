@@ -27,8 +27,10 @@ The model of one jaxpr level, in a mode:
 * every equation launching kernels is a node: its roofline work (flops at peak or bytes
   at bandwidth, whichever is longer), at least a kernel floor per kernel (a graph's
   ``graph_floor_s`` inside a CUDA graph, ``kernel_floor_s`` launched alone); the work of
-  every node goes through the one device (overlap hides kernel floors, never work), as
-  in ``jaxpar._compiled.estimate``, which judges the compiled program the same way;
+  every node goes through the one device (overlap hides kernel floors, never work): the
+  device, the streams and the node order below are ``_gpu_timeline``'s, the GPU simulator
+  that ``jaxpar._compiled.estimate`` runs the compiled program on too (why the host is
+  modelled apart in each: ``_gpu_timeline``'s docstring);
 * a loop (``scan``, ``while``) is never captured (WHILE is no default command type): it
   runs alone on the stream, its body priced per trip in the same mode (a body of at
   least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``scan`` runs as XLA
@@ -81,7 +83,6 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -90,6 +91,7 @@ from .._compat import JaxprEqn, JaxprLike
 from .._cost import CostModel, known_while_trip_count
 from .._flags import command_buffer_options
 from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
+from .._gpu_timeline import Device, LaunchSequence, Streams
 from .._memo import IdentityMemo
 from .._primitives import COND, MAY_FUSE_AWAY, MAY_HOLD_LOOPS, SCAN, SERIAL_KERNELS, WHILE
 from .plans import LevelPlan
@@ -435,18 +437,18 @@ class _Model:
 def _timeline(gpu: GpuProfile, planned: Sequence[_Entry], lanes: Mapping[int, int],
               graphs: bool, branching: bool) -> tuple[float, float, float]:
     """When the level's last node finishes on the device, the seconds of its loops
-    and conds, and its work: nodes in order, each after its inputs and (serial modes,
-    serial kernels) everything before it."""
+    and conds, and its work: nodes in order on the one GPU simulator (``_gpu_timeline``),
+    each after its inputs and (serial modes, serial kernels) everything before it; a
+    region's nodes on its own stream."""
     floor_each = gpu.floor_s(graphs)
-    queues = max(1, gpu.hardware_queues)
+    device, streams = Device(), Streams()
+    sequence = LaunchSequence(branching, gpu.hardware_queues)
+    work_total = alone_seconds = 0.0
     ready: dict[Any, float] = {}
-    lane_end: dict[int, float] = {}
-    barrier = end = device_free = work_total = alone_seconds = 0.0
-    in_flight: list[float] = []  # finish times of the small nodes running beside others
     literal = _compat.Literal
     ready_get = ready.get
-    for index, (eqn, work, kernels, _, serial, alone, device) in enumerate(planned):
-        duration = device if (alone is not None or device) else max(
+    for index, (eqn, work, kernels, _, serial, alone, device_s) in enumerate(planned):
+        duration = device_s if (alone is not None or device_s) else max(
             work, kernels * floor_each)
         inputs = 0.0  # finish times are never negative
         for v in eqn.invars:
@@ -456,42 +458,25 @@ def _timeline(gpu: GpuProfile, planned: Sequence[_Entry], lanes: Mapping[int, in
                     inputs = at
         lane = lanes.get(index) if lanes else None
         if lane is not None:  # in a stream region: after its inputs and its lane
-            start = max(lane_end.get(lane, 0.0), inputs)
-            begin_work = max(start, device_free)
-            device_free = begin_work + work
-            finish = lane_end[lane] = max(start + duration, begin_work + work)
+            finish = streams.run(device, lane, inputs, work, duration)
+            sequence.reached(finish)
             if alone is not None:
                 alone_seconds += duration
         elif alone is not None:  # on the stream after everything before it
-            start = max(end, inputs)
-            finish = barrier = start + duration
-            device_free = max(device_free, finish)
+            finish = sequence.alone(inputs, duration)
+            device.hold(finish)
             alone_seconds += duration
         elif duration > 0:
-            if branching and not serial:
-                start = max(barrier, inputs)
-                while in_flight and in_flight[0] <= start:
-                    heapq.heappop(in_flight)
-                if len(in_flight) >= queues:  # every hardware queue busy
-                    start = max(start, heapq.heappop(in_flight))
-            else:  # a serial mode, or a kernel that fills the GPU
-                start = max(end, inputs)
-            begin_work = max(start, device_free)
-            device_free = begin_work + work
-            finish = max(start + duration, begin_work + work)
-            if branching and not serial:
-                heapq.heappush(in_flight, finish)
-            else:
-                barrier = finish
-                in_flight.clear()
+            start = sequence.start(inputs, serial)
+            finish = device.run(start, work, duration)
+            sequence.finished(finish, serial)
         else:
             finish = inputs
+            sequence.reached(finish)
         work_total += work
-        if finish > end:
-            end = finish
         for v in eqn.outvars:
             ready[v] = finish
-    return end, alone_seconds, work_total
+    return sequence.end, alone_seconds, work_total
 
 
 def estimate_plain_seconds(jaxpr: JaxprLike, costs: CostModel, mode: CommandBufferMode,
