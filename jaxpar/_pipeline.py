@@ -49,14 +49,13 @@ from ._memory import MemoryModel
 from ._options import Options, Settings
 from ._plan import LevelPlan, plan_jaxpr, symbolic_plan
 from ._plan.budget import LADDER, MemoryFigures, mode_memory_reason, over_budget
+from ._plan.gpu_time import estimate_plain_seconds, estimate_seconds
 from ._plan.modes import CANDIDATES as MODE_CANDIDATES
 from ._plan.modes import (
     MIN_GAIN,
     ModeChoice,
     ModeEnds,
     choose_mode,
-    estimate_plain_seconds,
-    estimate_seconds,
     kept_mode,
     optimistic,
     pessimistic,
