@@ -22,6 +22,7 @@ from jax._src import sharding_impls as _sharding_impls
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
+
 def _parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 

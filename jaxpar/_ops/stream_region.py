@@ -55,6 +55,7 @@ stream_region_p.multiple_results = True
 setattr(stream_region_p, "is_effectful",  # noqa: B010
         lambda params: bool(params["call_jaxpr"].effects))
 
+
 def bind_stream_region(fn: Callable[..., Sequence[Any]], args: Sequence[Any],
                        region: Any) -> list[Any]:
     """``fn(*args)`` as one stream region (a ``stream_region_p`` equation).

@@ -257,6 +257,7 @@ class _Model:
         return _Span(end, host + alone_seconds, work_total, kernels, captured, alone_seconds,
                      lead, sure_captured, serial)
 
+
 def _timeline(gpu: GpuProfile, planned: Sequence[_Entry], lanes: Mapping[int, int],
               graphs: bool, branching: bool) -> tuple[float, float, float]:
     """When the level's last node finishes on the device, the seconds of its loops
