@@ -3,8 +3,9 @@
 Arguments are pytrees; their leaves split into traced leaves and static values, as
 ``eqx.filter_jit`` splits them, and the static values key the cache by value. The jaxpr
 is traced from abstract values only, so one trace serves every call with the same
-signature. Outputs split the same way. Its modules, each on one subject (a module
-imports only the ones listed before it; read ``arguments`` first):
+signature. Outputs split the same way. This face re-exports what the later stages use.
+Its modules, each on one subject (a module imports only the ones listed before it; read
+``arguments`` first):
 
   names        how messages name a function, a value and an argument leaf
   static_keys  static objects keyed by a snapshot of their state; the warning
@@ -23,12 +24,9 @@ Example::
 from __future__ import annotations
 
 from .arguments import (
-    NNX_RECIPE,
     Layout,
-    NonHashableStaticArgument,
     Scalars,
     Signature,
-    StaticArg,
     StaticArgs,
     abstract,
     has_python_scalars,
@@ -37,33 +35,26 @@ from .arguments import (
 from .messages import (
     TraceError,
     check_function,
-    describe_arguments,
     error_text,
     needs_python_values,
     raised_while_tracing,
-    trace_error_note,
 )
 from .names import function_name, short_repr
 from .outputs import OutputStatics, packed_outputs, split_outputs
-from .static_keys import StateKeyed, StaticArgumentWarning, key_static_object, state_kind
+from .static_keys import StaticArgumentWarning, key_static_object
 from .tracing import Traced, trace, tracing_for_a_plan
 
 __all__ = [
-    "NNX_RECIPE",
     "Layout",
-    "NonHashableStaticArgument",
     "OutputStatics",
     "Scalars",
     "Signature",
-    "StateKeyed",
-    "StaticArg",
     "StaticArgs",
     "StaticArgumentWarning",
     "TraceError",
     "Traced",
     "abstract",
     "check_function",
-    "describe_arguments",
     "error_text",
     "function_name",
     "has_python_scalars",
@@ -74,8 +65,6 @@ __all__ = [
     "short_repr",
     "split_arguments",
     "split_outputs",
-    "state_kind",
     "trace",
-    "trace_error_note",
     "tracing_for_a_plan",
 ]
