@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from . import _compat
+from . import _compat, _ops
 from ._compat import JaxprEqn, JaxprLike
 from ._cost import CostModel, device_profile
 from ._graph import Graph, Writers, graph_and_writers, rebuilt_graph
@@ -154,7 +154,7 @@ def eqn_has_placement(eqn: JaxprEqn, memo: IdentityMemo[JaxprLike, bool],
     """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
     if eqn.primitive.name in USER_PLACEMENT:
         return True
-    if _compat.has_frontend_attributes(eqn):
+    if _ops.has_frontend_attributes(eqn):
         return True
     return any(jaxpr_has_placement(sub, memo, subjaxprs) for _, _, sub in subjaxprs(eqn))
 

@@ -3,7 +3,7 @@
 The rewritten program is produced by *evaluating* the original jaxpr with an
 interpreter (like ``jax.core.eval_jaxpr``) under whatever trace is current:
 plain equations are re-bound as they were, each region becomes one
-``_compat.stream_region_p`` equation, lowered as an ``xla_metadata_call``
+``_ops.stream_region_p`` equation, lowered as an ``xla_metadata_call``
 carrying ``_xla_stream_annotation``, ``inlineable="false"`` and
 ``_scheduling_group_id``, and equations with planned nested jaxprs are
 re-bound with those jaxprs re-traced through the same interpreter. Because it
@@ -22,10 +22,10 @@ Sharp edges:
     taken from the plan: XLA rejects a group whose members are connected
     through work outside it ("annotation groups with gaps"), which two
     emissions of one plan in one program would otherwise be.
-  * Each region is one equation of jaxpar's own ``_compat.stream_region_p``,
+  * Each region is one equation of jaxpar's own ``_ops.stream_region_p``,
     lowered as the ``xla_metadata_call`` above; its JVP emits a forward region
     and a linear region with scheduling groups of their own, its transpose a
-    region again (see ``_region_jvp``, ``_region_transpose``).
+    region again (``_ops.stream_region``'s rules).
   * A scan with ``unroll > 1`` whose body has regions is unrolled here, one
     evaluation (and so one set of groups) per copy (see ``unrolled_scan``).
   * The program's constants a region reads (up to ``CLOSED_OVER_BYTES``) stay in its
@@ -52,8 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _compat
-from ._compat import JaxprEqn, JaxprLike
+from . import _compat, _ops
+from ._compat import JaxprEqn
 from ._graph import CollectivesUnit, EqnUnit, RegionUnit
 from ._interp import Env
 from ._memo import IdentityMemo
@@ -121,7 +121,7 @@ class GroupIds:
 
 @dataclasses.dataclass(frozen=True)
 class Region:
-    """What a stream region's equation carries (``_compat.stream_region_p``'s ``region``).
+    """What a stream region's equation carries (``_ops.stream_region_p``'s ``region``).
 
     Compares by value: the stream and the group object (by identity).
     """
@@ -144,7 +144,7 @@ class Region:
 
 @dataclasses.dataclass(frozen=True)
 class CollectivesGroup:
-    """What a collectives group's equation carries (``_compat.stream_region_p``'s
+    """What a collectives group's equation carries (``_ops.stream_region_p``'s
     ``region``): the call's frontend attributes (``COLLECTIVES_GROUP_ATTRIBUTES``).
 
     The derivatives of a group of collectives are collectives again (a ``ppermute``'s
@@ -161,150 +161,16 @@ class CollectivesGroup:
         return self
 
 
-def _inexact(aval: Any) -> bool:
-    dtype = getattr(aval, "dtype", None)
-    return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))
-
-
 def region_call(body: Callable[..., Sequence[Any]], stream: int,
                 group: GroupIds | None) -> Callable[..., tuple[Any, ...]]:
-    """``body`` as one stream region: a ``_compat.stream_region_p`` equation.
+    """``body`` as one stream region: a ``_ops.stream_region_p`` equation.
 
     It lowers to one non-inlined call with the stream's attributes, and every JAX
     transformation has a rule for it (``_compat``). Its derivatives are regions
-    again, on the same stream (``_region_jvp``, ``_region_transpose``).
+    again, on the same stream (the JVP and transpose rules of ``_ops.stream_region``).
     """
     region = Region(stream, group)
-    return lambda *args: tuple(_compat.bind_stream_region(body, args, region))
-
-
-def _region_jvp(call_jaxpr: JaxprLike, region: Region, primals: list[Any],
-                tangents: list[Any | None]) -> tuple[list[Any], list[Any | None]]:
-    """The JVP of a region: what ``jax.linearize`` computes, as two regions.
-
-    JAX differentiates an ``xla_metadata_call`` by differentiating its body whole:
-    the JVP of a region holding a loop is one loop carrying primal and tangent values
-    together. Transposing that inside ``jax.checkpoint`` (which partially evaluates
-    the JVP without splitting the call) fails with an ``AssertionError`` in JAX's
-    transpose rule, and outside it the transposed regions inherit the forward
-    regions' scheduling group, which XLA:GPU rejects ("annotation groups with gaps").
-    So a region's JVP is a forward region returning the outputs and the residuals and
-    a linear region mapping input tangents to output tangents, each on the same
-    stream in a derived group, each a region again (higher derivatives work the same
-    way). ``tangents`` holds None for zero tangents; so do the returned ones.
-    """
-    avals = [jax.typeof(p) for p in primals]
-    diff = [_inexact(a) and t is not None for a, t in zip(avals, tangents, strict=True)]
-    if not any(diff):
-        outs = _compat.bind_stream_region(
-            lambda *a: _compat.jaxpr_eval(call_jaxpr, *a), primals, region)
-        return outs, [None] * len(outs)
-    lin = _compat.linearize_split(lambda *a: _compat.jaxpr_eval(call_jaxpr, *a), avals, diff)
-    forward_jaxpr, forward_consts = _compat.open_jaxpr(lin.forward)
-    forward = _lean_region(
-        forward_jaxpr.invars, forward_jaxpr.outvars,
-        dict(zip(forward_jaxpr.constvars, forward_consts, strict=True)),
-        lambda *p: _compat.jaxpr_eval(lin.forward, *p), primals, region.derived("forward"))
-    outs, residuals = forward[:lin.num_outputs], forward[lin.num_outputs:]
-    out_diff = [_inexact(jax.typeof(o)) for o in outs]
-    if not any(out_diff):
-        return list(outs), [None] * len(outs)
-    diff_tangents = [t for t, d in zip(tangents, diff, strict=True) if d]
-    linear = lin.linear
-    kept = [v for v, d in zip(linear.outvars, out_diff, strict=True) if d]
-
-    def evaluate_linear(*values: Any) -> list[Any]:
-        res, tans = values[:lin.num_residuals], values[lin.num_residuals:]
-        return [t for t, d in zip(_compat.eval_linear(lin, res, tans), out_diff, strict=True)
-                if d]
-
-    linear_outs = iter(_lean_region(
-        [*linear.constvars, *linear.invars], kept, {}, evaluate_linear,
-        [*residuals, *diff_tangents], region.derived("linear")))
-    return list(outs), [next(linear_outs) if d else None for d in out_diff]
-
-
-def _region_transpose(call_jaxpr: JaxprLike, region: Region, values: list[Any | None],
-                      linear: list[bool], cotangents: list[Any | None]) -> list[Any | None]:
-    """The transpose of a (linear) region, as a region on the same stream and group.
-
-    JAX's transpose of an ``xla_metadata_call`` is a plain ``xla_metadata_call`` again,
-    which JAX then differentiates by its own rule: second-order reverse mode through
-    ``jax.checkpoint`` asserted there. Ours is a region with our rules.
-    """
-    in_avals = _compat.in_avals(call_jaxpr)
-    out_avals = list(call_jaxpr.out_avals)
-    transposed_in = [i for i, lin in enumerate(linear) if lin and _inexact(in_avals[i])]
-    given = [j for j, ct in enumerate(cotangents) if ct is not None and _inexact(out_avals[j])]
-    if not transposed_in or not given:
-        return [None] * len(values)
-    wanted = set(transposed_in)
-    residuals = [v for v, lin in zip(values, linear, strict=True) if not lin]
-
-    def transposed(*operands: Any) -> list[Any]:
-        res, cts = operands[:len(residuals)], list(operands[len(residuals):])
-
-        def linear_fn(*lin_values: Any) -> list[Any]:
-            lin_it, res_it = iter(lin_values), iter(res)
-            full = [next(res_it) if not lin else next(lin_it) if i in wanted
-                    else _zeros(in_avals[i]) for i, lin in enumerate(linear)]
-            outs = _compat.jaxpr_eval(call_jaxpr, *full)
-            return [outs[j] for j in given]
-
-        return list(jax.linear_transpose(linear_fn, *[in_avals[i] for i in transposed_in])(cts))
-
-    operands = [*residuals, *[cotangents[j] for j in given]]
-    closed = _compat.make_closed_jaxpr(transposed, [jax.typeof(o) for o in operands])
-    inner, consts = _compat.open_jaxpr(closed)
-    results = iter(_lean_region(inner.invars, inner.outvars,
-                                dict(zip(inner.constvars, consts, strict=True)),
-                                lambda *o: _compat.jaxpr_eval(closed, *o), operands, region))
-    return [next(results) if i in wanted else None for i in range(len(values))]
-
-
-def _zeros(aval: Any) -> Any:
-    return np.zeros(aval.shape, aval.dtype) if aval.dtype == jax.dtypes.float0 else \
-        jnp.zeros(aval.shape, aval.dtype)
-
-
-_compat.register_stream_region_ad(_region_jvp, _region_transpose)
-
-
-def _lean_region(invars: Sequence[Any], outvars: Sequence[Any], consts: dict[Any, Any],
-                 evaluate: Callable[..., Sequence[Any]], args: Sequence[Any],
-                 region: Region) -> list[Any]:
-    """``evaluate(*args)`` (a jaxpr's evaluation) as a region returning only new values.
-
-    ``invars``/``outvars`` are the jaxpr's, ``consts`` maps its constvars to values.
-    Outputs that are inputs, constants or literals are taken outside the region, and
-    each computed value is returned once. The forward half of a linearization
-    forwards primal inputs as residuals; returned from the call, they made XLA:GPU
-    find a cycle in a loop body (deviceless H200, jaxlib 0.10.2).
-    """
-    position = {v: i for i, v in enumerate(invars)}
-    first: dict[Any, int] = {}  # computed outvar -> its slot among the region's results
-    picks: list[int] = []  # output index of each slot
-    sources: list[tuple[bool, Any]] = []  # (computed?, slot or value) per output
-    for index, v in enumerate(outvars):
-        if _compat.is_literal(v):
-            sources.append((False, _compat.literal_value(v)))
-        elif v in position:
-            sources.append((False, args[position[v]]))
-        elif v in consts:
-            sources.append((False, consts[v]))
-        else:
-            if v not in first:
-                first[v] = len(picks)
-                picks.append(index)
-            sources.append((True, first[v]))
-    computed: list[Any] = []
-    if picks:
-        def body(*values: Any) -> list[Any]:
-            outs = evaluate(*values)
-            return [outs[i] for i in picks]
-
-        computed = _compat.bind_stream_region(body, args, region)
-    return [computed[ref] if is_computed else ref for is_computed, ref in sources]
+    return lambda *args: tuple(_ops.bind_stream_region(body, args, region))
 
 
 class Emitter:
@@ -375,7 +241,7 @@ class Emitter:
                 groups[s] = (GroupIds(derive=not self._unrolling)
                              if section.group is not None else None)
             # The program's constants a region reads stay in its body (see
-            # ``_compat.bind_stream_region``); the other inputs are its operands.
+            # ``_ops.bind_stream_region``); the other inputs are its operands.
             constants = {v: value for v, value in zip(in_vars, env.read_all(in_vars), strict=True)
                          if v in constvars and _closed_over(value)}
             operands = [v for v in in_vars if v not in constants]
@@ -566,7 +432,7 @@ def emit_collective_group(eqns: Sequence[JaxprEqn], invals: Sequence[Sequence[An
     """Emits ``eqns`` (collectives) as ONE non-inlined call launched as a group.
 
     Each equation is re-bound with its source info and context inside one
-    ``_compat.stream_region_p`` equation (a ``CollectivesGroup``) that lowers to a call
+    ``_ops.stream_region_p`` equation (a ``CollectivesGroup``) that lowers to a call
     carrying ``{_collectives_group="", inlineable="false"}``. Works under any trace
     (jit, grad, vmap, inside a ``shard_map`` body or a scan body); its derivatives are
     groups again.
@@ -602,7 +468,7 @@ def emit_collective_group(eqns: Sequence[JaxprEqn], invals: Sequence[Sequence[An
     # know (jax.grad of a decorated shard_map body raised "Linearization failed to
     # produce known values"). A region's JVP is a forward and a linear group.
     region = CollectivesGroup(tuple(attributes.items()))
-    flat_out = _compat.bind_stream_region(body, [v for vals in invals for v in vals], region)
+    flat_out = _ops.bind_stream_region(body, [v for vals in invals for v in vals], region)
     result, start = [], 0
     for count in out_counts:
         result.append(flat_out[start:start + count])

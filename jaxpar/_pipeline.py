@@ -40,7 +40,7 @@ from typing import Any
 
 import jax
 
-from . import _compat
+from . import _compat, _ops
 from ._analysis import Analysis
 from ._cost import launch_pricing
 from ._emit import Emitter
@@ -49,14 +49,13 @@ from ._memory import MemoryModel, format_bytes
 from ._options import PASS_TABLE, Options, Settings
 from ._plan import LevelPlan, plan_jaxpr, symbolic_plan
 from ._plan.budget import LADDER, MemoryFigures, leave_out, mode_memory_reason, over_budget
+from ._plan.gpu_time import estimate_plain_seconds, estimate_seconds
 from ._plan.modes import CANDIDATES as MODE_CANDIDATES
 from ._plan.modes import (
     MIN_GAIN,
     ModeChoice,
     ModeEnds,
     choose_mode,
-    estimate_plain_seconds,
-    estimate_seconds,
     kept_mode,
     optimistic,
     pessimistic,
@@ -141,12 +140,12 @@ class Prepared:
             if not (emit_streams and emitter.plan.changes_anything) or tracing_for_a_plan():
                 return emitter.run(consts, *leaves, emit_streams=emit_streams)
             # One equation that lowers inline and remembers the original program, so
-            # checkify reports what jax.jit reports (``_compat.program_p``). Inside another
+            # checkify reports what jax.jit reports (``_ops.program_p``). Inside another
             # decorated function's trace the outer program's equation does that. Closed
             # over, the program's constants are concrete while it is emitted, so a region
             # keeps the ones it reads in its body, as jax.jit keeps them in its program
-            # (``_compat.bind_stream_region`` says why that matters for output shardings).
-            return _compat.bind_program(
+            # (``_ops.bind_stream_region`` says why that matters for output shardings).
+            return _ops.bind_program(
                 lambda *a: emitter.run(consts, *a),
                 lambda *a: jax.core.eval_jaxpr(jaxpr, consts, *a),
                 list(leaves))

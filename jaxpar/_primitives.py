@@ -33,7 +33,7 @@ import jax.extend.core as _jex_core
 import jax.extend.core.primitives as _exported
 from jax import lax as _lax
 
-from . import _compat
+from . import _compat, _ops
 from ._compat import JaxprEqn
 
 # The attribute names each family was built from, and those this jax lacks (for tests).
@@ -160,7 +160,7 @@ RECURSIVE = _family(
 
 # "The user already placed this code": never wrapped, moved or nested.
 USER_PLACEMENT = _family("USER_PLACEMENT", "xla_metadata_call_p", "compute_on_p") | {
-    _compat.STREAM_REGION}  # jaxpar's own regions (parallel_branches, on_stream)
+    _ops.STREAM_REGION}  # jaxpar's own regions (parallel_branches, on_stream)
 
 # Cost model: shape-only equations, which XLA turns into layout changes or folds away.
 COST_FREE = _family(
@@ -208,7 +208,7 @@ BATCHED_MATMULS = frozenset({DOT_GENERAL, CONV})
 # operands (side effects, fresh randomness, user placement).
 NEVER_SHARED = _family(
     "NEVER_SHARED", "pure_callback_p", "io_callback_p", "debug_callback_p", "rng_uniform_p",
-    "random_seed_p", "xla_metadata_call_p", "compute_on_p") | {_compat.STREAM_REGION}
+    "random_seed_p", "xla_metadata_call_p", "compute_on_p") | {_ops.STREAM_REGION}
 
 # Equations that must run once per call, whatever their operands (effects aside): host
 # calls, stateful random numbers, user placement. Merging copies of them, or of anything

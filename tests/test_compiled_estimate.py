@@ -11,9 +11,9 @@ import dataclasses
 
 import pytest
 
-import jaxpar._compiled.estimate as _estimate
 from jaxpar._compiled import hlo
 from jaxpar._compiled.estimate import estimate_hlo, verdict
+from jaxpar._compiled.kernels import KernelCosts
 from jaxpar._gpu_model import GPU_PROFILES, CommandBufferMode
 
 PROFILE = GPU_PROFILES["h200"]
@@ -275,7 +275,7 @@ dynamic_slice_sizes={1,100,100}
 }
 """
     module = hlo.Module(hlo.parse_computations(_module([], fused))[1])
-    cost = _estimate._Costs(module, PROFILE)._fusion("fused_slice")
+    cost = KernelCosts(module, PROFILE)._fusion("fused_slice")
     assert cost.bytes == pytest.approx(2 * 100 * 100 * 4 + 4)
 
 
@@ -287,7 +287,7 @@ def test_dot_flops_from_a_gemm_fusion_use_the_tf32_peak():
 }
 """
     module = hlo.Module(hlo.parse_computations(_module([], fused))[1])
-    cost = _estimate._Costs(module, PROFILE)._fusion("gemm")
+    cost = KernelCosts(module, PROFILE)._fusion("gemm")
     assert cost.tensor_seconds == pytest.approx(2 * 512 * 1024 * 256 / 494.5e12)
 
 

@@ -4,8 +4,9 @@ scheduling groups they get.
 Regions holding loops used to break `grad` under `jax.checkpoint` (JAX's transpose of an
 `xla_metadata_call` whose body is a JVP'ed scan asserts), and the backward pass inherited the
 forward regions' scheduling group, which XLA:GPU rejects as "annotation groups with gaps".
-Each region is now a `custom_jvp` whose rule emits a forward and a linear region in groups
-of their own (`jaxpar._emit.region_call`). Lowering only: no GPU or plugin needed.
+Each region is now an equation of jaxpar's own `stream_region_p`, whose JVP rule emits a
+forward and a linear region in groups of their own (`jaxpar._ops.stream_region`). Lowering
+only: no GPU or plugin needed.
 """
 
 from __future__ import annotations

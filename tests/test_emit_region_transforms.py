@@ -1,8 +1,9 @@
 """Stream regions (``jaxpar._emit.region_call``) under the JAX transformations that are not
 autodiff's first order.
 
-A region is an equation of jaxpar's own primitive (`_compat.stream_region_p`), lowered
-like `xla_metadata_call`, with a rule for each transformation that can meet it. Before,
+A region is an equation of jaxpar's own primitive (`_ops.stream_region_p`), lowered
+like `xla_metadata_call`, with a rule for each transformation that can meet it
+(`jaxpar._ops.stream_region`). Before,
 regions were bare `xla_metadata_call`s: `checkify` has no rule for those and silently
 dropped every check in their bodies, `jet` failed, and JAX's own transpose of one made a
 plain `xla_metadata_call` whose derivative under `jax.checkpoint` asserted (second-order
@@ -97,7 +98,7 @@ def test_checkify_sees_inside_regions(errors):
     checked = checkify.checkify(fn, errors=ERROR_SETS[errors])
     # checkify threads one error value through every check, which chains the regions
     # one after another, so under checkify jaxpar checks the program as written: the
-    # same checks in the same order as jax.jit (``_compat.program_p``).
+    # same checks in the same order as jax.jit (``_ops.program_p``).
     assert not stream_calls(lower_for_gpu(checked, *CLEAN))
     want = _errors(branches, ERROR_SETS[errors])
     assert _errors(fn, ERROR_SETS[errors]) == want

@@ -333,10 +333,10 @@ def test_static_refusal_reaches_into_nested_jaxprs() -> None:
 
 def test_allow_list_names_exist() -> None:
     """Every primitive the allow-list names is a real primitive name of this jax."""
-    from jaxpar import _compat
+    from jaxpar import _ops
     from jaxpar.passes import _shared
 
-    assert _shared.FAITHFUL_PRIMITIVES <= _compat.all_primitive_names()
+    assert _shared.FAITHFUL_PRIMITIVES <= _ops.all_primitive_names()
     assert {"add", "dot_general", "jit", "scan", "cond", "while"} <= _shared.FAITHFUL_PRIMITIVES
     for absent in ("rng_bit_generator", "ppermute", "all_gather", "sharding_constraint"):
         assert absent not in _shared.FAITHFUL_PRIMITIVES

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from jaxpar import _compat
+from jaxpar import _compat, _ops
 from jaxpar._analysis import Analysis
 from jaxpar._emit import Emitter
 from jaxpar._graph import CollectivesUnit, build_graph
@@ -189,9 +189,9 @@ def test_emission_in_scan_body_lowers_with_group_attributes():
     closed = jax.make_jaxpr(run, axis_env=[("x", N)])(jnp.ones(4))
     # jaxpar's region primitive (whose derivatives are groups again), lowered as the call.
     calls = [e for e in _compat.open_jaxpr(closed)[0].eqns
-             if e.primitive.name == _compat.STREAM_REGION]
+             if e.primitive.name == _ops.STREAM_REGION]
     assert len(calls) == 3
-    assert all(_compat.eqn_frontend_attributes(e) == dict(C.COLLECTIVES_GROUP_ATTRIBUTES)
+    assert all(_ops.eqn_frontend_attributes(e) == dict(C.COLLECTIVES_GROUP_ATTRIBUTES)
                for e in calls)
 
 

@@ -28,7 +28,7 @@ from jax.experimental import io_callback
 from jax.experimental.xla_metadata import set_xla_metadata
 
 import jaxpar
-from jaxpar import _compat
+from jaxpar import _compat, _ops
 from jaxpar._analysis import Analysis
 from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._options import Options
@@ -226,7 +226,7 @@ def test_unordered_callbacks_in_program_order(capsys):
     closed = jax.make_jaxpr(jaxpar.parallel_branches(program, **OPTIONS))(*args)
     inner = _compat.open_jaxpr(closed)[0]
     while len(inner.eqns) == 1 and inner.eqns[0].primitive.name in ("jit", "pjit",
-                                                                    _compat.PROGRAM):
+                                                                    _ops.PROGRAM):
         params = inner.eqns[0].params  # the decorated call, the rewritten program
         inner = _compat.open_jaxpr(params.get("jaxpr", params.get("call_jaxpr")))[0]
     prints = [e.params["fmt"] for e in inner.eqns if e.primitive.name == "debug_print"]

@@ -37,12 +37,11 @@ from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._memo import IdentityMemo
 from jaxpar._options import Options
 from jaxpar._plan import plan_jaxpr
+from jaxpar._plan.gpu_time import estimate_plain_seconds, estimate_seconds
 from jaxpar._plan.modes import (
     MIN_GAIN,
     ModeEnds,
     choose_mode,
-    estimate_plain_seconds,
-    estimate_seconds,
     optimistic,
     pessimistic,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxpar import _compat, _cost, _primitives
+from jaxpar import _compat, _cost, _ops, _primitives
 
 _RELEASE = ".".join(str(part) for part in _compat.JAX_VERSION[:2])
 
@@ -27,7 +27,7 @@ def _singles() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def real_names() -> frozenset[str]:
-    return _compat.all_primitive_names()
+    return _ops.all_primitive_names()
 
 
 def test_collector_sees_the_primitives_jax_exports(real_names: frozenset[str]) -> None:

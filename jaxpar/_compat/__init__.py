@@ -10,9 +10,9 @@ on one subject (a module imports only the ones listed before it):
   tracing        where a call runs, re-binding and staging equations, linearization
   loops          ``scan``, ``while`` and ``custom_jvp_call`` parameters
   shard_map      reading and re-emitting ``shard_map`` equations
-  call_rules     the rules jaxpar's two call-like primitives share
-  stream_region  ``stream_call``, frontend attributes, ``stream_region_p`` and its rules
-  program        ``program_p`` (the rewritten program) and its rules
+  xla_metadata   ``stream_call`` and the XLA frontend attributes JAX attaches
+  rules          JAX's rule tables, and what the rules of jaxpar's own primitives
+                 (``jaxpar._ops``) read of JAX's internals
   jit            ``routed_jit``: ``jax.jit``'s C++ object with a cache miss of jaxpar's
 
 Example::
@@ -57,6 +57,7 @@ from .jaxprs import (
     is_drop_var,
     is_jaxpr_like,
     is_literal,
+    jax_primitive_names,
     jaxpr_eval,
     literal_value,
     make_closed_jaxpr,
@@ -79,11 +80,23 @@ from .loops import (
     scan_params_with_unroll,
     while_info,
 )
-from .program import (
-    PROGRAM,
-    ProgramSource,
-    bind_program,
-    program_p,
+from .rules import (
+    CallRules,
+    axis_name,
+    batch_jaxpr,
+    checkify_jaxpr,
+    checkify_operands,
+    closed_call_dce,
+    instantiate_zeros,
+    is_symbolic_zero,
+    is_undefined_primal,
+    lower_fun,
+    lower_inline,
+    lowers_inline,
+    partitioned_by_xla,
+    register_call_primitive,
+    separate_consts,
+    symbolic_zero,
 )
 from .shard_map import (
     ShardMapInfo,
@@ -105,18 +118,6 @@ from .sources import (
     source_key,
     source_summary,
     user_source,
-)
-from .stream_region import (
-    PACK_MULTI_RESULT_CALLS,
-    STREAM_REGION,
-    all_primitive_names,
-    bind_stream_region,
-    eqn_frontend_attributes,
-    has_frontend_attributes,
-    packable,
-    register_stream_region_ad,
-    stream_call,
-    stream_region_p,
 )
 from .tracing import (
     ARRAY_IMPL,
@@ -140,6 +141,12 @@ from .tracing import (
     trace_context,
     vmap_axis_names,
 )
+from .xla_metadata import (
+    PACK_MULTI_RESULT_CALLS,
+    has_jax_frontend_attributes,
+    jax_frontend_attributes,
+    stream_call,
+)
 
 __all__ = [
     "check_jaxpr",
@@ -157,10 +164,7 @@ __all__ = [
     "Linearized",
     "Literal",
     "PACK_MULTI_RESULT_CALLS",
-    "PROGRAM",
     "Primitive",
-    "ProgramSource",
-    "STREAM_REGION",
     "ScanInfo",
     "ShapedArray",
     "ShardMapInfo",
@@ -168,7 +172,6 @@ __all__ = [
     "Var",
     "WhileInfo",
     "all_invars",
-    "all_primitive_names",
     "argument_names",
     "array_aval",
     "aval_nbytes",
@@ -176,19 +179,15 @@ __all__ = [
     "backends_initialized",
     "backward",
     "bind_eqn",
-    "bind_program",
-    "bind_stream_region",
     "call_context",
     "custom_jvp_rule",
     "display_name",
     "eqn_context",
-    "eqn_frontend_attributes",
     "eqn_replace_subjaxprs",
     "eqn_subjaxprs",
     "eval_linear",
     "fresh_var",
     "has_consts",
-    "has_frontend_attributes",
     "in_avals",
     "internal_primitive",
     "is_drop_var",
@@ -212,14 +211,11 @@ __all__ = [
     "nested_trace_context",
     "open_jaxpr",
     "ordering_effects",
-    "packable",
     "plain_call_body",
     "prng_impl_name",
-    "program_p",
     "rebased_source",
     "rebind_shard_map",
     "register_for_clear_caches",
-    "register_stream_region_ad",
     "replace_eqn",
     "retrace_like",
     "scan_info",
@@ -232,7 +228,6 @@ __all__ = [
     "stage_jaxpr",
     "staging",
     "stream_call",
-    "stream_region_p",
     "symbolic_dimensions",
     "symbolic_sizes",
     "top_level",
@@ -241,4 +236,23 @@ __all__ = [
     "vmap_axis_names",
     "while_info",
     "with_weak_type",
+    "CallRules",
+    "axis_name",
+    "batch_jaxpr",
+    "checkify_jaxpr",
+    "checkify_operands",
+    "closed_call_dce",
+    "instantiate_zeros",
+    "is_symbolic_zero",
+    "is_undefined_primal",
+    "lower_fun",
+    "lower_inline",
+    "lowers_inline",
+    "partitioned_by_xla",
+    "register_call_primitive",
+    "separate_consts",
+    "symbolic_zero",
+    "has_jax_frontend_attributes",
+    "jax_frontend_attributes",
+    "jax_primitive_names",
 ]

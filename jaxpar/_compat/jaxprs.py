@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -20,6 +21,7 @@ from jax._src import sharding_impls as _sharding_impls
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
+
 
 def _parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
@@ -72,6 +74,31 @@ def internal_primitive_name(attribute: str, known_name: str) -> str:
     it (``tests/test_primitives.py`` checks the lookup on the supported versions)."""
     primitive = internal_primitive(attribute)
     return known_name if primitive is None else str(primitive.name)
+
+
+def jax_primitive_names() -> frozenset[str]:
+    """Names of every primitive the running jax defines at module level (for tests).
+
+    Imports JAX's public modules and its internal homes (``PRIMITIVE_HOMES``), then
+    collects the ``Primitive`` attributes of every loaded ``jax`` module.
+    """
+    for name in ("jax.numpy", "jax.lax", "jax.random", "jax.nn", "jax.scipy",
+                 "jax.experimental.shard_map", "jax.experimental.compute_on",
+                 "jax.experimental.xla_metadata", "jax.experimental.scheduling_groups",
+                 "jax.experimental.custom_partitioning", "jax.ad_checkpoint",
+                 "jax.experimental.checkify", *PRIMITIVE_HOMES):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # not in this release
+            continue
+    names = set()
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == "jax" or module_name.startswith("jax.")):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, jex_core.Primitive):
+                names.add(value.name)
+    return frozenset(names)
 
 
 def ordering_effects(eqn: JaxprEqn) -> frozenset[Any]:

@@ -9,7 +9,9 @@ Four stages, each importing only the ones before it:
 * ``schedule``: read the scheduled HLO (streams, asynchronous starts and dones,
   while loops and their trip counts);
 * ``estimate``: replay that schedule on the one GPU model (launches, graph nodes,
-  overlap, time) and judge two programs against each other (``verdict``);
+  overlap, time) and judge two programs against each other (``verdict``); its parts are
+  ``kernels`` (each kernel's work), ``thunks`` (the thunk sequence and its CUDA graphs)
+  and ``replay`` (the host, streams and device running them);
 * ``preview``: ``jaxpar.gpu_preview``, plain ``jax.jit`` against jaxpar, both compiled.
 
 Example::

@@ -8,7 +8,9 @@ host syncs (``conditional``, ``while`` without a known trip count) and the
 stream-annotated regions that really run beside other work. ``verdict`` compares
 two estimates in one line. (A plan's own figure before anything is compiled is
 ``jaxpar._report.timeline.plan_estimate``'s, shown by ``inspect``; ``gpu_preview`` gives its plan
-this module's figure instead.)
+this module's figure instead.) The steps below are three modules: ``kernels`` (kernel
+time), ``thunks`` (the thunk sequence and CUDA-graph capture) and ``replay`` (host,
+streams, device, loops); this one holds the public figures and ``verdict``.
 
 Example::
 
@@ -94,21 +96,15 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from .._gpu_model import (
-    CONCURRENT_REGION_BYTES,
-    MIN_GRAPH_SIZE,
-    CommandBufferMode,
-    GpuProfile,
-    gpu_profile,
-)
+from .._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
 from . import hlo
-from .hlo import Computation, Instruction, Module
+from .hlo import Module
+from .kernels import KernelCosts
+from .replay import Replay
+from .thunks import Item, Program
 
 __all__ = [
     "Estimate",
@@ -116,339 +112,6 @@ __all__ = [
     "estimate_hlo",
     "verdict",
 ]
-
-
-# --------------------------------------------------------------------------- kernel cost
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class KernelCost:
-    """Work of one launched kernel; ``serial``: a library call, a kernel holding a dot or
-    a convolution, or one moving more than ``CONCURRENT_REGION_BYTES`` (XLA's
-    ``CONCURRENT_REGIONS`` rule: such kernels fill the GPU, and nothing overlaps them
-    in the model of either branching mode)."""
-
-    tensor_seconds: float
-    vector_flops: float
-    bytes: float
-    serial: bool = False
-
-    def work(self, profile: GpuProfile) -> float:
-        compute = self.tensor_seconds + self.vector_flops / profile.vector_flops
-        return max(compute, self.bytes / profile.bandwidth)
-
-    def duration(self, profile: GpuProfile, graphs: bool = False) -> float:
-        return max(self.work(profile), profile.floor_s(graphs))
-
-
-_SLICING = frozenset({"dynamic-slice", "slice", "gather"})
-_FREE_OPCODES = frozenset({"parameter", "constant", "bitcast", "get-tuple-element", "tuple",
-                           "reshape", "broadcast", "iota", "after-all", "partition-id",
-                           "replica-id", "opt-barrier", "add-dependency"})
-_CAPTURABLE_CUSTOM_CALL = re.compile(r"cublas|cudnn|triton|gemm", re.IGNORECASE)
-_LAUNCHED_OPCODES = frozenset({"fusion", "custom-call", "copy"})
-
-
-class _Costs:
-    """Kernel costs of one module, memoised per instruction name."""
-
-    def __init__(self, module: Module, profile: GpuProfile):
-        self.module = module
-        self.profile = profile
-        self._shapes: dict[str, dict[str, str]] = {}
-        self._memo: dict[str, KernelCost] = {}
-
-    def shapes(self, computation: str) -> dict[str, str]:
-        if computation not in self._shapes:
-            found = self.module.by_name.get(computation)
-            self._shapes[computation] = {i.name: i.shape for i in found.instructions} \
-                if found else {}
-        return self._shapes[computation]
-
-    def kernel(self, instruction: Instruction, computation: str) -> KernelCost:
-        cost = self._memo.get(instruction.name)
-        if cost is None:
-            cost = self._kernel(instruction, computation)
-            self._memo[instruction.name] = cost
-        return cost
-
-    def _kernel(self, instruction: Instruction, computation: str) -> KernelCost:
-        shapes = self.shapes(computation)
-        if instruction.opcode == "fusion":
-            called = hlo.called(instruction.attributes, "calls")
-            if called and called[0] in self.module.by_name:
-                return self._fusion(called[0])
-        read = sum(hlo.shape_bytes(shapes.get(o, "")) for o in instruction.operands)
-        written = hlo.shape_bytes(instruction.shape)
-        tensor = 0.0
-        if instruction.opcode == "custom-call":
-            tensor = self._custom_call_seconds(instruction, shapes)
-            arrays = hlo.arrays(instruction.shape)
-            if tensor and len(arrays) > 1:  # (result, workspace): the workspace is scratch
-                written = hlo.ELEMENT_BYTES.get(arrays[0][0], 4.0) * arrays[0][1]
-        return KernelCost(tensor, 0.0, read + written,
-                          serial=instruction.opcode == "custom-call"
-                          or read + written > CONCURRENT_REGION_BYTES)
-
-    def _custom_call_seconds(self, instruction: Instruction, shapes: dict[str, str]) -> float:
-        target = hlo.attribute(instruction.attributes, "custom_call_target") or ""
-        operands = [shapes.get(o, "") for o in instruction.operands]
-        out = instruction.shape
-        if "cudnn" in target.lower() and "conv" in target.lower() and len(operands) > 1:
-            return self._conv_seconds(instruction.attributes, operands[1], out)
-        if _CAPTURABLE_CUSTOM_CALL.search(target) and operands:
-            config = hlo.backend_config(instruction).get("gemm_backend_config", {})
-            numbers = config.get("dot_dimension_numbers", {}) if isinstance(config, dict) else {}
-            contracting = [int(d) for d in numbers.get("lhs_contracting_dimensions", [])]
-            lhs = hlo.dims(operands[0])
-            size = math.prod(lhs[d] for d in contracting if d < len(lhs)) if contracting else 1
-            flops = 2.0 * hlo.elements(out) * size
-            return flops / self.profile.dot_flops(hlo.element_type(operands[0]))
-        return 0.0
-
-    def _conv_seconds(self, attributes: str, rhs_shape: str, out: str) -> float:
-        labels = hlo.attribute(attributes, "dim_labels") or ""
-        rhs = hlo.dims(rhs_shape)
-        parts = labels.split("->")[0].split("_")
-        out_feature = parts[1].find("o") if len(parts) == 2 else 0
-        per_output = math.prod(rhs) / max(rhs[out_feature] if 0 <= out_feature < len(rhs)
-                                          else 1, 1)
-        flops = 2.0 * hlo.elements(out) * per_output
-        return flops / self.profile.dot_flops(hlo.element_type(rhs_shape))
-
-    def _fusion(self, name: str) -> KernelCost:
-        computation = self.module.by_name[name]
-        shapes = self.shapes(name)
-        users: dict[str, list[Instruction]] = {}
-        for instruction in computation.instructions:
-            for operand in instruction.operands:
-                users.setdefault(operand, []).append(instruction)
-        tensor, vector = self._fusion_work(computation, shapes)
-        read = 0.0
-        in_place: set[str] = set()
-        root = computation.instructions[-1] if computation.instructions else None
-        outputs = [root] if root is not None else []
-        if root is not None and root.opcode == "tuple":
-            by_name = {i.name: i for i in computation.instructions}
-            outputs = [by_name[o] for o in root.operands if o in by_name]
-        written = 0.0
-        for output in outputs:
-            if output.opcode == "dynamic-update-slice" and len(output.operands) > 1:
-                in_place.add(output.operands[0])
-                written += hlo.shape_bytes(shapes.get(output.operands[1], ""))
-            else:
-                written += hlo.shape_bytes(output.shape)
-        for instruction in computation.instructions:
-            if instruction.opcode != "parameter":
-                continue
-            uses = users.get(instruction.name, [])
-            if instruction.name in in_place and len(uses) == 1:
-                continue
-            if uses and all(u.opcode in _SLICING and u.operands[0] == instruction.name
-                            for u in uses):
-                read += sum(hlo.shape_bytes(u.shape) for u in uses)
-            else:
-                read += hlo.shape_bytes(instruction.shape)
-        return KernelCost(tensor, vector, read + written,
-                          serial=tensor > 0 or read + written > CONCURRENT_REGION_BYTES)
-
-
-    def _fusion_work(self, computation: Computation, shapes: dict[str, str]
-                     ) -> tuple[float, float]:
-        """A fusion's matmul and convolution seconds (its nested fusions' included) and
-        its vector flops."""
-        tensor = vector = 0.0
-        for instruction in computation.instructions:
-            opcode = instruction.opcode
-            if opcode in ("dot", "ragged-dot", "scaled-dot") and instruction.operands:
-                lhs = hlo.dims(shapes.get(instruction.operands[0], ""))
-                contracting = hlo.int_list(hlo.attribute(
-                    instruction.attributes, "lhs_contracting_dims"))
-                size = math.prod(lhs[d] for d in contracting if d < len(lhs))
-                flops = 2.0 * hlo.elements(instruction.shape) * size
-                tensor += flops / self.profile.dot_flops(
-                    hlo.element_type(shapes.get(instruction.operands[0], "")))
-            elif opcode == "convolution" and len(instruction.operands) > 1:
-                tensor += self._conv_seconds(instruction.attributes,
-                                             shapes.get(instruction.operands[1], ""),
-                                             instruction.shape)
-            elif opcode == "fusion":  # nested fusions (Triton): count their work too
-                inner = hlo.called(instruction.attributes, "calls")
-                if inner and inner[0] in self.module.by_name:
-                    nested = self._fusion(inner[0])
-                    tensor += nested.tensor_seconds
-                    vector += nested.vector_flops
-            elif opcode not in _FREE_OPCODES:
-                vector += hlo.elements(instruction.shape)
-        return tensor, vector
-
-
-# --------------------------------------------------------------------------- thunk items
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Item:
-    """One step of a computation's thunk sequence."""
-
-    kind: str  # kernel | start | done | while | conditional | call | graph | value
-    instruction: Instruction
-    callees: tuple[str, ...] = ()
-    stream: int = 0
-    trips: int | None = None
-    members: tuple[_Item, ...] = ()  # for "graph": the captured items
-
-
-def _region_of(instruction: Instruction, module: Module) -> str | None:
-    called = hlo.called(instruction.attributes, "to_apply", "calls")
-    if not called:
-        return None
-    if instruction.opcode == "async-start":
-        root = module.root(called[0])
-        if root is not None and root.opcode == "call":
-            inner = hlo.called(root.attributes, "to_apply")
-            return inner[0] if inner else called[0]
-    return called[0]
-
-
-def _stream_of(instruction: Instruction, module: Module) -> int:
-    attributes = hlo.frontend_attributes(instruction)
-    if instruction.opcode == "async-start":
-        called = hlo.called(instruction.attributes, "calls")
-        root = module.root(called[0]) if called else None
-        if root is not None:
-            attributes = {**hlo.frontend_attributes(root), **attributes}
-    try:
-        return 1 + int(attributes.get("_xla_stream_annotation", ""))
-    except ValueError:
-        return 1000  # unannotated async compute: a stream of XLA's own pool
-
-
-def _is_compute_start(instruction: Instruction, module: Module) -> bool:
-    if instruction.opcode == "call-start":
-        return True
-    if instruction.opcode != "async-start":
-        return False
-    kind, _ = hlo.async_kind(instruction, module)
-    return kind == "compute"
-
-
-class _Program:
-    """Thunk sequences of a module, with CUDA-graph capture decided per sequence."""
-
-    def __init__(self, module: Module, costs: _Costs, mode: CommandBufferMode):
-        self.module = module
-        self.costs = costs
-        self.mode = mode
-        self._memo: dict[tuple[str, bool], tuple[_Item, ...]] = {}
-        self._capturable: dict[str, bool] = {}
-
-    def items(self, computation: str, graphs: bool) -> tuple[_Item, ...]:
-        key = (computation, graphs and self.mode is not CommandBufferMode.OFF)
-        if key not in self._memo:
-            raw = self._raw_items(computation)
-            self._memo[key] = self._capture(raw) if key[1] else raw
-        return self._memo[key]
-
-    def _raw_items(self, name: str) -> tuple[_Item, ...]:
-        computation = self.module.by_name.get(name)
-        if computation is None:
-            return ()
-        items = []
-        for instruction in computation.instructions:
-            opcode = instruction.opcode
-            if opcode in _LAUNCHED_OPCODES:
-                items.append(_Item("kernel", instruction))
-            elif _is_compute_start(instruction, self.module):
-                region = _region_of(instruction, self.module)
-                items.append(_Item("start", instruction, (region,) if region else (),
-                                   stream=_stream_of(instruction, self.module)))
-            elif opcode in ("call-done", "async-done"):
-                items.append(_Item("done", instruction))
-            elif opcode == "while":
-                body = hlo.called(instruction.attributes, "body")
-                condition = hlo.called(instruction.attributes, "condition")
-                items.append(_Item("while", instruction, (body[0] if body else "",
-                                                          condition[0] if condition else ""),
-                                   trips=hlo.known_trip_count(instruction)))
-            elif opcode == "conditional":
-                branches = hlo.called(instruction.attributes, "branch_computations",
-                                               "true_computation", "false_computation")
-                items.append(_Item("conditional", instruction, branches))
-            elif opcode == "call":
-                items.append(_Item("call", instruction, hlo.called(
-                    instruction.attributes, "to_apply")))
-            elif (opcode in hlo.COLLECTIVES or opcode.endswith("-start")) \
-                    and opcode not in ("send", "recv"):
-                items.append(_Item("kernel", instruction))  # costed by bytes, in order
-            else:
-                items.append(_Item("value", instruction))
-        return tuple(items)
-
-    def capturable(self, computation: str) -> bool:
-        """Whether every thunk of ``computation`` (recursively) can live in a CUDA graph."""
-        if computation not in self._capturable:
-            self._capturable[computation] = False  # recursion guard
-            self._capturable[computation] = all(
-                self._item_capturable(item) for item in self._raw_items(computation))
-        return self._capturable[computation]
-
-    def _item_capturable(self, item: _Item) -> bool:
-        if item.kind == "kernel":
-            opcode = item.instruction.opcode
-            if opcode in ("fusion", "copy"):
-                return True
-            if opcode == "custom-call":
-                target = hlo.attribute(item.instruction.attributes,
-                                                      "custom_call_target") or ""
-                return bool(_CAPTURABLE_CUSTOM_CALL.search(target))
-            return False  # collectives are not a default command type
-        if item.kind in ("start", "conditional", "call"):
-            return all(self.capturable(c) for c in item.callees)
-        if item.kind == "done":
-            return True  # decided with its start
-        return item.kind == "value"  # a while is never captured (WHILE is off)
-
-    def _capture(self, items: tuple[_Item, ...]) -> tuple[_Item, ...]:
-        flags = [self._item_capturable(item) for item in items]
-        position = {item.instruction.name: k for k, item in enumerate(items)}
-        for _ in range(len(items) + 1):  # a region is captured only with its whole span
-            changed = False
-            runs = _runs(flags)
-            run_of = {k: r for r, (lo, hi) in enumerate(runs) for k in range(lo, hi)}
-            for k, item in enumerate(items):
-                if item.kind != "done" or not item.instruction.operands:
-                    continue
-                start = position.get(item.instruction.operands[0])
-                if start is None:
-                    continue
-                same = flags[k] and flags[start] and run_of.get(k) == run_of.get(start)
-                if not same and (flags[k] or flags[start]):
-                    flags[k] = flags[start] = False
-                    changed = True
-            if not changed:
-                break
-        captured: list[_Item] = []
-        cursor = 0
-        for lo, hi in _runs(flags):
-            thunks = sum(items[k].kind != "value" for k in range(lo, hi))
-            if thunks < MIN_GRAPH_SIZE:
-                continue
-            captured.extend(items[cursor:lo])
-            captured.append(_Item("graph", items[lo].instruction, members=items[lo:hi]))
-            cursor = hi
-        captured.extend(items[cursor:])
-        return tuple(captured)
-
-
-def _runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
-    runs, start = [], None
-    for k, flag in enumerate([*flags, False]):
-        if flag and start is None:
-            start = k
-        elif not flag and start is not None:
-            runs.append((start, k))
-            start = None
-    return runs
 
 
 # --------------------------------------------------------------------------- replay
@@ -556,230 +219,10 @@ class Estimate:
                 "kept_overlaps": self.kept_overlaps}
 
 
-_COUNTERS = ("host", "device_free", "launches", "graph_launches", "host_syncs",
-             "device_seconds", "concurrent_kernels")
-
-
-class _Replay:
-    """Replays thunk sequences on the host/stream/device model."""
-
-    def __init__(self, program: _Program, profile: GpuProfile, unknown_trips: int):
-        self.program = program
-        self.profile = profile
-        self.unknown_trips = unknown_trips
-        self.clock = dict.fromkeys(_COUNTERS, 0.0)
-        self.streams: dict[int, float] = {0: 0.0}
-        self.ready: dict[str, float] = {}
-        self.region_stream: dict[str, int] = {}
-        self.unknown_loops: set[str] = set()
-
-    # -- the device
-    def _run(self, start: float, cost: KernelCost, graphs: bool = False) -> float:
-        work = cost.work(self.profile)
-        duration = max(work, self.profile.floor_s(graphs))
-        begin_work = max(start, self.clock["device_free"])
-        self.clock["device_free"] = begin_work + work
-        self.clock["device_seconds"] += duration
-        return max(start + duration, begin_work + work)
-
-    def _operands_ready(self, instruction: Instruction) -> float:
-        return max((self.ready.get(o, 0.0) for o in instruction.operands), default=0.0)
-
-    # -- sequences on streams, one kernel launched at a time
-    def sequence(self, computation: str, stream: int, graphs: bool) -> None:
-        for item in self.program.items(computation, graphs):
-            self.item(item, computation, stream, graphs)
-
-    def item(self, item: _Item, computation: str, stream: int, graphs: bool) -> None:
-        instruction = item.instruction
-        kind = item.kind
-        if kind == "value":
-            self.ready[instruction.name] = self._operands_ready(instruction)
-        elif kind == "kernel":
-            self.clock["host"] += self.profile.launch_s
-            self.clock["launches"] += 1
-            begin = max(self.clock["host"], self.streams.setdefault(stream, 0.0))
-            end = self._run(begin, self.program.costs.kernel(instruction, computation))
-            self.streams[stream] = self.ready[instruction.name] = end
-        elif kind == "start":
-            self.clock["host"] += self.profile.event_s
-            side = item.stream
-            self.region_stream[instruction.name] = side
-            self.streams[side] = max(self.streams.get(side, 0.0),
-                                     self.streams.setdefault(stream, 0.0))
-            for callee in item.callees:
-                self.sequence(callee, side, graphs=False)  # never captured inside
-            self.ready[instruction.name] = self.streams[side]
-        elif kind == "done":
-            self.clock["host"] += self.profile.event_s
-            side = self.region_stream.get(instruction.operands[0] if instruction.operands
-                                          else "", stream)
-            self.streams[stream] = max(self.streams.setdefault(stream, 0.0),
-                                       self.streams.get(side, 0.0))
-            self.ready[instruction.name] = self.streams[stream]
-        elif kind == "call":
-            for callee in item.callees:
-                self.sequence(callee, stream, graphs)
-            self.ready[instruction.name] = self.streams.setdefault(stream, 0.0)
-        elif kind == "conditional":
-            self._sync(stream)
-            branch = self._dearest(item.callees)
-            if branch:
-                self.sequence(branch, stream, graphs)
-            self.ready[instruction.name] = self.streams[stream]
-        elif kind == "while":
-            self._while(item, stream, graphs)
-        elif kind == "graph":
-            self._graph(item, computation, stream)
-
-    def _sync(self, stream: int) -> None:
-        self.clock["host"] = max(self.clock["host"], self.streams.setdefault(stream, 0.0)) \
-            + self.profile.sync_s
-        self.clock["host_syncs"] += 1
-
-    def _dearest(self, branches: Iterable[str]) -> str | None:
-        return _dearest(self.program, self.profile, branches)
-
-    def _state(self) -> dict[Any, float]:
-        return {**self.clock, **{("stream", k): v for k, v in self.streams.items()}}
-
-    def _set_state(self, state: Mapping[Any, float]) -> None:
-        for key, value in state.items():
-            if isinstance(key, tuple):
-                self.streams[key[1]] = value
-            else:
-                self.clock[key] = value
-
-    def _while(self, item: _Item, stream: int, graphs: bool) -> None:
-        body, condition = item.callees
-        known = item.trips is not None
-        trips = item.trips if item.trips is not None else self.unknown_trips
-        if not known:
-            self.unknown_loops.add(item.instruction.name)
-
-        def trip() -> None:
-            if not known:
-                self.sequence(condition, stream, graphs)
-                self._sync(stream)
-            self.sequence(body, stream, graphs)
-
-        states = [self._state()]
-        replayed = 0
-        while replayed < min(trips, 3):
-            trip()
-            replayed += 1
-            states.append(self._state())
-        if trips > replayed:
-            last, before = states[-1], states[-2]
-            step = {key: last[key] - before.get(key, 0.0) for key in last}
-            self._set_state({key: last[key] + step[key] * (trips - replayed) for key in last})
-        if not known:  # the last condition, which says stop
-            self.sequence(condition, stream, graphs)
-            self._sync(stream)
-        self.ready[item.instruction.name] = self.streams.setdefault(stream, 0.0)
-
-    # -- one CUDA graph
-    def _graph(self, item: _Item, computation: str, stream: int) -> None:
-        nodes: list[tuple[Instruction, str, tuple[str, ...]]] = []
-        self._flatten(item.members, computation, nodes, {})
-        kernels = sum(instruction.opcode != "__value__" for instruction, _, _ in nodes)
-        mode = self.program.mode
-        self.clock["host"] += self.profile.graph_launch_s + self.profile.node_s(mode) * kernels
-        self.clock["graph_launches"] += 1
-        self.clock["launches"] += kernels
-        begin = max(self.clock["host"], self.streams.setdefault(stream, 0.0))
-        branching = mode.branching
-        queues = max(1, self.profile.hardware_queues)
-        ready: dict[str, float] = {}
-        end = chain = barrier = begin
-        in_flight: list[float] = []  # small nodes still running beside others
-        for instruction, where, inputs in nodes:
-            if instruction.opcode == "__value__":
-                ready[instruction.name] = max((ready.get(i, begin) for i in inputs),
-                                              default=begin)
-                continue
-            cost = self.program.costs.kernel(instruction, where)
-            if branching and not cost.serial:
-                start = max([barrier, *(ready.get(i, begin) for i in inputs)])
-                while in_flight and in_flight[0] <= start:
-                    heapq.heappop(in_flight)
-                if len(in_flight) >= queues:  # every hardware queue busy
-                    start = max(start, heapq.heappop(in_flight))
-            else:  # a chain, or a kernel that fills the GPU: after everything before
-                start = end if branching else chain
-            if branching and start < end:  # beside a node still running
-                self.clock["concurrent_kernels"] += 1
-            finish = self._run(start, cost, graphs=True)
-            ready[instruction.name] = chain = finish
-            if branching and not cost.serial:
-                heapq.heappush(in_flight, finish)
-            else:
-                barrier = finish
-                in_flight.clear()
-            end = max(end, finish)
-        self.streams[stream] = end
-
-    def _flatten(self, items: Sequence[_Item], computation: str,
-                 nodes: list[tuple[Instruction, str, tuple[str, ...]]],
-                 params: dict[str, tuple[str, ...]]) -> None:
-        """Kernel nodes of captured items, each with the values it waits for."""
-
-        def inputs(instruction: Instruction) -> tuple[str, ...]:
-            found: list[str] = []
-            for operand in instruction.operands:
-                found.extend(params.get(operand, (operand,)))
-            return tuple(found)
-
-        def value(name: str, waits: tuple[str, ...]) -> None:
-            nodes.append((Instruction(name, "__value__", (), ""), computation, waits))
-
-        for item in items:
-            instruction = item.instruction
-            if item.kind == "kernel":
-                nodes.append((instruction, computation, inputs(instruction)))
-            elif item.kind in ("start", "call", "conditional"):
-                callees = item.callees
-                args = list(instruction.operands)
-                if item.kind == "conditional":
-                    branch = self._dearest(callees)
-                    callees = (branch,) if branch else ()
-                    index = list(item.callees).index(branch) if branch else 0
-                    args = args[index + 1:index + 2]
-                for callee in callees:
-                    inner = {p.name: inputs(Instruction("", "", tuple(args[k:k + 1]), ""))
-                             for k, p in _parameters(self.program.module, callee)}
-                    self._flatten(self.program.items(callee, False), callee, nodes, inner)
-                    root = self.program.module.root(callee)
-                    value(instruction.name, (root.name,) if root else ())
-            elif item.kind == "done":
-                value(instruction.name, inputs(instruction))
-            elif item.kind == "value":
-                if instruction.opcode == "parameter" and instruction.name in params:
-                    value(instruction.name, params[instruction.name])
-                else:
-                    value(instruction.name, inputs(instruction))
-
-
-def _dearest(program: _Program, profile: GpuProfile, branches: Iterable[str]) -> str | None:
-    """The branch whose kernels, launched one by one, take longest."""
-    def serial(name: str) -> float:
-        return sum(profile.launch_s + program.costs.kernel(i.instruction, name)
-                   .duration(profile) for i in program.items(name, False) if i.kind == "kernel")
-    return max(branches, key=serial, default=None)
-
-
-def _parameters(module: Module, computation: str) -> list[tuple[int, Instruction]]:
-    found = module.by_name.get(computation)
-    if found is None:
-        return []
-    return [(int(hlo.int_list(i.arguments)[0]) if hlo.int_list(i.arguments) else 0, i)
-            for i in found.instructions if i.opcode == "parameter"]
-
-
 # --------------------------------------------------------------------------- regions
 
 
-def _regions(module: Module, program: _Program, entry: str) -> tuple[RegionFigures, ...]:
+def _regions(module: Module, program: Program, entry: str) -> tuple[RegionFigures, ...]:
     found = []
     for name in sorted(module.control_computations()):
         computation = module.by_name[name]
@@ -809,7 +252,7 @@ def _regions(module: Module, program: _Program, entry: str) -> tuple[RegionFigur
     return tuple(found)
 
 
-def _kernels(program: _Program, items: Iterable[_Item]) -> int:
+def _kernels(program: Program, items: Iterable[Item]) -> int:
     """Kernels per execution of ``items``, loops multiplied (an unknown trip count as 1)."""
     total = 0
     for item in items:
@@ -829,7 +272,7 @@ def _kernels(program: _Program, items: Iterable[_Item]) -> int:
     return total
 
 
-def _host_blocking(program: _Program, computation: str, seen: frozenset[str]) -> list[str]:
+def _host_blocking(program: Program, computation: str, seen: frozenset[str]) -> list[str]:
     if computation in seen:
         return []
     found = []
@@ -880,17 +323,17 @@ def estimate_hlo(hlo_text: str, gpu: str | GpuProfile = "h200",
     if not entries:
         raise ValueError("hlo_text holds no ENTRY computation; pass a whole HLO module's text.")
     module = Module(computations)
-    program = _Program(module, _Costs(module, profile), mode)
-    replay = _Replay(program, profile, unknown_trips)
+    program = Program(module, KernelCosts(module, profile), mode)
+    replay = Replay(program, profile, unknown_trips)
     replay.sequence(entries[0], 0, graphs=True)
-    finish = max(replay.clock["host"], *replay.streams.values())
+    finish = max(replay.clock["host"], *replay.streams.ends.values())
     return Estimate(
         seconds=finish, launches=round(replay.clock["launches"]),
         graph_launches=round(replay.clock["graph_launches"]),
         concurrent_kernels=round(replay.clock["concurrent_kernels"]),
         host_syncs=round(replay.clock["host_syncs"]),
         unknown_trip_loops=len(replay.unknown_loops),
-        device_seconds=replay.clock["device_seconds"],
+        device_seconds=replay.device.busy,
         regions=_regions(module, program, entries[0]), command_buffers=mode.value,
         gpu=profile.name)
 

@@ -18,7 +18,8 @@ module each, every one returning a frozen value that can be tested alone:
   checks the units (``order_units``, phase 6) and recurses into nested jaxprs (phase 7).
 
 Two modules decide for a whole function, in the pipeline's stages (``_pipeline``)
-rather than per level: ``budget`` (stages 2 and 3) and ``modes`` (stage 4).
+rather than per level: ``budget`` (stages 2 and 3) and ``modes`` (stage 4), which compares
+the programs' times in each mode as ``gpu_time`` estimates them.
 
 Example::
 

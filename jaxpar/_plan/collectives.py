@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from .. import _compat, _primitives
+from .. import _compat, _ops, _primitives
 from .._compat import JaxprEqn, JaxprLike
 from .._graph import Graph, build_graph, reachable
 from .._primitives import is_collective
@@ -152,7 +152,7 @@ def group_collectives(jaxpr: JaxprLike, graph: Graph | None = None, *,
                   if eqn.primitive.name in groupable and is_collective(eqn)
                   and i in graph.live and i not in excluded
                   and not _compat.ordering_effects(eqn)
-                  and not _compat.has_frontend_attributes(eqn)]
+                  and not _ops.has_frontend_attributes(eqn)]
     is_candidate = set(candidates)
     # layer[i]: deepest chain of candidates ending at (and including) equation i; read
     # for candidates only, so computed up to the last one.

@@ -7,7 +7,7 @@ latency-bound kernels are parallel graph nodes (dots, convolutions and library c
 stay serial); in ``CONCURRENT`` mode every independent kernel is; with graphs ``OFF``
 every kernel is launched alone, but stream regions holding loops keep their overlap.
 Which is faster depends on the program, so XLA keeps ``LHS`` as the process-wide
-default. jaxpar may choose per function: ``estimate_seconds`` prices a planned program
+default. jaxpar may choose per function: ``gpu_time.estimate_seconds`` prices a planned program
 in a mode with the GPU model (``_gpu_model``, through the cost model), and
 ``choose_mode`` keeps a candidate only if it beats the user's mode by ``MIN_GAIN`` at
 the nominal figures **and** at the end of every uncertain figure's range that favours
@@ -22,45 +22,12 @@ than the floor it hides (down to 0.6 us), and no mode change pays. A calibration
 on the GPU (``benchmarks/calibrate.py``) narrows the ranges. (``tune=True`` times the
 plan's choice against the process's mode, not other modes.)
 
-The model of one jaxpr level, in a mode:
-
-* every equation launching kernels is a node: its roofline work (flops at peak or bytes
-  at bandwidth, whichever is longer), at least a kernel floor per kernel (a graph's
-  ``graph_floor_s`` inside a CUDA graph, ``kernel_floor_s`` launched alone); the work of
-  every node goes through the one device (overlap hides kernel floors, never work), as
-  in ``jaxpar._compiled.estimate``, which judges the compiled program the same way;
-* a loop (``scan``, ``while``) is never captured (WHILE is no default command type): it
-  runs alone on the stream, its body priced per trip in the same mode (a body of at
-  least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``scan`` runs as XLA
-  runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip with one kernel
-  bumping the counter, one slicing each distinct scanned input and one writing each
-  stacked result (for the trip's bodies at once), then the left-over bodies once (so
-  fusing scans and unrolling them save kernels and launches here, as in the compiled
-  program); a ``cond`` costs its dearest branch; other calls
-  their body;
-* the other nodes of the level form one graph when at least ``MIN_GRAPH_SIZE`` of their
-  kernels are ones XLA cannot fuse away (not ``_primitives.MAY_FUSE_AWAY``: a
-  concatenate may join a GEMM's prologue) and graphs are on (host: one graph launch plus
-  a node each, ``GpuProfile.node_s``: about nothing for a chain, up to a microsecond for
-  a branching graph), else each is launched alone (host: ``launch_s`` each); in the
-  branching modes a small node starts when its inputs are ready, at most
-  ``hardware_queues`` at once, while a dot, a convolution, a library call or a
-  collective (``_memory.SERIAL``) starts after everything before it and holds back
-  everything after it (they fill the GPU: XLA's own ``CONCURRENT_REGIONS`` rule, with
-  no public evidence that overlapping them pays); in the other modes a node starts after
-  the one before;
-* the regions of the stream sections the plan kept (priced in that mode by ``_plan.pricing``)
-  are lanes of their own: a region's node waits only for its inputs and its lane, and
-  each region costs the host a start and a done event (``event_s``); a section the
-  pricing would not emit (``force_streams``) is taken at its verdict: its regions on the
-  main stream, plus its cut's cost;
-* one run of the program: its first kernel waits for its launch (a graph's, when the top
-  level is one graph), then the longer of the device's and the host's time.
-
-In this model ``CONCURRENT`` is never faster than ``CONCURRENT_REGIONS`` (both overlap
-only small kernels) and needs more memory, so jaxpar's candidates are ``LHS``,
-``CONCURRENT_REGIONS`` and, for plans whose stream regions hold loops, ``OFF``;
-``command_buffers="concurrent"`` compiles a function in ``CONCURRENT`` all the same.
+How a planned program is priced in a mode (the model, on the one GPU simulator) is
+``_plan.gpu_time``'s. In that model ``CONCURRENT`` is never faster than
+``CONCURRENT_REGIONS`` (both overlap only small kernels) and needs more memory, so
+jaxpar's candidates are ``LHS``, ``CONCURRENT_REGIONS`` and, for plans whose stream
+regions hold loops, ``OFF``; ``command_buffers="concurrent"`` compiles a function in
+``CONCURRENT`` all the same.
 
 Example::
 
@@ -68,12 +35,9 @@ Example::
     choice.mode, choice.xla_options, choice.reason
 
 Sharp edges:
-  * A model of the compiled program before it is compiled: ``gpu_preview`` judges the
-    compiled one (``_compiled.estimate``), and the first GPU run must confirm both. It does not
-    know which elementwise work XLA cannot fuse into a neighbour (a relu after a cuDNN
-    convolution is a kernel of its own), so it counts fewer kernels than XLA launches
-    there, nor how long a kernel that under-fills the GPU runs (its roofline is a lower
-    bound): the gain of overlapping such kernels, the evidence's best case, is beyond it.
+  * The estimates it compares are a model of the compiled program before it is compiled
+    (``_plan.gpu_time``): ``gpu_preview`` judges the compiled one, and the first GPU run
+    must confirm both.
   * Graphs ``OFF`` is a candidate only for a plan whose stream regions hold loops (their
     overlap survives only outside graphs).
 """
@@ -81,17 +45,13 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _compat
-from .._compat import JaxprEqn, JaxprLike
-from .._cost import CostModel, known_while_trip_count
 from .._flags import command_buffer_options
-from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
-from .._memo import IdentityMemo
-from .._primitives import COND, MAY_FUSE_AWAY, MAY_HOLD_LOOPS, SCAN, SERIAL_KERNELS, WHILE
+from .._gpu_model import CommandBufferMode, GpuProfile
+from .._primitives import MAY_HOLD_LOOPS
 from .plans import LevelPlan
 
 # The least estimated gain over the user's mode that makes jaxpar change it, at the
@@ -245,295 +205,6 @@ class ModeChoice:
                                        if self.plain_seconds is not None else None),
                 "ends": [e.to_dict() for e in self.ends], "measured": self.measured,
                 "reason": self.reason}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Span:
-    """One level's (or one node's) time: on the device, on the host, and its work."""
-
-    device: float
-    host: float
-    work: float
-    kernels: float = 0.0  # launched outside loops (a call's count in its caller's graph)
-    captured: float = 0.0  # of those, the ones a CUDA graph may capture (not in regions)
-    alone: float = 0.0  # seconds of loops and conds in the level, run outside graphs
-    lead: float = 0.0  # host time before the first kernel can start (its launch, a graph's)
-    sure: float = 0.0  # of the captured ones, those XLA cannot fuse away (``MAY_FUSE_AWAY``)
-    serial: bool = False  # holds a kernel that fills the GPU, or a loop or cond
-
-    @property
-    def seconds(self) -> float:
-        return max(self.device, self.host)
-
-    @property
-    def run_seconds(self) -> float:
-        """One run of a level on its own: its kernels wait for their first launch. (A
-        loop's trips overlap one trip's launch with the trip before: ``seconds``.)"""
-        return max(self.device + self.lead, self.host)
-
-
-# The primitives ``_Model._alone`` runs outside graphs.
-_ALONE = frozenset((SCAN, WHILE, COND))
-
-# One equation of a level as the model sees it, the same in every mode and at every end
-# of the figures: (equation, work, kernels, sure kernels, serial, its span if it runs
-# alone outside graphs, a call's device time); see ``_Model._entry``.
-_Entry = tuple[JaxprEqn, float, float, float, bool, "_Span | None", float]
-
-
-class _Model:
-    def __init__(self, costs: CostModel, mode: CommandBufferMode,
-                 lanes: Mapping[int, int] | None = None,
-                 memo: IdentityMemo[Any, Any] | None = None,
-                 gpu: GpuProfile | None = None):
-        profile_gpu = costs.profile.gpu
-        if profile_gpu is None:
-            raise ValueError("the CUDA-graph mode is chosen for a GPU; the cost model is for "
-                             f"{costs.profile.name!r}")
-        # ``gpu``: the figures at one end of their ranges (default the cost model's own).
-        self.gpu: GpuProfile = profile_gpu if gpu is None else gpu
-        self.costs = costs
-        self.mode = mode
-        # Top-level equation -> its stream region (a lane beside the main stream).
-        self.lanes = dict(lanes or {})
-        # Shared by the estimates of one call (``memo``): a nested level's span by its
-        # jaxpr, the mode and the figures, and an equation's ``_Entry`` where it is the
-        # same in every mode and at every end.
-        self._memo: IdentityMemo[Any, Any] = IdentityMemo() if memo is None else memo
-
-    def jaxpr(self, jaxpr: JaxprLike, top: bool = False, graphs: bool | None = None
-              ) -> _Span:
-        """The span of a level; ``graphs``: whether it runs in a CUDA graph (a loop body
-        repeated by unrolling may, where it alone would not), default as it would alone."""
-        if top:  # its lanes are the plan's: never remembered
-            return self._level(_compat.open_jaxpr(jaxpr)[0].eqns, self.lanes)
-        return self._memo.lookup(  # type: ignore[no-any-return]
-            jaxpr, lambda: self._level(_compat.open_jaxpr(jaxpr)[0].eqns, {}, graphs),
-            extra=(self.mode, self.gpu, graphs))
-
-    def _alone(self, eqn: JaxprEqn) -> _Span | None:
-        """A loop or cond: runs outside any graph, with its own host cost inside."""
-        name = eqn.primitive.name
-        if name == SCAN:
-            return self._scan(eqn)
-        if name == WHILE:
-            body = self.jaxpr(eqn.params["body_jaxpr"])
-            condition = self.jaxpr(eqn.params["cond_jaxpr"])
-            found = known_while_trip_count(eqn)
-            trips = 1 if found is None else found
-            if found is None:  # the predicate goes to the host every trip
-                body = _Span(body.device + condition.device + self.gpu.sync_s,
-                             body.host + condition.host + self.gpu.sync_s,
-                             body.work + condition.work)
-        elif name == COND:
-            branches = [self.jaxpr(b) for b in eqn.params["branches"]]
-            dearest = max(branches, key=lambda s: s.seconds, default=_Span(0.0, 0.0, 0.0))
-            return _Span(dearest.seconds + self.gpu.sync_s, 0.0, dearest.work)
-        else:
-            return None
-        return _Span(trips * body.seconds, 0.0, trips * body.work)
-
-    def _scan(self, eqn: JaxprEqn) -> _Span:
-        """A scan as XLA runs it: ``length // unroll`` trips of ``unroll`` bodies, each trip
-        also bumping the counter, slicing every distinct scanned input a kernel reads and
-        writing every stacked result (one kernel each, for the trip's bodies at once),
-        then the ``length % unroll`` left-over bodies once."""
-        info = _compat.scan_info(eqn)
-        body = self.jaxpr(info.jaxpr)
-        unroll = max(1, min(info.unroll, info.length))
-        trips, left = divmod(info.length, unroll)
-        if trips <= 1 and not left:  # one trip: XLA inlines the loop into its caller
-            return self._repeated(info.jaxpr, body, info.length, 0.0)
-        # JAX slices a trip's ``unroll`` bodies' inputs at once, and writes their stacked
-        # results at once.
-        per_trip = self._repeated(info.jaxpr, body, unroll,
-                                  self.costs.scan_trip_kernels(eqn))
-        rest = (self._repeated(info.jaxpr, body, left, 0.0) if left
-                else _Span(0.0, 0.0, 0.0))
-        return _Span(trips * per_trip.seconds + rest.seconds, 0.0,
-                     trips * per_trip.work + rest.work)
-
-    def _repeated(self, jaxpr: JaxprLike, body: _Span, times: int, extra_kernels: float
-                  ) -> _Span:
-        """``times`` copies of the level ``jaxpr`` (span ``body`` alone) one after the
-        other, plus ``extra_kernels`` tiny kernels, as one launch sequence: one graph if
-        they are enough to form one (its kernels then at a graph's floor)."""
-        captured = body.captured * times + extra_kernels
-        sure = body.sure * times + extra_kernels
-        graphs = self.mode is not CommandBufferMode.OFF and sure >= MIN_GRAPH_SIZE
-        if graphs != (self.mode is not CommandBufferMode.OFF and body.sure >= MIN_GRAPH_SIZE):
-            body = self.jaxpr(jaxpr, graphs=graphs)
-        host = (self.gpu.graph_launch_s + self.gpu.node_s(self.mode) * captured if graphs
-                else self.gpu.launch_s * captured)
-        host += body.alone * times  # a body's level has no stream regions
-        return _Span(body.device * times + extra_kernels * self.gpu.floor_s(graphs),
-                     host, body.work * times, body.kernels * times + extra_kernels,
-                     captured, body.alone * times, sure=sure)
-
-    def _entry(self, eqn: JaxprEqn) -> _Entry:
-        """``eqn``'s ``_Entry``: a loop or cond (``alone``, for this mode and these
-        figures), a call (its body's device time), or a kernel of its own, the same in
-        every mode and at every end (remembered in the memo); zeros for a free
-        equation."""
-        if eqn.primitive.name in _ALONE:
-            alone = self._alone(eqn)
-            if alone is not None:
-                return eqn, alone.work, 0.0, 0.0, True, alone, alone.seconds
-        subs = self.costs.subjaxprs(eqn)
-        if subs:
-            # A call: XLA inlines its body into the caller, whose graph and floor its
-            # kernels then share; a node of that many kernels, which runs beside others
-            # like it unless it holds one that fills the GPU.
-            body = self.jaxpr(subs[0][2])
-            if body.alone > 0:  # it holds a loop or a cond: timed as it runs
-                return eqn, body.work, body.kernels, body.sure, True, None, body.device
-            return eqn, body.work, body.kernels, body.sure, body.serial, None, 0.0
-        cost = self.costs.eqn_cost(eqn)
-        if cost.kernels <= 0:
-            entry: _Entry = (eqn, 0.0, 0.0, 0.0, False, None, 0.0)
-        else:
-            work = max(cost.flops / self.costs.profile.peak_flops,
-                       cost.bytes / self.gpu.bandwidth)
-            sure = 0.0 if eqn.primitive.name in MAY_FUSE_AWAY else cost.kernels
-            entry = (eqn, work, cost.kernels, sure, eqn.primitive.name in SERIAL_KERNELS,
-                     None, 0.0)
-        self._memo.set(eqn, entry)
-        return entry
-
-    def _level(self, eqns: Sequence[JaxprEqn], lanes: Mapping[int, int],
-               in_graph: bool | None = None) -> _Span:
-        remembered = self._memo.get
-        planned = [remembered(eqn) or self._entry(eqn) for eqn in eqns]
-        # Free and alone entries add zeros: the sums are those of the capturable nodes.
-        kernels = sum(entry[2] for entry in planned)
-        sure = sum(entry[3] for entry in planned)
-        in_lanes = [index for index in sorted(lanes) if index < len(planned)]
-        in_regions = sum(planned[index][2] for index in in_lanes)
-        sure_captured = sure - sum(planned[index][3] for index in in_lanes)
-        captured = kernels - in_regions
-        # A graph only where XLA surely captures MIN_GRAPH_SIZE kernels: the kernels it
-        # may fuse away (a concatenate into a GEMM's prologue) do not make one, so no mode
-        # is chosen for a graph the compiled program does not have (three matmuls of
-        # rolled operands: 6 kernels here, 3 launches once compiled).
-        graphs = self.mode is not CommandBufferMode.OFF and sure_captured >= MIN_GRAPH_SIZE
-        timed = graphs if in_graph is None else in_graph
-        end, alone_seconds, work_total = _timeline(self.gpu, planned, lanes, timed,
-                                                   timed and self.mode.branching)
-        # A region's kernels are launched one by one (captured ones are refused by the
-        # pricing in the graph modes); each region adds a start and a done event.
-        host = self.gpu.launch_s * in_regions + 2 * self.gpu.event_s * len(set(lanes.values()))
-        if graphs:
-            lead = self.gpu.graph_launch_s + self.gpu.node_s(self.mode) * captured
-            host += lead
-        else:
-            lead = self.gpu.launch_s if captured > 0 else 0.0
-            host += self.gpu.launch_s * captured
-        serial = any(entry[4] for entry in planned)
-        return _Span(end, host + alone_seconds, work_total, kernels, captured, alone_seconds,
-                     lead, sure_captured, serial)
-
-def _timeline(gpu: GpuProfile, planned: Sequence[_Entry], lanes: Mapping[int, int],
-              graphs: bool, branching: bool) -> tuple[float, float, float]:
-    """When the level's last node finishes on the device, the seconds of its loops
-    and conds, and its work: nodes in order, each after its inputs and (serial modes,
-    serial kernels) everything before it."""
-    floor_each = gpu.floor_s(graphs)
-    queues = max(1, gpu.hardware_queues)
-    ready: dict[Any, float] = {}
-    lane_end: dict[int, float] = {}
-    barrier = end = device_free = work_total = alone_seconds = 0.0
-    in_flight: list[float] = []  # finish times of the small nodes running beside others
-    literal = _compat.Literal
-    ready_get = ready.get
-    for index, (eqn, work, kernels, _, serial, alone, device) in enumerate(planned):
-        duration = device if (alone is not None or device) else max(
-            work, kernels * floor_each)
-        inputs = 0.0  # finish times are never negative
-        for v in eqn.invars:
-            if not isinstance(v, literal):
-                at = ready_get(v)
-                if at is not None and at > inputs:
-                    inputs = at
-        lane = lanes.get(index) if lanes else None
-        if lane is not None:  # in a stream region: after its inputs and its lane
-            start = max(lane_end.get(lane, 0.0), inputs)
-            begin_work = max(start, device_free)
-            device_free = begin_work + work
-            finish = lane_end[lane] = max(start + duration, begin_work + work)
-            if alone is not None:
-                alone_seconds += duration
-        elif alone is not None:  # on the stream after everything before it
-            start = max(end, inputs)
-            finish = barrier = start + duration
-            device_free = max(device_free, finish)
-            alone_seconds += duration
-        elif duration > 0:
-            if branching and not serial:
-                start = max(barrier, inputs)
-                while in_flight and in_flight[0] <= start:
-                    heapq.heappop(in_flight)
-                if len(in_flight) >= queues:  # every hardware queue busy
-                    start = max(start, heapq.heappop(in_flight))
-            else:  # a serial mode, or a kernel that fills the GPU
-                start = max(end, inputs)
-            begin_work = max(start, device_free)
-            device_free = begin_work + work
-            finish = max(start + duration, begin_work + work)
-            if branching and not serial:
-                heapq.heappush(in_flight, finish)
-            else:
-                barrier = finish
-                in_flight.clear()
-        else:
-            finish = inputs
-        work_total += work
-        if finish > end:
-            end = finish
-        for v in eqn.outvars:
-            ready[v] = finish
-    return end, alone_seconds, work_total
-
-
-def estimate_plain_seconds(jaxpr: JaxprLike, costs: CostModel, mode: CommandBufferMode,
-                           memo: IdentityMemo[Any, Any] | None = None,
-                           gpu: GpuProfile | None = None) -> float:
-    """Estimated seconds per run of ``jaxpr`` as ``jax.jit`` compiles it, in ``mode``
-    (``memo``: as for ``estimate_seconds``; ``gpu``: the figures, default the cost
-    model's)."""
-    return _Model(costs, mode, memo=memo, gpu=gpu).jaxpr(jaxpr, top=True).run_seconds
-
-
-def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode,
-                     memo: IdentityMemo[Any, Any] | None = None,
-                     gpu: GpuProfile | None = None) -> float:
-    """Estimated seconds per run of ``plan``'s program compiled in ``mode``.
-
-    A section the GPU pricing would not emit (kept by ``force_streams``) is taken at its
-    verdict: its regions run as if on the main stream, plus the cost of its cut.
-    ``memo``, one per call, shared by the estimates of its plans in every mode and of the
-    plain program (``Analysis.shared_memo``), remembers what they share: each
-    equation's kernel time and work, and each nested level's span in each mode. It must
-    be used with one cost model only. ``gpu``: the GPU's figures, default the cost
-    model's (``pessimistic`` and ``optimistic`` give the ends of their ranges).
-    """
-    lanes = {i: (s, r) for s, section in enumerate(plan.sections) if section.pays is not False
-             for r, region in enumerate(section.regions) for i in region.eqns}
-    numbered = {key: n for n, key in enumerate(dict.fromkeys(lanes.values()))}
-    model = _Model(costs, mode, {i: numbered[key] for i, key in lanes.items()}, memo, gpu)
-    forced = sum(section.cost_seconds or 0.0 for section in plan.sections
-                 if section.pays is False)
-    return model.jaxpr(plan.jaxpr, top=True).run_seconds + forced - _grouped_seconds(
-        plan, model.gpu)
-
-
-def _grouped_seconds(plan: LevelPlan, gpu: GpuProfile) -> float:
-    """What launching each collectives group as one NCCL group saves: its members are
-    launched once (one call, not one launch each), as the compiled schedule counts them.
-    (Their transfers side by side are not credited: the model does not serialise
-    collectives in jax.jit's program either.) Each level counts once (a group in a loop
-    body, once a run, not once a trip)."""
-    return sum(gpu.launch_s * (len(group.eqns) - 1) for level in plan.walk()
-               for group in level.collective_groups)
 
 
 def regions_hold_loops(plan: LevelPlan) -> bool:

@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import _compat, _primitives
+from .. import _compat, _ops, _primitives
 from .._compat import Atom, JaxprEqn, JaxprLike
 from .._graph import Graph
 from .._memo import IdentityMemo
@@ -623,7 +623,7 @@ def loop_trips(length: int, unroll: int) -> int:
 def loop_candidate(eqn: JaxprEqn) -> bool:
     """Whether a scan may be merged or re-emitted: no effects, no user placement."""
     return (eqn.primitive.name == SCAN and not eqn.effects
-            and not _compat.has_frontend_attributes(eqn))
+            and not _ops.has_frontend_attributes(eqn))
 
 
 def loop_candidates(eqns: Sequence[JaxprEqn]) -> list[int]:

@@ -72,7 +72,7 @@ import dataclasses
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
-from .. import _compat
+from .. import _compat, _ops
 from .._analysis import Analysis
 from .._compat import Jaxpr, JaxprEqn, Primitive
 from .._cost import ENDS, ZERO, Cost, CostModel, LaunchPrices
@@ -416,7 +416,7 @@ def _value_numbers(inner: Jaxpr, producer: dict[Any, tuple[int, int]], graph: Gr
     eqns = inner.eqns
     found = records.get_all(eqns)
     made: list[tuple[JaxprEqn, list[Any]]] = []  # new records
-    has_frontend_attributes, collectives = _compat.has_frontend_attributes, COLLECTIVE
+    has_frontend_attributes, collectives = _ops.has_frontend_attributes, COLLECTIVE
     by_params_of: dict[Primitive, bool] = {}  # refusal_reads_operand_types, per primitive
     # What reading each variable adds to a reader's key: ``(number of its producer, its
     # position)``, or ``("in", number of its type)`` for a level input (so numbering an

@@ -32,7 +32,7 @@ import dataclasses
 from collections.abc import Hashable, Sequence
 from typing import Any, cast
 
-from .. import _compat
+from .. import _compat, _ops
 from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._memo import IdentityMemo
@@ -51,7 +51,7 @@ def _eqn_key(eqn: JaxprEqn, keys: StructuralKeys, aval_text: dict[Any, str] | No
     """
     if eqn.effects or eqn.primitive.name in NEVER_SHARED:
         return None
-    if _compat.has_frontend_attributes(eqn):
+    if _ops.has_frontend_attributes(eqn):
         return None
     text = {} if aval_text is None else aval_text
 

@@ -105,13 +105,13 @@ def canonical_jaxpr_text(closed: Any) -> str:
     ids are drawn afresh per emission: two rewrites of the same program are compared by
     what they compute and how their regions are grouped, not by the ids' values.
     """
-    from jaxpar import _compat
+    from jaxpar import _compat, _ops
 
     inner, _ = _compat.open_jaxpr(closed)
-    # jit calls, and the equation that holds a rewritten program (``_compat.program_p``,
+    # jit calls, and the equation that holds a rewritten program (``_ops.program_p``,
     # inlined when lowering) are looked through.
     while (len(inner.eqns) == 1 and inner.eqns[0].primitive.name in ("jit", "pjit",
-                                                                    _compat.PROGRAM)
+                                                                    _ops.PROGRAM)
            and list(inner.eqns[0].outvars) == list(inner.outvars)):
         params = inner.eqns[0].params
         closed = params["jaxpr"] if "jaxpr" in params else params["call_jaxpr"]

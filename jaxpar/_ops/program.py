@@ -10,34 +10,23 @@ inline (no call, nothing in the HLO changes), every transformation sees straight
 it, and its checkify rule checks the *original* program, in the user's order. Only the
 equation bound by ``bind_program`` knows its source: an equation another rule rebuilt
 (DCE, checkpoint's split) holds another body and is checked as it is.
+
+Example::
+
+    outs = bind_program(rewritten, original, args)   # checkify checks ``original``
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import jax
 import jax.extend.core as jex_core
-from jax._src import checkify as _checkify
-from jax._src import core as _core
-from jax._src.interpreters import ad as _ad
-from jax._src.interpreters import batching as _batching
-from jax._src.interpreters import mlir as _mlir
-from jax._src.interpreters import partial_eval as _pe
-from jax.experimental import jet as _jet
 
-from .call_rules import (
-    call_abstract_eval,
-    call_discharge,
-    call_jet,
-    call_partial_eval_rule,
-    define_to_lojax,
-    register_discharge_rule,
-)
-from .jaxprs import ClosedJaxpr, jaxpr_eval, open_jaxpr
-from .shard_map import is_shard_map
-from .tracing import eval_linear, linearize_split
+from .. import _compat
+from .._compat import ClosedJaxpr, jaxpr_eval, open_jaxpr
+from .call_rules import call_abstract_eval, call_jet
 
 PROGRAM = "jaxpar_program"
 program_p = jex_core.Primitive(PROGRAM)
@@ -72,8 +61,7 @@ def _body_jaxpr(fn: Callable[..., Sequence[Any]], avals: Sequence[Any]
     """``fn`` traced at ``avals`` as a closed jaxpr without consts, and the consts it
     closed over (values or tracers of an outer trace), to pass as leading operands."""
     closed = jax.make_jaxpr(lambda *args: tuple(fn(*args)))(*avals)
-    jaxpr, consts = _pe.separate_consts(closed)
-    return jaxpr, list(consts)
+    return _compat.separate_consts(closed)
 
 
 def bind_program(fn: Callable[..., Sequence[Any]], source: Callable[..., Sequence[Any]],
@@ -91,7 +79,7 @@ def _program_eval(*args: Any, call_jaxpr: ClosedJaxpr, source: Any) -> list[Any]
     return jaxpr_eval(call_jaxpr, *args)
 
 
-_program_lowered_by_tracing = _mlir.lower_fun(_program_eval, multiple_results=True)
+_program_lowered_by_tracing = _compat.lower_fun(_program_eval)
 
 
 def _program_lowering(ctx: Any, *args: Any, call_jaxpr: ClosedJaxpr, source: Any) -> Any:
@@ -103,19 +91,9 @@ def _program_lowering(ctx: Any, *args: Any, call_jaxpr: ClosedJaxpr, source: Any
     high types (which its trace lowers) or internal mutable arrays (which it discharges)
     takes that path.
     """
-    jaxpr = call_jaxpr.jaxpr
-    if getattr(jaxpr, "is_high", False) or any(
-            isinstance(e, _core.InternalMutableArrayEffect) for e in jaxpr.effects):
+    if not _compat.lowers_inline(call_jaxpr):
         return _program_lowered_by_tracing(ctx, *args, call_jaxpr=call_jaxpr, source=source)
-    module = (ctx.module_context if ctx.platforms is None
-              else ctx.module_context.replace(platforms=ctx.platforms))
-    out, tokens = _mlir.jaxpr_subcomp(
-        module, jaxpr, ctx.name_stack, ctx.tokens_in,
-        _mlir.ir_consts(call_jaxpr.consts, [v.aval for v in jaxpr.constvars]), *args,
-        dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
-        outer_traceback=_mlir.xc.Traceback())
-    ctx.set_tokens_out(tokens)
-    return out
+    return _compat.lower_inline(ctx, call_jaxpr, args)
 
 
 def _checked_first(source: ProgramSource, check: Callable[..., Any],
@@ -133,21 +111,20 @@ def _checked_first(source: ProgramSource, check: Callable[..., Any],
 
 def _program_batcher(axis_data: Any, vals_in: Sequence[Any], dims_in: Sequence[Any], *,
                      call_jaxpr: ClosedJaxpr, source: Any) -> tuple[list[Any], list[Any]]:
-    batched, dims_out = _batching.batch_jaxpr2(call_jaxpr, axis_data, tuple(dims_in))
-    name = getattr(axis_data, "name", None)
+    batched, dims_out = _compat.batch_jaxpr(call_jaxpr, axis_data, dims_in)
     if (source.body is not call_jaxpr
             or getattr(axis_data, "explicit_mesh_axis", None) is not None):
-        return jaxpr_eval(batched, *vals_in), list(dims_out)
+        return jaxpr_eval(batched, *vals_in), dims_out
     spmd = getattr(axis_data, "spmd_name", None)
     original = jax.vmap(
         lambda *a: tuple(source.fn(*a)),
         in_axes=list(dims_in[source.skip:]),  # None: not mapped
-        axis_size=axis_data.size, axis_name=None if name is _core.no_axis_name else name,
+        axis_size=axis_data.size, axis_name=_compat.axis_name(axis_data),
         **({"spmd_axis_name": spmd} if spmd is not None else {}))
     outs = bind_program(lambda *v: jaxpr_eval(batched, *v),
                         _checked_first(source, original, lambda *v: jaxpr_eval(batched, *v)),
                         list(vals_in))
-    return outs, list(dims_out)
+    return outs, dims_out
 
 
 def _program_dce(used_outputs: list[bool], *rest: Any) -> tuple[list[bool], Any]:
@@ -159,7 +136,7 @@ def _program_dce(used_outputs: list[bool], *rest: Any) -> tuple[list[bool], Any]
     source = eqn.params["source"]
     if source.checks_only and source.body is eqn.params["call_jaxpr"]:
         return [True] * len(eqn.invars), eqn
-    used_inputs, new_eqn = _pe.dce_jaxpr_closed_call_rule(used_outputs, *rest)
+    used_inputs, new_eqn = _compat.closed_call_dce(used_outputs, *rest)
     if new_eqn is None or source.body is not eqn.params["call_jaxpr"] or not all(used_inputs):
         return used_inputs, new_eqn
 
@@ -187,15 +164,13 @@ def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr:
     def inexact(aval: Any) -> bool:
         return bool(jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact))
 
-    def zero(value: Any) -> Any:
-        return _ad.Zero(jax.typeof(value).to_tangent_aval())
-
     avals = [jax.typeof(p) for p in primals]
-    diff = [type(t) is not _ad.Zero and inexact(a) for a, t in zip(avals, tangents, strict=True)]
+    diff = [not _compat.is_symbolic_zero(t) and inexact(a)
+            for a, t in zip(avals, tangents, strict=True)]
     if not any(diff):
         outs = jaxpr_eval(call_jaxpr, *primals)
-        return outs, [zero(o) for o in outs]
-    if not any(is_shard_map(eqn) for eqn in open_jaxpr(call_jaxpr)[0].eqns):
+        return outs, [_compat.symbolic_zero(o) for o in outs]
+    if not any(_compat.is_shard_map(eqn) for eqn in open_jaxpr(call_jaxpr)[0].eqns):
         # Only the operands with a tangent are differentiated; the others are closed over.
         # A zero tangent made dense would be a known value: the tangent computation fed by
         # it alone (a region's linear half, a ``custom_vjp``'s ``custom_lin``) would then
@@ -210,19 +185,19 @@ def _program_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call_jaxpr:
             of_diff, tuple(p for p, d in zip(primals, diff, strict=True) if d),
             tuple(t for t, d in zip(tangents, diff, strict=True) if d))
         return list(outs), list(out_tangents)
-    lin = linearize_split(lambda *a: jaxpr_eval(call_jaxpr, *a), avals, diff)
+    lin = _compat.linearize_split(lambda *a: jaxpr_eval(call_jaxpr, *a), avals, diff)
     forward = jaxpr_eval(lin.forward, *primals)
     outs, residuals = forward[:lin.num_outputs], forward[lin.num_outputs:]
-    out_tangents = eval_linear(lin, residuals,
+    out_tangents = _compat.eval_linear(lin, residuals,
                                [t for t, d in zip(tangents, diff, strict=True) if d])
-    return outs, [t if inexact(jax.typeof(o)) else zero(o)
+    return outs, [t if inexact(jax.typeof(o)) else _compat.symbolic_zero(o)
                   for o, t in zip(outs, out_tangents, strict=True)]
 
 
 def _program_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: ClosedJaxpr,
                        source: Any) -> list[Any]:
     del source
-    linear = [_ad.is_undefined_primal(a) for a in args]
+    linear = [_compat.is_undefined_primal(a) for a in args]
 
     def body(*lin: Any) -> tuple[Any, ...]:
         given = iter(lin)
@@ -232,15 +207,13 @@ def _program_transpose(cts: Sequence[Any], *args: Any, call_jaxpr: ClosedJaxpr,
     avals = [a.aval for a, is_linear in zip(args, linear, strict=True) if is_linear]
     transposed = jax.linear_transpose(
         body, *[jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals])
-    given = transposed(tuple(_ad.instantiate_zeros(ct) for ct in cts))
+    given = transposed(tuple(_compat.instantiate_zeros(ct) for ct in cts))
     out = iter(given)
     return [next(out) if is_linear else None for is_linear in linear]
 
 
 def _program_checkify(*args: Any, call_jaxpr: ClosedJaxpr, source: Any) -> tuple[Any, list[Any]]:
-    context_type = getattr(_checkify, "CheckifyContext", None)
-    context = args[:1] if context_type is not None and isinstance(args[0], context_type) else ()
-    error, enabled_errors, *vals = args[len(context):]
+    context, error, enabled_errors, vals = _compat.checkify_operands(args)
     if source.body is call_jaxpr:  # the equation bind_program made: check the original
         vals, fn = vals[source.skip:], source.fn
     else:
@@ -248,9 +221,9 @@ def _program_checkify(*args: Any, call_jaxpr: ClosedJaxpr, source: Any) -> tuple
             return jaxpr_eval(call_jaxpr, *a)
     original = jax.make_jaxpr(lambda *a: tuple(fn(*a)))(*[jax.typeof(v) for v in vals])
     err_vals, err_tree = jax.tree_util.tree_flatten(error)
-    checked, out_tree, _ = _checkify.jaxpr_to_checkify_jaxpr(
-        *context, original, enabled_errors, err_tree,
-        *[jax.typeof(v) for v in [*err_vals, *vals]])
+    checked, out_tree = _compat.checkify_jaxpr(
+        context, original, enabled_errors, err_tree,
+        [jax.typeof(v) for v in [*err_vals, *vals]])
     outs = jaxpr_eval(checked, *err_vals, *vals)
     return jax.tree_util.tree_unflatten(out_tree, outs)  # type: ignore[no-any-return]
 
@@ -262,17 +235,17 @@ def _program_jet(primals_in: Sequence[Any], series_in: Sequence[Any], *, call_ja
 
 
 # ------------------------------------------------ registering program_p's rules
-program_p.def_impl(_program_eval)
-program_p.def_effectful_abstract_eval(call_abstract_eval)
-_mlir.register_lowering(program_p, _program_lowering)
-_batching.fancy_primitive_batchers[program_p] = _program_batcher
-_ad.primitive_jvps[program_p] = _program_jvp
-_ad.primitive_transposes[program_p] = _program_transpose
-_pe.dce_rules[program_p] = _program_dce
-_pe.partial_eval_jaxpr_custom_rules[program_p] = call_partial_eval_rule()
-_checkify.error_checks[program_p] = _program_checkify
-_jet.jet_rules[program_p] = cast(Any, _program_jet)  # JAX types the table by its first rule
-# Inline: the program lowers inline, and JAX discharges state only when lowering, after
-# every transformation it would check.
-register_discharge_rule(program_p, call_discharge(lambda body, args, source: body(*args)))
-define_to_lojax(program_p)
+_compat.register_call_primitive(program_p, _compat.CallRules(
+    impl=_program_eval,
+    abstract_eval=call_abstract_eval,
+    lowering=_program_lowering,
+    batcher=_program_batcher,
+    jvp=_program_jvp,
+    transpose=_program_transpose,
+    dce=_program_dce,
+    checkify=_program_checkify,
+    jet=_program_jet,
+    # Inline: the program lowers inline, and JAX discharges state only when lowering,
+    # after every transformation it would check.
+    rebind=lambda body, args, source: body(*args),
+))
