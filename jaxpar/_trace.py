@@ -820,6 +820,26 @@ def _static_leaves_hint(fun: Callable[..., Any], sig: Signature) -> str:
             "jax.jit refuses them). If an array was meant, pass one (jnp.asarray(...)).")
 
 
+def _name_string_leaves(fun: Callable[..., Any], sig: Signature, error: BaseException) -> None:
+    """Names a string leaf in ``error``'s own message, as ``jax.jit`` names an argument it
+    cannot take ("... passed to the function at path w"): a ``TypeError`` raised where a
+    string met an array operation reads, in ``str(error)``, as if the argument had vanished
+    (the note, shown under it in a traceback, says the rest). Only a ``TypeError`` or
+    ``AttributeError`` (what a string meeting an array operation raises) whose message is
+    its one argument."""
+    strings = [(index, value) for index, _, value in sig.layout.statics
+               if isinstance(value, (str, bytes))]
+    if not (strings and isinstance(error, (TypeError, AttributeError))
+            and len(error.args) == 1 and str(error) == error.args[0]):
+        return
+    paths = _leaf_paths(fun, sig.layout)
+    named = ", ".join(f"at path {paths[index] if paths is not None else f'leaf {index}'} "
+                      f"({_describe_static(value)})" for index, value in strings)
+    error.args = (f"{error.args[0]} (jaxpar: tracing {_name(fun)} with a string argument "
+                  f"{named}, passed to it as a static Python value; if an array was meant, "
+                  "pass one)",)
+
+
 # Errors that come from turning a traced array into a Python value: only these get the
 # advice about static arguments.
 _CONVERSION_ERRORS: tuple[type[BaseException], ...] = tuple(
@@ -914,6 +934,7 @@ def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
         note = trace_error_note(fun, sig, error)
         if note not in getattr(error, "__notes__", ()):  # one exception object raised again
             error.add_note(note)
+            _name_string_leaves(fun, sig, error)
         raise
     finally:
         _tracing.depth -= 1
