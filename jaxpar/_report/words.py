@@ -88,8 +88,8 @@ def _unroll_why(reason: str) -> str:
         most = int(copies.group(1))
         body = f"{most} cop{'y' if most == 1 else 'ies'} of the body"
         why = (f"only {body} {'fits' if most == 1 else 'fit'} the memory budget" if kept else
-               f"unroll='auto' chose it from the body's cost and the loop's length, capped "
-               f"at the {body} the memory budget allows")
+               f"unroll='auto' chose it from the body's cost and the loop's length, within "
+               f"the {body} the memory budget allows")
     elif why.startswith("auto: body cost and length"):
         why = ("no factor pays for this body and length" if kept else
                "unroll='auto' chose it from the body's cost and the loop's length")
