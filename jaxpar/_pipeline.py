@@ -339,7 +339,7 @@ def _left_out_for_memory(first: WithinBudget, attempt: Callable[[tuple[_Rung, ..
 def _without_slower_joins(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, ...]],
                           WithinBudget], budget: MemoryBudget) -> WithinBudget:
     """``chosen``, or the same program with its loops left unjoined where the GPU model
-    estimates that faster and it fits the budget: the passes decide loop by loop (fusing
+    estimates that no slower and it fits the budget: the passes decide loop by loop (fusing
     two scans, then unrolling the fused loop by a smaller factor than each alone), and
     jaxpar never runs a plan its own model rates slower than another it planned. Only
     where a pass joined loops, on the GPU target; one more plan of the program there."""
@@ -359,7 +359,9 @@ def _without_slower_joins(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, 
     costs = chosen.analysis.costs
     with_joins = estimate_seconds(chosen.planned.plan, costs, mode, estimates)
     without = estimate_seconds(other.planned.plan, costs, mode, estimates)
-    if without >= with_joins:
+    # A join must pay: on a tie the loops stay apart (so planning jaxpar's own program
+    # again, whose loops are already unrolled apart, changes nothing).
+    if without > with_joins:
         return chosen
     return dataclasses.replace(other, left_out=(*chosen.left_out, left_out_for_time(
         (what,), with_joins, without, _refused(chosen, other))))

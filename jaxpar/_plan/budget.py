@@ -64,7 +64,7 @@ class LeftOut:
         out (as the passes made them, on the program with them); empty for stream
         sections, which are the planner's.
       memory: True where the memory budget left them out; False where jaxpar's program
-        is estimated faster without them.
+        is estimated no slower without them.
     """
 
     kinds: tuple[str, ...]
@@ -101,12 +101,16 @@ def left_out_for_memory(kinds: tuple[str, ...], plain_bytes: float, needed_bytes
 
 def left_out_for_time(kinds: tuple[str, ...], with_seconds: float, without_seconds: float,
                       decisions: tuple[PassDecision, ...] = ()) -> LeftOut:
-    """``kinds`` left out because the model estimates jaxpar's program faster without
-    them (``without_seconds`` per run against ``with_seconds``)."""
+    """``kinds`` left out because the model estimates jaxpar's program no slower without
+    them (``without_seconds`` per run against ``with_seconds``): a rewrite must pay."""
     item = LeftOut(kinds, "", decisions, memory=False)
-    why = (f"jaxpar's program is estimated faster without {item.rewrites}: "
-           f"{without_seconds * 1e6:,.1f} us per run against {with_seconds * 1e6:,.1f} us "
-           "with it")
+    if f"{without_seconds * 1e6:,.1f}" == f"{with_seconds * 1e6:,.1f}":
+        why = (f"jaxpar's program is estimated no faster with {item.rewrites}: "
+               f"{without_seconds * 1e6:,.1f} us per run either way")
+    else:
+        why = (f"jaxpar's program is estimated faster without {item.rewrites}: "
+               f"{without_seconds * 1e6:,.1f} us per run against {with_seconds * 1e6:,.1f} "
+               "us with it")
     return dataclasses.replace(item, why=why)
 
 

@@ -67,11 +67,18 @@ def loops_text(d: PassDecision, done: bool = True) -> str:
     if before is None or after is None:
         return f"{n} {noun}" if n > 1 else "1 loop"
     if n == 1:
-        return f"{before} trips -> {after}" if done else f"{before} trips (would be {after})"
-    each = (f"of {before // n} trips each" if before % n == 0
-            else f"({before} trips in all)")
-    made = f"one scan of {after} trips"
+        return (f"{_trips(before)} -> {after}" if done
+                else f"{_trips(before)} (would be {after})")
+    # Equal loops only where the joined loop makes as many trips as each (unequal lengths
+    # are chained segments).
+    each = (f"of {_trips(before // n)} each" if before == n * after
+            else f"({_trips(before)} in all)")
+    made = f"one scan of {_trips(after)}"
     return f"{n} {noun} {each} -> {made}" if done else f"{n} {noun} {each} (would be {made})"
+
+
+def _trips(count: int) -> str:
+    return f"{count} trip{'' if count == 1 else 's'}"
 
 
 def _plain_figures(text: str) -> str:
@@ -117,7 +124,7 @@ def loop_line(d: PassDecision) -> str:
         why = (_unroll_why(d.reason) if d.pass_name == "unroll_scans"
                else _plain_figures(first_clause(
                    re.sub(r"^\d+ scans run", "they run", d.reason), clauses=2)))
-        trips = f", {d.trips_before} trips" if d.trips_before is not None else ""
+        trips = f", {_trips(d.trips_before)}" if d.trips_before is not None else ""
         count = f"{len(d.eqns)} scans" if len(d.eqns) > 1 else "1 scan"
         return f"{verb}: {count}{trips} {_where(d)}: {why}"
     return decision_summary(d)
