@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from ._report.types import Region as Region
     from ._report.types import Section as Section
     from ._trace import StaticArgumentWarning as StaticArgumentWarning
-    from ._trace import TraceError as TraceError
     from ._tune import TuneBudget as TuneBudget
     from ._tune import TuneCacheWarning as TuneCacheWarning
     from ._tune import Tuning as Tuning
@@ -59,7 +58,6 @@ _LAZY = {
     "Region": "._report.types",
     "Section": "._report.types",
     "StaticArgumentWarning": "._trace",
-    "TraceError": "._trace",
     "TuneBudget": "._tune",
     "TuneCacheWarning": "._tune",
     "Tuning": "._tune",
@@ -67,12 +65,22 @@ _LAZY = {
 }
 
 
+# Names kept for compatibility (rows of ``_deprecations.DEPRECATIONS``), not in
+# ``__all__``: each use warns, naming what to use instead.
+_DEPRECATED = {"TraceError": "._trace"}
+
+
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'jaxpar' has no attribute {name!r}")
     import importlib
 
+    module = _LAZY.get(name)
+    if module is None and name in _DEPRECATED:
+        from ._deprecations import warn_deprecated
+
+        warn_deprecated(f"jaxpar.{name}")
+        return getattr(importlib.import_module(_DEPRECATED[name], __name__), name)
+    if module is None:
+        raise AttributeError(f"module 'jaxpar' has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value

@@ -79,6 +79,11 @@ class Analysis:
     def target(self) -> str:
         return self.settings.target
 
+    def allowance_for(self, option: str) -> float | None:
+        """``memory_allowance`` for the rewrite the option ``option`` turns on: None (any)
+        where the user turned it on by name, which the budget never leaves out."""
+        return None if option in self.settings.explicit else self.memory_allowance
+
     def graph(self, jaxpr: JaxprLike) -> Graph:
         """The dependency graph of an open jaxpr (or a closed one's inner jaxpr)."""
         inner, _ = _compat.open_jaxpr(jaxpr)

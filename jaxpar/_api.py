@@ -17,9 +17,10 @@ Sharp edges:
   * Every call runs under a ``jax.jit`` (eager calls, and calls under grad,
     vmap or jvp, stay compiled; under another jit it is inlined). At the top level
     it is one made per environment (``XLA_FLAGS``, ``JAXPAR_DISABLE``) that takes the
-    call's arguments as they are and rewrites inside its trace (``_dispatch.TopLevel``),
-    so a compiled signature costs a call what ``jax.jit`` costs plus reading the
-    environment variables and checking the arguments' types. The function's
+    call's arguments as they are and rewrites inside its trace (``_dispatch.fast``);
+    calling the decorated function calls that jit's C++ object, so a compiled signature
+    costs a call what ``jax.jit`` costs. The environment is read when a call misses
+    (a new signature, a transformation, ``clear_cache()``), not at every call. The function's
     ``trace``/``lower``/``eval_shape`` are ``jax.jit``'s on the decorated
     function, so there every non-static leaf must be an array, in the arguments
     and in the outputs (Equinox's and NNX's splits apply to calls only).
@@ -41,31 +42,29 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, overload
 
 import jax
 
-from . import _compat, _pipeline
+from . import _pipeline
 from ._analysis import jaxpr_has_placement
-from ._call_tuner import CallTuner
+from ._compat import donated_arguments
 from ._dispatch import (
-    DIRECT_LEAVES,
-    INDIRECT,
     CallState,
+    CallTuner,
+    JitOptions,
     StagedJits,
-    direct_failed,
-    direct_tree,
     inside_stream_call,
     lower_with_options,
     options_applied,
-    split_call,
+    reset,
     stream_call_body,
-    top_level,
 )
 from ._dispatch import XlaOptionsNotAppliedWarning as XlaOptionsNotAppliedWarning
 from ._emit import GroupIds, region_call
-from ._frameworks import holds_nnx_object, nnx_arguments, refuse_module_as_function
+from ._frameworks import nnx_arguments, refuse_module_as_function
 from ._gpu_model import CommandBufferMode, GpuProfile
 from ._options import Options, Switch, Target, Unroll, check_known
 from ._plan import LevelPlan
@@ -94,8 +93,19 @@ class ParallelBranches:
     ``clear_cache()``; ``__wrapped__`` is the original function.
     """
 
+    # Calling the function calls ``CallState.call``: once the environment's jit is
+    # installed (``_dispatch.fast``), that jit's C++ object, reached through C-level
+    # lookups only (a property whose getter is an ``attrgetter``), so a compiled call runs
+    # no Python of jaxpar's (TPU v5e host: a Python wrapper around the same jit cost 2-3
+    # us a call, 2% of a 125 us step's issue time; this, within the noise of jax.jit's).
+    if TYPE_CHECKING:
+        def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    else:
+        __call__ = property(operator.attrgetter("_state.call"))
+
     def __init__(self, fun: Callable[..., Any], options: Options,
                  static_args: StaticArgs | None = None, *,
+                 jit_options: JitOptions | None = None,
                  command_buffers: CommandBufferMode | None = None,
                  gpu: GpuProfile | None = None, tune: TuneBudget | None = None):
         check_function(fun, "parallel_branches")
@@ -112,7 +122,9 @@ class ParallelBranches:
         # machine's GPU (gpu_preview plans for the GPU and the mode it judges in).
         self._tuner = None if tune is None else CallTuner(tune)
         self._state = CallState(fun, options, static_args or StaticArgs(),
+                                jit_options or JitOptions(),
                                 {"command_buffers": command_buffers, "gpu": gpu}, self._tuner)
+        reset(self._state)
         # The jits of ``trace``, ``lower`` and ``eval_shape``.
         self._stages = StagedJits(self)
 
@@ -123,6 +135,12 @@ class ParallelBranches:
     @property
     def static_argnames(self) -> tuple[str, ...]:
         return self._state.static_args.names
+
+    @property
+    def jit_options(self) -> JitOptions:
+        """``jax.jit``'s options given to ``parallel_branches`` (donation, shardings,
+        ``keep_unused``)."""
+        return self._state.jit_options
 
     @property
     def analyses(self) -> int:
@@ -138,39 +156,6 @@ class ParallelBranches:
         if instance is None:
             return self
         return functools.partial(self, instance)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        top = None
-        state = self._state
-        context = _compat.call_context()
-        if context == _compat.EAGER:
-            # Most calls: JAX's C++ dispatch once compiled (``TopLevel``). What follows
-            # runs on every call, so it is spelt out here rather than in helpers.
-            top = state.memos.top.get(state.read_environment(), INDIRECT)
-            if top is INDIRECT:
-                top = top_level(state)
-            if top is not None and top.direct is not None:
-                # Arrays and Python scalars only, not in containers: no flattening needed.
-                types = set(map(type, args))
-                if kwargs:
-                    types.update(map(type, kwargs.values()))
-                if (types <= DIRECT_LEAVES and not state.has_statics) \
-                        or direct_tree(state, args, kwargs):
-                    try:
-                        return top.direct(*args, **kwargs)
-                    except BaseException as error:
-                        out = direct_failed(state, top, error, args, kwargs)
-                    if out is not INDIRECT:
-                        return out
-        elif context == _compat.JIT_DISABLED:  # jax.disable_jit(): the original, eagerly
-            return self.__wrapped__(*args, **kwargs)
-        if not holds_nnx_object((args, kwargs)):  # no context to enter
-            return split_call(state, self.__wrapped__, args, kwargs, False, top)
-        # Flax NNX objects among the arguments: split, call, write the new state back.
-        with nnx_arguments(state.nnx_tag, self.__wrapped__, args, kwargs) as (
-                fun, args, kwargs, nnx_call):
-            out = split_call(state, fun, args, kwargs, nnx_call is not None, top)
-            return out if nnx_call is None else nnx_call.from_pure(out)
 
     def tuning(self, *args: Any, **kwargs: Any) -> Tuning | None:
         """The tuner's decision for these arguments (``tune=True`` only), as a call makes
@@ -198,8 +183,10 @@ class ParallelBranches:
         return self._stages.get().eval_shape(*args, **kwargs)
 
     def clear_cache(self) -> None:
-        """Forgets every rewrite and compiled program of this function."""
+        """Forgets every rewrite and compiled program of this function; the next call reads
+        the environment (``XLA_FLAGS``, ``JAXPAR_DISABLE``) again."""
         self._state.clear()
+        reset(self._state)
         self._stages.clear_cache()
 
     def __repr__(self) -> str:
@@ -240,6 +227,9 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       command_buffers: str = ...,
                       memory: str | float = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
+                      donate_argnums: _Argnums = ..., donate_argnames: _Argnames = ...,
+                      in_shardings: Any = ..., out_shardings: Any = ...,
+                      keep_unused: bool = ...,
                       ) -> F: ...
 @overload
 def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Target = ...,
@@ -249,7 +239,11 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       unroll: Unroll = ..., group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
                       command_buffers: str = ...,
+                      memory: str | float = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
+                      donate_argnums: _Argnums = ..., donate_argnames: _Argnames = ...,
+                      in_shardings: Any = ..., out_shardings: Any = ...,
+                      keep_unused: bool = ...,
                       ) -> Callable[[F], F]: ...
 def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target = "auto",
                       min_cost_us: float = 5.0, fuse_scans: Switch = "auto",
@@ -259,6 +253,9 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       force_streams: bool = False, tune: bool | TuneBudget = False,
                       command_buffers: str = "auto", memory: str | float = "auto",
                       static_argnums: _Argnums = None, static_argnames: _Argnames = None,
+                      donate_argnums: _Argnums = None, donate_argnames: _Argnames = None,
+                      in_shardings: Any = None, out_shardings: Any = None,
+                      keep_unused: bool = False,
                       **unknown: Any) -> Any:
     """Rewrites ``fun`` so XLA:GPU runs its independent work concurrently.
 
@@ -295,7 +292,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       batch_branches: batch identical independent straight-line subgraphs (the
         members of an ensemble) into one ``vmap``ped subgraph, where the target's
         cost model says the stacking copies cost less than the launches saved.
-      batch_matmuls: run same-shaped matmuls and convolutions of one stage in
+      batch_matmuls: run same-shaped matmuls and convolutions at one launch depth in
         different independent members (the halves of a fused scan body, experts,
         towers) as one batched op, where the target's cost model says it pays.
       unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs, None elsewhere),
@@ -338,6 +335,14 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         negative numbers count from the end.
       static_argnames: the same by name; numbers and names complete each other
         as in ``jax.jit``.
+      donate_argnums, donate_argnames, in_shardings, out_shardings, keep_unused:
+        ``jax.jit``'s, with its meaning and checks, so that replacing ``jax.jit`` by
+        ``parallel_branches`` keeps donation and shardings: a donated argument's buffers
+        are given to the call (deleted after it, as under ``jax.jit``), shardings are
+        those of the compiled program. Under an outer ``jit``, ``grad`` or ``vmap``
+        donation does nothing (as for a ``jax.jit`` inside another) and shardings become
+        sharding constraints. Shardings need calls whose arguments are arrays and
+        containers of them (not static values jaxpar splits off, nor NNX objects).
 
     Returns:
       The rewritten function, a ``jaxpar.ParallelBranches`` with ``trace``,
@@ -364,33 +369,38 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       ... def f(a, b):
       ...   return jnp.tanh(a @ a) + jnp.tanh(b @ b)
     """
+    given = locals()  # the parameters: Options' fields by name (a test keeps them equal)
     _refuse_outer_jit_options(unknown, "parallel_branches")
-    check_known(unknown, (*Options.names(), "tune", *_CALL_OPTIONS))
+    check_known(unknown, (*Options.names(), "tune", *CALL_OPTIONS, *JIT_OPTIONS))
     if not isinstance(tune, (bool, TuneBudget)):
         raise TypeError(f"tune must be True, False or a jaxpar.TuneBudget, got {tune!r}")
-    options = Options.create(max_streams=max_streams, target=target, min_cost_us=min_cost_us,
-                             fuse_scans=fuse_scans, batch_scans=batch_scans,
-                             batch_branches=batch_branches, batch_matmuls=batch_matmuls,
-                             unroll=unroll,
-                             group_collectives=group_collectives, force_streams=force_streams,
-                             command_buffers=command_buffers, memory=memory)
+    options = Options.create(**{name: given[name] for name in Options.names()})
 
     def decorate(f: Any) -> ParallelBranches:
         check_function(f, "parallel_branches")
-        return ParallelBranches(f, options, StaticArgs.resolve(f, static_argnums,
-                                                               static_argnames),
+        statics = StaticArgs.resolve(f, static_argnums, static_argnames)
+        return ParallelBranches(f, options, statics,
+                                jit_options=jit_options_of(
+                                    f, statics, donate_argnums=donate_argnums,
+                                    donate_argnames=donate_argnames,
+                                    in_shardings=in_shardings, out_shardings=out_shardings,
+                                    keep_unused=keep_unused),
                                 tune=tune if isinstance(tune, TuneBudget)
                                 else TuneBudget() if tune else None)
 
     return decorate if fun is None else decorate(fun)
 
 
-# Options of a call rather than of the plan: accepted by parallel_branches and inspect.
-_CALL_OPTIONS = ("static_argnums", "static_argnames")
+# Options of a call rather than of the plan, as jax.jit takes them: accepted by
+# parallel_branches and inspect (their signatures name each; a test keeps them equal).
+CALL_OPTIONS = ("static_argnums", "static_argnames")
 
-# jax.jit's options that belong to a jit around the decorated function.
-_OUTER_JIT_OPTIONS = ("donate_argnums", "donate_argnames", "in_shardings", "out_shardings",
-                      "keep_unused", "device", "backend")
+# jax.jit's options parallel_branches takes as jax.jit does (``JitOptions``); inspect
+# takes none of them (they do not change the plan).
+JIT_OPTIONS = ("donate_argnums", "donate_argnames", "in_shardings", "out_shardings",
+                "keep_unused")
+# jax.jit's options it does not take: deprecated in jax (device, backend).
+_OUTER_JIT_OPTIONS = ("device", "backend")
 
 
 def _refuse_outer_jit_options(given: dict[str, Any], api: str) -> None:
@@ -398,12 +408,59 @@ def _refuse_outer_jit_options(given: dict[str, Any], api: str) -> None:
     if named:
         settings = ", ".join(f"{name}={given[name]!r}" for name in named)
         raise TypeError(
-            f"{api} takes no {', '.join(named)}: that is a job for the jax.jit around the "
-            f"decorated function, which jaxpar composes with:\n"
-            f"    step = jax.jit(jaxpar.parallel_branches(f), {settings})")
+            f"{api} takes no {', '.join(named)} (jax deprecates them): place the arguments "
+            "on the device with jax.device_put, or give in_shardings; or jit around the "
+            f"decorated function:\n    step = jax.jit(jaxpar.parallel_branches(f), {settings})")
+    if api == "inspect":
+        named = [name for name in JIT_OPTIONS if name in given]
+        if named:
+            raise TypeError(
+                f"inspect takes no {', '.join(named)}: they do not change jaxpar's plan. Give "
+                "them to parallel_branches (as to jax.jit); inspect(f) of such a function "
+                "plans as its calls do.")
 
 
-def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[..., Plan]:
+def jit_options_of(fun: Callable[..., Any], statics: StaticArgs, **given: Any) -> JitOptions:
+    """``jax.jit``'s options as ``jax.jit`` checks and completes them (donated numbers and
+    names from each other, by ``fun``'s signature).
+
+    Raises:
+      TypeError, ValueError: as ``jax.jit`` raises them for these options.
+    """
+    if given["keep_unused"] not in (True, False):
+        raise TypeError(f"keep_unused must be True or False, got {given['keep_unused']!r}")
+    chosen = {k: v for k, v in given.items() if v is not None and v is not False}
+    if not chosen:
+        return JitOptions()
+    nums, names = donated_arguments(fun, static_argnums=statics.nums,
+                                    static_argnames=statics.names, **chosen)
+    return JitOptions(donate_argnums=nums, donate_argnames=names,
+                      in_shardings=given["in_shardings"], out_shardings=given["out_shardings"],
+                      keep_unused=bool(given["keep_unused"]))
+
+
+class InspectOptions(TypedDict, total=False):
+    """The keywords of ``inspect``: ``Options``' fields and ``CALL_OPTIONS`` (a test keeps
+    them equal), typed as ``parallel_branches`` types them."""
+
+    max_streams: int
+    target: Target
+    min_cost_us: float
+    fuse_scans: Switch
+    batch_scans: Switch
+    batch_branches: Switch
+    batch_matmuls: Switch
+    unroll: Unroll
+    group_collectives: Switch
+    force_streams: bool
+    command_buffers: str
+    memory: str | float
+    static_argnums: _Argnums
+    static_argnames: _Argnames
+
+
+def inspect(fun: Callable[..., Any], *args: Any, **options: Unpack[InspectOptions]
+            ) -> Callable[..., Plan]:
     """Shows how ``parallel_branches`` would partition ``fun``, like ``jax.make_jaxpr``.
 
     Args:
@@ -435,10 +492,11 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
             f"inspect takes the function and options, then the arguments in a second call, "
             f"like jax.make_jaxpr: write jaxpar.inspect(f, **options)(*args) (got {len(args)} "
             "argument(s) after the function).")
-    _refuse_outer_jit_options(options, "inspect")
-    check_known(options, (*Options.names(), *_CALL_OPTIONS))
+    given: dict[str, Any] = dict(options)
+    _refuse_outer_jit_options(given, "inspect")
+    check_known(given, (*Options.names(), *CALL_OPTIONS))
     planned_for: dict[str, Any] = {}
-    tuned = fun if isinstance(fun, ParallelBranches) and fun.tune is not None and not options \
+    tuned = fun if isinstance(fun, ParallelBranches) and fun.tune is not None and not given \
         else None
     if isinstance(fun, ParallelBranches):
         base, inner = fun.options.to_dict(), fun.__wrapped__
@@ -448,9 +506,9 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Any) -> Callable[...
         base, inner, given_nums, given_names = {}, fun, None, None
     check_function(inner, "inspect")
     refuse_module_as_function(inner, "inspect")
-    statics = StaticArgs.resolve(inner, options.pop("static_argnums", given_nums),
-                                 options.pop("static_argnames", given_names))
-    resolved = Options.create(**{**base, **options})
+    statics = StaticArgs.resolve(inner, given.pop("static_argnums", given_nums),
+                                 given.pop("static_argnames", given_names))
+    resolved = Options.create(**{**base, **given})
 
     @functools.wraps(inner)
     def make_plan(*args: Any, **kwargs: Any) -> Plan:

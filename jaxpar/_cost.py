@@ -38,6 +38,7 @@ from ._compat import JaxprEqn, JaxprLike
 from ._gpu_model import GENERIC_GPU, GPU_PROFILES, MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
 from ._loops import static_trip_count
 from ._memo import IdentityMemo
+from ._tpu_model import TPU_V5E, fixed_seconds
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,7 +61,9 @@ class DeviceProfile:
 
 DEVICE_PROFILES: dict[str, DeviceProfile] = {
     "gpu": DeviceProfile.for_gpu(GPU_PROFILES[GENERIC_GPU]),
-    "tpu": DeviceProfile("tpu", peak_flops=4.0e14, bandwidth=1.6e12, min_kernel_seconds=1.0e-6),
+    # TPU v5e, measured (jaxpar._tpu_model.TPU_V5E): a small matmul's latency is the floor.
+    "tpu": DeviceProfile("tpu", peak_flops=TPU_V5E.peak_flops,
+                         bandwidth=TPU_V5E.hbm_bandwidth, min_kernel_seconds=TPU_V5E.dot_s),
     "cpu": DeviceProfile("cpu", peak_flops=1.0e11, bandwidth=2.0e10, min_kernel_seconds=1.0e-7),
 }
 
@@ -80,18 +83,21 @@ class Cost:
     bytes: float = 0.0
     kernels: float = 0.0
     unknown_trips: bool = False
+    # Time no figure above accounts for: a TPU loop trip's fixed part (``_tpu_model``).
+    extra_seconds: float = 0.0
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(self.flops + other.flops, self.bytes + other.bytes,
-                    self.kernels + other.kernels, self.unknown_trips or other.unknown_trips)
+                    self.kernels + other.kernels, self.unknown_trips or other.unknown_trips,
+                    self.extra_seconds + other.extra_seconds)
 
     def scale(self, factor: float) -> Cost:
         return Cost(self.flops * factor, self.bytes * factor, self.kernels * factor,
-                    self.unknown_trips)
+                    self.unknown_trips, self.extra_seconds * factor)
 
     def seconds(self, profile: DeviceProfile) -> float:
         return (self.kernels * profile.min_kernel_seconds + self.flops / profile.peak_flops
-                + self.bytes / profile.bandwidth)
+                + self.bytes / profile.bandwidth + self.extra_seconds)
 
 
 ZERO = Cost()
@@ -227,6 +233,8 @@ def _conv_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
 @register_cost_rule(_primitives.SCAN)
 def _scan_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     body = model.jaxpr_cost(eqn.params["jaxpr"])
+    if model.profile.name == "tpu":  # a trip's fixed part: its control, its slices
+        body = body + Cost(extra_seconds=fixed_seconds(eqn, TPU_V5E))
     return body.scale(_compat.scan_length(eqn))
 
 
@@ -258,6 +266,9 @@ def _default_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
         return total
     # Elementwise and everything unknown: fused into a neighbouring kernel.
     size, nbytes = _size_and_bytes(eqn)
+    if model.profile.name == "tpu" and eqn.primitive.name == _primitives.SLICE:
+        # A slice reads what it keeps: a trip of a scan read by blocks slices its block.
+        nbytes = 2.0 * sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars)
     return Cost(flops=size, bytes=nbytes, kernels=0.0)
 
 

@@ -82,6 +82,12 @@ def nnx_graph_node_check() -> Callable[[Any], bool] | None:
     return is_stateful_object
 
 
+def is_nnx_object(value: Any) -> bool:
+    """Whether ``value`` itself is a Flax NNX module or other stateful object."""
+    check = nnx_graph_node_check()
+    return check is not None and bool(check(value))
+
+
 def holds_nnx_object(tree: Any) -> bool:
     """Whether a pytree holds a Flax NNX graph object (module, optimizer, metric, Rngs)."""
     is_graph_node = nnx_graph_node_check()

@@ -47,13 +47,14 @@ from ._analysis import Analysis
 from ._cost import launch_pricing
 from ._emit import Emitter
 from ._gpu_model import CommandBufferMode
-from ._memory import MemoryModel
-from ._options import Options, Settings
+from ._memory import MemoryModel, format_bytes
+from ._options import PASS_TABLE, Options, Settings
 from ._plan import LevelPlan, plan_jaxpr, symbolic_plan
 from ._plan.budget import (
     LADDER,
     LeftOut,
     MemoryFigures,
+    leave_out,
     left_out_for_memory,
     left_out_for_time,
     mode_memory_reason,
@@ -205,6 +206,7 @@ class MemoryBudget:
     model: MemoryModel
     plain_bytes: float
     allowed: float | None
+    footprint: float = 0.0  # the plain program's arguments, outputs and temporaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +230,8 @@ class WithinBudget:
     left_out: tuple[LeftOut, ...] = ()
     # The kinds of rewrite left out, as ``LADDER``'s rows: (name, Settings switches).
     dropped: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Why the program stays over the budget: rewrites the user named (``kept_over_budget``).
+    kept: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +254,7 @@ def _decide(traced: Traced, settings: Settings, baseline: bool) -> Decided:
     within = _within_budget(traced, analysis, budget)  # 3. passes and plan
     search = _mode_search(traced, within, budget)  # 4. CUDA-graph mode
     figures = MemoryFigures(budget.plain_bytes, search.planned.temp_bytes, budget.allowed,
-                            within.left_out)
+                            within.left_out, within.kept)
     plain = PlainFigures(None, search.choice)
     if baseline:  # 5. report figures
         plain = _plain_figures(traced.jaxpr, within.analysis, search.choice)
@@ -267,12 +271,21 @@ def _memory_budget(traced: Traced, analysis: Analysis) -> MemoryBudget:
     # command_buffers option names (not jaxpar's choice, so not counted against it).
     base_mode = settings.modes.compile or settings.modes.user
     plain_bytes = memory.temp_bytes(traced.jaxpr, base_mode)
-    # The budget's share of the plain program is taken of what it surely needs: the model
-    # may overestimate a program (a bidirectional LSTM: 288 MiB, 194.5 once compiled),
-    # and a share of that would allow more than the budget means.
-    allowed = (settings.memory.allowed(min(plain_bytes, memory.least_bytes(traced.jaxpr)))
-               if settings.memory is not None else None)
-    return MemoryBudget(memory, plain_bytes, allowed)
+    # The budget's share is of the plain program's peak: its arguments and outputs, which
+    # both programs hold, and of its temporaries what it surely needs (the model may
+    # overestimate a program: a bidirectional LSTM, 288 MiB, 194.5 once compiled). Two
+    # scans over 800 MB of inputs may so use 80 MB more, where the temporaries alone (156
+    # KiB) allowed 1 MiB and left a user's unroll=8 out for 2.5 MiB.
+    footprint = _io_bytes(traced.jaxpr) + min(plain_bytes, memory.least_bytes(traced.jaxpr))
+    allowed = settings.memory.allowed(footprint) if settings.memory is not None else None
+    return MemoryBudget(memory, plain_bytes, allowed, footprint)
+
+
+def _io_bytes(jaxpr: _compat.ClosedJaxpr) -> float:
+    """Bytes of a program's arguments and outputs."""
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    return float(sum(_compat.aval_nbytes(v.aval) for v in (*inner.invars, *inner.outvars)
+                     if not _compat.is_literal(v)))
 
 
 def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> WithinBudget:
@@ -288,14 +301,7 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> 
     plain_bytes, allowed = budget.plain_bytes, budget.allowed
 
     def attempt(dropped: tuple[tuple[str, tuple[str, ...]], ...]) -> WithinBudget:
-        changes: dict[str, Any] = {}
-        for _, switches in dropped:
-            for name in switches:
-                if name == "streams":
-                    changes["streams_per_section"] = 1
-                else:
-                    changes[name] = None if name == "unroll" else False
-        planned = dataclasses.replace(settings, **changes) if changes else settings
+        planned = leave_out(settings, dropped)
         level = analysis if planned == settings else analysis.with_settings(planned)
         # Sections are the planner's: the passes' results serve every rung alike.
         key = dataclasses.replace(planned, streams_per_section=settings.streams_per_section)
@@ -310,7 +316,7 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> 
     first = attempt(())
     chosen = first
     if over_budget(plain_bytes, first.planned.temp_bytes, allowed, "") is not None:
-        chosen = _left_out_for_memory(first, attempt, budget)
+        chosen = _left_out_for_memory(first, attempt, budget, settings.explicit)
     return _without_slower_joins(chosen, attempt, budget)
 
 
@@ -318,21 +324,32 @@ _Rung = tuple[str, tuple[str, ...]]
 
 
 def _left_out_for_memory(first: WithinBudget, attempt: Callable[[tuple[_Rung, ...]],
-                         WithinBudget], budget: MemoryBudget) -> WithinBudget:
+                         WithinBudget], budget: MemoryBudget,
+                         explicit: frozenset[str]) -> WithinBudget:
     """The program with the fewest kinds of rewrite left out (``LADDER``, the first kinds
-    first) that brings it within ``budget``; every rewrite left out where none does."""
+    first) that brings it within ``budget``; every rewrite left out where none does. Only
+    what jaxpar chose ("auto") is fitted to the budget: a rewrite the user asked for by
+    name (``explicit``) is kept, and the report says what it costs (``kept_over_budget``)."""
     plain_bytes, allowed = budget.plain_bytes, budget.allowed
     assert allowed is not None
+    ladder = [(what, kept) for what, switches in LADDER
+              if (kept := tuple(n for n in switches if n not in explicit))]
     found = first
-    for count in range(1, len(LADDER) + 1):
-        for dropped in itertools.combinations(LADDER, count):
+    for count in range(1, len(ladder) + 1):
+        for dropped in itertools.combinations(ladder, count):
             found = attempt(dropped)
             if over_budget(plain_bytes, found.planned.temp_bytes, allowed, "") is None:
                 return _record(found, left_out_for_memory(
                     tuple(what for what, _ in dropped), plain_bytes,
                     first.planned.temp_bytes, allowed, _refused(first, found)))
+    if explicit:
+        found = dataclasses.replace(found, kept=kept_over_budget(
+            explicit, found.planned.temp_bytes - plain_bytes, budget.footprint, allowed,
+            bool(ladder)))
+        if not ladder:
+            return found
     return _record(found, left_out_for_memory(
-        tuple(what for what, _ in LADDER), plain_bytes, first.planned.temp_bytes, allowed,
+        tuple(what for what, _ in ladder), plain_bytes, first.planned.temp_bytes, allowed,
         _refused(first, found)))
 
 
@@ -345,8 +362,10 @@ def _without_slower_joins(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, 
     where a pass joined loops, on the GPU target; one more plan of the program there."""
     settings = chosen.analysis.settings
     mode = settings.modes.priced
+    # A join the user asked for by name (fuse_scans=True) is never left out.
     joins = tuple(dict.fromkeys(d.pass_name for d in chosen.planned.decisions
-                                if d.kind in NEW_LOOP_KINDS))
+                                if d.kind in NEW_LOOP_KINDS
+                                and d.pass_name not in settings.explicit))
     if mode is None or settings.gpu is None or not joins:
         return chosen
     what = ("loop fusion" if joins == ("fuse_scans",) else "loop batching"
@@ -379,6 +398,20 @@ def _refused(before: WithinBudget, after: WithinBudget) -> tuple[PassDecision, .
     off = {p.name for p in PASSES if not p.enabled(settings) and not p.after}
     return tuple(d for d in before.planned.decisions
                  if d.pass_name in off and d.kind not in UNCHANGED_KINDS)
+
+
+def kept_over_budget(explicit: frozenset[str], extra: float, footprint: float,
+                     allowed: float | None, others_left_out: bool) -> str:
+    """What the rewrites the user asked for cost beyond the memory budget, kept."""
+    share = f", {100 * extra / footprint:.1f}% of the plain program's {format_bytes(footprint)}" \
+        if footprint > 0 else ""
+    budget = ("" if allowed is None
+              else f"; the memory budget allows {format_bytes(allowed)} more")
+    options = {row.name: row.option for row in PASS_TABLE}
+    names = ", ".join(sorted(options.get(name) or name for name in explicit))
+    return (f"kept as you asked ({names}): jaxpar's program needs est. "
+            f"{format_bytes(extra)} more memory than the plain program{share}, over the "
+            f"budget{budget}" + ("; jaxpar's own choices left out" if others_left_out else ""))
 
 
 def _section_eqns(plan: LevelPlan) -> list[list[int]]:

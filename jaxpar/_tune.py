@@ -63,7 +63,7 @@ TUNE_DIR_VARIABLE = "JAXPAR_TUNE_DIR"
 READ_ONLY_VARIABLE = "JAXPAR_TUNE_READ_ONLY"
 FILE_MODE = 0o600  # a decision file's mode (less the umask): its owner reads and writes it
 DECISION_FORMAT = "jaxpar-tune-decision"
-DECISION_VERSION = 1
+DECISION_VERSION = 2  # 2: the TPU's candidates
 
 
 class Candidate(NamedTuple):
@@ -75,6 +75,9 @@ class Candidate(NamedTuple):
 
     label: str
     overrides: Mapping[str, Any] | None
+    # The targets the candidate is a program of its own on (None: every one); elsewhere it
+    # is the chosen options' program, not timed again.
+    targets: tuple[str, ...] | None = None
 
 
 PLAIN = "jax.jit"
@@ -86,13 +89,19 @@ LOSER_MARGIN = 0.25  # this much slower than the best: stop timing it
 # is jaxpar compiled with the process's own XLA options. Until the plan chooses XLA
 # options per function the two are one program, and on the CPU target they always
 # are: the tuner then compiles and times it once.
+# On a TPU the rows that make sense there: the plan's loops without their block reading
+# (rolled), lax.scan's own unroll by 8 instead, and identical scans not batched.
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate(PLAIN, None),
     Candidate("jaxpar (chosen options)", {}),
-    Candidate("jaxpar (user's mode)", {"command_buffers": "keep"}),
-    Candidate("jaxpar without stream regions", {"max_streams": 1}),
-    Candidate("jaxpar without matmul batching", {"batch_matmuls": False}),
+    Candidate("jaxpar (user's mode)", {"command_buffers": "keep"}, ("gpu",)),
+    Candidate("jaxpar without stream regions", {"max_streams": 1}, ("gpu",)),
+    Candidate("jaxpar without matmul batching", {"batch_matmuls": False}, ("gpu",)),
+    Candidate("jaxpar without unrolling", {"unroll": None}, ("tpu",)),
+    Candidate("jaxpar unrolled by 8", {"unroll": 8}, ("tpu",)),
+    Candidate("jaxpar without scan batching", {"batch_scans": False}, ("tpu",)),
 )
+CHOSEN = CANDIDATES[1].label
 
 
 # How the processes' timings of a program tuned together combine (``TuneBudget.combine``).

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers.benchmarks import hetero_batch_benchmark
+from helpers.calls import jaxpar_frames
 from helpers.lowered import GROUP_ATTRIBUTE, STREAM_ATTRIBUTE, lower_for_gpu, stream_calls
 from helpers.programs import (
     FOUR_BRANCHES_OPTIONS,
@@ -287,14 +288,21 @@ def test_cache_option_change_replans(monkeypatch):
     assert g.analyses == 1
     h(a, b)
     assert h.analyses == 1 and g.analyses == 1
-    # XLA's async compute limit is an option from the environment: changing it re-plans.
+    # XLA's async compute limit is an option from the environment, read when a call
+    # misses JAX's cache: a compiled signature keeps its program, a new one re-plans.
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "")
                        + " --xla_gpu_experimental_parallel_async_compute_limit=1")
     g(a, b)
+    assert g.analyses == 1
+    g(a, b=b)  # b by keyword: another signature, which misses
     assert g.analyses == 2
+    g(a, b)  # the new environment's jit: this signature is planned in it too
+    assert g.analyses == 3
     monkeypatch.undo()
-    g(a, b)
-    assert g.analyses == 2
+    g(a=a, b=b)  # a miss (a third signature) reads the environment: back in the first
+    assert g.analyses == 4  # environment's jit, where (a, b) was compiled
+    assert jaxpar_frames(lambda: g(a, b)) == []
+    assert g.analyses == 4
 
 
 def test_cache_does_not_replan_under_jit_for_same_signature():
@@ -681,15 +689,15 @@ def test_repr_of_the_function_is_never_called():
 
 
 def test_calls_build_their_settings_once_per_environment(monkeypatch):
-    """Top-level calls read their environment on every call but build its settings and
-    jits once: equal calls run the same jits; a call in another environment (XLA_FLAGS)
+    """Calls that miss read their environment but build its settings and jits once:
+    equal calls run the same jits; a call that misses in another environment (XLA_FLAGS)
     gets other settings, and back in the first environment the first ones again."""
-    from jaxpar import _api
+    from jaxpar._dispatch import fast
 
     built = []
-    top_level = _api.top_level
-    monkeypatch.setattr(_api, "top_level",
-                        lambda state: built.append(top_level(state)) or built[-1])
+    real = fast.FastPath
+    monkeypatch.setattr(fast, "FastPath",
+                        lambda *args, **kwargs: built.append(real(*args, **kwargs)) or built[-1])
     g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
     a, b = small_args()
     want = jax.jit(small)(a, b)
@@ -699,107 +707,81 @@ def test_calls_build_their_settings_once_per_environment(monkeypatch):
     flags = os.environ.get("XLA_FLAGS", "")
     monkeypatch.setenv("XLA_FLAGS",
                        flags + " --xla_gpu_experimental_parallel_async_compute_limit=1")
+    g.clear_cache()  # the next call misses and reads the environment
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
     monkeypatch.setenv("XLA_FLAGS", flags)
+    np.testing.assert_allclose(g(a[:4, :4], b[:4, :4]), jax.jit(small)(a[:4, :4], b[:4, :4]),
+                               rtol=1e-6)
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
-    assert len(built) == 2  # back in the first environment: its jits, not built again
-    first, other = (top.mode.settings for top in built)
+    assert len(built) == 3  # after clear_cache, each environment's jits once
+    first, other, back = (top.mode.settings for top in built)
     assert other.streams_per_section == 1 != first.streams_per_section
-    assert g.analyses == 2
-    g.clear_cache()  # and jax.clear_caches(): the settings are built afresh
-    np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
-    assert built[2].mode == built[0].mode and built[2].mode.settings is not first
+    assert back == first
     jax.clear_caches()
-    assert not g._state.memos.settings and not g._state.memos.top
+    assert not g._state.memos.settings and not g._state.memos.fast
 
 
 # --- the per-call path: JAX's own dispatch after the first call of a signature ------------
 
 
-def _count_python_paths(monkeypatch):
-    """Counts, per name, the calls of jaxpar's Python per-call and planning routines."""
-    from jaxpar import _api, _dispatch
-
-    counts = dict.fromkeys(("split_arguments", "call_key", "top_level", "direct_tree",
-                            "prepare"), 0)
-
-    def spy(owner, name):
-        real = getattr(owner, name)
-
-        def counted(*args, **kwargs):
-            counts[name] += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, counted)
-
-    spy(_dispatch, "split_arguments")
-    spy(_api, "top_level")  # the names ParallelBranches.__call__ reads
-    spy(_api, "direct_tree")
-    spy(_dispatch.CallState, "call_key")
-    spy(_dispatch.CallState, "prepare")
-    return counts
-
-
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
-def test_a_second_call_does_not_enter_jaxpars_python(monkeypatch, target):
+def test_a_second_call_does_not_enter_jaxpars_python(target):
     """After the first call of a signature, arrays and Python scalars go straight into
-    jax.jit's dispatch: no splitting, key, settings or plan lookup; a new scalar value is
-    no new signature (traced, as jax.jit traces it), a new dtype or shape is."""
-    counts = _count_python_paths(monkeypatch)
+    JAX's C++ dispatch: no Python frame of jaxpar's; a new scalar value is no new
+    signature (traced, as jax.jit traces it), a new dtype or shape is."""
     g = jaxpar.parallel_branches(lambda a, b, s: (jnp.sin(a @ a) * s, jnp.cos(b @ b)),
                                  target=target)
     a, b = small_args()
     want = jax.jit(lambda a, b, s: (jnp.sin(a @ a) * s, jnp.cos(b @ b)))
     assert_tree_equal(g(a, b, 2.0), want(a, b, 2.0))
-    first = dict(counts)
-    assert first["top_level"] == first["prepare"] == 1 and first["call_key"] == 0
+    assert g.analyses == 1
     for scale in (2.0, 3.0, 0.5):
+        assert jaxpar_frames(lambda s=scale: g(a, b, s)) == []
         assert_tree_equal(g(a, b, scale), want(a, b, scale))
-    assert counts == first
     assert g.analyses == 1
     assert_tree_equal(g(a, b, 4), want(a, b, 4))  # an int: another dtype, as for jax.jit
-    g(a[:4, :4], b, 2.0)
-    assert counts["prepare"] == 3 and g.analyses == 3
+    assert jaxpar_frames(lambda: g(a[:4, :4], b, 2.0))  # a new shape misses: jaxpar plans
+    assert g.analyses == 3
 
 
-def test_nested_arguments_are_checked_not_split(monkeypatch):
-    """Containers of arrays (a training step's parameters and optimizer state) are only
-    flattened to check their leaves' types; jax.jit splits them, as it does for jax.jit."""
-    counts = _count_python_paths(monkeypatch)
+def test_nested_arguments_are_checked_not_split():
+    """Containers of arrays (a training step's parameters and optimizer state) go to JAX's
+    C++ dispatch as they are once their signature is compiled: jaxpar flattens nothing."""
     g = jaxpar.parallel_branches(lambda p, x: jax.tree_util.tree_map(lambda v: v * x, p),
                                  target="cpu")
     params = {"w": [jnp.ones(3), jnp.zeros(2)], "b": (jnp.ones(1),)}
     x = jnp.float32(2.0)
     g(params, x)
-    first = dict(counts)
+    assert jaxpar_frames(lambda: g(params, x)) == []
     assert_tree_equal(g(params, x), jax.tree_util.tree_map(lambda v: v * x, params))
-    assert counts == {**first, "direct_tree": first["direct_tree"] + 1}
 
 
-def test_static_leaves_are_split_without_a_key_or_plan_lookup(monkeypatch):
-    """A call holding a static leaf (a string) is split by jaxpar, then runs in its
-    environment's jit taking the split arguments: no key, settings or plan lookup."""
-    counts = _count_python_paths(monkeypatch)
-
+def test_static_leaves_are_split_without_a_key_or_plan_lookup():
+    """A call holding a static leaf (a string) misses JAX's C++ dispatch (it cannot take
+    a string) and is split by jaxpar (its split remembered for its structure, leaf types
+    and static values), then runs in its environment's jit taking the split arguments: no
+    new plan for a new scalar value; one for a new string."""
     def f(x, scale, activation):
         return {"tanh": jnp.tanh, "sin": jnp.sin}[activation](x) * scale
 
     g = jaxpar.parallel_branches(f, target="cpu")
     x = jnp.linspace(0.0, 1.0, 8)
     assert_tree_equal(g(x, 0.5, "tanh"), jax.jit(f, static_argnums=2)(x, 0.5, "tanh"))
-    first = dict(counts)
+    frames = jaxpar_frames(lambda: g(x, 1.5, "tanh"))
+    # Split as the first call of this structure was (remembered): no split, no plan.
+    assert any(frame.endswith(":memo_split") for frame in frames)
+    assert not any(frame.endswith((":split_arguments", ":prepare", ":analyse"))
+                   for frame in frames)
     assert_tree_equal(g(x, 1.5, "tanh"), jax.jit(f, static_argnums=2)(x, 1.5, "tanh"))
-    assert counts == {**first, "split_arguments": first["split_arguments"] + 1,
-                      "direct_tree": first["direct_tree"] + 1}
     assert_tree_equal(g(x, 0.5, "sin"), jax.jit(f, static_argnums=2)(x, 0.5, "sin"))
-    assert g.analyses == 2 and counts["call_key"] == 0
+    assert g.analyses == 2
 
 
 def test_changes_to_the_environment_between_calls_are_followed(monkeypatch):
-    """The environment is read at every call: XLA_FLAGS (the async compute limit) plans
-    anew, JAXPAR_DISABLE runs the original function, and back again the first jits
-    answer without planning."""
-    counts = _count_python_paths(monkeypatch)
+    """The environment is read when a call misses JAX's cache (a new signature, a
+    transformation, after clear_cache()): XLA_FLAGS (the async compute limit) plans anew,
+    JAXPAR_DISABLE runs the original function, and back again the first jits answer
+    without planning. A compiled signature keeps its program meanwhile."""
     g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0, force_streams=True)
     a, b = small_args()
     lowered = []
@@ -813,16 +795,20 @@ def test_changes_to_the_environment_between_calls_are_followed(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS",
                        flags + " --xla_gpu_experimental_parallel_async_compute_limit=1")
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
+    assert g.analyses == 1 and len(lowered) == 1  # compiled: JAX's dispatch serves it
+    g.clear_cache()
+    np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
     assert g.analyses == 2 and len(lowered) == 2
     assert lowered[1].streams_per_section == 1 != lowered[0].streams_per_section
     monkeypatch.setenv("JAXPAR_DISABLE", "1")
+    g.clear_cache()
     np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
     assert g.analyses == 2 and len(lowered) == 2  # the original function, not planned
     monkeypatch.delenv("JAXPAR_DISABLE")
     monkeypatch.setenv("XLA_FLAGS", flags)
-    before = dict(counts)
-    np.testing.assert_allclose(g(a, b), want, rtol=1e-6)
-    assert counts == before and len(lowered) == 2  # the first environment's jits
+    np.testing.assert_allclose(g(a[:4, :4], b[:4, :4]), jax.jit(small)(a[:4, :4], b[:4, :4]),
+                               rtol=1e-6)
+    assert len(lowered) == 3 and lowered[2].streams_per_section == lowered[0].streams_per_section
 
 
 def test_arguments_jax_jit_refuses_get_jaxpars_error(monkeypatch):
@@ -836,25 +822,30 @@ def test_arguments_jax_jit_refuses_get_jaxpars_error(monkeypatch):
 
 def test_a_calibration_written_between_calls_is_read(monkeypatch):
     """On a GPU, a function planned for the machine's own GPU compares its calibration
-    file at each call too: a calibration written meanwhile changes its settings, as
+    file when a call misses too: a calibration written meanwhile changes its settings, as
     ``local_gpu_profile`` reads it (checked here with the file's stamp and the GPU
     faked)."""
     from jaxpar import _dispatch
+    from jaxpar._dispatch import fast
 
     stamp = [None]
-    monkeypatch.setattr(_dispatch, "local_gpu_kind", lambda: "NVIDIA H200")
-    monkeypatch.setattr(_dispatch, "local_profile_stamp", lambda: stamp[0])
-    counts = _count_python_paths(monkeypatch)
+    monkeypatch.setattr(fast, "local_gpu_kind", lambda: "NVIDIA H200")
+    monkeypatch.setattr(fast, "local_profile_stamp", lambda: stamp[0])
+    built = []
+    real = fast.FastPath
+    monkeypatch.setattr(fast, "FastPath",
+                        lambda *args, **kwargs: built.append(real(*args, **kwargs)) or built[-1])
     g = jaxpar.parallel_branches(small, target="gpu")
     cpu = jaxpar.parallel_branches(small, target="cpu")
     a, b = small_args()
     for _ in range(2):
         g(a, b)
         cpu(a, b)
-    assert counts["top_level"] == 2
+    assert len(built) == 2
     assert g._state.read_environment is _dispatch.read_gpu_environment
     assert cpu._state.read_environment is _dispatch.read_environment
     stamp[0] = (1, 2)  # a calibration file appears
-    g(a, b)
-    cpu(a, b)
-    assert counts["top_level"] == 3
+    g(a[:4, :4], b[:4, :4])  # a call that misses reads it
+    cpu(a[:4, :4], b[:4, :4])
+    assert len(built) == 2  # the same settings: a new reading, the same environment's jits
+    assert len(g._state.memos.fast) == 2 and len(cpu._state.memos.fast) == 1

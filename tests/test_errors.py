@@ -267,11 +267,6 @@ def test_trace_error_from_inspect():
         jaxpar.inspect(branchy)(X)
 
 
-def test_trace_error_is_runtime_error_subclass():
-    # Kept so that code naming it still imports; jaxpar raises it no more.
-    assert issubclass(jaxpar.TraceError, RuntimeError)
-
-
 def test_user_exception_keeps_its_class_and_identity():
     error = KeyError("missing weight")
 

@@ -382,12 +382,13 @@ def test_module_classes_as_the_function_are_refused_with_a_recipe():
 # Options that belong to jax.jit, and inspect's calling convention
 
 
-def test_donate_argnums_points_to_an_outer_jit():
+def test_device_and_backend_are_refused_with_what_to_do():
     with pytest.raises(TypeError) as info:
-        jaxpar.parallel_branches(lambda x: x, donate_argnums=0)
+        jaxpar.parallel_branches(lambda x: x, device=jax.devices()[0])
     message = str(info.value)
-    assert "jax.jit(jaxpar.parallel_branches(f), donate_argnums=0)" in message
-    assert "static_argnums" not in message
+    assert "device_put" in message and "in_shardings" in message
+    with pytest.raises(TypeError, match="do not change jaxpar's plan"):
+        jaxpar.inspect(lambda x: x, donate_argnums=0)
 
 
 def test_inspect_with_arguments_says_the_call_is_curried():

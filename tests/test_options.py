@@ -13,7 +13,7 @@ from jax import lax
 import jaxpar
 from jaxpar._flags import command_buffer_mode
 from jaxpar._gpu_model import CommandBufferMode
-from jaxpar._options import TARGET_DEFAULTS, ModePolicy, Options, Settings
+from jaxpar._options import PASS_TABLE, ModePolicy, OptionKind, Options, Settings, target_row
 from jaxpar.passes import pass_defaults
 
 # ---------------------------------------------------------------- Options.resolve
@@ -22,13 +22,28 @@ from jaxpar.passes import pass_defaults
 def test_resolve_reads_auto_per_target():
     for target in ("gpu", "cpu", "tpu"):
         settings = Options().resolve(target, async_limit=2, command_buffers="lhs")
-        defaults = TARGET_DEFAULTS[target]
+        row = target_row(target)
         assert settings.target == target
-        assert settings.fuse_scans is defaults["fuse_scans"]
-        assert settings.batch_matmuls is defaults["batch_matmuls"]
-        assert settings.group_collectives is defaults["group_collectives"]
-        assert settings.unroll == defaults["unroll"]
+        assert ("fuse_scans" in settings.passes) is row.default("fuse_scans")
+        assert ("batch_matmuls" in settings.passes) is row.default("batch_matmuls")
+        assert ("share_common" in settings.passes) is row.default("share_common")
+        assert settings.group_collectives is row.default("group_collectives")
+        assert settings.unroll == row.default("unroll", OptionKind.UNROLL)
+        assert ("unroll_scans" in settings.passes) is (settings.unroll is not None)
         assert "auto" not in {str(v) for v in vars_of(settings).values()}
+    # Today's defaults: everything on the GPU; on the TPU what the chip measured paying
+    # (identical scans batched, loops read by blocks); nothing on the CPU.
+    gpu = Options().resolve("gpu", async_limit=2, command_buffers="lhs")
+    assert gpu.passes == {row.name for row in PASS_TABLE if row.switch is not None}
+    assert gpu.unroll == "cost" and gpu.group_collectives
+    cpu = Options().resolve("cpu", async_limit=2, command_buffers="lhs")
+    assert cpu.passes == frozenset() and cpu.unroll is None and not cpu.group_collectives
+    tpu = Options().resolve("tpu", async_limit=2, command_buffers="lhs")
+    assert tpu.passes == {"batch_scans", "unroll_scans"} and tpu.unroll == "cost"
+    assert not tpu.group_collectives and tpu.explicit == frozenset()
+    # A rewrite named by the user is explicit (the memory budget keeps it).
+    named = Options(unroll=8, batch_scans=True).resolve("cpu", async_limit=2)
+    assert named.explicit == {"unroll_scans", "batch_scans"}
 
 
 def vars_of(settings: Settings) -> dict:
@@ -38,7 +53,8 @@ def vars_of(settings: Settings) -> dict:
 def test_resolve_keeps_explicit_switches_and_limits_streams():
     settings = Options.create(fuse_scans=False, unroll=3, max_streams=4).resolve(
         "gpu", async_limit=3, command_buffers="off")
-    assert settings.fuse_scans is False and settings.unroll == 3
+    assert "fuse_scans" not in settings.passes and "batch_scans" in settings.passes
+    assert settings.unroll == 3 and "unroll_scans" in settings.passes
     assert settings.streams_per_section == 3
     assert settings.modes.priced is CommandBufferMode.OFF
     forced = Options.create(force_streams=True).resolve("gpu", command_buffers="lhs")
@@ -92,7 +108,7 @@ def test_settings_are_hashable_and_frozen():
 
 
 def test_pass_defaults_come_from_the_options():
-    assert pass_defaults("gpu")["fuse_scans"] is TARGET_DEFAULTS["gpu"]["fuse_scans"]
+    assert pass_defaults("gpu")["fuse_scans"] is target_row("gpu").default("fuse_scans")
     assert pass_defaults("cpu")["unroll"] is None
     assert pass_defaults("gpu")["unroll"] == "cost"  # one spelling of "by cost" everywhere
 

@@ -54,8 +54,8 @@ def test_each_pass_has_one_name():
 
 # ---------------------------------------------------------------- deprecated names
 
-# The names from before the passes outgrew loops: each still works for one release, and
-# warns naming its replacement.
+# The names from before the passes outgrew loops: each still works until 0.3.0, and warns
+# naming its replacement.
 DEPRECATED = {"LoopPass": "Pass", "LoopDecision": "PassDecision",
               "apply_loop_passes": "apply_passes", "loop_defaults": "pass_defaults",
               "share_common_subexpressions": "share_common"}
@@ -68,7 +68,7 @@ KEYWORDS_RENAMED = {"apply_loop_passes", "loop_defaults"}
 def test_old_names_warn_and_are_the_new_ones(old):
     new = DEPRECATED[old]
     with pytest.warns(DeprecationWarning, match=rf"jaxpar\.passes\.{old} is deprecated "
-                      rf"and goes in the next release; use jaxpar\.passes\.{new}$"):
+                      rf"and goes in jaxpar 0\.3\.0; use jaxpar\.passes\.{new}$"):
         value = getattr(jaxpar.passes, old)
     if old in KEYWORDS_RENAMED:  # the old keywords: a wrapper, checked below
         assert value is not getattr(jaxpar.passes, new) and callable(value)
@@ -142,7 +142,7 @@ def test_decisions_carry_the_pass_name_and_an_enum_kind():
 def test_run_pass_is_the_public_functions():
     closed = jax.make_jaxpr(_two_scans)(*_args())
     via_table, table_decisions = run_pass("fuse_scans", closed, settings=Settings(
-        target="gpu", fuse_scans=True))
+        target="gpu", passes=frozenset({"fuse_scans"})))
     via_function, function_decisions = fuse_scans(closed)
     assert str(via_table) == str(via_function)
     assert [d.kind for d in table_decisions] == [d.kind for d in function_decisions]
@@ -206,8 +206,9 @@ def test_every_row_passes_the_checker(row):
     ws = [jax.random.normal(k, (8, 8)) * 0.3 for k in jax.random.split(key, 4)]
     x = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
     h = jnp.linspace(-1.0, 1.0, 8)
-    settings = Settings(target="gpu", share_common=True, batch_scans=True, fuse_scans=True,
-                        batch_branches=True, batch_matmuls=True, unroll="cost")
+    settings = Settings(target="gpu", passes=frozenset({
+        "share_common", "batch_scans", "fuse_scans", "batch_branches", "batch_matmuls",
+        "unroll_scans"}), unroll="cost")
 
     def run(closed):
         if row.after:  # what it works on first (alone it has nothing to work on)

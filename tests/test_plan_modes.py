@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers.benchmarks import CONCURRENCY_PAYS, calibrated_gpu, suite_evaluation
+from helpers.calls import jaxpar_frames
 from helpers.environment import PLUGIN_MESSAGE, PLUGIN_OK, needs_plugin
 from helpers.programs import fan, fan_args
 
@@ -360,7 +361,7 @@ def test_calls_use_the_chosen_options_and_stay_exact(calibrated: Any) -> None:
     fn = jaxpar.parallel_branches(fan, target="gpu")
     np.testing.assert_array_equal(fn(*args), jax.jit(fan)(*args))
     # Top-level calls run in their environment's jits, which carry the plan's options.
-    assert [top.options for top in fn._state.memos.top_modes.values()] == [
+    assert [fast.options for fast in fn._state.memos.fast_by_mode.values()] == [
         tuple(REGIONS_OPTIONS.items())]
     assert fn._state.jitted_with == {}
     # Under grad the call is a nested jit, which takes no compiler options (jax 0.10).
@@ -485,13 +486,12 @@ def chain_args() -> tuple[jax.Array, ...]:
 @pytest.mark.parametrize("first", ["fan", "chain"])
 def test_each_signature_runs_under_the_options_its_plan_chose(
         first: str, monkeypatch: pytest.MonkeyPatch, calibrated: Any) -> None:
-    """Top-level calls run in their environment's jits (``_dispatch.TopLevel``), which compile with
-    the options of the first signature's plan (moved there from none before any signature
-    ran in them), without looking a plan up (``_dispatch.jit_for``). A signature whose plan chooses
-    other options sends the environment's calls to the path that runs each signature in
-    the jit carrying its plan's options, looking the plan up where a key's signatures
-    chose two."""
-    from jaxpar import _dispatch
+    """Top-level calls run in their environment's jit (``_dispatch.fast``), which compiles
+    with the options of the first signature's plan (moved there from none before any
+    signature ran in it, the plan looked up before the jit is chosen), in JAX's C++
+    dispatch from then on. A signature whose plan chooses other options runs in the jit
+    carrying its plan's options (``_dispatch.keyed.call_with_options``), every call."""
+    from jaxpar._dispatch import fast
 
     fan_in = fan_args()
     chain_in = chain_args()
@@ -499,36 +499,27 @@ def test_each_signature_runs_under_the_options_its_plan_chose(
     options = {"fan": tuple(REGIONS_OPTIONS.items()), "chain": ()}
     assert jaxpar.inspect(fan_or_chain, target="gpu")(*fan_in).xla_options == REGIONS_OPTIONS
     assert jaxpar.inspect(fan_or_chain, target="gpu")(*chain_in).xla_options == {}
-    looked_up: list[int] = []
-    jit_for = _dispatch.jit_for
-    monkeypatch.setattr(_dispatch, "jit_for",
-                        lambda *a, **k: looked_up.append(1) or jit_for(*a, **k))
-    made: list[tuple[Any, ...]] = []  # (options, direct jit, flat jit) of each TopLevel
-    top_level_jits = _dispatch.top_level_jits
-    monkeypatch.setattr(_dispatch, "top_level_jits",
-                        lambda state, mode, given, accepted: made.append(
-                            (given, *top_level_jits(state, mode, given, accepted)))
-                        or made[-1][1:])
+    made: list[Any] = []  # each FastPath
+    real = fast.FastPath
+    monkeypatch.setattr(fast, "FastPath",
+                        lambda *args, **kwargs: made.append(real(*args, **kwargs)) or made[-1])
     fn = jaxpar.parallel_branches(fan_or_chain, target="gpu")
     want = {name: jax.jit(fan_or_chain)(*args) for name, args in inputs.items()}
     second = "chain" if first == "fan" else "fan"
     for _ in range(2):
         np.testing.assert_allclose(fn(*inputs[first]), want[first], rtol=1e-5)
-    assert looked_up == []
-    assert [given for given, _, _ in made] == [(), options[first]][:1 + (first == "fan")]
-    assert made[-1][1]._cache_size() == 1  # compiled once, in the jits carrying its options
+    assert [path.options for path in made] == [(), options[first]][:1 + (first == "fan")]
+    assert made[-1].routed.cache_size() == 1  # compiled once, in the jit carrying its options
+    assert jaxpar_frames(lambda: fn(*inputs[first])) == []
     np.testing.assert_allclose(fn(*inputs[second]), want[second], rtol=1e-5)
-    assert len(looked_up) == 1  # sent back from the environment's jits, given up
-    assert [top.direct for top in fn._state.memos.top_modes.values()] == [None]
+    assert fn._state.jitted_with[options[second]]._cache_size() == 1
     for name in (first, second, first, second):
         np.testing.assert_allclose(fn(*inputs[name]), want[name], rtol=1e-5)
-    assert len(looked_up) == 5  # a key that saw two choices looks up every call
-    # One entry per signature in the jit carrying its plan's options, and one for the
-    # signature sent back from the other's jit (the key remembered the other's first).
-    regions = fn._state.jitted_with[tuple(REGIONS_OPTIONS.items())]
-    plain = fn._state.jitted_with[()]
-    assert (plain._cache_size(), regions._cache_size()) == (
-        (2, 1) if first == "fan" else (1, 2))
+    frames = jaxpar_frames(lambda: fn(*inputs[second]))
+    assert any(frame.endswith(":call_with_options") for frame in frames)
+    assert not any(frame.endswith(":analyse") for frame in frames)
+    assert made[-1].routed.cache_size() == 2  # the second's entry sends it to Python
+    assert fn._state.jitted_with[options[second]]._cache_size() == 1
     assert fn._state.jitted._cache_size() == 0
     assert fn.analyses == 2
 
@@ -542,25 +533,18 @@ def test_a_trace_under_a_transformation_is_not_taken_for_a_top_level_one(
     jax's trace cache answered the top-level call without a trace to check)."""
     import warnings
 
-    from jaxpar import _dispatch
-
     fan_in = fan_args()
     chain_in = chain_args()
     fn = jaxpar.parallel_branches(fan_or_chain, target="gpu")
-    fn(*chain_in)  # the key remembers the jit with no options
+    fn(*chain_in)  # the environment's jit compiles with no options
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", jaxpar.XlaOptionsNotAppliedWarning)
         if transform == "grad":
             jax.grad(fn)(*fan_in)
         else:
             jax.vmap(fn)(*[x[None] for x in fan_in])
-    staged: list[Any] = []
-    cached_jit = _dispatch.cached_jit
-    monkeypatch.setattr(_dispatch, "cached_jit",
-                        lambda cache, options, make: staged.append(options)
-                        or cached_jit(cache, options, make))
     np.testing.assert_allclose(fn(*fan_in), jax.jit(fan_or_chain)(*fan_in), rtol=1e-5)
-    assert staged == [REGIONS_OPTIONS]  # sent back, then run in the concurrent_regions jit
+    # Its plan's options found before the jit was chosen: the concurrent_regions jit.
     assert fn._state.jitted_with[tuple(REGIONS_OPTIONS.items())]._cache_size() == 1
 
 

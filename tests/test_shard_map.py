@@ -364,3 +364,28 @@ def test_nested_in_a_shard_map_body_on_eight_devices_is_bit_exact_with_a_nested_
         np.testing.assert_array_equal(got[0], value)
         for g, p in zip(got[1], grads, strict=True):
             np.testing.assert_allclose(g, p, rtol=0, atol=4e-7 * float(np.max(np.abs(p))))
+
+
+def test_shardings_given_as_options_are_those_of_the_compiled_program():
+    """``in_shardings``/``out_shardings`` taken as ``jax.jit`` takes them: the call's inputs
+    are placed and its output laid out by them, and the compiled program has them; under
+    an outer jit they are sharding constraints."""
+    devices = np.array(jax.devices("cpu")[:MESH_DEVICES]).reshape(4, 2)
+    mesh = Mesh(devices, ("x", "y"))
+    x_sharding = NamedSharding(mesh, P("x", None))
+    w_sharding = NamedSharding(mesh, P(None, "y"))
+    out_sharding = NamedSharding(mesh, P("x", "y"))
+    g = jaxpar.parallel_branches(branches, in_shardings=(x_sharding, w_sharding),
+                                 out_shardings=out_sharding)
+    plain = jax.jit(branches, in_shardings=(x_sharding, w_sharding),
+                    out_shardings=out_sharding)
+    x, w = _args()
+    got = g(x, w)
+    assert_tree_equal(got, plain(x, w))
+    assert got.sharding.is_equivalent_to(out_sharding, got.ndim)
+    compiled = g.lower(x, w).compile()
+    (ins, _), outs = compiled.input_shardings, compiled.output_shardings
+    assert ins[0].is_equivalent_to(x_sharding, 2) and ins[1].is_equivalent_to(w_sharding, 2)
+    assert outs.is_equivalent_to(out_sharding, 2)
+    nested = jax.jit(lambda x, w: g(x, w) * 2.0)(x, w)
+    assert_tree_equal(nested, plain(x, w) * 2.0)

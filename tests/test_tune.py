@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.calls import jaxpar_frames
 from helpers.trees import assert_tree_close, assert_tree_equal
 from jax import lax
 
@@ -104,29 +105,20 @@ def test_a_faster_rewrite_is_chosen_and_runs(monkeypatch):
 @pytest.mark.parametrize("chosen", ["jax.jit", REWRITE])
 def test_a_decided_signature_runs_in_jax_jits_own_dispatch(monkeypatch, chosen):
     """After the call that decides, the signature's calls run in its environment's jit
-    (``_dispatch.TopLevel``): the decided program, with no key built and no decision looked
-    up per call, and nothing measured again."""
-    from jaxpar import _call_tuner, _dispatch
-
+    (``_dispatch.fast``): the decided program, in JAX's C++ dispatch (no Python frame of
+    jaxpar's, so no key built and no decision looked up), and nothing measured again."""
     timed = fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5 if chosen == REWRITE
                                      else 1.0})
     f = tuned_loop()
     want = jax.jit(loop)(C, XS)
     assert_tree_close(f(C, XS), want)
     measured = list(timed)
-    looked_up: list[str] = []
-
-    def spy(owner: object, name: str) -> None:
-        real = getattr(owner, name)
-        monkeypatch.setattr(owner, name, lambda *a, **k: looked_up.append(name) or real(*a, **k))
-
-    spy(_dispatch.CallState, "call_key")
-    spy(_call_tuner.CallTuner, "tuning")
     for _ in range(3):
+        assert jaxpar_frames(lambda: f(C, XS)) == []
         assert_tree_close(f(C, XS), want)
-    assert looked_up == [] and timed == measured
-    (top,) = f._state.memos.top_modes.values()
-    assert top.direct._cache_size() == 1
+    assert timed == measured
+    (fast,) = f._state.memos.fast_by_mode.values()
+    assert fast.routed.cache_size() == 1
     assert f.tuning(C, XS).chosen == chosen
 
 

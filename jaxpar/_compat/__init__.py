@@ -13,6 +13,7 @@ on one subject (a module imports only the ones listed before it):
   call_rules     the rules jaxpar's two call-like primitives share
   stream_region  ``stream_call``, frontend attributes, ``stream_region_p`` and its rules
   program        ``program_p`` (the rewritten program) and its rules
+  jit            ``routed_jit``: ``jax.jit``'s C++ object with a cache miss of jaxpar's
 
 Example::
 
@@ -68,6 +69,7 @@ from .jaxprs import (
     symbolic_dimensions,
     symbolic_sizes,
 )
+from .jit import Miss, RoutedJit, donated_arguments, routed_jit
 from .loops import (
     ScanInfo,
     WhileInfo,
@@ -198,6 +200,10 @@ __all__ = [
     "is_tracer",
     "itemsize",
     "jaxpr_eval",
+    "Miss",
+    "RoutedJit",
+    "donated_arguments",
+    "routed_jit",
     "jit_disabled",
     "linearize_split",
     "literal_value",

@@ -7,7 +7,9 @@ whichever is more) more temporary bytes than the plain program in the user's mod
 the memory model estimates both; ``parallel_branches(memory=...)`` states another budget
 (``"any"``, or a number of extra bytes). A candidate over budget is not chosen: a mode is
 refused, and the fewest kinds of rewrite (``LADDER``: stream sections, unrolling,
-batching, loop fusion) are left out that bring the program within the budget.
+batching, loop fusion) are left out that bring the program within the budget. A pass's
+row of the pass table names its kind (``_options.PassRow.rung``); ``LADDER`` is made
+from the rows.
 
 What was left out is kept as data (``LeftOut``: the kinds, the figure that decided it,
 and the rewrites the passes had made of them), so the report can show each refusal
@@ -18,6 +20,7 @@ Example::
     allowed = settings.memory.allowed(plain_bytes)   # _options.MemoryBudget: 10% or 1 MiB
     figures = MemoryFigures(plain_bytes, ours, allowed)
     figures.fits, figures.line()
+    leave_out(settings, LADDER[1:3])   # the settings without unrolling and batching
 
 Sharp edges:
   * Both figures are the memory model's, not XLA's (``gpu_preview`` shows what the
@@ -27,28 +30,44 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._gpu_model import CommandBufferMode
 from .._memory import format_bytes
+from .._options import PASS_TABLE, PassRow, Rung, Settings
 from ..passes import PassDecision
 
-__all__ = ["LADDER", "STREAM_SECTIONS", "LeftOut", "MemoryFigures", "format_bytes",
-           "left_out_for_memory", "left_out_for_time", "mode_memory_reason", "over_budget"]
+__all__ = ["LADDER", "STREAM_SECTIONS", "LeftOut", "MemoryFigures", "format_bytes", "ladder",
+           "leave_out", "left_out_for_memory", "left_out_for_time", "mode_memory_reason",
+           "over_budget"]
 
 MIB = 2**20
+STREAMS = "streams"  # the first kind: stream sections (the planner's, not a pass)
+STREAM_SECTIONS = "stream sections"  # its name in LADDER, and the report's
 
 
-# What may be left out while jaxpar's program needs more than the budget, the first
-# first: each kind names the ``Settings`` switches it turns off (``"streams"``: no stream
-# sections). The fewest kinds that bring the program within the budget are left out.
-STREAM_SECTIONS = "stream sections"
-LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (STREAM_SECTIONS, ("streams",)),
-    ("unrolling", ("unroll",)),
-    ("batching", ("batch_scans", "batch_branches", "batch_matmuls")),
-    ("loop fusion", ("fuse_scans", "share_common")),
-)
+def ladder(passes: Sequence[PassRow] = PASS_TABLE) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """What may be left out while jaxpar's program needs more than the budget, the first
+    first: stream sections (``STREAMS``), then each ``Rung`` with the passes whose rows
+    name it, in table order."""
+    return ((STREAM_SECTIONS, (STREAMS,)),
+            *((rung.value, tuple(row.name for row in passes if row.rung is rung))
+              for rung in Rung))
+
+
+# The fewest kinds that bring the program within the budget are left out.
+LADDER = ladder()
+
+
+def leave_out(settings: Settings, kinds: Iterable[tuple[str, tuple[str, ...]]]) -> Settings:
+    """``settings`` without the kinds of rewrite ``kinds`` (steps of ``LADDER``); the same
+    object when they leave out nothing."""
+    names = {name for _, names in kinds for name in names}
+    planned = settings.without(names - {STREAMS})
+    if STREAMS in names and planned.streams_per_section != 1:
+        planned = dataclasses.replace(planned, streams_per_section=1)
+    return planned
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,13 +142,16 @@ class MemoryFigures:
       jaxpar_bytes: jaxpar's program in the mode it is compiled in.
       allowed_bytes: how many more bytes the budget allows (None: any).
       left_out: the kinds of rewrite left out of jaxpar's program (``LeftOut``): to keep
-        to the budget, or where its program is estimated faster without them.
+        to the budget, or where its program is estimated no slower without them.
+      kept: why the program stays over the budget: the rewrites the user asked for by
+        name are kept, and what they cost (empty otherwise).
     """
 
     plain_bytes: float
     jaxpar_bytes: float
     allowed_bytes: float | None
     left_out: tuple[LeftOut, ...] = ()
+    kept: str = ""
 
     @property
     def fits(self) -> bool:
@@ -154,13 +176,14 @@ class MemoryFigures:
         if self.fits:
             return f"memory: fits the budget: {figures} ({budget})"
         return (f"memory: over the budget by {format_bytes(self.over_bytes)}: {figures} "
-                f"({budget})")
+                f"({budget})" + (f"; {self.kept}" if self.kept else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"plain_bytes": self.plain_bytes, "jaxpar_bytes": self.jaxpar_bytes,
                 "allowed_bytes": self.allowed_bytes, "fits": self.fits,
                 "left_out": [item.line() for item in self.left_out],
-                "left_out_records": [item.to_dict() for item in self.left_out]}
+                "left_out_records": [item.to_dict() for item in self.left_out],
+                "kept": self.kept}
 
 
 def over_budget(plain_bytes: float, ours: float, allowed: float | None,

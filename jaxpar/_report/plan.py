@@ -69,7 +69,7 @@ class Plan(PlanRecord):
                 "sections": [s.to_dict() for s in self.sections],
                 "left_alone": [n.to_dict() for n in self.left_alone],
                 "decisions": [_decision_dict(d) for d in self.decisions],
-                # Deprecated (the next release drops them): "decisions" split by kind.
+                # Deprecated (_deprecations.DEPRECATIONS: 0.3.0 drops them): "decisions" by kind.
                 "loops": [_decision_dict(d) for d in loop_decisions(self.decisions)],
                 "subgraphs": [_decision_dict(d) for d in subgraph_decisions(self.decisions)],
                 "collectives": [c.to_dict() for c in self.collectives],
@@ -339,5 +339,5 @@ def _decision_dict(decision: PassDecision) -> dict[str, Any]:
             "trips_before": decision.trips_before, "trips_after": decision.trips_after,
             "unroll": decision.unroll, "reason": decision.reason,
             "members": [list(m) for m in decision.members], "depth": decision.depth,
-            "stage": decision.depth,  # deprecated: "depth" (the next release drops it)
+            "stage": decision.depth,  # deprecated: "depth" (0.3.0 drops it)
             "saving_us": decision.saving_us, "places": list(decision.places)}

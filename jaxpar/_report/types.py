@@ -14,10 +14,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from .._deprecations import warn_deprecated
 from .._plan.budget import MemoryFigures
 from .._plan.modes import ModeChoice
 from .._tune import Tuning
@@ -234,13 +234,13 @@ class PlanRecord:
     @property
     def loops(self) -> tuple[PassDecision, ...]:
         """Deprecated: ``decisions`` but those of the subgraph kinds (``loop_decisions``)."""
-        _deprecated("Plan.loops", "Plan.decisions (every decision, in the passes' order)")
+        warn_deprecated("Plan.loops")
         return loop_decisions(self.decisions)
 
     @property
     def subgraphs(self) -> tuple[PassDecision, ...]:
         """Deprecated: ``decisions`` of the subgraph kinds (``subgraph_decisions``)."""
-        _deprecated("Plan.subgraphs", "Plan.decisions (every decision, in the passes' order)")
+        warn_deprecated("Plan.subgraphs")
         return subgraph_decisions(self.decisions)
 
     @property
@@ -264,10 +264,6 @@ def subgraph_decisions(decisions: Sequence[PassDecision]) -> tuple[PassDecision,
     ``subgraphs:`` lines."""
     return tuple(d for d in decisions if d.kind in SUBGRAPH_KINDS)
 
-
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"{old} is deprecated and goes in the next release; use {new}",
-                  DeprecationWarning, stacklevel=3)
 
 
 def directions_text(shifts: Any, primitives: Sequence[str]) -> str:

@@ -1,15 +1,19 @@
 """The rewrite passes: jaxpr-to-jaxpr rewrites of loops, independent members and equal
 equations, before planning.
 
-Each pass has one name, used by its row of ``PASSES`` (a ``Pass``), its module, its
-one-pass function here, its option where it has one, and its test file
+Each pass has one name, used by its row of the pass table (``_options.PASS_TABLE``: its
+option, how it is turned on, its rung of the memory budget's ladder, what it works
+after), its module here (with ``run`` and, for state of its own for a call, ``State``),
+its one-pass function here, its option where it has one, and its test file
 (``tests/test_<name>.py``; ``tests/test_loop_passes.py`` for the four passes that rewrite
-loops). A row holds the name, one ``run(level, analysis) -> LevelResult`` function with
-the same signature for every pass, the setting that turns it on, and what the walker
-does for it (``remembers_search``, ``state``, ``prices_launches``; see ``_protocol.Pass``).
-``run_passes`` runs any of them, in table order, at every nesting level of a closed
-jaxpr, and returns a new one (or the same object when nothing changed) and the
-``PassDecision``s made (each with the pass's name and a ``DecisionKind``):
+loops). ``PASSES`` binds each row to its module (``Pass.of``): a ``Pass`` holds the name,
+one ``run(level, analysis) -> LevelResult`` function with the same signature for every
+pass, whether settings turn it on, and what the walker does for it
+(``remembers_search``, ``state``, ``prices_launches``; see ``_protocol.Pass``). Adding
+a pass is its module and its row. ``run_passes`` runs any of them, in table order, at
+every nesting level of a closed jaxpr, and returns a new one (or the same object when
+nothing changed) and the ``PassDecision``s made (each with the pass's name and a
+``DecisionKind``):
 
 * ``make_loops_static``: ``fori_loop`` ``while``s with literal bounds become
   static scans; other ``while``s are reported as host-sync loops.
@@ -28,14 +32,15 @@ jaxpr, and returns a new one (or the same object when nothing changed) and the
 * ``inline_twin_calls``: independent nested ``jit`` calls running one body (twin critics
   behind ``jax.jit``) are inlined, so the two batching passes see their work.
 
-``apply_passes`` (every switch a keyword; ``pass_defaults(target)`` gives the target's)
-and the one-pass functions named above run ``run_passes`` with fixed settings.
+``apply_passes`` (a keyword per switch of the table; ``pass_defaults(target)`` gives
+the target's) and the one-pass functions named above run ``run_passes`` with fixed
+settings.
 
-Deprecated, going in the next release (reading one warns, naming its replacement):
-the names from before the passes outgrew loops, ``LoopPass`` (``Pass``),
-``LoopDecision`` (``PassDecision``), ``apply_loop_passes`` (``apply_passes``),
-``loop_defaults`` (``pass_defaults``), and ``share_common_subexpressions``
-(``share_common``).
+Deprecated, going in jaxpar 0.3.0 (reading one warns, naming its replacement; the
+table is ``_deprecations.DEPRECATIONS``): the names from before the passes outgrew
+loops, ``LoopPass`` (``Pass``), ``LoopDecision`` (``PassDecision``),
+``apply_loop_passes`` (``apply_passes``), ``loop_defaults`` (``pass_defaults``), and
+``share_common_subexpressions`` (``share_common``).
 
 Example::
 
@@ -48,26 +53,20 @@ Sharp edges:
   * Fusing and batching reorder nothing inside a body, but XLA may compile the
     merged loop differently; results agree to float rounding, usually exactly.
   * The decision indices refer to each level as the pass saw it (see ``PassDecision``).
+  * ``PASSES`` imports each row's module by the row's name (``importlib``): a pass
+    module's import is not written out here.
 """
 
 from __future__ import annotations
 
-import warnings
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
 from .._analysis import Analysis
 from .._compat import ClosedJaxpr
-from .._options import Options, Settings, check_target, pass_defaults, unroll_setting
-from . import batch_branches as _batch_branches
-from . import batch_matmuls as _batch_matmuls
-from . import batch_scans as _batch_scans
-from . import bound_fusions as _bound_fusions
-from . import fuse_scans as _fuse_scans
-from . import inline_twin_calls as _inline_twin_calls
-from . import make_loops_static as _make_loops_static
-from . import share_common as _share_common
-from . import unroll_scans as _unroll_scans
+from .._deprecations import deprecated_attributes
+from .._options import PASS_TABLE, Options, PassRow, Settings, check_target, pass_defaults
 from ._protocol import (
     NEW_LOOP_KINDS,
     SUBGRAPH_KINDS,
@@ -107,34 +106,21 @@ __all__ = [
     "unroll_scans",
 ]
 
-# The passes, in the order they run at each level.
-PASSES: tuple[Pass, ...] = (
-    Pass("share_common", _share_common.run, lambda s: s.share_common,
-             "equal equations computed once", remembers_search=True,
-             state=_share_common.State),
-    Pass("inline_twin_calls", _inline_twin_calls.run,
-             lambda s: s.batch_branches or s.batch_matmuls,
-             "independent nested jit calls running one body are inlined for batching",
-             remembers_search=True),
-    Pass("make_loops_static", _make_loops_static.run, lambda s: True,
-             "counting whiles with static bounds become scans"),
-    Pass("batch_scans", _batch_scans.run, lambda s: s.batch_scans,
-             "independent identical scans become one vmapped scan"),
-    Pass("fuse_scans", _fuse_scans.run, lambda s: s.fuse_scans,
-             "independent scans run side by side in one scan"),
-    Pass("batch_branches", _batch_branches.run, lambda s: s.batch_branches,
-             "identical independent subgraphs become one vmapped subgraph",
-             prices_launches=True, remembers_search=True, state=_batch_branches.State),
-    Pass("batch_matmuls", _batch_matmuls.run, lambda s: s.batch_matmuls,
-             "same-shaped matmuls at one launch depth in different members become one op",
-             prices_launches=True, remembers_search=True, state=_batch_matmuls.State),
-    Pass("bound_fusions", _bound_fusions.run,
-             lambda s: s.batch_branches or s.batch_matmuls or s.batch_scans,
-             "a barrier where a chain has read 32 batched members' results (XLA compile time)",
-             after=("batch_scans", "batch_branches", "batch_matmuls")),
-    Pass("unroll_scans", _unroll_scans.run, lambda s: s.unroll is not None,
-             "an unroll factor per static scan"),
-)
+
+def _bind(row: PassRow) -> Pass:
+    """The ``Pass`` of ``row``: its module's ``run`` and ``State`` (the module of the row's
+    name; imported here, before the one-pass function of that name replaces the module as
+    this package's attribute)."""
+    module = importlib.import_module(f"{__name__}.{row.name}")
+    run = getattr(module, "run", None)
+    if not callable(run):
+        raise ImportError(f"{module.__name__} has no run(level, analysis) for its row of the "
+                          "pass table (_options.PASS_TABLE)")
+    return Pass.of(row, run, getattr(module, "State", None))
+
+
+# The passes, in the order they run at each level: the pass table's rows, bound.
+PASSES: tuple[Pass, ...] = tuple(_bind(row) for row in PASS_TABLE)
 _BY_NAME = {p.name: p for p in PASSES}
 
 
@@ -191,28 +177,35 @@ def run_pass(name: str, closed_jaxpr: ClosedJaxpr, *, target: str = "gpu",
     return run_passes(closed_jaxpr, [name], analysis=Analysis(settings))
 
 
-def _settings(target: str, **switches: Any) -> Settings:
-    return Settings(target=check_target(target, concrete=True), **switches)
+def _run_row(name: str, jaxpr: ClosedJaxpr, target: str = "gpu", *also: str
+             ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+    """Runs the pass ``name`` alone, after the passes it works on (its row's ``after``),
+    with those and ``also`` on, on ``target``: the one-pass functions below."""
+    row = _BY_NAME[name]
+    settings = Settings(target=check_target(target, concrete=True),
+                        passes=frozenset({name, *row.after, *also}))
+    return run_passes(jaxpr, [*row.after, name], analysis=Analysis(settings))
 
 
-def apply_passes(closed_jaxpr: ClosedJaxpr, *, fuse_scans: bool, batch_scans: bool, unroll: Any,
-                 target: str, batch_branches: bool = False, batch_matmuls: bool = False,
-                 share_common: bool = False) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+def apply_passes(closed_jaxpr: ClosedJaxpr, *, target: str, **switches: Any
+                 ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Runs the passes these switches turn on, in table order, at every nesting level.
 
     Unlike ``run_passes``, every switch is explicit (an unset one is off, whatever the
     target) and no GPU profile or CUDA-graph mode is read from the machine, so the result
     depends on the arguments alone; ``pass_defaults(target)`` gives the target's switches.
+    The switches are the pass table's (``_options.PASS_TABLE``): a pass's option, or its
+    name for a pass only the target turns on.
 
     Args:
         closed_jaxpr: the program, as from ``jax.make_jaxpr``; never mutated.
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"`` (its defaults, and the cost model
+            ``unroll="cost"`` and the batching passes use).
         fuse_scans: fuse independent scans into one.
         batch_scans: batch independent scans with identical bodies into one vmapped scan.
         unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs, None elsewhere),
             ``"cost"`` (a factor per scan from the cost model), a positive int, or None
             (leave unroll factors alone), as in ``parallel_branches``.
-        target: ``"gpu"``, ``"cpu"`` or ``"tpu"`` (its defaults, and the cost model
-            ``unroll="cost"`` and the batching passes use).
         batch_branches: batch identical independent straight-line subgraphs into one
             vmapped subgraph where the cost model says it pays.
         batch_matmuls: run same-shaped matmuls and convolutions at one launch depth in
@@ -224,6 +217,7 @@ def apply_passes(closed_jaxpr: ClosedJaxpr, *, fuse_scans: bool, batch_scans: bo
         ``(new_closed_jaxpr, decisions)`` as ``run_passes``.
 
     Raises:
+        TypeError: an unknown switch (naming the closest).
         ValueError: ``unroll`` or ``target`` is not supported.
 
     Example::
@@ -233,10 +227,7 @@ def apply_passes(closed_jaxpr: ClosedJaxpr, *, fuse_scans: bool, batch_scans: bo
         new, decisions = apply_passes(jax.make_jaxpr(f)(x), **pass_defaults("gpu"),
                                       target="gpu")
     """
-    settings = _settings(target, fuse_scans=fuse_scans, batch_scans=batch_scans,
-                         batch_branches=batch_branches, batch_matmuls=batch_matmuls,
-                         unroll=unroll_setting(unroll, check_target(target, concrete=True)),
-                         share_common=share_common)
+    settings = Settings.of_switches(check_target(target, concrete=True), **switches)
     return run_passes(closed_jaxpr, analysis=Analysis(settings))
 
 
@@ -247,7 +238,7 @@ def make_loops_static(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecisi
     Returns:
         ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
     """
-    return run_pass("make_loops_static", jaxpr, settings=_settings("gpu"))
+    return _run_row("make_loops_static", jaxpr)
 
 
 def batch_scans(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
@@ -256,7 +247,7 @@ def batch_scans(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecision, ..
     Returns:
         ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
     """
-    return run_pass("batch_scans", jaxpr, settings=_settings("gpu", batch_scans=True))
+    return _run_row("batch_scans", jaxpr)
 
 
 def fuse_scans(jaxpr: ClosedJaxpr, *, leave_identical: bool = False
@@ -270,8 +261,7 @@ def fuse_scans(jaxpr: ClosedJaxpr, *, leave_identical: bool = False
     Returns:
         ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
     """
-    return run_pass("fuse_scans", jaxpr, settings=_settings(
-        "gpu", fuse_scans=True, batch_scans=bool(leave_identical)))
+    return _run_row("fuse_scans", jaxpr, "gpu", *(("batch_scans",) if leave_identical else ()))
 
 
 def batch_branches(jaxpr: ClosedJaxpr, target: str = "gpu"
@@ -289,7 +279,7 @@ def batch_branches(jaxpr: ClosedJaxpr, target: str = "gpu"
     Raises:
         ValueError: unknown ``target``.
     """
-    return run_pass("batch_branches", jaxpr, settings=_settings(target, batch_branches=True))
+    return _run_row("batch_branches", jaxpr, target)
 
 
 def batch_matmuls(jaxpr: ClosedJaxpr, target: str = "gpu"
@@ -312,7 +302,7 @@ def batch_matmuls(jaxpr: ClosedJaxpr, target: str = "gpu"
 
         new, decisions = batch_matmuls(jax.make_jaxpr(f)(a, b, x), target="gpu")
     """
-    return run_pass("batch_matmuls", jaxpr, settings=_settings(target, batch_matmuls=True))
+    return _run_row("batch_matmuls", jaxpr, target)
 
 
 def bound_fusions(jaxpr: ClosedJaxpr, target: str = "gpu"
@@ -332,9 +322,7 @@ def bound_fusions(jaxpr: ClosedJaxpr, target: str = "gpu"
     Raises:
         ValueError: unknown ``target``.
     """
-    row = _BY_NAME["bound_fusions"]
-    return run_passes(jaxpr, [*row.after, row.name], analysis=Analysis(_settings(
-        target, batch_scans=True, batch_branches=True, batch_matmuls=True)))
+    return _run_row("bound_fusions", jaxpr, target)
 
 
 def unroll_scans(jaxpr: ClosedJaxpr, *, unroll: Any = "auto", target: str = "gpu"
@@ -354,9 +342,8 @@ def unroll_scans(jaxpr: ClosedJaxpr, *, unroll: Any = "auto", target: str = "gpu
     Raises:
         ValueError: ``unroll`` or ``target`` is not one of the above.
     """
-    return run_pass("unroll_scans", jaxpr,
-                    settings=_settings(target, unroll=unroll_setting(
-                        unroll, check_target(target, concrete=True))))
+    return run_pass("unroll_scans", jaxpr, settings=Settings.of_switches(
+        check_target(target, concrete=True), "unroll_scans", unroll=unroll))
 
 
 def share_common(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
@@ -365,7 +352,7 @@ def share_common(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecision, .
     Returns:
         ``(new_jaxpr, ())``; ``new_jaxpr is jaxpr`` when nothing was shared.
     """
-    return run_pass("share_common", jaxpr, settings=_settings("gpu", share_common=True))
+    return _run_row("share_common", jaxpr)
 
 
 def inline_twin_calls(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
@@ -375,8 +362,7 @@ def inline_twin_calls(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecisi
     Returns:
         ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
     """
-    return run_pass("inline_twin_calls", jaxpr,
-                    settings=_settings("gpu", batch_branches=True))
+    return _run_row("inline_twin_calls", jaxpr)
 
 
 def _apply_loop_passes(closed_jaxpr: ClosedJaxpr, *, fuse: bool, batch: bool, **switches: Any
@@ -392,22 +378,12 @@ def _loop_defaults(target: str) -> dict[str, Any]:
             **switches}
 
 
-# The names from before the passes outgrew loops: old name -> (its replacement here,
-# what the old name gives). Each still works for one release and warns when read
-# (``from jaxpar.passes import LoopPass`` too); none is in ``__all__``.
-_DEPRECATED: dict[str, tuple[str, Any]] = {
-    "LoopPass": ("Pass", Pass),
-    "LoopDecision": ("PassDecision", PassDecision),
-    "apply_loop_passes": ("apply_passes", _apply_loop_passes),
-    "loop_defaults": ("pass_defaults", _loop_defaults),
-    "share_common_subexpressions": ("share_common", share_common),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _DEPRECATED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    new, value = _DEPRECATED[name]
-    warnings.warn(f"jaxpar.passes.{name} is deprecated and goes in the next release; use "
-                  f"jaxpar.passes.{new}", DeprecationWarning, stacklevel=2)
-    return value
+# The names from before the passes outgrew loops (rows of ``_deprecations.DEPRECATIONS``,
+# going in 0.3.0), each what it gives; none is in ``__all__``.
+__getattr__ = deprecated_attributes(__name__, {
+    "LoopPass": Pass,
+    "LoopDecision": PassDecision,
+    "apply_loop_passes": _apply_loop_passes,
+    "loop_defaults": _loop_defaults,
+    "share_common_subexpressions": share_common,
+})

@@ -1,10 +1,12 @@
-"""The pass protocol: what a pass is given, what it returns, and its row in the table.
+"""The pass protocol: what a pass is given, what it returns, and the row the walker runs.
 
 Every pass has one signature, ``run(level: Level, analysis: Analysis) -> LevelResult``,
-and is one row (``Pass``) of the table in ``passes/__init__.py``. A ``LevelResult``
-holds the rewrites the pass wants (``Rewrite``: some equation indices and a function
-that emits their replacement), its ``PassDecision``s (each with a ``DecisionKind``), and
-what it tells the walker beside them (``decided_alike``). The splice
+and is one row of the pass table (``_options.PASS_TABLE``: its option, how it is turned
+on, its rung, what it works after); ``passes.PASSES`` binds each row to its module's
+``run`` and ``State`` (``Pass.of``). A ``LevelResult`` holds the rewrites the pass
+wants (``Rewrite``: some equation indices and a function that emits their
+replacement), its ``PassDecision``s (each with a ``DecisionKind``), and what it tells
+the walker beside them (``decided_alike``). The splice
 (``passes/_splice.py``) applies the rewrites; the walker (``passes/_walk.py``) runs the
 rows at every level and stamps each decision with its row's name.
 
@@ -15,7 +17,8 @@ Example::
         return LevelResult([Rewrite((i,), lambda rows: [[jnp.sin(rows[0][0])]])
                             for i in found], [])
 
-    Pass("my_pass", run, lambda settings: True, "what it does")
+    Pass("my_pass", run, lambda settings: True, "what it does")   # run by hand
+    Pass.of(PassRow("my_pass", "what it does", option="my_pass"), run)  # as a table row
 
 Sharp edges:
   * Equation indices (``Rewrite.eqns``, ``PassDecision.eqns``) refer to the level as
@@ -26,15 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprEqn, JaxprLike
+from .._deprecations import warn_deprecated
 from .._graph import Graph
-from .._options import Settings
+from .._options import PassRow, Settings
 from .._primitives import LOOPS
 
 
@@ -105,7 +108,7 @@ class PassDecision:
             matmul batching pass): per member, its equations in ``eqns``; empty otherwise.
         depth: for the matmul batching pass, the group's launch depth (kernel-launching
             ops on the longest path from the level's inputs, the op itself included).
-            ``stage`` is its deprecated name (one release more).
+            ``stage`` is its deprecated name (until 0.3.0).
         saving_us: for the matmul batching pass, the cost model's estimated saving per
             run of the level, in microseconds (launches saved less stacking and
             transposing); at most zero for a group left alone.
@@ -137,8 +140,7 @@ class PassDecision:
     @property
     def stage(self) -> int | None:
         """Deprecated: ``depth`` (a launch depth, not a stage of the pipeline)."""
-        warnings.warn("PassDecision.stage is deprecated and goes in the next release; use "
-                      "PassDecision.depth (the launch depth)", DeprecationWarning, stacklevel=2)
+        warn_deprecated("PassDecision.stage")
         return self.depth
 
 
@@ -231,7 +233,8 @@ class LevelResult:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Pass:
-    """One row of the pass table.
+    """A pass as the walker runs it: its row of the pass table (``Pass.of``) with the
+    functions its module gives, or one made by hand.
 
     Attributes:
         name: the pass's name, stamped on its decisions.
@@ -264,3 +267,11 @@ class Pass:
     after: tuple[str, ...] = ()
     remembers_search: bool = False
     state: Callable[[], Any] | None = None
+
+    @classmethod
+    def of(cls, row: PassRow, run: Callable[[Level, Analysis], LevelResult],
+           state: Callable[[], Any] | None = None) -> Pass:
+        """The pass of ``row`` (``_options.PASS_TABLE``), running ``run`` with ``state``."""
+        return cls(row.name, run, row.enabled, row.summary,
+                   prices_launches=row.prices_launches, after=row.after,
+                   remembers_search=row.remembers_search, state=state)

@@ -135,7 +135,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     rewrites, decisions, alike = _batch_level(
         level, analysis.costs, own.params,
         analysis.structural_keys, analysis.shared_memo("emission_order"),
-        analysis.settings.modes.priced, own.values, analysis.memory_allowance)
+        analysis.settings.modes.priced, own.values, analysis.allowance_for("batch_branches"))
     return LevelResult(rewrites, decisions, decided_alike=alike)
 
 

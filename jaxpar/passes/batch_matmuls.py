@@ -183,7 +183,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     carried = level.state if level.state is not None else State()
     rewrites, decisions = _batch_level(level, analysis.costs, analysis.settings.modes.priced,
                                        carried, analysis.structural_keys,
-                                       analysis.memory_allowance)
+                                       analysis.allowance_for("batch_matmuls"))
     return LevelResult(rewrites, decisions)
 
 

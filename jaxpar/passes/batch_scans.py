@@ -97,7 +97,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     for group in groups:
         infos = [_compat.scan_info(eqns[i]) for i in group]
         too_big = stacking_refusal(_stacked_bytes([eqns[i] for i in group], infos[0]),
-                                   analysis.memory_allowance)
+                                   analysis.allowance_for("batch_scans"))
         if too_big is not None:
             decisions.append(decision(
                 path, DecisionKind.LEFT_ALONE, eqns, group, trips_before=None,

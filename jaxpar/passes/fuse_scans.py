@@ -62,7 +62,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     With ``batch_scans`` on, scans it could batch instead are not fused together.
     """
     eqns, path = level.eqns, level.path
-    leave_identical = analysis.settings.batch_scans
+    leave_identical = "batch_scans" in analysis.settings.passes
     candidates = [i for i in loop_candidates(eqns) if _compat.scan_info(eqns[i]).length > 0]
     if len(candidates) < 2:
         return LevelResult()

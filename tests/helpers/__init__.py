@@ -7,6 +7,7 @@
 * ``trees``: comparing results (bit-exact, close, or as a target's regions allow).
 * ``programs``: the small hand-written programs the tests share, with their arguments and
   the options that make them stream.
+* ``calls``: the Python frames of jaxpar's a call enters (none once compiled).
 * ``benchmarks``: the scripts of ``benchmarks/`` loaded as modules, their deviceless GPU
   compiles once a session, and a calibrated GPU profile.
 

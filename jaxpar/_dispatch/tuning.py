@@ -1,10 +1,10 @@
 """The tuner's hook into a decorated function's calls (``parallel_branches(tune=True)``).
 
 ``_tune`` measures candidates and stores decisions; this module is what a function's calls
-ask of it: the decision for a signature (this process's, the stored one, or measured now),
-the key of the candidate it chose, and each candidate's program to time. The dispatcher
-(``_dispatch``) holds a ``CallTuner`` as its ``TuneHook`` and consults it only when jax.jit
-traces a signature, so a compiled call pays nothing for the tuner.
+ask of it: the decision for a signature (this process's, the stored one, or measured now:
+``decide``, before the first call of a signature runs), the key of the candidate it chose
+(``decided_key``, when jax.jit traces the signature), and each candidate's program to time.
+A compiled call pays nothing for the tuner.
 
 Example::
 
@@ -26,15 +26,16 @@ from typing import Any
 
 import jax
 
-from . import _compat, _processes
-from ._dispatch import CallKey, CallState, MeasureFirst, jit_for
-from ._frameworks import nnx_arguments
-from ._trace import Signature, abstract, split_arguments, trace
-from ._tune import CANDIDATES, Program, TuneBudget, Tuning, undecided, unmeasured
-from ._tune import decide as decide_candidate
-from ._tune import decision_key as tuning_key
-from ._tune import fingerprint as program_fingerprint
-from ._tune import load as load_decision
+from .. import _compat, _processes
+from .._frameworks import nnx_arguments
+from .._trace import Signature, abstract, split_arguments, trace
+from .._tune import CANDIDATES, CHOSEN, Program, TuneBudget, Tuning, undecided, unmeasured
+from .._tune import decide as decide_candidate
+from .._tune import decision_key as tuning_key
+from .._tune import fingerprint as program_fingerprint
+from .._tune import load as load_decision
+from .keyed import jit_for
+from .state import CallKey, CallState
 
 
 class CallTuner:
@@ -54,16 +55,11 @@ class CallTuner:
 
     def decided_key(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> CallKey:
         """At trace time: the key of the candidate this signature's decision chose (the
-        plan's own key without a decision under a transformation).
-
-        Raises:
-          MeasureFirst: a concrete call (``key.tune == "measure"``) without a decision.
-        """
+        plan's own key without a decision: under a transformation, or where a concrete
+        call could not measure)."""
         by_shape = (key.layout, tuple(abstract(leaf) for leaf in leaves), key.nnx,
                     key.settings, _compat.trace_context())
         tuning = self.decisions.get(by_shape)
-        if tuning is None and key.tune == "measure":
-            raise MeasureFirst
         key = dataclasses.replace(key, tune="", tune_generation=0)
         return key if tuning is None else _candidate_key(state, key, tuning.chosen)
 
@@ -74,13 +70,17 @@ class CallTuner:
                                      _compat.trace_context()))
         return None if tuning is None else _candidate_key(state, key, tuning.chosen)
 
-    def measure(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> CallKey:
-        """Decides ``key``'s signature (its first call, after its trace raised
-        ``MeasureFirst``): the key to call again with, in a new generation."""
-        self.tuning(state, dataclasses.replace(key, tune="", tune_generation=0), leaves,
-                    first_call=True)
+    def decide(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> None:
+        """Before a concrete top-level call of ``key``'s signature runs: its decision, made
+        now (measured) where none exists; a new decision starts a new generation, so that
+        traces made before it are not reused."""
+        plain = dataclasses.replace(key, tune="", tune_generation=0)
+        by_shape = (plain.layout, tuple(abstract(leaf) for leaf in leaves), plain.nnx,
+                    plain.settings, _compat.trace_context())
+        if by_shape in self.decisions:
+            return
+        self.tuning(state, plain, leaves, first_call=True)
         self.generation += 1
-        return dataclasses.replace(key, tune_generation=self.generation)
 
     def tuning(self, state: CallState, key: CallKey, leaves: Sequence[Any],
                first_call: bool = False) -> Tuning | None:
@@ -155,6 +155,10 @@ def _candidates(state: CallState, key: CallKey, leaves: Sequence[Any]) -> list[P
     out: list[Program] = []
     seen: dict[str, str] = {}
     for candidate in CANDIDATES:
+        if candidate.targets is not None and key.settings.target not in candidate.targets:
+            chosen = next(p for p in out if p.candidate.label == CHOSEN)
+            out.append(Program(candidate, None, chosen.same_as or CHOSEN, chosen.digest))
+            continue
         candidate_key = _candidate_key(state, key, candidate.label)
         jitted = jit_for(state, candidate_key, leaves)
         options = {} if not candidate_key.rewrite else state.prepare(

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# jaxpar measured on a TPU, in one call well under ten minutes: calibration, then the
+# seed's loops, the GPU suite and the battery's loops (benchmarks/tpu.py), the per-call
+# cost (benchmarks/dispatch.py) and the tuner. Results (JSON and the printed tables) under
+# a results folder; docs/benchmarks.md, "Measured on TPU v5e", quotes them.
+#
+# Usage (from the repository root, on a TPU machine with jax installed):
+#     bash benchmarks/tpu.sh [RESULTS_DIR] [PARTS]
+#   PARTS: comma-separated among calibrate,seeds,suite,dispatch,battery,tune (default all)
+#   --dry-run as RESULTS_DIR: every step at tiny sizes on this machine's CPU (a test runs it)
+#
+# It runs $PYTHON (default python3) with jaxpar from this tree (PYTHONPATH gets the repository root first) and needs flax,
+# optax and equinox for the suite's framework programs: where they are missing it
+# installs them into $JAXPAR_TPU_SITE (default /tmp/jaxpar-site, added at the END of
+# PYTHONPATH so the machine's own jax stays first) from a local package index
+# (JAXPAR_TPU_INDEX, default file:///opt/pypi/simple) and wheels in .whl-tpu/.
+set -uo pipefail
+PY=${PYTHON:-python3}
+cd "$(dirname "$0")/.."
+quick=()
+out=${1:-benchmarks/results/tpu-$(date +%Y%m%d-%H%M%S)}
+if [ "$out" = "--dry-run" ]; then
+  quick=(--quick); out=$(mktemp -d); export JAX_PLATFORMS=cpu
+fi
+parts=${2:-calibrate,seeds,suite,dispatch,battery,tune}
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+site=${JAXPAR_TPU_SITE:-/tmp/jaxpar-site}
+if ! "$PY" -c "import flax, optax, equinox" >/dev/null 2>&1; then
+  export PYTHONPATH="$PYTHONPATH:$site"
+  if ! "$PY" -c "import flax, optax, equinox" >/dev/null 2>&1; then
+    echo "--- installing flax, optax and equinox into $site" | tee -a "$out/log.txt"
+    PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q --only-binary=:all: \
+      --index-url "${JAXPAR_TPU_INDEX:-file:///opt/pypi/simple}" --target "$site" \
+      flax optax jaxtyping wadler-lindig >>"$out/log.txt" 2>&1 || echo "flax/optax: install failed"
+    if compgen -G ".whl-tpu/*.whl" >/dev/null; then
+      PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q --no-index --no-deps \
+        --no-compile --upgrade --target "$site" .whl-tpu/*.whl >>"$out/log.txt" 2>&1 \
+        || echo "equinox: install failed"
+    fi
+  fi
+fi
+run() {  # $1 = name, rest = command
+  local name=$1; shift
+  echo "=== $name: $*" | tee -a "$out/log.txt"
+  local start=$SECONDS
+  "$@" 2>&1 | grep -v "cuda_\|absl::\|hugepages\|warnings.warn" | tee -a "$out/$name.txt"
+  echo "=== $name: $((SECONDS - start)) s" | tee -a "$out/log.txt"
+}
+for part in ${parts//,/ }; do
+  case $part in
+    calibrate) run calibrate "$PY" benchmarks/calibrate_tpu.py --json "$out/calibration.json" "${quick[@]}" ;;
+    dispatch) run dispatch "$PY" benchmarks/dispatch.py --json "$out/dispatch.json" --budget 150 ;;
+    seeds|suite|battery|tune) run "$part" "$PY" benchmarks/tpu.py --parts "$part" --out "$out" "${quick[@]}" ;;
+    *) echo "unknown part $part"; exit 2 ;;
+  esac
+done
+echo "results in $out"

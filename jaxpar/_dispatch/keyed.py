@@ -1,0 +1,200 @@
+"""The keyed path: calls the top-level jit does not serve.
+
+A call under a transformation (``grad``, ``vmap``, an outer ``jit``: tracer arguments), or a
+top-level call whose signature's plan chose XLA options other than its environment's jit
+compiles with, splits its arguments (``split_arguments``), builds a ``CallKey`` and runs in
+a ``jax.jit`` taking ``(key, *leaves)``: ``CallState.jitted``, or on the GPU at the top
+level one carrying the plan's XLA options (``jit_for``).
+
+Example::
+
+    out = transformed_call(state, args, kwargs)   # under jax.grad, jax.vmap, jax.jit...
+
+Sharp edges:
+  * ``jax.jit``'s ``donate_argnums`` do nothing here, as for a ``jax.jit`` inside another
+    one; its ``in_shardings``/``out_shardings`` become sharding constraints on the
+    arguments and outputs, as an inner ``jax.jit``'s do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from .. import _compat, _processes
+from .._flags import xla_flags_text
+from .._frameworks import holds_nnx_object, nnx_arguments
+from .._trace import (
+    Layout,
+    Scalars,
+    Signature,
+    abstract,
+    has_python_scalars,
+    needs_python_values,
+    split_arguments,
+)
+from .._tune import fingerprint as program_fingerprint
+from .._tune import program_flags, versions
+from .channel import CHANNEL
+from .state import CallKey, CallState, bounded, cached_jit, weak_method
+
+
+def transformed_call(state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A call under a transformation (``fast.route``), Flax NNX objects split and written
+    back as ``nnx.jit`` does, ``jax.jit``'s shardings as constraints."""
+    options = state.jit_options
+    if options.in_shardings is not None:
+        args = _constrained(args, options.in_shardings)
+    if not holds_nnx_object((args, kwargs)):
+        out = split_call(state, state.fun, args, kwargs, False)
+    else:
+        with nnx_arguments(state.nnx_tag, state.fun, args, kwargs) as (fun, args, kwargs,
+                                                                         nnx_call):
+            assert nnx_call is not None
+            out = nnx_call.from_pure(split_call(state, fun, args, kwargs, True))
+    if options.out_shardings is not None:
+        out = _constrained(out, options.out_shardings)
+    return out
+
+
+def _constrained(tree: Any, shardings: Any) -> Any:
+    """``tree`` with ``jax.lax.with_sharding_constraint`` applied by a prefix of shardings
+    (None: unconstrained), as a jit's ``in_shardings``/``out_shardings`` are applied."""
+    def constrain(sharding: Any, subtree: Any) -> Any:
+        if sharding is None:
+            return subtree
+        return jax.tree_util.tree_map(
+            lambda leaf: jax.lax.with_sharding_constraint(leaf, sharding)
+            if isinstance(leaf, jax.Array) or _compat.is_tracer(leaf) else leaf, subtree)
+
+    if not isinstance(shardings, (tuple, list)) or not isinstance(tree, (tuple, list)):
+        return constrain(shardings, tree)
+    return jax.tree_util.tree_map(constrain, type(tree)(shardings), tree,
+                                  is_leaf=lambda x: x is None)
+
+
+def split_call(state: CallState, fun: Callable[..., Any], args: tuple[Any, ...],
+               kwargs: dict[str, Any], nnx: bool) -> Any:
+    """A call on the keyed path: its arguments split by jaxpar, run by ``keyed_call``."""
+    # Under a trace (eval_shape), jax.jit takes a ShapeDtypeStruct as an abstract argument.
+    layout, leaves = split_arguments(fun, args, kwargs, state.static_args,
+                                     allow_abstract=not _compat.top_level())
+    # Python scalars are traced as jax.jit traces them, so results match it bit for
+    # bit. Under a transformation a function that needs one as a Python value
+    # (range(n), an outer jit's static argument passed on) is traced again with them
+    # static, where jax.jit would raise.
+    retry = has_python_scalars(leaves) and any(map(_compat.is_tracer, leaves))
+    if retry and layout in state.scalars_made_static:
+        return _call_with_static_scalars(state, fun, args, kwargs, nnx)
+    try:
+        return keyed_call(state, layout, leaves, nnx)
+    except Exception as error:
+        if not (retry and needs_python_values(error)):
+            raise
+    out = _call_with_static_scalars(state, fun, args, kwargs, nnx)
+    state.scalars_made_static.add(layout)
+    return out
+
+
+def _call_with_static_scalars(state: CallState, fun: Callable[..., Any],
+                              args: tuple[Any, ...], kwargs: dict[str, Any], nnx: bool) -> Any:
+    """A call with its Python scalars static (``split_call``)."""
+    layout, leaves = split_arguments(fun, args, kwargs, state.static_args,
+                                     scalars=Scalars.STATIC)
+    return keyed_call(state, layout, leaves, nnx)
+
+
+def keyed_call(state: CallState, layout: Layout, leaves: list[Any], nnx: bool) -> Any:
+    """A call under its ``CallKey`` in the jit ``jit_for`` picks."""
+    key = state.call_key(layout, nnx, leaves)
+    if jax.process_count() > 1:
+        agree_across_processes(state, key, leaves)
+    tuner = state.tuner
+    if tuner is not None and key.rewrite and key.emit_streams:
+        # A concrete call decides first (measuring where no decision exists), outside
+        # any trace; a traced one reuses a decision this process made. The decision is
+        # looked up when jax.jit traces (once per signature).
+        concrete = not key.call_site and not any(map(_compat.is_tracer, leaves))
+        if concrete:
+            tuner.decide(state, key, leaves)
+        key = dataclasses.replace(key, tune="measure" if concrete else "reuse",
+                                  tune_generation=tuner.generation)
+    return run_keyed(state, key, leaves)
+
+
+def run_keyed(state: CallState, key: CallKey, leaves: Sequence[Any],
+              jitted: Any = None) -> Any:
+    """``(jitted or jit_for(...))(key, *leaves)``, the output put together."""
+    CHANNEL.traced_consts.discard(id(state))
+    dynamic, outputs = (jitted or jit_for(state, key, leaves))(key, *leaves)
+    if id(state) in CHANNEL.traced_consts:
+        # The trace closed over another trace's tracers: jit must not reuse it.
+        CHANNEL.traced_consts.discard(id(state))
+        state.jitted.clear_cache()
+    return outputs.rebuild(dynamic)
+
+
+def call_with_options(state: CallState, key: CallKey, leaves: Sequence[Any],
+                      options: dict[str, str]) -> Any:
+    """A top-level call whose signature's plan chose ``options`` (XLA options) other than
+    those its environment's top-level jit compiles with."""
+    return run_keyed(state, key, leaves, options_jit(state, options))
+
+
+def options_jit(state: CallState, options: dict[str, str]) -> Any:
+    """The keyed jit compiling with ``options`` (made once per distinct options)."""
+    return cached_jit(state.jitted_with, options, lambda given: jax.jit(
+        weak_method(state, "call_traced", state.fun, top=True), static_argnums=0,
+        compiler_options=given or None, keep_unused=state.jit_options.keep_unused))
+
+
+def jit_for(state: CallState, key: CallKey, leaves: Sequence[Any]) -> Any:
+    """The jit a call with ``key`` runs under: on the GPU at the top level, one carrying
+    the XLA options (the CUDA-graph mode) its plan chose (``{}`` included: these jits
+    trace only top-level calls, never one under a transformation, whose trace ``jitted``
+    keeps), else ``jitted``. With the tuner, the decided candidate's plan."""
+    if not (key.settings.target == "gpu" and key.rewrite and key.emit_streams
+            and _compat.top_level()):
+        return state.jitted
+    avals = tuple(abstract(leaf) for leaf in leaves)
+    settings = key.settings
+    if state.tuner is not None and key.tune:
+        decided = state.tuner.decided_key(state, key, leaves)
+        if not decided.rewrite:
+            return state.jitted
+        settings = decided.settings
+    options = state.prepare(Signature(key.layout, avals), settings, key.nnx,
+                            key.local_axes).xla_options
+    return options_jit(state, options)
+
+
+def agree_across_processes(state: CallState, key: CallKey, leaves: Sequence[Any]) -> None:
+    """At the first top-level call of a signature whose arguments span every process:
+    the processes compare what decides jaxpar's program for it (``_processes.agree``: a
+    collective, which every process reaches there as it reaches the program).
+
+    Raises:
+      ProcessMismatchError: on every process, where they would compile different
+        programs (another ``XLA_FLAGS``, GPU calibration, options or version).
+    """
+    if key.call_site or not key.rewrite or not _compat.top_level():
+        return
+    avals = tuple(abstract(leaf) for leaf in leaves)
+    checked = (key, avals, _compat.trace_context())
+    if checked in state.memos.agreed:
+        return
+    if _processes.span(leaves) == _processes.ALL:
+        prepared = state.prepare(Signature(key.layout, avals), key.settings, key.nnx,
+                                 key.local_axes)
+        levels = [(level.path, level.order, level.collective_groups)
+                  for level in prepared.plan.walk()]
+        loops = [(d.location, d.kind, d.eqns, d.unroll, d.pass_name) for d in prepared.decisions]
+        _processes.agree(state.call_text(avals), {
+            "versions": versions(), "xla_flags": program_flags(xla_flags_text()),
+            "settings": repr(key.settings),
+            "decisions": program_fingerprint(repr((levels, loops))),
+            "xla_options": sorted(prepared.xla_options.items())})
+    bounded(state.memos.agreed)[checked] = None
