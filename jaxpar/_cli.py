@@ -365,7 +365,8 @@ def _option_flags() -> dict[str, _pyinspect.Parameter]:
             if p.kind is _pyinspect.Parameter.KEYWORD_ONLY}
 
 
-_ARG_LINE = re.compile(r"^ {6}(?P<name>\w+): (?P<text>.*)$")
+# An entry of the docstring's ``Args:``: one name, or several sharing one text.
+_ARG_LINE = re.compile(r"^ {6}(?P<names>\w+(?:, \w+)*):(?: (?P<text>.*))?$")
 
 
 def option_help() -> dict[str, str]:
@@ -380,10 +381,12 @@ def option_help() -> dict[str, str]:
     for line in section.splitlines():
         match = _ARG_LINE.match(line)
         if match:
-            current = entries.setdefault(match.group("name"), [match.group("text")])
+            current = [match.group("text") or ""]
+            for name in match.group("names").split(", "):
+                entries[name] = current
         elif current is not None and line.startswith(" " * 8):
             current.append(line.strip())
-    return {name: _first_sentence(" ".join(parts).replace("``", ""))
+    return {name: _first_sentence(" ".join(parts).strip().replace("``", ""))
             for name, parts in entries.items()}
 
 

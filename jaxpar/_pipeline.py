@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import gc
 import itertools
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -378,9 +379,13 @@ def _without_slower_joins(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, 
     costs = chosen.analysis.costs
     with_joins = estimate_seconds(chosen.planned.plan, costs, mode, estimates)
     without = estimate_seconds(other.planned.plan, costs, mode, estimates)
-    # A join must pay: on a tie the loops stay apart (so planning jaxpar's own program
-    # again, whose loops are already unrolled apart, changes nothing).
-    if without > with_joins:
+    # A join must pay, in time or, at the same time, in memory (two scans unrolled apart
+    # may keep twice the copies a fused one does); where it pays in neither the loops stay
+    # apart, so planning jaxpar's own program again (its loops already apart) changes
+    # nothing.
+    tie = math.isclose(without, with_joins, rel_tol=1e-9)
+    if (not tie and without > with_joins) or (
+            tie and chosen.planned.temp_bytes < other.planned.temp_bytes):
         return chosen
     return dataclasses.replace(other, left_out=(*chosen.left_out, left_out_for_time(
         (what,), with_joins, without, _refused(chosen, other))))
