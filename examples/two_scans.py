@@ -1,7 +1,9 @@
 """Seed 002: two independent `lax.scan`s with different step functions.
 
-jaxpar fuses them into one loop that runs both bodies each trip (and may unroll it),
-so a GPU launches half the loop trips; what it did is printed from the plan.
+jaxpar fuses them into one loop that runs both bodies each trip and unrolls it, or,
+where its model rates that faster, unrolls each on its own (with unroll="auto" a fused
+body, twice the kernels, is unrolled half as far; for these bodies the two loops apart
+are faster, and the plan says so with both figures). What it did is printed from the plan.
 
 Run: python examples/two_scans.py
 """

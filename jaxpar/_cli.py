@@ -8,10 +8,13 @@ Example::
     python -m jaxpar inspect examples.inception_block:inception \
         --args-from examples.inception_block:make_args --min-cost-us 1 --html plan.html
     python -m jaxpar inspect ./model.py:step --args-from ./model.py:make_args --force-streams
+    python -m jaxpar inspect ./model.py:step --args-from ./model.py:make_args --verbose
     python -m jaxpar --version
 
 Every option of ``parallel_branches`` is a flag (``--max-streams 2``, ``--unroll none``,
-``--fuse-scans false``); ``--target`` defaults to ``gpu`` here.
+``--fuse-scans false``), its help line the first sentence of the option's entry in
+``parallel_branches``'s docstring; ``--target`` defaults to ``gpu`` here. ``--verbose``
+prints every reason in full.
 
 Sharp edges:
   * ``demo`` times on the machine at hand only where jaxpar's program differs from
@@ -203,7 +206,8 @@ def _demo_story(title: str, fn: Callable[..., Any], args: Sequence[Any], out: An
     same = _same(expected, here(*args)) and _same(expected, for_gpu(*args))
     print(f"same values as jax.jit: {'yes' if same else 'NO'}", file=out)
     print(timing_report(plain, here, args), file=out)
-    print(preview if preview is not None else skipped, file=out)
+    if preview is not None or skipped:
+        print(preview if preview is not None else skipped, file=out)
     return same
 
 
@@ -224,9 +228,9 @@ def _demo_preview(fn: Callable[..., Any], args: Sequence[Any],
 
     from ._compiled.gpu_compile import plugin_status
     from ._compiled.preview import gpu_preview
-    ok, why = plugin_status()
-    if not ok:
-        return None, f"(GPU preview skipped: {why})"
+    ok, _ = plugin_status()
+    if not ok:  # said once, in the demo's second line (``demo_intro``)
+        return None, ""
     # Weak types kept: the preview then traces the program inspect(fn)(*args) traces.
     specs = jax.tree_util.tree_map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
@@ -361,6 +365,49 @@ def _option_flags() -> dict[str, _pyinspect.Parameter]:
             if p.kind is _pyinspect.Parameter.KEYWORD_ONLY}
 
 
+# An entry of the docstring's ``Args:``: one name, or several sharing one text.
+_ARG_LINE = re.compile(r"^ {6}(?P<names>\w+(?:, \w+)*):(?: (?P<text>.*))?$")
+
+
+def option_help() -> dict[str, str]:
+    """Each option's help line, from ``parallel_branches``'s docstring (its ``Args:``
+    entry, first sentence, without reST marks): one source for the API and the flags."""
+    from ._api import parallel_branches
+
+    doc = parallel_branches.__doc__ or ""
+    section = doc.split("\n    Args:\n", 1)[-1].split("\n    Returns:", 1)[0]
+    entries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in section.splitlines():
+        match = _ARG_LINE.match(line)
+        if match:
+            current = [match.group("text") or ""]
+            for name in match.group("names").split(", "):
+                entries[name] = current
+        elif current is not None and line.startswith(" " * 8):
+            current.append(line.strip())
+    return {name: _first_sentence(" ".join(parts).strip().replace("``", ""))
+            for name, parts in entries.items()}
+
+
+def _first_sentence(text: str, limit: int = 200) -> str:
+    """Up to the first ``. `` or ``; `` outside brackets; where that is longer than
+    ``limit``, up to the first ``: `` outside them."""
+    cuts: dict[str, int] = {}
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and text[i + 1:i + 2] in (" ", ""):
+            if char in ".;" and "end" not in cuts:
+                cuts["end"] = i
+            elif char == ":" and "colon" not in cuts:
+                cuts["colon"] = i
+    end = cuts.get("end", len(text))
+    if end > limit and cuts.get("colon", end) < end:
+        end = cuts["colon"]
+    return text[:end]
+
+
 def output_path_problem(path: str, suffixes: tuple[str, ...]) -> str | None:
     """Why ``path`` cannot receive an output file with one of ``suffixes``, or None."""
     from pathlib import Path
@@ -385,7 +432,8 @@ examples:
       --force-streams --html plan.html --trace plan.json
 
 Every option of parallel_branches is a flag (--max-streams 2, --unroll none,
---fuse-scans false); --target defaults to gpu here."""
+--fuse-scans false); --target defaults to gpu here. --verbose prints every reason
+in full."""
 
 
 def _version() -> str:
@@ -411,13 +459,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jaxpar", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="jaxpar: run the independent parts of a JAX program concurrently.",
+        description="jaxpar: rewrites a JAX program for a GPU. By default it fuses, batches "
+                    "and unrolls independent loops and batches independent members (an "
+                    "ensemble's, a mixture's experts) where its cost model says that pays, "
+                    "within a memory budget; stream regions only where the GPU pricing says "
+                    "they pay (none until a GPU calibrates it). `inspect` says what it does "
+                    "to a function and why.",
         epilog=_EPILOG)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the user stories: GPU plans, equality checks, "
                    "timings where the programs differ here, GPU previews with the CUDA plugin")
-    insp = sub.add_parser("inspect", help="print the plan of MODULE:FUNCTION")
+    insp = sub.add_parser("inspect", help="print what jaxpar does to MODULE:FUNCTION, and why",
+                          description="Prints the plan of MODULE:FUNCTION at the given "
+                                      "arguments: the estimate against jax.jit, the memory, "
+                                      "what was done to each loop and member, what was "
+                                      "refused and why, what was left alone.")
     insp.add_argument("function", help="MODULE:FUNCTION or FILE.py:FUNCTION, e.g. "
                                        "examples.two_scans:two_scans or ./model.py:step")
     given = insp.add_mutually_exclusive_group(required=True)
@@ -426,6 +483,9 @@ def _main(argv: Sequence[str] | None) -> int:
                        help="a function of no arguments returning the arguments: a tuple of "
                             "pytrees of arrays or jax.ShapeDtypeStructs (one non-tuple value "
                             "is the only argument)")
+    insp.add_argument("--verbose", action="store_true",
+                      help="print every decision's full reasoning, cost figures and source "
+                           "lines (plan.text(verbose=True))")
     insp.add_argument("--json", action="store_true", help="print the plan as JSON")
     insp.add_argument("--html", metavar="PATH.html",
                       help="also save the plan picture as a standalone HTML page")
@@ -435,16 +495,21 @@ def _main(argv: Sequence[str] | None) -> int:
         "options of parallel_branches", "values: numbers, true/false, auto, none, or a "
         "comma list; see docs/guide.md")
     given_argv = list(sys.argv[1:] if argv is None else argv)
-    # The flags come from parallel_branches's signature (importing jax): only for inspect.
-    for name, param in (_option_flags() if "inspect" in given_argv else {}).items():
+    # The flags come from parallel_branches's signature and their help from its
+    # docstring (importing jax): only for inspect.
+    flags = _option_flags() if "inspect" in given_argv else {}
+    helps = option_help() if flags else {}
+    for name, param in flags.items():
         default = "gpu" if name == "target" else param.default
         switch = isinstance(param.default, bool)  # --force-streams alone means true
+        what = helps.get(name, "an option of parallel_branches (docs/api.md)")
         options.add_argument(f"--{name.replace('_', '-')}", dest=f"option_{name}",
                              type=switch_value if switch else option_value, metavar="VALUE",
                              nargs="?" if switch else None,
                              const=True if switch else None,
                              default="gpu" if name == "target" else argparse.SUPPRESS,
-                             help=f"default: {default!r}" + (" (alone: true)" if switch else ""))
+                             help=(f"{what} (default: {default!r}"
+                                   + ("; alone: true)" if switch else ")")).replace("%", "%%"))
     ns = parser.parse_args(given_argv)
     if ns.command == "demo":
         return demo()
@@ -479,7 +544,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
         print(json.dumps(plan.to_dict(), indent=2))
     else:
-        print(plan)
+        print(plan.text(verbose=ns.verbose))
     for path in (ns.html, ns.trace):
         if path:
             try:

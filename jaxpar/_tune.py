@@ -61,7 +61,7 @@ from ._flags import xla_flags_text
 
 TUNE_DIR_VARIABLE = "JAXPAR_TUNE_DIR"
 READ_ONLY_VARIABLE = "JAXPAR_TUNE_READ_ONLY"
-FILE_MODE = 0o644  # a decision file's mode, less the umask
+FILE_MODE = 0o600  # a decision file's mode (less the umask): its owner reads and writes it
 DECISION_FORMAT = "jaxpar-tune-decision"
 DECISION_VERSION = 2  # 2: the TPU's candidates
 
@@ -651,8 +651,8 @@ def store(tuning: Tuning, fields: Mapping[str, Any]) -> Tuning:
                 "rows": [row._asdict() for row in tuning.rows], "keyed_by": dict(fields)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Readable as a file the user creates is (0644 less the umask): a team's shared
-        # directory, or a decision shipped to a cluster, is read by other users.
+        # Readable by its owner only (0600): a decision names the program's shapes, the
+        # machine and its timings; to share one, copy it (``read_only`` runs read it).
         temporary = str(path.parent / f".{tuning.key}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
         handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         try:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the tests need and runs them. What it installs (the first time, and
 # again only when pyproject.toml or tests/requirements-ecosystem.txt changes):
-#   * Debian's `chromium` (apt), for the browser test of the plan pictures;
+#   * Debian's `chromium`, system-wide with `sudo apt-get` (as root, without sudo), for the
+#     browser test of the plan pictures; JAXPAR_TEST_BROWSER=0 leaves it out (that test
+#     then skips, and the summary counts it);
 #   * three virtual environments under .ci-venv/ (about 2.5 GB in all):
 #       lint   ruff and mypy;
 #       py3.11 jax 0.10.2 with the CUDA PJRT plugin, so the deviceless GPU-compile tests run
@@ -10,11 +12,10 @@
 # The installs run side by side (they wait on downloads and unpacking more than on a core).
 # Then pytest on both jax versions side by side (one job a core; ruff and mypy before the
 # shorter job), a line per test file as it finishes, each job's full log in
-# .ci-venv/<job>.log, and one summary with the slowest tests and files.
-# On a quiet 2-core machine, installed: 9 min 51 s wall, about 18 min of CPU time
-# (2026-12-05, 2544 tests); from a fresh clone the installs add about a minute (63 s,
-# 2026-12-02). Under other load the wall time grows; docs/benchmarks.md ("The test
-# command's time") keeps every measurement.
+# .ci-venv/<job>.log, and one summary with the slowest tests and files. Its last line
+# counts what ran: "summary: N passed, M skipped, 0 failed; ruff and mypy: clean".
+# How long it takes, with the date, the machine and that count of each measurement:
+# docs/benchmarks.md, "The test command's time" (the one place that keeps them).
 #
 # Usage: bash scripts/test.sh [extra pytest args]
 # The full matrices (longer): JAXPAR_FULL=1 bash scripts/test.sh
@@ -102,7 +103,12 @@ run_job() {  # $1 = python version, $2 = log name; the rest: pytest args. A line
 
 install_chromium() {  # Debian's headless Chromium, for the browser test of the plan pictures
   command -v chromium >/dev/null 2>&1 && return 0
-  echo "--- installing Debian's chromium (headless browser for tests/test_report_render.py)"
+  if [ "${JAXPAR_TEST_BROWSER:-1}" = 0 ]; then
+    echo "--- JAXPAR_TEST_BROWSER=0: no chromium; the browser test of the plan pictures skips"
+    return 0
+  fi
+  echo "--- installing Debian's chromium system-wide with apt-get (headless browser for"
+  echo "    tests/test_report_render.py; JAXPAR_TEST_BROWSER=0 leaves it and that test out)"
   local sudo=""; if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
   { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium; } \
     > .ci-venv/apt.log 2>&1 || { tail -n 40 .ci-venv/apt.log; echo "installing chromium failed"; exit 1; }
@@ -181,7 +187,7 @@ for lane in "${lanes[@]}"; do
   if ! wait "$lane"; then status=1; fi
 done
 
-passed=0; failed=0
+passed=0; failed=0; skipped=0
 for name in "${logs[@]}"; do
   log=".ci-venv/$name.log"
   echo
@@ -192,11 +198,12 @@ for name in "${logs[@]}"; do
   if [ -z "$summary" ]; then echo "$name: pytest printed no summary"; status=1; fi
   p=$( (grep -oE '[0-9]+ passed' <<<"$summary" || true) | awk '{n += $1} END {print n + 0}')
   f=$( (grep -oE '[0-9]+ (failed|errors?)' <<<"$summary" || true) | awk '{n += $1} END {print n + 0}')
-  passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+  k=$( (grep -oE '[0-9]+ skipped' <<<"$summary" || true) | awk '{n += $1} END {print n + 0}')
+  passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0})); skipped=$((skipped + ${k:-0}))
 done
 echo
 echo "--- lint and tests took $((SECONDS - tests_started)) s; everything $((SECONDS - started)) s"
 lint=clean; if [ -f .ci-venv/lint.failed ]; then lint=FAILED; status=1; fi
-echo "summary: $passed passed, $failed failed; ruff and mypy: $lint"
+echo "summary: $passed passed, $skipped skipped, $failed failed; ruff and mypy: $lint"
 if [ "$failed" -gt 0 ]; then status=1; fi
 exit $status

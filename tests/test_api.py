@@ -674,6 +674,18 @@ def test_repr_of_the_function_is_never_called():
     assert jaxpar.inspect(Callable(), target="cpu")(jnp.ones(3)).num_eqns == 1
     del g.__wrapped__
     assert repr(g).startswith("parallel_branches(")
+    # Every way of decorating, planning and staging it: none asks for the repr.
+    x = jnp.ones(3)
+    for made in (jaxpar.parallel_branches(Callable(), target="gpu"),
+                 jaxpar.parallel_branches(Callable(), tune=True),
+                 jaxpar.parallel_branches(Callable(), static_argnums=())):
+        made.lower(x).as_text()
+        made.trace(x)
+        jax.eval_shape(made, x)
+        str(made)
+    assert jaxpar.inspect(Callable(), target="gpu")(x).function == "<Callable object>"
+    np.testing.assert_array_equal(jax.jit(jaxpar.on_stream(2)(Callable()))(x),
+                                  jnp.full(3, 2.0))
 
 
 def test_calls_build_their_settings_once_per_environment(monkeypatch):

@@ -103,16 +103,45 @@ def test_load_args_wraps_a_single_value_and_names_failures(tmp_path, monkeypatch
         load_args("factories_for_cli")
 
 
-def test_every_option_of_parallel_branches_is_a_flag(capsys):
+def test_every_option_of_parallel_branches_is_a_flag_with_a_line_of_help(capsys):
     import inspect
+
+    from jaxpar._cli import option_help
 
     code, out, _ = _cli(capsys, "inspect", "--help")
     assert code == 0
     names = [name for name, p in inspect.signature(jaxpar.parallel_branches).parameters.items()
              if p.kind is p.KEYWORD_ONLY]
     assert names
+    helps = option_help()
+    flat = " ".join(out.split())
     for name in names:
-        assert f"--{name.replace('_', '-')}" in out, name
+        flag = f"--{name.replace('_', '-')}"
+        assert flag in out, name
+        # Help from parallel_branches's docstring (its Args entry), not only a default.
+        what = helps.get(name, "")
+        assert len(what) > 10 and "``" not in what, (name, what)
+        assert f"{flag} VALUE {what} (default: " in flat or \
+            f"{flag} [VALUE] {what} (default: " in flat, (name, flat)
+        assert what.count("(") == what.count(")"), what
+    assert helps["max_streams"].startswith("most regions (and so streams) per parallel section")
+    assert "--verbose" in out and "full reasoning" in flat
+
+
+def test_verbose_prints_every_reason_in_full(capsys, examples_importable):
+    given = ("inspect", "examples.two_scans:two_scans", "--args",
+             "f32[64,64] f32[64,64] f32[100,64,64] f32[100,64,64]")
+    code, short, err = _cli(capsys, *given)
+    assert code == 0, err
+    code, verbose, err = _cli(capsys, *given, "--verbose")
+    assert code == 0, err
+    plan = jaxpar.inspect(jaxpar.parallel_branches(
+        load_function("examples.two_scans:two_scans")), target="gpu")(
+        *parse_arg_specs("f32[64,64] f32[64,64] f32[100,64,64] f32[100,64,64]"))
+    assert verbose.rstrip("\n") == plan.text(verbose=True)
+    assert short.rstrip("\n") == plan.text()
+    assert "python -m jaxpar inspect --verbose" in short
+    assert "left alone:" in verbose and "XLA options:" in verbose
 
 
 def test_options_reach_the_plan(capsys, examples_importable):
@@ -191,6 +220,8 @@ def test_demo_runs_end_to_end():
     assert "on a CPU it does not" in intro
     assert ("the GPU preview: a deviceless H200 compile" in intro) == (
         "GPU preview for `" in out)
+    # Without the plugin, why is said once (the intro), not once per story.
+    assert out.count("GPU preview skipped") + out.count("no GPU preview (") <= 1, out
     # Every story states its timing honestly: on the CPU the stories compile to jax.jit's
     # program, so no ratio (which would be noise) is printed.
     timings = [line for line in out.splitlines() if line.startswith(("on this", "time on"))]
@@ -200,9 +231,11 @@ def test_demo_runs_end_to_end():
     # One pair per story: the plan's header (inspect's figures) is the preview's "plan:"
     # line, the compile's pair is beside it, and the preview says which one decided. The
     # collective matmul is previewed too (rebuilt on a deviceless mesh), and agrees.
-    pair = r"est\. jax\.jit ([\d,.]+) us -> jaxpar ([\d,.]+) us"
-    headers = re.findall(r"^  " + pair + r" .*, from jaxpar's planning model", out, re.M)
-    plans = re.findall(r"^  plan: " + pair, out, re.M)
+    pair = r"\(estimated\): jax\.jit ([\d,.]+) us -> jaxpar ([\d,.]+) us"
+    headers = re.findall(r"^  [\w. ]+ " + pair + r" per run, from jaxpar's GPU planning model",
+                         out, re.M)
+    plans = re.findall(r"^  plan: [\w. ]+ " + pair, out, re.M)
+    assert len(headers) == 3, out
     from jaxpar._compiled import plugin_status
 
     assert len(plans) == (3 if plugin_status()[0] else 0)
@@ -299,7 +332,9 @@ def test_help_is_plain_text(capsys):
     code, out, _ = _cli(capsys, "--help")
     assert code == 0
     assert "``" not in out and "::" not in out
-    assert "jaxpar: run the independent parts of a JAX program concurrently." in out
+    # It leads with what jaxpar does by default: loops and members, then streams.
+    assert ("jaxpar: rewrites a JAX program for a GPU. By default it fuses, batches and "
+            "unrolls independent loops and batches independent members") in " ".join(out.split())
     assert "./model.py:step" in out
 
 

@@ -1,11 +1,26 @@
 """Every public name is documented, and every example and every code block of the docs runs.
 
-The python blocks of README.md and docs/*.md run in order, sharing one namespace per file
-(as a reader pasting them into one session would), each file in a folder of its own. The
-files share one process, started with 4 CPU devices, so JAX starts once: no block may
-change the process for the files after it (a block that sets `XLA_FLAGS` is skipped, see
-below). A block may be skipped only with a visible reason, written as a comment line just
-above it:
+The python blocks of README.md and docs/*.md run in order, each file in a folder of its
+own, and **each block on its own**: a fresh namespace per block, as a reader pasting that
+one block would run it, unless it is marked as continuing the one above (its text says
+so too):
+
+    <!-- doc-test: continues the block above -->
+
+They run as on a plain install (`pip install -e .`): a block may import (and make JAX or
+jaxpar import) nothing that only the test extras or the ecosystem packages provide
+(`pyproject.toml`'s `test` extra, `tests/requirements-ecosystem.txt`: flax, equinox,
+optax, flatbuffers, hypothesis, pytest), unless it says which it needs:
+
+    <!-- doc-test: needs flax, optax -->
+
+and then it is skipped, saying so, where they are not installed. The files share one
+process, started with 4 CPU devices, so JAX starts once; a block that must start a fresh
+process (it sets `XLA_FLAGS` before JAX starts) says so and runs in one of its own:
+
+    <!-- doc-test: own process (sets XLA_FLAGS before JAX starts) -->
+
+A block may be skipped only with a visible reason (a GPU it needs):
 
     <!-- doc-test: skip (needs a GPU) -->
 
@@ -13,8 +28,8 @@ and a block may ask for the CUDA PJRT plugin (gpu_preview's deviceless compiles)
 
     <!-- doc-test: needs the CUDA plugin -->
 
-which runs where the plugin is installed and is skipped, saying so, elsewhere.
-Shell blocks are not run.
+which runs where the plugin is installed and is skipped, saying so, elsewhere. Several
+marks stand on consecutive lines above a block. Shell blocks are not run.
 
 What a block prints, where the docs quote it, is checked against what it prints now, so
 the figures of the docs cannot drift from the code's. Two forms are checked:
@@ -53,6 +68,28 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_public_name_in_api_reference(name):
     api = (ROOT / "docs" / "api.md").read_text()
     assert re.search(rf"`jaxpar\.{re.escape(name)}\b", api), f"jaxpar.{name} is not in docs/api.md"
+
+
+@pytest.mark.parametrize("name", jaxpar.__all__)
+def test_public_name_has_a_heading_of_its_own(name):
+    # ParallelBranches's methods once sat under ProcessMismatchError, and TuneCacheWarning
+    # had no heading: each name's text is under its own heading, and names only itself.
+    api = (ROOT / "docs" / "api.md").read_text()
+    sections = re.split(r"^### ", api, flags=re.M)
+    own = [part for part in sections if re.match(rf"`jaxpar\.{re.escape(name)}\b", part)]
+    assert len(own) == 1, f"docs/api.md has {len(own)} headings for jaxpar.{name}"
+    for part in sections[1:]:  # no other heading says what it is ("`jaxpar.X`: a ...")
+        if not part.startswith(f"`jaxpar.{name}"):
+            assert not re.search(rf"`jaxpar\.{re.escape(name)}`: ", part), (name, part[:80])
+
+
+def test_parallel_branches_methods_are_under_its_heading():
+    api = (ROOT / "docs" / "api.md").read_text()
+    section = re.split(r"^### ", api.split("### `jaxpar.ParallelBranches`", 1)[1],
+                       maxsplit=1, flags=re.M)[0]
+    for method in ("trace(*args)", "lower(*args)", "eval_shape(*args)", "clear_cache()",
+                   "tuning(*args, **kwargs)"):
+        assert method in section, method
 
 
 def _public_functions() -> list[str]:
@@ -139,18 +176,81 @@ def test_collective_matmul_example_runs():
 DOC_FILES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
 _MARK = re.compile(r"<!-- doc-test: (skip \((?P<reason>[^)]+)\)|needs the CUDA plugin"
+                   r"|needs (?P<needs>[a-z_]+(?:, [a-z_]+)*)"
+                   r"|(?P<continues>continues the block above)"
+                   r"|(?P<own>own process \([^)]+\))"
                    r"|(?P<printed>printed by the block above)) -->\s*$")
 
-# Runs the blocks of each file in a namespace and folder of its own; reports, per file, the
-# first failure by block, and what each block printed (for the quoted outputs).
+
+def _requirement_names(lines: list[str]) -> list[str]:
+    """Distribution names of requirement lines (``flax==0.12.8; python_version < ...``)."""
+    names = []
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.append(re.split(r"[\s<>=!~;\[]", line, maxsplit=1)[0].lower())
+    return names
+
+
+def extra_modules() -> frozenset[str]:
+    """Top-level modules a plain install (``pip install -e .``) lacks: those of the test
+    extras and the ecosystem packages the tests install."""
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = set(_requirement_names(project["optional-dependencies"]["test"]))
+    wanted |= set(_requirement_names(
+        (ROOT / "tests" / "requirements-ecosystem.txt").read_text().splitlines()))
+    wanted -= {"ruff", "mypy"}  # tools, not modules a block could import
+    by_module = packages_distributions()
+    modules = {module for module, dists in by_module.items()
+               if {d.lower() for d in dists} & wanted}
+    # Names of packages not installed here still count (a block that imports them fails).
+    return frozenset(modules | {name.replace("-", "_") for name in wanted})
+
+
+# Runs the blocks of each file in a folder of its own, each block in a fresh namespace
+# unless it continues the one above; imports of what a plain install lacks fail unless the
+# block names them. Reports, per file, the first failure by block, and what each block
+# printed (for the quoted outputs).
 _RUNNER = """
-import contextlib, io, json, os, sys, traceback
+import builtins, contextlib, importlib.abc, io, json, os, sys, traceback
+given = json.load(sys.stdin)
+blocked, allowed = frozenset(given["blocked"]), set()
+real_import = builtins.__import__
+
+def refuse(name):
+    top = name.split(".")[0]
+    if top in blocked and top not in allowed:
+        raise ModuleNotFoundError(
+            f"No module named {top!r}: a plain install (pip install -e .) lacks it; the "
+            "block must not need it, or say so (<!-- doc-test: needs " + top + " -->)",
+            name=top)
+
+class PlainInstall(importlib.abc.MetaPathFinder):  # what JAX or jaxpar import for a block
+    def find_spec(self, name, path=None, target=None):
+        refuse(name)
+        return None
+
+def guarded_import(name, *args, **kwargs):  # the block's own imports, cached or not
+    if len(args) < 4 or args[3] == 0:
+        refuse(name)
+    return real_import(name, *args, **kwargs)
+
+sys.meta_path.insert(0, PlainInstall())
+guarded = dict(vars(builtins), __import__=guarded_import)
 results, printed = {}, {}
-for name, (folder, blocks) in json.load(sys.stdin).items():
+for name, (folder, blocks) in given["files"].items():
     os.chdir(folder)
-    namespace = {"__name__": "__main__"}
+    os.environ["JAXPAR_TUNE_DIR"] = os.path.join(folder, "tune")
+    namespace = None
     results[name], printed[name] = "", {}
     for block in blocks:
+        if namespace is None or not block["continues"]:
+            namespace = {"__name__": "__main__", "__builtins__": guarded}
+        allowed.clear()
+        allowed.update(block["needs"])
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
@@ -165,26 +265,43 @@ print("RESULTS=" + json.dumps({"failures": results, "printed": printed}))
 """
 
 
+def _marks_above(text: str, start: int) -> list[re.Match[str]]:
+    """The doc-test marks on the consecutive comment lines right above offset ``start``."""
+    marks = []
+    for line in reversed(text[:start].rstrip("\n").split("\n")):
+        mark = _MARK.search(line)
+        if not mark:
+            break
+        marks.append(mark)
+    return marks
+
+
 def doc_blocks(name: str) -> list[dict]:
-    """The python blocks of one file: code, first line, and the doc-test mark above it."""
+    """The python blocks of one file: code, first line, and the doc-test marks above it."""
     text = (ROOT / name).read_text()
     blocks = []
     for match in _FENCE.finditer(text):
         if match.group(1) != "python":
             continue
-        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        mark = _MARK.search(before)
+        marks = _marks_above(text, match.start())
         line = text.count("\n", 0, match.start()) + 2  # the block's first code line
         # Offset so tracebacks point at the line in the Markdown file.
         code = "\n" * (line - 1) + match.group(2)
+        needs = [need.strip() for m in marks if m.group("needs")
+                 for need in m.group("needs").split(",")]
         blocks.append({"file": name, "line": line, "code": code,
-                       "skip": mark.group("reason") if mark and mark.group("reason") else None,
-                       "needs_plugin": bool(mark and "CUDA plugin" in mark.group(0))})
+                       "skip": next((m.group("reason") for m in marks if m.group("reason")),
+                                    None),
+                       "needs_plugin": any("CUDA plugin" in m.group(0) for m in marks),
+                       "needs": needs,
+                       "continues": any(m.group("continues") for m in marks),
+                       "own_process": any(m.group("own") for m in marks)})
     return blocks
 
 
 def test_doc_files_are_found_and_marks_are_well_formed():
     assert "docs/guide.md" in DOC_FILES and "docs/quickstart.md" in DOC_FILES
+    assert any(block["continues"] for block in doc_blocks("docs/guide.md"))
     for name in DOC_FILES:
         for line in (ROOT / name).read_text().splitlines():
             if "doc-test:" in line:
@@ -192,22 +309,45 @@ def test_doc_files_are_found_and_marks_are_well_formed():
 
 
 def _blocks_to_run(name: str) -> tuple[list[dict], list[str]]:
-    """The blocks of one file this machine runs, and the skipped ones with their reasons."""
+    """The blocks of one file this machine runs in the shared process, and the skipped ones
+    with their reasons (``own process`` blocks run apart, ``_own_process_blocks``)."""
+    from importlib.util import find_spec
+
     from jaxpar._compiled import plugin_status
 
     plugin, why = plugin_status()
     blocks, skipped = [], []
     for block in doc_blocks(name):
+        missing = [need for need in block["needs"] if find_spec(need) is None]
         if block["skip"]:
             skipped.append(f"{name}:{block['line']}: {block['skip']}")
         elif block["needs_plugin"] and not plugin:
             skipped.append(f"{name}:{block['line']}: needs the CUDA plugin ({why})")
-        else:
+        elif missing:
+            skipped.append(f"{name}:{block['line']}: needs {', '.join(missing)} "
+                           "(not installed here)")
+        elif not block["own_process"]:
             blocks.append(block)
     return blocks, skipped
 
 
 _RUNS: dict[tuple[str, ...], tuple[dict[str, str], dict[str, dict[str, str]], str]] = {}
+
+
+def _run_blocks(files: dict[str, tuple[str, list[dict]]], cwd: Path
+                ) -> tuple[dict[str, str], dict[str, dict[str, str]], str]:
+    """Runs ``files``' blocks (name -> (folder, blocks)) in one fresh process; returns each
+    file's failure ("" when its blocks ran), what each block printed and the output."""
+    # Four CPU devices, so the guide's shard_map ring has neighbours.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
+           "JAX_NUM_CPU_DEVICES": "4"}
+    given = {"files": files, "blocked": sorted(extra_modules())}
+    result = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(given),
+                            capture_output=True, text=True, timeout=1800, cwd=cwd, env=env)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULTS=")]
+    results = json.loads(lines[-1][len("RESULTS="):]) if lines else {}
+    return (results.get("failures", {}), results.get("printed", {}),
+            f"exit code {result.returncode}: {result.stderr[-4000:]}")
 
 
 def _run_doc_files(names: tuple[str, ...], folder: Path
@@ -220,16 +360,7 @@ def _run_doc_files(names: tuple[str, ...], folder: Path
         for name in names:
             (folder / name).mkdir(parents=True)
             files[name] = (str(folder / name), _blocks_to_run(name)[0])
-        # Four CPU devices, so the guide's shard_map ring has neighbours.
-        env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
-               "JAX_NUM_CPU_DEVICES": "4"}
-        result = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(files),
-                                capture_output=True, text=True, timeout=1800, cwd=folder,
-                                env=env)
-        lines = [line for line in result.stdout.splitlines() if line.startswith("RESULTS=")]
-        results = json.loads(lines[-1][len("RESULTS="):]) if lines else {}
-        _RUNS[names] = (results.get("failures", {}), results.get("printed", {}),
-                        f"exit code {result.returncode}: {result.stderr[-4000:]}")
+        _RUNS[names] = _run_blocks(files, folder)
     return _RUNS[names]
 
 
@@ -247,9 +378,54 @@ def test_doc_code_blocks_run(name, request, tmp_path_factory):
                                          tmp_path_factory.mktemp("doc_blocks"))
     assert name in failures, f"the blocks of {name} did not run; the process ended with {output}"
     assert failures[name] == "", failures[name][-4000:]
+    for block in doc_blocks(name):  # those that start a process of their own
+        if not block["own_process"] or block["skip"]:
+            continue
+        folder = tmp_path_factory.mktemp("own_process")
+        alone = {name: (str(folder), [dict(block, continues=False)])}
+        failed, _, output = _run_blocks(alone, folder)
+        assert failed.get(name) == "", failed.get(name, output)[-4000:]
     skipped = _blocks_to_run(name)[1]
     if skipped:
         print("skipped doc blocks (with their reasons):", *skipped, sep="\n  ")
+
+
+def test_only_a_gpu_skips_a_doc_block():
+    # Every block runs here (in the shared process or its own) but those that need a GPU.
+    for name in DOC_FILES:
+        for block in doc_blocks(name):
+            assert block["skip"] is None or block["skip"].startswith("needs a GPU"), (
+                f"{name}:{block['line']}: skipped ({block['skip']}); run it, or it needs a GPU")
+
+
+def test_a_block_that_needs_what_a_plain_install_lacks_fails(tmp_path):
+    modules = extra_modules()
+    assert {"flax", "equinox", "optax", "flatbuffers"} <= modules
+    assert not {"jax", "jaxlib", "numpy", "jaxpar"} & modules
+    blocks = [
+        {"file": "x.md", "line": 1, "code": "import optax\n", "needs": [], "continues": False},
+        {"file": "y.md", "line": 1, "code": "import math\nx = 1\n", "needs": [],
+         "continues": False},
+        {"file": "y.md", "line": 5, "code": "x\n", "needs": [], "continues": False},
+        {"file": "z.md", "line": 1, "code": "x = 2\n", "needs": [], "continues": False},
+        {"file": "z.md", "line": 3, "code": "assert x == 2\n", "needs": [],
+         "continues": True},
+        # What JAX imports for a block counts too: serializing an export needs flatbuffers
+        # (the guide's export block once did).
+        {"file": "w.md", "line": 1, "code": (
+            "import jax, jax.numpy as jnp\nfrom jax import export\n"
+            "export.export(jax.jit(jnp.sin))(jnp.ones(2)).serialize()\n"),
+         "needs": [], "continues": False},
+    ]
+    files = {}
+    for name in ("x.md", "y.md", "z.md", "w.md"):
+        (tmp_path / name).mkdir()
+        files[name] = (str(tmp_path / name), [b for b in blocks if b["file"] == name])
+    failures, _, output = _run_blocks(files, tmp_path)
+    assert "a plain install (pip install -e .) lacks it" in failures["x.md"], output
+    assert "NameError" in failures["y.md"]  # a fresh namespace per block
+    assert failures["z.md"] == ""  # unless it continues the block above
+    assert "No module named 'flatbuffers': a plain install" in failures["w.md"], failures
 
 
 _PLACE = re.compile(r"[\w./<>-]+\.(?:py|md):\d+(?::\d+)?")
@@ -346,3 +522,25 @@ def test_quote_checks_find_a_stale_figure():
     text = {"form": "text", "text": "kept lhs: x1.756 at the pessimistic end"}
     assert quote_problem(text, "kept lhs: x1.756 at the\npessimistic end\n") == ""
     assert quote_problem(text, "kept lhs: x1.700 at the pessimistic end") != ""
+
+
+def test_the_test_commands_counts_come_from_the_script_itself():
+    # The README once said 2,782 tests in 9 min 12 s, the script's header 2,544 in 9 min
+    # 51 s, and the run printed 2,917 passed (and left out its skipped): the counts are what
+    # the script's summary line prints, and both quote that line's form; measurements live
+    # in docs/benchmarks.md only, with their dates.
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    readme = (ROOT / "README.md").read_text()
+    echo = re.search(r'^echo "summary: (.*)"$', script, re.M)
+    assert echo, "scripts/test.sh prints no summary line"
+    form = re.sub(r"\$\w+", "X", echo.group(1))
+    assert form == "X passed, X skipped, X failed; ruff and mypy: X"
+    for text in (readme, script):
+        quoted = re.search(r"summary: (N passed, M skipped, 0 failed; ruff and mypy: clean)",
+                           text)
+        assert quoted, "the summary line's form is not quoted"
+        assert re.sub(r"\b[NM0]\b|clean", "X", quoted.group(1)) == form
+        assert not re.search(r"\b\d[\d,]* (?:tests|passed)\b", text)
+        assert not re.search(r"\b\d+ min \d+ s\b", text)
+    assert "system-wide" in readme and "JAXPAR_TEST_BROWSER=0" in readme
+    assert "JAXPAR_TEST_BROWSER" in script

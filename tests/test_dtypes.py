@@ -79,7 +79,9 @@ def test_rewrites_keep_weak_types(program: Any, options: dict[str, Any]) -> None
 
 
 def test_fused_scans_with_weak_ys_are_fused() -> None:
-    plan = jaxpar.inspect(fused_unequal_lengths, target="gpu")(jnp.arange(7.0))
+    # Without unrolling: with unroll="auto" the model may rate the scans faster apart, and
+    # jaxpar then leaves the fusion out (test_pipeline).
+    plan = jaxpar.inspect(fused_unequal_lengths, target="gpu", unroll=None)(jnp.arange(7.0))
     assert any(d.pass_name == "fuse_scans" and d.kind == "fused" for d in plan.decisions)
 
 
@@ -147,12 +149,17 @@ def key_scans(ka: jax.Array, kb: jax.Array, a: jax.Array, b: jax.Array) -> Any:
             lax.scan(_key_step, kb, b, reverse=True))
 
 
-@pytest.mark.parametrize("options", [{"target": "gpu"}, {**FORCED, "batch_scans": False}],
+@pytest.mark.parametrize("options", [{"target": "gpu"},
+                                     {**FORCED, "batch_scans": False, "unroll": None}],
                          ids=["gpu", "forced-fused"])
 def test_key_carries_and_ys_through_scan_passes(options: dict[str, Any]) -> None:
     args = _key_args()
     plan = jaxpar.inspect(key_scans, **options)(*args)
-    assert {"fuse_scans"} <= {d.pass_name for d in plan.decisions if d.kind != "left alone"}
+    # The passes fused the scans; where the model rates the fused program slower (on the
+    # GPU target it does, 76.8 us against 71.5), jaxpar runs them apart and says so.
+    refused = [d for item in plan.memory.left_out for d in item.decisions]
+    made = {d.pass_name for d in (*plan.decisions, *refused) if d.kind != "left alone"}
+    assert {"fuse_scans"} <= made
     assert_like_jit(key_scans, args, **options)
 
 

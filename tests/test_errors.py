@@ -418,6 +418,26 @@ def test_string_where_an_array_belongs_is_named_with_its_value():
     assert "Traced with 2 argument(s): a: float32[4, 8], b: static str 'hello'." in message
     assert "argument `b` is a static str 'hello'" in message
     assert "pass one (jnp.asarray(...))" in message
+    # The message itself names it too, as jax.jit's does ("... at path b"): what
+    # str(error) and pytest.raises(match=...) read.
+    assert "at path b (static str 'hello')" in str(info.value)
+
+
+@pytest.mark.parametrize("how", ["positional", "keyword", "nested"])
+def test_inspect_names_a_string_argument_in_the_message(how):
+    def f(x, w):
+        return x @ (w["k"] if isinstance(w, dict) else w)
+
+    x = jnp.ones(3)
+    given = {"positional": ((x, "abc"), {}), "keyword": ((x,), {"w": "abc"}),
+             "nested": ((x, {"k": "abc"}), {})}[how]
+    with pytest.raises(TypeError) as info:
+        jaxpar.inspect(f)(*given[0], **given[1])
+    path = "w['k']" if how == "nested" else "w"
+    assert f"at path {path} (static str 'abc')" in str(info.value), str(info.value)
+    assert str(info.value).startswith("unsupported operand type(s) for @")
+    # One note and one naming, however often the error passes through jaxpar.
+    assert str(info.value).count("jaxpar: tracing") == 1
 
 
 def test_static_leaves_are_listed_with_their_paths():

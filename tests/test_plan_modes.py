@@ -107,7 +107,7 @@ def test_choose_mode_needs_the_margin_over_the_users_mode() -> None:
     kept = choose_mode({LHS: 100e-6, REGIONS: 100e-6 * (1 - MIN_GAIN / 2), OFF: 2e-4}, LHS)
     assert (kept.mode, kept.chosen, kept.xla_options) == (LHS, False, {})
     assert "kept the process's lhs mode" in kept.reason
-    assert "estimated, not measured on this GPU" in kept.reason
+    assert "estimated, not measured on a GPU" in kept.reason
     chosen = choose_mode({LHS: 100e-6, REGIONS: 90e-6, OFF: 95e-6}, LHS, measured=True)
     assert (chosen.mode, chosen.chosen) == (REGIONS, True)
     assert chosen.xla_options == REGIONS_OPTIONS
@@ -255,9 +255,11 @@ def test_built_in_figures_change_no_mode() -> None:
     ends = plan.mode.ends_of(REGIONS)
     assert ends is not None
     assert ends.optimistic_ratio < 1 - MIN_GAIN < ends.pessimistic_ratio
-    text = plan.text()
+    # The short form has no mode line where jaxpar keeps the mode; the long form says why.
+    assert "XLA options" not in plan.text()
+    text = plan.text(verbose=True)
     assert "at the pessimistic end of their ranges" in text
-    assert "estimated, not measured on this GPU" in text
+    assert "estimated, not measured on a GPU" in text
     assert plan.to_dict()["mode"]["ends"][0]["mode"] == "concurrent_regions"
     towers_plan = jaxpar.inspect(towers, target="gpu")(*specs(towers_args()))
     assert towers_plan.xla_options == {}
@@ -270,10 +272,15 @@ def test_small_independent_kernels_use_concurrent_regions_on_a_calibrated_gpu(
     assert plan.mode is not None and plan.mode.mode is REGIONS and plan.mode.measured
     ends = plan.mode.ends_of(REGIONS)
     assert ends is not None and ends.pessimistic_ratio <= 1 - MIN_GAIN
-    text = plan.text()
+    short = plan.text()
+    assert ("  XLA options: xla_gpu_command_buffer_scheduling_mode='CONCURRENT_REGIONS': this "
+            "function's CUDA graphs run in concurrent_regions mode (the process's: lhs): its "
+            "small independent kernels run as parallel CUDA-graph nodes") in short.splitlines()
+    assert "figures calibrated on this GPU; jaxpar's program with CUDA graphs in " \
+           "concurrent_regions mode, jax.jit's in the process's lhs" in short
+    text = plan.text(verbose=True)
     assert "XLA options: xla_gpu_command_buffer_scheduling_mode='CONCURRENT_REGIONS'" in text
     assert "over the model's ranges" in text and "not measured" not in text
-    assert "concurrent_regions graphs against the plain program in the user's lhs mode" in text
     assert plan.mode.plain_seconds is not None
     assert plan.mode.estimate(REGIONS) < plan.mode.plain_seconds
     assert plan.to_dict()["xla_options"] == REGIONS_OPTIONS
@@ -294,7 +301,7 @@ def test_a_chain_keeps_the_users_mode() -> None:
     plan = jaxpar.inspect(chain, target="gpu")(x)
     assert plan.xla_options == {}
     assert plan.mode is not None and not plan.mode.chosen
-    assert "XLA options: none" in plan.text()
+    assert "XLA options" not in plan.text() and "XLA options: none" in plan.text(verbose=True)
     # Graphs off is no candidate without stream regions holding loops (launched one by
     # one, the chain's first kernel would start sooner than after the graph's launch).
     assert plan.mode.estimate(OFF) is None and plan.mode.estimate(REGIONS) is not None

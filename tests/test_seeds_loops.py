@@ -1,8 +1,9 @@
 """The loop rewrites on the two-scan program, checked down to the compiled H200 loops.
 
 Plain: two `while` loops of 10,000 trips each. jaxpar with target="gpu" and default
-options: one loop with a known trip count of at most 10,000. Identical bodies: one loop
-running a batched matmul.
+options: the two loops unrolled apart (the model rates them faster than fused and unrolled
+half as far), at most 10,000 trips in all; without unrolling, one fused loop of 10,000
+trips. Identical bodies: one loop running a batched matmul.
 """
 
 from __future__ import annotations
@@ -43,16 +44,29 @@ def test_plain_two_scans_are_two_loops_of_10000_trips():
 
 
 @needs_plugin
-def test_default_gpu_options_leave_one_static_loop():
+def test_default_gpu_options_run_the_loops_the_plan_says_with_fewer_trips():
+    # By default the two scans are unrolled apart: with unroll="auto" the fused body (twice
+    # the kernels) is unrolled half as far, and the model rates the loops apart faster
+    # (the compile agrees: test_compiled_preview). The plan says so; the compiled loops
+    # are the plan's.
     fast = jaxpar.parallel_branches(seed_002, target="gpu")
     schedule = parse_schedule(compile_for_gpu(fast, *seed_002_specs()))
-    assert len(schedule.while_loops) == 1
-    (loop,) = schedule.while_loops
-    assert loop.known_trip_count is not None and loop.known_trip_count <= 10_000
     plan = jaxpar.inspect(fast)(*seed_002_specs())
     loops = [d for d in plan.decisions if d.kind not in SUBGRAPH_KINDS]
-    assert [d.kind for d in loops][:2] == ["fused", "unrolled"]
-    assert loops[0].trips_before == 20_000 and loops[0].trips_after == 10_000
+    assert [d.kind for d in loops] == ["unrolled", "unrolled"]
+    assert plan.memory is not None and [d.kind for d in plan.memory.left_out[0].decisions] == [
+        "fused"]
+    assert len(schedule.while_loops) == 2
+    assert sorted(loop.known_trip_count for loop in schedule.while_loops) == sorted(
+        d.trips_after for d in loops)
+    assert total_trips(schedule) <= 10_000  # plain: 20,000
+    # Without unrolling, fused: one loop of 10,000 trips.
+    fused = jaxpar.parallel_branches(seed_002, target="gpu", unroll=None)
+    schedule = parse_schedule(compile_for_gpu(fused, *seed_002_specs()))
+    assert [loop.known_trip_count for loop in schedule.while_loops] == [10_000]
+    decisions = jaxpar.inspect(fused)(*seed_002_specs()).decisions
+    assert decisions[0].kind == "fused"
+    assert decisions[0].trips_before == 20_000 and decisions[0].trips_after == 10_000
 
 
 @needs_plugin
@@ -87,7 +101,8 @@ def test_forward_and_reverse_scans_with_different_bodies():
     args = (jax.random.normal(keys[0], (4, 16)), jax.random.normal(keys[1], (4, 16)),
             jax.random.normal(keys[2], (50, 4, 16)), jax.random.normal(keys[3], (16, 16)) / 4,
             jax.random.normal(keys[4], (16, 16)) / 4)
-    fast = jaxpar.parallel_branches(forward_backward, target="gpu")
+    # Without unrolling, which the model rates faster apart here (test_pipeline).
+    fast = jaxpar.parallel_branches(forward_backward, target="gpu", unroll=None)
     assert next(d.kind for d in jaxpar.inspect(fast)(*args).decisions) == "fused"
     assert_same_outputs(fast, jax.jit(forward_backward), args,
                         tolerance={"rtol": 1e-6, "atol": 1e-6})
@@ -104,7 +119,7 @@ def test_scans_of_7000_and_10000_steps():
     args = (jax.random.normal(keys[0], (4, 4)) / 4, jax.random.normal(keys[1], (4, 4)) / 4,
             jax.random.normal(keys[2], (7_000, 4, 4)) / 4,
             jax.random.normal(keys[3], (10_000, 4, 4)) / 4)
-    fast = jaxpar.parallel_branches(unequal, target="gpu")
+    fast = jaxpar.parallel_branches(unequal, target="gpu", unroll=None)
     plan = jaxpar.inspect(fast)(*args)
     fused = [d for d in plan.decisions if d.kind == "fused"]
     assert fused and fused[0].trips_before == 17_000

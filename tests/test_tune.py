@@ -360,14 +360,25 @@ def test_read_only_runs_a_shipped_decision(monkeypatch, tune_dir):
     assert (tuning.source, tuning.chosen) == (_tune.STORED, REWRITE)
 
 
-def test_decision_files_are_readable_as_the_users_files_are(monkeypatch, tune_dir):
+def test_decision_files_are_readable_by_their_owner_only(monkeypatch, tune_dir):
     fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
     umask = os.umask(0o022)
     try:
         path = Path(tuned_loop().tuning(C, XS).path)
     finally:
         os.umask(umask)
-    assert path.stat().st_mode & 0o777 == 0o644
+    assert path.stat().st_mode & 0o777 == 0o600
+    # A file that replaces another (here a corrupt one a user made readable to all) is
+    # written anew, readable by its owner only.
+    path.write_text("{")
+    os.chmod(path, 0o644)
+    umask = os.umask(0o022)
+    try:
+        with pytest.warns(_tune.TuneCacheWarning, match="corrupt decision file"):
+            again = Path(tuned_loop().tuning(C, XS).path)
+    finally:
+        os.umask(umask)
+    assert again == path and path.stat().st_mode & 0o777 == 0o600
     assert json.loads(path.read_text())["processes"] == 1
 
 

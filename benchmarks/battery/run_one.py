@@ -100,7 +100,7 @@ def main():
         if pm is not None:
             out["model_plain"] = pm.plain_bytes
             out["model_jaxpar"] = pm.jaxpar_bytes
-            out["model_left_out"] = list(pm.left_out)
+            out["model_left_out"] = [item.line() for item in pm.left_out]
         out["preview_plan_text"] = p.plan.text()
     except Exception as e:
         out["preview_error"] = repr(e)[:2000]

@@ -11,6 +11,10 @@ batching, loop fusion) are left out that bring the program within the budget. A 
 row of the pass table names its kind (``_options.PassRow.rung``); ``LADDER`` is made
 from the rows.
 
+What was left out is kept as data (``LeftOut``: the kinds, the figure that decided it,
+and the rewrites the passes had made of them), so the report can show each refusal
+where the rewrite would have been; its words come from here only.
+
 Example::
 
     allowed = settings.memory.allowed(plain_bytes)   # _options.MemoryBudget: 10% or 1 MiB
@@ -32,19 +36,22 @@ from typing import Any
 from .._gpu_model import CommandBufferMode
 from .._memory import format_bytes
 from .._options import PASS_TABLE, PassRow, Rung, Settings
+from ..passes import PassDecision
 
-__all__ = ["LADDER", "MemoryFigures", "format_bytes", "ladder", "leave_out",
-           "mode_memory_reason", "over_budget"]
+__all__ = ["LADDER", "STREAM_SECTIONS", "LeftOut", "MemoryFigures", "format_bytes", "ladder",
+           "leave_out", "left_out_for_memory", "left_out_for_time", "mode_memory_reason",
+           "over_budget"]
 
 MIB = 2**20
 STREAMS = "streams"  # the first kind: stream sections (the planner's, not a pass)
+STREAM_SECTIONS = "stream sections"  # its name in LADDER, and the report's
 
 
 def ladder(passes: Sequence[PassRow] = PASS_TABLE) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """What may be left out while jaxpar's program needs more than the budget, the first
     first: stream sections (``STREAMS``), then each ``Rung`` with the passes whose rows
     name it, in table order."""
-    return (("stream sections", (STREAMS,)),
+    return ((STREAM_SECTIONS, (STREAMS,)),
             *((rung.value, tuple(row.name for row in passes if row.rung is rung))
               for rung in Rung))
 
@@ -64,6 +71,69 @@ def leave_out(settings: Settings, kinds: Iterable[tuple[str, tuple[str, ...]]]) 
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class LeftOut:
+    """Kinds of rewrite left out of jaxpar's program, and why.
+
+    Attributes:
+      kinds: the kinds left out (``LADDER``'s names: ``"stream sections"``, ``"loop
+        fusion"``, ...; ``"loop batching"`` for batched scans alone).
+      why: the figure that decided it, in words (``left_out_for_memory``,
+        ``left_out_for_time``).
+      decisions: the rewrites the passes had made of those kinds before they were left
+        out (as the passes made them, on the program with them); empty for stream
+        sections, which are the planner's.
+      memory: True where the memory budget left them out; False where jaxpar's program
+        is estimated no slower without them.
+    """
+
+    kinds: tuple[str, ...]
+    why: str
+    decisions: tuple[PassDecision, ...] = ()
+    memory: bool = True
+
+    @property
+    def rewrites(self) -> str:
+        """The kinds in words: ``"batching and loop fusion"``, ``"every rewrite"``."""
+        if len(self.kinds) == len(LADDER) and set(self.kinds) == {k for k, _ in LADDER}:
+            return "every rewrite"
+        return " and ".join(self.kinds)
+
+    def line(self) -> str:
+        """``loop fusion left out: <why>``."""
+        return f"{self.rewrites} left out: {self.why}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kinds": list(self.kinds), "why": self.why, "memory": self.memory,
+                "decisions": [d.kind.value for d in self.decisions]}
+
+
+def left_out_for_memory(kinds: tuple[str, ...], plain_bytes: float, needed_bytes: float,
+                        allowed: float, decisions: tuple[PassDecision, ...] = ()) -> LeftOut:
+    """``kinds`` left out because jaxpar's program with them (``needed_bytes`` of
+    temporaries) needed more than ``allowed`` beyond the plain program's ``plain_bytes``."""
+    item = LeftOut(kinds, "", decisions, memory=True)
+    why = (f"with {item.rewrites}, jaxpar's program would need est. "
+           f"{format_bytes(needed_bytes - plain_bytes)} more temporary memory than jax.jit's; "
+           f"the memory budget allows {format_bytes(allowed)} more (memory=... sets another)")
+    return dataclasses.replace(item, why=why)
+
+
+def left_out_for_time(kinds: tuple[str, ...], with_seconds: float, without_seconds: float,
+                      decisions: tuple[PassDecision, ...] = ()) -> LeftOut:
+    """``kinds`` left out because the model estimates jaxpar's program no slower without
+    them (``without_seconds`` per run against ``with_seconds``): a rewrite must pay."""
+    item = LeftOut(kinds, "", decisions, memory=False)
+    if f"{without_seconds * 1e6:,.1f}" == f"{with_seconds * 1e6:,.1f}":
+        why = (f"jaxpar's program is estimated no faster with {item.rewrites}: "
+               f"{without_seconds * 1e6:,.1f} us per run either way")
+    else:
+        why = (f"jaxpar's program is estimated faster without {item.rewrites}: "
+               f"{without_seconds * 1e6:,.1f} us per run against {with_seconds * 1e6:,.1f} "
+               "us with it")
+    return dataclasses.replace(item, why=why)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class MemoryFigures:
     """Estimated temporary memory of one plan against the plain program.
 
@@ -71,33 +141,49 @@ class MemoryFigures:
       plain_bytes: the plain program (the function as traced) in the user's mode.
       jaxpar_bytes: jaxpar's program in the mode it is compiled in.
       allowed_bytes: how many more bytes the budget allows (None: any).
-      left_out: the rewrites left out to keep to the budget, with what they would
-        have needed, one line each.
+      left_out: the kinds of rewrite left out of jaxpar's program (``LeftOut``): to keep
+        to the budget, or where its program is estimated no slower without them.
+      kept: why the program stays over the budget: the rewrites the user asked for by
+        name are kept, and what they cost (empty otherwise).
     """
 
     plain_bytes: float
     jaxpar_bytes: float
     allowed_bytes: float | None
-    left_out: tuple[str, ...] = ()
+    left_out: tuple[LeftOut, ...] = ()
+    kept: str = ""
 
     @property
     def fits(self) -> bool:
         return self.allowed_bytes is None or \
             self.jaxpar_bytes <= self.plain_bytes + self.allowed_bytes
 
+    @property
+    def over_bytes(self) -> float:
+        """How far jaxpar's program is over the budget (0 where it fits)."""
+        if self.allowed_bytes is None:
+            return 0.0
+        return max(0.0, self.jaxpar_bytes - self.plain_bytes - self.allowed_bytes)
+
     def line(self) -> str:
-        """``memory: est. temporaries A against B for the plain program (budget +C)``."""
-        budget = ("no budget" if self.allowed_bytes is None
-                  else f"budget +{format_bytes(self.allowed_bytes)}")
-        ratio = (f", x{self.jaxpar_bytes / self.plain_bytes:.2f}" if self.plain_bytes > 0
-                 else "")
-        return (f"memory: est. temporaries {format_bytes(self.jaxpar_bytes)} against "
-                f"{format_bytes(self.plain_bytes)} for the plain program ({budget}{ratio})")
+        """``memory: fits the budget: est. A of temporaries against B for jax.jit's
+        program (the budget allows C more)``, or ``over the budget by D``."""
+        figures = (f"est. {format_bytes(self.jaxpar_bytes)} of temporaries against "
+                   f"{format_bytes(self.plain_bytes)} for jax.jit's program")
+        if self.allowed_bytes is None:
+            return f"memory: {figures} (memory='any': no budget)"
+        budget = f"the budget allows {format_bytes(self.allowed_bytes)} more"
+        if self.fits:
+            return f"memory: fits the budget: {figures} ({budget})"
+        return (f"memory: over the budget by {format_bytes(self.over_bytes)}: {figures} "
+                f"({budget})" + (f"; {self.kept}" if self.kept else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"plain_bytes": self.plain_bytes, "jaxpar_bytes": self.jaxpar_bytes,
                 "allowed_bytes": self.allowed_bytes, "fits": self.fits,
-                "left_out": list(self.left_out)}
+                "left_out": [item.line() for item in self.left_out],
+                "left_out_records": [item.to_dict() for item in self.left_out],
+                "kept": self.kept}
 
 
 def over_budget(plain_bytes: float, ours: float, allowed: float | None,
@@ -106,7 +192,8 @@ def over_budget(plain_bytes: float, ours: float, allowed: float | None,
     if allowed is None or ours <= plain_bytes + allowed:
         return None
     return (f"{what} would need est. {format_bytes(ours - plain_bytes)} more temporary "
-            f"memory than the plain program (budget +{format_bytes(allowed)})")
+            f"memory than jax.jit's program; the memory budget allows "
+            f"{format_bytes(allowed)} more")
 
 
 def mode_memory_reason(mode: CommandBufferMode, plain_bytes: float, ours: float,

@@ -146,7 +146,7 @@ class ModeChoice:
       ends: each candidate's estimate against the user's mode at both ends of the
         model's ranges (``ModeEnds``).
       measured: whether the GPU's figures were measured on it (a calibration profile);
-        False: every choice is "estimated, not measured on this GPU".
+        False: every choice is "estimated, not measured on a GPU".
     """
 
     mode: CommandBufferMode
@@ -172,7 +172,7 @@ class ModeChoice:
         if found is not None:
             own += (f", x{found.pessimistic_ratio:.3f} to x{found.optimistic_ratio:.3f} of "
                     "it over the model's ranges")
-        label = "" if self.measured else "; estimated, not measured on this GPU"
+        label = "" if self.measured else "; estimated, not measured on a GPU"
         return (f"compiled in {self.mode.value} mode: {self.why}; est. jax.jit "
                 f"{plain_us:,.1f} us -> jaxpar {jaxpar_us:,.1f} us "
                 f"(x{jaxpar_us / plain_us:.3f}, the plan's estimate{own}){label}")
@@ -225,7 +225,7 @@ def choose_mode(estimates: Mapping[CommandBufferMode, float], user_mode: Command
     base = estimates[user_mode]
     ordered = ((user_mode, base), *((m, s) for m, s in estimates.items() if m is not user_mode))
     by_mode = {e.mode: e for e in ends}
-    label = "" if measured else "; estimated, not measured on this GPU"
+    label = "" if measured else "; estimated, not measured on a GPU"
 
     def holds(mode: CommandBufferMode, seconds: float) -> bool:
         if base <= 0 or seconds > base * (1 - MIN_GAIN) or mode in refused:

@@ -2,7 +2,8 @@
 
 The short report names a place per row: the attribute path of the module whose
 parameters the equation reads (``model.towers[1].linear1``: the path of the argument
-leaf, as JAX names traced arguments, without the parameter's own name), else the
+leaf, as JAX names traced arguments, without the parameter's own name; a dict's keys as
+written, ``rnn['fw_W']``; several, comma-separated), else the
 layer path of JAX's name stack (``TwoTowers/query/dense0``, a Flax Linen module or a
 ``jax.named_scope``), else the line of the user's code that made it (``model.py:12``),
 never a line inside Flax, Equinox or another installed package.
@@ -46,14 +47,17 @@ _SEGMENT = re.compile(r"^(?P<prim>[^#]+)#(?P<eqn>\d+)\.(?P<param>\w+)(?:\[(?P<it
 
 
 def attribute_path(name: str | None) -> str | None:
-    """The module an argument leaf belongs to, as the user writes it:
-    ``m.states[0]['towers'][1]['linear1']['kernel'].value`` -> ``m.towers[1].linear1``,
-    ``model.tower_b.dense.weight`` -> ``model.tower_b.dense``, ``params['w1']`` ->
-    ``params.w1``; None for a plain argument (``x``) or an unnamed one."""
+    """The module or container an argument leaf belongs to, as the user writes it:
+    ``m.states[0]['towers'][1]['linear1']['kernel'].value`` -> ``m.towers[1].linear1``
+    (an NNX state: attributes), ``model.tower_b.dense.weight`` -> ``model.tower_b.dense``,
+    ``params['w1']`` -> ``params['w1']`` and ``p['rnn']['fw_W']`` -> ``p['rnn']`` (a dict:
+    its keys as written); None for a plain argument (``x``) or an unnamed one."""
     if not name:
         return None
+    nnx = bool(_VALUE.search(name))  # a Flax NNX variable: its state's keys are attributes
     text = _VALUE.sub("", _NNX_STATES.sub(r"\g<head>", name))
-    text = _NAME_ITEM.sub(r".\g<name>", text)
+    if nnx:
+        text = _NAME_ITEM.sub(r".\g<name>", text)
     head = re.match(r"[A-Za-z_]\w*", text)
     if head is None:
         return None
@@ -118,8 +122,8 @@ class Places:
             return scope
         read = self._read(eqn)
         back = " (backward)" if _compat.backward(eqn) else ""
-        if read:
-            return " + ".join(read) + back
+        if read:  # the parameters it reads, each as the user names it
+            return ", ".join(path + back for path in read)
         try:
             key: Hashable = _compat.source_key(eqn)
         except Exception:  # no source information, or one that cannot be a key
@@ -139,7 +143,8 @@ class Places:
                  else list(indices))
         found: dict[str, None] = {}
         for i in order:
-            found.setdefault(self.of(eqns[i]), None)
+            for place in self.of(eqns[i]).split(", "):
+                found.setdefault(place, None)
             if len(found) >= _MAX_PLACES:
                 break
         return tuple(found)

@@ -21,14 +21,12 @@ import dataclasses
 import html
 import os
 import re
-from collections import Counter
 from typing import Any
 
 from .._options import DISABLE_VARIABLE, disabled_by_environment
 from .._plan import REASON_SYMBOLIC
-from ..passes import NEW_LOOP_KINDS, UNCHANGED_KINDS, PassDecision
+from ..passes import NEW_LOOP_KINDS, SUBGRAPH_KINDS, UNCHANGED_KINDS, DecisionKind, PassDecision
 from .render import (
-    decision_summary,
     decision_text,
     first_clause,
     place_list,
@@ -41,6 +39,11 @@ from .render import (
 )
 from .timeline import plan_estimate
 from .types import PlanEstimate, PlanRecord, loop_decisions, subgraph_decisions
+from .words import left_alone_lines, loop_line, refused_in, refused_line, sections_left_out
+
+# The refused rewrites shown under ``loops:`` and under ``subgraphs:``.
+_SUBGRAPH_REFUSALS = tuple(SUBGRAPH_KINDS)
+_LOOP_REFUSALS = tuple(kind for kind in DecisionKind if kind not in SUBGRAPH_KINDS)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,6 +114,12 @@ class Plan(PlanRecord):
     def text(self, verbose: bool = False) -> str:
         """The report as text: one short line per decision, or every detail.
 
+        The short form answers, in order: how much faster or slower than ``jax.jit`` (an
+        estimate, and from what), whether the memory fits, the XLA options where jaxpar
+        sets any, what was done to each loop and to independent members and what was
+        refused there and why, the stream sections, and the heaviest of what was left
+        alone.
+
         Args:
           verbose: the long form: each decision's full reasoning, cost figures, source
             lines and the equations of each member (``to_dict()`` has the same).
@@ -133,15 +142,11 @@ class Plan(PlanRecord):
             lines.append("  no estimate: the program's sizes are symbolic")
         else:
             lines.append(f"  {figure.line()}")
-        if self.mode is not None:
-            options = self.xla_options
-            shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
-                     else "none (the process's XLA_FLAGS)")
-            lines.append(f"  XLA options: {shown}: "
-                         f"{self.mode.line(figure.plain_us, figure.jaxpar_us)}")
+        lines.extend(_mode_lines(self, verbose))
         if self.memory is not None:
             lines.append(f"  {self.memory.line()}")
-            lines.extend(f"    {why}" for why in self.memory.left_out)
+            if verbose:
+                lines.extend(f"    {item.line()}" for item in self.memory.left_out)
         lines.extend(f"  forced: the GPU pricing would not emit this section: {why}"
                      for why in figure.rejected)
         if verbose:
@@ -225,14 +230,46 @@ def _off_gpu_wording(lines: list[str], target: str) -> list[str]:
     return worded
 
 
+def _mode_lines(plan: Plan, verbose: bool) -> list[str]:
+    """The XLA options line: in the short form only where jaxpar compiles the function
+    with options of its own (a CUDA-graph mode other than the process's); the long form
+    always, with the model's reasoning."""
+    mode = plan.mode
+    if mode is None:
+        return []
+    options = plan.xla_options
+    shown = (", ".join(f"{k}={v!r}" for k, v in options.items()) if options
+             else "none (the process's XLA_FLAGS)")
+    if verbose:
+        figure = plan.estimate
+        return [f"  XLA options: {shown}: {mode.line(figure.plain_us, figure.jaxpar_us)}"]
+    if not mode.chosen:
+        return []
+    why = mode.why or "as the command_buffers option says"
+    return [f"  XLA options: {shown}: this function's CUDA graphs run in {mode.mode.value} "
+            f"mode (the process's: {mode.user_mode.value}): {why}"]
+
+
 def _report_lines(plan: Plan, verbose: bool) -> list[str]:
-    """The report below the header: sections, collectives, rewrites, what was left alone.
+    """The report below the header: the rewrites of loops and members (with what was
+    refused there), sections, collectives, what was left alone.
 
     Short (the default): one line per decision, naming where in the user's model it is
     and the figure that decided it. Verbose: each decision's full reasoning, cost figures
     and source lines.
     """
-    lines = _section_lines(plan, verbose)
+    left_out = plan.memory.left_out if plan.memory is not None else ()
+    describe = decision_text if verbose else loop_line
+    lines: list[str] = []
+    for title, decisions, kinds in (
+            ("loops", loop_decisions(plan.decisions), _LOOP_REFUSALS),
+            ("subgraphs", subgraph_decisions(plan.decisions), _SUBGRAPH_REFUSALS)):
+        refused = refused_in(left_out, kinds)
+        if decisions or refused:
+            lines.append(f"  {title}:")
+            lines.extend(f"    {describe(d)}" for d in decisions)
+            lines.extend(f"    {refused_line(d, item)}" for d, item in refused)
+    lines += _section_lines(plan, verbose)
     if plan.collectives:
         lines.append("  collectives:")
         for c in plan.collectives:
@@ -241,12 +278,6 @@ def _report_lines(plan: Plan, verbose: bool) -> list[str]:
                          f"{' + '.join(c.primitives)} over {c.axis!r}"
                          + (f" ({c.directions})" if c.directions else "")
                          + (f", overlapped by [{beside}]" if beside and verbose else ""))
-    describe = decision_text if verbose else decision_summary
-    for title, decisions in (("loops", loop_decisions(plan.decisions)),
-                             ("subgraphs", subgraph_decisions(plan.decisions))):
-        if decisions:
-            lines.append(f"  {title}:")
-            lines.extend(f"    {describe(d)}" for d in decisions)
     if plan.left_alone and verbose:
         lines.append("  left alone:")
         for note in plan.left_alone:
@@ -260,19 +291,25 @@ def _report_lines(plan: Plan, verbose: bool) -> list[str]:
         for note in plan.left_alone:
             if note.reason == REASON_SYMBOLIC:
                 lines.append(f"  left alone: {note.reason}: {first_clause(note.detail)}")
-        if any(note.reason != REASON_SYMBOLIC for note in plan.left_alone):
-            lines.append(f"  {_left_alone_count(plan)}")
-    if not verbose and (plan.decisions or plan.left_alone):
-        lines.append("  (why, in full: print(plan.text(verbose=True)) or plan.to_dict())")
+        lines += left_alone_lines(plan.left_alone, dict(plan.options).get("min_cost_us"))
+    if not verbose and (plan.decisions or plan.left_alone or left_out):
+        lines.append("  (every reason in full: print(plan.text(verbose=True)), or "
+                     "python -m jaxpar inspect --verbose)")
     return lines
 
 
 def _section_lines(plan: Plan, verbose: bool) -> list[str]:
-    """``_report_lines``' first part: the stream sections and their regions."""
+    """``_report_lines``' stream sections and their regions (and, where the memory budget
+    left them out, why)."""
     lines = []
+    refused = sections_left_out(plan.memory.left_out) if plan.memory is not None else None
     if not plan.sections:
-        lines.append("  no parallel sections: nothing independent is worth a stream" if verbose
-                     else "  streams: none (nothing independent is worth a stream here)")
+        if refused is not None:
+            lines.append(f"  streams: none: stream sections left out: {refused.why}")
+        else:
+            lines.append("  no parallel sections: nothing independent is worth a stream"
+                         if verbose else
+                         "  streams: none (nothing independent is worth a stream here)")
     for section in plan.sections:
         if section.overlaps:
             lines.append(f"  section{_where(section.location)}: beside {section.overlaps}")
@@ -293,14 +330,6 @@ def _section_lines(plan: Plan, verbose: bool) -> list[str]:
                              f"{_places(region.places, region.source_lines)}, "
                              f"est. {region.cost_us:.1f} us")
     return lines
-
-
-def _left_alone_count(plan: Plan) -> str:
-    """``left alone: 3 (2 too cheap, 1 dependent; verbose=True lists them)``."""
-    reasons = Counter(note.reason for note in plan.left_alone
-                      if note.reason != REASON_SYMBOLIC)
-    counts = ", ".join(f"{n} {reason}" for reason, n in reasons.items())
-    return f"left alone: {sum(reasons.values())} ({counts}; verbose=True lists them)"
 
 
 def _decision_dict(decision: PassDecision) -> dict[str, Any]:

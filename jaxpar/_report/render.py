@@ -112,12 +112,25 @@ def place_list(places: tuple[str, ...] | list[str]) -> str:
     return ", ".join(places[:_MAX_PLACES]) + (f" (+{more} more)" if more > 0 else "")
 
 
-def first_clause(text: str, limit: int = 160) -> str:
-    """The first clause of a reason (up to ``:`` or ``;``), parentheticals dropped, and
-    equations told by kind rather than by number (``equations 0 and 9`` -> ``two
-    equations``): a short line names places, not jaxpr indices."""
-    clause = re.split(r"[:;] ", text, maxsplit=1)[0]
-    clause = re.sub(r" \([^()]*\)", "", clause).strip()
+def first_clause(text: str, limit: int = 160, clauses: int = 1) -> str:
+    """The first clause of a reason (up to ``:`` or ``;`` outside brackets; the first
+    ``clauses``, joined by their ``:``), parentheticals dropped, and equations told by kind
+    rather than by number (``equations 0 and 9`` -> ``two equations``): a short line names
+    places, not jaxpr indices."""
+    clause, depth, seen = text, 0, 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
+        if depth == 0 and char in ":;" and text[i + 1:i + 2] == " ":
+            seen += 1
+            if seen == clauses or char == ";":
+                clause = text[:i]
+                break
+    while True:  # innermost first: "(a (b) c)" goes whole
+        shorter = re.sub(r" \([^()]*\)", "", clause)
+        if shorter == clause:
+            break
+        clause = shorter
+    clause = clause.strip()
     clause = _EQUATION_PAIR.sub("two equations", clause)
     clause = _EQUATION.sub("an equation", clause)
     return clause if len(clause) <= limit else clause[: limit - 3].rstrip() + "..."

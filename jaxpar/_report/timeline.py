@@ -97,10 +97,12 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
         # On a GPU, the figure the CUDA-graph mode was chosen by (``_plan.modes``): the
         # rewritten program in jaxpar's mode against the plain one in the user's, loops
         # as XLA runs them (trips, unrolling, counter and slicing kernels, graphs).
-        source = (f"jaxpar's planning model, {mode.mode.value} graphs against the plain "
-                  f"program in the user's {mode.user_mode.value} mode; not a compile"
-                  if mode.mode is not mode.user_mode else
-                  f"jaxpar's planning model ({mode.mode.value} graphs), not a compile")
+        figures = ("figures calibrated on this GPU" if mode.measured
+                   else "public figures, not measured on a GPU")
+        graphs = (f"; jaxpar's program with CUDA graphs in {mode.mode.value} mode, "
+                  f"jax.jit's in the process's {mode.user_mode.value}"
+                  if mode.mode is not mode.user_mode else "")
+        source = f"jaxpar's GPU planning model ({figures}{graphs}); not a compile or a run"
         return PlanEstimate(mode.plain_seconds * 1e6, seconds * 1e6, source, rejected)
     levels = lay_out(plan, fit=False).levels if plan.steps else ()
     serial = levels[0].serial_us if levels else plan.total_cost_us
@@ -117,8 +119,8 @@ def plan_estimate(plan: PlanRecord) -> PlanEstimate:
     else:
         fast = makespan + sum(s.cut_cost_us or 0.0 for s in priced)
     plain = serial if plan.plain_cost_us is None else plan.plain_cost_us
-    source = (f"jaxpar's planning model ({plan.priced_in} graphs), not a compile"
-              if plan.priced_in else f"jaxpar's {plan.target} cost model, not a compile")
+    source = ("jaxpar's GPU planning model; not a compile or a run" if plan.priced_in
+              else f"jaxpar's {plan.target} cost model; not a compile or a run")
     return PlanEstimate(plain, fast, source, rejected)
 
 

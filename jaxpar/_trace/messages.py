@@ -139,6 +139,26 @@ _ARGUMENT_IN_ERROR = re.compile(r"depends on the values? of the arguments? (.+?)
 _SHOWN_ARGUMENTS = 8
 
 
+def name_string_leaves(fun: Callable[..., Any], sig: Signature, error: BaseException) -> None:
+    """Names a string leaf in ``error``'s own message, as ``jax.jit`` names an argument it
+    cannot take ("... passed to the function at path w"): a ``TypeError`` raised where a
+    string met an array operation reads, in ``str(error)``, as if the argument had vanished
+    (the note, shown under it in a traceback, says the rest). Only a ``TypeError`` or
+    ``AttributeError`` (what a string meeting an array operation raises) whose message is
+    its one argument."""
+    strings = [(index, value) for index, _, value in sig.layout.statics
+               if isinstance(value, (str, bytes))]
+    if not (strings and isinstance(error, (TypeError, AttributeError))
+            and len(error.args) == 1 and str(error) == error.args[0]):
+        return
+    paths = _leaf_paths(fun, sig.layout)
+    named = ", ".join(f"at path {paths[index] if paths is not None else f'leaf {index}'} "
+                      f"({_describe_static(value)})" for index, value in strings)
+    error.args = (f"{error.args[0]} (jaxpar: tracing {quoted_name(fun)} with a string "
+                  f"argument {named}, passed to it as a static Python value; if an array was "
+                  "meant, pass one)",)
+
+
 def trace_error_note(fun: Callable[..., Any], sig: Signature, error: BaseException) -> str:
     """jaxpar's context for an error raised tracing ``fun``, added to it as a note: the
     function and the argument JAX blames first, advice, then the arguments, shortened."""

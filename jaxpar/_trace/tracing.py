@@ -25,7 +25,7 @@ import jax
 from .. import _compat
 from .._compat import ClosedJaxpr
 from .arguments import Signature
-from .messages import trace_error_note
+from .messages import name_string_leaves, trace_error_note
 from .outputs import OutputStatics, split_outputs
 
 
@@ -69,6 +69,7 @@ def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
         note = trace_error_note(fun, sig, error)
         if note not in getattr(error, "__notes__", ()):  # one exception object raised again
             error.add_note(note)
+            name_string_leaves(fun, sig, error)
         raise
     finally:
         _tracing.depth -= 1
