@@ -148,7 +148,7 @@ def profile_of(m: dict[str, Any], chip: str, when: str) -> TpuProfile:
     extra_bytes = (256 * 256 - 100 * 100) * 4
     slice_bandwidth = extra_bytes / max(m["slice_256"] - m["slice_100"], 1e-12)
     rolled = m["tiny_rolled"]
-    ratios = tuple((k, round(t / rolled, 3)) for k, t in sorted(m["tiny_blocks"].items()))
+    ratios = tuple(sorted((int(k), round(t / rolled, 3)) for k, t in m["tiny_blocks"].items()))
     return TpuProfile(
         chip=chip, measured=f"measured on {chip} (jax {jax.__version__}, {when})",
         trip_s=trip, slice_s=slice_s, slice_bandwidth=slice_bandwidth,

@@ -5,9 +5,9 @@
 # a results folder; docs/benchmarks.md, "Measured on TPU v5e", quotes them.
 #
 # Usage (from the repository root, on a TPU machine with jax installed):
-#     bash benchmarks/tpu.sh [RESULTS_DIR] [PARTS]
+#     bash benchmarks/tpu.sh [--dry-run] [RESULTS_DIR] [PARTS]
 #   PARTS: comma-separated among calibrate,seeds,suite,dispatch,battery,tune (default all)
-#   --dry-run as RESULTS_DIR: every step at tiny sizes on this machine's CPU (a test runs it)
+#   --dry-run: every step at tiny sizes on this machine's CPU (a test runs it)
 #
 # It runs $PYTHON (default python3) with jaxpar from this tree (PYTHONPATH gets the repository root first) and needs flax,
 # optax and equinox for the suite's framework programs: where they are missing it
@@ -18,9 +18,11 @@ set -uo pipefail
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 quick=()
-out=${1:-benchmarks/results/tpu-$(date +%Y%m%d-%H%M%S)}
-if [ "$out" = "--dry-run" ]; then
-  quick=(--quick); out=$(mktemp -d); export JAX_PLATFORMS=cpu
+if [ "${1:-}" = "--dry-run" ]; then
+  quick=(--quick); export JAX_PLATFORMS=cpu; shift
+  out=${1:-$(mktemp -d)}
+else
+  out=${1:-benchmarks/results/tpu-$(date +%Y%m%d-%H%M%S)}
 fi
 parts=${2:-calibrate,seeds,suite,dispatch,battery,tune}
 mkdir -p "$out"
@@ -50,7 +52,8 @@ run() {  # $1 = name, rest = command
 for part in ${parts//,/ }; do
   case $part in
     calibrate) run calibrate "$PY" benchmarks/calibrate_tpu.py --json "$out/calibration.json" "${quick[@]}" ;;
-    dispatch) run dispatch "$PY" benchmarks/dispatch.py --json "$out/dispatch.json" --budget 150 ;;
+    dispatch) run dispatch "$PY" benchmarks/dispatch.py --json "$out/dispatch.json" --budget 150 \
+                ${quick:+--rounds 1 --calls 3} ;;
     seeds|suite|battery|tune) run "$part" "$PY" benchmarks/tpu.py --parts "$part" --out "$out" "${quick[@]}" ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

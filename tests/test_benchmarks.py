@@ -117,17 +117,47 @@ def test_overhead_floor_accounts_for_each_call(tmp_path: Any) -> None:
 
 
 def test_dispatch_times_every_variant_of_every_program(tmp_path: Any) -> None:
-    """benchmarks/dispatch.py, a few calls: each program's variants compute jax.jit's
-    numbers, and the JSON holds a time and a ratio per variant (values unchecked)."""
+    """benchmarks/dispatch.py, a few calls: each program's variants compute the same
+    numbers, and the JSON holds issue and loop times and ratios per variant."""
     dispatch = load_benchmark("dispatch")
     path = tmp_path / "dispatch.json"
-    returned = dispatch.main(["--calls", "3", "--repeats", "1", "--json", str(path)])
+    returned = dispatch.main(["--calls", "3", "--rounds", "1", "--json", str(path)])
     written = json.loads(path.read_text())
     assert list(written["programs"]) == list(returned["programs"]) == list(dispatch.PROGRAMS)
-    for entry in written["programs"].values():
-        assert set(entry["us_per_call"]) == set(entry["ratio_vs_jit"]) == set(dispatch.VARIANTS)
+    for name, entry in written["programs"].items():
+        assert "error" not in entry, (name, entry)
+        assert "jaxpar" in entry["issue_us"] and entry["base"] in entry["issue_us"]
+        assert set(entry["issue_us"]) == set(entry["loop_us"]) == set(entry["loop_ratio"])
         assert all(diff < 1e-5 for diff in entry["max_abs_diff"].values()), entry
-        assert entry["ratio_vs_jit"]["jax.jit"] == 1.0
+        assert entry["loop_ratio"][entry["base"]] == 1.0
+    assert written["geomean jaxpar"]["loop"] > 0
+
+
+def test_tpu_script_dry_run(tmp_path: Any) -> None:
+    """``benchmarks/tpu.sh --dry-run`` on the CPU: the calibration writes a TPU profile's
+    figures, and the seed part times plain, jaxpar and the hand-written variants of the
+    four two-scan programs with values compared."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    results = tmp_path / "results"
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(root / "benchmarks" / "tpu.sh"), "--dry-run",
+                           str(results), "calibrate,seeds"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    calibration = json.loads((results / "calibration.json").read_text())
+    assert set(calibration["profile"]) >= {"trip_s", "slice_s", "write_s", "dot_s",
+                                           "block_ratios"}
+    seeds = json.loads((results / "tpu-seeds.json").read_text())
+    assert set(seeds) == {"seed identical bodies", "seed different bodies",
+                          "crossed operand orders", "three matmuls each"}
+    identical = seeds["seed identical bodies"]
+    assert {"jax.jit", "jaxpar", "hand vmap (seed test3)"} <= set(identical["loop_ratio"])
+    assert all(all(entry["values_match"].values()) for entry in seeds.values())
 
 
 def test_gpu_script_dry_run(tmp_path: Any) -> None:
