@@ -25,7 +25,6 @@ Sharp edges:
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +33,7 @@ import jax.extend.core.primitives as _exported
 from jax import lax as _lax
 
 from . import _compat, _ops
+from ._channel import CHANNEL
 from ._compat import JaxprEqn
 
 # The attribute names each family was built from, and those this jax lacks (for tests).
@@ -118,7 +118,6 @@ COLLECTIVE = _family(
 AXES_REDUCTIONS = _family("AXES_REDUCTIONS", "psum_p", "pmax_p", "pmin_p")
 
 
-_local = threading.local()
 
 
 @contextlib.contextmanager
@@ -126,12 +125,12 @@ def local_axes(names: frozenset[Any]) -> Iterator[None]:
     """While planning a function called under ``jax.vmap(..., axis_name=n)``: ``n`` is
     mapped on this device, so a ``psum``/``pmax``/``pmin`` over it communicates nothing
     (see ``_compat.vmap_axis_names``)."""
-    saved: frozenset[Any] = getattr(_local, "names", frozenset())
-    _local.names = saved | names
+    saved: frozenset[Any] = CHANNEL.local_axes
+    CHANNEL.local_axes = saved | names
     try:
         yield
     finally:
-        _local.names = saved
+        CHANNEL.local_axes = saved
 
 
 def is_collective(eqn: JaxprEqn) -> bool:
@@ -143,7 +142,7 @@ def is_collective(eqn: JaxprEqn) -> bool:
     if name not in COLLECTIVE:
         return False
     if name in AXES_REDUCTIONS:
-        local: frozenset[Any] = getattr(_local, "names", frozenset())
+        local: frozenset[Any] = CHANNEL.local_axes
         axes = eqn.params.get("axes", ("?",))
         return not all(isinstance(axis, int) or axis in local for axis in axes)
     return True

@@ -270,7 +270,7 @@ def test_no_pass_imports_a_sibling_pass() -> None:
 # docs/design.md's drawing, top to bottom: a module imports only modules of its own
 # layer or above. Every module must be placed (a new module needs a place in both).
 LAYERS = (
-    ("_memo", "_deprecations"),
+    ("_memo", "_deprecations", "_channel"),
     ("_compat.jaxprs",), ("_compat.avals",), ("_compat.sources",), ("_compat.tracing",),
     ("_compat.loops",), ("_compat.shard_map",), ("_compat.xla_metadata",), ("_compat.rules",),
     ("_compat.jit",), ("_compat",),
@@ -534,3 +534,14 @@ def test_each_test_module_is_named_after_what_it_tests() -> None:
 ])
 def test_the_name_reader(stem: str, subject: str | None) -> None:
     assert subject_of(stem, _module_subjects(), CROSS_MODULE_SUBJECTS) == subject
+
+
+def test_one_per_thread_channel() -> None:
+    """Per-thread state travels in one place: the package's one ``threading.local`` is
+    ``jaxpar._channel``'s (one owner of what a call tells its traces)."""
+    made = [name for name, path in _modules().items()
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("threading.local")
+            or isinstance(node, ast.ClassDef) and any(
+                ast.unparse(base).endswith("threading.local") for base in node.bases)]
+    assert made == ["jaxpar._channel"]

@@ -1,9 +1,6 @@
-"""The one per-thread channel between a decorated function's calls and the traces they start.
-
-A call and the trace it starts run in one thread, but JAX sits between them (``jax.jit``
-traces the function it was given), so what a trace must know about its call travels
-here: whether it is the body of a user's ``on_stream`` call, which function's trace is
-compiled with its plan's XLA options, and which traces closed over another trace's values.
+"""What a decorated function's calls tell the traces they start, through jaxpar's one
+per-thread channel (``jaxpar._channel``): whether a trace is the body of a user's
+``on_stream`` call, and which function's trace is compiled with its plan's XLA options.
 
 Example::
 
@@ -14,25 +11,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-
-class _Channel(threading.local):
-    """Per thread: ``stream_depth``, how many ``on_stream`` bodies are being traced;
-    ``options_owner``, the call state whose trace a jit compiles with the plan's XLA
-    options (no ``XlaOptionsNotAppliedWarning`` is due for it); ``traced_consts``, the ids of
-    call states whose last trace closed over another trace's tracers (``jax.jit`` must not
-    reuse it)."""
-
-    def __init__(self) -> None:
-        self.stream_depth = 0
-        self.options_owner: Any = None
-        self.traced_consts: set[int] = set()
-
-
-CHANNEL = _Channel()
+from .._channel import CHANNEL
 
 
 def inside_stream_call() -> bool:

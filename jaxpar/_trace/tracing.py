@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from .. import _compat
+from .._channel import CHANNEL
 from .._compat import ClosedJaxpr
 from .arguments import Signature
 from .messages import name_string_leaves, trace_error_note
@@ -36,13 +36,12 @@ class Traced:
     consts_are_tracers: bool
 
 
-_tracing = threading.local()
 
 
 def tracing_for_a_plan() -> bool:
     """Whether jaxpar is tracing a function to plan it (on this thread): a decorated
     function called inside is part of that function's program."""
-    return getattr(_tracing, "depth", 0) > 0
+    return CHANNEL.plan_depth > 0
 
 
 def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
@@ -60,7 +59,7 @@ def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
         return flat_out
 
     args, kwargs = layout.traced_arguments(sig.avals)
-    _tracing.depth = getattr(_tracing, "depth", 0) + 1
+    CHANNEL.plan_depth += 1
     try:
         jaxpr = jax.make_jaxpr(call)(*args, **kwargs)
     except Exception as error:
@@ -72,6 +71,6 @@ def trace(fun: Callable[..., Any], sig: Signature) -> Traced:
             name_string_leaves(fun, sig, error)
         raise
     finally:
-        _tracing.depth -= 1
+        CHANNEL.plan_depth -= 1
     _, consts = _compat.open_jaxpr(jaxpr)
     return Traced(jaxpr, out_tree_box[-1], any(_compat.is_tracer(c) for c in consts))
