@@ -541,7 +541,7 @@ def test_one_per_thread_channel() -> None:
     ``jaxpar._channel``'s (one owner of what a call tells its traces)."""
     made = [name for name, path in _modules().items()
             for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("threading.local")
-            or isinstance(node, ast.ClassDef) and any(
-                ast.unparse(base).endswith("threading.local") for base in node.bases)]
+            if (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("threading.local"))
+            or (isinstance(node, ast.ClassDef) and any(
+                ast.unparse(base).endswith("threading.local") for base in node.bases))]
     assert made == ["jaxpar._channel"]
