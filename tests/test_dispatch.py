@@ -141,6 +141,29 @@ def test_flax_nnx_objects_are_split_and_written_back_every_call():
     assert g.analyses == 1
 
 
+def test_nnx_calls_with_and_without_static_values_alternate():
+    """After calls routed to nnx.jit, a call holding a static value (which nnx.jit
+    refuses) takes jaxpar's split, and the next plain one nnx.jit again; state written
+    back every time."""
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Counter(nnx.Module):
+        def __init__(self):
+            self.count = nnx.Variable(jnp.zeros(()))
+
+        def __call__(self, x, scale=1.0):
+            self.count.value = self.count.value + 1
+            return x * scale
+
+    model = Counter()
+    g = jaxpar.parallel_branches(lambda m, x, how: m(x, 2.0 if how == "double" else 1.0))
+    x = jnp.arange(3.0)
+    assert_tree_equal(g(model, x, 1), x)        # arrays and a Python scalar: nnx.jit
+    assert_tree_equal(g(model, x, "double"), x * 2)  # a string: jaxpar's split
+    assert_tree_equal(g(model, x, 1), x)
+    assert float(model.count.value) == 3
+
+
 def test_equinox_calls_never_block(monkeypatch):
     eqx = pytest.importorskip("equinox")
     model = eqx.nn.MLP(4, 2, 8, 2, key=jax.random.key(0))  # an activation: a static leaf

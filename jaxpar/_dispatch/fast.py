@@ -44,7 +44,7 @@ import jax
 from .. import _compat
 from .._compat import Miss, RoutedJit, routed_jit
 from .._flags import environment_reader
-from .._frameworks import holds_nnx_object, is_nnx_object
+from .._frameworks import holds_nnx_object, is_nnx_object, nnx_arguments
 from .._gpu_model import PROFILE_DIR_VARIABLE, local_gpu_kind, local_profile_stamp
 from .._options import DISABLE_VARIABLE, Settings, disabled_by_environment
 from .._trace import (
@@ -387,11 +387,15 @@ def flat_call(state: CallState, fast: FastPath, layout: Layout, nnx: bool,
 
 def _nnx_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Any:
-    """A top-level call with Flax NNX objects: run by ``nnx.jit`` (which splits them, and
-    writes back the state the call changed) around the keyed path, so jaxpar's plan is
-    made in ``nnx.jit``'s trace and a call costs what ``nnx.jit``'s costs; the function's
-    call then sends calls whose arguments are NNX objects there directly
-    (``_nnx_router``)."""
+    """A top-level call with Flax NNX objects. Where their other leaves are arrays and
+    Python scalars: run by ``nnx.jit`` (which splits the objects, and writes back the
+    state the call changed) around the keyed path, so jaxpar's plan is made in
+    ``nnx.jit``'s trace and a call costs what ``nnx.jit``'s costs, and the function's call
+    then sends such calls there directly (``_nnx_router``). With static values of
+    jaxpar's among them (a config object, a string), which ``nnx.jit`` would refuse:
+    split as ``nnx.jit`` splits the objects and run in the flat jit."""
+    if not _plain_besides_nnx(state, args, kwargs):
+        return _nnx_flat_call(state, fast, args, kwargs)
     if fast.nnx_jitted is None:
         from flax import nnx
 
@@ -407,21 +411,49 @@ def _nnx_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
     kinds = frozenset(type(value) for value in (*args, *kwargs.values())
                       if is_nnx_object(value))
     if kinds:
-        state.call = functools.partial(_nnx_router, fast.routed.call, fast.nnx_jitted, kinds)
+        state.call = functools.partial(_nnx_router, fast.routed.call, fast.nnx_jitted,
+                                       kinds | _ROUTED_LEAVES)
     return fast.nnx_jitted(*args, **kwargs)
+
+
+# Argument types ``_nnx_router`` sends to ``nnx.jit`` beside the NNX objects' own.
+_ROUTED_LEAVES = frozenset({_compat.ARRAY_IMPL, bool, int, float, complex})
+
+
+def _plain_besides_nnx(state: CallState, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> bool:
+    """Whether every leaf of the call's arguments (static arguments aside) is an NNX
+    object, an array or a Python scalar."""
+    marked = state.static_args.mark(args, kwargs)
+    leaves = jax.tree_util.tree_leaves(marked, is_leaf=is_nnx_object)
+    return all(isinstance(leaf, (jax.Array, StaticArg, bool, int, float, complex))
+               or is_nnx_object(leaf) for leaf in leaves)
 
 
 def _nnx_router(call: Any, nnx_jitted: Any, kinds: frozenset[type], *args: Any,
                 **kwargs: Any) -> Any:
-    """The call of a function whose calls pass Flax NNX objects: ``nnx.jit``'s where an
-    argument is one (by its type), JAX's C++ dispatch otherwise."""
-    for value in args:
-        if type(value) in kinds:
-            return nnx_jitted(*args, **kwargs)
-    for value in kwargs.values():
-        if type(value) in kinds:
-            return nnx_jitted(*args, **kwargs)
-    return call(*args, **kwargs)
+    """The call of a function whose calls pass Flax NNX objects: ``nnx.jit``'s where every
+    argument is an NNX object (of a kind seen), an array or a Python scalar, by type, and
+    one is an NNX object; otherwise the C++ dispatch (whose miss routes the rest)."""
+    nnx = False
+    for value in (*args, *kwargs.values()):
+        kind = type(value)
+        if kind not in kinds:
+            return call(*args, **kwargs)
+        nnx = nnx or kind not in _ROUTED_LEAVES
+    return nnx_jitted(*args, **kwargs) if nnx else call(*args, **kwargs)
+
+
+def _nnx_flat_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Any:
+    """An NNX call with static values: the objects split as ``nnx.jit`` splits them, the
+    call in the flat jit, the state it changed written back."""
+    with nnx_arguments(state.nnx_tag, state.fun, args, kwargs) as (fun, pure_args,
+                                                                     pure_kwargs, nnx_call):
+        layout, leaves = split_arguments(fun, pure_args, pure_kwargs, state.static_args)
+        out = flat_call(state, fast, layout, True, leaves, pure_args, pure_kwargs)
+        assert nnx_call is not None
+        return nnx_call.from_pure(out)
 
 
 def _nnx_jit_options(state: CallState) -> dict[str, Any]:
