@@ -6,12 +6,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from helpers.lowered import all_equations
 from jax.experimental.xla_metadata import set_xla_metadata
 
 import jaxpar
@@ -22,13 +22,6 @@ try:  # jax >= 0.11
 except ImportError:  # jax 0.8 - 0.10
     from jax.experimental.scheduling_groups import xla_metadata_call
 
-
-def _equations(jaxpr: Any) -> Iterator[Any]:
-    inner, _ = _compat.open_jaxpr(jaxpr)
-    for eqn in inner.eqns:
-        yield eqn
-        for _, _, sub in _compat.eqn_subjaxprs(eqn):
-            yield from _equations(sub)
 
 
 def _placed(x: jax.Array) -> jax.Array:
@@ -45,7 +38,7 @@ def test_has_jax_frontend_attributes_is_the_truth_of_jax_frontend_attributes() -
     programs = [jax.make_jaxpr(_placed)(x),
                 jax.make_jaxpr(jax.grad(lambda v: _placed(v).sum()))(x)]
     answers = [(_compat.has_jax_frontend_attributes(e), bool(_compat.jax_frontend_attributes(e)))
-               for program in programs for e in _equations(program)]
+               for program in programs for e in all_equations(program)]
     assert [a for a in answers if a[0] != a[1]] == []
     assert sum(a for a, _ in answers) >= 3  # the metadata, both calls' attributes
     assert sum(not a for a, _ in answers) >= 4  # and plain equations
@@ -64,7 +57,7 @@ def test_equal_source_keys_have_equal_summaries() -> None:
     for program in (jax.make_jaxpr(_lines)(x),
                     jax.make_jaxpr(jax.grad(lambda v: _lines(v).sum()))(x)):
         summaries: dict[Any, str] = {}
-        eqns = list(_equations(program))
+        eqns = list(all_equations(program))
         for eqn in eqns:
             summary = _compat.source_summary(eqn)
             assert summaries.setdefault(_compat.source_key(eqn), summary) == summary

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+from helpers.lowered import all_equations
 from jax.experimental.xla_metadata import set_xla_metadata
 
 import jaxpar
@@ -21,13 +21,6 @@ try:  # jax >= 0.11
 except ImportError:  # jax 0.8 - 0.10
     from jax.experimental.scheduling_groups import xla_metadata_call
 
-
-def _equations(jaxpr: Any) -> Iterator[Any]:
-    inner, _ = _compat.open_jaxpr(jaxpr)
-    for eqn in inner.eqns:
-        yield eqn
-        for _, _, sub in _compat.eqn_subjaxprs(eqn):
-            yield from _equations(sub)
 
 
 def _placed(x: jax.Array) -> jax.Array:
@@ -44,7 +37,7 @@ def test_has_frontend_attributes_is_the_truth_of_eqn_frontend_attributes() -> No
     programs = [jax.make_jaxpr(_placed)(x),
                 jax.make_jaxpr(jax.grad(lambda v: _placed(v).sum()))(x)]
     answers = [(_ops.has_frontend_attributes(e), bool(_ops.eqn_frontend_attributes(e)))
-               for program in programs for e in _equations(program)]
+               for program in programs for e in all_equations(program)]
     assert [a for a in answers if a[0] != a[1]] == []
     assert sum(a for a, _ in answers) >= 4  # metadata, both calls' attributes, the stream
     assert sum(not a for a, _ in answers) >= 4  # and plain equations
@@ -69,7 +62,7 @@ def test_a_region_carries_its_own_attributes_after_the_scope_s() -> None:
         with set_xla_metadata(note="outer", other="scope"):
             return _ops.bind_stream_region(lambda a: [a @ a], [v], region)[0]
 
-    (eqn,) = [e for e in _equations(jax.make_jaxpr(scoped)(jnp.ones((8, 8))))
+    (eqn,) = [e for e in all_equations(jax.make_jaxpr(scoped)(jnp.ones((8, 8))))
               if e.primitive is _ops.stream_region_p]
     assert _compat.jax_frontend_attributes(eqn) == {"note": "outer", "other": "scope"}
     assert _ops.eqn_frontend_attributes(eqn) == {

@@ -16,7 +16,7 @@ Sharp edges:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -125,3 +125,13 @@ def canonical_jaxpr_text(closed: Any) -> str:
     # equations (``GroupIds(id=N)``), depending on how JAX prints them.
     return re.sub(r"(_scheduling_group_id\W{1,4}|GroupIds\(id=)(\d+)", renumber, str(closed))
 
+
+def all_equations(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and of the jaxprs its equations hold, depth first."""
+    from jaxpar import _compat
+
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    for eqn in inner.eqns:
+        yield eqn
+        for _, _, sub in _compat.eqn_subjaxprs(eqn):
+            yield from all_equations(sub)
