@@ -162,8 +162,12 @@ def memo_split(state: CallState, fast: FastPath, args: tuple[Any, ...],
     return None if found is None else (found, leaves)
 
 
-def _static_value(leaf: Any) -> Any:
-    return leaf.value if isinstance(leaf, StaticArg) else leaf
+def _static_value(leaf: Any) -> tuple[type, Any]:
+    """A static leaf's key: its value and the value's type, as ``Layout.statics`` and
+    ``jax.jit`` key it (``1 == 1.0 == True``; a ``static_argnums`` value's type is not in
+    the leaf types, which show ``StaticArg``)."""
+    value = leaf.value if isinstance(leaf, StaticArg) else leaf
+    return type(value), value
 
 
 def _remember_split(state: CallState, fast: FastPath, layout: Layout, args: tuple[Any, ...],

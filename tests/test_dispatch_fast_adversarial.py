@@ -1,0 +1,56 @@
+"""Adversarial tests of a decorated function's top-level call path (``_dispatch.fast``:
+the C++ dispatch, ``route`` and the remembered splits of ``memo_split``) against
+``jax.jit`` of the same function."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxpar
+
+
+def _by_type(x: Any, n: Any) -> Any:
+    return x * 0 + {int: 1.0, float: 2.0, bool: 3.0}[type(n)]
+
+
+def test_a_static_arguments_type_keys_the_remembered_split_as_it_keys_jax_jit() -> None:
+    # 1 == 1.0 == True: the remembered split of the call with n=1 served n=1.0 and n=True
+    # (a string beside them makes jaxpar split the call).
+    x = jnp.arange(3.0)
+    jitted = jax.jit(_by_type, static_argnums=1)
+    decorated = jaxpar.parallel_branches(lambda x, n, label: _by_type(x, n), static_argnums=1)
+    for n in (1, 1.0, True, 1):
+        np.testing.assert_array_equal(decorated(x, n, "label"), jitted(x, n))
+    by_name = jaxpar.parallel_branches(
+        lambda x, label, *, n: _by_type(x, n), static_argnames="n")
+    for n in (True, 1, 1.0):
+        np.testing.assert_array_equal(by_name(x, "label", n=n), jitted(x, n))
+
+
+def test_static_values_of_equal_hash_but_other_types_in_containers() -> None:
+    # Inside a static argument's value, equality decides, as under jax.jit.
+    x = jnp.arange(3.0)
+    seen: list[Any] = []
+
+    @functools.partial(jaxpar.parallel_branches, static_argnums=1)
+    def f(x: Any, n: Any, label: str) -> Any:
+        seen.append(n)
+        return x * len(n)
+
+    f(x, (1, 2), "a")
+    f(x, (1.0, 2), "a")
+    jitted_seen: list[Any] = []
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def g(x: Any, n: Any) -> Any:
+        jitted_seen.append(n)
+        return x * len(n)
+
+    g(x, (1, 2))
+    g(x, (1.0, 2))
+    assert len(seen) == len(jitted_seen) == 1
