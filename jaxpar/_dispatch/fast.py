@@ -468,11 +468,7 @@ def _nnx_jit_options(state: CallState) -> dict[str, Any]:
     if options.donate_argnames:
         out["donate_argnames"] = options.donate_argnames
     if options.shardings:
-        raise TypeError(
-            f"{function_name(state.fun)} takes in_shardings/out_shardings, which jaxpar "
-            "applies to calls whose arguments are arrays and containers of arrays; this "
-            "call holds Flax NNX objects. Shard their state with nnx's own sharding "
-            "annotations, or call nnx.jit(..., in_shardings=...) around the function.")
+        raise keyed.refuse_nnx_shardings(state)
     return out
 
 

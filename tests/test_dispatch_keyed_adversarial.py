@@ -1,0 +1,132 @@
+"""Adversarial tests of the keyed path (``_dispatch.keyed``: calls under ``grad``, ``vmap``
+and an outer ``jit``) against ``jax.jit`` of the same function: ``jax.jit``'s
+``in_shardings``/``out_shardings`` given to ``parallel_branches`` become sharding
+constraints there, laid out as ``jax.jit`` lays them out (over the positional arguments
+that are not static, as pytree prefixes).
+
+The module asks for 2 CPU devices before JAX's backend starts (``cpu_devices``: a fresh
+process where an earlier module started it with fewer).
+"""
+
+from __future__ import annotations
+
+import jax
+
+try:
+    if jax.config.jax_num_cpu_devices < 2:
+        jax.config.update("jax_num_cpu_devices", 2)
+except RuntimeError:  # the backend is already up: conftest runs the tests in a subprocess
+    pass
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxpar
+
+pytestmark = pytest.mark.cpu_devices(2)
+
+
+def _shardings() -> tuple[NamedSharding, NamedSharding]:
+    mesh = Mesh(np.array(jax.devices("cpu")[:2]), ("d",))
+    return NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+
+
+def _under_transformations(f: Any, x: Any) -> list[Any]:
+    """``f(x)``'s values at the top level, under grad, vmap and an outer jit."""
+    def total(x: Any) -> Any:
+        return sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(f(x)))
+    return [f(x), jax.grad(total)(x), jax.vmap(f)(jnp.stack([x, x * 2])), jax.jit(f)(x)]
+
+
+def _assert_same(got: list[Any], want: list[Any]) -> None:
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want),
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_in_shardings_skip_static_arguments_under_transformations() -> None:
+    # jax.jit's in_shardings name the positional arguments that are not static; under a
+    # transformation they were laid over every argument (a tuple of 2 for 3 arguments).
+    shard, replicated = _shardings()
+
+    def f(x: Any, n: int, y: Any) -> Any:
+        return x * n + y
+
+    options = {"static_argnums": 1, "in_shardings": (shard, replicated)}
+    decorated = jaxpar.parallel_branches(f, **options)
+    jitted = jax.jit(f, **options)
+    x = jnp.arange(8.0)
+    _assert_same(_under_transformations(lambda x: decorated(x, 3, x), x),
+                 _under_transformations(lambda x: jitted(x, 3, x), x))
+
+
+def test_out_shardings_are_a_pytree_prefix_under_transformations() -> None:
+    # A dict of shardings for a dict output (and None for a part left unconstrained) was
+    # given whole to with_sharding_constraint, which refused it.
+    shard, replicated = _shardings()
+
+    def f(x: Any) -> Any:
+        return {"a": x * 2, "b": (x + 1, x - 1)}
+
+    options = {"in_shardings": shard, "out_shardings": {"a": shard, "b": (replicated, None)}}
+    decorated = jaxpar.parallel_branches(f, **options)
+    jitted = jax.jit(f, **options)
+    x = jnp.arange(8.0)
+    _assert_same(_under_transformations(decorated, x), _under_transformations(jitted, x))
+    assert jax.jit(decorated)(x)["a"].sharding.is_equivalent_to(shard, 1)
+
+
+def test_in_shardings_as_a_prefix_of_a_dict_argument_under_transformations() -> None:
+    shard, replicated = _shardings()
+
+    def f(d: Any) -> Any:
+        return d["u"] * 2 + d["v"]
+
+    options = {"in_shardings": ({"u": shard, "v": replicated},)}
+    decorated = jaxpar.parallel_branches(f, **options)
+    jitted = jax.jit(f, **options)
+    x = jnp.arange(8.0)
+    _assert_same(_under_transformations(lambda x: decorated({"u": x, "v": x}), x),
+                 _under_transformations(lambda x: jitted({"u": x, "v": x}), x))
+
+
+def test_keyword_arguments_with_in_shardings_are_refused_under_transformations() -> None:
+    # As jax.jit refuses them (at the top level too): they were left unconstrained.
+    shard, _ = _shardings()
+    decorated = jaxpar.parallel_branches(lambda x, y: x * y, in_shardings=shard)
+    jitted = jax.jit(lambda x, y: x * y, in_shardings=shard)
+    x = jnp.arange(8.0)
+    for f in (decorated, jitted):
+        with pytest.raises(ValueError, match="kwargs when in_shardings"):
+            jax.grad(lambda x, f=f: f(x, y=x).sum())(x)
+
+
+def test_flax_nnx_objects_with_shardings_are_refused_under_transformations() -> None:
+    # As at the top level: constrained, the module was a copy, whose update was lost.
+    nnx = pytest.importorskip("flax.nnx")
+    shard, replicated = _shardings()
+
+    class Counter(nnx.Module):
+        def __init__(self) -> None:
+            self.count = nnx.BatchStat(jnp.zeros(()))
+
+        def __call__(self, x: Any) -> Any:
+            self.count[...] = self.count[...] + 1
+            return x * 2
+
+    decorated = jaxpar.parallel_branches(lambda m, x: m(x), in_shardings=(replicated, shard))
+
+    def counted(x: Any) -> Any:
+        module = Counter()
+        return decorated(module, x), module.count[...]
+
+    x = jnp.arange(8.0)
+    with pytest.raises(TypeError, match="holds Flax NNX objects"):
+        decorated(Counter(), x)
+    with pytest.raises(TypeError, match="holds Flax NNX objects"):
+        jax.jit(counted)(x)
