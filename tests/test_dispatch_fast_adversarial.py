@@ -4,6 +4,8 @@ the C++ dispatch, ``route`` and the remembered splits of ``memo_split``) against
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 from typing import Any
 
@@ -54,3 +56,18 @@ def test_static_values_of_equal_hash_but_other_types_in_containers() -> None:
     g(x, (1, 2))
     g(x, (1.0, 2))
     assert len(seen) == len(jitted_seen) == 1
+
+
+def test_objects_holding_a_decorated_function_can_be_deep_copied() -> None:
+    # As with jax.jit and eqx.filter_jit: a config or model holding the function is
+    # deep-copied (copy.deepcopy raised on the plan cache's lock, then on the compiled
+    # programs' tracebacks).
+    @dataclasses.dataclass
+    class Config:
+        step: Any
+
+    decorated = jaxpar.parallel_branches(lambda x: x * 2)
+    x = jnp.arange(3.0)
+    for _ in range(2):  # before and after a call
+        copied = copy.deepcopy(Config(decorated))
+        np.testing.assert_array_equal(copied.step(x), x * 2)
