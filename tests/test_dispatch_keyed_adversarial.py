@@ -18,11 +18,15 @@ try:
 except RuntimeError:  # the backend is already up: conftest runs the tests in a subprocess
     pass
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.benchmarks import CONCURRENCY_PAYS, calibrated_gpu
+from helpers.programs import fan, fan_args
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -130,3 +134,49 @@ def test_flax_nnx_objects_with_shardings_are_refused_under_transformations() -> 
         decorated(Counter(), x)
     with pytest.raises(TypeError, match="holds Flax NNX objects"):
         jax.jit(counted)(x)
+
+
+# ------------------------------------------------------------------ other XLA options
+
+
+@pytest.fixture
+def calibrated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Planning for a GPU under which ``fan``'s small independent kernels pay as parallel
+    CUDA-graph nodes (its plan chooses XLA options), as in ``test_plan_modes``."""
+    from jaxpar import _gpu_model
+
+    profile = dataclasses.replace(calibrated_gpu(tmp_path, **CONCURRENCY_PAYS), name="gpu",
+                                  device_kind="")
+    monkeypatch.setitem(_gpu_model.GPU_PROFILES, _gpu_model.GENERIC_GPU, profile)  # type: ignore[index]
+    return profile
+
+
+def _fan_or_double(*xs: Any) -> Any:
+    """``fan`` (its plan chooses XLA options) where the arguments' heights differ, else a
+    plain product (none)."""
+    if len({x.shape for x in xs}) == 1:
+        return xs[0] * 2.0, xs[0]
+    return fan(*xs), xs[0] * 2.0  # the second output can take the first argument's buffer
+
+
+@pytest.mark.parametrize("by", ["donate_argnums", "out_shardings"])
+def test_a_signature_with_other_xla_options_keeps_donation_and_shardings(
+        by: str, calibrated: Any) -> None:
+    # A signature whose plan chose other XLA options than the ones the environment's jit
+    # compiles with (the first signature's) ran in the keyed jit carrying its options,
+    # without the function's donation and shardings.
+    _, replicated = _shardings()  # over both devices: the default is one
+    option = {"donate_argnums": 0} if by == "donate_argnums" else {"out_shardings": replicated}
+    decorated = jaxpar.parallel_branches(_fan_or_double, target="gpu", **option)
+    assert jaxpar.inspect(_fan_or_double, target="gpu")(*fan_args()).xla_options
+    same = [jnp.ones((8, 8)) for _ in range(8)]
+    decorated(*same)  # the environment's jit compiles without options
+    for _ in range(2):
+        args = fan_args()
+        want = jax.jit(_fan_or_double)(*args)
+        out, _ = decorated(*args)
+        np.testing.assert_allclose(out, want[0], rtol=1e-5)
+        if by == "donate_argnums":
+            assert args[0].is_deleted() and not args[1].is_deleted()
+        else:
+            assert out.sharding.is_equivalent_to(replicated, 0)

@@ -1,10 +1,10 @@
 """The keyed path: calls the top-level jit does not serve.
 
-A call under a transformation (``grad``, ``vmap``, an outer ``jit``: tracer arguments), or a
-top-level call whose signature's plan chose XLA options other than its environment's jit
-compiles with, splits its arguments (``split_arguments``), builds a ``CallKey`` and runs in
-a ``jax.jit`` taking ``(key, *leaves)``: ``CallState.jitted``, or on the GPU at the top
-level one carrying the plan's XLA options (``jit_for``).
+A call under a transformation (``grad``, ``vmap``, an outer ``jit``: tracer arguments), or
+inside ``nnx.jit`` (a top-level call with Flax NNX objects), splits its arguments
+(``split_arguments``), builds a ``CallKey`` and runs in a ``jax.jit`` taking
+``(key, *leaves)``: ``CallState.jitted``, or on the GPU at the top level (the tuner's
+candidates) one carrying the plan's XLA options (``jit_for``).
 
 Example::
 
@@ -174,13 +174,6 @@ def run_keyed(state: CallState, key: CallKey, leaves: Sequence[Any],
         CHANNEL.traced_consts.discard(id(state))
         state.jitted.clear_cache()
     return outputs.rebuild(dynamic)
-
-
-def call_with_options(state: CallState, key: CallKey, leaves: Sequence[Any],
-                      options: dict[str, str]) -> Any:
-    """A top-level call whose signature's plan chose ``options`` (XLA options) other than
-    those its environment's top-level jit compiles with."""
-    return run_keyed(state, key, leaves, options_jit(state, options))
 
 
 def options_jit(state: CallState, options: dict[str, str]) -> Any:
