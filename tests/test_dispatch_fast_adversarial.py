@@ -7,13 +7,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from jax import lax
 
 import jaxpar
+from jaxpar._tune import TUNE_DIR_VARIABLE
 
 
 def _by_type(x: Any, n: Any) -> Any:
@@ -71,3 +75,30 @@ def test_objects_holding_a_decorated_function_can_be_deep_copied() -> None:
     for _ in range(2):  # before and after a call
         copied = copy.deepcopy(Config(decorated))
         np.testing.assert_array_equal(copied.step(x), x * 2)
+
+
+def test_tune_measures_at_a_call_with_flax_nnx_objects(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Such calls ran in nnx.jit, whose trace holds no concrete call to measure: the tuner
+    # never decided (no decision stored), and the call ran the plan as without tune=True.
+    nnx = pytest.importorskip("flax.nnx")
+    monkeypatch.setenv(TUNE_DIR_VARIABLE, str(tmp_path))
+
+    class Cell(nnx.Module):
+        def __init__(self) -> None:
+            self.w = nnx.Param(jnp.ones(8))
+            self.calls = nnx.BatchStat(jnp.zeros(()))
+
+        def __call__(self, xs: Any) -> Any:
+            self.calls[...] = self.calls[...] + 1
+            return lax.scan(lambda c, x: (jnp.sin(c) * self.w[...] + x, c), jnp.zeros(8), xs)[0]
+
+    budget = jaxpar.TuneBudget(seconds=0.01, min_repeats=1, max_repeats=2)
+    tuned = jaxpar.parallel_branches(lambda cell, xs: cell(xs), tune=budget)
+    cell, reference = Cell(), Cell()
+    xs = jnp.linspace(0.0, 1.0, 40 * 8).reshape(40, 8)
+    for _ in range(2):
+        np.testing.assert_allclose(tuned(cell, xs),
+                                   nnx.jit(lambda cell, xs: cell(xs))(reference, xs), rtol=1e-6)
+    assert len(list(tmp_path.glob("*.json"))) == 1  # decided at the first call
+    assert float(cell.calls[...]) == float(reference.calls[...]) == 2  # measuring left no trace

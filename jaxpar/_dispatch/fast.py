@@ -414,9 +414,12 @@ def _nnx_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
     state the call changed) around the keyed path, so jaxpar's plan is made in
     ``nnx.jit``'s trace and a call costs what ``nnx.jit``'s costs, and the function's call
     then sends such calls there directly (``_nnx_router``). With static values of
-    jaxpar's among them (a config object, a string), which ``nnx.jit`` would refuse:
-    split as ``nnx.jit`` splits the objects and run in the flat jit."""
-    if not _plain_besides_nnx(state, args, kwargs):
+    jaxpar's among them (a config object, a string), which ``nnx.jit`` would refuse, or
+    with ``tune=True`` (whose decision a concrete call makes before its trace): split as
+    ``nnx.jit`` splits the objects and run in the flat jit."""
+    if state.tuner is not None or not _plain_besides_nnx(state, args, kwargs):
+        # tune=True: nnx.jit's trace would hold no concrete call to measure; the split
+        # here decides each signature before its first call (``flat_call``).
         return _nnx_flat_call(state, fast, args, kwargs)
     if fast.nnx_jitted is None:
         from flax import nnx
