@@ -203,3 +203,19 @@ def test_a_top_level_call_with_flax_nnx_objects_compiles_with_its_plans_options(
     with warnings.catch_warnings():
         warnings.simplefilter("error", jaxpar.XlaOptionsNotAppliedWarning)
         np.testing.assert_allclose(decorated(Scale(), *args), fan(*args), rtol=1e-5)
+
+
+def test_partition_specs_on_the_context_mesh_under_jvp() -> None:
+    # jax.jit reads a bare PartitionSpec on the mesh jax.set_mesh set; as a constraint on
+    # a concrete value (jvp at the top level) its abstract mesh was refused.
+    mesh = Mesh(np.array(jax.devices("cpu")[:2]), ("d",))
+    x = jnp.arange(8.0)
+    with jax.set_mesh(mesh):
+        options = {"in_shardings": P("d"), "out_shardings": P("d")}
+        decorated = jaxpar.parallel_branches(lambda a: a * 2, **options)
+        jitted = jax.jit(lambda a: a * 2, **options)
+        (got, got_tangent), (want, want_tangent) = (jax.jvp(f, (x,), (x,))
+                                                    for f in (decorated, jitted))
+    np.testing.assert_array_equal(got_tangent, want_tangent)
+    np.testing.assert_array_equal(got, want)
+    assert got_tangent.sharding.is_equivalent_to(want_tangent.sharding, 1)

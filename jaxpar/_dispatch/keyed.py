@@ -108,6 +108,13 @@ def _constrained(tree: Any, shardings: Any) -> Any:
     def constrain(sharding: Any, subtree: Any) -> Any:
         if sharding is None:
             return subtree
+        mesh = _compat.context_mesh()
+        if isinstance(sharding, jax.sharding.PartitionSpec) and mesh is not None \
+                and not _compat.staging():
+            # Outside a staged trace (grad or vmap at the top level) on the mesh
+            # jax.set_mesh set, as jax.jit reads it: a bare spec's abstract mesh cannot
+            # constrain a concrete value.
+            sharding = jax.sharding.NamedSharding(mesh, sharding)
         return jax.tree_util.tree_map(
             lambda leaf: jax.lax.with_sharding_constraint(leaf, sharding)
             if isinstance(leaf, jax.Array) or _compat.is_tracer(leaf) else leaf, subtree)
