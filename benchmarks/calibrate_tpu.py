@@ -142,7 +142,8 @@ def measure(trips: int, repeats: int, quick: bool) -> dict[str, Any]:
     return m
 
 
-def profile_of(m: dict[str, Any], chip: str, when: str) -> TpuProfile:
+def profile_of(m: dict[str, Any], chip: str, when: str, jax_version: str | None = None
+               ) -> TpuProfile:
     trip = m["trip"]
     slice_s = max(m["slice_100"] - trip, 0.0)
     extra_bytes = (256 * 256 - 100 * 100) * 4
@@ -150,7 +151,7 @@ def profile_of(m: dict[str, Any], chip: str, when: str) -> TpuProfile:
     rolled = m["tiny_rolled"]
     ratios = tuple(sorted((int(k), round(t / rolled, 3)) for k, t in m["tiny_blocks"].items()))
     return TpuProfile(
-        chip=chip, measured=f"measured on {chip} (jax {jax.__version__}, {when})",
+        chip=chip, measured=f"measured on {chip} (jax {jax_version or jax.__version__}, {when})",
         trip_s=trip, slice_s=slice_s, slice_bandwidth=slice_bandwidth,
         write_s=max(m["write"] - trip, 0.0), dot_s=max((m["dot3"] - m["dot1"]) / 2, 0.0),
         batched_dot_extra_s=max((m["bdot8"] - m["dot1"]) / 7, 0.0),

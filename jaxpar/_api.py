@@ -152,6 +152,12 @@ class ParallelBranches:
     def analyses(self, count: int) -> None:
         self._state.analyses = count
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> ParallelBranches:
+        # Copied as itself, as copy.deepcopy copies a function (its plans and compiled
+        # programs, caches that hold locks and tracebacks, cannot be copied): a config or
+        # model holding it deep-copies as with jax.jit.
+        return self
+
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
             return self

@@ -21,6 +21,7 @@ trips a block holds:
   chip (a precaution: a synthetic 2 MiB accumulator alone did not slow down);
 * the largest factor up to ``TpuProfile.block_limit`` that divides the length (so no
   input is copied apart), keeps the unrolled body under ``MAX_BLOCK_EQNS`` equations
+  (nested loops' bodies counted as many times as they are unrolled: blocks of blocks)
   and the copies within the memory budget; a length with no such divisor is unrolled by
   ``lax.scan``'s own ``unroll``; below ``MIN_FACTOR`` (8) the loop stays rolled (blocks of
   2 and 4 gained little and made gradient loops x1.02-1.04 slower).
@@ -252,8 +253,7 @@ def block_factor(eqn: JaxprEqn, profile: TpuProfile, most: int | None = None) ->
         return BlockChoice(1, False, rolled, rolled, (
             f"kept rolled: its body (est. {body * 1e6:.2f} us, with its slices' bytes) hides "
             f"a trip's control and slice latency (est. {fixed * 1e6:.2f} us)"))
-    inner, _ = _compat.open_jaxpr(info.jaxpr)
-    body_eqns = max(len(inner.eqns), 1)
+    body_eqns = max(unrolled_eqns(info.jaxpr), 1)
     limit = min(profile.block_limit, max(1, MAX_BLOCK_EQNS // body_eqns), length)
     bound = "the unrolled body's size limit"
     if most is not None and most < limit:
@@ -279,6 +279,20 @@ def block_factor(eqn: JaxprEqn, profile: TpuProfile, most: int | None = None) ->
         f"{how}: a trip's control and slice latency (est. {fixed * 1e6:.2f} us) outweighs "
         f"its body (est. {body * 1e6:.2f} us, with its slices' bytes); est. {rolled * 1e6:.2f} -> "
         f"{chosen * 1e6:.2f} us a trip, {profile.measured}"))
+
+
+def unrolled_eqns(jaxpr: Any) -> int:
+    """The equations of ``jaxpr`` once compiled: those of the jaxprs nested in its equations
+    too, a nested scan's body as many times as it is unrolled (a scan already read by
+    blocks holds its copies in its body), so that block factors of nested loops do not
+    multiply past ``MAX_BLOCK_EQNS``."""
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    total = 0
+    for eqn in inner.eqns:
+        copies = max(_compat.scan_info(eqn).unroll, 1) \
+            if eqn.primitive.name == _primitives.SCAN else 1
+        total += 1 + copies * sum(unrolled_eqns(j) for _, _, j in _compat.eqn_subjaxprs(eqn))
+    return total
 
 
 def as_dict(profile: TpuProfile) -> dict[str, Any]:

@@ -488,8 +488,9 @@ def test_each_signature_runs_under_the_options_its_plan_chose(
     """Top-level calls run in their environment's jit (``_dispatch.fast``), which compiles
     with the options of the first signature's plan (moved there from none before any
     signature ran in it, the plan looked up before the jit is chosen), in JAX's C++
-    dispatch from then on. A signature whose plan chooses other options runs in the jit
-    carrying its plan's options (``_dispatch.keyed.call_with_options``), every call."""
+    dispatch from then on. A signature whose plan chooses other options runs in the same
+    jit made with its plan's options (``FastPath.with_options``), reached through the
+    environment's jit's miss at every call."""
     from jaxpar._dispatch import fast
 
     fan_in = fan_args()
@@ -511,14 +512,19 @@ def test_each_signature_runs_under_the_options_its_plan_chose(
     assert made[-1].routed.cache_size() == 1  # compiled once, in the jit carrying its options
     assert jaxpar_frames(lambda: fn(*inputs[first])) == []
     np.testing.assert_allclose(fn(*inputs[second]), want[second], rtol=1e-5)
-    assert fn._state.jitted_with[options[second]]._cache_size() == 1
+    environments = made[:-1]
+    other = made[-1]
+    assert other.options == options[second] and environments[-1].others == {
+        options[second]: other}
+    assert other.routed.cache_size() == 1
     for name in (first, second, first, second):
         np.testing.assert_allclose(fn(*inputs[name]), want[name], rtol=1e-5)
     frames = jaxpar_frames(lambda: fn(*inputs[second]))
-    assert any(frame.endswith(":call_with_options") for frame in frames)
+    assert any(frame.endswith(":route") for frame in frames)
     assert not any(frame.endswith(":analyse") for frame in frames)
-    assert made[-1].routed.cache_size() == 2  # the second's entry sends it to Python
-    assert fn._state.jitted_with[options[second]]._cache_size() == 1
+    assert environments[-1].routed.cache_size() == 2  # the second's entry sends it to Python
+    assert other.routed.cache_size() == 1
+    assert fn._state.jitted_with == {}
     assert fn._state.jitted._cache_size() == 0
     assert fn.analyses == 2
 
@@ -544,7 +550,8 @@ def test_a_trace_under_a_transformation_is_not_taken_for_a_top_level_one(
             jax.vmap(fn)(*[x[None] for x in fan_in])
     np.testing.assert_allclose(fn(*fan_in), jax.jit(fan_or_chain)(*fan_in), rtol=1e-5)
     # Its plan's options found before the jit was chosen: the concurrent_regions jit.
-    assert fn._state.jitted_with[tuple(REGIONS_OPTIONS.items())]._cache_size() == 1
+    (environment,) = fn._state.memos.fast_by_mode.values()
+    assert environment.others[tuple(REGIONS_OPTIONS.items())].routed.cache_size() == 1
 
 
 def test_lowering_twice_keeps_the_plans_options(monkeypatch: pytest.MonkeyPatch,

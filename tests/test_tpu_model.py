@@ -30,7 +30,7 @@ def test_the_built_in_profile_is_the_chips_calibration() -> None:
     calibrate = load_benchmark("calibrate_tpu")
     run = json.loads((MEASURED / "calibration.json").read_text())
     assert run["device_kind"] == "TPU v5 lite" and run["platform"] == "tpu"
-    derived = calibrate.profile_of(run["measurements"], "TPU v5e", run["date"])
+    derived = calibrate.profile_of(run["measurements"], "TPU v5e", run["date"], run["jax"])
     for name in ("trip_s", "slice_s", "slice_bandwidth", "write_s", "dot_s",
                  "batched_dot_extra_s", "transcendental_s_per_element", "copy_bandwidth",
                  "peak_flops"):

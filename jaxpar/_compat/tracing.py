@@ -46,6 +46,16 @@ def trace_context() -> Any:
     return _config.trace_context()
 
 
+def context_mesh() -> Any:
+    """The mesh ``jax.set_mesh`` set, None without one; under a trace too, where
+    ``jax.sharding.get_mesh`` refuses (``jax._src.mesh.get_concrete_mesh``: the empty mesh
+    in jax 0.10, None in 0.12, where none is set)."""
+    from jax._src import mesh as _mesh
+
+    mesh = _mesh.get_concrete_mesh()
+    return None if mesh is None or mesh.empty else mesh
+
+
 def jit_disabled() -> bool:
     """Whether ``jax.disable_jit()`` is in force (then functions run op by op, eagerly)."""
     return bool(jax.config.jax_disable_jit)  # type: ignore[attr-defined]

@@ -17,6 +17,10 @@ Python and once per signature for plain calls:
 * otherwise (arrays, Python scalars, containers of them): after the processes agree and
   the tuner decides, and with the plan's XLA options found first (``plan_options``),
   ``jax.jit``'s own miss traces ``entry`` and compiles; the C++ side caches the result.
+  A signature whose plan chose other XLA options than the environment's jit compiles
+  with (once another signature ran in it) runs in the same jit made with those options
+  (``FastPath.with_options``: the function's donation and shardings kept), reached
+  through this jit's miss at each call.
 
 Example::
 
@@ -91,17 +95,20 @@ class FastPath:
     decorated function calls), and the flat jits, over jaxpar's split of the arguments
     (``(layout, nnx), *leaves``), one per donated-leaf pattern. Both compile with
     ``options``, the XLA options of the signatures they run; ``accepted``: a signature
-    ran in them (they no longer move to other options). Their functions hold the call
-    state weakly, and never this object."""
+    ran in them (they no longer move to other options). ``others``: the same jits
+    compiling with other XLA options, for signatures whose plans chose them
+    (``with_options``), with the function's donation and shardings as here. Their
+    functions hold the call state weakly, and never this object."""
 
-    __slots__ = ("accepted", "flat_jits", "mode", "nnx_jitted", "options", "routed", "splits",
-                 "static_at")
+    __slots__ = ("accepted", "flat_jits", "mode", "nnx_jitted", "options", "others", "routed",
+                 "splits", "static_at")
 
     def __init__(self, state: CallState, mode: Mode, options: Options = ()):
         self.mode = mode
         self.options = options
         self.accepted = False
         self.flat_jits: dict[tuple[int, ...], Any] = {}
+        self.others: dict[Options, FastPath] = {}
         # How calls of one argument structure split (``memo_split``): the static leaves'
         # positions by structure and leaf types, and the split by their values too.
         self.static_at: dict[Any, tuple[int, ...] | None] = {}
@@ -126,7 +133,19 @@ class FastPath:
                 keep_unused=state.jit_options.keep_unused)
         return jitted
 
+    def with_options(self, state: CallState, options: Options) -> FastPath:
+        """This environment's jits compiling with ``options`` (made once per options)."""
+        if options == self.options:
+            return self
+        other = self.others.get(options)
+        if other is None:
+            other = self.others[options] = FastPath(state, self.mode, options)
+            other.accepted = True
+        return other
+
     def clear_cache(self) -> None:
+        for other in self.others.values():
+            other.clear_cache()
         self.routed.clear_cache()
         for jitted in self.flat_jits.values():
             jitted.clear_cache()
@@ -162,8 +181,12 @@ def memo_split(state: CallState, fast: FastPath, args: tuple[Any, ...],
     return None if found is None else (found, leaves)
 
 
-def _static_value(leaf: Any) -> Any:
-    return leaf.value if isinstance(leaf, StaticArg) else leaf
+def _static_value(leaf: Any) -> tuple[type, Any]:
+    """A static leaf's key: its value and the value's type, as ``Layout.statics`` and
+    ``jax.jit`` key it (``1 == 1.0 == True``; a ``static_argnums`` value's type is not in
+    the leaf types, which show ``StaticArg``)."""
+    value = leaf.value if isinstance(leaf, StaticArg) else leaf
+    return type(value), value
 
 
 def _remember_split(state: CallState, fast: FastPath, layout: Layout, args: tuple[Any, ...],
@@ -290,7 +313,8 @@ def route(state: CallState, mode: Mode, options: Options, jax_miss: Miss,
     if not _compat.top_level():  # tracers: under grad, vmap, jvp, an outer jit
         return _uncached(keyed.transformed_call(state, args, kwargs))
     fast = current(state)
-    if fast.mode != mode or fast.options != options:  # the environment changed since
+    if fast.mode != mode or (fast.options != options and options not in fast.others):
+        # The environment changed since this jit was installed.
         return _uncached(fast.routed.call(*args, **kwargs))
     remembered = memo_split(state, fast, args, kwargs) if fast.splits else None
     if remembered is not None:
@@ -309,8 +333,7 @@ def route(state: CallState, mode: Mode, options: Options, jax_miss: Miss,
     if chosen != options:
         if not fast.accepted:  # no signature ran in this jit: it moves to the options
             fast = retarget(state, fast, chosen)
-            return _uncached(fast.routed.call(*args, **kwargs))
-        return _uncached(keyed.call_with_options(state, key, leaves, dict(chosen)))
+        return _uncached(fast.with_options(state, chosen).routed.call(*args, **kwargs))
     fast.accepted = True
     return jax_miss(*args, **kwargs)
 
@@ -363,7 +386,8 @@ def retarget(state: CallState, fast: FastPath, options: Options) -> FastPath:
 def flat_call(state: CallState, fast: FastPath, layout: Layout, nnx: bool,
               leaves: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A top-level call whose arguments jaxpar split: in the environment's flat jit, or
-    in one carrying other XLA options where its signature's plan chose them."""
+    in one carrying other XLA options where its signature's plan chose them (with the
+    function's donation, as in the environment's)."""
     if state.jit_options.shardings:
         raise TypeError(
             f"{function_name(state.fun)} takes in_shardings/out_shardings, which apply to "
@@ -373,9 +397,7 @@ def flat_call(state: CallState, fast: FastPath, layout: Layout, nnx: bool,
             "jax.device_put instead, or make the other values static_argnums/"
             "static_argnames.")
     key = CallKey(layout, nnx, True, fast.mode.rewrite, fast.mode.settings, 0)
-    chosen = _prepare_signature(state, key, leaves)
-    if chosen != fast.options:
-        return keyed.call_with_options(state, key, leaves, dict(chosen))
+    fast = fast.with_options(state, _prepare_signature(state, key, leaves))
     donated = donated_leaves(state, layout, args, kwargs) if state.jit_options.donates else ()
     # Where nothing is decided per signature (a plan's XLA options, a tuner's decision, the
     # processes' agreement), later calls of this structure skip the split (``memo_split``).
@@ -392,9 +414,12 @@ def _nnx_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
     state the call changed) around the keyed path, so jaxpar's plan is made in
     ``nnx.jit``'s trace and a call costs what ``nnx.jit``'s costs, and the function's call
     then sends such calls there directly (``_nnx_router``). With static values of
-    jaxpar's among them (a config object, a string), which ``nnx.jit`` would refuse:
-    split as ``nnx.jit`` splits the objects and run in the flat jit."""
-    if not _plain_besides_nnx(state, args, kwargs):
+    jaxpar's among them (a config object, a string), which ``nnx.jit`` would refuse, or
+    with ``tune=True`` (whose decision a concrete call makes before its trace): split as
+    ``nnx.jit`` splits the objects and run in the flat jit."""
+    if state.tuner is not None or not _plain_besides_nnx(state, args, kwargs):
+        # tune=True: nnx.jit's trace would hold no concrete call to measure; the split
+        # here decides each signature before its first call (``flat_call``).
         return _nnx_flat_call(state, fast, args, kwargs)
     if fast.nnx_jitted is None:
         from flax import nnx
@@ -464,11 +489,7 @@ def _nnx_jit_options(state: CallState) -> dict[str, Any]:
     if options.donate_argnames:
         out["donate_argnames"] = options.donate_argnames
     if options.shardings:
-        raise TypeError(
-            f"{function_name(state.fun)} takes in_shardings/out_shardings, which jaxpar "
-            "applies to calls whose arguments are arrays and containers of arrays; this "
-            "call holds Flax NNX objects. Shard their state with nnx's own sharding "
-            "annotations, or call nnx.jit(..., in_shardings=...) around the function.")
+        raise keyed.refuse_nnx_shardings(state)
     return out
 
 

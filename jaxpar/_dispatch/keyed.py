@@ -1,10 +1,10 @@
 """The keyed path: calls the top-level jit does not serve.
 
-A call under a transformation (``grad``, ``vmap``, an outer ``jit``: tracer arguments), or a
-top-level call whose signature's plan chose XLA options other than its environment's jit
-compiles with, splits its arguments (``split_arguments``), builds a ``CallKey`` and runs in
-a ``jax.jit`` taking ``(key, *leaves)``: ``CallState.jitted``, or on the GPU at the top
-level one carrying the plan's XLA options (``jit_for``).
+A call under a transformation (``grad``, ``vmap``, an outer ``jit``: tracer arguments), or
+inside ``nnx.jit`` (a top-level call with Flax NNX objects), splits its arguments
+(``split_arguments``), builds a ``CallKey`` and runs in a ``jax.jit`` taking
+``(key, *leaves)``: ``CallState.jitted``, or on the GPU at the top level (the tuner's
+candidates) one carrying the plan's XLA options (``jit_for``).
 
 Example::
 
@@ -13,7 +13,9 @@ Example::
 Sharp edges:
   * ``jax.jit``'s ``donate_argnums`` do nothing here, as for a ``jax.jit`` inside another
     one; its ``in_shardings``/``out_shardings`` become sharding constraints on the
-    arguments and outputs, as an inner ``jax.jit``'s do.
+    arguments and outputs, laid as an inner ``jax.jit`` lays them (pytree prefixes, over
+    the positional arguments that are not static); with Flax NNX objects they are
+    refused, as at the top level (constrained, the objects would be copies).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .._trace import (
     Scalars,
     Signature,
     abstract,
+    function_name,
     has_python_scalars,
     needs_python_values,
     split_arguments,
@@ -46,9 +49,12 @@ def transformed_call(state: CallState, args: tuple[Any, ...], kwargs: dict[str, 
     """A call under a transformation (``fast.route``), Flax NNX objects split and written
     back as ``nnx.jit`` does, ``jax.jit``'s shardings as constraints."""
     options = state.jit_options
+    nnx = holds_nnx_object((args, kwargs))
+    if nnx and options.shardings:  # constrained, the objects would be copies
+        raise refuse_nnx_shardings(state)
     if options.in_shardings is not None:
-        args = _constrained(args, options.in_shardings)
-    if not holds_nnx_object((args, kwargs)):
+        args = _constrained_arguments(state, args, kwargs, options.in_shardings)
+    if not nnx:
         out = split_call(state, state.fun, args, kwargs, False)
     else:
         with nnx_arguments(state.nnx_tag, state.fun, args, kwargs) as (fun, args, kwargs,
@@ -60,20 +66,60 @@ def transformed_call(state: CallState, args: tuple[Any, ...], kwargs: dict[str, 
     return out
 
 
+def refuse_nnx_shardings(state: CallState) -> TypeError:
+    """The error of a call with Flax NNX objects to a function given shardings."""
+    return TypeError(
+        f"{function_name(state.fun)} takes in_shardings/out_shardings, which jaxpar "
+        "applies to calls whose arguments are arrays and containers of arrays; this "
+        "call holds Flax NNX objects. Shard their state with nnx's own sharding "
+        "annotations, or call nnx.jit(..., in_shardings=...) around the function.")
+
+
+def _constrained_arguments(state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any],
+                           shardings: Any) -> tuple[Any, ...]:
+    """``args`` constrained as ``jax.jit``'s ``in_shardings`` place them: a prefix of the
+    positional arguments that are not static (a list read as a tuple).
+
+    Raises:
+      ValueError: keyword arguments, as ``jax.jit`` raises for them with ``in_shardings``.
+    """
+    if kwargs:
+        raise ValueError(
+            "pjit does not support kwargs when in_shardings is specified. (jaxpar: "
+            f"{function_name(state.fun)} takes in_shardings, which apply to positional "
+            f"arguments, as under jax.jit; it was given {', '.join(map(repr, kwargs))} by "
+            "keyword.)")
+    static = {i % len(args) for i in state.static_args.nums if -len(args) <= i < len(args)}
+    dynamic = tuple(arg for i, arg in enumerate(args) if i not in static)
+    placed = iter(_constrained(dynamic, tuple(shardings) if isinstance(shardings, list)
+                               else shardings))
+    return tuple(arg if i in static else next(placed) for i, arg in enumerate(args))
+
+
+def _is_sharding(value: Any) -> bool:
+    return value is None or isinstance(value, (jax.sharding.Sharding,
+                                                jax.sharding.PartitionSpec))
+
+
 def _constrained(tree: Any, shardings: Any) -> Any:
-    """``tree`` with ``jax.lax.with_sharding_constraint`` applied by a prefix of shardings
-    (None: unconstrained), as a jit's ``in_shardings``/``out_shardings`` are applied."""
+    """``tree`` with ``jax.lax.with_sharding_constraint`` applied by ``shardings``, a pytree
+    prefix of it (a sharding: all of it; None: unconstrained), as a jit's ``in_shardings``/
+    ``out_shardings`` are applied; leaves that are not arrays are left as they are."""
     def constrain(sharding: Any, subtree: Any) -> Any:
         if sharding is None:
             return subtree
+        mesh = _compat.context_mesh()
+        if isinstance(sharding, jax.sharding.PartitionSpec) and mesh is not None \
+                and not _compat.staging():
+            # Outside a staged trace (grad or vmap at the top level) on the mesh
+            # jax.set_mesh set, as jax.jit reads it: a bare spec's abstract mesh cannot
+            # constrain a concrete value.
+            sharding = jax.sharding.NamedSharding(mesh, sharding)
         return jax.tree_util.tree_map(
             lambda leaf: jax.lax.with_sharding_constraint(leaf, sharding)
             if isinstance(leaf, jax.Array) or _compat.is_tracer(leaf) else leaf, subtree)
 
-    if not isinstance(shardings, (tuple, list)) or not isinstance(tree, (tuple, list)):
-        return constrain(shardings, tree)
-    return jax.tree_util.tree_map(constrain, type(tree)(shardings), tree,
-                                  is_leaf=lambda x: x is None)
+    return jax.tree_util.tree_map(constrain, shardings, tree, is_leaf=_is_sharding)
 
 
 def split_call(state: CallState, fun: Callable[..., Any], args: tuple[Any, ...],
@@ -135,13 +181,6 @@ def run_keyed(state: CallState, key: CallKey, leaves: Sequence[Any],
         CHANNEL.traced_consts.discard(id(state))
         state.jitted.clear_cache()
     return outputs.rebuild(dynamic)
-
-
-def call_with_options(state: CallState, key: CallKey, leaves: Sequence[Any],
-                      options: dict[str, str]) -> Any:
-    """A top-level call whose signature's plan chose ``options`` (XLA options) other than
-    those its environment's top-level jit compiles with."""
-    return run_keyed(state, key, leaves, options_jit(state, options))
 
 
 def options_jit(state: CallState, options: dict[str, str]) -> Any:
