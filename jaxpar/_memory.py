@@ -165,6 +165,7 @@ def _primitive_name(eqn: JaxprEqn) -> str:
 
 # How XLA orders buffers for assignment in a CUDA-graph mode (``_ordering``).
 _SEQUENTIAL, _REGIONS, _CONCURRENT = "sequential", "regions", "dependency"
+_LARGEST = "largest buffer"  # the memo's entry for a level's largest buffer (``least_bytes``)
 
 
 def _ordering(mode: CommandBufferMode | None) -> str:
@@ -390,6 +391,9 @@ class MemoryModel:
         level's largest buffer (a lower bound of ``temp_bytes``, which may overestimate
         a program: it does not know every producer XLA fuses into its reader)."""
         inner, _ = _compat.open_jaxpr(jaxpr)
+        found = self._memo.get(inner, extra=_LARGEST)  # the level's buffers, traced before
+        if found is not None:
+            return found  # type: ignore[no-any-return]
         kinds = [self._kind(eqn) for eqn in inner.eqns]
         needed, expanded = _materialized(inner.eqns, kinds, self._fuses_operands)
         buffers = _Buffers(len(inner.eqns))
@@ -458,6 +462,8 @@ class MemoryModel:
         buffers = _Buffers(len(eqns))
         buffers.trace(jaxpr, kinds, needed, expanded,
                       lambda eqn: self._transient(eqn, ordering))
+        # A buffer's bytes do not depend on the ordering: ``least_bytes`` reads them here.
+        self._memo.set(jaxpr, max(buffers.size.values(), default=0.0), extra=_LARGEST)
         if ordering == _CONCURRENT:
             return _Need(sum(buffers.size.values()) + sum(buffers.transient))
         # XLA schedules for memory (it keeps the best of its schedulers, a depth-first one

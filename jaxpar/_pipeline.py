@@ -491,10 +491,12 @@ def _choose_mode(traced: Traced, analysis: Analysis, planned: Planned, budget: M
         if mode is CommandBufferMode.OFF and not regions_hold_loops(mode_plan):
             return None  # graphs off only for regions' loops (_plan.modes)
         seconds = estimate_seconds(mode_plan, costs, mode, estimates)
+        if seconds > plans[user].seconds * (1 - MIN_GAIN):
+            # No gain at the nominal figures: never chosen, and its memory never a reason
+            # (``choose_mode``), so the memory model is not asked.
+            return _Judged(Planned(mode_jaxpr, mode_plan, mode_decisions, math.nan), seconds)
         entry = Planned(mode_jaxpr, mode_plan, mode_decisions,
                         budget.model.temp_bytes(mode_plan.jaxpr, mode, _section_eqns(mode_plan)))
-        if seconds > plans[user].seconds * (1 - MIN_GAIN):
-            return _Judged(entry, seconds)  # no gain at the nominal figures
         pair = [(estimate_seconds(mode_plan, costs, mode, estimates, at),
                  estimate_seconds(plan, costs, user, estimates, at))
                 for at in (pessimistic(gpu, mode), optimistic(gpu, mode))]
@@ -515,7 +517,7 @@ def _choose_mode(traced: Traced, analysis: Analysis, planned: Planned, budget: M
         plans[mode] = found
         if found.ends is not None:
             ends[mode] = found.ends
-    refused = {mode: why for mode, entry in plans.items() if mode is not user
+    refused = {mode: why for mode, entry in plans.items() if entry.ends is not None
                and (why := mode_memory_reason(mode, budget.plain_bytes,
                                               entry.planned.temp_bytes, budget.allowed))}
     choice = choose_mode({mode: entry.seconds for mode, entry in plans.items()}, user,

@@ -203,3 +203,22 @@ def test_the_branching_bounds_hold_for_the_compile(mode: CommandBufferMode) -> N
     assert bound - sequential >= compiled - compiled_lhs, (
         sequential, compiled_lhs, bound, compiled)
     assert compiled > compiled_lhs or mode is REGIONS
+
+
+@pytest.mark.parametrize("mode", [LHS, CONCURRENT, REGIONS])
+def test_least_bytes_reads_the_level_traced_before(mode: CommandBufferMode) -> None:
+    """``least_bytes`` after ``temp_bytes`` of the same program (the budget asks both)
+    reads the largest buffer that level's trace found, whatever the mode it was traced
+    in: the figure a fresh model traces."""
+    def program(x: Any, w: Any) -> Any:
+        y = jnp.tanh(x @ w)
+        big = jnp.broadcast_to(y[None], (4, 64, 64))
+        carry, ys = lax.scan(lambda c, b: (c + b @ w, c * 2.0), y, big)
+        return carry.sum() + ys.sum() + (y @ w).sum()
+
+    closed = jax.make_jaxpr(program)(*[jax.ShapeDtypeStruct((64, 64), F32)] * 2)
+    fresh = _model().least_bytes(closed)
+    model = _model()
+    model.temp_bytes(closed, mode)
+    assert model.least_bytes(closed) == fresh
+    assert fresh >= 4 * MATRIX  # the broadcast the scan holds, at least

@@ -296,6 +296,30 @@ def test_a_mode_over_the_memory_budget_is_refused(calibrated: Any) -> None:
     assert plan.memory is not None and plan.memory.allowed_bytes == 0
 
 
+def test_only_a_mode_that_gains_is_priced_for_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory model is asked about a candidate mode only where it gains at the nominal
+    figures (``choose_mode`` never keeps another, nor cites its memory): the chain's
+    candidates gain nothing, so only the plain program and the plan are priced, in the
+    user's mode; the plan and its figures are those the model gives when every mode is
+    priced (the memory of the chosen program)."""
+    from jaxpar._memory import MemoryModel
+
+    asked: list[Any] = []
+    temp_bytes = MemoryModel.temp_bytes
+
+    def counted(self: MemoryModel, jaxpr: Any, mode: Any, sections: Any = ()) -> float:
+        asked.append(mode)
+        return temp_bytes(self, jaxpr, mode, sections)
+
+    monkeypatch.setattr(MemoryModel, "temp_bytes", counted)
+    x = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+    plan = jaxpar.inspect(chain, target="gpu")(x)
+    assert plan.mode is not None and not plan.mode.chosen
+    assert plan.mode.estimate(REGIONS) is not None  # judged, at its nominal figures
+    assert set(asked) == {LHS}, asked
+    assert plan.memory is not None and plan.memory.jaxpar_bytes > 0
+
+
 def test_a_chain_keeps_the_users_mode() -> None:
     x = jax.ShapeDtypeStruct((256, 256), jnp.float32)
     plan = jaxpar.inspect(chain, target="gpu")(x)
