@@ -1,5 +1,7 @@
 """Time to the first executable: trace, lower and compile a 12-layer transformer
-training step for a deviceless H200, plain ``jax.jit`` against jaxpar.
+training step (or another program of the GPU suite, or ``overhead_10k``: the
+9,996-equation program of ``benchmarks/overhead.py``) for a deviceless H200, plain
+``jax.jit`` against jaxpar.
 
 Each measurement runs in a fresh process (a first executable: no warm tracing caches,
 no compiled executables, jaxpar's in-process memos empty), plain and jaxpar
@@ -12,6 +14,7 @@ Usage::
 
     JAX_PLATFORMS=cpu python benchmarks/first_executable.py --repeats 5
     JAX_PLATFORMS=cpu python benchmarks/first_executable.py --size small --repeats 1
+    JAX_PLATFORMS=cpu python benchmarks/first_executable.py --program overhead_10k
 
 Needs the CUDA PJRT plugin (``jaxpar._compiled.gpu_compile.plugin_status``).
 """
@@ -40,7 +43,11 @@ def measure_once(which: str, size: str, program: str) -> dict[str, float]:
     from jaxpar import _dispatch
     from jaxpar._compiled.gpu_compile import lower_for_gpu
 
-    fn, args = gpu_suite.PROGRAMS[program].build(size)
+    if program == "overhead_10k":
+        import overhead
+        fn, args = overhead.build_program(10_000), overhead.program_args()
+    else:
+        fn, args = gpu_suite.PROGRAMS[program].build(size)
     args = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
     analysis = [0.0]
     prepare = _dispatch.CallState.prepare
@@ -77,7 +84,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--size", default="full", choices=("full", "small"))
-    parser.add_argument("--program", default="transformer_train_step")
+    parser.add_argument("--program", default="transformer_train_step",
+                        help="a program of benchmarks/gpu_suite.py, or overhead_10k")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--child", choices=("plain", "jaxpar"), help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)

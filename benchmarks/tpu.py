@@ -238,7 +238,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--budget", type=float, default=200.0, help="seconds a part")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a dry run")
+    parser.add_argument("--only", help="comma-separated program names (of any part)")
     ns = parser.parse_args(argv)
+    only = set(ns.only.split(",")) if ns.only else None
+
+    def chosen(programs: dict[str, Any]) -> dict[str, Any]:
+        if only is None:
+            return programs
+        return {name: build for name, build in programs.items() if name in only}
+
     steps = 64 if ns.quick else 10_000
     size = "small" if ns.quick else ns.size
     os.makedirs(ns.out, exist_ok=True)
@@ -250,11 +258,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         path = os.path.join(ns.out, f"tpu-{part}.json")
         print(f"== {part}", flush=True)
         if part == "seeds":
-            results = run_programs(_seeds(steps), path, ns.budget, ns.rounds)
+            results = run_programs(chosen(_seeds(steps)), path, ns.budget, ns.rounds)
         elif part == "suite":
-            results = run_programs(_suite(size), path, ns.budget, ns.rounds)
+            results = run_programs(chosen(_suite(size)), path, ns.budget, ns.rounds)
         elif part == "battery":
-            results = run_programs(_battery("s" if ns.quick else "m"), path, ns.budget,
+            results = run_programs(chosen(_battery("s" if ns.quick else "m")), path, ns.budget,
                                    ns.rounds)
         elif part == "tune":
             results = tune_part(steps, size, path)
@@ -265,9 +273,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             everything[f"{part} summary"] = summary(results)
             print(f"== {part}: {everything[f'{part} summary']} "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
-    with open(os.path.join(ns.out, "tpu-summary.json"), "w") as handle:
-        json.dump({k: v for k, v in everything.items() if k.endswith("summary")}, handle,
-                  indent=1, default=str)
+    # One summary per results folder: each run adds its parts' (a later run of a part
+    # replaces its entry).
+    summary_path = os.path.join(ns.out, "tpu-summary.json")
+    summaries: dict[str, Any] = {}
+    if os.path.exists(summary_path):
+        with open(summary_path) as handle:
+            summaries = json.load(handle)
+    summaries.update({k: v for k, v in everything.items() if k.endswith("summary")})
+    with open(summary_path, "w") as handle:
+        json.dump(summaries, handle, indent=1, default=str)
     return everything
 
 

@@ -160,6 +160,33 @@ def test_tpu_script_dry_run(tmp_path: Any) -> None:
     assert all(all(entry["values_match"].values()) for entry in seeds.values())
 
 
+def test_tpu_script_passes_options_and_keeps_each_runs_summary(tmp_path: Any) -> None:
+    """Options after the parts reach ``benchmarks/tpu.py`` (``--only`` picks programs),
+    and a second run into the same folder adds its part's summary to the first's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    results = tmp_path / "results"
+    env = {**os.environ, "PYTHON": sys.executable}
+    for only in ("seed identical bodies", "crossed operand orders"):
+        done = subprocess.run(["bash", str(root / "benchmarks" / "tpu.sh"), "--dry-run",
+                               str(results), "seeds", "--rounds", "1", "--only", only],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert set(json.loads((results / "tpu-seeds.json").read_text())) == {only}
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "tpu.py"), "--quick",
+                           "--parts", "battery", "--rounds", "1", "--only", "scans_nested",
+                           "--out", str(results)], env={**env, "JAX_PLATFORMS": "cpu"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((results / "tpu-summary.json").read_text())
+    assert set(summary) == {"seeds summary", "battery summary"}
+    assert summary["battery summary"]["programs"] == 1
+
+
 def test_gpu_script_dry_run(tmp_path: Any) -> None:
     """``benchmarks/gpu.sh --dry-run`` on the CPU: calibration and one measured suite
     program at tiny sizes, the GPU-only steps skipped with a message, nothing installed
