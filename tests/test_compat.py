@@ -12,25 +12,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from helpers.lowered import all_equations
+from helpers.metadata import placed_by_jax
 from jax.experimental.xla_metadata import set_xla_metadata
 
 import jaxpar
 from jaxpar import _compat
 
-try:  # jax >= 0.11
-    from jax.experimental.xla_metadata import xla_metadata_call
-except ImportError:  # jax 0.8 - 0.10
-    from jax.experimental.scheduling_groups import xla_metadata_call
-
-
-
-def _placed(x: jax.Array) -> jax.Array:
-    """Attributes as JAX attaches them: a metadata scope, and metadata calls."""
-    with set_xla_metadata(note="1"):
-        y = x @ x
-    z = xla_metadata_call(jnp.sin, _xla_stream_annotation="1", inlineable="false")(x)
-    bare = xla_metadata_call(jnp.cos)(x)  # a metadata call without attributes
-    return y + z + bare
+_placed = placed_by_jax
 
 
 def test_has_jax_frontend_attributes_is_the_truth_of_jax_frontend_attributes() -> None:

@@ -11,25 +11,16 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 from helpers.lowered import all_equations
+from helpers.metadata import placed_by_jax
 from jax.experimental.xla_metadata import set_xla_metadata
 
 import jaxpar
 from jaxpar import _compat, _ops
 
-try:  # jax >= 0.11
-    from jax.experimental.xla_metadata import xla_metadata_call
-except ImportError:  # jax 0.8 - 0.10
-    from jax.experimental.scheduling_groups import xla_metadata_call
-
-
 
 def _placed(x: jax.Array) -> jax.Array:
-    with set_xla_metadata(note="1"):
-        y = x @ x
-    z = xla_metadata_call(jnp.sin, _xla_stream_annotation="1", inlineable="false")(x)
-    bare = xla_metadata_call(jnp.cos)(x)  # a metadata call without attributes
-    w = jaxpar.on_stream(1)(lambda v: v @ v)(x)
-    return y + z + bare + w
+    """``placed_by_jax`` and a call jaxpar places on a stream."""
+    return placed_by_jax(x) + jaxpar.on_stream(1)(lambda v: v @ v)(x)
 
 
 def test_has_frontend_attributes_is_the_truth_of_eqn_frontend_attributes() -> None:
