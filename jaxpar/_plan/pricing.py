@@ -183,8 +183,10 @@ def _launch_penalty(eqn: JaxprEqn, costs: CostModel) -> float:
 
 
 def _is_light(eqn: JaxprEqn, costs: CostModel) -> bool:
-    """Fusible work (elementwise or layout): launches no kernel of its own."""
-    return not any(_compat.eqn_subjaxprs(eqn)) and costs.eqn_cost(eqn).kernels == 0
+    """Fusible work (elementwise or layout): launches no kernel of its own (and holds no
+    jaxpr). ``launches`` is ``eqn_cost(eqn).kernels > 0``, decided from the rule where
+    the rule fixes it."""
+    return not costs.subjaxprs(eqn) and not costs.launches(eqn)
 
 
 def _split_clusters(eqns: Sequence[JaxprEqn], graph: Graph, owner: dict[int, int],
