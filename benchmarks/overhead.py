@@ -20,7 +20,7 @@ repetition (no trace cache can help):
 and reports each against ``lower``, and the growth exponent of each (the slope of
 log(time) against log(equations) from the smallest to the largest size; 1.0 is linear).
 The two targets (at 10k equations) are printed per size: ``inspect / lower`` (at most
-1.0) and ``lower(jit(pb(f))) / lower(jit(f))`` (the ``lower_pb`` ratio, at most 1.5;
+1.5, as issue 42 asks; an earlier target was 1.0) and ``lower(jit(pb(f))) / lower(jit(f))`` (the ``lower_pb`` ratio, at most 1.5;
 the first target asked was 2).
 ``--profile`` runs cProfile over ``inspect`` + ``rewrite`` at the given sizes and prints
 the functions with the most cumulative time (jaxpar's own first).
@@ -73,7 +73,7 @@ SCANS = 4  # scans in the whole program, whatever its size
 SCAN_STEPS = 16
 EQNS_PER_STEP = 2  # dot_general + tanh
 EQNS_PER_JOIN = CHAINS  # CHAINS - 1 adds and a mul
-INSPECT_TARGET = 1.0  # inspect / lower, at 10k equations
+INSPECT_TARGET = 1.5  # inspect / lower, at 10k equations (issue 42; an earlier target was 1.0)
 LOWER_PB_TARGET = 1.5  # lower(jit(pb(f))) / lower(jit(f)), at 10k equations
 
 
@@ -184,7 +184,7 @@ def measure(target_eqns: int, repeats: int) -> dict[str, Any]:
     entry["ratio_vs_lower"] = {name: statistics.median(
         [t / lo for t, lo in zip(s, samples["lower"], strict=True)])
         for name, s in samples.items()}
-    # The targets: inspect / lower <= 1.0, lower(jit(pb(f))) / lower(jit(f)) <= 1.5.
+    # The targets: inspect / lower <= 1.5, lower(jit(pb(f))) / lower(jit(f)) <= 1.5.
     inspect, lower_pb = entry["ratio_vs_lower"]["inspect"], entry["ratio_vs_lower"]["lower_pb"]
     entry["targets"] = {"inspect_over_lower": inspect, "lower_pb_over_lower": lower_pb,
                         "met": inspect <= INSPECT_TARGET and lower_pb <= LOWER_PB_TARGET}
