@@ -20,8 +20,8 @@ repetition (no trace cache can help):
 and reports each against ``lower``, and the growth exponent of each (the slope of
 log(time) against log(equations) from the smallest to the largest size; 1.0 is linear).
 The two targets (at 10k equations) are printed per size: ``inspect / lower`` (at most
-1.5, as issue 42 asks; an earlier target was 1.0) and ``lower(jit(pb(f))) / lower(jit(f))`` (the ``lower_pb`` ratio, at most 1.5;
-the first target asked was 2).
+1.5, as issue 42 asks; an earlier target was 1.0) and ``lower(jit(pb(f))) /
+lower(jit(f))`` (the ``lower_pb`` ratio, at most 1.5; the first target asked was 2).
 ``--profile`` runs cProfile over ``inspect`` + ``rewrite`` at the given sizes and prints
 the functions with the most cumulative time (jaxpar's own first).
 

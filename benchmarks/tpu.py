@@ -13,13 +13,15 @@ ratios to plain ``jax.jit``. Parts, each writing ``<out>/tpu-<part>.json`` as it
   (``c @ x`` beside ``x @ c``) and bodies of three matmuls each;
 * ``suite``: the 31 programs of ``benchmarks/gpu_suite.py`` at ``--size``;
 * ``battery``: the loop programs of ``benchmarks/battery/programs.py`` (size ``m``);
+* ``loops``: ``benchmarks/tpu_loops.py``'s loop programs of many shapes, none used to
+  calibrate the profile or choose its rules (size ``m``);
 * ``tune``: ``tune=True`` on four loop programs: the first call's time (measuring
   included) against plain's first call, and the decided program's time per call.
 
 Run (``benchmarks/tpu.sh`` runs it on the chip with the calibration and the dispatch
 benchmark)::
 
-    python benchmarks/tpu.py [--parts seeds,suite,battery,tune] [--out DIR] [--quick]
+    python benchmarks/tpu.py [--parts seeds,suite,battery,loops,tune] [--out DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -177,6 +179,16 @@ def _battery(size: str) -> dict[str, Callable[[], Any]]:
     return {name: (lambda n=name: build(n)) for name in BATTERY_LOOPS}
 
 
+def _loops(size: str) -> dict[str, Callable[[], Any]]:
+    import tpu_loops
+
+    def build(name: str) -> Any:
+        fn, args = tpu_loops.PROGRAMS[name](size)
+        return {"jax.jit": jax.jit(fn), "jaxpar": jaxpar.parallel_branches(fn),
+                "jaxpar, loops rolled": jaxpar.parallel_branches(fn, unroll=None)}, args, None
+    return {name: (lambda n=name: build(n)) for name in tpu_loops.PROGRAMS}
+
+
 def tune_part(steps: int, size: str, out_path: str) -> dict[str, Any]:
     """``tune=True``: the first call (tracing, compiling, measuring the candidates) against
     plain ``jax.jit``'s first call, the decided program, its time per call."""
@@ -263,6 +275,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results = run_programs(chosen(_suite(size)), path, ns.budget, ns.rounds)
         elif part == "battery":
             results = run_programs(chosen(_battery("s" if ns.quick else "m")), path, ns.budget,
+                                   ns.rounds)
+        elif part == "loops":
+            results = run_programs(chosen(_loops("s" if ns.quick else "m")), path, ns.budget,
                                    ns.rounds)
         elif part == "tune":
             results = tune_part(steps, size, path)

@@ -6,7 +6,7 @@
 #
 # Usage (from the repository root, on a TPU machine with jax installed):
 #     bash benchmarks/tpu.sh [--dry-run] [RESULTS_DIR] [PARTS] [TPU_PY_ARGS...]
-#   PARTS: comma-separated among calibrate,seeds,suite,dispatch,battery,tune (default all)
+#   PARTS: comma-separated among calibrate,seeds,suite,dispatch,battery,loops,tune (default all)
 #   TPU_PY_ARGS: passed on to benchmarks/tpu.py (seeds, suite, battery, tune), e.g.
 #     --rounds 9 --budget 480 --only attention,three_towers
 #   --dry-run: every step at tiny sizes on this machine's CPU (a test runs it)
@@ -26,7 +26,7 @@ if [ "${1:-}" = "--dry-run" ]; then
 else
   out=${1:-benchmarks/results/tpu-$(date +%Y%m%d-%H%M%S)}
 fi
-parts=${2:-calibrate,seeds,suite,dispatch,battery,tune}
+parts=${2:-calibrate,seeds,suite,dispatch,battery,loops,tune}
 more=("${@:3}")
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
@@ -57,7 +57,7 @@ for part in ${parts//,/ }; do
     calibrate) run calibrate "$PY" benchmarks/calibrate_tpu.py --json "$out/calibration.json" "${quick[@]}" ;;
     dispatch) run dispatch "$PY" benchmarks/dispatch.py --json "$out/dispatch.json" --budget 150 \
                 ${quick:+--rounds 1 --calls 3} ;;
-    seeds|suite|battery|tune) run "$part" "$PY" benchmarks/tpu.py --parts "$part" --out "$out" "${quick[@]}" "${more[@]}" ;;
+    seeds|suite|battery|loops|tune) run "$part" "$PY" benchmarks/tpu.py --parts "$part" --out "$out" "${quick[@]}" "${more[@]}" ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
