@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default=".")
     parser.add_argument("--size", default="full", choices=("full", "small"))
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--budget", type=float, default=200.0, help="seconds a part")
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds a part")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a dry run")
     parser.add_argument("--only", help="comma-separated program names (of any part)")
     ns = parser.parse_args(argv)
