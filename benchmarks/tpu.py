@@ -13,8 +13,8 @@ ratios to plain ``jax.jit``. Parts, each writing ``<out>/tpu-<part>.json`` as it
   (``c @ x`` beside ``x @ c``) and bodies of three matmuls each;
 * ``suite``: the 31 programs of ``benchmarks/gpu_suite.py`` at ``--size``;
 * ``battery``: the loop programs of ``benchmarks/battery/programs.py`` (size ``m``);
-* ``loops``: ``benchmarks/tpu_loops.py``'s loop programs of many shapes, none used to
-  calibrate the profile or choose its rules (size ``m``);
+* ``loops``: ``benchmarks/tpu_loops.py``'s loop programs of many shapes, written after the
+  profile and its rules (size ``m``);
 * ``tune``: ``tune=True`` on four loop programs: the first call's time (measuring
   included) against plain's first call, and the decided program's time per call.
 
@@ -244,45 +244,53 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--parts", default="seeds,suite,battery,tune")
+    parser.add_argument("--parts", default="seeds,suite,battery,loops,tune")
     parser.add_argument("--out", default=".")
     parser.add_argument("--size", default="full", choices=("full", "small"))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--budget", type=float, default=300.0, help="seconds a part")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a dry run")
-    parser.add_argument("--only", help="comma-separated program names (of any part)")
+    parser.add_argument("--only", help="comma-separated program names (of any part); "
+                        "a part with none of them is skipped")
     ns = parser.parse_args(argv)
+    steps = 64 if ns.quick else 10_000
+    size = "small" if ns.quick else ns.size
+    battery_size = "s" if ns.quick else "m"
+    builders: dict[str, Callable[[], dict[str, Any]]] = {
+        "seeds": lambda: _seeds(steps), "suite": lambda: _suite(size),
+        "battery": lambda: _battery(battery_size), "loops": lambda: _loops(battery_size)}
+    parts = ns.parts.split(",")
+    unknown = [part for part in parts if part not in (*builders, "tune")]
+    if unknown:
+        parser.error(f"--parts: unknown {', '.join(unknown)}; the parts are "
+                     f"{', '.join((*builders, 'tune'))}")
     only = set(ns.only.split(",")) if ns.only else None
+    if only is not None:
+        known = {name for build in builders.values() for name in build()}
+        if only - known:
+            parser.error(f"--only: no program named {', '.join(sorted(only - known))} (the "
+                         f"parts' programs: {', '.join(sorted(known))})")
 
     def chosen(programs: dict[str, Any]) -> dict[str, Any]:
         if only is None:
             return programs
         return {name: build for name, build in programs.items() if name in only}
 
-    steps = 64 if ns.quick else 10_000
-    size = "small" if ns.quick else ns.size
     os.makedirs(ns.out, exist_ok=True)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; jaxpar target "
           f"{jaxpar.parallel_branches(lambda x: x).options.resolve_target()}", flush=True)
     everything: dict[str, Any] = {}
-    for part in ns.parts.split(","):
+    for part in parts:
         started = time.perf_counter()
         path = os.path.join(ns.out, f"tpu-{part}.json")
+        programs = chosen(builders[part]()) if part in builders else {}
+        if part in builders and not programs:
+            continue  # --only names none of this part's programs: its files stay as they are
         print(f"== {part}", flush=True)
-        if part == "seeds":
-            results = run_programs(chosen(_seeds(steps)), path, ns.budget, ns.rounds)
-        elif part == "suite":
-            results = run_programs(chosen(_suite(size)), path, ns.budget, ns.rounds)
-        elif part == "battery":
-            results = run_programs(chosen(_battery("s" if ns.quick else "m")), path, ns.budget,
-                                   ns.rounds)
-        elif part == "loops":
-            results = run_programs(chosen(_loops("s" if ns.quick else "m")), path, ns.budget,
-                                   ns.rounds)
-        elif part == "tune":
-            results = tune_part(steps, size, path)
+        if part in builders:
+            results = run_programs(programs, path, ns.budget, ns.rounds)
         else:
-            raise SystemExit(f"unknown part {part!r}")
+            results = tune_part(steps, size, path)
         everything[part] = results
         if part != "tune":
             everything[f"{part} summary"] = summary(results)

@@ -1,5 +1,7 @@
-"""Loop programs of many shapes, for checking the TPU target's decisions on the chip: none
-of them was used to calibrate the profile (``jaxpar/_tpu_model.py``) or to choose its rules.
+"""Loop programs of many shapes, for checking the TPU target's decisions on the chip:
+written after the profile (``jaxpar/_tpu_model.py``) and its rules were fixed. One of them,
+``int_and_float_carry_n3000``, then prompted a rule (loops that divide integers stay
+rolled); the other 19 were used for nothing but checking.
 
 Each builder takes a size (``"s"``: tiny, for a dry run on the CPU; ``"m"``: the chip's)
 and returns ``(fn, args)``. They vary what the profile weighs: the body's work against a

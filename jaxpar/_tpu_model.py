@@ -19,10 +19,13 @@ trips a block holds:
 * never where the loop carries large arrays (``LARGE_CARRY_BYTES``): unrolling LSTM
   gradients, which carry 1-2 MiB of weight gradients, made them x1.2-1.8 slower on the
   chip (a precaution: a synthetic 2 MiB accumulator alone did not slow down);
-* never where the body divides integers (``div``, ``rem``: ``//`` and ``%`` of integer
-  arrays; the TPU has no integer divider): a 32x32 matmul loop stepping an ``int32``
-  counter with ``(k * 3 + 1) % 1000`` ran x1.11-1.13 slower read by blocks of 8, 16 or 40,
-  while the same loop with ``k + 1`` ran x0.92-0.94 (measured on the chip);
+* never where the body divides integers (an integer ``div`` or ``rem``: ``//`` and ``%``
+  of integer arrays, and what is built on them, such as ``jax.random.randint`` or an index
+  taken modulo a length): a 32x32 matmul loop stepping an ``int32`` counter with
+  ``(k * 3 + 1) % 1000`` ran x1.11-1.13 slower read by blocks of 8, 16 or 40, while the
+  same loop with ``k + 1`` ran x0.92-0.94 (measured on the chip). A precaution beyond
+  what was measured: only that carried counter was timed, and every integer division in
+  a body keeps its loop rolled (``jax.jit``'s program, never slower);
 * the largest factor up to ``TpuProfile.block_limit`` that divides the length (so no
   input is copied apart), keeps the unrolled body under ``MAX_BLOCK_EQNS`` equations
   (nested loops' bodies counted as many times as they are unrolled: blocks of blocks)
@@ -143,9 +146,6 @@ MAX_BLOCK_EQNS = 640
 _VECTOR_POLYNOMIALS = frozenset({"sin", "cos", "tan", "erf", "erf_inv", "erfc", "atan2",
                                  "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
                                  "atanh", "lgamma", "digamma", "igamma", "pow", "cbrt"})
-# Integer division and remainder: no TPU unit computes them, and a loop body holding one
-# ran slower read by blocks (``block_factor``).
-_INTEGER_DIVISIONS = frozenset({"div", "rem"})
 # Operations that run as a step of their own (not fused into a neighbour): their latency.
 _OWN_STEP = frozenset({_primitives.DOT_GENERAL, _primitives.CONV})
 
@@ -261,8 +261,9 @@ def block_factor(eqn: JaxprEqn, profile: TpuProfile, most: int | None = None) ->
             f"x1.2-1.8 slower)"))
     if divides_integers(info.jaxpr):
         return BlockChoice(1, False, rolled, rolled, (
-            "kept rolled: its body divides integers (// or %), which ran x1.11-1.13 slower "
-            "read by blocks on a TPU v5e"))
+            "kept rolled: its body divides integers (an integer // or %, as in "
+            "jax.random.randint or a modular index): a loop stepping an integer with % ran "
+            "x1.11-1.13 slower read by blocks on a TPU v5e"))
     if body > fixed:
         return BlockChoice(1, False, rolled, rolled, (
             f"kept rolled: its body (est. {body * 1e6:.2f} us, with its slices' bytes) hides "
@@ -300,7 +301,7 @@ def divides_integers(jaxpr: Any) -> bool:
     of an integer result."""
     inner, _ = _compat.open_jaxpr(jaxpr)
     for eqn in inner.eqns:
-        if eqn.primitive.name in _INTEGER_DIVISIONS and any(
+        if eqn.primitive.name in _primitives.DIVISIONS and any(
                 (dtype := getattr(v.aval, "dtype", None)) is not None
                 and jax.dtypes.issubdtype(dtype, np.integer)
                 for v in eqn.outvars):

@@ -185,6 +185,27 @@ def test_tpu_script_passes_options_and_keeps_each_runs_summary(tmp_path: Any) ->
     summary = json.loads((results / "tpu-summary.json").read_text())
     assert set(summary) == {"seeds summary", "battery summary"}
     assert summary["battery summary"]["programs"] == 1
+    # A part none of whose programs --only names is skipped: its files stay as they were.
+    seeds_before = (results / "tpu-seeds.json").read_text()
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "tpu.py"), "--quick",
+                           "--parts", "seeds,battery", "--rounds", "1", "--only",
+                           "scans_nested", "--out", str(results)],
+                          env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "== seeds" not in done.stdout
+    assert (results / "tpu-seeds.json").read_text() == seeds_before
+    assert json.loads((results / "tpu-summary.json").read_text())["seeds summary"] == \
+        summary["seeds summary"]
+    # A name no part has, and options where the results folder belongs, are refused.
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "tpu.py"), "--quick",
+                           "--parts", "battery", "--only", "scans_nestd", "--out",
+                           str(results)], env={**env, "JAX_PLATFORMS": "cpu"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "no program named scans_nestd" in done.stderr
+    done = subprocess.run(["bash", str(root / "benchmarks" / "tpu.sh"), "--rounds", "9"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "come after RESULTS_DIR and PARTS" in done.stderr
 
 
 def test_gpu_script_dry_run(tmp_path: Any) -> None:

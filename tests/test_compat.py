@@ -18,13 +18,11 @@ from jax.experimental.xla_metadata import set_xla_metadata
 import jaxpar
 from jaxpar import _compat
 
-_placed = placed_by_jax
-
 
 def test_has_jax_frontend_attributes_is_the_truth_of_jax_frontend_attributes() -> None:
     x = jnp.ones((8, 8))
-    programs = [jax.make_jaxpr(_placed)(x),
-                jax.make_jaxpr(jax.grad(lambda v: _placed(v).sum()))(x)]
+    programs = [jax.make_jaxpr(placed_by_jax)(x),
+                jax.make_jaxpr(jax.grad(lambda v: placed_by_jax(v).sum()))(x)]
     answers = [(_compat.has_jax_frontend_attributes(e), bool(_compat.jax_frontend_attributes(e)))
                for program in programs for e in all_equations(program)]
     assert [a for a in answers if a[0] != a[1]] == []

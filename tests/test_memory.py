@@ -206,7 +206,8 @@ def test_the_branching_bounds_hold_for_the_compile(mode: CommandBufferMode) -> N
 
 
 @pytest.mark.parametrize("mode", [LHS, CONCURRENT, REGIONS])
-def test_least_bytes_reads_the_level_traced_before(mode: CommandBufferMode) -> None:
+def test_least_bytes_reads_the_level_traced_before(mode: CommandBufferMode,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``least_bytes`` after ``temp_bytes`` of the same program (the budget asks both)
     reads the largest buffer that level's trace found, whatever the mode it was traced
     in: the figure a fresh model traces."""
@@ -220,5 +221,12 @@ def test_least_bytes_reads_the_level_traced_before(mode: CommandBufferMode) -> N
     fresh = _model().least_bytes(closed)
     model = _model()
     model.temp_bytes(closed, mode)
+    from jaxpar import _memory
+
+    traced: list[Any] = []
+    trace = _memory._Buffers.trace
+    monkeypatch.setattr(_memory._Buffers, "trace",
+                        lambda self, *a: (traced.append(a[0]), trace(self, *a))[1])
     assert model.least_bytes(closed) == fresh
+    assert traced == []  # read, not traced again
     assert fresh >= 4 * MATRIX  # the broadcast the scan holds, at least
