@@ -228,10 +228,11 @@ PARAMETER_VIEWS = _family(
     "convert_element_type_p", "squeeze_p", "copy_p", "slice_p", "concatenate_p",
     "reduce_precision_p")
 
-# Pricing: identities XLA drops, so a value read through one is the value itself.
 # Division and remainder (of any dtype; ``_tpu_model.divides_integers`` looks at integer
 # results): on a TPU a loop body holding an integer one stays rolled.
 DIVISIONS = _family("DIVISIONS", "div_p", "rem_p")
+
+# Pricing: identities XLA drops, so a value read through one is the value itself.
 IDENTITIES = _family("IDENTITIES", "stop_gradient_p", "copy_p")
 
 # Pricing: calls whose body's inputs are the equation's inputs, one for one.
