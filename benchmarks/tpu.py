@@ -156,14 +156,22 @@ def _seeds(steps: int) -> dict[str, Callable[[], Any]]:
     return {name: (lambda v=v: (*v, (2e-2, 2e-2))) for name, v in seed_programs(steps).items()}
 
 
+def _variants(fn: Callable[..., Any], rolled: bool = True) -> dict[str, Callable[..., Any]]:
+    """Plain ``jax.jit``, jaxpar's default, and (``rolled``) jaxpar with its loops rolled:
+    what reading by blocks adds."""
+    variants = {"jax.jit": jax.jit(fn), "jaxpar": jaxpar.parallel_branches(fn)}
+    if rolled:
+        variants["jaxpar, loops rolled"] = jaxpar.parallel_branches(fn, unroll=None)
+    return variants
+
+
 def _suite(size: str) -> dict[str, Callable[[], Any]]:
     import gpu_suite
 
     def build(prog: Any) -> Any:
         fn, args = prog.build(size)
-        variants = {"jax.jit": jax.jit(fn), "jaxpar": jaxpar.parallel_branches(fn)}
-        if "scan" in str(jax.make_jaxpr(fn)(*args)):  # the block reading's own share
-            variants["jaxpar, loops rolled"] = jaxpar.parallel_branches(fn, unroll=None)
+        # "loops rolled" only where there is a scan: the block reading's own share.
+        variants = _variants(fn, rolled="scan" in str(jax.make_jaxpr(fn)(*args)))
         # The TPU's tolerance: float32 matmuls run at bfloat16 passes by default.
         return variants, args, (max(prog.rtol, 2e-2), max(prog.atol, 2e-2))
     return {name: (lambda p=p: build(p)) for name, p in gpu_suite.PROGRAMS.items()}
@@ -174,8 +182,7 @@ def _battery(size: str) -> dict[str, Callable[[], Any]]:
 
     def build(name: str) -> Any:
         fn, args, _ = battery.PROGRAMS[name](size)
-        return {"jax.jit": jax.jit(fn), "jaxpar": jaxpar.parallel_branches(fn),
-                "jaxpar, loops rolled": jaxpar.parallel_branches(fn, unroll=None)}, args, None
+        return _variants(fn), args, None
     return {name: (lambda n=name: build(n)) for name in BATTERY_LOOPS}
 
 
@@ -184,8 +191,7 @@ def _loops(size: str) -> dict[str, Callable[[], Any]]:
 
     def build(name: str) -> Any:
         fn, args = tpu_loops.PROGRAMS[name](size)
-        return {"jax.jit": jax.jit(fn), "jaxpar": jaxpar.parallel_branches(fn),
-                "jaxpar, loops rolled": jaxpar.parallel_branches(fn, unroll=None)}, args, None
+        return _variants(fn), args, None
     return {name: (lambda n=name: build(n)) for name in tpu_loops.PROGRAMS}
 
 
