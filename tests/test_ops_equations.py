@@ -11,6 +11,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 from helpers.lowered import all_equations
+from helpers.metadata import answers as shortcut_answers
 from helpers.metadata import placed_by_jax
 from jax.experimental.xla_metadata import set_xla_metadata
 
@@ -24,11 +25,8 @@ def _placed(x: jax.Array) -> jax.Array:
 
 
 def test_has_frontend_attributes_is_the_truth_of_eqn_frontend_attributes() -> None:
-    x = jnp.ones((8, 8))
-    programs = [jax.make_jaxpr(_placed)(x),
-                jax.make_jaxpr(jax.grad(lambda v: _placed(v).sum()))(x)]
-    answers = [(_ops.has_frontend_attributes(e), bool(_ops.eqn_frontend_attributes(e)))
-               for program in programs for e in all_equations(program)]
+    answers = shortcut_answers(_placed, _ops.has_frontend_attributes,
+                               _ops.eqn_frontend_attributes)
     assert [a for a in answers if a[0] != a[1]] == []
     assert sum(a for a, _ in answers) >= 4  # metadata, both calls' attributes, the stream
     assert sum(not a for a, _ in answers) >= 4  # and plain equations
