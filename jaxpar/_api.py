@@ -55,7 +55,9 @@ from ._dispatch import (
     CallState,
     CallTuner,
     JitOptions,
+    MeasuringTuner,
     StagedJits,
+    check_measure,
     inside_stream_call,
     lower_with_options,
     options_applied,
@@ -107,7 +109,8 @@ class ParallelBranches:
                  static_args: StaticArgs | None = None, *,
                  jit_options: JitOptions | None = None,
                  command_buffers: CommandBufferMode | None = None,
-                 gpu: GpuProfile | None = None, tune: TuneBudget | None = None):
+                 gpu: GpuProfile | None = None, tune: TuneBudget | None = None,
+                 measure: bool | str = False):
         check_function(fun, "parallel_branches")
         refuse_module_as_function(fun, "parallel_branches")
         functools.update_wrapper(self, fun)
@@ -120,7 +123,9 @@ class ParallelBranches:
         # collector runs, where ``jax.jit`` frees them at once. ``command_buffers`` and
         # ``gpu``: what to plan for instead of the CUDA-graph mode in XLA_FLAGS and this
         # machine's GPU (gpu_preview plans for the GPU and the mode it judges in).
-        self._tuner = None if tune is None else CallTuner(tune)
+        self.measure = measure
+        self._tuner: CallTuner | None = CallTuner(tune) if tune is not None else \
+            MeasuringTuner(measure) if measure else None
         self._state = CallState(fun, options, static_args or StaticArgs(),
                                 jit_options or JitOptions(),
                                 {"command_buffers": command_buffers, "gpu": gpu}, self._tuner)
@@ -230,6 +235,7 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
+                      measure: bool | str = ...,
                       command_buffers: str = ...,
                       memory: str | float = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
@@ -244,6 +250,7 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
+                      measure: bool | str = ...,
                       command_buffers: str = ...,
                       memory: str | float = ...,
                       static_argnums: _Argnums = ..., static_argnames: _Argnames = ...,
@@ -257,6 +264,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       batch_matmuls: Switch = "auto",
                       unroll: Unroll = "auto", group_collectives: Switch = "auto",
                       force_streams: bool = False, tune: bool | TuneBudget = False,
+                      measure: bool | str = "auto",
                       command_buffers: str = "auto", memory: str | float = "auto",
                       static_argnums: _Argnums = None, static_argnames: _Argnames = None,
                       donate_argnums: _Argnums = None, donate_argnames: _Argnames = None,
@@ -315,7 +323,19 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         and store the decision under ``$JAXPAR_TUNE_DIR`` (default
         ``~/.cache/jaxpar/tune``) so a later process compiles only the winner.
         ``inspect`` shows the measured table. Under an outer ``jit``/``grad``/``vmap``
-        it reuses a decision made at the same shapes, else runs the plan.
+        it reuses a decision made at the same shapes, else runs the plan. The first
+        call waits for the measuring; ``measure`` measures without waiting.
+      measure: let the device decide, at the cost of ``jax.jit``'s first call
+        (``_dispatch.measuring``): the first top-level call of a signature runs
+        ``jax.jit``'s program while jaxpar's candidates (its plan, rolled, read by
+        blocks, ``lax.scan``'s unroll 8 and 16, batched or not) compile on a background
+        thread; a later call times them against ``jax.jit``'s program and the fastest
+        runs from then on (a rewrite must win by 3%), remembered on disk (as ``tune``)
+        so a later process measures nothing. ``"auto"`` (default): on where the target is
+        the accelerator the call runs on (a GPU or TPU target on its device), off on a
+        CPU; True: on everywhere (also on a CPU); False: the model's plan alone, the
+        same program from the first call (bit-stable runs). ``JAXPAR_MEASURE=0`` turns
+        it off process-wide. Switching programs between calls changes rounding only.
       command_buffers: XLA's CUDA-graph mode for this function's compile, on target
         ``"gpu"``: ``"auto"`` (default) plans the function in XLA's default ``"lhs"``
         mode, in ``"concurrent_regions"`` mode (small independent kernels become
@@ -377,7 +397,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     """
     given = locals()  # the parameters: Options' fields by name (a test keeps them equal)
     _refuse_outer_jit_options(unknown, "parallel_branches")
-    check_known(unknown, (*Options.names(), "tune", *CALL_OPTIONS, *JIT_OPTIONS))
+    check_known(unknown, (*Options.names(), "tune", "measure", *CALL_OPTIONS, *JIT_OPTIONS))
+    check_measure(measure)
     if not isinstance(tune, (bool, TuneBudget)):
         raise TypeError(f"tune must be True, False or a jaxpar.TuneBudget, got {tune!r}")
     options = Options.create(**{name: given[name] for name in Options.names()})
@@ -392,7 +413,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                                     in_shardings=in_shardings, out_shardings=out_shardings,
                                     keep_unused=keep_unused),
                                 tune=tune if isinstance(tune, TuneBudget)
-                                else TuneBudget() if tune else None)
+                                else TuneBudget() if tune else None, measure=measure)
 
     return decorate if fun is None else decorate(fun)
 
@@ -502,7 +523,7 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Unpack[InspectOption
     _refuse_outer_jit_options(given, "inspect")
     check_known(given, (*Options.names(), *CALL_OPTIONS))
     planned_for: dict[str, Any] = {}
-    tuned = fun if isinstance(fun, ParallelBranches) and fun.tune is not None and not given \
+    tuned = fun if isinstance(fun, ParallelBranches) and fun._tuner is not None and not given \
         else None
     if isinstance(fun, ParallelBranches):
         base, inner = fun.options.to_dict(), fun.__wrapped__

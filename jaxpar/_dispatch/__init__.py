@@ -11,6 +11,8 @@ Read in this order:
   staged    ``trace``, ``lower`` and ``eval_shape`` (``lower`` with the plan's options)
   tuning    ``tune=True``'s hook: decided before a signature's first call, read when it
             is traced
+  measuring ``measure``'s hook: jax.jit's program first, candidates built on a
+            background thread, decided at a later call
   channel   the one per-thread channel between calls and the traces they start
 
 ``_api.ParallelBranches`` owns a ``CallState`` and its ``__call__`` is ``CallState.call``.
@@ -27,6 +29,7 @@ from __future__ import annotations
 from .channel import inside_stream_call, options_applied, stream_call_body
 from .fast import FastPath, Mode, current, read_environment, read_gpu_environment, reset
 from .keyed import agree_across_processes, jit_for, transformed_call
+from .measuring import MeasuringTuner, check_measure
 from .staged import StagedJits, lower_with_options, planned_options
 from .state import (
     CallKey,
@@ -44,11 +47,13 @@ __all__ = [
     "CallTuner",
     "FastPath",
     "JitOptions",
+    "MeasuringTuner",
     "Mode",
     "StagedJits",
     "XlaOptionsNotAppliedWarning",
     "agree_across_processes",
     "cached_jit",
+    "check_measure",
     "current",
     "inside_stream_call",
     "jit_for",

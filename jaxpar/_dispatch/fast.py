@@ -64,7 +64,7 @@ from .._trace import (
 )
 from . import keyed
 from .channel import options_applied
-from .state import CallKey, CallState, bounded, name_after, options_key
+from .state import CallKey, CallState, bounded, install_call, name_after, options_key
 
 # The variables a top-level call's environment is read from when a call misses
 # (XLA_FLAGS and these).
@@ -218,7 +218,7 @@ def first_call(ref: weakref.ref[CallState], *args: Any, **kwargs: Any) -> Any:
 
 def reset(state: CallState) -> None:
     """Forgets the installed jit: the next call reads the environment again."""
-    state.call = functools.partial(first_call, weakref.ref(state))
+    install_call(state, functools.partial(first_call, weakref.ref(state)))
     state.read_environment = read_environment
 
 
@@ -238,7 +238,8 @@ def current(state: CallState) -> FastPath:
         if fast is None:
             fast = bounded(memos.fast_by_mode)[mode] = FastPath(state, mode)
         bounded(memos.fast)[reading] = fast
-    state.call = fast.routed.call
+    if state.installed is not fast.routed.call:
+        install_call(state, fast.routed.call)
     return fast
 
 
@@ -335,7 +336,11 @@ def route(state: CallState, mode: Mode, options: Options, jax_miss: Miss,
             fast = retarget(state, fast, chosen)
         return _uncached(fast.with_options(state, chosen).routed.call(*args, **kwargs))
     fast.accepted = True
-    return jax_miss(*args, **kwargs)
+    measured = state.tuner.register(state, key, leaves) if state.tuner is not None else None
+    out = jax_miss(*args, **kwargs)
+    if measured is not None:  # after the call: the first call costs what jax.jit's does
+        state.tuner.start(state, measured)
+    return out
 
 
 def _declared_statics(state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -372,14 +377,53 @@ def plan_options(state: CallState, key: CallKey, leaves: Sequence[Any]) -> Optio
                                      key.nnx).xla_options)
 
 
+def installed_after_decision(state: CallState, fast: FastPath, args: tuple[Any, ...],
+                             kwargs: dict[str, Any], background: bool) -> None:
+    """After the measuring tuner chose a rewrite for this call's signature: a fresh
+    top-level jit for ``fast``'s environment (``fast``'s holds ``jax.jit``'s trace of the
+    signature), the winner compiled into it and then installed. ``background``: compiled
+    on the measuring thread while calls keep running ``fast`` (one process); else now,
+    so that this call runs it (several processes switch at the same call)."""
+    from .measuring import abstract_argument, worker
+
+    moved = FastPath(state, fast.mode, fast.options)
+    moved.accepted = fast.accepted
+    abstract_args, abstract_kwargs = jax.tree_util.tree_map(abstract_argument,
+                                                            (args, kwargs))
+    ref = weakref.ref(state)
+
+    def switch() -> None:
+        alive = ref()
+        if alive is None:
+            return
+        try:  # the call compiles it otherwise
+            moved.routed.plain.lower(*abstract_args, **abstract_kwargs).compile()
+        except Exception:
+            pass
+        with alive.switch_lock:
+            if alive.memos.fast_by_mode.get(fast.mode) is fast:
+                _replace_path(alive, fast, moved)
+
+    if background:
+        worker().submit(switch)
+    else:
+        with state.switch_lock:
+            _replace_path(state, fast, moved)
+
+
+def _replace_path(state: CallState, old: FastPath, new: FastPath) -> None:
+    """``new`` in ``old``'s place for every environment reading, installed."""
+    state.memos.fast_by_mode[old.mode] = new
+    for reading, held in list(state.memos.fast.items()):
+        if held is old:
+            state.memos.fast[reading] = new
+    install_call(state, new.routed.call)
+
+
 def retarget(state: CallState, fast: FastPath, options: Options) -> FastPath:
     """A new ``FastPath`` for ``fast``'s environment compiling with ``options``, installed."""
     moved = FastPath(state, fast.mode, options)
-    state.memos.fast_by_mode[fast.mode] = moved
-    for reading, held in list(state.memos.fast.items()):
-        if held is fast:
-            state.memos.fast[reading] = moved
-    state.call = moved.routed.call
+    _replace_path(state, fast, moved)
     return moved
 
 
@@ -401,8 +445,8 @@ def flat_call(state: CallState, fast: FastPath, layout: Layout, nnx: bool,
     donated = donated_leaves(state, layout, args, kwargs) if state.jit_options.donates else ()
     # Where nothing is decided per signature (a plan's XLA options, a tuner's decision, the
     # processes' agreement), later calls of this structure skip the split (``memo_split``).
-    if not nnx and key.settings.target != "gpu" and state.tuner is None \
-            and jax.process_count() == 1:
+    if not nnx and key.settings.target != "gpu" and jax.process_count() == 1 \
+            and (state.tuner is None or not state.tuner.synchronous):
         _remember_split(state, fast, layout, args, kwargs, donated)
     return fast.flat(state, donated)((layout, nnx), *leaves)
 
@@ -417,7 +461,8 @@ def _nnx_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
     jaxpar's among them (a config object, a string), which ``nnx.jit`` would refuse, or
     with ``tune=True`` (whose decision a concrete call makes before its trace): split as
     ``nnx.jit`` splits the objects and run in the flat jit."""
-    if state.tuner is not None or not _plain_besides_nnx(state, args, kwargs):
+    if (state.tuner is not None and state.tuner.synchronous) or \
+            not _plain_besides_nnx(state, args, kwargs):
         # tune=True: nnx.jit's trace would hold no concrete call to measure; the split
         # here decides each signature before its first call (``flat_call``).
         return _nnx_flat_call(state, fast, args, kwargs)
@@ -436,8 +481,8 @@ def _nnx_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
     kinds = frozenset(type(value) for value in (*args, *kwargs.values())
                       if is_nnx_object(value))
     if kinds:
-        state.call = functools.partial(_nnx_router, fast.routed.call, fast.nnx_jitted,
-                                       kinds | _ROUTED_LEAVES)
+        install_call(state, functools.partial(_nnx_router, fast.routed.call,
+                                              fast.nnx_jitted, kinds | _ROUTED_LEAVES))
     return fast.nnx_jitted(*args, **kwargs)
 
 

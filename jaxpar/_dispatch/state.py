@@ -131,11 +131,16 @@ class TuneHook(Protocol):
     """What the dispatcher asks of ``tune=True`` (``_dispatch.tuning.CallTuner``)."""
 
     generation: int
+    synchronous: bool  # decides before a signature's first call (else after it)
 
     def decided_key(self, state: CallState, key: CallKey, leaves: Sequence[Any]
                     ) -> CallKey: ...
 
     def decide(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> None: ...
+
+    def register(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> Any: ...
+
+    def start(self, state: CallState, registered: Any) -> None: ...
 
     def clear(self) -> None: ...
 
@@ -230,10 +235,10 @@ class CallState:
     """Everything a decorated function's calls share (see the module docstring). Owned by
     one ``ParallelBranches``; nothing else holds it but weakly."""
 
-    __slots__ = ("__weakref__", "_nnx_function", "analyses", "call", "fun", "has_statics",
-                 "jit_options", "jitted", "jitted_with", "memos", "nnx_tag", "options",
-                 "planned_for", "plans", "read_environment", "scalars_made_static",
-                 "static_args", "tuner")
+    __slots__ = ("__weakref__", "_nnx_function", "analyses", "boundary", "call", "fun",
+                 "has_statics", "installed", "jit_options", "jitted", "jitted_with", "memos",
+                 "nnx_tag", "options", "planned_for", "plans", "read_environment",
+                 "scalars_made_static", "static_args", "switch_lock", "tuner")
 
     def __init__(self, fun: Callable[..., Any], options: Options, static_args: StaticArgs,
                  jit_options: JitOptions, planned_for: dict[str, Any],
@@ -265,6 +270,12 @@ class CallState:
         # its environment with; both set by ``_dispatch.fast``.
         self.call: Callable[..., Any] = _unset_call
         self.read_environment: Callable[[], tuple[Any, ...]] = _unset_call
+        # The call ``install_call`` installed last, and a hook the next call goes through
+        # before it (the measuring tuner's decision at a call boundary), set from the
+        # measuring thread too: both change under ``switch_lock``.
+        self.installed: Callable[..., Any] = _unset_call
+        self.boundary: Callable[..., Any] | None = None
+        self.switch_lock = threading.RLock()
 
     def traced_function(self, nnx: bool) -> Callable[..., Any]:
         if not nnx:
@@ -358,6 +369,23 @@ class CallState:
         self.jitted.clear_cache()
         for jitted in self.jitted_with.values():
             jitted.clear_cache()
+
+
+def install_call(state: CallState, call: Callable[..., Any]) -> None:
+    """Makes ``call`` what calling the decorated function calls (behind ``state.boundary``
+    while one is set: the next call goes through it first)."""
+    with state.switch_lock:
+        state.installed = call
+        state.call = call if state.boundary is None else functools.partial(state.boundary,
+                                                                            call)
+
+
+def set_boundary(state: CallState, boundary: Callable[..., Any] | None) -> None:
+    """Sets (or, None, removes) the hook the next call goes through before the installed
+    call; it receives that call first, then the call's arguments."""
+    with state.switch_lock:
+        state.boundary = boundary
+        install_call(state, state.installed)
 
 
 def _unset_call(*args: Any, **kwargs: Any) -> Any:

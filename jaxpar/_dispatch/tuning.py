@@ -45,6 +45,8 @@ class CallTuner:
 
     __slots__ = ("budget", "decisions", "generation")
 
+    synchronous = True  # decides before a signature's first call (``measuring``: after)
+
     def __init__(self, budget: TuneBudget):
         self.budget = budget
         self.decisions: dict[Any, Tuning] = {}
@@ -81,6 +83,14 @@ class CallTuner:
             return
         self.tuning(state, plain, leaves, first_call=True)
         self.generation += 1
+
+    def register(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> Any:
+        """Before a signature's first top-level call is traced: what ``start`` takes
+        after it (the measuring tuner's; this tuner decided in ``decide``)."""
+        return None
+
+    def start(self, state: CallState, registered: Any) -> None:
+        """After that call ran (see ``register``)."""
 
     def tuning(self, state: CallState, key: CallKey, leaves: Sequence[Any],
                first_call: bool = False) -> Tuning | None:
@@ -149,9 +159,11 @@ def _candidate_key(state: CallState, key: CallKey, label: str) -> CallKey:
     return dataclasses.replace(key, settings=options.resolve(**state.planned_for))
 
 
-def _candidates(state: CallState, key: CallKey, leaves: Sequence[Any]) -> list[Program]:
+def _candidates(state: CallState, key: CallKey, leaves: Sequence[Any],
+                compile_them: bool = False) -> list[Program]:
     """Each candidate's program, or the label of an earlier candidate whose lowered
-    program is the same text (timed once)."""
+    program is the same text (timed once); ``compile_them``: each distinct one compiled
+    now (the measuring thread), so timing it compiles nothing."""
     out: list[Program] = []
     seen: dict[str, str] = {}
     for candidate in CANDIDATES:
@@ -168,11 +180,14 @@ def _candidates(state: CallState, key: CallKey, leaves: Sequence[Any]) -> list[P
         digest = program_fingerprint(repr((candidate_key.rewrite, candidate_key.settings,
                                            sorted(options.items()))))
         # The XLA options (the CUDA-graph mode) are not in the lowered text.
-        text = f"{jitted.lower(candidate_key, *leaves).as_text()}\n{id(jitted)}"
+        lowered = jitted.lower(candidate_key, *leaves)
+        text = f"{lowered.as_text()}\n{id(jitted)}"
         if text in seen:
             out.append(Program(candidate, None, seen[text], digest))
             continue
         seen[text] = candidate.label
+        if compile_them:
+            lowered.compile()
         out.append(Program(candidate, functools.partial(_run_candidate, state, candidate_key,
                                                         tuple(leaves)), None, digest))
     return out

@@ -1,0 +1,409 @@
+"""Measuring by default (``parallel_branches(measure=...)``): the device decides which
+program runs, at the cost of ``jax.jit``'s first call.
+
+On an accelerator (``measure="auto"``; ``measure=True`` anywhere) a rewrite the model
+proposes runs only once it was measured faster than ``jax.jit``'s program of the same
+function on this device. Per signature of a top-level call:
+
+1. The first call runs ``jax.jit``'s program: the function unchanged, compiled as
+   ``jax.jit`` compiles it, in the C++ dispatch. After it, the signature is queued on
+   jaxpar's measuring thread (one per process): it traces the function, reads a stored
+   decision (``_tune``: keyed by the program's fingerprint, the device kind, the versions),
+   and otherwise analyses, lowers and compiles the candidates (``_tune.CANDIDATES``).
+2. Meanwhile calls keep running ``jax.jit``'s program, from the C++ cache.
+3. Once the candidates are compiled, the next call of that signature (a call boundary, on
+   the caller's thread) times them against ``jax.jit``'s program (``MEASURE_BUDGET``: at
+   most about ``seconds`` per distinct candidate), decides (a rewrite must win by the
+   margin), stores the decision, and returns its result from the winner. Where a rewrite
+   won, the measuring thread compiles it into a fresh top-level jit, which then serves the
+   calls from the C++ cache.
+
+A stored decision skips step 3: a second process compiles the winner in the background
+and measures nothing.
+
+Under several processes a program whose arguments span every process decides together at
+the signature's second call, which every process reaches at the same step: each waits for
+its own candidates, they time one schedule (``_tune.decide``'s collective) and all switch
+before that call runs, so every process runs the same program at every step.
+
+Example::
+
+    step = jaxpar.parallel_branches(train_step)     # measure="auto"
+    state = step(state, batch)   # jax.jit's program; candidates compile in the background
+    state = step(state, batch)   # ... measured at a later call, the winner runs from then on
+    print(step.tuning(state, batch).lines())
+
+Sharp edges:
+  * Switching programs between calls changes rounding only (the candidates compute the
+    same values within the target's tolerance); ``measure=False`` keeps one program from
+    the first call, for bit-stable runs.
+  * Only top-level calls with concrete arrays are measured. Under ``jax.grad``, ``vmap``
+    or an outer ``jit`` a decision made at the same shapes is reused, else the model's
+    plan runs; so do calls with Flax NNX objects. A call made under a JAX context
+    manager (``jax.enable_x64``, ``default_matmul_precision``) that the measuring thread
+    does not share is not measured: ``jax.jit``'s program runs (``tuning()`` says why).
+  * The calls that measure wait for their results (the timing blocks); the time spent is
+    in ``Tuning.measure_s``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from .. import _compat, _processes
+from .._trace import abstract, split_arguments
+from .._tune import (
+    CANDIDATES,
+    CHOSEN,
+    PLAIN,
+    STORED,
+    Measured,
+    Program,
+    TuneBudget,
+    Tuning,
+    load,
+    store,
+)
+from .._tune import decide as decide_together
+from .._tune import measure as measure_programs
+from .state import CallKey, CallState, set_boundary
+from .tuning import CallTuner, _candidate_key, _candidates, _decision_key, _run_candidate
+
+MEASURE_VARIABLE = "JAXPAR_MEASURE"
+
+# What measuring by default spends per signature: at least 5 rounds, at most 20, aiming
+# at about 0.25 s of timed runs per distinct candidate (a candidate clearly slower than
+# the best stops early).
+MEASURE_BUDGET = TuneBudget(seconds=0.25, min_repeats=5, max_repeats=20)
+
+MEASURE_VALUES = ("auto", True, False)
+
+# Where a measuring tuner's decision stands (``Tuning.source``, beside ``_tune``'s).
+PENDING = "measuring"  # candidates compiling in the background
+NOTHING_TO_MEASURE = "nothing to measure"  # every candidate is jax.jit's program
+NOT_MEASURED = "not measured"  # the build failed, or the call's context differs
+
+
+def measure_disabled_by_environment() -> bool:
+    """``JAXPAR_MEASURE=0`` (or false/no/off): measuring off process-wide."""
+    return os.environ.get(MEASURE_VARIABLE, "").strip().lower() in ("0", "false", "no", "off")
+
+
+def check_measure(measure: Any) -> None:
+    """Raises ``ValueError`` naming ``measure`` when it is not ``"auto"``, True or False."""
+    if not (measure is True or measure is False or measure == "auto"):
+        raise ValueError(f"measure={measure!r}: use 'auto' (on for accelerator targets on "
+                         "their device), True (on everywhere, also on a CPU) or False (the "
+                         "model alone, deterministic from the first call)")
+
+
+class Pending:
+    """One signature's build on the measuring thread: its arguments' abstract values,
+    the trace context of the call that queued it, and what the build produced."""
+
+    __slots__ = ("arguments", "by_shape", "context", "done", "error", "fields", "key",
+                 "name", "programs", "stored")
+
+    def __init__(self, key: CallKey, by_shape: Any, arguments: tuple[Any, ...]):
+        self.key = key
+        self.by_shape = by_shape
+        self.arguments = arguments
+        self.context = _compat.trace_context()
+        self.done = threading.Event()
+        self.error: str | None = None
+        self.name = ""
+        self.fields: dict[str, Any] = {}
+        self.programs: list[Program] = []
+        self.stored: Tuning | None = None
+
+
+_WORKER: concurrent.futures.ThreadPoolExecutor | None = None
+_WORKER_LOCK = threading.Lock()
+
+
+def worker() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's measuring thread (one: builds and compiles run one at a time)."""
+    global _WORKER
+    with _WORKER_LOCK:
+        if _WORKER is None:
+            _WORKER = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="jaxpar-measure")
+        return _WORKER
+
+
+def wait_idle(timeout: float | None = None) -> bool:
+    """Waits until the measuring thread has nothing queued (for tests and benchmarks);
+    False if ``timeout`` seconds passed first."""
+    done = worker().submit(lambda: None)
+    try:
+        done.result(timeout)
+    except concurrent.futures.TimeoutError:
+        return False
+    return True
+
+
+def abstract_argument(leaf: Any) -> Any:
+    """What the measuring thread lowers in place of a call's leaf: an array's shape, dtype,
+    weak type and placement (so the compile is the one the call finds); a Python scalar
+    as it is."""
+    if isinstance(leaf, jax.Array):
+        aval = jax.typeof(leaf)
+        sharding = leaf.sharding if getattr(leaf, "committed", True) else None
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding,
+                                    weak_type=getattr(aval, "weak_type", False))
+    return leaf
+
+
+class MeasuringTuner(CallTuner):
+    """``CallTuner`` that decides in the background (see the module docstring):
+    ``measure`` is the option (``"auto"`` or True), ``pending`` the signatures whose
+    candidates are being built, ``measure_s`` what each decision's timing cost."""
+
+    __slots__ = ("lock", "measure", "pending", "timings")
+
+    synchronous = False
+
+    def __init__(self, measure: bool | str, budget: TuneBudget = MEASURE_BUDGET):
+        super().__init__(budget)
+        self.measure = measure
+        self.pending: dict[Any, Pending] = {}
+        self.timings: dict[Any, float] = {}
+        self.lock = threading.RLock()
+
+    def clear(self) -> None:
+        with self.lock:
+            super().clear()
+            self.pending.clear()
+            self.timings.clear()
+
+    # ------------------------------------------------------------------ what runs
+
+    def active(self, key: CallKey) -> bool:
+        """Whether calls of ``key`` are measured: ``measure=True``, or ``"auto"`` with the
+        target's device the one the call runs on; never with ``JAXPAR_MEASURE=0``."""
+        if measure_disabled_by_environment() or not key.rewrite:
+            return False
+        if self.measure is True:
+            return True
+        target = key.settings.target
+        return target != "cpu" and jax.default_backend() == target
+
+    def decided_key(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> CallKey:
+        """The decided candidate's key; without a decision ``jax.jit``'s program at a
+        top-level call being measured (``tune="measure"``), else the model's plan."""
+        measuring = key.tune == "measure"
+        plain = dataclasses.replace(key, tune="", tune_generation=0)
+        if not self.active(plain):
+            return plain
+        by_shape = _by_shape(plain, leaves)
+        tuning = self.decisions.get(by_shape)
+        if tuning is not None and tuning.chosen:
+            return _candidate_key(state, plain, tuning.chosen)
+        if measuring and by_shape in self.pending:
+            return dataclasses.replace(plain, rewrite=False)
+        return plain
+
+    def decide(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> None:
+        """Before a top-level call runs: nothing to wait for (``queue`` starts the build
+        after it). Under several processes, the second call of a signature spanning them
+        decides together here (``settle``)."""
+        return None
+
+    def tuning(self, state: CallState, key: CallKey, leaves: Sequence[Any],
+               first_call: bool = False) -> Tuning | None:
+        """This process's decision, a stored one, or where measuring stands."""
+        plain = dataclasses.replace(key, tune="", tune_generation=0)
+        if not self.active(plain):
+            return None
+        by_shape = _by_shape(plain, leaves)
+        hit = self.decisions.get(by_shape)
+        if hit is not None:
+            return hit
+        pending = self.pending.get(by_shape)
+        if pending is not None:
+            return _standing(PENDING, pending.name, self.budget)
+        concrete = not _compat.staging() and not any(map(_compat.is_tracer, leaves))
+        if not concrete:
+            return None
+        name, _ = _decision_key(state, plain, leaves, tuple(abstract(x) for x in leaves))
+        return load(name) or _standing("not measured yet (no call of these shapes)", name,
+                                       self.budget)
+
+    # ------------------------------------------------------------------ the build
+
+    def register(self, state: CallState, key: CallKey, leaves: Sequence[Any]
+                 ) -> Pending | None:
+        """Before the first top-level call of a signature is traced: the signature is
+        measured (its trace runs ``jax.jit``'s program until decided); None where it is
+        not (measuring off here, or decided)."""
+        plain = dataclasses.replace(key, tune="", tune_generation=0)
+        if not self.active(plain):
+            return None
+        by_shape = _by_shape(plain, leaves)
+        with self.lock:
+            if by_shape in self.decisions or by_shape in self.pending:
+                return None
+            if jax.process_count() > 1 and _processes.span(leaves) != _processes.ALL:
+                return None  # cannot time together: the model's plan, as under tune=True
+            pending = self.pending[by_shape] = Pending(
+                plain, by_shape, tuple(map(abstract_argument, leaves)))
+        return pending
+
+    def start(self, state: CallState, pending: Pending) -> None:
+        """After that first call ran: the candidates built on the measuring thread; under
+        several processes the next call is the boundary where they decide together."""
+        worker().submit(_build, weakref.ref(state), pending)
+        if jax.process_count() > 1:
+            set_boundary(state, functools.partial(boundary_call, weakref.ref(state)))
+
+    # ------------------------------------------------------------------ the decision
+
+    def settle(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> Tuning | None:
+        """At a call boundary with ``leaves`` of ``key``'s signature: its decision, if its
+        candidates are built (several processes: waits for them, then decides
+        together). None while the build is running."""
+        plain = dataclasses.replace(key, tune="", tune_generation=0)
+        by_shape = _by_shape(plain, leaves)
+        pending = self.pending.get(by_shape)
+        if pending is None:
+            return self.decisions.get(by_shape)
+        together = jax.process_count() > 1
+        if together:
+            pending.done.wait()
+        elif not pending.done.is_set():
+            return None
+        started = time.perf_counter()
+        tuning = self._decided(state, pending, leaves, together)
+        if tuning.source not in (STORED, NOTHING_TO_MEASURE, NOT_MEASURED):
+            tuning = dataclasses.replace(tuning, measure_s=time.perf_counter() - started)
+        with self.lock:
+            self.pending.pop(by_shape, None)
+            self.timings[by_shape] = time.perf_counter() - started
+            self.decisions[by_shape] = tuning
+            self.generation += 1
+        return tuning
+
+    def _decided(self, state: CallState, pending: Pending, leaves: Sequence[Any],
+                 together: bool) -> Tuning:
+        if pending.error is not None and not together:
+            return _standing(NOT_MEASURED, pending.name, self.budget, chosen=PLAIN,
+                             why=pending.error)
+        live = [p if p.run is None else p._replace(run=functools.partial(
+                _run_candidate, state, _candidate_key(state, pending.key, p.candidate.label),
+                tuple(leaves))) for p in pending.programs]
+        if together:
+            return decide_together(pending.name, pending.fields, lambda: live, self.budget,
+                                   together=True, what=state.call_text(
+                                       tuple(abstract(x) for x in leaves)))
+        if pending.stored is not None:
+            return pending.stored
+        if sum(1 for p in live if p.run is not None) < 2:
+            # Every candidate is jax.jit's program: nothing to time.
+            return store(_standing(NOTHING_TO_MEASURE, pending.name, self.budget,
+                                   chosen=PLAIN), pending.fields)
+        return store(measure_programs(live, pending.name, self.budget), pending.fields)
+
+
+def _by_shape(key: CallKey, leaves: Sequence[Any]) -> Any:
+    return (key.layout, tuple(abstract(leaf) for leaf in leaves), key.nnx, key.settings,
+            _compat.trace_context())
+
+
+def _standing(source: str, name: str, budget: TuneBudget, chosen: str = "",
+              why: str | None = None) -> Tuning:
+    """A decision (or its absence) without timings: every row not timed."""
+    return Tuning(chosen, tuple(Measured(c.label, None, 0) for c in CANDIDATES), source,
+                  name, margin=budget.margin, why=why)
+
+
+def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
+    """On the measuring thread: the signature's key, its stored decision, else its
+    candidates lowered and compiled; then the boundary that decides (one process)."""
+    state = ref()
+    if state is None:
+        return
+    try:
+        if _compat.trace_context() != pending.context:
+            raise _Skip("the call ran under a JAX context manager (x64, matmul precision, "
+                        "default device...) that the measuring thread does not share; "
+                        "jax.jit's program runs")
+        key, arguments = pending.key, list(pending.arguments)
+        avals = tuple(abstract(leaf) for leaf in arguments)
+        pending.name, pending.fields = _decision_key(state, key, arguments, avals)
+        pending.stored = load(pending.name)
+        if pending.stored is not None and jax.process_count() == 1:
+            # A later process: only the winner is compiled (with the fresh jit below).
+            pending.programs = []
+        else:
+            pending.programs = _candidates(state, key, arguments, compile_them=True)
+    except _Skip as skip:
+        pending.error = str(skip)
+    except Exception as error:  # a failed build keeps jax.jit's program; never a call's error
+        pending.error = (f"building the candidates failed ({type(error).__name__}: "
+                         f"{error}); jax.jit's program runs")
+    finally:
+        pending.done.set()
+    if jax.process_count() == 1:
+        set_boundary(state, functools.partial(boundary_call, ref))
+
+
+class _Skip(Exception):
+    """A signature the measuring thread does not measure (the reason is its message)."""
+
+
+# ------------------------------------------------------------------------ the boundary
+
+
+def boundary_call(ref: weakref.ref[CallState], installed: Any, *args: Any, **kwargs: Any
+                  ) -> Any:
+    """A call at a boundary (``state.boundary``): where it is of a signature whose
+    candidates are built, the decision is made now, timed with this call's arguments;
+    where a rewrite won, its program is compiled into a fresh jit (see the module
+    docstring). The call itself runs the installed call."""
+    from .fast import current, installed_after_decision
+
+    state = ref()
+    if state is None:
+        return installed(*args, **kwargs)
+    tuner = state.tuner
+    assert isinstance(tuner, MeasuringTuner)
+    set_boundary(state, None)
+    try:
+        settled = _settle_call(state, tuner, args, kwargs)
+    except Exception:  # measuring never breaks a call: keep jax.jit's program
+        settled = None
+    if settled is not None:
+        installed_after_decision(state, current(state), args, kwargs,
+                                 background=jax.process_count() == 1)
+    with tuner.lock:
+        if any(p.done.is_set() or jax.process_count() > 1 for p in tuner.pending.values()):
+            set_boundary(state, functools.partial(boundary_call, ref))
+    return state.installed(*args, **kwargs)
+
+
+def _settle_call(state: CallState, tuner: MeasuringTuner, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Tuning | None:
+    """The decision this call settles, where a rewrite won (None otherwise)."""
+    from .fast import current
+
+    if not tuner.pending or not _compat.top_level():
+        return None
+    fast = current(state)
+    layout, leaves = split_arguments(state.fun, args, kwargs, state.static_args)
+    key = CallKey(layout, False, True, fast.mode.rewrite, fast.mode.settings, 0)
+    tuning = tuner.settle(state, key, leaves)
+    return None if tuning is None or tuning.chosen in ("", PLAIN) else tuning
+
+
+__all__ = ["CHOSEN", "MEASURE_BUDGET", "MEASURE_VARIABLE", "MeasuringTuner",
+           "check_measure", "measure_disabled_by_environment", "wait_idle"]
