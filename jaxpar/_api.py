@@ -271,7 +271,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       in_shardings: Any = None, out_shardings: Any = None,
                       keep_unused: bool = False,
                       **unknown: Any) -> Any:
-    """Rewrites ``fun`` so XLA:GPU runs its independent work concurrently.
+    """Rewrites ``fun`` for a GPU or a TPU: its independent work batched, fused or run
+    concurrently.
 
     The function is traced to a jaxpr (per argument signature, cached). On target
     ``"gpu"`` independent loops are fused, batched and unrolled, identical branches
@@ -280,7 +281,9 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     model estimates fastest (``command_buffers``); and independent regions that the
     GPU pricing says pay (or every one, with ``force_streams``) are emitted as
     non-inlined calls with ``_xla_stream_annotation`` (stream ids 1..k) and a shared
-    ``_scheduling_group_id``. On other targets the program is re-emitted unchanged.
+    ``_scheduling_group_id``. On target ``"tpu"`` independent scans with identical
+    bodies are batched and small loops read by blocks; on ``"cpu"`` the program is
+    re-emitted unchanged.
     The result computes the same values and composes with ``jax.jit``, ``jax.grad``,
     ``jax.vmap`` and ``shard_map``.
 
@@ -309,7 +312,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       batch_matmuls: run same-shaped matmuls and convolutions at one launch depth in
         different independent members (the halves of a fused scan body, experts,
         towers) as one batched op, where the target's cost model says it pays.
-      unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs, None elsewhere),
+      unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs and TPUs, None on CPUs),
         ``"cost"`` (a factor per scan from the target's cost model), an unroll factor
         >= 1, or None to leave scans alone.
       group_collectives: launch independent collectives together.

@@ -456,15 +456,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser that takes options only in full (``--unrol 4`` is not ``--unroll 4``, as
+    argparse's ``allow_abbrev`` would have it) and refuses a misspelt one with the
+    closest known option. Its subcommands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # Before argparse's own checks, which would report a misspelt required option as
+        # missing rather than misspelt.
+        self._refuse_unknown_options(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_unknown_options(self, args: list[str]) -> None:
+        known = self._option_string_actions  # argparse's table: every option string
+        # A parser with subcommands reads only the options before the command's name.
+        commands = self._subparsers is not None
+        for token in args:
+            if token == "--" or (commands and not token.startswith("-")):
+                return
+            name = token.split("=", 1)[0]
+            if name.startswith("--") and name not in known:
+                from ._options import did_you_mean
+
+                self.error(f"unknown option {name}{did_you_mean(name, known)}; options "
+                           "are taken in full, not abbreviated")
+
+
 def _main(argv: Sequence[str] | None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m jaxpar", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="jaxpar: rewrites a JAX program for a GPU. By default it fuses, batches "
-                    "and unrolls independent loops and batches independent members (an "
-                    "ensemble's, a mixture's experts) where its cost model says that pays, "
-                    "within a memory budget; stream regions only where the GPU pricing says "
-                    "they pay (none until a GPU calibrates it). `inspect` says what it does "
-                    "to a function and why.",
+        description="jaxpar: rewrites a JAX program for a GPU or a TPU. By default, for a "
+                    "GPU it fuses, batches and unrolls independent loops and batches "
+                    "independent members (an ensemble's, a mixture's experts) where its "
+                    "cost model says that pays, within a memory budget; stream regions only "
+                    "where the GPU pricing says they pay (none until a GPU calibrates it). "
+                    "For a TPU it batches independent scans with identical bodies and reads "
+                    "small loops by blocks. `inspect` says what it does to a function and "
+                    "why.",
         epilog=_EPILOG)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -476,7 +507,10 @@ def _main(argv: Sequence[str] | None) -> int:
                                       "what was done to each loop and member, what was "
                                       "refused and why, what was left alone.")
     insp.add_argument("function", help="MODULE:FUNCTION or FILE.py:FUNCTION, e.g. "
-                                       "examples.two_scans:two_scans or ./model.py:step")
+                                       "examples.two_scans:two_scans or ./model.py:step. "
+                                       "The module or file is imported: its top-level "
+                                       "code runs, as under `python -m`, so keep a "
+                                       "script's work under `if __name__ == \"__main__\":`")
     given = insp.add_mutually_exclusive_group(required=True)
     given.add_argument("--args", help='argument shapes, e.g. "f32[100,100] i32[]"')
     given.add_argument("--args-from", metavar="MODULE:FACTORY",

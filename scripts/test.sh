@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the tests need and runs them. What it installs (the first time, and
-# again only when pyproject.toml or tests/requirements-ecosystem.txt changes):
+# again only when pyproject.toml, tests/requirements-ecosystem.txt or a lane's constraints
+# file changes):
 #   * Debian's `chromium`, system-wide with `sudo apt-get` (as root, without sudo), for the
 #     browser test of the plan pictures; JAXPAR_TEST_BROWSER=0 leaves it out (that test
 #     then skips, and the summary counts it);
@@ -8,7 +9,10 @@
 #       lint   ruff and mypy;
 #       py3.11 jax 0.10.2 with the CUDA PJRT plugin, so the deviceless GPU-compile tests run
 #              (no GPU is needed), plus flax, equinox and optax;
-#       py3.12 the newest jax our pins allow, plus flax, equinox and optax.
+#       py3.12 the newest jax pyproject.toml allows (at the last bump), plus flax, equinox
+#              and optax;
+#     each at the versions of its tests/constraints-py<python>.txt (pip -c; scripts/lanes.sh),
+#     those the suite last passed with: scripts/bump_constraints.sh moves them.
 # The installs run side by side (they wait on downloads and unpacking more than on a core).
 # Then pytest on both jax versions side by side (one job a core; ruff and mypy before the
 # shorter job), a line per test file as it finishes, each job's full log in
@@ -27,51 +31,26 @@ export JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 PIP_DISABLE_PIP_VERSI
 export TF_CPP_MIN_LOG_LEVEL=3 PYTHONUNBUFFERED=1
 started=$SECONDS
 
-find_python() {  # $1 = major.minor
-  for candidate in "python$1" "$(pyenv root 2>/dev/null)/versions/$1"*/bin/python \
-                   "$HOME/.pyenv/versions/$1"*/bin/python; do
-    if command -v "$candidate" >/dev/null 2>&1 && \
-       "$candidate" -c "import sys; assert sys.version_info[:2] == tuple(map(int, '$1'.split('.')))" 2>/dev/null; then
-      echo "$candidate"; return 0
-    fi
-  done
-  echo "no Python $1 found (install it, e.g. with pyenv)" >&2; return 1
-}
+source scripts/lanes.sh  # find_python, install_lane and the lanes' jax pins
 
-install_job() {  # $1 = python version, $2 = jax pin ("" = newest allowed), $3 = "plugin" or ""
-  local py venv jaxver log stamp
-  venv=".ci-venv/py$1"
-  log=".ci-venv/install-py$1.log"
-  # Skipped when nothing it installs from has changed since the last run: the editable
-  # install follows code changes by itself.
-  stamp=$( { cat pyproject.toml tests/requirements-ecosystem.txt; echo "$* $PWD"; } | cksum)
-  if [ -f "$venv/.jaxpar-test-stamp" ] && [ "$(cat "$venv/.jaxpar-test-stamp")" = "$stamp" ] && \
-     "$venv/bin/python" -c "import jaxpar, os, sys; sys.exit(not jaxpar.__file__.startswith(os.getcwd()))" \
-       >/dev/null 2>&1; then
+install_job() {  # $1 = lane (3.11, 3.12 or lint): into .ci-venv/py$1 (.ci-venv/lint)
+  local venv log stamp constraints=tests/constraints-py${1/lint/3.11}.txt
+  venv=".ci-venv/py$1"; if [ "$1" = lint ]; then venv=.ci-venv/lint; fi
+  log=".ci-venv/install-${venv#.ci-venv/}.log"
+  # Skipped when nothing it installs from has changed since the last run (the constraints
+  # file included: a bump reinstalls): the editable install follows code changes by itself.
+  stamp=$( { cat pyproject.toml tests/requirements-ecosystem.txt "$constraints" scripts/lanes.sh
+             echo "$* $PWD"; } | cksum)
+  if [ -f "$venv/.jaxpar-test-stamp" ] && [ "$(cat "$venv/.jaxpar-test-stamp")" = "$stamp" ] && {
+       [ "$1" = lint ] ||
+       "$venv/bin/python" -c "import jaxpar, os, sys; sys.exit(not jaxpar.__file__.startswith(os.getcwd()))" \
+         >/dev/null 2>&1; }; then
     echo "--- $venv is up to date"; return 0
   fi
-  py=$(find_python "$1")
-  echo "--- installing into $venv: jax ${2:-newest}${3:+ with the CUDA plugin}, flax, equinox, optax"
+  echo "--- installing into $venv: the versions of $constraints"
   mkdir -p .ci-venv
-  local pins=()
-  if [ -n "$2" ]; then pins=("jax==$2" "jaxlib==$2"); fi
-  # The steps are chained with && (bash turns `set -e` off inside a group whose status
-  # an `||` reads): any step that fails fails the install.
-  {
-    { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } &&
-    "$venv/bin/pip" install -q --upgrade pip &&
-    # The dependencies first, beside the other installs: jaxpar's own (read from
-    # pyproject.toml) and the ecosystem's.
-    "$venv/bin/python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
-      > "$venv/jaxpar-deps.txt" &&
-    "$venv/bin/pip" install -q -r "$venv/jaxpar-deps.txt" -r tests/requirements-ecosystem.txt "${pins[@]}" &&
-    # The editable install writes jaxpar.egg-info into the checkout: one at a time.
-    flock .ci-venv/editable.lock "$venv/bin/pip" install -q -e ".[test]" "${pins[@]}" &&
-    if [ "$3" = plugin ]; then
-      jaxver=$("$venv/bin/python" -c "import jaxlib; print(jaxlib.__version__)") &&
-      "$venv/bin/pip" install -q --no-deps "jax-cuda12-plugin==$jaxver" "jax-cuda12-pjrt==$jaxver"
-    fi
-  } > "$log" 2>&1 || { tail -n 40 "$log"; echo "installing into $venv failed (log: $log)"; exit 1; }
+  install_lane "$venv" "$1" "$constraints" > "$log" 2>&1 ||
+    { tail -n 40 "$log"; echo "installing into $venv failed (log: $log)"; exit 1; }
   echo "$stamp" > "$venv/.jaxpar-test-stamp"
 }
 
@@ -114,14 +93,6 @@ install_chromium() {  # Debian's headless Chromium, for the browser test of the 
     > .ci-venv/apt.log 2>&1 || { tail -n 40 .ci-venv/apt.log; echo "installing chromium failed"; exit 1; }
 }
 
-install_lint() {  # ruff and mypy (mypy checks jaxpar and tests against jax 0.10.2's types)
-  .ci-venv/lint/bin/ruff --version >/dev/null 2>&1 && return 0
-  echo "--- installing into .ci-venv/lint: ruff, mypy, jax 0.10.2"
-  { python3 -m venv .ci-venv/lint && .ci-venv/lint/bin/pip install -q ruff mypy "jax==0.10.2" \
-      "jaxlib==0.10.2" typing-extensions; } > .ci-venv/install-lint.log 2>&1 || {
-    tail -n 40 .ci-venv/install-lint.log; echo "installing into .ci-venv/lint failed"; exit 1; }
-}
-
 jobs=${JAXPAR_TEST_JOBS:-"3.11 3.12"}
 for job in $jobs; do
   case $job in
@@ -136,12 +107,8 @@ trap 'kill $(jobs -p) 2>/dev/null; exit 130' INT TERM
 mkdir -p .ci-venv
 installs=()
 install_chromium & installs+=($!)
-install_lint & installs+=($!)
-for job in $jobs; do
-  case $job in
-    3.11) install_job 3.11 0.10.2 plugin & installs+=($!) ;;
-    3.12) install_job 3.12 "" "" & installs+=($!) ;;
-  esac
+for lane in lint $jobs; do
+  install_job "$lane" & installs+=($!)
 done
 install_status=0
 for install in "${installs[@]}"; do

@@ -333,8 +333,12 @@ def test_help_is_plain_text(capsys):
     assert code == 0
     assert "``" not in out and "::" not in out
     # It leads with what jaxpar does by default: loops and members, then streams.
-    assert ("jaxpar: rewrites a JAX program for a GPU. By default it fuses, batches and "
-            "unrolls independent loops and batches independent members") in " ".join(out.split())
+    # For a GPU or a TPU, as the README and pyproject.toml say, and what each gets.
+    assert ("jaxpar: rewrites a JAX program for a GPU or a TPU. By default, for a GPU it "
+            "fuses, batches and unrolls independent loops and batches independent members"
+            ) in " ".join(out.split())
+    assert ("For a TPU it batches independent scans with identical bodies and reads small "
+            "loops by blocks.") in " ".join(out.split())
     assert "./model.py:step" in out
 
 
@@ -382,3 +386,67 @@ def test_import_jaxpar_is_lazy_and_every_public_name_resolves():
     assert done.stdout.split() == ["False", "True", "True"], done.stderr
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         jaxpar.nope  # noqa: B018
+
+
+# --- options in full only: argparse's abbreviations (allow_abbrev) are off ----------------
+
+
+@pytest.mark.parametrize("argv, wrong, meant", [
+    (("inspect", "examples.two_scans:two_scans", "--args", "f32[3]", "--unrol", "4"),
+     "--unrol", "--unroll"),
+    (("inspect", "examples.two_scans:two_scans", "--args", "f32[3]", "--unrol=4"),
+     "--unrol", "--unroll"),
+    (("inspect", "examples.two_scans:two_scans", "--args", "f32[3]", "--max-stream", "2"),
+     "--max-stream", "--max-streams"),
+    # Misspelt, a required option is named as misspelt, not as missing.
+    (("inspect", "examples.two_scans:two_scans", "--arg", "f32[3]"), "--arg", "--args"),
+    (("inspect", "--verbos", "examples.two_scans:two_scans", "--args", "f32[3]"),
+     "--verbos", "--verbose"),
+    (("--versio",), "--versio", "--version"),
+])
+def test_an_abbreviated_or_misspelt_option_is_refused_with_the_closest(capsys, argv, wrong,
+                                                                        meant):
+    code, out, err = _cli(capsys, *argv)
+    assert code == 2 and out == ""  # refused before anything ran
+    assert f"error: unknown option {wrong} (did you mean '{meant}'?)" in err, err
+    assert "not abbreviated" in err and "Traceback" not in err
+
+
+def test_an_option_nothing_resembles_is_refused_without_a_guess(capsys):
+    code, _, err = _cli(capsys, "inspect", "examples.two_scans:two_scans", "--args", "f32[3]",
+                        "--zzzz")
+    assert code == 2 and "error: unknown option --zzzz; options are taken in full" in err
+
+
+def test_options_in_full_and_values_that_look_like_options_still_parse(capsys,
+                                                                      examples_importable):
+    # Options in full parse as before, "=" forms too, and what follows "--" is no option.
+    code, out, err = _cli(capsys, "inspect", "--json", "--unroll=4", "--target", "cpu",
+                          "--args", "f32[100,100] f32[100,100] f32[50,100,100] f32[50,100,100]",
+                          "--", "examples.two_scans:two_scans")
+    assert code == 0, err
+    assert json.loads(out)["options"]["unroll"] == 4
+    # A negative number is a value, not an option: it reaches the option's own check.
+    code, _, err = _cli(capsys, "inspect", "examples.two_scans:two_scans", "--args", "f32[3]",
+                        "--min-cost-us", "-1")
+    assert code == 2 and "min_cost_us must be a finite number >= 0" in err, err
+
+
+def test_inspect_help_says_the_file_is_imported_and_its_top_level_code_runs(capsys, tmp_path,
+                                                                           monkeypatch):
+    code, out, _ = _cli(capsys, "inspect", "--help")
+    flat = " ".join(out.split())
+    assert code == 0
+    assert ("The module or file is imported: its top-level code runs, as under `python -m`"
+            in flat), flat
+    # What the help says: a file's top-level code runs; its main guard does not.
+    (tmp_path / "script.py").write_text(_TWO_CHAINS + """
+print("TOP LEVEL RAN")
+if __name__ == "__main__":
+    print("MAIN RAN")
+""")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code, out, err = _cli(capsys, "inspect", "script.py:f", "--args", _SPECS)
+    assert code == 0, err
+    assert "TOP LEVEL RAN" in out and "MAIN RAN" not in out

@@ -53,6 +53,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import jax
@@ -127,6 +128,59 @@ def test_benchmarks_plan_table_matches_the_code():
         assert row == tables.plan_row(name), (
             f"docs/benchmarks.md's row for {name} is stale: run python "
             "benchmarks/docs_tables.py")
+
+
+def _rounded_range(cell: str) -> tuple[float, float] | None:
+    """The values a figure as written (``24.93``, ``11,055``, ``x1.003``) may stand for."""
+    match = re.fullmatch(r"x?(\d[\d,]*(?:\.(\d+))?)", cell.strip().strip("*"))
+    if not match:
+        return None
+    value = float(match.group(1).replace(",", ""))
+    half = 0.5 * 10.0 ** -len(match.group(2) or "")
+    return value - half, value + half
+
+
+def _unexplained_ratios(text: str) -> list[str]:
+    """Rows of markdown tables whose ratio (``xR`` under a ``ratio`` or ``<word> x``
+    header) is not the quotient of the two timings before it (``... ms``/``us``/``s``
+    headers of the same quantity) and whose header does not say it is a median of
+    per-round or per-pair ratios."""
+    problems, header = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None or set(line) <= set("|-: "):
+            header = header or cells
+            continue
+        for j in range(2, min(len(cells), len(header))):
+            plain, ours, ratio = header[j - 2], header[j - 1], header[j]
+            quantity = ratio.split(" ")[0]
+            if not (re.search(r"\b(ms|us|s)\b", plain) and re.search(r"\b(ms|us|s)\b", ours)
+                    and (quantity == "ratio" or (ratio.split(" ")[1:2] == ["x"]
+                                                 and quantity in ours))):
+                continue
+            a, b, r = (_rounded_range(c) for c in cells[j - 2:j + 1])
+            if a is None or b is None or r is None or not cells[j].startswith(("x", "**x")):
+                continue
+            low, high = b[0] / a[1], b[1] / max(a[0], 1e-12)
+            if (r[1] < low or r[0] > high) and "median of per-" not in ratio:
+                problems.append(f"line {number}: {cells[0]}: {cells[j - 2]} -> {cells[j - 1]} "
+                                f"is not {cells[j]} ({ratio!r})")
+    return problems
+
+
+def test_a_ratio_beside_two_timings_is_their_quotient_or_says_what_it_is():
+    # The CPU suite's table listed 24.93 -> 27.25 ms as x1.003: its ratios are medians of
+    # per-pair ratios (benchmarks/run.py), which the header now says.
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert _unexplained_ratios(text) == []
+    made_up = ("| workload | plain ms | jaxpar ms | ratio |\n|---|---|---|---|\n"
+               "| inception | 24.93 | 27.25 | x1.003 |\n| chain | 0.08 | 0.13 | x1.71 |\n")
+    assert [p.split(":")[1].strip() for p in _unexplained_ratios(made_up)] == ["inception"]
+    said = made_up.replace("| ratio |", "| ratio (median of per-pair ratios) |")
+    assert _unexplained_ratios(said) == []
 
 
 def test_plan_picture_shows_what_the_code_plans():
@@ -522,6 +576,42 @@ def test_quote_checks_find_a_stale_figure():
     text = {"form": "text", "text": "kept lhs: x1.756 at the pessimistic end"}
     assert quote_problem(text, "kept lhs: x1.756 at the\npessimistic end\n") == ""
     assert quote_problem(text, "kept lhs: x1.700 at the pessimistic end") != ""
+
+
+def test_every_summary_of_what_jaxpar_does_names_both_accelerators():
+    # --help and docs/api.md once said "for a GPU" where the README says GPU or TPU; the
+    # TPU target acts (tests/test_tpu_model.py), and the CPU target changes nothing.
+    api = (ROOT / "docs" / "api.md").read_text()
+    entry = api.split("### `jaxpar.parallel_branches(", 1)[1].split("Options (", 1)[0]
+    summaries = {
+        "README.md": (ROOT / "README.md").read_text().split("\n\n", 2)[1],
+        "pyproject.toml": tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+            "description"],
+        "docs/api.md": entry,
+        "parallel_branches.__doc__": jaxpar.parallel_branches.__doc__.split("\n\n", 1)[0],
+    }
+    for where, text in summaries.items():
+        assert "for a GPU or a TPU" in " ".join(text.split()), where
+    assert "For a TPU: independent scans with identical bodies batched and small loops read" \
+        in " ".join(entry.split())
+
+
+def test_the_readme_opens_with_the_two_set_up_commands():
+    # A newcomer once read about 190 lines of behaviour before the install command, and a
+    # GPU-preview set-up used .venv/bin/python before the Quick start created .venv.
+    readme = (ROOT / "README.md").read_text()
+    first = re.search(r"^```(\w*)\n(.*?)^```", readme, re.M | re.S)
+    assert first and first.group(1) == "bash", "the README's first code block is not the set-up"
+    assert readme[:first.start()].count("\n") < 25, "the set-up commands are not at the top"
+    commands = first.group(2).splitlines()
+    assert commands == [
+        "git clone <this repository> jaxpar && cd jaxpar",
+        "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/python -m jaxpar demo",
+        "bash scripts/test.sh",
+    ]
+    assert ".venv/" not in readme[:first.start()]
+    # The test command the README gives is what CI runs.
+    assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_the_test_commands_counts_come_from_the_script_itself():

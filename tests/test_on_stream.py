@@ -60,7 +60,8 @@ def test_kwargs_and_pytrees():
     x, w = _args()
     params = {"w": w, "b": jnp.float32(1.0)}
     assert_tree_equal(fn(params, x=x), jax.jit(lambda p, x: f(p, x=x))(params, x))
-    assert_tree_equal(fn(params, x=x, shift=2.0), f(params, x=x, shift=2.0))
+    assert_tree_equal(fn(params, x=x, shift=2.0),
+                      jax.jit(lambda p, x: f(p, x=x, shift=2.0))(params, x))
     (_, attrs), = stream_calls(lower_for_gpu(lambda p, x: fn(p, x=x), params, x))
     assert attrs[STREAM_ATTRIBUTE] == "1"
 

@@ -290,7 +290,7 @@ for axis_names, specs in [({"x", "y"}, ((P("x", "y"), P("x", "y")), (P("x", "y")
         assert info.axis_size("x") == 4 and info.axis_size(("x", "y")) == 8
         run = lambda x, w: _compat.rebind_shard_map(
             eqn, lambda *a: _compat.jaxpr_eval(info.body, *a), [x, w])
-        for got, want in zip(jax.jit(run)(x, w), sm(x, w)):
+        for got, want in zip(jax.jit(run)(x, w), jax.jit(sm)(x, w)):
             np.testing.assert_array_equal(got, want)
         again = find_shard_map(jax.make_jaxpr(run)(x, w))
         assert _compat.shard_map_info(again).in_specs == info.in_specs

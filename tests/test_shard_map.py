@@ -327,8 +327,11 @@ def test_forced_regions_keep_the_output_shardings_of_jit(target, program, specs)
 
 # --- a decorated function nested in a shard_map body over 8 devices: the CPU promise ------
 # (docs/guide.md, "Same values"): bit for bit what a nested jax.jit gives, values and
-# gradients; against the undecorated function, the same values and gradients within 4e-7
-# of each gradient's largest magnitude, as the nested jax.jit's.
+# gradients, eagerly or under an outer jit; under an outer jit, the value bit for bit what
+# jax.jit of the undecorated function gives. Against the undecorated function run
+# eagerly, no bits are promised (jax.jit's own value moves by an ulp between jax patch
+# releases: 557.00055 and 557.0006): values and gradients within 4e-7 of their largest
+# magnitude, as the nested jax.jit's.
 
 
 def _two_chains(x, w, s):  # two independent chains and a Python float
@@ -361,9 +364,9 @@ def test_nested_in_a_shard_map_body_on_eight_devices_is_bit_exact_with_a_nested_
         got = transform(got_fn)(x, w)
         assert_tree_equal(got, transform(want_fn)(x, w))
         value, grads = transform(plain_fn)(x, w)
-        np.testing.assert_array_equal(got[0], value)
-        for g, p in zip(got[1], grads, strict=True):
+        for g, p in zip((got[0], *got[1]), (value, *grads), strict=True):
             np.testing.assert_allclose(g, p, rtol=0, atol=4e-7 * float(np.max(np.abs(p))))
+    np.testing.assert_array_equal(jax.jit(got_fn)(x, w), jax.jit(plain_fn)(x, w))
 
 
 def test_shardings_given_as_options_are_those_of_the_compiled_program():
