@@ -209,6 +209,11 @@ def _one_kernel_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     return Cost(flops=size, bytes=nbytes, kernels=1.0)
 
 
+# Host callbacks: a custom call XLA fuses into no neighbour, so a kernel each at least (the
+# round trip to the host is the GPU model's ``sync_s`` on top: ``_plan.gpu_time``).
+register_cost_rule(*sorted(_primitives.HOST_CALLBACKS))(_one_kernel_rule)
+
+
 @register_cost_rule(_primitives.DOT_GENERAL)
 def _dot_general_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     (lhs_contract, _), _ = eqn.params["dimension_numbers"]

@@ -309,7 +309,8 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> 
             passed[key] = run_passes(traced.jaxpr, analysis=level)
         jaxpr, decisions = passed[key]
         plan = plan_jaxpr(jaxpr, level)
-        bytes_needed = budget.model.temp_bytes(plan.jaxpr, mode, _section_eqns(plan))
+        bytes_needed = budget.model.temp_bytes(plan.jaxpr, mode,
+                                               _section_eqns(plan, settings.target))
         return WithinBudget(level, Planned(jaxpr, plan, decisions, bytes_needed),
                             dropped=dropped)
 
@@ -420,8 +421,11 @@ def kept_over_budget(explicit: frozenset[str], extra: float, footprint: float,
             f"budget{budget}" + ("; jaxpar's own choices left out" if others_left_out else ""))
 
 
-def _section_eqns(plan: LevelPlan) -> list[list[int]]:
-    """The top-level equations of each stream section ``plan`` emits."""
+def _section_eqns(plan: LevelPlan, target: str = "gpu") -> list[list[int]]:
+    """The top-level equations of each stream section ``plan`` emits: none off a GPU, where
+    a section's parts run one after another (an unchanged program needs no more memory)."""
+    if target != "gpu":
+        return []
     return [[i for region in section.regions for i in region.eqns]
             for section in plan.sections if section.pays is not False]
 

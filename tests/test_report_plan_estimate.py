@@ -213,3 +213,111 @@ def test_gpu_preview_takes_the_compiles_verdict_where_it_disagrees() -> None:
     assert "use plain jax.jit" in text
     assert _pairs(next(line for line in text.splitlines() if line.startswith("  plan: "))) == \
         _pairs(preview.plan.text().splitlines()[1])
+
+
+# Twin scans whose bodies differ only in what jaxpar cannot merge: a custom_jvp's or
+# custom_vjp's rule, a pure_callback's function, a custom_vjp's non-differentiable value.
+# Their bodies launch no kernel of their own (elementwise work, a host call), which the
+# GPU model once priced at 0 us, and the header's verdict divided by it.
+@jax.custom_jvp
+def _sin_a(x: Any) -> Any:
+    return jnp.sin(x)
+
+
+_sin_a.defjvp(lambda p, t: (_sin_a(p[0]), jnp.cos(p[0]) * t[0]))
+
+
+@jax.custom_jvp
+def _sin_b(x: Any) -> Any:
+    return jnp.sin(x)
+
+
+_sin_b.defjvp(lambda p, t: (_sin_b(p[0]), 2.0 * jnp.cos(p[0]) * t[0]))
+
+
+def _tanh_vjp(scale: float) -> Any:
+    @jax.custom_vjp
+    def tanh(x: Any) -> Any:
+        return jnp.tanh(x)
+
+    tanh.defvjp(lambda x: (jnp.tanh(x), x), lambda x, ct: (scale * ct * (1 - jnp.tanh(x) ** 2),))
+    return tanh
+
+
+_tanh_a, _tanh_b = _tanh_vjp(1.0), _tanh_vjp(2.0)
+
+
+def _scaled(x: Any, k: float) -> Any:
+    return x * k
+
+
+_scaled_vjp = jax.custom_vjp(_scaled, nondiff_argnums=(1,))
+_scaled_vjp.defvjp(lambda x, k: (x * k, None), lambda k, _, ct: (ct * k,))
+
+
+def _callback(fun: Any) -> Any:
+    return lambda c: jax.pure_callback(fun, jax.ShapeDtypeStruct(c.shape, c.dtype), c)
+
+
+def _twin_scans(body_a: Any, body_b: Any) -> Any:
+    def twins(a: Any, b: Any, xs: Any) -> Any:
+        ya = jax.lax.scan(lambda c, x: (body_a(c) + x, c), a, xs)
+        yb = jax.lax.scan(lambda c, x: (body_b(c) + x, c), b, xs)
+        return ya, yb
+    return twins
+
+
+TWIN_SCANS = {
+    "custom_jvp": _twin_scans(_sin_a, _sin_b),
+    "custom_vjp": _twin_scans(_tanh_a, _tanh_b),
+    "pure_callback": _twin_scans(_callback(np.sin), _callback(np.cos)),
+    "nondiff_value": _twin_scans(lambda c: _scaled_vjp(c, 2.0), lambda c: _scaled_vjp(c, 3.0)),
+}
+
+
+@pytest.mark.parametrize("target", ["gpu", "tpu", "cpu"])
+@pytest.mark.parametrize("kind", sorted(TWIN_SCANS))
+def test_twin_scans_with_different_rules_or_callbacks_run_and_report(kind: str, target: str
+                                                                   ) -> None:
+    fun = TWIN_SCANS[kind]
+    a = jnp.linspace(-1.0, 1.0, 64).reshape(4, 16)
+    b, xs = a[::-1] * 0.5, jnp.linspace(0.0, 1.0, 8 * 64).reshape(8, 4, 16)
+    got, want = jaxpar.parallel_branches(fun, target=target)(a, b, xs), jax.jit(fun)(a, b, xs)
+    for mine, theirs in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-6)
+    plan = jaxpar.inspect(jaxpar.parallel_branches(fun, target=target))(a, b, xs)
+    text = plan.text()
+    assert plan.summary() and plan.text(verbose=True), text
+    figure = plan.estimate
+    # Every run launches a kernel at least: neither program is estimated at no time.
+    assert figure.plain_us > 0 and figure.jaxpar_us > 0, figure
+    assert figure.line() in text
+    if target == "gpu":
+        assert_one_pair(plan)
+
+
+def test_a_host_callback_in_a_scan_costs_the_gpu_a_sync_a_trip() -> None:
+    fun = TWIN_SCANS["pure_callback"]
+    plain = TWIN_SCANS["custom_jvp"]
+    a, xs = jnp.ones((4, 16)), jnp.ones((8, 4, 16))
+    figure = jaxpar.inspect(jaxpar.parallel_branches(fun, target="gpu"))(a, a, xs).estimate
+    without = jaxpar.inspect(jaxpar.parallel_branches(plain, target="gpu"))(a, a, xs).estimate
+    # 16 callbacks a run (two scans of 8 trips), each a round trip to the host (10 us
+    # nominal sync, _gpu_model.GENERIC_GPU).
+    assert figure.jaxpar_us >= without.jaxpar_us + 16 * 10.0, (figure, without)
+
+
+@pytest.mark.parametrize(("plain_us", "jaxpar_us", "verdict"), [
+    (10.0, 0.0, "faster than jax.jit (jaxpar's program is estimated at 0 us)"),
+    (0.0, 10.0, "slower than jax.jit (jax.jit's program is estimated at 0 us)"),
+    (0.0, 0.0, "as fast as jax.jit"),
+    (10.0, 5.0, "2.00x faster than jax.jit"),
+    (10.0, 12.5, "1.25x slower than jax.jit"),
+])
+def test_the_verdict_of_an_estimate_of_0_us_says_which(plain_us: float, jaxpar_us: float,
+                                                      verdict: str) -> None:
+    from jaxpar._report.types import PlanEstimate
+
+    figure = PlanEstimate(plain_us, jaxpar_us, "a test")
+    assert figure.verdict == verdict
+    assert figure.line().startswith(f"{verdict} (estimated): jax.jit {plain_us:,.1f} us")

@@ -23,7 +23,8 @@ def source_summary(eqn: JaxprEqn) -> str:
     ``scope`` is the equation's name stack without JAX's transformation wrappers: the
     layer path a Flax Linen model gives (``TwoTowers/query/dense0``), the module name
     Equinox gives (``eqx.nn.Linear``), a ``jax.named_scope``; ``(backward)`` marks an
-    equation of a transposed (reverse-mode) computation. It is left out when empty.
+    equation of a transposed (reverse-mode) computation (after the line where it has no
+    scope). It is left out when empty.
     Never one of jaxpar's own frames: an equation jaxpar made itself (such as the
     stacking of batched operands) is ``<added by jaxpar>``. The path is relative to the
     working directory when the file lies under it, and ``package/module.py`` for an
@@ -39,8 +40,11 @@ def source_summary(eqn: JaxprEqn) -> str:
         return "<added by jaxpar>"
     column = f":{frame.start_column}" if frame.start_column else ""
     scope = name_scope(eqn)
+    # A scope says "(backward)" itself; without one, the line does (a gradient's scans
+    # have their forward twins' lines).
+    back = " (backward)" if not scope and backward(eqn) else ""
     return (f"{f'[{scope}] ' if scope else ''}{_display_path(frame.file_name)}:"
-            f"{frame.start_line}{column} ({frame.function_name})")
+            f"{frame.start_line}{column} ({frame.function_name}){back}")
 
 
 def user_source(eqn: JaxprEqn) -> str:

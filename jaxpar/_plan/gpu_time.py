@@ -68,7 +68,7 @@ from .._cost import CostModel, known_while_trip_count
 from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
 from .._gpu_timeline import Device, LaunchSequence, Streams
 from .._memo import IdentityMemo
-from .._primitives import COND, MAY_FUSE_AWAY, SCAN, SERIAL_KERNELS, WHILE
+from .._primitives import COND, HOST_CALLBACKS, MAY_FUSE_AWAY, SCAN, SERIAL_KERNELS, WHILE
 from .plans import LevelPlan
 
 
@@ -85,6 +85,9 @@ class _Span:
     lead: float = 0.0  # host time before the first kernel can start (its launch, a graph's)
     sure: float = 0.0  # of the captured ones, those XLA cannot fuse away (``MAY_FUSE_AWAY``)
     serial: bool = False  # holds a kernel that fills the GPU, or a loop or cond
+    # A call's body without a kernel: the roofline of its elementwise work, which fuses
+    # into a kernel of its caller's level (one of its own where that level has none).
+    loose: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -102,8 +105,9 @@ _ALONE = frozenset((SCAN, WHILE, COND))
 
 # One equation of a level as the model sees it, the same in every mode and at every end
 # of the figures: (equation, work, kernels, sure kernels, serial, its span if it runs
-# alone outside graphs, a call's device time); see ``_Model._entry``.
-_Entry = tuple[JaxprEqn, float, float, float, bool, "_Span | None", float]
+# alone outside graphs, a call's device time, its loose work: elementwise work that fuses
+# into a neighbouring kernel); see ``_Model._entry``.
+_Entry = tuple[JaxprEqn, float, float, float, bool, "_Span | None", float, float]
 
 
 class _Model:
@@ -126,15 +130,17 @@ class _Model:
         # same in every mode and at every end.
         self._memo: IdentityMemo[Any, Any] = IdentityMemo() if memo is None else memo
 
-    def jaxpr(self, jaxpr: JaxprLike, top: bool = False, graphs: bool | None = None
-              ) -> _Span:
+    def jaxpr(self, jaxpr: JaxprLike, top: bool = False, graphs: bool | None = None,
+              call: bool = False) -> _Span:
         """The span of a level; ``graphs``: whether it runs in a CUDA graph (a loop body
-        repeated by unrolling may, where it alone would not), default as it would alone."""
+        repeated by unrolling may, where it alone would not), default as it would alone;
+        ``call``: a call's body, inlined into its caller's level (else a launch sequence of
+        its own: the program, a loop's trip, a branch)."""
         if top:  # its lanes are the plan's: never remembered
             return self._level(_compat.open_jaxpr(jaxpr)[0].eqns, self.lanes)
         return self._memo.lookup(  # type: ignore[no-any-return]
-            jaxpr, lambda: self._level(_compat.open_jaxpr(jaxpr)[0].eqns, {}, graphs),
-            extra=(self.mode, self.gpu, graphs))
+            jaxpr, lambda: self._level(_compat.open_jaxpr(jaxpr)[0].eqns, {}, graphs, call),
+            extra=(self.mode, self.gpu, graphs, call))
 
     def _alone(self, eqn: JaxprEqn) -> _Span | None:
         """A loop or cond: runs outside any graph, with its own host cost inside."""
@@ -203,34 +209,49 @@ class _Model:
         if eqn.primitive.name in _ALONE:
             alone = self._alone(eqn)
             if alone is not None:
-                return eqn, alone.work, 0.0, 0.0, True, alone, alone.seconds
+                return eqn, alone.work, 0.0, 0.0, True, alone, alone.seconds, 0.0
         subs = self.costs.subjaxprs(eqn)
         if subs:
             # A call: XLA inlines its body into the caller, whose graph and floor its
             # kernels then share; a node of that many kernels, which runs beside others
             # like it unless it holds one that fills the GPU.
-            body = self.jaxpr(subs[0][2])
+            body = self.jaxpr(subs[0][2], call=True)
             if body.alone > 0:  # it holds a loop or a cond: timed as it runs
-                return eqn, body.work, body.kernels, body.sure, True, None, body.device
-            return eqn, body.work, body.kernels, body.sure, body.serial, None, 0.0
+                return (eqn, body.work, body.kernels, body.sure, True, None, body.device,
+                        body.loose)
+            return (eqn, body.work, body.kernels, body.sure, body.serial, None, 0.0,
+                    body.loose)
         cost = self.costs.eqn_cost(eqn)
-        if cost.kernels <= 0:
-            entry: _Entry = (eqn, 0.0, 0.0, 0.0, False, None, 0.0)
+        work = max(cost.flops / self.costs.profile.peak_flops,
+                   cost.bytes / self.gpu.bandwidth)
+        if cost.kernels <= 0:  # elementwise: fuses into a neighbouring kernel
+            entry: _Entry = (eqn, 0.0, 0.0, 0.0, False, None, 0.0, work)
         else:
-            work = max(cost.flops / self.costs.profile.peak_flops,
-                       cost.bytes / self.gpu.bandwidth)
             sure = 0.0 if eqn.primitive.name in MAY_FUSE_AWAY else cost.kernels
             entry = (eqn, work, cost.kernels, sure, eqn.primitive.name in SERIAL_KERNELS,
-                     None, 0.0)
+                     None, 0.0, 0.0)
+            if eqn.primitive.name in HOST_CALLBACKS:
+                # The device waits for the host's answer: a sync at this end of the
+                # figures, so not remembered across ends.
+                return (eqn, work, cost.kernels, cost.kernels, True, None,
+                        max(work, cost.kernels * self.gpu.kernel_floor_s) + self.gpu.sync_s,
+                        0.0)
         self._memo.set(eqn, entry)
         return entry
 
     def _level(self, eqns: Sequence[JaxprEqn], lanes: Mapping[int, int],
-               in_graph: bool | None = None) -> _Span:
+               in_graph: bool | None = None, call: bool = False) -> _Span:
         remembered = self._memo.get
         planned = [remembered(eqn) or self._entry(eqn) for eqn in eqns]
         # Free and alone entries add zeros: the sums are those of the capturable nodes.
         kernels = sum(entry[2] for entry in planned)
+        loose = sum(entry[7] for entry in planned) if kernels <= 0 else 0.0
+        if loose > 0 and not call:
+            # Elementwise work with no kernel of its level to fuse into is a kernel of its
+            # own (XLA's loop fusion): a scan body of only ``sin`` and ``add`` still runs one
+            # kernel a trip, and a program of them one kernel, never no time at all.
+            planned = _fused_kernel(planned, loose)
+            kernels, loose = 1.0, 0.0
         sure = sum(entry[3] for entry in planned)
         in_lanes = [index for index in sorted(lanes) if index < len(planned)]
         in_regions = sum(planned[index][2] for index in in_lanes)
@@ -255,7 +276,17 @@ class _Model:
             host += self.gpu.launch_s * captured
         serial = any(entry[4] for entry in planned)
         return _Span(end, host + alone_seconds, work_total, kernels, captured, alone_seconds,
-                     lead, sure_captured, serial)
+                     lead, sure_captured, serial, loose)
+
+
+def _fused_kernel(planned: Sequence[_Entry], loose: float) -> list[_Entry]:
+    """``planned`` (a level without a kernel) with its last equation of loose work made
+    the one fused kernel of all of it (``loose`` seconds of work; it reads that equation's
+    inputs)."""
+    last = max(i for i, entry in enumerate(planned) if entry[7] > 0)
+    eqn, _, _, _, _, alone, device_s, _ = planned[last]
+    fused: _Entry = (eqn, loose, 1.0, 1.0, False, alone, device_s, 0.0)
+    return [*planned[:last], fused, *planned[last + 1:]]
 
 
 def _timeline(gpu: GpuProfile, planned: Sequence[_Entry], lanes: Mapping[int, int],
@@ -271,7 +302,7 @@ def _timeline(gpu: GpuProfile, planned: Sequence[_Entry], lanes: Mapping[int, in
     ready: dict[Any, float] = {}
     literal = _compat.Literal
     ready_get = ready.get
-    for index, (eqn, work, kernels, _, serial, alone, device_s) in enumerate(planned):
+    for index, (eqn, work, kernels, _, serial, alone, device_s, _) in enumerate(planned):
         duration = device_s if (alone is not None or device_s) else max(
             work, kernels * floor_each)
         inputs = 0.0  # finish times are never negative

@@ -299,8 +299,10 @@ def _declined_notes(order: HeavyOrder, choice: SectionChoice) -> list[Note]:
         else:
             notes.append(Note(
                 eqns, REASON_TOO_CHEAP,
-                f"independent branch of est. {declined.cost * 1e6:.1f} us; "
-                "the work that could overlap is below min_cost_us"))
+                f"running it beside the branches independent of it would hide est. "
+                f"{declined.overlap * 1e6:.1f} us (the branch itself: est. "
+                f"{declined.cost * 1e6:.1f} us); the work that could overlap is below "
+                "min_cost_us"))
     return notes
 
 

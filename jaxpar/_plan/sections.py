@@ -67,6 +67,9 @@ class Declined:
     positions: tuple[int, ...]
     cost: float
     one_stream: bool
+    # What running the parallel node's branches side by side would hide (below the least
+    # a section must hide, or no section was worth it).
+    overlap: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,7 +177,8 @@ def _collect(choice: Choice, streams: int, branch_sets: list[tuple[tuple[int, ..
         if streams < 2:
             declined.append(Declined(node.positions, node.cost, True))
             return
-        declined.extend(Declined(c.positions, c.cost, False) for c in node.children)
+        overlap = overlapped_seconds(node.children, streams, _node_cost, _node_first)
+        declined.extend(Declined(c.positions, c.cost, False, overlap) for c in node.children)
         return
     for child in choice.children:
         _collect(child, streams, branch_sets, declined)

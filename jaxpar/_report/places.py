@@ -34,6 +34,7 @@ from .. import _compat
 from .._compat import JaxprEqn, JaxprLike, Var
 from .._plan import LevelPlan
 from .._primitives import PARAMETER_VIEWS
+from ..passes import BLOCK_SCOPE
 
 # Name-stack scopes a library adds by itself: a layer's class, not the user's attribute.
 _LIBRARY_SCOPE = re.compile(r"^eqx\.")
@@ -116,7 +117,9 @@ class Places:
     def of(self, eqn: JaxprEqn) -> str:
         """The place of ``eqn``: a scope the user named, the modules whose parameters it
         reads, the user's source line; ``(backward)`` marks a transposed equation."""
-        scope = _compat.name_scope(eqn)
+        # jaxpar's own scope (a scan read by blocks) is no place in the user's program.
+        scope = "/".join(part for part in _compat.name_scope(eqn).split("/")
+                         if part.removesuffix(" (backward)") != BLOCK_SCOPE)
         if scope and not all(_LIBRARY_SCOPE.match(part)
                              for part in scope.removesuffix(" (backward)").split("/")):
             return scope

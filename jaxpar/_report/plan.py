@@ -99,8 +99,14 @@ class Plan(PlanRecord):
             loops = sum(len(d.eqns) for d in decisions)
             joined = f" ({loops} loops -> {len(decisions)})" if kind in NEW_LOOP_KINDS else ""
             parts.append(f"{kind}: {len(decisions)}{joined}")
-        if self.num_regions:
+        if self.num_regions and self.target == "gpu":
             parts.append(f"{self.num_regions} stream regions in {len(self.sections)} sections")
+        elif self.num_regions:
+            # Off a GPU nothing runs on a stream (``text()``'s header says so).
+            sections = len(self.sections)
+            parts.append(f"no stream regions ({self.num_regions} independent parts in "
+                         f"{sections} section{'' if sections == 1 else 's'} run one after "
+                         f"another on {self.target})")
         elif parts:
             parts.append("no stream regions")
         if self.mode is not None and self.mode.chosen:
@@ -216,6 +222,8 @@ def _places(places: tuple[str, ...], sources: tuple[str, ...]) -> str:
 # Off a GPU a section is work that could run side by side, not streams: nothing is emitted.
 _SECTION_LINE = re.compile(r"^(  section\b.*: )(\d+) concurrent regions$")
 _STREAM_LINE = re.compile(r"^(    )stream (\d+): ")
+# Only a GPU's loop control waits for the host (``make_loops_static.DYNAMIC_LOOP_HINTS``).
+_HOST_SYNC_LINE = re.compile(r"^(    )host-sync loop\b")
 
 
 def _off_gpu_wording(lines: list[str], target: str) -> list[str]:
@@ -226,6 +234,7 @@ def _off_gpu_wording(lines: list[str], target: str) -> list[str]:
     for line in lines:
         line = _SECTION_LINE.sub(rf"\g<1>\g<2> independent parts (work that could run side "
                                  rf"by side; no streams on {target})", line)
+        line = _HOST_SYNC_LINE.sub(r"\g<1>dynamic while loop", line)
         worded.append(_STREAM_LINE.sub(r"\g<1>part \g<2>: ", line))
     return worded
 

@@ -95,7 +95,8 @@ def short_place(source: str) -> str:
         return match.group("scope")
     if not source:
         return "<unknown>"
-    return re.sub(r"^(.*:\d+):\d+$", r"\1", source.split(" (")[0])
+    back = " (backward)" if source.endswith(" (backward)") else ""
+    return re.sub(r"^(.*:\d+):\d+$", r"\1", source.split(" (")[0]) + back
 
 
 def short_places(sources: tuple[str, ...] | list[str]) -> str:

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -167,16 +168,24 @@ class PlanEstimate:
 
     @property
     def ratio(self) -> float:
-        """jaxpar's time over jax.jit's (< 1: jaxpar expected faster)."""
-        return self.jaxpar_us / self.plain_us if self.plain_us > 0 else 1.0
+        """jaxpar's time over jax.jit's (< 1: jaxpar expected faster): 0 where jaxpar's is
+        estimated at 0 us, ``inf`` where only jax.jit's is, 1 where both are."""
+        if self.plain_us > 0:
+            return max(self.jaxpar_us, 0.0) / self.plain_us
+        return math.inf if self.jaxpar_us > 0 else 1.0
 
     @property
     def verdict(self) -> str:
         """``"3.20x faster than jax.jit"``, ``"1.12x slower than jax.jit"``, or ``"as
-        fast as jax.jit"`` within half a percent."""
+        fast as jax.jit"`` within half a percent; where one estimate is 0 us, which (no
+        ratio of it is a figure worth printing)."""
         ratio = self.ratio
         if abs(ratio - 1.0) < 0.005:
             return "as fast as jax.jit"
+        if ratio <= 0.0:
+            return "faster than jax.jit (jaxpar's program is estimated at 0 us)"
+        if math.isinf(ratio):
+            return "slower than jax.jit (jax.jit's program is estimated at 0 us)"
         if ratio < 1.0:
             return f"{1.0 / ratio:.2f}x faster than jax.jit"
         return f"{ratio:.2f}x slower than jax.jit"

@@ -102,6 +102,8 @@ def _unroll_why(reason: str) -> str:
                "unroll='auto' chose it from the body's cost and the loop's length")
     elif why.startswith("auto: "):
         why = why[len("auto: "):]
+        if kept:  # the line already says "kept rolled"
+            why = why.removeprefix("kept rolled: ")
     elif re.match(r"unroll=\d+ requested", why):
         why = f"as {why.split()[0]} asks"
     return _plain_figures(first_clause(why, limit=200))
@@ -137,7 +139,8 @@ def refused_line(d: PassDecision, left_out: LeftOut) -> str:
     if d.kind == DecisionKind.UNROLLED:
         verb, what = f"{verb} by {d.unroll}", loops_text(d, done=False)
     elif d.kind in (DecisionKind.FUSED, DecisionKind.BATCHED):
-        what = loops_text(d, done=False)
+        mixed = ", forward and reverse" if "mixed directions" in d.reason else ""
+        what = loops_text(d, done=False) + mixed
     else:
         what = f"{len(d.members) or len(d.eqns)} members"
     return f"{verb}: {what} {_where(d)}: {left_out.why}"

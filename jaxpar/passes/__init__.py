@@ -68,6 +68,7 @@ from .._compat import ClosedJaxpr
 from .._deprecations import deprecated_attributes
 from .._options import PASS_TABLE, Options, PassRow, Settings, check_target, pass_defaults
 from ._protocol import (
+    BLOCK_SCOPE,
     NEW_LOOP_KINDS,
     SUBGRAPH_KINDS,
     UNCHANGED_KINDS,
@@ -81,6 +82,7 @@ from ._protocol import (
 from ._walk import walk_levels
 
 __all__ = [
+    "BLOCK_SCOPE",
     "NEW_LOOP_KINDS",
     "PASSES",
     "SUBGRAPH_KINDS",

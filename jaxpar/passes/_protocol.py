@@ -62,6 +62,9 @@ class DecisionKind(enum.StrEnum):
 # Decisions that only report: the program is left as it was.
 UNCHANGED_KINDS = frozenset({DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC,
                              DecisionKind.SUBGRAPHS_LEFT_ALONE, DecisionKind.MATMULS_LEFT_ALONE})
+# The name scope of a scan ``unroll_scans`` reads by blocks: the scan of blocks is not
+# unrolled again, profiles name it, and the report names the user's loop instead.
+BLOCK_SCOPE = "jaxpar_blocks"
 # Decisions that make a new loop out of several (so it is never "left alone").
 NEW_LOOP_KINDS = frozenset({DecisionKind.FUSED, DecisionKind.BATCHED})
 # Decisions of the subgraph and matmul batching passes (``inline_twin_calls``,

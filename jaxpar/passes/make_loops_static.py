@@ -37,9 +37,19 @@ from .._primitives import WHILE
 from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
 from ._splice import evaluate
 
+_KNOWN_WHEN_TRACING = ("if the trip count is known when tracing, pass Python int bounds to "
+                       "fori_loop or use lax.scan")
 HOST_SYNC_HINT = ("XLA cannot see this loop's trip count, so on a GPU every iteration waits "
-                  "for the host; if the trip count is known when tracing, pass Python int "
-                  "bounds to fori_loop or use lax.scan")
+                  f"for the host; {_KNOWN_WHEN_TRACING}")
+# What a loop without a static trip count costs, per target: only a GPU's loop control
+# waits for the host; a TPU's stays on the chip, a CPU's runs on the host already.
+DYNAMIC_LOOP_HINTS = {
+    "gpu": HOST_SYNC_HINT,
+    "tpu": ("a TPU keeps the loop's control on the chip (no host sync), but XLA can neither "
+            f"unroll it nor read it by blocks without its trip count; {_KNOWN_WHEN_TRACING}"),
+    "cpu": ("on a CPU the loop's control runs on the host with its body (no sync), but XLA "
+            f"cannot unroll it without its trip count; {_KNOWN_WHEN_TRACING}"),
+}
 
 
 def run(level: Level, analysis: Analysis) -> LevelResult:
@@ -56,7 +66,8 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         trips = count.trips if not eqn.effects else None
         if trips is None:
             reason = ("the loop has side effects" if eqn.effects
-                      else f"no static trip count: {count.reason}") + f"; {HOST_SYNC_HINT}"
+                      else f"no static trip count: {count.reason}") + "; " + (
+                          DYNAMIC_LOOP_HINTS.get(analysis.settings.target, HOST_SYNC_HINT))
             decisions.append(decision(path, DecisionKind.HOST_SYNC, eqns, [index],
                                       trips_before=None, trips_after=None, unroll=None,
                                       reason=reason))
@@ -65,7 +76,9 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         decisions.append(decision(
             path, DecisionKind.MADE_STATIC, eqns, [index], trips_before=trips, trips_after=trips,
             unroll=1, reason=f"counting loop with constant bounds ({count.reason}): now a scan "
-                             "whose trip count XLA knows, so it runs without host syncs"))
+                             "whose trip count XLA knows"
+                             + (", so it runs without host syncs"
+                                if analysis.settings.target == "gpu" else "")))
     return LevelResult(rewrites, decisions)
 
 

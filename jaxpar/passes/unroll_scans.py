@@ -60,15 +60,12 @@ from .._cost import CostModel
 from .._memory import MemoryModel, format_bytes
 from .._options import UNROLL_BY_COST
 from .._tpu_model import TPU_V5E, block_factor
-from ._protocol import DecisionKind, EmitFn, Level, LevelResult, Rewrite, decision
+from ._protocol import BLOCK_SCOPE, DecisionKind, EmitFn, Level, LevelResult, Rewrite, decision
 from ._shared import MAX_UNROLLED_EQNS, loop_candidates, loop_trips
 from ._splice import evaluate
 
 KERNELS_PER_TRIP = 8
 FULL_UNROLL_LENGTH = 8
-# The name scope of a scan read by blocks (``_block_emitter``): the scan of blocks is not
-# unrolled again, and profiles name it.
-BLOCK_SCOPE = "jaxpar_blocks"
 # The share of the memory budget an automatic unroll factor's copies may take.
 UNROLL_SHARE = 0.75
 
@@ -214,7 +211,6 @@ def _block_emitter(eqn: JaxprEqn, factor: int) -> EmitFn:
     def emit(invals: list[list[Any]]) -> list[list[Any]]:
         (operands,) = invals
         consts, init = operands[:info.num_consts], operands[info.num_consts:carried]
-        xs = [jnp.reshape(x, (blocks, factor, *x.shape[1:])) for x in operands[carried:]]
 
         def block(carry: list[Any], block_xs: list[Any]) -> tuple[list[Any], list[Any]]:
             outs_by_trip: dict[int, list[Any]] = {}
@@ -226,9 +222,12 @@ def _block_emitter(eqn: JaxprEqn, factor: int) -> EmitFn:
                   for k in range(len(eqn.outvars) - info.num_carry)]
             return carry, ys
 
-        with _compat.eqn_context(eqn), jax.named_scope(BLOCK_SCOPE):
-            final, ys = jax.lax.scan(block, list(init), xs, length=blocks,
-                                     reverse=info.reverse)
-        return [[*final, *(jnp.reshape(y, (info.length, *y.shape[2:])) for y in ys)]]
+        # The reshapes too carry the scan's source line: the plan names the user's loop.
+        with _compat.eqn_context(eqn):
+            xs = [jnp.reshape(x, (blocks, factor, *x.shape[1:])) for x in operands[carried:]]
+            with jax.named_scope(BLOCK_SCOPE):
+                final, ys = jax.lax.scan(block, list(init), xs, length=blocks,
+                                         reverse=info.reverse)
+            return [[*final, *(jnp.reshape(y, (info.length, *y.shape[2:])) for y in ys)]]
 
     return emit
