@@ -1,0 +1,113 @@
+"""One ``CallState`` for every decoration of a function with the same options.
+
+``jax.jit(f)(2); jax.jit(f)(3)`` traces ``f`` once: ``jax.jit`` keys its caches on the
+function (weakly) and its options. ``call_state`` does the same for ``parallel_branches``:
+a registry from the function (by identity, weakly) and its options, hashed, to the
+``CallState`` holding the plans, memos and compiled programs of its calls. A step
+decorated inline in a loop (``jaxpar.parallel_branches(step)(state, batch)``) is traced,
+planned and compiled once per signature, not at every call; each decoration stays its own
+``ParallelBranches`` (its ``analyses`` count its own calls' plans, its staged jits are its
+own).
+
+Example::
+
+    first = call_state(fun, options, StaticArgs(), JitOptions(), planned_for, None)
+    assert call_state(fun, options, StaticArgs(), JitOptions(), planned_for, None) is first
+
+Sharp edges:
+  * Not shared (a state of its own, as before): ``tune=True`` (the tuner's state is the
+    decoration's), options that cannot be hashed or compared (a sharding that is not
+    hashable), and functions that cannot be weakly referenced. Different options
+    (``target``, ``unroll``, ``static_argnums``, ``donate_argnums``...) key different
+    states.
+  * Keyed by the function object's identity, not its equality: two bound methods of one
+    object (``obj.step`` read twice) or two equal Equinox modules share nothing.
+  * ``clear_cache()`` of one decoration clears the state all its twins share, as
+    ``jax.jit``'s ``clear_cache()`` evicts the function from the caches its jits share.
+  * The registry holds a state while its function lives; the state holds the function
+    weakly (``CallState.held_weakly``; the decorations hold it strongly), so deleting the
+    function and its decorations frees the state, its plans and compiled programs.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from .._options import Options
+from .._trace import StaticArgs
+from .state import CallState, JitOptions, TuneHook, bounded
+
+# Re-entrant: a weak reference's callback (``_forget``) can run on this thread while the
+# lock is held, when a collection starts inside ``call_state``.
+_lock = threading.RLock()
+# id(function) -> (a weak reference to it, its states by sharing key).
+_states: dict[int, tuple[weakref.ref[Any], dict[Hashable, CallState]]] = {}
+
+
+def call_state(fun: Callable[..., Any], options: Options, static_args: StaticArgs,
+               jit_options: JitOptions, planned_for: dict[str, Any],
+               tuner: TuneHook | None) -> CallState:
+    """The state of ``fun`` decorated with these options: the one an earlier decoration
+    made, while ``fun`` lives, else a new one (see the module docstring)."""
+    key = _sharing_key(options, static_args, jit_options, planned_for, tuner)
+    if key is None:
+        return CallState(fun, options, static_args, jit_options, planned_for, tuner)
+    with _lock:
+        states = _states_of(fun)
+        if states is None:
+            return CallState(fun, options, static_args, jit_options, planned_for, tuner)
+        try:
+            state = states.get(key)
+        except Exception:  # an option's __eq__ raised: not shared, never an error
+            return CallState(fun, options, static_args, jit_options, planned_for, tuner)
+        if state is None:
+            state = CallState(fun, options, static_args, jit_options, planned_for, tuner,
+                              held_weakly=True)
+            bounded(states)[key] = state
+        return state
+
+
+def shared_states() -> int:
+    """How many functions the registry holds states for (for tests)."""
+    with _lock:
+        return len(_states)
+
+
+def _sharing_key(options: Options, static_args: StaticArgs, jit_options: JitOptions,
+                 planned_for: dict[str, Any], tuner: TuneHook | None) -> Hashable | None:
+    """What keys a shared state besides the function; None where nothing is shared."""
+    if tuner is not None:
+        return None
+    key = (options, static_args, jit_options, tuple(sorted(planned_for.items())))
+    try:
+        hash(key)
+    except Exception:  # an unhashable sharding, or a __hash__ that raises
+        return None
+    return key
+
+
+def _states_of(fun: Any) -> dict[Hashable, CallState] | None:
+    """``fun``'s states (an empty table made now); None where ``fun`` cannot be weakly
+    referenced."""
+    found = _states.get(id(fun))
+    if found is not None and found[0]() is fun:
+        return found[1]
+    try:
+        ref = weakref.ref(fun, functools.partial(_forget, id(fun)))
+    except TypeError:
+        return None
+    states: dict[Hashable, CallState] = {}
+    _states[id(fun)] = (ref, states)
+    return states
+
+
+def _forget(fun_id: int, ref: weakref.ref[Any]) -> None:
+    """A function died: its states go (unless its id already names a newer function)."""
+    with _lock:
+        found = _states.get(fun_id)
+        if found is not None and found[0] is ref:
+            del _states[fun_id]
