@@ -31,21 +31,20 @@ Sharp edges:
 
 from __future__ import annotations
 
-import functools
 import threading
-import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from .._memo import WeakIdentityMemo
 from .._options import Options
 from .._trace import StaticArgs
 from .state import CallState, JitOptions, TuneHook, bounded
 
-# Re-entrant: a weak reference's callback (``_forget``) can run on this thread while the
-# lock is held, when a collection starts inside ``call_state``.
+# Re-entrant: a weak reference's callback can run on this thread while the lock is held,
+# when a collection starts inside ``call_state``.
 _lock = threading.RLock()
-# id(function) -> (a weak reference to it, its states by sharing key).
-_states: dict[int, tuple[weakref.ref[Any], dict[Hashable, CallState]]] = {}
+# Each function's states by sharing key, while the function lives.
+_states: WeakIdentityMemo[Any, dict[Hashable, CallState]] = WeakIdentityMemo()
 
 
 def call_state(fun: Callable[..., Any], options: Options, static_args: StaticArgs,
@@ -57,9 +56,11 @@ def call_state(fun: Callable[..., Any], options: Options, static_args: StaticArg
     if key is None:
         return CallState(fun, options, static_args, jit_options, planned_for, tuner)
     with _lock:
-        states = _states_of(fun)
+        states = _states.get(fun)
         if states is None:
-            return CallState(fun, options, static_args, jit_options, planned_for, tuner)
+            states = {}
+            if not _states.set(fun, states):  # no weak reference to it: not shared
+                return CallState(fun, options, static_args, jit_options, planned_for, tuner)
         try:
             state = states.get(key)
         except Exception:  # an option's __eq__ raised: not shared, never an error
@@ -88,26 +89,3 @@ def _sharing_key(options: Options, static_args: StaticArgs, jit_options: JitOpti
     except Exception:  # an unhashable sharding, or a __hash__ that raises
         return None
     return key
-
-
-def _states_of(fun: Any) -> dict[Hashable, CallState] | None:
-    """``fun``'s states (an empty table made now); None where ``fun`` cannot be weakly
-    referenced."""
-    found = _states.get(id(fun))
-    if found is not None and found[0]() is fun:
-        return found[1]
-    try:
-        ref = weakref.ref(fun, functools.partial(_forget, id(fun)))
-    except TypeError:
-        return None
-    states: dict[Hashable, CallState] = {}
-    _states[id(fun)] = (ref, states)
-    return states
-
-
-def _forget(fun_id: int, ref: weakref.ref[Any]) -> None:
-    """A function died: its states go (unless its id already names a newer function)."""
-    with _lock:
-        found = _states.get(fun_id)
-        if found is not None and found[0] is ref:
-            del _states[fun_id]
