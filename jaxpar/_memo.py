@@ -136,6 +136,9 @@ class WeakIdentityMemo(Generic[K, V]):
         self._entries[id(key)] = (ref, value)
         return True
 
+    def clear(self) -> None:
+        self._entries.clear()
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -4,7 +4,6 @@ the rewrite cache, targets, and what the standard programs lower to."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import inspect as pyinspect
 import json
@@ -233,16 +232,8 @@ def test_functools_wraps_metadata():
 # --- caching -------------------------------------------------------------------------------
 
 
-def own_small(a, b):
-    """``small``, decorated below as ``functools.partial(own_small)``: a new function
-    object per test, since decorations of one function with the same options share their
-    plans (``test_dispatch_shared``) and the counts would depend on the tests' order."""
-    return small(a, b)
-
-
 def test_cache_same_signature_does_not_reanalyse():
-    g = jaxpar.parallel_branches(functools.partial(own_small), target="gpu",
-                                 min_cost_us=0.0)
+    g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
     a, b = small_args()
     assert g.analyses == 0
     g(a, b)
@@ -315,8 +306,7 @@ def test_cache_option_change_replans(monkeypatch):
 
 
 def test_cache_does_not_replan_under_jit_for_same_signature():
-    g = jaxpar.parallel_branches(functools.partial(own_small), target="gpu",
-                                 min_cost_us=0.0)
+    g = jaxpar.parallel_branches(small, target="gpu", min_cost_us=0.0)
     a, b = small_args()
     g(a, b)
     jax.jit(g)(a, b)

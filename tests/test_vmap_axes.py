@@ -11,8 +11,6 @@ its collective.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,9 +101,7 @@ def test_is_collective_reads_the_local_axes():
 
 
 def test_the_same_function_under_shard_map_keeps_its_collective():
-    # A function object of its own: the decorations of normalized_towers with these
-    # options in other tests share their plans, and the count below would not be this one's.
-    pb = jaxpar.parallel_branches(functools.partial(normalized_towers), **FORCED)
+    pb = jaxpar.parallel_branches(normalized_towers, **FORCED)
     jax.vmap(pb, axis_name="batch")(A, A * 0.5)  # planned with "batch" local
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("batch",))
     sharded = jax.jit(jax.shard_map(pb, mesh=mesh, in_specs=jax.P("batch"),

@@ -78,6 +78,13 @@ def shared_states() -> int:
         return len(_states)
 
 
+def forget_shared_states() -> None:
+    """For tests: later decorations start afresh (those made keep their states), as in a
+    new process."""
+    with _lock:
+        _states.clear()
+
+
 def _sharing_key(options: Options, static_args: StaticArgs, jit_options: JitOptions,
                  planned_for: dict[str, Any], tuner: TuneHook | None) -> Hashable | None:
     """What keys a shared state besides the function; None where nothing is shared."""
