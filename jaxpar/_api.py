@@ -349,8 +349,11 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         ``XlaOptionsNotAppliedWarning``). Ignored on other targets.
       memory: how much more temporary memory than the plain program jaxpar's program
         may need, as its memory model estimates both: ``"auto"`` (default) at most 10%
-        or 1 MiB more, whichever is more; ``"any"``; or a number of bytes. Rewrites
-        and modes beyond it are left out, and ``inspect`` says which.
+        of the plain program's footprint or a floor of 1/4096 of the device's memory
+        more, whichever is more (the floor: the GPU profile's memory on target
+        ``"gpu"``, a TPU v5e's 16 GiB on ``"tpu"``, a 16 GiB host on ``"cpu"``; at
+        least 1 MiB); ``"any"``; or a number of bytes. Rewrites and modes beyond it are
+        left out, and ``inspect`` says which.
       static_argnums: positional arguments that are static (hashable Python
         values that key the cache and may steer tracing), as in ``jax.jit``;
         negative numbers count from the end.
