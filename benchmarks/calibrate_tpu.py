@@ -158,7 +158,7 @@ def profile_of(m: dict[str, Any], chip: str, when: str, jax_version: str | None 
         transcendental_s_per_element=max((m["sin8"] - m["mul8"]) / (8 * 100 * 100), 0.0),
         block_ratios=ratios, block_limit=TPU_V5E.block_limit,
         copy_bandwidth=m["copy_bytes"] / m["copy_s"], peak_flops=m["matmul_flops"] / m["matmul_s"],
-        hbm_bandwidth=TPU_V5E.hbm_bandwidth)
+        hbm_bandwidth=TPU_V5E.hbm_bandwidth, hbm_bytes=TPU_V5E.hbm_bytes)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -51,7 +51,8 @@ import numpy as np
 from jax import lax
 
 import jaxpar
-from jaxpar._gpu_model import CommandBufferMode
+from jaxpar._gpu_model import GPU_PROFILES, CommandBufferMode
+from jaxpar._options import memory_floor
 from jaxpar.passes import SUBGRAPH_KINDS
 
 SIZES = ("full", "small")
@@ -616,7 +617,8 @@ def _expm(size: str) -> Any:
 
 # --------------------------------------------------------------------------- realistic sizes
 # Steps at the sizes users train at, where memory is what a user runs out of: jaxpar's
-# program must need no more than 10% (or 1 MiB) more temporary memory than plain jit's.
+# program must need no more than the default budget (10%, or the H200's floor of 33 MiB)
+# more temporary memory than plain jit's.
 
 
 def _gpt_block(p: Mapping[str, jax.Array], x: jax.Array, heads: int) -> jax.Array:
@@ -837,8 +839,9 @@ def evaluate(name: str, size: str = "full", values: bool = True,
 
 
 # The most temporary memory jaxpar's program may need beyond plain jit's, once compiled:
-# 10% or 1 MiB, whichever is more (the default memory budget, ``parallel_branches(memory=)``).
-MEMORY_FRACTION, MEMORY_BYTES = 0.10, 2**20
+# 10% or the H200's floor (1/4096 of its 141 GB), whichever is more (the default memory
+# budget of the GPU the suite compiles for, ``parallel_branches(memory=)``).
+MEMORY_FRACTION, MEMORY_BYTES = 0.10, memory_floor(GPU_PROFILES["h200"].memory_bytes)
 
 
 def memory_failure(result: Mapping[str, Any]) -> str | None:

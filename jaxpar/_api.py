@@ -11,7 +11,8 @@ Example::
 The analysis of one signature (trace, passes, plan, CUDA-graph mode, emitter) is
 ``_pipeline.analyse``; ``_dispatch`` keys, caches and dispatches it (``CallState``, the
 jits) and emits its ``Prepared`` in each trace (``Prepared.run``); this module is the
-public face: ``ParallelBranches`` owns one ``CallState`` and hands it to the dispatcher.
+public face: ``ParallelBranches`` holds a ``CallState`` (shared with the other decorations
+of the same function and options, ``_dispatch.shared``) and hands it to the dispatcher.
 
 Sharp edges:
   * Every call runs under a ``jax.jit`` (eager calls, and calls under grad,
@@ -24,6 +25,11 @@ Sharp edges:
     ``trace``/``lower``/``eval_shape`` are ``jax.jit``'s on the decorated
     function, so there every non-static leaf must be an array, in the arguments
     and in the outputs (Equinox's and NNX's splits apply to calls only).
+  * Decorating a function again with the same options (a step decorated inline in a
+    loop) shares the first decoration's plans and compiled programs, as ``jax.jit(f)``
+    twice shares its caches: ``parallel_branches(f)(2); parallel_branches(f)(3)`` traces
+    ``f`` once. ``clear_cache()`` of one clears them for all; ``tune=True`` and options
+    that cannot be hashed share nothing.
   * ``tune=True`` measures at concrete top-level calls only (``_tune`` says how); under
     an outer ``jit``, ``grad`` or ``vmap`` a call runs the decision a concrete call made
     in this process at the same shapes, or else the plan as without tuning.
@@ -52,11 +58,10 @@ from . import _pipeline
 from ._analysis import jaxpr_has_placement
 from ._compat import donated_arguments
 from ._dispatch import (
-    CallState,
     CallTuner,
     JitOptions,
-    MeasuringTuner,
     StagedJits,
+    call_state,
     check_measure,
     inside_stream_call,
     lower_with_options,
@@ -123,12 +128,17 @@ class ParallelBranches:
         # collector runs, where ``jax.jit`` frees them at once. ``command_buffers`` and
         # ``gpu``: what to plan for instead of the CUDA-graph mode in XLA_FLAGS and this
         # machine's GPU (gpu_preview plans for the GPU and the mode it judges in).
+        # Shared with the other decorations of ``fun`` with the same options, as jax.jit
+        # shares its caches (``_dispatch.shared``; not with ``tune``), the measuring
+        # tuner's decisions with them.
         self.measure = measure
-        self._tuner: CallTuner | None = CallTuner(tune) if tune is not None else \
-            MeasuringTuner(measure) if measure else None
-        self._state = CallState(fun, options, static_args or StaticArgs(),
-                                jit_options or JitOptions(),
-                                {"command_buffers": command_buffers, "gpu": gpu}, self._tuner)
+        self._state = call_state(fun, options, static_args or StaticArgs(),
+                                 jit_options or JitOptions(),
+                                 {"command_buffers": command_buffers, "gpu": gpu},
+                                 None if tune is None else CallTuner(tune), measure)
+        self._tuner: CallTuner | None = self._state.tuner  # type: ignore[assignment]
+        # ``analyses`` counts from here: a shared state's earlier plans are its twins'.
+        self._analyses_before = self._state.analyses
         reset(self._state)
         # The jits of ``trace``, ``lower`` and ``eval_shape``.
         self._stages = StagedJits(self)
@@ -149,13 +159,16 @@ class ParallelBranches:
 
     @property
     def analyses(self) -> int:
-        """How many times a signature was planned (for tests and tooling; settable, as
-        the plain attribute it was)."""
-        return self._state.analyses
+        """How many times a signature was planned since this function was decorated (for
+        tests and tooling; settable, as the plain attribute it was). The decorations of
+        one function with the same options share their plans: a signature one planned is
+        not planned again for the others, and each counts the plans made for all since
+        it was made."""
+        return self._state.analyses - self._analyses_before
 
     @analyses.setter
     def analyses(self, count: int) -> None:
-        self._state.analyses = count
+        self._analyses_before = self._state.analyses - count
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ParallelBranches:
         # Copied as itself, as copy.deepcopy copies a function (its plans and compiled
@@ -195,7 +208,9 @@ class ParallelBranches:
 
     def clear_cache(self) -> None:
         """Forgets every rewrite and compiled program of this function; the next call reads
-        the environment (``XLA_FLAGS``, ``JAXPAR_DISABLE``) again."""
+        the environment (``XLA_FLAGS``, ``JAXPAR_DISABLE``) again. They are those of every
+        decoration of the same function with the same options too (which share them, as
+        ``jax.jit(f).clear_cache()`` evicts ``f`` from the caches its jits share)."""
         self._state.clear()
         reset(self._state)
         self._stages.clear_cache()
@@ -357,8 +372,11 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         ``XlaOptionsNotAppliedWarning``). Ignored on other targets.
       memory: how much more temporary memory than the plain program jaxpar's program
         may need, as its memory model estimates both: ``"auto"`` (default) at most 10%
-        or 1 MiB more, whichever is more; ``"any"``; or a number of bytes. Rewrites
-        and modes beyond it are left out, and ``inspect`` says which.
+        of the plain program's footprint or a floor of 1/4096 of the device's memory
+        more, whichever is more (the floor: the GPU profile's memory on target
+        ``"gpu"``, a TPU v5e's 16 GiB on ``"tpu"``, a 16 GiB host on ``"cpu"``; at
+        least 1 MiB); ``"any"``; or a number of bytes. Rewrites and modes beyond it are
+        left out, and ``inspect`` says which.
       static_argnums: positional arguments that are static (hashable Python
         values that key the cache and may steer tracing), as in ``jax.jit``;
         negative numbers count from the end.

@@ -134,6 +134,11 @@ MIN_GRAPH_SIZE = 5
 CONCURRENT_REGION_BYTES = 20_000_000
 
 
+# The smallest data-centre GPU's memory (16 GB: T4, V100 16GB, A2), a profile's unless it
+# names its own: a memory budget scaled by it never asks more than that smaller GPU has.
+SMALLEST_GPU_MEMORY = 16e9
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuProfile:
     """The figures of one GPU kind (built-in sources in the comments of ``_H200``).
@@ -165,6 +170,8 @@ class GpuProfile:
       event_s: one event record or stream wait on the host.
       hardware_queues: kernels that can run concurrently from independent streams or
         graph branches (``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by default).
+      memory_bytes: the device's memory (its datasheet's capacity): the memory budget's
+        floor is a share of it (``_options.MemoryBudget``).
       ranges: ``(figure, low, high)`` of every uncertain figure.
       measured: the figures a calibration measured on this GPU (empty: none, every
         figure is a public third-party figure or an assumption).
@@ -186,6 +193,7 @@ class GpuProfile:
     sync_s: float
     event_s: float
     hardware_queues: int = 8
+    memory_bytes: float = 16e9  # SMALLEST_GPU_MEMORY (a slots class keeps no default)
     ranges: tuple[tuple[str, float, float], ...] = ()
     measured: frozenset[str] = frozenset()
     source: str = "built-in"
@@ -282,6 +290,7 @@ _H200 = GpuProfile(
     event_s=1.0e-6,
     # Only 8 streams ran concurrently by default (NVIDIA/cutlass #354, RTX 3090).
     hardware_queues=8,
+    memory_bytes=141e9,  # HBM3e, H200 datasheet ("141GB")
     ranges=(("launch_s", 2.0e-6, 5.0e-6), ("graph_launch_s", 2.0e-6, 6.3e-6),
             ("chain_node_s", 0.0, 0.25e-6), ("dag_node_s", 0.25e-6, 1.0e-6),
             ("kernel_floor_s", 1.3e-6, 2.7e-6), ("graph_floor_s", 0.6e-6, 2.0e-6),
@@ -292,12 +301,14 @@ _H200 = GpuProfile(
 #: generic ``"gpu"`` the planner uses when it plans away from a GPU.
 GPU_PROFILES: Mapping[str, GpuProfile] = {
     "h200": _H200,
-    # H100 SXM5: HBM3 3.35 TB/s (datasheet; memory_bandwidth in targets/h100.txtpb), 132
-    # SMs; the same Hopper compute and host figures.
+    # H100 SXM5: HBM3 3.35 TB/s and 80 GB (datasheet; memory_bandwidth in
+    # targets/h100.txtpb), 132 SMs; the same Hopper compute and host figures.
     "h100": dataclasses.replace(_H200, name="h100", device_kind="NVIDIA H100 80GB HBM3",
-                                bandwidth=3.35e12),
-    # Planning away from a GPU (gpu_preview's and the deviceless compiles' default GPU).
-    "gpu": dataclasses.replace(_H200, name="gpu", device_kind=""),
+                                bandwidth=3.35e12, memory_bytes=80e9),
+    # Planning away from a GPU (gpu_preview's and the deviceless compiles' default GPU):
+    # the H200's speeds, the smallest data-centre GPU's memory (the field's default).
+    "gpu": dataclasses.replace(_H200, name="gpu", device_kind="",
+                               memory_bytes=SMALLEST_GPU_MEMORY),
 }
 GENERIC_GPU = "gpu"
 

@@ -6,7 +6,8 @@ identity (two equal jaxprs traced apart are still two entries). ``id(x)`` alone 
 once ``x`` is freed a new object may reuse its id. The memo keeps every key object alive
 while it lives, as JAX's ``weakref_lru_cache`` (``jax/_src/util.py``) ties its entries to
 its first argument, so a hit is always the object asked about. Every identity memo in
-jaxpar is one of these; none is written by hand (``tests/test_architecture.py``).
+jaxpar is one of these (or, for a cache that outlives a call, a ``WeakIdentityMemo``,
+which holds its keys weakly); none is written by hand (``tests/test_architecture.py``).
 
 Example::
 
@@ -33,8 +34,10 @@ Sharp edges:
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -102,3 +105,53 @@ class IdentityMemo(Generic[K, V]):
 
     def __repr__(self) -> str:
         return f"IdentityMemo({len(self._values)} entries)"
+
+
+class WeakIdentityMemo(Generic[K, V]):
+    """Values by the identity of a key object held weakly, for a cache that outlives a
+    call (JAX's ``weakref_lru_cache`` holds its functions so): an entry goes when its key
+    dies, and a hit is always the object asked about (a dead key's id, reused, misses).
+
+    Keys must accept weak references: ``set`` answers False, remembering nothing, where
+    one does not (a callable object whose class has ``__slots__`` without ``__weakref__``).
+    """
+
+    __slots__ = ("__weakref__", "_entries")
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[Any], V]] = {}
+
+    def get(self, key: K) -> V | None:
+        """The value remembered for ``key``, or None."""
+        found = self._entries.get(id(key))
+        return found[1] if found is not None and found[0]() is key else None
+
+    def set(self, key: K, value: V) -> bool:
+        """Remember ``value`` for ``key`` while ``key`` lives; False where it cannot be
+        weakly referenced."""
+        try:
+            ref = weakref.ref(key, functools.partial(_forget, weakref.ref(self), id(key)))
+        except TypeError:
+            return False
+        self._entries[id(key)] = (ref, value)
+        return True
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"WeakIdentityMemo({len(self._entries)} entries)"
+
+
+def _forget(memo_ref: weakref.ref[WeakIdentityMemo[Any, Any]], key_id: int,
+            ref: weakref.ref[Any]) -> None:
+    """A key died: its entry goes (unless its id already names a newer key)."""
+    memo = memo_ref()
+    if memo is None:
+        return
+    found = memo._entries.get(key_id)
+    if found is not None and found[0] is ref:
+        del memo._entries[key_id]

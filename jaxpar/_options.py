@@ -67,7 +67,14 @@ from ._flags import (
     command_buffer_mode_set,
     xla_flags_text,
 )
-from ._gpu_model import CommandBufferMode, GpuProfile, gpu_profile, local_gpu_profile
+from ._gpu_model import (
+    SMALLEST_GPU_MEMORY,
+    CommandBufferMode,
+    GpuProfile,
+    gpu_profile,
+    local_gpu_profile,
+)
+from ._tpu_model import TPU_V5E
 
 # The targets' names for type checkers: "auto" and the rows of ``TARGETS`` (a test keeps
 # them equal).
@@ -220,6 +227,12 @@ PASS_TABLE: tuple[PassRow, ...] = (
 )
 
 
+# A CPU's memory, as the floor reads it: a 16 GiB host (a small laptop's), not the
+# machine's own, so that a CPU plan does not change from one machine to another (as the
+# GPU and TPU plans read their profile's figure, not the device's).
+CPU_MEMORY_BYTES = float(16 * 2**30)
+
+
 @dataclasses.dataclass(frozen=True)
 class TargetRow:
     """One row of the target table.
@@ -230,11 +243,14 @@ class TargetRow:
       defaults: the value of each option (a column) when it is ``"auto"``: the pass
         options, ``group_collectives``, and a pass that only the target turns on under
         its own name (``share_common``); a column left out is off (``False``, ``None``).
+      memory_bytes: the device's memory, which scales the memory budget's floor
+        (``memory_floor``); on target ``"gpu"`` the GPU profile's figure instead.
     """
 
     name: str
     backends: tuple[str, ...]
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    memory_bytes: float = CPU_MEMORY_BYTES
 
     def default(self, column: str, kind: OptionKind = OptionKind.SWITCH) -> Any:
         return self.defaults.get(column, kind.off)
@@ -249,12 +265,13 @@ TARGETS: tuple[TargetRow, ...] = (
     TargetRow("gpu", ("gpu", "cuda", "rocm"), {
         "fuse_scans": True, "batch_scans": True, "batch_branches": True,
         "batch_matmuls": True, "unroll": "cost", "share_common": True,
-        "group_collectives": True}),
+        "group_collectives": True}, memory_bytes=SMALLEST_GPU_MEMORY),
     TargetRow("cpu", ("cpu",)),
     # Measured on a TPU v5e (benchmarks/tpu.sh, docs/benchmarks.md): batching identical
     # scans and reading small loops by blocks pay; fusing different loops, batching
     # members and matmuls did not (x0.99-1.25 with the GPU's pass set), so they are off.
-    TargetRow("tpu", ("tpu",), {"batch_scans": True, "unroll": "cost"}),
+    TargetRow("tpu", ("tpu",), {"batch_scans": True, "unroll": "cost"},
+              memory_bytes=TPU_V5E.hbm_bytes),
 )
 
 # The target switches that are not passes (the planner's).
@@ -316,7 +333,23 @@ class MemoryBudget:
         return max(self.fraction * plain_bytes, self.extra_bytes)
 
 
-# The default budget: 10% of the plain program's footprint or 1 MiB, whichever is more.
+# The default budget's floor: this share of the device's memory, never under 1 MiB. A
+# tenth of a small program's footprint (a few hundred KiB) refused what costs a device
+# nothing: a bidirectional RNN of 64 steps, batch 32, width 128 needs 3 MiB more to fuse
+# its loops, 0.002% of an H200. 1/4096 is 3.7 MiB of a 16 GB GPU (T4, V100), 4 MiB of a
+# TPU v5e's 16 GiB, 33 MiB of an H200's 141 GB: a thousand functions each at the floor,
+# all live at once, would hold a quarter of the device.
+DEVICE_SHARE = 1 / 4096
+LEAST_EXTRA_BYTES = float(2**20)
+
+
+def memory_floor(device_bytes: float) -> float:
+    """The default budget's floor on a device with ``device_bytes`` of memory."""
+    return max(LEAST_EXTRA_BYTES, DEVICE_SHARE * device_bytes)
+
+
+# The default budget of a device without figures (a ``Settings`` built by hand): 10% of
+# the plain program's footprint or 1 MiB, whichever is more.
 DEFAULT_BUDGET = MemoryBudget()
 
 
@@ -661,30 +694,34 @@ class Options:
             gpu=profile,
             modes=ModePolicy(priced=mode, choose=choose, user=user_mode,
                              compile=compile_mode) if target == "gpu" else ModePolicy(),
-            memory=memory_budget(self.memory), explicit=frozenset(explicit), **values)
+            memory=memory_budget(self.memory, defaults.memory_bytes if profile is None
+                                 else profile.memory_bytes),
+            explicit=frozenset(explicit), **values)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
 
-def memory_budget(memory: Any) -> MemoryBudget | None:
+def memory_budget(memory: Any, device_bytes: float = 0.0) -> MemoryBudget | None:
     """The ``Settings.memory`` of a ``memory`` argument: ``"auto"`` (the default budget:
-    10% or 1 MiB more than the plain program, whichever is more), ``"any"`` (no budget)
-    or a number of bytes jaxpar's program may need beyond the plain program's.
+    10% of the plain program's footprint or the floor of a device with ``device_bytes``
+    of memory more, whichever is more: ``memory_floor``, at least 1 MiB), ``"any"`` (no
+    budget) or a number of bytes jaxpar's program may need beyond the plain program's.
 
     Raises:
       ValueError: none of those.
     """
     if memory == "auto":
-        return DEFAULT_BUDGET
+        return MemoryBudget(extra_bytes=memory_floor(device_bytes))
     if memory == "any":
         return None
     if isinstance(memory, (int, float)) and not isinstance(memory, bool) \
             and math.isfinite(memory) and memory >= 0:
         return MemoryBudget(fraction=0.0, extra_bytes=float(memory))
-    raise ValueError(f"memory must be 'auto' (at most 10% or 1 MiB more temporary memory "
-                     f"than the plain program), 'any' (no budget) or a number of bytes >= 0 "
-                     f"jaxpar may add, got {memory!r}")
+    raise ValueError(f"memory must be 'auto' (at most 10% more memory than the plain "
+                     f"program, or 1/4096 of the device's memory and at least 1 MiB, whichever "
+                     f"is more), 'any' (no budget) or a number of bytes >= 0 jaxpar may add, "
+                     f"got {memory!r}")
 
 
 def check_target(target: Any, concrete: bool = False,

@@ -77,6 +77,8 @@ class TpuProfile:
       copy_bandwidth: bytes per second of a copy (read and write).
       peak_flops: a large matmul's flops per second (bfloat16, JAX's default precision).
       hbm_bandwidth: the chip's memory bandwidth, bytes per second (its specification).
+      hbm_bytes: the chip's memory, bytes (its specification): the memory budget's floor
+        is a share of it (``_options.MemoryBudget``).
     """
 
     chip: str
@@ -93,6 +95,7 @@ class TpuProfile:
     copy_bandwidth: float
     peak_flops: float
     hbm_bandwidth: float
+    hbm_bytes: float
 
     def block_ratio(self, factor: int) -> float:
         """The measured fixed-part ratio at ``factor`` (interpolated between the
@@ -124,6 +127,7 @@ TPU_V5E = TpuProfile(
     copy_bandwidth=0.355e12,
     peak_flops=1.63e14,
     hbm_bandwidth=8.19e11,
+    hbm_bytes=16 * 2**30,  # 16 GiB of HBM2 (Cloud TPU v5e specification)
 )
 
 # Loops carrying more than this many bytes (a gradient's accumulators) stay rolled, a

@@ -121,6 +121,16 @@ def _count_compile(event: str, seconds: float, **_: object) -> None:
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
 
 
+@pytest.fixture(autouse=True)
+def _decorations_start_afresh() -> None:
+    """A test's decorations share their plans and compiled programs with each other, not
+    with an earlier test's (``jaxpar._dispatch.shared``): the plans, jits and warnings a
+    test counts are its own, as if it ran alone."""
+    from jaxpar._dispatch.shared import forget_shared_states
+
+    forget_shared_states()
+
+
 def _cpu_seconds() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -515,8 +515,11 @@ def test_emission_and_report_run_with_the_collector_paused_and_restore_it():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(jaxpar._pipeline.Emitter, "run", bad_run)
+        again = jaxpar.parallel_branches(f, target="gpu")
+        again(x, x)  # the first decoration's program: nothing is emitted
+        again.clear_cache()  # forgotten for both: the next call emits
         with pytest.raises(RuntimeError, match="boom"):
-            jaxpar.parallel_branches(f, target="gpu")(x, x)
+            again(x, x)
     assert gc.isenabled()
 
 # --- jit's stages and caches ------------------------------------------------------------

@@ -572,9 +572,10 @@ def test_copied_units_carry_the_source_info_of_their_own_trace(
             # (memory="any": crossed_cells' groups read a scanned input transposed, which
             # the default memory budget leaves alone; the copies are what is checked.)
             # (fuse_scans by name: crossed_cells' scans are otherwise kept apart.)
-            return jax.jit(jaxpar.parallel_branches(fn, target="gpu", command_buffers="lhs",
-                                                    memory="any", fuse_scans=True)
-                           ).lower(*args).as_text(debug_info=True)
+            decorated = jaxpar.parallel_branches(fn, target="gpu", command_buffers="lhs",
+                                                 memory="any", fuse_scans=True)
+            decorated.clear_cache()  # the first lowering's plan, shared with it, is traced anew
+            return jax.jit(decorated).lower(*args).as_text(debug_info=True)
 
     # One line, so the two lowerings' call sites (in their locations) are the same.
     keyed, alone = [lowered(keyed) for keyed in (True, False)]

@@ -5,8 +5,9 @@ Programs of ``benchmarks/gpu_suite.py``, compiled deviceless for an H200 plain a
 (``gpu_preview(..., command_buffers=mode)``). Each case fails on what must not happen:
 a compile error, more kernel launches per run without a stream region that really
 overlaps other work, an estimated slowdown above 1% (``jaxpar._compiled.estimate``) in that mode,
-more temporary memory once compiled than the budget allows (10% or 1 MiB over plain's,
-``gpu_suite.memory_failure``), or (small size, default mode) different values on the CPU.
+more temporary memory once compiled than the budget allows (10% or the H200's floor of
+1/4096 of its memory over plain's, ``gpu_suite.memory_failure``), or (small size, default
+mode) different values on the CPU.
 
 What runs:
 

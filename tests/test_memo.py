@@ -1,4 +1,5 @@
-"""``jaxpar._memo.IdentityMemo``: values by identity, keys kept alive while the memo lives."""
+"""``jaxpar._memo.IdentityMemo``: values by identity, keys kept alive while the memo lives;
+``WeakIdentityMemo``: the same with keys held weakly."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import weakref
 import jax
 import jax.numpy as jnp
 
-from jaxpar._memo import IdentityMemo
+from jaxpar._memo import IdentityMemo, WeakIdentityMemo
 
 
 class _Key:
@@ -106,3 +107,17 @@ def test_get_all_and_set_all_agree_with_get_and_set() -> None:
     gc.collect()
     assert ref() is not None  # set_all keeps its keys alive as set does
     assert memo.get_all([]) == [] and len(memo) == 2
+
+
+def test_weak_identity_memo_forgets_a_dead_key_and_never_answers_for_another():
+    class Unreferenceable:
+        __slots__ = ()
+
+    memo: WeakIdentityMemo[object, str] = WeakIdentityMemo()
+    key, equal = _Key(1), _Key(1)
+    assert memo.set(key, "found") and memo.get(key) == "found"
+    assert memo.get(equal) is None  # equal, but another object
+    assert not memo.set(Unreferenceable(), "never") and len(memo) == 1
+    del key
+    gc.collect()
+    assert len(memo) == 0  # the entry went with its key

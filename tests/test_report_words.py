@@ -121,7 +121,7 @@ def test_the_memory_line_says_whether_it_fits():
     plan = jaxpar.inspect(readme_two_scans, target="gpu")(*README_ARGS)
     (line,) = [line for line in _lines(plan) if line.startswith("  memory: ")]
     assert line.startswith("  memory: fits the budget: est. ")
-    assert line.endswith("for jax.jit's program (the budget allows 1.0 MiB more)")
+    assert line.endswith("for jax.jit's program (the budget allows 3.7 MiB more)")
     anything = jaxpar.inspect(readme_two_scans, target="gpu", memory="any")(*README_ARGS)
     assert "(memory='any': no budget)" in anything.text()
 

@@ -4,6 +4,8 @@ Read in this order:
 
   state     ``CallState``: one decorated function's options, plans, caches and the jit of
             its keyed path; ``CallKey``; ``JitOptions`` (``jax.jit``'s options it takes)
+  shared    ``call_state``: one ``CallState`` for every decoration of a function with the
+            same options (as ``jax.jit``'s caches are shared), held while the function lives
   fast      the top-level path: the environment's ``jax.jit`` whose C++ object is the
             function's call once installed, and ``route``, which its cache misses reach
   keyed     calls under a transformation, and top-level calls whose plan chose other
@@ -30,6 +32,7 @@ from .channel import inside_stream_call, options_applied, stream_call_body
 from .fast import FastPath, Mode, current, read_environment, read_gpu_environment, reset
 from .keyed import agree_across_processes, jit_for, transformed_call
 from .measuring import MeasuringTuner, check_measure
+from .shared import call_state
 from .staged import StagedJits, lower_with_options, planned_options
 from .state import (
     CallKey,
@@ -54,6 +57,7 @@ __all__ = [
     "agree_across_processes",
     "cached_jit",
     "check_measure",
+    "call_state",
     "current",
     "inside_stream_call",
     "jit_for",

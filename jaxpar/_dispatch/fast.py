@@ -64,7 +64,7 @@ from .._trace import (
 )
 from . import keyed
 from .channel import options_applied
-from .state import CallKey, CallState, bounded, install_call, name_after, options_key
+from .state import CallKey, CallState, bounded, install_call, name_after, options_key, wrapping
 
 # The variables a top-level call's environment is read from when a call misses
 # (XLA_FLAGS and these).
@@ -117,7 +117,7 @@ class FastPath:
         self.nnx_jitted: Any = None
         ref = weakref.ref(state)
         self.routed: RoutedJit = routed_jit(
-            _entry(ref, mode, state.fun), functools.partial(_miss, ref, mode, options),
+            _entry(ref, mode, state), functools.partial(_miss, ref, mode, options),
             static_argnums=state.static_args.nums, static_argnames=state.static_args.names,
             compiler_options=dict(options) or None, **state.jit_options.jit_kwargs())
 
@@ -253,7 +253,7 @@ def _alive(ref: weakref.ref[CallState]) -> CallState:
 # --------------------------------------------------------------------- the traces
 
 
-def _entry(ref: weakref.ref[CallState], mode: Mode, fun: Any) -> Callable[..., Any]:
+def _entry(ref: weakref.ref[CallState], mode: Mode, state: CallState) -> Callable[..., Any]:
     """The function ``FastPath.routed`` jits: the call's own arguments in, its output
     out (``packed_outputs``), jaxpar's program of the signature in between."""
 
@@ -267,7 +267,7 @@ def _entry(ref: weakref.ref[CallState], mode: Mode, fun: Any) -> Callable[..., A
 
     # Named as the user's function, with its signature (jax.jit reads static_argnames and
     # donate_argnames by it), as jax.jit's own programs and profiles name it.
-    return functools.wraps(fun)(entry)
+    return wrapping(entry, state)
 
 
 def _flat(ref: weakref.ref[CallState], mode: Mode) -> Callable[..., Any]:
@@ -336,10 +336,11 @@ def route(state: CallState, mode: Mode, options: Options, jax_miss: Miss,
             fast = retarget(state, fast, chosen)
         return _uncached(fast.with_options(state, chosen).routed.call(*args, **kwargs))
     fast.accepted = True
-    measured = state.tuner.register(state, key, leaves) if state.tuner is not None else None
+    tuner = state.tuner
+    measured = tuner.register(state, key, leaves) if tuner is not None else None
     out = jax_miss(*args, **kwargs)
-    if measured is not None:  # after the call: the first call costs what jax.jit's does
-        state.tuner.start(state, measured)
+    if measured is not None and tuner is not None:
+        tuner.start(state, measured)  # after the call: it costs what jax.jit's first does
     return out
 
 

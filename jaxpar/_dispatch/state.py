@@ -1,6 +1,7 @@
 """A decorated function's call state: its options, plans and caches, and the keyed jit.
 
-``_api.ParallelBranches`` owns one ``CallState``; every other part of ``_dispatch`` takes
+``_api.ParallelBranches`` holds a ``CallState`` (one for every decoration of a function
+with the same options: ``shared``); every other part of ``_dispatch`` takes
 it as an argument. It holds what the function's calls share: the function, its options
 and static arguments, ``jax.jit``'s options given to it (``JitOptions``), its plans by
 signature (``PlanCache``), the memos of its calls (``CallMemos``), the jit that calls
@@ -22,8 +23,10 @@ Sharp edges:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
+import inspect
 import itertools
 import threading
 import warnings
@@ -232,19 +235,25 @@ class PlanCache:
 
 
 class CallState:
-    """Everything a decorated function's calls share (see the module docstring). Owned by
-    one ``ParallelBranches``; nothing else holds it but weakly."""
+    """Everything a decorated function's calls share (see the module docstring). Held by
+    its ``ParallelBranches`` (one, or the twins ``shared`` gives it to) and, when shared,
+    by ``shared``'s registry while the function lives; nothing else holds it but weakly."""
 
-    __slots__ = ("__weakref__", "_nnx_function", "analyses", "boundary", "call", "fun",
-                 "has_statics", "installed", "jit_options", "jitted", "jitted_with", "memos",
-                 "nnx_tag", "options", "planned_for", "plans", "read_environment",
-                 "scalars_made_static", "static_args", "switch_lock", "tuner")
+    __slots__ = ("__weakref__", "_fun", "_nnx_function", "analyses", "boundary", "call",
+                 "has_statics", "held_weakly", "installed", "jit_options", "jitted",
+                 "jitted_with", "memos", "nnx_tag", "options", "planned_for", "plans",
+                 "read_environment", "scalars_made_static", "static_args", "switch_lock",
+                 "tuner")
 
     def __init__(self, fun: Callable[..., Any], options: Options, static_args: StaticArgs,
                  jit_options: JitOptions, planned_for: dict[str, Any],
-                 tuner: TuneHook | None):
+                 tuner: TuneHook | None, held_weakly: bool = False):
         name = function_name(fun)
-        self.fun = fun
+        # A state shared between decorations (``shared``) lives in a registry as long as
+        # the function does, so it holds the function weakly (its decorations hold it):
+        # a strong reference would keep both alive for ever.
+        self.held_weakly = held_weakly
+        self._fun: Callable[[], Any] = weakref.ref(fun) if held_weakly else lambda: fun
         self.options = options
         # What to plan for instead of the CUDA-graph mode in XLA_FLAGS and this machine's
         # GPU: gpu_preview plans for the GPU and the mode it judges in.
@@ -277,9 +286,19 @@ class CallState:
         self.boundary: Callable[..., Any] | None = None
         self.switch_lock = threading.RLock()
 
+    @property
+    def fun(self) -> Callable[..., Any]:
+        """The decorated function (the original)."""
+        fun = self._fun()
+        if fun is None:  # only a jit captured elsewhere can outlive its function
+            raise ReferenceError("jaxpar: this parallel_branches function was deleted")
+        return fun
+
     def traced_function(self, nnx: bool) -> Callable[..., Any]:
         if not nnx:
             return self.fun
+        if self.held_weakly:  # made per trace: kept, it would hold the function
+            return NnxCall(self.nnx_tag).inner(self.fun)
         if self._nnx_function is None:
             self._nnx_function = NnxCall(self.nnx_tag).inner(self.fun)
         return self._nnx_function
@@ -450,6 +469,20 @@ def weak_method(owner: Any, method: str, fun: Callable[..., Any] | None,
             CHANNEL.options_owner = before
 
     name_after(call, fun)
+    return call
+
+
+def wrapping(call: Callable[..., Any], state: CallState) -> Callable[..., Any]:
+    """``call`` dressed as the state's function (``functools.wraps``: its name, docs and
+    signature, which ``jax.jit`` reads ``static_argnames`` by). Where the state holds the
+    function weakly, ``__wrapped__`` is a weak proxy (JAX reads the source line through
+    it) and the signature is copied onto ``call``."""
+    fun = state.fun
+    functools.wraps(fun)(call)
+    if state.held_weakly:
+        with contextlib.suppress(TypeError, ValueError):  # no signature: as jax.jit finds
+            call.__signature__ = inspect.signature(fun)  # type: ignore[attr-defined]
+        call.__wrapped__ = weakref.proxy(fun)  # type: ignore[attr-defined]
     return call
 
 
