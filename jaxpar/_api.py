@@ -544,7 +544,8 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Unpack[InspectOption
     _refuse_outer_jit_options(given, "inspect")
     check_known(given, (*Options.names(), *CALL_OPTIONS))
     planned_for: dict[str, Any] = {}
-    tuned = fun if isinstance(fun, ParallelBranches) and fun._tuner is not None and not given \
+    tuned = fun if isinstance(fun, ParallelBranches) and (fun.tune is not None or fun.measure) \
+        and not given \
         else None
     if isinstance(fun, ParallelBranches):
         base, inner = fun.options.to_dict(), fun.__wrapped__

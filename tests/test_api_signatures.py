@@ -31,9 +31,9 @@ def drift(parameters: dict[str, tuple[str, Any]], call_types: dict[str, str], *,
           tune: bool, defaults: bool) -> list[str]:
     """What ``parameters`` (keyword -> (annotation, default)) lack, add or write otherwise
     than ``Options`` (its fields' types and defaults), ``CALL_OPTIONS`` (as
-    ``call_types`` types them), and with ``tune`` (``parallel_branches``) ``tune`` and
+    ``call_types`` types them), and with ``tune`` (``parallel_branches``) ``tune``, ``measure`` and
     ``jax.jit``'s options (``JIT_OPTIONS``)."""
-    expected = {*FIELDS, *CALL_OPTIONS, *(("tune", *JIT_OPTIONS) if tune else ())}
+    expected = {*FIELDS, *CALL_OPTIONS, *(("tune", "measure", *JIT_OPTIONS) if tune else ())}
     found = [f"lacks {name}" for name in sorted(expected - set(parameters))]
     found += [f"takes {name}, which Options lacks" for name in sorted(set(parameters) - expected)]
     for name, (annotation, default) in sorted(parameters.items()):

@@ -476,6 +476,7 @@ CROSS_MODULE_SUBJECTS = {
     "ecosystem": "real Flax, Equinox, Optax and jax.example_libraries models, end to end",
     "gpu_guard": "benchmarks/gpu_suite.py compiled for an H200: never worse on the GPU",
     "benchmarks": "benchmarks/run.py at its smallest sizes",
+    "lanes": "the test command's lanes: pinned versions (tests/constraints-*.txt) and their bump",
     "docs": "README.md, docs/*.md and examples/",
     "pass_checker": "tests/pass_checker.py, the checker the pass tests share",
 }

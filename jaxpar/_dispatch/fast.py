@@ -378,41 +378,7 @@ def plan_options(state: CallState, key: CallKey, leaves: Sequence[Any]) -> Optio
                                      key.nnx).xla_options)
 
 
-def installed_after_decision(state: CallState, fast: FastPath, args: tuple[Any, ...],
-                             kwargs: dict[str, Any], background: bool) -> None:
-    """After the measuring tuner chose a rewrite for this call's signature: a fresh
-    top-level jit for ``fast``'s environment (``fast``'s holds ``jax.jit``'s trace of the
-    signature), the winner compiled into it and then installed. ``background``: compiled
-    on the measuring thread while calls keep running ``fast`` (one process); else now,
-    so that this call runs it (several processes switch at the same call)."""
-    from .measuring import abstract_argument, worker
-
-    moved = FastPath(state, fast.mode, fast.options)
-    moved.accepted = fast.accepted
-    abstract_args, abstract_kwargs = jax.tree_util.tree_map(abstract_argument,
-                                                            (args, kwargs))
-    ref = weakref.ref(state)
-
-    def switch() -> None:
-        alive = ref()
-        if alive is None:
-            return
-        try:  # the call compiles it otherwise
-            moved.routed.plain.lower(*abstract_args, **abstract_kwargs).compile()
-        except Exception:
-            pass
-        with alive.switch_lock:
-            if alive.memos.fast_by_mode.get(fast.mode) is fast:
-                _replace_path(alive, fast, moved)
-
-    if background:
-        worker().submit(switch)
-    else:
-        with state.switch_lock:
-            _replace_path(state, fast, moved)
-
-
-def _replace_path(state: CallState, old: FastPath, new: FastPath) -> None:
+def replace_path(state: CallState, old: FastPath, new: FastPath) -> None:
     """``new`` in ``old``'s place for every environment reading, installed."""
     state.memos.fast_by_mode[old.mode] = new
     for reading, held in list(state.memos.fast.items()):
@@ -424,7 +390,7 @@ def _replace_path(state: CallState, old: FastPath, new: FastPath) -> None:
 def retarget(state: CallState, fast: FastPath, options: Options) -> FastPath:
     """A new ``FastPath`` for ``fast``'s environment compiling with ``options``, installed."""
     moved = FastPath(state, fast.mode, options)
-    _replace_path(state, fast, moved)
+    replace_path(state, fast, moved)
     return moved
 
 

@@ -76,6 +76,7 @@ from .._tune import (
 )
 from .._tune import decide as decide_together
 from .._tune import measure as measure_programs
+from .fast import FastPath, current, replace_path
 from .state import CallKey, CallState, set_boundary
 from .tuning import CallTuner, _candidate_key, _candidates, _decision_key, _run_candidate
 
@@ -364,14 +365,45 @@ class _Skip(Exception):
 # ------------------------------------------------------------------------ the boundary
 
 
+def installed_after_decision(state: CallState, fast: FastPath, args: tuple[Any, ...],
+                             kwargs: dict[str, Any], background: bool) -> None:
+    """After the measuring tuner chose a rewrite for this call's signature: a fresh
+    top-level jit for ``fast``'s environment (``fast``'s holds ``jax.jit``'s trace of the
+    signature), the winner compiled into it and then installed. ``background``: compiled
+    on the measuring thread while calls keep running ``fast`` (one process); else now,
+    so that this call runs it (several processes switch at the same call)."""
+    moved = FastPath(state, fast.mode, fast.options)
+    moved.accepted = fast.accepted
+    abstract_args, abstract_kwargs = jax.tree_util.tree_map(abstract_argument,
+                                                            (args, kwargs))
+    ref = weakref.ref(state)
+
+    def switch() -> None:
+        alive = ref()
+        if alive is None:
+            return
+        try:  # the call compiles it otherwise
+            moved.routed.plain.lower(*abstract_args, **abstract_kwargs).compile()
+        except Exception:
+            pass
+        with alive.switch_lock:
+            if alive.memos.fast_by_mode.get(fast.mode) is fast:
+                replace_path(alive, fast, moved)
+
+    if background:
+        worker().submit(switch)
+    else:
+        with state.switch_lock:
+            replace_path(state, fast, moved)
+
+
+
 def boundary_call(ref: weakref.ref[CallState], installed: Any, *args: Any, **kwargs: Any
                   ) -> Any:
     """A call at a boundary (``state.boundary``): where it is of a signature whose
     candidates are built, the decision is made now, timed with this call's arguments;
     where a rewrite won, its program is compiled into a fresh jit (see the module
     docstring). The call itself runs the installed call."""
-    from .fast import current, installed_after_decision
-
     state = ref()
     if state is None:
         return installed(*args, **kwargs)
@@ -394,8 +426,6 @@ def boundary_call(ref: weakref.ref[CallState], installed: Any, *args: Any, **kwa
 def _settle_call(state: CallState, tuner: MeasuringTuner, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> Tuning | None:
     """The decision this call settles, where a rewrite won (None otherwise)."""
-    from .fast import current
-
     if not tuner.pending or not _compat.top_level():
         return None
     fast = current(state)
