@@ -195,6 +195,19 @@ def tuned():
 
 
 @case
+def measured_together():
+    """``measure=True``: the first call runs jax.jit's program; at the second every
+    process waits for its candidates and they decide together (one choice everywhere),
+    so every process runs the same program at every call."""
+    step = jaxpar.parallel_branches(scanned_steps, target="tpu", measure=True)
+    want = jax.jit(scanned_steps)(PARAMS, BATCH, MOMENTS)
+    outs = [step(PARAMS, BATCH, MOMENTS) for _ in range(3)]
+    tuning = step.tuning(PARAMS, BATCH, MOMENTS)
+    return {"chosen": tuning.chosen, "source": tuning.source, "processes": tuning.processes,
+            "values": all(same_shards(out, want, exact=False) for out in outs)}
+
+
+@case
 def inspect_reads_the_stored_decision():
     """A fresh tuned function on process 0 alone: inspect reads process 0's file."""
     multihost_utils.sync_global_devices("before reading the stored decision")

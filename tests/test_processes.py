@@ -115,7 +115,17 @@ def test_the_first_call_tunes_together(together):
     umask = os.umask(0)
     os.umask(umask)
     assert decisions[0]["modes"] == [_tune.FILE_MODE & ~umask]
-    assert len(list(tune_dir.glob("*.json"))) == 1
+    # This decision's file and the measuring case's (process 0 writes each once).
+    assert len(list(tune_dir.glob("*.json"))) == 2
+
+
+def test_measuring_decides_together_at_the_second_call(together):
+    count, results, _ = together
+    found = [result["measured_together"] for result in results]
+    assert all(entry.get("values") for entry in found), found
+    assert len({entry["chosen"] for entry in found}) == 1 and found[0]["chosen"]
+    assert {entry["source"] for entry in found} == {_tune.TOGETHER}
+    assert {entry["processes"] for entry in found} == {count}
 
 
 def test_a_stored_decision_is_read_locally_and_shipped_read_only(together):

@@ -48,10 +48,11 @@ Sharp edges:
 
 from __future__ import annotations
 
-import concurrent.futures
+import atexit
 import dataclasses
 import functools
 import os
+import queue
 import threading
 import time
 import weakref
@@ -78,7 +79,13 @@ from .._tune import decide as decide_together
 from .._tune import measure as measure_programs
 from .fast import FastPath, current, replace_path
 from .state import CallKey, CallState, set_boundary
-from .tuning import CallTuner, _candidate_key, _candidates, _decision_key, _run_candidate
+from .tuning import (
+    CallTuner,
+    candidate_key_of,
+    candidate_programs,
+    run_candidate,
+    signature_decision_key,
+)
 
 MEASURE_VARIABLE = "JAXPAR_MEASURE"
 
@@ -128,29 +135,72 @@ class Pending:
         self.stored: Tuning | None = None
 
 
-_WORKER: concurrent.futures.ThreadPoolExecutor | None = None
+class _Worker:
+    """The process's measuring thread: one daemon thread running queued tasks in order
+    (builds and compiles one at a time). At the interpreter's exit, queued tasks are
+    dropped and a running build stops before its next compile (``stopping``), so a
+    program's exit waits for at most one compile, never for a queue of them."""
+
+    def __init__(self) -> None:
+        self.tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.stopping = False
+        self.idle = threading.Condition()
+        self.running = 0
+        self.thread = threading.Thread(target=self._run, name="jaxpar-measure", daemon=True)
+        self.thread.start()
+
+    def submit(self, task: Any, *args: Any) -> None:
+        with self.idle:
+            self.running += 1
+        self.tasks.put(functools.partial(task, *args))
+
+    def _run(self) -> None:
+        while True:
+            task = self.tasks.get()
+            try:
+                if not self.stopping:
+                    task()
+            except Exception:
+                pass
+            finally:
+                with self.idle:
+                    self.running -= 1
+                    self.idle.notify_all()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        with self.idle:
+            return self.idle.wait_for(lambda: self.running == 0, timeout)
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wait_idle(_EXIT_WAIT_S)
+
+
+_EXIT_WAIT_S = 30.0  # at exit, how long to wait for the compile under way
+_WORKER: _Worker | None = None
 _WORKER_LOCK = threading.Lock()
 
 
-def worker() -> concurrent.futures.ThreadPoolExecutor:
-    """The process's measuring thread (one: builds and compiles run one at a time)."""
+def worker() -> _Worker:
+    """The process's measuring thread (made at first use)."""
     global _WORKER
     with _WORKER_LOCK:
         if _WORKER is None:
-            _WORKER = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="jaxpar-measure")
+            _WORKER = _Worker()
+            atexit.register(_WORKER.stop)
         return _WORKER
 
 
+def stopping() -> None:
+    """Raises ``_Skip`` once the interpreter is exiting (checked between compiles)."""
+    if _WORKER is not None and _WORKER.stopping:
+        raise _Skip("the program is exiting")
+
+
 def wait_idle(timeout: float | None = None) -> bool:
-    """Waits until the measuring thread has nothing queued (for tests and benchmarks);
-    False if ``timeout`` seconds passed first."""
-    done = worker().submit(lambda: None)
-    try:
-        done.result(timeout)
-    except concurrent.futures.TimeoutError:
-        return False
-    return True
+    """Waits until the measuring thread has nothing queued or running (for tests and
+    benchmarks); False if ``timeout`` seconds passed first."""
+    return worker().wait_idle(timeout)
 
 
 def abstract_argument(leaf: Any) -> Any:
@@ -209,7 +259,7 @@ class MeasuringTuner(CallTuner):
         by_shape = _by_shape(plain, leaves)
         tuning = self.decisions.get(by_shape)
         if tuning is not None and tuning.chosen:
-            return _candidate_key(state, plain, tuning.chosen)
+            return candidate_key_of(state, plain, tuning.chosen)
         if measuring and by_shape in self.pending:
             return dataclasses.replace(plain, rewrite=False)
         return plain
@@ -236,7 +286,7 @@ class MeasuringTuner(CallTuner):
         concrete = not _compat.staging() and not any(map(_compat.is_tracer, leaves))
         if not concrete:
             return None
-        name, _ = _decision_key(state, plain, leaves, tuple(abstract(x) for x in leaves))
+        name, _ = signature_decision_key(state, plain, leaves, tuple(abstract(x) for x in leaves))
         return load(name) or _standing("not measured yet (no call of these shapes)", name,
                                        self.budget)
 
@@ -300,7 +350,7 @@ class MeasuringTuner(CallTuner):
             return _standing(NOT_MEASURED, pending.name, self.budget, chosen=PLAIN,
                              why=pending.error)
         live = [p if p.run is None else p._replace(run=functools.partial(
-                _run_candidate, state, _candidate_key(state, pending.key, p.candidate.label),
+                run_candidate, state, candidate_key_of(state, pending.key, p.candidate.label),
                 tuple(leaves))) for p in pending.programs]
         if together:
             return decide_together(pending.name, pending.fields, lambda: live, self.budget,
@@ -340,13 +390,14 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
                         "jax.jit's program runs")
         key, arguments = pending.key, list(pending.arguments)
         avals = tuple(abstract(leaf) for leaf in arguments)
-        pending.name, pending.fields = _decision_key(state, key, arguments, avals)
+        pending.name, pending.fields = signature_decision_key(state, key, arguments, avals)
         pending.stored = load(pending.name)
         if pending.stored is not None and jax.process_count() == 1:
             # A later process: only the winner is compiled (with the fresh jit below).
             pending.programs = []
         else:
-            pending.programs = _candidates(state, key, arguments, compile_them=True)
+            pending.programs = candidate_programs(state, key, arguments, compile_them=True,
+                                           check=stopping)
     except _Skip as skip:
         pending.error = str(skip)
     except Exception as error:  # a failed build keeps jax.jit's program; never a call's error

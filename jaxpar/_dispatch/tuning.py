@@ -63,14 +63,14 @@ class CallTuner:
                     key.settings, _compat.trace_context())
         tuning = self.decisions.get(by_shape)
         key = dataclasses.replace(key, tune="", tune_generation=0)
-        return key if tuning is None else _candidate_key(state, key, tuning.chosen)
+        return key if tuning is None else candidate_key_of(state, key, tuning.chosen)
 
     def decided_candidate(self, state: CallState, key: CallKey, avals: tuple[Any, ...]
                           ) -> CallKey | None:
         """The key of the candidate decided for this signature, None without a decision."""
         tuning = self.decisions.get((key.layout, avals, key.nnx, key.settings,
                                      _compat.trace_context()))
-        return None if tuning is None else _candidate_key(state, key, tuning.chosen)
+        return None if tuning is None else candidate_key_of(state, key, tuning.chosen)
 
     def decide(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> None:
         """Before a concrete top-level call of ``key``'s signature runs: its decision, made
@@ -111,7 +111,7 @@ class CallTuner:
             for leaf in leaves)
         if hit is not None or not concrete:
             return hit
-        name, fields = _decision_key(state, key, leaves, avals)
+        name, fields = signature_decision_key(state, key, leaves, avals)
         if jax.process_count() > 1 and not first_call:
             # Local: the stored file or nothing, not remembered (the first call decides).
             return load_decision(name) or undecided(name, self.budget)
@@ -120,7 +120,7 @@ class CallTuner:
             tuning = unmeasured(name, self.budget, "the arguments span some processes but "
                                                    "not all, which cannot time together")
         else:
-            tuning = decide_candidate(name, fields, lambda: _candidates(state, key, leaves),
+            tuning = decide_candidate(name, fields, lambda: candidate_programs(state, key, leaves),
                                       self.budget, together=span == _processes.ALL,
                                       what=state.call_text(avals))
         self.decisions[by_shape] = tuning
@@ -137,7 +137,7 @@ class CallTuner:
                                leaves)
 
 
-def _decision_key(state: CallState, key: CallKey, leaves: Sequence[Any],
+def signature_decision_key(state: CallState, key: CallKey, leaves: Sequence[Any],
                   avals: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
     """``_tune.decision_key`` of one signature (traces the function to fingerprint it)."""
     shardings = tuple(getattr(leaf, "sharding", None) for leaf in leaves)
@@ -151,7 +151,7 @@ def _decision_key(state: CallState, key: CallKey, leaves: Sequence[Any],
                  "settings": key.settings})
 
 
-def _candidate_key(state: CallState, key: CallKey, label: str) -> CallKey:
+def candidate_key_of(state: CallState, key: CallKey, label: str) -> CallKey:
     overrides = next(c.overrides for c in CANDIDATES if c.label == label)
     if overrides is None:
         return dataclasses.replace(key, rewrite=False)
@@ -159,11 +159,12 @@ def _candidate_key(state: CallState, key: CallKey, label: str) -> CallKey:
     return dataclasses.replace(key, settings=options.resolve(**state.planned_for))
 
 
-def _candidates(state: CallState, key: CallKey, leaves: Sequence[Any],
-                compile_them: bool = False) -> list[Program]:
+def candidate_programs(state: CallState, key: CallKey, leaves: Sequence[Any],
+                compile_them: bool = False, check: Any = None) -> list[Program]:
     """Each candidate's program, or the label of an earlier candidate whose lowered
     program is the same text (timed once); ``compile_them``: each distinct one compiled
-    now (the measuring thread), so timing it compiles nothing."""
+    now (the measuring thread), so timing it compiles nothing; ``check`` is called before
+    each candidate (it raises to stop the build)."""
     out: list[Program] = []
     seen: dict[str, str] = {}
     for candidate in CANDIDATES:
@@ -171,7 +172,9 @@ def _candidates(state: CallState, key: CallKey, leaves: Sequence[Any],
             chosen = next(p for p in out if p.candidate.label == CHOSEN)
             out.append(Program(candidate, None, chosen.same_as or CHOSEN, chosen.digest))
             continue
-        candidate_key = _candidate_key(state, key, candidate.label)
+        if check is not None:
+            check()
+        candidate_key = candidate_key_of(state, key, candidate.label)
         jitted = jit_for(state, candidate_key, leaves)
         options = {} if not candidate_key.rewrite else state.prepare(
             Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
@@ -188,10 +191,10 @@ def _candidates(state: CallState, key: CallKey, leaves: Sequence[Any],
         seen[text] = candidate.label
         if compile_them:
             lowered.compile()
-        out.append(Program(candidate, functools.partial(_run_candidate, state, candidate_key,
+        out.append(Program(candidate, functools.partial(run_candidate, state, candidate_key,
                                                         tuple(leaves)), None, digest))
     return out
 
 
-def _run_candidate(state: CallState, key: CallKey, leaves: tuple[Any, ...]) -> Any:
+def run_candidate(state: CallState, key: CallKey, leaves: tuple[Any, ...]) -> Any:
     return jit_for(state, key, leaves)(key, *leaves)[0]

@@ -1,0 +1,309 @@
+"""Measuring by default (``parallel_branches(measure=...)``, ``jaxpar/_dispatch/measuring.py``):
+the first call runs ``jax.jit``'s program and compiles nothing else; the candidates build
+on the measuring thread (here a worker the test runs by hand, or the real thread); a later
+call times them (a deterministic fake timer) and the winner runs from then on; decisions
+are stored and a later decoration measures nothing; failures and contexts the thread
+cannot share keep ``jax.jit``'s program. Values against ``jax.jit`` at every call."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers.trees import assert_tree_close, assert_tree_equal
+from jax import lax
+
+import jaxpar
+from jaxpar import _tune
+from jaxpar._dispatch import measuring, shared
+
+REWRITE = "jaxpar (chosen options)"
+PLAIN = _tune.PLAIN
+
+
+def loop(c, xs):
+    """A scan whose TPU plan reads it by blocks (a program other than jax.jit's)."""
+    return lax.scan(lambda c, x: (0.9 * c + 0.1 * jnp.sin(x), c[0]), c, xs)
+
+
+C = np.linspace(0.0, 1.0, 8).astype(np.float32)
+XS = np.linspace(-1.0, 1.0, 200 * 8).reshape(200, 8).astype(np.float32)
+
+
+class ManualWorker:
+    """The measuring thread, run by the test: ``run()`` runs what was queued."""
+
+    def __init__(self) -> None:
+        self.tasks: list[Any] = []
+
+    def submit(self, task: Any, *args: Any) -> None:
+        self.tasks.append(functools.partial(task, *args))
+
+    def run(self) -> int:
+        count = 0
+        while self.tasks:
+            self.tasks.pop(0)()
+            count += 1
+        return count
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        return not self.tasks
+
+
+@pytest.fixture(autouse=True)
+def tune_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "tune"
+    monkeypatch.setenv(_tune.TUNE_DIR_VARIABLE, str(directory))
+    monkeypatch.delenv(measuring.MEASURE_VARIABLE, raising=False)
+    return directory
+
+
+@pytest.fixture
+def manual(monkeypatch: pytest.MonkeyPatch) -> ManualWorker:
+    worker = ManualWorker()
+    monkeypatch.setattr(measuring, "worker", lambda: worker)
+    return worker
+
+
+def fake_timer(monkeypatch: pytest.MonkeyPatch, seconds: dict[str, float]) -> list[str]:
+    """Times each candidate as ``seconds.get(label, 1.0)``, still running it."""
+    timed: list[str] = []
+
+    def timer(label, run):
+        jax.block_until_ready(run())
+        timed.append(label)
+        return seconds.get(label, 1.0)
+
+    monkeypatch.setattr(_tune, "_timer", timer)
+    return timed
+
+
+def compiles() -> list[str]:
+    """Names of the programs compiled from now on (a list the caller reads later)."""
+    from jax._src import monitoring
+
+    names: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs: Any) -> None:
+        if event.endswith("backend_compile_duration"):
+            names.append(str(kwargs.get("fun_name", "")))
+
+    monitoring.register_event_duration_secs_listener(listener)
+    return names
+
+
+def measured_loop(**options: Any) -> jaxpar.ParallelBranches:
+    return jaxpar.parallel_branches(loop, target="tpu", measure=True, **options)
+
+
+def test_the_first_call_runs_jax_jits_program_and_plans_nothing(manual, monkeypatch):
+    timed = fake_timer(monkeypatch, {REWRITE: 0.5})
+    f = measured_loop()
+    compiled = compiles()
+    got = f(C, XS)
+    assert_tree_equal(got, jax.jit(loop)(C, XS))  # jax.jit's program, bit for bit
+    assert f.analyses == 0 and timed == []  # no plan, no timing before the call returned
+    assert compiled.count("jit(loop)") == 2  # the call's own program, and jax.jit's above
+    assert len(manual.tasks) == 1
+    assert f.tuning(C, XS).source == measuring.PENDING
+
+
+def test_a_faster_rewrite_is_measured_at_a_later_call_and_then_runs(manual, monkeypatch):
+    timed = fake_timer(monkeypatch, {REWRITE: 0.5})
+    f = measured_loop()
+    want = jax.jit(loop)(C, XS)
+    f(C, XS)
+    assert manual.run() == 1  # the build: candidates traced, planned, compiled
+    assert f.analyses >= 1 and timed == []
+    assert_tree_equal(f(C, XS), want)  # the boundary call: timed, still jax.jit's result
+    assert PLAIN in timed and REWRITE in timed
+    tuning = f.tuning(C, XS)
+    assert tuning.chosen == REWRITE and tuning.source == _tune.MEASURED
+    assert tuning.measure_s is not None and tuning.measure_s >= 0
+    assert "2.00x faster than jax.jit (x0.500)" in tuning.verdict()
+    before = f._state.installed
+    manual.run()  # the winner compiled into a fresh jit, then installed
+    assert f._state.installed is not before
+    assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)
+    # The installed jit runs the winner: its program is the plan's, not jax.jit's.
+    assert f.lower(C, XS).as_text() != jax.jit(loop).lower(C, XS).as_text()
+    timed.clear()
+    f(C, XS)
+    assert timed == []  # decided: nothing is timed again
+    assert "measured on" in jaxpar.inspect(f)(C, XS).text()
+
+
+def test_a_slower_rewrite_is_never_kept(manual, monkeypatch):
+    fake_timer(monkeypatch, {REWRITE: 1.5, "jaxpar unrolled by 8": 1.2,
+                             "jaxpar unrolled by 16": 1.01})
+    f = measured_loop()
+    f(C, XS)
+    manual.run()
+    installed = f._state.installed
+    f(C, XS)
+    assert manual.run() == 0  # nothing to compile: jax.jit's program stays installed
+    assert f._state.installed is installed
+    tuning = f.tuning(C, XS)
+    assert tuning.chosen == PLAIN
+    assert "no rewrite faster: kept jax.jit's program" in tuning.verdict()
+    assert_tree_equal(f(C, XS), jax.jit(loop)(C, XS))
+
+
+def test_a_stored_decision_is_compiled_in_the_background_and_nothing_is_timed(
+        manual, monkeypatch, tune_dir):
+    fake_timer(monkeypatch, {REWRITE: 0.5})
+    first = measured_loop()
+    first(C, XS)
+    manual.run()
+    first(C, XS)
+    manual.run()
+    assert list(tune_dir.glob("*.json"))
+    shared.forget_shared_states()  # as in a new process
+    timed = fake_timer(monkeypatch, {})
+    second = measured_loop()
+    assert second._state is not first._state
+    second(C, XS)
+    manual.run()
+    second(C, XS)
+    manual.run()
+    assert timed == []
+    tuning = second.tuning(C, XS)
+    assert tuning.chosen == REWRITE and tuning.source == _tune.STORED
+    assert_tree_close(second(C, XS), jax.jit(loop)(C, XS), rtol=1e-5, atol=1e-6)
+
+
+def test_where_every_candidate_is_jax_jits_program_nothing_is_timed(manual, monkeypatch):
+    timed = fake_timer(monkeypatch, {})
+
+    def matmuls(a, b):
+        return jnp.tanh(a @ b) @ b
+
+    f = jaxpar.parallel_branches(matmuls, target="tpu", measure=True)
+    a = jnp.ones((16, 16))
+    f(a, a)
+    manual.run()
+    f(a, a)
+    assert timed == []
+    tuning = f.tuning(a, a)
+    assert tuning.chosen == PLAIN and tuning.source == measuring.NOTHING_TO_MEASURE
+    assert "nothing to measure" in tuning.verdict()
+
+
+def test_a_failed_build_keeps_jax_jits_program_and_says_why(manual, monkeypatch):
+    fake_timer(monkeypatch, {REWRITE: 0.5})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(measuring, "candidate_programs", broken)
+    f = measured_loop()
+    f(C, XS)
+    manual.run()
+    assert_tree_equal(f(C, XS), jax.jit(loop)(C, XS))
+    tuning = f.tuning(C, XS)
+    assert tuning.chosen == PLAIN
+    assert "not measured: building the candidates failed (RuntimeError: no compiler today)" \
+        in tuning.verdict()
+
+
+def test_a_context_the_measuring_thread_does_not_share_is_not_measured(monkeypatch):
+    """The real thread: a call under ``default_matmul_precision`` traces otherwise than
+    the thread would."""
+    timed = fake_timer(monkeypatch, {REWRITE: 0.5})
+    f = measured_loop()
+    with jax.default_matmul_precision("highest"):
+        want = jax.jit(loop)(C, XS)
+        f(C, XS)
+        assert measuring.wait_idle(120)
+        assert_tree_equal(f(C, XS), want)
+        tuning = f.tuning(C, XS)
+    assert timed == []
+    assert tuning.chosen == PLAIN and "JAX context manager" in tuning.verdict()
+
+
+def test_the_real_thread_decides_and_switches(monkeypatch):
+    fake_timer(monkeypatch, {REWRITE: 0.5})
+    f = measured_loop()
+    want = jax.jit(loop)(C, XS)
+    for _ in range(3):
+        assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)
+        assert measuring.wait_idle(120)
+    assert f.tuning(C, XS).chosen == REWRITE
+    assert f._state.boundary is None
+
+
+def test_under_a_transformation_a_decision_is_reused_else_the_plan_runs(manual, monkeypatch):
+    fake_timer(monkeypatch, {PLAIN: 1.0, REWRITE: 0.5})
+    f = measured_loop()
+
+    def loss(c):
+        return jnp.sum(f(c, XS)[0])
+
+    def plain_loss(c):
+        return jnp.sum(loop(c, XS)[0])
+
+    assert_tree_close(jax.grad(loss)(C), jax.jit(jax.grad(plain_loss))(C), rtol=1e-5,
+                      atol=1e-6)
+    assert manual.tasks == []  # a traced call measures nothing
+    f(C, XS)
+    manual.run()
+    f(C, XS)
+    assert f.tuning(C, XS).chosen == REWRITE
+    assert_tree_close(jax.jit(jax.grad(loss))(C), jax.jit(jax.grad(plain_loss))(C),
+                      rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["False", "environment"])
+def test_measuring_off(manual, monkeypatch, how):
+    timed = fake_timer(monkeypatch, {REWRITE: 0.5})
+    if how == "environment":
+        monkeypatch.setenv(measuring.MEASURE_VARIABLE, "0")
+        f = measured_loop()
+    else:
+        f = jaxpar.parallel_branches(loop, target="tpu", measure=False)
+    want = jaxpar.parallel_branches(loop, target="tpu", measure=False).lower(C, XS).as_text()
+    f(C, XS)
+    f(C, XS)
+    assert manual.tasks == [] and timed == []
+    assert f.lower(C, XS).as_text() == want  # the model's plan from the first call
+    assert f.tuning(C, XS) is None
+
+
+def test_auto_is_off_on_a_cpu_for_every_target(manual, monkeypatch):
+    fake_timer(monkeypatch, {REWRITE: 0.5})
+    for target in ("tpu", "gpu", "cpu", "auto"):
+        f = jaxpar.parallel_branches(loop, target=target)
+        assert f.measure == "auto"
+        f(C, XS)
+        assert manual.tasks == [] and f.tuning(C, XS) is None
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None, "on"])
+def test_measure_takes_auto_true_or_false(bad):
+    with pytest.raises(ValueError, match=r"measure=.*'auto'.*True.*False"):
+        jaxpar.parallel_branches(loop, measure=bad)
+
+
+def test_donated_arguments_are_measured_on_copies_the_call_keeps_its_donation(
+        manual, monkeypatch):
+    fake_timer(monkeypatch, {REWRITE: 0.5})
+    f = jaxpar.parallel_branches(loop, target="tpu", measure=True, donate_argnums=0)
+    want = jax.jit(loop)(C, XS)
+    for _ in range(3):
+        c = jnp.asarray(C)
+        assert_tree_close(f(c, XS), want, rtol=1e-5, atol=1e-6)
+        manual.run()
+    assert f.tuning(jnp.asarray(C), XS).chosen == REWRITE
+
+
+def test_a_report_of_a_decision_in_words():
+    rows = tuple(_tune.Measured(c.label, None, 0) for c in _tune.CANDIDATES)
+    tuning = _tune.Tuning(PLAIN, rows, measuring.NOT_MEASURED, "k", why="the reason")
+    assert tuning.lines() == ["  not measured: the reason"]
+    pending = _tune.Tuning("", rows, measuring.PENDING, "k")
+    assert pending.verdict() == "measuring"
