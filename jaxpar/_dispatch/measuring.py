@@ -6,10 +6,11 @@ proposes runs only once it was measured faster than ``jax.jit``'s program of the
 function on this device. Per signature of a top-level call:
 
 1. The first call runs ``jax.jit``'s program: the function unchanged, compiled as
-   ``jax.jit`` compiles it, in the C++ dispatch. After it, the signature is queued on
-   jaxpar's measuring thread (one per process): it traces the function, reads a stored
-   decision (``_tune``: keyed by the program's fingerprint, the device kind, the versions),
-   and otherwise analyses, lowers and compiles the candidates (``_tune.CANDIDATES``).
+   ``jax.jit`` compiles it, in the C++ dispatch, and nothing else. At the next call the
+   signature is queued on jaxpar's measuring thread (one per process): it traces the
+   function, reads a stored decision (``_tune``: keyed by the program's fingerprint, the
+   device kind, the versions), and otherwise analyses, lowers and compiles the candidates
+   (``_tune.CANDIDATES``).
 2. Meanwhile calls keep running ``jax.jit``'s program, from the C++ cache.
 3. Once the candidates are compiled, the next call of that signature (a call boundary, on
    the caller's thread) times them against ``jax.jit``'s program (``MEASURE_BUDGET``: at
@@ -220,7 +221,7 @@ class MeasuringTuner(CallTuner):
     ``measure`` is the option (``"auto"`` or True), ``pending`` the signatures whose
     candidates are being built, ``measure_s`` what each decision's timing cost."""
 
-    __slots__ = ("lock", "measure", "pending", "timings")
+    __slots__ = ("deferred", "lock", "measure", "pending", "timings")
 
     synchronous = False
 
@@ -228,6 +229,7 @@ class MeasuringTuner(CallTuner):
         super().__init__(budget)
         self.measure = measure
         self.pending: dict[Any, Pending] = {}
+        self.deferred: list[Pending] = []
         self.timings: dict[Any, float] = {}
         self.lock = threading.RLock()
 
@@ -235,6 +237,7 @@ class MeasuringTuner(CallTuner):
         with self.lock:
             super().clear()
             self.pending.clear()
+            self.deferred.clear()
             self.timings.clear()
 
     # ------------------------------------------------------------------ what runs
@@ -311,11 +314,19 @@ class MeasuringTuner(CallTuner):
         return pending
 
     def start(self, state: CallState, pending: Pending) -> None:
-        """After that first call ran: the candidates built on the measuring thread; under
-        several processes the next call is the boundary where they decide together."""
-        worker().submit(_build, weakref.ref(state), pending)
-        if jax.process_count() > 1:
-            set_boundary(state, functools.partial(boundary_call, weakref.ref(state)))
+        """After that first call ran: the next call is a boundary, which queues the
+        candidates' build on the measuring thread (so that nothing of it competes with
+        the first call for the host), and under several processes decides together."""
+        with self.lock:
+            self.deferred.append(pending)
+        set_boundary(state, functools.partial(boundary_call, weakref.ref(state)))
+
+    def launch(self, state: CallState) -> None:
+        """Queues the builds ``start`` deferred."""
+        with self.lock:
+            deferred, self.deferred = self.deferred, []
+        for pending in deferred:
+            worker().submit(_build, weakref.ref(state), pending)
 
     # ------------------------------------------------------------------ the decision
 
@@ -461,6 +472,7 @@ def boundary_call(ref: weakref.ref[CallState], installed: Any, *args: Any, **kwa
     tuner = state.tuner
     assert isinstance(tuner, MeasuringTuner)
     set_boundary(state, None)
+    tuner.launch(state)
     try:
         settled = _settle_call(state, tuner, args, kwargs)
     except Exception:  # measuring never breaks a call: keep jax.jit's program
