@@ -309,3 +309,44 @@ def test_a_report_of_a_decision_in_words():
     assert tuning.lines() == ["  not measured: the reason"]
     pending = _tune.Tuning("", rows, measuring.PENDING, "k")
     assert pending.verdict() == "measuring"
+
+
+def test_a_program_with_side_effects_is_not_timed_and_runs_the_plan(manual, monkeypatch):
+    timed = fake_timer(monkeypatch, {REWRITE: 0.5})
+    printed: list[Any] = []
+
+    def noisy(c, xs):
+        jax.debug.callback(lambda v: printed.append(float(v)), c[0])
+        return loop(c, xs)
+
+    f = jaxpar.parallel_branches(noisy, target="tpu", measure=True)
+    want = jax.jit(loop)(C, XS)
+    for out in drive(f, manual, calls=4):
+        assert_tree_close(out, want, rtol=1e-5, atol=1e-6)
+    jax.effects_barrier()
+    assert timed == [] and len(printed) == 4  # one print a call: nothing ran twice
+    tuning = f.tuning(C, XS)
+    assert tuning.chosen == REWRITE and "side effects" in tuning.verdict()
+    plan = jaxpar.parallel_branches(noisy, target="tpu", measure=False)
+    assert f.lower(C, XS).as_text() == plan.lower(C, XS).as_text()
+
+
+def test_two_signatures_each_decide_once(manual, monkeypatch):
+    timed = fake_timer(monkeypatch, {REWRITE: 0.5})
+    f = measured_loop()
+    short = XS[:100]
+    for _ in range(4):
+        f(C, XS)
+        manual.run()
+        f(C, short)
+        manual.run()
+    assert PLAIN in timed
+    assert f.tuning(C, XS).chosen == REWRITE and f.tuning(C, short).chosen == REWRITE
+    timed.clear()
+    installed = f._state.installed
+    for _ in range(2):
+        f(C, XS)
+        f(C, short)
+        manual.run()
+    assert timed == [] and f._state.installed is installed  # nothing decided or switched again
+    assert_tree_close(f(C, short), jax.jit(loop)(C, short), rtol=1e-5, atol=1e-6)

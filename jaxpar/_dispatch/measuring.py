@@ -52,6 +52,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import json
 import os
 import queue
 import threading
@@ -86,6 +87,7 @@ from .tuning import (
     candidate_programs,
     run_candidate,
     signature_decision_key,
+    traced_decision_key,
 )
 
 MEASURE_VARIABLE = "JAXPAR_MEASURE"
@@ -120,8 +122,8 @@ class Pending:
     """One signature's build on the measuring thread: its arguments' abstract values,
     the trace context of the call that queued it, and what the build produced."""
 
-    __slots__ = ("arguments", "by_shape", "context", "done", "error", "fields", "key",
-                 "name", "programs", "stored")
+    __slots__ = ("arguments", "by_shape", "context", "done", "error", "fallback", "fields",
+                 "key", "name", "programs", "stored")
 
     def __init__(self, key: CallKey, by_shape: Any, arguments: tuple[Any, ...]):
         self.key = key
@@ -130,6 +132,7 @@ class Pending:
         self.context = _compat.trace_context()
         self.done = threading.Event()
         self.error: str | None = None
+        self.fallback = PLAIN  # what runs where the build says why not to measure
         self.name = ""
         self.fields: dict[str, Any] = {}
         self.programs: list[Program] = []
@@ -289,7 +292,9 @@ class MeasuringTuner(CallTuner):
         concrete = not _compat.staging() and not any(map(_compat.is_tracer, leaves))
         if not concrete:
             return None
-        name, _ = signature_decision_key(state, plain, leaves, tuple(abstract(x) for x in leaves))
+        arguments = [abstract_argument(leaf) for leaf in leaves]  # keyed as a build keys
+        name, _ = signature_decision_key(state, plain, arguments,
+                                         tuple(abstract(x) for x in arguments))
         return load(name) or _standing("not measured yet (no call of these shapes)", name,
                                        self.budget)
 
@@ -337,15 +342,20 @@ class MeasuringTuner(CallTuner):
         plain = dataclasses.replace(key, tune="", tune_generation=0)
         by_shape = _by_shape(plain, leaves)
         pending = self.pending.get(by_shape)
-        if pending is None:
-            return self.decisions.get(by_shape)
+        if pending is None:  # decided before (or never measured): nothing new
+            return None
         together = jax.process_count() > 1
         if together:
             pending.done.wait()
         elif not pending.done.is_set():
             return None
         started = time.perf_counter()
-        tuning = self._decided(state, pending, leaves, together)
+        try:
+            tuning = self._decided(state, pending, leaves, together)
+        except Exception as error:  # measuring never breaks a call: jax.jit's program
+            tuning = _standing(NOT_MEASURED, pending.name, self.budget, chosen=PLAIN,
+                               why=f"timing the candidates failed ({type(error).__name__}: "
+                                   f"{error}); jax.jit's program runs")
         if tuning.source not in (STORED, NOTHING_TO_MEASURE, NOT_MEASURED):
             tuning = dataclasses.replace(tuning, measure_s=time.perf_counter() - started)
         with self.lock:
@@ -357,9 +367,20 @@ class MeasuringTuner(CallTuner):
 
     def _decided(self, state: CallState, pending: Pending, leaves: Sequence[Any],
                  together: bool) -> Tuning:
-        if pending.error is not None and not together:
-            return _standing(NOT_MEASURED, pending.name, self.budget, chosen=PLAIN,
-                             why=pending.error)
+        if together:
+            # Every process's build must have succeeded for them to time together; where
+            # one did not, all run the same fallback.
+            errors = [json.loads(text) for text in _processes.gather(json.dumps(
+                [pending.error, pending.fallback]))]
+            if any(error for error, _ in errors):
+                fallbacks = {fallback for _, fallback in errors}
+                why = next(error for error, _ in errors if error)
+                return _standing(NOT_MEASURED, pending.name, self.budget,
+                                 chosen=fallbacks.pop() if len(fallbacks) == 1 else PLAIN,
+                                 why=f"{why} (on one process at least)")
+        elif pending.error is not None:
+            return _standing(NOT_MEASURED, pending.name, self.budget,
+                             chosen=pending.fallback, why=pending.error)
         live = [p if p.run is None else p._replace(run=functools.partial(
                 run_candidate, state, candidate_key_of(state, pending.key, p.candidate.label),
                 tuple(leaves))) for p in pending.programs]
@@ -401,7 +422,10 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
                         "jax.jit's program runs")
         key, arguments = pending.key, list(pending.arguments)
         avals = tuple(abstract(leaf) for leaf in arguments)
-        pending.name, pending.fields = signature_decision_key(state, key, arguments, avals)
+        traced, pending.name, pending.fields = traced_decision_key(state, key, arguments,
+                                                                   avals)
+        if traced.jaxpr.effects:
+            raise _Skip(_EFFECTS, chosen=CHOSEN)
         pending.stored = load(pending.name)
         if pending.stored is not None and jax.process_count() == 1:
             # A later process: only the winner is compiled (with the fresh jit below).
@@ -410,7 +434,7 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
             pending.programs = candidate_programs(state, key, arguments, compile_them=True,
                                            check=stopping)
     except _Skip as skip:
-        pending.error = str(skip)
+        pending.error, pending.fallback = str(skip), skip.chosen
     except Exception as error:  # a failed build keeps jax.jit's program; never a call's error
         pending.error = (f"building the candidates failed ({type(error).__name__}: "
                          f"{error}); jax.jit's program runs")
@@ -421,7 +445,16 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
 
 
 class _Skip(Exception):
-    """A signature the measuring thread does not measure (the reason is its message)."""
+    """A signature the measuring thread does not measure (the reason is its message;
+    ``chosen``: what runs instead)."""
+
+    def __init__(self, why: str, chosen: str = PLAIN):
+        super().__init__(why)
+        self.chosen = chosen
+
+
+_EFFECTS = ("the program has side effects (callbacks, prints, ordered effects), which "
+            "timing would repeat; the model's plan runs, as with measure=False")
 
 
 # ------------------------------------------------------------------------ the boundary

@@ -138,11 +138,17 @@ class CallTuner:
 
 
 def signature_decision_key(state: CallState, key: CallKey, leaves: Sequence[Any],
-                  avals: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
+                           avals: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
     """``_tune.decision_key`` of one signature (traces the function to fingerprint it)."""
+    return traced_decision_key(state, key, leaves, avals)[1:]
+
+
+def traced_decision_key(state: CallState, key: CallKey, leaves: Sequence[Any],
+                        avals: tuple[Any, ...]) -> tuple[Any, str, dict[str, Any]]:
+    """The signature's trace (``_trace.trace``) and its decision's key and fields."""
     shardings = tuple(getattr(leaf, "sharding", None) for leaf in leaves)
     traced = trace(state.traced_function(key.nnx), Signature(key.layout, avals))
-    return tuning_key(
+    return traced, *tuning_key(
         program=program_fingerprint(str(traced.jaxpr)),
         arguments=[f"{aval} {sharding!r}" for aval, sharding in zip(avals, shardings,
                                                                     strict=True)],
