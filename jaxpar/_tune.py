@@ -63,7 +63,7 @@ TUNE_DIR_VARIABLE = "JAXPAR_TUNE_DIR"
 READ_ONLY_VARIABLE = "JAXPAR_TUNE_READ_ONLY"
 FILE_MODE = 0o600  # a decision file's mode (less the umask): its owner reads and writes it
 DECISION_FORMAT = "jaxpar-tune-decision"
-DECISION_VERSION = 3  # 2: the TPU's candidates; 3: unrolled by 16
+DECISION_VERSION = 3  # 2: the TPU's candidates; 3: unrolled by 16, scans fused
 
 
 class Candidate(NamedTuple):
@@ -101,6 +101,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("jaxpar unrolled by 8", {"unroll": 8}, ("tpu",)),
     Candidate("jaxpar unrolled by 16", {"unroll": 16}, ("tpu",)),
     Candidate("jaxpar without scan batching", {"batch_scans": False}, ("tpu",)),
+    Candidate("jaxpar with scans fused", {"fuse_scans": True}, ("tpu",)),
 )
 CHOSEN = CANDIDATES[1].label
 
@@ -284,9 +285,9 @@ class Tuning:
         if self.combine is not None and self.processes > 1:
             where += f", {self.processes} processes' timings combined: {self.combine}"
         spent = "" if self.measure_s is None else f"; timing took {self.measure_s:.2f} s"
-        out = [f"  {self.verdict()}"]
         if not self.chosen or self.why:
-            return out
+            return [f"  {self.verdict()}"]
+        out = []
         out.append(f"  tuned: runs {self.chosen!r} ({self.source}{where}; a rewrite must "
                    f"beat jax.jit by {self.margin:.0%}{spent})")
         for row in self.rows:

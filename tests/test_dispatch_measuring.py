@@ -149,7 +149,10 @@ def test_a_faster_rewrite_is_measured_at_a_later_call_and_then_runs(manual, monk
     timed.clear()
     f(C, XS)
     assert timed == []  # decided: nothing is timed again
-    assert "measured on" in jaxpar.inspect(f)(C, XS).text()
+    lines = jaxpar.inspect(f)(C, XS).text().splitlines()
+    estimate = next(i for i, line in enumerate(lines) if "(estimated)" in line)
+    assert lines[estimate + 1].startswith("  measured on ")  # beside the model's estimate
+    assert sum("measured on" in line for line in lines) == 1
 
 
 def test_a_slower_rewrite_is_never_kept(manual, monkeypatch):

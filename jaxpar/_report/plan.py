@@ -148,6 +148,9 @@ class Plan(PlanRecord):
             lines.append("  no estimate: the program's sizes are symbolic")
         else:
             lines.append(f"  {figure.line()}")
+        if self.tuning is not None and self.tuning.chosen:
+            # What the device said of the same program, beside the model's word for it.
+            lines.append(f"  {self.tuning.verdict()}")
         lines.extend(_mode_lines(self, verbose))
         if self.memory is not None:
             lines.append(f"  {self.memory.line()}")
