@@ -47,6 +47,7 @@ import jaxpar  # noqa: E402
 from jaxpar._dispatch import measuring  # noqa: E402
 
 Program = tuple[Callable[..., Any], tuple[Any, ...]]
+OPTIONS: dict[str, Any] = {}  # jaxpar's options beside measure (--target)
 
 
 # ----------------------------------------------------------------------- programs
@@ -193,7 +194,7 @@ def first_calls(fn: Callable[..., Any], args: tuple[Any, ...], measure: Any) -> 
         measuring.wait_idle()
         jax.clear_caches()
         fun = jax.jit(fn) if variant == "jax.jit" else jaxpar.parallel_branches(
-            fn, measure=measure)
+            fn, measure=measure, **OPTIONS)
         times[variant].append(_timed(fun, args))
     measuring.wait_idle()
     plain, ours = (sum(t) / len(t) for t in (times["jax.jit"], times["jaxpar"]))
@@ -232,7 +233,7 @@ def run_part(name: str, programs: dict[str, Callable[[], Program]], out: str, me
             fn, args = build()
             entry: dict[str, Any] = {"first_call_s": first_calls(fn, args, measure)}
             plain = jax.jit(fn)
-            pb = jaxpar.parallel_branches(fn, measure=measure)
+            pb = jaxpar.parallel_branches(fn, measure=measure, **OPTIONS)
             entry["settle"] = settle(pb, args)
             timed = dispatch.measure({"jax.jit": plain, "jaxpar": pb}, args, 200, rounds)
             entry["loop_ratio"] = timed["loop_ratio"]["jaxpar"]
@@ -266,7 +267,7 @@ def second(parts: list[str], out: str, cpu: bool, measure: Any) -> None:
             try:
                 fn, args = build()
                 first = first_calls(fn, args, measure)
-                pb = jaxpar.parallel_branches(fn, measure=measure)
+                pb = jaxpar.parallel_branches(fn, measure=measure, **OPTIONS)
                 settled = settle(pb, args)
                 results[program] = {"first_call_s": first, "settle": settled}
                 print(f"  {program:34s} second process: first x{first['ratio']:.2f}, "
@@ -285,16 +286,21 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=240.0)
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--only", default="", help="comma-separated program names")
+    parser.add_argument("--target", default=None,
+                        help="jaxpar's target (default: its own, 'auto'); --cpu --target tpu "
+                             "measures the TPU's candidates on this CPU")
     parser.add_argument("--second", action="store_true")
     ns = parser.parse_args()
     os.makedirs(ns.out, exist_ok=True)
     os.environ.setdefault("JAXPAR_TUNE_DIR", os.path.join(ns.out, "decisions"))
     measure: Any = True if ns.cpu else "auto"
+    if ns.target:
+        OPTIONS["target"] = ns.target
     parts = ns.parts.split(",")
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         parser.error(f"--parts: unknown {unknown}; the parts are {sorted(PARTS)}")
-    print(f"devices: {jax.devices()}; measure={measure!r}", flush=True)
+    print(f"devices: {jax.devices()}; measure={measure!r}; options {OPTIONS}", flush=True)
     if ns.second:
         second(parts, ns.out, ns.cpu, measure)
         return

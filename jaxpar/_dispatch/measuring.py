@@ -103,6 +103,7 @@ MEASURE_VALUES = ("auto", True, False)
 PENDING = "measuring"  # candidates compiling in the background
 NOTHING_TO_MEASURE = "nothing to measure"  # every candidate is jax.jit's program
 NOT_MEASURED = "not measured"  # the build failed, or the call's context differs
+NOT_YET = "not measured yet (no top-level call of these shapes)"
 
 
 def measure_disabled_by_environment() -> bool:
@@ -222,9 +223,9 @@ def abstract_argument(leaf: Any) -> Any:
 class MeasuringTuner(CallTuner):
     """``CallTuner`` that decides in the background (see the module docstring):
     ``measure`` is the option (``"auto"`` or True), ``pending`` the signatures whose
-    candidates are being built, ``measure_s`` what each decision's timing cost."""
+    candidates are being built, ``deferred`` those whose build the next call queues."""
 
-    __slots__ = ("deferred", "lock", "measure", "pending", "timings")
+    __slots__ = ("deferred", "lock", "measure", "pending")
 
     synchronous = False
 
@@ -233,7 +234,6 @@ class MeasuringTuner(CallTuner):
         self.measure = measure
         self.pending: dict[Any, Pending] = {}
         self.deferred: list[Pending] = []
-        self.timings: dict[Any, float] = {}
         self.lock = threading.RLock()
 
     def clear(self) -> None:
@@ -241,7 +241,6 @@ class MeasuringTuner(CallTuner):
             super().clear()
             self.pending.clear()
             self.deferred.clear()
-            self.timings.clear()
 
     # ------------------------------------------------------------------ what runs
 
@@ -271,9 +270,9 @@ class MeasuringTuner(CallTuner):
         return plain
 
     def decide(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> None:
-        """Before a top-level call runs: nothing to wait for (``queue`` starts the build
-        after it). Under several processes, the second call of a signature spanning them
-        decides together here (``settle``)."""
+        """Before a top-level call runs: nothing to wait for (``register`` and ``start``
+        queue the build around the first call; a later call's boundary decides,
+        ``settle``)."""
         return None
 
     def tuning(self, state: CallState, key: CallKey, leaves: Sequence[Any],
@@ -295,8 +294,7 @@ class MeasuringTuner(CallTuner):
         arguments = [abstract_argument(leaf) for leaf in leaves]  # keyed as a build keys
         name, _ = signature_decision_key(state, plain, arguments,
                                          tuple(abstract(x) for x in arguments))
-        return load(name) or _standing("not measured yet (no call of these shapes)", name,
-                                       self.budget)
+        return load(name) or _standing(NOT_YET, name, self.budget)
 
     # ------------------------------------------------------------------ the build
 
@@ -360,7 +358,6 @@ class MeasuringTuner(CallTuner):
             tuning = dataclasses.replace(tuning, measure_s=time.perf_counter() - started)
         with self.lock:
             self.pending.pop(by_shape, None)
-            self.timings[by_shape] = time.perf_counter() - started
             self.decisions[by_shape] = tuning
             self.generation += 1
         return tuning
