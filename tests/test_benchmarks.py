@@ -279,3 +279,34 @@ def test_compile_time_quick_compares_plain_and_jaxpar(tmp_path: Any) -> None:
     for row in written["rows"]:
         assert set(row["plain"]) == set(row["jaxpar"]) == {"lower_s", "compile_s"}
         assert row["ratio"] == row["jaxpar"]["compile_s"] / row["plain"]["compile_s"]
+
+
+def test_measure_script_measures_the_tpus_candidates_on_the_cpu(tmp_path: Any, monkeypatch
+                                                               ) -> None:
+    """``benchmarks/measure_tpu.py --cpu --target tpu``: one seed program, its first calls,
+    the calls until the device decided, the steady state and the values; then the second
+    process's first call reads the stored decision; the summary prints its table."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "measure_tpu.py"
+    env = {**__import__("os").environ, "JAXPAR_TUNE_DIR": str(tmp_path / "decisions"),
+           "JAX_PLATFORMS": "cpu"}
+    common = ["--cpu", "--target", "tpu", "--parts", "seeds", "--only",
+              "seed identical bodies", "--out", str(tmp_path), "--rounds", "2"]
+    for extra in ([], ["--second"]):
+        done = subprocess.run([sys.executable, str(script), *common, *extra], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    first = json.loads((tmp_path / "measure-seeds.json").read_text())["seed identical bodies"]
+    assert first["max_abs_diff"] < 1e-3
+    assert first["settle"]["chosen"] and first["settle"]["calls"] >= 3
+    assert first["settle"]["verdict"].startswith(("measured on cpu", "nothing to measure"))
+    assert first["first_call_s"]["jax.jit"] > 0 and first["first_call_s"]["jaxpar"] > 0
+    second = json.loads((tmp_path / "measure-second.json").read_text())
+    assert second["seed identical bodies"]["settle"]["source"] == "stored"
+    summary = subprocess.run([sys.executable, str(script.with_name("measure_summary.py")),
+                              str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert "| seed identical bodies | x" in summary.stdout
+    assert "second process" in summary.stdout
