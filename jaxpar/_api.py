@@ -73,9 +73,10 @@ from ._dispatch import XlaOptionsNotAppliedWarning as XlaOptionsNotAppliedWarnin
 from ._emit import GroupIds, region_call
 from ._frameworks import nnx_arguments, refuse_module_as_function
 from ._gpu_model import CommandBufferMode, GpuProfile
-from ._options import Options, Switch, Target, Unroll, check_known
+from ._options import Options, Switch, Target, Unroll, WhileUnroll
 from ._plan import LevelPlan
 from ._report.plan import Plan
+from ._spelling import check_known
 from ._trace import (
     Scalars,
     Signature,
@@ -248,7 +249,8 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
-                      unroll: Unroll = ..., group_collectives: Switch = ...,
+                      unroll: Unroll = ..., unroll_while: WhileUnroll = ...,
+                      group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
                       measure: bool | str = ...,
                       command_buffers: str = ...,
@@ -263,7 +265,8 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       min_cost_us: float = ..., fuse_scans: Switch = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
-                      unroll: Unroll = ..., group_collectives: Switch = ...,
+                      unroll: Unroll = ..., unroll_while: WhileUnroll = ...,
+                      group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
                       measure: bool | str = ...,
                       command_buffers: str = ...,
@@ -277,7 +280,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       min_cost_us: float = 5.0, fuse_scans: Switch = "auto",
                       batch_scans: Switch = "auto", batch_branches: Switch = "auto",
                       batch_matmuls: Switch = "auto",
-                      unroll: Unroll = "auto", group_collectives: Switch = "auto",
+                      unroll: Unroll = "auto", unroll_while: WhileUnroll = "auto",
+                      group_collectives: Switch = "auto",
                       force_streams: bool = False, tune: bool | TuneBudget = False,
                       measure: bool | str = "auto",
                       command_buffers: str = "auto", memory: str | float = "auto",
@@ -330,6 +334,13 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
       unroll: ``"auto"`` (the target's default: ``"cost"`` on GPUs and TPUs, None on CPUs),
         ``"cost"`` (a factor per scan from the target's cost model), an unroll factor
         >= 1, or None to leave scans alone.
+      unroll_while: an int k >= 2 runs the body of each ``while`` loop whose trip count
+        is data-dependent (ODE solvers, Newton iterations, NUTS) k times per trip of the
+        loop, each run after the first under the loop's condition (``lax.cond``), so the
+        final carry is the loop's own for every trip count; None or ``"auto"`` (default:
+        off on every target) leaves while loops alone. For the device to weigh against
+        one body per trip (``measure``); loops with effects, loops inside another
+        while loop and bodies of more than 512 equations for k copies are left alone.
       group_collectives: launch independent collectives together.
       force_streams: emit every independent section found, even where the GPU
         estimate says it does not pay (a stream cut forfeits fusions, XLA's dot
@@ -499,6 +510,7 @@ class InspectOptions(TypedDict, total=False):
     batch_branches: Switch
     batch_matmuls: Switch
     unroll: Unroll
+    unroll_while: WhileUnroll
     group_collectives: Switch
     force_streams: bool
     command_buffers: str

@@ -479,7 +479,7 @@ class _Parser(argparse.ArgumentParser):
                 return
             name = token.split("=", 1)[0]
             if name.startswith("--") and name not in known:
-                from ._options import did_you_mean
+                from ._spelling import did_you_mean
 
                 self.error(f"unknown option {name}{did_you_mean(name, known)}; options "
                            "are taken in full, not abbreviated")

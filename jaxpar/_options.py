@@ -52,7 +52,6 @@ Sharp edges:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import math
 import os
@@ -74,6 +73,7 @@ from ._gpu_model import (
     gpu_profile,
     local_gpu_profile,
 )
+from ._spelling import check_known, did_you_mean
 from ._tpu_model import TPU_V5E
 
 # The targets' names for type checkers: "auto" and the rows of ``TARGETS`` (a test keeps
@@ -82,6 +82,7 @@ Target = Literal["auto", "gpu", "cpu", "tpu"]
 Switch = bool | Literal["auto"]
 Unroll = int | Literal["auto", "cost"] | None
 UnrollSetting = int | Literal["cost"] | None
+WhileUnroll = int | Literal["auto"] | None
 UNROLL_BY_COST: Literal["cost"] = "cost"  # Settings.unroll: a factor per scan from the cost model
 
 # ``command_buffers``: choose per function, keep the process's mode, or one mode.
@@ -94,11 +95,13 @@ class OptionKind(enum.Enum):
     ``SWITCH``: ``True``, ``False`` or ``"auto"``; on or off. ``UNROLL``: ``"auto"``,
     ``"cost"`` (a factor per scan from the cost model), an int >= 1 (a fixed factor) or
     None (leave scans alone); the pass is on unless it resolves to None, and the value
-    is kept in the ``Settings`` field of the option's name.
+    is kept in the ``Settings`` field of the option's name. ``WHILE_UNROLL``: ``"auto"``,
+    None (off) or an int >= 2 (copies of a ``while`` body per trip), kept likewise.
     """
 
     SWITCH = "Switch"
     UNROLL = "Unroll"
+    WHILE_UNROLL = "WhileUnroll"
 
     @property
     def annotation(self) -> str:
@@ -115,13 +118,19 @@ class OptionKind(enum.Enum):
     def carries_value(self) -> bool:
         """Whether ``Settings`` keeps the resolved value (in a field of the option's name),
         not only whether the pass is on."""
-        return self is OptionKind.UNROLL
+        return self is not OptionKind.SWITCH
 
     def check(self, name: str, value: Any) -> None:
         """Raises ``ValueError`` naming option ``name`` when ``value`` is not of this kind."""
         if self is OptionKind.SWITCH:
             if not (isinstance(value, bool) or value == "auto"):
                 raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
+        elif self is OptionKind.WHILE_UNROLL:
+            if not (value is None or value == "auto" or (isinstance(value, int) and not
+                                                         isinstance(value, bool) and value >= 2)):
+                raise ValueError(f"{name} must be 'auto' (the target's default), None (leave "
+                                 f"while loops alone) or an int >= 2 (runs of the body per "
+                                 f"trip), got {value!r}")
         elif not (value is None or value in ("auto", UNROLL_BY_COST)
                   or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
             raise ValueError(f"{name} must be 'auto' (the target's default), 'cost' (a factor "
@@ -224,6 +233,8 @@ PASS_TABLE: tuple[PassRow, ...] = (
             after=("batch_scans", "batch_branches", "batch_matmuls")),
     PassRow("unroll_scans", "an unroll factor per static scan", option="unroll",
             kind=OptionKind.UNROLL, rung=Rung.UNROLLING),
+    PassRow("unroll_while_loops", "k guarded runs of a while body per trip",
+            option="unroll_while", kind=OptionKind.WHILE_UNROLL, rung=Rung.UNROLLING),
 )
 
 
@@ -420,6 +431,7 @@ class Settings:
         or runs ``always`` runs without being named (``PassRow.enabled``).
       unroll: ``unroll_scans``'s factor: a fixed one, ``"cost"`` (a factor per scan from
         the cost model) or None (the pass is off).
+      unroll_while: ``unroll_while_loops``' runs of a ``while`` body per trip (None: off).
       group_collectives: launch independent collectives together.
       force_streams: keep stream sections the GPU pricing rejects (priced all the same,
         so the report shows the verdict).
@@ -438,6 +450,7 @@ class Settings:
     min_seconds: float = 5e-6
     passes: frozenset[str] = PassNames()
     unroll: UnrollSetting = None
+    unroll_while: int | None = None
     group_collectives: bool = False
     force_streams: bool = False
     gpu: GpuProfile | None = None
@@ -757,8 +770,8 @@ def pass_defaults(target: str) -> dict[str, Any]:
 
     Returns:
         ``{"fuse_scans": bool, "batch_scans": bool, "batch_branches": bool, "batch_matmuls": bool,
-        "unroll": "cost" | int | None, "share_common": bool}`` (a key per pass row's
-        ``switch``), ready to pass to
+        "unroll": "cost" | int | None, "unroll_while": int | None, "share_common": bool}``
+        (a key per pass row's ``switch``), ready to pass to
         ``apply_passes(closed, **pass_defaults(target), target=target)``.
 
     Raises:
@@ -769,12 +782,6 @@ def pass_defaults(target: str) -> dict[str, Any]:
                              command_buffers=CommandBufferMode.LHS).pass_switches()
 
 
-def did_you_mean(name: str, valid: Iterable[str]) -> str:
-    """`` (did you mean 'max_streams'?)`` for a misspelled name, or ``""``."""
-    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 DISABLE_VARIABLE = "JAXPAR_DISABLE"
 
 
@@ -782,19 +789,3 @@ def disabled_by_environment() -> bool:
     """Whether ``JAXPAR_DISABLE`` is set (``1``, ``true``, ``yes`` or ``on``): decorated
     functions then run as plain ``jax.jit`` of the original function."""
     return os.environ.get(DISABLE_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def check_known(given: Iterable[str], valid: Iterable[str], api: str = "jaxpar") -> None:
-    """Raises ``TypeError`` for names in ``given`` that are not in ``valid``, suggesting the
-    closest valid name; every entry point that takes options uses it.
-
-    Raises:
-      TypeError: an unknown name, e.g. ``unknown jaxpar option 'max_stream' (did you
-        mean 'max_streams'?); valid options are: ...``.
-    """
-    valid = list(valid)
-    unknown = sorted(set(given) - set(valid))
-    if unknown:
-        named = ", ".join(repr(name) + did_you_mean(name, valid) for name in unknown)
-        raise TypeError(f"unknown {api} option(s) {named}; valid options are: "
-                        f"{', '.join(valid)}")

@@ -109,7 +109,7 @@ def test_inspect_and_the_decorator_accept_each_option_by_name() -> None:
     # Behaviour, not only the text: each option reaches Options through both doors.
     values = {"max_streams": 2, "target": "cpu", "min_cost_us": 1.0, "fuse_scans": False,
               "batch_scans": True, "batch_branches": False, "batch_matmuls": True,
-              "unroll": 3, "group_collectives": False, "force_streams": True,
+              "unroll": 3, "unroll_while": 4, "group_collectives": False, "force_streams": True,
               "command_buffers": "keep", "memory": "any"}
     assert set(values) == set(FIELDS)
     decorated = parallel_branches(lambda x: x, **values)  # type: ignore[arg-type]

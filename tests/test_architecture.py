@@ -270,7 +270,7 @@ def test_no_pass_imports_a_sibling_pass() -> None:
 # docs/design.md's drawing, top to bottom: a module imports only modules of its own
 # layer or above. Every module must be placed (a new module needs a place in both).
 LAYERS = (
-    ("_memo", "_deprecations", "_channel"),
+    ("_memo", "_deprecations", "_channel", "_spelling"),
     ("_compat.jaxprs",), ("_compat.avals",), ("_compat.sources",), ("_compat.tracing",),
     ("_compat.loops",), ("_compat.shard_map",), ("_compat.xla_metadata",), ("_compat.rules",),
     ("_compat.jit",), ("_compat",),

@@ -31,10 +31,13 @@ def test_resolve_reads_auto_per_target():
         assert settings.unroll == row.default("unroll", OptionKind.UNROLL)
         assert ("unroll_scans" in settings.passes) is (settings.unroll is not None)
         assert "auto" not in {str(v) for v in vars_of(settings).values()}
-    # Today's defaults: everything on the GPU; on the TPU what the chip measured paying
+    # Today's defaults: everything on the GPU but the measured candidates' own
+    # (unroll_while_loops, off everywhere); on the TPU what the chip measured paying
     # (identical scans batched, loops read by blocks); nothing on the CPU.
     gpu = Options().resolve("gpu", async_limit=2, command_buffers="lhs")
-    assert gpu.passes == {row.name for row in PASS_TABLE if row.switch is not None}
+    assert gpu.passes == {row.name for row in PASS_TABLE if row.switch is not None} - {
+        "unroll_while_loops"}
+    assert gpu.unroll_while is None
     assert gpu.unroll == "cost" and gpu.group_collectives
     cpu = Options().resolve("cpu", async_limit=2, command_buffers="lhs")
     assert cpu.passes == frozenset() and cpu.unroll is None and not cpu.group_collectives
@@ -44,6 +47,8 @@ def test_resolve_reads_auto_per_target():
     # A rewrite named by the user is explicit (the memory budget keeps it).
     named = Options(unroll=8, batch_scans=True).resolve("cpu", async_limit=2)
     assert named.explicit == {"unroll_scans", "batch_scans"}
+    assert Options(unroll_while=4).resolve("cpu", async_limit=2).explicit == {
+        "unroll_while_loops"}
 
 
 def vars_of(settings: Settings) -> dict:

@@ -60,7 +60,7 @@ def test_the_tables_hold_together_and_the_passes_are_their_rows() -> None:
     assert {row.name: row.option for row in PASS_TABLE if row.option} == {
         "batch_scans": "batch_scans", "fuse_scans": "fuse_scans",
         "batch_branches": "batch_branches", "batch_matmuls": "batch_matmuls",
-        "unroll_scans": "unroll"}
+        "unroll_scans": "unroll", "unroll_while_loops": "unroll_while"}
     assert [kind for kind, _ in LADDER] == ["stream sections", *(r.value for r in Rung)]
 
 

@@ -123,7 +123,7 @@ def test_table_rows_are_unique_and_run_in_order():
     assert len(set(names)) == len(names)
     assert names == ["share_common", "inline_twin_calls", "make_loops_static", "batch_scans",
                      "fuse_scans", "batch_branches", "batch_matmuls", "bound_fusions",
-                     "unroll_scans"]
+                     "unroll_scans", "unroll_while_loops"]
 
 
 def test_decisions_carry_the_pass_name_and_an_enum_kind():
@@ -181,7 +181,7 @@ def test_run_passes_keeps_values():
 def _every_pass_program(ws, x, h):
     """Something for each row: twin equations, a counting while, identical and different
     scans, identical ensemble members, same-shaped matmuls of different members, twin
-    nested jit calls."""
+    nested jit calls (the counting while is unroll_while_loops' too, run alone)."""
     shared = jnp.sin(x) + jnp.sin(x)  # share_common: two equal sin
     count = lax.fori_loop(0, jnp.int32(5), lambda i, c: c + i, jnp.int32(1))  # static while
     body = lambda c, xs: (jnp.tanh(c @ ws[0] + xs), None)
@@ -208,7 +208,7 @@ def test_every_row_passes_the_checker(row):
     h = jnp.linspace(-1.0, 1.0, 8)
     settings = Settings(target="gpu", passes=frozenset({
         "share_common", "batch_scans", "fuse_scans", "batch_branches", "batch_matmuls",
-        "unroll_scans"}), unroll="cost")
+        "unroll_scans", "unroll_while_loops"}), unroll="cost", unroll_while=2)
 
     def run(closed):
         if row.after:  # what it works on first (alone it has nothing to work on)

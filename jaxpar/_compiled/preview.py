@@ -48,12 +48,13 @@ from .._api import ParallelBranches, array_function
 from .._flags import command_buffer_mode, command_buffer_options
 from .._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
 from .._memory import format_bytes
-from .._options import Options, check_known
+from .._options import Options
 from .._plan import LevelPlan
 from .._primitives import MAY_HOLD_LOOPS
 from .._report.plan import Plan
 from .._report.timeline import PlanEstimate
 from .._report.types import loop_decisions, subgraph_decisions
+from .._spelling import check_known
 from .._trace import StaticArgs
 from ..passes import DecisionKind
 from . import gpu_compile

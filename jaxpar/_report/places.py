@@ -34,7 +34,7 @@ from .. import _compat
 from .._compat import JaxprEqn, JaxprLike, Var
 from .._plan import LevelPlan
 from .._primitives import PARAMETER_VIEWS
-from ..passes import BLOCK_SCOPE
+from ..passes import JAXPAR_SCOPES
 
 # Name-stack scopes a library adds by itself: a layer's class, not the user's attribute.
 _LIBRARY_SCOPE = re.compile(r"^eqx\.")
@@ -117,9 +117,10 @@ class Places:
     def of(self, eqn: JaxprEqn) -> str:
         """The place of ``eqn``: a scope the user named, the modules whose parameters it
         reads, the user's source line; ``(backward)`` marks a transposed equation."""
-        # jaxpar's own scope (a scan read by blocks) is no place in the user's program.
+        # jaxpar's own scopes (a scan read by blocks, a while running copies of its
+        # body) are no place in the user's program.
         scope = "/".join(part for part in _compat.name_scope(eqn).split("/")
-                         if part.removesuffix(" (backward)") != BLOCK_SCOPE)
+                         if part.removesuffix(" (backward)") not in JAXPAR_SCOPES)
         if scope and not all(_LIBRARY_SCOPE.match(part)
                              for part in scope.removesuffix(" (backward)").split("/")):
             return scope

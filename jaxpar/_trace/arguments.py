@@ -46,7 +46,7 @@ import numpy as np
 
 from .. import _compat
 from .._frameworks import holds_equinox_module, nnx_graph_node_check
-from .._options import did_you_mean
+from .._spelling import did_you_mean
 from .names import argument_path, quoted_name
 from .static_keys import StateKeyed, key_static_object, state_kind, warn_static_object
 

@@ -27,6 +27,8 @@ nothing changed) and the ``PassDecision``s made (each with the pass's name and a
   elementwise chain has read ``MAX_FUSED_SLICES`` of the members' results they sliced
   out, so XLA never fuses a thousand slices into one kernel (its compile time).
 * ``unroll_scans``: an unroll factor per static scan.
+* ``unroll_while_loops``: ``k`` runs of a ``while`` body per trip, each after the first
+  under the loop's condition (off unless ``unroll_while=k`` asks).
 
 * ``share_common``: equal equations computed once (on by default on GPUs only).
 * ``inline_twin_calls``: independent nested ``jit`` calls running one body (twin critics
@@ -69,9 +71,11 @@ from .._deprecations import deprecated_attributes
 from .._options import PASS_TABLE, Options, PassRow, Settings, check_target, pass_defaults
 from ._protocol import (
     BLOCK_SCOPE,
+    JAXPAR_SCOPES,
     NEW_LOOP_KINDS,
     SUBGRAPH_KINDS,
     UNCHANGED_KINDS,
+    WHILE_SCOPE,
     DecisionKind,
     Level,
     LevelResult,
@@ -83,10 +87,12 @@ from ._walk import walk_levels
 
 __all__ = [
     "BLOCK_SCOPE",
+    "JAXPAR_SCOPES",
     "NEW_LOOP_KINDS",
     "PASSES",
     "SUBGRAPH_KINDS",
     "UNCHANGED_KINDS",
+    "WHILE_SCOPE",
     "DecisionKind",
     "Level",
     "LevelResult",
@@ -106,6 +112,7 @@ __all__ = [
     "run_passes",
     "share_common",
     "unroll_scans",
+    "unroll_while_loops",
 ]
 
 
@@ -214,6 +221,8 @@ def apply_passes(closed_jaxpr: ClosedJaxpr, *, target: str, **switches: Any
             different independent members as one batched op where the cost model says it pays.
         share_common: merge equations that compute the same thing (XLA's CSE cannot
             see into the stream regions the planner may make).
+        unroll_while: an int k >= 2 (k runs of each outermost ``while`` body per trip)
+            or None (leave while loops alone), as in ``parallel_branches``.
 
     Returns:
         ``(new_closed_jaxpr, decisions)`` as ``run_passes``.
@@ -346,6 +355,29 @@ def unroll_scans(jaxpr: ClosedJaxpr, *, unroll: Any = "auto", target: str = "gpu
     """
     return run_pass("unroll_scans", jaxpr, settings=Settings.of_switches(
         check_target(target, concrete=True), "unroll_scans", unroll=unroll))
+
+
+def unroll_while_loops(jaxpr: ClosedJaxpr, *, unroll_while: int | None, target: str = "gpu"
+                       ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+    """Runs the body of every outermost ``while`` of ``jaxpr`` (never mutated)
+    ``unroll_while`` times per trip, each run after the first under the loop's condition.
+
+    Run alone, a counting ``fori_loop`` with constant bounds is unrolled too; in
+    ``parallel_branches`` ``make_loops_static`` has made it a scan first.
+
+    Args:
+        jaxpr: a closed jaxpr (as from ``jax.make_jaxpr``).
+        unroll_while: an int >= 2, or None (leave every loop alone).
+        target: ``"gpu"``, ``"cpu"`` or ``"tpu"``.
+
+    Returns:
+        ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
+
+    Raises:
+        ValueError: ``unroll_while`` or ``target`` is not one of the above.
+    """
+    return run_pass("unroll_while_loops", jaxpr, settings=Settings.of_switches(
+        check_target(target, concrete=True), "unroll_while_loops", unroll_while=unroll_while))
 
 
 def share_common(jaxpr: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:

@@ -65,6 +65,10 @@ UNCHANGED_KINDS = frozenset({DecisionKind.LEFT_ALONE, DecisionKind.HOST_SYNC,
 # The name scope of a scan ``unroll_scans`` reads by blocks: the scan of blocks is not
 # unrolled again, profiles name it, and the report names the user's loop instead.
 BLOCK_SCOPE = "jaxpar_blocks"
+# The name scope of a ``while`` ``unroll_while_loops`` made: not rewritten again.
+WHILE_SCOPE = "jaxpar_while_copies"
+# jaxpar's own name scopes: no place in the user's program (the report leaves them out).
+JAXPAR_SCOPES = frozenset({BLOCK_SCOPE, WHILE_SCOPE})
 # Decisions that make a new loop out of several (so it is never "left alone").
 NEW_LOOP_KINDS = frozenset({DecisionKind.FUSED, DecisionKind.BATCHED})
 # Decisions of the subgraph and matmul batching passes (``inline_twin_calls``,

@@ -1,0 +1,190 @@
+"""Run a ``while`` loop's body several times per trip, each copy after the first guarded
+by the loop's condition.
+
+A ``while`` loop whose trip count is data-dependent (an ODE solver's steps, a Newton
+iteration to tolerance, NUTS's tree doubling) is one XLA can neither unroll nor read
+by blocks: every trip pays the loop's control (on a GPU the predicate's copy to the
+host, on a TPU the chip's branch back) for one run of the body. With
+``unroll_while=k`` the loop ``while cond(c): c = body(c)`` becomes::
+
+    def body_k(c):
+        c = body(c)                                   # the outer cond just held
+        for _ in range(k - 1):
+            c = lax.cond(cond(c), body, lambda c: c, c)
+        return c
+
+    while cond(c): c = body_k(c)
+
+Once ``cond`` is false a guarded copy passes the carry on unchanged, so ``cond`` stays
+false (it is a function of the carry) and every later copy and the outer loop stop: the
+final carry is the original's for every trip count, 0 trips and counts ``k`` does not
+divide included, and each copy runs the body's own equations on the same values.
+
+Why ``lax.cond`` and not a ``select`` of a computed body: a ``cond`` on the scalar
+predicate runs the body only while the loop would, so a stopped loop does no extra
+work and never runs its body past its stopping point (a solver step on a finished
+state may divide by zero or index past its buffers: a ``select`` would drop the
+value, but not the work or a host callback's call). Under ``vmap``, where lanes stop at
+different trips, JAX turns the batched ``cond`` into that ``select`` itself, as it does
+the loop's own predicate; a loop already vmapped (its condition has a value per lane)
+runs ``k`` trips per trip, each updating the lanes whose condition holds, as the loop
+does. Bodies without effects only (see below), so running a copy
+or not is the only difference the guard can make.
+
+Whether it pays is for the device to say (the measured candidates of ``_tune``): the
+copies save trips of the loop's control and let XLA fuse across copies, and add a
+``cond`` each. No target turns it on by default.
+
+Example::
+
+    new, decisions = unroll_while_loops(jax.make_jaxpr(solve)(y0), k=4)
+    [d.kind for d in decisions]            # ["unrolled"]
+
+Sharp edges:
+  * Only the outermost ``while`` loops are rewritten: one in another loop's body or
+    condition is left alone (its copies would multiply with the outer loop's).
+    A ``while`` in a ``scan``'s body is outermost.
+  * Left alone: loops with effects (ordered effects, ``io_callback``,
+    ``jax.debug.print``), loops the user placed (frontend attributes), and loops
+    whose ``k`` copies of body and condition would hold more than
+    ``MAX_UNROLLED_EQNS`` equations.
+  * Counting ``fori_loop``s with static bounds are scans by now (``make_loops_static``
+    runs first); scans are ``unroll_scans``' business.
+  * The rewritten loop is emitted under the name scope ``WHILE_SCOPE``, which marks
+    it as done (running the passes again changes nothing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import _compat, _ops
+from .._analysis import Analysis
+from .._compat import JaxprEqn
+from .._primitives import WHILE
+from ._protocol import (
+    WHILE_SCOPE,
+    DecisionKind,
+    EmitFn,
+    Level,
+    LevelResult,
+    PassDecision,
+    Rewrite,
+    decision,
+)
+from ._shared import MAX_UNROLLED_EQNS
+from ._splice import evaluate
+
+
+def run(level: Level, analysis: Analysis) -> LevelResult:
+    """The level pass: ``settings.unroll_while`` guarded copies of the body per trip for
+    every outermost ``while`` of one level that may take them."""
+    copies = analysis.settings.unroll_while
+    if copies is None:
+        return LevelResult()
+    eqns, path = level.eqns, level.path
+    rewrites: list[Rewrite] = []
+    decisions: list[PassDecision] = []
+    nested = _inside_while(path)
+    for index, eqn in enumerate(eqns):
+        if eqn.primitive.name != WHILE:
+            continue
+        why = ("it is inside another while loop: only the outermost while loops are "
+               "unrolled" if nested else _refusal(eqn, copies))
+        if why is not None:
+            decisions.append(decision(path, DecisionKind.LEFT_ALONE, eqns, [index],
+                                      trips_before=None, trips_after=None, unroll=1,
+                                      reason=f"unroll_while={copies}: left alone: {why}"))
+            continue
+        rewrites.append(Rewrite((index,), _copies_emitter(eqn, copies)))
+        decisions.append(decision(
+            path, DecisionKind.UNROLLED, eqns, [index], trips_before=None, trips_after=None,
+            unroll=copies, reason=f"unroll_while={copies} requested: each trip runs the body "
+                                  f"{copies} times, each copy after the first under the "
+                                  f"loop's condition: unroll by {copies}"))
+    return LevelResult(rewrites, decisions)
+
+
+def _inside_while(path: str) -> bool:
+    """Whether the level at ``path`` is (inside) a ``while``'s body or condition."""
+    return any(part.split("#", 1)[0] == WHILE for part in path.split("/") if "#" in part)
+
+
+def _refusal(eqn: JaxprEqn, copies: int) -> str | None:
+    """Why the ``while`` ``eqn`` keeps one body per trip, or None."""
+    if eqn.effects:
+        return (f"the loop has effects ({', '.join(sorted(map(str, eqn.effects)))}): a "
+                "callback or print inside it is left as written")
+    if WHILE_SCOPE in str(eqn.source_info.name_stack):
+        return "it already runs guarded copies of its body"
+    if _ops.has_frontend_attributes(eqn):
+        return "it carries frontend attributes (a placement the user chose)"
+    info = _compat.while_info(eqn)
+    body = len(_compat.open_jaxpr(info.body_jaxpr)[0].eqns)
+    cond = len(_compat.open_jaxpr(info.cond_jaxpr)[0].eqns)
+    size = copies * body + (copies - 1) * cond
+    if size > MAX_UNROLLED_EQNS:
+        return (f"its body holds {body} equations and its condition {cond}: {copies} copies "
+                f"would hold {size}, more than {MAX_UNROLLED_EQNS}")
+    return None
+
+
+def _copies_emitter(eqn: JaxprEqn, copies: int) -> EmitFn:
+    """The ``while`` ``eqn`` as a ``while`` of the same condition whose body runs the
+    original body once and then ``copies - 1`` times under ``lax.cond`` of the
+    condition (see the module docstring). A condition with a value per lane (a
+    ``while`` under ``vmap``: the loop runs while any lane's holds, and a trip updates
+    the lanes whose condition holds) gets ``copies`` such trips per trip, each
+    selecting its lanes as the loop does."""
+    info = _compat.while_info(eqn)
+
+    def emit(invals: list[list[Any]]) -> list[list[Any]]:
+        (operands,) = invals
+        cond_consts = operands[:info.cond_nconsts]
+        body_consts = operands[info.cond_nconsts:info.cond_nconsts + info.body_nconsts]
+        init = operands[info.cond_nconsts + info.body_nconsts:]
+
+        def cond(carry: list[Any]) -> Any:
+            (go,) = evaluate(info.cond_jaxpr, *cond_consts, *carry)
+            return go
+
+        def body(carry: list[Any]) -> list[Any]:
+            return list(evaluate(info.body_jaxpr, *body_consts, *carry))
+
+        def body_copies(carry: list[Any]) -> list[Any]:
+            carry = body(carry)
+            for _ in range(copies - 1):
+                carry = lax.cond(cond(carry), body, list, carry)
+            return carry
+
+        def lanes_step(carry: list[Any]) -> list[Any]:
+            go = cond(carry)
+            return [_where_lanes(go, new, old) for new, old in zip(body(carry), carry,
+                                                                    strict=True)]
+
+        def lanes_copies(carry: list[Any]) -> list[Any]:
+            for _ in range(copies):
+                carry = lanes_step(carry)
+            return carry
+
+        with _compat.eqn_context(eqn), jax.named_scope(WHILE_SCOPE):
+            if lanes:
+                final = lax.while_loop(lambda c: jnp.any(cond(c)), lanes_copies, list(init))
+            else:
+                final = lax.while_loop(cond, body_copies, list(init))
+        return [list(final)]
+
+    predicate = _compat.open_jaxpr(info.cond_jaxpr)[0].outvars[0]
+    lanes = getattr(predicate.aval, "shape", ()) != ()
+    return emit
+
+
+def _where_lanes(go: Any, new: Any, old: Any) -> Any:
+    """``new`` in the lanes where ``go`` (a predicate per lane, the leading axes) holds,
+    else ``old``: what a ``while`` of a per-lane condition does to its carry each trip."""
+    go = lax.broadcast_in_dim(go, new.shape, tuple(range(go.ndim)))
+    return lax.select(go, new, old)
