@@ -63,7 +63,7 @@ TUNE_DIR_VARIABLE = "JAXPAR_TUNE_DIR"
 READ_ONLY_VARIABLE = "JAXPAR_TUNE_READ_ONLY"
 FILE_MODE = 0o600  # a decision file's mode (less the umask): its owner reads and writes it
 DECISION_FORMAT = "jaxpar-tune-decision"
-DECISION_VERSION = 3  # 2: the TPU's candidates; 3: unrolled by 16, scans fused
+DECISION_VERSION = 3  # 2: the TPU's candidates; 3: unrolled by 16, scans fused, whiles
 
 
 class Candidate(NamedTuple):
@@ -102,6 +102,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("jaxpar unrolled by 16", {"unroll": 16}, ("tpu",)),
     Candidate("jaxpar without scan batching", {"batch_scans": False}, ("tpu",)),
     Candidate("jaxpar with scans fused", {"fuse_scans": True}, ("tpu",)),
+    Candidate("jaxpar, while loops by 4", {"unroll_while": 4}, ("tpu", "gpu")),
 )
 CHOSEN = CANDIDATES[1].label
 

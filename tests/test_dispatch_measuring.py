@@ -353,3 +353,25 @@ def test_two_signatures_each_decide_once(manual, monkeypatch):
         manual.run()
     assert timed == [] and f._state.installed is installed  # nothing decided or switched again
     assert_tree_close(f(C, short), jax.jit(loop)(C, short), rtol=1e-5, atol=1e-6)
+
+
+def test_a_while_loop_of_unknown_trips_gets_a_candidate(manual, monkeypatch):
+    """A Newton iteration to tolerance: the candidate running 4 guarded body copies a
+    trip is built, timed, and runs where it was measured faster; values as jax.jit's."""
+    label = "jaxpar, while loops by 4"
+    timed = fake_timer(monkeypatch, {label: 0.6})
+
+    def newton(x):
+        def cond(c):
+            return (jnp.abs(c[0] * c[0] - x).max() > 1e-4 * x.max()) & (c[1] < 100)
+
+        return lax.while_loop(cond, lambda c: ((c[0] + x / c[0]) / 2, c[1] + 1), (x, 0))
+
+    x = jnp.linspace(1.0, 50.0, 64)
+    f = jaxpar.parallel_branches(newton, target="tpu", measure=True)
+    want = jax.jit(newton)(x)
+    for out in drive(f, manual, x, calls=4):
+        assert_tree_close(out, want, rtol=1e-6, atol=1e-6)
+    assert label in timed and f.tuning(x).chosen == label
+    assert f.lower(x).as_text().count("stablehlo.while") == 1
+    assert "stablehlo.case" in f.lower(x).as_text() or "stablehlo.if" in f.lower(x).as_text()
