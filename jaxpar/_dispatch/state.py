@@ -494,7 +494,3 @@ def name_after(call: Callable[..., Any], fun: Any) -> Callable[..., Any]:
         call.__qualname__ = qualname if isinstance(qualname, str) else call.__name__
     return call
 
-
-def partial_call(function: Callable[..., Any], state: CallState) -> Callable[..., Any]:
-    """``function(state, *args, **kwargs)`` as a callable holding ``state`` weakly."""
-    return functools.partial(function, weakref.ref(state))
