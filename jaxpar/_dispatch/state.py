@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import jax
 
 from .. import _compat, _pipeline, _primitives
+from .._channel import CHANNEL
 from .._frameworks import NnxCall
 from .._options import Options, ResolveInputs, Settings, disabled_by_environment
 from .._pipeline import Prepared
@@ -51,7 +52,7 @@ from .._trace import (
     function_name,
     split_outputs,
 )
-from .channel import CHANNEL, inside_stream_call
+from .trace_scopes import inside_stream_call
 
 _CACHE_SIZE = 64
 # At most this many settings and remembered jits per decorated function (a program
