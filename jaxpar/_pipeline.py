@@ -199,8 +199,9 @@ class Decided:
 
 
 @dataclasses.dataclass(frozen=True)
-class MemoryBudget:
-    """Stage 2: the memory model, the plain program's temporary bytes, and the most
+class ProgramBudget:
+    """Stage 2: the memory budget applied to one program (``_options.MemoryBudget`` is
+    the rule): the memory model, the plain program's temporary bytes, and the most
     jaxpar's program may need (None: any)."""
 
     model: MemoryModel
@@ -263,7 +264,7 @@ def _decide(traced: Traced, settings: Settings, baseline: bool) -> Decided:
                    figures)
 
 
-def _memory_budget(traced: Traced, analysis: Analysis) -> MemoryBudget:
+def _memory_budget(traced: Traced, analysis: Analysis) -> ProgramBudget:
     """Stage 2: the memory model of ``analysis`` and the budget of ``traced``."""
     settings = analysis.settings
     memory = MemoryModel(analysis.costs, analysis.shared_memo("memory"))
@@ -278,7 +279,7 @@ def _memory_budget(traced: Traced, analysis: Analysis) -> MemoryBudget:
     # KiB) allowed 1 MiB and left a user's unroll=8 out for 2.5 MiB.
     footprint = _io_bytes(traced.jaxpr) + min(plain_bytes, memory.least_bytes(traced.jaxpr))
     allowed = settings.memory.allowed(footprint) if settings.memory is not None else None
-    return MemoryBudget(memory, plain_bytes, allowed, footprint)
+    return ProgramBudget(memory, plain_bytes, allowed, footprint)
 
 
 def _io_bytes(jaxpr: _compat.ClosedJaxpr) -> float:
@@ -288,7 +289,7 @@ def _io_bytes(jaxpr: _compat.ClosedJaxpr) -> float:
                      if not _compat.is_literal(v)))
 
 
-def _within_budget(traced: Traced, analysis: Analysis, budget: MemoryBudget) -> WithinBudget:
+def _within_budget(traced: Traced, analysis: Analysis, budget: ProgramBudget) -> WithinBudget:
     """Stage 3: the passes and the plan of ``traced`` with ``analysis``'s settings; while
     the program the memory model sees needs more than ``budget.allowed`` bytes beyond the
     plain program's, the fewest kinds of rewrite left out that bring it within
@@ -325,7 +326,7 @@ _Rung = tuple[str, tuple[str, ...]]
 
 
 def _left_out_for_memory(first: WithinBudget, attempt: Callable[[tuple[_Rung, ...]],
-                         WithinBudget], budget: MemoryBudget,
+                         WithinBudget], budget: ProgramBudget,
                          explicit: frozenset[str]) -> WithinBudget:
     """The program with the fewest kinds of rewrite left out (``LADDER``, the first kinds
     first) that brings it within ``budget``; every rewrite left out where none does. Only
@@ -355,7 +356,7 @@ def _left_out_for_memory(first: WithinBudget, attempt: Callable[[tuple[_Rung, ..
 
 
 def _without_slower_joins(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, ...]],
-                          WithinBudget], budget: MemoryBudget) -> WithinBudget:
+                          WithinBudget], budget: ProgramBudget) -> WithinBudget:
     """``chosen``, or the same program with its loops left unjoined where the GPU model
     estimates that no slower and it fits the budget: the passes decide loop by loop (fusing
     two scans, then unrolling the fused loop by a smaller factor than each alone), and
@@ -430,7 +431,7 @@ def _section_eqns(plan: LevelPlan, target: str = "gpu") -> list[list[int]]:
             for section in plan.sections if section.pays is not False]
 
 
-def _mode_search(traced: Traced, within: WithinBudget, budget: MemoryBudget) -> ModeSearch:
+def _mode_search(traced: Traced, within: WithinBudget, budget: ProgramBudget) -> ModeSearch:
     """Stage 4: on target ``"gpu"``, the CUDA-graph mode chosen among the candidates
     (``_choose_mode``, with ``command_buffers="auto"``) or kept, and the program planned
     in it; elsewhere no mode, and the program of stage 3."""
@@ -469,7 +470,7 @@ class _Judged:
     ends: ModeEnds | None = None
 
 
-def _choose_mode(traced: Traced, analysis: Analysis, planned: Planned, budget: MemoryBudget
+def _choose_mode(traced: Traced, analysis: Analysis, planned: Planned, budget: ProgramBudget
                  ) -> ModeSearch:
     """The program planned in each candidate mode (``_plan.modes.CANDIDATES``), and the
     mode ``choose_mode`` keeps, with the program planned in it.

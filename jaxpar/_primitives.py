@@ -211,7 +211,7 @@ NEVER_SHARED = _family(
 
 # Equations that must run once per call, whatever their operands (effects aside): host
 # calls, stateful random numbers, user placement. Merging copies of them, or of anything
-# holding them, is never faithful (``passes/_shared.merge_refusal``).
+# holding them, is never faithful (``passes/_batchable.merge_refusal``).
 RUN_EVERY_CALL = _family(
     "RUN_EVERY_CALL", "pure_callback_p", "io_callback_p", "debug_callback_p", "rng_uniform_p",
     "xla_metadata_call_p", "compute_on_p")
@@ -268,7 +268,7 @@ ELEMENTWISE = _family(
     "zeta_p", "log2_p", "one_minus_square_p", "polynomial_p", "mulhi_p")
 
 # Batching passes: primitives whose vmap rule adds a batch dimension and nothing else
-# (see passes/_shared.py for why this is an allow-list). ``add_any`` (JAX keeps it as
+# (see passes/_batchable.py for why this is an allow-list). ``add_any`` (JAX keeps it as
 # ``add_jaxvals_p``) is not on it: the list has always missed it.
 BATCH_FAITHFUL = ELEMENTWISE | _family(
     "BATCH_FAITHFUL",

@@ -141,7 +141,7 @@ MIN_FACTOR = 8
 # What each slice after the first adds to a trip's latency, as a share of ``slice_s`` (an
 # assumption: the DMAs of one trip overlap).
 _FURTHER_SLICE = 0.15
-# At most this many equations in an unrolled body (``passes._shared.MAX_UNROLLED_EQNS``'s
+# At most this many equations in an unrolled body (``passes._loop_candidates.MAX_UNROLLED_EQNS``'s
 # role for the block form: compile time grows with the body).
 MAX_BLOCK_EQNS = 640
 # Elementwise functions the vector unit computes as polynomials (on a TPU v5e a 100x100

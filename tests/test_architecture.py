@@ -257,8 +257,8 @@ def test_the_import_reader_counts_late_and_type_checking_imports(
 
 
 def test_no_pass_imports_a_sibling_pass() -> None:
-    """Passes share code through ``passes/_protocol``, ``passes/_splice`` and
-    ``passes/_shared`` only (the private modules)."""
+    """Passes share code only through the private modules (``passes/_protocol``,
+    ``passes/_splice``, ``passes/_batchable``, ...)."""
     edges = _imports(_modules())
     passes = {name for name in edges if name.startswith("jaxpar.passes.")}
     offenders = [f"{name} imports {target}" for name in sorted(passes)
@@ -523,7 +523,7 @@ def test_each_test_module_is_named_after_what_it_tests() -> None:
     ("compiled_estimate", "compiled_estimate"),  # jaxpar/_compiled/estimate.py
     ("compiled", "compiled"),  # jaxpar/_compiled/__init__.py
     ("fuse_scans", "fuse_scans"),  # a pass by its name
-    ("passes_shared", "passes_shared"),  # jaxpar/passes/_shared.py
+    ("passes_batchable", "passes_batchable"),  # jaxpar/passes/_batchable.py
     ("plan_level_antichain", "plan_level"),  # a module's tests in more than one file
     ("loop_passes_properties", "loop_passes"),  # a cross-module subject's
     ("one_estimate", None),  # named after an issue's item

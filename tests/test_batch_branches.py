@@ -449,7 +449,7 @@ def test_many_members_are_batched_in_bounded_batches(consumer: str) -> None:
     """1,000 members: every vmapped batch takes at most MAX_BATCH_MEMBERS of them, so the
     distinct slices and stackings XLA compiles stay bounded (not one per member, which
     took XLA 155 s against plain jax.jit's 4.3 s, deviceless H200). Checked on the jaxpr."""
-    limit = importlib.import_module("jaxpar.passes._shared").MAX_BATCH_MEMBERS
+    limit = importlib.import_module("jaxpar.passes._batch_members").MAX_BATCH_MEMBERS
     f, (xs, ws) = many_members(1000, consumer)
     spec = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (xs, ws))
     closed = jax.make_jaxpr(f)(*spec)
@@ -480,7 +480,7 @@ def test_many_single_matmul_members_are_batched_in_bounded_batches() -> None:
     """batch_matmuls likewise: 1,000 members ``tanh(x @ w)`` summed become batched dots
     of at most MAX_BATCH_MEMBERS members (returned as a list, their tails would each be
     a kernel of their own: test_batch_matmuls.test_tails_returned_apart_are_left_alone)."""
-    limit = importlib.import_module("jaxpar.passes._shared").MAX_BATCH_MEMBERS
+    limit = importlib.import_module("jaxpar.passes._batch_members").MAX_BATCH_MEMBERS
     spec = ([jax.ShapeDtypeStruct((8, 16), jnp.float32)] * 1000,
             [jax.ShapeDtypeStruct((16, 16), jnp.float32)] * 1000)
     closed = jax.make_jaxpr(lambda xs, ws: sum(jnp.tanh(x @ w) for x, w in zip(xs, ws, strict=True))

@@ -339,12 +339,12 @@ def test_relu_members_are_still_batched(target: str, options: dict[str, Any]) ->
 
 
 def test_relu_rule_is_checked_not_refused() -> None:
-    from jaxpar.passes import _shared
+    from jaxpar.passes import _batchable
 
     closed = jax.make_jaxpr(jax.nn.relu)(jnp.ones(4))
     (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "custom_jvp_call"]
-    assert _shared.equation_refusal(eqn, [True]) is None
-    assert _shared.merge_refusal(eqn) is None
+    assert _batchable.equation_refusal(eqn, [True]) is None
+    assert _batchable.merge_refusal(eqn) is None
     closed = jax.make_jaxpr(noisy_sin)(jnp.ones(4))
     (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "custom_jvp_call"]
-    assert "rbg" in (_shared.equation_refusal(eqn, [True]) or "")
+    assert "rbg" in (_batchable.equation_refusal(eqn, [True]) or "")

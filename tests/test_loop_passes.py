@@ -42,7 +42,7 @@ from jaxpar.passes import (
     pass_defaults,
     unroll_scans,
 )
-from jaxpar.passes._shared import MAX_UNROLLED_EQNS
+from jaxpar.passes._loop_candidates import MAX_UNROLLED_EQNS
 
 ALL_ON = {"fuse_scans": True, "batch_scans": True, "unroll": None, "target": "gpu"}
 

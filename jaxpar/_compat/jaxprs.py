@@ -126,15 +126,6 @@ def open_jaxpr(jaxpr: JaxprLike) -> tuple[Jaxpr, list[Any]]:
     return jaxpr, []
 
 
-def has_consts(jaxpr: JaxprLike) -> bool:
-    return bool(open_jaxpr(jaxpr)[1])
-
-
-def all_invars(jaxpr: Jaxpr) -> list[Var]:
-    """Constvars then invars of an open jaxpr."""
-    return [*jaxpr.constvars, *jaxpr.invars]
-
-
 def in_avals(jaxpr: JaxprLike) -> list[Any]:
     inner, _ = open_jaxpr(jaxpr)
     return [v.aval for v in inner.invars]

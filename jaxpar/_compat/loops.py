@@ -35,10 +35,6 @@ class ScanInfo:
     num_carry: int
     jaxpr: ClosedJaxpr
 
-    @property
-    def num_xs(self) -> int:
-        return len(in_avals(self.jaxpr)) - self.num_consts - self.num_carry
-
 
 def scan_info(eqn: JaxprEqn) -> ScanInfo:
     """Reads a ``scan`` equation's parameters, whichever layout this jax uses."""

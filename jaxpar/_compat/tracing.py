@@ -61,29 +61,6 @@ def jit_disabled() -> bool:
     return bool(jax.config.jax_disable_jit)  # type: ignore[attr-defined]
 
 
-# ``call_context``'s answers.
-EAGER, JIT_DISABLED, TRANSFORMED = 0, 1, 2
-
-
-def _disable_jit_state() -> Any:
-    from jax._src import config as _config
-
-    return getattr(_config, "disable_jit", None)
-
-
-_DISABLE_JIT = _disable_jit_state()
-
-
-def call_context() -> int:
-    """Where a decorated function is called, read once per call: ``JIT_DISABLED`` under
-    ``jax.disable_jit()``, else ``EAGER`` where ``top_level()`` holds, else
-    ``TRANSFORMED``. Reads ``jax._src.config.disable_jit``'s state object (0.10.2 to
-    0.12; ``jit_disabled`` where it is missing), three times faster than the config."""
-    if _DISABLE_JIT.value if _DISABLE_JIT is not None else jit_disabled():
-        return JIT_DISABLED
-    return EAGER if isinstance(_core.trace_ctx.trace, _core.EvalTrace) else TRANSFORMED
-
-
 def register_for_clear_caches(cache: Any, label: str) -> bool:
     """Has ``jax.clear_caches()`` call ``cache.cache_clear()`` from now on.
 

@@ -28,7 +28,6 @@ Example::
 
 from __future__ import annotations
 
-from .channel import inside_stream_call, options_applied, stream_call_body
 from .fast import FastPath, Mode, current, read_environment, read_gpu_environment, reset
 from .keyed import agree_across_processes, jit_for, transformed_call
 from .measuring import MeasuringTuner, check_measure
@@ -42,6 +41,7 @@ from .state import (
     cached_jit,
     weak_method,
 )
+from .trace_scopes import inside_stream_call, options_applied, stream_call_body
 from .tuning import CallTuner
 
 __all__ = [

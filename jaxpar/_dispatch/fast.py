@@ -63,8 +63,8 @@ from .._trace import (
     split_outputs,
 )
 from . import keyed
-from .channel import options_applied
 from .state import CallKey, CallState, bounded, install_call, name_after, options_key, wrapping
+from .trace_scopes import options_applied
 
 # The variables a top-level call's environment is read from when a call misses
 # (XLA_FLAGS and these).

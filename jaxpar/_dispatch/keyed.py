@@ -27,6 +27,7 @@ from typing import Any
 import jax
 
 from .. import _compat, _processes
+from .._channel import CHANNEL
 from .._flags import xla_flags_text
 from .._frameworks import holds_nnx_object, nnx_arguments
 from .._trace import (
@@ -41,7 +42,6 @@ from .._trace import (
 )
 from .._tune import fingerprint as program_fingerprint
 from .._tune import program_flags, versions
-from .channel import CHANNEL
 from .state import CallKey, CallState, bounded, cached_jit, weak_method
 
 

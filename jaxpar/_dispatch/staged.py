@@ -23,8 +23,8 @@ import jax
 from .. import _compat
 from .._frameworks import nnx_arguments
 from .._trace import Signature, abstract, split_arguments
-from .channel import options_applied
 from .state import CallState, cached_jit, weak_method
+from .trace_scopes import options_applied
 
 
 class StagedJits:

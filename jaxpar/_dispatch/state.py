@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import jax
 
 from .. import _compat, _pipeline, _primitives
+from .._channel import CHANNEL
 from .._frameworks import NnxCall
 from .._options import Options, ResolveInputs, Settings, disabled_by_environment
 from .._pipeline import Prepared
@@ -51,7 +52,7 @@ from .._trace import (
     function_name,
     split_outputs,
 )
-from .channel import CHANNEL, inside_stream_call
+from .trace_scopes import inside_stream_call
 
 _CACHE_SIZE = 64
 # At most this many settings and remembered jits per decorated function (a program
@@ -494,7 +495,3 @@ def name_after(call: Callable[..., Any], fun: Any) -> Callable[..., Any]:
         call.__qualname__ = qualname if isinstance(qualname, str) else call.__name__
     return call
 
-
-def partial_call(function: Callable[..., Any], state: CallState) -> Callable[..., Any]:
-    """``function(state, *args, **kwargs)`` as a callable holding ``state`` weakly."""
-    return functools.partial(function, weakref.ref(state))

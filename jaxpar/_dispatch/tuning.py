@@ -65,13 +65,6 @@ class CallTuner:
         key = dataclasses.replace(key, tune="", tune_generation=0)
         return key if tuning is None else candidate_key_of(state, key, tuning.chosen)
 
-    def decided_candidate(self, state: CallState, key: CallKey, avals: tuple[Any, ...]
-                          ) -> CallKey | None:
-        """The key of the candidate decided for this signature, None without a decision."""
-        tuning = self.decisions.get((key.layout, avals, key.nnx, key.settings,
-                                     _compat.trace_context()))
-        return None if tuning is None else candidate_key_of(state, key, tuning.chosen)
-
     def decide(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> None:
         """Before a concrete top-level call of ``key``'s signature runs: its decision, made
         now (measured) where none exists; a new decision starts a new generation, so that

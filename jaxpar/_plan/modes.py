@@ -177,15 +177,6 @@ class ModeChoice:
                 f"{plain_us:,.1f} us -> jaxpar {jaxpar_us:,.1f} us "
                 f"(x{jaxpar_us / plain_us:.3f}, the plan's estimate{own}){label}")
 
-    def against_plain(self) -> str:
-        """``est. A us in <mode> mode against B us for the plain program in <user's> (xR)``."""
-        seconds = self.estimate(self.mode)
-        if seconds is None or not self.plain_seconds:
-            return ""
-        return (f"est. {seconds * 1e6:.1f} us in {self.mode.value} mode against "
-                f"{self.plain_seconds * 1e6:.1f} us for the plain program in the user's "
-                f"{self.user_mode.value} mode (x{seconds / self.plain_seconds:.3f})")
-
     @property
     def xla_options(self) -> dict[str, str]:
         """The ``compiler_options`` of the function's compile (empty: the process's)."""

@@ -20,8 +20,8 @@ from .._compat import JaxprEqn, JaxprLike
 from .._graph import DisjointSets
 from .._memo import IdentityMemo
 from .._primitives import DOT_GENERAL
+from ._batch_members import member_chunks
 from ._matmul_forms import Column, Reading, Transposed, readings_of
-from ._shared import member_chunks
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -86,7 +86,7 @@ def form_groups(eqns: Sequence[JaxprEqn], candidates: list[int], depth: list[int
     groups = []
     for joined_class in joined.values():
         # In batches of at most ``MAX_BATCH_MEMBERS``: XLA compiles every distinct
-        # stacking and slice once (``_shared.member_chunks``).
+        # stacking and slice once (``_batch_members.member_chunks``).
         for found in member_chunks(sorted(joined_class)):
             if len(found) < 2:
                 continue

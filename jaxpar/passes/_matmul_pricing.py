@@ -20,9 +20,9 @@ from .._cost import CostModel, LaunchPrices, launch_prices
 from .._graph import Graph
 from .._memory import stacking_refusal
 from .._primitives import DOT_GENERAL
+from ._level_graph import private_tails_leave
 from ._matmul_forms import Column, Transposed, atom_of, is_shared
 from ._matmul_groups import Group
-from ._shared import private_tails_leave
 
 
 def _stack_bytes(column: Column) -> float:
@@ -70,7 +70,7 @@ def choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[Group],
     own; slices that only elementwise work reads fuse into it (``sin(a) @ b`` beside
     ``cos(sin(c) @ d) @ b``, both results leaving: 5 -> 6 launches once compiled). At the
     top level, a matmul whose elementwise tail, computed from its result alone, is
-    returned counts the same (``_shared.private_tails_leave``): unbatched, XLA fuses the
+    returned counts the same (``_level_graph.private_tails_leave``): unbatched, XLA fuses the
     tail into the matmul's Triton GEMM; batched, the tail of each slice is a kernel of
     its own (ten ``tanh(x @ w)`` returned apart: 10 launches plain, 13 batched). A
     group whose stacked result another accepted group reads, and that reader, each count
@@ -101,7 +101,7 @@ def choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[Group],
     pricing = _Pricing(eqns, graph, costs, level_outputs, launches,
                        {eqns[i].outvars[0]: i for g in groups for i in g.members})
     # Matmuls' elementwise tails returned apart (the program's outputs): see
-    # ``_shared.private_tails_leave``. A convolution's tail stays a kernel of its own
+    # ``_level_graph.private_tails_leave``. A convolution's tail stays a kernel of its own
     # either way (cuDNN takes no such epilogue), and a loop body's carries are not
     # returned apart.
     pricing.tails_leave = private_tails_leave(

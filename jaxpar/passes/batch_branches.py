@@ -18,7 +18,7 @@ How the subgraphs are found:
 1. *Value numbering*: each equation gets a structural key -- its primitive, its
    parameters (``_structure``), its result types and the keys of its inputs, where a
    level input counts by its type only. Equations ``vmap`` never batches faithfully
-   (``_shared.static_refusal``) get none. Two equations with equal keys compute the same
+   (``_batchable.static_refusal``) get none. Two equations with equal keys compute the same
    function of same-typed level inputs, and neither can depend on the other.
 2. *Alignment*: starting from a class of equal-keyed equations (latest first, so
    the largest subgraphs are tried first), the pass walks the members' inputs in
@@ -55,7 +55,7 @@ Sharp edges:
   * Equations are compared structurally (``_structure``): parameters and constants
     by value, nested jaxprs equation by equation, functions by identity. Two
     members that differ only in the order of their equations are not recognised.
-  * Only what ``vmap`` batches faithfully and cheaply is batched (``_shared``):
+  * Only what ``vmap`` batches faithfully and cheaply is batched (``_batchable``):
     members drawing ``rbg`` random bits, calling the host (whatever ``vmap_method``
     a callback declares), holding a ``custom_vjp`` or a ``custom_jvp`` whose rule
     fails the same test, or branching on a per-member predicate are left alone;
@@ -82,18 +82,16 @@ from .._memo import IdentityMemo
 from .._memory import stacking_refusal
 from .._primitives import BATCHED_MATMULS, COLLECTIVE, is_collective
 from .._structure import StructuralKeys, literal_key
-from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
-from ._shared import (
+from ._batch_members import (
     MAX_BATCH_MEMBERS,
-    equations_refusal,
-    launch_depths,
     member_chunks,
-    refusal_reads_operand_types,
     shared_column,
     stacked_width,
-    static_refusal,
     vmap_members,
 )
+from ._batchable import equations_refusal, refusal_reads_operand_types, static_refusal
+from ._level_graph import launch_depths
+from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
 from ._splice import OrderMemo, emission_order
 
 # Equations the lockstep walks may visit per equation of the level, over all their tries.

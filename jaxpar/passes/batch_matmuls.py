@@ -78,13 +78,14 @@ from .._gpu_model import CommandBufferMode
 from .._graph import Graph
 from .._primitives import BATCHED_MATMULS, TRANSPOSE, is_collective
 from .._structure import StructuralKeys
+from ._batch_members import MAX_BATCH_MEMBERS, stacked_width
+from ._level_graph import launch_depths
 from ._matmul_emission import emitter, needed_members, rewrite_key, rewrite_units
 from ._matmul_forms import Column, is_shared
 from ._matmul_groups import Carried, Group, form_groups, launches_unbatched
 from ._matmul_orientation import orient
 from ._matmul_pricing import Price, chained_columns, choose
 from ._protocol import DecisionKind, Level, LevelResult, PassDecision, Rewrite, decision
-from ._shared import MAX_BATCH_MEMBERS, launch_depths, stacked_width
 
 # The heavy ops this pass batches: one kernel each, whose batched form is one kernel.
 BATCHED_PRIMITIVES = BATCHED_MATMULS

@@ -4,7 +4,7 @@ Two scans of one level with no path between them in the dependency graph,
 whose bodies compute the same thing (compared structurally, parameters and
 constants by value: ``_structure``), with the same length, direction, unroll
 factor and operand types, and whose body ``vmap`` batches faithfully and cheaply
-given the operands they share (``_shared``), become one ``lax.scan`` whose body runs
+given the operands they share (``_batchable``), become one ``lax.scan`` whose body runs
 the members' body under ``jax.vmap``: carries and consts are stacked once along a new
 leading axis (an operand that is the same variable in every member is shared, not
 stacked), and each member's scanned inputs are scanned as they are, each trip stacking
@@ -25,10 +25,10 @@ Example::
 
 Sharp edges:
   * Two bodies that differ only in the order of equations are not recognised.
-  * Bodies holding primitives off ``_shared``'s allow-list (``rbg`` random bits,
+  * Bodies holding primitives off ``_batchable``'s allow-list (``rbg`` random bits,
     host callbacks, a ``custom_vjp``, a ``cond`` or ``while`` whose predicate
     reads a stacked operand) are not batched, and nor are scans on the very same
-    operands whose body holds what must not be merged (``_shared.merge_refusal``);
+    operands whose body holds what must not be merged (``_batchable.merge_refusal``);
     equal scans refused so are reported as left alone, and ``fuse_scans`` may fuse
     them.
   * Stacking copies the consts and carries once per call, and each trip's slices of the
@@ -49,17 +49,11 @@ from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._memory import stacking_refusal
 from .._structure import StructuralKeys
+from ._batch_members import batch_refusal, body_key, shared_column, stack_columns
+from ._batchable import static_refusal
+from ._level_graph import group_independent
+from ._loop_candidates import loop_candidates, loop_trips
 from ._protocol import DecisionKind, Level, LevelResult, PassDecision, Rewrite, decision
-from ._shared import (
-    batch_refusal,
-    body_key,
-    group_independent,
-    loop_candidates,
-    loop_trips,
-    shared_column,
-    stack_columns,
-    static_refusal,
-)
 from ._splice import evaluate
 
 

@@ -72,7 +72,7 @@ from ._protocol import DecisionKind, EmitFn, Level, LevelResult, Rewrite, decisi
 from ._splice import EqnOrigins, eqn_origins
 
 # Most slices of batched results one XLA kernel may read (the batching passes' own
-# bound on the members of one batch, ``_shared.MAX_BATCH_MEMBERS``, is the same).
+# bound on the members of one batch, ``_batch_members.MAX_BATCH_MEMBERS``, is the same).
 MAX_FUSED_SLICES = 32
 # Fewest members a sum's run must add for a reduction to replace it. A reduction ends
 # an XLA fusion (its result is a kernel's root), so a short run, which XLA fuses with

@@ -44,15 +44,10 @@ from jax import lax
 
 from .. import _compat
 from .._analysis import Analysis
+from ._batch_members import batch_refusal, body_key
+from ._level_graph import group_independent
+from ._loop_candidates import MAX_UNROLLED_EQNS, loop_candidates, loop_trips
 from ._protocol import DecisionKind, Level, LevelResult, Rewrite, decision
-from ._shared import (
-    MAX_UNROLLED_EQNS,
-    batch_refusal,
-    body_key,
-    group_independent,
-    loop_candidates,
-    loop_trips,
-)
 from ._splice import evaluate
 
 

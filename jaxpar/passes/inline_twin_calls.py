@@ -42,8 +42,8 @@ from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprLike
 from .._memo import IdentityMemo
+from ._level_graph import ancestor_masks, independent
 from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
-from ._shared import ancestor_masks, independent
 from ._splice import evaluate
 
 

@@ -20,7 +20,7 @@ Sharp edges:
   * The merge happens before the user differentiates the program, so twins holding
     anything whose differentiation rule or effect would see the merge (a ``custom_vjp``,
     whose backward rule would get the twins' cotangents summed; effects, host calls or
-    user placement at any depth, ``custom_jvp`` rules included: ``_shared.merge_refusal``)
+    user placement at any depth, ``custom_jvp`` rules included: ``_batchable.merge_refusal``)
     are left alone, with the reason among the decisions.
   * Parameters are compared structurally (``jaxpar._structure``): by value, arrays by
     their bytes, callables by identity, so two different callables never compare equal.
@@ -38,8 +38,8 @@ from .._compat import JaxprEqn
 from .._memo import IdentityMemo
 from .._primitives import NEVER_SHARED
 from .._structure import StructuralKeys
+from ._batchable import MergeMemo, merge_refusal
 from ._protocol import DecisionKind, Level, LevelResult, PassDecision, Rewrite, decision
-from ._shared import MergeMemo, merge_refusal
 
 
 def _eqn_key(eqn: JaxprEqn, keys: StructuralKeys, aval_text: dict[Any, str] | None = None

@@ -66,6 +66,7 @@ from .. import _compat, _ops
 from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._primitives import WHILE
+from ._loop_candidates import MAX_UNROLLED_EQNS
 from ._protocol import (
     WHILE_SCOPE,
     DecisionKind,
@@ -76,7 +77,6 @@ from ._protocol import (
     Rewrite,
     decision,
 )
-from ._shared import MAX_UNROLLED_EQNS
 from ._splice import evaluate
 
 

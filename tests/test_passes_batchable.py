@@ -1,4 +1,4 @@
-"""``jaxpar.passes._shared``: the batching passes merge only what is the same, and batch only
+"""``jaxpar.passes._batchable``: the batching passes merge only what is the same, and batch only
 what vmap maps faithfully.
 
 ``batch_scans`` and ``batch_branches`` run several members as one ``vmap``ped copy of the
@@ -9,7 +9,7 @@ first member, so
 * the batched form must compute what each member computes alone, at the members' cost: no
   ``rbg`` random bits under ``vmap``, no host callback (not even with a
   ``vmap_method``), no unchecked custom rule, no ``cond`` or
-  ``while`` whose predicate differs per member (``jaxpar.passes._shared``).
+  ``while`` whose predicate differs per member (``jaxpar.passes._batchable``).
 
 Each test checks the decision (structure) and the values (and gradients where the difference
 lies in a differentiation rule) against the original through ``check_pass``
@@ -39,7 +39,7 @@ from pass_checker import (
 )
 
 import jaxpar
-from jaxpar.passes import DecisionKind, _shared, apply_passes, batch_branches, batch_scans
+from jaxpar.passes import DecisionKind, _batchable, apply_passes, batch_branches, batch_scans
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 F32 = jax.ShapeDtypeStruct((8,), jnp.float32)
@@ -319,7 +319,7 @@ def test_scans_holding_a_while_are_batched_only_on_a_shared_predicate(shared: bo
 
 
 def test_static_refusal_reaches_into_nested_jaxprs() -> None:
-    from jaxpar.passes._shared import static_refusal
+    from jaxpar.passes._batchable import static_refusal
 
     def f(key: Any, x: jax.Array) -> Any:
         inner = jax.jit(jax.checkpoint(lambda k, v: v + jax.random.normal(k, v.shape)))
@@ -334,39 +334,20 @@ def test_static_refusal_reaches_into_nested_jaxprs() -> None:
 def test_allow_list_names_exist() -> None:
     """Every primitive the allow-list names is a real primitive name of this jax."""
     from jaxpar import _ops
-    from jaxpar.passes import _shared
 
-    assert _shared.FAITHFUL_PRIMITIVES <= _ops.all_primitive_names()
-    assert {"add", "dot_general", "jit", "scan", "cond", "while"} <= _shared.FAITHFUL_PRIMITIVES
+    assert _batchable.FAITHFUL_PRIMITIVES <= _ops.all_primitive_names()
+    assert {"add", "dot_general", "jit", "scan", "cond", "while"} <= _batchable.FAITHFUL_PRIMITIVES
     for absent in ("rng_bit_generator", "ppermute", "all_gather", "sharding_constraint"):
-        assert absent not in _shared.FAITHFUL_PRIMITIVES
+        assert absent not in _batchable.FAITHFUL_PRIMITIVES
 
 
 def test_psum_batches_only_over_positional_axes() -> None:
     """A psum over a vmap axis name (positional axes in the jaxpr) is a local reduction
     and batches; over a named axis it communicates and does not."""
-    from jaxpar.passes import _shared
 
     x = jnp.ones((4, 3))
     local = jax.make_jaxpr(jax.vmap(lambda v: jax.lax.psum(v, "b"), axis_name="b"))(x)
     named = jax.make_jaxpr(lambda v: jax.lax.psum(v, "i"), axis_env=[("i", 2)])(x)
-    assert _shared.equation_refusal(local.jaxpr.eqns[0], [True]) is None
-    why = _shared.equation_refusal(named.jaxpr.eqns[0], [True])
+    assert _batchable.equation_refusal(local.jaxpr.eqns[0], [True]) is None
+    why = _batchable.equation_refusal(named.jaxpr.eqns[0], [True])
     assert why is not None and "named axis" in why
-
-
-# --- member_chunks ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("count", [0, 1, 2, 31, 32, 33, 70, 1000])
-def test_member_chunks_bound_the_batches_in_order(count: int) -> None:
-    """At most MAX_BATCH_MEMBERS members a batch, in their order, of at most two sizes:
-    the distinct kernels a batched form adds stay bounded however many members."""
-    limit = _shared.MAX_BATCH_MEMBERS
-    chunks = _shared.member_chunks(list(range(count)))
-    assert [m for chunk in chunks for m in chunk] == list(range(count))
-    assert all(len(chunk) <= limit for chunk in chunks)
-    assert len({len(chunk) for chunk in chunks}) <= 2
-    assert len(chunks) == max(1, -(-count // limit))
-    assert _shared.member_chunks(list(range(70)), limit=32) == [
-        list(range(24)), list(range(24, 47)), list(range(47, 70))]

@@ -1,6 +1,7 @@
-"""What a decorated function's calls tell the traces they start, through jaxpar's one
-per-thread channel (``jaxpar._channel``): whether a trace is the body of a user's
-``on_stream`` call, and which function's trace is compiled with its plan's XLA options.
+"""The scopes a decorated function's calls open around the traces they start, kept in
+jaxpar's one per-thread channel (``jaxpar._channel``): whether a trace is the body of a
+user's ``on_stream`` call, and which function's trace is compiled with its plan's XLA
+options.
 
 Example::
 
