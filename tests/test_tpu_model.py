@@ -221,9 +221,12 @@ def test_the_tuners_candidates_on_a_tpu() -> None:
 
     tpu = [c.label for c in CANDIDATES if c.targets is None or "tpu" in c.targets]
     assert tpu == ["jax.jit", "jaxpar (chosen options)", "jaxpar without unrolling",
-                   "jaxpar unrolled by 8", "jaxpar without scan batching"]
+                   "jaxpar unrolled by 8", "jaxpar unrolled by 16",
+                   "jaxpar without scan batching", "jaxpar with scans fused",
+                   "jaxpar, while loops by 4"]
     gpu = [c.label for c in CANDIDATES if c.targets is None or "gpu" in c.targets]
     assert "jaxpar unrolled by 8" not in gpu and "jaxpar (user's mode)" in gpu
+    assert "jaxpar, while loops by 4" in gpu
 
 
 @pytest.mark.parametrize("name", sorted(load_benchmark("tpu_loops").PROGRAMS))

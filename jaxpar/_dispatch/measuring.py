@@ -91,6 +91,7 @@ from .tuning import (
 )
 
 MEASURE_VARIABLE = "JAXPAR_MEASURE"
+_NO = frozenset("0 false no off".split())  # what JAXPAR_MEASURE turns measuring off with
 
 # What measuring by default spends per signature: at least 5 rounds, at most 20, aiming
 # at about 0.25 s of timed runs per distinct candidate (a candidate clearly slower than
@@ -108,7 +109,7 @@ NOT_YET = "not measured yet (no top-level call of these shapes)"
 
 def measure_disabled_by_environment() -> bool:
     """``JAXPAR_MEASURE=0`` (or false/no/off): measuring off process-wide."""
-    return os.environ.get(MEASURE_VARIABLE, "").strip().lower() in ("0", "false", "no", "off")
+    return os.environ.get(MEASURE_VARIABLE, "").strip().lower() in _NO
 
 
 def check_measure(measure: Any) -> None:
