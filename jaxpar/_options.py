@@ -620,7 +620,7 @@ class Options:
                      else CommandBufferMode.parse(command_buffers))
         profile = None
         mode, compile_mode, choose = user_mode, None, False
-        if targets.get(target).compiles_with_xla_options:
+        if targets.graph_modes(target):
             profile = local_gpu_profile() if gpu is None else gpu_profile(gpu)
             if self.command_buffers not in ("auto", "keep"):
                 mode = compile_mode = CommandBufferMode.parse(self.command_buffers)
@@ -666,7 +666,7 @@ class Options:
             gpu=profile,
             modes=ModePolicy(priced=mode, choose=choose, user=user_mode,
                              compile=compile_mode)
-            if targets.get(target).compiles_with_xla_options else ModePolicy(),
+            if targets.graph_modes(target) else ModePolicy(),
             memory=memory_budget(self.memory, defaults.memory_bytes if profile is None
                                  else profile.memory_bytes),
             explicit=frozenset(explicit), **values)

@@ -33,7 +33,8 @@ from pass_checker import (
 
 import jaxpar
 from jaxpar import _compat
-from jaxpar._cost import CostModel, device_profile
+from jaxpar._cost import CostModel
+from jaxpar.targets import device_profile
 from jaxpar.passes import (
     apply_passes,
     batch_scans,

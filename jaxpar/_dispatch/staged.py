@@ -70,8 +70,8 @@ def lower_with_options(state: CallState, stages: StagedJits, args: tuple[Any, ..
     signature's plan chose, so that ``compile()`` uses them as a call does. The signature
     is traced first (its plan made as a call makes it), then the options read from its
     plan, before the jit carrying them is chosen."""
-    target = targets.get(state.settings().target)
-    if not _compat.top_level() or not target.compiles_with_xla_options:
+    if not _compat.top_level() \
+            or not targets.get(state.settings().target).compiles_with_xla_options:
         return stages.get().lower(*args, **kwargs)
     traced = stages.get().trace(*args, **kwargs)
     options = planned_options(state, args, kwargs, tuple(traced.jaxpr.in_avals))

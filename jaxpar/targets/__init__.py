@@ -30,8 +30,8 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._cost import DeviceProfile
 from .._gpu_model import GpuProfile
+from .profile import DeviceProfile
 
 CPU_MEMORY_BYTES = float(16 * 2**30)
 
@@ -182,6 +182,13 @@ def get(name: str) -> Target:
                          f"got {name!r} (a new target is a module of jaxpar/targets "
                          f"defining TARGET)")
     return found
+
+
+def graph_modes(name: str) -> bool:
+    """Whether the target ``name`` compiles with XLA options its plan chose (False for a
+    name no module declares: a row of a table made for a test, ``Options.for_tables``)."""
+    found = _REGISTRY.get(name)
+    return found is not None and found.compiles_with_xla_options
 
 
 def of_platform(platform: str | None) -> Target | None:

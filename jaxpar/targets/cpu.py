@@ -3,8 +3,8 @@ best (benchmarks/loops_cpu.py)."""
 
 from __future__ import annotations
 
-from .._cost import DeviceProfile
 from . import Target, TargetRow
+from .profile import DeviceProfile
 
 TARGET = Target(
     TargetRow("cpu", ("cpu",)), platform="cpu",

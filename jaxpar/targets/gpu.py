@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from .._cost import DeviceProfile
 from .._gpu_model import GENERIC_GPU, GPU_PROFILES, SMALLEST_GPU_MEMORY
 from . import PlanWords, Target, TargetRow
+from .profile import DeviceProfile
 
 # What the GPU runs when an option is "auto"; measured with benchmarks/gpu_suite.py
 # (numbers in docs/benchmarks.md). On a GPU every loop trip costs launches and a

@@ -4,9 +4,9 @@ and slices priced (``_tpu_model.fixed_seconds``), loops read by blocks by cost."
 from __future__ import annotations
 
 from .._compat import JaxprEqn
-from .._cost import DeviceProfile
 from .._tpu_model import TPU_V5E, fixed_seconds
 from . import Target, TargetRow
+from .profile import DeviceProfile
 
 # Measured on a TPU v5e (benchmarks/tpu.sh, docs/benchmarks.md): batching identical
 # scans and reading small loops by blocks pay; fusing different loops, batching
