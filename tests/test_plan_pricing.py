@@ -16,11 +16,11 @@ from jax import lax
 import jaxpar
 from jaxpar import _compat
 from jaxpar._cost import CostModel
-from jaxpar.targets import device_profile
 from jaxpar._flags import command_buffer_mode
 from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._graph import build_graph
 from jaxpar._plan.pricing import price_section
+from jaxpar.targets import device_profile
 
 MODE_LHS, MODE_OFF = CommandBufferMode.LHS, CommandBufferMode.OFF
 MODE_CONCURRENT, MODE_SERIALIZE = CommandBufferMode.CONCURRENT, CommandBufferMode.SERIALIZE
