@@ -22,12 +22,13 @@ from typing import Any, TypeVar
 
 from . import _compat, _ops
 from ._compat import JaxprEqn, JaxprLike
-from ._cost import CostModel, device_profile
+from ._cost import CostModel
 from ._graph import Graph, Writers, graph_and_writers, rebuilt_graph
 from ._memo import IdentityMemo
 from ._options import Settings
 from ._primitives import USER_PLACEMENT
 from ._structure import StructuralKeys
+from .targets import device_profile
 
 _T = TypeVar("_T")
 

@@ -11,11 +11,11 @@ generic recursion over every jaxpr-valued parameter.
 
 On target ``"gpu"`` the figures are the GPU model's (``jaxpar._gpu_model``: a dot's
 peak is the tensor-core peak at JAX's default float32 precision, the floor its
-``kernel_floor_s``); ``tpu`` and ``cpu`` have rough profiles of their own here.
+``kernel_floor_s``); each target's profile is its module's (``jaxpar.targets``).
 
 Example::
 
-    costs = CostModel(device_profile("gpu"))
+    costs = CostModel(targets.device_profile("gpu"))
     cost = costs.eqn_cost(eqn)          # Cost(flops=..., bytes=..., kernels=...)
     cost.seconds(costs.profile)
 
@@ -35,44 +35,10 @@ from typing import Any
 
 from . import _compat, _primitives
 from ._compat import JaxprEqn, JaxprLike
-from ._gpu_model import GENERIC_GPU, GPU_PROFILES, MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
+from ._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode
 from ._loops import static_trip_count
 from ._memo import IdentityMemo
-from ._tpu_model import TPU_V5E, fixed_seconds
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DeviceProfile:
-    """Rough throughput figures of one device kind (``gpu``: the GPU model's, kept there)."""
-
-    name: str
-    peak_flops: float  # dense matmul flop/s
-    bandwidth: float  # HBM bytes/s
-    min_kernel_seconds: float  # shortest a launched kernel takes on the device
-    gpu: GpuProfile | None = None  # the GPU model these figures come from, on a GPU
-
-    @classmethod
-    def for_gpu(cls, gpu: GpuProfile) -> DeviceProfile:
-        """The cost model's view of a GPU: float32 dots at the tensor-core peak (JAX's
-        default precision), HBM bandwidth, the kernel floor."""
-        return cls("gpu", peak_flops=gpu.dot_flops("f32"), bandwidth=gpu.bandwidth,
-                   min_kernel_seconds=gpu.kernel_floor_s, gpu=gpu)
-
-
-DEVICE_PROFILES: dict[str, DeviceProfile] = {
-    "gpu": DeviceProfile.for_gpu(GPU_PROFILES[GENERIC_GPU]),
-    # TPU v5e, measured (jaxpar._tpu_model.TPU_V5E): a small matmul's latency is the floor.
-    "tpu": DeviceProfile("tpu", peak_flops=TPU_V5E.peak_flops,
-                         bandwidth=TPU_V5E.hbm_bandwidth, min_kernel_seconds=TPU_V5E.dot_s),
-    "cpu": DeviceProfile("cpu", peak_flops=1.0e11, bandwidth=2.0e10, min_kernel_seconds=1.0e-7),
-}
-
-
-def device_profile(target: str, gpu: GpuProfile | None = None) -> DeviceProfile:
-    """The cost profile of ``target``; on ``"gpu"``, of ``gpu`` (default the generic one)."""
-    if target == "gpu" and gpu is not None:
-        return DeviceProfile.for_gpu(gpu)
-    return DEVICE_PROFILES[target]
+from .targets.profile import DeviceProfile as DeviceProfile
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -238,8 +204,8 @@ def _conv_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
 @register_cost_rule(_primitives.SCAN)
 def _scan_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
     body = model.jaxpr_cost(eqn.params["jaxpr"])
-    if model.profile.name == "tpu":  # a trip's fixed part: its control, its slices
-        body = body + Cost(extra_seconds=fixed_seconds(eqn, TPU_V5E))
+    if model.profile.trip_seconds is not None:  # a trip's fixed part: control, slices
+        body = body + Cost(extra_seconds=model.profile.trip_seconds(eqn))
     return body.scale(_compat.scan_length(eqn))
 
 
@@ -271,7 +237,7 @@ def _default_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
         return total
     # Elementwise and everything unknown: fused into a neighbouring kernel.
     size, nbytes = _size_and_bytes(eqn)
-    if model.profile.name == "tpu" and eqn.primitive.name == _primitives.SLICE:
+    if model.profile.slices_read_kept and eqn.primitive.name == _primitives.SLICE:
         # A slice reads what it keeps: a trip of a scan read by blocks slices its block.
         nbytes = 2.0 * sum(_compat.aval_nbytes(v.aval) for v in eqn.outvars)
     return Cost(flops=size, bytes=nbytes, kernels=0.0)

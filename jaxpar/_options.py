@@ -55,11 +55,12 @@ import dataclasses
 import enum
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, TypeVar, dataclass_transform
 
 import jax
 
+from . import targets
 from ._flags import (
     async_compute_limit,
     command_buffer_mode,
@@ -67,14 +68,13 @@ from ._flags import (
     xla_flags_text,
 )
 from ._gpu_model import (
-    SMALLEST_GPU_MEMORY,
     CommandBufferMode,
     GpuProfile,
     gpu_profile,
     local_gpu_profile,
 )
 from ._spelling import check_known, did_you_mean
-from ._tpu_model import TPU_V5E
+from .targets import TargetRow as TargetRow
 
 # The targets' names for type checkers: "auto" and the rows of ``TARGETS`` (a test keeps
 # them equal).
@@ -241,49 +241,8 @@ PASS_TABLE: tuple[PassRow, ...] = (
 # A CPU's memory, as the floor reads it: a 16 GiB host (a small laptop's), not the
 # machine's own, so that a CPU plan does not change from one machine to another (as the
 # GPU and TPU plans read their profile's figure, not the device's).
-CPU_MEMORY_BYTES = float(16 * 2**30)
-
-
-@dataclasses.dataclass(frozen=True)
-class TargetRow:
-    """One row of the target table.
-
-    Attributes:
-      name: the target (``target=`` of ``parallel_branches``).
-      backends: ``jax.default_backend()`` names that mean it for ``target="auto"``.
-      defaults: the value of each option (a column) when it is ``"auto"``: the pass
-        options, ``group_collectives``, and a pass that only the target turns on under
-        its own name (``share_common``); a column left out is off (``False``, ``None``).
-      memory_bytes: the device's memory, which scales the memory budget's floor
-        (``memory_floor``); on target ``"gpu"`` the GPU profile's figure instead.
-    """
-
-    name: str
-    backends: tuple[str, ...]
-    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    memory_bytes: float = CPU_MEMORY_BYTES
-
-    def default(self, column: str, kind: OptionKind = OptionKind.SWITCH) -> Any:
-        return self.defaults.get(column, kind.off)
-
-
-# What each target runs when an option is "auto"; measured with benchmarks/loops_cpu.py
-# and benchmarks/gpu_suite.py (numbers in docs/benchmarks.md). On a GPU every loop trip
-# costs launches and a trip-count check, so fewer, fuller trips win. share_common: XLA's
-# CSE cannot see into stream regions, so on the GPU equal equations are merged before
-# planning; elsewhere XLA's own CSE does it.
-TARGETS: tuple[TargetRow, ...] = (
-    TargetRow("gpu", ("gpu", "cuda", "rocm"), {
-        "fuse_scans": True, "batch_scans": True, "batch_branches": True,
-        "batch_matmuls": True, "unroll": "cost", "share_common": True,
-        "group_collectives": True}, memory_bytes=SMALLEST_GPU_MEMORY),
-    TargetRow("cpu", ("cpu",)),
-    # Measured on a TPU v5e (benchmarks/tpu.sh, docs/benchmarks.md): batching identical
-    # scans and reading small loops by blocks pay; fusing different loops, batching
-    # members and matmuls did not (x0.99-1.25 with the GPU's pass set), so they are off.
-    TargetRow("tpu", ("tpu",), {"batch_scans": True, "unroll": "cost"},
-              memory_bytes=TPU_V5E.hbm_bytes),
-)
+# The target table: each target's row, declared in its module (``jaxpar.targets``).
+TARGETS: tuple[TargetRow, ...] = targets.rows()
 
 # The target switches that are not passes (the planner's).
 PLAN_SWITCHES = ("group_collectives",)
@@ -661,7 +620,7 @@ class Options:
                      else CommandBufferMode.parse(command_buffers))
         profile = None
         mode, compile_mode, choose = user_mode, None, False
-        if target == "gpu":
+        if targets.graph_modes(target):
             profile = local_gpu_profile() if gpu is None else gpu_profile(gpu)
             if self.command_buffers not in ("auto", "keep"):
                 mode = compile_mode = CommandBufferMode.parse(self.command_buffers)
@@ -706,7 +665,8 @@ class Options:
             # so their plans only show independence.
             gpu=profile,
             modes=ModePolicy(priced=mode, choose=choose, user=user_mode,
-                             compile=compile_mode) if target == "gpu" else ModePolicy(),
+                             compile=compile_mode)
+            if targets.graph_modes(target) else ModePolicy(),
             memory=memory_budget(self.memory, defaults.memory_bytes if profile is None
                                  else profile.memory_bytes),
             explicit=frozenset(explicit), **values)

@@ -43,7 +43,7 @@ from typing import Any
 
 import jax
 
-from . import _compat, _ops
+from . import _compat, _ops, targets
 from ._analysis import Analysis
 from ._cost import launch_pricing
 from ._emit import Emitter
@@ -137,7 +137,8 @@ class Prepared:
         plain = self.plain
         with _collector_paused():
             return build_report(self.plan, function, settings.target,
-                                emitted=(settings.target == "gpu"), options=options.to_dict(),
+                                emitted=targets.get(settings.target).emits_streams,
+                                options=options.to_dict(),
                                 decisions=self.decisions, plain_us=plain.plain_us,
                                 priced_in=(settings.modes.priced.value
                                            if settings.modes.priced else None),
@@ -181,7 +182,8 @@ def analyse(fun: Callable[..., Any], signature: Signature, settings: Settings,
             decided = _decide(traced, settings, baseline=report_now)  # 2. to 5.
         if decided.jaxpr is not traced.jaxpr:
             traced = dataclasses.replace(traced, jaxpr=decided.jaxpr)
-    emitter = Emitter(decided.plan, emit_streams=(settings.target == "gpu"))  # 6. emit
+    emits = targets.get(settings.target).emits_streams
+    emitter = Emitter(decided.plan, emit_streams=emits)  # 6. emit
     return Prepared(traced, decided.plan, decided.decisions, settings, emitter, decided.mode,
                     decided.plain_us, unpriced, decided.memory)
 
@@ -425,7 +427,7 @@ def kept_over_budget(explicit: frozenset[str], extra: float, footprint: float,
 def _section_eqns(plan: LevelPlan, target: str = "gpu") -> list[list[int]]:
     """The top-level equations of each stream section ``plan`` emits: none off a GPU, where
     a section's parts run one after another (an unchanged program needs no more memory)."""
-    if target != "gpu":
+    if not targets.get(target).emits_streams:
         return []
     return [[i for region in section.regions for i in region.eqns]
             for section in plan.sections if section.pays is not False]
@@ -438,11 +440,12 @@ def _mode_search(traced: Traced, within: WithinBudget, budget: ProgramBudget) ->
     analysis = within.analysis
     settings = analysis.settings
     planned = within.planned
-    if settings.target == "gpu" and settings.modes.choose \
+    graph_modes = targets.get(settings.target).compiles_with_xla_options
+    if graph_modes and settings.modes.choose \
             and settings.modes.priced is not None:
         return _choose_mode(traced, analysis, planned, budget)
     choice = None
-    if settings.target == "gpu":
+    if graph_modes:
         # What the GPU model's estimates of every mode and of the plain program share.
         estimates = analysis.shared_memo("mode_estimates")
         explicit = settings.modes.compile

@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from . import _processes
+from . import _processes, targets
 from ._flags import xla_flags_text
 
 TUNE_DIR_VARIABLE = "JAXPAR_TUNE_DIR"
@@ -91,18 +91,30 @@ LOSER_MARGIN = 0.25  # this much slower than the best: stop timing it
 # are: the tuner then compiles and times it once.
 # On a TPU the rows that make sense there: the plan's loops without their block reading
 # (rolled), lax.scan's own unroll by 8 instead, and identical scans not batched.
+# The labels, in that order; each target declares the ones it times and their overrides
+# (``Target.candidates``, jaxpar/targets/), and a row's ``targets`` are those that declare it.
+ORDER: tuple[str, ...] = (
+    "jaxpar (user's mode)", "jaxpar without stream regions", "jaxpar without matmul batching",
+    "jaxpar without unrolling", "jaxpar unrolled by 8", "jaxpar unrolled by 16",
+    "jaxpar without scan batching", "jaxpar with scans fused", "jaxpar, while loops by 4")
+
+
+def _declared(label: str) -> Candidate:
+    """The row of ``label``: the overrides its targets declare (one mapping: a label
+    means one program), and those targets."""
+    declaring = [t for t in targets.known() if label in t.candidates]
+    overrides = {repr(dict(t.candidates[label])) for t in declaring}
+    if len(overrides) != 1:
+        raise ValueError(f"tuning candidate {label!r}: declared by no target, or with "
+                         f"different overrides ({sorted(overrides)}); see jaxpar/targets/")
+    return Candidate(label, dict(declaring[0].candidates[label]),
+                     tuple(t.name for t in declaring))
+
+
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate(PLAIN, None),
     Candidate("jaxpar (chosen options)", {}),
-    Candidate("jaxpar (user's mode)", {"command_buffers": "keep"}, ("gpu",)),
-    Candidate("jaxpar without stream regions", {"max_streams": 1}, ("gpu",)),
-    Candidate("jaxpar without matmul batching", {"batch_matmuls": False}, ("gpu",)),
-    Candidate("jaxpar without unrolling", {"unroll": None}, ("tpu",)),
-    Candidate("jaxpar unrolled by 8", {"unroll": 8}, ("tpu",)),
-    Candidate("jaxpar unrolled by 16", {"unroll": 16}, ("tpu",)),
-    Candidate("jaxpar without scan batching", {"batch_scans": False}, ("tpu",)),
-    Candidate("jaxpar with scans fused", {"fuse_scans": True}, ("tpu",)),
-    Candidate("jaxpar, while loops by 4", {"unroll_while": 4}, ("tpu", "gpu")),
+    *(_declared(label) for label in ORDER),
 )
 CHOSEN = CANDIDATES[1].label
 

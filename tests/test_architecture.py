@@ -2,8 +2,9 @@
 of one subject (none over 800 lines, the median at most 250); and the test suite's: test
 modules share code only through helper modules, and each is named after what it tests.
 
-The pipeline is ``_compat -> _ops -> _graph -> _cost -> passes/ -> _plan -> _emit -> _report
--> _pipeline -> _api -> _compiled``: a module may import modules earlier in it, never later ones.
+The pipeline is ``_compat -> targets/ -> _ops -> _graph -> _cost -> passes/ -> _plan -> _emit
+-> _report -> _pipeline -> _api -> _compiled``: a module may import modules earlier in it,
+never later ones.
 Every import counts: function-level ones (a late import only hides a circle) and
 ``if TYPE_CHECKING:`` ones (a type-only circle is still two modules that cannot be read
 apart).
@@ -22,7 +23,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "jaxpar"
 TESTS = Path(__file__).resolve().parent
 
-PIPELINE = ("jaxpar._compat", "jaxpar._ops", "jaxpar._graph", "jaxpar._cost", "jaxpar.passes",
+PIPELINE = ("jaxpar._compat", "jaxpar.targets",
+            "jaxpar._ops", "jaxpar._graph", "jaxpar._cost", "jaxpar.passes",
             "jaxpar._plan", "jaxpar._emit", "jaxpar._report.plan", "jaxpar._pipeline",
             "jaxpar._api")
 MAX_DEFINITION_LINES = 200
@@ -276,7 +278,8 @@ LAYERS = (
     ("_compat.jit",), ("_compat",),
     ("_ops.call_rules",), ("_ops.stream_region",), ("_ops.program",), ("_ops.equations",),
     ("_ops",),
-    ("_primitives",), ("_gpu_model", "_tpu_model"), ("_gpu_timeline",), ("_flags",), ("_options",),
+    ("_primitives",), ("_gpu_model", "_tpu_model"), ("targets",),
+    ("_gpu_timeline",), ("_flags",), ("_options",),
     ("_structure",), ("_loops",),
     ("_interp",), ("_graph",), ("_cost",), ("_memory",), ("_analysis",), ("passes",),
     ("_plan",), ("_emit",), ("_processes",), ("_tune",),

@@ -318,12 +318,13 @@ def test_numbering_carried_from_an_earlier_round_finds_what_a_fresh_one_finds() 
     the first round must split the equations into the same classes of equal numbers,
     and give the same rewrites (equations, which keys are equal) and decisions, as a
     fresh numbering."""
-    from jaxpar._cost import CostModel, device_profile
+    from jaxpar._cost import CostModel
     from jaxpar._graph import build_graph
     from jaxpar._memo import IdentityMemo
     from jaxpar._structure import StructuralKeys
     from jaxpar.passes._protocol import Level
     from jaxpar.passes._splice import rebuild_level
+    from jaxpar.targets import device_profile
 
     def f(xs: list[jax.Array], ys: list[jax.Array], w: jax.Array, v: jax.Array) -> Any:
         a = [jnp.tanh(jnp.tanh(x @ w) * 2.0 @ w) for x in xs]

@@ -33,7 +33,7 @@ from pass_checker import (
 
 import jaxpar
 from jaxpar import _compat
-from jaxpar._cost import CostModel, device_profile
+from jaxpar._cost import CostModel
 from jaxpar.passes import (
     apply_passes,
     batch_scans,
@@ -43,6 +43,7 @@ from jaxpar.passes import (
     unroll_scans,
 )
 from jaxpar.passes._loop_candidates import MAX_UNROLLED_EQNS
+from jaxpar.targets import device_profile
 
 ALL_ON = {"fuse_scans": True, "batch_scans": True, "unroll": None, "target": "gpu"}
 

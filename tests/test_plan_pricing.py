@@ -15,11 +15,12 @@ from jax import lax
 
 import jaxpar
 from jaxpar import _compat
-from jaxpar._cost import DEVICE_PROFILES, CostModel
+from jaxpar._cost import CostModel
 from jaxpar._flags import command_buffer_mode
 from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._graph import build_graph
 from jaxpar._plan.pricing import price_section
+from jaxpar.targets import device_profile
 
 MODE_LHS, MODE_OFF = CommandBufferMode.LHS, CommandBufferMode.OFF
 MODE_CONCURRENT, MODE_SERIALIZE = CommandBufferMode.CONCURRENT, CommandBufferMode.SERIALIZE
@@ -137,10 +138,10 @@ def test_overlap_hides_kernel_latency_not_work():
     inner, _ = _compat.open_jaxpr(closed)
     assert [e.primitive.name for e in inner.eqns] == ["dot_general", "tanh"] * 2 + [
         "dot_general", "sin"] * 2
-    costs = CostModel(DEVICE_PROFILES["gpu"])
+    costs = CostModel(device_profile("gpu"))
     verdict = price_section(inner, build_graph(inner), [range(4), range(4, 8)], costs,
                             mode=MODE_OFF)
-    latency = DEVICE_PROFILES["gpu"].min_kernel_seconds
+    latency = device_profile("gpu").min_kernel_seconds
     # Four kernels (two matmuls a chain): all their latency hides behind the other work.
     assert verdict.gain_seconds == pytest.approx(4 * latency, rel=1e-6)
     assert verdict.added_kernels == 0
@@ -154,8 +155,8 @@ def test_overlap_cannot_beat_the_host_that_launches_every_kernel():
     # more than a tiny kernel's floor), and one host thread makes the launches of both.
     closed = jax.make_jaxpr(two_chains)(*[S((64, 64), jnp.float32)] * 4)
     inner, _ = _compat.open_jaxpr(closed)
-    costs = CostModel(DEVICE_PROFILES["gpu"])
-    gpu = DEVICE_PROFILES["gpu"].gpu
+    costs = CostModel(device_profile("gpu"))
+    gpu = device_profile("gpu").gpu
     assert gpu is not None and gpu.launch_s > gpu.kernel_floor_s
     verdict = price_section(inner, build_graph(inner), [range(4), range(4, 8)], costs,
                             mode=MODE_OFF)
@@ -175,7 +176,7 @@ def test_regions_read_apart_are_refused():
     inner, _ = _compat.open_jaxpr(closed)
     assert [e.primitive.name for e in inner.eqns] == [
         "dot_general", "tanh", "dot_general", "sin", "dot_general", "dot_general"]
-    costs = CostModel(DEVICE_PROFILES["gpu"])
+    costs = CostModel(device_profile("gpu"))
     graph = build_graph(inner)
     apart = price_section(inner, graph, [[0, 1], [2, 3]], costs, mode=MODE_OFF)
     assert not apart.pays and "no one instruction reads" in apart.reason

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxpar import _compat, _cost, _ops, _primitives
+from jaxpar import _compat, _cost, _ops, _primitives, targets
 
 _RELEASE = ".".join(str(part) for part in _compat.JAX_VERSION[:2])
 
@@ -90,7 +90,7 @@ def test_every_scatter_launches_one_kernel(scatter) -> None:
     closed = jax.make_jaxpr(lambda x, i, u: scatter(x, i, u, numbers))(
         jnp.ones(8), jnp.zeros((3, 1), jnp.int32), jnp.ones(3))
     (eqn,) = closed.jaxpr.eqns
-    cost = _cost.CostModel(_cost.DEVICE_PROFILES["gpu"]).eqn_cost(eqn)
+    cost = _cost.CostModel(targets.device_profile("gpu")).eqn_cost(eqn)
     assert cost.kernels == 1.0, eqn.primitive.name
 
 

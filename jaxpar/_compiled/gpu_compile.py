@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .. import targets
 from .._flags import xla_flags_text
 
 __all__ = [
@@ -244,7 +245,8 @@ def _mesh_is_on_gpu(mesh: Any) -> bool:
     devices = getattr(mesh, "devices", None)
     if devices is None or not hasattr(devices, "flat"):
         return False  # an AbstractMesh has no devices
-    return all(getattr(device, "platform", None) == "gpu" for device in devices.flat)
+    return all(getattr(targets.of_platform(getattr(device, "platform", None)),
+                       "compiles_with_xla_options", False) for device in devices.flat)
 
 
 def _place_leaf(leaf: Any, mesh: Any) -> Any:

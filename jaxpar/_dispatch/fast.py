@@ -45,7 +45,7 @@ from typing import Any
 
 import jax
 
-from .. import _compat
+from .. import _compat, targets
 from .._compat import Miss, RoutedJit, routed_jit
 from .._flags import environment_reader
 from .._frameworks import holds_nnx_object, is_nnx_object, nnx_arguments
@@ -229,8 +229,8 @@ def current(state: CallState) -> FastPath:
     fast = memos.fast.get(reading)
     if fast is None:
         settings = state.settings()
-        if settings.target == "gpu" and state.planned_for["gpu"] is None \
-                and local_gpu_kind() is not None:
+        if targets.get(settings.target).compiles_with_xla_options \
+                and state.planned_for["gpu"] is None and local_gpu_kind() is not None:
             state.read_environment = read_gpu_environment
             reading = read_gpu_environment()
         mode = Mode(settings, not disabled_by_environment())
@@ -367,7 +367,7 @@ def _prepare_signature(state: CallState, key: CallKey, leaves: Sequence[Any]) ->
 def plan_options(state: CallState, key: CallKey, leaves: Sequence[Any]) -> Options:
     """The XLA options a top-level call of ``key``'s signature compiles with: those its
     plan chose (the tuner's decided candidate's, with ``tune=True``); none off the GPU."""
-    if not key.rewrite or key.settings.target != "gpu":
+    if not key.rewrite or not targets.get(key.settings.target).compiles_with_xla_options:
         return ()
     if state.tuner is not None:
         key = state.tuner.decided_key(state, dataclasses.replace(key, tune="measure"), leaves)
@@ -412,7 +412,8 @@ def flat_call(state: CallState, fast: FastPath, layout: Layout, nnx: bool,
     donated = donated_leaves(state, layout, args, kwargs) if state.jit_options.donates else ()
     # Where nothing is decided per signature (a plan's XLA options, a tuner's decision, the
     # processes' agreement), later calls of this structure skip the split (``memo_split``).
-    if not nnx and key.settings.target != "gpu" and jax.process_count() == 1 \
+    if not nnx and not targets.get(key.settings.target).compiles_with_xla_options \
+            and jax.process_count() == 1 \
             and (state.tuner is None or not state.tuner.synchronous):
         _remember_split(state, fast, layout, args, kwargs, donated)
     return fast.flat(state, donated)((layout, nnx), *leaves)

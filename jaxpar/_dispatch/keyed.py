@@ -26,7 +26,7 @@ from typing import Any
 
 import jax
 
-from .. import _compat, _processes
+from .. import _compat, _processes, targets
 from .._channel import CHANNEL
 from .._flags import xla_flags_text
 from .._frameworks import holds_nnx_object, nnx_arguments
@@ -195,8 +195,8 @@ def jit_for(state: CallState, key: CallKey, leaves: Sequence[Any]) -> Any:
     the XLA options (the CUDA-graph mode) its plan chose (``{}`` included: these jits
     trace only top-level calls, never one under a transformation, whose trace ``jitted``
     keeps), else ``jitted``. With the tuner, the decided candidate's plan."""
-    if not (key.settings.target == "gpu" and key.rewrite and key.emit_streams
-            and _compat.top_level()):
+    if not (targets.get(key.settings.target).compiles_with_xla_options and key.rewrite
+            and key.emit_streams and _compat.top_level()):
         return state.jitted
     avals = tuple(abstract(leaf) for leaf in leaves)
     settings = key.settings

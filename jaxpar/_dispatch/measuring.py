@@ -63,7 +63,7 @@ from typing import Any
 
 import jax
 
-from .. import _compat, _processes
+from .. import _compat, _processes, targets
 from .._trace import abstract, split_arguments
 from .._tune import (
     CANDIDATES,
@@ -252,8 +252,8 @@ class MeasuringTuner(CallTuner):
             return False
         if self.measure is True:
             return True
-        target = key.settings.target
-        return target != "cpu" and jax.default_backend() == target
+        target = targets.get(key.settings.target)
+        return target.measured_by_default and jax.default_backend() == target.platform
 
     def decided_key(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> CallKey:
         """The decided candidate's key; without a decision ``jax.jit``'s program at a

@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from .. import _compat
+from .. import _compat, targets
 from .._frameworks import nnx_arguments
 from .._trace import Signature, abstract, split_arguments
 from .state import CallState, cached_jit, weak_method
@@ -70,7 +70,8 @@ def lower_with_options(state: CallState, stages: StagedJits, args: tuple[Any, ..
     signature's plan chose, so that ``compile()`` uses them as a call does. The signature
     is traced first (its plan made as a call makes it), then the options read from its
     plan, before the jit carrying them is chosen."""
-    if not _compat.top_level() or state.settings().target != "gpu":
+    if not _compat.top_level() \
+            or not targets.get(state.settings().target).compiles_with_xla_options:
         return stages.get().lower(*args, **kwargs)
     traced = stages.get().trace(*args, **kwargs)
     options = planned_options(state, args, kwargs, tuple(traced.jaxpr.in_avals))
@@ -89,7 +90,7 @@ def planned_options(state: CallState, args: tuple[Any, ...], kwargs: dict[str, A
         layout, leaves = split_arguments(fun, args, kwargs, state.static_args,
                                          allow_abstract=True, api="lower")
         key = state.call_key(layout, nnx_call is not None, leaves)
-        if not key.rewrite or key.settings.target != "gpu":
+        if not key.rewrite or not targets.get(key.settings.target).compiles_with_xla_options:
             return {}
         if state.tuner is not None:
             key = state.tuner.decided_key(state, dataclasses.replace(key, tune="reuse"),

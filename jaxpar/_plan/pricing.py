@@ -147,7 +147,8 @@ def _gpu(costs: CostModel) -> GpuProfile:
     gpu = costs.profile.gpu
     if gpu is None:
         raise ValueError(f"price_section prices for a GPU; the cost model is for "
-                         f"{costs.profile.name!r}. Use CostModel(device_profile('gpu', ...)).")
+                         f"{costs.profile.name!r}. Use "
+                         f"CostModel(targets.device_profile('gpu', ...)).")
     return gpu
 
 

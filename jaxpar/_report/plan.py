@@ -23,6 +23,7 @@ import os
 import re
 from typing import Any
 
+from .. import targets
 from .._options import DISABLE_VARIABLE, disabled_by_environment
 from .._plan import REASON_SYMBOLIC
 from ..passes import NEW_LOOP_KINDS, SUBGRAPH_KINDS, UNCHANGED_KINDS, DecisionKind, PassDecision
@@ -99,7 +100,7 @@ class Plan(PlanRecord):
             loops = sum(len(d.eqns) for d in decisions)
             joined = f" ({loops} loops -> {len(decisions)})" if kind in NEW_LOOP_KINDS else ""
             parts.append(f"{kind}: {len(decisions)}{joined}")
-        if self.num_regions and self.target == "gpu":
+        if self.num_regions and targets.get(self.target).emits_streams:
             parts.append(f"{self.num_regions} stream regions in {len(self.sections)} sections")
         elif self.num_regions:
             # Off a GPU nothing runs on a stream (``text()``'s header says so).
@@ -135,7 +136,7 @@ class Plan(PlanRecord):
         if disabled_by_environment():
             lines.append(f"  {DISABLE_VARIABLE} is set: calls run plain jax.jit of the "
                          "function, not this plan (unset it to run the plan)")
-        if self.target != "gpu":
+        if not targets.get(self.target).emits_streams:
             how = ("target='auto' on this machine's backend"
                    if dict(self.options).get("target") == "auto" else f"target={self.target!r}")
             lines.append(
@@ -162,7 +163,8 @@ class Plan(PlanRecord):
             lines.extend(f"    why: {section.verdict}" for section in self.sections
                          if section.verdict)
         report = _report_lines(self, verbose)
-        lines += report if self.target == "gpu" else _off_gpu_wording(report, self.target)
+        lines += (report if targets.get(self.target).emits_streams
+                  else _off_gpu_wording(report, self.target))
         if self.tuning is not None:
             lines += self.tuning.lines()
         return "\n".join(lines)
@@ -237,7 +239,7 @@ def _off_gpu_wording(lines: list[str], target: str) -> list[str]:
     for line in lines:
         line = _SECTION_LINE.sub(rf"\g<1>\g<2> independent parts (work that could run side "
                                  rf"by side; no streams on {target})", line)
-        line = _HOST_SYNC_LINE.sub(r"\g<1>dynamic while loop", line)
+        line = _HOST_SYNC_LINE.sub(rf"\g<1>{targets.get(target).words.dynamic_loop}", line)
         worded.append(_STREAM_LINE.sub(r"\g<1>part \g<2>: ", line))
     return worded
 

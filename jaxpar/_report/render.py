@@ -35,6 +35,7 @@ import math
 import re
 from typing import Any
 
+from .. import targets
 from ..passes import UNCHANGED_KINDS, DecisionKind, PassDecision
 from .timeline import LevelTimeline, lay_out, plan_estimate
 from .types import PlanRecord, Step, loop_decisions, subgraph_decisions
@@ -415,7 +416,7 @@ def plan_to_svg(plan: PlanRecord) -> str:
     """The plan's estimated timeline as a standalone ``<svg>`` element."""
     timeline = lay_out(plan)
     title = (f"{plan.function}: planned for {plan.target}, {plan.num_eqns} equations, "
-             + (f"{plan.num_streams} streams" if plan.target == "gpu" else
+             + (f"{plan.num_streams} streams" if targets.get(plan.target).emits_streams else
                 f"{plan.num_regions} independent parts, nothing emitted (no streams off a GPU)"))
     figure = plan_estimate(plan)
     verdicts = [f"forced: the GPU pricing would not emit this section: {why}"

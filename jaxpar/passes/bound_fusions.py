@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 from jax import lax
 
-from .. import _compat
+from .. import _compat, targets
 from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._primitives import ADD, ELEMENTWISE, LAYOUT_ONLY, OPTIMIZATION_BARRIER, SLICE, SQUEEZE
@@ -98,7 +98,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     if made < MAX_FUSED_SLICES:  # no chain can read enough of them (most levels)
         return LevelResult()
     runs = (_summed_runs(eqns, inner.outvars, origins)
-            if analysis.settings.target == "gpu" else [])
+            if targets.get(analysis.settings.target).sums_sliced_members else [])
     reduced = {i for r in runs for i in r.eqns}
     barred = _barred(eqns, origins, reduced)
     rewrites = [Rewrite(r.eqns, r.emit(eqns)) for r in runs]

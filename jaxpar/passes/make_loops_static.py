@@ -29,7 +29,7 @@ from typing import Any
 
 import jax
 
-from .. import _compat
+from .. import _compat, targets
 from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._loops import static_trip_count
@@ -77,8 +77,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             path, DecisionKind.MADE_STATIC, eqns, [index], trips_before=trips, trips_after=trips,
             unroll=1, reason=f"counting loop with constant bounds ({count.reason}): now a scan "
                              "whose trip count XLA knows"
-                             + (", so it runs without host syncs"
-                                if analysis.settings.target == "gpu" else "")))
+                             + targets.get(analysis.settings.target).words.static_loop_gain))
     return LevelResult(rewrites, decisions)
 
 
