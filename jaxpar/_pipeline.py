@@ -373,9 +373,8 @@ def _without_slower_joins(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, 
         return chosen
     what = ("loop fusion" if joins == ("fuse_scans",) else "loop batching"
             if joins == ("batch_scans",) else "loop fusion and batching")
-    other = attempt((*chosen.dropped, (what, joins)))
-    if over_budget(budget.plain_bytes, other.planned.temp_bytes, budget.allowed,
-                   "") is not None:
+    other = _unjoined(chosen, attempt, budget, (what, joins))
+    if other is None:
         return chosen
     estimates = chosen.analysis.shared_memo("mode_estimates")
     costs = chosen.analysis.costs
@@ -391,6 +390,22 @@ def _without_slower_joins(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, 
         return chosen
     return dataclasses.replace(other, left_out=(*chosen.left_out, left_out_for_time(
         (what,), with_joins, without, _refused(chosen, other))))
+
+
+def _unjoined(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, ...]], WithinBudget],
+              budget: MemoryBudget, joins: _Rung) -> WithinBudget | None:
+    """``chosen``'s program without ``joins`` within ``budget``, or None where it does not
+    fit: with what ``chosen`` left out for memory given back where it then fits (a fused
+    loop's copies may need the memory its unrolling was left out for, two loops unrolled
+    apart not: a bidirectional GRU of 64 steps, rolled without it), else still left
+    out."""
+    tried = [()] if chosen.dropped else []
+    for dropped in (*tried, chosen.dropped):
+        other = attempt((*dropped, joins))
+        if over_budget(budget.plain_bytes, other.planned.temp_bytes, budget.allowed,
+                       "") is None:
+            return other
+    return None
 
 
 def _record(found: WithinBudget, left_out: LeftOut) -> WithinBudget:

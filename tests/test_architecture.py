@@ -278,7 +278,7 @@ LAYERS = (
     ("_ops",),
     ("_primitives",), ("_gpu_model", "_tpu_model"), ("_gpu_timeline",), ("_flags",), ("_options",),
     ("_structure",), ("_loops",),
-    ("_interp",), ("_graph",), ("_cost",), ("_memory",), ("_analysis",), ("passes",),
+    ("_interp",), ("_graph",), ("_cost",), ("_gpu_levels",), ("_memory",), ("_analysis",), ("passes",),
     ("_plan",), ("_emit",), ("_processes",), ("_tune",),
     ("_report.types",), ("_report.timeline",), ("_report.render",), ("_report.words",),
     ("_report.plan",),
