@@ -188,7 +188,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     unroll = analysis.settings.unroll
     if unroll is None:
         return LevelResult()
-    eqns, path, costs = level.eqns, level.path, analysis.costs
+    eqns, path = level.eqns, level.path
     rewrites, decisions = [], []
     for index in loop_candidates(eqns):
         eqn = eqns[index]
