@@ -6,12 +6,19 @@ by ``k`` lets XLA fuse ``k`` bodies' elementwise work and cuts the trips by
 ``k``. The scan's ``unroll`` parameter is changed and nothing else: the trip
 count stays known to XLA (no ``while`` without a trip count is ever made).
 
-``unroll="auto"`` per scan of length ``L`` whose body has ``E`` equations and
-``K`` kernels per trip (``_cost.CostModel``):
+``unroll="auto"`` on target ``"gpu"`` prices each scan of length ``L`` unrolled by each of
+``PRICED_FACTORS`` (1, 2, 4, 8, 16; and ``L`` when ``L <= FULL_UNROLL_LENGTH``), each lowered
+to the caps below, with the GPU model the plan's estimate uses (``_gpu_levels.LevelModel``
+in the CUDA-graph mode the passes price in), and keeps the fastest (ties: the smaller).
+Where no GPU model prices it (``unroll="cost"`` on another target), a rule of thumb for a
+body of ``E`` equations and ``K`` kernels per trip (``_cost.CostModel``) decides instead:
 
 * ``L <= FULL_UNROLL_LENGTH`` and ``L * E <= MAX_UNROLLED_EQNS``: unroll fully;
-* otherwise ``k = ceil(KERNELS_PER_TRIP / max(K, 1))``, capped so that
-  ``k * E <= MAX_UNROLLED_EQNS`` and ``k <= L``;
+* otherwise ``k = ceil(KERNELS_PER_TRIP / max(K, 1))``.
+
+The caps, of either:
+
+* ``k * E <= MAX_UNROLLED_EQNS`` and ``k <= L``;
 * kept rolled where its copies may cost more kernels than its trips save: with ``P``
   loop-invariant operands of the body's kernels computed in the body
   (``CostModel.invariant_prologues``: a weight's slice read by a dot, which XLA computes
@@ -44,6 +51,8 @@ Example::
 
 Sharp edges:
   * ``E`` counts the body's own equations; nested loops inside count once.
+  * The GPU model prices a scan alone, in the program the passes have made so far: a later
+    join (or the memory budget, ``_plan.budget``) may still change what runs.
 """
 
 from __future__ import annotations
