@@ -58,8 +58,8 @@ def scans(jaxpr: Any) -> list[Any]:
 
 
 def check(pass_fn: Callable[..., Any], program: Any, *args: Any, **checks: Any) -> PassResult:
-    """``check_pass`` at this file's value tolerance."""
-    return check_pass(pass_fn, program, *args, tolerance=TOLERANCE, **checks)
+    """``check_pass`` at this file's value tolerance, unless ``checks`` names another."""
+    return check_pass(pass_fn, program, *args, **{"tolerance": TOLERANCE, **checks})
 
 
 def loop_passes(**options: Any) -> Callable[[Any], Any]:
