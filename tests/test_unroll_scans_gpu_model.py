@@ -175,3 +175,20 @@ def test_without_a_gpu_model_the_rule_of_thumb_decides() -> None:
     plan = jaxpar.inspect(lstm, target="cpu", unroll="cost")(*lstm_args())
     (d,) = [d for d in plan.decisions if d.pass_name == "unroll_scans"]
     assert "body cost and length" in d.reason
+
+
+def test_a_factor_the_memory_budget_caps_is_said_with_the_copies_it_allows() -> None:
+    """docs/quickstart.md's two scans at 100 x 100, 200 steps: fused, 16 copies of the
+    body exceed the memory budget, 13 fit; the line lists the factors priced (once) and
+    then the cap (the words once read "of unroll 1, 2, 4, 8, 10, , within")."""
+    def two_scans(a: jax.Array, b: jax.Array, xs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return (lax.scan(lambda c, x: (jnp.tanh(c @ x), None), a, xs)[0],
+                lax.scan(lambda c, x: (jnp.sin(x @ c) + c, None), b, xs)[0])
+
+    square = jax.ShapeDtypeStruct((100, 100), jnp.float32)
+    plan = jaxpar.inspect(two_scans, target="gpu")(
+        square, square, jax.ShapeDtypeStruct((200, 100, 100), jnp.float32))
+    (unrolled,) = [line for line in plan.text().splitlines() if "unrolled by" in line]
+    assert unrolled.endswith("unroll='auto' chose it as the GPU model's fastest of unroll "
+                             "1, 2, 4, 8, 10, within the 13 copies of the body the memory "
+                             "budget allows"), unrolled

@@ -91,7 +91,7 @@ def _unroll_why(reason: str) -> str:
     kept = ": factor stays" in reason
     why = reason.rsplit(": unroll by", 1)[0].rsplit(": factor stays", 1)[0]
     copies = re.search(r"at most (\d+) copies of the body within the memory budget", why)
-    fastest = re.match(r"auto: the GPU model's fastest of (unroll [\d, ]+)", why)
+    fastest = re.match(r"auto: the GPU model's fastest of (unroll \d+(?:, \d+)*)", why)
     chose = ("unroll='auto' chose it from the body's cost and the loop's length"
              if fastest is None else
              f"unroll='auto' chose it as the GPU model's fastest of {fastest.group(1)}")
