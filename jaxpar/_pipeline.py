@@ -376,12 +376,12 @@ def _without_slower_joins(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, 
         return chosen
     what = ("loop fusion" if joins == ("fuse_scans",) else "loop batching"
             if joins == ("batch_scans",) else "loop fusion and batching")
-    other = attempt((*chosen.dropped, (what, joins)))
-    if over_budget(budget.plain_bytes, other.planned.temp_bytes, budget.allowed,
-                   "") is not None:
-        return chosen
     estimates = chosen.analysis.shared_memo("mode_estimates")
     costs = chosen.analysis.costs
+    chosen = _without_slower_matmul_batching(chosen, attempt, budget, estimates)
+    other = _unjoined(chosen, attempt, budget, (what, joins))
+    if other is None:
+        return chosen
     with_joins = estimate_seconds(chosen.planned.plan, costs, mode, estimates)
     without = estimate_seconds(other.planned.plan, costs, mode, estimates)
     # A join must pay, in time or, at the same time, in memory (two scans unrolled apart
@@ -394,6 +394,51 @@ def _without_slower_joins(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, 
         return chosen
     return dataclasses.replace(other, left_out=(*chosen.left_out, left_out_for_time(
         (what,), with_joins, without, _refused(chosen, other))))
+
+
+_MATMUL_BATCHING: _Rung = ("matmul batching", ("batch_matmuls",))
+
+
+def _without_slower_matmul_batching(chosen: WithinBudget,
+                                    attempt: Callable[[tuple[_Rung, ...]], WithinBudget],
+                                    budget: MemoryBudget, estimates: Any) -> WithinBudget:
+    """``chosen``, or its joined loops without matmul batching where the GPU model rates
+    that faster and it fits the budget: batching the matmuls of a fused body decides
+    inside the body, before the body's unroll factor is priced, so the joined program may
+    be faster without it (two transposed matmul chains fused and unrolled by 10: 8,190 us
+    batched, 6,890 us not), and the join must be weighed against its best form."""
+    settings = chosen.analysis.settings
+    if "batch_matmuls" in settings.explicit or not any(
+            d.pass_name == "batch_matmuls" and d.kind not in UNCHANGED_KINDS
+            for d in chosen.planned.decisions):
+        return chosen
+    other = attempt((*chosen.dropped, _MATMUL_BATCHING))
+    if over_budget(budget.plain_bytes, other.planned.temp_bytes, budget.allowed,
+                   "") is not None:
+        return chosen
+    mode, costs = settings.modes.priced, chosen.analysis.costs
+    batched = estimate_seconds(chosen.planned.plan, costs, mode, estimates)
+    unbatched = estimate_seconds(other.planned.plan, costs, mode, estimates)
+    if unbatched >= batched:
+        return chosen
+    return dataclasses.replace(other, left_out=(*chosen.left_out, left_out_for_time(
+        (_MATMUL_BATCHING[0],), batched, unbatched, _refused(chosen, other))))
+
+
+def _unjoined(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, ...]], WithinBudget],
+              budget: MemoryBudget, joins: _Rung) -> WithinBudget | None:
+    """``chosen``'s program without ``joins`` within ``budget``, or None where it does not
+    fit: with what ``chosen`` left out for memory given back where it then fits (a fused
+    loop's copies may need the memory its unrolling was left out for, two loops unrolled
+    apart not: a bidirectional GRU of 64 steps, rolled without it), else still left
+    out."""
+    tried = [()] if chosen.dropped else []
+    for dropped in (*tried, chosen.dropped):
+        other = attempt((*dropped, joins))
+        if over_budget(budget.plain_bytes, other.planned.temp_bytes, budget.allowed,
+                       "") is None:
+            return other
+    return None
 
 
 def _record(found: WithinBudget, left_out: LeftOut) -> WithinBudget:

@@ -404,6 +404,16 @@ def _launches_and_temps(fn: Any, args: Any) -> tuple[dict[str, Any], int]:
     return counted, counted["temp_bytes"]
 
 
+def _within_the_budget(fn: Any, args: Any, plain_temp: int, temp: int,
+                       **options: Any) -> None:
+    """The compile's temporaries are plain jit's plus at most what jaxpar's memory budget
+    allows for ``fn`` (``plan.memory.allowed_bytes``: unrolled by the GPU model's fastest
+    factor, a few MiB more; a stacked copy of the scanned inputs would be hundreds)."""
+    plan = jaxpar.inspect(fn, target="gpu", **options)(*args)
+    assert plan.memory is not None
+    assert temp <= plain_temp + plan.memory.allowed_bytes, (plain_temp, temp)
+
+
 @needs_plugin
 @pytest.mark.parametrize("name", ["seed_002", "seed_002_identical"])
 def test_two_scans_launch_at_most_100_000_within_the_memory_budget(name: str) -> None:
@@ -419,7 +429,7 @@ def test_two_scans_launch_at_most_100_000_within_the_memory_budget(name: str) ->
     assert counted["launches"] <= 100_000 < plain["launches"]
     hand = bench.count(bench.seed_002_hand_vmap, args)
     assert counted["launches"] <= hand["launches"]
-    assert temp <= plain_temp + max(0.1 * plain_temp, 2**20), (plain_temp, temp)
+    _within_the_budget(fn, args, plain_temp, temp)
 
 
 @needs_plugin
@@ -430,7 +440,7 @@ def test_crossed_pair_launches_at_most_six_tenths_of_plain(size: str) -> None:
     counted, temp = _launches_and_temps(
         jaxpar.parallel_branches(bench.crossed_pair, target="gpu"), args)
     assert counted["launches"] <= 0.6 * plain["launches"]
-    assert temp <= plain_temp + max(0.1 * plain_temp, 2**20), (plain_temp, temp)
+    _within_the_budget(bench.crossed_pair, args, plain_temp, temp)
 
 
 @needs_plugin
@@ -460,7 +470,7 @@ def test_reading_a_scanned_input_transposed_is_left_alone(name: str) -> None:
     fused = {"target": "gpu", "fuse_scans": True}
     counted, temp = _launches_and_temps(jaxpar.parallel_branches(fn, **fused), args)
     assert counted["loops"] == 1 and counted["launches"] <= 0.85 * plain["launches"]
-    assert temp <= plain_temp + max(0.1 * plain_temp, 2**20), (plain_temp, temp)
+    _within_the_budget(fn, args, plain_temp, temp, fuse_scans=True)
     plan = jaxpar.inspect(fn, **fused)(*args)
     assert "fused" in {str(d.kind) for d in plan.decisions}
     assert DecisionKind.BATCHED_MATMULS not in {d.kind for d in plan.decisions}

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers.programs import LOOPS_OFF, two_scans, two_scans_args
-from jax import export, lax
+from helpers.programs import LOOPS_OFF, deep_birnn, deep_birnn_args, two_scans, two_scans_args
+from jax import export
 
 from jaxpar import _compat, _pipeline
 from jaxpar._options import Options
@@ -140,35 +140,11 @@ def test_a_trace_error_comes_out_of_analyse_as_it_is() -> None:
 # ---- jaxpar never runs a plan its model rates slower than another it planned (issue 45) ----
 
 
-def _birnn(rnn: dict[str, jax.Array], xs: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Two independent RNN scans, forward and reverse (issue 45's user program, heads
-    left out): fused, the body's kernels double and unroll="auto" unrolls it half as far."""
-    h0 = jnp.zeros((xs.shape[1], rnn["fw_U"].shape[0]), xs.dtype)
-
-    def forward(h: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        h = jnp.tanh(x @ rnn["fw_W"] + h @ rnn["fw_U"])
-        return h, h
-
-    def backward(h: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        h = jnp.tanh(x @ rnn["bw_W"] + h @ rnn["bw_U"])
-        return h, h
-
-    return lax.scan(forward, h0, xs)[1], lax.scan(backward, h0, xs, reverse=True)[1]
-
-
-def _birnn_args() -> tuple[dict[str, jax.Array], jax.Array]:
-    keys = jax.random.split(jax.random.key(3), 5)
-    shapes = {"fw_W": (32, 64), "fw_U": (64, 64), "bw_W": (32, 64), "bw_U": (64, 64)}
-    rnn = {name: jax.random.normal(key, shape) * 0.1
-           for key, (name, shape) in zip(keys, shapes.items(), strict=False)}
-    return rnn, jax.random.normal(keys[4], (100, 64, 32))
-
-
 def test_loops_are_left_unjoined_where_the_model_rates_that_faster(monkeypatch) -> None:
-    args = _birnn_args()
-    sig = signature_of(_birnn, *args)
+    args = deep_birnn_args()
+    sig = signature_of(deep_birnn, *args)
     settings = settings_of("gpu", memory="any")
-    prepared = analyse(_birnn, sig, settings, report_now=True)
+    prepared = analyse(deep_birnn, sig, settings, report_now=True)
     assert not any(d.kind.value == "fused" for d in prepared.decisions)
     assert scans(prepared.traced.jaxpr) == 2
     (refused,) = prepared.memory.left_out
@@ -177,14 +153,14 @@ def test_loops_are_left_unjoined_where_the_model_rates_that_faster(monkeypatch) 
     ours = prepared.mode.estimate(prepared.mode.mode)
     # Without the check, the passes' fused plan, which the same model rates slower.
     monkeypatch.setattr(_pipeline, "_without_slower_joins", lambda chosen, *_: chosen)
-    fused = analyse(_birnn, sig, settings, report_now=True)
+    fused = analyse(deep_birnn, sig, settings, report_now=True)
     assert any(d.kind.value == "fused" for d in fused.decisions)
     assert ours < fused.mode.estimate(fused.mode.mode)
     assert f"{ours * 1e6:,.1f} us per run against " \
            f"{fused.mode.estimate(fused.mode.mode) * 1e6:,.1f} us with it" in refused.why
     # The values are jax.jit's.
     for got, want in zip(prepared.run(jax.tree_util.tree_leaves(args), emit_streams=True),
-                         jax.tree_util.tree_leaves(jax.jit(_birnn)(*args)), strict=True):
+                         jax.tree_util.tree_leaves(jax.jit(deep_birnn)(*args)), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

@@ -205,7 +205,9 @@ def test_a_small_bidirectional_rnn_keeps_its_fusion_on_the_gpu() -> None:
     args = gru_arguments(64, 32, 128)
     plan = jaxpar.inspect(bidirectional_gru, target="gpu")(*args)
     assert "fused" in _kinds(plan) and plan.memory is not None and plan.memory.fits
-    assert not plan.memory.left_out
+    # Fusion is kept; the fused scan's unrolling by the GPU model's fastest factor (8,
+    # 12 MiB more) is what the budget leaves out.
+    assert [item.kinds for item in plan.memory.left_out] == [("unrolling",)]
     extra = plan.memory.jaxpar_bytes - plan.memory.plain_bytes
     assert MIB < extra <= plan.memory.allowed_bytes == 16e9 / 4096
     assert "fused: 2 scans of 64 trips each -> one scan" in plan.text()

@@ -1,9 +1,9 @@
 """The loop rewrites on the two-scan program, checked down to the compiled H200 loops.
 
 Plain: two `while` loops of 10,000 trips each. jaxpar with target="gpu" and default
-options: the two loops unrolled apart (the model rates them faster than fused and unrolled
-half as far), at most 10,000 trips in all; without unrolling, one fused loop of 10,000
-trips. Identical bodies: one loop running a batched matmul.
+options: the two loops fused into one and unrolled by the GPU model's fastest factor (16:
+625 trips); without unrolling, one fused loop of 10,000 trips. Identical bodies: one loop
+running a batched matmul.
 """
 
 from __future__ import annotations
@@ -45,20 +45,17 @@ def test_plain_two_scans_are_two_loops_of_10000_trips():
 
 @needs_plugin
 def test_default_gpu_options_run_the_loops_the_plan_says_with_fewer_trips():
-    # By default the two scans are unrolled apart: with unroll="auto" the fused body (twice
-    # the kernels) is unrolled half as far, and the model rates the loops apart faster
-    # (the compile agrees: test_compiled_preview). The plan says so; the compiled loops
-    # are the plan's.
+    # By default the two scans are fused and the fused scan unrolled by the factor the GPU
+    # model rates fastest (16, as far as each scan apart would be). The plan says so; the
+    # compiled loop is the plan's.
     fast = jaxpar.parallel_branches(seed_002, target="gpu")
     schedule = parse_schedule(compile_for_gpu(fast, *seed_002_specs()))
     plan = jaxpar.inspect(fast)(*seed_002_specs())
     loops = [d for d in plan.decisions if d.kind not in SUBGRAPH_KINDS]
-    assert [d.kind for d in loops] == ["unrolled", "unrolled"]
-    assert plan.memory is not None and [d.kind for d in plan.memory.left_out[0].decisions] == [
-        "fused"]
-    assert len(schedule.while_loops) == 2
-    assert sorted(loop.known_trip_count for loop in schedule.while_loops) == sorted(
-        d.trips_after for d in loops)
+    assert [d.kind for d in loops] == ["fused", "unrolled"]
+    assert loops[1].unroll == 16 and loops[1].trips_after == 625
+    assert plan.memory is not None and not plan.memory.left_out
+    assert [loop.known_trip_count for loop in schedule.while_loops] == [loops[1].trips_after]
     assert total_trips(schedule) <= 10_000  # plain: 20,000
     # Without unrolling, fused: one loop of 10,000 trips.
     fused = jaxpar.parallel_branches(seed_002, target="gpu", unroll=None)

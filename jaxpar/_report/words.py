@@ -91,15 +91,20 @@ def _unroll_why(reason: str) -> str:
     kept = ": factor stays" in reason
     why = reason.rsplit(": unroll by", 1)[0].rsplit(": factor stays", 1)[0]
     copies = re.search(r"at most (\d+) copies of the body within the memory budget", why)
+    fastest = re.match(r"auto: the GPU model's fastest of (unroll \d+(?:, \d+)*)", why)
+    chose = ("unroll='auto' chose it from the body's cost and the loop's length"
+             if fastest is None else
+             f"unroll='auto' chose it as the GPU model's fastest of {fastest.group(1)}")
     if copies is not None:
         most = int(copies.group(1))
         body = f"{most} cop{'y' if most == 1 else 'ies'} of the body"
         why = (f"only {body} {'fits' if most == 1 else 'fit'} the memory budget" if kept else
-               f"unroll='auto' chose it from the body's cost and the loop's length, within "
-               f"the {body} the memory budget allows")
+               f"{chose}, within the {body} the memory budget allows")
+    elif fastest is not None:
+        why = (f"the GPU model estimates it fastest rolled, of {fastest.group(1)}" if kept
+               else chose)
     elif why.startswith("auto: body cost and length"):
-        why = ("no factor pays for this body and length" if kept else
-               "unroll='auto' chose it from the body's cost and the loop's length")
+        why = "no factor pays for this body and length" if kept else chose
     elif why.startswith("auto: "):
         why = why[len("auto: "):]
         if kept:  # the line already says "kept rolled"

@@ -6,12 +6,19 @@ by ``k`` lets XLA fuse ``k`` bodies' elementwise work and cuts the trips by
 ``k``. The scan's ``unroll`` parameter is changed and nothing else: the trip
 count stays known to XLA (no ``while`` without a trip count is ever made).
 
-``unroll="auto"`` per scan of length ``L`` whose body has ``E`` equations and
-``K`` kernels per trip (``_cost.CostModel``):
+``unroll="auto"`` on target ``"gpu"`` prices each scan of length ``L`` unrolled by each of
+``PRICED_FACTORS`` (1, 2, 4, 8, 16; and ``L`` when ``L <= FULL_UNROLL_LENGTH``), each lowered
+to the caps below, with the GPU model the plan's estimate uses (``_gpu_levels.LevelModel``
+in the CUDA-graph mode the passes price in), and keeps the fastest (ties: the smaller).
+Where no GPU model prices it (``unroll="cost"`` on another target), a rule of thumb for a
+body of ``E`` equations and ``K`` kernels per trip (``_cost.CostModel``) decides instead:
 
 * ``L <= FULL_UNROLL_LENGTH`` and ``L * E <= MAX_UNROLLED_EQNS``: unroll fully;
-* otherwise ``k = ceil(KERNELS_PER_TRIP / max(K, 1))``, capped so that
-  ``k * E <= MAX_UNROLLED_EQNS`` and ``k <= L``;
+* otherwise ``k = ceil(KERNELS_PER_TRIP / max(K, 1))``.
+
+The caps, of either:
+
+* ``k * E <= MAX_UNROLLED_EQNS`` and ``k <= L``;
 * kept rolled where its copies may cost more kernels than its trips save: with ``P``
   loop-invariant operands of the body's kernels computed in the body
   (``CostModel.invariant_prologues``: a weight's slice read by a dot, which XLA computes
@@ -44,10 +51,13 @@ Example::
 
 Sharp edges:
   * ``E`` counts the body's own equations; nested loops inside count once.
+  * The GPU model prices a scan alone, in the program the passes have made so far: a later
+    join (or the memory budget, ``_plan.budget``) may still change what runs.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -57,6 +67,8 @@ from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._cost import CostModel
+from .._gpu_levels import LevelModel
+from .._gpu_model import CommandBufferMode
 from .._memory import MemoryModel, format_bytes
 from .._options import UNROLL_BY_COST
 from .._tpu_model import TPU_V5E, block_factor
@@ -66,24 +78,99 @@ from ._splice import evaluate
 
 KERNELS_PER_TRIP = 8
 FULL_UNROLL_LENGTH = 8
+# The factors ``unroll="cost"`` prices with the GPU model (each lowered to the caps and to
+# one dividing the length): a few, so a scan costs the analysis a few pricings of its
+# body's trip, the body itself priced once.
+PRICED_FACTORS = (1, 2, 4, 8, 16)
+# How much cheaper a larger factor must be estimated to be kept over a smaller one (a
+# relative margin: equal estimates summed apart may differ in their last bits).
+TIE = 1e-9
 # The share of the memory budget an automatic unroll factor's copies may take.
 UNROLL_SHARE = 0.75
 
 
 def auto_unroll_factor(info: _compat.ScanInfo, costs: CostModel) -> int:
-    """The unroll factor ``unroll="auto"`` picks for one scan from its body's cost and
-    length (see the module docstring; ``_kept_rolled`` and the memory budget may lower it)."""
+    """The unroll factor the rule of thumb picks for one scan from its body's cost and
+    length, where no GPU model prices it (see the module docstring; ``_kept_rolled`` and
+    the memory budget may lower it)."""
     length = info.length
     if length <= 1:
         return 1
-    inner, _ = _compat.open_jaxpr(info.jaxpr)
-    body_eqns = max(len(inner.eqns), 1)
+    body_eqns = _body_eqns(info)
     if length <= FULL_UNROLL_LENGTH and length * body_eqns <= MAX_UNROLLED_EQNS:
         return length
     kernels = costs.jaxpr_cost(info.jaxpr).kernels
     factor = -(-KERNELS_PER_TRIP // max(round(kernels), 1))
     factor = min(factor, MAX_UNROLLED_EQNS // body_eqns, length)
     return max(factor, 1)
+
+
+def _body_eqns(info: _compat.ScanInfo) -> int:
+    inner, _ = _compat.open_jaxpr(info.jaxpr)
+    return max(len(inner.eqns), 1)
+
+
+def _dividing(factor: int, length: int) -> int:
+    """The largest factor at most ``factor`` that divides ``length``: for another, JAX
+    slices the scanned inputs apart, a copy of them all (deviceless H200: 10,000 trips
+    unrolled by 3 copied two 381 MiB inputs)."""
+    return max(k for k in range(1, max(factor, 1) + 1) if k == 1 or length % k == 0)
+
+
+def _cost_factor(eqn: JaxprEqn, analysis: Analysis) -> tuple[int, str]:
+    """The factor ``unroll="cost"`` picks for the ``scan`` ``eqn`` off the TPU, and why:
+    the one the GPU model (``_gpu_levels``) estimates cheapest among the allowed ones
+    (``_allowed_factors``; ties: the smaller), else, where no GPU model prices it, the
+    rule of thumb (``_rule_factor``)."""
+    info = _compat.scan_info(eqn)
+    costs = analysis.costs
+    most = _most_copies(eqn, analysis)
+    budget = format_bytes(analysis.memory_allowance or 0.0)
+    within = f"at most {most} copies of the body within the memory budget (+{budget})"
+    if costs.profile.gpu is None:
+        return _rule_factor(eqn, info, costs, most, within)
+    widest = min(max(PRICED_FACTORS), info.length, MAX_UNROLLED_EQNS // _body_eqns(info))
+    allowed, rolled = _allowed_factors(eqn, info, costs, min(widest, most))
+    by_memory = f", and {within}" if most < widest else ""
+    if allowed == [1]:
+        return 1, rolled or ("auto: body cost and length" + by_memory)
+    model = LevelModel(costs, analysis.settings.modes.priced or CommandBufferMode.LHS,
+                       memo=analysis.shared_memo("mode_estimates"))
+    factor, best = 1, math.inf
+    for k in allowed:  # smallest first: a larger factor must be cheaper to be kept
+        seconds = model.scan(eqn, k).seconds
+        if seconds < best * (1.0 - TIE):
+            factor, best = k, seconds
+    why = f"auto: the GPU model's fastest of unroll {', '.join(map(str, allowed))}"
+    return factor, why + (by_memory if factor == allowed[-1] else "")
+
+
+def _allowed_factors(eqn: JaxprEqn, info: _compat.ScanInfo, costs: CostModel, cap: int
+                     ) -> tuple[list[int], str | None]:
+    """The factors ``unroll="cost"`` prices for the ``scan`` ``eqn`` (ascending), and why
+    the largest is refused (``_kept_rolled``: then so are all but 1), or None: each of
+    ``PRICED_FACTORS`` (and the length, for a short scan) lowered to ``cap`` (the
+    length, ``MAX_UNROLLED_EQNS`` equations, the copies the memory budget allows) and to
+    a factor dividing the length, less those ``_kept_rolled`` refuses."""
+    length = info.length
+    wanted = set(PRICED_FACTORS) | ({length} if length <= FULL_UNROLL_LENGTH else set())
+    factors = sorted({_dividing(min(k, max(cap, 1)), length) for k in wanted})
+    refusals = {k: _kept_rolled(eqn, k, costs) for k in factors}
+    return [k for k in factors if refusals[k] is None], refusals[factors[-1]]
+
+
+def _rule_factor(eqn: JaxprEqn, info: _compat.ScanInfo, costs: CostModel, most: int,
+                 within: str) -> tuple[int, str]:
+    """The rule of thumb's factor (``auto_unroll_factor``), kept rolled (``_kept_rolled``),
+    within ``most`` copies and lowered to one dividing the length, and why."""
+    factor = auto_unroll_factor(info, costs)
+    why = "auto: body cost and length"
+    rolled = _kept_rolled(eqn, factor, costs)
+    if rolled is not None:
+        factor, why = 1, rolled
+    if most < factor:
+        factor, why = most, f"auto: body cost and length, and {within}"
+    return _dividing(factor, info.length), why
 
 
 def _kept_rolled(eqn: JaxprEqn, factor: int, costs: CostModel) -> str | None:
@@ -110,7 +197,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     unroll = analysis.settings.unroll
     if unroll is None:
         return LevelResult()
-    eqns, path, costs = level.eqns, level.path, analysis.costs
+    eqns, path = level.eqns, level.path
     rewrites, decisions = [], []
     for index in loop_candidates(eqns):
         eqn = eqns[index]
@@ -130,22 +217,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             choice = block_factor(eqn, TPU_V5E, _most_copies(eqn, analysis))
             factor, blocked, why = choice.factor, choice.blocked, f"auto: {choice.reason}"
         elif unroll == UNROLL_BY_COST:
-            factor = auto_unroll_factor(info, costs)
-            why = "auto: body cost and length"
-            rolled = _kept_rolled(eqn, factor, costs)
-            if rolled is not None:
-                factor, why = 1, rolled
-            most = _most_copies(eqn, analysis)
-            if most < factor:
-                factor = most
-                budget = format_bytes(analysis.memory_allowance or 0.0)
-                why = (f"auto: body cost and length, and at most {most} copies of the body "
-                       f"within the memory budget (+{budget})")
-            # A factor that does not divide the length makes JAX slice the scanned inputs
-            # apart, a copy of them all (deviceless H200: 10,000 trips unrolled by 3
-            # copied two 381 MiB inputs): the largest factor that divides it.
-            factor = max(k for k in range(1, max(factor, 1) + 1)
-                         if k == 1 or info.length % k == 0)
+            factor, why = _cost_factor(eqn, analysis)
         else:
             factor = max(1, min(int(unroll), info.length))
             why = f"unroll={unroll} requested"

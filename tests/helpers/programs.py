@@ -134,6 +134,40 @@ def seed_002_specs(n: int = 100, steps: int = 10_000) -> tuple[jax.ShapeDtypeStr
     return matrix, matrix, stack, stack
 
 
+def _deepened(h: jax.Array) -> jax.Array:
+    """Eight residual sine steps: elementwise work after a cell's recurrence."""
+    for _ in range(8):
+        h = h + 0.5 * jnp.sin(h)
+    return h
+
+
+def deep_birnn(rnn: dict[str, jax.Array], xs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Two independent RNN scans, forward and reverse (issue 45's user program, heads
+    left out), each cell deep in elementwise work (28 equations a body): apart, each is
+    unrolled by 10 of its 100 trips; fused, the body's 56 equations exceed
+    ``MAX_UNROLLED_EQNS`` at 10 copies and unroll="auto" unrolls it by 5 only, which the
+    GPU model rates slower (``deep_birnn_args`` for values)."""
+    h0 = jnp.zeros((xs.shape[1], rnn["fw_U"].shape[0]), xs.dtype)
+
+    def forward(h: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = _deepened(jnp.tanh(x @ rnn["fw_W"] + h @ rnn["fw_U"]))
+        return h, h
+
+    def backward(h: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = _deepened(jnp.tanh(x @ rnn["bw_W"] + h @ rnn["bw_U"]))
+        return h, h
+
+    return lax.scan(forward, h0, xs)[1], lax.scan(backward, h0, xs, reverse=True)[1]
+
+
+def deep_birnn_args() -> tuple[dict[str, jax.Array], jax.Array]:
+    keys = jax.random.split(jax.random.key(3), 5)
+    shapes = {"fw_W": (32, 64), "fw_U": (64, 64), "bw_W": (32, 64), "bw_U": (64, 64)}
+    rnn = {name: jax.random.normal(key, shape) * 0.1
+           for key, (name, shape) in zip(keys, shapes.items(), strict=False)}
+    return rnn, jax.random.normal(keys[4], (100, 64, 32))
+
+
 def four_matmul_branches(x: jax.Array, w1: jax.Array, w2: jax.Array, w3: jax.Array,
                          w4: jax.Array) -> jax.Array:
     """Four chains of two 512x512 matmuls on a shared input, summed."""
