@@ -401,7 +401,7 @@ _MATMUL_BATCHING: _Rung = ("matmul batching", ("batch_matmuls",))
 
 def _without_slower_matmul_batching(chosen: WithinBudget,
                                     attempt: Callable[[tuple[_Rung, ...]], WithinBudget],
-                                    budget: MemoryBudget, estimates: Any) -> WithinBudget:
+                                    budget: ProgramBudget, estimates: Any) -> WithinBudget:
     """``chosen``, or its joined loops without matmul batching where the GPU model rates
     that faster and it fits the budget: batching the matmuls of a fused body decides
     inside the body, before the body's unroll factor is priced, so the joined program may
@@ -417,6 +417,8 @@ def _without_slower_matmul_batching(chosen: WithinBudget,
                    "") is not None:
         return chosen
     mode, costs = settings.modes.priced, chosen.analysis.costs
+    if mode is None:  # no GPU model to rate it with (its caller prices on the GPU only)
+        return chosen
     batched = estimate_seconds(chosen.planned.plan, costs, mode, estimates)
     unbatched = estimate_seconds(other.planned.plan, costs, mode, estimates)
     if unbatched >= batched:
@@ -426,7 +428,7 @@ def _without_slower_matmul_batching(chosen: WithinBudget,
 
 
 def _unjoined(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, ...]], WithinBudget],
-              budget: MemoryBudget, joins: _Rung) -> WithinBudget | None:
+              budget: ProgramBudget, joins: _Rung) -> WithinBudget | None:
     """``chosen``'s program without ``joins`` within ``budget``, or None where it does not
     fit: with what ``chosen`` left out for memory given back where it then fits (a fused
     loop's copies may need the memory its unrolling was left out for, two loops unrolled
