@@ -194,16 +194,39 @@ def tuned():
                                   exact=False)}
 
 
+def measured_loop(c, xs):
+    """A scan the TPU plan reads by blocks: a program other than jax.jit's."""
+    return lax.scan(lambda c, x: (0.9 * c + 0.1 * jnp.sin(x), c[0]), c, xs)
+
+
 @case
 def measured_together():
-    """``measure=True``: the first call runs jax.jit's program; at the second every
-    process waits for its candidates and they decide together (one choice everywhere),
-    so every process runs the same program at every call."""
-    step = jaxpar.parallel_branches(scanned_steps, target="tpu", measure=True)
-    want = jax.jit(scanned_steps)(PARAMS, BATCH, MOMENTS)
-    outs = [step(PARAMS, BATCH, MOMENTS) for _ in range(3)]
-    tuning = step.tuning(PARAMS, BATCH, MOMENTS)
+    """``measure=True``, with a timer every process reads alike (the plan twice as fast):
+    the first call runs jax.jit's program; at the second every process waits for its
+    candidates, they decide together and switch before that call runs, so every process
+    runs the same program at every call."""
+    from jaxpar import _tune
+
+    def timer(label, run):
+        jax.block_until_ready(run())
+        return 0.5 if label == "jaxpar (chosen options)" else 1.0
+
+    real, _tune._timer = _tune._timer, timer
+    try:
+        c = global_array(np.linspace(0.0, 1.0, 8, dtype=np.float32), P())
+        xs = global_array(np.linspace(-1.0, 1.0, 1600, dtype=np.float32).reshape(200, 8), P())
+        step = jaxpar.parallel_branches(measured_loop, target="tpu", measure=True)
+        want = jax.jit(measured_loop)(c, xs)
+        installed = []
+        outs = []
+        for _ in range(3):
+            outs.append(step(c, xs))
+            installed.append(id(step._state.installed))
+        tuning = step.tuning(c, xs)
+    finally:
+        _tune._timer = real
     return {"chosen": tuning.chosen, "source": tuning.source, "processes": tuning.processes,
+            "switched_at": [i for i in range(1, 3) if installed[i] != installed[i - 1]],
             "values": all(same_shards(out, want, exact=False) for out in outs)}
 
 

@@ -123,9 +123,11 @@ def test_measuring_decides_together_at_the_second_call(together):
     count, results, _ = together
     found = [result["measured_together"] for result in results]
     assert all(entry.get("values") for entry in found), found
-    assert len({entry["chosen"] for entry in found}) == 1 and found[0]["chosen"]
+    assert {entry["chosen"] for entry in found} == {"jaxpar (chosen options)"}
     assert {entry["source"] for entry in found} == {_tune.TOGETHER}
     assert {entry["processes"] for entry in found} == {count}
+    # Every process switched at the second call, before it ran: the same program each call.
+    assert all(entry["switched_at"] == [1] for entry in found), found
 
 
 def test_a_stored_decision_is_read_locally_and_shipped_read_only(together):

@@ -226,6 +226,13 @@ def current(state: CallState) -> FastPath:
     """The environment's ``FastPath`` (read now), installed as the function's call."""
     memos = state.memos
     reading = state.read_environment()
+    # Under the lock the measuring thread switches paths with (``replace_path``): the path
+    # read is the one installed, never one a switch just replaced.
+    with state.switch_lock:
+        return _current(state, memos, reading)
+
+
+def _current(state: CallState, memos: Any, reading: tuple[Any, ...]) -> FastPath:
     fast = memos.fast.get(reading)
     if fast is None:
         settings = state.settings()
@@ -330,18 +337,33 @@ def route(state: CallState, mode: Mode, options: Options, jax_miss: Miss,
         # Python scalars), which JAX's dispatch cannot take as such.
         return _uncached(flat_call(state, fast, layout, False, leaves, args, kwargs))
     key = CallKey(layout, False, True, mode.rewrite, mode.settings, 0)
+    tuner = state.tuner
+    # A signature the measuring tuner takes runs jax.jit's program until decided: known
+    # before its options are chosen (none, then) and its trace made.
+    measured = tuner.register(state, key, leaves) if tuner is not None else None
+    try:
+        out = _run_signature(state, fast, options, jax_miss, key, leaves, args, kwargs)
+    except BaseException:
+        if measured is not None and tuner is not None:
+            tuner.forget(measured)
+        raise
+    if measured is not None and tuner is not None:
+        tuner.start(state, measured)  # after the call: it costs what jax.jit's first does
+    return out
+
+
+def _run_signature(state: CallState, fast: FastPath, options: Options, jax_miss: Miss,
+                   key: CallKey, leaves: list[Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> tuple[Any, Any, bool]:
+    """A signature's first call on this path: in the jit carrying the XLA options it
+    compiles with (this one, or one made with them), by jax.jit's own miss here."""
     chosen = _prepare_signature(state, key, leaves)
     if chosen != options:
         if not fast.accepted:  # no signature ran in this jit: it moves to the options
             fast = retarget(state, fast, chosen)
         return _uncached(fast.with_options(state, chosen).routed.call(*args, **kwargs))
     fast.accepted = True
-    tuner = state.tuner
-    measured = tuner.register(state, key, leaves) if tuner is not None else None
-    out = jax_miss(*args, **kwargs)
-    if measured is not None and tuner is not None:
-        tuner.start(state, measured)  # after the call: it costs what jax.jit's first does
-    return out
+    return jax_miss(*args, **kwargs)
 
 
 def _declared_statics(state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:

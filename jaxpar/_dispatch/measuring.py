@@ -13,14 +13,18 @@ function on this device. Per signature of a top-level call:
    (``_tune.CANDIDATES``).
 2. Meanwhile calls keep running ``jax.jit``'s program, from the C++ cache.
 3. Once the candidates are compiled, the next call of that signature (a call boundary, on
-   the caller's thread) times them against ``jax.jit``'s program (``MEASURE_BUDGET``: at
-   most about ``seconds`` per distinct candidate), decides (a rewrite must win by the
-   margin), stores the decision, and returns its result from the winner. Where a rewrite
-   won, the measuring thread compiles it into a fresh top-level jit, which then serves the
-   calls from the C++ cache.
+   the caller's thread) times them against ``jax.jit``'s program (``MEASURE_BUDGET``: a
+   warm-up and one first run each, then between 5 and 20 rounds aiming at ``seconds`` of
+   timed runs per distinct candidate; a clear loser stops early), decides (a rewrite
+   must win by the margin), stores the decision, and returns jax.jit's result. Where a
+   rewrite won, the measuring thread compiles it into a fresh top-level jit, which is
+   installed at a call boundary and then serves the calls from the C++ cache. A built
+   signature that is not called again within ``BOUNDARY_CALLS`` calls is left undecided
+   (jax.jit's program), so other signatures do not keep paying the boundary.
 
-A stored decision skips step 3: a second process compiles the winner in the background
-and measures nothing.
+A stored decision skips the timing: a second process (one process) compiles only the
+winner in the background and measures nothing; under several processes each still builds
+every candidate, since process 0's stored decision is read at the collective.
 
 Under several processes a program whose arguments span every process decides together at
 the signature's second call, which every process reaches at the same step: each waits for
@@ -38,11 +42,22 @@ Sharp edges:
   * Switching programs between calls changes rounding only (the candidates compute the
     same values within the target's tolerance); ``measure=False`` keeps one program from
     the first call, for bit-stable runs.
-  * Only top-level calls with concrete arrays are measured. Under ``jax.grad``, ``vmap``
-    or an outer ``jit`` a decision made at the same shapes is reused, else the model's
-    plan runs; so do calls with Flax NNX objects. A call made under a JAX context
-    manager (``jax.enable_x64``, ``default_matmul_precision``) that the measuring thread
-    does not share is not measured: ``jax.jit``'s program runs (``tuning()`` says why).
+  * A rewrite runs only once measured faster. Only top-level calls with concrete arrays
+    are measured; under ``jax.grad``, ``vmap`` or an outer ``jit`` a decision made at the
+    same shapes is reused, else ``jax.jit``'s program runs; so do calls with Flax NNX
+    objects and jaxpar's own static leaves (an Equinox module's), and programs with side
+    effects (timing would repeat them). A call made under a JAX context manager
+    (``jax.enable_x64``, ``default_matmul_precision``) that the measuring thread does not
+    share is not measured: ``jax.jit``'s program runs (``tuning()`` says why).
+    ``measure=False`` runs the model's plan in all these cases.
+  * The measuring thread traces the user's function again (for its fingerprint and each
+    candidate), beside the caller's thread: Python side effects at trace time happen
+    more often than under ``jax.jit``.
+  * Candidates are timed as jaxpar's keyed jits run them (without the function's
+    donation or ``in_shardings``/``out_shardings``); the installed winner has them.
+  * Several processes: the deciding call waits for this process's build; an error while
+    timing together reaches the call on every process (as under ``tune=True``), rather
+    than leaving the others waiting in a collective.
   * The calls that measure wait for their results (the timing blocks); the time spent is
     in ``Tuning.measure_s``.
 """
@@ -99,6 +114,7 @@ _NO = frozenset("0 false no off".split())  # what JAXPAR_MEASURE turns measuring
 MEASURE_BUDGET = TuneBudget(seconds=0.25, min_repeats=5, max_repeats=20)
 
 MEASURE_VALUES = ("auto", True, False)
+BOUNDARY_CALLS = 16  # calls a boundary waits for a built signature to be called again
 
 # Where a measuring tuner's decision stands (``Tuning.source``, beside ``_tune``'s).
 PENDING = "measuring"  # candidates compiling in the background
@@ -226,7 +242,7 @@ class MeasuringTuner(CallTuner):
     ``measure`` is the option (``"auto"`` or True), ``pending`` the signatures whose
     candidates are being built, ``deferred`` those whose build the next call queues."""
 
-    __slots__ = ("deferred", "lock", "measure", "pending")
+    __slots__ = ("deferred", "idle_boundaries", "lock", "measure", "pending")
 
     synchronous = False
 
@@ -235,6 +251,7 @@ class MeasuringTuner(CallTuner):
         self.measure = measure
         self.pending: dict[Any, Pending] = {}
         self.deferred: list[Pending] = []
+        self.idle_boundaries = 0
         self.lock = threading.RLock()
 
     def clear(self) -> None:
@@ -256,19 +273,16 @@ class MeasuringTuner(CallTuner):
         return target.measured_by_default and jax.default_backend() == target.platform
 
     def decided_key(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> CallKey:
-        """The decided candidate's key; without a decision ``jax.jit``'s program at a
-        top-level call being measured (``tune="measure"``), else the model's plan."""
-        measuring = key.tune == "measure"
+        """The decided candidate's key; without a decision (not yet measured, or a call
+        under a transformation with no decision at its shapes) ``jax.jit``'s program."""
         plain = dataclasses.replace(key, tune="", tune_generation=0)
         if not self.active(plain):
             return plain
-        by_shape = _by_shape(plain, leaves)
-        tuning = self.decisions.get(by_shape)
+        tuning = self.decisions.get(_by_shape(plain, leaves))
         if tuning is not None and tuning.chosen:
             return candidate_key_of(state, plain, tuning.chosen)
-        if measuring and by_shape in self.pending:
-            return dataclasses.replace(plain, rewrite=False)
-        return plain
+        # Unmeasured: jax.jit's program (a rewrite runs only once measured faster).
+        return dataclasses.replace(plain, rewrite=False)
 
     def decide(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> None:
         """Before a top-level call runs: nothing to wait for (``register`` and ``start``
@@ -325,6 +339,12 @@ class MeasuringTuner(CallTuner):
             self.deferred.append(pending)
         set_boundary(state, functools.partial(boundary_call, weakref.ref(state)))
 
+    def forget(self, pending: Pending) -> None:
+        """The first call raised: the signature is not measured (a later call registers
+        it again)."""
+        with self.lock:
+            self.pending.pop(pending.by_shape, None)
+
     def launch(self, state: CallState) -> None:
         """Queues the builds ``start`` deferred."""
         with self.lock:
@@ -351,7 +371,14 @@ class MeasuringTuner(CallTuner):
         started = time.perf_counter()
         try:
             tuning = self._decided(state, pending, leaves, together)
-        except Exception as error:  # measuring never breaks a call: jax.jit's program
+        except Exception as error:
+            if together:
+                # Processes timing together are inside collectives: one that went on
+                # alone would leave the others waiting. The error reaches every call, as
+                # under tune=True.
+                with self.lock:
+                    self.pending.pop(by_shape, None)
+                raise
             tuning = _standing(NOT_MEASURED, pending.name, self.budget, chosen=PLAIN,
                                why=f"timing the candidates failed ({type(error).__name__}: "
                                    f"{error}); jax.jit's program runs")
@@ -423,7 +450,7 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
         traced, pending.name, pending.fields = traced_decision_key(state, key, arguments,
                                                                    avals)
         if traced.jaxpr.effects:
-            raise _Skip(_EFFECTS, chosen=CHOSEN)
+            raise _Skip(_EFFECTS)
         pending.stored = load(pending.name)
         if pending.stored is not None and jax.process_count() == 1:
             # A later process: only the winner is compiled (with the fresh jit below).
@@ -439,6 +466,9 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
     finally:
         pending.done.set()
     if jax.process_count() == 1:
+        tuner = state.tuner
+        if isinstance(tuner, MeasuringTuner):
+            tuner.idle_boundaries = 0
         set_boundary(state, functools.partial(boundary_call, ref))
 
 
@@ -452,7 +482,8 @@ class _Skip(Exception):
 
 
 _EFFECTS = ("the program has side effects (callbacks, prints, ordered effects), which "
-            "timing would repeat; the model's plan runs, as with measure=False")
+            "timing would repeat; jax.jit's program runs (measure=False runs the model's "
+            "plan)")
 
 
 # ------------------------------------------------------------------------ the boundary
@@ -503,16 +534,24 @@ def boundary_call(ref: weakref.ref[CallState], installed: Any, *args: Any, **kwa
     tuner = state.tuner
     assert isinstance(tuner, MeasuringTuner)
     set_boundary(state, None)
-    tuner.launch(state)
+    together = jax.process_count() > 1
     try:
+        tuner.launch(state)
         settled = _settle_call(state, tuner, args, kwargs)
-    except Exception:  # measuring never breaks a call: keep jax.jit's program
-        settled = None
-    if settled is not None:
-        installed_after_decision(state, current(state), args, kwargs,
-                                 background=jax.process_count() == 1)
+        if settled is not None:
+            installed_after_decision(state, current(state), args, kwargs,
+                                     background=not together)
+    except Exception:
+        if together:
+            raise  # see ``settle``: every process raises, none waits alone
+        settled = None  # measuring never breaks a call: jax.jit's program runs
     with tuner.lock:
-        if any(p.done.is_set() or jax.process_count() > 1 for p in tuner.pending.values()):
+        # A built signature not called again would keep every other call on this Python
+        # path: the boundary stays for at most ``BOUNDARY_CALLS`` calls that settle
+        # nothing (its signature then runs jax.jit's program, undecided).
+        tuner.idle_boundaries = 0 if settled is not None else tuner.idle_boundaries + 1
+        waiting = any(p.done.is_set() or together for p in tuner.pending.values())
+        if waiting and (together or tuner.idle_boundaries < BOUNDARY_CALLS):
             set_boundary(state, functools.partial(boundary_call, ref))
     return state.installed(*args, **kwargs)
 

@@ -85,6 +85,9 @@ class CallTuner:
     def start(self, state: CallState, registered: Any) -> None:
         """After that call ran (see ``register``)."""
 
+    def forget(self, registered: Any) -> None:
+        """That call raised: what ``register`` made is dropped."""
+
     def tuning(self, state: CallState, key: CallKey, leaves: Sequence[Any],
                first_call: bool = False) -> Tuning | None:
         """The decision for one signature: this process's, the stored one, or measured
