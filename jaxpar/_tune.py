@@ -399,7 +399,7 @@ def _decide_together(key: str, fields: Mapping[str, Any],
     if chosen is not None:  # process 0's stored decision runs everywhere
         if stored is not None and stored.chosen == chosen:
             return stored
-        return _untimed(chosen, FROM_PROCESS_0, key, budget)
+        return untimed(chosen, FROM_PROCESS_0, key, budget)
     if budget.reads_only:
         return unmeasured(key, budget)
     built = programs()
@@ -409,15 +409,17 @@ def _decide_together(key: str, fields: Mapping[str, Any],
     return store(tuning, fields) if first else tuning
 
 
-def _untimed(chosen: str, source: str, key: str, budget: TuneBudget) -> Tuning:
-    """A decision without timings of this process: every row not timed."""
+def untimed(chosen: str, source: str, key: str, budget: TuneBudget,
+            why: str | None = None) -> Tuning:
+    """A decision (or its absence, ``chosen`` empty) without timings of this process:
+    every row not timed; ``why``: why nothing was measured."""
     return Tuning(chosen, tuple(Measured(c.label, None, 0) for c in CANDIDATES), source, key,
-                  margin=budget.margin)
+                  margin=budget.margin, why=why)
 
 
 def undecided(key: str, budget: TuneBudget) -> Tuning:
     """What a read of a decision not yet made says (``UNDECIDED``)."""
-    return _untimed("", UNDECIDED, key, budget)
+    return untimed("", UNDECIDED, key, budget)
 
 
 def unmeasured(key: str, budget: TuneBudget, why: str | None = None) -> Tuning:
@@ -428,7 +430,7 @@ def unmeasured(key: str, budget: TuneBudget, why: str | None = None) -> Tuning:
                   "decision file there, or let one run measure without read_only)")
     warnings.warn(f"jaxpar tuner: {why}; running the plan unmeasured", TuneCacheWarning,
                   stacklevel=4)
-    return _untimed(CANDIDATES[1].label, UNMEASURED, key, budget)
+    return untimed(CANDIDATES[1].label, UNMEASURED, key, budget)
 
 
 _HARMLESS_FLAGS = re.compile(r"^--xla_(dump|gpu_dump|log|enable_dumping)")

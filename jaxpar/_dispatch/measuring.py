@@ -81,16 +81,15 @@ import jax
 from .. import _compat, _processes, targets
 from .._trace import abstract, split_arguments
 from .._tune import (
-    CANDIDATES,
     CHOSEN,
     PLAIN,
     STORED,
-    Measured,
     Program,
     TuneBudget,
     Tuning,
     load,
     store,
+    untimed,
 )
 from .._tune import decide as decide_together
 from .._tune import measure as measure_programs
@@ -102,6 +101,7 @@ from .tuning import (
     candidate_programs,
     run_candidate,
     signature_decision_key,
+    signature_of,
     traced_decision_key,
 )
 
@@ -278,7 +278,7 @@ class MeasuringTuner(CallTuner):
         plain = dataclasses.replace(key, tune="", tune_generation=0)
         if not self.active(plain):
             return plain
-        tuning = self.decisions.get(_by_shape(plain, leaves))
+        tuning = self.decisions.get(signature_of(plain, leaves))
         if tuning is not None and tuning.chosen:
             return candidate_key_of(state, plain, tuning.chosen)
         # Unmeasured: jax.jit's program (a rewrite runs only once measured faster).
@@ -296,20 +296,20 @@ class MeasuringTuner(CallTuner):
         plain = dataclasses.replace(key, tune="", tune_generation=0)
         if not self.active(plain):
             return None
-        by_shape = _by_shape(plain, leaves)
+        by_shape = signature_of(plain, leaves)
         hit = self.decisions.get(by_shape)
         if hit is not None:
             return hit
         pending = self.pending.get(by_shape)
         if pending is not None:
-            return _standing(PENDING, pending.name, self.budget)
+            return untimed("", PENDING, pending.name, self.budget)
         concrete = not _compat.staging() and not any(map(_compat.is_tracer, leaves))
         if not concrete:
             return None
         arguments = [abstract_argument(leaf) for leaf in leaves]  # keyed as a build keys
         name, _ = signature_decision_key(state, plain, arguments,
                                          tuple(abstract(x) for x in arguments))
-        return load(name) or _standing(NOT_YET, name, self.budget)
+        return load(name) or untimed("", NOT_YET, name, self.budget)
 
     # ------------------------------------------------------------------ the build
 
@@ -321,7 +321,7 @@ class MeasuringTuner(CallTuner):
         plain = dataclasses.replace(key, tune="", tune_generation=0)
         if not self.active(plain):
             return None
-        by_shape = _by_shape(plain, leaves)
+        by_shape = signature_of(plain, leaves)
         with self.lock:
             if by_shape in self.decisions or by_shape in self.pending:
                 return None
@@ -359,7 +359,7 @@ class MeasuringTuner(CallTuner):
         candidates are built (several processes: waits for them, then decides
         together). None while the build is running."""
         plain = dataclasses.replace(key, tune="", tune_generation=0)
-        by_shape = _by_shape(plain, leaves)
+        by_shape = signature_of(plain, leaves)
         pending = self.pending.get(by_shape)
         if pending is None:  # decided before (or never measured): nothing new
             return None
@@ -379,9 +379,9 @@ class MeasuringTuner(CallTuner):
                 with self.lock:
                     self.pending.pop(by_shape, None)
                 raise
-            tuning = _standing(NOT_MEASURED, pending.name, self.budget, chosen=PLAIN,
-                               why=f"timing the candidates failed ({type(error).__name__}: "
-                                   f"{error}); jax.jit's program runs")
+            tuning = untimed(PLAIN, NOT_MEASURED, pending.name, self.budget,
+                             why=f"timing the candidates failed ({type(error).__name__}: "
+                                 f"{error}); jax.jit's program runs")
         if tuning.source not in (STORED, NOTHING_TO_MEASURE, NOT_MEASURED):
             tuning = dataclasses.replace(tuning, measure_s=time.perf_counter() - started)
         with self.lock:
@@ -400,12 +400,12 @@ class MeasuringTuner(CallTuner):
             if any(error for error, _ in errors):
                 fallbacks = {fallback for _, fallback in errors}
                 why = next(error for error, _ in errors if error)
-                return _standing(NOT_MEASURED, pending.name, self.budget,
-                                 chosen=fallbacks.pop() if len(fallbacks) == 1 else PLAIN,
-                                 why=f"{why} (on one process at least)")
+                return untimed(fallbacks.pop() if len(fallbacks) == 1 else PLAIN,
+                               NOT_MEASURED, pending.name, self.budget,
+                               why=f"{why} (on one process at least)")
         elif pending.error is not None:
-            return _standing(NOT_MEASURED, pending.name, self.budget,
-                             chosen=pending.fallback, why=pending.error)
+            return untimed(pending.fallback, NOT_MEASURED, pending.name, self.budget,
+                           why=pending.error)
         live = [p if p.run is None else p._replace(run=functools.partial(
                 run_candidate, state, candidate_key_of(state, pending.key, p.candidate.label),
                 tuple(leaves))) for p in pending.programs]
@@ -417,21 +417,9 @@ class MeasuringTuner(CallTuner):
             return pending.stored
         if sum(1 for p in live if p.run is not None) < 2:
             # Every candidate is jax.jit's program: nothing to time.
-            return store(_standing(NOTHING_TO_MEASURE, pending.name, self.budget,
-                                   chosen=PLAIN), pending.fields)
+            return store(untimed(PLAIN, NOTHING_TO_MEASURE, pending.name, self.budget),
+                         pending.fields)
         return store(measure_programs(live, pending.name, self.budget), pending.fields)
-
-
-def _by_shape(key: CallKey, leaves: Sequence[Any]) -> Any:
-    return (key.layout, tuple(abstract(leaf) for leaf in leaves), key.nnx, key.settings,
-            _compat.trace_context())
-
-
-def _standing(source: str, name: str, budget: TuneBudget, chosen: str = "",
-              why: str | None = None) -> Tuning:
-    """A decision (or its absence) without timings: every row not timed."""
-    return Tuning(chosen, tuple(Measured(c.label, None, 0) for c in CANDIDATES), source,
-                  name, margin=budget.margin, why=why)
 
 
 def _build(ref: weakref.ref[CallState], pending: Pending) -> None:

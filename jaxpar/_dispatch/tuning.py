@@ -59,9 +59,7 @@ class CallTuner:
         """At trace time: the key of the candidate this signature's decision chose (the
         plan's own key without a decision: under a transformation, or where a concrete
         call could not measure)."""
-        by_shape = (key.layout, tuple(abstract(leaf) for leaf in leaves), key.nnx,
-                    key.settings, _compat.trace_context())
-        tuning = self.decisions.get(by_shape)
+        tuning = self.decisions.get(signature_of(key, leaves))
         key = dataclasses.replace(key, tune="", tune_generation=0)
         return key if tuning is None else candidate_key_of(state, key, tuning.chosen)
 
@@ -70,9 +68,7 @@ class CallTuner:
         now (measured) where none exists; a new decision starts a new generation, so that
         traces made before it are not reused."""
         plain = dataclasses.replace(key, tune="", tune_generation=0)
-        by_shape = (plain.layout, tuple(abstract(leaf) for leaf in leaves), plain.nnx,
-                    plain.settings, _compat.trace_context())
-        if by_shape in self.decisions:
+        if signature_of(plain, leaves) in self.decisions:
             return
         self.tuning(state, plain, leaves, first_call=True)
         self.generation += 1
@@ -99,7 +95,7 @@ class CallTuner:
         local: this process's decision or the stored file, never measured.
         """
         avals = tuple(abstract(leaf) for leaf in leaves)
-        by_shape = (key.layout, avals, key.nnx, key.settings, _compat.trace_context())
+        by_shape = signature_of(key, leaves, avals)
         hit = self.decisions.get(by_shape)
         # Concrete values at the top level (not ShapeDtypeStructs, not tracers).
         concrete = not _compat.staging() and not any(map(_compat.is_tracer, leaves)) and all(
@@ -131,6 +127,15 @@ class CallTuner:
                                              allow_abstract=True, api="tuning")
             return self.tuning(state, state.call_key(layout, nnx_call is not None, leaves),
                                leaves)
+
+
+def signature_of(key: CallKey, leaves: Sequence[Any],
+                 avals: tuple[Any, ...] | None = None) -> Any:
+    """What a tuner keys its decisions by in this process: the call's layout, abstract
+    values, NNX split, settings and JAX's trace context."""
+    if avals is None:
+        avals = tuple(abstract(leaf) for leaf in leaves)
+    return key.layout, avals, key.nnx, key.settings, _compat.trace_context()
 
 
 def signature_decision_key(state: CallState, key: CallKey, leaves: Sequence[Any],
