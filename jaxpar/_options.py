@@ -109,6 +109,14 @@ class OptionKind(enum.Enum):
         return self.value
 
     @property
+    def values(self) -> str:
+        """The values it takes, in words (the generated docs of a pass's option)."""
+        return {OptionKind.SWITCH: 'True, False or ``"auto"``',
+                OptionKind.UNROLL: '``"auto"``, ``"cost"`` (a factor per scan from the cost '
+                                   'model), an int >= 1 or None (off)',
+                OptionKind.WHILE_UNROLL: '``"auto"``, an int >= 2 or None (off)'}[self]
+
+    @property
     def off(self) -> Any:
         """The value that turns the pass off (a target row's default for a column it
         leaves out)."""

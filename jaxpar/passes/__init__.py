@@ -62,13 +62,14 @@ Sharp edges:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._analysis import Analysis
 from .._compat import ClosedJaxpr
 from .._deprecations import deprecated_attributes
 from .._options import PASS_TABLE, Options, PassRow, Settings, check_target, pass_defaults
+from .._spelling import check_known
 from ._protocol import (
     BLOCK_SCOPE,
     JAXPAR_SCOPES,
@@ -119,12 +120,29 @@ __all__ = [
 def _bind(row: PassRow) -> Pass:
     """The ``Pass`` of ``row``: its module's ``run`` and ``State`` (the module of the row's
     name; imported here, before the one-pass function of that name replaces the module as
-    this package's attribute)."""
-    module = importlib.import_module(f"{__name__}.{row.name}")
+    this package's attribute).
+
+    Raises:
+      ImportError: the row's module is missing, or has no ``run``: naming the row, the
+        file and what it must define.
+    """
+    name = f"{__name__}.{row.name}"
+    expected = (f"jaxpar/passes/{row.name}.py defining run(level: Level, analysis: Analysis) "
+                "-> LevelResult (and State, a class made once per call, for state of its "
+                "own); see jaxpar/passes/_protocol.py")
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name:
+            raise  # the module is there; something it imports is not
+        raise ImportError(f"jaxpar's pass table (_options.PASS_TABLE) has the row "
+                          f"{row.name!r}, and there is no module {name}: add {expected}, or "
+                          "remove the row") from None
     run = getattr(module, "run", None)
     if not callable(run):
-        raise ImportError(f"{module.__name__} has no run(level, analysis) for its row of the "
-                          "pass table (_options.PASS_TABLE)")
+        raise ImportError(f"{module.__name__} has no run(level, analysis) for its row "
+                          f"{row.name!r} of the pass table (_options.PASS_TABLE): the row "
+                          f"needs {expected}")
     return Pass.of(row, run, getattr(module, "State", None))
 
 
@@ -410,6 +428,42 @@ def _loop_defaults(target: str) -> dict[str, Any]:
     switches = pass_defaults(target)
     return {"fuse": switches.pop("fuse_scans"), "batch": switches.pop("batch_scans"),
             **switches}
+
+
+def _one_pass_function(row: PassRow) -> Callable[..., tuple[ClosedJaxpr,
+                                                             tuple[PassDecision, ...]]]:
+    """The one-pass function of a row without one written above: ``row``'s pass alone
+    (after the passes its row works after) on ``target``; a pass whose option carries a
+    value (``OptionKind.carries_value``) takes it by the option's name."""
+
+    def one_pass(jaxpr: ClosedJaxpr, target: str = "gpu", **value: Any
+                 ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+        if row.option is not None and row.kind.carries_value:
+            check_known(value, (row.option,), row.name)
+            settings = Settings.of_switches(check_target(target, concrete=True), row.name,
+                                            **{row.option: value.get(row.option, "auto")})
+            return run_passes(jaxpr, [*row.after, row.name], analysis=Analysis(settings))
+        check_known(value, (), row.name)
+        return _run_row(row.name, jaxpr, target)
+
+    after = f", after {', '.join(row.after)} (what it works on)" if row.after else ""
+    given = (f"; ``{row.option}=``: {row.kind.values}" if row.option is not None
+             and row.kind.carries_value else "")
+    one_pass.__name__ = one_pass.__qualname__ = row.name
+    one_pass.__module__ = __name__
+    one_pass.__doc__ = (f"Runs the pass ``{row.name}`` ({row.summary}) alone{after}, at every "
+                        f"level of ``jaxpr`` (never mutated), on ``target``{given}.\n\n"
+                        "Returns ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when "
+                        "nothing changed. Made from its row of the pass table.")
+    return one_pass
+
+
+# A row's one-pass function: the one written above, or one made from its row (where the
+# package attribute of the row's name is still its module).
+for _row in PASS_TABLE:
+    if not callable(globals().get(_row.name)):
+        globals()[_row.name] = _one_pass_function(_row)
+__all__ += sorted({row.name for row in PASS_TABLE} - set(__all__))
 
 
 # The names from before the passes outgrew loops (rows of ``_deprecations.DEPRECATIONS``,
