@@ -4,16 +4,17 @@ equations, before planning.
 Each pass has one name, used by its row of the pass table (``_options.PASS_TABLE``: its
 option, how it is turned on, its rung of the memory budget's ladder, what it works
 after), its module here (with ``run`` and, for state of its own for a call, ``State``),
-its one-pass function here, its option where it has one, and its test file
+its one-pass function here (written out, or made from its row where none is:
+``_one_pass_function``), its option where it has one, and its test file
 (``tests/test_<name>.py``; ``tests/test_loop_passes.py`` for the four passes that rewrite
 loops). ``PASSES`` binds each row to its module (``Pass.of``): a ``Pass`` holds the name,
 one ``run(level, analysis) -> LevelResult`` function with the same signature for every
 pass, whether settings turn it on, and what the walker does for it
 (``remembers_search``, ``state``, ``prices_launches``; see ``_protocol.Pass``). Adding
-a pass is its module and its row. ``run_passes`` runs any of them, in table order, at
-every nesting level of a closed jaxpr, and returns a new one (or the same object when
-nothing changed) and the ``PassDecision``s made (each with the pass's name and a
-``DecisionKind``):
+a pass is its module and its row (the steps: ``_options``' docstring). ``run_passes``
+runs any of them, in table order, at every nesting level of a closed jaxpr, and returns
+a new one (or the same object when nothing changed) and the ``PassDecision``s made
+(each with the pass's name and a ``DecisionKind``):
 
 * ``make_loops_static``: ``fori_loop`` ``while``s with literal bounds become
   static scans; other ``while``s are reported as host-sync loops.
