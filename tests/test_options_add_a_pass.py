@@ -33,7 +33,7 @@ PACKAGE = TESTS.parent / "jaxpar"
 
 # The pass, as a maintainer writes it (passes/_protocol.py): sin(x) as cos(pi/2 - x), the
 # same values to rounding, and a lowered program with cosines and no sines.
-PASS_MODULE = '''"""A pass of tests/test_options_add_a_pass.py: ``sin(x)`` computed as ``cos(pi/2 - x)``."""
+PASS_MODULE = '''"""A scratch pass: ``sin(x)`` computed as ``cos(pi/2 - x)``."""
 
 from __future__ import annotations
 
