@@ -483,7 +483,8 @@ def with_table_options(function: F) -> F:
     if not missing:
         return function
     parameters = list(written.parameters.values())
-    options = {row.option for row in PASS_TABLE}
+    # Where Options has them: after min_cost_us and the table's options written out.
+    options = {"min_cost_us", *(row.option for row in PASS_TABLE)}
     at = 1 + max(i for i, p in enumerate(parameters) if p.name in options)
     added = [pyinspect.Parameter(str(row.option), pyinspect.Parameter.KEYWORD_ONLY,
                                  default="auto", annotation=row.kind.annotation)
