@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect as pyinspect
 import operator
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, overload
 
@@ -73,7 +75,7 @@ from ._dispatch import XlaOptionsNotAppliedWarning as XlaOptionsNotAppliedWarnin
 from ._emit import GroupIds, region_call
 from ._frameworks import nnx_arguments, refuse_module_as_function
 from ._gpu_model import CommandBufferMode, GpuProfile
-from ._options import Options, Switch, Target, Unroll, WhileUnroll
+from ._options import PASS_TABLE, TARGETS, Options, PassRow, Switch, Target, Unroll, WhileUnroll
 from ._plan import LevelPlan
 from ._report.plan import Plan
 from ._spelling import check_known
@@ -433,7 +435,10 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
     check_measure(measure)
     if not isinstance(tune, (bool, TuneBudget)):
         raise TypeError(f"tune must be True, False or a jaxpar.TuneBudget, got {tune!r}")
-    options = Options.create(**{name: given[name] for name in Options.names()})
+    # A pass table option the written signature lacks comes in ``unknown`` (the runtime
+    # signature, ``__signature__``, names it).
+    options = Options.create(**{name: given[name] if name in given else unknown[name]
+                                for name in Options.names() if name in given or name in unknown})
 
     def decorate(f: Any) -> ParallelBranches:
         check_function(f, "parallel_branches")
@@ -448,6 +453,54 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                                 else TuneBudget() if tune else None, measure=measure)
 
     return decorate if fun is None else decorate(fun)
+
+
+def table_options(written: pyinspect.Signature) -> tuple[PassRow, ...]:
+    """The rows of the pass table whose option the ``written`` signature lacks."""
+    return tuple(row for row in PASS_TABLE
+                 if row.option is not None and row.option not in written.parameters)
+
+
+def option_entry(row: PassRow) -> str:
+    """The ``Args:`` entry of ``row``'s option, from the row (its summary, its kind's
+    values, the targets whose rows turn it on)."""
+    on = [target.name for target in TARGETS
+          if row.kind.is_on(target.default(str(row.option), row.kind))]
+    auto = f"on for {', '.join(on)}, off elsewhere" if on else "off on every target"
+    return textwrap.fill(f"{row.option}: {row.summary} (the pass ``{row.name}``): "
+                         f'{row.kind.values}; ``"auto"``: {auto}.', width=88,
+                         initial_indent=" " * 6, subsequent_indent=" " * 8)
+
+
+def with_table_options(function: F) -> F:
+    """``function`` with a keyword (``__signature__``) and an ``Args:`` entry (``__doc__``)
+    for each pass table option its written signature lacks, after the last it has: a
+    pass added to the table is an option of ``parallel_branches`` at runtime (the
+    written signatures, for type checkers, are checked by
+    ``tests/test_api_signatures.py``)."""
+    written = pyinspect.signature(function)
+    missing = table_options(written)
+    if not missing:
+        return function
+    parameters = list(written.parameters.values())
+    # Where Options has them: after min_cost_us and the table's options written out.
+    options = {"min_cost_us", *(row.option for row in PASS_TABLE)}
+    at = 1 + max(i for i, p in enumerate(parameters) if p.name in options)
+    added = [pyinspect.Parameter(str(row.option), pyinspect.Parameter.KEYWORD_ONLY,
+                                 default="auto", annotation=row.kind.annotation)
+             for row in missing]
+    function.__signature__ = written.replace(  # type: ignore[attr-defined]
+        parameters=[*parameters[:at], *added, *parameters[at:]])
+    doc = function.__doc__ or ""
+    entries = "".join(option_entry(row) + "\n" for row in missing)
+    following = f"\n      {parameters[at].name}:"
+    function.__doc__ = (doc.replace(following, "\n" + entries.rstrip("\n") + following, 1)
+                        if following in doc else doc.replace("\n    Returns:",
+                                                             "\n" + entries + "\n    Returns:"))
+    return function
+
+
+with_table_options(parallel_branches)
 
 
 # Options of a call rather than of the plan, as jax.jit takes them: accepted by

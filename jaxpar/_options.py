@@ -25,9 +25,26 @@ in its row, which is where that decision belongs.
 Derived from the tables: ``Options`` (a field per option, after ``min_cost_us``),
 ``Settings.passes`` (the set of passes the options turn on, instead of a boolean each),
 the defaults (``pass_defaults``), validation (by the row's ``OptionKind``), the budget's
-ladder, the keywords of ``passes.apply_passes`` and the one-pass functions' settings.
-The public signatures (``parallel_branches``, ``inspect``) are written out for type
-checkers; ``tests/test_api_signatures.py`` fails when one drifts from ``Options``.
+ladder, the keywords of ``passes.apply_passes``, the one-pass functions' settings, and
+at runtime ``parallel_branches``' keyword, ``Args:`` entry (from the row's summary) and
+CLI flag for an option its written signature lacks (``_api.with_table_options``), and a
+one-pass function ``jaxpar.passes.<name>`` where none is written.
+
+Adding a pass (``tests/test_options_add_a_pass.py`` does these steps in a scratch copy):
+
+1. ``jaxpar/passes/<name>.py`` defining ``run(level: Level, analysis: Analysis) ->
+   LevelResult`` (``passes/_protocol.py``; ``passes/inline_twin_calls.py`` is a small
+   one) and, for state of its own for a call, ``State``. A row whose module is missing,
+   or has no ``run``, is an ``ImportError`` naming the file when jaxpar's passes load.
+2. Its ``PassRow`` in ``PASS_TABLE``, where it runs in the order. With ``option=`` it is
+   then an option of ``parallel_branches`` and ``inspect`` on every target (off for
+   ``"auto"`` until a target row turns it on) and a flag of ``python -m jaxpar inspect``.
+3. Optionally, its column in a target's row (``jaxpar/targets/<target>.py``) to turn it
+   on by default there.
+4. Its tests, ``tests/test_<name>.py``; then run ``tests/test_api_signatures.py`` and
+   ``tests/test_docs.py``: they fail with the lines to paste into the signatures written
+   out for type checkers (the two ``parallel_branches`` overloads, its definition and
+   ``InspectOptions`` in ``_api.py``) and into docs/api.md.
 
 Example::
 
@@ -107,6 +124,14 @@ class OptionKind(enum.Enum):
     def annotation(self) -> str:
         """The type an option of this kind has in ``Options`` and the signatures."""
         return self.value
+
+    @property
+    def values(self) -> str:
+        """The values it takes, in words (the generated docs of a pass's option)."""
+        return {OptionKind.SWITCH: 'True, False or ``"auto"``',
+                OptionKind.UNROLL: '``"auto"``, ``"cost"`` (a factor per scan from the cost '
+                                   'model), an int >= 1 or None (off)',
+                OptionKind.WHILE_UNROLL: '``"auto"``, an int >= 2 or None (off)'}[self]
 
     @property
     def off(self) -> Any:

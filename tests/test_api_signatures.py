@@ -1,22 +1,26 @@
 """The public signatures of ``parallel_branches`` (its two overloads and its definition)
 and ``inspect`` (``InspectOptions``) against ``Options``: the same names, types and
 defaults, so that an option added to the tables, or a call option added to
-``CALL_OPTIONS``, fails here until every signature takes it."""
+``CALL_OPTIONS``, fails here until every signature takes it (a pass table option with the
+line to paste and where: ``helpers.table_options``). At runtime the table's options are
+``parallel_branches``' keywords whatever is written (``_api.with_table_options``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect as pyinspect
+import types
 import typing
 from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
 import pytest
+from helpers.table_options import missing_from_signatures, written_keywords
 
-from jaxpar import _api
+from jaxpar import _api, _cli
 from jaxpar._api import CALL_OPTIONS, JIT_OPTIONS, InspectOptions, parallel_branches
-from jaxpar._options import TARGETS, Options, Switch, Target
+from jaxpar._options import PASS_TABLE, TARGETS, Options, PassRow, Switch, Target
 
 FIELDS = {field.name: field for field in dataclasses.fields(Options)}  # type: ignore[arg-type]
 
@@ -34,7 +38,9 @@ def drift(parameters: dict[str, tuple[str, Any]], call_types: dict[str, str], *,
     ``call_types`` types them), and with ``tune`` (``parallel_branches``) ``tune``, ``measure`` and
     ``jax.jit``'s options (``JIT_OPTIONS``)."""
     expected = {*FIELDS, *CALL_OPTIONS, *(("tune", "measure", *JIT_OPTIONS) if tune else ())}
-    found = [f"lacks {name}" for name in sorted(expected - set(parameters))]
+    # A pass table option a signature lacks: missing_from_signatures says what to paste.
+    table = {row.option for row in PASS_TABLE}
+    found = [f"lacks {name}" for name in sorted(expected - set(parameters) - table)]
     found += [f"takes {name}, which Options lacks" for name in sorted(set(parameters) - expected)]
     for name, (annotation, default) in sorted(parameters.items()):
         want = FIELDS[name].type if name in FIELDS else call_types.get(name)
@@ -59,9 +65,40 @@ SIGNATURES = {"definition": parallel_branches,
 
 @pytest.mark.parametrize("which", sorted(SIGNATURES))
 def test_every_signature_of_parallel_branches_takes_the_options(which: str) -> None:
-    function = SIGNATURES[which]
-    assert drift(_keywords(function), CALL_TYPES, tune=True,
-                 defaults=which == "definition") == []
+    # As written (the definition's runtime ``__signature__`` adds what it lacks).
+    keywords = written_keywords(SIGNATURES[which])
+    assert drift(keywords, CALL_TYPES, tune=True, defaults=which == "definition") == []
+
+
+def test_the_written_signatures_take_every_pass_table_option() -> None:
+    missing = missing_from_signatures()
+    assert not missing, "a pass table option is not in a written signature:\n\n" + \
+        "\n\n".join(missing)
+
+
+def test_at_runtime_the_signature_and_docstring_are_the_table_s() -> None:
+    # The shipped table: the written signature is the runtime one, every option has its
+    # own Args entry (the CLI's help reads them).
+    assert _keywords(parallel_branches) == written_keywords(parallel_branches)
+    helps = _cli.option_help()
+    assert all(row.option in helps for row in PASS_TABLE if row.option is not None)
+    # A row added: a keyword and an entry made from it, after the last pass option.
+    widen = PassRow("widen_loops", "independent loops widened", option="widen_loops")
+    fresh = types.FunctionType(parallel_branches.__code__, parallel_branches.__globals__)
+    fresh.__kwdefaults__ = parallel_branches.__kwdefaults__
+    fresh.__annotations__ = parallel_branches.__annotations__
+    fresh.__doc__ = parallel_branches.__doc__
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_api, "PASS_TABLE", (*PASS_TABLE, widen))
+        made = _api.with_table_options(fresh)
+    names = list(pyinspect.signature(made).parameters)
+    assert names[names.index("unroll_while") + 1:][:2] == ["widen_loops", "group_collectives"]
+    parameter = pyinspect.signature(made).parameters["widen_loops"]
+    assert (parameter.default, parameter.annotation) == ("auto", "Switch")
+    entry = ('      widen_loops: independent loops widened (the pass ``widen_loops``): True, '
+             'False or\n        ``"auto"``; ``"auto"``: off on every target.\n'
+             '      group_collectives:')
+    assert entry in str(made.__doc__)
 
 
 def test_parallel_branches_has_its_two_overloads() -> None:

@@ -59,6 +59,7 @@ from pathlib import Path
 import jax
 import pytest
 from helpers.benchmarks import load_benchmark
+from helpers.table_options import missing_from_docs
 
 import jaxpar
 
@@ -111,8 +112,18 @@ def test_api_reference_has_one_signature_with_every_parameter(name):
     variadic = (pyinspect.Parameter.VAR_POSITIONAL, pyinspect.Parameter.VAR_KEYWORD)
     actual = [p.name for p in pyinspect.signature(getattr(jaxpar, name)).parameters.values()
               if p.kind not in variadic]
+    added = [f"add `{p}` after `{actual[actual.index(p) - 1]}`" for p in actual
+             if p not in documented and actual.index(p) > 0]
     assert documented == actual, (
-        f"docs/api.md's heading for {name} lists {documented}, the code takes {actual}")
+        f"docs/api.md's heading for {name} lists {documented}, the code takes {actual}"
+        + "".join(f"; {a}" for a in added))
+
+
+def test_api_reference_documents_every_pass_table_option():
+    # A pass added to the table is an option of parallel_branches: its heading and an
+    # entry under it, as the message says.
+    missing = missing_from_docs((ROOT / "docs" / "api.md").read_text())
+    assert not missing, "\n\n".join(missing)
 
 
 def test_benchmarks_plan_table_matches_the_code():

@@ -164,7 +164,9 @@ def test_a_new_pass_module_and_row_run_in_the_walk(monkeypatch: pytest.MonkeyPat
                     Analysis(settings))
         assert bool(seen) is runs and (not runs or "" in seen)
     monkeypatch.delitem(__import__("sys").modules, "jaxpar.passes.widen_loops")
-    with pytest.raises(ModuleNotFoundError):
+    with pytest.raises(ImportError, match=r"row 'widen_loops', and there is no module "
+                                          r"jaxpar\.passes\.widen_loops: add "
+                                          r"jaxpar/passes/widen_loops\.py defining run"):
         jaxpar.passes._bind(WIDEN)  # a row without its module
 
 

@@ -52,6 +52,27 @@ def test_each_pass_has_one_name():
         assert callable(getattr(jaxpar.passes, row.name)), row.name
 
 
+def test_a_row_without_a_written_function_gets_one_made_from_the_row():
+    # What a new pass gets (_one_pass_function): the written ones' results, for a switch
+    # and for an option carrying a value; and every row is exported.
+    by_name = {row.name: row for row in jaxpar._options.PASS_TABLE}
+    made = jaxpar.passes._one_pass_function(by_name["fuse_scans"])
+    closed = jax.make_jaxpr(_two_scans)(*_args())
+    assert str(made(closed)) == str(fuse_scans(closed)) != str((closed, ()))
+    assert made.__name__ == "fuse_scans" and "scans run side by side" in made.__doc__
+
+    def loop(x):
+        return lax.while_loop(lambda c: c[0] < 10.0, lambda c: (c[0] + c[1], c[1]), x)
+
+    looped = jax.make_jaxpr(loop)((jnp.float32(0.0), jnp.float32(1.5)))
+    unroll = jaxpar.passes._one_pass_function(by_name["unroll_while_loops"])
+    written = jaxpar.passes.unroll_while_loops(looped, unroll_while=2)
+    assert str(unroll(looped, unroll_while=2)) == str(written) != str((looped, ()))
+    with pytest.raises(TypeError, match=r"unknown unroll_while_loops option.*'unroll'"):
+        unroll(looped, unroll=2)
+    assert {row.name for row in PASSES} <= set(jaxpar.passes.__all__)
+
+
 # ---------------------------------------------------------------- deprecated names
 
 # The names from before the passes outgrew loops: each still works until 0.3.0, and warns

@@ -4,16 +4,17 @@ equations, before planning.
 Each pass has one name, used by its row of the pass table (``_options.PASS_TABLE``: its
 option, how it is turned on, its rung of the memory budget's ladder, what it works
 after), its module here (with ``run`` and, for state of its own for a call, ``State``),
-its one-pass function here, its option where it has one, and its test file
+its one-pass function here (written out, or made from its row where none is:
+``_one_pass_function``), its option where it has one, and its test file
 (``tests/test_<name>.py``; ``tests/test_loop_passes.py`` for the four passes that rewrite
 loops). ``PASSES`` binds each row to its module (``Pass.of``): a ``Pass`` holds the name,
 one ``run(level, analysis) -> LevelResult`` function with the same signature for every
 pass, whether settings turn it on, and what the walker does for it
 (``remembers_search``, ``state``, ``prices_launches``; see ``_protocol.Pass``). Adding
-a pass is its module and its row. ``run_passes`` runs any of them, in table order, at
-every nesting level of a closed jaxpr, and returns a new one (or the same object when
-nothing changed) and the ``PassDecision``s made (each with the pass's name and a
-``DecisionKind``):
+a pass is its module and its row (the steps: ``_options``' docstring). ``run_passes``
+runs any of them, in table order, at every nesting level of a closed jaxpr, and returns
+a new one (or the same object when nothing changed) and the ``PassDecision``s made
+(each with the pass's name and a ``DecisionKind``):
 
 * ``make_loops_static``: ``fori_loop`` ``while``s with literal bounds become
   static scans; other ``while``s are reported as host-sync loops.
@@ -62,13 +63,14 @@ Sharp edges:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._analysis import Analysis
 from .._compat import ClosedJaxpr
 from .._deprecations import deprecated_attributes
 from .._options import PASS_TABLE, Options, PassRow, Settings, check_target, pass_defaults
+from .._spelling import check_known
 from ._protocol import (
     BLOCK_SCOPE,
     JAXPAR_SCOPES,
@@ -119,12 +121,29 @@ __all__ = [
 def _bind(row: PassRow) -> Pass:
     """The ``Pass`` of ``row``: its module's ``run`` and ``State`` (the module of the row's
     name; imported here, before the one-pass function of that name replaces the module as
-    this package's attribute)."""
-    module = importlib.import_module(f"{__name__}.{row.name}")
+    this package's attribute).
+
+    Raises:
+      ImportError: the row's module is missing, or has no ``run``: naming the row, the
+        file and what it must define.
+    """
+    name = f"{__name__}.{row.name}"
+    expected = (f"jaxpar/passes/{row.name}.py defining run(level: Level, analysis: Analysis) "
+                "-> LevelResult (and State, a class made once per call, for state of its "
+                "own); see jaxpar/passes/_protocol.py")
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name:
+            raise  # the module is there; something it imports is not
+        raise ImportError(f"jaxpar's pass table (_options.PASS_TABLE) has the row "
+                          f"{row.name!r}, and there is no module {name}: add {expected}, or "
+                          "remove the row") from None
     run = getattr(module, "run", None)
     if not callable(run):
-        raise ImportError(f"{module.__name__} has no run(level, analysis) for its row of the "
-                          "pass table (_options.PASS_TABLE)")
+        raise ImportError(f"{module.__name__} has no run(level, analysis) for its row "
+                          f"{row.name!r} of the pass table (_options.PASS_TABLE): the row "
+                          f"needs {expected}")
     return Pass.of(row, run, getattr(module, "State", None))
 
 
@@ -410,6 +429,42 @@ def _loop_defaults(target: str) -> dict[str, Any]:
     switches = pass_defaults(target)
     return {"fuse": switches.pop("fuse_scans"), "batch": switches.pop("batch_scans"),
             **switches}
+
+
+def _one_pass_function(row: PassRow) -> Callable[..., tuple[ClosedJaxpr,
+                                                             tuple[PassDecision, ...]]]:
+    """The one-pass function of a row without one written above: ``row``'s pass alone
+    (after the passes its row works after) on ``target``; a pass whose option carries a
+    value (``OptionKind.carries_value``) takes it by the option's name."""
+
+    def one_pass(jaxpr: ClosedJaxpr, target: str = "gpu", **value: Any
+                 ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+        if row.option is not None and row.kind.carries_value:
+            check_known(value, (row.option,), row.name)
+            settings = Settings.of_switches(check_target(target, concrete=True), row.name,
+                                            **{row.option: value.get(row.option, "auto")})
+            return run_passes(jaxpr, [*row.after, row.name], analysis=Analysis(settings))
+        check_known(value, (), row.name)
+        return _run_row(row.name, jaxpr, target)
+
+    after = f", after {', '.join(row.after)} (what it works on)" if row.after else ""
+    given = (f"; ``{row.option}=``: {row.kind.values}" if row.option is not None
+             and row.kind.carries_value else "")
+    one_pass.__name__ = one_pass.__qualname__ = row.name
+    one_pass.__module__ = __name__
+    one_pass.__doc__ = (f"Runs the pass ``{row.name}`` ({row.summary}) alone{after}, at every "
+                        f"level of ``jaxpr`` (never mutated), on ``target``{given}.\n\n"
+                        "Returns ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when "
+                        "nothing changed. Made from its row of the pass table.")
+    return one_pass
+
+
+# A row's one-pass function: the one written above, or one made from its row (where the
+# package attribute of the row's name is still its module).
+for _row in PASS_TABLE:
+    if not callable(globals().get(_row.name)):
+        globals()[_row.name] = _one_pass_function(_row)
+__all__ += sorted({row.name for row in PASS_TABLE} - set(__all__))
 
 
 # The names from before the passes outgrew loops (rows of ``_deprecations.DEPRECATIONS``,
