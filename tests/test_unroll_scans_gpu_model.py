@@ -22,7 +22,7 @@ from jaxpar._gpu_levels import LevelModel
 from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._plan.gpu_time import estimate_plain_seconds
 from jaxpar.passes import unroll_scans
-from jaxpar.passes._shared import MAX_UNROLLED_EQNS
+from jaxpar.passes._loop_candidates import MAX_UNROLLED_EQNS
 from jaxpar.targets import device_profile
 
 EXPLICIT = (1, 2, 4, 8, 16)
