@@ -1,5 +1,5 @@
 """``unroll="auto"`` on target gpu: each scan's factor is the one the GPU model that
-prices the plan estimates fastest (``passes/unroll_scans._cost_factor``), within the caps
+prices the plan estimates fastest (``targets/gpu.fastest_unroll``), within the caps
 (the length, ``MAX_UNROLLED_EQNS``, the memory budget, a factor dividing the length), so
 the default plan is estimated no slower than any explicit factor those caps allow."""
 
