@@ -17,7 +17,7 @@ Why it matters: XLA compiles each distinct kernel once. A thousand identical mem
 compile about one kernel's worth; batched, their stacking and the slices of their
 results were a thousand distinct kernels (155 s against 4.3 s for plain ``jax.jit``
 before the fix). The batching passes now batch at most ``MAX_BATCH_MEMBERS`` members
-at a time (``jaxpar.passes._shared.member_chunks``).
+at a time (``jaxpar.passes._batch_members.member_chunks``).
 """
 
 from __future__ import annotations

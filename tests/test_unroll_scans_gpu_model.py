@@ -1,5 +1,5 @@
 """``unroll="auto"`` on target gpu: each scan's factor is the one the GPU model that
-prices the plan estimates fastest (``passes/unroll_scans._cost_factor``), within the caps
+prices the plan estimates fastest (``targets/gpu.fastest_unroll``), within the caps
 (the length, ``MAX_UNROLLED_EQNS``, the memory budget, a factor dividing the length), so
 the default plan is estimated no slower than any explicit factor those caps allow."""
 
@@ -22,7 +22,7 @@ from jaxpar._gpu_levels import LevelModel
 from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._plan.gpu_time import estimate_plain_seconds
 from jaxpar.passes import unroll_scans
-from jaxpar.passes._shared import MAX_UNROLLED_EQNS
+from jaxpar.passes._loop_candidates import MAX_UNROLLED_EQNS
 from jaxpar.targets import device_profile
 
 EXPLICIT = (1, 2, 4, 8, 16)

@@ -2,7 +2,8 @@
 defines its ``TARGET``, a ``Target`` holding every fact jaxpar knows of it: the backends
 that mean it, its option defaults (its ``TargetRow``), its cost profile and measured
 figures, what its programs can do (the capabilities code asks instead of comparing
-names), the words its plans use and the candidates its measurement times.
+names), its unroll rule (how ``unroll="cost"`` picks a scan's factor: ``unroll.py``), the
+words its plans use and the candidates its measurement times.
 
 Every module of this package that defines ``TARGET`` is registered when the package is
 imported (``pkgutil``): a new chip is one module and its tests. Elsewhere code asks the
@@ -32,6 +33,7 @@ from typing import Any
 
 from .._gpu_model import GpuProfile
 from .profile import DeviceProfile
+from .unroll import UnrollRule, rule_of_thumb
 
 CPU_MEMORY_BYTES = float(16 * 2**30)
 
@@ -94,6 +96,8 @@ class Target:
         this target's device.
       sums_sliced_members: ``bound_fusions`` replaces sums over members jaxpar sliced out
         by one reduction (a GPU's kernels each cost a launch; XLA fuses them elsewhere).
+      unroll_rule: how ``unroll="cost"`` picks each scan's factor (``unroll.UnrollRule``:
+        ``passes/unroll_scans`` asks it); default the rule of thumb.
       words: the words its plans use (``PlanWords``).
       candidates: the programs its measurement times besides plain ``jax.jit`` and the
         chosen options: label -> the ``Options`` fields each overrides
@@ -108,6 +112,7 @@ class Target:
     compiles_with_xla_options: bool = False
     measured_by_default: bool = True
     sums_sliced_members: bool = False
+    unroll_rule: UnrollRule = rule_of_thumb
     words: PlanWords = PlanWords()
     candidates: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     rank: int = 100
