@@ -79,7 +79,7 @@ from typing import Any
 import jax
 
 from .. import _compat, _processes, targets
-from .._trace import abstract, split_arguments
+from .._trace import abstract
 from .._tune import (
     CHOSEN,
     PLAIN,
@@ -93,7 +93,7 @@ from .._tune import (
 )
 from .._tune import decide as decide_together
 from .._tune import measure as measure_programs
-from .fast import FastPath, current, replace_path
+from .fast import FastPath, current, measured_split, replace_path
 from .state import CallKey, CallState, set_boundary
 from .tuning import (
     CallTuner,
@@ -549,9 +549,7 @@ def _settle_call(state: CallState, tuner: MeasuringTuner, args: tuple[Any, ...],
     """The decision this call settles, where a rewrite won (None otherwise)."""
     if not tuner.pending or not _compat.top_level():
         return None
-    fast = current(state)
-    layout, leaves = split_arguments(state.fun, args, kwargs, state.static_args)
-    key = CallKey(layout, False, True, fast.mode.rewrite, fast.mode.settings, 0)
+    key, leaves = measured_split(state, current(state).mode, args, kwargs)
     tuning = tuner.settle(state, key, leaves)
     return None if tuning is None or tuning.chosen in ("", PLAIN) else tuning
 
