@@ -44,11 +44,14 @@ Sharp edges:
     the first call, for bit-stable runs.
   * A rewrite runs only once measured faster. Only top-level calls with concrete arrays
     are measured; under ``jax.grad``, ``vmap`` or an outer ``jit`` a decision made at the
-    same shapes is reused, else ``jax.jit``'s program runs; so do calls with Flax NNX
-    objects and jaxpar's own static leaves (an Equinox module's), and programs with side
-    effects (timing would repeat them). A call made under a JAX context manager
-    (``jax.enable_x64``, ``default_matmul_precision``) that the measuring thread does not
-    share is not measured: ``jax.jit``'s program runs (``tuning()`` says why).
+    same shapes is reused, else ``jax.jit``'s program runs; so do programs with side
+    effects (timing would repeat them). Calls with Flax NNX objects and jaxpar's own
+    static leaves (an Equinox module's) are measured: their path registers a signature
+    when it traces it (``fast.measure_new_trace``), and the candidates are timed on the
+    call's split state (``fast.measured_split``), their outputs dropped; the call itself
+    writes the NNX state it changed back, as ``nnx.jit`` does. A call made under a JAX
+    context manager (``jax.enable_x64``, ``default_matmul_precision``) that the measuring
+    thread does not share is not measured: ``jax.jit``'s program runs (``tuning()`` says why).
     ``measure=False`` runs the model's plan in all these cases.
   * The measuring thread traces the user's function again (for its fingerprint and each
     candidate), beside the caller's thread: Python side effects at trace time happen
