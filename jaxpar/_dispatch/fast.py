@@ -383,9 +383,7 @@ def route(state: CallState, mode: Mode, options: Options, jax_miss: Miss,
         out = _nnx_call(state, fast, args, kwargs)
         return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs))
     layout, leaves = split_arguments(state.fun, args, kwargs, state.static_args)
-    if len(layout.statics) > _declared_statics(state, args, kwargs):
-        # Static leaves of jaxpar's (strings, functions, objects, an Equinox module's
-        # Python scalars), which JAX's dispatch cannot take as such.
+    if _splits_statics(state, layout, args, kwargs):
         out = flat_call(state, fast, layout, False, leaves, args, kwargs)
         return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs))
     key = CallKey(layout, False, True, mode.rewrite, mode.settings, 0)
@@ -416,6 +414,22 @@ def _run_signature(state: CallState, fast: FastPath, options: Options, jax_miss:
         return _uncached(fast.with_options(state, chosen).routed.call(*args, **kwargs))
     fast.accepted = True
     return jax_miss(*args, **kwargs)
+
+
+def runs_routed(state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a top-level call with these arguments runs in ``FastPath.routed`` (no Flax
+    NNX objects, no static leaves of jaxpar's), not split by jaxpar."""
+    if holds_nnx_object((args, kwargs)):
+        return False
+    layout, _ = split_arguments(state.fun, args, kwargs, state.static_args)
+    return not _splits_statics(state, layout, args, kwargs)
+
+
+def _splits_statics(state: CallState, layout: Layout, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> bool:
+    """Whether the call holds static leaves of jaxpar's (strings, functions, objects, an
+    Equinox module's Python scalars), which JAX's dispatch cannot take as such."""
+    return len(layout.statics) > _declared_statics(state, args, kwargs)
 
 
 def _declared_statics(state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:

@@ -96,7 +96,7 @@ from .._tune import (
 )
 from .._tune import decide as decide_together
 from .._tune import measure as measure_programs
-from .fast import FastPath, current, measured_split, replace_path
+from .fast import FastPath, current, measured_split, replace_path, runs_routed
 from .state import CallKey, CallState, set_boundary
 from .tuning import (
     CallTuner,
@@ -489,8 +489,11 @@ def installed_after_decision(state: CallState, fast: FastPath, args: tuple[Any, 
     so that this call runs it (several processes switch at the same call)."""
     moved = FastPath(state, fast.mode, fast.options)
     moved.accepted = fast.accepted
+    # Calls jaxpar splits (NNX objects, static leaves) compile in their own jits at the
+    # next call; the C++ dispatch's jit is compiled here for the calls it runs.
+    routed = runs_routed(state, args, kwargs)
     abstract_args, abstract_kwargs = jax.tree_util.tree_map(abstract_argument,
-                                                            (args, kwargs))
+                                                            (args, kwargs)) if routed else ((), {})
     ref = weakref.ref(state)
 
     def switch() -> None:
@@ -498,7 +501,8 @@ def installed_after_decision(state: CallState, fast: FastPath, args: tuple[Any, 
         if alive is None:
             return
         try:  # the call compiles it otherwise
-            moved.routed.plain.lower(*abstract_args, **abstract_kwargs).compile()
+            if routed:
+                moved.routed.plain.lower(*abstract_args, **abstract_kwargs).compile()
         except Exception:
             pass
         with alive.switch_lock:
