@@ -11,6 +11,11 @@ Parts (each writes ``<out>/measure-<part>.json`` as it goes):
 * ``seeds``: seed 002's pairs of scans (``benchmarks/tpu.py``);
 * ``loops``: ``benchmarks/tpu_loops.py``'s held-out loop programs;
 * ``suite``: ``benchmarks/gpu_suite.py``'s 31 programs;
+* ``unchanged``: programs where nothing pays (a plain MLP, optax training steps, a
+  transformer step): what measuring costs where jaxpar changes nothing;
+* ``--first N``: only the first calls, N of each variant, interleaved (jax.jit first in
+  odd samples, jaxpar first in even ones), fresh caches each; the median ratio of the
+  pairs and their spread, and how many times each variant traced the function;
 * ``--second``: run after the first process ended (one process holds the chip), the same
   parts' first calls with the first process's decisions on disk (``JAXPAR_TUNE_DIR``).
 
@@ -19,6 +24,7 @@ Run (on the chip; ``--cpu`` runs tiny sizes with ``measure=True`` on this machin
     export JAXPAR_TUNE_DIR=DIR/decisions
     python benchmarks/measure_tpu.py --parts ecosystem,seeds --out DIR [--cpu]
     python benchmarks/measure_tpu.py --parts ecosystem,seeds --out DIR --second
+    python benchmarks/measure_tpu.py --parts unchanged --first 7 [--cpu --target tpu]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -172,7 +179,34 @@ def suite(cpu: bool) -> dict[str, Callable[[], Program]]:
     return {name: (lambda p=p: p.build(size)) for name, p in gpu_suite.PROGRAMS.items()}
 
 
-PARTS = {"ecosystem": ecosystem, "seeds": seeds, "loops": loops, "suite": suite}
+def plain_mlp(cpu: bool) -> Program:
+    """A plain MLP's forward pass (nothing for jaxpar to rewrite)."""
+    widths = (64, 128, 128, 10) if cpu else (1024, 4096, 4096, 1000)
+    keys = jax.random.split(jax.random.key(5), len(widths))
+    params = [jax.random.normal(k, (i, o)) / i ** 0.5
+              for k, i, o in zip(keys, widths, widths[1:], strict=False)]
+
+    def mlp(params: Any, x: Any) -> Any:
+        for w in params[:-1]:
+            x = jax.nn.relu(x @ w)
+        return x @ params[-1]
+
+    return mlp, (params, jax.random.normal(keys[-1], (32 if cpu else 256, widths[0])))
+
+
+UNCHANGED = ("optax_two_branch_step", "optax_adamw_step", "three_towers",
+             "wmt_transformer_step")
+
+
+def unchanged(cpu: bool) -> dict[str, Callable[[], Program]]:
+    out = {"plain_mlp": lambda: plain_mlp(cpu)}
+    programs = suite(cpu)
+    out.update((name, programs[name]) for name in UNCHANGED)
+    return out
+
+
+PARTS = {"ecosystem": ecosystem, "seeds": seeds, "loops": loops, "suite": suite,
+         "unchanged": unchanged}
 
 
 # ----------------------------------------------------------------------- measuring
@@ -200,6 +234,67 @@ def first_calls(fn: Callable[..., Any], args: tuple[Any, ...], measure: Any) -> 
     measuring.wait_idle()
     plain, ours = (sum(t) / len(t) for t in (times["jax.jit"], times["jaxpar"]))
     return {"jax.jit": plain, "jaxpar": ours, "ratio": ours / plain}
+
+
+def _counting(fn: Callable[..., Any], counts: list[int]) -> Callable[..., Any]:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts[0] += 1  # one Python call of the function: one trace
+        return fn(*args, **kwargs)
+    counted.__name__ = getattr(fn, "__name__", "fn")
+    return counted
+
+
+def first_calls_only(fn: Callable[..., Any], args: tuple[Any, ...], measure: Any,
+                     samples: int) -> dict[str, Any]:
+    """``samples`` first calls of each variant, fresh caches each, the pair's order
+    alternating; the median ratio of the pairs, their spread and the traces per call."""
+    times: dict[str, list[float]] = {"jax.jit": [], "jaxpar": []}
+    traces: dict[str, int] = {}
+    counts = [0]
+    counted = _counting(fn, counts)
+    for sample in range(samples):
+        order = ("jax.jit", "jaxpar") if sample % 2 == 0 else ("jaxpar", "jax.jit")
+        for variant in order:
+            measuring.wait_idle()
+            jax.clear_caches()
+            shared.forget_shared_states()
+            fun = jax.jit(counted) if variant == "jax.jit" else jaxpar.parallel_branches(
+                counted, measure=measure, **OPTIONS)
+            counts[0] = 0
+            times[variant].append(_timed(fun, args))
+            traces[variant] = counts[0]
+    measuring.wait_idle()
+    ratios = [ours / plain for ours, plain in zip(times["jaxpar"], times["jax.jit"],
+                                                  strict=True)]
+    return {"jax.jit": statistics.median(times["jax.jit"]),
+            "jaxpar": statistics.median(times["jaxpar"]),
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios),
+            "ratio_max": max(ratios), "traces": traces, "samples": times}
+
+
+def first_only(parts: list[str], only: str, out: str, cpu: bool, measure: Any,
+               samples: int) -> None:
+    """``--first``: each program's first calls only (``first_calls_only``)."""
+    results: dict[str, Any] = {}
+    for part in parts:
+        for program, build in PARTS[part](cpu).items():
+            if only and program not in only.split(","):
+                continue
+            try:
+                fn, args = build()
+                entry = results[program] = first_calls_only(fn, args, measure, samples)
+                print(f"  {program:34s} first x{entry['ratio']:.2f} (x{entry['ratio_min']:.2f}-"
+                      f"x{entry['ratio_max']:.2f}; jax.jit {entry['jax.jit']:.2f} s, jaxpar "
+                      f"{entry['jaxpar']:.2f} s), traces {entry['traces']}", flush=True)
+            except Exception as error:
+                results[program] = {"error": f"{type(error).__name__}: {error}"[:800]}
+                print(f"  {program}: {type(error).__name__}: {str(error)[:300]}", flush=True)
+            with open(os.path.join(out, "measure-first.json"), "w") as handle:
+                json.dump(results, handle, indent=1, default=str)
+    ratios = [entry["ratio"] for entry in results.values() if "ratio" in entry]
+    if ratios:
+        print(f"{len(ratios)} programs: first call median ratios mean "
+              f"x{statistics.mean(ratios):.3f}, worst x{max(ratios):.2f}", flush=True)
 
 
 def settle(pb: Any, args: tuple[Any, ...], limit: int = 60) -> dict[str, Any]:
@@ -293,6 +388,8 @@ def main() -> None:
                         help="jaxpar's target (default: its own, 'auto'); --cpu --target tpu "
                              "measures the TPU's candidates on this CPU")
     parser.add_argument("--second", action="store_true")
+    parser.add_argument("--first", type=int, default=0, metavar="N",
+                        help="first calls only, N samples of each variant, interleaved")
     ns = parser.parse_args()
     os.makedirs(ns.out, exist_ok=True)
     os.environ.setdefault("JAXPAR_TUNE_DIR", os.path.join(ns.out, "decisions"))
@@ -304,6 +401,9 @@ def main() -> None:
     if unknown:
         parser.error(f"--parts: unknown {unknown}; the parts are {sorted(PARTS)}")
     print(f"devices: {jax.devices()}; measure={measure!r}; options {OPTIONS}", flush=True)
+    if ns.first:
+        first_only(parts, ns.only, ns.out, ns.cpu, measure, ns.first)
+        return
     if ns.second:
         second(parts, ns.out, ns.cpu, measure)
         return

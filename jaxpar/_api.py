@@ -627,8 +627,9 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Unpack[InspectOption
     @functools.wraps(inner)
     def make_plan(*args: Any, **kwargs: Any) -> Plan:
         settings = resolved.resolve(**planned_for)
-        with nnx_arguments(object(), inner, args, kwargs) as (traced_fun, args, kwargs, _):
-            layout, leaves = split_arguments(traced_fun, args, kwargs, statics,
+        with nnx_arguments(object(), inner, args, kwargs) as (traced_fun, pure_args,
+                                                              pure_kwargs, _):
+            layout, leaves = split_arguments(traced_fun, pure_args, pure_kwargs, statics,
                                              allow_abstract=True, api="inspect")
             sig = Signature(layout, tuple(abstract(leaf) for leaf in leaves))
             prepared = _pipeline.analyse(traced_fun, sig, settings, report_now=True)

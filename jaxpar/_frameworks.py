@@ -126,14 +126,26 @@ class NnxCall:
         nnx, tag = self._nnx, self._tag
         is_graph_node = nnx_graph_node_check()
 
-        @functools.wraps(fun)
-        def merged(*pure_args: Any, **pure_kwargs: Any) -> Any:
+        def inside(pure_args: tuple[Any, ...], pure_kwargs: dict[str, Any]) -> Any:
             args, kwargs = nnx.from_tree((pure_args, pure_kwargs), ctxtag=tag, is_inner=True)
             out = fun(*args, **kwargs)
             objects = jax.tree_util.tree_map(
                 lambda leaf: leaf if is_graph_node is not None and is_graph_node(leaf) else None,
                 (args, kwargs), is_leaf=is_graph_node)
             return nnx.to_tree((*objects, out), ctxtag=tag)
+
+        @functools.wraps(fun)
+        def merged(*pure_args: Any, **pure_kwargs: Any) -> Any:
+            try:
+                nnx.current_update_context(tag)
+            except ValueError:
+                # Traced outside a call's context (the measuring thread's build, timing
+                # a candidate): one of its own. The split state carries the objects'
+                # indices, so the output's state maps back to the caller's objects in
+                # the call's own context, as a cached trace's does.
+                with nnx.update_context(tag):
+                    return inside(pure_args, pure_kwargs)
+            return inside(pure_args, pure_kwargs)
 
         return merged
 

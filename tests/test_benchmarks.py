@@ -310,3 +310,24 @@ def test_measure_script_measures_the_tpus_candidates_on_the_cpu(tmp_path: Any, m
                               str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert "| seed identical bodies | x" in summary.stdout
     assert "second process" in summary.stdout
+
+
+def test_measure_script_reports_first_calls_where_nothing_pays(tmp_path: Any) -> None:
+    """``benchmarks/measure_tpu.py --first N``: the first calls only, N of each variant, the
+    median ratio, its spread and how often each variant traced the function (once)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "measure_tpu.py"
+    env = {**__import__("os").environ, "JAXPAR_TUNE_DIR": str(tmp_path / "decisions"),
+           "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, str(script), "--cpu", "--target", "tpu", "--parts",
+                           "unchanged", "--only", "plain_mlp", "--first", "2", "--out",
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = json.loads((tmp_path / "measure-first.json").read_text())["plain_mlp"]
+    assert row["traces"] == {"jax.jit": 1, "jaxpar": 1}
+    assert len(row["samples"]["jax.jit"]) == len(row["samples"]["jaxpar"]) == 2
+    assert row["ratio_min"] <= row["ratio"] <= row["ratio_max"]
+    assert "plain_mlp" in done.stdout and "first call median ratios" in done.stdout

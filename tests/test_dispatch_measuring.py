@@ -7,7 +7,6 @@ cannot share keep ``jax.jit``'s program. Values against ``jax.jit`` at every cal
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.measuring import (
+    ManualWorker,
+    compiles,
+    fake_timer,
+    manual_worker,
+    private_tune_dir,
+)
 from helpers.trees import assert_tree_close, assert_tree_equal
 from jax import lax
 
@@ -35,66 +41,14 @@ C = np.linspace(0.0, 1.0, 8).astype(np.float32)
 XS = np.linspace(-1.0, 1.0, 200 * 8).reshape(200, 8).astype(np.float32)
 
 
-class ManualWorker:
-    """The measuring thread, run by the test: ``run()`` runs what was queued."""
-
-    def __init__(self) -> None:
-        self.tasks: list[Any] = []
-
-    def submit(self, task: Any, *args: Any) -> None:
-        self.tasks.append(functools.partial(task, *args))
-
-    def run(self) -> int:
-        count = 0
-        while self.tasks:
-            self.tasks.pop(0)()
-            count += 1
-        return count
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        return not self.tasks
-
-
 @pytest.fixture(autouse=True)
 def tune_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "tune"
-    monkeypatch.setenv(_tune.TUNE_DIR_VARIABLE, str(directory))
-    monkeypatch.delenv(measuring.MEASURE_VARIABLE, raising=False)
-    return directory
+    return private_tune_dir(tmp_path, monkeypatch)
 
 
 @pytest.fixture
 def manual(monkeypatch: pytest.MonkeyPatch) -> ManualWorker:
-    worker = ManualWorker()
-    monkeypatch.setattr(measuring, "worker", lambda: worker)
-    return worker
-
-
-def fake_timer(monkeypatch: pytest.MonkeyPatch, seconds: dict[str, float]) -> list[str]:
-    """Times each candidate as ``seconds.get(label, 1.0)``, still running it."""
-    timed: list[str] = []
-
-    def timer(label, run):
-        jax.block_until_ready(run())
-        timed.append(label)
-        return seconds.get(label, 1.0)
-
-    monkeypatch.setattr(_tune, "_timer", timer)
-    return timed
-
-
-def compiles() -> list[str]:
-    """Names of the programs compiled from now on (a list the caller reads later)."""
-    from jax._src import monitoring
-
-    names: list[str] = []
-
-    def listener(event: str, duration: float, **kwargs: Any) -> None:
-        if event.endswith("backend_compile_duration"):
-            names.append(str(kwargs.get("fun_name", "")))
-
-    monitoring.register_event_duration_secs_listener(listener)
-    return names
+    return manual_worker(monkeypatch)
 
 
 def drive(f: Any, manual: ManualWorker, *args: Any, calls: int = 3) -> list[Any]:

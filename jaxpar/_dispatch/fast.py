@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -280,6 +281,7 @@ def _entry(ref: weakref.ref[CallState], mode: Mode, state: CallState) -> Callabl
 def _flat(ref: weakref.ref[CallState], mode: Mode) -> Callable[..., Any]:
     def flat(split: tuple[Layout, bool], *leaves: Any) -> Any:
         layout, nnx = split
+        NEW_TRACES.traced = True
         return top_program(_alive(ref), CallKey(layout, nnx, True, mode.rewrite,
                                                 mode.settings, 0), list(leaves))
     return flat
@@ -299,6 +301,53 @@ def top_program(state: CallState, key: CallKey, leaves: Sequence[Any]) -> Any:
                             key.settings, key.nnx)
     with options_applied(state):  # the jit compiles with the plan's options
         return packed_outputs(rewrite.run(leaves, True), rewrite.traced.outputs)
+
+
+# ------------------------------------------------------ measuring the split calls
+
+
+class _NewTraces(threading.local):
+    """Set by the traced functions of the flat jits and ``nnx.jit`` (``planned``): the
+    call on this thread traced a signature anew, which the call's path then registers
+    with the measuring tuner (``measure_new_trace``), once per signature."""
+
+    traced = False
+
+
+NEW_TRACES = _NewTraces()
+
+
+def measured_split(state: CallState, mode: Mode, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> tuple[CallKey, list[Any]]:
+    """A top-level call's key and leaves as the measuring tuner keys its signature: Flax
+    NNX objects split as ``nnx.jit`` splits them (the candidates are timed on that split
+    state, which they never write back), static leaves in the layout."""
+    if not holds_nnx_object((args, kwargs)):
+        layout, leaves = split_arguments(state.fun, args, kwargs, state.static_args)
+        return CallKey(layout, False, True, mode.rewrite, mode.settings, 0), leaves
+    with nnx_arguments(state.nnx_tag, state.fun, args, kwargs) as (fun, pure_args,
+                                                                     pure_kwargs, _):
+        layout, leaves = split_arguments(fun, pure_args, pure_kwargs, state.static_args)
+    return CallKey(layout, True, True, mode.rewrite, mode.settings, 0), leaves
+
+
+def measure_new_trace(state: CallState, mode: Mode, out: Any, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+    """``out``, after a call jaxpar split (NNX objects, static leaves): where it traced a
+    signature anew and the measuring tuner takes it, the signature is registered and
+    started as ``route`` does for the C++ path's calls (it ran ``jax.jit``'s program, as
+    the trace found no decision). Costs one split of the arguments, once per signature."""
+    if not NEW_TRACES.traced:
+        return out
+    NEW_TRACES.traced = False
+    tuner = state.tuner
+    if tuner is None or tuner.synchronous or not mode.rewrite:
+        return out
+    key, leaves = measured_split(state, mode, args, kwargs)
+    measured = tuner.register(state, key, leaves)
+    if measured is not None:
+        tuner.start(state, measured)
+    return out
 
 
 # --------------------------------------------------------------------- the misses
@@ -327,15 +376,16 @@ def route(state: CallState, mode: Mode, options: Options, jax_miss: Miss,
     remembered = memo_split(state, fast, args, kwargs) if fast.splits else None
     if remembered is not None:
         split, flat_leaves = remembered
-        return _uncached(fast.flat(state, split.donated)(
-            (split.layout, False), *[flat_leaves[i] for i in split.traced]))
+        out = fast.flat(state, split.donated)((split.layout, False),
+                                              *[flat_leaves[i] for i in split.traced])
+        return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs))
     if holds_nnx_object((args, kwargs)):
-        return _uncached(_nnx_call(state, fast, args, kwargs))
+        out = _nnx_call(state, fast, args, kwargs)
+        return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs))
     layout, leaves = split_arguments(state.fun, args, kwargs, state.static_args)
-    if len(layout.statics) > _declared_statics(state, args, kwargs):
-        # Static leaves of jaxpar's (strings, functions, objects, an Equinox module's
-        # Python scalars), which JAX's dispatch cannot take as such.
-        return _uncached(flat_call(state, fast, layout, False, leaves, args, kwargs))
+    if _splits_statics(state, layout, args, kwargs):
+        out = flat_call(state, fast, layout, False, leaves, args, kwargs)
+        return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs))
     key = CallKey(layout, False, True, mode.rewrite, mode.settings, 0)
     tuner = state.tuner
     # A signature the measuring tuner takes runs jax.jit's program until decided: known
@@ -364,6 +414,22 @@ def _run_signature(state: CallState, fast: FastPath, options: Options, jax_miss:
         return _uncached(fast.with_options(state, chosen).routed.call(*args, **kwargs))
     fast.accepted = True
     return jax_miss(*args, **kwargs)
+
+
+def runs_routed(state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a top-level call with these arguments runs in ``FastPath.routed`` (no Flax
+    NNX objects, no static leaves of jaxpar's), not split by jaxpar."""
+    if holds_nnx_object((args, kwargs)):
+        return False
+    layout, _ = split_arguments(state.fun, args, kwargs, state.static_args)
+    return not _splits_statics(state, layout, args, kwargs)
+
+
+def _splits_statics(state: CallState, layout: Layout, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> bool:
+    """Whether the call holds static leaves of jaxpar's (strings, functions, objects, an
+    Equinox module's Python scalars), which JAX's dispatch cannot take as such."""
+    return len(layout.statics) > _declared_statics(state, args, kwargs)
 
 
 def _declared_statics(state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -462,6 +528,7 @@ def _nnx_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
         ref = weakref.ref(state)
 
         def planned(*inner_args: Any, **inner_kwargs: Any) -> Any:
+            NEW_TRACES.traced = True
             return keyed.transformed_call(_alive(ref), inner_args, inner_kwargs)
 
         name_after(planned, state.fun)
@@ -471,8 +538,9 @@ def _nnx_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
     kinds = frozenset(type(value) for value in (*args, *kwargs.values())
                       if is_nnx_object(value))
     if kinds:
-        install_call(state, functools.partial(_nnx_router, fast.routed.call,
-                                              fast.nnx_jitted, kinds | _ROUTED_LEAVES))
+        install_call(state, functools.partial(_nnx_router, weakref.ref(state), fast.mode,
+                                              fast.routed.call, fast.nnx_jitted,
+                                              kinds | _ROUTED_LEAVES))
     return fast.nnx_jitted(*args, **kwargs)
 
 
@@ -490,8 +558,8 @@ def _plain_besides_nnx(state: CallState, args: tuple[Any, ...],
                or is_nnx_object(leaf) for leaf in leaves)
 
 
-def _nnx_router(call: Any, nnx_jitted: Any, kinds: frozenset[type], *args: Any,
-                **kwargs: Any) -> Any:
+def _nnx_router(ref: weakref.ref[CallState], mode: Mode, call: Any, nnx_jitted: Any,
+                kinds: frozenset[type], *args: Any, **kwargs: Any) -> Any:
     """The call of a function whose calls pass Flax NNX objects: ``nnx.jit``'s where every
     argument is an NNX object (of a kind seen), an array or a Python scalar, by type, and
     one is an NNX object; otherwise the C++ dispatch (whose miss routes the rest)."""
@@ -501,7 +569,12 @@ def _nnx_router(call: Any, nnx_jitted: Any, kinds: frozenset[type], *args: Any,
         if kind not in kinds:
             return call(*args, **kwargs)
         nnx = nnx or kind not in _ROUTED_LEAVES
-    return nnx_jitted(*args, **kwargs) if nnx else call(*args, **kwargs)
+    if not nnx:
+        return call(*args, **kwargs)
+    out = nnx_jitted(*args, **kwargs)
+    if NEW_TRACES.traced:  # nnx.jit traced a new signature
+        measure_new_trace(_alive(ref), mode, out, args, kwargs)
+    return out
 
 
 def _nnx_flat_call(state: CallState, fast: FastPath, args: tuple[Any, ...],

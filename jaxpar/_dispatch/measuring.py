@@ -44,11 +44,14 @@ Sharp edges:
     the first call, for bit-stable runs.
   * A rewrite runs only once measured faster. Only top-level calls with concrete arrays
     are measured; under ``jax.grad``, ``vmap`` or an outer ``jit`` a decision made at the
-    same shapes is reused, else ``jax.jit``'s program runs; so do calls with Flax NNX
-    objects and jaxpar's own static leaves (an Equinox module's), and programs with side
-    effects (timing would repeat them). A call made under a JAX context manager
-    (``jax.enable_x64``, ``default_matmul_precision``) that the measuring thread does not
-    share is not measured: ``jax.jit``'s program runs (``tuning()`` says why).
+    same shapes is reused, else ``jax.jit``'s program runs; so do programs with side
+    effects (timing would repeat them). Calls with Flax NNX objects and jaxpar's own
+    static leaves (an Equinox module's) are measured: their path registers a signature
+    when it traces it (``fast.measure_new_trace``), and the candidates are timed on the
+    call's split state (``fast.measured_split``), their outputs dropped; the call itself
+    writes the NNX state it changed back, as ``nnx.jit`` does. A call made under a JAX
+    context manager (``jax.enable_x64``, ``default_matmul_precision``) that the measuring
+    thread does not share is not measured: ``jax.jit``'s program runs (``tuning()`` says why).
     ``measure=False`` runs the model's plan in all these cases.
   * The measuring thread traces the user's function again (for its fingerprint and each
     candidate), beside the caller's thread: Python side effects at trace time happen
@@ -79,7 +82,7 @@ from typing import Any
 import jax
 
 from .. import _compat, _processes, targets
-from .._trace import abstract, split_arguments
+from .._trace import abstract
 from .._tune import (
     CHOSEN,
     PLAIN,
@@ -93,7 +96,7 @@ from .._tune import (
 )
 from .._tune import decide as decide_together
 from .._tune import measure as measure_programs
-from .fast import FastPath, current, replace_path
+from .fast import FastPath, current, measured_split, replace_path, runs_routed
 from .state import CallKey, CallState, set_boundary
 from .tuning import (
     CallTuner,
@@ -486,8 +489,11 @@ def installed_after_decision(state: CallState, fast: FastPath, args: tuple[Any, 
     so that this call runs it (several processes switch at the same call)."""
     moved = FastPath(state, fast.mode, fast.options)
     moved.accepted = fast.accepted
+    # Calls jaxpar splits (NNX objects, static leaves) compile in their own jits at the
+    # next call; the C++ dispatch's jit is compiled here for the calls it runs.
+    routed = runs_routed(state, args, kwargs)
     abstract_args, abstract_kwargs = jax.tree_util.tree_map(abstract_argument,
-                                                            (args, kwargs))
+                                                            (args, kwargs)) if routed else ((), {})
     ref = weakref.ref(state)
 
     def switch() -> None:
@@ -495,7 +501,8 @@ def installed_after_decision(state: CallState, fast: FastPath, args: tuple[Any, 
         if alive is None:
             return
         try:  # the call compiles it otherwise
-            moved.routed.plain.lower(*abstract_args, **abstract_kwargs).compile()
+            if routed:
+                moved.routed.plain.lower(*abstract_args, **abstract_kwargs).compile()
         except Exception:
             pass
         with alive.switch_lock:
@@ -549,9 +556,7 @@ def _settle_call(state: CallState, tuner: MeasuringTuner, args: tuple[Any, ...],
     """The decision this call settles, where a rewrite won (None otherwise)."""
     if not tuner.pending or not _compat.top_level():
         return None
-    fast = current(state)
-    layout, leaves = split_arguments(state.fun, args, kwargs, state.static_args)
-    key = CallKey(layout, False, True, fast.mode.rewrite, fast.mode.settings, 0)
+    key, leaves = measured_split(state, current(state).mode, args, kwargs)
     tuning = tuner.settle(state, key, leaves)
     return None if tuning is None or tuning.chosen in ("", PLAIN) else tuning
 
