@@ -12,7 +12,10 @@ must know about its caller travels here, in one ``threading.local``:
 * ``plan_depth``: how many functions jaxpar is tracing to plan them (a decorated function
   called inside is part of that function's program);
 * ``local_axes``: the ``jax.vmap`` axes the function being planned is mapped over on this
-  device (a ``psum`` over them communicates nothing).
+  device (a ``psum`` over them communicates nothing);
+* ``traced_anew``: set by the traced functions of the flat jits and ``nnx.jit``: the call on
+  this thread traced a signature anew, which the call's path then registers with the
+  measuring tuner (``_dispatch.fast.measure_new_trace``), once per signature.
 
 Example::
 
@@ -32,6 +35,7 @@ class _Channel(threading.local):
         self.traced_consts: set[int] = set()
         self.plan_depth = 0
         self.local_axes: frozenset[Any] = frozenset()
+        self.traced_anew = False
 
 
 CHANNEL = _Channel()

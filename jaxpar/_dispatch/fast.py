@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -47,6 +46,7 @@ from typing import Any
 import jax
 
 from .. import _compat, targets
+from .._channel import CHANNEL
 from .._compat import Miss, RoutedJit, routed_jit
 from .._flags import environment_reader
 from .._frameworks import holds_nnx_object, is_nnx_object, nnx_arguments
@@ -281,7 +281,7 @@ def _entry(ref: weakref.ref[CallState], mode: Mode, state: CallState) -> Callabl
 def _flat(ref: weakref.ref[CallState], mode: Mode) -> Callable[..., Any]:
     def flat(split: tuple[Layout, bool], *leaves: Any) -> Any:
         layout, nnx = split
-        NEW_TRACES.traced = True
+        CHANNEL.traced_anew = True
         return top_program(_alive(ref), CallKey(layout, nnx, True, mode.rewrite,
                                                 mode.settings, 0), list(leaves))
     return flat
@@ -306,15 +306,6 @@ def top_program(state: CallState, key: CallKey, leaves: Sequence[Any]) -> Any:
 # ------------------------------------------------------ measuring the split calls
 
 
-class _NewTraces(threading.local):
-    """Set by the traced functions of the flat jits and ``nnx.jit`` (``planned``): the
-    call on this thread traced a signature anew, which the call's path then registers
-    with the measuring tuner (``measure_new_trace``), once per signature."""
-
-    traced = False
-
-
-NEW_TRACES = _NewTraces()
 
 
 def measured_split(state: CallState, mode: Mode, args: tuple[Any, ...],
@@ -337,9 +328,9 @@ def measure_new_trace(state: CallState, mode: Mode, out: Any, args: tuple[Any, .
     signature anew and the measuring tuner takes it, the signature is registered and
     started as ``route`` does for the C++ path's calls (it ran ``jax.jit``'s program, as
     the trace found no decision). Costs one split of the arguments, once per signature."""
-    if not NEW_TRACES.traced:
+    if not CHANNEL.traced_anew:
         return out
-    NEW_TRACES.traced = False
+    CHANNEL.traced_anew = False
     tuner = state.tuner
     if tuner is None or tuner.synchronous or not mode.rewrite:
         return out
@@ -528,7 +519,7 @@ def _nnx_call(state: CallState, fast: FastPath, args: tuple[Any, ...],
         ref = weakref.ref(state)
 
         def planned(*inner_args: Any, **inner_kwargs: Any) -> Any:
-            NEW_TRACES.traced = True
+            CHANNEL.traced_anew = True
             return keyed.transformed_call(_alive(ref), inner_args, inner_kwargs)
 
         name_after(planned, state.fun)
@@ -572,7 +563,7 @@ def _nnx_router(ref: weakref.ref[CallState], mode: Mode, call: Any, nnx_jitted: 
     if not nnx:
         return call(*args, **kwargs)
     out = nnx_jitted(*args, **kwargs)
-    if NEW_TRACES.traced:  # nnx.jit traced a new signature
+    if CHANNEL.traced_anew:  # nnx.jit traced a new signature
         measure_new_trace(_alive(ref), mode, out, args, kwargs)
     return out
 
