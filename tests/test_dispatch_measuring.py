@@ -414,3 +414,61 @@ def test_a_while_loop_of_unknown_trips_gets_a_candidate(manual, monkeypatch):
     assert label in timed and f.tuning(x).chosen == label
     assert f.lower(x).as_text().count("stablehlo.while") == 1
     assert "stablehlo.case" in f.lower(x).as_text() or "stablehlo.if" in f.lower(x).as_text()
+
+
+class Recorded:
+    """A fake output: waiting for it is recorded (``jax.block_until_ready`` calls its
+    ``block_until_ready``)."""
+
+    def __init__(self, events: list[str], label: str):
+        self.events, self.label = events, label
+
+    def block_until_ready(self) -> Recorded:
+        self.events.append(f"wait {self.label}")
+        return self
+
+
+def test_a_timing_round_dispatches_k_calls_back_to_back_before_waiting():
+    """The real timer: after the warm-up and one timed call each, every round dispatches
+    ``round_calls`` calls of a candidate one after another and only then waits for them
+    (as a loop of calls overlaps dispatch with execution), jax.jit's program and the
+    rewrite alike, interleaved round by round."""
+    events: list[str] = []
+
+    def run(label: str) -> Any:
+        def call() -> Recorded:
+            events.append(f"call {label}")
+            return Recorded(events, label)
+        return call
+
+    candidates = {c.label: c for c in _tune.CANDIDATES}
+    programs = [_tune.Program(candidates[PLAIN], run(PLAIN)),
+                _tune.Program(candidates[REWRITE], run(REWRITE))]
+    budget = _tune.TuneBudget(seconds=0.0, min_repeats=3, max_repeats=3)
+    tuning = _tune.measure(programs, "k", budget)
+    calls = _tune.ROUND_CALLS  # a fake call takes microseconds: the most a round makes
+    assert tuning.round_calls == calls
+    assert f"rounds of {calls} back-to-back calls" in tuning.lines()[0]
+    rounds = events[8:]  # the warm-up and the first timed call: call, wait, for each
+    assert events[:8] == [f"{what} {label}" for label in (PLAIN, REWRITE)
+                          for what in ("call", "wait")] * 2
+    assert len(rounds) == 3 * 2 * 2 * calls
+    for start in range(0, len(rounds), 2 * calls):
+        label = rounds[start].split(" ", 1)[1]
+        assert rounds[start:start + 2 * calls] == [f"call {label}"] * calls + [
+            f"wait {label}"] * calls
+    assert {row.runs for row in tuning.rows if row.median_s is not None} == {3 * calls}
+
+
+def test_timing_back_to_back_calls_keeps_jax_jits_values_on_the_cpu():
+    """The real timer and thread, a real program: decided from rounds of back-to-back
+    calls, and every call returns jax.jit's values."""
+    f = measured_loop()
+    want = jax.jit(loop)(C, XS)
+    for _ in range(4):
+        assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)
+        assert measuring.wait_idle(300)
+    tuning = f.tuning(C, XS)
+    assert tuning.source == _tune.MEASURED and tuning.round_calls > 1
+    assert all(row.runs % tuning.round_calls == 0 for row in tuning.rows)
+    assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)
