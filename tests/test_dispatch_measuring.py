@@ -21,6 +21,7 @@ from jax import lax
 import jaxpar
 from jaxpar import _tune
 from jaxpar._dispatch import measuring, shared
+from jaxpar._dispatch import tuning as tuning_module
 
 REWRITE = "jaxpar (chosen options)"
 PLAIN = _tune.PLAIN
@@ -472,3 +473,77 @@ def test_timing_back_to_back_calls_keeps_jax_jits_values_on_the_cpu():
     assert tuning.source == _tune.MEASURED and tuning.round_calls > 1
     assert all(row.runs % tuning.round_calls == 0 for row in tuning.rows)
     assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_build_stops_at_its_deadline_and_what_was_built_is_timed(manual, monkeypatch):
+    """A fake clock, 10 s a read: the first call "takes" 10 s and the deadline is 25 s
+    (``BUILD_DEADLINE_MIN_S``; no multiple here), so after jax.jit's program and the plan
+    (always built) only the next two in build order are: the unroll by 8 and the loops
+    rolled, never the unroll by 16 (built last). What was built is timed and decided;
+    the report says where the build stopped; values are jax.jit's at every call."""
+    timed = fake_timer(monkeypatch, {"jaxpar unrolled by 8": 0.5})
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 10.0
+        return now[0]
+
+    monkeypatch.setattr(measuring, "_clock", clock)
+    monkeypatch.setattr(measuring, "BUILD_DEADLINE_FACTOR", 0.0)
+    monkeypatch.setattr(measuring, "BUILD_DEADLINE_MIN_S", 25.0)
+    f = measured_loop()
+    want = jax.jit(loop)(C, XS)
+    for out in drive(f, manual, calls=4):
+        assert_tree_close(out, want, rtol=1e-5, atol=1e-6)
+    own = [c.label for c in _tune.CANDIDATES
+           if c.targets is None or "tpu" in c.targets]
+    tuning = f.tuning(C, XS)
+    assert tuning.chosen == "jaxpar unrolled by 8"
+    assert tuning.built is not None and tuning.built.startswith(f"built 4 of {len(own)} ")
+    assert "stopped at the deadline (25 s)" in tuning.built
+    assert tuning.built in "\n".join(tuning.lines())
+    assert "jaxpar unrolled by 16" not in timed and "jaxpar unrolled by 8" in timed
+    assert tuning.row("jaxpar unrolled by 16").median_s is None
+    assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_deadline_is_a_multiple_of_the_first_call_at_least_some_seconds():
+    assert measuring.build_deadline_s(0.1) == measuring.BUILD_DEADLINE_MIN_S
+    assert measuring.build_deadline_s(10.0) == 10.0 * measuring.BUILD_DEADLINE_FACTOR
+    assert [c.label for c in tuning_module.build_order()[:4]] == [
+        PLAIN, REWRITE, "jaxpar unrolled by 8", "jaxpar without unrolling"]
+    assert tuning_module.build_order()[-1].label == "jaxpar unrolled by 16"
+
+
+def test_candidates_are_compiled_with_the_functions_donation_and_shardings(
+        manual, monkeypatch):
+    """The candidates' programs carry the function's jit options: donated arguments
+    (``tf.aliasing_output``/``jax.buffer_donor``) and shardings (``sdy.sharding``/
+    ``mhlo.sharding``); jax.jit's candidate is jax.jit's own program with the same
+    options. Timing runs donate copies: every call returns jax.jit's values and donates
+    its own argument as jax.jit does."""
+    fake_timer(monkeypatch, {REWRITE: 0.5})
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    options = dict(donate_argnums=0, in_shardings=(device, device), out_shardings=device)
+    f = jaxpar.parallel_branches(loop, target="tpu", measure=True, **options)
+    reference = jax.jit(loop, **options)
+    want = jax.jit(loop)(C, XS)
+    probe = jnp.asarray(C)
+    reference(probe, XS)
+    programs: list[Any] = []
+    for call in range(4):
+        c = jnp.asarray(C)
+        assert_tree_close(f(c, XS), want, rtol=1e-5, atol=1e-6)
+        assert c.is_deleted() == probe.is_deleted()
+        if call == 1:  # the build ran after the second call: the programs to time
+            manual.run()
+            programs = list(next(iter(f._tuner.pending.values())).programs)
+        manual.run()
+    assert f.tuning(jnp.asarray(C), XS).chosen == REWRITE
+    built = {p.candidate.label: p.run for p in programs if p.run is not None}
+    assert set(built) >= {PLAIN, REWRITE}
+    for label, run in built.items():
+        text = run.jitted.lower(C, XS).as_text()
+        assert "tf.aliasing_output" in text or "jax.buffer_donor" in text, label
+        assert "sdy.sharding" in text or "mhlo.sharding" in text, label
+    assert built[PLAIN].jitted.lower(C, XS).as_text() == reference.lower(C, XS).as_text()

@@ -96,10 +96,11 @@ from .._tune import measure as measure_programs
 from .fast import FastPath, current, replace_path
 from .state import CallKey, CallState, set_boundary
 from .tuning import (
+    CalledRun,
     CallTuner,
     candidate_key_of,
     candidate_programs,
-    run_candidate,
+    own_program,
     signature_decision_key,
     signature_of,
     traced_decision_key,
@@ -140,8 +141,8 @@ class Pending:
     """One signature's build on the measuring thread: its arguments' abstract values,
     the trace context of the call that queued it, and what the build produced."""
 
-    __slots__ = ("arguments", "by_shape", "context", "done", "error", "fallback", "fields",
-                 "key", "name", "programs", "stored")
+    __slots__ = ("arguments", "built", "by_shape", "context", "done", "error", "fallback",
+                 "fields", "first_call_s", "key", "name", "programs", "registered", "stored")
 
     def __init__(self, key: CallKey, by_shape: Any, arguments: tuple[Any, ...]):
         self.key = key
@@ -155,6 +156,11 @@ class Pending:
         self.fields: dict[str, Any] = {}
         self.programs: list[Program] = []
         self.stored: Tuning | None = None
+        # The first call's time (trace, compile, run: ``start``), which the build's
+        # deadline is a multiple of; what the build says where the deadline stopped it.
+        self.registered = _clock()
+        self.first_call_s = 0.0
+        self.built: str | None = None
 
 
 class _Worker:
@@ -335,6 +341,7 @@ class MeasuringTuner(CallTuner):
         """After that first call ran: the next call is a boundary, which queues the
         candidates' build on the measuring thread (so that nothing of it competes with
         the first call for the host), and under several processes decides together."""
+        pending.first_call_s = _clock() - pending.registered
         with self.lock:
             self.deferred.append(pending)
         set_boundary(state, functools.partial(boundary_call, weakref.ref(state)))
@@ -406,9 +413,8 @@ class MeasuringTuner(CallTuner):
         elif pending.error is not None:
             return untimed(pending.fallback, NOT_MEASURED, pending.name, self.budget,
                            why=pending.error)
-        live = [p if p.run is None else p._replace(run=functools.partial(
-                run_candidate, state, candidate_key_of(state, pending.key, p.candidate.label),
-                tuple(leaves))) for p in pending.programs]
+        live = [p if not isinstance(p.run, CalledRun) else p._replace(run=p.run.at(leaves))
+                for p in pending.programs]
         if together:
             return decide_together(pending.name, pending.fields, lambda: live, self.budget,
                                    together=True, what=state.call_text(
@@ -419,7 +425,8 @@ class MeasuringTuner(CallTuner):
             # Every candidate is jax.jit's program: nothing to time.
             return store(untimed(PLAIN, NOTHING_TO_MEASURE, pending.name, self.budget),
                          pending.fields)
-        return store(measure_programs(live, pending.name, self.budget), pending.fields)
+        return store(dataclasses.replace(measure_programs(live, pending.name, self.budget),
+                                         built=pending.built), pending.fields)
 
 
 def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
@@ -444,8 +451,7 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
             # A later process: only the winner is compiled (with the fresh jit below).
             pending.programs = []
         else:
-            pending.programs = candidate_programs(state, key, arguments, compile_them=True,
-                                           check=stopping)
+            pending.programs = _build_candidates(state, pending, arguments)
     except _Skip as skip:
         pending.error, pending.fallback = str(skip), skip.chosen
     except Exception as error:  # a failed build keeps jax.jit's program; never a call's error
@@ -458,6 +464,45 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
         if isinstance(tuner, MeasuringTuner):
             tuner.idle_boundaries = 0
         set_boundary(state, functools.partial(boundary_call, ref))
+
+
+# The candidates' build stops at a deadline: this multiple of the signature's first call
+# (jax.jit's trace, compile and run), at least ``BUILD_DEADLINE_MIN_S``. A compile under
+# way is not interrupted: the deadline is checked between candidates, so the build may
+# pass it by one candidate's compile. jax.jit's program and the plan are always built.
+BUILD_DEADLINE_FACTOR = 10.0
+BUILD_DEADLINE_MIN_S = 20.0
+_clock = time.perf_counter  # the build's clock (a test's fake one)
+
+
+def build_deadline_s(first_call_s: float) -> float:
+    """Seconds the candidates' build may take, for a first call of ``first_call_s``."""
+    return max(BUILD_DEADLINE_MIN_S, BUILD_DEADLINE_FACTOR * first_call_s)
+
+
+def _build_candidates(state: CallState, pending: Pending, arguments: list[Any]
+                      ) -> list[Program]:
+    """The candidates compiled as the function's call compiles them (its donation and
+    shardings), in ``tuning.build_order``, until the deadline (one process: processes
+    timing together build all, the same schedule); ``pending.built`` says where it
+    stopped."""
+    started = _clock()
+    deadline = started + build_deadline_s(pending.first_call_s)
+    alone = jax.process_count() == 1
+
+    def check() -> bool:
+        stopping()
+        return not alone or _clock() < deadline
+
+    programs = candidate_programs(state, pending.key, arguments, compile_them=True,
+                                  check=check, as_called=True)
+    own = [p for p in programs if own_program(p.candidate, pending.key)]
+    left_out = sum(1 for p in own if p.run is None and p.same_as is None)
+    if left_out:
+        pending.built = (f"built {len(own) - left_out} of {len(own)} candidates in "
+                         f"{_clock() - started:.1f} s; stopped at the deadline "
+                         f"({build_deadline_s(pending.first_call_s):.0f} s)")
+    return programs
 
 
 class _Skip(Exception):
