@@ -10,12 +10,17 @@ function on this device. Per signature of a top-level call:
    signature is queued on jaxpar's measuring thread (one per process): it traces the
    function, reads a stored decision (``_tune``: keyed by the program's fingerprint, the
    device kind, the versions), and otherwise analyses, lowers and compiles the candidates
-   (``_tune.CANDIDATES``).
+   (``_tune.CANDIDATES``) as the function's call compiles them (its ``jax.jit`` options:
+   donation, ``in_shardings``/``out_shardings``), in ``tuning.build_order`` (jax.jit's
+   program, the plan, lax.scan's unroll by 8, the loops rolled, ..., the unroll by 16
+   last) until a deadline (``BUILD_DEADLINE_FACTOR`` times the first call, at least
+   ``BUILD_DEADLINE_MIN_S``): what was built by then is timed.
 2. Meanwhile calls keep running ``jax.jit``'s program, from the C++ cache.
 3. Once the candidates are compiled, the next call of that signature (a call boundary, on
    the caller's thread) times them against ``jax.jit``'s program (``MEASURE_BUDGET``: a
    warm-up and one first run each, then between 5 and 20 rounds aiming at ``seconds`` of
-   timed runs per distinct candidate; a clear loser stops early), decides (a rewrite
+   timed runs per distinct candidate, a round k back-to-back calls of each as a loop of
+   calls runs them, ``_tune.round_calls``; a clear loser stops early), decides (a rewrite
    must win by the margin), stores the decision, and returns jax.jit's result. Where a
    rewrite won, the measuring thread compiles it into a fresh top-level jit, which is
    installed at a call boundary and then serves the calls from the C++ cache. A built
@@ -53,8 +58,16 @@ Sharp edges:
   * The measuring thread traces the user's function again (for its fingerprint and each
     candidate), beside the caller's thread: Python side effects at trace time happen
     more often than under ``jax.jit``.
-  * Candidates are timed as jaxpar's keyed jits run them (without the function's
-    donation or ``in_shardings``/``out_shardings``); the installed winner has them.
+  * Candidates are compiled with the function's donation and shardings, as the winner
+    runs. A timing run donates copies of the donated arguments, made before its round
+    (not timed; the call's own arguments stay for the call): a round holds one copy a
+    call, as many calls as ``tuning.DONATED_COPIES_BYTES`` allows (one at least).
+  * A candidate's compile cannot be interrupted: the build's deadline is checked
+    between candidates, so a build may pass it by one compile; jax.jit's program and
+    the plan are always built. ``Tuning.built`` says "built N of M candidates in X s;
+    stopped at the deadline"; the rest are not timed (and the stored decision is the
+    one made from what was built). Processes timing together build every candidate
+    (one schedule).
   * Several processes: the deciding call waits for this process's build; an error while
     timing together reaches the call on every process (as under ``tune=True``), rather
     than leaving the others waiting in a collective.

@@ -255,7 +255,7 @@ def _built(state: CallState, key: CallKey, leaves: Sequence[Any], candidate: Can
         jitted = jit_for(state, candidate_key, leaves)
         lowered = jitted.lower(candidate_key, *leaves)
         run = functools.partial(run_candidate, state, candidate_key, tuple(leaves))
-        compiled_with = {"jit": id(jitted)}
+        compiled_with = {"jit": str(id(jitted))}
     # The XLA options (the CUDA-graph mode) are not in the lowered text.
     text = f"{lowered.as_text()}\n{sorted(compiled_with.items())!r}"
     if text in seen:
