@@ -141,8 +141,9 @@ class TuneBudget:
       min_repeats, max_repeats: timing rounds per candidate, after one warm-up run and
         one timed call. A round is k back-to-back calls (dispatched, then waited for
         together, as a loop of calls runs them): k makes a round of a short program
-        last about ``ROUND_S`` (5 ms), at most ``ROUND_CALLS`` (8); a program of 5 ms
-        or more is timed a call a round.
+        last about ``ROUND_S`` (5 ms), at most ``ROUND_CALLS`` (8) and 1 GiB of
+        outputs held (``ROUND_BYTES``); a program of 5 ms or more is timed a call a
+        round.
       seconds: the timed rounds of one candidate aim at about this much wall time
         (between ``min_repeats`` and ``max_repeats`` rounds); processes tuning together
         run the most rounds (and calls a round) any of them aims at.
@@ -479,13 +480,22 @@ _timer: Callable[[str, Callable[[], Any]], float] = _time_call
 # what makes a round last about ``ROUND_S`` (from the first timed call of jax.jit's
 # program), at most ``ROUND_CALLS``; a program of ``ROUND_S`` or more is timed a call a
 # round. A round of short calls so lasts at most about 2 * ``ROUND_S``.
+# A round's calls' outputs are held until it ends: they take at most ``ROUND_BYTES``
+# together (one call a round at least).
 ROUND_S = 0.005
 ROUND_CALLS = 8
+ROUND_BYTES = 1 << 30
 
 
-def round_calls(first_s: float) -> int:
-    """The calls a timing round makes of a program whose single call took ``first_s``."""
-    return max(1, min(ROUND_CALLS, math.ceil(ROUND_S / max(first_s, 1e-9))))
+def round_calls(first_s: float, out_bytes: int = 0) -> int:
+    """The calls a timing round makes of a program whose single call took ``first_s``
+    and whose outputs take ``out_bytes``."""
+    calls = min(ROUND_CALLS, math.ceil(ROUND_S / max(first_s, 1e-9)))
+    return max(1, min(calls, ROUND_BYTES // max(out_bytes, 1)))
+
+
+def _nbytes(tree: Any) -> int:
+    return sum(int(getattr(leaf, "nbytes", 0)) for leaf in jax.tree_util.tree_leaves(tree))
 
 
 def _round(run: Callable[[], Any], calls: int) -> tuple[Callable[[], Any], int]:
@@ -529,10 +539,10 @@ def measure(programs: Sequence[Program], key: str, budget: TuneBudget = TuneBudg
     if not programs or programs[0].candidate.label != PLAIN:
         raise ValueError("the first candidate must be plain jax.jit (the baseline)")
     runs = {p.candidate.label: p.run for p in programs if p.run is not None}
-    for run in runs.values():  # compile, then one warm-up run
-        jax.block_until_ready(run())
+    # Compile, then one warm-up run; a round holds its calls' outputs until it ends.
+    out_bytes = max(_nbytes(jax.block_until_ready(run())) for run in runs.values())
     first = {label: _timed_round(label, run, 1)[0] for label, run in runs.items()}
-    calls = round_calls(first[PLAIN])
+    calls = round_calls(first[PLAIN], out_bytes)
     repeats = max(budget.min_repeats, min(budget.max_repeats, int(
         budget.seconds / max(first[PLAIN] * calls, 1e-9))))
     if together:  # the same schedule on every process (its programs hold collectives)

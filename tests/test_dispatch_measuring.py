@@ -547,3 +547,20 @@ def test_candidates_are_compiled_with_the_functions_donation_and_shardings(
         assert "tf.aliasing_output" in text or "jax.buffer_donor" in text, label
         assert "sdy.sharding" in text or "mhlo.sharding" in text, label
     assert built[PLAIN].jitted.lower(C, XS).as_text() == reference.lower(C, XS).as_text()
+    # A round's runs donate their own copies, as many as DONATED_COPIES_BYTES allows.
+    run = built[REWRITE].at([jnp.asarray(C), jnp.asarray(XS)])
+    monkeypatch.setattr(tuning_module, "DONATED_COPIES_BYTES", 2 * C.nbytes)
+    calls = run.fresh(8)
+    assert len(calls) == 2
+    for call in calls:
+        assert_tree_close(call(), want, rtol=1e-5, atol=1e-6)
+    assert not run.leaves[0].is_deleted()
+
+
+def test_a_round_makes_calls_for_about_5_ms_at_most_8_and_1_gib_of_outputs():
+    assert _tune.round_calls(1e-4) == _tune.ROUND_CALLS == 8
+    assert _tune.round_calls(1e-3) == 5  # 5 ms a round
+    assert _tune.round_calls(0.004) == 2
+    assert _tune.round_calls(0.005) == _tune.round_calls(2.0) == 1  # a call a round
+    assert _tune.round_calls(1e-4, out_bytes=_tune.ROUND_BYTES // 3) == 3
+    assert _tune.round_calls(1e-4, out_bytes=2 * _tune.ROUND_BYTES) == 1
