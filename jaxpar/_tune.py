@@ -542,7 +542,9 @@ def measure(programs: Sequence[Program], key: str, budget: TuneBudget = TuneBudg
     # Compile, then one warm-up run; a round holds its calls' outputs until it ends.
     out_bytes = max(_nbytes(jax.block_until_ready(run())) for run in runs.values())
     first = {label: _timed_round(label, run, 1)[0] for label, run in runs.items()}
-    calls = round_calls(first[PLAIN], out_bytes)
+    # The candidates' fastest first call estimates a call's time (one waited-for call on
+    # a loaded host can take milliseconds more than the program).
+    calls = round_calls(min(first.values()), out_bytes)
     repeats = max(budget.min_repeats, min(budget.max_repeats, int(
         budget.seconds / max(first[PLAIN] * calls, 1e-9))))
     if together:  # the same schedule on every process (its programs hold collectives)
