@@ -502,6 +502,7 @@ def test_the_build_stops_at_its_deadline_and_what_was_built_is_timed(manual, mon
     assert tuning.built is not None and tuning.built.startswith(f"built 4 of {len(own)} ")
     assert "stopped at the deadline (25 s)" in tuning.built
     assert tuning.built in "\n".join(tuning.lines())
+    assert tuning.built in jaxpar.inspect(f)(C, XS).text()
     assert "jaxpar unrolled by 16" not in timed and "jaxpar unrolled by 8" in timed
     assert tuning.row("jaxpar unrolled by 16").median_s is None
     assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)
