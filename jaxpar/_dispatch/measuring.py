@@ -114,6 +114,7 @@ from .tuning import (
     candidate_key_of,
     candidate_programs,
     own_program,
+    run_candidate,
     signature_decision_key,
     signature_of,
     traced_decision_key,
@@ -426,8 +427,7 @@ class MeasuringTuner(CallTuner):
         elif pending.error is not None:
             return untimed(pending.fallback, NOT_MEASURED, pending.name, self.budget,
                            why=pending.error)
-        live = [p if not isinstance(p.run, CalledRun) else p._replace(run=p.run.at(leaves))
-                for p in pending.programs]
+        live = [_at_call(state, pending, p, leaves) for p in pending.programs]
         if together:
             return decide_together(pending.name, pending.fields, lambda: live, self.budget,
                                    together=True, what=state.call_text(
@@ -440,6 +440,18 @@ class MeasuringTuner(CallTuner):
                          pending.fields)
         return store(dataclasses.replace(measure_programs(live, pending.name, self.budget),
                                          built=pending.built), pending.fields)
+
+
+def _at_call(state: CallState, pending: Pending, program: Program, leaves: Sequence[Any]
+             ) -> Program:
+    """``program`` run at the deciding call's leaves (built at abstract ones)."""
+    if program.run is None:
+        return program
+    if isinstance(program.run, CalledRun):
+        return program._replace(run=program.run.at(leaves))
+    return program._replace(run=functools.partial(  # a keyed jit's (NNX calls)
+        run_candidate, state, candidate_key_of(state, pending.key, program.candidate.label),
+        tuple(leaves)))
 
 
 def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
@@ -507,8 +519,10 @@ def _build_candidates(state: CallState, pending: Pending, arguments: list[Any]
         stopping()
         return not alone or _clock() < deadline
 
+    # Calls with Flax NNX objects are split by jaxpar: their candidates run in its keyed
+    # jits (whose arguments are the split's leaves), not over the call's own arguments.
     programs = candidate_programs(state, pending.key, arguments, compile_them=True,
-                                  check=check, as_called=True)
+                                  check=check, as_called=not pending.key.nnx)
     own = [p for p in programs if own_program(p.candidate, pending.key)]
     left_out = sum(1 for p in own if p.run is None and p.same_as is None)
     if left_out:
