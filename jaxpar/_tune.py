@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import statistics
@@ -137,10 +138,15 @@ class TuneBudget:
         fraction above the best so far, and that was slower than the best in each of the
         last ``min_repeats`` rounds, stops being timed (a clear loser; never chosen). In
         one process only: processes tuning together time every round.
-      min_repeats, max_repeats: timed runs per candidate, after one warm-up run.
-      seconds: the timed runs of one candidate aim at about this much wall time
-        (between ``min_repeats`` and ``max_repeats`` runs); processes tuning together
-        run the most rounds any of them aims at.
+      min_repeats, max_repeats: timing rounds per candidate, after one warm-up run and
+        one timed call. A round is k back-to-back calls (dispatched, then waited for
+        together, as a loop of calls runs them): k makes a round of a short program
+        last about ``ROUND_S`` (5 ms), at most ``ROUND_CALLS`` (8) and 1 GiB of
+        outputs held (``ROUND_BYTES``); a program of 5 ms or more is timed a call a
+        round.
+      seconds: the timed rounds of one candidate aim at about this much wall time
+        (between ``min_repeats`` and ``max_repeats`` rounds); processes tuning together
+        run the most rounds (and calls a round) any of them aims at.
       combine: how the ratios of processes tuning together combine into the one the
         decision compares: ``"slowest"`` (default; each candidate's largest ratio over
         the processes: a rewrite must pay on every host, as the step waits for the
@@ -187,7 +193,8 @@ class Measured(NamedTuple):
     ``median_s`` is None when the candidate was not timed: ``same_as`` names the row
     that is the same program, or the decision was read from disk without its table.
     ``ratio`` is the median of its per-round ratios to plain ``jax.jit`` (what the
-    decision compares; None in a decision stored without it).
+    decision compares; None in a decision stored without it). ``median_s`` is a call's
+    time (a round's over its calls), ``runs`` the calls timed.
     """
 
     label: str
@@ -240,6 +247,10 @@ class Tuning:
     # spent timing the candidates (``measure``: at the call that decided).
     why: str | None = None
     measure_s: float | None = None
+    # The calls a timing round made of each candidate, back to back (``round_calls``),
+    # and what the build of the candidates says where it stopped before all were built.
+    round_calls: int = 1
+    built: str | None = None
 
     def row(self, label: str) -> Measured:
         for row in self.rows:
@@ -298,6 +309,10 @@ class Tuning:
         if self.combine is not None and self.processes > 1:
             where += f", {self.processes} processes' timings combined: {self.combine}"
         spent = "" if self.measure_s is None else f"; timing took {self.measure_s:.2f} s"
+        if self.round_calls > 1:
+            spent += f", rounds of {self.round_calls} back-to-back calls"
+        if self.built:
+            spent += f"; {self.built}"
         if not self.chosen or self.why:
             return [f"  {self.verdict()}"]
         out = []
@@ -326,6 +341,7 @@ class Tuning:
         return {"chosen": self.chosen, "source": self.source, "key": self.key,
                 "path": self.path, "margin": self.margin, "processes": self.processes,
                 "combine": self.combine, "why": self.why, "measure_s": self.measure_s,
+                "round_calls": self.round_calls, "built": self.built,
                 "rows": [row._asdict() for row in self.rows]}
 
 
@@ -446,7 +462,8 @@ def program_flags(text: str) -> str:
 
 
 def _time_call(label: str, run: Callable[[], Any]) -> float:
-    """Seconds one run of ``run`` takes, waiting for its results."""
+    """Seconds one run of ``run`` takes, waiting for its results (a round of
+    ``_round``: every call of it dispatched, then all waited for)."""
     del label  # the fake timers of the tests read it
     start = time.perf_counter()
     jax.block_until_ready(run())
@@ -456,6 +473,50 @@ def _time_call(label: str, run: Callable[[], Any]) -> float:
 # A test replaces this (a private hook) with a deterministic timer that still runs
 # ``run``, so the decision logic is tested without wall-clock noise.
 _timer: Callable[[str, Callable[[], Any]], float] = _time_call
+
+# A timing round is k back-to-back calls of a candidate (dispatched one after another,
+# then waited for together), as a loop of calls runs them: the next call's dispatch
+# overlaps the last one's execution, which a single call waited for does not show. k is
+# what makes a round last about ``ROUND_S`` (from the first timed call of jax.jit's
+# program), at most ``ROUND_CALLS``; a program of ``ROUND_S`` or more is timed a call a
+# round. A round of short calls so lasts at most about 2 * ``ROUND_S``.
+# A round's calls' outputs are held until it ends: they take at most ``ROUND_BYTES``
+# together (one call a round at least).
+ROUND_S = 0.005
+ROUND_CALLS = 8
+ROUND_BYTES = 1 << 30
+
+
+def round_calls(first_s: float, out_bytes: int = 0) -> int:
+    """The calls a timing round makes of a program whose single call took ``first_s``
+    and whose outputs take ``out_bytes``."""
+    calls = min(ROUND_CALLS, math.ceil(ROUND_S / max(first_s, 1e-9)))
+    return max(1, min(calls, ROUND_BYTES // max(out_bytes, 1)))
+
+
+def _nbytes(tree: Any) -> int:
+    return sum(int(getattr(leaf, "nbytes", 0)) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _round(run: Callable[[], Any], calls: int) -> tuple[Callable[[], Any], int]:
+    """One timing round of ``run``: a callable dispatching ``calls`` runs back to back
+    and returning their outputs (the timer waits for them all), and how many it makes.
+    Their inputs are made now, outside the timing: where ``run`` has ``fresh`` (a
+    program donating its arguments consumes them), ``run.fresh(calls)`` gives each run
+    its own copies, as many runs as the copies' memory allows."""
+    fresh = getattr(run, "fresh", None)
+    runs = list(fresh(calls)) if fresh is not None else [run] * calls
+
+    def dispatch() -> list[Any]:
+        return [one() for one in runs]
+
+    return dispatch, len(runs)
+
+
+def _timed_round(label: str, run: Callable[[], Any], calls: int) -> tuple[float, int]:
+    """Seconds a call of ``run`` took in one round of ``calls``, and the calls made."""
+    dispatch, made = _round(run, calls)
+    return _timer(label, dispatch) / made, made
 
 
 def measure(programs: Sequence[Program], key: str, budget: TuneBudget = TuneBudget(), *,
@@ -478,14 +539,19 @@ def measure(programs: Sequence[Program], key: str, budget: TuneBudget = TuneBudg
     if not programs or programs[0].candidate.label != PLAIN:
         raise ValueError("the first candidate must be plain jax.jit (the baseline)")
     runs = {p.candidate.label: p.run for p in programs if p.run is not None}
-    for run in runs.values():  # compile, then one warm-up run
-        jax.block_until_ready(run())
-    first = {label: _timer(label, run) for label, run in runs.items()}
-    repeats = max(budget.min_repeats,
-                  min(budget.max_repeats, int(budget.seconds / max(first[PLAIN], 1e-9))))
-    if together:
-        repeats = max(int(r) for r in _processes.gather(str(repeats)))
-    samples, ratios, stopped = _rounds(runs, repeats, budget, early_stop=not together)
+    # Compile, then one warm-up run; a round holds its calls' outputs until it ends.
+    out_bytes = max(_nbytes(jax.block_until_ready(run())) for run in runs.values())
+    first = {label: _timed_round(label, run, 1)[0] for label, run in runs.items()}
+    # The candidates' fastest first call estimates a call's time (one waited-for call on
+    # a loaded host can take milliseconds more than the program).
+    calls = round_calls(min(first.values()), out_bytes)
+    repeats = max(budget.min_repeats, min(budget.max_repeats, int(
+        budget.seconds / max(first[PLAIN] * calls, 1e-9))))
+    if together:  # the same schedule on every process (its programs hold collectives)
+        repeats, calls = (max(int(r.split()[i]) for r in _processes.gather(
+            f"{repeats} {calls}")) for i in (0, 1))
+    samples, ratios, stopped, made = _rounds(runs, repeats, calls, budget,
+                                             early_stop=not together)
     medians = {label: statistics.median(times) for label, times in samples.items()}
     paired = {label: statistics.median(values) for label, values in ratios.items()}
     source, processes, combine = MEASURED, 1, None
@@ -500,21 +566,24 @@ def measure(programs: Sequence[Program], key: str, budget: TuneBudget = TuneBudg
                     budget.margin)
     rows = tuple(
         Measured(p.candidate.label, None, 0, same_as=p.same_as) if p.run is None
-        else Measured(p.candidate.label, medians[p.candidate.label],
-                      len(samples[p.candidate.label]),
+        else Measured(p.candidate.label, medians[p.candidate.label], made[p.candidate.label],
                       stopped_early=p.candidate.label in stopped,
                       ratio=paired[p.candidate.label])
         for p in programs)
     return Tuning(chosen, rows, source, key, margin=budget.margin, processes=processes,
-                  combine=combine)
+                  combine=combine, round_calls=calls)
 
 
-def _rounds(runs: Mapping[str, Callable[[], Any]], repeats: int, budget: TuneBudget,
-            early_stop: bool) -> tuple[dict[str, list[float]], dict[str, list[float]],
-                                       set[str]]:
-    """``repeats`` rounds of timing: each candidate's times, its per-round ratios to
-    plain's, and the candidates stopped early as clear losers (``early_stop`` only)."""
+def _rounds(runs: Mapping[str, Callable[[], Any]], repeats: int, calls: int,
+            budget: TuneBudget, early_stop: bool
+            ) -> tuple[dict[str, list[float]], dict[str, list[float]], set[str],
+                       dict[str, int]]:
+    """``repeats`` rounds of timing, ``calls`` back-to-back calls of each candidate a
+    round (``_round``): each candidate's times a call, its per-round ratios to plain's,
+    the candidates stopped early as clear losers (``early_stop`` only), and the calls
+    timed of each."""
     samples: dict[str, list[float]] = {label: [] for label in runs}
+    made = dict.fromkeys(runs, 0)
     # Each candidate's time over plain's in the same round: load that drifts between
     # rounds cancels, which it does not in a ratio of two medians.
     ratios: dict[str, list[float]] = {label: [] for label in runs}
@@ -523,9 +592,12 @@ def _rounds(runs: Mapping[str, Callable[[], Any]], repeats: int, budget: TuneBud
     for round_ in range(repeats):
         # Rotate the order every round, so drift and load hit all alike.
         shift = round_ % len(alive)
-        times = {label: _timer(label, runs[label]) for label in alive[shift:] + alive[:shift]}
+        timed = {label: _timed_round(label, runs[label], calls)
+                 for label in alive[shift:] + alive[:shift]}
+        times = {label: seconds for label, (seconds, _) in timed.items()}
         for label, seconds in times.items():
             samples[label].append(seconds)
+            made[label] += timed[label][1]
             ratios[label].append(seconds / max(times[PLAIN], 1e-12))
         if not early_stop or round_ + 1 < budget.min_repeats:
             continue
@@ -542,7 +614,7 @@ def _rounds(runs: Mapping[str, Callable[[], Any]], repeats: int, budget: TuneBud
                         samples[label][-recent:], samples[best][-recent:], strict=True)):
                 alive.remove(label)
                 stopped.add(label)
-    return samples, ratios, stopped
+    return samples, ratios, stopped, made
 
 
 def _combined(medians: Mapping[str, float], ratios: Mapping[str, float], combine: str

@@ -27,6 +27,7 @@ from jax import lax
 import jaxpar
 from jaxpar import _tune
 from jaxpar._dispatch import measuring, shared
+from jaxpar._dispatch import tuning as tuning_module
 
 REWRITE = "jaxpar (chosen options)"
 PLAIN = _tune.PLAIN
@@ -368,3 +369,153 @@ def test_a_while_loop_of_unknown_trips_gets_a_candidate(manual, monkeypatch):
     assert label in timed and f.tuning(x).chosen == label
     assert f.lower(x).as_text().count("stablehlo.while") == 1
     assert "stablehlo.case" in f.lower(x).as_text() or "stablehlo.if" in f.lower(x).as_text()
+
+
+class Recorded:
+    """A fake output: waiting for it is recorded (``jax.block_until_ready`` calls its
+    ``block_until_ready``)."""
+
+    def __init__(self, events: list[str], label: str):
+        self.events, self.label = events, label
+
+    def block_until_ready(self) -> Recorded:
+        self.events.append(f"wait {self.label}")
+        return self
+
+
+def test_a_timing_round_dispatches_k_calls_back_to_back_before_waiting():
+    """The real timer: after the warm-up and one timed call each, every round dispatches
+    ``round_calls`` calls of a candidate one after another and only then waits for them
+    (as a loop of calls overlaps dispatch with execution), jax.jit's program and the
+    rewrite alike, interleaved round by round."""
+    events: list[str] = []
+
+    def run(label: str) -> Any:
+        def call() -> Recorded:
+            events.append(f"call {label}")
+            return Recorded(events, label)
+        return call
+
+    candidates = {c.label: c for c in _tune.CANDIDATES}
+    programs = [_tune.Program(candidates[PLAIN], run(PLAIN)),
+                _tune.Program(candidates[REWRITE], run(REWRITE))]
+    budget = _tune.TuneBudget(seconds=0.0, min_repeats=3, max_repeats=3)
+    tuning = _tune.measure(programs, "k", budget)
+    calls = _tune.ROUND_CALLS  # a fake call takes microseconds: the most a round makes
+    assert tuning.round_calls == calls
+    assert f"rounds of {calls} back-to-back calls" in tuning.lines()[0]
+    rounds = events[8:]  # the warm-up and the first timed call: call, wait, for each
+    assert events[:8] == [f"{what} {label}" for label in (PLAIN, REWRITE)
+                          for what in ("call", "wait")] * 2
+    assert len(rounds) == 3 * 2 * 2 * calls
+    for start in range(0, len(rounds), 2 * calls):
+        label = rounds[start].split(" ", 1)[1]
+        assert rounds[start:start + 2 * calls] == [f"call {label}"] * calls + [
+            f"wait {label}"] * calls
+    assert {row.runs for row in tuning.rows if row.median_s is not None} == {3 * calls}
+
+
+def test_timing_back_to_back_calls_keeps_jax_jits_values_on_the_cpu():
+    """The real timer and thread, a real program: decided from rounds of back-to-back
+    calls, and every call returns jax.jit's values."""
+    f = measured_loop()
+    want = jax.jit(loop)(C, XS)
+    for _ in range(4):
+        assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)
+        assert measuring.wait_idle(300)
+    tuning = f.tuning(C, XS)
+    assert tuning.source == _tune.MEASURED and tuning.round_calls > 1
+    assert all(row.runs % tuning.round_calls == 0 for row in tuning.rows)
+    assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_build_stops_at_its_deadline_and_what_was_built_is_timed(manual, monkeypatch):
+    """A fake clock, 10 s a read: the first call "takes" 10 s and the deadline is 25 s
+    (``BUILD_DEADLINE_MIN_S``; no multiple here), so after jax.jit's program and the plan
+    (always built) only the next two in build order are: the unroll by 8 and the loops
+    rolled, never the unroll by 16 (built last). What was built is timed and decided;
+    the report says where the build stopped; values are jax.jit's at every call."""
+    timed = fake_timer(monkeypatch, {"jaxpar unrolled by 8": 0.5})
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 10.0
+        return now[0]
+
+    monkeypatch.setattr(measuring, "_clock", clock)
+    monkeypatch.setattr(measuring, "BUILD_DEADLINE_FACTOR", 0.0)
+    monkeypatch.setattr(measuring, "BUILD_DEADLINE_MIN_S", 25.0)
+    f = measured_loop()
+    want = jax.jit(loop)(C, XS)
+    for out in drive(f, manual, calls=4):
+        assert_tree_close(out, want, rtol=1e-5, atol=1e-6)
+    own = [c.label for c in _tune.CANDIDATES
+           if c.targets is None or "tpu" in c.targets]
+    tuning = f.tuning(C, XS)
+    assert tuning.chosen == "jaxpar unrolled by 8"
+    assert tuning.built is not None and tuning.built.startswith(f"built 4 of {len(own)} ")
+    assert "stopped at the deadline (25 s)" in tuning.built
+    assert tuning.built in "\n".join(tuning.lines())
+    assert tuning.built in jaxpar.inspect(f)(C, XS).text()
+    assert "jaxpar unrolled by 16" not in timed and "jaxpar unrolled by 8" in timed
+    assert tuning.row("jaxpar unrolled by 16").median_s is None
+    assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_deadline_is_a_multiple_of_the_first_call_at_least_some_seconds():
+    assert measuring.build_deadline_s(0.1) == measuring.BUILD_DEADLINE_MIN_S
+    assert measuring.build_deadline_s(10.0) == 10.0 * measuring.BUILD_DEADLINE_FACTOR
+    assert [c.label for c in tuning_module.build_order()[:4]] == [
+        PLAIN, REWRITE, "jaxpar unrolled by 8", "jaxpar without unrolling"]
+    assert tuning_module.build_order()[-1].label == "jaxpar unrolled by 16"
+
+
+def test_candidates_are_compiled_with_the_functions_donation_and_shardings(
+        manual, monkeypatch):
+    """The candidates' programs carry the function's jit options: donated arguments
+    (``tf.aliasing_output``/``jax.buffer_donor``) and shardings (``sdy.sharding``/
+    ``mhlo.sharding``); jax.jit's candidate is jax.jit's own program with the same
+    options. Timing runs donate copies: every call returns jax.jit's values and donates
+    its own argument as jax.jit does."""
+    fake_timer(monkeypatch, {REWRITE: 0.5})
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    options = dict(donate_argnums=0, in_shardings=(device, device), out_shardings=device)
+    f = jaxpar.parallel_branches(loop, target="tpu", measure=True, **options)
+    reference = jax.jit(loop, **options)
+    want = jax.jit(loop)(C, XS)
+    probe = jnp.asarray(C)
+    reference(probe, XS)
+    programs: list[Any] = []
+    for call in range(4):
+        c = jnp.asarray(C)
+        assert_tree_close(f(c, XS), want, rtol=1e-5, atol=1e-6)
+        assert c.is_deleted() == probe.is_deleted()
+        if call == 1:  # the build ran after the second call: the programs to time
+            manual.run()
+            programs = list(next(iter(f._tuner.pending.values())).programs)
+        manual.run()
+    assert f.tuning(jnp.asarray(C), XS).chosen == REWRITE
+    built = {p.candidate.label: p.run for p in programs if p.run is not None}
+    assert set(built) >= {PLAIN, REWRITE}
+    for label, run in built.items():
+        text = run.jitted.lower(C, XS).as_text()
+        assert "tf.aliasing_output" in text or "jax.buffer_donor" in text, label
+        assert "sdy.sharding" in text or "mhlo.sharding" in text, label
+    assert built[PLAIN].jitted.lower(C, XS).as_text() == reference.lower(C, XS).as_text()
+    # A round's runs donate their own copies, as many as DONATED_COPIES_BYTES allows.
+    run = built[REWRITE].at([jnp.asarray(C), jnp.asarray(XS)])
+    monkeypatch.setattr(tuning_module, "DONATED_COPIES_BYTES", 2 * C.nbytes)
+    calls = run.fresh(8)
+    assert len(calls) == 2
+    for call in calls:
+        assert_tree_close(call(), want, rtol=1e-5, atol=1e-6)
+    assert not run.leaves[0].is_deleted()
+
+
+def test_a_round_makes_calls_for_about_5_ms_at_most_8_and_1_gib_of_outputs():
+    assert _tune.round_calls(1e-4) == _tune.ROUND_CALLS == 8
+    assert _tune.round_calls(1e-3) == 5  # 5 ms a round
+    assert _tune.round_calls(0.004) == 2
+    assert _tune.round_calls(0.005) == _tune.round_calls(2.0) == 1  # a call a round
+    assert _tune.round_calls(1e-4, out_bytes=_tune.ROUND_BYTES // 3) == 3
+    assert _tune.round_calls(1e-4, out_bytes=2 * _tune.ROUND_BYTES) == 1

@@ -293,6 +293,12 @@ def top_program(state: CallState, key: CallKey, leaves: Sequence[Any]) -> Any:
     call's output itself (``packed_outputs``)."""
     if state.tuner is not None and key.rewrite:
         key = state.tuner.decided_key(state, dataclasses.replace(key, tune="measure"), leaves)
+    return key_program(state, key, leaves)
+
+
+def key_program(state: CallState, key: CallKey, leaves: Sequence[Any]) -> Any:
+    """``key``'s program of the call (its settings' plan, or the original function where
+    ``key`` does not rewrite), its output packed as ``top_program``'s."""
     if not key.rewrite:
         full_args, full_kwargs = key.layout.rebuild(leaves)
         out = state.traced_function(key.nnx)(*full_args, **full_kwargs)

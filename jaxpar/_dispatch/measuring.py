@@ -10,12 +10,17 @@ function on this device. Per signature of a top-level call:
    signature is queued on jaxpar's measuring thread (one per process): it traces the
    function, reads a stored decision (``_tune``: keyed by the program's fingerprint, the
    device kind, the versions), and otherwise analyses, lowers and compiles the candidates
-   (``_tune.CANDIDATES``).
+   (``_tune.CANDIDATES``) as the function's call compiles them (its ``jax.jit`` options:
+   donation, ``in_shardings``/``out_shardings``), in ``tuning.build_order`` (jax.jit's
+   program, the plan, lax.scan's unroll by 8, the loops rolled, ..., the unroll by 16
+   last) until a deadline (``BUILD_DEADLINE_FACTOR`` times the first call, at least
+   ``BUILD_DEADLINE_MIN_S``): what was built by then is timed.
 2. Meanwhile calls keep running ``jax.jit``'s program, from the C++ cache.
 3. Once the candidates are compiled, the next call of that signature (a call boundary, on
    the caller's thread) times them against ``jax.jit``'s program (``MEASURE_BUDGET``: a
    warm-up and one first run each, then between 5 and 20 rounds aiming at ``seconds`` of
-   timed runs per distinct candidate; a clear loser stops early), decides (a rewrite
+   timed runs per distinct candidate, a round k back-to-back calls of each as a loop of
+   calls runs them, ``_tune.round_calls``; a clear loser stops early), decides (a rewrite
    must win by the margin), stores the decision, and returns jax.jit's result. Where a
    rewrite won, the measuring thread compiles it into a fresh top-level jit, which is
    installed at a call boundary and then serves the calls from the C++ cache. A built
@@ -56,8 +61,16 @@ Sharp edges:
   * The measuring thread traces the user's function again (for its fingerprint and each
     candidate), beside the caller's thread: Python side effects at trace time happen
     more often than under ``jax.jit``.
-  * Candidates are timed as jaxpar's keyed jits run them (without the function's
-    donation or ``in_shardings``/``out_shardings``); the installed winner has them.
+  * Candidates are compiled with the function's donation and shardings, as the winner
+    runs. A timing run donates copies of the donated arguments, made before its round
+    (not timed; the call's own arguments stay for the call): a round holds one copy a
+    call, as many calls as ``tuning.DONATED_COPIES_BYTES`` allows (one at least).
+  * A candidate's compile cannot be interrupted: the build's deadline is checked
+    between candidates, so a build may pass it by one compile; jax.jit's program and
+    the plan are always built. ``Tuning.built`` says "built N of M candidates in X s;
+    stopped at the deadline"; the rest are not timed (and the stored decision is the
+    one made from what was built). Processes timing together build every candidate
+    (one schedule).
   * Several processes: the deciding call waits for this process's build; an error while
     timing together reaches the call on every process (as under ``tune=True``), rather
     than leaving the others waiting in a collective.
@@ -99,9 +112,11 @@ from .._tune import measure as measure_programs
 from .fast import FastPath, current, measured_split, replace_path, runs_routed
 from .state import CallKey, CallState, set_boundary
 from .tuning import (
+    CalledRun,
     CallTuner,
     candidate_key_of,
     candidate_programs,
+    own_program,
     run_candidate,
     signature_decision_key,
     signature_of,
@@ -143,8 +158,8 @@ class Pending:
     """One signature's build on the measuring thread: its arguments' abstract values,
     the trace context of the call that queued it, and what the build produced."""
 
-    __slots__ = ("arguments", "by_shape", "context", "done", "error", "fallback", "fields",
-                 "key", "name", "programs", "stored")
+    __slots__ = ("arguments", "built", "by_shape", "context", "done", "error", "fallback",
+                 "fields", "first_call_s", "key", "name", "programs", "registered", "stored")
 
     def __init__(self, key: CallKey, by_shape: Any, arguments: tuple[Any, ...]):
         self.key = key
@@ -158,6 +173,11 @@ class Pending:
         self.fields: dict[str, Any] = {}
         self.programs: list[Program] = []
         self.stored: Tuning | None = None
+        # The first call's time (trace, compile, run: ``start``), which the build's
+        # deadline is a multiple of; what the build says where the deadline stopped it.
+        self.registered = _clock()
+        self.first_call_s = 0.0
+        self.built: str | None = None
 
 
 class _Worker:
@@ -338,6 +358,7 @@ class MeasuringTuner(CallTuner):
         """After that first call ran: the next call is a boundary, which queues the
         candidates' build on the measuring thread (so that nothing of it competes with
         the first call for the host), and under several processes decides together."""
+        pending.first_call_s = _clock() - pending.registered
         with self.lock:
             self.deferred.append(pending)
         set_boundary(state, functools.partial(boundary_call, weakref.ref(state)))
@@ -409,9 +430,7 @@ class MeasuringTuner(CallTuner):
         elif pending.error is not None:
             return untimed(pending.fallback, NOT_MEASURED, pending.name, self.budget,
                            why=pending.error)
-        live = [p if p.run is None else p._replace(run=functools.partial(
-                run_candidate, state, candidate_key_of(state, pending.key, p.candidate.label),
-                tuple(leaves))) for p in pending.programs]
+        live = [_at_call(state, pending, p, leaves) for p in pending.programs]
         if together:
             return decide_together(pending.name, pending.fields, lambda: live, self.budget,
                                    together=True, what=state.call_text(
@@ -422,7 +441,20 @@ class MeasuringTuner(CallTuner):
             # Every candidate is jax.jit's program: nothing to time.
             return store(untimed(PLAIN, NOTHING_TO_MEASURE, pending.name, self.budget),
                          pending.fields)
-        return store(measure_programs(live, pending.name, self.budget), pending.fields)
+        return store(dataclasses.replace(measure_programs(live, pending.name, self.budget),
+                                         built=pending.built), pending.fields)
+
+
+def _at_call(state: CallState, pending: Pending, program: Program, leaves: Sequence[Any]
+             ) -> Program:
+    """``program`` run at the deciding call's leaves (built at abstract ones)."""
+    if program.run is None:
+        return program
+    if isinstance(program.run, CalledRun):
+        return program._replace(run=program.run.at(leaves))
+    return program._replace(run=functools.partial(  # a keyed jit's (NNX calls)
+        run_candidate, state, candidate_key_of(state, pending.key, program.candidate.label),
+        tuple(leaves)))
 
 
 def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
@@ -447,8 +479,7 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
             # A later process: only the winner is compiled (with the fresh jit below).
             pending.programs = []
         else:
-            pending.programs = candidate_programs(state, key, arguments, compile_them=True,
-                                           check=stopping)
+            pending.programs = _build_candidates(state, pending, arguments)
     except _Skip as skip:
         pending.error, pending.fallback = str(skip), skip.chosen
     except Exception as error:  # a failed build keeps jax.jit's program; never a call's error
@@ -461,6 +492,47 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
         if isinstance(tuner, MeasuringTuner):
             tuner.idle_boundaries = 0
         set_boundary(state, functools.partial(boundary_call, ref))
+
+
+# The candidates' build stops at a deadline: this multiple of the signature's first call
+# (jax.jit's trace, compile and run), at least ``BUILD_DEADLINE_MIN_S``. A compile under
+# way is not interrupted: the deadline is checked between candidates, so the build may
+# pass it by one candidate's compile. jax.jit's program and the plan are always built.
+BUILD_DEADLINE_FACTOR = 10.0
+BUILD_DEADLINE_MIN_S = 20.0
+_clock = time.perf_counter  # the build's clock (a test's fake one)
+
+
+def build_deadline_s(first_call_s: float) -> float:
+    """Seconds the candidates' build may take, for a first call of ``first_call_s``."""
+    return max(BUILD_DEADLINE_MIN_S, BUILD_DEADLINE_FACTOR * first_call_s)
+
+
+def _build_candidates(state: CallState, pending: Pending, arguments: list[Any]
+                      ) -> list[Program]:
+    """The candidates compiled as the function's call compiles them (its donation and
+    shardings), in ``tuning.build_order``, until the deadline (one process: processes
+    timing together build all, the same schedule); ``pending.built`` says where it
+    stopped."""
+    started = _clock()
+    deadline = started + build_deadline_s(pending.first_call_s)
+    alone = jax.process_count() == 1
+
+    def check() -> bool:
+        stopping()
+        return not alone or _clock() < deadline
+
+    # Calls with Flax NNX objects are split by jaxpar: their candidates run in its keyed
+    # jits (whose arguments are the split's leaves), not over the call's own arguments.
+    programs = candidate_programs(state, pending.key, arguments, compile_them=True,
+                                  check=check, as_called=not pending.key.nnx)
+    own = [p for p in programs if own_program(p.candidate, pending.key)]
+    left_out = sum(1 for p in own if p.run is None and p.same_as is None)
+    if left_out:
+        pending.built = (f"built {len(own) - left_out} of {len(own)} candidates in "
+                         f"{_clock() - started:.1f} s; stopped at the deadline "
+                         f"({build_deadline_s(pending.first_call_s):.0f} s)")
+    return programs
 
 
 class _Skip(Exception):

@@ -21,21 +21,33 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
-from .. import _compat, _processes
+from .. import _compat, _processes, targets
 from .._frameworks import nnx_arguments
 from .._trace import Signature, abstract, split_arguments, trace
-from .._tune import CANDIDATES, CHOSEN, Program, TuneBudget, Tuning, undecided, unmeasured
+from .._tune import (
+    CANDIDATES,
+    CHOSEN,
+    PLAIN,
+    Candidate,
+    Program,
+    TuneBudget,
+    Tuning,
+    undecided,
+    unmeasured,
+)
 from .._tune import decide as decide_candidate
 from .._tune import decision_key as tuning_key
 from .._tune import fingerprint as program_fingerprint
 from .._tune import load as load_decision
+from .fast import donated_leaves, key_program
 from .keyed import jit_for
-from .state import CallKey, CallState
+from .state import CallKey, CallState, wrapping
 
 
 class CallTuner:
@@ -166,42 +178,164 @@ def candidate_key_of(state: CallState, key: CallKey, label: str) -> CallKey:
     return dataclasses.replace(key, settings=options.resolve(**state.planned_for))
 
 
+# The order candidates are built in (a deadline may stop the measuring thread's build
+# between two): jax.jit's program and the plan (always built), lax.scan's unroll by 8 and
+# the loops rolled (quick to compile, often chosen), then the table's order, and the
+# unroll by 16 (the slowest to compile) last. The programs keep the table's order.
+BUILD_FIRST = (PLAIN, CHOSEN, "jaxpar unrolled by 8", "jaxpar without unrolling")
+BUILD_LAST = ("jaxpar unrolled by 16",)
+ALWAYS_BUILT = 2  # jax.jit's program and the plan: no deadline stops them
+
+
+def build_order() -> list[Candidate]:
+    """``CANDIDATES`` in the order they are built."""
+    def rank(index: int) -> tuple[int, int]:
+        label = CANDIDATES[index].label
+        if label in BUILD_FIRST:
+            return 0, BUILD_FIRST.index(label)
+        return (2 if label in BUILD_LAST else 1), index
+
+    return [CANDIDATES[i] for i in sorted(range(len(CANDIDATES)), key=rank)]
+
+
+def own_program(candidate: Candidate, key: CallKey) -> bool:
+    """Whether ``candidate`` is a program of its own on the key's target (else it is the
+    plan's, not built again)."""
+    return candidate.targets is None or key.settings.target in candidate.targets
+
+
 def candidate_programs(state: CallState, key: CallKey, leaves: Sequence[Any],
-                compile_them: bool = False, check: Any = None) -> list[Program]:
-    """Each candidate's program, or the label of an earlier candidate whose lowered
-    program is the same text (timed once); ``compile_them``: each distinct one compiled
-    now (the measuring thread), so timing it compiles nothing; ``check`` is called before
-    each candidate (it raises to stop the build)."""
-    out: list[Program] = []
+                       compile_them: bool = False, check: Any = None,
+                       as_called: bool = False) -> list[Program]:
+    """Each candidate's program (``CANDIDATES`` order), or the label of an earlier built
+    candidate whose lowered program is the same (timed once).
+
+    ``compile_them``: each distinct one compiled now (the measuring thread), so timing
+    it compiles nothing. ``check``: called before each candidate after the first
+    ``ALWAYS_BUILT`` (in ``build_order``); it raises to stop the build, or returns
+    False to build no more (a deadline: the rest are left out, ``Program(run=None)``
+    without ``same_as``). ``as_called``: compiled as the function's call compiles
+    (``called_jit``: its donation and shardings), else in jaxpar's keyed jits.
+    """
+    built: dict[str, Program] = {}
     seen: dict[str, str] = {}
-    for candidate in CANDIDATES:
-        if candidate.targets is not None and key.settings.target not in candidate.targets:
-            chosen = next(p for p in out if p.candidate.label == CHOSEN)
-            out.append(Program(candidate, None, chosen.same_as or CHOSEN, chosen.digest))
+    for index, candidate in enumerate(build_order()):
+        if not own_program(candidate, key):
+            chosen = built[CHOSEN]
+            built[candidate.label] = Program(candidate, None, chosen.same_as or CHOSEN,
+                                             chosen.digest)
             continue
-        if check is not None:
-            check()
-        candidate_key = candidate_key_of(state, key, candidate.label)
+        if check is not None and index >= ALWAYS_BUILT and check() is False:
+            break
+        built[candidate.label] = _built(state, key, leaves, candidate, seen, compile_them,
+                                        as_called)
+    return [built.get(c.label) or Program(c, None) for c in CANDIDATES]
+
+
+def _built(state: CallState, key: CallKey, leaves: Sequence[Any], candidate: Candidate,
+           seen: dict[str, str], compile_them: bool, as_called: bool) -> Program:
+    """One candidate's ``Program``, lowered (and compiled where ``compile_them``) unless
+    an earlier one lowered to the same program (``seen``: text to label)."""
+    candidate_key = candidate_key_of(state, key, candidate.label)
+    options = {} if not candidate_key.rewrite else state.prepare(
+        Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
+        candidate_key.settings, key.nnx, key.local_axes).xla_options
+    # What decides the program on jaxpar's side, which processes compare.
+    digest = program_fingerprint(repr((candidate_key.rewrite, candidate_key.settings,
+                                       sorted(options.items()))))
+    if as_called:
+        compiled_with = options if targets.get(
+            key.settings.target).compiles_with_xla_options else {}
+        jitted = called_jit(state, candidate_key, compiled_with)
+        args, kwargs = key.layout.rebuild(leaves)
+        lowered = jitted.lower(*args, **kwargs)
+        run: Any = CalledRun(jitted, key.layout, tuple(leaves), donated_positions(state, key,
+                                                                                 leaves))
+    else:
         jitted = jit_for(state, candidate_key, leaves)
-        options = {} if not candidate_key.rewrite else state.prepare(
-            Signature(key.layout, tuple(abstract(leaf) for leaf in leaves)),
-            candidate_key.settings, key.nnx, key.local_axes).xla_options
-        # What decides the program on jaxpar's side, which processes compare.
-        digest = program_fingerprint(repr((candidate_key.rewrite, candidate_key.settings,
-                                           sorted(options.items()))))
-        # The XLA options (the CUDA-graph mode) are not in the lowered text.
         lowered = jitted.lower(candidate_key, *leaves)
-        text = f"{lowered.as_text()}\n{id(jitted)}"
-        if text in seen:
-            out.append(Program(candidate, None, seen[text], digest))
-            continue
-        seen[text] = candidate.label
-        if compile_them:
-            lowered.compile()
-        out.append(Program(candidate, functools.partial(run_candidate, state, candidate_key,
-                                                        tuple(leaves)), None, digest))
-    return out
+        run = functools.partial(run_candidate, state, candidate_key, tuple(leaves))
+        compiled_with = {"jit": str(id(jitted))}
+    # The XLA options (the CUDA-graph mode) are not in the lowered text.
+    text = f"{lowered.as_text()}\n{sorted(compiled_with.items())!r}"
+    if text in seen:
+        return Program(candidate, None, seen[text], digest)
+    seen[text] = candidate.label
+    if compile_them:
+        lowered.compile()
+    return Program(candidate, run, None, digest)
 
 
 def run_candidate(state: CallState, key: CallKey, leaves: tuple[Any, ...]) -> Any:
     return jit_for(state, key, leaves)(key, *leaves)[0]
+
+
+def called_jit(state: CallState, key: CallKey, options: dict[str, str]) -> Any:
+    """A ``jax.jit`` of ``key``'s program (``fast.key_program``) over the call's own
+    arguments, as the function's top-level jit compiles it: its static arguments,
+    ``jax.jit`` options (donation, ``in_shardings``/``out_shardings``, ``keep_unused``)
+    and the XLA ``options``."""
+    ref = weakref.ref(state)
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        alive = ref()
+        if alive is None:
+            raise ReferenceError("jaxpar: this parallel_branches function was deleted")
+        layout, leaves = split_arguments(alive.fun, args, kwargs, alive.static_args)
+        return key_program(alive, dataclasses.replace(key, layout=layout), leaves)
+
+    return jax.jit(wrapping(entry, state), static_argnums=state.static_args.nums,
+                   static_argnames=state.static_args.names,
+                   compiler_options=dict(options) or None, **state.jit_options.jit_kwargs())
+
+
+def donated_positions(state: CallState, key: CallKey, leaves: Sequence[Any]
+                      ) -> tuple[int, ...]:
+    """The positions of the leaves the function donates (none without donation)."""
+    if not state.jit_options.donates:
+        return ()
+    args, kwargs = key.layout.rebuild(leaves)
+    return donated_leaves(state, key.layout, args, kwargs)
+
+
+# What the copies of donated arguments that one timing round holds may take together
+# (``CalledRun.fresh``): at least one call a round, whatever its arguments' size.
+DONATED_COPIES_BYTES = 1 << 30
+
+
+class CalledRun:
+    """A candidate's run as the function's call runs it: ``called_jit``'s program at a
+    call's leaves. Where the function donates arguments, each run gets its own copies of
+    them (a donated buffer is consumed by its run; the call's own arguments stay for the
+    call)."""
+
+    __slots__ = ("donated", "jitted", "layout", "leaves")
+
+    def __init__(self, jitted: Any, layout: Any, leaves: tuple[Any, ...],
+                 donated: tuple[int, ...]):
+        self.jitted, self.layout, self.leaves, self.donated = jitted, layout, leaves, donated
+
+    def at(self, leaves: Sequence[Any]) -> CalledRun:
+        """The same program at other leaves (a call's concrete arguments)."""
+        return CalledRun(self.jitted, self.layout, tuple(leaves), self.donated)
+
+    def fresh(self, calls: int) -> list[Callable[[], Any]]:
+        """Up to ``calls`` runs, each with its own copies of the donated leaves (made
+        now), as many as ``DONATED_COPIES_BYTES`` allows (one at least)."""
+        if self.donated:
+            size = sum(getattr(self.leaves[i], "nbytes", 0) for i in self.donated)
+            calls = max(1, min(calls, DONATED_COPIES_BYTES // max(size, 1)))
+        return [self._run_with_copies() for _ in range(calls)]
+
+    def _run_with_copies(self) -> Callable[[], Any]:
+        leaves = list(self.leaves)
+        for i in self.donated:
+            leaf = leaves[i]
+            if isinstance(leaf, jax.Array):  # placed as it is (uncommitted stays so)
+                leaves[i] = jax.device_put(leaf, leaf.sharding if getattr(
+                    leaf, "committed", True) else None, may_alias=False)
+        args, kwargs = self.layout.rebuild(leaves)
+        return functools.partial(self.jitted, *args, **kwargs)
+
+    def __call__(self) -> Any:
+        return self._run_with_copies()()
