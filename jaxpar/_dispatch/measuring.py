@@ -12,8 +12,8 @@ function on this device. Per signature of a top-level call:
    device kind, the versions), and otherwise analyses, lowers and compiles the candidates
    (``_tune.CANDIDATES``) as the function's call compiles them (its ``jax.jit`` options:
    donation, ``in_shardings``/``out_shardings``), in ``tuning.build_order`` (jax.jit's
-   program, the plan, lax.scan's unroll by 8, the loops rolled, ..., the unroll by 16
-   last) until a deadline (``BUILD_DEADLINE_FACTOR`` times the first call, at least
+   program, the plan, lax.scan's unroll by 8 and by 16, the loops rolled, the others)
+   until a deadline (``BUILD_DEADLINE_FACTOR`` times the first call, at least
    ``BUILD_DEADLINE_MIN_S``): what was built by then is timed.
 2. Meanwhile calls keep running ``jax.jit``'s program, from the C++ cache.
 3. Once the candidates are compiled, the next call of that signature (a call boundary, on
@@ -109,7 +109,7 @@ from .._tune import (
 )
 from .._tune import decide as decide_together
 from .._tune import measure as measure_programs
-from .fast import FastPath, current, measured_split, replace_path, runs_routed
+from .fast import FastPath, current, measured_split, replace_path, runs_routed, splits_statics
 from .state import CallKey, CallState, set_boundary
 from .tuning import (
     CalledRun,
@@ -498,8 +498,8 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
 # (jax.jit's trace, compile and run), at least ``BUILD_DEADLINE_MIN_S``. A compile under
 # way is not interrupted: the deadline is checked between candidates, so the build may
 # pass it by one candidate's compile. jax.jit's program and the plan are always built.
-BUILD_DEADLINE_FACTOR = 10.0
-BUILD_DEADLINE_MIN_S = 20.0
+BUILD_DEADLINE_FACTOR = 30.0
+BUILD_DEADLINE_MIN_S = 60.0
 _clock = time.perf_counter  # the build's clock (a test's fake one)
 
 
@@ -522,10 +522,12 @@ def _build_candidates(state: CallState, pending: Pending, arguments: list[Any]
         stopping()
         return not alone or _clock() < deadline
 
-    # Calls with Flax NNX objects are split by jaxpar: their candidates run in its keyed
-    # jits (whose arguments are the split's leaves), not over the call's own arguments.
+    # Calls jaxpar splits (Flax NNX objects; static leaves of its own, such as an Equinox
+    # module's functions) run in its keyed jits, whose arguments are the split's leaves:
+    # their candidates too, not over the call's own arguments (which JAX cannot take).
+    as_called = not pending.key.nnx and not splits_statics(pending.key.layout)
     programs = candidate_programs(state, pending.key, arguments, compile_them=True,
-                                  check=check, as_called=not pending.key.nnx)
+                                  check=check, as_called=as_called)
     own = [p for p in programs if own_program(p.candidate, pending.key)]
     left_out = sum(1 for p in own if p.run is None and p.same_as is None)
     if left_out:
