@@ -1,0 +1,77 @@
+"""``benchmarks/measure_corpus.py``: the corpus builds and traces at its CPU sizes, one
+program runs through the harness's code path (first calls, the decision, the steady state)
+and matches ``jax.jit``, a program whose library is missing is skipped with a message, and
+a program past its time limit loses itself, not the run.
+
+No timing is asserted (CI has no accelerator): only the values and the results' keys. The
+ecosystem's libraries (blackjax, diffrax, numpyro, flax) are optional: their programs are
+left out where they are not installed; the pure-JAX programs always run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import pytest
+from helpers.benchmarks import load_benchmark
+
+corpus = load_benchmark("measure_corpus")
+PURE_JAX = {"ppo_cartpole_rollout", "mamba_2_layers"}
+
+
+def test_the_corpus_builds_and_traces_at_its_cpu_sizes() -> None:
+    chip, tiny = corpus.programs(False), corpus.programs(True)
+    assert list(chip) == list(tiny)
+    assert list(corpus.measure_tpu.PARTS["corpus"](True)) == list(tiny)
+    traced = {}
+    for name, build in tiny.items():
+        try:
+            fn, args = build()
+        except ImportError:
+            continue
+        traced[name] = jax.eval_shape(fn, *args)
+    assert PURE_JAX <= set(traced)
+    assert all(jax.tree_util.tree_leaves(out) for out in traced.values())
+
+
+def test_a_program_runs_through_the_harness_and_matches_jax_jit(monkeypatch: Any,
+                                                                  tmp_path: Path) -> None:
+    monkeypatch.setenv("JAXPAR_TUNE_DIR", str(tmp_path))
+    entry = corpus.measure_one("mamba_2_layers", cpu=True, measure=True, rounds=1, tune=False)
+    assert "error" not in entry, entry.get("trace")
+    assert entry["device"] == "cpu" and entry["result_scale"] > 0
+    assert entry["max_abs_diff"] <= 1e-4 * entry["result_scale"]
+    assert entry["first_call_s"]["jax.jit"] > 0 and entry["first_call_s"]["jaxpar"] > 0
+    assert entry["settle"]["verdict"].startswith(("measured on cpu", "nothing to measure"))
+    assert set(entry["loop_us"]) == {"jax.jit", "jaxpar"} and entry["loop_ratio"] > 0
+
+
+def test_a_program_whose_library_is_missing_is_skipped(monkeypatch: Any) -> None:
+    def build() -> Any:
+        raise ModuleNotFoundError("No module named 'not_installed'")
+
+    monkeypatch.setattr(corpus, "programs", lambda cpu: {"needs_it": build})
+    entry = corpus.measure_one("needs_it", cpu=True, measure=True, rounds=1, tune=False)
+    assert entry == {"skipped": "library not installed: No module named 'not_installed'"}
+
+
+def test_a_program_past_its_limit_is_skipped_and_the_run_goes_on(tmp_path: Path) -> None:
+    """A 1-s limit (the program's process is still importing or compiling then); the budget
+    of 11 s leaves the next program under the 10 s a program is given at least."""
+    results = corpus.run_each(["mamba_2_layers", "ppo_cartpole_rollout"], ["--cpu"],
+                              str(tmp_path), limit=1.0, budget=11.0)
+    written = json.loads((tmp_path / "measure-corpus.json").read_text())
+    assert written == results
+    assert written == {"mamba_2_layers": {"skipped": "time limit: over 1 s"},
+                       "ppo_cartpole_rollout": {"skipped": "time budget"}}
+
+
+def test_the_command_line_names_an_unknown_program(monkeypatch: Any, capsys: Any) -> None:
+    monkeypatch.setattr("sys.argv", ["measure_corpus.py", "--only", "no_such_program"])
+    with pytest.raises(SystemExit):
+        corpus.main()
+    error = capsys.readouterr().err
+    assert "--only: unknown ['no_such_program']" in error and "mamba_2_layers" in error
