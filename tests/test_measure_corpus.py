@@ -75,3 +75,25 @@ def test_the_command_line_names_an_unknown_program(monkeypatch: Any, capsys: Any
         corpus.main()
     error = capsys.readouterr().err
     assert "--only: unknown ['no_such_program']" in error and "mamba_2_layers" in error
+
+
+def test_the_summary_prints_the_corpus_and_its_tune_figures(tmp_path: Path, capsys: Any
+                                                            ) -> None:
+    """``measure_summary.py`` on a corpus results file: a measured program's row, a skipped
+    one's reason, and ``--tune``'s table (the default within 5% of tune=True's or not)."""
+    summary = load_benchmark("measure_summary")
+
+    def measured(ratio: float, tuned: float) -> dict[str, Any]:
+        return {"first_call_s": {"jax.jit": 2.0, "jaxpar": 2.2, "ratio": 1.1},
+                "settle": {"calls": 3, "measure_s": 0.5, "verdict": "measured on cpu: x"},
+                "loop_ratio": ratio, "tune_loop_ratio": tuned, "tune_chosen": "jax.jit"}
+
+    results = {"close": measured(0.80, 0.78), "far": measured(0.90, 0.60),
+               "missing": {"skipped": "library not installed: No module named 'diffrax'"}}
+    (tmp_path / "measure-corpus.json").write_text(json.dumps(results))
+    summary.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| close | x0.800 | x1.10 (2.00) | 3 | 0.50 | measured on cpu: x |" in out
+    assert "| missing | library not installed: No module named 'diffrax' |" in out
+    assert "| close | x0.800 | x0.780 | jax.jit | yes |" in out
+    assert "| far | x0.900 | x0.600 | jax.jit | no |" in out
