@@ -49,6 +49,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure_tpu
 from measure_tpu import Program
 
+import jaxpar
+
 # ----------------------------------------------------------------------- samplers
 
 
@@ -320,10 +322,14 @@ def measure_one(name: str, cpu: bool, measure: Any, rounds: int, tune: bool) -> 
         entry = measure_tpu.measure_program(fn, args, measure, rounds, tune)
     except Exception as error:
         return measure_tpu.failure(error)
+    want = jax.jit(fn)(*args)
     scale = max(float(jnp.max(jnp.abs(jnp.asarray(leaf, jnp.float32))))
-                for leaf in jax.tree_util.tree_leaves(jax.jit(fn)(*args))
+                for leaf in jax.tree_util.tree_leaves(want)
                 if hasattr(leaf, "shape") and leaf.size)
-    return {**entry, "result_scale": scale, "device": jax.devices()[0].device_kind}
+    # The model's plan alone (measure=False): the rewrites, where measuring kept jax.jit's.
+    plan = jaxpar.parallel_branches(fn, measure=False, **measure_tpu.OPTIONS)
+    return {**entry, "result_scale": scale, "device": jax.devices()[0].device_kind,
+            "plan_max_abs_diff": measure_tpu.max_abs_diff(want, plan(*args))}
 
 
 def run_each(names: list[str], argv: list[str], out: str, limit: float,

@@ -44,6 +44,7 @@ def test_a_program_runs_through_the_harness_and_matches_jax_jit(monkeypatch: Any
     assert "error" not in entry, entry.get("trace")
     assert entry["device"] == "cpu" and entry["result_scale"] > 0
     assert entry["max_abs_diff"] <= 1e-4 * entry["result_scale"]
+    assert entry["plan_max_abs_diff"] <= 1e-4 * entry["result_scale"]
     assert entry["first_call_s"]["jax.jit"] > 0 and entry["first_call_s"]["jaxpar"] > 0
     assert entry["settle"]["verdict"].startswith(("measured on cpu", "nothing to measure"))
     assert set(entry["loop_us"]) == {"jax.jit", "jaxpar"} and entry["loop_ratio"] > 0
