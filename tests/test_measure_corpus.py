@@ -11,6 +11,7 @@ left out where they are not installed; the pure-JAX programs always run.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +40,20 @@ def test_the_corpus_builds_and_traces_at_its_cpu_sizes() -> None:
 
 def test_a_program_runs_through_the_harness_and_matches_jax_jit(monkeypatch: Any,
                                                                   tmp_path: Path) -> None:
+    """The default's first calls, decision, steady state and values, with ``tune=True``
+    timed beside it (its decisions in a folder of their own, not the default's)."""
     monkeypatch.setenv("JAXPAR_TUNE_DIR", str(tmp_path))
-    entry = corpus.measure_one("mamba_2_layers", cpu=True, measure=True, rounds=1, tune=False)
+    entry = corpus.measure_one("mamba_2_layers", cpu=True, measure=True, rounds=1, tune=True)
     assert "error" not in entry, entry.get("trace")
     assert entry["device"] == "cpu" and entry["result_scale"] > 0
     assert entry["max_abs_diff"] <= 1e-4 * entry["result_scale"]
     assert entry["plan_max_abs_diff"] <= 1e-4 * entry["result_scale"]
     assert entry["first_call_s"]["jax.jit"] > 0 and entry["first_call_s"]["jaxpar"] > 0
     assert entry["settle"]["verdict"].startswith(("measured on cpu", "nothing to measure"))
-    assert set(entry["loop_us"]) == {"jax.jit", "jaxpar"} and entry["loop_ratio"] > 0
+    assert set(entry["loop_us"]) == {"jax.jit", "jaxpar", "jaxpar tune=True"}
+    assert entry["loop_ratio"] > 0 and entry["tune_loop_ratio"] > 0
+    assert entry["tune_first_call_s"] > 0 and isinstance(entry["tune_chosen"], str)
+    assert not Path(os.environ["JAXPAR_TUNE_DIR"]).is_relative_to(tmp_path)
 
 
 def test_a_program_whose_library_is_missing_is_skipped(monkeypatch: Any) -> None:
