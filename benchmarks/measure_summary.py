@@ -40,7 +40,23 @@ def table(name: str, results: dict[str, Any]) -> list[str]:
         lines += ["", f"{len(ratios)} programs: per call geomean x{geomean(ratios):.3f}, "
                       f"worst x{max(ratios):.3f}; first call mean x"
                       f"{sum(firsts) / len(firsts):.3f}, worst x{max(firsts):.2f}."]
-    return [*lines, ""]
+    return [*lines, "", *tuned(results)]
+
+
+def within(default: float, tuned: float) -> str:
+    return "yes" if default <= 1.05 * tuned else "no"
+
+
+def tuned(results: dict[str, Any]) -> list[str]:
+    """``--tune``'s figures: per program the default's per call beside ``tune=True``'s, and
+    whether the default gets within 5% of a gain ``tune=True`` found."""
+    rows = [f"| {program} | x{e['loop_ratio']:.3f} | x{e['tune_loop_ratio']:.3f} | "
+            f"{e['tune_chosen']} | {within(e['loop_ratio'], e['tune_loop_ratio'])} |"
+            for program, e in results.items() if "tune_loop_ratio" in e]
+    if not rows:
+        return []
+    return ["| program | default per call | tune=True per call | tune=True runs | default "
+            "within 5% |", "|---|---|---|---|---|", *rows, ""]
 
 
 def second(results: dict[str, Any]) -> list[str]:

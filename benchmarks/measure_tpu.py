@@ -16,6 +16,9 @@ Parts (each writes ``<out>/measure-<part>.json`` as it goes):
 * ``--first N``: only the first calls, N of each variant, interleaved (jax.jit first in
   odd samples, jaxpar first in even ones), fresh caches each; the median ratio of the
   pairs and their spread, and how many times each variant traced the function;
+* ``corpus``: ``benchmarks/measure_corpus.py``'s loop programs from the ecosystem (blackjax,
+  diffrax, numpyro, flax, PPO, Mamba); that script also runs them one process each, under
+  a time limit per program;
 * ``--second``: run after the first process ended (one process holds the chip), the same
   parts' first calls with the first process's decisions on disk (``JAXPAR_TUNE_DIR``).
 
@@ -205,8 +208,14 @@ def unchanged(cpu: bool) -> dict[str, Callable[[], Program]]:
     return out
 
 
+def corpus(cpu: bool) -> dict[str, Callable[[], Program]]:
+    import measure_corpus
+
+    return measure_corpus.programs(cpu)
+
+
 PARTS = {"ecosystem": ecosystem, "seeds": seeds, "loops": loops, "suite": suite,
-         "unchanged": unchanged}
+         "unchanged": unchanged, "corpus": corpus}
 
 
 # ----------------------------------------------------------------------- measuring
@@ -316,8 +325,61 @@ def settle(pb: Any, args: tuple[Any, ...], limit: int = 60) -> dict[str, Any]:
             "source": None if tuning is None else tuning.source}
 
 
+def max_abs_diff(want: Any, got: Any) -> float:
+    """The largest elementwise difference between two results' array leaves."""
+    return max((float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
+                for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got),
+                                strict=True) if hasattr(a, "shape") and a.size), default=0.0)
+
+
+def tuned_first_call(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, float]:
+    """``tune=True`` on ``fn`` with a decisions folder of its own (the default's decision
+    on disk would be read back, not measured): the function and its first call's time."""
+    os.environ["JAXPAR_TUNE_DIR"] = tempfile.mkdtemp(prefix="jaxpar-tune-")
+    shared.forget_shared_states()
+    tuned = jaxpar.parallel_branches(fn, tune=True, **OPTIONS)
+    return tuned, _timed(tuned, args)
+
+
+def measure_program(fn: Callable[..., Any], args: tuple[Any, ...], measure: Any, rounds: int,
+                    tune: bool = False) -> dict[str, Any]:
+    """One program's first calls, the calls until the device decided, the steady state
+    against jax.jit (with ``tune=True`` beside them where ``tune``) and the values."""
+    entry: dict[str, Any] = {"first_call_s": first_calls(fn, args, measure)}
+    plain = jax.jit(fn)
+    shared.forget_shared_states()
+    pb = jaxpar.parallel_branches(fn, measure=measure, **OPTIONS)
+    entry["settle"] = settle(pb, args)
+    variants = {"jax.jit": plain, "jaxpar": pb}
+    if tune:
+        variants["jaxpar tune=True"], entry["tune_first_call_s"] = tuned_first_call(fn, args)
+    timed = dispatch.measure(variants, args, 200, rounds)
+    entry["loop_ratio"] = timed["loop_ratio"]["jaxpar"]
+    entry["loop_us"] = timed["loop_us"]
+    if tune:
+        tuning = variants["jaxpar tune=True"].tuning(*args)
+        entry["tune_loop_ratio"] = timed["loop_ratio"]["jaxpar tune=True"]
+        entry["tune_chosen"] = None if tuning is None else tuning.chosen
+    entry["max_abs_diff"] = max_abs_diff(plain(*args), pb(*args))
+    return entry
+
+
+def describe(program: str, entry: dict[str, Any]) -> str:
+    tuned = (f", tune=True x{entry['tune_loop_ratio']:.3f}" if "tune_loop_ratio" in entry
+             else "")
+    return (f"  {program:34s} first x{entry['first_call_s']['ratio']:.2f} "
+            f"({entry['first_call_s']['jax.jit']:.2f} s), settled in "
+            f"{entry['settle']['calls']} calls ({entry['settle']['measure_s'] or 0:.2f} s "
+            f"timing), per call x{entry['loop_ratio']:.3f}{tuned}: {entry['settle']['verdict']}")
+
+
+def failure(error: Exception) -> dict[str, str]:
+    return {"error": f"{type(error).__name__}: {error}"[:800],
+            "trace": traceback.format_exc()[-2000:]}
+
+
 def run_part(name: str, programs: dict[str, Callable[[], Program]], out: str, measure: Any,
-             rounds: int, budget: float) -> dict[str, Any]:
+             rounds: int, budget: float, tune: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
     results: dict[str, Any] = {}
     path = os.path.join(out, f"measure-{name}.json")
@@ -327,28 +389,10 @@ def run_part(name: str, programs: dict[str, Callable[[], Program]], out: str, me
             continue
         try:
             fn, args = build()
-            entry: dict[str, Any] = {"first_call_s": first_calls(fn, args, measure)}
-            plain = jax.jit(fn)
-            shared.forget_shared_states()
-            pb = jaxpar.parallel_branches(fn, measure=measure, **OPTIONS)
-            entry["settle"] = settle(pb, args)
-            timed = dispatch.measure({"jax.jit": plain, "jaxpar": pb}, args, 200, rounds)
-            entry["loop_ratio"] = timed["loop_ratio"]["jaxpar"]
-            entry["loop_us"] = timed["loop_us"]
-            want, got = plain(*args), pb(*args)
-            entry["max_abs_diff"] = max(
-                (float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
-                 for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got),
-                                 strict=True) if hasattr(a, "shape") and a.size), default=0.0)
-            results[program] = entry
-            print(f"  {program:34s} first x{entry['first_call_s']['ratio']:.2f} "
-                  f"({entry['first_call_s']['jax.jit']:.2f} s), settled in "
-                  f"{entry['settle']['calls']} calls ({entry['settle']['measure_s'] or 0:.2f} s "
-                  f"timing), per call x{entry['loop_ratio']:.3f}: {entry['settle']['verdict']}",
-                  flush=True)
+            results[program] = measure_program(fn, args, measure, rounds, tune)
+            print(describe(program, results[program]), flush=True)
         except Exception as error:
-            results[program] = {"error": f"{type(error).__name__}: {error}"[:800],
-                                "trace": traceback.format_exc()[-2000:]}
+            results[program] = failure(error)
             print(f"  {program}: {type(error).__name__}: {str(error)[:300]}", flush=True)
         with open(path, "w") as handle:
             json.dump(results, handle, indent=1, default=str)
@@ -371,7 +415,7 @@ def second(parts: list[str], out: str, cpu: bool, measure: Any) -> None:
                 print(f"  {program:34s} second process: first x{first['ratio']:.2f}, "
                       f"{settled['source']}", flush=True)
             except Exception as error:
-                results[program] = {"error": f"{type(error).__name__}: {error}"[:800]}
+                results[program] = failure(error)
             with open(os.path.join(out, "measure-second.json"), "w") as handle:
                 json.dump(results, handle, indent=1, default=str)
 
@@ -390,6 +434,8 @@ def main() -> None:
     parser.add_argument("--second", action="store_true")
     parser.add_argument("--first", type=int, default=0, metavar="N",
                         help="first calls only, N samples of each variant, interleaved")
+    parser.add_argument("--tune", action="store_true",
+                        help="also time tune=True beside the default (its candidates compile)")
     ns = parser.parse_args()
     os.makedirs(ns.out, exist_ok=True)
     os.environ.setdefault("JAXPAR_TUNE_DIR", os.path.join(ns.out, "decisions"))
@@ -412,7 +458,7 @@ def main() -> None:
         programs = PARTS[part](ns.cpu)
         if ns.only:
             programs = {k: v for k, v in programs.items() if k in ns.only.split(",")}
-        run_part(part, programs, ns.out, measure, ns.rounds, ns.budget)
+        run_part(part, programs, ns.out, measure, ns.rounds, ns.budget, ns.tune)
 
 
 if __name__ == "__main__":
