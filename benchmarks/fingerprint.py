@@ -2,7 +2,8 @@
 
 For each program (the GPU suite at its small size, the overhead benchmark's synthetic
 programs at about 1k and 2k equations, and random programs drawn by ``tests/programs.py``
-under a derandomized hypothesis profile) and each target (``"gpu"``, ``"cpu"``), it records
+under a derandomized hypothesis profile) and each target (``"gpu"``, ``"tpu"``, ``"cpu"``;
+``--targets`` picks others), it records
 
 * ``jaxpar.inspect(f, target=...)(*args).to_dict()`` (the plan and every decision), and
 * ``jax.jit(jaxpar.parallel_branches(f, target=...)).lower(*args).as_text()``,
@@ -41,7 +42,7 @@ import jaxpar
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 
-TARGETS = ("gpu", "cpu")
+TARGETS = ("gpu", "tpu", "cpu")
 
 
 def suite_programs() -> Iterator[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
@@ -81,9 +82,10 @@ def random_programs(count: int) -> Iterator[tuple[str, Callable[..., Any], tuple
             yield f"random/{label}/{k}", program.fn, program.args
 
 
-def fingerprint(fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any]:
+def fingerprint(fn: Callable[..., Any], args: tuple[Any, ...],
+                targets: tuple[str, ...] = TARGETS) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for target in TARGETS:
+    for target in targets:
         try:
             out[f"inspect_{target}"] = jaxpar.inspect(fn, target=target)(*args).to_dict()
         except Exception as error:  # a refusal is behaviour too
@@ -103,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random", type=int, default=25,
                         help="random programs per strategy (default 25)")
     parser.add_argument("--only", default="", help="a substring of the program names to keep")
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help=f"comma-separated targets (default {','.join(TARGETS)})")
     ns = parser.parse_args(argv)
+    targets = tuple(t for t in ns.targets.split(",") if t)
     result: dict[str, Any] = {}
     sources = [suite_programs(), overhead_programs()]
     if ns.random > 0:
@@ -112,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn, args in source:
             if ns.only not in name:
                 continue
-            result[name] = fingerprint(fn, args)
+            result[name] = fingerprint(fn, args, targets)
             print(name, flush=True)
     with open(ns.out, "w") as handle:
         json.dump(result, handle, indent=1, sort_keys=True, default=str)
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     after = json.loads(json.dumps(result, sort_keys=True, default=str))
     differ = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     for name in differ:
-        fields = [f for f in TARGETS for f in (f"inspect_{f}", f"lowered_{f}")
+        fields = [f for f in targets for f in (f"inspect_{f}", f"lowered_{f}")
                   if (before.get(name) or {}).get(f) != (after.get(name) or {}).get(f)]
         print(f"DIFFERS: {name} {fields}")
     print(f"{len(after)} programs, {len(differ)} differ")
