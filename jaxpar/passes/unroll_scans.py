@@ -135,7 +135,7 @@ def _cost_factor(eqn: JaxprEqn, analysis: Analysis) -> tuple[int, str]:
     if allowed == [1]:
         return 1, rolled or ("auto: body cost and length" + by_memory)
     model = LevelModel(costs, analysis.settings.modes.priced or CommandBufferMode.LHS,
-                       memo=analysis.shared_memo("mode_estimates"))
+                       memo=analysis.shared.mode_estimates)
     factor, best = 1, math.inf
     for k in allowed:  # smallest first: a larger factor must be cheaper to be kept
         seconds = model.scan(eqn, k).seconds
@@ -243,7 +243,7 @@ def _most_copies(eqn: JaxprEqn, analysis: Analysis) -> int:
     allowance = analysis.memory_allowance
     if allowance is None:
         return _compat.scan_info(eqn).length
-    each = MemoryModel(analysis.costs, analysis.shared_memo("memory")).unrolled_copy_bytes(eqn)
+    each = MemoryModel(analysis.costs, analysis.shared.memory).unrolled_copy_bytes(eqn)
     # The copies may take three quarters of the budget: what XLA's scheduler keeps of them
     # is among the model's least certain figures (deviceless H200: two stacks of scans
     # unrolled by 8, 3.5 MiB more once compiled, 3.1 MiB by the model; the seed's fused
