@@ -4,11 +4,17 @@ The passes and the planner of one call share an ``Analysis``: every equation is
 costed once, every level's dependency graph built once, and the memos die with the
 call (nothing module-global keeps a jaxpr alive).
 
+The memos are named fields, typed by what they hold: ``analysis.memos`` (``Memos``) are
+the analysis's own (what depends on its settings), ``analysis.shared`` (``SharedMemos``)
+those every ``with_settings`` analysis of the call shares; a stage above this module
+keeps memos typed by its own classes in ``analysis.shared.of(ItsMemos)``.
+
 Example::
 
     analysis = Analysis(Options().resolve("gpu"))
     analysis.costs.eqn_cost(eqn)        # one CostModel per call
     analysis.graph(jaxpr)               # memoised per level object
+    analysis.memos.pass_visits.get(level, extra="fuse_scans")
 
 Sharp edges:
   * Memos key on object identity and hold the object (``_memo.IdentityMemo``), so ids
@@ -17,20 +23,67 @@ Sharp edges:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from . import _compat, _ops
 from ._compat import JaxprEqn, JaxprLike
 from ._cost import CostModel
-from ._graph import Graph, Writers, graph_and_writers, rebuilt_graph
+from ._graph import Graph, Unit, Writers, graph_and_writers, rebuilt_graph
 from ._memo import IdentityMemo
 from ._options import Settings
 from ._primitives import USER_PLACEMENT
 from ._structure import StructuralKeys
 from .targets import device_profile
 
-_T = TypeVar("_T")
+_S = TypeVar("_S")
+
+# A graph's last contracted groups and their emission order (``passes._splice.emission_order``).
+OrderMemo = IdentityMemo[Graph, tuple[tuple[tuple[int, ...], ...], tuple[Unit, ...] | None]]
+
+
+@dataclasses.dataclass(slots=True)
+class Memos:
+    """The memos of one analysis: what depends on its settings (one walk of the passes
+    in one CUDA-graph mode). All are the walker's (``passes/_walk.py``)."""
+
+    # Whether a pass visited a level in this walk (extra: the pass's name).
+    pass_visits: IdentityMemo[JaxprLike, bool] = dataclasses.field(default_factory=IdentityMemo)
+    # Whether a pass's visit of a level changed nothing and reported only what it left
+    # alone (extra: the pass's name and the level's path).
+    barren_visits: IdentityMemo[JaxprLike, bool] = dataclasses.field(default_factory=IdentityMemo)
+    # Whether a pass that ``remembers_search`` searched a level in vain (extra: its name).
+    searched_in_vain: IdentityMemo[JaxprLike, bool] = dataclasses.field(
+        default_factory=IdentityMemo)
+
+
+@dataclasses.dataclass(slots=True)
+class SharedMemos:
+    """The memos every ``with_settings`` analysis of a call shares: what does not depend on
+    the CUDA-graph mode, so that planning the program in another mode reuses it."""
+
+    # The memory model's temporary bytes per level and ordering, and largest buffers
+    # (``_memory.MemoryModel``): the pipeline's memory budget and ``unroll_scans``.
+    memory: IdentityMemo[Any, Any] = dataclasses.field(default_factory=IdentityMemo)
+    # What the GPU model's estimates of every mode and of the plain program share
+    # (``_plan.gpu_time``): the pipeline's mode search and ``unroll_scans``.
+    mode_estimates: IdentityMemo[Any, Any] = dataclasses.field(default_factory=IdentityMemo)
+    # Each graph's last emission order of rewrite groups (``passes._splice``): the
+    # walker's rebuilds and ``batch_branches``.
+    emission_order: OrderMemo = dataclasses.field(default_factory=IdentityMemo)
+    # Each pass's own state for the call, by its name (``Pass.state``): the walker's.
+    pass_states: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The memos of stages above this module, typed by their own classes (``of``).
+    _stages: dict[type[Any], Any] = dataclasses.field(default_factory=dict)
+
+    def of(self, kind: type[_S]) -> _S:
+        """The call's one ``kind()``, made on first use: the memos of a stage whose types
+        this module cannot import (``_plan.level.PlanMemos``, ``passes._splice.Splices``)."""
+        found = self._stages.get(kind)
+        if found is None:
+            found = self._stages[kind] = kind()
+        return cast(_S, found)
 
 
 class Analysis:
@@ -51,18 +104,15 @@ class Analysis:
         self._graphs: IdentityMemo[_compat.Jaxpr, Graph] = IdentityMemo()
         self._writers: IdentityMemo[_compat.Jaxpr, Writers] = IdentityMemo()
         self._placement: IdentityMemo[JaxprLike, bool] = IdentityMemo()
-        self._memos: dict[str, IdentityMemo[Any, Any]] = {}
-        self._state: dict[str, object] = {}
+        self.memos = Memos()
         # What the analyses of every CUDA-graph mode of the call share (``with_settings``).
-        self._shared_memos: dict[str, IdentityMemo[Any, Any]] = {}
-        self._shared_state: dict[str, object] = {}
+        self.shared = SharedMemos()
 
     def with_settings(self, settings: Settings) -> Analysis:
         """An analysis for other settings of the same program (another CUDA-graph mode to
         plan in) sharing what does not depend on them: the cost model and its memo of
         equation costs, structural keys, graphs, placement and sub-jaxprs, and the
-        ``shared_memo``s and ``shared_state`` (what does not depend on the mode). Its
-        ``memo``s and ``state`` are its own."""
+        ``shared`` memos (what does not depend on the mode). Its ``memos`` are its own."""
         if settings.gpu != self.settings.gpu or settings.target != self.settings.target:
             raise ValueError("with_settings keeps the target and the GPU (the cost model's)")
         other = Analysis.__new__(Analysis)
@@ -72,8 +122,8 @@ class Analysis:
         other.structural_keys = self.structural_keys
         other._graphs, other._placement = self._graphs, self._placement
         other._writers = self._writers
-        other._memos, other._state = {}, {}
-        other._shared_memos, other._shared_state = self._shared_memos, self._shared_state
+        other.memos = Memos()
+        other.shared = self.shared
         return other
 
     @property
@@ -114,37 +164,9 @@ class Analysis:
         levels keep the parameter dicts of the equations they copy)."""
         return self.costs.subjaxprs(eqn)
 
-    def memo(self, name: str) -> IdentityMemo[Any, Any]:
-        """A per-call identity memo for one pass or stage."""
-        return _made(self._memos, name, IdentityMemo)
-
-    def state(self, name: str, make: Callable[[], _T]) -> _T:
-        """A per-call object for one pass or stage, ``make()`` on first use."""
-        return _made(self._state, name, make)
-
-    def shared_memo(self, name: str) -> IdentityMemo[Any, Any]:
-        """A per-call identity memo shared with every ``with_settings`` analysis of the
-        call: for what does not depend on the CUDA-graph mode (the passes' equation keys,
-        the results of passes that do not price launches), so that planning the program
-        in another mode reuses it."""
-        return _made(self._shared_memos, name, IdentityMemo)
-
-    def shared_state(self, name: str, make: Callable[[], _T]) -> _T:
-        """``state`` shared with every ``with_settings`` analysis of the call (which
-        rewrite made which equation, value numbers carried across rounds)."""
-        return _made(self._shared_state, name, make)
-
     def annotated(self, eqn: JaxprEqn) -> bool:
         """Whether ``eqn`` is, or (recursively) contains, user-placed code."""
         return eqn_has_placement(eqn, self._placement, self.costs.subjaxprs)
-
-
-def _made(table: dict[str, Any], name: str, make: Callable[[], _T]) -> _T:
-    """``table[name]``, made by ``make()`` on first use."""
-    found = table.get(name)
-    if found is None:
-        found = table[name] = make()
-    return found  # type: ignore[no-any-return]
 
 
 SubjaxprsFn = Callable[[JaxprEqn], Iterable[tuple[str, int | None, JaxprLike]]]

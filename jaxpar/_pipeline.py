@@ -67,6 +67,7 @@ from ._plan.modes import (
     MIN_GAIN,
     ModeChoice,
     ModeEnds,
+    ModeSteps,
     choose_mode,
     kept_mode,
     optimistic,
@@ -254,8 +255,10 @@ def _decide(traced: Traced, settings: Settings, baseline: bool) -> Decided:
     analysis = Analysis(settings)
     budget = _memory_budget(traced, analysis)  # 2. memory budget
     analysis.memory_allowance = budget.allowed  # for the passes that stack copies
-    within = _within_budget(traced, analysis, budget)  # 3. passes and plan
-    search = _mode_search(traced, within, budget)  # 4. CUDA-graph mode
+    # What the passes did, shared by their walks in every mode (and rung) of the call.
+    steps = ModeSteps()
+    within = _within_budget(traced, analysis, budget, steps)  # 3. passes and plan
+    search = _mode_search(traced, within, budget, steps)  # 4. CUDA-graph mode
     figures = MemoryFigures(budget.plain_bytes, search.planned.temp_bytes, budget.allowed,
                             within.left_out, within.kept)
     plain = PlainFigures(None, search.choice)
@@ -269,7 +272,7 @@ def _decide(traced: Traced, settings: Settings, baseline: bool) -> Decided:
 def _memory_budget(traced: Traced, analysis: Analysis) -> ProgramBudget:
     """Stage 2: the memory model of ``analysis`` and the budget of ``traced``."""
     settings = analysis.settings
-    memory = MemoryModel(analysis.costs, analysis.shared_memo("memory"))
+    memory = MemoryModel(analysis.costs, analysis.shared.memory)
     # The plain program in the mode it is compared in: the user's, or the one the
     # command_buffers option names (not jaxpar's choice, so not counted against it).
     base_mode = settings.modes.compile or settings.modes.user
@@ -291,7 +294,8 @@ def _io_bytes(jaxpr: _compat.ClosedJaxpr) -> float:
                      if not _compat.is_literal(v)))
 
 
-def _within_budget(traced: Traced, analysis: Analysis, budget: ProgramBudget) -> WithinBudget:
+def _within_budget(traced: Traced, analysis: Analysis, budget: ProgramBudget,
+                   steps: ModeSteps) -> WithinBudget:
     """Stage 3: the passes and the plan of ``traced`` with ``analysis``'s settings; while
     the program the memory model sees needs more than ``budget.allowed`` bytes beyond the
     plain program's, the fewest kinds of rewrite left out that bring it within
@@ -309,7 +313,7 @@ def _within_budget(traced: Traced, analysis: Analysis, budget: ProgramBudget) ->
         # Sections are the planner's: the passes' results serve every rung alike.
         key = dataclasses.replace(planned, streams_per_section=settings.streams_per_section)
         if key not in passed:
-            passed[key] = run_passes(traced.jaxpr, analysis=level)
+            passed[key] = run_passes(traced.jaxpr, analysis=level, steps=steps)
         jaxpr, decisions = passed[key]
         plan = plan_jaxpr(jaxpr, level)
         bytes_needed = budget.model.temp_bytes(plan.jaxpr, mode,
@@ -376,7 +380,7 @@ def _without_slower_joins(chosen: WithinBudget, attempt: Callable[[tuple[_Rung, 
         return chosen
     what = ("loop fusion" if joins == ("fuse_scans",) else "loop batching"
             if joins == ("batch_scans",) else "loop fusion and batching")
-    estimates = chosen.analysis.shared_memo("mode_estimates")
+    estimates = chosen.analysis.shared.mode_estimates
     costs = chosen.analysis.costs
     chosen = _without_slower_matmul_batching(chosen, attempt, budget, estimates)
     other = _unjoined(chosen, attempt, budget, (what, joins))
@@ -480,7 +484,8 @@ def _section_eqns(plan: LevelPlan, target: str = "gpu") -> list[list[int]]:
             for section in plan.sections if section.pays is not False]
 
 
-def _mode_search(traced: Traced, within: WithinBudget, budget: ProgramBudget) -> ModeSearch:
+def _mode_search(traced: Traced, within: WithinBudget, budget: ProgramBudget,
+                 steps: ModeSteps) -> ModeSearch:
     """Stage 4: on target ``"gpu"``, the CUDA-graph mode chosen among the candidates
     (``_choose_mode``, with ``command_buffers="auto"``) or kept, and the program planned
     in it; elsewhere no mode, and the program of stage 3."""
@@ -490,11 +495,11 @@ def _mode_search(traced: Traced, within: WithinBudget, budget: ProgramBudget) ->
     graph_modes = targets.get(settings.target).compiles_with_xla_options
     if graph_modes and settings.modes.choose \
             and settings.modes.priced is not None:
-        return _choose_mode(traced, analysis, planned, budget)
+        return _choose_mode(traced, analysis, planned, budget, steps)
     choice = None
     if graph_modes:
         # What the GPU model's estimates of every mode and of the plain program share.
-        estimates = analysis.shared_memo("mode_estimates")
+        estimates = analysis.shared.mode_estimates
         explicit = settings.modes.compile
         kept = explicit or settings.modes.priced or settings.modes.user
         if kept is not None:
@@ -520,20 +525,21 @@ class _Judged:
     ends: ModeEnds | None = None
 
 
-def _choose_mode(traced: Traced, analysis: Analysis, planned: Planned, budget: ProgramBudget
-                 ) -> ModeSearch:
+def _choose_mode(traced: Traced, analysis: Analysis, planned: Planned, budget: ProgramBudget,
+                 steps: ModeSteps) -> ModeSearch:
     """The program planned in each candidate mode (``_plan.modes.CANDIDATES``), and the
     mode ``choose_mode`` keeps, with the program planned in it.
 
     A candidate is planned on the passes' program of the user's mode first; only one
     that wins there at every end of the GPU model's ranges has the passes run again in
     its own launch pricing (``_cost.launch_pricing``: the batching passes price launches
-    otherwise in a branching graph), and is judged again on that program."""
+    otherwise in a branching graph), and is judged again on that program; the walks
+    share the passes' steps (``steps``)."""
     settings = analysis.settings
     user = settings.modes.priced
     gpu = settings.gpu
     assert user is not None and gpu is not None
-    estimates = analysis.shared_memo("mode_estimates")
+    estimates = analysis.shared.mode_estimates
     costs = analysis.costs
     plan = planned.plan
     batched = any(d.kind in (DecisionKind.BATCHED_MATMULS, DecisionKind.BATCHED_SUBGRAPHS)
@@ -567,7 +573,7 @@ def _choose_mode(traced: Traced, analysis: Analysis, planned: Planned, budget: P
             continue
         if found.ends is not None and found.ends.pessimistic_ratio <= 1 - MIN_GAIN \
                 and batched and launch_pricing(mode) != launch_pricing(user):
-            found = judged(mode, other, *run_passes(traced.jaxpr, analysis=other))
+            found = judged(mode, other, *run_passes(traced.jaxpr, analysis=other, steps=steps))
             assert found is not None
         plans[mode] = found
         if found.ends is not None:
@@ -591,7 +597,7 @@ def _plain_figures(jaxpr: _compat.ClosedJaxpr, analysis: Analysis, choice: ModeC
     plain_us = sum(costs.seconds(costs.eqn_cost(eqn)) for eqn in inner.eqns) * 1e6
     if choice is not None:
         choice = dataclasses.replace(choice, plain_seconds=estimate_plain_seconds(
-            jaxpr, costs, choice.user_mode, analysis.shared_memo("mode_estimates")))
+            jaxpr, costs, choice.user_mode, analysis.shared.mode_estimates))
     return PlainFigures(plain_us, choice)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
@@ -82,3 +83,25 @@ def test_the_analysis_dies_with_the_call(monkeypatch):
 def test_analysis_takes_settings():
     with pytest.raises(TypeError, match="Settings"):
         _analysis.Analysis(Options())  # type: ignore[arg-type]
+
+
+def test_other_settings_share_the_shared_memos_and_keep_their_own():
+    """``with_settings`` (another CUDA-graph mode): the ``shared`` memos, a later stage's
+    included (``shared.of``), are the very objects of the first analysis; the walk's
+    ``memos`` are its own; another call's analysis shares nothing."""
+    from jaxpar._gpu_model import CommandBufferMode
+    from jaxpar._plan.level import PlanMemos
+
+    settings = Options().resolve("gpu")
+    first = _analysis.Analysis(settings)
+    other = first.with_settings(settings.priced_in(CommandBufferMode.CONCURRENT_REGIONS))
+    (eqn,) = jax.make_jaxpr(jnp.sin)(1.0).eqns
+    first.shared.of(PlanMemos).blocked_reason.set(eqn, "effectful")
+    first.memos.pass_visits.set(eqn, True, extra="fuse_scans")
+    first.shared.pass_states["fuse_scans"] = state = object()
+    assert other.shared.of(PlanMemos).blocked_reason.get(eqn) == "effectful"
+    assert other.shared.pass_states["fuse_scans"] is state
+    assert other.memos.pass_visits.get(eqn, extra="fuse_scans") is None
+    fresh = _analysis.Analysis(settings)
+    assert fresh.shared.of(PlanMemos).blocked_reason.get(eqn) is None
+    assert not fresh.shared.pass_states

@@ -100,6 +100,31 @@ def test_a_broken_row_of_the_table_is_named_through_run_passes(
     assert "fuse_scans" not in before
 
 
+# The frames between ``run_passes`` and a pass's ``run`` on a program's top level: the
+# walker's own (``walk_levels``, the level's rounds, the pass's step), nothing more.
+MAX_WALKER_FRAMES = 3
+
+
+def test_a_pass_runs_few_frames_below_run_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A traceback through the walker stays short: at most ``MAX_WALKER_FRAMES`` frames
+    between ``run_passes`` and the pass's ``run`` that raised (no frame of the CUDA-graph
+    mode search's reuse of steps in between)."""
+
+    def broken(level: Level, analysis: Analysis) -> LevelResult:
+        raise KeyError("share_common lost a key")
+
+    table = tuple(dataclasses.replace(p, run=broken) if p.name == "share_common" else p
+                  for p in passes.PASSES)
+    monkeypatch.setattr(passes, "PASSES", table)
+    closed = jax.make_jaxpr(jnp.sin)(jnp.ones(3))
+    with pytest.raises(KeyError) as info:
+        run_passes(closed, target="gpu")
+    names = [entry.name for entry in info.traceback]
+    between = names[names.index("run_passes") + 1:names.index("broken")]
+    assert names.count("run_passes") == 1
+    assert len(between) <= MAX_WALKER_FRAMES, between
+
+
 def test_an_error_is_noted_once() -> None:
     """The same error object raised again (a walk of the same level, say) gets one note."""
     error = ValueError("x")

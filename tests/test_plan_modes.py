@@ -41,11 +41,13 @@ from jaxpar._plan.gpu_time import estimate_plain_seconds, estimate_seconds
 from jaxpar._plan.modes import (
     MIN_GAIN,
     ModeEnds,
+    ModeSteps,
     choose_mode,
     optimistic,
     pessimistic,
 )
-from jaxpar.passes import run_passes
+from jaxpar.passes import LevelResult, Pass, run_passes
+from jaxpar.passes._walk import Step
 
 LHS, CONCURRENT, OFF = CommandBufferMode.LHS, CommandBufferMode.CONCURRENT, CommandBufferMode.OFF
 REGIONS = CommandBufferMode.CONCURRENT_REGIONS
@@ -340,6 +342,34 @@ def test_cpu_target_is_unchanged() -> None:
     fn = jaxpar.parallel_branches(towers, target="cpu")
     np.testing.assert_array_equal(fn(*args), jax.jit(towers)(*args))
     assert fn._state.jitted_with == {}
+
+
+def test_mode_steps_share_a_pass_s_first_visit_between_modes_that_price_alike() -> None:
+    """``ModeSteps``: a pass that prices no launch takes its step in every mode; one that
+    prices launches only in a mode pricing them alike (graphs off and LHS: serially),
+    unless it said it decides alike, or decides exactly as in the other pricing (then it
+    gets the other's step, the level it rebuilt included). Never at another path."""
+    settings = Options().resolve("gpu")
+    lhs, off, regions = (settings.priced_in(m) for m in (
+        CommandBufferMode.LHS, CommandBufferMode.OFF, CommandBufferMode.CONCURRENT_REGIONS))
+    level = jax.make_jaxpr(jnp.sin)(1.0)
+    plain = Pass("plain", lambda lv, a: LevelResult(), lambda s: True, "prices no launch")
+    priced = dataclasses.replace(plain, name="priced", prices_launches=True)
+    alike = dataclasses.replace(plain, name="alike", prices_launches=True)
+    steps = ModeSteps()
+    kept = {}
+    for row in (plain, priced, alike):
+        assert steps.find(row, level, "/", lhs) is None
+        kept[row.name] = Step(level, [], [])
+        assert steps.keep(row, level, "/", lhs, kept[row.name], row is alike) is kept[row.name]
+    assert steps.find(plain, level, "/", regions) is kept["plain"]
+    assert steps.find(alike, level, "/", regions) is kept["alike"]
+    assert steps.find(priced, level, "/", off) is kept["priced"]
+    assert steps.find(priced, level, "/", regions) is None
+    assert steps.find(plain, level, "/scan#0.jaxpr", lhs) is None
+    # Run again in the branching pricing, it decided as before: the first step is taken.
+    assert steps.keep(priced, level, "/", regions, Step(level, [], []), False) is kept["priced"]
+    assert steps.find(priced, level, "/", regions) is kept["priced"]
 
 
 # --------------------------------------------------------------------------- the option

@@ -51,7 +51,7 @@ def estimate_seconds(plan: LevelPlan, costs: CostModel, mode: CommandBufferMode,
     A section the GPU pricing would not emit (kept by ``force_streams``) is taken at its
     verdict: its regions run as if on the main stream, plus the cost of its cut.
     ``memo``, one per call, shared by the estimates of its plans in every mode and of the
-    plain program (``Analysis.shared_memo``), remembers what they share: each
+    plain program (``SharedMemos.mode_estimates``), remembers what they share: each
     equation's kernel time and work, and each nested level's span in each mode. It must
     be used with one cost model only. ``gpu``: the GPU's figures, default the cost
     model's (``pessimistic`` and ``optimistic`` give the ends of their ranges).

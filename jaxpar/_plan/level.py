@@ -51,6 +51,7 @@ from .._graph import (
     build_graph,
     contract,
 )
+from .._memo import IdentityMemo
 from .._options import Settings
 from .._primitives import is_collective
 from .collectives import CollectivePlan, group_collectives, overlap_collectives
@@ -155,7 +156,7 @@ def _plan_level(jaxpr: JaxprLike, analysis: Analysis, path: str, axis_sizes: Map
 @dataclasses.dataclass(frozen=True, slots=True)
 class _LevelBasis:
     """What the plan of one level starts from, the same in every CUDA-graph mode (the
-    modes' analyses share it, ``Analysis.shared_memo``).
+    modes' analyses share it, ``PlanMemos.level_basis``).
 
     Attributes:
       seconds: estimated seconds of each equation.
@@ -172,11 +173,29 @@ class _LevelBasis:
     collective_plan: CollectivePlan
 
 
+# The sections chosen per window of a level (``_windows``).
+_Windows = tuple[tuple[HeavyOrder, SectionChoice, tuple[Note, ...]], ...]
+
+
+@dataclasses.dataclass(slots=True)
+class PlanMemos:
+    """What the plans of one call's program in every CUDA-graph mode share
+    (``analysis.shared.of(PlanMemos)``); all written here."""
+
+    # Each level's basis, by its mesh axes (extra) (``_level_basis``).
+    level_basis: IdentityMemo[Jaxpr, _LevelBasis] = dataclasses.field(
+        default_factory=IdentityMemo)
+    # Why each equation must stay where it is; empty: it may move (``_blocked``).
+    blocked_reason: IdentityMemo[JaxprEqn, str] = dataclasses.field(default_factory=IdentityMemo)
+    # Each level's windows, by heavy equations and settings (extra) (``_windows``).
+    windows: IdentityMemo[Jaxpr, _Windows] = dataclasses.field(default_factory=IdentityMemo)
+
+
 def _level_basis(inner: Jaxpr, graph: Graph, analysis: Analysis,
                  axis_sizes: Mapping[Any, int]) -> _LevelBasis:
     """``_LevelBasis`` of the level ``inner`` inside the mesh axes ``axis_sizes``,
     remembered for the analyses of every mode of the call."""
-    return analysis.shared_memo("plan_level_basis").lookup(  # type: ignore[no-any-return]
+    return analysis.shared.of(PlanMemos).level_basis.lookup(
         inner, lambda: _new_level_basis(inner, graph, analysis, axis_sizes),
         extra=tuple(axis_sizes.items()))
 
@@ -203,7 +222,7 @@ def _new_level_basis(inner: Jaxpr, graph: Graph, analysis: Analysis,
 def _blocked(eqns: Sequence[JaxprEqn], analysis: Analysis) -> dict[int, str]:
     """Equations that must stay where they are, with the reason (each equation's reason
     remembered for the call: the levels planned in each mode share most equations)."""
-    reasons = analysis.shared_memo("plan_blocked_reason")
+    reasons = analysis.shared.of(PlanMemos).blocked_reason
     blocked: dict[int, str] = {}
     for index, eqn in enumerate(eqns):
         reason = reasons.get(eqn)
@@ -260,20 +279,20 @@ def _plan_windows(jaxpr: Jaxpr, graph: Graph, heavy: list[int], seconds: tuple[f
 
 
 def _windows(jaxpr: Jaxpr, graph: Graph, heavy: Sequence[int], seconds: tuple[float, ...],
-             analysis: Analysis) -> tuple[tuple[HeavyOrder, SectionChoice, tuple[Note, ...]], ...]:
+             analysis: Analysis) -> _Windows:
     """Per window of ``MAX_HEAVY`` heavy equations (two or more), its ``HeavyOrder``, the
     sections chosen and the notes of the branches declined: the same in every CUDA-graph
     mode (only the pricing of the regions differs), so remembered for the analyses of
     every mode of the call."""
     settings = analysis.settings
-    return analysis.shared_memo("plan_windows").lookup(  # type: ignore[no-any-return]
+    return analysis.shared.of(PlanMemos).windows.lookup(
         jaxpr, lambda: _new_windows(graph, heavy, seconds, settings),
         extra=(tuple(heavy), settings.min_seconds, settings.streams_per_section))
 
 
 def _new_windows(graph: Graph, heavy: Sequence[int], seconds: tuple[float, ...],
                  settings: Settings
-                 ) -> tuple[tuple[HeavyOrder, SectionChoice, tuple[Note, ...]], ...]:
+                 ) -> _Windows:
     windows = []
     for start in range(0, len(heavy), MAX_HEAVY):
         window = heavy[start:start + MAX_HEAVY]

@@ -29,6 +29,9 @@ jaxpar's candidates are ``LHS``, ``CONCURRENT_REGIONS`` and, for plans whose str
 regions hold loops, ``OFF``; ``command_buffers="concurrent"`` compiles a function in
 ``CONCURRENT`` all the same.
 
+The walks of the program in the candidate modes share the passes' steps
+(``ModeSteps``).
+
 Example::
 
     choice = choose_mode(estimates, user_mode, corners)
@@ -49,9 +52,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _compat
+from .._cost import launch_pricing
 from .._flags import command_buffer_options
 from .._gpu_model import CommandBufferMode, GpuProfile
+from .._memo import IdentityMemo
+from .._options import Settings
 from .._primitives import MAY_HOLD_LOOPS
+from ..passes import Pass
+from ..passes._walk import Step
 from .plans import LevelPlan
 
 # The least estimated gain over the user's mode that makes jaxpar change it, at the
@@ -269,3 +277,66 @@ def kept_mode(mode: CommandBufferMode, user_mode: CommandBufferMode | None,
               if explicit else f"kept the process's {mode.value} mode ({why})")
     return ModeChoice(mode, user, ((mode, seconds),) if seconds is not None else (),
                       explicit, reason, measured=measured)
+
+
+# The ways a mode prices launches (``_cost.launch_pricing``).
+_PRICINGS = ("serial", "beside")
+
+
+class ModeSteps:
+    """What each pass did on its first visit of each level in the walks of the program
+    in the candidate modes (the ``steps`` the mode search gives ``passes.run_passes``,
+    a ``passes._walk.StepCache``), one per call.
+
+    The program is walked again in each mode that prices launches otherwise
+    (``_pipeline._choose_mode``). A pass's first visit of a level in a walk is a
+    deterministic function of the level, the path and the settings, so the first visit
+    in another mode (the same settings but the mode) gets the same step: its decisions
+    (the same objects, so ``EqnOrigins``' records of the equations made hold for both)
+    and its rebuilt level. A pass that prices launches is run again in a mode that
+    prices them otherwise unless it said it decides alike in both
+    (``LevelResult.decided_alike``); where it decides exactly as it did in the other
+    pricing (equal decisions, rewrites of the same equations and keys: the same
+    groups), it takes the other's step, rebuilt level included, so the walks of the two
+    modes share every level from there on.
+    """
+
+    def __init__(self) -> None:
+        self._steps: IdentityMemo[Any, Step] = IdentityMemo()
+
+    def find(self, level_pass: Pass, jaxpr: Any, path: str, settings: Settings
+             ) -> Step | None:
+        base, pricing = _step_key(level_pass, path, settings)
+        return self._steps.get(jaxpr, extra=(*base, pricing))
+
+    def keep(self, level_pass: Pass, jaxpr: Any, path: str, settings: Settings, step: Step,
+             alike: bool) -> Step:
+        base, pricing = _step_key(level_pass, path, settings)
+        if pricing is not None and alike:
+            for other in _PRICINGS:
+                self._steps.set(jaxpr, step, extra=(*base, other))
+        elif pricing is not None:
+            for other in _PRICINGS:
+                twin = self._steps.get(jaxpr, extra=(*base, other))
+                if other != pricing and twin is not None and _same_step(twin, step):
+                    step = twin
+                    break
+        self._steps.set(jaxpr, step, extra=(*base, pricing))
+        return step
+
+
+def _step_key(level_pass: Pass, path: str, settings: Settings
+              ) -> tuple[tuple[str, str, Settings], str | None]:
+    """``ModeSteps``' key of a pass's first visit at ``path``, less the level: the path,
+    the pass and the settings but the mode; and the mode's launch pricing for a pass that
+    prices launches (None for the others, which decide alike in every mode)."""
+    pricing = launch_pricing(settings.modes.priced) if level_pass.prices_launches else None
+    return (path, level_pass.name, settings.priced_in(None)), pricing
+
+
+def _same_step(one: Step, other: Step) -> bool:
+    """Whether two steps decide alike: equal decisions, rewrites of the same equations
+    with the same keys (the same groups)."""
+    return (one.decisions == other.decisions
+            and [(r.eqns, r.key) for r in one.rewrites]
+            == [(r.eqns, r.key) for r in other.rewrites])

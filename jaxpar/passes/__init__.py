@@ -85,7 +85,7 @@ from ._protocol import (
     PassDecision,
     Rewrite,
 )
-from ._walk import walk_levels
+from ._walk import StepCache, walk_levels
 
 __all__ = [
     "BLOCK_SCOPE",
@@ -154,7 +154,8 @@ _BY_NAME = {p.name: p for p in PASSES}
 
 def run_passes(closed_jaxpr: ClosedJaxpr, names: Sequence[str] | None = None, *,
                analysis: Analysis | None = None, target: str = "gpu",
-               **options: Any) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
+               steps: StepCache | None = None, **options: Any
+               ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Runs the passes at every nesting level of ``closed_jaxpr`` (never mutated).
 
     Args:
@@ -164,6 +165,9 @@ def run_passes(closed_jaxpr: ClosedJaxpr, names: Sequence[str] | None = None, *,
         analysis: the call's ``Analysis`` (settings, cost model, memos); default one made
             from ``target`` and ``options``.
         target: ``"gpu"``, ``"cpu"`` or ``"tpu"``, when no ``analysis`` is given.
+        steps: what the passes did in the walks of the program with other settings, to
+            take on first visits instead of running them (``_walk.StepCache``; the
+            CUDA-graph mode search's ``_plan.modes.ModeSteps``); default none.
         **options: ``parallel_branches`` options (``fuse_scans=``, ``unroll=`` ...), when
             no ``analysis`` is given.
 
@@ -189,7 +193,7 @@ def run_passes(closed_jaxpr: ClosedJaxpr, names: Sequence[str] | None = None, *,
             raise ValueError(f"jaxpar: unknown pass(es) {unknown}; passes are "
                              f"{[p.name for p in PASSES]}")
         chosen = [p for p in PASSES if p.name in names]
-    new, decisions = walk_levels(closed_jaxpr, chosen, analysis)
+    new, decisions = walk_levels(closed_jaxpr, chosen, analysis, steps=steps)
     return new, tuple(decisions)
 
 

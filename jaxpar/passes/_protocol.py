@@ -230,7 +230,7 @@ class LevelResult:
         decided_alike: for a pass that prices launches (``Pass.prices_launches``): every
             verdict would be the same in a mode pricing launches otherwise (its
             decisions do not say what a launch costs), so the walker may reuse this
-            result in every launch pricing (``_walk._first_step``).
+            result in every launch pricing (``_plan.modes.ModeSteps``).
     """
 
     rewrites: list[Rewrite] = dataclasses.field(default_factory=list)
@@ -251,7 +251,7 @@ class Pass:
         prices_launches: whether ``run`` prices kernel launches in the CUDA-graph mode
             (``settings.modes.priced``, through ``CostModel.launch_prices``); the
             other passes decide the same in every mode, so planning the program in
-            another mode reuses what they did (``_walk._pass_step``).
+            another mode reuses what they did (``_plan.modes.ModeSteps``).
         after: the passes whose rewrites this one works on: run alone, it changes
             nothing (``bound_fusions`` bounds what the batching passes made).
         remembers_search: whether the walker may remember a level this pass searched in

@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from .. import _compat
-from .._analysis import Analysis
+from .._analysis import Analysis, OrderMemo
 from .._compat import Atom, JaxprEqn, JaxprLike, Var
 from .._graph import (
     ContractionCycle,
@@ -128,10 +128,22 @@ class EqnOrigins:
                 self._collect(sub, f"{path}/{eqn.primitive.name}#{index}.{label}", found)
 
 
+@dataclasses.dataclass(slots=True)
+class Splices:
+    """What the rebuilds of one call's program keep for the call, in every CUDA-graph
+    mode's walk (``analysis.shared.of(Splices)``)."""
+
+    # Which decisions made which equations (``eqn_origins``): the walker's rebuilds.
+    origins: EqnOrigins = dataclasses.field(default_factory=EqnOrigins)
+    # The top level's rewrites traced, by key and operand pattern (``rebuild_level``'s
+    # ``traces``): the walker's rebuilds of top levels.
+    top_level_traces: dict[Hashable, _TracedRewrite] = dataclasses.field(default_factory=dict)
+
+
 def eqn_origins(analysis: Analysis) -> EqnOrigins:
-    """The call's ``EqnOrigins`` (the analysis's ``"eqn_origins"`` shared state: the
-    analyses of every CUDA-graph mode share the steps that made the equations)."""
-    return analysis.shared_state("eqn_origins", EqnOrigins)
+    """The call's ``EqnOrigins`` (``Splices.origins``: the analyses of every CUDA-graph
+    mode share the steps that made the equations)."""
+    return analysis.shared.of(Splices).origins
 
 def evaluate(jaxpr: JaxprLike, *args: Any) -> list[Any]:
     """Evaluates a closed or open jaxpr under the current trace, keeping source info."""
@@ -144,16 +156,12 @@ def evaluate(jaxpr: JaxprLike, *args: Any) -> list[Any]:
     return env.read_all(inner.outvars)
 
 
-# A graph's last contracted groups and their emission order (``emission_order``).
-OrderMemo = IdentityMemo[Graph, tuple[tuple[tuple[int, ...], ...], tuple[Unit, ...] | None]]
-
-
 def emission_order(graph: Graph, groups: Sequence[Sequence[int]],
                    memo: OrderMemo | None = None) -> tuple[Unit, ...] | None:
     """Emission units with each group contracted (``RewriteUnit(k)`` for ``groups[k]``),
     or None if contracting makes a cycle.
 
-    ``memo`` (an ``Analysis.memo``) keeps the last answer per graph: a pass that checked
+    ``memo`` (``SharedMemos.emission_order``) keeps the last answer per graph: a pass that checked
     its groups can be ordered, and the rebuild that then orders them, contract once.
     """
     blocks = tuple(tuple(g) for g in groups)

@@ -11,9 +11,13 @@ is in ``_protocol``; what the walker does for a row:
   the row's name);
 * a row with a ``state``: the state it makes on its first visit is kept for the call
   (shared by every mode) and handed to each run as ``Level.state``;
-* a row that ``prices_launches``: its result is shared with the walks of the modes
-  that price launches alike, or, where it says so (``LevelResult.decided_alike``), with
-  every mode (``_first_step``);
+* a visit that changed nothing and reported only what it left alone is not run again
+  at that level and path in the walk (``_known_step``);
+* a first visit takes the step a ``StepCache`` has for it, where the caller gives one:
+  the CUDA-graph mode search gives the walks of its modes one
+  (``_plan.modes.ModeSteps``), which shares each row's steps between the modes, a
+  row that ``prices_launches`` only between modes that price launches alike unless it
+  says it decides alike (``LevelResult.decided_alike``);
 * an exception a pass raises keeps its class and gets a note naming the pass, the
   level's path and the passes run before it at that level;
 * with ``JAXPAR_CHECKS=1`` in the environment, every level the walker rebuilds is
@@ -46,16 +50,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprLike
-from .._cost import launch_pricing
-from .._graph import Graph
-from .._memo import IdentityMemo
+from .._options import Settings
 from ._protocol import UNCHANGED_KINDS, DecisionKind, Level, Pass, PassDecision, Rewrite
-from ._splice import EqnOrigins, eqn_origins, rebuild_level
+from ._splice import EqnOrigins, Splices, eqn_origins, rebuild_level
 
 # Bound on the rounds of level passes at one level (each productive round removes a loop,
 # loop trips, or a unit unroll factor, so real programs settle in a few).
@@ -66,19 +68,23 @@ CHECKS_VARIABLE = "JAXPAR_CHECKS"
 
 
 def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysis,
-                path: str = "") -> tuple[Any, list[PassDecision]]:
+                path: str = "", steps: StepCache | None = None
+                ) -> tuple[Any, list[PassDecision]]:
     """Runs ``level_passes`` in order at every nesting level of ``jaxpr``, innermost first.
 
     A level whose own loops were rewritten is walked again, since the loops the passes
     made (a fused body holding two inner scans) may offer new rewrites; so applying the
-    passes a second time changes nothing.
+    passes a second time changes nothing. ``steps``: what the passes did on their first
+    visits of levels in the walks of other settings, to take instead of running them
+    (``StepCache``).
 
     Returns ``(new_jaxpr, decisions)``; ``new_jaxpr is jaxpr`` when nothing changed.
     """
     decisions: list[PassDecision] = []
     current = jaxpr
     for attempt in range(MAX_ROUNDS):
-        new, walk_decisions, level_changed = _walk_once(current, level_passes, analysis, path)
+        new, walk_decisions, level_changed = _walk_once(current, level_passes, analysis, path,
+                                                        steps)
         decisions.extend(d for d in walk_decisions
                          if attempt == 0 or d.kind not in UNCHANGED_KINDS)
         current = new
@@ -90,10 +96,11 @@ def walk_levels(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analys
                        f"{path or '/'}; please report it with the program")
 
 
-def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysis, path: str
-               ) -> tuple[Any, list[PassDecision], bool]:
+def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysis, path: str,
+               steps: StepCache | None) -> tuple[Any, list[PassDecision], bool]:
     origins = eqn_origins(analysis)
-    decisions, params, holds = _walk_nested(jaxpr, level_passes, analysis, path, origins)
+    decisions, params, holds = _walk_nested(jaxpr, level_passes, analysis, path, origins,
+                                            steps)
     current = jaxpr
     if params:
         rebuilt = rebuild_level(jaxpr, [], params, origins=origins)
@@ -123,7 +130,8 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
         changed = False
         for level_pass in level_passes:
             try:
-                step = _rebuilt_step(level_pass, current, path, analysis, origins)
+                step = _pass_step(level_pass, current, path, analysis, steps)
+                _rebuild(step, path, analysis, origins)
             except Exception as error:
                 _note(error, _pass_note(level_pass.name, path, round_index, ran))
                 raise
@@ -153,7 +161,7 @@ def _walk_once(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysi
 
 
 def _walk_nested(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analysis,
-                 path: str, origins: EqnOrigins
+                 path: str, origins: EqnOrigins, steps: StepCache | None
                  ) -> tuple[list[PassDecision], dict[int, dict[str, Any]],
                             dict[int, set[tuple[int, bool]]]]:
     """``_walk_once``'s walk of the levels nested in ``jaxpr``'s equations: their
@@ -171,7 +179,8 @@ def _walk_nested(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analy
             # Rewrites of a nested level are traced where JAX traced that level (a
             # shard_map body with its mesh axes bound).
             with _compat.nested_trace_context(eqn):
-                new_sub, sub_decisions = walk_levels(sub, level_passes, analysis, sub_path)
+                new_sub, sub_decisions = walk_levels(sub, level_passes, analysis, sub_path,
+                                                     steps)
             decisions.extend(sub_decisions)
             if new_sub is not sub:
                 replacements[(name, item)] = new_sub
@@ -183,23 +192,22 @@ def _walk_nested(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analy
     return decisions, params, holds
 
 
-def _rebuilt_step(level_pass: Pass, jaxpr: Any, path: str, analysis: Analysis,
-                  origins: EqnOrigins) -> _Step:
-    """``level_pass``'s step on the level ``jaxpr`` (``_pass_step``), with the level its
-    rewrites make (``rebuilt``; None where the level cannot take them), checked with
-    JAX's jaxpr checker when ``JAXPAR_CHECKS`` asks for it."""
-    graph = analysis.graph(jaxpr)
-    step = _pass_step(level_pass, jaxpr, path, graph, analysis)
-    if step.rewrites and step.rebuilt is None:
-        step.rebuilt = rebuild_level(
-            jaxpr, step.rewrites, graph=graph,
-            orders=analysis.shared_memo("emission_order"), origins=origins,
-            owners=_owners(step.rewrites, step.decisions, origins),
-            traces=None if path else analysis.shared_state("top_level_traces", dict),
-            derive_graph=analysis.derive_graph)
-        if step.rebuilt is not None and _checks_on():
-            _check_level(step.rebuilt)
-    return step
+def _rebuild(step: Step, path: str, analysis: Analysis, origins: EqnOrigins) -> None:
+    """Sets ``step.rebuilt``: the level its rewrites make (None where the level cannot
+    take them), checked with JAX's jaxpr checker when ``JAXPAR_CHECKS`` asks for it;
+    nothing where it has no rewrites or was rebuilt before (a step taken from
+    ``StepCache``)."""
+    if not step.rewrites or step.rebuilt is not None:
+        return
+    splices = analysis.shared.of(Splices)
+    step.rebuilt = rebuild_level(
+        step.level, step.rewrites, graph=analysis.graph(step.level),
+        orders=analysis.shared.emission_order, origins=origins,
+        owners=_owners(step.rewrites, step.decisions, origins),
+        traces=None if path else splices.top_level_traces,
+        derive_graph=analysis.derive_graph)
+    if step.rebuilt is not None and _checks_on():
+        _check_level(step.rebuilt)
 
 
 def _checks_on() -> bool:
@@ -238,7 +246,7 @@ def _note(error: BaseException, note: str) -> None:
 
 
 @dataclasses.dataclass(slots=True)
-class _Step:
+class Step:
     """What one pass did to one level (at one path): its rewrites, its decisions
     (stamped with the pass's name) and, once rebuilt, the level they make."""
 
@@ -248,107 +256,102 @@ class _Step:
     rebuilt: Any = None
 
 
-# The ways a mode prices launches (``_cost.launch_pricing``).
-_PRICINGS = ("serial", "beside")
+class StepCache(Protocol):
+    """What passes did on their first visits of levels in the walks of a program with
+    other settings (another CUDA-graph mode: ``_plan.modes.ModeSteps``), for a walk to
+    take instead of running the pass again. A pass's first visit of a level in a walk
+    is a deterministic function of the level, the path and the settings."""
+
+    def find(self, level_pass: Pass, jaxpr: Any, path: str, settings: Settings
+             ) -> Step | None:
+        """The step to take for ``level_pass``'s first visit of ``jaxpr`` at ``path``
+        with ``settings``, or None: run the pass (then ``keep`` its step)."""
+
+    def keep(self, level_pass: Pass, jaxpr: Any, path: str, settings: Settings, step: Step,
+             alike: bool) -> Step:
+        """Keeps the ``step`` the pass's first visit made, and returns the step the walk
+        takes (another's equal step, so that the walks share the levels from there);
+        ``alike``: the pass said it decides alike in every launch pricing
+        (``LevelResult.decided_alike``)."""
 
 
-def _pass_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
-               analysis: Analysis) -> _Step:
-    """``level_pass`` run on the level ``jaxpr`` at ``path``, or what it did there in
-    another CUDA-graph mode (the ``"pass_steps"`` shared memo).
-
-    The program is analysed again in each mode that prices launches otherwise
-    (``_pipeline.analyse``). A pass's first visit of a level in a walk is a
-    deterministic function of the level, the path and the settings, so the first visit
-    in another mode (the same settings but the mode) gets the same step: its decisions
-    (the same objects, so ``EqnOrigins``' records of the equations made hold for both)
-    and its rebuilt level. A pass that prices launches is run again in a mode that
-    prices them otherwise unless it said it decides alike in both
-    (``LevelResult.decided_alike``); where it decides exactly as it did in the other
-    pricing (equal decisions, rewrites of the same equations and keys: the same
-    groups), it takes the other's step, rebuilt level included, so the walks of the two
-    modes share every level from there on. Later visits in a walk run the pass (they
-    answer from its own memos, or from the walk's ``searched_in_vain`` for a row that
-    ``remembers_search``), but for a visit of a level at a path where the pass,
-    visiting it before, changed nothing and reported only what it left alone
-    (``_barren``): by the same determinism it would again, and the walk drops such
-    reports after a level's first round (and a walk's first), which is the only time
-    such a visit can come, so it gets an empty step without running the pass.
-    """
-    visits = analysis.memo("pass_visits")
-    barren = analysis.memo("barren_visits")
-    if visits.get(jaxpr, extra=level_pass.name):
-        if barren.get(jaxpr, extra=(level_pass.name, path)):
-            return _Step(jaxpr, [], [])
-        step = _run_step(level_pass, jaxpr, path, graph, analysis)[0]
-        if _barren(step):
-            barren.set(jaxpr, True, extra=(level_pass.name, path))
-        return step
-    visits.set(jaxpr, True, extra=level_pass.name)
-    step = _first_step(level_pass, jaxpr, path, graph, analysis)
-    if _barren(step):
-        barren.set(jaxpr, True, extra=(level_pass.name, path))
-    return step
-
-
-def _barren(step: _Step) -> bool:
-    """Whether ``step`` changed nothing and reports only what it left alone."""
-    return not step.rewrites and all(d.kind in UNCHANGED_KINDS for d in step.decisions)
-
-
-def _first_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
-                analysis: Analysis) -> _Step:
-    """``_pass_step`` for the pass's first visit of the level in this walk."""
-    steps: IdentityMemo[JaxprLike, _Step] = analysis.shared_memo("pass_steps")
-    settings = analysis.settings
-    base = (path, level_pass.name, settings.priced_in(None))
-    pricing = launch_pricing(settings.modes.priced) if level_pass.prices_launches else None
-    hit = steps.get(jaxpr, extra=(*base, pricing))
-    if hit is not None:
-        if level_pass.remembers_search:  # what the walk remembers of a visit, as if it ran
-            remember_search(analysis, level_pass.name, jaxpr, hit.rewrites)
-        return hit
-    step, alike = _run_step(level_pass, jaxpr, path, graph, analysis)
-    if pricing is not None and alike:
-        for other in _PRICINGS:
-            steps.set(jaxpr, step, extra=(*base, other))
-    elif pricing is not None:
-        for other in _PRICINGS:
-            twin = steps.get(jaxpr, extra=(*base, other))
-            if (other != pricing and twin is not None
-                    and twin.decisions == step.decisions
-                    and [(r.eqns, r.key) for r in twin.rewrites]
-                    == [(r.eqns, r.key) for r in step.rewrites]):
-                step = twin
-                break
-    steps.set(jaxpr, step, extra=(*base, pricing))
-    return step
-
-
-def _run_step(level_pass: Pass, jaxpr: Any, path: str, graph: Graph,
-              analysis: Analysis) -> tuple[_Step, bool]:
-    """The pass run on the level, and whether it said it decides alike in every launch
-    pricing (``LevelResult.decided_alike``).
+def _pass_step(level_pass: Pass, jaxpr: Any, path: str, analysis: Analysis,
+               steps: StepCache | None) -> Step:
+    """``level_pass`` run on the level ``jaxpr`` at ``path`` (unrebuilt), or what it is
+    known to do there without running it (``_known_step``).
 
     For a row that ``remembers_search``, a level the pass searched in vain earlier in
-    the call (``searched_in_vain``) gets an empty step without running it, and one it
-    searches now in vain is remembered."""
-    remembers = level_pass.remembers_search
-    if remembers and searched_in_vain(analysis, level_pass.name, jaxpr):
-        return _Step(jaxpr, [], []), False
-    state = (None if level_pass.state is None
-             else analysis.shared_state(f"pass_state:{level_pass.name}", level_pass.state))
-    result = level_pass.run(Level(jaxpr, path, graph, state), analysis)
-    if remembers:
-        remember_search(analysis, level_pass.name, jaxpr, result.rewrites)
-    return _Step(jaxpr, result.rewrites, [dataclasses.replace(d, pass_name=level_pass.name)
-                                          for d in result.decisions]), result.decided_alike
+    the walk (``searched_in_vain``) gets an empty step without running it, and one it
+    searches now in vain is remembered. A visit that changed nothing and reported only
+    what it left alone is remembered as barren (``_known_step``).
+    """
+    graph = analysis.graph(jaxpr)
+    step, first = _known_step(level_pass, jaxpr, path, analysis, steps)
+    if step is None:
+        alike = False
+        if level_pass.remembers_search and searched_in_vain(analysis, level_pass.name, jaxpr):
+            step = Step(jaxpr, [], [])
+        else:
+            result = level_pass.run(Level(jaxpr, path, graph, _pass_state(level_pass, analysis)),
+                                    analysis)
+            if level_pass.remembers_search:
+                remember_search(analysis, level_pass.name, jaxpr, result.rewrites)
+            step = Step(jaxpr, result.rewrites,
+                        [dataclasses.replace(d, pass_name=level_pass.name)
+                         for d in result.decisions])
+            alike = result.decided_alike
+        if first and steps is not None:
+            step = steps.keep(level_pass, jaxpr, path, analysis.settings, step, alike)
+    if _barren(step):
+        analysis.memos.barren_visits.set(jaxpr, True, extra=(level_pass.name, path))
+    return step
+
+
+def _known_step(level_pass: Pass, jaxpr: Any, path: str, analysis: Analysis,
+                steps: StepCache | None) -> tuple[Step | None, bool]:
+    """What ``level_pass``'s visit of ``jaxpr`` at ``path`` gives without running the pass
+    (None: run it), and whether it is the pass's first visit of the level in this walk.
+
+    A first visit takes the step ``steps`` has for it. A later visit of a level at a
+    path where the pass, visiting it before, changed nothing and reported only what it
+    left alone (``_barren``) gets an empty step: by the determinism of a pass's visits
+    it would do so again, and the walk drops such reports after a level's first round
+    (and a walk's first), which is the only time such a visit can come. Other later
+    visits run the pass (which answers from its own memos, or the walk's
+    ``searched_in_vain``).
+    """
+    memos = analysis.memos
+    if memos.pass_visits.get(jaxpr, extra=level_pass.name):
+        barren = memos.barren_visits.get(jaxpr, extra=(level_pass.name, path))
+        return (Step(jaxpr, [], []) if barren else None), False
+    memos.pass_visits.set(jaxpr, True, extra=level_pass.name)
+    hit = None if steps is None else steps.find(level_pass, jaxpr, path, analysis.settings)
+    if hit is not None and level_pass.remembers_search:  # as if the pass ran
+        remember_search(analysis, level_pass.name, jaxpr, hit.rewrites)
+    return hit, True
+
+
+def _pass_state(level_pass: Pass, analysis: Analysis) -> Any:
+    """The pass's state for the call (``Pass.state``), made on its first visit and kept
+    for every mode's walk; None for a pass without one."""
+    if level_pass.state is None:
+        return None
+    states = analysis.shared.pass_states
+    found = states.get(level_pass.name)
+    if found is None:
+        found = states[level_pass.name] = level_pass.state()
+    return found
+
+
+def _barren(step: Step) -> bool:
+    """Whether ``step`` changed nothing and reports only what it left alone."""
+    return not step.rewrites and all(d.kind in UNCHANGED_KINDS for d in step.decisions)
 
 
 def searched_in_vain(analysis: Analysis, name: str, jaxpr: Any) -> bool:
     """Whether the pass ``name`` searched the level ``jaxpr`` earlier in this walk and
     found nothing to rewrite (``remember_search``), for rows that ``remembers_search``."""
-    return bool(analysis.memo("searched_in_vain").get(jaxpr, extra=name))
+    return bool(analysis.memos.searched_in_vain.get(jaxpr, extra=name))
 
 
 def remember_search(analysis: Analysis, name: str, jaxpr: Any, rewrites: Sequence[Rewrite]
@@ -356,7 +359,7 @@ def remember_search(analysis: Analysis, name: str, jaxpr: Any, rewrites: Sequenc
     """Records that the pass ``name`` searched the level ``jaxpr`` (in vain where
     ``rewrites`` is empty; see ``searched_in_vain``)."""
     if not rewrites:
-        analysis.memo("searched_in_vain").set(jaxpr, True, extra=name)
+        analysis.memos.searched_in_vain.set(jaxpr, True, extra=name)
 
 
 def _owners(rewrites: Sequence[Rewrite], decisions: Sequence[PassDecision],

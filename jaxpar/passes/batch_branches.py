@@ -73,7 +73,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 from .. import _compat, _ops
-from .._analysis import Analysis
+from .._analysis import Analysis, OrderMemo
 from .._compat import Jaxpr, JaxprEqn, Primitive
 from .._cost import ENDS, ZERO, Cost, CostModel, LaunchPrices
 from .._gpu_model import CommandBufferMode
@@ -92,7 +92,7 @@ from ._batch_members import (
 from ._batchable import equations_refusal, refusal_reads_operand_types, static_refusal
 from ._level_graph import launch_depths
 from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
-from ._splice import OrderMemo, emission_order
+from ._splice import emission_order
 
 # Equations the lockstep walks may visit per equation of the level, over all their tries.
 _ALIGN_BUDGET_PER_EQN = 8
@@ -132,7 +132,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     own: State = level.state if level.state is not None else State()
     rewrites, decisions, alike = _batch_level(
         level, analysis.costs, own.params,
-        analysis.structural_keys, analysis.shared_memo("emission_order"),
+        analysis.structural_keys, analysis.shared.emission_order,
         analysis.settings.modes.priced, own.values, analysis.allowance_for("batch_branches"))
     return LevelResult(rewrites, decisions, decided_alike=alike)
 

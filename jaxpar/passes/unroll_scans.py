@@ -83,7 +83,7 @@ class _Scan:
             analysis = self._analysis
             self._model = LevelModel(
                 analysis.costs, analysis.settings.modes.priced or CommandBufferMode.LHS,
-                memo=analysis.shared_memo("mode_estimates"))
+                memo=analysis.shared.mode_estimates)
         return self._model.scan(self.eqn, factor).seconds
 
 
@@ -136,7 +136,7 @@ def _most_copies(eqn: JaxprEqn, analysis: Analysis) -> int:
     allowance = analysis.memory_allowance
     if allowance is None:
         return _compat.scan_info(eqn).length
-    each = MemoryModel(analysis.costs, analysis.shared_memo("memory")).unrolled_copy_bytes(eqn)
+    each = MemoryModel(analysis.costs, analysis.shared.memory).unrolled_copy_bytes(eqn)
     # The copies may take three quarters of the budget: what XLA's scheduler keeps of them
     # is among the model's least certain figures (deviceless H200: two stacks of scans
     # unrolled by 8, 3.5 MiB more once compiled, 3.1 MiB by the model; the seed's fused
