@@ -20,8 +20,8 @@ from jax import lax
 
 from jaxpar import _options, _tune, targets
 from jaxpar._analysis import Analysis
-from jaxpar._tpu_model import TPU_V5E
 from jaxpar.passes import DecisionKind, run_passes
+from jaxpar.targets.tpu import TPU_V5E
 
 PACKAGE = Path(__file__).resolve().parent.parent / "jaxpar"
 NAME_COMPARISON = re.compile(
@@ -105,8 +105,9 @@ def test_code_outside_targets_asks_the_target_not_its_name() -> None:
 NEW_CHIP_MODULE = """
 import dataclasses
 
-from jaxpar._tpu_model import TPU_V5E, block_factor
 from jaxpar.targets import tpu
+from jaxpar.targets.tpu import TPU_V5E
+from jaxpar.targets.tpu_model import block_factor
 from jaxpar.targets.unroll import ScanQuery, UnrollChoice
 
 TPU_V6E = dataclasses.replace(TPU_V5E, chip="TPU v6e", measured="assumed for a v6e",
