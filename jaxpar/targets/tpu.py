@@ -1,6 +1,10 @@
 """The TPU target: a TPU v5e's measured figures (``TPU_V5E``), a rolled trip's fixed part
 and slices priced with them (``tpu_model.fixed_seconds``), loops read by blocks by cost.
 
+It covers the TPU v5e by its device kinds (``device_kinds``) and is the fallback for a
+TPU no other target module covers: ``target="auto"`` on a TPU v6e without a module of its
+own plans with the v5e's figures, and its plans say so.
+
 Its unroll rule (``by_blocks``): a scan whose body is small beside a trip's fixed part
 (its control, reading each scanned input's slice, writing each output's) and which carries
 no large arrays is read by blocks of ``K`` trips (``tpu_model.block_factor``): one scan
@@ -59,7 +63,7 @@ def by_blocks(scan: ScanQuery) -> UnrollChoice:
 
 
 TARGET = Target(
-    ROW, platform="tpu",
+    ROW, platform="tpu", device_kinds=("TPU v5 lite", "TPU v5e"), figures_of=TPU_V5E.chip,
     # A small matmul's latency is the floor.
     profile=DeviceProfile("tpu", peak_flops=TPU_V5E.peak_flops,
                           bandwidth=TPU_V5E.hbm_bandwidth, min_kernel_seconds=TPU_V5E.dot_s,
