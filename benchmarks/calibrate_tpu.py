@@ -1,4 +1,4 @@
-"""Measure jaxpar's TPU figures on this TPU (``jaxpar._tpu_model.TpuProfile``).
+"""Measure jaxpar's TPU figures on this TPU (``jaxpar.targets.tpu_model.TpuProfile``).
 
 Each figure is a slope or a difference between two loops that differ in one thing, timed
 on the chip (medians of ``--repeats`` calls, each ``--trips`` trips long, so a call's own
@@ -20,7 +20,8 @@ and, as evidence for ``LARGE_CARRY_BYTES`` (not a profile figure), a loop accumu
 2 MiB carry rolled against unrolled by 2 and read by blocks of 8.
 
 It writes the figures and every measurement as JSON (with the chip, jax version and
-date) and prints the ``TpuProfile(...)`` literal that ``jaxpar/_tpu_model.py`` holds.
+date) and prints the ``TpuProfile(...)`` literal that a TPU target module holds
+(``jaxpar/targets/tpu.py``: ``TPU_V5E``).
 
 Run (on a TPU; ``--quick`` runs tiny sizes anywhere, for a dry run)::
 
@@ -42,8 +43,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxpar._tpu_model import TPU_V5E, TpuProfile
 from jaxpar.passes.unroll_scans import _block_emitter
+from jaxpar.targets.tpu import TPU_V5E
+from jaxpar.targets.tpu_model import TpuProfile
 
 
 def per_trip(fn: Callable[..., Any], args: tuple[Any, ...], trips: int, repeats: int) -> float:

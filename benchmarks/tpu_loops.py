@@ -1,5 +1,5 @@
 """Loop programs of many shapes, for checking the TPU target's decisions on the chip:
-written after the profile (``jaxpar/_tpu_model.py``) and its rules were fixed. One of them,
+written after the profile (``jaxpar/targets/tpu.py``) and its rules were fixed. One of them,
 ``int_and_float_carry_n3000``, then prompted a rule (loops that divide integers stay
 rolled); the other 19 were used for nothing but checking.
 

@@ -49,7 +49,7 @@ class Cost:
     bytes: float = 0.0
     kernels: float = 0.0
     unknown_trips: bool = False
-    # Time no figure above accounts for: a TPU loop trip's fixed part (``_tpu_model``).
+    # Time no figure above accounts for: a TPU loop trip's fixed part (``targets.tpu_model``).
     extra_seconds: float = 0.0
 
     def __add__(self, other: Cost) -> Cost:

@@ -263,10 +263,9 @@ PASS_TABLE: tuple[PassRow, ...] = (
 )
 
 
-# A CPU's memory, as the floor reads it: a 16 GiB host (a small laptop's), not the
-# machine's own, so that a CPU plan does not change from one machine to another (as the
-# GPU and TPU plans read their profile's figure, not the device's).
-# The target table: each target's row, declared in its module (``jaxpar.targets``).
+# The target table: each built-in target's row, declared in its module (``jaxpar.targets``),
+# read once here (the ``Target`` type's names, the options' docs); a target registered later
+# is read from the registry at each call (``Options.target_rows``, ``check_target``).
 TARGETS: tuple[TargetRow, ...] = targets.rows()
 
 # The target switches that are not passes (the planner's).
@@ -502,17 +501,18 @@ _T = TypeVar("_T")
 @dataclass_transform(frozen_default=True)
 def _derived(declared: type[_T]) -> type[_T]:
     """``declared`` as a frozen dataclass with the options of the tables added."""
-    return _derive(declared, PASS_TABLE, TARGETS)
+    return _derive(declared, PASS_TABLE, None)
 
 
-def _derive(declared: type[_T], passes: Sequence[PassRow], targets: Sequence[TargetRow]
-            ) -> type[_T]:
+def _derive(declared: type[_T], passes: Sequence[PassRow],
+            rows: Sequence[TargetRow] | None) -> type[_T]:
     """A frozen dataclass of ``declared``'s fields and methods with a field per option of
     ``passes`` (after ``min_cost_us``, default ``"auto"``), reading ``passes`` and
-    ``targets`` (its ``pass_table`` and ``targets``)."""
+    ``rows`` (its ``pass_table`` and ``targets``; None: the registry's, read at each
+    call)."""
     own = dict(declared.__annotations__)
     general = [name for name, kind in own.items() if not kind.startswith("ClassVar")]
-    check_tables(passes, targets, general)
+    check_tables(passes, targets.rows() if rows is None else rows, general)
     namespace = {key: value for key, value in vars(declared).items()
                  if key not in ("__dict__", "__weakref__", "__annotations__")}
     annotations: dict[str, Any] = {}
@@ -524,7 +524,7 @@ def _derive(declared: type[_T], passes: Sequence[PassRow], targets: Sequence[Tar
                     annotations[row.option] = row.kind.annotation
                     namespace[row.option] = "auto"
     namespace.update(__annotations__=annotations, pass_table=tuple(passes),
-                     targets=tuple(targets), declared=declared)
+                     targets=None if rows is None else tuple(rows), declared=declared)
     made = type(declared.__name__, declared.__bases__, namespace)
     return dataclasses.dataclass(frozen=True, slots=True)(made)
 
@@ -547,9 +547,10 @@ class Options:
     memory: str | float = "auto"
 
     # The tables the pass options come from (``_derive``), and the class they were
-    # added to (``for_tables`` adds other tables' to it).
+    # added to (``for_tables`` adds other tables' to it). ``targets`` is None for the
+    # shipped class: the registered targets', read at each call (``target_rows``).
     pass_table: ClassVar[tuple[PassRow, ...]]
-    targets: ClassVar[tuple[TargetRow, ...]]
+    targets: ClassVar[tuple[TargetRow, ...] | None]
     declared: ClassVar[type]
 
     if TYPE_CHECKING:  # the pass options: fields ``_derive`` adds
@@ -560,6 +561,12 @@ class Options:
                    ) -> type[Options]:
         """``Options`` derived from other tables (a test's, with a row added)."""
         return _derive(cls.declared, passes, targets)
+
+    @classmethod
+    def target_rows(cls) -> tuple[TargetRow, ...]:
+        """Its target table: the registered targets' rows now (``jaxpar.targets``), or
+        the table it was made for (``for_tables``)."""
+        return targets.rows() if cls.targets is None else cls.targets
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -580,7 +587,7 @@ class Options:
         if self.max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {self.max_streams}; use 1 to keep "
                              "everything on one stream")
-        check_target(self.target, targets=self.targets)
+        check_target(self.target, targets=self.target_rows())
         if (isinstance(self.min_cost_us, bool) or not isinstance(self.min_cost_us, (int, float))
                 or not math.isfinite(self.min_cost_us) or self.min_cost_us < 0):
             raise ValueError(f"min_cost_us must be a finite number >= 0 (microseconds), "
@@ -602,11 +609,19 @@ class Options:
                 "mode, a mode name compiles this function in that mode")
 
     def resolve_target(self, target: str | None = None) -> str:
-        target = check_target(self.target if target is None else target, targets=self.targets)
+        """``target`` (default ``self.target``) checked, ``"auto"`` read as this machine's
+        target: the registered target that covers its device most specifically
+        (``targets.of_this_machine``), or for a table of its own (``for_tables``) the row
+        of ``jax.default_backend()``; ``"cpu"`` where none does."""
+        rows = self.target_rows()
+        target = check_target(self.target if target is None else target, targets=rows)
         if target != "auto":
             return target
+        if self.targets is None:
+            found = targets.of_this_machine()
+            return "cpu" if found is None else found.name
         backend = jax.default_backend()
-        return next((row.name for row in self.targets if backend in row.backends), "cpu")
+        return next((row.name for row in rows if backend in row.backends), "cpu")
 
     def resolve(self, target: str | None = None, async_limit: int | None = None,
                 command_buffers: CommandBufferMode | str | None = None,
@@ -659,7 +674,7 @@ class Options:
     def settings_from(self, inputs: ResolveInputs) -> Settings:
         """The ``Settings`` of these options for ``inputs`` (``resolve_inputs``)."""
         target, limit, user_mode, profile, mode, compile_mode, choose = inputs
-        defaults = target_row(target, self.targets)
+        defaults = target_row(target, self.target_rows())
         passes: set[str] = set()
         # The passes the user turned on by name (an option given, not "auto" or "cost"):
         # the memory budget never leaves them out (``_plan.budget``).
@@ -723,28 +738,37 @@ def memory_budget(memory: Any, device_bytes: float = 0.0) -> MemoryBudget | None
 
 
 def check_target(target: Any, concrete: bool = False,
-                 targets: Sequence[TargetRow] = TARGETS) -> str:
-    """``target`` if it is one jaxpar knows (``concrete``: not ``"auto"``).
+                 targets: Sequence[TargetRow] | None = None) -> str:
+    """``target`` if it is one jaxpar knows (``concrete``: not ``"auto"``): a row of
+    ``targets``, default the targets registered now (``jaxpar.targets``).
 
     Raises:
-      ValueError: naming the valid targets.
+      ValueError: naming the valid targets (and the closest to ``target``).
     """
-    valid = tuple(row.name for row in targets)
+    rows = registered_rows() if targets is None else targets
+    valid = tuple(row.name for row in rows)
     valid = valid if concrete else ("auto", *valid)
     if not isinstance(target, str) or target not in valid:
+        close = did_you_mean(target, valid) if isinstance(target, str) else ""
         raise ValueError(f"target must be one of {', '.join(map(repr, valid))}, "
-                         f"got {target!r}")
+                         f"got {target!r}{close}")
     return target
 
 
-def target_row(target: str, targets: Sequence[TargetRow] = TARGETS) -> TargetRow:
-    """The row of ``target`` (not ``"auto"``) in ``targets``.
+def target_row(target: str, targets: Sequence[TargetRow] | None = None) -> TargetRow:
+    """The row of ``target`` (not ``"auto"``) in ``targets`` (default the registered ones).
 
     Raises:
       ValueError: an unknown target, naming the valid ones.
     """
-    check_target(target, concrete=True, targets=targets)
-    return next(row for row in targets if row.name == target)
+    rows = registered_rows() if targets is None else targets
+    check_target(target, concrete=True, targets=rows)
+    return next(row for row in rows if row.name == target)
+
+
+def registered_rows() -> tuple[TargetRow, ...]:
+    """The target table now: each registered target's row (``jaxpar.targets.rows``)."""
+    return targets.rows()
 
 
 def pass_defaults(target: str) -> dict[str, Any]:

@@ -228,7 +228,7 @@ PARAMETER_VIEWS = _family(
     "convert_element_type_p", "squeeze_p", "copy_p", "slice_p", "concatenate_p",
     "reduce_precision_p")
 
-# Division and remainder (of any dtype; ``_tpu_model.divides_integers`` looks at integer
+# Division and remainder (of any dtype; ``targets.tpu_model.divides_integers`` looks at integer
 # results): on a TPU a loop body holding an integer one stays rolled.
 DIVISIONS = _family("DIVISIONS", "div_p", "rem_p")
 

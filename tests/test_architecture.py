@@ -278,7 +278,7 @@ LAYERS = (
     ("_compat.jit",), ("_compat",),
     ("_ops.call_rules",), ("_ops.stream_region",), ("_ops.program",), ("_ops.equations",),
     ("_ops",),
-    ("_primitives",), ("_gpu_model", "_tpu_model"), ("targets",),
+    ("_primitives",), ("_gpu_model",), ("targets",),
     ("_gpu_timeline",), ("_flags",), ("_options",),
     ("_structure",), ("_loops",),
     ("_interp",), ("_graph",), ("_cost",), ("_gpu_levels",), ("_memory",), ("_analysis",),

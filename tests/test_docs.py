@@ -593,7 +593,7 @@ def test_quote_checks_find_a_stale_figure():
 
 def test_every_summary_of_what_jaxpar_does_names_both_accelerators():
     # --help and docs/api.md once said "for a GPU" where the README says GPU or TPU; the
-    # TPU target acts (tests/test_tpu_model.py), and the CPU target changes nothing.
+    # TPU target acts (tests/test_targets_tpu_model.py), and the CPU target changes nothing.
     api = (ROOT / "docs" / "api.md").read_text()
     entry = api.split("### `jaxpar.parallel_branches(", 1)[1].split("Options (", 1)[0]
     summaries = {

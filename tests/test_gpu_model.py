@@ -139,8 +139,9 @@ def _sources(*skip: str) -> dict[str, str]:
 
 
 def test_one_definition_of_every_gpu_figure() -> None:
-    # The TPU's measured figures have their one module too (jaxpar/_tpu_model.py).
-    found = {name: hits for name, source in _sources(MODEL, "_tpu_model.py").items()
+    # The TPU's model and measured figures are its target's (jaxpar/targets/tpu_model.py,
+    # jaxpar/targets/tpu.py).
+    found = {name: hits for name, source in _sources(MODEL, "tpu_model.py", "tpu.py").items()
              if (hits := figure_definitions(source))}
     assert found == {}, "GPU figures belong in jaxpar/_gpu_model.py"
 

@@ -4,10 +4,12 @@ target object rather than comparing its name."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 import textwrap
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +20,16 @@ import numpy as np
 import pytest
 from jax import lax
 
+import jaxpar
 from jaxpar import _options, _tune, targets
 from jaxpar._analysis import Analysis
-from jaxpar._tpu_model import TPU_V5E
 from jaxpar.passes import DecisionKind, run_passes
+from jaxpar.targets.tpu import TPU_V5E
 
 PACKAGE = Path(__file__).resolve().parent.parent / "jaxpar"
 NAME_COMPARISON = re.compile(
     r'[=!]= ?"(gpu|tpu|cpu)"|in \("(gpu|tpu|cpu)"|\.name == "(tpu|gpu|cpu)"')
-MAX_NAME_COMPARISONS = 3
+MAX_NAME_COMPARISONS = 2
 
 
 def test_the_registered_targets_and_their_facts() -> None:
@@ -101,16 +104,22 @@ def test_code_outside_targets_asks_the_target_not_its_name() -> None:
 
 
 # A TPU v6e as its module in jaxpar/targets/ would declare it: the TPU's facts with figures
-# of its own (here a larger block limit, an assumption for the test) and its own unroll rule.
+# of its own (here a larger block limit and the v6e's peak and memory, assumptions for the
+# test), the device kinds it covers and its own unroll rule.
 NEW_CHIP_MODULE = """
 import dataclasses
 
-from jaxpar._tpu_model import TPU_V5E, block_factor
 from jaxpar.targets import tpu
+from jaxpar.targets.profile import DeviceProfile
+from jaxpar.targets.tpu_model import block_factor, fixed_seconds
 from jaxpar.targets.unroll import ScanQuery, UnrollChoice
 
-TPU_V6E = dataclasses.replace(TPU_V5E, chip="TPU v6e", measured="assumed for a v6e",
-                              block_limit=80)
+TPU_V6E = dataclasses.replace(tpu.TPU_V5E, chip="TPU v6e", measured="assumed for a v6e",
+                              block_limit=80, peak_flops=9.18e14, hbm_bytes=32 * 2**30)
+
+
+def trip_seconds(eqn):
+    return fixed_seconds(eqn, TPU_V6E)
 
 
 def by_blocks(scan: ScanQuery) -> UnrollChoice:
@@ -119,13 +128,22 @@ def by_blocks(scan: ScanQuery) -> UnrollChoice:
 
 
 TARGET = dataclasses.replace(
-    tpu.TARGET, row=dataclasses.replace(tpu.ROW, name="tpu_v6e", backends=()),
+    tpu.TARGET,
+    row=dataclasses.replace(tpu.ROW, name="tpu_v6e", backends=(),
+                            memory_bytes=TPU_V6E.hbm_bytes),
+    device_kinds=("TPU v6 lite", "TPU v6e"), figures_of=TPU_V6E.chip,
+    profile=DeviceProfile("tpu_v6e", peak_flops=TPU_V6E.peak_flops,
+                          bandwidth=TPU_V6E.hbm_bandwidth, min_kernel_seconds=TPU_V6E.dot_s,
+                          trip_seconds=trip_seconds, slices_read_kept=True),
     unroll_rule=by_blocks, rank=3)
 """
 
 
 def _tiny_loop(c: Any, xs: Any) -> Any:
     return lax.scan(lambda c, x: (jnp.sin(c) + x, c.sum()), c, xs)
+
+
+TINY_ARGS = (jnp.linspace(0.0, 1.0, 64), jnp.ones((10_000, 64)) * 0.01)
 
 
 def _unroll_decisions(target: str, closed: Any) -> tuple[Any, list[Any]]:
@@ -135,30 +153,118 @@ def _unroll_decisions(target: str, closed: Any) -> tuple[Any, list[Any]]:
     return new, [d for d in decisions if d.kind == DecisionKind.UNROLLED]
 
 
-def test_a_new_chip_is_one_module_and_the_passes_use_its_rule(tmp_path: Path) -> None:
+def _assert_same_as_jit(fn: Any, got: Any) -> None:
+    expected = jax.jit(_tiny_loop)(*TINY_ARGS)
+    for want, have in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        np.testing.assert_allclose(have, want, rtol=1e-6)
+
+
+@pytest.fixture
+def v6e_module(tmp_path: Path) -> Iterator[Any]:
+    """The new chip's module, written to a file, imported and registered (then forgotten)."""
     path = tmp_path / "tpu_v6e.py"
     path.write_text(textwrap.dedent(NEW_CHIP_MODULE))
     spec = importlib.util.spec_from_file_location("tpu_v6e", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    args = (jnp.linspace(0.0, 1.0, 64), jnp.ones((10_000, 64)) * 0.01)
-    closed = jax.make_jaxpr(_tiny_loop)(*args)
     targets.register(module)
-    try:
-        assert targets.get("tpu_v6e") is module.TARGET
-        new, [v6e] = _unroll_decisions("tpu_v6e", closed)
-    finally:
-        targets.unregister("tpu_v6e")
+    yield module
+    targets.unregister("tpu_v6e")
+
+
+def _on_device(monkeypatch: pytest.MonkeyPatch, platform: str, kind: str) -> None:
+    """This machine's first device, as ``targets`` reads it, made a ``kind`` of ``platform``."""
+    monkeypatch.setattr(targets, "local_device", lambda: (platform, kind))
+
+
+def test_a_new_chip_is_one_module_and_the_passes_use_its_rule(v6e_module: Any) -> None:
+    closed = jax.make_jaxpr(_tiny_loop)(*TINY_ARGS)
+    assert targets.get("tpu_v6e") is v6e_module.TARGET
+    new, [v6e] = _unroll_decisions("tpu_v6e", closed)
     _, [v5e] = _unroll_decisions("tpu", closed)
     # Its rule, not the TPU's: blocks of 80 trips (its limit) where the v5e reads 40.
     assert (v5e.unroll, v6e.unroll) == (40, 80)
     assert v6e.reason.startswith("auto: v6e: read by blocks of 80 trips")
     assert "assumed for a v6e" in v6e.reason and "measured on TPU v5e" in v5e.reason
-    expected = jax.jit(_tiny_loop)(*args)
-    got = jax.jit(jex_core.jaxpr_as_fun(new))(*args)
-    for want, have in zip(jax.tree.leaves(expected), got, strict=True):
-        np.testing.assert_allclose(have, want, rtol=1e-6)
+    _assert_same_as_jit(_tiny_loop, jax.jit(jex_core.jaxpr_as_fun(new))(*TINY_ARGS))
+
+
+def test_auto_is_the_most_specific_target_of_the_device(
+        v6e_module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a device of its kind the new chip's module wins ``target="auto"``, and plans use
+    its figures and its rule; its name is a valid ``target=`` once registered."""
+    _on_device(monkeypatch, "tpu", "TPU v6 lite")
+    assert _options.Options().resolve_target() == "tpu_v6e"
+    settings = _options.Options().resolve(async_limit=2)
+    assert settings.target == "tpu_v6e" and settings.memory is not None
+    assert settings.memory.extra_bytes == _options.memory_floor(32 * 2**30)
+    plan = jaxpar.inspect(_tiny_loop)(*TINY_ARGS)
+    text = plan.text(verbose=True)
+    assert plan.target == "tpu_v6e" and "(target=tpu_v6e," in text
+    assert "auto: v6e: read by blocks of 80 trips" in text and "assumed for a v6e" in text
+    assert "planned with target" not in text  # its kind is covered: nothing stands in
+    _assert_same_as_jit(_tiny_loop, jax.jit(jaxpar.parallel_branches(_tiny_loop))(*TINY_ARGS))
+    # Named, on any machine: its program reads the loop by blocks of 80 trips.
+    named = jax.jit(jaxpar.parallel_branches(_tiny_loop, target="tpu_v6e"))
+    _assert_same_as_jit(_tiny_loop, named(*TINY_ARGS))
+    assert "tensor<125x80x64xf32>" in named.lower(*TINY_ARGS).as_text()
+    assert jaxpar.inspect(_tiny_loop, target="tpu_v6e")(*TINY_ARGS).target == "tpu_v6e"
+    # A v5e is still the tpu target's; so is a TPU no module covers, whose plans say so.
+    _on_device(monkeypatch, "tpu", "TPU v5 lite")
+    assert _options.Options().resolve_target() == "tpu"
+    assert "planned with target" not in str(jaxpar.inspect(_tiny_loop)(*TINY_ARGS))
+    _on_device(monkeypatch, "tpu", "TPU v7x")
+    assert _options.Options().resolve_target() == "tpu"
+    assert ("this TPU v7x is planned with target 'tpu', TPU v5e's figures: no target module "
+            "covers its device kind") in str(jaxpar.inspect(_tiny_loop)(*TINY_ARGS))
+
+
+def test_which_target_a_device_is() -> None:
+    gpu, cpu, tpu = (targets.get(n) for n in ("gpu", "cpu", "tpu"))
+    assert targets.of_device("tpu", "TPU v5 lite") is tpu
+    assert targets.of_device("tpu", "tpu V5E") is tpu  # kinds match whatever their case
+    assert targets.of_device("tpu", "TPU v6 lite") is tpu  # the fallback
+    assert targets.of_device("gpu", "NVIDIA H200") is gpu
+    assert targets.of_device("cuda", "NVIDIA H100 80GB HBM3") is gpu  # a backend's name
+    assert targets.of_device("cpu", "cpu") is cpu and targets.of_device("metal", "M3") is None
+    assert tpu.kind_match("TPU v5 lite") == len("TPU v5 lite") and not tpu.kind_match("TPU v4")
+    # The most specific pattern wins, whatever the rank; a target of no kinds is the
+    # platform's fallback before any that declares kinds.
+    row = targets.TargetRow("tpu_v6", (), {"batch_scans": True})
+    wide = targets.Target(row, platform="tpu", profile=tpu.profile, device_kinds=("TPU v6*",),
+                          rank=5)
+    narrow = dataclasses.replace(wide, row=dataclasses.replace(row, name="tpu_v6_lite"),
+                                 device_kinds=("TPU v6 lite",), rank=6)
+    for target in (wide, narrow):
+        targets.register(types.SimpleNamespace(TARGET=target))
+    try:
+        assert targets.of_device("tpu", "TPU v6 lite") is narrow
+        assert targets.of_device("tpu", "TPU v6e") is wide
+        assert targets.of_device("tpu", "TPU v7x") is tpu
+    finally:
+        targets.unregister("tpu_v6")
+        targets.unregister("tpu_v6_lite")
+    assert targets.of_device("tpu", "TPU v6 lite") is tpu  # the registry read again
+
+
+def test_a_target_registered_at_runtime_is_a_valid_target_argument() -> None:
+    row = targets.TargetRow("npu", ("npu",), {"batch_scans": True})
+    module = types.SimpleNamespace(TARGET=targets.Target(
+        row, platform="npu", profile=targets.get("cpu").profile))
+    with pytest.raises(ValueError, match=r"'cpu', 'tpu', got 'npu' \(did you mean 'tpu'\?\)$"):
+        jaxpar.inspect(_tiny_loop, target="npu")
+    targets.register(module)
+    try:
+        assert jaxpar.inspect(_tiny_loop, target="npu")(*TINY_ARGS).target == "npu"
+        _assert_same_as_jit(_tiny_loop, jaxpar.parallel_branches(_tiny_loop, target="npu")(
+            *TINY_ARGS))
+        with pytest.raises(ValueError, match=r"'tpu', 'npu', got 'npv' \(did you mean 'npu'\?\)"):
+            jaxpar.parallel_branches(_tiny_loop, target="npv")
+    finally:
+        targets.unregister("npu")
+    with pytest.raises(ValueError, match="got 'npu'"):
+        _options.Options.create(target="npu")
 
 
 def test_a_target_without_a_rule_of_its_own_unrolls_by_the_rule_of_thumb() -> None:

@@ -245,7 +245,8 @@ def _mesh_is_on_gpu(mesh: Any) -> bool:
     devices = getattr(mesh, "devices", None)
     if devices is None or not hasattr(devices, "flat"):
         return False  # an AbstractMesh has no devices
-    return all(getattr(targets.of_platform(getattr(device, "platform", None)),
+    return all(getattr(targets.of_device(getattr(device, "platform", None),
+                                         str(getattr(device, "device_kind", ""))),
                        "compiles_with_xla_options", False) for device in devices.flat)
 
 

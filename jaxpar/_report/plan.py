@@ -133,6 +133,9 @@ class Plan(PlanRecord):
         """
         lines = [f"jaxpar plan for `{self.function}` (target={self.target}, "
                  f"{self.num_eqns} equations)"]
+        fallback = targets.fallback_note(self.target)
+        if fallback is not None:
+            lines.append(f"  {fallback}")
         if disabled_by_environment():
             lines.append(f"  {DISABLE_VARIABLE} is set: calls run plain jax.jit of the "
                          "function, not this plan (unset it to run the plan)")

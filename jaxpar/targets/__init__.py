@@ -9,29 +9,44 @@ Every module of this package that defines ``TARGET`` is registered when the pack
 imported (``pkgutil``): a new chip is one module and its tests. Elsewhere code asks the
 target object (``get(settings.target).emits_streams``), never its name.
 
+Which target a device is (``target="auto"``: ``of_this_machine``; any device:
+``of_device``): the most specific registered target of its platform, one whose
+``device_kinds`` patterns match the device's kind (the longest pattern matched wins),
+else the platform's fallback (a target declaring no kinds, else the first by ``rank``).
+A TPU v6e is the ``tpu`` target's (the v5e's figures, and its plans say so:
+``fallback_note``) until a module declaring ``device_kinds=("TPU v6 lite",)`` is
+registered.
+
 Example::
 
     from jaxpar import targets
 
     targets.get("tpu").profile.peak_flops
     [t.name for t in targets.known()]  # ["gpu", "cpu", "tpu"]
+    targets.of_device("tpu", "TPU v5 lite").name  # "tpu"
 
 Sharp edges:
-  * ``register`` is for tests and plug-ins: ``_options.TARGETS`` and ``_tune.CANDIDATES``
-    are read from the registry when those modules are imported; a target registered
-    later is known to ``get`` and ``known``, and to ``Options`` made for it with
-    ``Options.for_tables(PASS_TABLE, rows())``.
+  * ``register`` is for tests and plug-ins: ``_tune.CANDIDATES`` and ``_options.TARGETS``
+    (the ``Target`` type's names) are read from the registry when those modules are
+    imported; a target registered later is known to ``get``, ``known`` and
+    ``of_device``, and ``Options`` (``target=`` of ``parallel_branches`` and ``inspect``)
+    accepts its name: they read the registry at each call.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
+
 from .._gpu_model import GpuProfile
+from .._spelling import did_you_mean
 from .profile import DeviceProfile
 from .unroll import UnrollRule, rule_of_thumb
 
@@ -86,6 +101,12 @@ class Target:
         ``backends`` and ``memory_bytes`` read it.
       platform: the ``platform`` of its devices (``jax.Device.platform``,
         ``jax.default_backend()``).
+      device_kinds: the ``jax.Device.device_kind`` values it covers, as patterns
+        (``fnmatch``, case-insensitive: ``"TPU v6*"``); empty: any device of its platform.
+        ``of_device`` picks the target whose pattern matches the device most specifically.
+      figures_of: the chip its figures were measured on (``"TPU v5e"``), which plans name
+        where the target stands in for a device kind it does not cover (``fallback_note``);
+        empty: figures not tied to one chip.
       profile: its cost profile (``_cost.DeviceProfile``); on a GPU, the generic GPU's.
       emits_streams: independent work is emitted on streams (elsewhere a section's parts
         run one after another, and plans say so).
@@ -108,6 +129,8 @@ class Target:
     row: TargetRow
     platform: str
     profile: DeviceProfile
+    device_kinds: tuple[str, ...] = ()
+    figures_of: str = ""
     emits_streams: bool = False
     compiles_with_xla_options: bool = False
     measured_by_default: bool = True
@@ -131,6 +154,18 @@ class Target:
     def memory_bytes(self) -> float:
         return self.row.memory_bytes
 
+    def on_platform(self, platform: str | None) -> bool:
+        """Whether devices of ``platform`` (``jax.Device.platform`` or a backend name) are
+        its."""
+        return platform == self.platform or platform in self.backends
+
+    def kind_match(self, device_kind: str) -> int:
+        """How specifically it covers ``device_kind``: the length of the longest of its
+        ``device_kinds`` patterns that matches (case-insensitive), 0 for none."""
+        kind = device_kind.lower()
+        return max((len(p) for p in self.device_kinds if fnmatch.fnmatchcase(kind, p.lower())),
+                   default=0)
+
     def cost_profile(self, gpu: GpuProfile | None = None) -> DeviceProfile:
         """Its cost profile; with ``gpu`` on a target priced by the GPU model, that GPU's."""
         if gpu is not None and self.profile_of_gpu is not None:
@@ -153,12 +188,14 @@ def register(module: Any) -> Target:
         raise TypeError(f"a target module defines TARGET = Target(...); {module!r} has "
                         f"{type(target).__name__}")
     _REGISTRY[target.name] = target
+    of_device.cache_clear()
     return target
 
 
 def unregister(name: str) -> None:
     """Forgets the target ``name`` (tests registering a target of their own)."""
     _REGISTRY.pop(name, None)
+    of_device.cache_clear()
 
 
 def known() -> tuple[Target, ...]:
@@ -184,8 +221,8 @@ def get(name: str) -> Target:
     found = _REGISTRY.get(name) if isinstance(name, str) else None
     if found is None:
         raise ValueError(f"target must be one of {', '.join(map(repr, names()))}, "
-                         f"got {name!r} (a new target is a module of jaxpar/targets "
-                         f"defining TARGET)")
+                         f"got {name!r}{did_you_mean(str(name), names())} (a new target is "
+                         f"a module of jaxpar/targets defining TARGET)")
     return found
 
 
@@ -197,8 +234,57 @@ def graph_modes(name: str) -> bool:
 
 
 def of_platform(platform: str | None) -> Target | None:
-    """The target whose devices have ``platform`` (``jax.Device.platform``); None if none."""
-    return next((t for t in known() if t.platform == platform), None)
+    """The target whose devices have ``platform`` (``jax.Device.platform``), whatever their
+    kind: the platform's fallback (``of_device``); None if none."""
+    return of_device(platform, "")
+
+
+@functools.lru_cache(maxsize=16)
+def of_device(platform: str | None, device_kind: str) -> Target | None:
+    """The most specific registered target of a device of ``platform`` and
+    ``device_kind`` (``jax.Device``'s): among the targets of its platform, the one whose
+    ``device_kinds`` match it most specifically (``Target.kind_match``; ties: ``rank``),
+    else the platform's fallback (one declaring no kinds, else the first by ``rank``);
+    None if no target has the platform."""
+    on = [t for t in known() if t.on_platform(platform)]
+    if not on:
+        return None
+    best = max(on, key=lambda t: t.kind_match(device_kind))
+    if best.kind_match(device_kind):
+        return best  # max keeps the first (lowest rank) of equal matches
+    return next((t for t in on if not t.device_kinds), on[0])
+
+
+@functools.cache
+def local_device() -> tuple[str, str]:
+    """This process's first device: its ``platform`` and ``device_kind`` (a process's
+    devices do not change once its backend started)."""
+    device = jax.devices()[0]
+    return device.platform, device.device_kind
+
+
+def of_this_machine() -> Target | None:
+    """The target of this machine's first device (``of_device``): what ``target="auto"``
+    means."""
+    return of_device(*local_device())
+
+
+def fallback_note(name: str) -> str | None:
+    """What a plan for the target ``name`` says where this machine's device is one the
+    target only stands in for (its kind not among its ``device_kinds``: a TPU v6e planned
+    with the v5e's figures), or None. Never raises (a report must not break a call)."""
+    try:
+        target = _REGISTRY.get(name)
+        platform, kind = local_device()
+        if target is None or not target.device_kinds or not target.on_platform(platform) \
+                or target.kind_match(kind):
+            return None
+    except Exception:
+        return None
+    figures = f"{target.figures_of}'s figures" if target.figures_of else "its figures"
+    return (f"this {kind} is planned with target {name!r}, {figures}: no target module "
+            f"covers its device kind (a new chip is one module of jaxpar/targets/ declaring "
+            f"device_kinds)")
 
 
 def device_profile(target: str, gpu: GpuProfile | None = None) -> DeviceProfile:

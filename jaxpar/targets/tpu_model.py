@@ -1,12 +1,14 @@
-"""The TPU's figures, measured on a TPU v5e chip, and the loop decisions they price.
+"""The TPU model: what a TPU chip's measured figures (a ``TpuProfile``) say of a loop, and
+the loop decisions they price. Each TPU target module holds its chip's figures (``tpu.py``:
+``TPU_V5E``, measured on a TPU v5e); this module is the code they share.
 
 A TPU core runs one program, one operation after another (JAX's Pallas TPU docs: "TPUs
 are sequential machines"; only DMA, MXU and XLU work runs in the background), and a loop's
 control stays on the chip (jax#7024). What a loop trip costs beyond its body is therefore
 a fixed part: the trip's own control and, above all, fetching each scanned input's slice
 and writing each output's, whose latency a small body cannot hide. Measured on a TPU v5e
-(``benchmarks/calibrate_tpu.py``; figures and conditions in ``TPU_V5E``): a trip of a tiny
-body with one input and one output costs 1.66 us rolled, 0.66 us read by blocks of 40
+(``benchmarks/calibrate_tpu.py``; figures and conditions in ``tpu.TPU_V5E``): a trip of a
+tiny body with one input and one output costs 1.66 us rolled, 0.66 us read by blocks of 40
 (``unroll_scans``' block form); a 100x100 matmul's latency is 0.1 us and a batched one of
 8 members costs 0.27 us more.
 
@@ -35,12 +37,16 @@ trips a block holds:
 
 Example::
 
+    from jaxpar.targets.tpu import TPU_V5E
+
     choice = block_factor(scan_eqn, TPU_V5E)
     choice.factor, choice.reason      # 40, "fixed part 1.4 us of a 1.7 us trip: ..."
 
 Sharp edges:
-  * The figures are one chip's (v5e, one core, jax 0.10.2): other TPU generations keep
-    the same rules with figures of the same order; ``TPU_V5E.measured`` says so in plans.
+  * The built-in figures are one chip's (v5e, one core, jax 0.10.2): another TPU
+    generation without a module of its own is planned with them (the ``tpu`` target covers
+    every TPU its platform matches; ``TPU_V5E.measured`` says so in plans), and its module
+    (``targets/tpu_v6e.py``, say) declares its own ``TpuProfile`` and ``device_kinds``.
 """
 
 from __future__ import annotations
@@ -53,8 +59,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _compat, _primitives
-from ._compat import JaxprEqn
+from .. import _compat, _primitives
+from .._compat import JaxprEqn
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,29 +112,6 @@ class TpuProfile:
                 return r0 + (r1 - r0) * (factor - k0) / (k1 - k0)
         return points[-1][1]
 
-
-# Measured on one TPU v5e chip (JAX reports "TPU v5 lite"), jax 0.10.2, 2026-12-06, by
-# benchmarks/calibrate_tpu.py in benchmarks/tpu.sh (medians of 5 calls of 4,000 trips;
-# the run's JSON: docs/measurements/tpu-v5e-2026-12-06/calibration.json). block_ratios: a
-# scan of a 64-element carry with one scanned input and one output, its time per trip read
-# by blocks of K over rolled.
-TPU_V5E = TpuProfile(
-    chip="TPU v5e",
-    measured="measured on TPU v5e (jax 0.10.2, 2026-12-06)",
-    trip_s=0.191e-6,
-    slice_s=0.657e-6,
-    slice_bandwidth=0.795e12,
-    write_s=1.285e-6,
-    dot_s=0.098e-6,
-    batched_dot_extra_s=0.023e-6,
-    transcendental_s_per_element=3.74e-11,
-    block_ratios=((2, 0.546), (8, 0.46), (16, 0.448), (25, 0.419), (40, 0.399), (80, 0.402)),
-    block_limit=40,
-    copy_bandwidth=0.355e12,
-    peak_flops=1.63e14,
-    hbm_bandwidth=8.19e11,
-    hbm_bytes=16 * 2**30,  # 16 GiB of HBM2 (Cloud TPU v5e specification)
-)
 
 # Loops carrying more than this many bytes (a gradient's accumulators) stay rolled, a
 # precaution: on the chip lax.scan's unroll by 2-8 made LSTM gradients (1-2 MiB of weight

@@ -1,6 +1,7 @@
-"""The TPU target (``jaxpar._tpu_model``, ``unroll_scans``' block form), without a TPU: the
-built-in profile is the chip's calibration, the choices it makes on the seed's and the
-suites' loops, the block form's values, and the memory budget's rules on the TPU."""
+"""The TPU target (``jaxpar.targets.tpu``, ``targets.tpu_model``, ``unroll_scans``' block
+form), without a TPU: the built-in profile is the chip's calibration, the choices it makes
+on the seed's and the suites' loops, the block form's values, and the memory budget's rules
+on the TPU."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from helpers.benchmarks import load_benchmark
 from jax import lax
 
 import jaxpar
-from jaxpar._tpu_model import MIN_FACTOR, TPU_V5E, block_factor
 from jaxpar.passes import DecisionKind, unroll_scans
 from jaxpar.passes.unroll_scans import read_by_blocks
+from jaxpar.targets.tpu import TPU_V5E
+from jaxpar.targets.tpu_model import MIN_FACTOR, block_factor
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED = ROOT / "docs" / "measurements" / "tpu-v5e-2026-12-06"

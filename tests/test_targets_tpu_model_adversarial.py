@@ -1,5 +1,5 @@
 """Adversarial tests of the TPU target on the CPU (``target="tpu"``): the block form of
-``unroll_scans`` (``_block_emitter``) and ``_tpu_model.block_factor`` against ``jax.jit``
+``unroll_scans`` (``_block_emitter``) and ``targets.tpu_model.block_factor`` against ``jax.jit``
 on loops that stress them (nested scans, reverse, lengths without divisors, no xs or ys,
 int and bool carries, PRNG keys, gradients and vmap through the blocks)."""
 
@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 import jaxpar
-from jaxpar._tpu_model import MAX_BLOCK_EQNS
+from jaxpar.targets.tpu_model import MAX_BLOCK_EQNS
 
 
 def _assert_same(got: Any, want: Any) -> None:
