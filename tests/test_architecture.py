@@ -479,7 +479,7 @@ CROSS_MODULE_SUBJECTS = {
     "seeds": "the user stories (seed programs) down to the compiled H200 schedule",
     "ecosystem": "real Flax, Equinox, Optax and jax.example_libraries models, end to end",
     "gpu_guard": "benchmarks/gpu_suite.py compiled for an H200: never worse on the GPU",
-    "benchmarks": "benchmarks/run.py at its smallest sizes",
+    "benchmarks": "the benchmark scripts (benchmarks/*.py) at their smallest sizes",
     "lanes": "the test command's lanes: pinned versions (tests/constraints-*.txt) and their bump",
     "docs": "README.md, docs/*.md and examples/",
     "pass_checker": "tests/pass_checker.py, the checker the pass tests share",

@@ -76,6 +76,19 @@ def test_a_program_past_its_limit_is_skipped_and_the_run_goes_on(tmp_path: Path)
                        "ppo_cartpole_rollout": {"skipped": "time budget"}}
 
 
+def test_a_result_written_before_the_limit_stands(monkeypatch: Any) -> None:
+    """A program's process that wrote its result and then outlived the limit (on the chip,
+    Mamba's: its line printed, then the process slow to exit) keeps its result."""
+    def late(command: list[str], timeout: float, check: bool) -> Any:
+        path = command[command.index("--result") + 1]
+        Path(path).write_text(json.dumps({"loop_ratio": 0.5}))
+        raise corpus.subprocess.TimeoutExpired(command, timeout)
+
+    monkeypatch.setattr(corpus.subprocess, "run", late)
+    entry = corpus.run_child("mamba_2_layers", ["--cpu"], limit=3.0)
+    assert entry == {"loop_ratio": 0.5, "exit": "ended at the time limit (3 s) after its result"}
+
+
 def test_the_command_line_names_an_unknown_program(monkeypatch: Any, capsys: Any) -> None:
     monkeypatch.setattr("sys.argv", ["measure_corpus.py", "--only", "no_such_program"])
     with pytest.raises(SystemExit):
