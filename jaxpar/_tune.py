@@ -290,8 +290,11 @@ class Tuning:
         device = jax.devices()[0].device_kind
         ratio = self.ratio(self.chosen)
         if self.chosen == PLAIN:
+            # Among the rewrites timed to the end (one stopped early as a clear loser has
+            # a median of fewer, earlier rounds, and was never eligible).
             best = min((r for r in (self.ratio(row.label) for row in self.rows
-                                    if row.label != PLAIN) if r is not None), default=None)
+                                    if row.label != PLAIN and not row.stopped_early)
+                        if r is not None), default=None)
             slower = "" if best is None else f" (the best rewrite x{best:.3f})"
             return f"measured on {device}: no rewrite faster: kept jax.jit's program{slower}"
         if ratio is None or ratio <= 0:
