@@ -290,17 +290,33 @@ class Tuning:
         device = jax.devices()[0].device_kind
         ratio = self.ratio(self.chosen)
         if self.chosen == PLAIN:
-            # Among the rewrites timed to the end (one stopped early as a clear loser has
-            # a median of fewer, earlier rounds, and was never eligible).
-            best = min((r for r in (self.ratio(row.label) for row in self.rows
-                                    if row.label != PLAIN and not row.stopped_early)
-                        if r is not None), default=None)
-            slower = "" if best is None else f" (the best rewrite x{best:.3f})"
-            return f"measured on {device}: no rewrite faster: kept jax.jit's program{slower}"
+            return (f"measured on {device}: no rewrite faster: kept jax.jit's program"
+                    f"{self._against_kept()}")
         if ratio is None or ratio <= 0:
             return f"measured on {device}: runs {self.chosen!r}"
         return (f"measured on {device}: {1 / ratio:.2f}x faster than jax.jit (x{ratio:.3f}), "
                 f"runs {self.chosen!r}")
+
+    def _timed_row(self, label: str) -> Measured:
+        row = self.row(label)
+        return self.row(row.same_as) if row.same_as else row
+
+    def _against_kept(self) -> str:
+        """Beside a kept ``jax.jit`` program: what the model's plan measured (the device's
+        correction of its estimate for this program) and the best rewrite that was
+        eligible, one timed to the end (a clear loser stopped early has a median of
+        fewer, earlier rounds; a row that is ``jax.jit``'s own program is no rewrite)."""
+        figures = []
+        plan = self.ratio(CHOSEN) if any(r.label == CHOSEN for r in self.rows) else None
+        if plan is not None and self._timed_row(CHOSEN).label != PLAIN:
+            figures.append(f"the model's plan x{plan:.3f}")
+        eligible = [self.ratio(row.label) for row in self.rows
+                    if self._timed_row(row.label).label != PLAIN
+                    and not self._timed_row(row.label).stopped_early]
+        best = min((r for r in eligible if r is not None), default=None)
+        if best is not None:
+            figures.append(f"the best rewrite x{best:.3f}")
+        return f" ({'; '.join(figures)})" if figures else ""
 
     def lines(self) -> list[str]:
         """The table as report lines (``Plan.text`` shows them)."""

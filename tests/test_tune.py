@@ -470,14 +470,21 @@ def test_log_compiles_counter_sees_compiles(caplog):
 
 
 def test_the_verdict_names_the_best_rewrite_that_was_eligible():
-    """A rewrite stopped early as a clear loser was never eligible: the verdict's "best
-    rewrite" is among those timed to the end (a stopped one's median of fewer, earlier
-    rounds read x0.877 beside a kept jax.jit, on a loaded CPU)."""
+    """Beside a kept jax.jit program the verdict gives the model's plan's measured figure
+    (the device's correction of the estimate) and the best rewrite that was eligible: one
+    timed to the end (a stopped one's median of fewer, earlier rounds read x0.877 beside a
+    kept jax.jit, on a loaded CPU), never a row that is jax.jit's own program."""
     rows = (_tune.Measured(_tune.PLAIN, 1.0, 8, ratio=1.0),
             _tune.Measured("jaxpar (chosen options)", 0.877, 4, stopped_early=True,
                            ratio=0.877),
             _tune.Measured("jaxpar unrolled by 8", 0.99, 8, ratio=0.99))
     tuning = _tune.Tuning(_tune.PLAIN, rows, _tune.MEASURED, key="k")
-    assert tuning.verdict().endswith("kept jax.jit's program (the best rewrite x0.990)")
+    assert tuning.verdict().endswith(
+        "kept jax.jit's program (the model's plan x0.877; the best rewrite x0.990)")
     only_stopped = _tune.Tuning(_tune.PLAIN, rows[:2], _tune.MEASURED, key="k")
-    assert only_stopped.verdict().endswith("no rewrite faster: kept jax.jit's program")
+    assert only_stopped.verdict().endswith("kept jax.jit's program (the model's plan x0.877)")
+    # A row that is jax.jit's own program is no rewrite.
+    same = (*rows[:2], _tune.Measured("jaxpar without unrolling", None, 0,
+                                      same_as=_tune.PLAIN))
+    assert _tune.Tuning(_tune.PLAIN, same, _tune.MEASURED, key="k").verdict().endswith(
+        "kept jax.jit's program (the model's plan x0.877)")
