@@ -51,7 +51,7 @@ stages 1-4 (larger size) are compiled with ``xla_dump_to=DIR/<program>-<mode>``;
 ``*thunk_sequence_after_thunk_passes.txt`` there shows the CUDA graphs it formed, and a
 summary (per command buffer: its nodes, and its source nodes as the dump prints them)
 goes into ``measurements["graphs"]``. XLA writes that file when it builds the
-executable, also in a deviceless compile (``tests/test_gpu_model.py`` checks the
+executable, also in a deviceless compile (``tests/test_model_gpu.py`` checks the
 programs' graphs that way).
 
 Run::
@@ -62,7 +62,7 @@ Run::
 
 The profile goes to ``--out`` (default, and with ``--install`` as well: where jaxpar
 looks for this device kind, ``$JAXPAR_PROFILE_DIR/<device kind>.json``, default
-``~/.cache/jaxpar/profiles``; ``_gpu_model.gpu_profile`` loads it). The sizes are meant
+``~/.cache/jaxpar/profiles``; ``_model.gpu.gpu_profile`` loads it). The sizes are meant
 to take about two minutes on an H200, most of it compiling (not yet run on one; the dry
 run takes seconds).
 
@@ -111,8 +111,9 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxpar._compiled.schedule as _schedule
-from jaxpar import _flags, _gpu_model
-from jaxpar._gpu_model import CommandBufferMode
+from jaxpar import _flags
+from jaxpar._model import gpu as _gpu_model
+from jaxpar._model.gpu import CommandBufferMode
 
 LHS, CONCURRENT, REGIONS, OFF = (CommandBufferMode.LHS, CommandBufferMode.CONCURRENT,
                                  CommandBufferMode.CONCURRENT_REGIONS, CommandBufferMode.OFF)

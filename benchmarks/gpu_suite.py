@@ -51,7 +51,7 @@ import numpy as np
 from jax import lax
 
 import jaxpar
-from jaxpar._gpu_model import GPU_PROFILES, CommandBufferMode
+from jaxpar._model.gpu import GPU_PROFILES, CommandBufferMode
 from jaxpar._options import memory_floor
 from jaxpar.passes import SUBGRAPH_KINDS
 
@@ -890,7 +890,7 @@ def measure(name: str, size: str = "full", repeats: int = 20,
     under that mode comes back beside the measurement, so the two can be compared.
     """
     from jaxpar._compiled.estimate import estimate_hlo
-    from jaxpar._gpu_model import local_gpu_profile
+    from jaxpar._model.gpu import local_gpu_profile
 
     fn, args = PROGRAMS[name].build(size)
     args = jax.device_put(args)

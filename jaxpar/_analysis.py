@@ -29,12 +29,12 @@ from typing import Any, TypeVar, cast
 
 from . import _compat, _ops
 from ._compat import JaxprEqn, JaxprLike
-from ._cost import CostModel
-from ._graph import Graph, Unit, Writers, graph_and_writers, rebuilt_graph
 from ._memo import IdentityMemo
+from ._model.cost import CostModel
 from ._options import Settings
-from ._primitives import USER_PLACEMENT
-from ._structure import StructuralKeys
+from ._program.graph import Graph, Unit, Writers, graph_and_writers, rebuilt_graph
+from ._program.primitives import USER_PLACEMENT
+from ._program.structure import StructuralKeys
 from .targets import device_profile
 
 _S = TypeVar("_S")
@@ -64,7 +64,7 @@ class SharedMemos:
     the CUDA-graph mode, so that planning the program in another mode reuses it."""
 
     # The memory model's temporary bytes per level and ordering, and largest buffers
-    # (``_memory.MemoryModel``): the pipeline's memory budget and ``unroll_scans``.
+    # (``_model.memory.MemoryModel``): the pipeline's memory budget and ``unroll_scans``.
     memory: IdentityMemo[Any, Any] = dataclasses.field(default_factory=IdentityMemo)
     # What the GPU model's estimates of every mode and of the plain program share
     # (``_plan.gpu_time``): the pipeline's mode search and ``unroll_scans``.
@@ -148,7 +148,7 @@ class Analysis:
     def derive_graph(self, old: JaxprLike, new: JaxprLike, kept_from: Sequence[int]) -> None:
         """Records the graph of ``new``, a level ``rebuild_level`` made of ``old``
         (equation ``k`` kept from ``old``'s equation ``kept_from[k]``, or made: -1),
-        derived from ``old``'s (``_graph.rebuilt_graph``), so that the next pass need not
+        derived from ``old``'s (``_program.graph.rebuilt_graph``), so that the next pass need not
         build it afresh. Nothing, when ``old``'s graph was never asked for."""
         old_inner, _ = _compat.open_jaxpr(old)
         graph, writers = self._graphs.get(old_inner), self._writers.get(old_inner)

@@ -74,7 +74,7 @@ from ._dispatch import (
 from ._dispatch import XlaOptionsNotAppliedWarning as XlaOptionsNotAppliedWarning
 from ._emit import GroupIds, region_call
 from ._frameworks import nnx_arguments, refuse_module_as_function
-from ._gpu_model import CommandBufferMode, GpuProfile
+from ._model.gpu import CommandBufferMode, GpuProfile
 from ._options import PASS_TABLE, TARGETS, Options, PassRow, Switch, Target, Unroll, WhileUnroll
 from ._plan import LevelPlan
 from ._report.plan import Plan

@@ -54,12 +54,12 @@ from jax import lax
 
 from . import _compat, _ops
 from ._compat import JaxprEqn
-from ._graph import CollectivesUnit, EqnUnit, RegionUnit
-from ._interp import Env
 from ._memo import IdentityMemo
 from ._plan import LevelPlan
 from ._plan.collectives import COLLECTIVES_GROUP_ATTRIBUTES
-from ._primitives import SCAN
+from ._program.graph import CollectivesUnit, EqnUnit, RegionUnit
+from ._program.interp import Env
+from ._program.primitives import SCAN
 
 STREAM_ATTRIBUTE = "_xla_stream_annotation"
 GROUP_ATTRIBUTE = "_scheduling_group_id"

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from . import _compat
-from ._gpu_model import CommandBufferMode
+from ._model.gpu import CommandBufferMode
 
 __all__ = ["FlagsNotAppliedWarning", "async_compute_limit", "check_flags_applied",
            "command_buffer_flags", "command_buffer_mode", "command_buffer_mode_set",

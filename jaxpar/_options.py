@@ -84,7 +84,7 @@ from ._flags import (
     command_buffer_mode_set,
     xla_flags_text,
 )
-from ._gpu_model import (
+from ._model.gpu import (
     CommandBufferMode,
     GpuProfile,
     gpu_profile,
@@ -363,7 +363,7 @@ class ResolveInputs(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModePolicy:
-    """The CUDA-graph mode policy of one analysis: which of XLA's modes (``_gpu_model.
+    """The CUDA-graph mode policy of one analysis: which of XLA's modes (``_model.gpu.
     CommandBufferMode``) the plan is priced in, chosen among, compared with and compiled in.
 
     Off the GPU it is ``ModePolicy()``: nothing priced, nothing chosen. Hashable, as part
@@ -418,7 +418,7 @@ class Settings:
       group_collectives: launch independent collectives together.
       force_streams: keep stream sections the GPU pricing rejects (priced all the same,
         so the report shows the verdict).
-      gpu: the GPU's figures (``_gpu_model``) on target ``"gpu"``; None elsewhere.
+      gpu: the GPU's figures (``_model.gpu``) on target ``"gpu"``; None elsewhere.
       modes: the CUDA-graph mode policy (``ModePolicy``): the mode sections and launches
         are priced in, whether jaxpar chooses one, the user's, the one compiled in.
       memory: how many more bytes than the plain program jaxpar's program may need
@@ -638,8 +638,8 @@ class Options:
             (``_flags.command_buffer_mode()``). The ``command_buffers`` option decides
             whether jaxpar plans in it, chooses another, or compiles in a given one.
           gpu: the GPU to plan for on target ``"gpu"`` (a ``GpuProfile`` or a name
-            ``_gpu_model.gpu_profile`` takes); default this machine's GPU, or the generic
-            ``"gpu"`` profile without one (``_gpu_model.local_gpu_profile()``).
+            ``_model.gpu.gpu_profile`` takes); default this machine's GPU, or the generic
+            ``"gpu"`` profile without one (``_model.gpu.local_gpu_profile()``).
         """
         return self.settings_from(self.resolve_inputs(target, async_limit, command_buffers,
                                                       gpu))

@@ -45,10 +45,10 @@ import jax
 
 from . import _compat, _ops, targets
 from ._analysis import Analysis
-from ._cost import launch_pricing
 from ._emit import Emitter
-from ._gpu_model import CommandBufferMode
-from ._memory import MemoryModel, format_bytes
+from ._model.cost import launch_pricing
+from ._model.gpu import CommandBufferMode
+from ._model.memory import MemoryModel, format_bytes
 from ._options import PASS_TABLE, Options, Settings
 from ._plan import LevelPlan, plan_jaxpr, symbolic_plan
 from ._plan.budget import (
@@ -532,7 +532,7 @@ def _choose_mode(traced: Traced, analysis: Analysis, planned: Planned, budget: P
 
     A candidate is planned on the passes' program of the user's mode first; only one
     that wins there at every end of the GPU model's ranges has the passes run again in
-    its own launch pricing (``_cost.launch_pricing``: the batching passes price launches
+    its own launch pricing (``_model.cost.launch_pricing``: the batching passes price launches
     otherwise in a branching graph), and is judged again on that program; the walks
     share the passes' steps (``steps``)."""
     settings = analysis.settings

@@ -11,7 +11,8 @@ import pytest
 from jax import lax
 
 import jaxpar
-from jaxpar import _analysis, _cost, _pipeline
+from jaxpar import _analysis, _pipeline
+from jaxpar._model import cost as _cost
 from jaxpar._options import Options
 
 
@@ -89,7 +90,7 @@ def test_other_settings_share_the_shared_memos_and_keep_their_own():
     """``with_settings`` (another CUDA-graph mode): the ``shared`` memos, a later stage's
     included (``shared.of``), are the very objects of the first analysis; the walk's
     ``memos`` are its own; another call's analysis shares nothing."""
-    from jaxpar._gpu_model import CommandBufferMode
+    from jaxpar._model.gpu import CommandBufferMode
     from jaxpar._plan.level import PlanMemos
 
     settings = Options().resolve("gpu")

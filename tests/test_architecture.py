@@ -2,9 +2,9 @@
 of one subject (none over 800 lines, the median at most 250); and the test suite's: test
 modules share code only through helper modules, and each is named after what it tests.
 
-The pipeline is ``_compat -> targets/ -> _ops -> _graph -> _cost -> passes/ -> _plan -> _emit
--> _report -> _pipeline -> _api -> _compiled``: a module may import modules earlier in it,
-never later ones.
+The pipeline is ``_compat -> targets/ -> _ops -> _program.graph -> _model.cost -> passes/ ->
+_plan -> _emit -> _report -> _pipeline -> _api -> _compiled``: a module may import modules
+earlier in it, never later ones.
 Every import counts: function-level ones (a late import only hides a circle) and
 ``if TYPE_CHECKING:`` ones (a type-only circle is still two modules that cannot be read
 apart).
@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "jaxpar"
 TESTS = Path(__file__).resolve().parent
 
 PIPELINE = ("jaxpar._compat", "jaxpar.targets",
-            "jaxpar._ops", "jaxpar._graph", "jaxpar._cost", "jaxpar.passes",
+            "jaxpar._ops", "jaxpar._program.graph", "jaxpar._model.cost", "jaxpar.passes",
             "jaxpar._plan", "jaxpar._emit", "jaxpar._report.plan", "jaxpar._pipeline",
             "jaxpar._api")
 MAX_DEFINITION_LINES = 200
@@ -278,10 +278,11 @@ LAYERS = (
     ("_compat.jit",), ("_compat",),
     ("_ops.call_rules",), ("_ops.stream_region",), ("_ops.program",), ("_ops.equations",),
     ("_ops",),
-    ("_primitives",), ("_gpu_model",), ("targets",),
-    ("_gpu_timeline",), ("_flags",), ("_options",),
-    ("_structure",), ("_loops",),
-    ("_interp",), ("_graph",), ("_cost",), ("_gpu_levels",), ("_memory",), ("_analysis",),
+    ("_program", "_program.primitives"), ("_model", "_model.gpu"), ("targets",),
+    ("_model.gpu_timeline",), ("_flags",), ("_options",),
+    ("_program.structure",), ("_program.loops",),
+    ("_program.interp",), ("_program.graph",), ("_model.cost",), ("_model.gpu_levels",),
+    ("_model.memory",), ("_analysis",),
     ("passes",),
     ("_plan",), ("_emit",), ("_processes",), ("_tune",),
     ("_report.types",), ("_report.timeline",), ("_report.render",), ("_report.words",),

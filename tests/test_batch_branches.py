@@ -318,10 +318,10 @@ def test_numbering_carried_from_an_earlier_round_finds_what_a_fresh_one_finds() 
     the first round must split the equations into the same classes of equal numbers,
     and give the same rewrites (equations, which keys are equal) and decisions, as a
     fresh numbering."""
-    from jaxpar._cost import CostModel
-    from jaxpar._graph import build_graph
     from jaxpar._memo import IdentityMemo
-    from jaxpar._structure import StructuralKeys
+    from jaxpar._model.cost import CostModel
+    from jaxpar._program.graph import build_graph
+    from jaxpar._program.structure import StructuralKeys
     from jaxpar.passes._protocol import Level
     from jaxpar.passes._splice import rebuild_level
     from jaxpar.targets import device_profile

@@ -614,8 +614,8 @@ def _towers_args() -> tuple[Any, ...]:
 
 
 def test_launches_are_priced_in_the_functions_mode() -> None:
-    from jaxpar._cost import launch_prices
-    from jaxpar._gpu_model import CommandBufferMode
+    from jaxpar._model.cost import launch_prices
+    from jaxpar._model.gpu import CommandBufferMode
     from jaxpar.targets import device_profile
 
     profile = device_profile("gpu")

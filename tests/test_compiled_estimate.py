@@ -14,7 +14,7 @@ import pytest
 from jaxpar._compiled import hlo
 from jaxpar._compiled.estimate import estimate_hlo, verdict
 from jaxpar._compiled.kernels import KernelCosts
-from jaxpar._gpu_model import GPU_PROFILES, CommandBufferMode
+from jaxpar._model.gpu import GPU_PROFILES, CommandBufferMode
 
 PROFILE = GPU_PROFILES["h200"]
 BIG = "f32[4096,4096]{1,0}"  # 64 MiB: bandwidth-bound kernels far above the floor

@@ -22,7 +22,7 @@ from helpers.programs import (
 import jaxpar
 import jaxpar._compiled.gpu_compile as _gpu_compile
 import jaxpar._compiled.preview as _preview
-from jaxpar._gpu_model import CommandBufferMode
+from jaxpar._model.gpu import CommandBufferMode
 
 
 def branch_specs():

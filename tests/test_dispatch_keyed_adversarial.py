@@ -144,7 +144,7 @@ def test_flax_nnx_objects_with_shardings_are_refused_under_transformations() -> 
 def calibrated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Planning for a GPU under which ``fan``'s small independent kernels pay as parallel
     CUDA-graph nodes (its plan chooses XLA options), as in ``test_plan_modes``."""
-    from jaxpar import _gpu_model
+    from jaxpar._model import gpu as _gpu_model
 
     profile = dataclasses.replace(calibrated_gpu(tmp_path, **CONCURRENCY_PAYS), name="gpu",
                                   device_kind="")

@@ -33,7 +33,7 @@ from pass_checker import (
 
 import jaxpar
 from jaxpar import _compat
-from jaxpar._cost import CostModel
+from jaxpar._model.cost import CostModel
 from jaxpar.passes import (
     apply_passes,
     batch_scans,

@@ -12,7 +12,7 @@ from jax import lax
 
 import jaxpar
 from jaxpar._flags import command_buffer_mode
-from jaxpar._gpu_model import CommandBufferMode
+from jaxpar._model.gpu import CommandBufferMode
 from jaxpar._options import PASS_TABLE, ModePolicy, OptionKind, Options, Settings, target_row
 from jaxpar.passes import pass_defaults
 

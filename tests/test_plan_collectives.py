@@ -24,10 +24,10 @@ from jax import lax
 from jaxpar import _compat, _ops
 from jaxpar._analysis import Analysis
 from jaxpar._emit import Emitter
-from jaxpar._graph import CollectivesUnit, build_graph
 from jaxpar._options import Options
 from jaxpar._plan import collectives as C
 from jaxpar._plan import order_units, plan_jaxpr
+from jaxpar._program.graph import CollectivesUnit, build_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 8

@@ -5,9 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxpar._graph import build_graph
 from jaxpar._plan.heavy import attach_loose_ends, heavy_order
 from jaxpar._plan.sections import decompose
+from jaxpar._program.graph import build_graph
 
 
 def open_level(fn, *shapes):

@@ -30,7 +30,7 @@ from jax.experimental.xla_metadata import set_xla_metadata
 import jaxpar
 from jaxpar import _compat, _ops
 from jaxpar._analysis import Analysis
-from jaxpar._gpu_model import CommandBufferMode
+from jaxpar._model.gpu import CommandBufferMode
 from jaxpar._options import Options
 from jaxpar._plan import plan_jaxpr
 from jaxpar._report.build import build_report

@@ -33,8 +33,8 @@ import jaxpar
 from jaxpar import _compiled
 from jaxpar._analysis import Analysis
 from jaxpar._flags import command_buffer_mode_set, command_buffer_options
-from jaxpar._gpu_model import CommandBufferMode
 from jaxpar._memo import IdentityMemo
+from jaxpar._model.gpu import CommandBufferMode
 from jaxpar._options import Options
 from jaxpar._plan import plan_jaxpr
 from jaxpar._plan.gpu_time import estimate_plain_seconds, estimate_seconds
@@ -61,7 +61,7 @@ def calibrated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     under which small independent kernels pay off as parallel graph nodes at every end
     (``helpers.benchmarks.CONCURRENCY_PAYS``): the profile target ``"gpu"`` plans with off a
     GPU."""
-    from jaxpar import _gpu_model
+    from jaxpar._model import gpu as _gpu_model
 
     profile = dataclasses.replace(calibrated_gpu(tmp_path, **CONCURRENCY_PAYS), name="gpu",
                                   device_kind="")
@@ -304,7 +304,7 @@ def test_only_a_mode_that_gains_is_priced_for_memory(monkeypatch: pytest.MonkeyP
     candidates gain nothing, so only the plain program and the plan are priced, in the
     user's mode; the plan and its figures are those the model gives when every mode is
     priced (the memory of the chosen program)."""
-    from jaxpar._memory import MemoryModel
+    from jaxpar._model.memory import MemoryModel
 
     asked: list[Any] = []
     temp_bytes = MemoryModel.temp_bytes

@@ -15,11 +15,11 @@ from jax import lax
 
 import jaxpar
 from jaxpar import _compat
-from jaxpar._cost import CostModel
 from jaxpar._flags import command_buffer_mode
-from jaxpar._gpu_model import CommandBufferMode
-from jaxpar._graph import build_graph
+from jaxpar._model.cost import CostModel
+from jaxpar._model.gpu import CommandBufferMode
 from jaxpar._plan.pricing import price_section
+from jaxpar._program.graph import build_graph
 from jaxpar.targets import device_profile
 
 MODE_LHS, MODE_OFF = CommandBufferMode.LHS, CommandBufferMode.OFF

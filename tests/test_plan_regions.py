@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxpar._graph import build_graph
 from jaxpar._plan.heavy import heavy_order
 from jaxpar._plan.plans import REASON_EFFECTFUL
 from jaxpar._plan.regions import build_regions, convex_hull
 from jaxpar._plan.sections import choose_sections, decompose
+from jaxpar._program.graph import build_graph
 
 
 def open_level(fn, *shapes):

@@ -119,7 +119,7 @@ def calibrated_fan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     from helpers.benchmarks import CONCURRENCY_PAYS, calibrated_gpu
     from helpers.programs import fan
 
-    from jaxpar import _gpu_model
+    from jaxpar._model import gpu as _gpu_model
 
     profile = dataclasses.replace(calibrated_gpu(tmp_path, **CONCURRENCY_PAYS), name="gpu",
                                   device_kind="")

@@ -50,7 +50,7 @@ def test_the_registered_targets_and_their_facts() -> None:
 
 
 def test_a_gpu_profile_prices_the_gpu_target_only() -> None:
-    from jaxpar._gpu_model import GPU_PROFILES
+    from jaxpar._model.gpu import GPU_PROFILES
     h100 = next(p for name, p in GPU_PROFILES.items() if "h100" in name)
     assert targets.device_profile("gpu", h100).gpu is h100
     assert targets.device_profile("cpu", h100) is targets.get("cpu").profile

@@ -17,9 +17,9 @@ from pass_checker import assert_same_outputs
 
 import jaxpar
 from jaxpar import _compat
-from jaxpar._cost import CostModel
-from jaxpar._gpu_levels import LevelModel
-from jaxpar._gpu_model import CommandBufferMode
+from jaxpar._model.cost import CostModel
+from jaxpar._model.gpu import CommandBufferMode
+from jaxpar._model.gpu_levels import LevelModel
 from jaxpar._plan.gpu_time import estimate_plain_seconds
 from jaxpar.passes import unroll_scans
 from jaxpar.passes._loop_candidates import MAX_UNROLLED_EQNS

@@ -125,7 +125,7 @@ def _towers_args(width=32):
 
 
 def test_psum_over_a_vmap_axis_is_a_local_reduction():
-    from jaxpar._primitives import is_collective
+    from jaxpar._program.primitives import is_collective
 
     x = jnp.ones((4, 3))
     local = jax.make_jaxpr(jax.vmap(_batch_norm, axis_name="batch"))(x)

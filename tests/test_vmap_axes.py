@@ -19,7 +19,8 @@ from helpers.lowered import lower_for_gpu, stream_calls
 from helpers.trees import assert_tree_close
 
 import jaxpar
-from jaxpar import _compat, _primitives
+from jaxpar import _compat
+from jaxpar._program import primitives as _primitives
 
 FORCED = {"target": "gpu", "force_streams": True, "min_cost_us": 0.0}
 W = jnp.full((8, 8), 0.1)

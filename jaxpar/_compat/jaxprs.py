@@ -71,7 +71,7 @@ def internal_primitive(attribute: str) -> Any | None:
 def internal_primitive_name(attribute: str, known_name: str) -> str:
     """The primitive's name from its object; ``known_name`` (its name on every supported
     jax) where a release keeps the object elsewhere, so ``import jaxpar`` never fails on
-    it (``tests/test_primitives.py`` checks the lookup on the supported versions)."""
+    it (``tests/test_program_primitives.py`` checks the lookup on the supported versions)."""
     primitive = internal_primitive(attribute)
     return known_name if primitive is None else str(primitive.name)
 

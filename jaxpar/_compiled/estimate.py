@@ -21,7 +21,7 @@ Example::
     fast = estimate_hlo(compile_for_gpu(jaxpar.parallel_branches(f, target="gpu"), *args))
     print(verdict(plain, fast))   # "faster by 12% (est. 412 us -> 362 us): ..."
 
-The model, step by step (every figure is the GPU model's, ``jaxpar._gpu_model``, with
+The model, step by step (every figure is the GPU model's, ``jaxpar._model.gpu``, with
 its source there; a calibration profile measured on the GPU replaces them):
 
 * **Kernel time.** Each ``fusion``, ``custom-call`` and ``copy`` is one launch. Its
@@ -59,7 +59,7 @@ its source there; a calibration profile measured on the GPU replaces them):
   ``chain_node_s`` for a chain, ``dag_node_s`` for a branching graph). A
   ``while`` is never captured (WHILE is not a default command type), nor is anything
   inside a stream region that holds one (the conversion pass does not recurse into
-  it). Modes (``_gpu_model.CommandBufferMode``):
+  it). Modes (``_model.gpu.CommandBufferMode``):
 
   - ``"lhs"`` (XLA's default ``xla_gpu_command_buffer_scheduling_mode=LHS``): the
     graph is one serial chain, **regions inlined into it included**, so a captured
@@ -82,7 +82,7 @@ when argument addresses change, and cuSOLVER internals (costed by bytes).
 The figures (peaks by element type, bandwidth, ``launch_s``, ``graph_launch_s``,
 ``chain_node_s``, ``dag_node_s``, ``kernel_floor_s``, ``graph_floor_s``, ``sync_s``,
 ``event_s``, ``hardware_queues``) and their sources are in
-``jaxpar._gpu_model`` (``GPU_PROFILES``), shared with the planner's cost model and the
+``jaxpar._model.gpu`` (``GPU_PROFILES``), shared with the planner's cost model and the
 pricing of stream sections.
 
 Sharp edges:
@@ -99,7 +99,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from .._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
+from .._model.gpu import CommandBufferMode, GpuProfile, gpu_profile
 from . import hlo
 from .hlo import Module
 from .kernels import KernelCosts
@@ -296,7 +296,7 @@ def estimate_hlo(hlo_text: str, gpu: str | GpuProfile = "h200",
         hlo_text: scheduled HLO text, e.g. from ``compile_for_gpu`` or an XLA
             ``*after_optimizations.txt`` dump.
         gpu: ``"h200"``, ``"h100"``, a device kind or a ``GpuProfile``
-            (``_gpu_model.gpu_profile``: a calibration profile replaces the built-in figures).
+            (``_model.gpu.gpu_profile``: a calibration profile replaces the built-in figures).
         command_buffers: CUDA-graph mode assumed, a ``CommandBufferMode`` or its name:
             ``"lhs"`` (XLA's default), ``"concurrent"``, ``"serialize"`` or ``"off"`` (see
             the module docstring).

@@ -1,6 +1,6 @@
 """Kernel costs of a compiled HLO module (``estimate``'s first step): each launched
 kernel's roofline work (tensor-core seconds, other flops, bytes read and written) and
-whether it fills the GPU (``serial``). Figures are the GPU model's (``_gpu_model``).
+whether it fills the GPU (``serial``). Figures are the GPU model's (``_model.gpu``).
 
 Example::
 
@@ -19,7 +19,7 @@ import dataclasses
 import math
 import re
 
-from .._gpu_model import CONCURRENT_REGION_BYTES, GpuProfile
+from .._model.gpu import CONCURRENT_REGION_BYTES, GpuProfile
 from . import hlo
 from .hlo import Computation, Instruction, Module
 

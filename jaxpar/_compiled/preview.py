@@ -27,7 +27,7 @@ Sharp edges:
     the plain program in the CUDA-graph mode ``XLA_FLAGS`` sets (XLA's default ``lhs``
     without one), or in ``command_buffers`` when given, and jaxpar in the mode its plan
     chose for the function (compiled with the plan's ``xla_options``); the header
-    names both. The GPU's figures are ``jaxpar._gpu_model``'s, or its calibration
+    names both. The GPU's figures are ``jaxpar._model.gpu``'s, or its calibration
     profile's when one exists (``benchmarks/calibrate.py``).
   * jaxlib 0.12.0.1 crashed the whole process (SIGSEGV in the PTX compiler)
     compiling a stream-annotated call holding a loop, deviceless, on our CPU
@@ -46,11 +46,11 @@ import jax
 from .. import _compat
 from .._api import ParallelBranches, array_function
 from .._flags import command_buffer_mode, command_buffer_options
-from .._gpu_model import CommandBufferMode, GpuProfile, gpu_profile
-from .._memory import format_bytes
+from .._model.gpu import CommandBufferMode, GpuProfile, gpu_profile
+from .._model.memory import format_bytes
 from .._options import Options
 from .._plan import LevelPlan
-from .._primitives import MAY_HOLD_LOOPS
+from .._program.primitives import MAY_HOLD_LOOPS
 from .._report.plan import Plan
 from .._report.timeline import PlanEstimate
 from .._report.types import loop_decisions, subgraph_decisions

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from .._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode
+from .._model.gpu import MIN_GRAPH_SIZE, CommandBufferMode
 from . import hlo
 from .hlo import Instruction, Module
 from .kernels import CAPTURABLE_CUSTOM_CALL, LAUNCHED_OPCODES, KernelCosts

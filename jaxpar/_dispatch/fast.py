@@ -50,7 +50,7 @@ from .._channel import CHANNEL
 from .._compat import Miss, RoutedJit, routed_jit
 from .._flags import environment_reader
 from .._frameworks import holds_nnx_object, is_nnx_object, nnx_arguments
-from .._gpu_model import PROFILE_DIR_VARIABLE, local_gpu_kind, local_profile_stamp
+from .._model.gpu import PROFILE_DIR_VARIABLE, local_gpu_kind, local_profile_stamp
 from .._options import DISABLE_VARIABLE, Settings, disabled_by_environment
 from .._trace import (
     Layout,

@@ -36,12 +36,13 @@ from typing import Any, Protocol
 
 import jax
 
-from .. import _compat, _pipeline, _primitives
+from .. import _compat, _pipeline
 from .._channel import CHANNEL
 from .._frameworks import NnxCall
 from .._options import Options, ResolveInputs, Settings, disabled_by_environment
 from .._pipeline import Prepared
 from .._plan import LevelPlan
+from .._program import primitives as _primitives
 from .._report.plan import Plan
 from .._trace import (
     Layout,
@@ -115,7 +116,7 @@ class CallKey:
     # computation (equal ids linked through other work abort the GPU compile).
     call_site: int
     # Names of the jax.vmap axes the call is mapped over on this device: a psum over
-    # them is a local reduction, not a collective (``_primitives.local_axes``).
+    # them is a local reduction, not a collective (``_program.primitives.local_axes``).
     local_axes: frozenset[Any] = frozenset()
     # tune=True: "measure" at a concrete top-level call (decided before the call, so the
     # trace finds the decision), "reuse" under a transformation (a decision this process

@@ -2,7 +2,7 @@
 program must keep to.
 
 jaxpar's rewrites and CUDA-graph modes can raise a program's temporary memory
-(``_memory``). By default the program jaxpar runs may need at most 10% (or 1 MiB,
+(``_model.memory``). By default the program jaxpar runs may need at most 10% (or 1 MiB,
 whichever is more) more temporary bytes than the plain program in the user's mode, as
 the memory model estimates both; ``parallel_branches(memory=...)`` states another budget
 (``"any"``, or a number of extra bytes). A candidate over budget is not chosen: a mode is
@@ -33,8 +33,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._gpu_model import CommandBufferMode
-from .._memory import format_bytes
+from .._model.gpu import CommandBufferMode
+from .._model.memory import format_bytes
 from .._options import PASS_TABLE, PassRow, Rung, Settings
 from ..passes import PassDecision
 

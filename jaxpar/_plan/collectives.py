@@ -40,10 +40,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from .. import _compat, _ops, _primitives
+from .. import _compat, _ops
 from .._compat import JaxprEqn, JaxprLike
-from .._graph import Graph, build_graph, reachable
-from .._primitives import is_collective
+from .._program import primitives as _primitives
+from .._program.graph import Graph, build_graph, reachable
+from .._program.primitives import is_collective
 from .plans import CollectiveGroup, CollectiveInfo, CollectivePlan, RegionPlan, SectionPlan
 
 __all__ = [
@@ -125,7 +126,7 @@ def group_collectives(jaxpr: JaxprLike, graph: Graph | None = None, *,
 
     Args:
       jaxpr: an open jaxpr (e.g. a ``shard_map`` body or a scan body).
-      graph: its dependency graph; default ``_graph.build_graph(jaxpr)``.
+      graph: its dependency graph; default ``_program.graph.build_graph(jaxpr)``.
       axis_sizes: mesh axis name -> size, to compute shifts (e.g.
         ``dict(_compat.shard_map_info(eqn).axis_sizes)``); without it a
         permutation's size is its largest index plus one.

@@ -1,7 +1,7 @@
 """A planned program's time per run on the GPU, in a CUDA-graph mode, before anything is
 compiled (``estimate_seconds``; ``estimate_plain_seconds`` for the program as traced):
 what ``_plan.modes`` chooses the mode by. Each level is timed by the GPU model of jaxpr
-levels (``_gpu_levels.LevelModel``: kernels, graphs, loops, the one GPU simulator), which
+levels (``_model.gpu_levels.LevelModel``: kernels, graphs, loops, the one GPU simulator), which
 ``passes.unroll_scans`` prices unroll factors by too; here the plan adds what only a plan
 knows:
 
@@ -18,7 +18,7 @@ Example::
     plain = estimate_plain_seconds(jaxpr, costs, CommandBufferMode.LHS)
 
 Sharp edges:
-  * The model's (``_gpu_levels``): a model of the compiled program before it is compiled,
+  * The model's (``_model.gpu_levels``): a model of the compiled program before it is compiled,
     which ``gpu_preview`` judges, and the first GPU run must confirm both.
 """
 
@@ -27,10 +27,10 @@ from __future__ import annotations
 from typing import Any
 
 from .._compat import JaxprLike
-from .._cost import CostModel
-from .._gpu_levels import LevelModel
-from .._gpu_model import CommandBufferMode, GpuProfile
 from .._memo import IdentityMemo
+from .._model.cost import CostModel
+from .._model.gpu import CommandBufferMode, GpuProfile
+from .._model.gpu_levels import LevelModel
 from .plans import LevelPlan
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from .._graph import DisjointSets, Graph
+from .._program.graph import DisjointSets, Graph
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -40,7 +40,9 @@ from typing import Any
 from .. import _compat
 from .._analysis import Analysis
 from .._compat import Jaxpr, JaxprEqn, JaxprLike
-from .._graph import (
+from .._memo import IdentityMemo
+from .._options import Settings
+from .._program.graph import (
     CollectivesUnit,
     ContractionCycle,
     DependentUnits,
@@ -51,9 +53,7 @@ from .._graph import (
     build_graph,
     contract,
 )
-from .._memo import IdentityMemo
-from .._options import Settings
-from .._primitives import is_collective
+from .._program.primitives import is_collective
 from .collectives import CollectivePlan, group_collectives, overlap_collectives
 from .heavy import HeavyOrder, heavy_order
 from .plans import (
@@ -425,7 +425,7 @@ class _GroupCycle(Exception):
 def order_units(graph: Graph, sections: list[SectionPlan] | tuple[SectionPlan, ...],
                 groups: Sequence[CollectiveGroup] = ()) -> tuple[Unit, ...]:
     """Emission order with each region and each collective group contracted to one unit
-    (``_graph.contract``; the regions of a section must stay mutually independent).
+    (``_program.graph.contract``; the regions of a section must stay mutually independent).
 
     Raises ``RuntimeError`` if a region is not convex or two regions of one section
     depend on each other: both are planner bugs, and emitting would reorder

@@ -8,11 +8,11 @@ stay serial); in ``CONCURRENT`` mode every independent kernel is; with graphs ``
 every kernel is launched alone, but stream regions holding loops keep their overlap.
 Which is faster depends on the program, so XLA keeps ``LHS`` as the process-wide
 default. jaxpar may choose per function: ``gpu_time.estimate_seconds`` prices a planned program
-in a mode with the GPU model (``_gpu_model``, through the cost model), and
+in a mode with the GPU model (``_model.gpu``, through the cost model), and
 ``choose_mode`` keeps a candidate only if it beats the user's mode by ``MIN_GAIN`` at
 the nominal figures **and** at the end of every uncertain figure's range that favours
 the user's mode (``pessimistic``), and if its temporary memory stays within the
-budget (``_memory``, ``_plan.budget``); the choice becomes that function's
+budget (``_model.memory``, ``_plan.budget``); the choice becomes that function's
 ``compiler_options`` (``_flags.command_buffer_options``).
 
 The GPU's host-side figures and kernel floors are third-party measurements, none on a
@@ -52,12 +52,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _compat
-from .._cost import launch_pricing
 from .._flags import command_buffer_options
-from .._gpu_model import CommandBufferMode, GpuProfile
 from .._memo import IdentityMemo
+from .._model.cost import launch_pricing
+from .._model.gpu import CommandBufferMode, GpuProfile
 from .._options import Settings
-from .._primitives import MAY_HOLD_LOOPS
+from .._program.primitives import MAY_HOLD_LOOPS
 from ..passes import Pass
 from ..passes._walk import Step
 from .plans import LevelPlan
@@ -279,7 +279,7 @@ def kept_mode(mode: CommandBufferMode, user_mode: CommandBufferMode | None,
                       explicit, reason, measured=measured)
 
 
-# The ways a mode prices launches (``_cost.launch_pricing``).
+# The ways a mode prices launches (``_model.cost.launch_pricing``).
 _PRICINGS = ("serial", "beside")
 
 

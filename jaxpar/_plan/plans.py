@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._compat import JaxprLike
-from .._graph import Graph, Unit
-from .._primitives import COLLECTIVE, RECURSIVE
+from .._program.graph import Graph, Unit
+from .._program.primitives import COLLECTIVE, RECURSIVE
 
 # Heavy equations are decomposed in windows of this many (program order).
 MAX_HEAVY = 256

@@ -35,7 +35,7 @@ known to do with stream-annotated calls (``docs/xla.md``, from
   (``_flags.command_buffer_mode``).
 
 Every figure (launch, graph node, kernel floor, throughput) is the GPU model's
-(``jaxpar._gpu_model``), through the cost model's ``DeviceProfile.gpu``: the same
+(``jaxpar._model.gpu``), through the cost model's ``DeviceProfile.gpu``: the same
 figures the compiled-schedule estimate judges with.
 
 Example::
@@ -63,10 +63,10 @@ from typing import Any
 
 from .. import _compat
 from .._compat import Atom, Jaxpr, JaxprEqn
-from .._cost import CostModel
-from .._gpu_model import CommandBufferMode, GpuProfile
-from .._graph import DisjointSets, Graph, reachable
-from .._primitives import (
+from .._model.cost import CostModel
+from .._model.gpu import CommandBufferMode, GpuProfile
+from .._program.graph import DisjointSets, Graph, reachable
+from .._program.primitives import (
     COND,
     DOT_GENERAL,
     HOST_BLOCKING,
@@ -77,7 +77,7 @@ from .._primitives import (
     TRANSPARENT_CALLS,
     WHILE,
 )
-from .._structure import StructuralKeys
+from .._program.structure import StructuralKeys
 from .heavy import HeavyOrder
 from .regions import RegionSet
 

@@ -26,7 +26,7 @@ import dataclasses
 import heapq
 from collections.abc import Mapping, Sequence
 
-from .._graph import Graph
+from .._program.graph import Graph
 from .heavy import HeavyOrder
 from .plans import RegionPlan
 from .sections import lpt_balance, overlapped_seconds

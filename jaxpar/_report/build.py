@@ -18,11 +18,11 @@ from typing import Any
 
 from .. import _compat
 from .._compat import JaxprEqn
-from .._graph import CollectivesUnit, EqnUnit, RegionUnit
 from .._plan import REASON_TOO_CHEAP, LevelPlan
 from .._plan.budget import MemoryFigures
 from .._plan.modes import ModeChoice
-from .._primitives import LOOPS
+from .._program.graph import CollectivesUnit, EqnUnit, RegionUnit
+from .._program.primitives import LOOPS
 from .._tune import Tuning
 from ..passes import NEW_LOOP_KINDS, DecisionKind, PassDecision
 from .places import Places

@@ -33,7 +33,7 @@ from collections.abc import Hashable, Sequence
 from .. import _compat
 from .._compat import JaxprEqn, JaxprLike, Var
 from .._plan import LevelPlan
-from .._primitives import PARAMETER_VIEWS
+from .._program.primitives import PARAMETER_VIEWS
 from ..passes import JAXPAR_SCOPES
 
 # Name-stack scopes a library adds by itself: a layer's class, not the user's attribute.

@@ -11,7 +11,7 @@ Example::
     json.dumps(plan.to_dict())
 
 Sharp edges:
-  * Costs are model estimates (see ``jaxpar._cost``), good for ranking, not
+  * Costs are model estimates (see ``jaxpar._model.cost``), good for ranking, not
     for predicting wall time.
 """
 

@@ -4,7 +4,7 @@ Steps laid out on their lanes in emission order (``Plan.steps``; a *timeline*, n
 the compiled *schedule*, see docs/design.md's glossary): each step starts once the
 steps it reads from have finished and its lane (the main stream, a stream, the
 collectives) is free. Durations come from one function, ``step_duration_us``, which
-reads the plan's costs (``jaxpar._cost``); a better device model plugs in
+reads the plan's costs (``jaxpar._model.cost``); a better device model plugs in
 there, or is passed to ``lay_out`` as ``duration_us``.
 
 Example::

@@ -22,10 +22,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import _compat, _primitives
+from .. import _compat
 from .._compat import Atom, JaxprEqn
-from .._graph import Graph
-from .._structure import StructuralKeys
+from .._program import primitives as _primitives
+from .._program.graph import Graph
+from .._program.structure import StructuralKeys
 from ._batchable import equation_refusal, static_refusal
 
 # Most members one batched computation takes (``member_chunks``). XLA compiles each
@@ -121,7 +122,7 @@ def shared_column(column: Sequence[Any]) -> bool:
 
 def body_key(eqn: JaxprEqn, keys: StructuralKeys) -> Hashable | None:
     """Equal for two scans exactly when they run the same computation on same-typed
-    operands (compared structurally: ``_structure``); None for a scan that can never be
+    operands (compared structurally: ``_program.structure``); None for a scan that can never be
     batched (``_batchable.static_refusal``)."""
     if static_refusal(eqn) is not None:
         return None

@@ -62,9 +62,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import _compat, _primitives
+from .. import _compat
 from .._compat import Atom, JaxprEqn, JaxprLike
 from .._memo import IdentityMemo
+from .._program import primitives as _primitives
 
 # Families whose batching rule adds a batch dimension and nothing else.
 FAITHFUL_PRIMITIVES: frozenset[str] = _primitives.BATCH_FAITHFUL

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import _compat
 from .._compat import JaxprEqn
-from .._graph import Graph
+from .._program.graph import Graph
 from ._splice import emission_order
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from .. import _ops
 from .._compat import JaxprEqn
-from .._primitives import SCAN
+from .._program.primitives import SCAN
 
 # Most equations an unrolled loop body may hold: ``unroll_scans`` unrolls within it, and
 # ``fuse_scans`` keeps a member's unroll factor for the fused scan only within it.

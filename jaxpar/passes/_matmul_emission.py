@@ -21,8 +21,8 @@ from jax import lax
 
 from .. import _compat
 from .._compat import Atom, JaxprEqn
-from .._graph import DisjointSets, Graph
-from .._structure import StructuralKeys
+from .._program.graph import DisjointSets, Graph
+from .._program.structure import StructuralKeys
 from ._matmul_forms import Column, Transposed, is_shared, swap_permutation
 from ._matmul_groups import Group
 from ._protocol import EmitFn

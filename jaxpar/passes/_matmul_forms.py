@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from .. import _compat
 from .._compat import Atom, JaxprEqn, ShapedArray
-from .._primitives import DOT_GENERAL
+from .._program.primitives import DOT_GENERAL
 
 # A column of operands, one atom per member (in the group's form).
 Column = tuple[Any, ...]

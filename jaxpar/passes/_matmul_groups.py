@@ -17,9 +17,9 @@ from typing import Any
 
 from .. import _compat
 from .._compat import JaxprEqn, JaxprLike
-from .._graph import DisjointSets
 from .._memo import IdentityMemo
-from .._primitives import DOT_GENERAL
+from .._program.graph import DisjointSets
+from .._program.primitives import DOT_GENERAL
 from ._batch_members import member_chunks
 from ._matmul_forms import Column, Reading, Transposed, readings_of
 

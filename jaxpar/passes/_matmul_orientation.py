@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .. import _compat
 from .._compat import JaxprEqn
-from .._graph import DisjointSets
+from .._program.graph import DisjointSets
 from ._matmul_forms import Column, is_shared
 from ._matmul_groups import Group
 

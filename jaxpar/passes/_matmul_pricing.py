@@ -16,10 +16,10 @@ from typing import Any
 
 from .. import _compat
 from .._compat import JaxprEqn
-from .._cost import CostModel, LaunchPrices, launch_prices
-from .._graph import Graph
-from .._memory import stacking_refusal
-from .._primitives import DOT_GENERAL
+from .._model.cost import CostModel, LaunchPrices, launch_prices
+from .._model.memory import stacking_refusal
+from .._program.graph import Graph
+from .._program.primitives import DOT_GENERAL
 from ._level_graph import private_tails_leave
 from ._matmul_forms import Column, Transposed, atom_of, is_shared
 from ._matmul_groups import Group
@@ -83,7 +83,7 @@ def choose(eqns: Sequence[JaxprEqn], graph: Graph, groups: list[Group],
     launch saved is worth ``prices.beside`` (its kernel floor in a serial chain, only its
     graph node in a ``concurrent`` graph, where the members already overlap), a stacking
     or slicing kernel added costs ``prices.serial``. Given several ``prices`` (the ends
-    of the GPU model's ranges, ``_cost.ENDS``), a group must pay at each; its price is
+    of the GPU model's ranges, ``_model.cost.ENDS``), a group must pay at each; its price is
     the one at the end where it pays least. A group whose stacked copies (its stacked
     operands and its batched result) need more than ``allowance`` bytes (the memory
     budget's) is left alone, and so is one in a loop body that reads one of

@@ -36,9 +36,9 @@ from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprEqn, JaxprLike
 from .._deprecations import warn_deprecated
-from .._graph import Graph
 from .._options import PassRow, Settings
-from .._primitives import LOOPS
+from .._program.graph import Graph
+from .._program.primitives import LOOPS
 
 
 class DecisionKind(enum.StrEnum):

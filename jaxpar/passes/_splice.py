@@ -3,7 +3,7 @@ of which decisions made which equations (``EqnOrigins``).
 
 ``rebuild_level`` traces each rewrite (``_protocol.Rewrite``) on its own and splices
 its equations into the level at a point where all its inputs exist (the order comes
-from ``_graph.contract``, which contracts each rewrite's equations to one unit); the
+from ``_program.graph.contract``, which contracts each rewrite's equations to one unit); the
 untouched equations are kept as they are.
 
 Example::
@@ -33,7 +33,8 @@ from typing import Any
 from .. import _compat
 from .._analysis import Analysis, OrderMemo
 from .._compat import Atom, JaxprEqn, JaxprLike, Var
-from .._graph import (
+from .._memo import IdentityMemo
+from .._program.graph import (
     ContractionCycle,
     EqnUnit,
     Graph,
@@ -43,8 +44,7 @@ from .._graph import (
     contract,
     eqn_units,
 )
-from .._interp import Env
-from .._memo import IdentityMemo
+from .._program.interp import Env
 from ._protocol import PassDecision, Product, Rewrite
 
 

@@ -16,7 +16,7 @@ batched kernels.
 How the subgraphs are found:
 
 1. *Value numbering*: each equation gets a structural key -- its primitive, its
-   parameters (``_structure``), its result types and the keys of its inputs, where a
+   parameters (``_program.structure``), its result types and the keys of its inputs, where a
    level input counts by its type only. Equations ``vmap`` never batches faithfully
    (``_batchable.static_refusal``) get none. Two equations with equal keys compute the same
    function of same-typed level inputs, and neither can depend on the other.
@@ -52,7 +52,7 @@ Example::
 Sharp edges:
   * Equations with effects, user placement (``on_stream``, XLA metadata) or
     collectives are never batched.
-  * Equations are compared structurally (``_structure``): parameters and constants
+  * Equations are compared structurally (``_program.structure``): parameters and constants
     by value, nested jaxprs equation by equation, functions by identity. Two
     members that differ only in the order of their equations are not recognised.
   * Only what ``vmap`` batches faithfully and cheaply is batched (``_batchable``):
@@ -75,13 +75,13 @@ from typing import Any
 from .. import _compat, _ops
 from .._analysis import Analysis, OrderMemo
 from .._compat import Jaxpr, JaxprEqn, Primitive
-from .._cost import ENDS, ZERO, Cost, CostModel, LaunchPrices
-from .._gpu_model import CommandBufferMode
-from .._graph import Graph
 from .._memo import IdentityMemo
-from .._memory import stacking_refusal
-from .._primitives import BATCHED_MATMULS, COLLECTIVE, is_collective
-from .._structure import StructuralKeys, literal_key
+from .._model.cost import ENDS, ZERO, Cost, CostModel, LaunchPrices
+from .._model.gpu import CommandBufferMode
+from .._model.memory import stacking_refusal
+from .._program.graph import Graph
+from .._program.primitives import BATCHED_MATMULS, COLLECTIVE, is_collective
+from .._program.structure import StructuralKeys, literal_key
 from ._batch_members import (
     MAX_BATCH_MEMBERS,
     member_chunks,
@@ -182,7 +182,7 @@ def _batch_level(level: Level, costs: CostModel,
                  ) -> tuple[list[Rewrite], list[PassDecision], bool]:
     """The rewrites and decisions, and whether every verdict would be the same in a mode
     pricing launches otherwise (``CostModel.launch_prices``). A group is batched only
-    where it pays at both ends of the GPU model's ranges (``_cost.ENDS``) and its stacked
+    where it pays at both ends of the GPU model's ranges (``_model.cost.ENDS``) and its stacked
     copies fit the memory budget's ``allowance``."""
     inner, _ = _compat.open_jaxpr(level.jaxpr)
     eqns, path = inner.eqns, level.path

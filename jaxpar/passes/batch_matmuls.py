@@ -73,11 +73,11 @@ from collections.abc import Sequence
 from .. import _compat, _ops
 from .._analysis import Analysis
 from .._compat import JaxprEqn
-from .._cost import ENDS, CostModel
-from .._gpu_model import CommandBufferMode
-from .._graph import Graph
-from .._primitives import BATCHED_MATMULS, TRANSPOSE, is_collective
-from .._structure import StructuralKeys
+from .._model.cost import ENDS, CostModel
+from .._model.gpu import CommandBufferMode
+from .._program.graph import Graph
+from .._program.primitives import BATCHED_MATMULS, TRANSPOSE, is_collective
+from .._program.structure import StructuralKeys
 from ._batch_members import MAX_BATCH_MEMBERS, stacked_width
 from ._level_graph import launch_depths
 from ._matmul_emission import emitter, needed_members, rewrite_key, rewrite_units

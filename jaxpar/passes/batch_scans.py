@@ -2,7 +2,7 @@
 
 Two scans of one level with no path between them in the dependency graph,
 whose bodies compute the same thing (compared structurally, parameters and
-constants by value: ``_structure``), with the same length, direction, unroll
+constants by value: ``_program.structure``), with the same length, direction, unroll
 factor and operand types, and whose body ``vmap`` batches faithfully and cheaply
 given the operands they share (``_batchable``), become one ``lax.scan`` whose body runs
 the members' body under ``jax.vmap``: carries and consts are stacked once along a new
@@ -47,8 +47,8 @@ import jax.numpy as jnp
 from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprEqn
-from .._memory import stacking_refusal
-from .._structure import StructuralKeys
+from .._model.memory import stacking_refusal
+from .._program.structure import StructuralKeys
 from ._batch_members import batch_refusal, body_key, shared_column, stack_columns
 from ._batchable import static_refusal
 from ._level_graph import group_independent

@@ -19,7 +19,7 @@ the unbatched sum. Other dtypes (half precision, whose reductions XLA accumulate
 float32), weak-typed sums (of Python scalars) and other targets keep the chain and get
 barriers.
 
-Then this pass follows elementwise chains (``_primitives.ELEMENTWISE``, and the layout
+Then this pass follows elementwise chains (``_program.primitives.ELEMENTWISE``, and the layout
 ops XLA fuses with them, ``LAYOUT_ONLY``) from the slices jaxpar made, counting how
 many such slices each value has read since the last barrier, and puts an
 ``optimization_barrier`` after the equation whose count reaches
@@ -67,7 +67,14 @@ from jax import lax
 from .. import _compat, targets
 from .._analysis import Analysis
 from .._compat import JaxprEqn
-from .._primitives import ADD, ELEMENTWISE, LAYOUT_ONLY, OPTIMIZATION_BARRIER, SLICE, SQUEEZE
+from .._program.primitives import (
+    ADD,
+    ELEMENTWISE,
+    LAYOUT_ONLY,
+    OPTIMIZATION_BARRIER,
+    SLICE,
+    SQUEEZE,
+)
 from ._protocol import DecisionKind, EmitFn, Level, LevelResult, Rewrite, decision
 from ._splice import EqnOrigins, eqn_origins
 

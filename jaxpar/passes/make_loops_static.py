@@ -6,7 +6,7 @@ predicate to the host and blocks (``WhileThunk``). When the bounds are in fact
 constants in the jaxpr (``lax.fori_loop(jnp.int32(0), jnp.int32(7), ...)``), the
 ``while`` becomes a ``scan`` with the same trip count that runs the same body on
 the same carries, so the values are identical. The trip count is the one the
-``while`` runs, computed in the counter's integer dtype (``_loops.static_trip_count``);
+``while`` runs, computed in the counter's integer dtype (``_program.loops.static_trip_count``);
 a loop where that is not provable (a float counter, a counter that would wrap
 around) stays a ``while``. Other ``while`` loops are reported as host-sync loops
 with the reason and a hint.
@@ -18,7 +18,7 @@ Example::
 
 Sharp edges:
   * Only counting loops are recognised: one ``counter < upper`` condition and a constant
-    step (every ``fori_loop`` layout; see ``_loops``).
+    step (every ``fori_loop`` layout; see ``_program.loops``).
   * A loop with a non-positive step, or whose counter would step past its dtype's
     largest value, runs as wrap-around decides; it is left alone.
 """
@@ -32,8 +32,8 @@ import jax
 from .. import _compat, targets
 from .._analysis import Analysis
 from .._compat import JaxprEqn
-from .._loops import static_trip_count
-from .._primitives import WHILE
+from .._program.loops import static_trip_count
+from .._program.primitives import WHILE
 from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
 from ._splice import evaluate
 

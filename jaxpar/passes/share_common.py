@@ -22,7 +22,7 @@ Sharp edges:
     whose backward rule would get the twins' cotangents summed; effects, host calls or
     user placement at any depth, ``custom_jvp`` rules included: ``_batchable.merge_refusal``)
     are left alone, with the reason among the decisions.
-  * Parameters are compared structurally (``jaxpar._structure``): by value, arrays by
+  * Parameters are compared structurally (``jaxpar._program.structure``): by value, arrays by
     their bytes, callables by identity, so two different callables never compare equal.
 """
 
@@ -36,8 +36,8 @@ from .. import _compat, _ops
 from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._memo import IdentityMemo
-from .._primitives import NEVER_SHARED
-from .._structure import StructuralKeys
+from .._program.primitives import NEVER_SHARED
+from .._program.structure import StructuralKeys
 from ._batchable import MergeMemo, merge_refusal
 from ._protocol import DecisionKind, Level, LevelResult, PassDecision, Rewrite, decision
 

@@ -8,7 +8,7 @@ with the caps this pass keeps on every target:
 * at most as many copies as three quarters of the memory budget allow
   (``Analysis.memory_allowance``, ``UNROLL_SHARE``): XLA's scheduler may interleave
   unrolled copies, each keeping its buffers and carries alive
-  (``_memory.MemoryModel.unrolled_copy_bytes``);
+  (``_model.memory.MemoryModel.unrolled_copy_bytes``);
 * a scan whose unroll factor is already not 1 was chosen by someone (the user, or an
   earlier run of this pass), and a scan already read by blocks, are left alone.
 
@@ -43,9 +43,9 @@ import jax.numpy as jnp
 from .. import _compat, targets
 from .._analysis import Analysis
 from .._compat import JaxprEqn
-from .._gpu_levels import LevelModel
-from .._gpu_model import CommandBufferMode
-from .._memory import MemoryModel, format_bytes
+from .._model.gpu import CommandBufferMode
+from .._model.gpu_levels import LevelModel
+from .._model.memory import MemoryModel, format_bytes
 from .._options import UNROLL_BY_COST
 from ._loop_candidates import MAX_UNROLLED_EQNS, loop_candidates, loop_trips
 from ._protocol import BLOCK_SCOPE, DecisionKind, EmitFn, Level, LevelResult, Rewrite, decision
@@ -132,7 +132,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
 def _most_copies(eqn: JaxprEqn, analysis: Analysis) -> int:
     """The most unrolled copies of the ``scan`` ``eqn``'s body the memory budget allows
     (``Analysis.memory_allowance``): each copy may keep its buffers and carries alive
-    (``_memory.MemoryModel.unrolled_copy_bytes``)."""
+    (``_model.memory.MemoryModel.unrolled_copy_bytes``)."""
     allowance = analysis.memory_allowance
     if allowance is None:
         return _compat.scan_info(eqn).length

@@ -65,7 +65,7 @@ from jax import lax
 from .. import _compat, _ops
 from .._analysis import Analysis
 from .._compat import JaxprEqn
-from .._primitives import WHILE
+from .._program.primitives import WHILE
 from ._loop_candidates import MAX_UNROLLED_EQNS
 from ._protocol import (
     WHILE_SCOPE,

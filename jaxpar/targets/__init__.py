@@ -45,7 +45,7 @@ from typing import Any
 
 import jax
 
-from .._gpu_model import GpuProfile
+from .._model.gpu import GpuProfile
 from .._spelling import did_you_mean
 from .profile import DeviceProfile
 from .unroll import UnrollRule, rule_of_thumb
@@ -107,7 +107,7 @@ class Target:
       figures_of: the chip its figures were measured on (``"TPU v5e"``), which plans name
         where the target stands in for a device kind it does not cover (``fallback_note``);
         empty: figures not tied to one chip.
-      profile: its cost profile (``_cost.DeviceProfile``); on a GPU, the generic GPU's.
+      profile: its cost profile (``_model.cost.DeviceProfile``); on a GPU, the generic GPU's.
       emits_streams: independent work is emitted on streams (elsewhere a section's parts
         run one after another, and plans say so).
       compiles_with_xla_options: a plan chooses XLA options per function (CUDA-graph modes),

@@ -1,5 +1,5 @@
 """The GPU target: streams, CUDA-graph modes chosen per function, the GPU model's figures
-(``_gpu_model``: the generic GPU's, or this machine's calibration), and its unroll rule.
+(``_model.gpu``: the generic GPU's, or this machine's calibration), and its unroll rule.
 
 A GPU pays a fixed cost per loop trip (the trip-count check, and one launch per kernel of
 the body), so a long scan of a tiny body is launch-bound; unrolling by ``k`` lets XLA fuse
@@ -12,7 +12,7 @@ less those ``unroll.kept_rolled`` refuses, with the GPU model the plan's estimat
 
 from __future__ import annotations
 
-from .._gpu_model import GENERIC_GPU, GPU_PROFILES, SMALLEST_GPU_MEMORY
+from .._model.gpu import GENERIC_GPU, GPU_PROFILES, SMALLEST_GPU_MEMORY
 from . import PlanWords, Target, TargetRow
 from .profile import DeviceProfile
 from .unroll import (

@@ -1,4 +1,4 @@
-"""A target's cost profile (``DeviceProfile``): the figures ``_cost.CostModel`` prices an
+"""A target's cost profile (``DeviceProfile``): the figures ``_model.cost.CostModel`` prices an
 equation with; each target module declares its own (``jaxpar.targets``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 
 from .._compat import JaxprEqn
-from .._gpu_model import GpuProfile
+from .._model.gpu import GpuProfile
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

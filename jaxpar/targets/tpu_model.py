@@ -59,8 +59,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from .. import _compat, _primitives
+from .. import _compat
 from .._compat import JaxprEqn
+from .._program import primitives as _primitives
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

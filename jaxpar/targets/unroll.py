@@ -11,7 +11,7 @@ rule of thumb a target without one of its own uses (``rule_of_thumb``, the CPU's
 caps the rules share (``kept_rolled``, ``dividing``).
 
 The rule of thumb, for a scan of length ``L`` whose body has ``E`` equations and ``K``
-kernels per trip (``_cost.CostModel``):
+kernels per trip (``_model.cost.CostModel``):
 
 * ``L <= FULL_UNROLL_LENGTH`` and ``L * E <= MAX_UNROLLED_EQNS``: unroll fully;
 * otherwise ``k = ceil(KERNELS_PER_TRIP / max(K, 1))``, at most ``MAX_UNROLLED_EQNS / E``
@@ -31,7 +31,7 @@ Example::
 Sharp edges:
   * A rule sees one scan at a time, in the program the passes have made so far; a scan
     someone already unrolled, or one already read by blocks, never reaches it.
-  * ``ScanQuery.unrolled_seconds`` is the GPU model's estimate (``_gpu_levels``); only a
+  * ``ScanQuery.unrolled_seconds`` is the GPU model's estimate (``_model.gpu_levels``); only a
     target priced by the GPU model (its profile has ``gpu``) may ask for it.
 """
 

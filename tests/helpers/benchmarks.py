@@ -60,11 +60,11 @@ def suite_evaluation(name: str, size: str = "small", command_buffers: str | None
 
 def calibrated_gpu(tmp_path: Any, **figures: float) -> Any:
     """An H200 profile as ``benchmarks/calibrate.py`` would leave it after measuring
-    ``figures`` on a GPU (loaded back through ``_gpu_model.gpu_profile`` from a profile
+    ``figures`` on a GPU (loaded back through ``_model.gpu.gpu_profile`` from a profile
     file under ``tmp_path``): those figures measured, their ranges narrowed."""
     import json
 
-    from jaxpar import _gpu_model
+    from jaxpar._model import gpu as _gpu_model
 
     base = _gpu_model.GPU_PROFILES["h200"]
     document = _gpu_model.profile_document(dataclasses.replace(base, **figures))

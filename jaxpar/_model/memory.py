@@ -63,11 +63,12 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from . import _compat, _primitives
-from ._compat import JaxprEqn, JaxprLike
-from ._cost import CostModel
-from ._gpu_model import CommandBufferMode
-from ._memo import IdentityMemo
+from .. import _compat
+from .._compat import JaxprEqn, JaxprLike
+from .._memo import IdentityMemo
+from .._program import primitives as _primitives
+from .cost import CostModel
+from .gpu import CommandBufferMode
 
 __all__ = ["MemoryModel", "format_bytes", "split_k_bytes", "stacking_refusal"]
 

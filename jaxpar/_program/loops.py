@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _compat
-from ._compat import Atom, JaxprEqn, JaxprLike
-from ._primitives import ADD, CONVERT_ELEMENT_TYPE, LESS_THAN, WHILE
+from .. import _compat
+from .._compat import Atom, JaxprEqn, JaxprLike
+from .primitives import ADD, CONVERT_ELEMENT_TYPE, LESS_THAN, WHILE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""``jaxpar/_graph.py``: the dependency graph and ``contract``'s emission orders."""
+"""``jaxpar/_program/graph.py``: the dependency graph and ``contract``'s emission orders."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxpar import _graph
-from jaxpar._graph import ContractionCycle, EqnUnit, Graph, RewriteUnit, contract
+from jaxpar._program import graph as _graph
+from jaxpar._program.graph import ContractionCycle, EqnUnit, Graph, RewriteUnit, contract
 
 
 def _graph_of(preds: list[tuple[int, ...]]) -> Graph:

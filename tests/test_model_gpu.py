@@ -1,4 +1,4 @@
-"""``jaxpar._gpu_model``: one definition of every GPU figure and of the command-buffer modes,
+"""``jaxpar._model.gpu``: one definition of every GPU figure and of the command-buffer modes,
 ``XLA_FLAGS`` read in one module, and calibration profiles (``benchmarks/calibrate.py``).
 
 The first tests read jaxpar's source with ``ast``: a GPU figure (a number bound to a name
@@ -25,20 +25,21 @@ from helpers.environment import needs_plugin
 import jaxpar
 import jaxpar._compiled.estimate as _estimate
 import jaxpar._compiled.gpu_compile as _gpu_compile
-from jaxpar import _flags, _gpu_model
+from jaxpar import _flags
 from jaxpar._analysis import Analysis
 from jaxpar._api import ParallelBranches
-from jaxpar._gpu_model import GPU_PROFILES, CommandBufferMode, GpuProfileError, gpu_profile
+from jaxpar._model import gpu as _gpu_model
+from jaxpar._model.gpu import GPU_PROFILES, CommandBufferMode, GpuProfileError, gpu_profile
 from jaxpar._options import Options
 
 PACKAGE = Path(jaxpar.__file__).resolve().parent
-MODEL = "_gpu_model.py"
+MODEL = "_model/gpu.py"
 FLAGS = "_flags.py"
 
 # Words that make a name a GPU figure's (split at underscores and case changes).
 FIGURE_WORDS = frozenset({"launch", "latency", "bandwidth", "peak", "flops", "tflops", "sm",
                           "sms", "graph", "node", "floor", "sync", "event", "hbm", "clock"})
-# The one place non-GPU device figures may stay (``_cost.DEVICE_PROFILES``).
+# The one place non-GPU device figures may stay (``_model.cost.DEVICE_PROFILES``).
 NON_GPU_PROFILES = frozenset({"tpu", "cpu"})
 MODE_NAMES = frozenset(m.value for m in CommandBufferMode) | frozenset(
     m.xla_scheduling_mode.lower() for m in CommandBufferMode if m.xla_scheduling_mode)
@@ -135,21 +136,23 @@ def xla_flags_accesses(source: str) -> list[str]:
 
 def _sources(*skip: str) -> dict[str, str]:
     return {str(path.relative_to(PACKAGE.parent)): path.read_text()
-            for path in sorted(PACKAGE.rglob("*.py")) if path.name not in skip}
+            for path in sorted(PACKAGE.rglob("*.py"))
+            if path.relative_to(PACKAGE).as_posix() not in skip}
 
 
 def test_one_definition_of_every_gpu_figure() -> None:
     # The TPU's model and measured figures are its target's (jaxpar/targets/tpu_model.py,
     # jaxpar/targets/tpu.py).
-    found = {name: hits for name, source in _sources(MODEL, "tpu_model.py", "tpu.py").items()
+    sources = _sources(MODEL, "targets/tpu_model.py", "targets/tpu.py")
+    found = {name: hits for name, source in sources.items()
              if (hits := figure_definitions(source))}
-    assert found == {}, "GPU figures belong in jaxpar/_gpu_model.py"
+    assert found == {}, "GPU figures belong in jaxpar/_model/gpu.py"
 
 
 def test_one_definition_of_the_command_buffer_modes() -> None:
     found = {name: hits for name, source in _sources(MODEL).items()
              if (hits := mode_definitions(source))}
-    assert found == {}, "use jaxpar._gpu_model.CommandBufferMode"
+    assert found == {}, "use jaxpar._model.gpu.CommandBufferMode"
 
 
 def test_xla_flags_is_read_and_written_in_one_module() -> None:

@@ -6,13 +6,13 @@ pricing. Each family is a ``frozenset`` of names built here from the primitive
 objects themselves: ``jax.extend.core.primitives`` and ``jax.lax`` where JAX
 exports them, ``_compat.internal_primitive`` where only its internal modules
 hold them. A name is therefore never a guess (``"clamp_p"`` names no primitive;
-``clamp_p.name`` is ``"clamp"``), and ``tests/test_primitives.py`` checks every
+``clamp_p.name`` is ``"clamp"``), and ``tests/test_program_primitives.py`` checks every
 entry against the primitives the running jax defines.
 
 Example::
 
-    from jaxpar import _primitives
-    if eqn.primitive.name in _primitives.COLLECTIVE: ...
+    from jaxpar._program import primitives
+    if eqn.primitive.name in primitives.COLLECTIVE: ...
 
 Sharp edges:
   * A primitive that only some supported jax releases define (listed in
@@ -32,9 +32,9 @@ import jax.extend.core as _jex_core
 import jax.extend.core.primitives as _exported
 from jax import lax as _lax
 
-from . import _compat, _ops
-from ._channel import CHANNEL
-from ._compat import JaxprEqn
+from .. import _compat, _ops
+from .._channel import CHANNEL
+from .._compat import JaxprEqn
 
 # The attribute names each family was built from, and those this jax lacks (for tests).
 FAMILY_ATTRIBUTES: dict[str, tuple[str, ...]] = {}
@@ -74,7 +74,7 @@ def _family(family: str, *attributes: str) -> frozenset[str]:
 def _name(attribute: str) -> str:
     """The name of one primitive every supported jax defines (its attribute without
     ``_p`` should a release keep the object where ``_lookup`` does not look, so that
-    ``import jaxpar`` never fails on it; ``tests/test_primitives.py`` checks the lookup)."""
+    ``import jaxpar`` never fails on it; ``tests/test_program_primitives.py`` checks the lookup)."""
     found = _family(attribute.removesuffix("_p"), attribute)
     return next(iter(found)) if found else attribute.removesuffix("_p")
 
@@ -195,7 +195,7 @@ MAY_FUSE_AWAY = _family(
 # them serially (``CanRunConcurrently`` in xla/service/gpu/gpu_hlo_ordering.cc keeps dots,
 # convolutions and library calls out of its concurrent regions; collectives use their
 # own streams), and so do jaxpar's models of the branching CUDA-graph modes
-# (``_plan.modes``, ``_memory``).
+# (``_plan.modes``, ``_model.memory``).
 SERIAL_KERNELS = frozenset({DOT_GENERAL, CONV}) | COLLECTIVE | _family(
     "SERIAL_KERNELS", "sort_p", "fft_p", "cholesky_p", "lu_p", "qr_p", "eigh_p", "svd_p",
     "triangular_solve_p", "householder_product_p")

@@ -1,4 +1,4 @@
-"""Every primitive name in ``jaxpar._primitives`` is one the running jax defines.
+"""Every primitive name in ``jaxpar._program.primitives`` is one the running jax defines.
 
 The families are built from JAX's primitive objects, so a misspelt attribute
 leaves a name out silently: these tests make that loud, and check that the
@@ -10,7 +10,9 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxpar import _compat, _cost, _ops, _primitives, targets
+from jaxpar import _compat, _ops, targets
+from jaxpar._model import cost as _cost
+from jaxpar._program import primitives as _primitives
 
 _RELEASE = ".".join(str(part) for part in _compat.JAX_VERSION[:2])
 

@@ -9,7 +9,7 @@ Loops multiply their body by the trip count, ``cond`` takes its dearest
 branch, and every other equation with nested jaxprs sums them, through one
 generic recursion over every jaxpr-valued parameter.
 
-On target ``"gpu"`` the figures are the GPU model's (``jaxpar._gpu_model``: a dot's
+On target ``"gpu"`` the figures are the GPU model's (``jaxpar._model.gpu``: a dot's
 peak is the tensor-core peak at JAX's default float32 precision, the floor its
 ``kernel_floor_s``); each target's profile is its module's (``jaxpar.targets``).
 
@@ -33,12 +33,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import _compat, _primitives
-from ._compat import JaxprEqn, JaxprLike
-from ._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode
-from ._loops import static_trip_count
-from ._memo import IdentityMemo
-from .targets.profile import DeviceProfile as DeviceProfile
+from .. import _compat
+from .._compat import JaxprEqn, JaxprLike
+from .._memo import IdentityMemo
+from .._program import primitives as _primitives
+from .._program.loops import static_trip_count
+from ..targets.profile import DeviceProfile as DeviceProfile
+from .gpu import MIN_GRAPH_SIZE, CommandBufferMode
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ ZERO = Cost()
 @dataclasses.dataclass(frozen=True, slots=True)
 class LaunchPrices:
     """What one kernel launch costs a level in a CUDA-graph mode, for the passes that
-    trade launches (the batching passes): the GPU model's figures (``_gpu_model``),
+    trade launches (the batching passes): the GPU model's figures (``_model.gpu``),
     read as ``jaxpar._plan.modes`` and ``jaxpar._compiled.estimate`` read them.
 
     Attributes:
@@ -111,7 +112,7 @@ def launch_prices(profile: DeviceProfile, mode: CommandBufferMode | None,
     CUDA graph (any mode but ``off``) costs the graph's floor, one launched alone the
     device's; only a branching graph (``concurrent``, ``concurrent_regions``; at least
     ``MIN_GRAPH_SIZE`` kernels) runs a batched group's members side by side, and only the small
-    ones: ``serial_kernels`` (dots, convolutions: ``_primitives.SERIAL_KERNELS``) never
+    ones: ``serial_kernels`` (dots, convolutions: ``_program.primitives.SERIAL_KERNELS``) never
     overlap, so each costs its floor and its node there."""
     gpu = profile.gpu
     if gpu is None or mode is None:
@@ -244,8 +245,8 @@ def _default_rule(model: CostModel, eqn: JaxprEqn) -> Cost:
 
 
 def known_while_trip_count(eqn: JaxprEqn) -> int | None:
-    """Trip count of a counting ``while`` with constant bounds (``_loops.static_trip_count``),
-    exactly as the loop runs it; None otherwise."""
+    """Trip count of a counting ``while`` with constant bounds
+    (``_program.loops.static_trip_count``), exactly as the loop runs it; None otherwise."""
     return static_trip_count(eqn).trips
 
 

@@ -1,9 +1,9 @@
 """The one GPU model: every figure of each GPU kind, and XLA's command-buffer modes.
 
 Everything in jaxpar that prices GPU work reads its figures here: the cost model of the
-planner (``_cost.device_profile``), the pricing of stream sections (``_plan.pricing``), the
+planner (``_model.cost.device_profile``), the pricing of stream sections (``_plan.pricing``), the
 estimate of compiled programs (``_compiled.estimate``) and ``gpu_preview``. No other module
-defines a GPU figure or a command-buffer mode (``tests/test_gpu_model.py`` fails if one
+defines a GPU figure or a command-buffer mode (``tests/test_model_gpu.py`` fails if one
 does).
 
 A calibration profile measured on a real GPU (``benchmarks/calibrate.py``) replaces the

@@ -2,9 +2,9 @@
 compiled (``LevelModel``): the one timing model that ``_plan.gpu_time`` prices planned
 programs by (what ``_plan.modes`` chooses the mode by) and ``passes.unroll_scans`` prices
 a scan's unroll factors by, so the factor it picks is the one the plan's estimate finds
-cheapest. It runs each level on the one GPU simulator (``_gpu_timeline``), which the
+cheapest. It runs each level on the one GPU simulator (``_model.gpu_timeline``), which the
 compiled program's replay (``_compiled.replay``) runs too; the host's time is summed
-beside the device's (``_gpu_timeline`` says why the two model the host apart).
+beside the device's (``_model.gpu_timeline`` says why the two model the host apart).
 
 The model of one jaxpr level, in a mode:
 
@@ -12,9 +12,9 @@ The model of one jaxpr level, in a mode:
   at bandwidth, whichever is longer), at least a kernel floor per kernel (a graph's
   ``graph_floor_s`` inside a CUDA graph, ``kernel_floor_s`` launched alone); the work of
   every node goes through the one device (overlap hides kernel floors, never work): the
-  device, the streams and the node order below are ``_gpu_timeline``'s, the GPU simulator
+  device, the streams and the node order below are ``_model.gpu_timeline``'s, the GPU simulator
   that ``jaxpar._compiled.estimate`` runs the compiled program on too (why the host is
-  modelled apart in each: ``_gpu_timeline``'s docstring);
+  modelled apart in each: ``_model.gpu_timeline``'s docstring);
 * a loop (``scan``, ``while``) is never captured (WHILE is no default command type): it
   runs alone on the stream, its body priced per trip in the same mode (a body of at
   least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``scan`` runs as XLA
@@ -25,13 +25,13 @@ The model of one jaxpr level, in a mode:
   program); a ``cond`` costs its dearest branch; other calls
   their body;
 * the other nodes of the level form one graph when at least ``MIN_GRAPH_SIZE`` of their
-  kernels are ones XLA cannot fuse away (not ``_primitives.MAY_FUSE_AWAY``: a
+  kernels are ones XLA cannot fuse away (not ``_program.primitives.MAY_FUSE_AWAY``: a
   concatenate may join a GEMM's prologue) and graphs are on (host: one graph launch plus
   a node each, ``GpuProfile.node_s``: about nothing for a chain, up to a microsecond for
   a branching graph), else each is launched alone (host: ``launch_s`` each); in the
   branching modes a small node starts when its inputs are ready, at most
   ``hardware_queues`` at once, while a dot, a convolution, a library call or a
-  collective (``_memory.SERIAL``) starts after everything before it and holds back
+  collective (``_model.memory.SERIAL``) starts after everything before it and holds back
   everything after it (they fill the GPU: XLA's own ``CONCURRENT_REGIONS`` rule, with
   no public evidence that overlapping them pays); in the other modes a node starts after
   the one before;
@@ -62,13 +62,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import _compat
-from ._compat import JaxprEqn, JaxprLike
-from ._cost import CostModel, known_while_trip_count
-from ._gpu_model import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
-from ._gpu_timeline import Device, LaunchSequence, Streams
-from ._memo import IdentityMemo
-from ._primitives import COND, HOST_CALLBACKS, MAY_FUSE_AWAY, SCAN, SERIAL_KERNELS, WHILE
+from .. import _compat
+from .._compat import JaxprEqn, JaxprLike
+from .._memo import IdentityMemo
+from .._program.primitives import COND, HOST_CALLBACKS, MAY_FUSE_AWAY, SCAN, SERIAL_KERNELS, WHILE
+from .cost import CostModel, known_while_trip_count
+from .gpu import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
+from .gpu_timeline import Device, LaunchSequence, Streams
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -295,7 +295,7 @@ def _fused_kernel(planned: Sequence[_Entry], loose: float) -> list[_Entry]:
 def _timeline(gpu: GpuProfile, planned: Sequence[_Entry], lanes: Mapping[int, int],
               graphs: bool, branching: bool) -> tuple[float, float, float]:
     """When the level's last node finishes on the device, the seconds of its loops
-    and conds, and its work: nodes in order on the one GPU simulator (``_gpu_timeline``),
+    and conds, and its work: nodes in order on the one GPU simulator (``_model.gpu_timeline``),
     each after its inputs and (serial modes, serial kernels) everything before it; a
     region's nodes on its own stream."""
     floor_each = gpu.floor_s(graphs)

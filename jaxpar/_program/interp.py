@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import _compat
-from ._compat import Atom
+from .. import _compat
+from .._compat import Atom
 
 
 class Env:

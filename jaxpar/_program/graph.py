@@ -27,8 +27,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import _compat
-from ._compat import JaxprLike
+from .. import _compat
+from .._compat import JaxprLike
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _compat
-from ._compat import Atom, JaxprEqn, JaxprLike
-from ._memo import IdentityMemo
+from .. import _compat
+from .._compat import Atom, JaxprEqn, JaxprLike
+from .._memo import IdentityMemo
 
 # Compared by type and value.
 _ATOMIC_TYPES = frozenset({int, bool, str, type(None), np.dtype})

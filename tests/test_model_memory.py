@@ -1,4 +1,4 @@
-"""The memory model (``jaxpar/_memory.py``): temporary bytes of a jaxpr by CUDA-graph mode.
+"""The memory model (``jaxpar/_model/memory.py``): temporary bytes of a jaxpr by CUDA-graph mode.
 
 On hand-built programs whose buffers can be counted by hand: what is a buffer (a dot's
 result, elementwise work a dot reads, a broadcast a loop holds) and what is not
@@ -20,8 +20,8 @@ from helpers.environment import needs_plugin
 from jax import lax
 
 from jaxpar._analysis import Analysis
-from jaxpar._gpu_model import CommandBufferMode
-from jaxpar._memory import MemoryModel, format_bytes, stacking_refusal
+from jaxpar._model.gpu import CommandBufferMode
+from jaxpar._model.memory import MemoryModel, format_bytes, stacking_refusal
 from jaxpar._options import Options
 
 LHS, CONCURRENT = CommandBufferMode.LHS, CommandBufferMode.CONCURRENT
@@ -221,7 +221,7 @@ def test_least_bytes_reads_the_level_traced_before(mode: CommandBufferMode,
     fresh = _model().least_bytes(closed)
     model = _model()
     model.temp_bytes(closed, mode)
-    from jaxpar import _memory
+    from jaxpar._model import memory as _memory
 
     traced: list[Any] = []
     trace = _memory._Buffers.trace
