@@ -57,8 +57,10 @@ from typing import Any, NamedTuple
 
 import jax
 
-from . import _processes, targets
+from . import _processes
 from ._flags import xla_flags_text
+from .targets.candidates import Candidate as Candidate
+from .targets.candidates import declared as declared_candidates
 
 TUNE_DIR_VARIABLE = "JAXPAR_TUNE_DIR"
 READ_ONLY_VARIABLE = "JAXPAR_TUNE_READ_ONLY"
@@ -67,55 +69,17 @@ DECISION_FORMAT = "jaxpar-tune-decision"
 DECISION_VERSION = 3  # 2: the TPU's candidates; 3: unrolled by 16, scans fused, whiles
 
 
-class Candidate(NamedTuple):
-    """One program the tuner may run: a label and the options it overrides.
-
-    ``overrides`` None is plain ``jax.jit`` of the original function; a mapping is
-    jaxpar with those ``Options`` fields replaced (empty: the options as given).
-    """
-
-    label: str
-    overrides: Mapping[str, Any] | None
-    # The targets the candidate is a program of its own on (None: every one); elsewhere it
-    # is the chosen options' program, not timed again.
-    targets: tuple[str, ...] | None = None
-
-
 PLAIN = "jax.jit"
 MARGIN = 0.03  # a rewrite must be this much faster than plain jax.jit to be chosen
 LOSER_MARGIN = 0.25  # this much slower than the best: stop timing it
 
-# The programs the tuner compares, in the order ties are broken (earlier wins). "chosen
-# options" is jaxpar with the XLA options its plan chooses per function; "user's mode"
-# is jaxpar compiled with the process's own XLA options. Until the plan chooses XLA
-# options per function the two are one program, and on the CPU target they always
-# are: the tuner then compiles and times it once.
-# On a TPU the rows that make sense there: the plan's loops without their block reading
-# (rolled), lax.scan's own unroll by 8 instead, and identical scans not batched.
-# The labels, in that order; each target declares the ones it times and their overrides
-# (``Target.candidates``, jaxpar/targets/), and a row's ``targets`` are those that declare it.
-ORDER: tuple[str, ...] = (
-    "jaxpar (user's mode)", "jaxpar without stream regions", "jaxpar without matmul batching",
-    "jaxpar without unrolling", "jaxpar unrolled by 8", "jaxpar unrolled by 16",
-    "jaxpar without scan batching", "jaxpar with scans fused", "jaxpar, while loops by 4")
-
-
-def _declared(label: str) -> Candidate:
-    """The row of ``label``: the overrides its targets declare (one mapping: a label
-    means one program), and those targets."""
-    declaring = [t for t in targets.known() if label in t.candidates]
-    overrides = {repr(dict(t.candidates[label])) for t in declaring}
-    if len(overrides) != 1:
-        raise ValueError(f"tuning candidate {label!r}: declared by no target, or with "
-                         f"different overrides ({sorted(overrides)}); see jaxpar/targets/")
-    return Candidate(label, dict(declaring[0].candidates[label]),
-                     tuple(t.name for t in declaring))
-
-
+# The programs the tuner compares, in the order ties are broken (earlier wins): plain
+# jax.jit, jaxpar with the options as given ("chosen options": the XLA options its plan
+# chooses per function), then the rows the targets declare (``targets.candidates``).
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate(PLAIN, None),
     Candidate("jaxpar (chosen options)", {}),
-    *(_declared(label) for label in ORDER),
+    *declared_candidates(),
 )
 CHOSEN = CANDIDATES[1].label
 

@@ -380,7 +380,7 @@ def route(state: CallState, mode: Mode, options: Options, jax_miss: Miss,
         out = _nnx_call(state, fast, args, kwargs)
         return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs))
     layout, leaves = split_arguments(state.fun, args, kwargs, state.static_args)
-    if splits_statics(layout):
+    if splits_statics(state, layout, args, kwargs):
         out = flat_call(state, fast, layout, False, leaves, args, kwargs)
         return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs))
     key = CallKey(layout, False, True, mode.rewrite, mode.settings, 0)
@@ -419,15 +419,25 @@ def runs_routed(state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any])
     if holds_nnx_object((args, kwargs)):
         return False
     layout, _ = split_arguments(state.fun, args, kwargs, state.static_args)
-    return not splits_statics(layout)
+    return not splits_statics(state, layout, args, kwargs)
 
 
-def splits_statics(layout: Layout) -> bool:
+def splits_statics(state: CallState, layout: Layout, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> bool:
     """Whether the call holds static leaves of jaxpar's (strings, functions, objects, an
-    Equinox module's Python scalars), which JAX's dispatch cannot take as such: a static
-    leaf that ``static_argnums``/``static_argnames`` did not name (those are one
-    ``StaticArg`` leaf each, which JAX's dispatch hashes itself)."""
-    return any(not isinstance(value, StaticArg) for _, _, value in layout.statics)
+    Equinox module's Python scalars), which JAX's dispatch cannot take as such (``args``
+    may be abstract: only the static arguments' places are read)."""
+    return len(layout.statics) > _declared_statics(state, args, kwargs)
+
+
+def _declared_statics(state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """How many of this call's arguments ``static_argnums``/``static_argnames`` name (each
+    one static leaf, which JAX's dispatch hashes itself)."""
+    statics = state.static_args
+    if not statics.nums and not statics.names:
+        return 0
+    count = len({i % len(args) for i in statics.nums if -len(args) <= i < len(args)})
+    return count + sum(1 for name in statics.names if name in kwargs)
 
 
 def _prepare_signature(state: CallState, key: CallKey, leaves: Sequence[Any]) -> Options:

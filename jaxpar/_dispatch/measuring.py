@@ -525,7 +525,9 @@ def _build_candidates(state: CallState, pending: Pending, arguments: list[Any]
     # Calls jaxpar splits (Flax NNX objects; static leaves of its own, such as an Equinox
     # module's functions) run in its keyed jits, whose arguments are the split's leaves:
     # their candidates too, not over the call's own arguments (which JAX cannot take).
-    as_called = not pending.key.nnx and not splits_statics(pending.key.layout)
+    layout = pending.key.layout
+    as_called = not pending.key.nnx and not splits_statics(state, layout,
+                                                           *layout.rebuild(arguments))
     programs = candidate_programs(state, pending.key, arguments, compile_them=True,
                                   check=check, as_called=as_called)
     own = [p for p in programs if own_program(p.candidate, pending.key)]
