@@ -521,3 +521,22 @@ def test_a_round_makes_calls_for_about_5_ms_at_most_8_and_1_gib_of_outputs():
     assert _tune.round_calls(0.005) == _tune.round_calls(2.0) == 1  # a call a round
     assert _tune.round_calls(1e-4, out_bytes=_tune.ROUND_BYTES // 3) == 3
     assert _tune.round_calls(1e-4, out_bytes=2 * _tune.ROUND_BYTES) == 1
+
+
+def test_a_build_stopped_before_any_rewrite_is_not_nothing_to_measure(
+        manual, monkeypatch, tune_dir):
+    """unroll=None: the plan is jax.jit's program, lax.scan's unroll by 8 is not. A
+    deadline that stops the build after the two always built leaves no other program to
+    time: that is not "every candidate compiles to jax.jit's program", and no decision is
+    stored for later processes (they build again)."""
+    timed = fake_timer(monkeypatch, {"jaxpar unrolled by 8": 0.5})
+    monkeypatch.setattr(measuring, "BUILD_DEADLINE_FACTOR", 0.0)
+    monkeypatch.setattr(measuring, "BUILD_DEADLINE_MIN_S", 0.0)
+    f = measured_loop(unroll=None)
+    for out in drive(f, manual, calls=4):
+        assert_tree_equal(out, jax.jit(loop)(C, XS))
+    tuning = f.tuning(C, XS)
+    assert timed == []
+    assert tuning.chosen == PLAIN and tuning.source != measuring.NOTHING_TO_MEASURE
+    assert "stopped at the deadline" in tuning.verdict()
+    assert not list(tune_dir.rglob("*.json"))

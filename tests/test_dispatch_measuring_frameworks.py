@@ -8,6 +8,7 @@ included."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +214,94 @@ def test_the_first_nnx_and_equinox_calls_trace_as_often_as_their_jits(manual):
     count[0] = 0
     jaxpar.parallel_branches(counted, target="tpu", measure=True)(equinox_model(eqx), xs)
     assert count[0] == want == 1
+
+
+def holder_module(nnx: Any, steps: int) -> Any:
+    """An NNX module holding its inputs: a call passes the module alone (the NNX path
+    then runs nnx.jit's program, also for a module of tracers under an outer trace).
+    One class for every call (the path is chosen by the arguments' types)."""
+    if "Holder" not in _HOLDER:
+
+        class Holder(nnx.Module):
+            def __init__(self, steps: int) -> None:
+                self.xs = nnx.Param(jnp.linspace(-1.0, 1.0, steps * 4).reshape(steps, 4))
+
+            def __call__(self) -> jax.Array:
+                return lax.scan(lambda c, x: (0.9 * c + 0.1 * jnp.sin(x), c[0]),
+                                jnp.zeros(4), self.xs[...])[1]
+
+        _HOLDER["Holder"] = Holder
+    return _HOLDER["Holder"](steps)
+
+
+_HOLDER: dict[str, Any] = {}
+
+
+def call_holder(model: Any) -> jax.Array:
+    return model()
+
+
+def summed(inner: Any) -> Any:
+    def outer(model: Any) -> jax.Array:
+        return inner(model).sum()
+
+    return outer
+
+
+def test_an_nnx_call_under_nnx_jit_is_not_measured_and_runs(manual, monkeypatch):
+    # The first top-level call installs the NNX router; a call of a new signature under
+    # an outer nnx.jit then traces the function anew with tracers in the module: no call
+    # to measure (it raised ConcretizationTypeError registering it): it runs as
+    # nnx.jit's would and registers nothing.
+    nnx = pytest.importorskip("flax.nnx")
+    fake_timer(monkeypatch, {REWRITE: 0.5})
+    f = jaxpar.parallel_branches(call_holder, target="tpu", measure=True)
+    f(holder_module(nnx, STEPS))
+    manual.run()
+    got = nnx.jit(summed(f))(holder_module(nnx, STEPS // 2))  # a new signature
+    want = nnx.jit(summed(call_holder))(holder_module(nnx, STEPS // 2))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    tuner = f._state.tuner
+    assert len(tuner.pending) + len(tuner.decisions) == 1  # the top-level signature only
+
+
+def test_a_decorated_nnx_function_calling_another_is_measured(manual, monkeypatch):
+    # The inner function's call under the outer one's trace leaves the outer's 'traced
+    # anew' for it: the outer signature is registered (measured), the inner's traced
+    # call is not (it raised ConcretizationTypeError registering the inner one).
+    nnx = pytest.importorskip("flax.nnx")
+    fake_timer(monkeypatch, {REWRITE: 0.5})
+    inner = jaxpar.parallel_branches(call_holder, target="tpu", measure=True)
+    inner(holder_module(nnx, STEPS))  # installs its NNX router
+    manual.run()
+    outer = jaxpar.parallel_branches(summed(inner), target="tpu", measure=True)
+    got = outer(holder_module(nnx, STEPS))
+    want = nnx.jit(summed(call_holder))(holder_module(nnx, STEPS))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert len(outer._state.tuner.pending) == 1
+    assert len(inner._state.tuner.pending) + len(inner._state.tuner.decisions) == 1
+
+
+def test_a_split_calls_first_call_time_is_what_its_build_deadline_counts(manual, monkeypatch):
+    # The build's deadline is a multiple of the first call (trace, compile, run). A call
+    # jaxpar splits (NNX objects, an Equinox module) registers its signature after it
+    # ran; its first call's time is still what is counted.
+    nnx = pytest.importorskip("flax.nnx")
+    eqx = pytest.importorskip("equinox")
+    started: list[float] = []
+    original = measuring.MeasuringTuner.start
+
+    def start(self: Any, state: Any, pending: Any, *first_call_s: Any) -> None:
+        original(self, state, pending, *first_call_s)
+        started.append(pending.first_call_s)
+
+    monkeypatch.setattr(measuring.MeasuringTuner, "start", start)
+
+    def slow(model: Any, xs: jax.Array) -> jax.Array:
+        time.sleep(0.3)  # a trace of 0.3 s at least
+        return run_model(model, xs)
+
+    jaxpar.parallel_branches(slow, target="tpu", measure=True)(rnn_module(nnx), XS)
+    jaxpar.parallel_branches(slow, target="tpu", measure=True)(equinox_model(eqx),
+                                                               jnp.zeros((STEPS, 8)))
+    assert len(started) == 2 and min(started) >= 0.3

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -329,21 +330,26 @@ def measured_split(state: CallState, mode: Mode, args: tuple[Any, ...],
 
 
 def measure_new_trace(state: CallState, mode: Mode, out: Any, args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> Any:
-    """``out``, after a call jaxpar split (NNX objects, static leaves): where it traced a
-    signature anew and the measuring tuner takes it, the signature is registered and
-    started as ``route`` does for the C++ path's calls (it ran ``jax.jit``'s program, as
-    the trace found no decision). Costs one split of the arguments, once per signature."""
-    if not CHANNEL.traced_anew:
-        return out
-    CHANNEL.traced_anew = False
+                      kwargs: dict[str, Any], started: float) -> Any:
+    """``out``, after a call jaxpar split (NNX objects, static leaves) that began at
+    ``started`` (``time.perf_counter``): where it traced a signature anew at the top level
+    and the measuring tuner takes it, the signature is registered and started as
+    ``route`` does for the C++ path's calls (it ran ``jax.jit``'s program, as the trace
+    found no decision), its first call's time counted from ``started``. Costs one split
+    of the arguments, once per signature. Never raises: measuring never breaks a call (the
+    signature then runs ``jax.jit``'s program)."""
+    traced, CHANNEL.traced_anew = CHANNEL.traced_anew, False
     tuner = state.tuner
-    if tuner is None or tuner.synchronous or not mode.rewrite:
+    if not traced or tuner is None or tuner.synchronous or not mode.rewrite \
+            or not _compat.top_level():  # a trace under an outer one is no call to measure
         return out
-    key, leaves = measured_split(state, mode, args, kwargs)
-    measured = tuner.register(state, key, leaves)
+    try:
+        key, leaves = measured_split(state, mode, args, kwargs)
+        measured = tuner.register(state, key, leaves)
+    except Exception:
+        return out
     if measured is not None:
-        tuner.start(state, measured)
+        tuner.start(state, measured, time.perf_counter() - started)
     return out
 
 
@@ -370,19 +376,21 @@ def route(state: CallState, mode: Mode, options: Options, jax_miss: Miss,
     if fast.mode != mode or (fast.options != options and options not in fast.others):
         # The environment changed since this jit was installed.
         return _uncached(fast.routed.call(*args, **kwargs))
+    started = time.perf_counter()
+    CHANNEL.traced_anew = False  # what this call's split path traces sets it
     remembered = memo_split(state, fast, args, kwargs) if fast.splits else None
     if remembered is not None:
         split, flat_leaves = remembered
         out = fast.flat(state, split.donated)((split.layout, False),
                                               *[flat_leaves[i] for i in split.traced])
-        return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs))
+        return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs, started))
     if holds_nnx_object((args, kwargs)):
         out = _nnx_call(state, fast, args, kwargs)
-        return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs))
+        return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs, started))
     layout, leaves = split_arguments(state.fun, args, kwargs, state.static_args)
     if splits_statics(state, layout, args, kwargs):
         out = flat_call(state, fast, layout, False, leaves, args, kwargs)
-        return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs))
+        return _uncached(measure_new_trace(state, fast.mode, out, args, kwargs, started))
     key = CallKey(layout, False, True, mode.rewrite, mode.settings, 0)
     tuner = state.tuner
     # A signature the measuring tuner takes runs jax.jit's program until decided: known
@@ -569,10 +577,15 @@ def _nnx_router(ref: weakref.ref[CallState], mode: Mode, call: Any, nnx_jitted: 
         nnx = nnx or kind not in _ROUTED_LEAVES
     if not nnx:
         return call(*args, **kwargs)
-    out = nnx_jitted(*args, **kwargs)
-    if CHANNEL.traced_anew:  # nnx.jit traced a new signature
-        measure_new_trace(_alive(ref), mode, out, args, kwargs)
-    return out
+    # The flag of an enclosing trace (this call inside another decorated function's) is
+    # kept for it: this call says only whether nnx.jit traced a new signature of its own.
+    enclosing, CHANNEL.traced_anew = CHANNEL.traced_anew, False
+    try:
+        started = time.perf_counter()
+        out = nnx_jitted(*args, **kwargs)
+        return measure_new_trace(_alive(ref), mode, out, args, kwargs, started)
+    finally:
+        CHANNEL.traced_anew = enclosing and not _compat.top_level()
 
 
 def _nnx_flat_call(state: CallState, fast: FastPath, args: tuple[Any, ...],

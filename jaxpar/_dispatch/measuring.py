@@ -354,11 +354,15 @@ class MeasuringTuner(CallTuner):
                 plain, by_shape, tuple(map(abstract_argument, leaves)))
         return pending
 
-    def start(self, state: CallState, pending: Pending) -> None:
-        """After that first call ran: the next call is a boundary, which queues the
-        candidates' build on the measuring thread (so that nothing of it competes with
-        the first call for the host), and under several processes decides together."""
-        pending.first_call_s = _clock() - pending.registered
+    def start(self, state: CallState, pending: Pending,
+              first_call_s: float | None = None) -> None:
+        """After that first call ran (``first_call_s``: its time, where the signature was
+        registered after it ran; else since ``register``): the next call is a boundary,
+        which queues the candidates' build on the measuring thread (so that nothing of it
+        competes with the first call for the host), and under several processes decides
+        together."""
+        pending.first_call_s = (_clock() - pending.registered if first_call_s is None
+                                else first_call_s)
         with self.lock:
             self.deferred.append(pending)
         set_boundary(state, functools.partial(boundary_call, weakref.ref(state)))
@@ -438,6 +442,12 @@ class MeasuringTuner(CallTuner):
         if pending.stored is not None:
             return pending.stored
         if sum(1 for p in live if p.run is not None) < 2:
+            if pending.built is not None:
+                # The deadline stopped the build before a program other than jax.jit's:
+                # not a decision to store (a later process builds again).
+                return untimed(PLAIN, NOT_MEASURED, pending.name, self.budget,
+                               why=f"{pending.built}, before any program other than "
+                                   "jax.jit's was built; jax.jit's program runs")
             # Every candidate is jax.jit's program: nothing to time.
             return store(untimed(PLAIN, NOTHING_TO_MEASURE, pending.name, self.budget),
                          pending.fields)

@@ -90,8 +90,10 @@ class CallTuner:
         after it (the measuring tuner's; this tuner decided in ``decide``)."""
         return None
 
-    def start(self, state: CallState, registered: Any) -> None:
-        """After that call ran (see ``register``)."""
+    def start(self, state: CallState, registered: Any,
+              first_call_s: float | None = None) -> None:
+        """After that call ran (see ``register``; ``first_call_s``: its time, where it was
+        registered after it ran)."""
 
     def forget(self, registered: Any) -> None:
         """That call raised: what ``register`` made is dropped."""
