@@ -736,9 +736,12 @@ def load(key: str) -> Tuning | None:
         if chosen not in labels or [row.label for row in rows] != labels:
             raise ValueError(f"its candidates are not this jaxpar's {labels}")
         combine = document.get("combine")
+        built = document.get("built")
         return Tuning(chosen, rows, STORED, key, str(path), float(document["margin"]),
                       int(document.get("processes", 1)),
-                      None if combine is None else str(combine))
+                      None if combine is None else str(combine),
+                      round_calls=int(document.get("round_calls", 1)),
+                      built=None if built is None else str(built))
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         warnings.warn(f"jaxpar tuner: ignoring the corrupt decision file {path} ({error}); "
                       "measuring again and replacing it", TuneCacheWarning, stacklevel=3)
@@ -753,7 +756,10 @@ def store(tuning: Tuning, fields: Mapping[str, Any]) -> Tuning:
     document = {"format": DECISION_FORMAT, "version": DECISION_VERSION, "key": tuning.key,
                 "chosen": tuning.chosen, "margin": tuning.margin,
                 "processes": tuning.processes, "combine": tuning.combine,
-                "rows": [row._asdict() for row in tuning.rows], "keyed_by": dict(fields)}
+                "rows": [row._asdict() for row in tuning.rows], "keyed_by": dict(fields),
+                # How it was timed, and a build the deadline stopped (a later process reads
+                # the decision and says so).
+                "round_calls": tuning.round_calls, "built": tuning.built}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Readable by its owner only (0600): a decision names the program's shapes, the

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from helpers.benchmarks import load_benchmark
-from helpers.environment import needs_plugin
+from helpers.environment import needs_plugin, runs_scripts
 
 bench = load_benchmark("run")
 
@@ -133,6 +133,7 @@ def test_dispatch_times_every_variant_of_every_program(tmp_path: Any) -> None:
     assert written["geomean jaxpar"]["loop"] > 0
 
 
+@runs_scripts
 def test_tpu_script_dry_run(tmp_path: Any) -> None:
     """``benchmarks/tpu.sh --dry-run`` on the CPU: the calibration writes a TPU profile's
     figures, and the seed part times plain, jaxpar and the hand-written variants of the
@@ -160,6 +161,7 @@ def test_tpu_script_dry_run(tmp_path: Any) -> None:
     assert all(all(entry["values_match"].values()) for entry in seeds.values())
 
 
+@runs_scripts
 def test_tpu_script_passes_options_and_keeps_each_runs_summary(tmp_path: Any) -> None:
     """Options after the parts reach ``benchmarks/tpu.py`` (``--only`` picks programs),
     and a second run into the same folder adds its part's summary to the first's."""
@@ -208,6 +210,7 @@ def test_tpu_script_passes_options_and_keeps_each_runs_summary(tmp_path: Any) ->
     assert done.returncode == 2 and "come after RESULTS_DIR and PARTS" in done.stderr
 
 
+@runs_scripts
 def test_gpu_script_dry_run(tmp_path: Any) -> None:
     """``benchmarks/gpu.sh --dry-run`` on the CPU: calibration and one measured suite
     program at tiny sizes, the GPU-only steps skipped with a message, nothing installed
@@ -281,6 +284,7 @@ def test_compile_time_quick_compares_plain_and_jaxpar(tmp_path: Any) -> None:
         assert row["ratio"] == row["jaxpar"]["compile_s"] / row["plain"]["compile_s"]
 
 
+@runs_scripts
 def test_measure_script_measures_the_tpus_candidates_on_the_cpu(tmp_path: Any, monkeypatch
                                                                ) -> None:
     """``benchmarks/measure_tpu.py --cpu --target tpu``: one seed program, its first calls,
@@ -312,6 +316,7 @@ def test_measure_script_measures_the_tpus_candidates_on_the_cpu(tmp_path: Any, m
     assert "second process" in summary.stdout
 
 
+@runs_scripts
 def test_measure_script_reports_first_calls_where_nothing_pays(tmp_path: Any) -> None:
     """``benchmarks/measure_tpu.py --first N``: the first calls only, N of each variant, the
     median ratio, its spread and how often each variant traced the function (once)."""

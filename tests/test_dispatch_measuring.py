@@ -457,6 +457,10 @@ def test_the_build_stops_at_its_deadline_and_what_was_built_is_timed(manual, mon
     assert "stopped at the deadline (25 s)" in tuning.built
     assert tuning.built in "\n".join(tuning.lines())
     assert tuning.built in jaxpar.inspect(f)(C, XS).text()
+    # Stored with the decision: a later process reads where its build stopped.
+    stored = _tune.load(tuning.key)
+    assert stored is not None and stored.source == _tune.STORED
+    assert (stored.built, stored.round_calls) == (tuning.built, tuning.round_calls)
     assert "jaxpar without unrolling" not in timed and "jaxpar unrolled by 8" in timed
     assert tuning.row("jaxpar without unrolling").median_s is None
     assert_tree_close(f(C, XS), want, rtol=1e-5, atol=1e-6)

@@ -31,6 +31,15 @@ if not PLUGIN_OK and os.environ.get("JAXPAR_PLUGIN_LEFT_OUT"):
                       "compiles run in scripts/test.sh's jax 0.10.2 lane")
 needs_plugin = pytest.mark.skipif(not PLUGIN_OK, reason=PLUGIN_MESSAGE)
 
+# The benchmark scripts run end to end in a subprocess (``tests/test_benchmarks.py``): in
+# scripts/test.sh's jax 0.10.2 lane only (the TPU machine's jax), which sets nothing; the
+# jax 0.12 lane sets JAXPAR_SCRIPTS_ELSEWHERE=1 (the lanes' time, docs/benchmarks.md). Run
+# alone, they run whatever the jax.
+runs_scripts = pytest.mark.skipif(
+    os.environ.get("JAXPAR_SCRIPTS_ELSEWHERE", "") == "1",
+    reason="the benchmark scripts' end-to-end runs are in scripts/test.sh's jax 0.10.2 lane "
+           "(the TPU machine's jax); run this file alone to run them here")
+
 # `JAXPAR_FULL=1`: the full matrices, where the default run samples them (see conftest.py).
 FULL = os.environ.get("JAXPAR_FULL", "0") not in ("", "0")
 
