@@ -279,7 +279,7 @@ LAYERS = (
     ("_ops.call_rules",), ("_ops.stream_region",), ("_ops.program",), ("_ops.equations",),
     ("_ops",),
     ("_program", "_program.primitives"), ("_model", "_model.gpu"), ("targets",),
-    ("_model.gpu_timeline",), ("_flags",), ("_options",),
+    ("_model.gpu_simulator",), ("_flags",), ("_options",),
     ("_program.structure",), ("_program.loops",),
     ("_program.interp",), ("_program.graph",), ("_model.cost",), ("_model.gpu_levels",),
     ("_model.memory",), ("_analysis",),

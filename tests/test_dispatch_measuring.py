@@ -26,8 +26,8 @@ from jax import lax
 
 import jaxpar
 from jaxpar import _tune
+from jaxpar._dispatch import decisions as decisions
 from jaxpar._dispatch import measuring, shared
-from jaxpar._dispatch import tuning as tuning_module
 
 REWRITE = "jaxpar (chosen options)"
 PLAIN = _tune.PLAIN
@@ -469,10 +469,10 @@ def test_the_build_stops_at_its_deadline_and_what_was_built_is_timed(manual, mon
 def test_the_deadline_is_a_multiple_of_the_first_call_at_least_some_seconds():
     assert measuring.build_deadline_s(0.1) == measuring.BUILD_DEADLINE_MIN_S
     assert measuring.build_deadline_s(10.0) == 10.0 * measuring.BUILD_DEADLINE_FACTOR
-    assert [c.label for c in tuning_module.build_order()[:5]] == [
+    assert [c.label for c in decisions.build_order()[:5]] == [
         PLAIN, REWRITE, "jaxpar unrolled by 8", "jaxpar unrolled by 16",
         "jaxpar without unrolling"]
-    assert sorted(c.label for c in tuning_module.build_order()) == sorted(
+    assert sorted(c.label for c in decisions.build_order()) == sorted(
         c.label for c in _tune.CANDIDATES)
 
 
@@ -510,7 +510,7 @@ def test_candidates_are_compiled_with_the_functions_donation_and_shardings(
     assert built[PLAIN].jitted.lower(C, XS).as_text() == reference.lower(C, XS).as_text()
     # A round's runs donate their own copies, as many as DONATED_COPIES_BYTES allows.
     run = built[REWRITE].at([jnp.asarray(C), jnp.asarray(XS)])
-    monkeypatch.setattr(tuning_module, "DONATED_COPIES_BYTES", 2 * C.nbytes)
+    monkeypatch.setattr(decisions, "DONATED_COPIES_BYTES", 2 * C.nbytes)
     calls = run.fresh(8)
     assert len(calls) == 2
     for call in calls:

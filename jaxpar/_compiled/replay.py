@@ -1,9 +1,9 @@
 """The replay of a compiled program's thunk sequences on the GPU model (``estimate``'s
 engine): a host thread that enqueues kernels in XLA's order, and the one GPU simulator
-jaxpar has (``_model.gpu_timeline``: the device shared by CUDA streams that run kernels in
+jaxpar has (``_model.gpu_simulator``: the device shared by CUDA streams that run kernels in
 order, and the node order of a CUDA graph), plus host syncs and loops replayed trip by
 trip (three trips, the rest extrapolated). ``estimate`` says what each step models and
-where its figures come from; ``_model.gpu_timeline`` says why the host is modelled here and
+where its figures come from; ``_model.gpu_simulator`` says why the host is modelled here and
 not there (the planner, ``_plan.modes``, runs the same simulator on a jaxpr).
 
 Example::
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .._model.gpu import GpuProfile
-from .._model.gpu_timeline import Device, LaunchSequence, Streams
+from .._model.gpu_simulator import Device, LaunchSequence, Streams
 from . import hlo
 from .hlo import Instruction, Module
 from .kernels import KernelCost

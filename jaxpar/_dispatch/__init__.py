@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+from .decisions import CallTuner
 from .fast import FastPath, Mode, current, read_environment, read_gpu_environment, reset
 from .keyed import agree_across_processes, jit_for, transformed_call
 from .measuring import MeasuringTuner, check_measure
@@ -42,7 +43,6 @@ from .state import (
     weak_method,
 )
 from .trace_scopes import inside_stream_call, options_applied, stream_call_body
-from .tuning import CallTuner
 
 __all__ = [
     "CallKey",

@@ -11,7 +11,7 @@ function on this device. Per signature of a top-level call:
    function, reads a stored decision (``_tune``: keyed by the program's fingerprint, the
    device kind, the versions), and otherwise analyses, lowers and compiles the candidates
    (``_tune.CANDIDATES``) as the function's call compiles them (its ``jax.jit`` options:
-   donation, ``in_shardings``/``out_shardings``), in ``tuning.build_order`` (jax.jit's
+   donation, ``in_shardings``/``out_shardings``), in ``decisions.build_order`` (jax.jit's
    program, the plan, lax.scan's unroll by 8 and by 16, the loops rolled, the others)
    until a deadline (``BUILD_DEADLINE_FACTOR`` times the first call, at least
    ``BUILD_DEADLINE_MIN_S``): what was built by then is timed.
@@ -64,7 +64,7 @@ Sharp edges:
   * Candidates are compiled with the function's donation and shardings, as the winner
     runs. A timing run donates copies of the donated arguments, made before its round
     (not timed; the call's own arguments stay for the call): a round holds one copy a
-    call, as many calls as ``tuning.DONATED_COPIES_BYTES`` allows (one at least).
+    call, as many calls as ``decisions.DONATED_COPIES_BYTES`` allows (one at least).
   * A candidate's compile cannot be interrupted: the build's deadline is checked
     between candidates, so a build may pass it by one compile; jax.jit's program and
     the plan are always built. ``Tuning.built`` says "built N of M candidates in X s;
@@ -109,9 +109,7 @@ from .._tune import (
 )
 from .._tune import decide as decide_together
 from .._tune import measure as measure_programs
-from .fast import FastPath, current, measured_split, replace_path, runs_routed, splits_statics
-from .state import CallKey, CallState, set_boundary
-from .tuning import (
+from .decisions import (
     CalledRun,
     CallTuner,
     candidate_key_of,
@@ -122,6 +120,8 @@ from .tuning import (
     signature_of,
     traced_decision_key,
 )
+from .fast import FastPath, current, measured_split, replace_path, runs_routed, splits_statics
+from .state import CallKey, CallState, set_boundary
 
 MEASURE_VARIABLE = "JAXPAR_MEASURE"
 _NO = frozenset("0 false no off".split())  # what JAXPAR_MEASURE turns measuring off with
@@ -521,7 +521,7 @@ def build_deadline_s(first_call_s: float) -> float:
 def _build_candidates(state: CallState, pending: Pending, arguments: list[Any]
                       ) -> list[Program]:
     """The candidates compiled as the function's call compiles them (its donation and
-    shardings), in ``tuning.build_order``, until the deadline (one process: processes
+    shardings), in ``decisions.build_order``, until the deadline (one process: processes
     timing together build all, the same schedule); ``pending.built`` says where it
     stopped."""
     started = _clock()

@@ -133,7 +133,7 @@ class XlaOptionsNotAppliedWarning(UserWarning):
 
 
 class TuneHook(Protocol):
-    """What the dispatcher asks of ``tune=True`` (``_dispatch.tuning.CallTuner``)."""
+    """What the dispatcher asks of ``tune=True`` (``_dispatch.decisions.CallTuner``)."""
 
     generation: int
     synchronous: bool  # decides before a signature's first call (else after it)

@@ -2,9 +2,9 @@
 compiled (``LevelModel``): the one timing model that ``_plan.gpu_time`` prices planned
 programs by (what ``_plan.modes`` chooses the mode by) and ``passes.unroll_scans`` prices
 a scan's unroll factors by, so the factor it picks is the one the plan's estimate finds
-cheapest. It runs each level on the one GPU simulator (``_model.gpu_timeline``), which the
+cheapest. It runs each level on the one GPU simulator (``_model.gpu_simulator``), which the
 compiled program's replay (``_compiled.replay``) runs too; the host's time is summed
-beside the device's (``_model.gpu_timeline`` says why the two model the host apart).
+beside the device's (``_model.gpu_simulator`` says why the two model the host apart).
 
 The model of one jaxpr level, in a mode:
 
@@ -12,9 +12,9 @@ The model of one jaxpr level, in a mode:
   at bandwidth, whichever is longer), at least a kernel floor per kernel (a graph's
   ``graph_floor_s`` inside a CUDA graph, ``kernel_floor_s`` launched alone); the work of
   every node goes through the one device (overlap hides kernel floors, never work): the
-  device, the streams and the node order below are ``_model.gpu_timeline``'s, the GPU simulator
+  device, the streams and the node order below are ``_model.gpu_simulator``'s, the GPU simulator
   that ``jaxpar._compiled.estimate`` runs the compiled program on too (why the host is
-  modelled apart in each: ``_model.gpu_timeline``'s docstring);
+  modelled apart in each: ``_model.gpu_simulator``'s docstring);
 * a loop (``scan``, ``while``) is never captured (WHILE is no default command type): it
   runs alone on the stream, its body priced per trip in the same mode (a body of at
   least ``MIN_GRAPH_SIZE`` kernels is one graph launch per trip); a ``scan`` runs as XLA
@@ -68,7 +68,7 @@ from .._memo import IdentityMemo
 from .._program.primitives import COND, HOST_CALLBACKS, MAY_FUSE_AWAY, SCAN, SERIAL_KERNELS, WHILE
 from .cost import CostModel, known_while_trip_count
 from .gpu import MIN_GRAPH_SIZE, CommandBufferMode, GpuProfile
-from .gpu_timeline import Device, LaunchSequence, Streams
+from .gpu_simulator import Device, LaunchSequence, Streams
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -295,7 +295,7 @@ def _fused_kernel(planned: Sequence[_Entry], loose: float) -> list[_Entry]:
 def _timeline(gpu: GpuProfile, planned: Sequence[_Entry], lanes: Mapping[int, int],
               graphs: bool, branching: bool) -> tuple[float, float, float]:
     """When the level's last node finishes on the device, the seconds of its loops
-    and conds, and its work: nodes in order on the one GPU simulator (``_model.gpu_timeline``),
+    and conds, and its work: nodes in order on the one GPU simulator (``_model.gpu_simulator``),
     each after its inputs and (serial modes, serial kernels) everything before it; a
     region's nodes on its own stream."""
     floor_each = gpu.floor_s(graphs)

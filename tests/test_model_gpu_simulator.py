@@ -1,4 +1,4 @@
-"""``jaxpar/_model/gpu_timeline.py``: the one GPU simulator the planner's mode estimate and the
+"""``jaxpar/_model/gpu_simulator.py``: the one GPU simulator the planner's mode estimate and the
 compiled program's replay share, on hand-built kernels."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from jaxpar._model.gpu_timeline import Device, LaunchSequence, Streams
+from jaxpar._model.gpu_simulator import Device, LaunchSequence, Streams
 
 
 def test_overlap_hides_floors_never_work() -> None:
