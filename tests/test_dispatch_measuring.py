@@ -26,8 +26,7 @@ from jax import lax
 
 import jaxpar
 from jaxpar import _tune
-from jaxpar._dispatch import decisions as decisions
-from jaxpar._dispatch import measuring, shared
+from jaxpar._dispatch import decisions, measuring, shared
 
 REWRITE = "jaxpar (chosen options)"
 PLAIN = _tune.PLAIN
