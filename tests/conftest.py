@@ -51,6 +51,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,6 +130,24 @@ def _decorations_start_afresh() -> None:
     from jaxpar._dispatch.shared import forget_shared_states
 
     forget_shared_states()
+
+
+@pytest.fixture
+def private_decisions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The measuring tuner's decisions in this test's own folder, measuring not turned off
+    by the environment (``helpers.measuring.private_tune_dir``; the measuring tests use it
+    for every test: ``pytestmark = pytest.mark.usefixtures("private_decisions")``)."""
+    from helpers.measuring import private_tune_dir
+
+    return private_tune_dir(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def manual(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The measuring thread run by hand (``helpers.measuring.ManualWorker``)."""
+    from helpers.measuring import manual_worker
+
+    return manual_worker(monkeypatch)
 
 
 def _cpu_seconds() -> float:

@@ -7,26 +7,21 @@ cannot share keep ``jax.jit``'s program. Values against ``jax.jit`` at every cal
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers.measuring import (
-    ManualWorker,
-    compiles,
-    fake_timer,
-    manual_worker,
-    private_tune_dir,
-)
+from helpers.measuring import ManualWorker, compiles, fake_timer
 from helpers.trees import assert_tree_close, assert_tree_equal
 from jax import lax
 
 import jaxpar
 from jaxpar import _tune
 from jaxpar._dispatch import decisions, measuring, shared
+
+pytestmark = pytest.mark.usefixtures("private_decisions")
 
 REWRITE = "jaxpar (chosen options)"
 PLAIN = _tune.PLAIN
@@ -39,16 +34,6 @@ def loop(c, xs):
 
 C = np.linspace(0.0, 1.0, 8).astype(np.float32)
 XS = np.linspace(-1.0, 1.0, 200 * 8).reshape(200, 8).astype(np.float32)
-
-
-@pytest.fixture(autouse=True)
-def tune_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return private_tune_dir(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def manual(monkeypatch: pytest.MonkeyPatch) -> ManualWorker:
-    return manual_worker(monkeypatch)
 
 
 def drive(f: Any, manual: ManualWorker, *args: Any, calls: int = 3) -> list[Any]:
@@ -125,11 +110,11 @@ def test_a_slower_rewrite_is_never_kept(manual, monkeypatch):
 
 
 def test_a_stored_decision_is_compiled_in_the_background_and_nothing_is_timed(
-        manual, monkeypatch, tune_dir):
+        manual, monkeypatch, private_decisions):
     fake_timer(monkeypatch, {REWRITE: 0.5})
     first = measured_loop()
     drive(first, manual)
-    assert list(tune_dir.glob("*.json"))
+    assert list(private_decisions.glob("*.json"))
     shared.forget_shared_states()  # as in a new process
     timed = fake_timer(monkeypatch, {})
     second = measured_loop()
@@ -527,7 +512,7 @@ def test_a_round_makes_calls_for_about_5_ms_at_most_8_and_1_gib_of_outputs():
 
 
 def test_a_build_stopped_before_any_rewrite_is_not_nothing_to_measure(
-        manual, monkeypatch, tune_dir):
+        manual, monkeypatch, private_decisions):
     """unroll=None: the plan is jax.jit's program, lax.scan's unroll by 8 is not. A
     deadline that stops the build after the two always built leaves no other program to
     time: that is not "every candidate compiles to jax.jit's program", and no decision is
@@ -542,4 +527,4 @@ def test_a_build_stopped_before_any_rewrite_is_not_nothing_to_measure(
     assert timed == []
     assert tuning.chosen == PLAIN and tuning.source != measuring.NOTHING_TO_MEASURE
     assert "stopped at the deadline" in tuning.verdict()
-    assert not list(tune_dir.rglob("*.json"))
+    assert not list(private_decisions.rglob("*.json"))

@@ -9,14 +9,13 @@ included."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers.measuring import ManualWorker, fake_timer, manual_worker, private_tune_dir
+from helpers.measuring import fake_timer
 from helpers.trees import assert_tree_close, assert_tree_equal
 from jax import lax
 
@@ -24,19 +23,11 @@ import jaxpar
 from jaxpar import _tune
 from jaxpar._dispatch import measuring
 
+pytestmark = pytest.mark.usefixtures("private_decisions")
+
 REWRITE = "jaxpar (chosen options)"
 PLAIN_LABEL = _tune.PLAIN
 STEPS = 64
-
-
-@pytest.fixture(autouse=True)
-def tune_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return private_tune_dir(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def manual(monkeypatch: pytest.MonkeyPatch) -> ManualWorker:
-    return manual_worker(monkeypatch)
 
 
 def counting(fun: Any) -> tuple[Any, list[int]]:

@@ -82,3 +82,4 @@ def manual_worker(monkeypatch: pytest.MonkeyPatch) -> ManualWorker:
     worker = ManualWorker()
     monkeypatch.setattr(measuring, "worker", lambda: worker)
     return worker
+
