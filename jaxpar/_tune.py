@@ -223,17 +223,20 @@ class Tuning:
         raise KeyError(f"no candidate {label!r}; the candidates are "
                        f"{[row.label for row in self.rows]}")
 
+    def _timed_row(self, label: str) -> Measured:
+        """The row of ``label``, or the row that was timed where it is the same program."""
+        row = self.row(label)
+        return self.row(row.same_as) if row.same_as else row
+
     def median_s(self, label: str) -> float | None:
         """The candidate's median, following ``same_as`` to the row that was timed."""
-        row = self.row(label)
-        return self.row(row.same_as).median_s if row.same_as else row.median_s
+        return self._timed_row(label).median_s
 
     def ratio(self, label: str) -> float | None:
         """The candidate's time over plain ``jax.jit``'s (< 1 is faster): the median of
         the per-round ratios, following ``same_as``; medians' ratio where the row has
         none."""
-        row = self.row(label)
-        row = self.row(row.same_as) if row.same_as else row
+        row = self._timed_row(label)
         if row.ratio is not None:
             return row.ratio
         mine, plain = row.median_s, self.median_s(PLAIN)
@@ -260,10 +263,6 @@ class Tuning:
             return f"measured on {device}: runs {self.chosen!r}"
         return (f"measured on {device}: {1 / ratio:.2f}x faster than jax.jit (x{ratio:.3f}), "
                 f"runs {self.chosen!r}")
-
-    def _timed_row(self, label: str) -> Measured:
-        row = self.row(label)
-        return self.row(row.same_as) if row.same_as else row
 
     def _against_kept(self) -> str:
         """Beside a kept ``jax.jit`` program: what the model's plan measured (the device's
