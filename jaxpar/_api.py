@@ -252,6 +252,7 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., unroll_while: WhileUnroll = ...,
+                      hoist_scan_inputs: Switch = ...,
                       group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
                       measure: bool | str = ...,
@@ -268,6 +269,7 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., unroll_while: WhileUnroll = ...,
+                      hoist_scan_inputs: Switch = ...,
                       group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
                       measure: bool | str = ...,
@@ -283,6 +285,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       batch_scans: Switch = "auto", batch_branches: Switch = "auto",
                       batch_matmuls: Switch = "auto",
                       unroll: Unroll = "auto", unroll_while: WhileUnroll = "auto",
+                      hoist_scan_inputs: Switch = "auto",
                       group_collectives: Switch = "auto",
                       force_streams: bool = False, tune: bool | TuneBudget = False,
                       measure: bool | str = "auto",
@@ -343,6 +346,11 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         off on every target) leaves while loops alone. For the device to weigh against
         one body per trip (``measure``); loops with effects, loops inside another
         while loop and bodies of more than 512 equations for k copies are left alone.
+      hoist_scan_inputs: run the work of a scan's body that reads no carry (an RNN's
+        input projections, a sampler's random draws from the step's key) for all steps
+        at once before the loop, which then reads the results (``True``); ``"auto"``
+        (default) leaves it off on every target, and a TPU measures it (``measure``).
+        Effects, conditionals, collectives and stacks over 1 GiB stay in the loop.
       group_collectives: launch independent collectives together.
       force_streams: emit every independent section found, even where the GPU
         estimate says it does not pay (a stream cut forfeits fusions, XLA's dot
@@ -564,6 +572,7 @@ class InspectOptions(TypedDict, total=False):
     batch_matmuls: Switch
     unroll: Unroll
     unroll_while: WhileUnroll
+    hoist_scan_inputs: Switch
     group_collectives: Switch
     force_streams: bool
     command_buffers: str

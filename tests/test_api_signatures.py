@@ -92,7 +92,8 @@ def test_at_runtime_the_signature_and_docstring_are_the_table_s() -> None:
         patch.setattr(_api, "PASS_TABLE", (*PASS_TABLE, widen))
         made = _api.with_table_options(fresh)
     names = list(pyinspect.signature(made).parameters)
-    assert names[names.index("unroll_while") + 1:][:2] == ["widen_loops", "group_collectives"]
+    assert names[names.index("hoist_scan_inputs") + 1:][:2] == ["widen_loops",
+                                                                 "group_collectives"]
     parameter = pyinspect.signature(made).parameters["widen_loops"]
     assert (parameter.default, parameter.annotation) == ("auto", "Switch")
     entry = ('      widen_loops: independent loops widened (the pass ``widen_loops``): True, '
@@ -146,7 +147,8 @@ def test_inspect_and_the_decorator_accept_each_option_by_name() -> None:
     # Behaviour, not only the text: each option reaches Options through both doors.
     values = {"max_streams": 2, "target": "cpu", "min_cost_us": 1.0, "fuse_scans": False,
               "batch_scans": True, "batch_branches": False, "batch_matmuls": True,
-              "unroll": 3, "unroll_while": 4, "group_collectives": False, "force_streams": True,
+              "unroll": 3, "unroll_while": 4, "hoist_scan_inputs": True,
+              "group_collectives": False, "force_streams": True,
               "command_buffers": "keep", "memory": "any"}
     assert set(values) == set(FIELDS)
     decorated = parallel_branches(lambda x: x, **values)  # type: ignore[arg-type]

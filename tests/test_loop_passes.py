@@ -665,15 +665,17 @@ def test_untrusted_counting_loops_end_to_end(program: Callable[..., Any]) -> Non
 def test_pass_defaults() -> None:
     assert pass_defaults("gpu") == {"fuse_scans": True, "batch_scans": True, "batch_branches": True,
                                     "batch_matmuls": True, "unroll": "cost",
-                                    "unroll_while": None, "share_common": True}
+                                    "unroll_while": None, "share_common": True,
+                                    "hoist_scan_inputs": False}
     assert pass_defaults("cpu") == {"fuse_scans": False, "batch_scans": False,
                                     "batch_branches": False, "batch_matmuls": False,
-                                    "unroll": None, "unroll_while": None, "share_common": False}
+                                    "unroll": None, "unroll_while": None, "share_common": False,
+                                    "hoist_scan_inputs": False}
     # What a TPU v5e measured paying: identical scans batched, small loops read by blocks.
     assert pass_defaults("tpu") == {"fuse_scans": False, "batch_scans": True,
                                     "batch_branches": False, "batch_matmuls": False,
                                     "unroll": "cost", "unroll_while": None,
-                                    "share_common": False}
+                                    "share_common": False, "hoist_scan_inputs": False}
     with pytest.raises(ValueError):
         pass_defaults("abacus")
 

@@ -145,7 +145,7 @@ def test_table_rows_are_unique_and_run_in_order():
     assert len(set(names)) == len(names)
     assert names == ["share_common", "inline_twin_calls", "make_loops_static", "batch_scans",
                      "fuse_scans", "batch_branches", "batch_matmuls", "bound_fusions",
-                     "unroll_scans", "unroll_while_loops"]
+                     "hoist_scan_inputs", "unroll_scans", "unroll_while_loops"]
 
 
 def test_decisions_carry_the_pass_name_and_an_enum_kind():
@@ -209,7 +209,8 @@ def _every_pass_program(ws, x, h):
     body = lambda c, xs: (jnp.tanh(c @ ws[0] + xs), None)
     s1, _ = lax.scan(body, h, jnp.ones((6, 8)))  # two identical scans
     s2, _ = lax.scan(body, h * 2.0, jnp.ones((6, 8)))
-    s3, _ = lax.scan(lambda c, xs: (jnp.sin(c) * xs, None), h, jnp.ones((4, 8)))  # another
+    s3, _ = lax.scan(lambda c, xs: (jnp.sin(c) * (xs @ ws[1]), None), h,  # another, and
+                     jnp.ones((4, 8)))  # a matmul reading no carry (hoist_scan_inputs)
     members = [jnp.tanh(jnp.tanh(x @ w) @ w) for w in ws]  # identical members
     mixed = jnp.tanh(x @ ws[0]).sum() + jnp.sin(x @ ws[1]).sum()  # different members
     twins = _jitted_layer(x, ws[2]) * _jitted_layer(x * 2.0, ws[3])  # twin nested jits
@@ -230,7 +231,8 @@ def test_every_row_passes_the_checker(row):
     h = jnp.linspace(-1.0, 1.0, 8)
     settings = Settings(target="gpu", passes=frozenset({
         "share_common", "batch_scans", "fuse_scans", "batch_branches", "batch_matmuls",
-        "unroll_scans", "unroll_while_loops"}), unroll="cost", unroll_while=2)
+        "unroll_scans", "unroll_while_loops", "hoist_scan_inputs"}), unroll="cost",
+        unroll_while=2)
 
     def run(closed):
         if row.after:  # what it works on first (alone it has nothing to work on)

@@ -27,6 +27,9 @@ a new one (or the same object when nothing changed) and the ``PassDecision``s ma
 * ``bound_fusions``: after the batching passes, an ``optimization_barrier`` wherever an
   elementwise chain has read ``MAX_FUSED_SLICES`` of the members' results they sliced
   out, so XLA never fuses a thousand slices into one kernel (its compile time).
+* ``hoist_scan_inputs``: the work of a scan's body that reads no carry (input
+  projections, random draws) runs for all steps at once before the loop (off unless
+  ``hoist_scan_inputs=True`` asks; a TPU measures it).
 * ``unroll_scans``: an unroll factor per static scan.
 * ``unroll_while_loops``: ``k`` runs of a ``while`` body per trip, each after the first
   under the loop's condition (off unless ``unroll_while=k`` asks).

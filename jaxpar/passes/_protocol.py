@@ -57,6 +57,7 @@ class DecisionKind(enum.StrEnum):
     INLINED = "inlined calls"
     FUSIONS_BOUNDED = "fusions bounded"
     SUMS_REDUCED = "sums reduced"
+    HOISTED = "hoisted"
 
 
 # Decisions that only report: the program is left as it was.

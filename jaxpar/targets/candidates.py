@@ -7,7 +7,8 @@ one order, in which ties are broken (earlier wins), and makes a row of each.
 options" choose them per function; on the CPU target the two are one program, compiled
 and timed once). On a TPU the rows that make sense there: the plan's loops without their
 block reading (rolled), lax.scan's own unroll by 8 or 16 instead, identical scans not
-batched, scans fused, while loops by 4.
+batched, scans fused, while loops by 4, the loops' work that reads no carry run before
+them (``hoist_scan_inputs``; with the plan's unrolling, and with lax.scan's by 8).
 
 Example::
 
@@ -40,7 +41,8 @@ class Candidate(NamedTuple):
 ORDER: tuple[str, ...] = (
     "jaxpar (user's mode)", "jaxpar without stream regions", "jaxpar without matmul batching",
     "jaxpar without unrolling", "jaxpar unrolled by 8", "jaxpar unrolled by 16",
-    "jaxpar without scan batching", "jaxpar with scans fused", "jaxpar, while loops by 4")
+    "jaxpar without scan batching", "jaxpar with scans fused", "jaxpar, while loops by 4",
+    "jaxpar, scan inputs hoisted", "jaxpar, scan inputs hoisted, unrolled by 8")
 
 
 def declared() -> tuple[Candidate, ...]:
