@@ -252,7 +252,7 @@ def parallel_branches(fun: F, *, max_streams: int = ..., target: Target = ...,
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., unroll_while: WhileUnroll = ...,
-                      hoist_scan_inputs: Switch = ...,
+                      hoist_scan_inputs: Switch = ..., associative_scans: Switch = ...,
                       group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
                       measure: bool | str = ...,
@@ -269,7 +269,7 @@ def parallel_branches(fun: None = None, *, max_streams: int = ..., target: Targe
                       batch_scans: Switch = ..., batch_branches: Switch = ...,
                       batch_matmuls: Switch = ...,
                       unroll: Unroll = ..., unroll_while: WhileUnroll = ...,
-                      hoist_scan_inputs: Switch = ...,
+                      hoist_scan_inputs: Switch = ..., associative_scans: Switch = ...,
                       group_collectives: Switch = ...,
                       force_streams: bool = ..., tune: bool | TuneBudget = ...,
                       measure: bool | str = ...,
@@ -285,7 +285,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
                       batch_scans: Switch = "auto", batch_branches: Switch = "auto",
                       batch_matmuls: Switch = "auto",
                       unroll: Unroll = "auto", unroll_while: WhileUnroll = "auto",
-                      hoist_scan_inputs: Switch = "auto",
+                      hoist_scan_inputs: Switch = "auto", associative_scans: Switch = "auto",
                       group_collectives: Switch = "auto",
                       force_streams: bool = False, tune: bool | TuneBudget = False,
                       measure: bool | str = "auto",
@@ -351,6 +351,12 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         at once before the loop, which then reads the results (``True``); ``"auto"``
         (default) leaves it off on every target, and a TPU measures it (``measure``).
         Effects, conditionals, collectives and stacks over 1 GiB stay in the loop.
+      associative_scans: run a scan whose carries each follow a linear recurrence
+        (``c = a * c + b`` with ``a``, ``b`` reading no carry: a moving average, a
+        discounted return or GAE, a state-space layer's state) as
+        ``lax.associative_scan``, about ``2 log2 L`` rounds instead of ``L`` trips
+        (``True``); values agree within rounding. ``"auto"`` (default) leaves it off on
+        every target, and a TPU measures it (``measure``).
       group_collectives: launch independent collectives together.
       force_streams: emit every independent section found, even where the GPU
         estimate says it does not pay (a stream cut forfeits fusions, XLA's dot
@@ -573,6 +579,7 @@ class InspectOptions(TypedDict, total=False):
     unroll: Unroll
     unroll_while: WhileUnroll
     hoist_scan_inputs: Switch
+    associative_scans: Switch
     group_collectives: Switch
     force_streams: bool
     command_buffers: str

@@ -236,9 +236,8 @@ class PassRow:
 PASS_TABLE: tuple[PassRow, ...] = (
     PassRow("share_common", "equal equations computed once", rung=Rung.LOOP_FUSION,
             remembers_search=True),
-    PassRow("inline_twin_calls",
-            "independent nested jit calls running one body are inlined for batching",
-            runs_with=("batch_branches", "batch_matmuls"), remembers_search=True),
+    PassRow("inline_twin_calls", "independent nested jit calls running one body are inlined "
+            "for batching", runs_with=("batch_branches", "batch_matmuls"), remembers_search=True),
     PassRow("make_loops_static", "counting whiles with static bounds become scans", always=True),
     PassRow("batch_scans", "independent identical scans become one vmapped scan",
             option="batch_scans", rung=Rung.BATCHING),
@@ -254,6 +253,8 @@ PASS_TABLE: tuple[PassRow, ...] = (
             "a barrier where a chain has read 32 batched members' results (XLA compile time)",
             runs_with=("batch_scans", "batch_branches", "batch_matmuls"),
             after=("batch_scans", "batch_branches", "batch_matmuls")),
+    PassRow("associative_scans", "a scan whose carries follow linear recurrences runs as "
+            "lax.associative_scan", option="associative_scans", rung=Rung.BATCHING),
     PassRow("hoist_scan_inputs", "a scan body's heavy work that reads no carry runs for all "
             "steps before the loop", option="hoist_scan_inputs", rung=Rung.BATCHING),
     PassRow("unroll_scans", "an unroll factor per static scan", option="unroll",
@@ -263,9 +264,8 @@ PASS_TABLE: tuple[PassRow, ...] = (
 )
 
 
-# The target table: each built-in target's row, declared in its module (``jaxpar.targets``),
-# read once here (the ``Target`` type's names, the options' docs); a target registered later
-# is read from the registry at each call (``Options.target_rows``, ``check_target``).
+# The target table: each built-in target's row, from its module (``jaxpar.targets``), read once
+# here; a target registered later is read at each call (``Options.target_rows``, ``check_target``).
 TARGETS: tuple[TargetRow, ...] = targets.rows()
 
 # The target switches that are not passes (the planner's).

@@ -92,7 +92,7 @@ def test_at_runtime_the_signature_and_docstring_are_the_table_s() -> None:
         patch.setattr(_api, "PASS_TABLE", (*PASS_TABLE, widen))
         made = _api.with_table_options(fresh)
     names = list(pyinspect.signature(made).parameters)
-    assert names[names.index("hoist_scan_inputs") + 1:][:2] == ["widen_loops",
+    assert names[names.index("associative_scans") + 1:][:2] == ["widen_loops",
                                                                  "group_collectives"]
     parameter = pyinspect.signature(made).parameters["widen_loops"]
     assert (parameter.default, parameter.annotation) == ("auto", "Switch")
@@ -148,6 +148,7 @@ def test_inspect_and_the_decorator_accept_each_option_by_name() -> None:
     values = {"max_streams": 2, "target": "cpu", "min_cost_us": 1.0, "fuse_scans": False,
               "batch_scans": True, "batch_branches": False, "batch_matmuls": True,
               "unroll": 3, "unroll_while": 4, "hoist_scan_inputs": True,
+              "associative_scans": True,
               "group_collectives": False, "force_streams": True,
               "command_buffers": "keep", "memory": "any"}
     assert set(values) == set(FIELDS)

@@ -453,9 +453,10 @@ def test_the_build_stops_at_its_deadline_and_what_was_built_is_timed(manual, mon
 def test_the_deadline_is_a_multiple_of_the_first_call_at_least_some_seconds():
     assert measuring.build_deadline_s(0.1) == measuring.BUILD_DEADLINE_MIN_S
     assert measuring.build_deadline_s(10.0) == 10.0 * measuring.BUILD_DEADLINE_FACTOR
-    assert [c.label for c in decisions.build_order()[:7]] == [
+    assert [c.label for c in decisions.build_order()[:8]] == [
         PLAIN, REWRITE, "jaxpar unrolled by 8", "jaxpar, scan inputs hoisted, unrolled by 8",
-        "jaxpar unrolled by 16", "jaxpar without unrolling", "jaxpar, scan inputs hoisted"]
+        "jaxpar unrolled by 16", "jaxpar without unrolling", "jaxpar, linear scans associative",
+        "jaxpar, scan inputs hoisted"]
     assert sorted(c.label for c in decisions.build_order()) == sorted(
         c.label for c in _tune.CANDIDATES)
 

@@ -28,7 +28,7 @@ from jaxpar._options import Settings
 from jaxpar.targets.candidates import ORDER
 
 
-def HOIST(closed: Any) -> Any:
+def hoist_pass(closed: Any) -> Any:
     return passes.run_pass("hoist_scan_inputs", closed,
                            settings=Settings.of_switches("tpu", hoist_scan_inputs=True))
 
@@ -71,7 +71,7 @@ def _dots_in_body(scan: Any) -> int:
 
 @pytest.mark.parametrize("reverse", [False, True])
 def test_an_input_projection_runs_once_before_the_loop(reverse: bool) -> None:
-    result = check_pass(HOIST, partial(rnn, reverse=reverse), *_rnn_args(), kinds=["hoisted"],
+    result = check_pass(hoist_pass, partial(rnn, reverse=reverse), *_rnn_args(), kinds=["hoisted"],
                         grad_tolerance=GRADS)
     top = eqns_of(result.new)
     # The moved matmul is one dot_general of the stacked inputs (steps x batch rows),
@@ -94,7 +94,7 @@ def test_work_feeding_the_heavy_op_moves_and_its_consumers_stay() -> None:
             return jnp.tanh(h @ w + projected * 2.0), jnp.cos(x)  # the cos stays: cheap
         return lax.scan(cell, h, xs)
 
-    result = check_pass(HOIST, program, *_rnn_args(), kinds=["hoisted"], grad_tolerance=GRADS)
+    result = check_pass(hoist_pass, program, *_rnn_args(), kinds=["hoisted"], grad_tolerance=GRADS)
     (scan,) = _scan_bodies(result.new)
     body = [e.primitive.name for e in eqns_of(scan.params["jaxpr"])]
     assert "sin" not in body and "cos" in body and body.count("dot_general") == 1
@@ -113,7 +113,7 @@ def test_several_inputs_loop_constants_and_outputs_read_from_moved_values() -> N
     k = _keys(4)
     args = (jnp.zeros((3, 5)), jax.random.normal(k[0], (7, 3, 5)),
             jax.random.normal(k[1], (7, 3, 5)), jax.random.normal(k[2], (5, 5)))
-    check_pass(HOIST, program, *args, kinds=["hoisted"], grad_tolerance=GRADS)
+    check_pass(hoist_pass, program, *args, kinds=["hoisted"], grad_tolerance=GRADS)
 
 
 def test_random_draws_from_the_step_keys_are_drawn_before_the_loop() -> None:
@@ -129,7 +129,7 @@ def test_random_draws_from_the_step_keys_are_drawn_before_the_loop() -> None:
         return lax.scan(step, x, keys)
 
     keys = jax.random.split(jax.random.key(0), 20)
-    result = check_pass(HOIST, chain, jnp.ones(5), keys, kinds=["hoisted"], grads=False)
+    result = check_pass(hoist_pass, chain, jnp.ones(5), keys, kinds=["hoisted"], grads=False)
     (scan,) = _scan_bodies(result.new)
     body = {e.primitive.name for e in all_eqns(scan.params["jaxpr"])}
     assert not body & {"random_bits", "threefry2x32", "random_split"}
@@ -141,7 +141,7 @@ def test_nested_scans_hoist_in_the_inner_body() -> None:
             return rnn(h, xs, w, u)[0], None
         return lax.scan(outer, h, None, length=3)[0]
 
-    result = check_pass(HOIST, program, *_rnn_args(), kinds=["hoisted"], grad_tolerance=GRADS)
+    result = check_pass(hoist_pass, program, *_rnn_args(), kinds=["hoisted"], grad_tolerance=GRADS)
     assert result.decisions[0].location != "/"
 
 
@@ -149,12 +149,12 @@ def test_already_hoisted_and_carry_only_bodies_change_nothing() -> None:
     def carry_only(c: jax.Array, w: jax.Array) -> jax.Array:
         return lax.scan(lambda c, _: (jnp.tanh(c @ w), None), c, None, length=9)[0]
 
-    check_pass(HOIST, carry_only, jnp.ones((2, 4)), jnp.eye(4), unchanged=True)
+    check_pass(hoist_pass, carry_only, jnp.ones((2, 4)), jnp.eye(4), unchanged=True)
 
     def cheap(c: jax.Array, xs: jax.Array) -> Any:   # reads inputs, but nothing heavy
         return lax.scan(lambda c, x: (c * 0.5 + jnp.sin(x), None), c, xs)[0]
 
-    check_pass(HOIST, cheap, jnp.ones(4), jnp.ones((9, 4)), unchanged=True)
+    check_pass(hoist_pass, cheap, jnp.ones(4), jnp.ones((9, 4)), unchanged=True)
 
 
 # ---------------------------------------------------------------- what stays in the loop
@@ -167,7 +167,7 @@ def test_effects_conditionals_and_empty_loops_stay() -> None:
             return jnp.tanh(h @ w + x @ u), None
         return lax.scan(cell, h, xs)[0]
 
-    check_pass(HOIST, printed, *_rnn_args(), unchanged=True, values=False)
+    check_pass(hoist_pass, printed, *_rnn_args(), unchanged=True, values=False)
 
     def conditional(h: jax.Array, xs: jax.Array, w: jax.Array, u: jax.Array) -> Any:
         def cell(h: jax.Array, x: jax.Array) -> Any:
@@ -175,15 +175,15 @@ def test_effects_conditionals_and_empty_loops_stay() -> None:
             return jnp.tanh(h @ w + p), None
         return lax.scan(cell, h, xs)[0]
 
-    check_pass(HOIST, conditional, *_rnn_args(), unchanged=True)
-    check_pass(HOIST, rnn, *_rnn_args(steps=0), unchanged=True)
+    check_pass(hoist_pass, conditional, *_rnn_args(), unchanged=True)
+    check_pass(hoist_pass, rnn, *_rnn_args(steps=0), unchanged=True)
 
 
 def test_a_stack_over_the_allowance_is_left_alone_with_the_figure(
         monkeypatch: pytest.MonkeyPatch) -> None:
     module = importlib.import_module("jaxpar.passes.hoist_scan_inputs")
     monkeypatch.setattr(module, "MAX_HOISTED_BYTES", 1024)
-    result = check_pass(HOIST, rnn, *_rnn_args(), unchanged=True)
+    result = check_pass(hoist_pass, rnn, *_rnn_args(), unchanged=True)
     (d,) = result.decisions
     assert d.kind == "left alone"
     assert "would stack 1.5 KiB over its 12 steps, more than the 1.0 KiB allowed" in d.reason

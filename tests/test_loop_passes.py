@@ -666,16 +666,17 @@ def test_pass_defaults() -> None:
     assert pass_defaults("gpu") == {"fuse_scans": True, "batch_scans": True, "batch_branches": True,
                                     "batch_matmuls": True, "unroll": "cost",
                                     "unroll_while": None, "share_common": True,
-                                    "hoist_scan_inputs": False}
+                                    "hoist_scan_inputs": False, "associative_scans": False}
     assert pass_defaults("cpu") == {"fuse_scans": False, "batch_scans": False,
                                     "batch_branches": False, "batch_matmuls": False,
                                     "unroll": None, "unroll_while": None, "share_common": False,
-                                    "hoist_scan_inputs": False}
+                                    "hoist_scan_inputs": False, "associative_scans": False}
     # What a TPU v5e measured paying: identical scans batched, small loops read by blocks.
     assert pass_defaults("tpu") == {"fuse_scans": False, "batch_scans": True,
                                     "batch_branches": False, "batch_matmuls": False,
                                     "unroll": "cost", "unroll_while": None,
-                                    "share_common": False, "hoist_scan_inputs": False}
+                                    "share_common": False, "hoist_scan_inputs": False,
+                                    "associative_scans": False}
     with pytest.raises(ValueError):
         pass_defaults("abacus")
 

@@ -32,11 +32,12 @@ def test_resolve_reads_auto_per_target():
         assert ("unroll_scans" in settings.passes) is (settings.unroll is not None)
         assert "auto" not in {str(v) for v in vars_of(settings).values()}
     # Today's defaults: everything on the GPU but the measured candidates' own
-    # (unroll_while_loops and hoist_scan_inputs, off everywhere); on the TPU what the chip
-    # measured paying (identical scans batched, loops read by blocks); nothing on the CPU.
+    # (unroll_while_loops, hoist_scan_inputs, associative_scans: off everywhere); on the
+    # TPU what the chip measured paying (identical scans batched, loops read by blocks);
+    # nothing on the CPU.
     gpu = Options().resolve("gpu", async_limit=2, command_buffers="lhs")
     assert gpu.passes == {row.name for row in PASS_TABLE if row.switch is not None} - {
-        "unroll_while_loops", "hoist_scan_inputs"}
+        "unroll_while_loops", "hoist_scan_inputs", "associative_scans"}
     assert gpu.unroll_while is None
     assert gpu.unroll == "cost" and gpu.group_collectives
     cpu = Options().resolve("cpu", async_limit=2, command_buffers="lhs")

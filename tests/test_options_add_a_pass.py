@@ -173,22 +173,22 @@ def test_the_tests_say_what_to_paste_into_the_signatures_and_docs(
     assert facts["signatures"] == [
         "jaxpar/_api.py, overload 0 of parallel_branches: add the line\n"
         "    shift_sines: Switch = ...,\n"
-        "after its parameter hoist_scan_inputs (the option of the pass shift_sines)",
+        "after its parameter associative_scans (the option of the pass shift_sines)",
         "jaxpar/_api.py, overload 1 of parallel_branches: add the line\n"
         "    shift_sines: Switch = ...,\n"
-        "after its parameter hoist_scan_inputs (the option of the pass shift_sines)",
+        "after its parameter associative_scans (the option of the pass shift_sines)",
         "jaxpar/_api.py, the definition of parallel_branches: add the line\n"
         '    shift_sines: Switch = "auto",\n'
-        "after its parameter hoist_scan_inputs (the option of the pass shift_sines)",
+        "after its parameter associative_scans (the option of the pass shift_sines)",
         "jaxpar/_api.py, InspectOptions: add the line\n"
         "    shift_sines: Switch\n"
-        "after its parameter hoist_scan_inputs (the option of the pass shift_sines)"]
+        "after its parameter associative_scans (the option of the pass shift_sines)"]
     assert facts["docs"] == [
         'docs/api.md, the heading ### `jaxpar.parallel_branches(...)`: add '
-        '`shift_sines="auto", ` after `hoist_scan_inputs=...`',
+        '`shift_sines="auto", ` after `associative_scans=...`',
         "docs/api.md, under the heading of jaxpar.parallel_branches: add the line\n"
         "- `shift_sines`: sin(x) computed as cos(pi/2 - x) (the pass `shift_sines`).\n"
-        "after the entry of `hoist_scan_inputs`"]
+        "after the entry of `associative_scans`"]
 
 
 def test_a_row_without_its_module_is_an_error_naming_the_file(tmp_path: Path) -> None:

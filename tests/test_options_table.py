@@ -61,7 +61,7 @@ def test_the_tables_hold_together_and_the_passes_are_their_rows() -> None:
         "batch_scans": "batch_scans", "fuse_scans": "fuse_scans",
         "batch_branches": "batch_branches", "batch_matmuls": "batch_matmuls",
         "unroll_scans": "unroll", "unroll_while_loops": "unroll_while",
-        "hoist_scan_inputs": "hoist_scan_inputs"}
+        "hoist_scan_inputs": "hoist_scan_inputs", "associative_scans": "associative_scans"}
     assert [kind for kind, _ in LADDER] == ["stream sections", *(r.value for r in Rung)]
 
 
@@ -140,8 +140,8 @@ def test_a_new_pass_row_is_enough_for_options_settings_and_validation() -> None:
         widened.create(widen_loop=True)
     # The budget's ladder leaves it out with its rung; Options itself is unchanged.
     assert dict(ladder(table))["batching"] == ("batch_scans", "batch_branches",
-                                               "batch_matmuls", "hoist_scan_inputs",
-                                               "widen_loops")
+                                               "batch_matmuls", "associative_scans",
+                                               "hoist_scan_inputs", "widen_loops")
     assert "widen_loops" not in Options.names()
 
 

@@ -145,7 +145,8 @@ def test_table_rows_are_unique_and_run_in_order():
     assert len(set(names)) == len(names)
     assert names == ["share_common", "inline_twin_calls", "make_loops_static", "batch_scans",
                      "fuse_scans", "batch_branches", "batch_matmuls", "bound_fusions",
-                     "hoist_scan_inputs", "unroll_scans", "unroll_while_loops"]
+                     "associative_scans", "hoist_scan_inputs", "unroll_scans",
+                     "unroll_while_loops"]
 
 
 def test_decisions_carry_the_pass_name_and_an_enum_kind():
@@ -211,10 +212,11 @@ def _every_pass_program(ws, x, h):
     s2, _ = lax.scan(body, h * 2.0, jnp.ones((6, 8)))
     s3, _ = lax.scan(lambda c, xs: (jnp.sin(c) * (xs @ ws[1]), None), h,  # another, and
                      jnp.ones((4, 8)))  # a matmul reading no carry (hoist_scan_inputs)
+    s4, _ = lax.scan(lambda c, xs: (c * 0.5 + xs, None), h, jnp.ones((5, 8)))  # linear
     members = [jnp.tanh(jnp.tanh(x @ w) @ w) for w in ws]  # identical members
     mixed = jnp.tanh(x @ ws[0]).sum() + jnp.sin(x @ ws[1]).sum()  # different members
     twins = _jitted_layer(x, ws[2]) * _jitted_layer(x * 2.0, ws[3])  # twin nested jits
-    return shared.sum() * count + s1.sum() + s2.sum() + s3.sum() + sum(
+    return shared.sum() * count + s1.sum() + s2.sum() + s3.sum() + s4.sum() + sum(
         m.sum() for m in members) + mixed + twins.sum()
 
 
@@ -231,7 +233,8 @@ def test_every_row_passes_the_checker(row):
     h = jnp.linspace(-1.0, 1.0, 8)
     settings = Settings(target="gpu", passes=frozenset({
         "share_common", "batch_scans", "fuse_scans", "batch_branches", "batch_matmuls",
-        "unroll_scans", "unroll_while_loops", "hoist_scan_inputs"}), unroll="cost",
+        "unroll_scans", "unroll_while_loops", "hoist_scan_inputs", "associative_scans"}),
+        unroll="cost",
         unroll_while=2)
 
     def run(closed):

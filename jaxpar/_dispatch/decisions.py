@@ -184,11 +184,12 @@ def candidate_key_of(state: CallState, key: CallKey, label: str) -> CallKey:
 # between two): jax.jit's program and the plan (always built), then lax.scan's unroll by
 # 8 (with and without the loops' carry-free work hoisted) and by 16 (what the chip chose
 # wherever a rewrite other than the plan won: 13 of 13 loop programs and the 8-chain HMC
-# in docs/benchmarks.md's r1-r5), the loops rolled, the plan hoisted, then the table's
-# order. The programs keep the table's order.
+# in docs/benchmarks.md's r1-r5), the loops rolled, linear recurrences associative, the
+# plan hoisted, then the table's order. The programs keep the table's order.
 BUILD_FIRST = (PLAIN, CHOSEN, "jaxpar unrolled by 8",
                "jaxpar, scan inputs hoisted, unrolled by 8", "jaxpar unrolled by 16",
-               "jaxpar without unrolling", "jaxpar, scan inputs hoisted")
+               "jaxpar without unrolling", "jaxpar, linear scans associative",
+               "jaxpar, scan inputs hoisted")
 BUILD_LAST: tuple[str, ...] = ()
 ALWAYS_BUILT = 2  # jax.jit's program and the plan: no deadline stops them
 

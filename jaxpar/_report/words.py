@@ -37,7 +37,8 @@ _NOT_DONE = {DecisionKind.FUSED: "not fused", DecisionKind.BATCHED: "not batched
              DecisionKind.BATCHED_SUBGRAPHS: "subgraphs not batched"}
 # A pass's loops it left alone, as "not <verb>".
 _LEFT_BY_PASS = {"fuse_scans": "not fused", "batch_scans": "not batched",
-                 "unroll_scans": "kept rolled", "hoist_scan_inputs": "not hoisted"}
+                 "unroll_scans": "kept rolled", "hoist_scan_inputs": "not hoisted",
+                 "associative_scans": "kept sequential"}
 _SHOWN_LEFT_ALONE = 3
 _BUDGET_FIGURE = re.compile(r"\(\+([\d.]+ \w+)\)")
 
@@ -126,6 +127,9 @@ def loop_line(d: PassDecision) -> str:
     if d.kind == DecisionKind.UNROLLED:
         return (f"unrolled by {d.unroll}: {loops_text(d)} {_where(d)}; "
                 f"{_unroll_why(d.reason)}")
+    if d.kind == DecisionKind.SCANNED_IN_PARALLEL:
+        return (f"scanned in parallel: 1 scan, {_trips(d.trips_before or 0)} {_where(d)}: "
+                f"{first_clause(d.reason, limit=200, clauses=2)}")
     if d.kind == DecisionKind.HOISTED:
         return f"hoisted: {first_clause(d.reason, limit=200, clauses=2)} {_where(d)}"
     if d.kind == DecisionKind.LEFT_ALONE and d.pass_name in _LEFT_BY_PASS:

@@ -27,6 +27,9 @@ a new one (or the same object when nothing changed) and the ``PassDecision``s ma
 * ``bound_fusions``: after the batching passes, an ``optimization_barrier`` wherever an
   elementwise chain has read ``MAX_FUSED_SLICES`` of the members' results they sliced
   out, so XLA never fuses a thousand slices into one kernel (its compile time).
+* ``associative_scans``: a scan whose carries each follow a linear recurrence
+  (``c = a * c + b``: a moving average, a discounted return, a state-space layer) runs as
+  ``lax.associative_scan`` (off unless ``associative_scans=True`` asks; a TPU measures it).
 * ``hoist_scan_inputs``: the work of a scan's body that reads no carry (input
   projections, random draws) runs for all steps at once before the loop (off unless
   ``hoist_scan_inputs=True`` asks; a TPU measures it).

@@ -58,6 +58,7 @@ class DecisionKind(enum.StrEnum):
     FUSIONS_BOUNDED = "fusions bounded"
     SUMS_REDUCED = "sums reduced"
     HOISTED = "hoisted"
+    SCANNED_IN_PARALLEL = "scanned in parallel"
 
 
 # Decisions that only report: the program is left as it was.

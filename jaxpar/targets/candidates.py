@@ -8,7 +8,8 @@ options" choose them per function; on the CPU target the two are one program, co
 and timed once). On a TPU the rows that make sense there: the plan's loops without their
 block reading (rolled), lax.scan's own unroll by 8 or 16 instead, identical scans not
 batched, scans fused, while loops by 4, the loops' work that reads no carry run before
-them (``hoist_scan_inputs``; with the plan's unrolling, and with lax.scan's by 8).
+them (``hoist_scan_inputs``; with the plan's unrolling, and with lax.scan's by 8), linear
+recurrences as ``lax.associative_scan`` (``associative_scans``).
 
 Example::
 
@@ -42,7 +43,8 @@ ORDER: tuple[str, ...] = (
     "jaxpar (user's mode)", "jaxpar without stream regions", "jaxpar without matmul batching",
     "jaxpar without unrolling", "jaxpar unrolled by 8", "jaxpar unrolled by 16",
     "jaxpar without scan batching", "jaxpar with scans fused", "jaxpar, while loops by 4",
-    "jaxpar, scan inputs hoisted", "jaxpar, scan inputs hoisted, unrolled by 8")
+    "jaxpar, scan inputs hoisted", "jaxpar, scan inputs hoisted, unrolled by 8",
+    "jaxpar, linear scans associative")
 
 
 def declared() -> tuple[Candidate, ...]:

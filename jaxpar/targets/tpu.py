@@ -69,8 +69,9 @@ TARGET = Target(
                           bandwidth=TPU_V5E.hbm_bandwidth, min_kernel_seconds=TPU_V5E.dot_s,
                           trip_seconds=trip_seconds, slices_read_kept=True),
     # The plan's loops without their block reading (rolled), lax.scan's own unroll by 8
-    # instead, identical scans not batched, and the loops' work that reads no carry run
-    # before them (with the plan's unrolling, and with lax.scan's by 8).
+    # instead, identical scans not batched, the loops' work that reads no carry run
+    # before them (with the plan's unrolling, and with lax.scan's by 8), and linear
+    # recurrences as lax.associative_scan.
     candidates={
         "jaxpar without unrolling": {"unroll": None},
         "jaxpar unrolled by 8": {"unroll": 8},
@@ -80,5 +81,6 @@ TARGET = Target(
         "jaxpar, while loops by 4": {"unroll_while": 4},
         "jaxpar, scan inputs hoisted": {"hoist_scan_inputs": True},
         "jaxpar, scan inputs hoisted, unrolled by 8": {"hoist_scan_inputs": True, "unroll": 8},
+        "jaxpar, linear scans associative": {"associative_scans": True},
     },
     unroll_rule=by_blocks, rank=2)
