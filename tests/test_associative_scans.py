@@ -92,6 +92,40 @@ def test_a_reverse_discounted_return_with_resets() -> None:
     assert not _scans(result.new)
 
 
+def gae_next_value(values: jax.Array, rewards: jax.Array, done: jax.Array,
+                   last: jax.Array) -> Any:
+    """GAE as PPO implementations write it: the carry holds the next step's value, which
+    each step replaces by its own (a carry whose update reads no carry)."""
+    def body(carry: tuple[jax.Array, jax.Array], t: tuple[jax.Array, ...]) -> Any:
+        advantage, next_value = carry
+        value, reward, d = t
+        delta = reward + 0.99 * next_value * (1 - d) - value
+        advantage = delta + 0.99 * 0.95 * (1 - d) * advantage
+        return (advantage, value), advantage
+    return lax.scan(body, (jnp.zeros_like(last), last), (values, rewards, done), reverse=True)
+
+
+def test_gae_with_the_next_value_in_the_carry() -> None:
+    done = jax.random.bernoulli(jax.random.key(40), 0.1, (60, 5)).astype(jnp.float32)
+    result = _check(gae_next_value, _normal(41, (60, 5)), _normal(42, (60, 5)), done,
+                    _normal(43, (5,)), kinds=["scanned in parallel"])
+    assert not _scans(result.new)
+
+
+def test_known_carries_in_levels_and_of_any_dtype() -> None:
+    def program(c: jax.Array, xs: jax.Array, ks: jax.Array) -> Any:
+        def body(carry: tuple[jax.Array, ...], t: tuple[jax.Array, jax.Array]) -> Any:
+            c, prev, before = carry
+            x, k = t
+            # prev: the step's own k (an integer); before: prev's value (two levels).
+            return (c * 0.7 + before.astype(c.dtype) * x, k, prev), c
+        return lax.scan(body, (c, jnp.int32(1), jnp.int32(2)), (xs, ks))
+
+    result = _check(program, _normal(44, (3,)), _normal(45, (20, 3)),
+                    jnp.arange(20, dtype=jnp.int32), kinds=["scanned in parallel"], grads=False)
+    assert not _scans(result.new)
+
+
 def test_a_state_space_layers_selective_scan() -> None:
     args = (jnp.zeros((2, 8, 4)), jax.nn.softplus(_normal(5, (40, 2, 8))),
             _normal(6, (40, 2, 4)), _normal(7, (40, 2, 4)), _normal(8, (40, 2, 8)),

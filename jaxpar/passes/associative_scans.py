@@ -19,7 +19,12 @@ the whole sequence instead of ``L`` dependent trips. With ``associative_scans=Tr
    each step's carry ``A_t * c0 + B_t``;
 3. the body's per-step outputs (``ys``) ``vmap``ped over each step's carry in and input.
 
-What counts as linear is read from the body's equations (``_form``): a carry, then only
+A carry whose update reads no other carry (GAE's ``next_value``, replaced each step by
+the step's value; a previous action) is known step by step before any of this: its value
+at each step is its update at the step before, ``vmap``ped over the steps (in levels,
+where one such carry reads another); the other carries may read it as an input.
+
+What counts as linear is read from the body's equations (``_forms``): a carry, then only
 ``add``/``sub`` of it with a carry-free value or itself, ``mul`` by and ``div`` by a
 carry-free value, ``neg``, ``select_n`` on a carry-free predicate (a reset where an
 episode ends), a no-op ``convert_element_type``, and plain nested ``jit`` calls of
@@ -39,8 +44,8 @@ Example::
     [d.kind for d in decisions]            # ["scanned in parallel"]
 
 Sharp edges:
-  * Only floating carries (the tangent of step 1); a scan with an integer carry (a
-    counter) is left alone.
+  * Only floating linear carries (the tangent of step 1); a scan with an integer carry
+    that reads itself (a counter) is left alone.
   * Left alone: scans with effects or user placement, length below 2, and scans whose
     stacked values (``(a, b)`` of every step, the carries) would pass
     ``MAX_STACKED_BYTES`` or the memory budget's allowance.
@@ -117,47 +122,76 @@ def _bytes(aval: Any) -> int:
 
 
 class _Linear:
-    """A linear scan's body read for the rewrite: ``free`` the indices of its equations
-    that read no carry (run outside the ``jvp``), ``update`` those the carry outputs need
-    that do (each linear in one carry; run under the ``jvp``)."""
+    """A linear scan's body read for the rewrite.
 
-    __slots__ = ("free", "update")
+    Attributes:
+      known: the carries whose update reads no carry but earlier known ones (a GAE's
+        ``next_value = value``), in the order they can be computed, a level at a time
+        with the indices of the equations its updates need: each step's value is the
+        update of the step before (``vmap``ped), so they are inputs of a kind.
+      linear: the other carries, each ``a * c + b`` of itself.
+      free: indices of the equations the ``linear`` carries' updates need that read
+        none of the ``linear`` carries (run outside the ``jvp``).
+      update: indices of those the ``linear`` carries' outputs need that do read them
+        (each linear in one carry; run under the ``jvp``).
+    """
 
-    def __init__(self, free: list[int], update: list[int]) -> None:
-        self.free, self.update = free, update
+    __slots__ = ("free", "known", "linear", "update")
+
+    def __init__(self, known: list[tuple[list[int], list[int]]], linear: list[int],
+                 free: list[int], update: list[int]) -> None:
+        self.known, self.linear, self.free, self.update = known, linear, free, update
 
 
 def _linear(eqn: JaxprEqn) -> _Linear | None:
-    """The scan's body read (``_Linear``) when its every carry output is ``a * c + b``
-    of its own carry ``c`` (``a``, ``b`` carry-free), its carries floating, its body
-    without effects; else None."""
+    """The scan's body read (``_Linear``) when its every carry output is either free of
+    the carries but known ones, or ``a * c + b`` of its own carry ``c`` (``a``, ``b`` free
+    of the linear carries), those floating, its body without effects; else None."""
     info = _compat.scan_info(eqn)
     body, _ = _compat.open_jaxpr(info.jaxpr)
     carries = body.invars[info.num_consts:info.num_consts + info.num_carry]
+    if not carries or any(inner.effects for inner in body.eqns):
+        return None
     avals = [_compat.array_aval(v) for v in carries]
-    if not carries or any(not jnp.issubdtype(a.dtype, jnp.inexact) for a in avals):
-        return None
-    if any(inner.effects for inner in body.eqns):
-        return None
-    forms: dict[Any, int] = {v: k for k, v in enumerate(carries)}
     shapes = [(a.shape, a.dtype) for a in avals]
-    out = _forms(body, forms, shapes)
-    if not all(form in (k, _FREE) for k, form in enumerate(out[:info.num_carry])):
+    remaining = list(range(len(carries)))
+    known: list[list[int]] = []
+    while True:
+        forms: dict[Any, int] = {carries[k]: k for k in remaining}
+        out = _forms(body, forms, shapes)[:info.num_carry]
+        level = [k for k in remaining if out[k] == _FREE]
+        if not level:
+            break
+        known.append(level)
+        remaining = [k for k in remaining if k not in level]
+    if any(out[k] != k for k in remaining):
+        return None
+    if any(not jnp.issubdtype(avals[k].dtype, jnp.inexact) for k in remaining):
         return None
     free = [i for i, inner in enumerate(body.eqns)
             if not any(a in forms for a in inner.invars if not _compat.is_literal(a))]
+    update = set(range(len(body.eqns))) - set(free)
+    everything = set(range(len(body.eqns)))
+    return _Linear([(level, _needed(body, level, set(free))) for level in known], remaining,
+                   sorted(set(_needed(body, remaining, everything)) - update),
+                   _needed(body, remaining, update))
+
+
+def _needed(body: Any, carries: Sequence[int], among: set[int]) -> list[int]:
+    """The indices (body order) of the equations of ``among`` that the carry outputs
+    ``carries`` need through equations of ``among``."""
     producer = {v: i for i, inner in enumerate(body.eqns) for v in inner.outvars}
     needed: set[int] = set()
-    stack = [producer[v] for v in body.outvars[:info.num_carry]
-             if not _compat.is_literal(v) and v in producer]
+    stack = [producer[body.outvars[k]] for k in carries
+             if not _compat.is_literal(body.outvars[k]) and body.outvars[k] in producer]
     while stack:
         i = stack.pop()
-        if i in needed or i in free:
+        if i in needed or i not in among:
             continue
         needed.add(i)
         stack.extend(producer[a] for a in body.eqns[i].invars
                      if not _compat.is_literal(a) and a in producer)
-    return _Linear(free, sorted(needed))
+    return sorted(needed)
 
 
 def _forms(jaxpr: Any, forms: dict[Any, int], shapes: Sequence[tuple[Any, Any]]
@@ -209,44 +243,68 @@ def _eqn_forms(eqn: JaxprEqn, ins: list[int], shapes: Sequence[tuple[Any, Any]]
 
 
 def _emitter(eqn: JaxprEqn, linear: _Linear) -> EmitFn:
-    """The scan ``eqn`` as every step's ``(a, b)`` (``jvp`` of the vmapped carry update),
-    their prefix compositions, the carries, then the ``ys`` vmapped (see the module
-    docstring)."""
+    """The scan ``eqn`` as: the known carries' values step by step (``vmap``ped updates,
+    level by level), every step's ``(a, b)`` of the linear carries (``jvp`` of the
+    vmapped update), their prefix compositions, the carries, then the ``ys`` vmapped
+    (see the module docstring)."""
     info = _compat.scan_info(eqn)
     body, body_consts = _compat.open_jaxpr(info.jaxpr)
     nc, ncarry, reverse = info.num_consts, info.num_carry, info.reverse
+    carry_vars = body.invars[nc:nc + ncarry]
 
     def emit(invals: list[list[Any]]) -> list[list[Any]]:
         (operands,) = invals
         consts = operands[:nc]
         init = operands[nc:nc + ncarry]
-        xs = operands[nc + ncarry:]
+        xs = list(operands[nc + ncarry:])
 
-        def affine(*x: Any) -> tuple[list[Any], list[Any]]:
-            # The carry-free equations run as they are; only the carry's update is
-            # differentiated (its equations all have jvp rules: add, mul, select_n, ...).
+        def inputs(x: Sequence[Any], known_in: dict[int, Any]) -> Env:
             env = Env()
             env.write(body.constvars, body_consts)
             env.write_inputs(body.invars[:nc], consts)
             env.write_inputs(body.invars[nc + ncarry:], x)
-            for i in linear.free:
+            env.write_inputs([carry_vars[k] for k in known_in], list(known_in.values()))
+            return env
+
+        def run(env: Env, indices: Sequence[int]) -> None:
+            for i in indices:
                 inner = body.eqns[i]
                 env.write(inner.outvars, _compat.bind_eqn(inner, env.read_all(inner.invars)))
+
+        # 1. The known carries, level by level: each step's carry in is the step before's
+        # update (the first step's: the initial carry).
+        carry_in: dict[int, Any] = {}
+        after: dict[int, Any] = {}
+        for level, needs in linear.known:
+            def updated(x: list[Any], known_in: dict[int, Any], level: list[int] = level,
+                        needs: list[int] = needs) -> list[Any]:
+                env = inputs(x, known_in)
+                run(env, needs)
+                return env.read_all([body.outvars[k] for k in level])
+            outs = _over_steps(updated, xs, dict(carry_in), info.length)
+            for k, out in zip(level, outs, strict=True):
+                after[k] = _broadcast_steps(out, init[k], info.length)
+                carry_in[k] = _shifted(after[k], init[k], reverse)
+
+        # 2. The linear carries: every step's (a, b), their prefix compositions.
+        def affine(x: list[Any], known_in: dict[int, Any]) -> tuple[list[Any], list[Any]]:
+            # The equations free of the linear carries run as they are; only the linear
+            # carries' update is differentiated (add, mul, select_n, ...: jvp rules all).
+            env = inputs(x, known_in)
+            run(env, linear.free)
 
             def update(*carry: Any) -> list[Any]:
                 local = Env()
                 local.values = dict(env.values)
-                local.write_inputs(body.invars[nc:nc + ncarry], carry)
-                for i in linear.update:
-                    inner = body.eqns[i]
-                    local.write(inner.outvars,
-                                _compat.bind_eqn(inner, local.read_all(inner.invars)))
-                return [jnp.broadcast_to(v, c.shape).astype(c.dtype) for v, c in
-                        zip(local.read_all(body.outvars[:ncarry]), carry, strict=True)]
+                local.write_inputs([carry_vars[k] for k in linear.linear], carry)
+                run(local, linear.update)
+                outs = local.read_all([body.outvars[k] for k in linear.linear])
+                return [jnp.broadcast_to(v, c.shape).astype(c.dtype)
+                        for v, c in zip(outs, carry, strict=True)]
 
-            zeros = [jnp.zeros_like(c) for c in init]
-            ones = [jnp.ones_like(c) for c in init]
-            b, a = jax.jvp(update, zeros, ones)
+            start = [init[k] for k in linear.linear]
+            b, a = jax.jvp(update, [jnp.zeros_like(c) for c in start],
+                           [jnp.ones_like(c) for c in start])
             return list(a), list(b)
 
         def compose(first: tuple[list[Any], list[Any]], then: tuple[list[Any], list[Any]]
@@ -256,26 +314,35 @@ def _emitter(eqn: JaxprEqn, linear: _Linear) -> EmitFn:
                     [p * q + r for p, q, r in zip(a2, b1, b2, strict=True)])
 
         with _compat.eqn_context(eqn):
-            a, b = jax.vmap(affine)(*xs) if xs else _unscanned(affine, info.length)
-            prefix_a, prefix_b = lax.associative_scan(compose, (a, b), reverse=reverse)
-            after = [pa * c0 + pb for pa, pb, c0 in zip(prefix_a, prefix_b, init, strict=True)]
-            final = [c[0] if reverse else c[-1] for c in after]
+            if linear.linear:
+                a, b = _over_steps(affine, xs, dict(carry_in), info.length)
+                prefix_a, prefix_b = lax.associative_scan(compose, (a, b), reverse=reverse)
+                for k, pa, pb in zip(linear.linear, prefix_a, prefix_b, strict=True):
+                    after[k] = pa * init[k] + pb
+                    carry_in[k] = _shifted(after[k], init[k], reverse)
+            final = [after[k][0] if reverse else after[k][-1] for k in range(ncarry)]
             ys: list[Any] = []
             if len(body.outvars) > ncarry:
-                before = [_shifted(c, c0, reverse) for c, c0 in zip(after, init, strict=True)]
-                ys = list(jax.vmap(lambda c, x: evaluate(info.jaxpr, *consts, *c, *x)[ncarry:])(
-                    before, list(xs)))
+                ins = [carry_in[k] for k in range(ncarry)]
+                ys = list(jax.vmap(
+                    lambda c, x: evaluate(info.jaxpr, *consts, *c, *x)[ncarry:])(ins, xs))
         return [final + ys]
 
     return emit
 
 
-def _unscanned(affine: Any, length: int) -> tuple[list[Any], list[Any]]:
-    """``affine`` of a scan without scanned inputs: the same ``(a, b)`` every step."""
-    a, b = affine()
-    def tile(v: Any) -> Any:
-        return jnp.broadcast_to(v, (length, *jnp.shape(v)))
-    return [tile(v) for v in a], [tile(v) for v in b]
+def _over_steps(fn: Any, xs: list[Any], known_in: dict[int, Any], length: int) -> Any:
+    """``fn(x, known_in)`` for every step, ``vmap``ped over the scanned inputs and the
+    known carries' values (a scan without scanned inputs: over the known values, or
+    once, broadcast by the caller)."""
+    if xs or known_in:
+        return jax.vmap(fn)(xs, known_in)
+    return jax.tree.map(lambda v: jnp.broadcast_to(v, (length, *jnp.shape(v))), fn([], {}))
+
+
+def _broadcast_steps(value: Any, init: Any, length: int) -> Any:
+    """A known carry's values over the steps, with the carry's dtype and shape."""
+    return jnp.broadcast_to(value, (length, *jnp.shape(init))).astype(init.dtype)
 
 
 def _shifted(after: Any, init: Any, reverse: bool) -> Any:
