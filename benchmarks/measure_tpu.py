@@ -322,7 +322,12 @@ def settle(pb: Any, args: tuple[Any, ...], limit: int = 60) -> dict[str, Any]:
             "chosen": None if tuning is None else tuning.chosen,
             "verdict": None if tuning is None else tuning.verdict(),
             "measure_s": None if tuning is None else tuning.measure_s,
-            "source": None if tuning is None else tuning.source}
+            "source": None if tuning is None else tuning.source,
+            # Each candidate's timed ratio to jax.jit (None: not timed; "= label": the
+            # same program as that one).
+            "candidates": {} if tuning is None else {
+                row.label: (f"= {row.same_as}" if row.same_as else row.ratio)
+                for row in tuning.rows}}
 
 
 def max_abs_diff(want: Any, got: Any) -> float:

@@ -308,12 +308,38 @@ def test_measure_script_measures_the_tpus_candidates_on_the_cpu(tmp_path: Any, m
     assert first["settle"]["chosen"] and first["settle"]["calls"] >= 3
     assert first["settle"]["verdict"].startswith(("measured on cpu", "nothing to measure"))
     assert first["first_call_s"]["jax.jit"] > 0 and first["first_call_s"]["jaxpar"] > 0
+    # Every candidate's timed ratio, or the program it is the same as.
+    candidates = first["settle"]["candidates"]
+    assert candidates["jax.jit"] == 1.0 and "jaxpar, linear scans associative" in candidates
+    assert all(isinstance(v, float) or v is None or v.startswith("= ")
+               for v in candidates.values())
     second = json.loads((tmp_path / "measure-second.json").read_text())
     assert second["seed identical bodies"]["settle"]["source"] == "stored"
     summary = subprocess.run([sys.executable, str(script.with_name("measure_summary.py")),
                               str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert "| seed identical bodies | x" in summary.stdout
     assert "second process" in summary.stdout
+
+
+@runs_scripts
+def test_jit_pair_script_times_two_jit_compiles_beside_jaxpar(tmp_path: Any) -> None:
+    """``benchmarks/jit_pair.py --cpu``: jaxpar settled, two jax.jit compiles, the ratios to
+    the first, equal values."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "jit_pair.py"
+    env = {**__import__("os").environ, "JAXPAR_TUNE_DIR": str(tmp_path / "decisions"),
+           "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, str(script), "--cpu", "--out", str(tmp_path),
+                           "--programs", "matmul_scan_w8_n5000", "--rounds", "2"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "jitpair.json").read_text())["matmul_scan_w8_n5000"]
+    assert set(result["loop_ratio"]) == {"jit A", "jit B", "jaxpar"}
+    assert result["loop_ratio"]["jit A"] == 1.0 and result["max_abs_diff"] == 0.0
+    assert result["chosen"]
 
 
 @runs_scripts
