@@ -296,3 +296,25 @@ def test_a_split_calls_first_call_time_is_what_its_build_deadline_counts(manual,
     jaxpar.parallel_branches(slow, target="tpu", measure=True)(equinox_model(eqx),
                                                                jnp.zeros((STEPS, 8)))
     assert len(started) == 2 and min(started) >= 0.3
+
+
+def test_a_split_call_that_cannot_be_registered_runs_and_tuning_says_why(manual, monkeypatch):
+    # Registering a split call for measuring raised: the call still runs jax.jit's
+    # program, every call, and tuning() says why these shapes are not measured.
+    eqx = pytest.importorskip("equinox")
+    model = equinox_model(eqx)
+    xs = jnp.asarray(np.asarray(jax.random.normal(jax.random.key(3), (STEPS, 8))))
+
+    def broken(self: Any, state: Any, key: Any, leaves: Any) -> Any:
+        raise RuntimeError("no room for it")
+
+    monkeypatch.setattr(measuring.MeasuringTuner, "register", broken)
+    f = jaxpar.parallel_branches(run_model, target="tpu", measure=True)
+    want = eqx.filter_jit(run_model)(model, xs)
+    for _ in range(3):
+        assert_tree_close(f(model, xs), want, rtol=1e-5, atol=1e-6)
+        manual.run()
+    tuning = f.tuning(model, xs)
+    assert tuning.chosen == PLAIN_LABEL and tuning.source == measuring.NOT_MEASURED
+    assert tuning.why == ("these shapes could not be registered for measuring "
+                          "(RuntimeError: no room for it): they run jax.jit's program")

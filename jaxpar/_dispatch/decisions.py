@@ -90,6 +90,10 @@ class CallTuner:
         after it (the measuring tuner's; this tuner decided in ``decide``)."""
         return None
 
+    def note_unregistered(self, key: CallKey, leaves: Sequence[Any], error: Exception
+                          ) -> None:
+        """``register`` raised for a split call's signature (the measuring tuner's)."""
+
     def start(self, state: CallState, registered: Any,
               first_call_s: float | None = None) -> None:
         """After that call ran (see ``register``; ``first_call_s``: its time, where it was

@@ -345,8 +345,15 @@ def measure_new_trace(state: CallState, mode: Mode, out: Any, args: tuple[Any, .
         return out
     try:
         key, leaves = measured_split(state, mode, args, kwargs)
-        measured = tuner.register(state, key, leaves)
     except Exception:
+        return out  # ``tuning`` of these arguments splits them the same way, and says why
+    try:
+        measured = tuner.register(state, key, leaves)
+    except Exception as error:
+        try:
+            tuner.note_unregistered(key, leaves, error)
+        except Exception:
+            pass
         return out
     if measured is not None:
         tuner.start(state, measured, time.perf_counter() - started)

@@ -263,9 +263,12 @@ def abstract_argument(leaf: Any) -> Any:
 class MeasuringTuner(CallTuner):
     """``CallTuner`` that decides in the background (see the module docstring):
     ``measure`` is the option (``"auto"`` or True), ``pending`` the signatures whose
-    candidates are being built, ``deferred`` those whose build the next call queues."""
+    candidates are being built, ``deferred`` those whose build the next call queues,
+    ``unregistered`` why a split call's signature (NNX objects, static leaves) could not
+    be registered for measuring, by signature (it runs ``jax.jit``'s program; ``tuning``
+    says so)."""
 
-    __slots__ = ("deferred", "idle_boundaries", "lock", "measure", "pending")
+    __slots__ = ("deferred", "idle_boundaries", "lock", "measure", "pending", "unregistered")
 
     synchronous = False
 
@@ -276,6 +279,7 @@ class MeasuringTuner(CallTuner):
         self.deferred: list[Pending] = []
         self.idle_boundaries = 0
         self.lock = threading.RLock()
+        self.unregistered: dict[Any, str] = {}
 
     def clear(self) -> None:
         with self.lock:
@@ -332,7 +336,22 @@ class MeasuringTuner(CallTuner):
         arguments = [abstract_argument(leaf) for leaf in leaves]  # keyed as a build keys
         name, _ = signature_decision_key(state, plain, arguments,
                                          tuple(abstract(x) for x in arguments))
-        return load(name) or untimed("", NOT_YET, name, self.budget)
+        stored = load(name)
+        failed = self.unregistered.get(by_shape)
+        if stored is None and failed is not None:
+            return untimed(PLAIN, NOT_MEASURED, name, self.budget, why=(
+                f"these shapes could not be registered for measuring ({failed}): they run "
+                "jax.jit's program"))
+        return stored or untimed("", NOT_YET, name, self.budget)
+
+    def note_unregistered(self, key: CallKey, leaves: Sequence[Any], error: Exception
+                          ) -> None:
+        """A split call's signature that ``register`` raised for (``measure_new_trace``):
+        ``tuning`` says why it runs ``jax.jit``'s program."""
+        plain = dataclasses.replace(key, tune="", tune_generation=0)
+        with self.lock:
+            self.unregistered[signature_of(plain, leaves)] = \
+                f"{type(error).__name__}: {error}"
 
     # ------------------------------------------------------------------ the build
 

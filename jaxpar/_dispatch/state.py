@@ -145,6 +145,9 @@ class TuneHook(Protocol):
 
     def register(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> Any: ...
 
+    def note_unregistered(self, key: CallKey, leaves: Sequence[Any], error: Exception
+                          ) -> None: ...
+
     def start(self, state: CallState, registered: Any,
               first_call_s: float | None = None) -> None: ...
 
