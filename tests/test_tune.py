@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +101,35 @@ def test_a_faster_rewrite_is_chosen_and_runs(monkeypatch):
     assert plan.tuning == tuning
     assert f"* {REWRITE}" in str(plan) and "x0.500" in str(plan)
     assert plan.to_dict()["tuning"]["chosen"] == REWRITE
+
+
+def test_candidates_are_timed_with_the_functions_donation(monkeypatch):
+    """tune=True times the programs the call runs: compiled with its donation (each timed
+    run donates copies), so the call's own argument is donated as jax.jit donates it,
+    and the values are jax.jit's."""
+    from jaxpar._dispatch import decisions
+
+    fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})
+    built: list[Any] = []
+    programs = decisions.candidate_programs
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = programs(*args, **kwargs)
+        built.extend(p for p in out if p.run is not None)
+        return out
+
+    monkeypatch.setattr(decisions, "candidate_programs", spy)
+    f = jaxpar.parallel_branches(loop, target="cpu", unroll=4, tune=True, donate_argnums=0)
+    probe = jnp.asarray(C)
+    jax.jit(loop, donate_argnums=0)(probe, XS)
+    c = jnp.asarray(C)
+    assert_tree_close(f(c, XS), jax.jit(loop)(C, XS))
+    assert c.is_deleted() == probe.is_deleted()
+    assert f.tuning(C, XS).chosen == REWRITE
+    assert {p.candidate.label for p in built} >= {"jax.jit", REWRITE}
+    for program in built:
+        text = program.run.jitted.lower(C, XS).as_text()
+        assert "tf.aliasing_output" in text or "jax.buffer_donor" in text, program.candidate
 
 
 @pytest.mark.parametrize("chosen", ["jax.jit", REWRITE])

@@ -45,7 +45,7 @@ from .._tune import decide as decide_candidate
 from .._tune import decision_key as tuning_key
 from .._tune import fingerprint as program_fingerprint
 from .._tune import load as load_decision
-from .fast import donated_leaves, key_program
+from .fast import donated_leaves, key_program, splits_statics
 from .keyed import jit_for
 from .state import CallKey, CallState, wrapping
 
@@ -130,9 +130,14 @@ class CallTuner:
             tuning = unmeasured(name, self.budget, "the arguments span some processes but "
                                                    "not all, which cannot time together")
         else:
-            tuning = decide_candidate(name, fields, lambda: candidate_programs(state, key, leaves),
-                                      self.budget, together=span == _processes.ALL,
-                                      what=state.call_text(avals))
+            # Timed as the call runs them (its donation, shardings), as measuring does;
+            # calls jaxpar splits (NNX objects, static leaves) in its keyed jits.
+            as_called = not key.nnx and not splits_statics(state, key.layout,
+                                                           *key.layout.rebuild(leaves))
+            tuning = decide_candidate(
+                name, fields, lambda: candidate_programs(state, key, leaves,
+                                                         as_called=as_called),
+                self.budget, together=span == _processes.ALL, what=state.call_text(avals))
         self.decisions[by_shape] = tuning
         return tuning
 
