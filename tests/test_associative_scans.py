@@ -52,9 +52,17 @@ def ema(c: jax.Array, xs: jax.Array) -> Any:
 def gae(rewards: jax.Array, values: jax.Array, done: jax.Array) -> Any:
     def body(g: jax.Array, step: tuple[jax.Array, ...]) -> Any:
         r, v, d = step
-        g = r + 0.99 * 0.95 * jnp.where(d, 0.0, g) - v
+        g = r + 0.99 * 0.95 * (1.0 - d) * g - v
         return g, g
     return lax.scan(body, jnp.zeros(rewards.shape[1:]), (rewards, values, done), reverse=True)
+
+
+def gae_where(g0: jax.Array, rewards: jax.Array, done: jax.Array) -> Any:
+    def body(g: jax.Array, step: tuple[jax.Array, ...]) -> Any:
+        r, d = step
+        g = r + 0.99 * jnp.where(d, 0.0, g)
+        return g, g
+    return lax.scan(body, g0, (rewards, done), reverse=True)
 
 
 def selective_scan(h: jax.Array, dt: jax.Array, b: jax.Array, c: jax.Array, x: jax.Array,
@@ -85,8 +93,17 @@ def test_a_moving_average_runs_without_a_loop(length: int) -> None:
                                "lax.associative_scan runs its")
 
 
+def test_a_reset_by_where_stays_a_loop_it_drops_what_a_product_would_not() -> None:
+    # An infinite carry the reset drops: the loop's values are finite after it, where
+    # (0 * inf) would make a composition's NaN. Linear, but left alone.
+    done = jnp.zeros((6, 3), bool).at[2].set(True)
+    g0 = jnp.array([jnp.inf, 1.0, -jnp.inf])
+    _check(gae_where, g0, _normal(50, (6, 3)), done, unchanged=True, grads=False)
+    assert np.isfinite(np.asarray(gae_where(g0, _normal(50, (6, 3)), done)[1][:3])).all()
+
+
 def test_a_reverse_discounted_return_with_resets() -> None:
-    done = jax.random.bernoulli(jax.random.key(2), 0.1, (50, 6))
+    done = jax.random.bernoulli(jax.random.key(2), 0.1, (50, 6)).astype(jnp.float32)
     result = _check(gae, _normal(3, (50, 6)), _normal(4, (50, 6)), done,
                     kinds=["scanned in parallel"])
     assert not _scans(result.new)
@@ -150,7 +167,8 @@ def test_several_carries_constants_no_inputs_and_free_carries() -> None:
     lambda c, xs: lax.scan(lambda c, x: (c @ jnp.ones((4, 4)) + x, None), c, xs),
     lambda c, xs: lax.scan(lambda c, x: ((c[0] + c[1], c[1] * x), None), (c, c), xs),
     lambda c, xs: lax.scan(lambda c, x: (jnp.roll(c, 1) * x, None), c, xs),
-], ids=["tanh", "square", "matmul", "mixed", "rolled"])
+    lambda c, xs: lax.scan(lambda c, x: (c / x, None), c, xs),
+], ids=["tanh", "square", "matmul", "mixed", "rolled", "divided by an input"])
 def test_what_is_not_linear_stays_a_loop(program: Any) -> None:
     _check(program, _normal(12, (4,)), _normal(13, (9, 4)), unchanged=True)
 

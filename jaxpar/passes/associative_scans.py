@@ -25,11 +25,15 @@ at each step is its update at the step before, ``vmap``ped over the steps (in le
 where one such carry reads another); the other carries may read it as an input.
 
 What counts as linear is read from the body's equations (``_forms``): a carry, then only
-``add``/``sub`` of it with a carry-free value or itself, ``mul`` by and ``div`` by a
-carry-free value, ``neg``, ``select_n`` on a carry-free predicate (a reset where an
-episode ends), a no-op ``convert_element_type``, and plain nested ``jit`` calls of
-these (``jnp.where``). A carry that mixes with another carry, goes through anything else
-(``tanh``, a matmul), or changes shape is not linear, and the scan is left alone.
+``add``/``sub`` of it with a carry-free value or itself, ``mul`` by a carry-free value
+(a reset where an episode ends: ``(1 - done) * g``), ``div`` by a constant other than
+zero, ``neg``, a no-op
+``convert_element_type``, and plain nested ``jit`` calls of these. A carry that mixes
+with another carry, goes through anything else (``tanh``, a matmul), or changes shape
+is not linear, and the scan is left alone. So is a reset by ``jnp.where(done, 0, g)``
+(``select_n``): it is linear, but the loop drops a non-finite ``g`` where the
+composition would multiply it by zero (``0 * inf`` is NaN), and the values must be the
+loop's.
 
 Whether it pays is for the device to say (the measured candidates of ``_tune``,
 ``targets/tpu.py``): it turns ``L`` trips into ``O(log L)`` rounds, each reading and
@@ -46,6 +50,9 @@ Example::
 Sharp edges:
   * Only floating linear carries (the tangent of step 1); a scan with an integer carry
     that reads itself (a counter) is left alone.
+  * Values agree where the loop's are finite: a coefficient that is itself infinite (a
+    decay of ``inf``) may turn the loop's infinities into NaN (``b`` is read at
+    ``c = 0``).
   * Left alone: scans with effects or user placement, length below 2, and scans whose
     stacked values (``(a, b)`` of every step, the carries) would pass
     ``MAX_STACKED_BYTES`` or the memory budget's allowance.
@@ -235,11 +242,21 @@ def _eqn_forms(eqn: JaxprEqn, ins: list[int], shapes: Sequence[tuple[Any, Any]]
     name = eqn.primitive.name
     linear = (name in _LINEAR_BINARY or name == "neg"
               or (name == "mul" and ins.count(k) == 1)
-              or (name == "div" and ins[0] == k and ins[1] == _FREE)
-              or (name == "select_n" and ins[0] == _FREE)
+              or (name == "div" and ins[0] == k and _nonzero_literal(eqn.invars[1]))
               or (name == "convert_element_type" and out.dtype == shapes[k][1])
               or name == "copy")
     return [k] if linear else other
+
+
+def _nonzero_literal(atom: Any) -> bool:
+    """Whether ``atom`` is a literal other than zero (a carry divided by it stays finite
+    where it was; by a computed value that may be zero, ``b = 0 / 0`` would be NaN)."""
+    if not _compat.is_literal(atom):
+        return False
+    try:
+        return bool(jnp.all(jnp.asarray(_compat.literal_value(atom)) != 0))
+    except Exception:
+        return False
 
 
 def _emitter(eqn: JaxprEqn, linear: _Linear) -> EmitFn:
@@ -289,7 +306,7 @@ def _emitter(eqn: JaxprEqn, linear: _Linear) -> EmitFn:
         # 2. The linear carries: every step's (a, b), their prefix compositions.
         def affine(x: list[Any], known_in: dict[int, Any]) -> tuple[list[Any], list[Any]]:
             # The equations free of the linear carries run as they are; only the linear
-            # carries' update is differentiated (add, mul, select_n, ...: jvp rules all).
+            # carries' update is differentiated (add, mul, div, ...: jvp rules all).
             env = inputs(x, known_in)
             run(env, linear.free)
 
