@@ -337,12 +337,15 @@ class Program(NamedTuple):
       same_as: that candidate's label, or None.
       digest: what decides the program on jaxpar's side (its settings and XLA options),
         hashed: processes tuning together must have the same.
+      failed: why the candidate's program could not be built (``run`` None, not timed),
+        or None.
     """
 
     candidate: Candidate
     run: Callable[[], Any] | None
     same_as: str | None = None
     digest: str = ""
+    failed: str | None = None
 
 
 def decide(key: str, fields: Mapping[str, Any], programs: Callable[[], Sequence[Program]],

@@ -262,3 +262,33 @@ def test_outputs_reading_the_carry_in_and_out(reverse: bool) -> None:
 
     _check(program, _normal(30, (3,)), _normal(31, (12, 3)), kinds=["scanned in parallel"])
 
+
+
+def test_literal_and_weakly_typed_initial_carries() -> None:
+    # ``0.0`` as the initial carry is a literal operand of the scan; a weakly typed one
+    # (a Python float made an array) keeps its weak type in the output.
+    def literal(rewards: jax.Array, done: jax.Array) -> Any:
+        return lax.scan(lambda g, rd: (rd[0] + 0.99 * (1 - rd[1]) * g, g), 0.0,
+                        (rewards, done), reverse=True)
+
+    _check(literal, jnp.arange(1.0, 6.0), jnp.zeros(5), kinds=["scanned in parallel"])
+
+    def weak(c: jax.Array) -> Any:
+        return lax.scan(lambda c, _: (0.5 * c + 1.0, c), c, None, length=4)
+
+    _check(weak, jnp.asarray(2.0), kinds=["scanned in parallel"])
+    got = _associative(weak, target="tpu")(jnp.asarray(2.0))
+    np.testing.assert_allclose(got[0], weak(jnp.asarray(2.0))[0])
+
+
+def test_a_call_reading_a_linear_carry_and_giving_a_free_result_stays() -> None:
+    both = jax.jit(lambda c, x: (c * 0.5, x * 2.0))
+
+    def program(c0: jax.Array, xs: jax.Array) -> Any:
+        def body(carry: tuple[jax.Array, jax.Array], x: jax.Array) -> Any:
+            c, k = carry
+            c2, k2 = both(c, x)
+            return (c2 + k, k2), c
+        return lax.scan(body, (c0, jnp.float32(0)), xs)
+
+    _check(program, jnp.float32(1), jnp.arange(1.0, 6.0), unchanged=True)

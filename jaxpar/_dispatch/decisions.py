@@ -230,8 +230,10 @@ def candidate_programs(state: CallState, key: CallKey, leaves: Sequence[Any],
     it compiles nothing. ``check``: called before each candidate after the first
     ``ALWAYS_BUILT`` (in ``build_order``); it raises to stop the build, or returns
     False to build no more (a deadline: the rest are left out, ``Program(run=None)``
-    without ``same_as``). ``as_called``: compiled as the function's call compiles
-    (``called_jit``: its donation and shardings), else in jaxpar's keyed jits.
+    without ``same_as``). A candidate after those whose build raises is
+    ``Program(run=None, failed=why)``: not timed, the others still are. ``as_called``:
+    compiled as the function's call compiles (``called_jit``: its donation and
+    shardings), else in jaxpar's keyed jits.
     """
     built: dict[str, Program] = {}
     seen: dict[str, str] = {}
@@ -243,8 +245,15 @@ def candidate_programs(state: CallState, key: CallKey, leaves: Sequence[Any],
             continue
         if check is not None and index >= ALWAYS_BUILT and check() is False:
             break
-        built[candidate.label] = _built(state, key, leaves, candidate, seen, compile_them,
-                                        as_called)
+        try:
+            built[candidate.label] = _built(state, key, leaves, candidate, seen,
+                                            compile_them, as_called)
+        except Exception as error:
+            if index < ALWAYS_BUILT:
+                raise  # jax.jit's program or the plan: the call itself would fail alike
+            # One candidate that cannot be built is not timed; the others still are.
+            built[candidate.label] = Program(candidate, None,
+                                             failed=f"{type(error).__name__}: {error}"[:300])
     return [built.get(c.label) or Program(c, None) for c in CANDIDATES]
 
 

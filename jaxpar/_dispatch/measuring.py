@@ -121,7 +121,7 @@ from .decisions import (
     traced_decision_key,
 )
 from .fast import FastPath, current, measured_split, replace_path, runs_routed, splits_statics
-from .state import CallKey, CallState, set_boundary
+from .state import CallKey, CallState, bounded, set_boundary
 
 MEASURE_VARIABLE = "JAXPAR_MEASURE"
 _NO = frozenset("0 false no off".split())  # what JAXPAR_MEASURE turns measuring off with
@@ -286,6 +286,7 @@ class MeasuringTuner(CallTuner):
             super().clear()
             self.pending.clear()
             self.deferred.clear()
+            self.unregistered.clear()
 
     # ------------------------------------------------------------------ what runs
 
@@ -350,7 +351,7 @@ class MeasuringTuner(CallTuner):
         ``tuning`` says why it runs ``jax.jit``'s program."""
         plain = dataclasses.replace(key, tune="", tune_generation=0)
         with self.lock:
-            self.unregistered[signature_of(plain, leaves)] = \
+            bounded(self.unregistered)[signature_of(plain, leaves)] = \
                 f"{type(error).__name__}: {error}"
 
     # ------------------------------------------------------------------ the build
@@ -560,11 +561,18 @@ def _build_candidates(state: CallState, pending: Pending, arguments: list[Any]
     programs = candidate_programs(state, pending.key, arguments, compile_them=True,
                                   check=check, as_called=as_called)
     own = [p for p in programs if own_program(p.candidate, pending.key)]
-    left_out = sum(1 for p in own if p.run is None and p.same_as is None)
+    failed = [p for p in own if p.failed is not None]
+    left_out = sum(1 for p in own if p.run is None and p.same_as is None) - len(failed)
+    notes = []
     if left_out:
-        pending.built = (f"built {len(own) - left_out} of {len(own)} candidates in "
-                         f"{_clock() - started:.1f} s; stopped at the deadline "
-                         f"({build_deadline_s(pending.first_call_s):.0f} s)")
+        notes.append(f"built {len(own) - left_out - len(failed)} of {len(own)} candidates "
+                     f"in {_clock() - started:.1f} s; stopped at the deadline "
+                     f"({build_deadline_s(pending.first_call_s):.0f} s)")
+    if failed:
+        notes.append(f"{len(failed)} could not be built, not timed: " + "; ".join(
+            f"{p.candidate.label!r} ({p.failed})" for p in failed))
+    if notes:
+        pending.built = "; ".join(notes)
     return programs
 
 

@@ -26,7 +26,7 @@ where one such carry reads another); the other carries may read it as an input.
 
 What counts as linear is read from the body's equations (``_forms``): a carry, then only
 ``add``/``sub`` of it with a carry-free value or itself, ``mul`` by a carry-free value
-(a reset where an episode ends: ``(1 - done) * g``), ``div`` by a constant other than
+(a reset where an episode ends: ``(1 - done) * g``), ``div`` by a literal other than
 zero, ``neg``, a no-op
 ``convert_element_type``, and plain nested ``jit`` calls of these. A carry that mixes
 with another carry, goes through anything else (``tanh``, a matmul), or changes shape
@@ -49,10 +49,12 @@ Example::
 
 Sharp edges:
   * Only floating linear carries (the tangent of step 1); a scan with an integer carry
-    that reads itself (a counter) is left alone.
-  * Values agree where the loop's are finite: a coefficient that is itself infinite (a
-    decay of ``inf``) may turn the loop's infinities into NaN (``b`` is read at
-    ``c = 0``).
+    that reads itself (a counter) is left alone (an integer known carry is fine).
+  * Values agree where the products of the coefficients stay finite: the compositions
+    multiply ``a`` over many steps, which the loop never does, so decays above 1 that
+    overflow (``1e30`` twice) give NaN where the loop's values are finite, and an
+    infinite coefficient may turn the loop's infinities into NaN (``b`` is read at
+    ``c = 0``). Stable recurrences (decays at most 1) are what this is for.
   * Left alone: scans with effects or user placement, length below 2, and scans whose
     stacked values (``(a, b)`` of every step, the carries) would pass
     ``MAX_STACKED_BYTES`` or the memory budget's allowance.
@@ -173,6 +175,10 @@ def _linear(eqn: JaxprEqn) -> _Linear | None:
         remaining = [k for k in remaining if k not in level]
     if any(out[k] != k for k in remaining):
         return None
+    # A call reading a linear carry whose other results read none (a nested jit returning
+    # both): those results exist only where the call runs, under the jvp; left alone.
+    if any(forms.get(v) == _FREE for inner in body.eqns for v in inner.outvars):
+        return None
     if any(not jnp.issubdtype(avals[k].dtype, jnp.inexact) for k in remaining):
         return None
     free = [i for i, inner in enumerate(body.eqns)
@@ -272,7 +278,9 @@ def _emitter(eqn: JaxprEqn, linear: _Linear) -> EmitFn:
     def emit(invals: list[list[Any]]) -> list[list[Any]]:
         (operands,) = invals
         consts = operands[:nc]
-        init = operands[nc:nc + ncarry]
+        # Arrays of the carries' types (a literal initial carry, ``0.0``, is a scalar).
+        init = [_compat.with_weak_type(jnp.asarray(v, _compat.array_aval(var).dtype), var.aval)
+                for v, var in zip(operands[nc:nc + ncarry], carry_vars, strict=True)]
         xs = list(operands[nc + ncarry:])
 
         def inputs(x: Sequence[Any], known_in: dict[int, Any]) -> Env:
@@ -343,7 +351,10 @@ def _emitter(eqn: JaxprEqn, linear: _Linear) -> EmitFn:
                 ins = [carry_in[k] for k in range(ncarry)]
                 ys = list(jax.vmap(
                     lambda c, x: evaluate(info.jaxpr, *consts, *c, *x)[ncarry:])(ins, xs))
-        return [final + ys]
+        # The scan's own output types (weak types included: the update's arithmetic
+        # above made strong ones).
+        return [[_compat.with_weak_type(v, out.aval) for v, out in
+                 zip(final + ys, eqn.outvars, strict=True)]]
 
     return emit
 
