@@ -353,7 +353,7 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         Effects, conditionals, collectives and stacks over 1 GiB stay in the loop.
       associative_scans: run a scan whose carries each follow a linear recurrence
         (``c = a * c + b`` with ``a``, ``b`` reading no carry: a moving average, a
-        discounted return or GAE, a state-space layer's state) as
+        discounted return or GAE, a Mamba layer's state) as
         ``lax.associative_scan``, about ``2 log2 L`` rounds instead of ``L`` trips
         (``True``); values agree within rounding. ``"auto"`` (default) leaves it off on
         every target, and a TPU measures it (``measure``).

@@ -47,15 +47,17 @@ from .._tune import fingerprint as program_fingerprint
 from .._tune import load as load_decision
 from .fast import donated_leaves, key_program, splits_statics
 from .keyed import jit_for
-from .state import CallKey, CallState, wrapping
+from .state import CallKey, CallState, bounded, wrapping
 
 
 class CallTuner:
     """A decorated function's tuner: how it measures (``budget``), its decisions in this
     process by signature (what jax.jit traces anew), which traced calls reuse, and the
-    generation of measurements (``CallKey.tune_generation``)."""
+    generation of measurements (``CallKey.tune_generation``); ``unregistered``: why a split
+    call's signature (NNX objects, static leaves) could not be registered for measuring,
+    by signature (it runs ``jax.jit``'s program; the measuring tuner's ``tuning`` says so)."""
 
-    __slots__ = ("budget", "decisions", "generation")
+    __slots__ = ("budget", "decisions", "generation", "unregistered")
 
     synchronous = True  # decides before a signature's first call (``measuring``: after)
 
@@ -63,9 +65,11 @@ class CallTuner:
         self.budget = budget
         self.decisions: dict[Any, Tuning] = {}
         self.generation = 0
+        self.unregistered: dict[Any, str] = {}
 
     def clear(self) -> None:
         self.decisions.clear()
+        self.unregistered.clear()
 
     def decided_key(self, state: CallState, key: CallKey, leaves: Sequence[Any]) -> CallKey:
         """At trace time: the key of the candidate this signature's decision chose (the
@@ -92,7 +96,10 @@ class CallTuner:
 
     def note_unregistered(self, key: CallKey, leaves: Sequence[Any], error: Exception
                           ) -> None:
-        """``register`` raised for a split call's signature (the measuring tuner's)."""
+        """``register`` raised for a split call's signature (``fast.measure_new_trace``)."""
+        plain = dataclasses.replace(key, tune="", tune_generation=0)
+        bounded(self.unregistered)[signature_of(plain, leaves)] = \
+            f"{type(error).__name__}: {error}"
 
     def start(self, state: CallState, registered: Any,
               first_call_s: float | None = None) -> None:

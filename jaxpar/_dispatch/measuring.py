@@ -121,7 +121,7 @@ from .decisions import (
     traced_decision_key,
 )
 from .fast import FastPath, current, measured_split, replace_path, runs_routed, splits_statics
-from .state import CallKey, CallState, bounded, set_boundary
+from .state import CallKey, CallState, set_boundary
 
 MEASURE_VARIABLE = "JAXPAR_MEASURE"
 _NO = frozenset("0 false no off".split())  # what JAXPAR_MEASURE turns measuring off with
@@ -263,12 +263,9 @@ def abstract_argument(leaf: Any) -> Any:
 class MeasuringTuner(CallTuner):
     """``CallTuner`` that decides in the background (see the module docstring):
     ``measure`` is the option (``"auto"`` or True), ``pending`` the signatures whose
-    candidates are being built, ``deferred`` those whose build the next call queues,
-    ``unregistered`` why a split call's signature (NNX objects, static leaves) could not
-    be registered for measuring, by signature (it runs ``jax.jit``'s program; ``tuning``
-    says so)."""
+    candidates are being built, ``deferred`` those whose build the next call queues."""
 
-    __slots__ = ("deferred", "idle_boundaries", "lock", "measure", "pending", "unregistered")
+    __slots__ = ("deferred", "idle_boundaries", "lock", "measure", "pending")
 
     synchronous = False
 
@@ -279,14 +276,12 @@ class MeasuringTuner(CallTuner):
         self.deferred: list[Pending] = []
         self.idle_boundaries = 0
         self.lock = threading.RLock()
-        self.unregistered: dict[Any, str] = {}
 
     def clear(self) -> None:
         with self.lock:
             super().clear()
             self.pending.clear()
             self.deferred.clear()
-            self.unregistered.clear()
 
     # ------------------------------------------------------------------ what runs
 
@@ -344,15 +339,6 @@ class MeasuringTuner(CallTuner):
                 f"these shapes could not be registered for measuring ({failed}): they run "
                 "jax.jit's program"))
         return stored or untimed("", NOT_YET, name, self.budget)
-
-    def note_unregistered(self, key: CallKey, leaves: Sequence[Any], error: Exception
-                          ) -> None:
-        """A split call's signature that ``register`` raised for (``measure_new_trace``):
-        ``tuning`` says why it runs ``jax.jit``'s program."""
-        plain = dataclasses.replace(key, tune="", tune_generation=0)
-        with self.lock:
-            bounded(self.unregistered)[signature_of(plain, leaves)] = \
-                f"{type(error).__name__}: {error}"
 
     # ------------------------------------------------------------------ the build
 
