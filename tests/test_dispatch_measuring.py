@@ -531,20 +531,25 @@ def test_a_build_stopped_before_any_rewrite_is_not_nothing_to_measure(
     assert not list(private_decisions.rglob("*.json"))
 
 
+def failing_build(monkeypatch: pytest.MonkeyPatch, label: str, message: str) -> None:
+    """The candidate ``label``'s build raises ``RuntimeError(message)``."""
+    built = decisions._built
+
+    def breaking(state: Any, key: Any, leaves: Any, candidate: Any, *rest: Any) -> Any:
+        if candidate.label == label:
+            raise RuntimeError(message)
+        return built(state, key, leaves, candidate, *rest)
+
+    monkeypatch.setattr(decisions, "_built", breaking)
+
+
 def test_a_candidate_that_cannot_be_built_is_left_out_and_named(manual, monkeypatch):
     """One candidate whose build raises (a pass that cannot rewrite this program) is not
     timed; the others are, the decision is made, and tuning() names it and the error.
     jax.jit's program and the plan are built as the call builds them (their errors are
     the call's)."""
     fake_timer(monkeypatch, {"jaxpar unrolled by 8": 0.5})
-    built = decisions._built
-
-    def breaking(state: Any, key: Any, leaves: Any, candidate: Any, *rest: Any) -> Any:
-        if candidate.label == "jaxpar unrolled by 16":
-            raise RuntimeError("this pass cannot rewrite it")
-        return built(state, key, leaves, candidate, *rest)
-
-    monkeypatch.setattr(decisions, "_built", breaking)
+    failing_build(monkeypatch, "jaxpar unrolled by 16", "this pass cannot rewrite it")
     f = measured_loop()
     for out in drive(f, manual, calls=4):
         assert_tree_close(out, jax.jit(loop)(C, XS), rtol=1e-5, atol=1e-6)
@@ -558,14 +563,7 @@ def test_a_candidate_that_cannot_be_built_is_left_out_and_named(manual, monkeypa
 
 
 def test_under_tune_a_candidate_that_cannot_be_built_never_breaks_the_call(monkeypatch):
-    built = decisions._built
-
-    def breaking(state: Any, key: Any, leaves: Any, candidate: Any, *rest: Any) -> Any:
-        if candidate.label == "jaxpar unrolled by 8":
-            raise RuntimeError("no")
-        return built(state, key, leaves, candidate, *rest)
-
-    monkeypatch.setattr(decisions, "_built", breaking)
+    failing_build(monkeypatch, "jaxpar unrolled by 8", "no")
     f = jaxpar.parallel_branches(loop, target="tpu", tune=True)
     assert_tree_close(f(C, XS), jax.jit(loop)(C, XS), rtol=1e-5, atol=1e-6)
     assert f.tuning(C, XS).row("jaxpar unrolled by 8").runs == 0

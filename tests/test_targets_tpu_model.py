@@ -225,10 +225,14 @@ def test_the_tuners_candidates_on_a_tpu() -> None:
     assert tpu == ["jax.jit", "jaxpar (chosen options)", "jaxpar without unrolling",
                    "jaxpar unrolled by 8", "jaxpar unrolled by 16",
                    "jaxpar without scan batching", "jaxpar with scans fused",
-                   "jaxpar, while loops by 4"]
+                   "jaxpar, while loops by 4", "jaxpar, scan inputs hoisted",
+                   "jaxpar, scan inputs hoisted, unrolled by 8",
+                   "jaxpar, linear scans associative"]
     gpu = [c.label for c in CANDIDATES if c.targets is None or "gpu" in c.targets]
     assert "jaxpar unrolled by 8" not in gpu and "jaxpar (user's mode)" in gpu
     assert "jaxpar, while loops by 4" in gpu
+    # The hoisting and associative candidates: measured on the chip only (no GPU lent).
+    assert not {"jaxpar, scan inputs hoisted", "jaxpar, linear scans associative"} & set(gpu)
 
 
 @pytest.mark.parametrize("name", sorted(load_benchmark("tpu_loops").PROGRAMS))

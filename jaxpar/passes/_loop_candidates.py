@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import _ops
+from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._program.primitives import SCAN
 
@@ -38,3 +39,11 @@ def loop_candidates(eqns: Sequence[JaxprEqn]) -> list[int]:
     read inline first: the passes ask this of every equation of every level they
     visit, and most are not scans)."""
     return [i for i, e in enumerate(eqns) if e.primitive.name == SCAN and loop_candidate(e)]
+
+
+def stacked_limit(analysis: Analysis, option: str, most: int) -> float:
+    """The most bytes a loop pass that stacks every step's values (``hoist_scan_inputs``,
+    ``associative_scans``) may stack for one scan: ``most``, within the memory budget's
+    allowance unless the user turned ``option`` on by name."""
+    allowance = analysis.allowance_for(option)
+    return most if allowance is None else min(most, allowance)

@@ -75,7 +75,7 @@ from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._model.memory import format_bytes
 from .._program.interp import Env
-from ._loop_candidates import loop_candidates
+from ._loop_candidates import loop_candidates, stacked_limit
 from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
 from ._splice import evaluate
 
@@ -93,7 +93,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: every scan of one level whose carries follow linear recurrences
     becomes ``lax.associative_scan``."""
     eqns, path = level.eqns, level.path
-    allowance = analysis.allowance_for("associative_scans")
+    limit = stacked_limit(analysis, "associative_scans", MAX_STACKED_BYTES)
     rewrites: list[Rewrite] = []
     decisions: list[PassDecision] = []
     for index in loop_candidates(eqns):
@@ -104,7 +104,6 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
             continue
         stacked = 3 * info.length * sum(_bytes(_compat.array_aval(v)) for v in
                                         eqn.outvars[:info.num_carry])
-        limit = MAX_STACKED_BYTES if allowance is None else min(MAX_STACKED_BYTES, allowance)
         carries = ("its carry follows" if info.num_carry == 1
                    else f"its {info.num_carry} carries each follow")
         if stacked > limit:

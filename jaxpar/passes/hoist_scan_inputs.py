@@ -64,7 +64,7 @@ from .._program.primitives import (
     PURE_CALLBACK,
     USER_PLACEMENT,
 )
-from ._loop_candidates import loop_candidates
+from ._loop_candidates import loop_candidates, stacked_limit
 from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
 
 # The equations worth a stacked input: each is a kernel of its own on every trip.
@@ -83,7 +83,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     """The level pass: every scan of one level whose body has heavy work that reads no
     carry gets that work run for all steps before it."""
     eqns, path = level.eqns, level.path
-    allowance = analysis.allowance_for("hoist_scan_inputs")
+    limit = stacked_limit(analysis, "hoist_scan_inputs", MAX_HOISTED_BYTES)
     rewrites: list[Rewrite] = []
     decisions: list[PassDecision] = []
     for index in loop_candidates(eqns):
@@ -92,7 +92,6 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         if split is None:
             continue
         stacked = split.stacked_bytes
-        limit = MAX_HOISTED_BYTES if allowance is None else min(MAX_HOISTED_BYTES, allowance)
         what = _what(split)
         length = _compat.scan_info(eqn).length
         if stacked > limit:
