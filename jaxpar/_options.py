@@ -388,9 +388,8 @@ class ModePolicy:
 
 
 class PassNames(frozenset[str]):
-    """``Settings.passes``: a ``frozenset`` of pass names whose ``repr`` lists them sorted,
-    the same in every process (string hashes are salted per process, and the tuner keys
-    its stored decisions by the settings' text)."""
+    """``Settings.passes``, ``.explicit``: frozensets whose ``repr`` is sorted, the same in
+    every process (string hashes are salted; processes and stored decisions compare it)."""
 
     __slots__ = ()
 
@@ -442,8 +441,9 @@ class Settings:
     explicit: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        if type(self.passes) is not PassNames:
-            object.__setattr__(self, "passes", PassNames(self.passes))
+        for name in ("passes", "explicit"):
+            if type(getattr(self, name)) is not PassNames:
+                object.__setattr__(self, name, PassNames(getattr(self, name)))
 
     def priced_in(self, mode: CommandBufferMode | None) -> Settings:
         """These settings with sections and launches priced in ``mode`` (a candidate

@@ -107,6 +107,37 @@ def test_settings_passes_is_a_frozen_set_with_one_text_in_every_process() -> Non
                                                                      "fuse_scans"})))
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.passes = frozenset()  # type: ignore[misc]
+    # The passes named by the user too: a candidate overriding two options (hoisting and
+    # lax.scan's unroll) must read alike in every process measuring together.
+    named = Settings("tpu", explicit={"unroll_scans", "hoist_scan_inputs"})  # type: ignore[arg-type]
+    assert repr(named.explicit) == "frozenset({'hoist_scan_inputs', 'unroll_scans'})"
+
+
+_CANDIDATE_SETTINGS = """
+import jaxpar
+from jaxpar import targets
+from jaxpar._options import Options
+for label, overrides in sorted(targets.get("tpu").candidates.items()):
+    print(label, repr(Options.create(**overrides).resolve("tpu", async_limit=2,
+                                                          command_buffers="lhs")))
+"""
+
+
+def test_every_candidates_settings_read_alike_under_any_string_hash_seed() -> None:
+    import os
+    import subprocess
+    import sys
+
+    def texts(seed: str) -> str:
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", _CANDIDATE_SETTINGS], env=env,
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    first = texts("1")
+    assert "jaxpar, scan inputs hoisted, unrolled by 8" in first
+    assert all(texts(seed) == first for seed in ("2", "12345"))
 
 
 def test_leaving_out_a_rung_turns_its_rows_off() -> None:
