@@ -420,8 +420,7 @@ def _region_body(eqns: list[JaxprEqn], in_vars: list[Any], out_vars: list[Any],
         if constants:
             env.write(list(constants), list(constants.values()))
         env.write(in_vars, values)
-        for eqn in eqns:
-            env.write(eqn.outvars, _compat.bind_eqn(eqn, env.read_all(eqn.invars)))
+        env.bind(eqns)
         return tuple(env.read_all(out_vars))
     return body
 

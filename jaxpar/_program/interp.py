@@ -21,11 +21,11 @@ Sharp edges:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import _compat
-from .._compat import Atom
+from .._compat import Atom, JaxprEqn
 
 
 class Env:
@@ -51,3 +51,9 @@ class Env:
         """``write`` for a jaxpr's invars: each value gets its variable's weak type."""
         self.write(variables, [_compat.with_weak_type(value, var.aval)
                                for var, value in zip(variables, values, strict=True)])
+
+    def bind(self, eqns: Iterable[JaxprEqn]) -> None:
+        """Binds each equation on its operands' values here, in order, and writes its
+        results (keeping its source info and context: ``_compat.bind_eqn``)."""
+        for eqn in eqns:
+            self.write(eqn.outvars, _compat.bind_eqn(eqn, self.read_all(eqn.invars)))

@@ -151,8 +151,7 @@ def evaluate(jaxpr: JaxprLike, *args: Any) -> list[Any]:
     env = Env()
     env.write(inner.constvars, consts)
     env.write_inputs(inner.invars, args)
-    for eqn in inner.eqns:
-        env.write(eqn.outvars, _compat.bind_eqn(eqn, env.read_all(eqn.invars)))
+    env.bind(inner.eqns)
     return env.read_all(inner.outvars)
 
 

@@ -74,6 +74,7 @@ from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._model.memory import format_bytes
+from .._program.graph import graph_and_writers, reachable
 from .._program.interp import Env
 from ._loop_candidates import loop_candidates, stacked_limit
 from ._protocol import DecisionKind, EmitFn, Level, LevelResult, PassDecision, Rewrite, decision
@@ -102,7 +103,7 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
         linear = _linear(eqn) if info.length >= 2 else None
         if linear is None:
             continue
-        stacked = 3 * info.length * sum(_bytes(_compat.array_aval(v)) for v in
+        stacked = 3 * info.length * sum(_compat.aval_nbytes(v.aval) for v in
                                         eqn.outvars[:info.num_carry])
         carries = ("its carry follows" if info.num_carry == 1
                    else f"its {info.num_carry} carries each follow")
@@ -123,10 +124,6 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
                    f"lax.associative_scan runs its {info.length} steps in about {rounds} "
                    f"rounds, {format_bytes(stacked)} stacked; values agree within rounding"))
     return LevelResult(rewrites, decisions)
-
-
-def _bytes(aval: Any) -> int:
-    return math.prod(aval.shape) * aval.dtype.itemsize
 
 
 class _Linear:
@@ -182,28 +179,20 @@ def _linear(eqn: JaxprEqn) -> _Linear | None:
         return None
     free = [i for i, inner in enumerate(body.eqns)
             if not any(a in forms for a in inner.invars if not _compat.is_literal(a))]
-    update = set(range(len(body.eqns))) - set(free)
-    everything = set(range(len(body.eqns)))
-    return _Linear([(level, _needed(body, level, set(free))) for level in known], remaining,
-                   sorted(set(_needed(body, remaining, everything)) - update),
-                   _needed(body, remaining, update))
+    # What each group of carry outputs needs. The equations free of the linear carries
+    # need only free ones (a call mixing both was refused above), so an update's
+    # ancestors among the free ones and those among the update's are the two parts.
+    graph, writers = graph_and_writers(body)
 
+    def needed(carries: Sequence[int], among: set[int]) -> list[int]:
+        start = [writers[v] for v in (body.outvars[k] for k in carries)
+                 if not _compat.is_literal(v) and v in writers]
+        return sorted((set(start) | reachable(graph, start, forward=False)) & among)
 
-def _needed(body: Any, carries: Sequence[int], among: set[int]) -> list[int]:
-    """The indices (body order) of the equations of ``among`` that the carry outputs
-    ``carries`` need through equations of ``among``."""
-    producer = {v: i for i, inner in enumerate(body.eqns) for v in inner.outvars}
-    needed: set[int] = set()
-    stack = [producer[body.outvars[k]] for k in carries
-             if not _compat.is_literal(body.outvars[k]) and body.outvars[k] in producer]
-    while stack:
-        i = stack.pop()
-        if i in needed or i not in among:
-            continue
-        needed.add(i)
-        stack.extend(producer[a] for a in body.eqns[i].invars
-                     if not _compat.is_literal(a) and a in producer)
-    return sorted(needed)
+    free_set = set(free)
+    update = set(range(len(body.eqns))) - free_set
+    return _Linear([(level, needed(level, free_set)) for level in known], remaining,
+                   needed(remaining, free_set), needed(remaining, update))
 
 
 def _forms(jaxpr: Any, forms: dict[Any, int], shapes: Sequence[tuple[Any, Any]]
@@ -291,9 +280,7 @@ def _emitter(eqn: JaxprEqn, linear: _Linear) -> EmitFn:
             return env
 
         def run(env: Env, indices: Sequence[int]) -> None:
-            for i in indices:
-                inner = body.eqns[i]
-                env.write(inner.outvars, _compat.bind_eqn(inner, env.read_all(inner.invars)))
+            env.bind(body.eqns[i] for i in indices)
 
         # 1. The known carries, level by level: each step's carry in is the step before's
         # update (the first step's: the initial carry).

@@ -48,13 +48,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax import lax
 
 from .. import _compat
 from .._analysis import Analysis
 from .._compat import JaxprEqn
 from .._model.memory import format_bytes
+from .._program.graph import build_graph, reachable
 from .._program.interp import Env
 from .._program.primitives import (
     COLLECTIVE,
@@ -185,16 +185,7 @@ def _split(eqn: JaxprEqn) -> _Split | None:
     heavy = [i for i, inner in enumerate(body.eqns) if eqn_kind[i] == "step" and _heavy(inner)]
     if not heavy:
         return None
-    producer = {v: i for i, inner in enumerate(body.eqns) for v in inner.outvars}
-    needed: set[int] = set()
-    stack = list(heavy)
-    while stack:
-        i = stack.pop()
-        if i in needed:
-            continue
-        needed.add(i)
-        stack.extend(producer[a] for a in body.eqns[i].invars
-                     if not _compat.is_literal(a) and a in producer)
+    needed = set(heavy) | reachable(build_graph(body), heavy, forward=False)
     moved = {i for i in needed if eqn_kind[i] == "step"}
     kept = [i for i in range(len(body.eqns)) if i not in moved]
     read_by_loop = {a for i in kept for a in body.eqns[i].invars if not _compat.is_literal(a)}
@@ -205,16 +196,9 @@ def _split(eqn: JaxprEqn) -> _Split | None:
                     if not _compat.is_literal(a)}
     xs_read = [k for k, v in enumerate(xs) if v in needed_reads]
     xs_kept = [k for k, v in enumerate(xs) if v in read_by_loop]
-    stacked = sum(_bytes(v.aval) for v in handed) * info.length
+    stacked = sum(_compat.aval_nbytes(v.aval) for v in handed) * info.length
     return _Split(moved, sorted(needed), [body.eqns[i].primitive.name for i in heavy],
                   handed, xs_read, xs_kept, stacked)
-
-
-def _bytes(aval: Any) -> int:
-    dtype = getattr(aval, "dtype", None)
-    shape = getattr(aval, "shape", ())
-    itemsize = getattr(dtype, "itemsize", 4) if dtype is not None else 4
-    return int(np.prod(shape, dtype=np.int64)) * int(itemsize)
 
 
 def _emitter(eqn: JaxprEqn, split: _Split) -> EmitFn:
@@ -234,9 +218,7 @@ def _emitter(eqn: JaxprEqn, split: _Split) -> EmitFn:
         def before(*step_xs: Any) -> list[Any]:
             env = _env(body, body_consts, consts)
             env.write_inputs([body.invars[nc + ncarry + k] for k in split.xs_read], step_xs)
-            for i in split.needed:
-                inner = body.eqns[i]
-                env.write(inner.outvars, _compat.bind_eqn(inner, env.read_all(inner.invars)))
+            env.bind(body.eqns[i] for i in split.needed)
             return env.read_all(split.handed)
 
         def step(carry: list[Any], scanned: tuple[list[Any], list[Any]]
@@ -246,10 +228,7 @@ def _emitter(eqn: JaxprEqn, split: _Split) -> EmitFn:
             env.write_inputs(body.invars[nc:nc + ncarry], carry)
             env.write_inputs([body.invars[nc + ncarry + k] for k in split.xs_kept], kept_xs)
             env.write_inputs(split.handed, handed)
-            for i, inner in enumerate(body.eqns):
-                if i not in moved:
-                    env.write(inner.outvars,
-                              _compat.bind_eqn(inner, env.read_all(inner.invars)))
+            env.bind(inner for i, inner in enumerate(body.eqns) if i not in moved)
             outs = env.read_all(body.outvars)
             return outs[:ncarry], outs[ncarry:]
 
