@@ -137,13 +137,8 @@ class CallTuner:
             tuning = unmeasured(name, self.budget, "the arguments span some processes but "
                                                    "not all, which cannot time together")
         else:
-            # Timed as the call runs them (its donation, shardings), as measuring does;
-            # calls jaxpar splits (NNX objects, static leaves) in its keyed jits.
-            as_called = not key.nnx and not splits_statics(state, key.layout,
-                                                           *key.layout.rebuild(leaves))
             tuning = decide_candidate(
-                name, fields, lambda: candidate_programs(state, key, leaves,
-                                                         as_called=as_called),
+                name, fields, lambda: candidate_programs(state, key, leaves),
                 self.budget, together=span == _processes.ALL, what=state.call_text(avals))
         self.decisions[by_shape] = tuning
         return tuning
@@ -228,8 +223,7 @@ def own_program(candidate: Candidate, key: CallKey) -> bool:
 
 
 def candidate_programs(state: CallState, key: CallKey, leaves: Sequence[Any],
-                       compile_them: bool = False, check: Any = None,
-                       as_called: bool = False) -> list[Program]:
+                       compile_them: bool = False, check: Any = None) -> list[Program]:
     """Each candidate's program (``CANDIDATES`` order), or the label of an earlier built
     candidate whose lowered program is the same (timed once).
 
@@ -238,10 +232,16 @@ def candidate_programs(state: CallState, key: CallKey, leaves: Sequence[Any],
     ``ALWAYS_BUILT`` (in ``build_order``); it raises to stop the build, or returns
     False to build no more (a deadline: the rest are left out, ``Program(run=None)``
     without ``same_as``). A candidate after those whose build raises is
-    ``Program(run=None, failed=why)``: not timed, the others still are. ``as_called``:
-    compiled as the function's call compiles (``called_jit``: its donation and
-    shardings), else in jaxpar's keyed jits.
+    ``Program(run=None, failed=why)``: not timed, the others still are.
+
+    Each is compiled as the function's call compiles it (``called_jit``: its donation and
+    shardings), for ``tune=True`` and measuring alike; calls jaxpar splits (Flax NNX
+    objects; static leaves of its own, such as an Equinox module's functions) run in its
+    keyed jits, whose arguments are the split's leaves: their candidates too, not over
+    the call's own arguments (which JAX cannot take).
     """
+    as_called = not key.nnx and not splits_statics(state, key.layout,
+                                                   *key.layout.rebuild(leaves))
     built: dict[str, Program] = {}
     seen: dict[str, str] = {}
     for index, candidate in enumerate(build_order()):

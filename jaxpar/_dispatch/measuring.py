@@ -120,7 +120,7 @@ from .decisions import (
     signature_of,
     traced_decision_key,
 )
-from .fast import FastPath, current, measured_split, replace_path, runs_routed, splits_statics
+from .fast import FastPath, current, measured_split, replace_path, runs_routed
 from .state import CallKey, CallState, set_boundary
 
 MEASURE_VARIABLE = "JAXPAR_MEASURE"
@@ -538,14 +538,8 @@ def _build_candidates(state: CallState, pending: Pending, arguments: list[Any]
         stopping()
         return not alone or _clock() < deadline
 
-    # Calls jaxpar splits (Flax NNX objects; static leaves of its own, such as an Equinox
-    # module's functions) run in its keyed jits, whose arguments are the split's leaves:
-    # their candidates too, not over the call's own arguments (which JAX cannot take).
-    layout = pending.key.layout
-    as_called = not pending.key.nnx and not splits_statics(state, layout,
-                                                           *layout.rebuild(arguments))
     programs = candidate_programs(state, pending.key, arguments, compile_them=True,
-                                  check=check, as_called=as_called)
+                                  check=check)
     own = [p for p in programs if own_program(p.candidate, pending.key)]
     failed = [p for p in own if p.failed is not None]
     left_out = sum(1 for p in own if p.run is None and p.same_as is None) - len(failed)
