@@ -404,12 +404,14 @@ def run_part(name: str, programs: dict[str, Callable[[], Program]], out: str, me
     return results
 
 
-def second(parts: list[str], out: str, cpu: bool, measure: Any) -> None:
+def second(parts: list[str], out: str, cpu: bool, measure: Any, only: str = "") -> None:
     """In the second process: each program's first call and the calls until it runs the
-    stored decision (none measured again)."""
+    stored decision (none measured again); ``only`` as ``--only``."""
     results: dict[str, Any] = {}
     for part in parts:
         for program, build in PARTS[part](cpu).items():
+            if only and program not in only.split(","):
+                continue
             try:
                 fn, args = build()
                 first = first_calls(fn, args, measure)
@@ -456,7 +458,7 @@ def main() -> None:
         first_only(parts, ns.only, ns.out, ns.cpu, measure, ns.first)
         return
     if ns.second:
-        second(parts, ns.out, ns.cpu, measure)
+        second(parts, ns.out, ns.cpu, measure, ns.only)
         return
     for part in parts:
         print(f"--- {part}", flush=True)

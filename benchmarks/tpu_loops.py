@@ -233,3 +233,64 @@ def _ys_heavy(size: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
 
 
 PROGRAMS["ys_heavy_w256_n1000"] = _ys_heavy
+
+
+# ------------------------------------------------------- while loops of unknown trips
+# Written with the selected copies of ``unroll_while_loops`` (2026-12-06), not held out:
+# loops whose end depends on a float or a tolerance, as ODE integrators and iterative
+# solvers written by hand run them.
+
+
+def _while_euler(size: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    t1, d = (0.16 if size == "s" else 10.0), _width(size, 128)
+
+    def fn(y: jax.Array, a: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def body(state: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            t, y = state
+            return t + 0.01, y + 0.01 * (jnp.sin(y) * a - 0.5 * y)
+        return lax.while_loop(lambda s: s[0] < t1, body, (jnp.float32(0.0), y))
+    return fn, (_normal(30, (8, d)), _normal(31, (8, d)))
+
+
+PROGRAMS["while_euler_to_t1"] = _while_euler
+
+
+def _while_rk4_mlp(size: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    t1, d = (0.08 if size == "s" else 5.0), _width(size, 64)
+
+    def fn(y: jax.Array, w1: jax.Array, w2: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def field(y: jax.Array) -> jax.Array:
+            return jnp.tanh(jnp.tanh(y @ w1) @ w2) - 0.1 * y
+
+        def body(state: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            t, y = state
+            h = 0.01
+            k1 = field(y)
+            k2 = field(y + 0.5 * h * k1)
+            k3 = field(y + 0.5 * h * k2)
+            k4 = field(y + h * k3)
+            return t + h, y + h / 6.0 * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
+        return lax.while_loop(lambda s: s[0] < t1, body, (jnp.float32(0.0), y))
+    return fn, (_normal(32, (16, d)), _normal(33, (d, d), d ** -0.5),
+                _normal(34, (d, d), d ** -0.5))
+
+
+PROGRAMS["while_rk4_mlp_to_t1"] = _while_rk4_mlp
+
+
+def _while_newton(size: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    n = 64 if size == "s" else 4096
+
+    def fn(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def body(state: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            i, x = state
+            return i + 1, x - (x * x * x - a) / (3.0 * x * x)
+
+        def go(state: tuple[jax.Array, jax.Array]) -> jax.Array:
+            i, x = state
+            return (jnp.max(jnp.abs(x * x * x - a) / a) > 1e-6) & (i < 200)
+        return lax.while_loop(go, body, (jnp.int32(0), a + 1.0))
+    return fn, (jnp.abs(_normal(35, (n,))) * 1e3 + 1.0,)
+
+
+PROGRAMS["while_newton_cube_roots"] = _while_newton

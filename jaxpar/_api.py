@@ -341,8 +341,10 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         >= 1, or None to leave scans alone.
       unroll_while: an int k >= 2 runs the body of each ``while`` loop whose trip count
         is data-dependent (ODE solvers, Newton iterations, NUTS) k times per trip of the
-        loop, each run after the first under the loop's condition (``lax.cond``), so the
-        final carry is the loop's own for every trip count; None or ``"auto"`` (default:
+        loop, each run after the first guarded by the loop's condition (its result
+        selected where the condition holds; under ``lax.cond`` where the body holds a
+        while loop or a host callback), so the final carry is the loop's own for every
+        trip count; None or ``"auto"`` (default:
         off on every target) leaves while loops alone. For the device to weigh against
         one body per trip (``measure``); loops with effects, loops inside another
         while loop and bodies of more than 512 equations for k copies are left alone.

@@ -2,9 +2,10 @@
 
 The rewritten loop must end on the original's final carry for every trip count (0, 1,
 k-1, k, k+1, 3k+2, data-dependent ones, lanes of a ``vmap`` stopping apart), keep its
-condition as the outer condition, hold k copies of the body, compose with ``jvp`` and
-``scan`` both ways, leave effects, inner loops and large bodies alone, and refuse bad
-option values naming ``unroll_while``.
+condition as the outer condition, hold k copies of the body (selected by the condition,
+or under ``lax.cond`` where the body holds a ``while`` or a host callback), compose
+with ``jvp`` and ``scan`` both ways, leave effects, inner loops and large bodies alone,
+and refuse bad option values naming ``unroll_while``.
 """
 
 from __future__ import annotations
@@ -58,13 +59,25 @@ def test_every_trip_count_ends_on_the_original_carry(trips: int) -> None:
     # The same arithmetic on the same values: bit-equal to the original jaxpr's carry.
     result = check_pass(partial(unroll_while_loops, unroll_while=K), _counted, X,
                         jnp.int32(trips), kinds=["unrolled"], grads=False, exact=True,
-                        counts={"while": 1, "cond": K - 1, "sin": K})
+                        counts={"while": 1, "cond": 0, "select_n": 2 * (K - 1), "sin": K})
     (decision,) = result.decisions
     assert decision.unroll == K and decision.pass_name == "unroll_while_loops"
+    assert f"selected by the loop's condition (computed past the stop and dropped: at most " \
+           f"{K - 1} runs a loop)" in decision.reason
     # And jax.jit's values, through the decorator.
     got = _decorated(_counted)(X, jnp.int32(trips))
     assert_matches(got, jax.jit(_counted)(X, jnp.int32(trips)))
     assert int(got[0]) == trips
+
+
+def _guarded_by_cond(x: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``_counted`` whose body holds a ``while`` (a fixed 2 trips, by a traced bound)."""
+    def body(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        i, y = c
+        two = lax.while_loop(lambda t: t[0] < n - n + 2,
+                             lambda t: (t[0] + 1, jnp.sin(t[1])), (jnp.int32(0), y))[1]
+        return i + 1, two * 1.5 + 0.25
+    return lax.while_loop(lambda c: c[0] < n, body, (jnp.int32(0), x))
 
 
 def test_the_outer_condition_is_the_loops_own_and_the_body_holds_k_copies() -> None:
@@ -74,15 +87,87 @@ def test_the_outer_condition_is_the_loops_own_and_the_body_holds_k_copies() -> N
     old_cond = [e.primitive.name for e in eqns_of(old_loop.params["cond_jaxpr"])]
     assert [e.primitive.name for e in eqns_of(loop.params["cond_jaxpr"])] == old_cond
     body = eqns_of(loop.params["body_jaxpr"])
-    conds = [e for e in body if e.primitive.name == "cond"]
-    assert len(conds) == 2  # the first run unguarded, the next two under the condition
-    assert sum(e.primitive.name == "sin" for e in body) == 1
-    for guard in conds:  # one branch passes the carry on, the other runs the body
-        sins = sorted(count_primitive(b, "sin") for b in guard.params["branches"])
-        assert sins == [0, 1]
+    # The first run unguarded, the next two selected by the condition: straight-line
+    # code, three sines, each copy's carry kept where the condition (a `lt`) holds.
+    assert sum(e.primitive.name == "sin" for e in body) == 3
+    assert not [e for e in body if e.primitive.name == "cond"]
+    selects = [e for e in body if e.primitive.name == "select_n"]
+    tests = {e.outvars[0] for e in body if e.primitive.name == "lt"}
+    assert len(selects) == 4 and len(tests) == 2
+    assert all(e.invars[0] in tests for e in selects)
     assert WHILE_SCOPE in str(loop.source_info.name_stack)
     # The user's line stays on the emitted equations.
     assert "test_unroll_while_loops.py" in str(jaxpar._compat.source_summary(loop))
+
+
+def test_a_body_holding_a_while_runs_its_copies_under_cond() -> None:
+    # An inner loop run on a stopped state need not end: its copies are branches.
+    for trips in (0, 1, 3, 7):
+        result = check_pass(partial(unroll_while_loops, unroll_while=3), _guarded_by_cond, X,
+                            jnp.int32(trips), kinds=["left alone", "unrolled"], grads=False,
+                            exact=True)
+        (loop,) = [e for e in _whiles(result.new)
+                   if WHILE_SCOPE in str(e.source_info.name_stack)]
+        conds = [e for e in eqns_of(loop.params["body_jaxpr"]) if e.primitive.name == "cond"]
+        assert len(conds) == 2  # the first run unguarded, the next two under the condition
+        for guard in conds:  # one branch passes the carry on, the other runs the body
+            inner = sorted(count_primitive(b, "while") for b in guard.params["branches"])
+            assert inner == [0, 1]
+        assert "lax.cond: the body holds a while loop" in result.decisions[1].reason
+        assert_matches(_decorated(_guarded_by_cond, 3)(X, jnp.int32(trips)),
+                       jax.jit(_guarded_by_cond)(X, jnp.int32(trips)))
+
+
+def test_a_body_calling_the_host_runs_its_copies_under_cond() -> None:
+    calls: list[int] = []
+
+    def counted_on_host(v: Any) -> Any:
+        calls.append(1)
+        return np.asarray(v) * 0.5
+
+    def program(x: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def body(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            y = jax.pure_callback(counted_on_host, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                  c[1])
+            return c[0] + 1, y + 1.0
+        return lax.while_loop(lambda c: c[0] < n, body, (jnp.int32(0), x))
+
+    (decision,) = unroll_while_loops(jax.make_jaxpr(program)(X, jnp.int32(5)),
+                                     unroll_while=K)[1]
+    assert "lax.cond: the body holds a host callback" in decision.reason
+    got = _decorated(program)(X, jnp.int32(5))
+    assert len(calls) == 5  # once a trip, never past the stop
+    assert_matches(got, jax.jit(program)(X, jnp.int32(5)))
+
+
+def test_a_float_time_stops_on_jax_jits_trip() -> None:
+    # t += h eight times is 0.07999999 in float32, so `t < 0.08` runs a ninth trip;
+    # XLA folding the copies' adds into t + 2h, t + 3h ... would end at 0.08 a trip early.
+    def integrate(y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def body(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            return c[0] + 0.01, c[1] - 0.01 * c[1] * c[1]
+        return lax.while_loop(lambda c: c[0] < 0.08, body, (jnp.float32(0.0), y))
+
+    want = jax.jit(integrate)(X)
+    assert float(want[0]) == pytest.approx(0.09, abs=1e-6)
+    for copies in (2, 3, 4, 8):
+        assert_matches(_decorated(integrate, copies)(X), want)
+
+
+def test_selected_copies_past_the_stop_are_dropped() -> None:
+    # Past the stop the copies divide by zero and index past the end: computed, dropped.
+    def program(x: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def body(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            i, y = c
+            step = 1.0 / (n - i).astype(x.dtype)  # infinite once i == n
+            return i + 1, y + step * x[jnp.minimum(i, 4)] + lax.dynamic_index_in_dim(
+                x, i + 10, keepdims=False)
+        return lax.while_loop(lambda c: c[0] < n, body, (jnp.int32(0), x))
+
+    for trips in (1, 2, 5, 6):
+        got = _decorated(program)(X, jnp.int32(trips))
+        assert_matches(got, jax.jit(program)(X, jnp.int32(trips)))
+        assert bool(jnp.all(jnp.isfinite(got[1])))
 
 
 def test_a_newton_iteration_to_tolerance() -> None:
@@ -140,7 +225,7 @@ def test_a_while_loop_inside_a_scan_is_rewritten() -> None:
     ns = jnp.array([0, 2, 5, 9], dtype=jnp.int32)
     result = check_pass(partial(unroll_while_loops, unroll_while=K), scanned, X, ns,
                         kinds=["unrolled"], grads=False, exact=True,
-                        counts={"scan": 1, "while": 1, "cond": K - 1})
+                        counts={"scan": 1, "while": 1, "cond": 0, "sin": K})
     assert result.decisions[0].location == "/scan#0.jaxpr"
     assert_matches(_decorated(scanned)(X, ns), jax.jit(scanned)(X, ns))
 
@@ -189,7 +274,7 @@ def test_the_option_is_off_by_default_and_reaches_apply_passes() -> None:
     closed = jax.make_jaxpr(_counted)(X, jnp.int32(3))
     new, decisions = apply_passes(closed, target="tpu", unroll_while=3)
     assert [d.kind for d in decisions if d.pass_name == "unroll_while_loops"] == ["unrolled"]
-    assert count_primitive(new, "cond") == 2
+    assert count_primitive(new, "sin") == 3
     assert apply_passes(closed, target="tpu", unroll_while=None)[0] is closed
 
 

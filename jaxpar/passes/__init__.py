@@ -35,7 +35,7 @@ a new one (or the same object when nothing changed) and the ``PassDecision``s ma
   ``hoist_scan_inputs=True`` asks; a TPU measures it).
 * ``unroll_scans``: an unroll factor per static scan.
 * ``unroll_while_loops``: ``k`` runs of a ``while`` body per trip, each after the first
-  under the loop's condition (off unless ``unroll_while=k`` asks).
+  guarded by the loop's condition (off unless ``unroll_while=k`` asks).
 
 * ``share_common``: equal equations computed once (on by default on GPUs only).
 * ``inline_twin_calls``: independent nested ``jit`` calls running one body (twin critics
@@ -389,7 +389,7 @@ def unroll_scans(jaxpr: ClosedJaxpr, *, unroll: Any = "auto", target: str = "gpu
 def unroll_while_loops(jaxpr: ClosedJaxpr, *, unroll_while: int | None, target: str = "gpu"
                        ) -> tuple[ClosedJaxpr, tuple[PassDecision, ...]]:
     """Runs the body of every outermost ``while`` of ``jaxpr`` (never mutated)
-    ``unroll_while`` times per trip, each run after the first under the loop's condition.
+    ``unroll_while`` times per trip, each run after the first guarded by the loop's condition.
 
     Run alone, a counting ``fori_loop`` with constant bounds is unrolled too; in
     ``parallel_branches`` ``make_loops_static`` has made it a scan first.

@@ -10,7 +10,7 @@ host, on a TPU the chip's branch back) for one run of the body. With
     def body_k(c):
         c = body(c)                                   # the outer cond just held
         for _ in range(k - 1):
-            c = lax.cond(cond(c), body, lambda c: c, c)
+            c = select(cond(c), body(c), c)           # or lax.cond: see below
         return c
 
     while cond(c): c = body_k(c)
@@ -20,20 +20,31 @@ false (it is a function of the carry) and every later copy and the outer loop st
 final carry is the original's for every trip count, 0 trips and counts ``k`` does not
 divide included, and each copy runs the body's own equations on the same values.
 
-Why ``lax.cond`` and not a ``select`` of a computed body: a ``cond`` on the scalar
-predicate runs the body only while the loop would, so a stopped loop does no extra
-work and never runs its body past its stopping point (a solver step on a finished
-state may divide by zero or index past its buffers: a ``select`` would drop the
-value, but not the work or a host callback's call). Under ``vmap``, where lanes stop at
-different trips, JAX turns the batched ``cond`` into that ``select`` itself, as it does
-the loop's own predicate; a loop already vmapped (its condition has a value per lane)
-runs ``k`` trips per trip, each updating the lanes whose condition holds, as the loop
-does. Bodies without effects only (see below), so running a copy
-or not is the only difference the guard can make.
+How each copy after the first is guarded depends on what the body holds:
+
+* **selected** (a body holding no loop of unknown trips and no host callback): each copy
+  runs the body and keeps its result where the condition holds,
+  ``c = select(cond(c), body(c), c)``. No branch: the copies fuse as one straight-line
+  body, as a scan's unrolled trips do. Once the loop has stopped, the last trip's later
+  copies compute the body on the final carry and drop it: at most ``k - 1`` runs of
+  work a loop, and no value of them is kept (a division by zero or an index past a
+  buffer there is computed and dropped; XLA traps neither). On a GPU this is the only
+  form that saves anything: a ``cond`` copies its predicate to the host as the loop's
+  own test does.
+* **under ``lax.cond``** (a body holding a ``while`` loop or a host callback):
+  ``c = lax.cond(cond(c), body, identity, c)`` runs the body only while the loop would,
+  so a stopped loop does no extra work: an inner ``while`` run on a finished state need
+  not stop, and a callback must not be called on it.
+
+Under ``vmap``, where lanes stop at different trips, JAX turns a batched ``cond`` into
+the select itself, as it does the loop's own predicate; a loop already vmapped (its
+condition has a value per lane) runs ``k`` trips per trip, each updating the lanes
+whose condition holds, as the loop does. Bodies without effects only (see below), so
+running a copy or not is the only difference the guard can make.
 
 Whether it pays is for the device to say (the measured candidates of ``_tune``): the
 copies save trips of the loop's control and let XLA fuse across copies, and add a
-``cond`` each. No target turns it on by default.
+select or a ``cond`` each. No target turns it on by default.
 
 Example::
 
@@ -65,7 +76,7 @@ from jax import lax
 from .. import _compat, _ops
 from .._analysis import Analysis
 from .._compat import JaxprEqn
-from .._program.primitives import WHILE
+from .._program.primitives import HOST_CALLBACKS, WHILE
 from ._loop_candidates import MAX_UNROLLED_EQNS
 from ._protocol import (
     WHILE_SCOPE,
@@ -100,12 +111,16 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
                                       trips_before=None, trips_after=None, unroll=1,
                                       reason=f"unroll_while={copies}: left alone: {why}"))
             continue
-        rewrites.append(Rewrite((index,), _copies_emitter(eqn, copies)))
+        branching = _needs_branch(_compat.while_info(eqn).body_jaxpr)
+        guard = (f"under the loop's condition (lax.cond: the body holds {branching})"
+                 if branching else "selected by the loop's condition (computed past the "
+                 f"stop and dropped: at most {copies - 1} runs a loop)")
+        rewrites.append(Rewrite((index,), _copies_emitter(eqn, copies, branching is None)))
         decisions.append(decision(
             path, DecisionKind.UNROLLED, eqns, [index], trips_before=None, trips_after=None,
             unroll=copies, reason=f"unroll_while={copies} requested: each trip runs the body "
-                                  f"{copies} times, each copy after the first under the "
-                                  f"loop's condition: unroll by {copies}"))
+                                  f"{copies} times, each copy after the first {guard}: "
+                                  f"unroll by {copies}"))
     return LevelResult(rewrites, decisions)
 
 
@@ -133,10 +148,26 @@ def _refusal(eqn: JaxprEqn, copies: int) -> str | None:
     return None
 
 
-def _copies_emitter(eqn: JaxprEqn, copies: int) -> EmitFn:
+def _needs_branch(jaxpr: Any) -> str | None:
+    """What in the body ``jaxpr`` (at any depth) must not run past the loop's stop, in
+    words ("a while loop", "a host callback"), or None: its copies may be selected."""
+    for eqn in _compat.open_jaxpr(jaxpr)[0].eqns:
+        if eqn.primitive.name == WHILE:
+            return "a while loop, whose trips on a stopped state need not end"
+        if eqn.primitive.name in HOST_CALLBACKS:
+            return "a host callback, not to be called past the loop's stop"
+        for _, _, sub in _compat.eqn_subjaxprs(eqn):
+            found = _needs_branch(sub)
+            if found is not None:
+                return found
+    return None
+
+
+def _copies_emitter(eqn: JaxprEqn, copies: int, selected: bool) -> EmitFn:
     """The ``while`` ``eqn`` as a ``while`` of the same condition whose body runs the
-    original body once and then ``copies - 1`` times under ``lax.cond`` of the
-    condition (see the module docstring). A condition with a value per lane (a
+    original body once and then ``copies - 1`` times guarded by the condition: each
+    copy's result selected where it holds (``selected``), or the copy run under
+    ``lax.cond`` of it (see the module docstring). A condition with a value per lane (a
     ``while`` under ``vmap``: the loop runs while any lane's holds, and a trip updates
     the lanes whose condition holds) gets ``copies`` such trips per trip, each
     selecting its lanes as the loop does."""
@@ -158,7 +189,13 @@ def _copies_emitter(eqn: JaxprEqn, copies: int) -> EmitFn:
         def body_copies(carry: list[Any]) -> list[Any]:
             carry = body(carry)
             for _ in range(copies - 1):
-                carry = lax.cond(cond(carry), body, list, carry)
+                if selected:
+                    carry = _settled(carry)
+                    go = cond(carry)
+                    carry = [lax.select(go, new, old)
+                             for new, old in zip(body(carry), carry, strict=True)]
+                else:
+                    carry = lax.cond(cond(carry), body, list, carry)
             return carry
 
         def lanes_step(carry: list[Any]) -> list[Any]:
@@ -167,8 +204,8 @@ def _copies_emitter(eqn: JaxprEqn, copies: int) -> EmitFn:
                                                                     strict=True)]
 
         def lanes_copies(carry: list[Any]) -> list[Any]:
-            for _ in range(copies):
-                carry = lanes_step(carry)
+            for copy in range(copies):
+                carry = lanes_step(_settled(carry) if copy else carry)
             return carry
 
         with _compat.eqn_context(eqn), jax.named_scope(WHILE_SCOPE):
@@ -181,6 +218,15 @@ def _copies_emitter(eqn: JaxprEqn, copies: int) -> EmitFn:
     predicate = _compat.open_jaxpr(info.cond_jaxpr)[0].outvars[0]
     lanes = getattr(predicate.aval, "shape", ()) != ()
     return emit
+
+
+def _settled(carry: list[Any]) -> list[Any]:
+    """``carry`` behind an optimization barrier: XLA's simplifier then cannot fold one
+    copy's arithmetic into the next (``(t + h) + h`` into ``t + 2h``), so each copy rounds
+    as the loop's own trip does, and a condition on a float sum (``t < t1``) stops on
+    the same trip as ``jax.jit``'s loop. The barrier goes before fusion: the copies still
+    fuse."""
+    return list(lax.optimization_barrier(carry))
 
 
 def _where_lanes(go: Any, new: Any, old: Any) -> Any:
