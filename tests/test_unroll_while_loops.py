@@ -95,6 +95,10 @@ def test_the_outer_condition_is_the_loops_own_and_the_body_holds_k_copies() -> N
     tests = {e.outvars[0] for e in body if e.primitive.name == "lt"}
     assert len(selects) == 4 and len(tests) == 2
     assert all(e.invars[0] in tests for e in selects)
+    # Before each guarded copy, the one carry the condition reads (the count, not the
+    # vector) goes behind an optimization barrier.
+    barriers = [e for e in body if e.primitive.name == "optimization_barrier"]
+    assert [[v.aval.shape for v in e.invars] for e in barriers] == [[()], [()]]
     assert WHILE_SCOPE in str(loop.source_info.name_stack)
     # The user's line stays on the emitted equations.
     assert "test_unroll_while_loops.py" in str(jaxpar._compat.source_summary(loop))

@@ -190,7 +190,7 @@ def _copies_emitter(eqn: JaxprEqn, copies: int, selected: bool) -> EmitFn:
             carry = body(carry)
             for _ in range(copies - 1):
                 if selected:
-                    carry = _settled(carry)
+                    carry = _settled(carry, tested)
                     go = cond(carry)
                     carry = [lax.select(go, new, old)
                              for new, old in zip(body(carry), carry, strict=True)]
@@ -205,7 +205,7 @@ def _copies_emitter(eqn: JaxprEqn, copies: int, selected: bool) -> EmitFn:
 
         def lanes_copies(carry: list[Any]) -> list[Any]:
             for copy in range(copies):
-                carry = lanes_step(_settled(carry) if copy else carry)
+                carry = lanes_step(_settled(carry, tested) if copy else carry)
             return carry
 
         with _compat.eqn_context(eqn), jax.named_scope(WHILE_SCOPE):
@@ -215,18 +215,31 @@ def _copies_emitter(eqn: JaxprEqn, copies: int, selected: bool) -> EmitFn:
                 final = lax.while_loop(cond, body_copies, list(init))
         return [list(final)]
 
-    predicate = _compat.open_jaxpr(info.cond_jaxpr)[0].outvars[0]
-    lanes = getattr(predicate.aval, "shape", ()) != ()
+    condition = _compat.open_jaxpr(info.cond_jaxpr)[0]
+    lanes = getattr(condition.outvars[0].aval, "shape", ()) != ()
+    tested = _tested_carries(condition, info.cond_nconsts)
     return emit
 
 
-def _settled(carry: list[Any]) -> list[Any]:
-    """``carry`` behind an optimization barrier: XLA's simplifier then cannot fold one
-    copy's arithmetic into the next (``(t + h) + h`` into ``t + 2h``), so each copy rounds
-    as the loop's own trip does, and a condition on a float sum (``t < t1``) stops on
-    the same trip as ``jax.jit``'s loop. The barrier goes before fusion: the copies still
-    fuse."""
-    return list(lax.optimization_barrier(carry))
+def _tested_carries(condition: Any, nconsts: int) -> tuple[bool, ...]:
+    """Per carry of the loop, whether its condition (the open jaxpr ``condition``, whose
+    first ``nconsts`` inputs are constants) reads it."""
+    read = {v for eqn in condition.eqns for v in eqn.invars if not _compat.is_literal(v)}
+    read.update(v for v in condition.outvars if not _compat.is_literal(v))
+    return tuple(v in read for v in condition.invars[nconsts:])
+
+
+def _settled(carry: list[Any], tested: tuple[bool, ...]) -> list[Any]:
+    """``carry`` with the values the condition reads (``tested``) behind an optimization
+    barrier: XLA's simplifier then cannot fold one copy's arithmetic on them into the
+    next (``(t + h) + h`` into ``t + 2h``), so the condition sees the values the loop's
+    own trips compute, and a test of a float sum (``t < t1``) stops on ``jax.jit``'s
+    trip. The barrier goes before fusion: the copies still fuse. Only those values: the
+    rest differ from the loop's by rounding at most (as any fused rewrite), and barriers
+    on a body's matrices made a TPU v5e's compile of four RK4 copies run for minutes."""
+    held = lax.optimization_barrier([c for c, t in zip(carry, tested, strict=True) if t])
+    kept = iter(held)
+    return [next(kept) if t else c for c, t in zip(carry, tested, strict=True)]
 
 
 def _where_lanes(go: Any, new: Any, old: Any) -> Any:
