@@ -347,7 +347,8 @@ def parallel_branches(fun: Any = None, *, max_streams: int = 4, target: Target =
         trip count; None or ``"auto"`` (default:
         off on every target) leaves while loops alone. For the device to weigh against
         one body per trip (``measure``); loops with effects, loops inside another
-        while loop and bodies of more than 512 equations for k copies are left alone.
+        while loop, loops under vmap whose body holds a while loop or a host callback,
+        and bodies of more than 512 equations for k copies are left alone.
       hoist_scan_inputs: run the work of a scan's body that reads no carry (an RNN's
         input projections, a sampler's random draws from the step's key) for all steps
         at once before the loop, which then reads the results (``True``); ``"auto"``

@@ -158,19 +158,92 @@ def test_a_float_time_stops_on_jax_jits_trip() -> None:
         assert_matches(_decorated(integrate, copies)(X), want)
 
 
+def test_a_float_time_tested_through_a_flag_stops_on_jax_jits_trip() -> None:
+    # The condition reads a flag the body computes from t: t is tested too.
+    def integrate(y: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        def body(c: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[Any, Any, Any]:
+            t = c[0] + 0.01
+            return t, t >= 0.08, c[2] - 0.01 * c[2] * c[2]
+        return lax.while_loop(lambda c: ~c[1], body, (jnp.float32(0.0), False, y))
+
+    want = jax.jit(integrate)(X)
+    assert float(want[0]) == pytest.approx(0.09, abs=1e-6)
+    for copies in (2, 4):
+        assert_matches(_decorated(integrate, copies)(X), want)
+    batched = jnp.stack([X, X * 0.5])
+    assert_matches(_decorated(jax.vmap(integrate))(batched), jax.jit(jax.vmap(integrate))(batched))
+    # Both t and the flag pass the barrier; y does not.
+    new, _ = unroll_while_loops(jax.make_jaxpr(integrate)(X), unroll_while=2)
+    (loop,) = _whiles(new)
+    (barrier,) = [e for e in eqns_of(loop.params["body_jaxpr"])
+                  if e.primitive.name == "optimization_barrier"]
+    assert sorted(str(v.aval.dtype) for v in barrier.invars) == ["bool", "float32"]
+
+
+def test_a_custom_jvp_rule_holding_a_while_keeps_its_copies_under_cond() -> None:
+    # The primal reads no loop, but a jvp of the program runs the rule's, which ends
+    # only for r >= 0: past the stop r is -1.
+    @jax.custom_jvp
+    def step(y: jax.Array, r: jax.Array) -> jax.Array:
+        return y + r
+
+    @step.defjvp
+    def step_jvp(primals: Any, tangents: Any) -> Any:
+        y, r = primals
+        z = lax.while_loop(lambda u: u != 0.0, lambda u: u - 1.0, r)
+        return step(y, r), tangents[0] + z * tangents[1]
+
+    def program(x: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (
+            c[0] + 1, step(c[1], (n - 1 - c[0]).astype(jnp.float32))), (jnp.int32(0), x))
+
+    closed = jax.make_jaxpr(program)(jnp.float32(0.5), jnp.int32(3))
+    (decision,) = unroll_while_loops(closed, unroll_while=K)[1]
+    assert "lax.cond: the body holds a while loop" in decision.reason
+    decorated = _decorated(program)
+
+    def first_output(f: Any) -> Any:
+        return lambda x: f(x, jnp.int32(3))[1]
+
+    got = jax.jvp(first_output(decorated), (jnp.float32(0.5),), (jnp.float32(1.0),))
+    want = jax.jvp(first_output(jax.jit(program)), (jnp.float32(0.5),), (jnp.float32(1.0),))
+    assert_matches(got, want)
+
+
+def test_a_loop_under_vmap_whose_body_holds_a_while_is_left_alone() -> None:
+    # Its copies select lanes: once both lanes stop, a copy would run the inner loop on
+    # the final state (r = -1 there, and that inner loop never ends).
+    def one(x: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def body(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            r = (n - 1 - c[0]).astype(jnp.float32)
+            z = lax.while_loop(lambda u: u != 0.0, lambda u: u - 1.0, r)
+            return c[0] + 1, c[1] + z + 1.0
+        return lax.while_loop(lambda c: c[0] < n, body, (jnp.int32(0), x))
+
+    xs, ns = jnp.array([0.5, 0.25]), jnp.array([3, 3], dtype=jnp.int32)
+    result = check_pass(partial(unroll_while_loops, unroll_while=K), jax.vmap(one), xs, ns,
+                        kinds=["left alone", "left alone"], unchanged=True)
+    outer = next(d for d in result.decisions if "inside another" not in d.reason)
+    assert "a value per lane" in outer.reason and "holds a while loop" in outer.reason
+    assert_matches(_decorated(jax.vmap(one))(xs, ns), jax.jit(jax.vmap(one))(xs, ns))
+
+
 def test_selected_copies_past_the_stop_are_dropped() -> None:
-    # Past the stop the copies divide by zero and index past the end: computed, dropped.
+    # Past the stop (i == n == 5) the copies divide by zero and read x[5], past its
+    # end; before it neither happens: computed there only, and dropped.
     def program(x: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
         def body(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
             i, y = c
             step = 1.0 / (n - i).astype(x.dtype)  # infinite once i == n
-            return i + 1, y + step * x[jnp.minimum(i, 4)] + lax.dynamic_index_in_dim(
-                x, i + 10, keepdims=False)
+            return i + 1, y + step * lax.dynamic_index_in_dim(x, i, keepdims=False)
         return lax.while_loop(lambda c: c[0] < n, body, (jnp.int32(0), x))
 
-    for trips in (1, 2, 5, 6):
-        got = _decorated(program)(X, jnp.int32(trips))
-        assert_matches(got, jax.jit(program)(X, jnp.int32(trips)))
+    n = jnp.int32(X.shape[0])
+    new, _ = unroll_while_loops(jax.make_jaxpr(program)(X, n), unroll_while=K)
+    assert count_primitive(new, "cond") == 0 and count_primitive(new, "select_n") > 0
+    for copies in (2, 3, K):  # trips 5: the last trip's copies run past the stop
+        got = _decorated(program, copies)(X, n)
+        assert_matches(got, jax.jit(program)(X, n))
         assert bool(jnp.all(jnp.isfinite(got[1])))
 
 

@@ -31,7 +31,8 @@ How each copy after the first is guarded depends on what the body holds:
   buffer there is computed and dropped; XLA traps neither). On a GPU this is the only
   form that saves anything: a ``cond`` copies its predicate to the host as the loop's
   own test does.
-* **under ``lax.cond``** (a body holding a ``while`` loop or a host callback):
+* **under ``lax.cond``** (a body holding a ``while`` loop or a host callback, at any
+  depth, the JVP rules of its ``custom_jvp`` calls included):
   ``c = lax.cond(cond(c), body, identity, c)`` runs the body only while the loop would,
   so a stopped loop does no extra work: an inner ``while`` run on a finished state need
   not stop, and a callback must not be called on it.
@@ -39,8 +40,15 @@ How each copy after the first is guarded depends on what the body holds:
 Under ``vmap``, where lanes stop at different trips, JAX turns a batched ``cond`` into
 the select itself, as it does the loop's own predicate; a loop already vmapped (its
 condition has a value per lane) runs ``k`` trips per trip, each updating the lanes
-whose condition holds, as the loop does. Bodies without effects only (see below), so
-running a copy or not is the only difference the guard can make.
+whose condition holds, as the loop does (such a loop whose body would need
+``lax.cond`` is left alone). Bodies without effects only (see below), so running a copy
+or not is the only difference the guard can make.
+
+Between selected copies, the carries the condition reads, and those the body computes
+them from, pass an optimization barrier: XLA's simplifier would otherwise fold one
+copy's arithmetic into the next (``(t + h) + h`` into ``t + 2h``) and a loop testing a
+float sum (``t < t1``, or a flag ``t >= t1``) would stop a trip early. The other
+carries differ from the loop's by rounding at most.
 
 Whether it pays is for the device to say (the measured candidates of ``_tune``): the
 copies save trips of the loop's control and let XLA fuse across copies, and add a
@@ -59,6 +67,12 @@ Sharp edges:
     ``jax.debug.print``), loops the user placed (frontend attributes), and loops
     whose ``k`` copies of body and condition would hold more than
     ``MAX_UNROLLED_EQNS`` equations.
+  * A loop under ``vmap`` whose body holds a ``while`` loop or a host callback is left
+    alone (its copies select lanes; a lane's copies past its stop would run them).
+  * Selected copies past the stop compute and drop their values: ``checkify``'s
+    index and division checks applied around the decorated function see them (an
+    error the loop as written does not raise). ``unroll_while=None`` (or
+    ``measure=False``, where no target turns it on) for such checks.
   * Counting ``fori_loop``s with static bounds are scans by now (``make_loops_static``
     runs first); scans are ``unroll_scans``' business.
   * The rewritten loop is emitted under the name scope ``WHILE_SCOPE``, which marks
@@ -76,7 +90,7 @@ from jax import lax
 from .. import _compat, _ops
 from .._analysis import Analysis
 from .._compat import JaxprEqn
-from .._program.primitives import HOST_CALLBACKS, WHILE
+from .._program.primitives import CUSTOM_JVP_CALL, HOST_CALLBACKS, WHILE
 from ._loop_candidates import MAX_UNROLLED_EQNS
 from ._protocol import (
     WHILE_SCOPE,
@@ -104,14 +118,14 @@ def run(level: Level, analysis: Analysis) -> LevelResult:
     for index, eqn in enumerate(eqns):
         if eqn.primitive.name != WHILE:
             continue
+        branching = None if nested else _needs_branch(_compat.while_info(eqn).body_jaxpr)
         why = ("it is inside another while loop: only the outermost while loops are "
-               "unrolled" if nested else _refusal(eqn, copies))
+               "unrolled" if nested else _refusal(eqn, copies, branching))
         if why is not None:
             decisions.append(decision(path, DecisionKind.LEFT_ALONE, eqns, [index],
                                       trips_before=None, trips_after=None, unroll=1,
                                       reason=f"unroll_while={copies}: left alone: {why}"))
             continue
-        branching = _needs_branch(_compat.while_info(eqn).body_jaxpr)
         guard = (f"under the loop's condition (lax.cond: the body holds {branching})"
                  if branching else "selected by the loop's condition (computed past the "
                  f"stop and dropped: at most {copies - 1} runs a loop)")
@@ -129,8 +143,9 @@ def _inside_while(path: str) -> bool:
     return any(part.split("#", 1)[0] == WHILE for part in path.split("/") if "#" in part)
 
 
-def _refusal(eqn: JaxprEqn, copies: int) -> str | None:
-    """Why the ``while`` ``eqn`` keeps one body per trip, or None."""
+def _refusal(eqn: JaxprEqn, copies: int, branching: str | None) -> str | None:
+    """Why the ``while`` ``eqn`` keeps one body per trip, or None; ``branching`` is what
+    in its body must not run past the stop (``_needs_branch``)."""
     if eqn.effects:
         return (f"the loop has effects ({', '.join(sorted(map(str, eqn.effects)))}): a "
                 "callback or print inside it is left as written")
@@ -139,6 +154,10 @@ def _refusal(eqn: JaxprEqn, copies: int) -> str | None:
     if _ops.has_frontend_attributes(eqn):
         return "it carries frontend attributes (a placement the user chose)"
     info = _compat.while_info(eqn)
+    if branching is not None and _per_lane(info):
+        return (f"its condition has a value per lane (a loop under vmap) and its body holds "
+                f"{branching}: the copies select lanes, so a lane's copies past its stop "
+                "would run it")
     body = len(_compat.open_jaxpr(info.body_jaxpr)[0].eqns)
     cond = len(_compat.open_jaxpr(info.cond_jaxpr)[0].eqns)
     size = copies * body + (copies - 1) * cond
@@ -149,18 +168,52 @@ def _refusal(eqn: JaxprEqn, copies: int) -> str | None:
 
 
 def _needs_branch(jaxpr: Any) -> str | None:
-    """What in the body ``jaxpr`` (at any depth) must not run past the loop's stop, in
-    words ("a while loop", "a host callback"), or None: its copies may be selected."""
+    """What in the body ``jaxpr`` (at any depth, the JVP rules of its ``custom_jvp``
+    calls included: a ``jvp`` of the program runs them) must not run past the loop's
+    stop, in words ("a while loop", "a host callback"), or None: its copies may be
+    selected."""
     for eqn in _compat.open_jaxpr(jaxpr)[0].eqns:
         if eqn.primitive.name == WHILE:
             return "a while loop, whose trips on a stopped state need not end"
         if eqn.primitive.name in HOST_CALLBACKS:
             return "a host callback, not to be called past the loop's stop"
-        for _, _, sub in _compat.eqn_subjaxprs(eqn):
+        subs = [sub for _, _, sub in _compat.eqn_subjaxprs(eqn)]
+        if eqn.primitive.name == CUSTOM_JVP_CALL:
+            rule = _compat.custom_jvp_rule(eqn)
+            if rule is None:
+                return "a custom_jvp call whose JVP rule could not be read"
+            subs.append(rule[0])
+        for sub in subs:
             found = _needs_branch(sub)
             if found is not None:
                 return found
     return None
+
+
+def _tested_carries(info: Any) -> tuple[bool, ...]:
+    """Per carry of the ``while`` (``info``: its ``WhileInfo``), whether the loop's
+    condition reads it, or the body computes a carry the condition reads from it (the
+    closure: a flag ``done = t >= t1`` makes ``t`` tested too)."""
+    condition = _compat.open_jaxpr(info.cond_jaxpr)[0]
+    read = {v for eqn in condition.eqns for v in eqn.invars if not _compat.is_literal(v)}
+    read.update(v for v in condition.outvars if not _compat.is_literal(v))
+    tested = [v in read for v in condition.invars[info.cond_nconsts:]]
+    body = _compat.open_jaxpr(info.body_jaxpr)[0]
+    sources: dict[Any, frozenset[int]] = {
+        v: frozenset({i}) for i, v in enumerate(body.invars[info.body_nconsts:])}
+    for eqn in body.eqns:  # which carries each value reads (a call: all its operands)
+        found = frozenset().union(*(sources.get(v, frozenset()) for v in eqn.invars
+                                    if not _compat.is_literal(v)))
+        sources.update((v, found) for v in eqn.outvars)
+    reads = [sources.get(v, frozenset()) if not _compat.is_literal(v) else frozenset()
+             for v in body.outvars]
+    pending = [i for i, t in enumerate(tested) if t]
+    while pending:
+        for source in reads[pending.pop()]:
+            if not tested[source]:
+                tested[source] = True
+                pending.append(source)
+    return tuple(tested)
 
 
 def _copies_emitter(eqn: JaxprEqn, copies: int, selected: bool) -> EmitFn:
@@ -215,18 +268,15 @@ def _copies_emitter(eqn: JaxprEqn, copies: int, selected: bool) -> EmitFn:
                 final = lax.while_loop(cond, body_copies, list(init))
         return [list(final)]
 
-    condition = _compat.open_jaxpr(info.cond_jaxpr)[0]
-    lanes = getattr(condition.outvars[0].aval, "shape", ()) != ()
-    tested = _tested_carries(condition, info.cond_nconsts)
+    lanes = _per_lane(info)
+    tested = _tested_carries(info)
     return emit
 
 
-def _tested_carries(condition: Any, nconsts: int) -> tuple[bool, ...]:
-    """Per carry of the loop, whether its condition (the open jaxpr ``condition``, whose
-    first ``nconsts`` inputs are constants) reads it."""
-    read = {v for eqn in condition.eqns for v in eqn.invars if not _compat.is_literal(v)}
-    read.update(v for v in condition.outvars if not _compat.is_literal(v))
-    return tuple(v in read for v in condition.invars[nconsts:])
+def _per_lane(info: Any) -> bool:
+    """Whether the ``while``'s condition has a value per lane (a loop under ``vmap``)."""
+    predicate = _compat.open_jaxpr(info.cond_jaxpr)[0].outvars[0]
+    return getattr(predicate.aval, "shape", ()) != ()
 
 
 def _settled(carry: list[Any], tested: tuple[bool, ...]) -> list[Any]:
