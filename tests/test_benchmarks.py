@@ -314,6 +314,7 @@ def test_measure_script_measures_the_tpus_candidates_on_the_cpu(tmp_path: Any, m
     assert all(isinstance(v, float) or v is None or v.startswith("= ")
                for v in candidates.values())
     second = json.loads((tmp_path / "measure-second.json").read_text())
+    assert list(second) == ["seed identical bodies"]  # --only holds there too
     assert second["seed identical bodies"]["settle"]["source"] == "stored"
     summary = subprocess.run([sys.executable, str(script.with_name("measure_summary.py")),
                               str(tmp_path)], capture_output=True, text=True, timeout=60)
