@@ -210,6 +210,32 @@ def test_a_custom_jvp_rule_holding_a_while_keeps_its_copies_under_cond() -> None
     assert_matches(got, want)
 
 
+def test_custom_jvp_rules_calling_their_own_function_are_selected() -> None:
+    # jax.nn.relu's rule, and a user's, call the function they differentiate: reading
+    # rules within rules would not end; the copies are selected, and jvp goes through.
+    @jax.custom_jvp
+    def shift(y: jax.Array) -> jax.Array:
+        return y + 1.0
+
+    @shift.defjvp
+    def shift_jvp(primals: Any, tangents: Any) -> Any:
+        return shift(primals[0]), tangents[0] * 1.0
+
+    def program(x: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (
+            c[0] + 1, jax.nn.relu(shift(c[1]) - 1.5)), (jnp.int32(0), x))
+
+    result = check_pass(partial(unroll_while_loops, unroll_while=K), program, X,
+                        jnp.int32(6), kinds=["unrolled"], grads=False, exact=True,
+                        counts={"cond": 0})
+    assert "selected by the loop's condition" in result.decisions[0].reason
+    for n in (0, 3, 6):
+        assert_matches(_decorated(program)(X, jnp.int32(n)), jax.jit(program)(X, jnp.int32(n)))
+    got = jax.jvp(lambda x: _decorated(program)(x, jnp.int32(6))[1], (X,), (jnp.ones_like(X),))
+    want = jax.jvp(lambda x: jax.jit(program)(x, jnp.int32(6))[1], (X,), (jnp.ones_like(X),))
+    assert_matches(got, want)
+
+
 def test_a_loop_under_vmap_whose_body_holds_a_while_is_left_alone() -> None:
     # Its copies select lanes: once both lanes stop, a copy would run the inner loop on
     # the final state (r = -1 there, and that inner loop never ends).

@@ -167,24 +167,25 @@ def _refusal(eqn: JaxprEqn, copies: int, branching: str | None) -> str | None:
     return None
 
 
-def _needs_branch(jaxpr: Any) -> str | None:
-    """What in the body ``jaxpr`` (at any depth, the JVP rules of its ``custom_jvp``
-    calls included: a ``jvp`` of the program runs them) must not run past the loop's
-    stop, in words ("a while loop", "a host callback"), or None: its copies may be
-    selected."""
+def _needs_branch(jaxpr: Any, rules: bool = True) -> str | None:
+    """What in the body ``jaxpr`` (at any depth, and the JVP rules of its ``custom_jvp``
+    calls where ``rules``: a ``jvp`` of the program runs them) must not run past the
+    loop's stop, in words ("a while loop", "a host callback"), or None: its copies may
+    be selected. Inside a rule, rules are not read again: a rule commonly calls its own
+    function (``return f(x), ...``), whose rule a first-order ``jvp`` does not run."""
     for eqn in _compat.open_jaxpr(jaxpr)[0].eqns:
         if eqn.primitive.name == WHILE:
             return "a while loop, whose trips on a stopped state need not end"
         if eqn.primitive.name in HOST_CALLBACKS:
             return "a host callback, not to be called past the loop's stop"
-        subs = [sub for _, _, sub in _compat.eqn_subjaxprs(eqn)]
-        if eqn.primitive.name == CUSTOM_JVP_CALL:
+        subs = [(sub, rules) for _, _, sub in _compat.eqn_subjaxprs(eqn)]
+        if rules and eqn.primitive.name == CUSTOM_JVP_CALL:
             rule = _compat.custom_jvp_rule(eqn)
             if rule is None:
                 return "a custom_jvp call whose JVP rule could not be read"
-            subs.append(rule[0])
-        for sub in subs:
-            found = _needs_branch(sub)
+            subs.append((rule[0], False))
+        for sub, inner in subs:
+            found = _needs_branch(sub, inner)
             if found is not None:
                 return found
     return None
