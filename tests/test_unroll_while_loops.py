@@ -236,6 +236,65 @@ def test_custom_jvp_rules_calling_their_own_function_are_selected() -> None:
     assert_matches(got, want)
 
 
+def _runs_to(r: jax.Array) -> jax.Array:
+    """Counts up to ``r``: ends only for ``r`` a whole number >= 0."""
+    return lax.while_loop(lambda j: j != r, lambda j: j + 1.0, jnp.float32(0.0))
+
+
+def _stepped(g: Any) -> Any:
+    """A loop of ``n`` trips whose body calls ``g(y, n - 1 - i)``: -1 only past the stop."""
+    def program(x: jax.Array, n: jax.Array) -> jax.Array:
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (
+            c[0] + 1, g(c[1], (n - 1 - c[0]).astype(jnp.float32))), (jnp.int32(0), x))[1]
+    return program
+
+
+def test_rules_two_deep_and_rules_with_symbolic_zeros_keep_copies_under_cond() -> None:
+    # A rule calling a function whose own rule loops (a second-order jvp runs it), and
+    # a rule that loops only where a tangent is a symbolic zero (never traced here).
+    @jax.custom_jvp
+    def inner(v: jax.Array, r: jax.Array) -> jax.Array:
+        return jnp.cos(v)
+
+    @inner.defjvp
+    def inner_jvp(primals: Any, tangents: Any) -> Any:
+        v, r = primals
+        return inner(v, r), -jnp.sin(v) * tangents[0] + 0.0 * _runs_to(r)
+
+    @jax.custom_jvp
+    def outer(v: jax.Array, r: jax.Array) -> jax.Array:
+        return jnp.sin(v)
+
+    @outer.defjvp
+    def outer_jvp(primals: Any, tangents: Any) -> Any:
+        return outer(*primals), inner(*primals) * tangents[0]
+
+    @jax.custom_jvp
+    def zeros(v: jax.Array, r: jax.Array) -> jax.Array:
+        return jnp.sin(v)
+
+    def zeros_jvp(primals: Any, tangents: Any) -> Any:
+        (v, r), (tv, tr) = primals, tangents
+        out = jnp.cos(v) * tv
+        if type(tr) is jax.custom_derivatives.SymbolicZero:
+            out = out + 0.0 * _runs_to(r)
+        return zeros(v, r), out
+
+    zeros.defjvp(zeros_jvp, symbolic_zeros=True)
+    x, n, ones = jnp.linspace(-2.0, 2.0, 4), jnp.int32(5), jnp.ones(4)
+    for g, why in ((outer, "holds a while loop"), (zeros, "with symbolic zeros")):
+        program = _stepped(g)
+        (decision,) = unroll_while_loops(jax.make_jaxpr(program)(x, n), unroll_while=2)[1]
+        assert "lax.cond" in decision.reason and why in decision.reason, decision.reason
+        decorated = _decorated(program, 2)
+
+        def second(f: Any) -> Any:
+            return jax.jvp(lambda a: jax.jvp(lambda b: f(b, n), (a,), (ones,))[1], (x,),
+                           (ones,))
+
+        assert_matches(second(decorated), second(jax.jit(program)))
+
+
 def test_a_loop_under_vmap_whose_body_holds_a_while_is_left_alone() -> None:
     # Its copies select lanes: once both lanes stop, a copy would run the inner loop on
     # the final state (r = -1 there, and that inner loop never ends).

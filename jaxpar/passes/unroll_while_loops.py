@@ -69,6 +69,10 @@ Sharp edges:
     ``MAX_UNROLLED_EQNS`` equations.
   * A loop under ``vmap`` whose body holds a ``while`` loop or a host callback is left
     alone (its copies select lanes; a lane's copies past its stop would run them).
+  * Reading the body's ``custom_jvp`` rules (two deep: ``RULE_DEPTH``) traces them,
+    as a ``jvp`` would: a rule's Python side effects run once even where nothing is
+    differentiated. A rule with ``symbolic_zeros=True`` is not read (its copies run
+    under ``lax.cond``); a third-order ``jvp`` runs rules not read.
   * Selected copies past the stop compute and drop their values: ``checkify``'s
     index and division checks applied around the decorated function see them (an
     error the loop as written does not raise). ``unroll_while=None`` (or
@@ -167,12 +171,18 @@ def _refusal(eqn: JaxprEqn, copies: int, branching: str | None) -> str | None:
     return None
 
 
-def _needs_branch(jaxpr: Any, rules: bool = True) -> str | None:
+# How deep ``_needs_branch`` reads ``custom_jvp`` rules: the rules a ``jvp`` of the
+# program runs (1), and the rules within those a ``jvp`` of that runs (2: forward over
+# forward, a Hessian by ``jacfwd(jacfwd)``). Deeper orders run rules not read.
+RULE_DEPTH = 2
+
+
+def _needs_branch(jaxpr: Any, rules: int = RULE_DEPTH) -> str | None:
     """What in the body ``jaxpr`` (at any depth, and the JVP rules of its ``custom_jvp``
-    calls where ``rules``: a ``jvp`` of the program runs them) must not run past the
+    calls, ``rules`` deep: a ``jvp`` of the program runs them) must not run past the
     loop's stop, in words ("a while loop", "a host callback"), or None: its copies may
-    be selected. Inside a rule, rules are not read again: a rule commonly calls its own
-    function (``return f(x), ...``), whose rule a first-order ``jvp`` does not run."""
+    be selected. The depth ends the reading: a rule commonly calls its own function
+    (``return f(x), ...``, as ``jax.nn.relu``'s does)."""
     for eqn in _compat.open_jaxpr(jaxpr)[0].eqns:
         if eqn.primitive.name == WHILE:
             return "a while loop, whose trips on a stopped state need not end"
@@ -180,12 +190,15 @@ def _needs_branch(jaxpr: Any, rules: bool = True) -> str | None:
             return "a host callback, not to be called past the loop's stop"
         subs = [(sub, rules) for _, _, sub in _compat.eqn_subjaxprs(eqn)]
         if rules and eqn.primitive.name == CUSTOM_JVP_CALL:
+            if eqn.params.get("symbolic_zeros"):
+                return ("a custom_jvp call with symbolic zeros (its rule may run other "
+                        "code for each pattern of zero tangents)")
             rule = _compat.custom_jvp_rule(eqn)
             if rule is None:
                 return "a custom_jvp call whose JVP rule could not be read"
-            subs.append((rule[0], False))
-        for sub, inner in subs:
-            found = _needs_branch(sub, inner)
+            subs.append((rule[0], rules - 1))
+        for sub, depth in subs:
+            found = _needs_branch(sub, depth)
             if found is not None:
                 return found
     return None
