@@ -294,13 +294,14 @@ def _per_lane(info: Any) -> bool:
 
 
 def _settled(carry: list[Any], tested: tuple[bool, ...]) -> list[Any]:
-    """``carry`` with the values the condition reads (``tested``) behind an optimization
-    barrier: XLA's simplifier then cannot fold one copy's arithmetic on them into the
-    next (``(t + h) + h`` into ``t + 2h``), so the condition sees the values the loop's
-    own trips compute, and a test of a float sum (``t < t1``) stops on ``jax.jit``'s
-    trip. The barrier goes before fusion: the copies still fuse. Only those values: the
-    rest differ from the loop's by rounding at most (as any fused rewrite), and barriers
-    on a body's matrices made a TPU v5e's compile of four RK4 copies run for minutes."""
+    """``carry`` with the values the condition reads and those they are computed from
+    (``tested``, ``_tested_carries``) behind an optimization barrier: XLA's simplifier
+    then cannot fold one copy's arithmetic on them into the next (``(t + h) + h`` into
+    ``t + 2h``), so the condition sees the values the loop's own trips compute, and a
+    test of a float sum (``t < t1``) stops on ``jax.jit``'s trip. The barrier goes
+    before fusion: the copies still fuse. Only those values: the rest differ from the
+    loop's by rounding at most (as any fused rewrite), and barriers on a body's
+    matrices made a TPU v5e's compile of four RK4 copies run for minutes."""
     held = lax.optimization_barrier([c for c, t in zip(carry, tested, strict=True) if t])
     kept = iter(held)
     return [next(kept) if t else c for c, t in zip(carry, tested, strict=True)]
