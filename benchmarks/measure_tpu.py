@@ -281,14 +281,20 @@ def first_calls_only(fn: Callable[..., Any], args: tuple[Any, ...], measure: Any
             "ratio_max": max(ratios), "traces": traces, "samples": times}
 
 
+def part_programs(part: str, cpu: bool, only: str) -> dict[str, Callable[[], Program]]:
+    """The part's programs, those named in ``only`` (``--only``, comma-separated) where
+    it names any."""
+    programs = PARTS[part](cpu)
+    names = only.split(",") if only else None
+    return {k: v for k, v in programs.items() if names is None or k in names}
+
+
 def first_only(parts: list[str], only: str, out: str, cpu: bool, measure: Any,
                samples: int) -> None:
     """``--first``: each program's first calls only (``first_calls_only``)."""
     results: dict[str, Any] = {}
     for part in parts:
-        for program, build in PARTS[part](cpu).items():
-            if only and program not in only.split(","):
-                continue
+        for program, build in part_programs(part, cpu, only).items():
             try:
                 fn, args = build()
                 entry = results[program] = first_calls_only(fn, args, measure, samples)
@@ -409,9 +415,7 @@ def second(parts: list[str], out: str, cpu: bool, measure: Any, only: str = "") 
     stored decision (none measured again); ``only`` as ``--only``."""
     results: dict[str, Any] = {}
     for part in parts:
-        for program, build in PARTS[part](cpu).items():
-            if only and program not in only.split(","):
-                continue
+        for program, build in part_programs(part, cpu, only).items():
             try:
                 fn, args = build()
                 first = first_calls(fn, args, measure)
@@ -462,10 +466,8 @@ def main() -> None:
         return
     for part in parts:
         print(f"--- {part}", flush=True)
-        programs = PARTS[part](ns.cpu)
-        if ns.only:
-            programs = {k: v for k, v in programs.items() if k in ns.only.split(",")}
-        run_part(part, programs, ns.out, measure, ns.rounds, ns.budget, ns.tune)
+        run_part(part, part_programs(part, ns.cpu, ns.only), ns.out, measure, ns.rounds,
+                 ns.budget, ns.tune)
 
 
 if __name__ == "__main__":

@@ -256,23 +256,18 @@ def _copies_emitter(eqn: JaxprEqn, copies: int, selected: bool) -> EmitFn:
         def body_copies(carry: list[Any]) -> list[Any]:
             carry = body(carry)
             for _ in range(copies - 1):
-                if selected:
-                    carry = _settled(carry, tested)
-                    go = cond(carry)
-                    carry = [lax.select(go, new, old)
-                             for new, old in zip(body(carry), carry, strict=True)]
-                else:
-                    carry = lax.cond(cond(carry), body, list, carry)
+                carry = (selected_step(_settled(carry, tested)) if selected else
+                         lax.cond(cond(carry), body, list, carry))
             return carry
 
-        def lanes_step(carry: list[Any]) -> list[Any]:
+        def selected_step(carry: list[Any]) -> list[Any]:
+            """One copy, its result kept where (in the lanes where) the condition holds."""
             go = cond(carry)
-            return [_where_lanes(go, new, old) for new, old in zip(body(carry), carry,
-                                                                    strict=True)]
+            return [_where(go, new, old) for new, old in zip(body(carry), carry, strict=True)]
 
         def lanes_copies(carry: list[Any]) -> list[Any]:
             for copy in range(copies):
-                carry = lanes_step(_settled(carry, tested) if copy else carry)
+                carry = selected_step(_settled(carry, tested) if copy else carry)
             return carry
 
         with _compat.eqn_context(eqn), jax.named_scope(WHILE_SCOPE):
@@ -307,8 +302,10 @@ def _settled(carry: list[Any], tested: tuple[bool, ...]) -> list[Any]:
     return [next(kept) if t else c for c, t in zip(carry, tested, strict=True)]
 
 
-def _where_lanes(go: Any, new: Any, old: Any) -> Any:
-    """``new`` in the lanes where ``go`` (a predicate per lane, the leading axes) holds,
-    else ``old``: what a ``while`` of a per-lane condition does to its carry each trip."""
-    go = lax.broadcast_in_dim(go, new.shape, tuple(range(go.ndim)))
+def _where(go: Any, new: Any, old: Any) -> Any:
+    """``new`` where ``go`` holds, else ``old``: ``go`` a scalar (the loop's condition), or
+    a predicate per lane (the leading axes: what a ``while`` of a per-lane condition does
+    to its carry each trip)."""
+    if go.ndim:
+        go = lax.broadcast_in_dim(go, new.shape, tuple(range(go.ndim)))
     return lax.select(go, new, old)
