@@ -38,7 +38,12 @@ def launch(count: int, tune_dir: Path) -> list[dict]:
     """Runs the worker in ``count`` processes; each one's results, in process order."""
     port = str(free_port())
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env.pop("XLA_FLAGS", None)
+    # Only the suite's compile-speed flags (tests/conftest.py; none under JAXPAR_FULL=1)
+    # reach the workers, which add their device count: every process compiles alike, and
+    # XLA:CPU's compiles are most of their time.
+    fast = ("--xla_backend_optimization_level=", "--xla_cpu_use_fusion_emitters=")
+    env["XLA_FLAGS"] = " ".join(flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                                if flag.startswith(fast))
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), str(count), port,
                                str(tune_dir)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=env)
