@@ -356,11 +356,14 @@ def measure_program(fn: Callable[..., Any], args: tuple[Any, ...], measure: Any,
                     tune: bool = False) -> dict[str, Any]:
     """One program's first calls, the calls until the device decided, the steady state
     against jax.jit (with ``tune=True`` beside them where ``tune``) and the values."""
+    started = time.perf_counter()
     entry: dict[str, Any] = {"first_call_s": first_calls(fn, args, measure)}
+    _progress("first calls", started)
     plain = jax.jit(fn)
     shared.forget_shared_states()
     pb = jaxpar.parallel_branches(fn, measure=measure, **OPTIONS)
     entry["settle"] = settle(pb, args)
+    _progress(f"decided in {entry['settle']['calls']} calls", started)
     variants = {"jax.jit": plain, "jaxpar": pb}
     if tune:
         variants["jaxpar tune=True"], entry["tune_first_call_s"] = tuned_first_call(fn, args)
@@ -371,8 +374,16 @@ def measure_program(fn: Callable[..., Any], args: tuple[Any, ...], measure: Any,
         tuning = variants["jaxpar tune=True"].tuning(*args)
         entry["tune_loop_ratio"] = timed["loop_ratio"]["jaxpar tune=True"]
         entry["tune_chosen"] = None if tuning is None else tuning.chosen
+    _progress("steady state timed", started)
     entry["max_abs_diff"] = max_abs_diff(plain(*args), pb(*args))
     return entry
+
+
+def _progress(stage: str, started: float) -> None:
+    """A stage's end on stderr, so that a program cut off by its time limit shows how far
+    it got (NUTS on the chip)."""
+    print(f"    .. {stage} at {time.perf_counter() - started:.1f} s", file=sys.stderr,
+          flush=True)
 
 
 def describe(program: str, entry: dict[str, Any]) -> str:
