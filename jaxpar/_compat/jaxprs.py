@@ -235,18 +235,31 @@ def eqn_subjaxprs(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, JaxprLike]]:
     """Yields ``(param_name, index_or_None, jaxpr)`` for every jaxpr parameter.
 
     Visits every parameter, including tuples of jaxprs such as ``cond``'s
-    ``branches``, instead of guessing parameter names.
+    ``branches``, instead of guessing parameter names. Leaves out an open jaxpr whose
+    constants the equation binds itself: equinox's primitives (lineax's
+    ``linear_solve``, which optimistix and diffrax's implicit solvers call) keep a
+    closure-converted function's jaxpr among their static parameters and pass its
+    constants as operands, in an order only the primitive knows; such a jaxpr is not a
+    level jaxpar can open or rewrite.
     """
     found: list[tuple[str, int | None, JaxprLike]] = []
     jaxpr_types = (Jaxpr, ClosedJaxpr)  # is_jaxpr_like, inlined: this runs per equation
     for name, value in eqn.params.items():
         if isinstance(value, jaxpr_types):
-            found.append((name, None, value))
+            if _consts_bound(value):
+                found.append((name, None, value))
         elif isinstance(value, (tuple, list)):
             for index, item in enumerate(value):
-                if isinstance(item, jaxpr_types):
+                if isinstance(item, jaxpr_types) and _consts_bound(item):
                     found.append((name, index, item))
     return iter(found)
+
+
+def _consts_bound(jaxpr: JaxprLike) -> bool:
+    """Whether ``jaxpr`` carries a value for each of its constvars (a closed jaxpr, or an
+    open one without constvars)."""
+    inner, consts = open_jaxpr(jaxpr)
+    return len(inner.constvars) == len(consts)
 
 
 def eqn_replace_subjaxprs(eqn: JaxprEqn, replacements: dict[tuple[str, int | None], JaxprLike]
