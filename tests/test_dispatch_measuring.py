@@ -312,6 +312,32 @@ def test_a_program_with_side_effects_is_not_timed_and_runs_jax_jits_program(manu
     assert "jax.jit's program runs" in tuning.verdict()
 
 
+def test_a_program_with_a_pure_callback_in_its_loop_is_not_timed(manual, monkeypatch):
+    # pure_callback has no effect in the jaxpr; timing would call the host thousands of
+    # times (found by an adversarial session: 1,230 calls of it in one deciding call).
+    timed = fake_timer(monkeypatch, {REWRITE: 0.5})
+    host_calls: list[int] = []
+
+    def host(v):
+        host_calls.append(1)
+        return np.asarray(v * 0.5, np.float32)
+
+    def with_host(c, xs):
+        def step(carry, x):
+            half = jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32), x.sum())
+            return carry * 0.5 + half, half
+        return loop(c, xs), jax.lax.scan(step, jnp.float32(0), xs)
+
+    f = jaxpar.parallel_branches(with_host, target="tpu", measure=True)
+    want = jax.jit(with_host)(C, XS)
+    host_calls.clear()
+    for out in drive(f, manual, calls=4):
+        assert_tree_close(out, want, rtol=1e-5, atol=1e-6)
+    assert timed == [] and len(host_calls) == 4 * len(XS)  # each call's steps, once
+    tuning = f.tuning(C, XS)
+    assert tuning.chosen == PLAIN and "pure_callback" in tuning.verdict()
+
+
 def test_two_signatures_each_decide_once(manual, monkeypatch):
     timed = fake_timer(monkeypatch, {REWRITE: 0.5})
     f = measured_loop()
