@@ -547,6 +547,16 @@ def _refuse_outer_jit_options(given: dict[str, Any], api: str) -> None:
                 f"inspect takes no {', '.join(named)}: they do not change jaxpar's plan. Give "
                 "them to parallel_branches (as to jax.jit); inspect(f) of such a function "
                 "plans as its calls do.")
+        named = [name for name in ("measure", "tune") if name in given]
+        if named:
+            settings = ", ".join(f"{name}={given[name]!r}" for name in named)
+            raise TypeError(
+                f"inspect takes no {', '.join(named)}: it plans without running the function. "
+                f"Give {'it' if len(named) == 1 else 'them'} to parallel_branches and inspect "
+                "the decorated function after a call; its Plan.tuning says what was "
+                "measured:\n"
+                f"    step = jaxpar.parallel_branches(f, {settings})\n    step(*args)\n"
+                "    print(jaxpar.inspect(step)(*args))")
 
 
 def jit_options_of(fun: Callable[..., Any], statics: StaticArgs, **given: Any) -> JitOptions:
@@ -600,14 +610,16 @@ def inspect(fun: Callable[..., Any], *args: Any, **options: Unpack[InspectOption
         (its options and static arguments are the starting point; ``options``
         override them).
       **options: any option of ``parallel_branches``, including
-        ``static_argnums`` and ``static_argnames``.
+        ``static_argnums`` and ``static_argnames``; not ``measure`` or ``tune``
+        (inspect runs nothing: inspect a function decorated with them instead), nor
+        ``jax.jit``'s options.
 
     Returns:
       A function taking ``fun``'s arguments (arrays or ``jax.ShapeDtypeStruct``)
       and returning a ``jaxpar.Plan``: the parallel sections with their
       regions, stream ids, equation counts, main primitives, estimated cost and
       source lines, and what was left alone and why. For a function decorated
-      with ``tune=True`` (and no ``options`` here), ``Plan.tuning`` is the tuner's
+      with ``tune=True`` or measuring on (and no ``options`` here), ``Plan.tuning`` is its
       measured table for those arguments (``ParallelBranches.tuning``: measured now
       when no decision exists and the arguments are arrays).
 

@@ -119,6 +119,17 @@ def test_unknown_option_in_inspect_lists_the_valid_ones():
         jaxpar.inspect(f, max_stream=2)
 
 
+@pytest.mark.parametrize("options", [{"measure": True}, {"tune": True},
+                                     {"measure": False, "tune": None}])
+def test_inspect_says_to_inspect_a_function_decorated_with_measure_or_tune(options):
+    # They are parallel_branches' options, so "unknown option" would mislead: inspect runs
+    # nothing, and a decorated function's Plan.tuning holds what was measured.
+    with pytest.raises(TypeError, match=r"(?s)inspect takes no (measure|tune).*plans without "
+                                        r"running.*jaxpar.inspect\(step\)") as error:
+        jaxpar.inspect(f, **options)
+    assert "unknown" not in str(error.value)
+
+
 @pytest.mark.parametrize("target", ["cuda", "GPU", "", None, 1])
 def test_bad_target(target):
     with pytest.raises(ValueError, match=r"target must be one of 'auto', 'gpu', 'cpu', 'tpu'"):
