@@ -1,0 +1,2 @@
+# Then, on the same machine.
+export PYTHONPATH=$PWD:$PYTHONPATH:/tmp/site TF_CPP_MIN_LOG_LEVEL=3 JAXPAR_TUNE_DIR=/tmp/decisions; F='^WARNING: All log|^I0000|hugepages|warnings.warn'; timeout 60 python3 benchmarks/measure_tpu.py --parts loops --only elementwise_256sq_n1000 --out $OUT/e --first 5 2>&1 | grep -Ev "$F"; echo "diffrax at $SECONDS"; timeout 270 python3 benchmarks/measure_corpus.py --only diffrax_tsit5_adaptive_ts --limit 260 --budget 265 --out $OUT/dfx 2>&1 | grep -Ev "$F"; echo "done at $SECONDS"
