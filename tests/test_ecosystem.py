@@ -366,6 +366,33 @@ def test_equinox_two_branch_model():
                       grad_argnums=(0, 1))
 
 
+def test_optimistix_newton_and_levenberg_marquardt_through_lineax():
+    # lineax's linear_solve is an equinox primitive that keeps the operator's
+    # closure-converted jaxpr in its static parameters and binds that jaxpr's constants
+    # as operands: jaxpar raised on it (make_loops_static) on jax 0.10.2, by default.
+    optx = pytest.importorskip("optimistix")
+
+    def solve(a):
+        root = optx.root_find(lambda y, a: jnp.tanh(y) + a * y - 1.0,
+                              optx.Newton(rtol=1e-6, atol=1e-6), jnp.zeros_like(a), args=a)
+        fit = optx.least_squares(lambda y, a: y ** 2 - a,
+                                 optx.LevenbergMarquardt(rtol=1e-6, atol=1e-6),
+                                 jnp.ones_like(a), args=a)
+        return root.value, fit.value
+
+    a = jnp.linspace(0.5, 2.0, 8)
+    want = jax.jit(solve)(a)
+    want_grad = jax.jit(jax.grad(lambda a: sum(v.sum() for v in solve(a))))(a)
+    for options in ({}, {"target": "tpu", "measure": False},
+                    {"target": "tpu", "measure": False, "unroll_while": 4}):
+        decorated = jaxpar.parallel_branches(solve, **options)
+        _assert_trees_close(decorated(a), want)
+        _assert_trees_close(jax.grad(lambda a: sum(v.sum() for v in decorated(a)))(a),
+                            want_grad)
+        planned = {k: v for k, v in options.items() if k != "measure"}
+        assert str(jaxpar.inspect(solve, **planned)(a)).startswith("jaxpar plan for `test_")
+
+
 # ---------------------------------------------------------------------------------------------
 # Optax
 
