@@ -381,14 +381,16 @@ def test_optimistix_newton_and_levenberg_marquardt_through_lineax():
         return root.value, fit.value
 
     a = jnp.linspace(0.5, 2.0, 8)
+    def total(fn):
+        return lambda a: sum(v.sum() for v in fn(a))
+
     want = jax.jit(solve)(a)
-    want_grad = jax.jit(jax.grad(lambda a: sum(v.sum() for v in solve(a))))(a)
+    want_grad = jax.jit(jax.grad(total(solve)))(a)
     for options in ({}, {"target": "tpu", "measure": False},
                     {"target": "tpu", "measure": False, "unroll_while": 4}):
         decorated = jaxpar.parallel_branches(solve, **options)
         _assert_trees_close(decorated(a), want)
-        _assert_trees_close(jax.grad(lambda a: sum(v.sum() for v in decorated(a)))(a),
-                            want_grad)
+        _assert_trees_close(jax.grad(total(decorated))(a), want_grad)
         planned = {k: v for k, v in options.items() if k != "measure"}
         assert str(jaxpar.inspect(solve, **planned)(a)).startswith("jaxpar plan for `test_")
 
