@@ -71,3 +71,41 @@ def test_such_a_program_runs_and_equals_jax_jit(options: dict[str, Any]) -> None
     planned = {k: v for k, v in options.items() if k != "measure"}  # inspect runs nothing
     report = jaxpar.inspect(program, **planned)(*ARGS)
     assert report.text(verbose=True).startswith("jaxpar plan for `program`")
+
+
+HOST_CALLS: list[int] = []
+
+
+def _host(v: np.ndarray) -> np.ndarray:
+    HOST_CALLS.append(1)
+    return np.asarray(v, np.float32) * 0.5
+
+
+def with_callback_inside(a: jax.Array, n: jax.Array) -> jax.Array:
+    """A ``while`` whose body calls the host inside the primitive's held jaxpr: read, not
+    opened, the jaxpr still tells the passes and the measuring thread what it holds."""
+    def body(state: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        i, x = state
+        y = _apply(lambda v: jax.pure_callback(_host, jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                               v * a), x)
+        return i + 1, jnp.tanh(y + x)
+    return jax.lax.while_loop(lambda s: s[0] < n, body, (jnp.int32(0), a))[1]
+
+
+@pytest.mark.parametrize("options", [{"target": "tpu", "measure": False, "unroll_while": 4},
+                                     {"target": "tpu", "measure": True}])
+def test_a_callback_in_such_a_jaxpr_runs_as_often_as_under_jax_jit(options: dict[str, Any]
+                                                                    ) -> None:
+    from jaxpar._dispatch import measuring
+
+    args = (ARGS[0], jnp.int32(5))
+    HOST_CALLS.clear()
+    want = jax.jit(with_callback_inside)(*args)
+    assert len(HOST_CALLS) == 5
+    decorated = jaxpar.parallel_branches(with_callback_inside, **options)
+    for _ in range(4):  # measuring decides at a later call, on its thread
+        HOST_CALLS.clear()
+        np.testing.assert_allclose(decorated(*args), want, rtol=1e-6)
+        measuring.wait_idle()
+        # Copies past the loop's stop, or candidates timed, would call it more often.
+        assert len(HOST_CALLS) == 5

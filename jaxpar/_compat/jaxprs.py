@@ -235,31 +235,35 @@ def eqn_subjaxprs(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, JaxprLike]]:
     """Yields ``(param_name, index_or_None, jaxpr)`` for every jaxpr parameter.
 
     Visits every parameter, including tuples of jaxprs such as ``cond``'s
-    ``branches``, instead of guessing parameter names. Leaves out an open jaxpr whose
-    constants the equation binds itself: equinox's primitives (lineax's
-    ``linear_solve``, which optimistix and diffrax's implicit solvers call) keep a
-    closure-converted function's jaxpr among their static parameters and pass its
-    constants as operands, in an order only the primitive knows; such a jaxpr is not a
-    level jaxpar can open or rewrite.
+    ``branches``, instead of guessing parameter names. A jaxpr that is not a level of its
+    own (``is_level``) is yielded too: reading its equations is safe (callbacks,
+    placement, costs); opening and rewriting it is not.
     """
     found: list[tuple[str, int | None, JaxprLike]] = []
     jaxpr_types = (Jaxpr, ClosedJaxpr)  # is_jaxpr_like, inlined: this runs per equation
     for name, value in eqn.params.items():
         if isinstance(value, jaxpr_types):
-            if _consts_bound(value):
-                found.append((name, None, value))
+            found.append((name, None, value))
         elif isinstance(value, (tuple, list)):
             for index, item in enumerate(value):
-                if isinstance(item, jaxpr_types) and _consts_bound(item):
+                if isinstance(item, jaxpr_types):
                     found.append((name, index, item))
     return iter(found)
 
 
-def _consts_bound(jaxpr: JaxprLike) -> bool:
-    """Whether ``jaxpr`` carries a value for each of its constvars (a closed jaxpr, or an
-    open one without constvars)."""
+def is_level(jaxpr: JaxprLike) -> bool:
+    """Whether jaxpar may open ``jaxpr`` (found in an equation's parameters) as a level
+    and rewrite it: it carries a value for each of its constvars, none of them a tracer.
+
+    Equinox's primitives (lineax's ``linear_solve``, which optimistix and diffrax's
+    implicit solvers call) keep a closure-converted function's jaxpr among their static
+    parameters and pass its constants as operands, in an order only the primitive knows:
+    on jax 0.10 its constvars have no values, from 0.11 (one ``Jaxpr`` class) they are
+    the finished trace's tracers. A rewrite there could change what the primitive binds.
+    """
     inner, consts = open_jaxpr(jaxpr)
-    return len(inner.constvars) == len(consts)
+    return len(inner.constvars) == len(consts) and not any(
+        isinstance(c, jax.core.Tracer) for c in consts)
 
 
 def eqn_replace_subjaxprs(eqn: JaxprEqn, replacements: dict[tuple[str, int | None], JaxprLike]

@@ -174,6 +174,8 @@ def _walk_nested(jaxpr: JaxprLike, level_passes: Sequence[Pass], analysis: Analy
     for index, eqn in enumerate(inner.eqns):
         replacements = {}
         for name, item, sub in analysis.subjaxprs(eqn):
+            if not _compat.is_level(sub):  # a jaxpr its primitive binds itself
+                continue
             label = f"{name}[{item}]" if item is not None else name
             sub_path = f"{path}/{eqn.primitive.name}#{index}.{label}"
             # Rewrites of a nested level are traced where JAX traced that level (a
