@@ -431,7 +431,7 @@ def unmeasured(key: str, budget: TuneBudget, why: str | None = None) -> Tuning:
                   "decision file there, or let one run measure without read_only)")
     warnings.warn(f"jaxpar tuner: {why}; running the plan unmeasured", TuneCacheWarning,
                   stacklevel=4)
-    return untimed(CANDIDATES[1].label, UNMEASURED, key, budget)
+    return untimed(CANDIDATES[1].label, UNMEASURED, key, budget, why=f"{why}; the plan runs")
 
 
 _HARMLESS_FLAGS = re.compile(r"^--xla_(dump|gpu_dump|log|enable_dumping)")

@@ -375,6 +375,42 @@ def test_read_only_without_a_stored_decision_runs_the_plan_unmeasured(monkeypatc
     assert "not measured" in jaxpar.inspect(f)(C, XS).text()
 
 
+@pytest.mark.parametrize("callback", ["pure", "io", "debug"])
+def test_a_program_calling_the_host_is_not_timed(monkeypatch, callback, tune_dir):
+    # Timing repeats a call thousands of times: a pure_callback's host function ran 7,242
+    # times in one tuned first call (found by a review), where jax.jit runs it 20 times.
+    from jax.experimental import io_callback
+
+    no_timing(monkeypatch)
+    calls: list[int] = []
+
+    def host(v):
+        calls.append(1)
+        return np.asarray(v, np.float32)
+
+    def with_host(c, xs):
+        def body(carry, x):
+            if callback == "pure":
+                x = jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+            elif callback == "io":
+                x = io_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+            else:
+                jax.debug.callback(host, x)
+            return step(carry, x)
+        return lax.scan(body, c, xs)
+
+    f = jaxpar.parallel_branches(with_host, target="cpu", unroll=4, tune=True)
+    with pytest.warns(jaxpar.TuneCacheWarning, match="calls the host"):
+        got = f(C, XS)
+    jax.effects_barrier()
+    assert len(calls) == len(XS)  # one call's steps, once each
+    assert_tree_close(got, jax.jit(with_host)(C, XS))
+    tuning = f.tuning(C, XS)
+    assert (tuning.source, tuning.chosen) == (_tune.UNMEASURED, REWRITE)
+    assert "calls the host" in tuning.verdict() and "the plan runs" in tuning.verdict()
+    assert not tune_dir.exists() or list(tune_dir.iterdir()) == []
+
+
 def test_read_only_runs_a_shipped_decision(monkeypatch, tune_dir):
     """Measured once, the file copied elsewhere, then only read there."""
     fake_timer(monkeypatch, {"jax.jit": 1.0, REWRITE: 0.5})

@@ -29,6 +29,7 @@ import jax
 
 from .. import _compat, _processes, targets
 from .._frameworks import nnx_arguments
+from .._program.primitives import calls_the_host
 from .._trace import Signature, abstract, split_arguments, trace
 from .._tune import (
     CANDIDATES,
@@ -128,12 +129,17 @@ class CallTuner:
             for leaf in leaves)
         if hit is not None or not concrete:
             return hit
-        name, fields = signature_decision_key(state, key, leaves, avals)
+        traced, name, fields = traced_decision_key(state, key, leaves, avals)
         if jax.process_count() > 1 and not first_call:
             # Local: the stored file or nothing, not remembered (the first call decides).
             return load_decision(name) or undecided(name, self.budget)
         span = _processes.span(leaves)
-        if span == _processes.SOME:
+        if traced.jaxpr.effects or calls_the_host(traced.jaxpr):
+            tuning = unmeasured(name, self.budget, "the program calls the host (callbacks, "
+                                                   "pure_callback included, prints) or has "
+                                                   "other side effects, which timing would "
+                                                   "repeat")
+        elif span == _processes.SOME:
             tuning = unmeasured(name, self.budget, "the arguments span some processes but "
                                                    "not all, which cannot time together")
         else:

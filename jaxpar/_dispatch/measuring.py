@@ -95,7 +95,7 @@ from typing import Any
 import jax
 
 from .. import _compat, _processes, targets
-from .._program.primitives import HOST_CALLBACKS
+from .._program.primitives import calls_the_host
 from .._trace import abstract
 from .._tune import (
     CHOSEN,
@@ -489,7 +489,7 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
         avals = tuple(abstract(leaf) for leaf in arguments)
         traced, pending.name, pending.fields = traced_decision_key(state, key, arguments,
                                                                    avals)
-        if traced.jaxpr.effects or _calls_the_host(traced.jaxpr):
+        if traced.jaxpr.effects or calls_the_host(traced.jaxpr):
             raise _Skip(_EFFECTS)
         pending.stored = load(pending.name)
         if pending.stored is not None and jax.process_count() == 1:
@@ -569,17 +569,6 @@ class _Skip(Exception):
 _EFFECTS = ("the program calls the host (callbacks, pure_callback included, prints) or "
             "has other side effects, which timing would repeat; jax.jit's program runs "
             "(measure=False runs the model's plan)")
-
-
-def _calls_the_host(jaxpr: Any) -> bool:
-    """Whether ``jaxpr`` holds a host callback at any depth. ``jax.pure_callback`` has no
-    effect in the jaxpr, but timing candidates would call the user's host function
-    thousands of times in the background, where ``jax.jit`` calls it once a call."""
-    for eqn in _compat.open_jaxpr(jaxpr)[0].eqns:
-        if eqn.primitive.name in HOST_CALLBACKS or any(
-                _calls_the_host(sub) for _, _, sub in _compat.eqn_subjaxprs(eqn)):
-            return True
-    return False
 
 
 # ------------------------------------------------------------------------ the boundary

@@ -35,6 +35,7 @@ from jax import lax as _lax
 from .. import _compat, _ops
 from .._channel import CHANNEL
 from .._compat import JaxprEqn
+from .._memo import IdentityMemo
 
 # The attribute names each family was built from, and those this jax lacks (for tests).
 FAMILY_ATTRIBUTES: dict[str, tuple[str, ...]] = {}
@@ -300,6 +301,21 @@ BATCH_FAITHFUL = ELEMENTWISE | _family(
 # batching passes never put them under a vmap the user did not write.
 HOST_CALLBACKS = _family("HOST_CALLBACKS", "pure_callback_p", "io_callback_p",
                          "debug_callback_p")
+
+
+def calls_the_host(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` holds a host callback at any depth (``jax.pure_callback``
+    included, which has no effect in the jaxpr; jaxprs an equation binds itself, as
+    equinox's primitives hold them, included). Timing candidates would call the user's
+    host function thousands of times, where ``jax.jit`` calls it once a call."""
+    memo: IdentityMemo[Any, bool] = IdentityMemo()
+
+    def holds(j: Any) -> bool:
+        return memo.lookup(j, lambda: any(
+            eqn.primitive.name in HOST_CALLBACKS
+            or any(holds(sub) for _, _, sub in _compat.eqn_subjaxprs(eqn))
+            for eqn in _compat.open_jaxpr(j)[0].eqns))
+    return holds(jaxpr)
 
 # Batching passes: random primitives whose keys must be threefry keys to batch faithfully.
 BATCH_KEYED_RANDOM = _family(
