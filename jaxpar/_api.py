@@ -548,8 +548,13 @@ def _refuse_outer_jit_options(given: dict[str, Any], api: str) -> None:
                 "them to parallel_branches (as to jax.jit); inspect(f) of such a function "
                 "plans as its calls do.")
         named = [name for name in ("measure", "tune") if name in given]
+        settings = ", ".join(f"{name}={given[name]!r}" for name in named)
+        if named and not any(given[name] for name in named):
+            raise TypeError(
+                f"inspect takes no {settings}: it plans without running the function, "
+                f"which is what {settings} asks; leave {'it' if len(named) == 1 else 'them'} "
+                "out.")
         if named:
-            settings = ", ".join(f"{name}={given[name]!r}" for name in named)
             raise TypeError(
                 f"inspect takes no {', '.join(named)}: it plans without running the function. "
                 f"Give {'it' if len(named) == 1 else 'them'} to parallel_branches and inspect "

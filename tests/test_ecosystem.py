@@ -1,9 +1,10 @@
 """jaxpar on real models from the JAX ecosystem, used the way a new user would.
 
 Each test builds a small model with a library people actually use (Flax, Equinox, Optax,
-`jax.example_libraries.stax`, `jax.scipy`, `jax.random`, `lax.scan`, `custom_jvp` and
-`jax.checkpoint`), decorates the plain function with `parallel_branches`, and checks through
-one helper, `check_against_jit`, that:
+optimistix's solvers through lineax, `jax.example_libraries.stax`, `jax.scipy`,
+`jax.random`, `lax.scan`, `custom_jvp` and `jax.checkpoint`), decorates the plain
+function with `parallel_branches`, and checks through one helper, `check_against_jit`,
+that:
 
 - the values equal the undecorated `jax.jit(f)`, for `target="gpu"` (within a few ulps:
   XLA fuses around the calls the rewrite adds) and `"cpu"` (bit for bit: the program is

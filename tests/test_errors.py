@@ -120,7 +120,7 @@ def test_unknown_option_in_inspect_lists_the_valid_ones():
 
 
 @pytest.mark.parametrize("options", [{"measure": True}, {"tune": True},
-                                     {"measure": False, "tune": None}])
+                                     {"measure": "auto", "tune": None}])
 def test_inspect_says_to_inspect_a_function_decorated_with_measure_or_tune(options):
     # They are parallel_branches' options, so "unknown option" would mislead: inspect runs
     # nothing, and a decorated function's Plan.tuning holds what was measured.
@@ -128,6 +128,14 @@ def test_inspect_says_to_inspect_a_function_decorated_with_measure_or_tune(optio
                                         r"running.*jaxpar.inspect\(step\)") as error:
         jaxpar.inspect(f, **options)
     assert "unknown" not in str(error.value)
+
+
+@pytest.mark.parametrize("options", [{"measure": False}, {"measure": False, "tune": None}])
+def test_inspect_says_measure_false_is_what_it_does_already(options):
+    with pytest.raises(TypeError, match=r"inspect takes no measure=False.*plans without "
+                                        r"running the function, which is what .* asks; "
+                                        r"leave (it|them) out"):
+        jaxpar.inspect(f, **options)
 
 
 @pytest.mark.parametrize("target", ["cuda", "GPU", "", None, 1])
