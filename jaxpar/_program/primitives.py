@@ -317,6 +317,7 @@ def calls_the_host(jaxpr: Any) -> bool:
             for eqn in _compat.open_jaxpr(j)[0].eqns))
     return holds(jaxpr)
 
+
 # Batching passes: random primitives whose keys must be threefry keys to batch faithfully.
 BATCH_KEYED_RANDOM = _family(
     "BATCH_KEYED_RANDOM", "random_bits_p", "random_fold_in_p", "random_seed_p",
