@@ -59,6 +59,7 @@ import jax
 
 from . import _processes
 from ._flags import xla_flags_text
+from ._program.primitives import calls_the_host
 from .targets.candidates import Candidate as Candidate
 from .targets.candidates import declared as declared_candidates
 
@@ -408,6 +409,17 @@ def _decide_together(key: str, fields: Mapping[str, Any],
                                          for p in built]})
     tuning = measure(built, key, budget, together=True)
     return store(tuning, fields) if first else tuning
+
+
+# Why a program is not timed, by measuring or by ``tune=True`` (``repeated_by_timing``).
+REPEATED_BY_TIMING = ("the program calls the host (callbacks, pure_callback included, "
+                      "prints) or has other side effects, which timing would repeat")
+
+
+def repeated_by_timing(jaxpr: Any) -> bool:
+    """Whether timing the traced program ``jaxpr`` would repeat what ``jax.jit`` runs once
+    a call: effects, or a host callback at any depth (``calls_the_host``)."""
+    return bool(jaxpr.effects) or calls_the_host(jaxpr)
 
 
 def untimed(chosen: str, source: str, key: str, budget: TuneBudget,

@@ -29,16 +29,17 @@ import jax
 
 from .. import _compat, _processes, targets
 from .._frameworks import nnx_arguments
-from .._program.primitives import calls_the_host
 from .._trace import Signature, abstract, split_arguments, trace
 from .._tune import (
     CANDIDATES,
     CHOSEN,
     PLAIN,
+    REPEATED_BY_TIMING,
     Candidate,
     Program,
     TuneBudget,
     Tuning,
+    repeated_by_timing,
     undecided,
     unmeasured,
 )
@@ -134,11 +135,8 @@ class CallTuner:
             # Local: the stored file or nothing, not remembered (the first call decides).
             return load_decision(name) or undecided(name, self.budget)
         span = _processes.span(leaves)
-        if traced.jaxpr.effects or calls_the_host(traced.jaxpr):
-            tuning = unmeasured(name, self.budget, "the program calls the host (callbacks, "
-                                                   "pure_callback included, prints) or has "
-                                                   "other side effects, which timing would "
-                                                   "repeat")
+        if repeated_by_timing(traced.jaxpr):
+            tuning = unmeasured(name, self.budget, REPEATED_BY_TIMING)
         elif span == _processes.SOME:
             tuning = unmeasured(name, self.budget, "the arguments span some processes but "
                                                    "not all, which cannot time together")

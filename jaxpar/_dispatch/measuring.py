@@ -95,16 +95,17 @@ from typing import Any
 import jax
 
 from .. import _compat, _processes, targets
-from .._program.primitives import calls_the_host
 from .._trace import abstract
 from .._tune import (
     CHOSEN,
     PLAIN,
+    REPEATED_BY_TIMING,
     STORED,
     Program,
     TuneBudget,
     Tuning,
     load,
+    repeated_by_timing,
     store,
     untimed,
 )
@@ -489,7 +490,7 @@ def _build(ref: weakref.ref[CallState], pending: Pending) -> None:
         avals = tuple(abstract(leaf) for leaf in arguments)
         traced, pending.name, pending.fields = traced_decision_key(state, key, arguments,
                                                                    avals)
-        if traced.jaxpr.effects or calls_the_host(traced.jaxpr):
+        if repeated_by_timing(traced.jaxpr):
             raise _Skip(_EFFECTS)
         pending.stored = load(pending.name)
         if pending.stored is not None and jax.process_count() == 1:
@@ -566,9 +567,8 @@ class _Skip(Exception):
         self.chosen = chosen
 
 
-_EFFECTS = ("the program calls the host (callbacks, pure_callback included, prints) or "
-            "has other side effects, which timing would repeat; jax.jit's program runs "
-            "(measure=False runs the model's plan)")
+_EFFECTS = (f"{REPEATED_BY_TIMING}; jax.jit's program runs (measure=False runs the "
+            "model's plan)")
 
 
 # ------------------------------------------------------------------------ the boundary
